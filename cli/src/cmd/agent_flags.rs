@@ -1,0 +1,149 @@
+//! `mesos-gpu agent-flags`: the mesos-agent `--resources`, `--attributes` and
+//! `--nvidia_gpu_devices` that advertise this node's GPUs, checked by Mesos's rules
+//! (`mesos_gpu_isolator::agent_flags`). One flag per line, shell-quoted, ready to paste.
+//!
+//! NVML is read only when `--isolation` contains `gpu/nvidia` or GPUs are advertised (for the
+//! attributes); without the isolator a broken driver is only a warning, as Mesos never loads
+//! NVML then.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION};
+use mesos_gpu_isolator::inventory::Inventory;
+
+use crate::ctx::Ctx;
+use crate::simulate;
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources 'cpus:32'\n  \
+    mesos-gpu agent-flags --isolation gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n\n\
+    Values may also be given as file:///path, as mesos-agent accepts them.")]
+pub(crate) struct Args {
+    /// The agent's --isolation (comma-separated); GPUs are discovered only with gpu/nvidia.
+    #[arg(long, value_name = "LIST", default_value = DEFAULT_ISOLATION)]
+    isolation: String,
+
+    /// The agent's --resources, text (`cpus:8;gpus(ml):2`) or JSON array form.
+    #[arg(long, value_name = "RESOURCES")]
+    resources: Option<String>,
+
+    /// The agent's --nvidia_gpu_devices: NVML indices, comma-separated (e.g. 0,1,2).
+    #[arg(long, value_name = "LIST")]
+    nvidia_gpu_devices: Option<String>,
+
+    /// The agent's own --attributes, kept ahead of the GPU attributes (`rack:r1;zone:a`).
+    #[arg(long, value_name = "ATTRIBUTES")]
+    attributes: Option<String>,
+}
+
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if ctx.wants_simulate_list() {
+        for name in simulate::shipped_names() {
+            writeln!(out, "{name}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let resources = args.resources.as_deref().map(flag_value).transpose()?;
+    let devices = args
+        .nvidia_gpu_devices
+        .as_deref()
+        .map(flag_value)
+        .transpose()?;
+    let attributes = args.attributes.as_deref().map(flag_value).transpose()?;
+    let flags = AgentGpuFlags::parse(
+        args.isolation.trim(),
+        resources.as_deref(),
+        devices.as_deref().map(str::trim),
+        attributes.as_deref(),
+    )?;
+    ctx.simulation()?;
+    let empty = Inventory::default();
+    let inventory = match ctx.inventory() {
+        Ok(inventory) => inventory,
+        Err(err) if !flags.gpu_isolator() => {
+            tracing::warn!("{err:#}; GPUs are not described (gpu/nvidia is not in --isolation)");
+            &empty
+        }
+        Err(err) => return Err(err),
+    };
+    let resolved = flags.resolve(inventory)?;
+    if resolved.gpus == 0.0 && !flags.gpu_isolator() {
+        tracing::info!(
+            "no GPUs advertised: Mesos discovers GPUs only when --isolation contains gpu/nvidia"
+        );
+    }
+    for flag in resolved.flags() {
+        writeln!(out, "{}", shell_quote_flag(&flag))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The flag's value, read from the file for `file://` values as mesos-agent does.
+fn flag_value(value: &str) -> anyhow::Result<String> {
+    match value.strip_prefix("file://") {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|s| s.trim().to_owned())
+            .with_context(|| format!("cannot read flag value from {path}")),
+        None => Ok(value.to_owned()),
+    }
+}
+
+/// `--name=value` with the value single-quoted when a shell would otherwise split or expand it.
+fn shell_quote_flag(flag: &str) -> String {
+    let Some((name, value)) = flag.split_once('=') else {
+        return flag.to_owned();
+    };
+    let plain = !value.is_empty()
+        && value.chars().all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(c, '_' | '-' | '.' | '/' | ':' | ',' | '+' | '@' | '%')
+        });
+    if plain {
+        format!("{name}={value}")
+    } else {
+        format!("{name}='{}'", value.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(
+            shell_quote_flag("--nvidia_gpu_devices=0,1"),
+            "--nvidia_gpu_devices=0,1"
+        );
+        assert_eq!(
+            shell_quote_flag("--resources=cpus:1;gpus:2"),
+            "--resources='cpus:1;gpus:2'"
+        );
+        assert_eq!(
+            shell_quote_flag("--attributes=a:it's"),
+            r"--attributes='a:it'\''s'"
+        );
+        assert_eq!(
+            shell_quote_flag("--resources=gpus(ml):1"),
+            "--resources='gpus(ml):1'"
+        );
+    }
+
+    #[test]
+    fn file_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("resources");
+        std::fs::write(&file, "cpus:4;gpus:0\n").expect("write");
+        assert_eq!(
+            flag_value(&format!("file://{}", file.display())).expect("read"),
+            "cpus:4;gpus:0"
+        );
+        assert!(flag_value("file:///nonexistent/x").is_err());
+        assert_eq!(flag_value("gpus:1").expect("plain"), "gpus:1");
+    }
+}

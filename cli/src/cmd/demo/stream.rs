@@ -1,0 +1,375 @@
+//! The demo's input: Marathon app definitions and the stream saying when each arrives and how
+//! long it runs, in simulated seconds.
+//!
+//! Only the Marathon fields the agent sees are read (`id`, `cmd`, `cpus`, `mem`, `gpus`,
+//! `instances`, `container.type`, `container.docker.image`); other fields are accepted and
+//! ignored, as in a real app definition. Facts relied on (Marathon app JSON schema):
+//! - `id` is a path of segments of lowercase letters, digits, `-` and `.`, e.g. `/ml/train`;
+//! - `instances` defaults to 1 and each instance is one task, i.e. one container on an agent;
+//! - `gpus` is a scalar like `cpus`, so `1.5` is representable and it is the isolator that
+//!   refuses it; `container.type` is `MESOS` (the unified containerizer; with `docker.image` the
+//!   image is its root filesystem, without it the task runs in the host's filesystem) or
+//!   `DOCKER` (the Docker containerizer).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail, ensure};
+use serde::{Deserialize, Serialize};
+
+/// The shipped stream, built in so that `mesos-gpu demo` works from any directory.
+const SHIPPED_STREAM: &str = include_str!("../../../../examples/marathon/stream.json");
+
+/// The shipped app files, by the name the shipped stream uses.
+const SHIPPED_APPS: &[(&str, &str)] = &[
+    (
+        "resnet50-train.json",
+        include_str!("../../../../examples/marathon/resnet50-train.json"),
+    ),
+    (
+        "bert-finetune.json",
+        include_str!("../../../../examples/marathon/bert-finetune.json"),
+    ),
+    (
+        "render-preview.json",
+        include_str!("../../../../examples/marathon/render-preview.json"),
+    ),
+    (
+        "half-gpu.json",
+        include_str!("../../../../examples/marathon/half-gpu.json"),
+    ),
+    (
+        "jupyter-notebook.json",
+        include_str!("../../../../examples/marathon/jupyter-notebook.json"),
+    ),
+    (
+        "llm-pretrain.json",
+        include_str!("../../../../examples/marathon/llm-pretrain.json"),
+    ),
+    (
+        "hpo-sweep.json",
+        include_str!("../../../../examples/marathon/hpo-sweep.json"),
+    ),
+    (
+        "triton-inference.json",
+        include_str!("../../../../examples/marathon/triton-inference.json"),
+    ),
+];
+
+/// The containerizer a Marathon app asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub(crate) enum ContainerType {
+    /// Mesos's unified containerizer: our isolator, device cgroup and mounts.
+    #[serde(rename = "MESOS")]
+    Mesos,
+    /// The Docker containerizer: our Docker bridge's `docker run` arguments.
+    #[serde(rename = "DOCKER")]
+    Docker,
+}
+
+/// `container.docker` of an app.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct DockerSpec {
+    /// The image, e.g. `nvidia/cuda:12.4.1-base-ubuntu22.04`.
+    pub(crate) image: String,
+}
+
+/// `container` of an app.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ContainerSpec {
+    /// `MESOS` or `DOCKER`.
+    #[serde(rename = "type")]
+    pub(crate) kind: ContainerType,
+    /// The image, when there is one.
+    pub(crate) docker: Option<DockerSpec>,
+}
+
+/// A Marathon app definition, the fields the agent sees.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct MarathonApp {
+    /// App id, e.g. `/ml/resnet50-train`.
+    pub(crate) id: String,
+    /// Shell command.
+    pub(crate) cmd: Option<String>,
+    /// CPUs per instance.
+    pub(crate) cpus: f64,
+    /// Memory per instance, MiB.
+    pub(crate) mem: f64,
+    /// GPUs per instance (validated by the isolator, not here).
+    #[serde(default)]
+    pub(crate) gpus: f64,
+    /// Number of tasks.
+    #[serde(default = "one")]
+    pub(crate) instances: u32,
+    /// Container; none means a MESOS container in the host filesystem.
+    pub(crate) container: Option<ContainerSpec>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl MarathonApp {
+    /// Parses and checks what Marathon itself would refuse; `gpus` is left to the isolator.
+    pub(crate) fn parse(name: &str, text: &str) -> anyhow::Result<MarathonApp> {
+        let app: MarathonApp = serde_json::from_str(text)
+            .with_context(|| format!("{name}: not a Marathon app definition"))?;
+        app.check()
+            .with_context(|| format!("{name}: app {:?}", app.id))?;
+        Ok(app)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        let segments: Vec<&str> = self.id.trim_start_matches('/').split('/').collect();
+        let valid_segment = |s: &str| {
+            !s.is_empty()
+                && s != "."
+                && s != ".."
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        };
+        ensure!(
+            segments.iter().all(|s| valid_segment(s)),
+            "id: expected a path of lowercase letters, digits, '-' and '.', e.g. /ml/train"
+        );
+        ensure!(
+            self.cmd.as_deref().is_some_and(|c| !c.trim().is_empty()) || self.image().is_some(),
+            "neither cmd nor a container image: Marathon needs one of them"
+        );
+        ensure!(
+            self.cpus.is_finite() && self.cpus > 0.0,
+            "cpus={}: expected more than 0",
+            self.cpus
+        );
+        ensure!(
+            self.mem.is_finite() && self.mem > 0.0,
+            "mem={}: expected more than 0 MiB",
+            self.mem
+        );
+        ensure!(
+            self.instances >= 1,
+            "instances=0: expected at least 1 for the demo"
+        );
+        if let Some(ContainerSpec {
+            kind: ContainerType::Docker,
+            docker: None,
+        }) = &self.container
+        {
+            bail!("container.type DOCKER needs container.docker.image");
+        }
+        Ok(())
+    }
+
+    /// The containerizer.
+    pub(crate) fn container_type(&self) -> ContainerType {
+        self.container
+            .as_ref()
+            .map_or(ContainerType::Mesos, |c| c.kind)
+    }
+
+    /// The image, if any.
+    pub(crate) fn image(&self) -> Option<&str> {
+        self.container
+            .as_ref()?
+            .docker
+            .as_ref()
+            .map(|d| d.image.as_str())
+    }
+}
+
+/// One line of `stream.json`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Arrival {
+    /// Simulated second the app is launched.
+    pub(crate) at: u64,
+    /// App file, relative to the stream file.
+    pub(crate) app: String,
+    /// How long each of its tasks runs, in simulated seconds.
+    pub(crate) runs_for: u64,
+}
+
+/// `stream.json`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamFile {
+    /// What the stream shows.
+    #[serde(default)]
+    pub(crate) description: String,
+    /// The arrivals, in any order.
+    pub(crate) arrivals: Vec<Arrival>,
+}
+
+/// A stream with its apps loaded.
+#[derive(Debug, Clone)]
+pub(crate) struct Stream {
+    /// Where it came from (`built-in` or the file).
+    pub(crate) source: String,
+    /// What it shows.
+    pub(crate) description: String,
+    /// Arrivals, sorted by time (stable), each with its app.
+    pub(crate) arrivals: Vec<(Arrival, MarathonApp)>,
+}
+
+impl Stream {
+    /// The stream shipped in `examples/marathon/`.
+    pub(crate) fn shipped() -> anyhow::Result<Stream> {
+        let apps: BTreeMap<&str, &str> = SHIPPED_APPS.iter().copied().collect();
+        Stream::build(
+            "built-in examples/marathon/stream.json",
+            SHIPPED_STREAM,
+            |name| {
+                apps.get(name)
+                    .map(|text| (*text).to_owned())
+                    .with_context(|| format!("{name} is not one of the built-in app files"))
+            },
+        )
+    }
+
+    /// A stream file; its app files are read relative to its directory.
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Stream> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the stream {}", path.display()))?;
+        let dir = path.parent().map_or_else(PathBuf::new, Path::to_path_buf);
+        Stream::build(&path.display().to_string(), &text, |name| {
+            let file = dir.join(name);
+            std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))
+        })
+    }
+
+    fn build(
+        source: &str,
+        text: &str,
+        read: impl Fn(&str) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Stream> {
+        let file: StreamFile = serde_json::from_str(text).with_context(|| {
+            format!("{source}: expected {{\"arrivals\": [{{\"at\": SECONDS, \"app\": FILE, \"runs_for\": SECONDS}}, …]}}")
+        })?;
+        ensure!(!file.arrivals.is_empty(), "{source}: no arrivals");
+        let mut arrivals = Vec::with_capacity(file.arrivals.len());
+        for arrival in file.arrivals {
+            ensure!(
+                arrival.runs_for > 0,
+                "{source}: {} at {}s: runs_for=0, expected at least 1 second",
+                arrival.app,
+                arrival.at
+            );
+            let app = MarathonApp::parse(&arrival.app, &read(&arrival.app)?)
+                .with_context(|| format!("{source}: arrival at {}s", arrival.at))?;
+            arrivals.push((arrival, app));
+        }
+        arrivals.sort_by_key(|(a, _)| a.at);
+        Ok(Stream {
+            source: source.to_owned(),
+            description: file.description,
+            arrivals,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+
+    fn marathon_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/marathon")
+    }
+
+    #[test]
+    fn every_shipped_app_parses_and_has_what_marathon_requires() {
+        let mut seen = 0;
+        for entry in std::fs::read_dir(marathon_dir()).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if name == "stream.json" || path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let app = MarathonApp::parse(&name, &text).unwrap();
+            let raw: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for field in ["id", "cmd", "cpus", "mem", "gpus", "instances"] {
+                assert!(raw.get(field).is_some(), "{name} lacks {field}");
+            }
+            assert!(app.id.starts_with('/'), "{name}: {}", app.id);
+            assert!(
+                SHIPPED_APPS.iter().any(|(n, t)| *n == name && *t == text),
+                "{name} is not built in (or differs from the built-in copy)"
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, SHIPPED_APPS.len());
+    }
+
+    #[test]
+    fn shipped_stream_references_existing_files_and_covers_both_containerizers() {
+        let from_disk = Stream::load(&marathon_dir().join("stream.json")).unwrap();
+        let built_in = Stream::shipped().unwrap();
+        assert_eq!(from_disk.arrivals.len(), built_in.arrivals.len());
+        let kinds: Vec<ContainerType> = built_in
+            .arrivals
+            .iter()
+            .map(|(_, a)| a.container_type())
+            .collect();
+        assert!(kinds.contains(&ContainerType::Mesos) && kinds.contains(&ContainerType::Docker));
+        assert!(
+            built_in.arrivals.iter().any(|(_, a)| a.gpus.fract() != 0.0),
+            "a bad gpus value"
+        );
+        assert!(
+            built_in.arrivals.iter().any(|(_, a)| a.image().is_none()),
+            "a host-filesystem app"
+        );
+        assert!(built_in.arrivals.iter().any(|(_, a)| a.instances > 1));
+        assert!(built_in.arrivals.windows(2).all(|w| w[0].0.at <= w[1].0.at));
+    }
+
+    #[test]
+    fn bad_apps_are_refused_naming_the_field() {
+        let cases = [
+            (
+                r#"{"id": "/Bad_Id", "cmd": "x", "cpus": 1, "mem": 1}"#,
+                "id: expected",
+            ),
+            (r#"{"id": "/a", "cpus": 1, "mem": 1}"#, "neither cmd nor"),
+            (r#"{"id": "/a", "cmd": "x", "cpus": 0, "mem": 1}"#, "cpus=0"),
+            (
+                r#"{"id": "/a", "cmd": "x", "cpus": 1, "mem": 1, "container": {"type": "DOCKER"}}"#,
+                "docker.image",
+            ),
+            (
+                r#"{"id": "/a", "cmd": "x", "cpus": 1, "mem": 1, "container": {"type": "LXC"}}"#,
+                "not a Marathon app",
+            ),
+            (
+                r#"{"id": "/a", "cmd": "x", "cpus": 1, "mem": 1, "instances": 0}"#,
+                "instances=0",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = format!("{:#}", MarathonApp::parse("t.json", text).unwrap_err());
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn stream_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let stream = dir.path().join("s.json");
+        std::fs::write(
+            &stream,
+            r#"{"arrivals": [{"at": 0, "app": "missing.json", "runs_for": 5}]}"#,
+        )
+        .unwrap();
+        let err = format!("{:#}", Stream::load(&stream).unwrap_err());
+        assert!(err.contains("missing.json"), "{err}");
+        std::fs::write(
+            &stream,
+            r#"{"arrivals": [{"at": 0, "app": "a.json", "runs_for": 5, "extra": 1}]}"#,
+        )
+        .unwrap();
+        let err = format!("{:#}", Stream::load(&stream).unwrap_err());
+        assert!(err.contains("expected {\"arrivals\""), "{err}");
+    }
+}

@@ -1,0 +1,247 @@
+//! `mesos-gpu docker-args`: reserve N GPUs from the shared pool and print the `docker run`
+//! arguments that give them to a container; `--release ID` gives them back.
+//!
+//! The pool is the lifecycle isolator's, checkpointed in `--work-dir` (default
+//! [`DEFAULT_WORK_DIR`]): every user of that directory — `docker-args`, `run`, `exec` given the
+//! same `--work-dir`, `serve`'s start-up recovery — draws from one set of GPUs, so two
+//! containers never get the same GPU. The directory is locked only for the duration of one
+//! call ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
+//!
+//! The arguments start with `--name=mesos-<ID>`: that name is how a later recovery
+//! (`mesos-gpu serve` at start) finds the container and its GPUs again, and releases the
+//! reservation of a container that is not running.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mesos_gpu_docker::args::{
+    DEFAULT_PLUGIN_NAME, DriverSpec, ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource,
+};
+use mesos_gpu_docker::bridge::DockerBridge;
+use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::inventory::Gpu;
+use mesos_gpu_isolator::lifecycle::{
+    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError,
+};
+use mesos_gpu_volume::VolumeManager;
+
+use crate::ctx::Ctx;
+
+/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
+pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
+/// The default Docker daemon socket.
+pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+/// How long a call waits for another user of the work directory to finish.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// The kernel's fresh random UUID on each read (random(4)).
+const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
+
+#[derive(clap::Args)]
+#[command(
+    long_about = "Reserve N GPUs from the shared pool (checkpointed in --work-dir, the same pool \
+                  `mesos-gpu run` and the isolator use with that directory) and print the \
+                  `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
+                  device nodes, and for images that ask for it the driver volume at \
+                  /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
+                  `--release ID`, or until a recovery (`mesos-gpu serve` at start) finds no \
+                  running container mesos-<ID>.",
+    after_help = "Examples:\n  \
+    docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
+    mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
+    mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
+    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool"
+)]
+pub(crate) struct Args {
+    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "release",
+        allow_negative_numbers = true
+    )]
+    gpus: Option<f64>,
+
+    /// Give back the GPUs reserved for container ID instead.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["gpus", "image", "container_id"])]
+    release: Option<String>,
+
+    /// The container's id: a UUID (Mesos ContainerID); a new one by default.
+    #[arg(long, value_name = "ID")]
+    container_id: Option<String>,
+
+    /// Image to inspect (labels, env, CUDA version) through the Docker daemon. Without it the
+    /// image is taken to ask for the driver volume, as nvidia-docker's /docker/cli assumed.
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+
+    /// Name the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
+    /// directory.
+    #[arg(long)]
+    plugin: bool,
+
+    /// Where the shared GPU pool is checkpointed.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
+    work_dir: PathBuf,
+
+    /// Directory holding the `nvidia_<driver version>` volumes (bind mode).
+    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
+    volume_root: PathBuf,
+
+    /// Docker daemon socket, for --image.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
+    docker_socket: PathBuf,
+
+    /// Print a JSON array of arguments instead of one line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Opens the shared pool in `work_dir` and recovers it from its checkpoint, waiting up to
+/// [`LOCK_WAIT`] while another process holds the directory. Drop it to let others in.
+pub(crate) fn open_pool(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Isolator> {
+    let inventory = ctx.inventory()?.clone();
+    let nodes = match ctx.dev_root() {
+        Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
+            format!("cannot read the NVIDIA device nodes under {}", root.display())
+        })?,
+        None => DeviceNodes::default(),
+    };
+    let deadline = Instant::now() + LOCK_WAIT;
+    let isolator = loop {
+        match Isolator::new(
+            IsolatorConfig::new(work_dir),
+            inventory.clone(),
+            nodes.clone(),
+        ) {
+            Err(LifecycleError::Checkpoint {
+                source: CheckpointError::Locked { .. },
+                ..
+            }) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            other => {
+                break other.with_context(|| {
+                    format!("cannot open the GPU pool in {}", work_dir.display())
+                })?;
+            }
+        }
+    };
+    let report = isolator
+        .recover(&[], &[])
+        .context("cannot recover the GPU pool from its checkpoint")?;
+    for issue in &report.issues {
+        tracing::debug!(?issue, "pool entry kept reserved");
+    }
+    Ok(isolator)
+}
+
+/// A new container id: a random UUID from the kernel.
+pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
+    let text = std::fs::read_to_string(UUID_SOURCE)
+        .with_context(|| format!("cannot read a UUID from {UUID_SOURCE}"))?;
+    Ok(ContainerId::new(text.trim())?)
+}
+
+/// `id` checked as a container id the bridge can recover (a UUID).
+pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
+    let parsed = ContainerId::new(id)?;
+    anyhow::ensure!(
+        mesos_container_id(&DockerBridge::docker_name(&parsed)).is_some(),
+        "container id {id:?}: expected a UUID such as 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11"
+    );
+    Ok(parsed)
+}
+
+/// The driver volume offered to images that ask for it: the plugin's named volume, or a bind
+/// of the built volume directory (which must exist when `needed`, or Docker would bind an empty
+/// directory it creates).
+pub(crate) fn driver_spec(
+    ctx: &Ctx,
+    plugin: bool,
+    volume_root: &Path,
+    needed: bool,
+) -> anyhow::Result<Option<DriverSpec>> {
+    let Some(info) = ctx.inventory()?.driver.as_ref() else {
+        return Ok(None);
+    };
+    let volume = if plugin {
+        VolumeSource::Plugin {
+            plugin: DEFAULT_PLUGIN_NAME.to_owned(),
+        }
+    } else {
+        let version = info
+            .version
+            .parse()
+            .with_context(|| format!("driver version {:?}", info.version))?;
+        let path = VolumeManager::at(volume_root).volume_path(&version);
+        anyhow::ensure!(
+            !needed || path.is_dir(),
+            "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",
+            path.display()
+        );
+        VolumeSource::Bind { host_path: path }
+    };
+    Ok(Some(DriverSpec {
+        info: info.clone(),
+        volume,
+    }))
+}
+
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    if let Some(id) = &args.release {
+        let id = ContainerId::new(id.as_str())?;
+        let pool = open_pool(ctx, &args.work_dir)?;
+        pool.release_docker(&id)
+            .with_context(|| format!("cannot release the GPUs of {id}"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let gpus = args.gpus.context("--gpus is required")?;
+    let id = match &args.container_id {
+        Some(id) => container_id(id)?,
+        None => new_container_id()?,
+    };
+    let image = match &args.image {
+        Some(name) => {
+            let runtime =
+                tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            runtime.block_on(async {
+                let client = DockerClient::connect(&args.docker_socket).await?;
+                client.image_info(name).await
+            })?
+        }
+        None => ImageInfo {
+            labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
+            env: Vec::new(),
+        },
+    };
+    let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
+    let host = super::serve::host_devices(ctx)?;
+    // Everything but the GPUs is checked before anything is reserved.
+    LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
+    let pool = open_pool(ctx, &args.work_dir)?;
+    let reserved = pool.reserve_docker(&id, gpus)?;
+    let refs: Vec<&Gpu> = reserved.iter().collect();
+    let plan = match LaunchPlan::new(&refs, &host, &image, driver.as_ref()) {
+        Ok(plan) => plan,
+        Err(e) => {
+            if let Err(undo) = pool.release_docker(&id) {
+                tracing::error!(error = %undo, "cannot give back the GPUs of a failed plan");
+            }
+            return Err(e.into());
+        }
+    };
+    drop(pool);
+    let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
+    line.extend(plan.cli_args());
+    let text = if args.json {
+        serde_json::to_string(&line)?
+    } else {
+        line.join(" ")
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

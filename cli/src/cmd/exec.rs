@@ -1,0 +1,314 @@
+//! `mesos-gpu exec`: run a command the way the agent runs a container's process — allocate GPUs,
+//! create the container's device cgroup, run the command inside it from its first instruction,
+//! wait, then clean up and release whatever way the command ends.
+//!
+//! The command starts in the cgroup before it runs a single instruction of its own: we spawn
+//! ourselves as a small launcher (`exec --launcher-socket PATH -- CMD…`, hidden), which connects
+//! to a unix socket we listen on and blocks reading it; we write its pid to `cgroup.procs`, then
+//! send `go`, and only then does it `exec` CMD (`CommandExt::exec`). A launcher whose parent
+//! dies reads end-of-file and exits without running CMD. SIGINT and SIGTERM are forwarded to the
+//! command; once it ends, processes it left in the cgroup are killed and the container cleaned up.
+//! The exit status is the command's, or 128 + the signal that killed it.
+
+use std::ffi::OsString;
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use mesos_gpu_isolator::allocator::Policy;
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::lifecycle::{
+    CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PrepareConfig,
+};
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::ctx::Ctx;
+
+/// What the launcher waits for before it runs the command.
+const GO: &[u8] = b"go";
+
+#[derive(clap::Args)]
+#[command(
+    long_about = "Run a command in a new container device cgroup with N GPUs, as the Mesos agent \
+                  runs a task: allocate (from the checkpoint in --work-dir, shared with other \
+                  users of that directory), create the cgroup with the device rules, run the \
+                  command inside it from its first instruction, wait, then remove the cgroup and \
+                  release the GPUs. SIGINT/SIGTERM are forwarded to the command. Exits with the \
+                  command's status, or 128+N when it is killed by signal N. Needs root.",
+    after_help = "Examples:\n  \
+    mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
+    mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
+    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'"
+)]
+pub(crate) struct Args {
+    /// Number of GPUs (a whole number from 0 to the GPUs of the node).
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present = "launcher_socket",
+        allow_negative_numbers = true
+    )]
+    gpus: Option<f64>,
+
+    /// How GPUs are chosen: first-fit or topology.
+    #[arg(long, value_name = "POLICY", default_value = "topology")]
+    policy: Policy,
+
+    /// Cgroup interface: auto, v1 or v2.
+    #[arg(long, value_name = "VERSION", default_value = "auto", value_parser = parse_choice)]
+    cgroup_version: CgroupChoice,
+
+    /// Where allocations are checkpointed; one `exec` at a time per directory.
+    #[arg(long, value_name = "DIR", default_value = "/var/run/mesos-gpu/exec")]
+    work_dir: PathBuf,
+
+    /// Parent of the container cgroups (Mesos `--cgroups_root`).
+    #[arg(long, value_name = "NAME", default_value = "mesos")]
+    cgroups_root: String,
+
+    /// Internal: run as the launcher that waits on this socket, then execs the command.
+    #[arg(long, hide = true, value_name = "PATH")]
+    launcher_socket: Option<PathBuf>,
+
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+fn parse_choice(s: &str) -> Result<CgroupChoice, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+/// Runs `exec` (or, with `--launcher-socket`, the launcher).
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    if let Some(socket) = &args.launcher_socket {
+        return launch(socket, &args.command);
+    }
+    let gpus = args.gpus.context("--gpus is required")?;
+    let Some(dev_root) = ctx.dev_root() else {
+        bail!(
+            "a simulated node has no device nodes, so their numbers are unknown: pass --dev-root DIR \
+             holding nodes made with mknod (nvidiactl c 195 255, nvidia-uvm, nvidia<minor> c 195 <minor>)"
+        );
+    };
+    let inventory = ctx.inventory()?.clone();
+    let nodes = DeviceNodes::scan(dev_root, &inventory).with_context(|| {
+        format!(
+            "cannot read the NVIDIA device nodes under {}",
+            dev_root.display()
+        )
+    })?;
+    let mut config = IsolatorConfig::new(&args.work_dir);
+    config.policy = args.policy;
+    config.cgroup_version = args.cgroup_version;
+    config.cgroups_root.clone_from(&args.cgroups_root);
+    // Handlers first: from here on SIGINT/SIGTERM no longer kill us before we clean up.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut sigint, mut sigterm) = {
+        let _enter = runtime.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
+    let isolator = Isolator::new(config, inventory, nodes).context("cannot set up the isolator")?;
+    let report = isolator
+        .recover(&[], &[])
+        .context("cannot recover the checkpoint")?;
+    for issue in &report.issues {
+        tracing::warn!(
+            ?issue,
+            "left over from an earlier run; its GPUs stay reserved"
+        );
+    }
+    let id = ContainerId::new(format!("exec-{}", std::process::id()))?;
+    let info = isolator
+        .prepare(
+            &id,
+            PrepareConfig {
+                gpus,
+                ..PrepareConfig::default()
+            },
+        )
+        .context("cannot prepare the container")?;
+    print_allocation(&id, &info);
+    let outcome = start(&isolator, &id, &info, &args.command).and_then(|mut child| {
+        let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
+        let waited = runtime.block_on(async {
+            let wait = tokio::task::spawn_blocking(move || child.wait());
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    status = &mut wait => break status,
+                    _ = sigint.recv() => forward(pid, Signal::INT),
+                    _ = sigterm.recv() => forward(pid, Signal::TERM),
+                }
+            }
+        });
+        Ok(waited??)
+    });
+    let cleaned = clean_up(&isolator, &id);
+    let status = outcome?;
+    cleaned?;
+    Ok(exit_code(status))
+}
+
+/// Spawns the launcher, moves it into the container's cgroup and lets it exec the command.
+fn start(
+    isolator: &Isolator,
+    id: &ContainerId,
+    info: &LaunchInfo,
+    command: &[OsString],
+) -> anyhow::Result<Child> {
+    let dir = tempfile::Builder::new()
+        .prefix("mesos-gpu-exec")
+        .tempdir()?;
+    let socket = dir.path().join("launch.sock");
+    let listener = UnixListener::bind(&socket)
+        .with_context(|| format!("cannot listen on {}", socket.display()))?;
+    listener.set_nonblocking(true)?;
+    let mut child =
+        Command::new(std::env::current_exe().context("cannot find our own executable")?)
+            .arg("exec")
+            .arg("--launcher-socket")
+            .arg(&socket)
+            .arg("--")
+            .args(command)
+            .envs(info.environment.iter().map(|(k, v)| (k, v)))
+            .spawn()
+            .context("cannot start the launcher")?;
+    let released = isolator
+        .isolate(id, child.id())
+        .context("cannot move the command into its cgroup")
+        .and_then(|()| release(&listener, &mut child));
+    if let Err(e) = released {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    Ok(child)
+}
+
+/// Waits for the launcher to connect and tells it to go.
+fn release(listener: &UnixListener, child: &mut Child) -> anyhow::Result<()> {
+    loop {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                stream.set_nonblocking(false)?;
+                stream
+                    .write_all(GO)
+                    .context("cannot release the launcher")?;
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Some(status) = child.try_wait()? {
+                    bail!("the launcher ended before running the command ({status})");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e).context("cannot accept the launcher's connection"),
+        }
+    }
+}
+
+/// The launcher: wait for `go` on `socket`, then become the command.
+fn launch(socket: &Path, command: &[OsString]) -> anyhow::Result<ExitCode> {
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("cannot connect to {}", socket.display()))?;
+    let mut word = Vec::new();
+    stream
+        .read_to_end(&mut word)
+        .context("cannot read the go signal")?;
+    if word != GO {
+        bail!("mesos-gpu exec went away before the command could start");
+    }
+    drop(stream);
+    let (program, rest) = command.split_first().context("no command given")?;
+    let err = Command::new(program).args(rest).exec();
+    eprintln!(
+        "mesos-gpu exec: cannot run {}: {err}",
+        program.to_string_lossy()
+    );
+    Ok(ExitCode::from(
+        if err.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        },
+    ))
+}
+
+fn forward(pid: Pid, sig: Signal) {
+    tracing::info!(pid = pid.as_raw_nonzero().get(), signal = ?sig, "forwarding signal to the command");
+    if let Err(e) = kill_process(pid, sig) {
+        tracing::debug!(error = %e, "the command is already gone");
+    }
+}
+
+/// Kills what the command left in the cgroup, then removes the cgroup and releases the GPUs.
+fn clean_up(isolator: &Isolator, id: &ContainerId) -> anyhow::Result<()> {
+    let procs = isolator.cgroup_path(id).join("cgroup.procs");
+    for _ in 0..100 {
+        match isolator.cleanup(id) {
+            Err(e) if e.is_busy() => {
+                let pids = std::fs::read_to_string(&procs).unwrap_or_default();
+                for pid in pids
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .filter_map(Pid::from_raw)
+                {
+                    let _ = kill_process(pid, Signal::KILL);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.context("cannot clean up the container"),
+        }
+    }
+    bail!(
+        "processes in {} survive SIGKILL; the container's GPUs stay allocated",
+        procs.display()
+    )
+}
+
+fn print_allocation(id: &ContainerId, info: &LaunchInfo) {
+    let gpus: Vec<String> = info
+        .gpus
+        .iter()
+        .map(|g| format!("{} ({}, /dev/nvidia{})", g.index, g.uuid, g.minor))
+        .collect();
+    let rules: Vec<String> = info.device_rules.iter().map(ToString::to_string).collect();
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "mesos-gpu exec: container {id}");
+    let _ = writeln!(
+        err,
+        "  GPUs: {}",
+        if gpus.is_empty() {
+            "none".to_owned()
+        } else {
+            gpus.join(", ")
+        }
+    );
+    if let Some(cgroup) = &info.cgroup {
+        let _ = writeln!(err, "  cgroup: {}", cgroup.display());
+    }
+    let _ = writeln!(err, "  device rules: {}", rules.join(", "));
+    for (k, v) in &info.environment {
+        let _ = writeln!(err, "  env: {k}={v}");
+    }
+}
+
+/// The command's exit code, or 128 + the signal that killed it.
+fn exit_code(status: ExitStatus) -> ExitCode {
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}

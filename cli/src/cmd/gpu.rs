@@ -1,0 +1,204 @@
+//! `mesos-gpu gpu health` and `mesos-gpu gpu mark-healthy <index|uuid>`.
+//!
+//! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
+//! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
+//! (`mesos_gpu_isolator::health::HealthStore`). `mark-healthy` therefore:
+//! - when no monitor runs (the lock is free): edits the checkpoint itself, under the lock, so
+//!   the next agent start reads the GPU back healthy;
+//! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
+//!   monitor takes within its wait timeout (250 ms by default), marks the GPU healthy, tells the
+//!   allocator and checkpoints; the command waits for that and reports the checkpointed state.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::bail;
+use mesos_gpu_isolator::health::{GpuHealth, GpuRef, HealthSnapshot, HealthStore};
+
+use crate::ctx::Ctx;
+
+/// The Mesos agent work directory used when `--work-dir` is not given.
+const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    command: GpuCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum GpuCommand {
+    /// Show each GPU's checkpointed health: state, reason, since when, XIDs seen.
+    #[command(
+        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --work-dir /var/lib/mesos --json"
+    )]
+    Health(HealthArgs),
+    /// Declare a GPU healthy again (after the operator has checked or reset it).
+    #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
+        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --work-dir /var/lib/mesos")]
+    MarkHealthy(MarkArgs),
+}
+
+#[derive(clap::Args)]
+struct StoreArgs {
+    /// The Mesos agent work directory (health lives in `<DIR>/gpu/`).
+    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = DEFAULT_WORK_DIR)]
+    work_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct HealthArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print the checkpoint as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct MarkArgs {
+    /// The GPU: NVML index (`3`) or UUID (`GPU-…`).
+    gpu: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Seconds to wait for a running monitor to take the request.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    wait: u64,
+}
+
+pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    match &args.command {
+        GpuCommand::Health(a) => health(a),
+        GpuCommand::MarkHealthy(a) => mark_healthy(a),
+    }
+}
+
+fn age(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let secs = now.saturating_sub(u128::from(ms)) / 1000;
+    match secs {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s => format!("{}h ago", s / 3600),
+    }
+}
+
+fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
+    let store = HealthStore::at(&args.store.work_dir);
+    let snapshot = store.load()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let running = store.try_lock()?.is_none();
+    let Some(snapshot) = snapshot else {
+        println!(
+            "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
+            store.checkpoint_path().display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!(
+        "{} ({})",
+        store.checkpoint_path().display(),
+        if running {
+            "monitor running"
+        } else {
+            "no monitor running"
+        }
+    );
+    println!(
+        "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} REASON",
+        "GPU", "UUID", "HEALTH", "SINCE", "LAST", "XIDS"
+    );
+    for g in &snapshot.gpus {
+        let xids = if g.xids.is_empty() {
+            "-".to_owned()
+        } else {
+            g.xids
+                .iter()
+                .map(|(x, n)| format!("{x}×{n}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match &g.health {
+            GpuHealth::Healthy => println!(
+                "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} -",
+                g.index, g.uuid, "healthy", "-", "-", xids
+            ),
+            GpuHealth::Unhealthy {
+                reason,
+                since_ms,
+                last_error_ms,
+                ..
+            } => println!(
+                "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} {reason}",
+                g.index,
+                g.uuid,
+                "UNHEALTHY",
+                age(*since_ms),
+                age(*last_error_ms),
+                xids
+            ),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn mark_healthy(args: &MarkArgs) -> anyhow::Result<ExitCode> {
+    let gpu = GpuRef::parse(&args.gpu)?;
+    let store = HealthStore::at(&args.store.work_dir);
+    if let Some(_lock) = store.try_lock()? {
+        let Some(mut snapshot) = store.load()? else {
+            println!(
+                "no GPU health checkpoint at {}: every GPU is healthy unless discovery finds it lost",
+                store.checkpoint_path().display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        };
+        let was_unhealthy = snapshot.mark_healthy(&gpu)?;
+        if was_unhealthy {
+            store.save(&snapshot)?;
+            println!(
+                "GPU {gpu} marked healthy in {} (no monitor running)",
+                store.checkpoint_path().display()
+            );
+        } else {
+            println!("GPU {gpu} is already healthy");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let request = store.request_mark_healthy(&gpu)?;
+    let deadline = Instant::now() + Duration::from_secs(args.wait);
+    while request.exists() {
+        if Instant::now() > deadline {
+            bail!(
+                "the running GPU health monitor did not take the request {} within {}s; it stays queued",
+                request.display(),
+                args.wait
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let snapshot: Option<HealthSnapshot> = store.load()?;
+    match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
+        Some(record) if record.health.is_healthy() => {
+            println!(
+                "GPU {gpu} ({}) is healthy (marked by the running monitor)",
+                record.uuid
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(record) => bail!(
+            "GPU {gpu} is still unhealthy: {:?}; see the agent log",
+            record.health
+        ),
+        None => bail!(
+            "the running monitor does not know GPU {gpu} (checkpoint {}); see the agent log",
+            store.checkpoint_path().display()
+        ),
+    }
+}

@@ -1,0 +1,359 @@
+//! `mesos-gpu info`: the node's GPUs, driver, device nodes and interconnect topology.
+//!
+//! `--json` prints one object with these stable fields:
+//! - `simulated`: the `--simulate` node, or null;
+//! - `driver`: `{"version": "550.54.14", "cuda_version": "12.4" | null}` or null;
+//! - `absent_reason`: why there are no GPUs, or null;
+//! - `gpus`: one object per GPU in NVML index order: `index`, `minor` (null when unknown),
+//!   `uuid`, `name`, `memory_total_bytes`, `pci_bus_id`, `numa_node` (null when unknown),
+//!   `compute_capability` (`"7.0"` or null), `healthy`, `cpu_affinity` (CPU list such as
+//!   `"0-19,40-59"`, or null), `device` (`"195:0"`, or null when the node was not read);
+//! - `topology`: an N×N matrix of `nvidia-smi topo -m` labels (`X`, `NV2`, `PIX`, `PXB`, `PHB`,
+//!   `NODE`, `SYS`, `PSB`, `?`), row = from, column = to, by position in `gpus`;
+//! - `control_devices`: `[{"path": "/dev/nvidiactl", "device": "195:255"}, …]`;
+//! - `notes`: human-readable remarks (simulation, unreadable device nodes).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
+use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use serde::Serialize;
+
+use crate::ctx::Ctx;
+use crate::simulate;
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    mesos-gpu info\n  \
+    mesos-gpu info --simulate dgx1-v100\n  \
+    mesos-gpu info --simulate list\n  \
+    mesos-gpu info --json --nvml-lib /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")]
+pub(crate) struct Args {
+    /// Print JSON (fields documented in the module) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    simulated: Option<String>,
+    driver: Option<DriverJson>,
+    absent_reason: Option<String>,
+    gpus: Vec<GpuJson>,
+    topology: Vec<Vec<String>>,
+    control_devices: Vec<DeviceJson>,
+    notes: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct DriverJson {
+    version: String,
+    cuda_version: Option<String>,
+}
+
+#[derive(Serialize)]
+struct GpuJson {
+    index: u32,
+    minor: Option<u32>,
+    uuid: String,
+    name: String,
+    memory_total_bytes: u64,
+    pci_bus_id: String,
+    numa_node: Option<u32>,
+    compute_capability: Option<String>,
+    healthy: bool,
+    cpu_affinity: Option<String>,
+    device: Option<String>,
+}
+
+#[derive(Serialize)]
+struct DeviceJson {
+    path: String,
+    device: String,
+}
+
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if ctx.wants_simulate_list() {
+        for name in simulate::shipped_names() {
+            writeln!(out, "{name}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = build(ctx)?;
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(render(&report).as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn build(ctx: &Ctx) -> anyhow::Result<Report> {
+    let simulated = ctx.simulation()?.map(|s| s.name().to_owned());
+    let inventory = ctx.inventory()?;
+    let driver = ctx.driver()?;
+    let mut notes = Vec::new();
+    let nodes = match ctx.dev_root() {
+        _ if inventory.driver.is_none() => None,
+        None => {
+            notes.push(
+                "simulated node: device nodes are not read (a simulated node has none); \
+                 give --dev-root to read a directory of nodes"
+                    .to_owned(),
+            );
+            None
+        }
+        Some(root) => match DeviceNodes::scan(root, inventory) {
+            Ok(nodes) => Some(nodes),
+            Err(err) => {
+                notes.push(format!("device nodes not usable: {err:#}"));
+                None
+            }
+        },
+    };
+    let gpus = (0..)
+        .zip(&inventory.gpus)
+        .map(|(pos, g): (usize, &Gpu)| GpuJson {
+            index: g.index,
+            minor: (g.minor != UNKNOWN_MINOR).then_some(g.minor),
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            memory_total_bytes: g.memory_total,
+            pci_bus_id: g.pci_bus_id.clone(),
+            numa_node: g.numa_node,
+            compute_capability: g.compute_capability.map(|(a, b)| format!("{a}.{b}")),
+            healthy: g.healthy,
+            cpu_affinity: driver.and_then(|d| d.cpu_affinity(pos)).map(cpu_list),
+            device: nodes
+                .as_ref()
+                .and_then(|n| n.gpu(g.index))
+                .map(|n| n.dev.to_string()),
+        })
+        .collect();
+    let control_devices = nodes
+        .iter()
+        .flat_map(|n| &n.control)
+        .map(|n| DeviceJson {
+            path: n.path.display().to_string(),
+            device: n.dev.to_string(),
+        })
+        .collect();
+    Ok(Report {
+        simulated,
+        driver: inventory.driver.as_ref().map(|d| DriverJson {
+            version: d.version.clone(),
+            cuda_version: d.cuda_version.map(|(a, b)| format!("{a}.{b}")),
+        }),
+        absent_reason: inventory.absent_reason.clone(),
+        gpus,
+        topology: matrix(inventory),
+        control_devices,
+        notes,
+    })
+}
+
+fn matrix(inventory: &Inventory) -> Vec<Vec<String>> {
+    let n = inventory.gpus.len();
+    (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| {
+                    if a == b {
+                        "X".to_owned()
+                    } else {
+                        inventory.topology.get(a, b).label()
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `[0,1,2,5,7,8]` → `0-2,5,7-8`.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        let mut end = start;
+        while i + 1 < cpus.len() && cpus[i + 1] == end + 1 {
+            i += 1;
+            end = cpus[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        let _ = if start == end {
+            write!(out, "{start}")
+        } else {
+            write!(out, "{start}-{end}")
+        };
+        i += 1;
+    }
+    out
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+const LEGEND: &str = "Legend:
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  PSB  = On the same board (NVML_TOPOLOGY_INTERNAL, e.g. the two GPUs of a K80)
+  NV#  = Connection traversing a bonded set of # NVLinks
+  ?    = Unknown
+";
+
+fn render(r: &Report) -> String {
+    let mut out = String::new();
+    if let Some(sim) = &r.simulated {
+        let _ = writeln!(out, "Simulated node: {sim}");
+    }
+    if let Some(d) = &r.driver {
+        let cuda = d.cuda_version.as_deref().unwrap_or("unknown");
+        let _ = writeln!(out, "NVIDIA driver {}, CUDA {cuda}", d.version);
+    }
+    if r.gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "no GPUs: {}",
+            r.absent_reason.as_deref().unwrap_or("NVML reports none")
+        );
+        return out;
+    }
+    let _ = writeln!(out, "{} GPUs\n", r.gpus.len());
+    let unknown = || "?".to_owned();
+    let mut rows = vec![
+        [
+            "IDX",
+            "MINOR",
+            "NAME",
+            "MEMORY",
+            "CC",
+            "PCI BUS ID",
+            "NUMA",
+            "HEALTH",
+            "DEVICE",
+            "UUID",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for g in &r.gpus {
+        rows.push(vec![
+            g.index.to_string(),
+            g.minor.map_or_else(unknown, |m| m.to_string()),
+            if g.name.is_empty() {
+                unknown()
+            } else {
+                g.name.clone()
+            },
+            if g.memory_total_bytes == 0 {
+                unknown()
+            } else {
+                format!("{} MiB", g.memory_total_bytes >> 20)
+            },
+            g.compute_capability.clone().unwrap_or_else(unknown),
+            if g.pci_bus_id.is_empty() {
+                unknown()
+            } else {
+                g.pci_bus_id.clone()
+            },
+            g.numa_node
+                .map_or_else(|| "N/A".to_owned(), |n| n.to_string()),
+            if g.healthy {
+                "ok".to_owned()
+            } else {
+                "LOST".to_owned()
+            },
+            g.device.clone().unwrap_or_else(|| "-".to_owned()),
+            if g.uuid.is_empty() {
+                unknown()
+            } else {
+                g.uuid.clone()
+            },
+        ]);
+    }
+    out.push_str(&table(&rows));
+    if !r.control_devices.is_empty() {
+        let list: Vec<String> = r
+            .control_devices
+            .iter()
+            .map(|d| format!("{} ({})", d.path, d.device))
+            .collect();
+        let _ = writeln!(out, "\nControl devices: {}", list.join(", "));
+    }
+    let mut rows = vec![Vec::with_capacity(r.gpus.len() + 3)];
+    rows[0].push(String::new());
+    rows[0].extend(r.gpus.iter().map(|g| format!("GPU{}", g.index)));
+    rows[0].extend(["CPU Affinity".to_owned(), "NUMA Affinity".to_owned()]);
+    for (g, links) in r.gpus.iter().zip(&r.topology) {
+        let mut row = vec![format!("GPU{}", g.index)];
+        row.extend(links.iter().cloned());
+        row.push(g.cpu_affinity.clone().unwrap_or_else(|| "N/A".to_owned()));
+        row.push(
+            g.numa_node
+                .map_or_else(|| "N/A".to_owned(), |n| n.to_string()),
+        );
+        rows.push(row);
+    }
+    let _ = writeln!(out, "\nTopology:");
+    out.push_str(&table(&rows));
+    out.push('\n');
+    out.push_str(LEGEND);
+    for note in &r.notes {
+        let _ = writeln!(out, "\nNote: {note}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_ranges() {
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(cpu_list(&[3]), "3");
+        assert_eq!(cpu_list(&[]), "");
+    }
+
+    #[test]
+    fn tables_align() {
+        let rows = vec![
+            vec!["a".to_owned(), "bb".to_owned()],
+            vec!["ccc".to_owned(), "d".to_owned()],
+        ];
+        assert_eq!(table(&rows), "a    bb\nccc  d\n");
+    }
+}

@@ -1,0 +1,57 @@
+//! One module per subcommand, each exposing `Args` and `run(args, &Ctx)`.
+
+use std::process::ExitCode;
+
+use crate::ctx::Ctx;
+
+mod agent_flags;
+mod info;
+mod ldcache;
+mod volume;
+mod serve;
+mod docker_args;
+mod run;
+mod gpu;
+mod demo;
+mod exec;
+
+/// The subcommands.
+#[derive(clap::Subcommand)]
+pub(crate) enum Command {
+    /// Show the node's GPUs, driver and interconnect topology.
+    Info(info::Args),
+    /// Print the mesos-agent `--resources` and `--attributes` that advertise this node's GPUs.
+    AgentFlags(agent_flags::Args),
+    /// Print the entries of an ld.so.cache, in the format of `ldconfig -p`.
+    Ldcache(ldcache::Args),
+    /// Plan, create, verify, list and collect `nvidia_<driver version>` driver volumes.
+    Volume(volume::Args),
+    /// Serve nvidia-docker's REST API and `nvidia-docker` volume plugin until SIGTERM/SIGINT.
+    Serve(serve::Args),
+    /// Reserve N GPUs from the shared pool and print the `docker run` arguments that give them.
+    DockerArgs(docker_args::Args),
+    /// Run a Docker image with N GPUs from the shared pool, like nvidia-docker's `run`.
+    Run(run::Args),
+    /// Show GPU health, or declare a failed GPU healthy again.
+    Gpu(gpu::Args),
+    /// Run a simulated GPU agent end to end on a stream of Marathon apps (no GPU, no root).
+    Demo(demo::Args),
+    /// Run a command in a fresh container cgroup with N GPUs, as the agent runs a task.
+    Exec(exec::Args),
+}
+
+/// Runs the chosen subcommand.
+pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Info(args) => info::run(&args, ctx),
+        Command::AgentFlags(args) => agent_flags::run(&args, ctx),
+        Command::Ldcache(args) => ldcache::run(&args, ctx),
+        Command::Volume(args) => volume::run(&args, ctx),
+        Command::Serve(args) => serve::run(&args, ctx),
+        Command::DockerArgs(args) => docker_args::run(&args, ctx),
+        Command::Run(args) => run::run(&args, ctx),
+        Command::Gpu(args) => gpu::run(&args, ctx),
+        Command::Demo(args) => demo::run(&args, ctx),
+        Command::Exec(args) => exec::run(&args, ctx),
+    }
+}

@@ -1,0 +1,264 @@
+//! `mesos-gpu serve`: nvidia-docker 1.0's REST API on TCP and its `nvidia-docker` volume plugin
+//! on a unix socket, until SIGTERM or SIGINT.
+//!
+//! The driver volume is built in the background at start (and again when the driver version
+//! changes) by the volume manager; plugin requests never build it. The node is re-read every
+//! `--driver-poll` seconds to notice a driver change. `/gpu/status` and `/gpu/info` show live
+//! NVML figures ([`NvmlStatus`]).
+//!
+//! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
+//! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
+//! reconciliation** of the shared pool in `--work-dir` (the one `docker-args` and `run` draw
+//! from) with the Docker daemon: after a reboot or crash it re-books the GPUs of running
+//! `mesos-<id>` containers and releases reservations whose container is gone, logging each.
+//! It is skipped, with a log line saying why, when no daemon answers on `--docker-socket` or
+//! another process holds the pool (the agent's isolator, which recovers its own containers).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use mesos_gpu_docker::args::{HostDevices, VolumeSource};
+use mesos_gpu_docker::plugin::{
+    DEFAULT_BUILD_WAIT, DEFAULT_SOCKET, DriverVolumes, ManagerBuilder, PluginApi,
+};
+use mesos_gpu_docker::bridge::DockerBridge;
+use mesos_gpu_docker::client::DockerClient;
+use mesos_gpu_docker::rest::status::{GpuStatusSource, NoStatus};
+use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
+use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_docker::status::NvmlStatus;
+use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::lifecycle::CheckpointError;
+use mesos_gpu_volume::VolumeManager;
+
+use super::docker_args::{DEFAULT_DOCKER_SOCKET, DEFAULT_WORK_DIR, open_pool};
+use crate::ctx::Ctx;
+
+/// Where `/gpu/status` reads process names NVML does not give.
+const PROC_ROOT: &str = "/proc";
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    mesos-gpu serve\n  \
+    mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 --plugin-socket /tmp/nvidia-docker.sock\n  \
+    docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE")]
+pub(crate) struct Args {
+    /// TCP address of the REST API (nvidia-docker's remote API).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    listen: SocketAddr,
+
+    /// Unix socket of the Docker volume plugin; Docker names the plugin after the file
+    /// (`nvidia-docker.sock` → `nvidia-docker`).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    plugin_socket: PathBuf,
+
+    /// Directory holding the `nvidia_<driver version>` volumes.
+    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
+    volume_root: PathBuf,
+
+    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    driver_root: PathBuf,
+
+    /// What `/docker/cli` names: the plugin's named volume (nvidia-docker compatible), or a
+    /// bind of the volume's host directory (no plugin lookup by Docker).
+    #[arg(long, value_enum, default_value_t = VolumeMode::Plugin)]
+    volume_mode: VolumeMode,
+
+    /// Seconds between re-reads of the node to notice a driver change; 0 disables.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    driver_poll: u64,
+
+    /// The shared GPU pool to reconcile with the Docker daemon at start.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
+    work_dir: PathBuf,
+
+    /// Docker daemon socket, for the start-up reconciliation.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
+    docker_socket: PathBuf,
+}
+
+/// How `/docker/cli` mounts the driver volume.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VolumeMode {
+    /// `--volume-driver=<plugin> --volume=nvidia_driver_<version>:/usr/local/nvidia:ro`.
+    Plugin,
+    /// `--volume=<volume root>/nvidia_<version>:/usr/local/nvidia:ro`.
+    Bind,
+}
+
+/// The device layout: scanned under the device root, or the standard paths unchecked on a
+/// simulated node without device nodes.
+pub(crate) fn host_devices(ctx: &Ctx) -> anyhow::Result<HostDevices> {
+    let inventory = ctx.inventory()?;
+    match ctx.dev_root() {
+        Some(root) => {
+            let nodes = DeviceNodes::scan(root, inventory).with_context(|| {
+                format!("reading the NVIDIA device nodes under {}", root.display())
+            })?;
+            Ok(HostDevices::from_nodes(root, &nodes))
+        }
+        None => {
+            tracing::warn!(
+                "simulated node without --dev-root: device paths are /dev/nvidia* and unchecked"
+            );
+            let dev = Path::new("/dev");
+            Ok(HostDevices {
+                dev_root: dev.to_owned(),
+                control: vec![dev.join("nvidiactl"), dev.join("nvidia-uvm")],
+            })
+        }
+    }
+}
+
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let inventory = Arc::new(ctx.inventory()?.clone());
+    let host = host_devices(ctx)?;
+    let manager = VolumeManager::at(&args.volume_root);
+    let plugin_name = args
+        .plugin_socket
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .with_context(|| {
+            format!(
+                "--plugin-socket {}: expected a file name such as nvidia-docker.sock",
+                args.plugin_socket.display()
+            )
+        })?
+        .to_owned();
+    let volume = match (args.volume_mode, inventory.driver.as_ref()) {
+        (VolumeMode::Plugin, _) => VolumeSource::Plugin {
+            plugin: plugin_name,
+        },
+        (VolumeMode::Bind, Some(driver)) => {
+            let version = driver
+                .version
+                .parse()
+                .with_context(|| format!("driver version {:?}", driver.version))?;
+            VolumeSource::Bind {
+                host_path: manager.volume_path(&version),
+            }
+        }
+        (VolumeMode::Bind, None) => VolumeSource::Bind {
+            host_path: args.volume_root.join("no-driver"),
+        },
+    };
+    let lib = ctx.driver()?.map(|d| d.lib_path().to_owned());
+    let config = ServerConfig {
+        rest_listen: Some(args.listen),
+        plugin_socket: Some(args.plugin_socket.clone()),
+    };
+
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let status = status_source(lib.as_deref())?;
+    runtime.block_on(async {
+        recover_docker_holders(ctx, args, &host).await;
+        let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
+            manager,
+            args.driver_root.clone(),
+        )));
+        volumes.set_driver(inventory.driver.as_ref().map(|d| d.version.as_str()));
+        let rest = Arc::new(RestApi::new(inventory, host, volume, status));
+        let plugin = Arc::new(PluginApi::new(Arc::clone(&volumes), DEFAULT_BUILD_WAIT));
+        let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
+        let signal = shutdown_signal()?;
+        let watch = (args.driver_poll > 0).then(|| {
+            let probe = move || {
+                GpuDriver::open(lib.as_deref())
+                    .map(|d| d.inventory().clone())
+                    .map_err(|e| format!("{e:#}"))
+            };
+            spawn_driver_watch(probe, Duration::from_secs(args.driver_poll), rest, volumes)
+        });
+        server
+            .run(async {
+                let name = signal.await;
+                tracing::info!(signal = name, "stopping");
+            })
+            .await;
+        if let Some(watch) = watch {
+            watch.abort();
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Live figures from a second NVML session of the same library (the first belongs to `ctx`);
+/// nothing live without a driver.
+fn status_source(lib: Option<&Path>) -> anyhow::Result<Arc<dyn GpuStatusSource>> {
+    let Some(lib) = lib else {
+        return Ok(Arc::new(NoStatus));
+    };
+    match GpuDriver::open(Some(lib)).context("cannot open NVML for GPU status")? {
+        Discovery::Driver(driver) => Ok(Arc::new(NvmlStatus::new(Arc::new(*driver), PROC_ROOT))),
+        Discovery::NoDriver(_) => Ok(Arc::new(NoStatus)),
+    }
+}
+
+/// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome
+/// is logged, none stops the service.
+async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
+    let socket = &args.docker_socket;
+    let client = match DockerClient::connect(socket).await {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::info!(socket = %socket.display(), reason = %format!("{e:#}"), "no Docker daemon; Docker GPU holders not recovered");
+            return;
+        }
+    };
+    let pool = match open_pool(ctx, &args.work_dir) {
+        Ok(pool) => pool,
+        Err(e) if is_locked(&e) => {
+            tracing::warn!(work_dir = %args.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
+            return;
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "cannot open the GPU pool; Docker GPU holders not recovered");
+            return;
+        }
+    };
+    let gpus = match ctx.inventory() {
+        Ok(inventory) => inventory.gpus.clone(),
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "no inventory; Docker GPU holders not recovered");
+            return;
+        }
+    };
+    let bridge = DockerBridge::new(Arc::new(pool), client, host.clone(), None, gpus);
+    match bridge.recover().await {
+        Ok(found) => {
+            for c in &found.running {
+                tracing::info!(container = %c.docker_name, gpus = ?c.gpu_minors, "Docker container holds GPUs (by minor)");
+            }
+            for id in &found.adopted {
+                tracing::warn!(container = %id, "running GPU container had no reservation; its GPUs are now reserved");
+            }
+            for id in &found.released {
+                tracing::info!(container = %id, "reserved container is not running; its GPUs were released");
+            }
+            for c in &found.unknown_gpus {
+                tracing::error!(container = %c.docker_name, minors = ?c.unknown_minors, "container holds GPU nodes this node's inventory does not know");
+            }
+            for issue in &found.report.issues {
+                tracing::warn!(?issue, "GPU pool recovery issue");
+            }
+        }
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot recover Docker GPU holders"),
+    }
+}
+
+fn is_locked(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<CheckpointError>(),
+            Some(CheckpointError::Locked { .. })
+        )
+    })
+}

@@ -1,0 +1,429 @@
+//! `mesos-gpu volume`: plan, create, verify, list and collect `nvidia_<driver version>` driver
+//! volumes, and record which containers use them.
+//!
+//! The driver version is `--driver-version`, else the version of the newest
+//! `libnvidia-ml.so.<version>` the cache points to (logged on stderr). `--json` prints the
+//! library's types as JSON: `VolumePlan`, `Volume`, `VerifyReport`, a list of `VolumeInfo`, or a
+//! `GcReport`. `verify` exits 1 when it finds a problem.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use mesos_gpu_volume::mountinfo;
+use mesos_gpu_volume::plan::{self, DriverSource, VolumePlan};
+use mesos_gpu_volume::volume::{DEFAULT_ROOT, KeepReason, Outcome};
+use mesos_gpu_volume::{Check, CreateOptions, DriverVersion, LdCache, Materialize, VolumeManager};
+use serde::Serialize;
+
+use crate::ctx::Ctx;
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    mesos-gpu volume plan\n  \
+    mesos-gpu volume create --driver-version 550.54.14\n  \
+    mesos-gpu volume verify --json\n  \
+    mesos-gpu volume list\n  \
+    mesos-gpu volume gc\n  \
+    mesos-gpu volume create --root /tmp/volumes --driver-root /mnt/image --copy")]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Directory holding the volumes.
+    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_ROOT)]
+    root: PathBuf,
+
+    /// The driver's file system root.
+    #[arg(long, global = true, value_name = "DIR", default_value = "/")]
+    driver_root: PathBuf,
+
+    /// The ld.so.cache to search [default: <driver-root>/etc/ld.so.cache].
+    #[arg(long, global = true, value_name = "FILE")]
+    cache: Option<PathBuf>,
+
+    /// The driver version [default: from the newest libnvidia-ml.so.<version> in the cache].
+    #[arg(long, global = true, value_name = "VER")]
+    driver_version: Option<DriverVersion>,
+
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Show which driver files the volume would hold, and every candidate skipped and why.
+    Plan,
+    /// Build the volume, or reuse an intact one; rebuild a stale or damaged one.
+    Create {
+        /// Copy every file instead of hard-linking those on the volume root's file system.
+        #[arg(long)]
+        copy: bool,
+        /// Compare SHA-256 sums, not only sizes and mtimes, before reusing an existing volume.
+        #[arg(long)]
+        checksums: bool,
+    },
+    /// Check a volume against its manifest and the host's driver files; exit 1 on a problem.
+    Verify {
+        /// Compare sizes, modes and mtimes only, without reading file contents.
+        #[arg(long)]
+        metadata_only: bool,
+        /// Check the volume against its manifest only, not against the host's files.
+        #[arg(long)]
+        volume_only: bool,
+    },
+    /// List the volumes under the root with their holders and state.
+    List,
+    /// Remove volumes no container uses, except the current driver's (unless --all).
+    Gc {
+        /// Do not keep the current driver's volume either.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Record HOLDER (a container id) as using the volume.
+    Acquire {
+        /// The container id.
+        holder: String,
+    },
+    /// Remove HOLDER's use of the volume.
+    Release {
+        /// The container id.
+        holder: String,
+    },
+}
+
+pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let manager = VolumeManager::at(&args.root);
+    match &args.command {
+        Command::Plan => {
+            let plan = host_plan(args)?;
+            emit(args, &plan, plan_text)
+        }
+        Command::Create { copy, checksums } => {
+            let plan = host_plan(args)?;
+            let options = CreateOptions {
+                materialize: if *copy {
+                    Materialize::Copy
+                } else {
+                    Materialize::LinkOrCopy
+                },
+                check: if *checksums {
+                    Check::Checksums
+                } else {
+                    Check::Metadata
+                },
+            };
+            let volume = manager.create_with(&plan, options).with_context(|| {
+                format!("cannot create the volume under {}", args.root.display())
+            })?;
+            warn_if_noexec(&volume.path);
+            emit(args, &volume, |v| {
+                let mut s = match &v.outcome {
+                    Outcome::Created => "created".to_owned(),
+                    Outcome::Reused => "reused".to_owned(),
+                    Outcome::Rebuilt { problems } => {
+                        format!("rebuilt ({} problems)", problems.len())
+                    }
+                };
+                let _ = writeln!(
+                    s,
+                    " {}: {} files ({} hard links, {} copies), {} links, {}",
+                    v.path.display(),
+                    v.files,
+                    v.hardlinked,
+                    v.copied,
+                    v.links,
+                    size(v.bytes)
+                );
+                if let Outcome::Rebuilt { problems } = &v.outcome {
+                    for p in problems {
+                        let _ = writeln!(s, "  was: {p}");
+                    }
+                }
+                s
+            })
+        }
+        Command::Verify {
+            metadata_only,
+            volume_only,
+        } => {
+            let check = if *metadata_only {
+                Check::Metadata
+            } else {
+                Check::Checksums
+            };
+            let (version, plan) = if *volume_only {
+                (version_of(args, &load_cache(args)?)?, None)
+            } else {
+                let plan = host_plan(args)?;
+                (plan.driver_version.clone(), Some(plan))
+            };
+            let report = manager.verify(&version, plan.as_ref(), check)?;
+            emit(args, &report, |r| {
+                let scope = if r.against_host {
+                    "against its manifest and the host"
+                } else {
+                    "against its manifest"
+                };
+                if r.is_intact() {
+                    let depth = match r.check {
+                        Check::Metadata => "metadata",
+                        Check::Checksums => "checksum",
+                    };
+                    return format!("intact: {} ({depth} check {scope})\n", r.path.display());
+                }
+                let mut s = format!(
+                    "damaged: {} ({} problems, {scope})\n",
+                    r.path.display(),
+                    r.problems.len()
+                );
+                for p in &r.problems {
+                    let _ = writeln!(s, "  {p}");
+                }
+                s
+            })?;
+            Ok(if report.is_intact() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::List => {
+            let volumes = manager.list()?;
+            emit(args, &volumes, |vs| {
+                let rows: Vec<Vec<String>> = vs
+                    .iter()
+                    .map(|v| {
+                        let state = if v.problems.is_empty() {
+                            "intact".to_owned()
+                        } else {
+                            format!("{} problems", v.problems.len())
+                        };
+                        vec![
+                            v.driver_version.to_string(),
+                            v.path.display().to_string(),
+                            v.files.to_string(),
+                            size(v.bytes),
+                            state,
+                            v.holders.join(","),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &["VERSION", "PATH", "FILES", "SIZE", "STATE", "HOLDERS"],
+                    &rows,
+                )
+            })
+        }
+        Command::Gc { all } => {
+            let keep = if *all {
+                Vec::new()
+            } else {
+                let cache =
+                    load_cache(args).context("pass --all to collect every unused volume")?;
+                vec![
+                    version_of(args, &cache)
+                        .context("pass --all to collect every unused volume")?,
+                ]
+            };
+            let report = manager.gc(&keep)?;
+            emit(args, &report, |r| {
+                let mut s = String::new();
+                for path in &r.removed {
+                    let _ = writeln!(s, "removed {}", path.display());
+                }
+                for kept in &r.kept {
+                    let why = match &kept.reason {
+                        KeepReason::Requested => "current driver".to_owned(),
+                        KeepReason::InUse { holders } => {
+                            format!("in use by {}", holders.join(", "))
+                        }
+                    };
+                    let _ = writeln!(s, "kept {} ({why})", kept.path.display());
+                }
+                if s.is_empty() {
+                    s.push_str("no volumes\n");
+                }
+                s
+            })
+        }
+        Command::Acquire { holder } => {
+            let version = version_of(args, &load_cache(args)?)?;
+            manager.acquire(&version, holder)?;
+            emit(
+                args,
+                &serde_json::json!({"holder": holder, "driver_version": version}),
+                |_| format!("{holder} now holds the volume of driver {version}\n"),
+            )
+        }
+        Command::Release { holder } => {
+            let version = version_of(args, &load_cache(args)?)?;
+            let held = manager.release(&version, holder)?;
+            emit(
+                args,
+                &serde_json::json!({"holder": holder, "driver_version": version, "released": held}),
+                |_| {
+                    if held {
+                        format!("{holder} released the volume of driver {version}\n")
+                    } else {
+                        format!("{holder} did not hold the volume of driver {version}\n")
+                    }
+                },
+            )
+        }
+    }
+}
+
+/// Warns when the volume sits on a `noexec` mount, where containers cannot run its binaries.
+fn warn_if_noexec(volume: &std::path::Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    if mountinfo::exec_blocked(&mountinfo, volume) {
+        tracing::warn!(
+            path = %volume.display(),
+            "the volume is on a noexec mount, so containers cannot run its bin/; mount a tmpfs \
+             (mode=755,nosuid,nodev) on the volume root first, as Mesos does"
+        );
+    }
+}
+
+fn cache_path(args: &Args) -> PathBuf {
+    args.cache.clone().unwrap_or_else(|| {
+        args.driver_root
+            .join(mesos_gpu_volume::ldcache::DEFAULT_CACHE)
+    })
+}
+
+fn load_cache(args: &Args) -> anyhow::Result<LdCache> {
+    Ok(LdCache::read(&cache_path(args))?)
+}
+
+/// `--driver-version`, else the newest `libnvidia-ml.so.<version>` in the cache.
+fn version_of(args: &Args, cache: &LdCache) -> anyhow::Result<DriverVersion> {
+    if let Some(v) = &args.driver_version {
+        return Ok(v.clone());
+    }
+    let (version, file) = plan::detect_driver_version(&args.driver_root, cache)?;
+    tracing::info!(version = %version, file = %file.display(), "driver version from the ld.so.cache (override with --driver-version)");
+    Ok(version)
+}
+
+fn host_plan(args: &Args) -> anyhow::Result<VolumePlan> {
+    let cache = load_cache(args)?;
+    let version = version_of(args, &cache)?;
+    Ok(plan::plan_from(
+        &DriverSource::at(&args.driver_root),
+        &cache,
+        &version,
+    )?)
+}
+
+/// Prints `value` as JSON with `--json`, else `text(value)`.
+fn emit<T: Serialize>(
+    args: &Args,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, value)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(text(value).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan_text(plan: &VolumePlan) -> String {
+    let mut s = format!(
+        "driver {} under {}: {} files ({}), {} links, {} skipped\n",
+        plan.driver_version,
+        plan.driver_root.display(),
+        plan.files.len(),
+        size(plan.total_bytes()),
+        plan.links.len(),
+        plan.skipped.len()
+    );
+    if plan.library_count() == 0 {
+        s.push_str("warning: no library of this driver version was found; `create` will refuse this plan\n");
+    }
+    let files: Vec<Vec<String>> = plan
+        .files
+        .iter()
+        .map(|f| {
+            vec![
+                format!("{}/{}", f.dir.as_str(), f.name),
+                format!("{:?}", f.capability).to_lowercase(),
+                size(f.stamp.size),
+                f.source.display().to_string(),
+            ]
+        })
+        .collect();
+    s.push('\n');
+    s.push_str(&table(&["FILE", "CAPABILITY", "SIZE", "SOURCE"], &files));
+    let links: Vec<Vec<String>> = plan
+        .links
+        .iter()
+        .map(|l| vec![format!("{}/{}", l.dir.as_str(), l.name), l.target.clone()])
+        .collect();
+    s.push('\n');
+    s.push_str(&table(&["LINK", "TARGET"], &links));
+    let skipped: Vec<Vec<String>> = plan
+        .skipped
+        .iter()
+        .map(|k| {
+            let path = k
+                .path
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+            vec![k.name.clone(), path, k.reason.to_string()]
+        })
+        .collect();
+    s.push('\n');
+    s.push_str(&table(&["SKIPPED", "PATH", "WHY"], &skipped));
+    s
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let last = row.len().saturating_sub(1);
+        for (i, cell) in row.iter().enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

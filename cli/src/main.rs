@@ -1,0 +1,47 @@
+//! `mesos-gpu`: NVIDIA GPU isolation for Mesos agents.
+//!
+//! Exit codes: 0 success, 1 failure (the error is printed once on stderr), 2 bad usage (clap).
+#![forbid(unsafe_code)]
+
+mod cmd;
+mod ctx;
+mod simulate;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::ctx::{Ctx, GlobalArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "mesos-gpu",
+    version,
+    about = "NVIDIA GPU isolation for Mesos agents",
+    long_about = "NVIDIA GPU isolation for Mesos agents: discover GPUs, allocate them to containers \
+                  with device cgroups (v1 and v2), build the driver volume and bridge the Docker \
+                  containerizer. Every command runs on a simulated node with --simulate."
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: cmd::Command,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(err) = ctx::init_logging(&cli.global) {
+        eprintln!("mesos-gpu: {err:#}");
+        return ExitCode::FAILURE;
+    }
+    let ctx = Ctx::new(cli.global);
+    match cmd::run(cli.command, &ctx) {
+        Ok(code) => code,
+        Err(err) if ctx::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("mesos-gpu: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `--simulate NAME|FILE`: run any command on a simulated GPU node.
+//!
+//! The node is served by nvml-sim's `libnvml_sim.so` through the **same dynamic loading** as a
+//! real driver: the library is copied as `libnvidia-ml.so.1` into a private temporary directory,
+//! next to the node description as `nvml-sim.json` (where nvml-sim looks when `NVML_SIM_CONFIG`
+//! is unset), and NVML is loaded from there. The directory is removed when the command ends.
+//!
+//! `libnvml_sim.so` is looked for, in order, at `$MESOS_GPU_NVML_SIM`, next to the executable,
+//! in `<exe dir>/deps/` (cargo builds; preferred when newer than the one next to the executable),
+//! `<exe dir>/../lib/mesos-gpu/` and `/usr/lib/mesos-gpu/`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+
+/// The `--simulate` value that lists the shipped nodes.
+pub(crate) const LIST: &str = "list";
+
+/// The file name of the built simulator.
+const SIM_LIB: &str = "libnvml_sim.so";
+
+/// The environment variable naming the simulator library explicitly.
+const SIM_LIB_ENV: &str = "MESOS_GPU_NVML_SIM";
+
+/// The environment variable nvml-sim reads before looking beside itself.
+const SIM_CONFIG_ENV: &str = "NVML_SIM_CONFIG";
+
+/// A simulated node, ready to be loaded as NVML.
+pub(crate) struct Simulation {
+    name: String,
+    lib: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Simulation {
+    /// Sets up the node named `spec` (a shipped name or a description file).
+    pub(crate) fn prepare(spec: &str) -> anyhow::Result<Self> {
+        if spec == LIST {
+            bail!(
+                "`--simulate {LIST}` is not a node; `mesos-gpu info --simulate {LIST}` prints the shipped names"
+            );
+        }
+        if let Ok(value) = std::env::var(SIM_CONFIG_ENV) {
+            bail!("{SIM_CONFIG_ENV}={value} is set and would override --simulate {spec}; unset it");
+        }
+        let (name, json) = node_description(spec)?;
+        let sim_lib = find_sim_library()?;
+        let dir = tempfile::Builder::new()
+            .prefix("mesos-gpu-sim-")
+            .tempdir()
+            .context("cannot create a temporary directory")?;
+        let lib = dir.path().join("libnvidia-ml.so.1");
+        std::fs::copy(&sim_lib, &lib)
+            .with_context(|| format!("cannot copy {} to {}", sim_lib.display(), lib.display()))?;
+        let config = dir.path().join("nvml-sim.json");
+        std::fs::write(&config, json)
+            .with_context(|| format!("cannot write {}", config.display()))?;
+        tracing::debug!(node = %name, sim = %sim_lib.display(), dir = %dir.path().display(), "simulated node ready");
+        Ok(Simulation {
+            name,
+            lib,
+            _dir: dir,
+        })
+    }
+
+    /// The node's name (a shipped name, or the description file's path).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The private `libnvidia-ml.so.1` to load.
+    pub(crate) fn lib_path(&self) -> &Path {
+        &self.lib
+    }
+}
+
+/// The names of the nodes shipped with nvml-sim.
+pub(crate) fn shipped_names() -> Vec<&'static str> {
+    nvml_sim::TOPOLOGIES.iter().map(|(name, _)| *name).collect()
+}
+
+/// The node's display name and its description, with a relative `events_file` made absolute.
+fn node_description(spec: &str) -> anyhow::Result<(String, String)> {
+    if let Some((name, json)) = nvml_sim::TOPOLOGIES.iter().find(|(name, _)| *name == spec) {
+        return Ok(((*name).to_owned(), (*json).to_owned()));
+    }
+    let path = Path::new(spec);
+    let looks_like_path = spec.contains('/') || spec.ends_with(".json");
+    if !looks_like_path && !path.is_file() {
+        bail!(
+            "unknown simulated node {spec:?}: expected one of {} (or the path of a node description file)",
+            shipped_names().join(", ")
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read node description {spec}"))?;
+    // nvml-sim would answer an invalid description with DRIVER_NOT_LOADED, i.e. "no GPUs".
+    nvml_sim::validate(&text).with_context(|| format!("{spec} is not a valid node description"))?;
+    let mut value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{spec} is not a JSON node description"))?;
+    let base = std::path::absolute(path)
+        .with_context(|| format!("cannot resolve {spec}"))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    if let Some(events) = value.get_mut("events_file")
+        && let Some(rel) = events.as_str().filter(|p| Path::new(p).is_relative())
+    {
+        *events = serde_json::Value::String(base.join(rel).to_string_lossy().into_owned());
+    }
+    Ok((spec.to_owned(), value.to_string()))
+}
+
+/// Where `libnvml_sim.so` is, trying each documented place in order.
+fn find_sim_library() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(SIM_LIB_ENV) {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        bail!("{SIM_LIB_ENV}={} does not name a file", path.display());
+    }
+    let exe = std::env::current_exe().context("cannot find this executable's path")?;
+    let exe_dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        exe_dir.join(SIM_LIB),
+        exe_dir.join("deps").join(SIM_LIB),
+        exe_dir.join("../lib/mesos-gpu").join(SIM_LIB),
+        PathBuf::from("/usr/lib/mesos-gpu").join(SIM_LIB),
+    ];
+    // In a cargo target dir the copy beside the executable is only refreshed when nvml-sim is
+    // built on its own, while `deps/` follows every build: of those two, take the newer.
+    let newer = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let (beside, deps) = (&candidates[0], &candidates[1]);
+    if beside.is_file() && deps.is_file() && newer(deps) > newer(beside) {
+        return Ok(deps.clone());
+    }
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    let tried: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "cannot find {SIM_LIB} (build nvml-sim, or set {SIM_LIB_ENV}); looked in {}",
+        tried.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_names_list_the_shipped_ones() {
+        let err = node_description("no-such-node")
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            err.contains("unknown simulated node \"no-such-node\""),
+            "{err}"
+        );
+        for name in shipped_names() {
+            assert!(err.contains(name), "{err} lacks {name}");
+        }
+    }
+
+    #[test]
+    fn shipped_names_resolve() {
+        for name in shipped_names() {
+            let (got, json) = node_description(name).expect("shipped");
+            assert_eq!(got, name);
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&json).is_ok(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn relative_events_file_is_made_absolute() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.json");
+        let node = r#"{"driver_version": "1", "cuda_driver_version": "12.4", "events_file": "events.txt", "gpus": []}"#;
+        std::fs::write(&file, node).expect("write");
+        let (_, json) = node_description(file.to_str().expect("utf-8")).expect("file");
+        let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+        assert_eq!(
+            v["events_file"],
+            dir.path().join("events.txt").to_str().expect("utf-8")
+        );
+        std::fs::write(&file, r#"{"gpus": 1}"#).expect("write");
+        let err = format!(
+            "{:#}",
+            node_description(file.to_str().expect("utf-8")).expect_err("invalid")
+        );
+        assert!(
+            err.contains("is not a valid node description: not a node description"),
+            "{err}"
+        );
+        let err = node_description("/nonexistent/node.json")
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            err.contains("cannot read node description /nonexistent/node.json"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! `mesos-gpu demo` run as a process: the DGX-1 stream's allocations and refusals in `--json`,
+//! every shipped node, the text output's width and colours, and bad flags.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn mesos_gpu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env_remove("MESOS_GPU_NVML_LIB")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .expect("run mesos-gpu")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = mesos_gpu(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn json(args: &[&str]) -> Value {
+    serde_json::from_str(&ok(args)).expect("valid JSON")
+}
+
+fn task<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["run"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["task"] == name)
+        .unwrap_or_else(|| panic!("no task {name}"))
+}
+
+fn gpus(task: &Value, key: &str) -> Vec<u64> {
+    task[key]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn dgx1_stream_gets_the_expected_gpus_and_refusals() {
+    let report = json(&["demo", "--json"]);
+    assert_eq!(report["node"], "dgx1-v100", "the default node");
+    assert_eq!(report["mode"], "dry-run");
+    assert_eq!(report["run"]["policy"], "topology");
+
+    // Two GPUs on a free DGX-1: the NV2 pair {0,3}, where first-fit takes the NV1 pair {0,1}.
+    let resnet = task(&report, "ml_resnet50-train.1");
+    assert_eq!(resnet["outcome"], "granted");
+    assert_eq!(gpus(resnet, "chosen"), [0, 3]);
+    assert_eq!(resnet["chosen"]["score"], 200);
+    assert_eq!(gpus(resnet, "first_fit"), [0, 1]);
+    assert_eq!(resnet["first_fit"]["score"], 100);
+    let launch = &resnet["launch"];
+    assert_eq!(launch["containerizer"], "mesos");
+    let rules: Vec<&str> = launch["device_rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for want in ["c 195:0 rw", "c 195:3 rw", "c 195:255 rwm"] {
+        assert!(rules.contains(&want), "{want} missing from {rules:?}");
+    }
+    assert!(!rules.contains(&"c 195:1 rw"), "{rules:?}");
+    let mounts = launch["mounts"].as_array().unwrap();
+    assert!(
+        mounts.iter().any(|m| m["source"] == "/dev/nvidia3"),
+        "{mounts:?}"
+    );
+
+    // Four GPUs next to it: the fully NVLinked quad {4,5,6,7}, through the Docker bridge.
+    let bert = task(&report, "ml_bert-finetune.2");
+    assert_eq!(gpus(bert, "chosen"), [4, 5, 6, 7]);
+    let args: Vec<&str> = bert["launch"]["docker_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for want in [
+        "--device=/dev/nvidiactl",
+        "--device=/dev/nvidia4",
+        "--device=/dev/nvidia7",
+    ] {
+        assert!(args.contains(&want), "{want} missing from {args:?}");
+    }
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--env=NVIDIA_VISIBLE_DEVICES=GPU-")),
+        "{args:?}"
+    );
+
+    // A host-filesystem MESOS task gets no mounts, only its device rule.
+    let render = task(&report, "viz_render-preview.3");
+    assert_eq!(gpus(render, "chosen"), [1]);
+    assert!(render["launch"]["mounts"].as_array().unwrap().is_empty());
+
+    let bad = task(&report, "research_half-gpu.4");
+    assert_eq!(bad["outcome"], "refused");
+    assert_eq!(bad["reason"], "bad_request");
+    assert_eq!(
+        bad["error"],
+        "gpus=1.5: expected a whole number from 0 to 8"
+    );
+    let full = task(&report, "ml_llm-pretrain.6");
+    assert_eq!(full["reason"], "not_enough");
+    let later = task(&report, "ml_llm-pretrain.11");
+    assert_eq!(gpus(later, "chosen"), [0, 1, 2, 3, 4, 5, 6, 7]);
+
+    let counters = &report["run"]["counters"]["refused"];
+    assert_eq!(counters["bad_request"], 1);
+    assert_eq!(counters["not_enough"], 1);
+    let cmp = &report["run"]["comparison"];
+    assert!(
+        cmp["chosen_score"].as_u64().unwrap() > cmp["first_fit_score"].as_u64().unwrap(),
+        "{cmp}"
+    );
+    assert_eq!(cmp["worse"], 0);
+    assert_eq!(report["other_policy"]["policy"], "first-fit");
+
+    // The volume is planned from the generated driver, or the reason is given; never made up.
+    let volume = &report["volume"];
+    match volume["plan"].as_object() {
+        Some(plan) => {
+            let names: Vec<&str> = plan["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap())
+                .collect();
+            assert!(names.contains(&"libnvidia-ml.so.550.54.14"), "{names:?}");
+            assert!(names.contains(&"nvidia-smi"), "{names:?}");
+        }
+        None => assert!(
+            volume["unavailable"].as_str().unwrap().contains("ldconfig"),
+            "{volume}"
+        ),
+    }
+}
+
+#[test]
+fn first_fit_policy_takes_the_lowest_gpus() {
+    let report = json(&["demo", "--json", "--policy", "first-fit"]);
+    let resnet = task(&report, "ml_resnet50-train.1");
+    assert_eq!(gpus(resnet, "chosen"), [0, 1]);
+    assert_eq!(report["other_policy"]["policy"], "topology");
+}
+
+#[test]
+fn runs_on_every_shipped_node() {
+    for node in [
+        "dgx1-v100",
+        "dgx-a100",
+        "hgx16",
+        "k80",
+        "pcie-t4x4",
+        "driver-no-gpus",
+    ] {
+        let report = json(&["--simulate", node, "demo", "--json"]);
+        let tasks = report["run"]["tasks"].as_array().unwrap();
+        assert_eq!(tasks.len(), 11, "{node}");
+        let refused_bad = tasks
+            .iter()
+            .filter(|t| t["reason"] == "bad_request")
+            .count();
+        assert!(refused_bad >= 1, "{node}: the gpus=1.5 app is refused");
+        let granted = tasks.iter().filter(|t| t["outcome"] == "granted").count();
+        if node == "driver-no-gpus" {
+            assert_eq!(granted, 0, "{node}");
+        } else {
+            assert!(granted >= 3, "{node}: {granted} granted");
+        }
+        let text = ok(&["--simulate", node, "demo"]);
+        assert!(text.contains("Summary"), "{node}");
+    }
+}
+
+#[test]
+fn text_fits_80_columns_without_colour_when_piped() {
+    let text = ok(&["demo"]);
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    assert!(!text.contains('\x1b'), "colour codes in piped output");
+    for want in [
+        "-> GPUs 0,3",
+        "REFUSED (bad request)",
+        "GPU timeline",
+        "c 195:3 rw",
+        "docker run",
+        "Summary",
+    ] {
+        assert!(text.contains(want), "{want} missing");
+    }
+}
+
+#[test]
+fn bad_flags_are_refused_with_the_value() {
+    let out = mesos_gpu(&["demo", "--policy", "best"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("first-fit, topology"));
+    let out = mesos_gpu(&["demo", "--pace", "-1"]);
+    assert!(!out.status.success());
+    let out = mesos_gpu(&["demo", "--stream", "/nonexistent/stream.json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/stream.json"));
+}
+
+#[test]
+fn a_custom_stream_reads_apps_next_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("two.json"),
+        r#"{"id": "/t/two", "cmd": "true", "cpus": 1, "mem": 64, "gpus": 2, "instances": 2}"#,
+    )
+    .unwrap();
+    let stream = dir.path().join("stream.json");
+    std::fs::write(
+        &stream,
+        r#"{"arrivals": [{"at": 5, "app": "two.json", "runs_for": 10}]}"#,
+    )
+    .unwrap();
+    let report = json(&["demo", "--json", "--stream", stream.to_str().unwrap()]);
+    let tasks = report["run"]["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2);
+    assert_eq!(gpus(&tasks[0], "chosen"), [0, 3]);
+    assert_eq!(gpus(&tasks[1], "chosen"), [1, 2], "the other NV2 pair");
+}

@@ -1,0 +1,325 @@
+//! `mesos-gpu info` run as a process: every shipped simulated node, `--json`, a missing driver,
+//! `--simulate list`, unknown names and node description files.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn mesos_gpu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env_remove("MESOS_GPU_NVML_LIB")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .expect("run mesos-gpu")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = mesos_gpu(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?} failed: {stderr}");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    serde_json::from_str(&ok(&args)).expect("valid JSON")
+}
+
+/// The rows of the `Topology:` table, without the affinity columns: `[["GPU0", "X", "NV1", …]]`.
+fn topology(text: &str, gpus: usize) -> Vec<Vec<String>> {
+    let section = text
+        .split("Topology:\n")
+        .nth(1)
+        .expect("a Topology section");
+    section
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("GPU"))
+        .map(|l| {
+            l.split_whitespace()
+                .take(gpus + 1)
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// The GPU table's rows, split into columns.
+fn gpu_rows(text: &str) -> Vec<Vec<String>> {
+    let table = text.split("IDX").nth(1).expect("a GPU table");
+    table
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+fn rows(rows: &[&str]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| r.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn dgx1_v100_table_and_matrix() {
+    let text = ok(&["info", "--simulate", "dgx1-v100"]);
+    assert!(
+        text.starts_with("Simulated node: dgx1-v100\nNVIDIA driver 550.54.14, CUDA 12.4\n8 GPUs\n"),
+        "{text}"
+    );
+    let gpus = gpu_rows(&text);
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(
+        gpus[0][..6],
+        ["0", "0", "Tesla", "V100-SXM2-16GB", "16160", "MiB"]
+    );
+    assert_eq!(gpus[4][7], "00000000:85:00.0");
+    assert!(
+        gpus.iter().all(|g| g[9] == "ok" && g[10] == "-"),
+        "healthy, no device node: {gpus:?}"
+    );
+    assert_eq!(
+        topology(&text, 8),
+        rows(&[
+            "GPU0 X   NV1 NV1 NV2 NV2 SYS SYS SYS",
+            "GPU1 NV1 X   NV2 NV1 SYS NV2 SYS SYS",
+            "GPU2 NV1 NV2 X   NV2 SYS SYS NV1 SYS",
+            "GPU3 NV2 NV1 NV2 X   SYS SYS SYS NV1",
+            "GPU4 NV2 SYS SYS SYS X   NV1 NV1 NV2",
+            "GPU5 SYS NV2 SYS SYS NV1 X   NV2 NV1",
+            "GPU6 SYS SYS NV1 SYS NV1 NV2 X   NV2",
+            "GPU7 SYS SYS SYS NV1 NV2 NV1 NV2 X",
+        ])
+    );
+    let gpu4 = text.lines().find(|l| l.starts_with("GPU4 ")).unwrap();
+    assert!(
+        gpu4.ends_with("20-39,60-79   1"),
+        "CPU and NUMA affinity: {gpu4:?}"
+    );
+    assert!(
+        text.contains("Note: simulated node: device nodes are not read"),
+        "{text}"
+    );
+}
+
+#[test]
+fn pcie_t4x4_switches_and_sockets() {
+    let text = ok(&["info", "--simulate", "pcie-t4x4"]);
+    assert_eq!(
+        topology(&text, 4),
+        rows(&[
+            "GPU0 X PIX SYS SYS",
+            "GPU1 PIX X SYS SYS",
+            "GPU2 SYS SYS X PIX",
+            "GPU3 SYS SYS PIX X"
+        ])
+    );
+    assert!(gpu_rows(&text).iter().all(|g| g[2..4] == ["Tesla", "T4"]));
+}
+
+#[test]
+fn k80_minors_and_boards() {
+    let text = ok(&["info", "--simulate", "k80"]);
+    let minors: Vec<String> = gpu_rows(&text).iter().map(|g| g[1].clone()).collect();
+    assert_eq!(minors, ["2", "3", "0", "1"]);
+    assert_eq!(
+        topology(&text, 4),
+        rows(&[
+            "GPU0 X PSB PHB PHB",
+            "GPU1 PSB X PHB PHB",
+            "GPU2 PHB PHB X PSB",
+            "GPU3 PHB PHB PSB X"
+        ])
+    );
+    assert!(
+        text.contains("NVIDIA driver 470.256.02, CUDA 11.4"),
+        "{text}"
+    );
+}
+
+#[test]
+fn dgx_a100_and_hgx16() {
+    let text = ok(&["info", "--simulate", "dgx-a100"]);
+    let matrix = topology(&text, 8);
+    assert_eq!(matrix.len(), 8);
+    for (a, row) in matrix.iter().enumerate() {
+        for (b, cell) in row[1..].iter().enumerate() {
+            assert_eq!(cell, if a == b { "X" } else { "NV12" }, "{a}-{b}");
+        }
+    }
+    assert!(gpu_rows(&text)[0][2..4] == ["NVIDIA", "A100-SXM4-40GB"]);
+
+    let text = ok(&["info", "--simulate", "hgx16"]);
+    let matrix = topology(&text, 16);
+    assert_eq!(matrix.len(), 16);
+    assert_eq!(matrix[0][1 + 8], "SYS");
+    assert_eq!(matrix[8][1 + 11], "NV2");
+    assert_eq!(matrix[15][1 + 14], "NV2");
+}
+
+#[test]
+fn driver_without_gpus() {
+    let text = ok(&["info", "--simulate", "driver-no-gpus"]);
+    assert!(
+        text.ends_with("no GPUs: NVIDIA driver 550.54.14 reports no GPUs\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn json_for_every_shipped_node() {
+    let list = ok(&["info", "--simulate", "list"]);
+    let names: Vec<&str> = list.lines().collect();
+    assert_eq!(
+        names,
+        [
+            "dgx-a100",
+            "dgx1-v100",
+            "pcie-t4x4",
+            "k80",
+            "hgx16",
+            "driver-no-gpus"
+        ]
+    );
+    for name in names {
+        let v = json(&["info", "--simulate", name]);
+        assert_eq!(v["simulated"], name);
+        let gpus = v["gpus"].as_array().unwrap();
+        let topo = v["topology"].as_array().unwrap();
+        assert_eq!(topo.len(), gpus.len(), "{name}");
+        for (i, (gpu, row)) in gpus.iter().zip(topo).enumerate() {
+            assert_eq!(gpu["index"], i, "{name}");
+            assert_eq!(row[i], "X", "{name}");
+            assert_eq!(gpu["healthy"], true, "{name}");
+            assert!(gpu["uuid"].as_str().unwrap().starts_with("GPU-"), "{name}");
+            assert!(
+                gpu["device"].is_null(),
+                "{name}: no device nodes in simulation"
+            );
+        }
+        assert!(v["driver"]["version"].is_string(), "{name}");
+    }
+    let v = json(&["info", "--simulate", "k80"]);
+    assert_eq!(v["gpus"][2]["minor"], 0);
+    assert_eq!(v["gpus"][0]["compute_capability"], "3.7");
+    assert_eq!(v["gpus"][0]["memory_total_bytes"], 11_996_758_016u64);
+    assert_eq!(v["gpus"][0]["cpu_affinity"], "0-11,24-35");
+    assert!(v["gpus"][0]["numa_node"].is_null());
+    assert_eq!(v["topology"][0][1], "PSB");
+    assert_eq!(v["driver"]["cuda_version"], "11.4");
+}
+
+#[test]
+fn missing_driver_means_no_gpus_and_success() {
+    let text = ok(&["info", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    assert_eq!(
+        text,
+        "no GPUs: NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: \
+         No such file or directory\n"
+    );
+    let v = json(&["info", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    assert!(v["driver"].is_null());
+    assert_eq!(v["gpus"], Value::Array(vec![]));
+    assert!(
+        v["absent_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIA driver not found: ")
+    );
+}
+
+#[test]
+fn unknown_simulated_node_lists_the_names() {
+    let out = mesos_gpu(&["info", "--simulate", "dgx-9000"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown simulated node \"dgx-9000\""),
+        "{stderr}"
+    );
+    for name in [
+        "dgx-a100",
+        "dgx1-v100",
+        "pcie-t4x4",
+        "k80",
+        "hgx16",
+        "driver-no-gpus",
+    ] {
+        assert!(stderr.contains(name), "{stderr} lacks {name}");
+    }
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn node_description_file_with_a_lost_gpu() {
+    let (_, text) = nvml_sim::TOPOLOGIES
+        .iter()
+        .find(|(n, _)| *n == "pcie-t4x4")
+        .unwrap();
+    let mut spec: Value = serde_json::from_str(text).unwrap();
+    spec["gpus"][1]["lost"] = Value::Bool(true);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("node.json");
+    std::fs::write(&file, spec.to_string()).unwrap();
+    let text = ok(&["info", "--simulate", file.to_str().unwrap()]);
+    let gpus = gpu_rows(&text);
+    assert_eq!(
+        gpus[1],
+        ["1", "?", "?", "?", "?", "?", "N/A", "LOST", "-", "?"]
+    );
+    assert_eq!(topology(&text, 4)[0], ["GPU0", "X", "?", "SYS", "SYS"]);
+    let v = json(&["info", "--simulate", file.to_str().unwrap()]);
+    assert_eq!(v["gpus"][1]["healthy"], false);
+    assert!(v["gpus"][1]["minor"].is_null());
+}
+
+#[test]
+fn dev_root_with_simulation_reports_missing_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = ok(&[
+        "info",
+        "--simulate",
+        "pcie-t4x4",
+        "--dev-root",
+        dir.path().to_str().unwrap(),
+    ]);
+    let want = format!(
+        "Note: device nodes not usable: {}/nvidiactl is missing",
+        dir.path().display()
+    );
+    assert!(text.contains(&want), "{text}");
+}
+
+#[test]
+fn simulate_conflicts_with_nvml_lib_and_sim_config() {
+    let out = mesos_gpu(&[
+        "info",
+        "--simulate",
+        "k80",
+        "--nvml-lib",
+        "/x/libnvidia-ml.so.1",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["info", "--simulate", "k80"])
+        .env("NVML_SIM_CONFIG", "/elsewhere.json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NVML_SIM_CONFIG=/elsewhere.json is set")
+    );
+}
+
+#[test]
+fn help_shows_examples() {
+    for cmd in ["info", "agent-flags"] {
+        let text = ok(&[cmd, "--help"]);
+        assert!(text.contains("Examples:\n  mesos-gpu "), "{cmd}: {text}");
+    }
+}

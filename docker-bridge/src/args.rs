@@ -1,0 +1,859 @@
+//! From a GPU allocation to what `docker run` needs: device nodes, the driver volume and the
+//! environment, decided once in a [`LaunchPlan`] that both the CLI arguments
+//! ([`LaunchPlan::cli_args`]) and bollard's `HostConfig` (`crate::client`) are built from.
+//!
+//! Facts relied on (`shared/reference/nvidia_docker.md` §1.2, §1.8, §1.9, §7; `mesos_gpu.md` §4.5,
+//! §6):
+//! - A container needs `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` when the host
+//!   has it, and `/dev/nvidia<minor>` for each of its GPUs (the minor comes from NVML, it is not
+//!   the index). `--device=HOST[:CONTAINER]` grants `rwm` in the device cgroup and creates the
+//!   node in the container.
+//! - The driver volume is mounted read-only at `/usr/local/nvidia` only for images that ask for
+//!   it: `NVIDIA_VISIBLE_DEVICES` in the image environment with a value other than `""` and
+//!   `void`, or, when the variable is not set, the label `com.nvidia.volumes.needed` (key
+//!   present; the value is `nvidia_driver`). Mesos's `shouldInject` reads them in that order.
+//!   Either as a bind of the volume's host directory (no Docker volume plugin lookup), or as
+//!   nvidia-docker 1.0's named volume `nvidia_driver_<driver version>` served by the plugin.
+//! - `com.nvidia.cuda.version` (`MAJOR.MINOR`, optionally `.PATCH`) is the CUDA version an image
+//!   was built for; nvidia-docker refused to run it when it is newer than the driver's CUDA
+//!   version ("unsupported CUDA version: driver X < image Y").
+//! - `NVIDIA_VISIBLE_DEVICES` is set for those images to the **UUIDs** of the allocated GPUs,
+//!   comma-separated (or `none` with no GPU). UUIDs name the same GPU inside and outside the
+//!   container, whatever the index order; the image's own value (CUDA images ship `all`) is
+//!   overridden, so a host whose default runtime is nvidia-container-runtime exposes exactly
+//!   these GPUs too. Then come the volume manager's `PATH` and `LD_LIBRARY_PATH`
+//!   (`mesos_gpu_volume::container_env`, Mesos's `NvidiaVolume::ENV`), computed from the image's
+//!   own values; the injection rule itself is `mesos_gpu_volume::should_inject`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
+use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
+
+pub use mesos_gpu_volume::injection::{
+    CONTAINER_PATH as DRIVER_VOLUME_TARGET, VISIBLE_DEVICES_ENV, VOLUMES_NEEDED_LABEL,
+};
+
+/// Image label naming the CUDA version the image needs.
+pub const CUDA_VERSION_LABEL: &str = "com.nvidia.cuda.version";
+/// nvidia-docker 1.0's volume base name; Docker sees `nvidia_driver_<driver version>`.
+pub const DRIVER_VOLUME_BASE: &str = "nvidia_driver";
+/// nvidia-docker 1.0's volume plugin name.
+pub const DEFAULT_PLUGIN_NAME: &str = "nvidia-docker";
+
+/// Why no plan could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// The image needs a newer CUDA than the driver supports.
+    #[error(
+        "image needs CUDA {image} ({CUDA_VERSION_LABEL}={label:?}) but NVIDIA driver {driver_version} \
+         supports CUDA up to {driver_cuda}"
+    )]
+    CudaTooNew {
+        /// The version the image asks for.
+        image: CudaVersion,
+        /// The label value as written.
+        label: String,
+        /// The driver version.
+        driver_version: String,
+        /// The newest CUDA the driver supports.
+        driver_cuda: CudaVersion,
+    },
+    /// The image names a CUDA version but the driver's is unknown.
+    #[error(
+        "image needs CUDA {image} ({CUDA_VERSION_LABEL}={label:?}) but the CUDA version of NVIDIA \
+         driver {driver_version} is unknown"
+    )]
+    CudaUnknown {
+        /// The version the image asks for.
+        image: CudaVersion,
+        /// The label value as written.
+        label: String,
+        /// The driver version.
+        driver_version: String,
+    },
+    /// The CUDA label is not a version.
+    #[error("{CUDA_VERSION_LABEL}={value:?}: expected MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 12.4")]
+    BadCudaLabel {
+        /// The label value as written.
+        value: String,
+    },
+    /// The image asks for the driver volume but the node has no NVIDIA driver.
+    #[error("the image asks for the NVIDIA driver volume but this node has no NVIDIA driver")]
+    NoDriver,
+    /// Docker's `--device` and `--volume` syntax cannot carry a path with a colon.
+    #[error("{path}: a path given to Docker must be absolute and must not contain ':'")]
+    UnusablePath {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// NVML could not say which `/dev/nvidia<minor>` node the GPU is.
+    #[error(
+        "GPU {index} has no known device minor (NVML could not read it); it cannot be given to a container"
+    )]
+    UnknownMinor {
+        /// NVML index of the GPU.
+        index: u32,
+    },
+    /// Two allocated GPUs have the same minor number.
+    #[error("GPU minor {minor} appears twice in the allocation")]
+    DuplicateMinor {
+        /// The repeated minor.
+        minor: u32,
+    },
+}
+
+/// A CUDA version as (major, minor); patch levels do not matter for driver compatibility.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CudaVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+impl CudaVersion {
+    /// Parses `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (decimal digits only).
+    pub fn parse(value: &str) -> Result<CudaVersion, ArgsError> {
+        let bad = || ArgsError::BadCudaLabel {
+            value: value.to_owned(),
+        };
+        let parts: Vec<&str> = value.trim().split('.').collect();
+        if !(2..=3).contains(&parts.len()) {
+            return Err(bad());
+        }
+        let mut nums = [0u32; 3];
+        for (slot, part) in nums.iter_mut().zip(&parts) {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            *slot = part.parse().map_err(|_| bad())?;
+        }
+        Ok(CudaVersion {
+            major: nums[0],
+            minor: nums[1],
+        })
+    }
+}
+
+impl From<(u32, u32)> for CudaVersion {
+    fn from((major, minor): (u32, u32)) -> Self {
+        CudaVersion { major, minor }
+    }
+}
+
+impl fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The NVIDIA device nodes of the host, as Docker should map them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDevices {
+    /// Directory holding `nvidia<minor>` on the host (`/dev`, or a test root).
+    pub dev_root: PathBuf,
+    /// Host paths of the control nodes, in the order they are passed: `nvidiactl`,
+    /// `nvidia-uvm`, then `nvidia-uvm-tools` when the host has it.
+    pub control: Vec<PathBuf>,
+}
+
+impl HostDevices {
+    /// The layout discovery found: control nodes as scanned (`nvidiactl`, `nvidia-uvm`, then
+    /// `nvidia-uvm-tools` when present), GPU nodes under `dev_root`.
+    pub fn from_nodes(dev_root: &Path, nodes: &DeviceNodes) -> HostDevices {
+        HostDevices {
+            dev_root: dev_root.to_owned(),
+            control: nodes.control.iter().map(|n| n.path.clone()).collect(),
+        }
+    }
+
+    /// Host path of the node of GPU `minor`.
+    pub fn gpu_node(&self, minor: u32) -> PathBuf {
+        self.dev_root.join(format!("nvidia{minor}"))
+    }
+}
+
+/// One `--device`: a host node and where it appears in the container, with `rwm` access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMapping {
+    /// Node on the host.
+    pub host: PathBuf,
+    /// Node in the container (`/dev/<name>`).
+    pub container: PathBuf,
+}
+
+impl DeviceMapping {
+    /// Device-cgroup permissions granted for every mapping.
+    pub const PERMISSIONS: &'static str = "rwm";
+
+    fn for_node(host: PathBuf) -> Result<DeviceMapping, ArgsError> {
+        check_path(&host)?;
+        let name = host
+            .file_name()
+            .map(PathBuf::from)
+            .ok_or_else(|| ArgsError::UnusablePath { path: host.clone() })?;
+        Ok(DeviceMapping {
+            container: Path::new("/dev").join(name),
+            host,
+        })
+    }
+
+    /// The value of `--device=`: the path alone when it is the same on both sides, else
+    /// `HOST:CONTAINER`.
+    pub fn cli_value(&self) -> String {
+        if self.host == self.container {
+            self.host.display().to_string()
+        } else {
+            format!("{}:{}", self.host.display(), self.container.display())
+        }
+    }
+}
+
+/// Where the driver volume comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeSource {
+    /// Bind the volume manager's directory for this driver (no Docker volume plugin involved).
+    Bind {
+        /// The volume's directory on the host.
+        host_path: PathBuf,
+    },
+    /// nvidia-docker 1.0's named volume `nvidia_driver_<version>`, served by a volume plugin.
+    Plugin {
+        /// The plugin's name as Docker knows it (`nvidia-docker` by default).
+        plugin: String,
+    },
+}
+
+/// The driver volume as mounted in a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeMount {
+    /// `--volume=HOST:/usr/local/nvidia:ro`.
+    Bind {
+        /// Host directory.
+        host_path: PathBuf,
+    },
+    /// `--volume-driver=PLUGIN --volume=NAME:/usr/local/nvidia:ro`.
+    Named {
+        /// Volume plugin name.
+        plugin: String,
+        /// Volume name, `nvidia_driver_<version>`.
+        name: String,
+    },
+}
+
+impl VolumeMount {
+    /// The mount of `source` for driver `version`.
+    pub fn new(source: &VolumeSource, version: &str) -> Result<VolumeMount, ArgsError> {
+        Ok(match source {
+            VolumeSource::Bind { host_path } => {
+                check_path(host_path)?;
+                VolumeMount::Bind {
+                    host_path: host_path.clone(),
+                }
+            }
+            VolumeSource::Plugin { plugin } => VolumeMount::Named {
+                plugin: plugin.clone(),
+                name: volume_name(version),
+            },
+        })
+    }
+
+    /// The `--volume` / `HostConfig.Binds` entry: `SOURCE:/usr/local/nvidia:ro`.
+    pub fn bind_spec(&self) -> String {
+        match self {
+            VolumeMount::Bind { host_path } => {
+                format!("{}:{DRIVER_VOLUME_TARGET}:ro", host_path.display())
+            }
+            VolumeMount::Named { name, .. } => format!("{name}:{DRIVER_VOLUME_TARGET}:ro"),
+        }
+    }
+
+    /// The volume driver to name, for a plugin-served volume.
+    pub fn volume_driver(&self) -> Option<&str> {
+        match self {
+            VolumeMount::Bind { .. } => None,
+            VolumeMount::Named { plugin, .. } => Some(plugin),
+        }
+    }
+}
+
+/// The Docker volume name nvidia-docker 1.0 used for driver `version`.
+pub fn volume_name(version: &str) -> String {
+    format!("{DRIVER_VOLUME_BASE}_{version}")
+}
+
+/// What the node offers an image that asks for the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverSpec {
+    /// The installed driver.
+    pub info: DriverInfo,
+    /// Where its volume comes from.
+    pub volume: VolumeSource,
+}
+
+/// What an image says about its GPU needs: its labels and its `KEY=VALUE` environment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageInfo {
+    /// `Config.Labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `Config.Env`, as `KEY=VALUE`.
+    pub env: Vec<String>,
+}
+
+impl ImageInfo {
+    /// True when the image asks for the driver volume, decided as Mesos does: when the image
+    /// environment sets `NVIDIA_VISIBLE_DEVICES`, its value decides (anything but `""` and
+    /// `void`); otherwise the `com.nvidia.volumes.needed` label does.
+    pub fn wants_driver(&self) -> bool {
+        mesos_gpu_volume::should_inject(&self.env, self.labels.keys())
+    }
+
+    /// The CUDA version the image needs, when it has the label.
+    pub fn cuda_requirement(&self) -> Result<Option<(CudaVersion, &str)>, ArgsError> {
+        match self.labels.get(CUDA_VERSION_LABEL) {
+            None => Ok(None),
+            Some(label) => Ok(Some((CudaVersion::parse(label)?, label.as_str()))),
+        }
+    }
+}
+
+/// Everything `docker run` must be given for one container: one source for the CLI arguments
+/// and for bollard's `HostConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchPlan {
+    /// Control nodes first, then GPU nodes by minor ascending.
+    pub devices: Vec<DeviceMapping>,
+    /// The driver volume, for images that ask for it.
+    pub volume: Option<VolumeMount>,
+    /// Environment to set, in order.
+    pub env: Vec<(String, String)>,
+}
+
+impl LaunchPlan {
+    /// Device mappings for the control nodes and `gpus` (sorted by minor).
+    pub fn devices_for(gpus: &[&Gpu], host: &HostDevices) -> Result<Vec<DeviceMapping>, ArgsError> {
+        if let Some(g) = gpus.iter().find(|g| g.minor == UNKNOWN_MINOR) {
+            return Err(ArgsError::UnknownMinor { index: g.index });
+        }
+        let mut minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
+        minors.sort_unstable();
+        if let Some(w) = minors.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ArgsError::DuplicateMinor { minor: w[0] });
+        }
+        host.control
+            .iter()
+            .cloned()
+            .chain(minors.into_iter().map(|m| host.gpu_node(m)))
+            .map(DeviceMapping::for_node)
+            .collect()
+    }
+
+    /// The plan for a container of `image` holding `gpus`.
+    ///
+    /// The driver volume and `NVIDIA_VISIBLE_DEVICES` are added only when the image asks for the
+    /// driver; such an image is refused when its `com.nvidia.cuda.version` is newer than the
+    /// driver's CUDA version.
+    pub fn new(
+        gpus: &[&Gpu],
+        host: &HostDevices,
+        image: &ImageInfo,
+        driver: Option<&DriverSpec>,
+    ) -> Result<LaunchPlan, ArgsError> {
+        let devices = Self::devices_for(gpus, host)?;
+        if !image.wants_driver() {
+            return Ok(LaunchPlan {
+                devices,
+                volume: None,
+                env: Vec::new(),
+            });
+        }
+        let driver = driver.ok_or(ArgsError::NoDriver)?;
+        check_cuda(image, &driver.info)?;
+        let mut sorted: Vec<&Gpu> = gpus.to_vec();
+        sorted.sort_by_key(|g| g.minor);
+        let visible = if sorted.is_empty() {
+            "none".to_owned()
+        } else {
+            sorted
+                .iter()
+                .map(|g| g.uuid.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut env = vec![(VISIBLE_DEVICES_ENV.to_owned(), visible)];
+        env.extend(mesos_gpu_volume::container_env(&image.env));
+        Ok(LaunchPlan {
+            devices,
+            volume: Some(VolumeMount::new(&driver.volume, &driver.info.version)?),
+            env,
+        })
+    }
+
+    /// `docker run` arguments, in a stable order: `--device` (control nodes, then GPUs by
+    /// minor), then `--volume-driver`/`--volume`, then `--env`.
+    pub fn cli_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = self
+            .devices
+            .iter()
+            .map(|d| format!("--device={}", d.cli_value()))
+            .collect();
+        if let Some(volume) = &self.volume {
+            if let Some(driver) = volume.volume_driver() {
+                args.push(format!("--volume-driver={driver}"));
+            }
+            args.push(format!("--volume={}", volume.bind_spec()));
+        }
+        args.extend(self.env.iter().map(|(k, v)| format!("--env={k}={v}")));
+        args
+    }
+
+    /// The environment as Docker's `KEY=VALUE` strings.
+    pub fn env_strings(&self) -> Vec<String> {
+        self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+}
+
+fn check_cuda(image: &ImageInfo, driver: &DriverInfo) -> Result<(), ArgsError> {
+    let Some((needed, label)) = image.cuda_requirement()? else {
+        return Ok(());
+    };
+    match driver.cuda_version.map(CudaVersion::from) {
+        Some(have) if needed <= have => Ok(()),
+        Some(have) => Err(ArgsError::CudaTooNew {
+            image: needed,
+            label: label.to_owned(),
+            driver_version: driver.version.clone(),
+            driver_cuda: have,
+        }),
+        None => Err(ArgsError::CudaUnknown {
+            image: needed,
+            label: label.to_owned(),
+            driver_version: driver.version.clone(),
+        }),
+    }
+}
+
+fn check_path(path: &Path) -> Result<(), ArgsError> {
+    let text = path.to_string_lossy();
+    if !path.is_absolute() || text.contains(':') {
+        return Err(ArgsError::UnusablePath {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn gpu(index: u32, minor: u32) -> Gpu {
+        Gpu {
+            index,
+            minor,
+            uuid: format!("GPU-{index:08x}-0000-0000-0000-{minor:012x}"),
+            name: "Tesla V100-SXM2-16GB".to_owned(),
+            memory_total: 16 << 30,
+            pci_bus_id: format!("00000000:{:02x}:00.0", 6 + index),
+            numa_node: Some(0),
+            compute_capability: Some((7, 0)),
+            healthy: true,
+        }
+    }
+
+    fn host(uvm_tools: bool) -> HostDevices {
+        let mut control = vec![
+            PathBuf::from("/dev/nvidiactl"),
+            PathBuf::from("/dev/nvidia-uvm"),
+        ];
+        if uvm_tools {
+            control.push(PathBuf::from("/dev/nvidia-uvm-tools"));
+        }
+        HostDevices {
+            dev_root: PathBuf::from("/dev"),
+            control,
+        }
+    }
+
+    fn driver(cuda: Option<(u32, u32)>, volume: VolumeSource) -> DriverSpec {
+        DriverSpec {
+            info: DriverInfo {
+                version: "550.54.14".to_owned(),
+                cuda_version: cuda,
+            },
+            volume,
+        }
+    }
+
+    fn bind() -> VolumeSource {
+        VolumeSource::Bind {
+            host_path: PathBuf::from("/var/run/mesos/isolators/gpu/nvidia_550.54.14"),
+        }
+    }
+
+    fn labelled(labels: &[(&str, &str)]) -> ImageInfo {
+        ImageInfo {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            env: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn plain_image_gets_devices_only_in_minor_order() {
+        let (a, b) = (gpu(0, 3), gpu(1, 1));
+        let plan = LaunchPlan::new(
+            &[&a, &b],
+            &host(false),
+            &ImageInfo::default(),
+            Some(&driver(None, bind())),
+        )
+        .expect("plan");
+        assert_eq!(
+            plan.cli_args(),
+            [
+                "--device=/dev/nvidiactl",
+                "--device=/dev/nvidia-uvm",
+                "--device=/dev/nvidia1",
+                "--device=/dev/nvidia3"
+            ]
+        );
+        assert!(plan.volume.is_none());
+        assert!(plan.env.is_empty());
+    }
+
+    #[test]
+    fn uvm_tools_comes_after_uvm_when_present() {
+        let a = gpu(0, 0);
+        let plan = LaunchPlan::new(&[&a], &host(true), &ImageInfo::default(), None).expect("plan");
+        assert_eq!(
+            plan.cli_args(),
+            [
+                "--device=/dev/nvidiactl",
+                "--device=/dev/nvidia-uvm",
+                "--device=/dev/nvidia-uvm-tools",
+                "--device=/dev/nvidia0"
+            ]
+        );
+    }
+
+    #[test]
+    fn labelled_image_gets_bind_volume_and_uuids() {
+        let (a, b) = (gpu(1, 1), gpu(0, 0));
+        let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
+        let plan = LaunchPlan::new(
+            &[&a, &b],
+            &host(false),
+            &image,
+            Some(&driver(Some((12, 4)), bind())),
+        )
+        .expect("plan");
+        assert_eq!(
+            plan.cli_args(),
+            [
+                "--device=/dev/nvidiactl",
+                "--device=/dev/nvidia-uvm",
+                "--device=/dev/nvidia0",
+                "--device=/dev/nvidia1",
+                "--volume=/var/run/mesos/isolators/gpu/nvidia_550.54.14:/usr/local/nvidia:ro",
+                &format!("--env=NVIDIA_VISIBLE_DEVICES={},{}", b.uuid, a.uuid),
+            ]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(
+                mesos_gpu_volume::container_env::<&str>(&[])
+                    .into_iter()
+                    .map(|(k, v)| format!("--env={k}={v}"))
+            )
+            .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn plugin_mode_names_the_versioned_volume() {
+        let a = gpu(0, 0);
+        let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
+        let spec = driver(
+            Some((12, 4)),
+            VolumeSource::Plugin {
+                plugin: DEFAULT_PLUGIN_NAME.to_owned(),
+            },
+        );
+        let args = LaunchPlan::new(&[&a], &host(false), &image, Some(&spec))
+            .expect("plan")
+            .cli_args();
+        assert_eq!(
+            &args[3..5],
+            [
+                "--volume-driver=nvidia-docker",
+                "--volume=nvidia_driver_550.54.14:/usr/local/nvidia:ro"
+            ]
+        );
+    }
+
+    #[test]
+    fn visible_devices_env_asks_for_the_driver_unless_empty_or_void() {
+        for (value, wanted) in [
+            ("all", true),
+            ("0,1", true),
+            ("none", true),
+            ("", false),
+            ("void", false),
+        ] {
+            let image = ImageInfo {
+                env: vec![format!("NVIDIA_VISIBLE_DEVICES={value}")],
+                ..Default::default()
+            };
+            assert_eq!(
+                image.wants_driver(),
+                wanted,
+                "NVIDIA_VISIBLE_DEVICES={value:?}"
+            );
+        }
+        let unset = ImageInfo {
+            env: vec!["NVIDIA_VISIBLE_DEVICESX=all".to_owned()],
+            ..Default::default()
+        };
+        assert!(!unset.wants_driver());
+        // An explicit `void` wins over the label: Mesos reads the variable first.
+        let both = ImageInfo {
+            env: vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()],
+            labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
+        };
+        assert!(!both.wants_driver());
+        assert!(labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]).wants_driver());
+        assert!(!labelled(&[("com.ati.volumes.needed", "ati_driver")]).wants_driver());
+    }
+
+    #[test]
+    fn image_value_of_visible_devices_is_overridden() {
+        let a = gpu(0, 0);
+        let image = ImageInfo {
+            env: vec!["NVIDIA_VISIBLE_DEVICES=all".to_owned()],
+            ..Default::default()
+        };
+        let plan = LaunchPlan::new(
+            &[&a],
+            &host(false),
+            &image,
+            Some(&driver(Some((12, 0)), bind())),
+        )
+        .expect("plan");
+        assert_eq!(
+            plan.env[0],
+            (VISIBLE_DEVICES_ENV.to_owned(), a.uuid.clone())
+        );
+    }
+
+    #[test]
+    fn zero_gpus_still_get_control_nodes_and_none() {
+        let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
+        let plan = LaunchPlan::new(
+            &[],
+            &host(false),
+            &image,
+            Some(&driver(Some((12, 0)), bind())),
+        )
+        .expect("plan");
+        assert_eq!(plan.devices.len(), 2);
+        assert_eq!(plan.env[0].1, "none");
+    }
+
+    #[test]
+    fn newer_cuda_than_driver_is_refused_naming_both() {
+        let image = labelled(&[
+            (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
+            (CUDA_VERSION_LABEL, "12.4.1"),
+        ]);
+        let err = LaunchPlan::new(
+            &[],
+            &host(false),
+            &image,
+            Some(&driver(Some((12, 2)), bind())),
+        )
+        .expect_err("refused");
+        assert!(matches!(err, ArgsError::CudaTooNew { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("CUDA 12.4") && msg.contains("up to 12.2") && msg.contains("550.54.14"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn equal_or_older_cuda_is_accepted() {
+        for label in ["12.4", "12.4.1", "11.8", "9.0"] {
+            let image = labelled(&[
+                (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
+                (CUDA_VERSION_LABEL, label),
+            ]);
+            LaunchPlan::new(
+                &[],
+                &host(false),
+                &image,
+                Some(&driver(Some((12, 4)), bind())),
+            )
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        }
+    }
+
+    #[test]
+    fn cuda_label_on_image_not_asking_for_the_driver_is_ignored() {
+        let image = labelled(&[(CUDA_VERSION_LABEL, "99.0")]);
+        LaunchPlan::new(&[], &host(false), &image, None).expect("no driver needed");
+    }
+
+    #[test]
+    fn unknown_driver_cuda_is_refused() {
+        let image = labelled(&[
+            (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
+            (CUDA_VERSION_LABEL, "10.0"),
+        ]);
+        let err = LaunchPlan::new(&[], &host(false), &image, Some(&driver(None, bind())))
+            .expect_err("refused");
+        assert!(matches!(err, ArgsError::CudaUnknown { .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_cuda_label_names_the_value() {
+        for bad in [
+            "",
+            "12",
+            "12.",
+            ".4",
+            "12.4.1.0",
+            "v12.4",
+            "12.x",
+            "-1.0",
+            "12.4 beta",
+        ] {
+            let err = CudaVersion::parse(bad).expect_err(bad);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+        assert_eq!(
+            CudaVersion::parse("12.10").expect("ok"),
+            CudaVersion {
+                major: 12,
+                minor: 10
+            }
+        );
+        assert!(CudaVersion::parse("12.10").expect("ok") > CudaVersion::parse("12.9").expect("ok"));
+    }
+
+    #[test]
+    fn no_driver_for_an_image_that_asks_is_an_error() {
+        let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
+        let err = LaunchPlan::new(&[], &host(false), &image, None).expect_err("refused");
+        assert!(matches!(err, ArgsError::NoDriver));
+    }
+
+    #[test]
+    fn other_dev_root_maps_host_to_container_paths() {
+        let a = gpu(0, 2);
+        let root = HostDevices {
+            dev_root: PathBuf::from("/tmp/devs"),
+            control: vec![
+                PathBuf::from("/tmp/devs/nvidiactl"),
+                PathBuf::from("/tmp/devs/nvidia-uvm"),
+            ],
+        };
+        let plan = LaunchPlan::new(&[&a], &root, &ImageInfo::default(), None).expect("plan");
+        assert_eq!(
+            plan.cli_args(),
+            [
+                "--device=/tmp/devs/nvidiactl:/dev/nvidiactl",
+                "--device=/tmp/devs/nvidia-uvm:/dev/nvidia-uvm",
+                "--device=/tmp/devs/nvidia2:/dev/nvidia2"
+            ]
+        );
+    }
+
+    #[test]
+    fn paths_docker_cannot_carry_are_refused() {
+        let a = gpu(0, 0);
+        let root = HostDevices {
+            dev_root: PathBuf::from("/tmp/a:b"),
+            control: vec![],
+        };
+        let err = LaunchPlan::new(&[&a], &root, &ImageInfo::default(), None).expect_err("colon");
+        assert!(matches!(err, ArgsError::UnusablePath { .. }));
+        let rel = VolumeSource::Bind {
+            host_path: PathBuf::from("relative/dir"),
+        };
+        assert!(VolumeMount::new(&rel, "1.0").is_err());
+    }
+
+    #[test]
+    fn unknown_minor_is_refused() {
+        let a = gpu(4, UNKNOWN_MINOR);
+        let err =
+            LaunchPlan::new(&[&a], &host(false), &ImageInfo::default(), None).expect_err("refused");
+        assert!(matches!(err, ArgsError::UnknownMinor { index: 4 }), "{err}");
+    }
+
+    #[test]
+    fn image_path_is_extended_not_replaced() {
+        let image = ImageInfo {
+            env: vec![
+                "PATH=/opt/bin:/bin".to_owned(),
+                "NVIDIA_VISIBLE_DEVICES=all".to_owned(),
+            ],
+            ..Default::default()
+        };
+        let plan = LaunchPlan::new(
+            &[],
+            &host(false),
+            &image,
+            Some(&driver(Some((12, 0)), bind())),
+        )
+        .expect("plan");
+        let path = plan
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(path, Some("/opt/bin:/bin:/usr/local/nvidia/bin"));
+    }
+
+    #[test]
+    fn duplicate_minors_are_refused() {
+        let (a, b) = (gpu(0, 1), gpu(1, 1));
+        let err =
+            LaunchPlan::new(&[&a, &b], &host(false), &ImageInfo::default(), None).expect_err("dup");
+        assert!(matches!(err, ArgsError::DuplicateMinor { minor: 1 }));
+    }
+
+    proptest! {
+        #[test]
+        fn args_are_stable_and_sorted(minors in proptest::collection::btree_set(0u32..64, 0..8)) {
+            let gpus: Vec<Gpu> = minors.iter().rev().enumerate().map(|(i, m)| gpu(u32::try_from(i).expect("small"), *m)).collect();
+            let refs: Vec<&Gpu> = gpus.iter().collect();
+            let args = LaunchPlan::new(&refs, &host(true), &ImageInfo::default(), None).expect("plan").cli_args();
+            prop_assert_eq!(args.len(), 3 + minors.len());
+            let got: Vec<u32> = args[3..].iter()
+                .map(|a| a.trim_start_matches("--device=/dev/nvidia").parse().expect("minor"))
+                .collect();
+            prop_assert_eq!(got, minors.iter().copied().collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn cuda_parse_round_trips(major in 0u32..1000, minor in 0u32..1000, patch in proptest::option::of(0u32..1000)) {
+            let text = match patch { Some(p) => format!("{major}.{minor}.{p}"), None => format!("{major}.{minor}") };
+            let v = CudaVersion::parse(&text).expect("valid");
+            prop_assert_eq!(v, CudaVersion { major, minor });
+            prop_assert_eq!(v.to_string(), format!("{major}.{minor}"));
+        }
+
+        #[test]
+        fn cuda_parse_never_panics(s in ".*") {
+            let _ = CudaVersion::parse(&s);
+        }
+    }
+}

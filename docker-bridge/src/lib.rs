@@ -1,0 +1,16 @@
+//! The Docker side of mesos-gpu: GPU allocations as `docker run` arguments and bollard
+//! `HostConfig`s, a Docker client for launching, inspecting and recovering GPU containers,
+//! nvidia-docker 1.0's REST API and its `nvidia_driver_<version>` volume plugin.
+//!
+//! Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker
+//! (MESOS-5795, `shared/reference/mesos_gpu.md` §6); this crate supplies the missing half.
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod bridge;
+pub mod client;
+pub mod metrics;
+pub mod plugin;
+pub mod rest;
+pub mod server;
+pub mod status;

@@ -1,0 +1,680 @@
+//! Prometheus metrics of the node's GPUs, containers and allocator, in OpenMetrics text
+//! (`prometheus-client`, `shared/reference/crates.md` §8).
+//!
+//! Figures are read when scraped (NVML through [`GpuReadings`], health from the
+//! [`HealthMonitor`], holders and counters from the [`Allocator`]) and cached for a short time
+//! so that several scrapers do not each hit NVML. A figure NVML does not have is left out,
+//! never reported as 0. A fresh registry is encoded per collection, so a GPU or container that
+//! is gone has no stale series.
+//!
+//! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
+//! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
+//! counters.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use mesos_gpu_isolator::allocator::{Allocator, Counters, Fragmentation};
+use mesos_gpu_isolator::discovery::GpuDriver;
+use mesos_gpu_isolator::health::{HealthMonitor, LoopStats};
+use mesos_gpu_isolator::usage::{ContainerCgroup, GpuReadings, GpuUsage, UsageReader};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The content type of OpenMetrics text.
+pub const CONTENT_TYPE_OPENMETRICS: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long a collection is reused by default.
+pub const DEFAULT_CACHE: Duration = Duration::from_secs(1);
+
+/// One GPU's figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuFigures {
+    /// Live NVML figures (index and UUID included).
+    pub readings: GpuReadings,
+    /// Health, when a monitor runs.
+    pub healthy: Option<bool>,
+    /// XIDs seen, by XID.
+    pub xids: BTreeMap<u64, u64>,
+    /// Corrected ECC events seen.
+    pub ecc_single_bit: u64,
+    /// Uncorrectable ECC events seen.
+    pub ecc_double_bit: u64,
+}
+
+/// A container holding GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerFigures {
+    /// The container (allocator owner).
+    pub container: String,
+    /// Its GPUs and their use (use unknown when its cgroup is not known).
+    pub gpus: Vec<GpuUsage>,
+}
+
+/// The allocator's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorFigures {
+    /// Running totals.
+    pub counters: Counters,
+    /// Free-GPU connectivity.
+    pub fragmentation: Fragmentation,
+    /// GPUs managed, held, unhealthy.
+    pub managed: u32,
+    /// GPUs held by some container.
+    pub allocated: u32,
+    /// GPUs marked unhealthy.
+    pub unhealthy: u32,
+}
+
+/// Everything one scrape reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFigures {
+    /// Per GPU.
+    pub gpus: Vec<GpuFigures>,
+    /// Per container.
+    pub containers: Vec<ContainerFigures>,
+    /// The allocator, when one is known.
+    pub allocator: Option<AllocatorFigures>,
+    /// The health event loop, when a monitor runs.
+    pub health_loop: Option<LoopStats>,
+}
+
+/// Where figures come from.
+pub trait FigureSource: Send + Sync {
+    /// The figures as of now.
+    fn collect(&self) -> NodeFigures;
+}
+
+/// Maps a container (allocator owner) to its cgroup, for per-container memory use.
+pub type CgroupOf = Arc<dyn Fn(&str) -> Option<ContainerCgroup> + Send + Sync>;
+
+/// Figures from NVML, the health monitor and the allocator of this process.
+pub struct NvmlFigures {
+    driver: Arc<GpuDriver>,
+    health: Option<Arc<HealthMonitor>>,
+    allocator: Option<Arc<Mutex<Allocator>>>,
+    cgroup_of: Option<CgroupOf>,
+    usage: UsageReader,
+}
+
+impl std::fmt::Debug for NvmlFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlFigures")
+            .field("health", &self.health.is_some())
+            .field("allocator", &self.allocator.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlFigures {
+    /// GPU figures from `driver` only.
+    pub fn new(driver: Arc<GpuDriver>) -> NvmlFigures {
+        NvmlFigures {
+            driver,
+            health: None,
+            allocator: None,
+            cgroup_of: None,
+            usage: UsageReader::default(),
+        }
+    }
+
+    /// Adds health, XID and ECC figures.
+    pub fn with_health(mut self, monitor: Arc<HealthMonitor>) -> NvmlFigures {
+        self.health = Some(monitor);
+        self
+    }
+
+    /// Adds allocator and per-container figures; `cgroup_of` gives per-container memory use,
+    /// read from `/proc` under `usage`.
+    pub fn with_allocator(
+        mut self,
+        allocator: Arc<Mutex<Allocator>>,
+        cgroup_of: Option<CgroupOf>,
+        usage: UsageReader,
+    ) -> NvmlFigures {
+        self.allocator = Some(allocator);
+        self.cgroup_of = cgroup_of;
+        self.usage = usage;
+        self
+    }
+}
+
+impl FigureSource for NvmlFigures {
+    fn collect(&self) -> NodeFigures {
+        let records = self
+            .health
+            .as_ref()
+            .map(|h| h.records())
+            .unwrap_or_default();
+        let gpus: Vec<GpuFigures> = self
+            .driver
+            .inventory()
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let record = records.iter().find(|r| r.uuid == gpu.uuid);
+                GpuFigures {
+                    readings: GpuReadings::read(self.driver.nvml(), gpu),
+                    healthy: record.map(|r| r.health.is_healthy()),
+                    xids: record.map(|r| r.xids.clone()).unwrap_or_default(),
+                    ecc_single_bit: record.map_or(0, |r| r.ecc_single_bit),
+                    ecc_double_bit: record.map_or(0, |r| r.ecc_double_bit),
+                }
+            })
+            .collect();
+        let (allocator, owners) = match &self.allocator {
+            Some(alloc) => {
+                let alloc = alloc.lock().unwrap_or_else(PoisonError::into_inner);
+                let owners: Vec<(String, Vec<u32>)> = alloc
+                    .owners()
+                    .into_iter()
+                    .map(|(o, set)| (o.to_owned(), set.to_vec()))
+                    .collect();
+                let figures = AllocatorFigures {
+                    counters: alloc.counters(),
+                    fragmentation: alloc.fragmentation(),
+                    managed: alloc.managed().len(),
+                    allocated: alloc.allocated().len(),
+                    unhealthy: alloc.unhealthy().len(),
+                };
+                (Some(figures), owners)
+            }
+            None => (None, Vec::new()),
+        };
+        let containers = owners
+            .into_iter()
+            .map(|(container, held)| {
+                let cgroup = self.cgroup_of.as_ref().and_then(|f| f(&container));
+                let gpus = held
+                    .iter()
+                    .filter_map(|&i| gpus.iter().find(|g| g.readings.index == i))
+                    .map(|g| match &cgroup {
+                        Some(cgroup) => self.usage.attribute(&g.readings, cgroup),
+                        None => GpuUsage {
+                            index: g.readings.index,
+                            uuid: g.readings.uuid.clone(),
+                            utilization_gpu: g.readings.utilization_gpu,
+                            utilization_memory: g.readings.utilization_memory,
+                            memory_used: None,
+                            memory_total: g.readings.memory_total,
+                            pids: None,
+                        },
+                    })
+                    .collect();
+                ContainerFigures { container, gpus }
+            })
+            .collect();
+        NodeFigures {
+            gpus,
+            containers,
+            allocator,
+            health_loop: self.health.as_ref().map(|h| h.stats()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    gpu: String,
+    uuid: String,
+    xid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EccLabels {
+    gpu: String,
+    uuid: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerGpuLabels {
+    container: String,
+    gpu: String,
+    uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerLabels {
+    container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SizeLabels {
+    size: String,
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+
+fn gauge<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Gauge>
+where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Gauge>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn counter<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Counter>
+where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Counter>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Encodes figures as OpenMetrics text.
+pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
+    let mut r = Registry::default();
+    let healthy = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_healthy",
+        "1 when the GPU is healthy, 0 when marked unhealthy",
+    );
+    let util = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_utilization_percent",
+        "Percent of time a kernel ran (NVML)",
+    );
+    let mem_util = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_memory_utilization_percent",
+        "Percent of time memory was read or written (NVML)",
+    );
+    let used = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_memory_used_bytes",
+        "Framebuffer memory in use (NVML)",
+    );
+    let total = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_memory_total_bytes",
+        "Framebuffer memory in all (NVML)",
+    );
+    let temp = gauge::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_temperature_celsius",
+        "GPU temperature (NVML)",
+    );
+    let power = Family::<GpuLabels, GaugeF>::default();
+    r.register("mesos_gpu_power_watts", "Power draw (NVML)", power.clone());
+    let lost = gauge::<GpuLabels>(&mut r, "mesos_gpu_lost", "1 when NVML answers GPU_IS_LOST");
+    let xids = counter::<XidLabels>(
+        &mut r,
+        "mesos_gpu_xid_errors",
+        "XID errors seen since start, counted or ignored",
+    );
+    let ecc = counter::<EccLabels>(
+        &mut r,
+        "mesos_gpu_ecc_errors",
+        "ECC error events seen since start",
+    );
+    for g in &figures.gpus {
+        let rd = &g.readings;
+        let labels = GpuLabels {
+            gpu: rd.index.to_string(),
+            uuid: rd.uuid.clone(),
+        };
+        if let Some(h) = g.healthy {
+            healthy.get_or_create(&labels).set(i64::from(h));
+        }
+        lost.get_or_create(&labels).set(i64::from(rd.lost));
+        let set = |family: &Family<GpuLabels, Gauge>, v: Option<i64>| {
+            if let Some(v) = v {
+                family.get_or_create(&labels).set(v);
+            }
+        };
+        set(&util, rd.utilization_gpu.map(i64::from));
+        set(&mem_util, rd.utilization_memory.map(i64::from));
+        set(&used, rd.memory_used.map(int));
+        set(&total, rd.memory_total.map(int));
+        set(&temp, rd.temperature_c.map(i64::from));
+        if let Some(mw) = rd.power_mw {
+            power.get_or_create(&labels).set(f64::from(mw) / 1000.0);
+        }
+        for (xid, n) in &g.xids {
+            let l = XidLabels {
+                gpu: labels.gpu.clone(),
+                uuid: labels.uuid.clone(),
+                xid: xid.to_string(),
+            };
+            xids.get_or_create(&l).inc_by(*n);
+        }
+        for (kind, n) in [
+            ("single_bit", g.ecc_single_bit),
+            ("double_bit", g.ecc_double_bit),
+        ] {
+            if n > 0 {
+                let l = EccLabels {
+                    gpu: labels.gpu.clone(),
+                    uuid: labels.uuid.clone(),
+                    kind,
+                };
+                ecc.get_or_create(&l).inc_by(n);
+            }
+        }
+    }
+
+    let held = gauge::<ContainerLabels>(
+        &mut r,
+        "mesos_gpu_container_gpus",
+        "GPUs allocated to the container",
+    );
+    let c_util = gauge::<ContainerGpuLabels>(
+        &mut r,
+        "mesos_gpu_container_utilization_percent",
+        "Utilization of a GPU the container holds",
+    );
+    let c_mem = gauge::<ContainerGpuLabels>(
+        &mut r,
+        "mesos_gpu_container_memory_used_bytes",
+        "Framebuffer memory used by the container's own processes on the GPU",
+    );
+    for c in &figures.containers {
+        let count = i64::try_from(c.gpus.len()).unwrap_or(i64::MAX);
+        held.get_or_create(&ContainerLabels {
+            container: c.container.clone(),
+        })
+        .set(count);
+        for g in &c.gpus {
+            let l = ContainerGpuLabels {
+                container: c.container.clone(),
+                gpu: g.index.to_string(),
+                uuid: g.uuid.clone(),
+            };
+            if let Some(u) = g.utilization_gpu {
+                c_util.get_or_create(&l).set(i64::from(u));
+            }
+            if let Some(m) = g.memory_used {
+                c_mem.get_or_create(&l).set(int(m));
+            }
+        }
+    }
+
+    if let Some(a) = &figures.allocator {
+        let one = |r: &mut Registry, name: &str, help: &str, v: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(v);
+            r.register(name, help, c);
+        };
+        let c = &a.counters;
+        one(
+            &mut r,
+            "mesos_gpu_allocator_requests",
+            "Allocator calls, refused ones included",
+            c.requests,
+        );
+        one(
+            &mut r,
+            "mesos_gpu_allocator_granted_gpus",
+            "GPUs handed out",
+            c.granted,
+        );
+        one(
+            &mut r,
+            "mesos_gpu_allocator_released_gpus",
+            "GPUs given back",
+            c.released,
+        );
+        one(
+            &mut r,
+            "mesos_gpu_allocator_greedy_picks",
+            "Topology picks made by the greedy fallback",
+            c.greedy_picks,
+        );
+        let refused = counter::<ReasonLabels>(
+            &mut r,
+            "mesos_gpu_allocator_refusals",
+            "Refused allocator calls by reason",
+        );
+        let f = &c.refused;
+        for (reason, n) in [
+            ("not_enough", f.not_enough),
+            ("bad_request", f.bad_request),
+            ("not_allocated", f.not_allocated),
+            ("already_allocated", f.already_allocated),
+            ("unknown_gpu", f.unknown_gpu),
+            ("unhealthy", f.unhealthy),
+        ] {
+            refused.get_or_create(&ReasonLabels { reason }).inc_by(n);
+        }
+        let g = |r: &mut Registry, name: &str, help: &str, v: u32| {
+            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            gauge.set(i64::from(v));
+            r.register(name, help, gauge);
+        };
+        g(
+            &mut r,
+            "mesos_gpu_allocator_managed_gpus",
+            "GPUs the allocator manages",
+            a.managed,
+        );
+        g(
+            &mut r,
+            "mesos_gpu_allocator_allocated_gpus",
+            "GPUs held by containers",
+            a.allocated,
+        );
+        g(
+            &mut r,
+            "mesos_gpu_allocator_unhealthy_gpus",
+            "GPUs marked unhealthy",
+            a.unhealthy,
+        );
+        g(
+            &mut r,
+            "mesos_gpu_allocator_free_gpus",
+            "Healthy GPUs held by nobody",
+            a.fragmentation.free,
+        );
+        g(
+            &mut r,
+            "mesos_gpu_allocator_nvlink_set_gpus",
+            "Largest request the free GPUs can serve with every pair NVLinked",
+            a.fragmentation.nvlink_set,
+        );
+        let best = gauge::<SizeLabels>(
+            &mut r,
+            "mesos_gpu_allocator_best_free_score",
+            "Highest topology score of any set of this many free GPUs (a drop shows fragmentation)",
+        );
+        for (size, score) in a.fragmentation.best_score.iter().enumerate().skip(2) {
+            best.get_or_create(&SizeLabels {
+                size: size.to_string(),
+            })
+            .set(int(*score));
+        }
+    }
+
+    if let Some(s) = &figures.health_loop {
+        let c = Counter::<u64>::default();
+        c.inc_by(s.loop_failures);
+        r.register(
+            "mesos_gpu_health_loop_failures",
+            "Failures of the NVML health event loop (each retried)",
+            c,
+        );
+        let e = Counter::<u64>::default();
+        e.inc_by(s.events);
+        r.register("mesos_gpu_health_events", "NVML health events received", e);
+    }
+
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &r)?;
+    Ok(out)
+}
+
+/// The `/metrics` endpoint: collects (at most once per cache period) and encodes.
+pub struct Metrics {
+    source: Arc<dyn FigureSource>,
+    cache_for: Duration,
+    cached: Mutex<Option<(Instant, Arc<String>)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("cache_for", &self.cache_for)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Metrics from `source`, each collection reused for `cache_for`.
+    pub fn new(source: Arc<dyn FigureSource>, cache_for: Duration) -> Metrics {
+        Metrics {
+            source,
+            cache_for,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The OpenMetrics text, from the cache when fresh. Blocking (NVML calls).
+    pub fn render(&self) -> Result<Arc<String>, std::fmt::Error> {
+        let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, text)) = cached.as_ref()
+            && at.elapsed() < self.cache_for
+        {
+            return Ok(Arc::clone(text));
+        }
+        let text = Arc::new(encode(&self.source.collect())?);
+        *cached = Some((Instant::now(), Arc::clone(&text)));
+        Ok(text)
+    }
+
+    /// Serves one HTTP request on its own (for hyper's `service_fn` on a dedicated listener):
+    /// `GET`/`HEAD /metrics` is answered, any other path is 404 and another method 405.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let text = |status, body: &'static str| {
+            let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *resp.status_mut() = status;
+            resp
+        };
+        if req.uri().path() != "/metrics" {
+            return Ok(text(StatusCode::NOT_FOUND, "404 page not found\n"));
+        }
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"));
+        }
+        drop(req);
+        Ok(tokio::task::spawn_blocking(move || self.respond())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "metrics collection panicked");
+                text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error, check logs for details\n",
+                )
+            }))
+    }
+
+    /// The HTTP response for `GET /metrics`. Blocking (NVML calls).
+    pub fn respond(&self) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match self.render() {
+            Ok(text) => (
+                StatusCode::OK,
+                CONTENT_TYPE_OPENMETRICS,
+                text.as_bytes().to_vec(),
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode metrics");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    b"cannot encode metrics\n".to_vec(),
+                )
+            }
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        resp
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_figures_are_left_out() {
+        let figures = NodeFigures {
+            gpus: vec![GpuFigures {
+                readings: GpuReadings {
+                    index: 0,
+                    uuid: "GPU-a".to_owned(),
+                    utilization_gpu: Some(30),
+                    power_mw: Some(61_500),
+                    ..GpuReadings::default()
+                },
+                healthy: Some(false),
+                xids: BTreeMap::from([(79, 2)]),
+                ecc_double_bit: 1,
+                ..GpuFigures::default()
+            }],
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        assert!(
+            text.contains(r#"mesos_gpu_healthy{gpu="0",uuid="GPU-a"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mesos_gpu_utilization_percent{gpu="0",uuid="GPU-a"} 30"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mesos_gpu_power_watts{gpu="0",uuid="GPU-a"} 61.5"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mesos_gpu_xid_errors_total{gpu="0",uuid="GPU-a",xid="79"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"mesos_gpu_ecc_errors_total{gpu="0",uuid="GPU-a",kind="double_bit"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("mesos_gpu_temperature_celsius{"),
+            "unknown temperature left out: {text}"
+        );
+        assert!(!text.contains("mesos_gpu_memory_used_bytes{"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

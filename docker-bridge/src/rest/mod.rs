@@ -1,0 +1,238 @@
+//! nvidia-docker 1.0's REST API (`nvidia-docker-plugin`, default `localhost:3476`), so that
+//! `docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE` and nvidia-docker's own
+//! wrapper work against mesos-gpu.
+//!
+//! Routes (`shared/reference/nvidia_docker.md` §1.2), each with and without the `/v1.0` prefix,
+//! GET (and HEAD) only: `/gpu/info`, `/gpu/info/json`, `/gpu/status`, `/gpu/status/json`,
+//! `/docker/cli`, `/docker/cli/json`, `/mesos/cli`. `dev=` and `vol=` apply to the two
+//! `/docker/cli` routes ([`query`]). A bad parameter is HTTP 400 with the reason, an unknown
+//! path 404 (Go's "404 page not found"), another method 405 (nvidia-docker answered 404).
+//!
+//! Differences from nvidia-docker, on purpose: `--device` flags come in a stable order (control
+//! nodes, then GPUs by minor; nvidia-docker's order was random), and in bind mode the volume is
+//! the driver volume's host directory with no `--volume-driver`.
+
+mod format;
+pub mod query;
+pub mod status;
+mod tabwriter;
+
+use std::convert::Infallible;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use mesos_gpu_isolator::inventory::Inventory;
+
+use self::format::{DockerCli, Node};
+use self::status::GpuStatusSource;
+use crate::args::{HostDevices, LaunchPlan, VolumeMount, VolumeSource};
+
+/// The default REST listen address of nvidia-docker-plugin.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:3476";
+
+/// A REST response body.
+pub type Body = Full<Bytes>;
+
+/// The REST API over one node's inventory.
+pub struct RestApi {
+    inventory: RwLock<Arc<Inventory>>,
+    host: HostDevices,
+    volume: VolumeSource,
+    status: Arc<dyn GpuStatusSource>,
+}
+
+impl std::fmt::Debug for RestApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestApi")
+            .field("gpus", &self.inventory().gpus.len())
+            .field("volume", &self.volume)
+            .finish()
+    }
+}
+
+enum Page {
+    InfoText,
+    InfoJson,
+    StatusText,
+    StatusJson,
+    DockerCliText,
+    DockerCliJson,
+    MesosCli,
+}
+
+fn route(path: &str) -> Option<Page> {
+    let path = path
+        .strip_prefix("/v1.0")
+        .filter(|p| p.starts_with('/'))
+        .unwrap_or(path);
+    Some(match path {
+        "/gpu/info" => Page::InfoText,
+        "/gpu/info/json" => Page::InfoJson,
+        "/gpu/status" => Page::StatusText,
+        "/gpu/status/json" => Page::StatusJson,
+        "/docker/cli" => Page::DockerCliText,
+        "/docker/cli/json" => Page::DockerCliJson,
+        "/mesos/cli" => Page::MesosCli,
+        _ => return None,
+    })
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+
+/// Go's `http.Error`: the message and a newline, as plain text.
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Body> {
+    reply(status, TEXT, format!("{message}\n"))
+}
+
+impl RestApi {
+    /// The API for `inventory`, whose GPU nodes live per `host`, with the driver volume
+    /// served as `volume` (a plugin volume like nvidia-docker, or a bind of the host directory).
+    pub fn new(
+        inventory: Arc<Inventory>,
+        host: HostDevices,
+        volume: VolumeSource,
+        status: Arc<dyn GpuStatusSource>,
+    ) -> RestApi {
+        RestApi {
+            inventory: RwLock::new(inventory),
+            host,
+            volume,
+            status,
+        }
+    }
+
+    /// The inventory the pages are made from.
+    pub fn inventory(&self) -> Arc<Inventory> {
+        Arc::clone(
+            &self
+                .inventory
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Replaces the inventory (after a driver change).
+    pub fn set_inventory(&self, inventory: Arc<Inventory>) {
+        *self
+            .inventory
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = inventory;
+    }
+
+    fn node<'a>(&'a self, inventory: &'a Inventory) -> Node<'a> {
+        Node {
+            inventory,
+            host: &self.host,
+            status: self.status.as_ref(),
+        }
+    }
+
+    /// The response to `method path?query`. Synchronous: status pages call the
+    /// [`GpuStatusSource`], so async callers should run this on a blocking thread.
+    pub fn respond(&self, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
+        let Some(page) = route(path) else {
+            return error(StatusCode::NOT_FOUND, "404 page not found");
+        };
+        if method != Method::GET && method != Method::HEAD {
+            let mut resp = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("method {method} not allowed: GET only"),
+            );
+            resp.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return resp;
+        }
+        let inventory = self.inventory();
+        let node = self.node(&inventory);
+        match page {
+            Page::InfoText => reply(StatusCode::OK, TEXT, format::info_text(&node)),
+            Page::InfoJson => reply(StatusCode::OK, JSON, format::info_json(&node)),
+            Page::StatusText => reply(StatusCode::OK, TEXT, format::status_text(&node)),
+            Page::StatusJson => reply(StatusCode::OK, JSON, format::status_json(&node)),
+            Page::MesosCli => reply(StatusCode::OK, TEXT, format::mesos_cli(&node)),
+            Page::DockerCliText => match self.docker_cli(&inventory, query) {
+                Ok(cli) => reply(StatusCode::OK, TEXT, cli.text()),
+                Err((status, reason)) => error(status, reason),
+            },
+            Page::DockerCliJson => match self.docker_cli(&inventory, query) {
+                Ok(cli) => reply(StatusCode::OK, JSON, cli.json()),
+                Err((status, reason)) => error(status, reason),
+            },
+        }
+    }
+
+    /// The `/docker/cli` arguments, or the status and reason of the refusal.
+    fn docker_cli(
+        &self,
+        inventory: &Inventory,
+        query: Option<&str>,
+    ) -> Result<DockerCli, (StatusCode, String)> {
+        let bad = |e: query::QueryError| (StatusCode::BAD_REQUEST, e.to_string());
+        let internal =
+            |e: crate::args::ArgsError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+        let q = query::CliQuery::parse(query);
+        let gpus = query::select_gpus(inventory, q.dev.as_deref()).map_err(bad)?;
+        query::check_volumes(q.vol.as_deref()).map_err(bad)?;
+        let driver = inventory.driver.as_ref().ok_or_else(|| {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no NVIDIA driver on this node".to_owned(),
+            )
+        })?;
+        let devices = LaunchPlan::devices_for(&gpus, &self.host).map_err(internal)?;
+        let volume = VolumeMount::new(&self.volume, &driver.version).map_err(internal)?;
+        if let VolumeMount::Bind { host_path } = &volume
+            && !host_path.is_dir()
+        {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the driver volume {} is not built yet", host_path.display()),
+            ));
+        }
+        Ok(DockerCli {
+            volume_driver: volume.volume_driver().unwrap_or_default().to_owned(),
+            volumes: vec![volume.bind_spec()],
+            devices: devices.iter().map(|d| d.cli_value()).collect(),
+        })
+    }
+
+    /// Serves one HTTP request (for hyper's `service_fn`).
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let query = req.uri().query().map(str::to_owned);
+        drop(req);
+        let api = Arc::clone(&self);
+        let (m, p) = (method.clone(), path.clone());
+        let resp = tokio::task::spawn_blocking(move || api.respond(&m, &p, query.as_deref()))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "REST handler panicked");
+                error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error, check logs for details",
+                )
+            });
+        tracing::debug!(%method, %path, status = resp.status().as_u16(), "REST request");
+        Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests;

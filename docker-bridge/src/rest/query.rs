@@ -1,0 +1,275 @@
+//! The `dev=` and `vol=` query parameters of `/docker/cli`, as nvidia-docker 1.0 defined them
+//! (`shared/reference/nvidia_docker.md` §1.2, `remote_v1.go`, `nvidia/devices.go`):
+//!
+//! - values are form-decoded (`+` and `%20` are spaces) and the first occurrence counts;
+//! - `dev=` lists GPUs separated by spaces: missing, empty or `*` means all; `GPU-…` is a UUID
+//!   prefix; anything else is an NVML **index** (not a minor); `dev=0,1` is invalid;
+//! - `vol=` lists volume base names (`nvidia_driver`) the same way.
+//!
+//! Two deliberate differences: an ambiguous UUID prefix is refused (nvidia-docker took the first
+//! match), and repeated spaces are tolerated.
+
+use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+
+use crate::args::DRIVER_VOLUME_BASE;
+
+/// A `dev=` or `vol=` value the API cannot honour; the text is the HTTP 400 reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// Not an NVML index or UUID prefix of this node's GPUs.
+    #[error(
+        "invalid device: {id} (expected NVML indices or GPU- UUID prefixes separated by '+', or '*')"
+    )]
+    InvalidDevice {
+        /// The identifier as given.
+        id: String,
+    },
+    /// A UUID prefix matching several GPUs.
+    #[error("ambiguous device: {id} matches {matches}")]
+    AmbiguousDevice {
+        /// The identifier as given.
+        id: String,
+        /// The UUIDs it matches, comma-separated.
+        matches: String,
+    },
+    /// Not a volume this node serves.
+    #[error("invalid volume: {name} (expected {DRIVER_VOLUME_BASE} or '*')")]
+    InvalidVolume {
+        /// The name as given.
+        name: String,
+    },
+}
+
+/// The `dev` and `vol` values of a query string (first occurrence of each).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CliQuery {
+    pub(crate) dev: Option<String>,
+    pub(crate) vol: Option<String>,
+}
+
+impl CliQuery {
+    pub(crate) fn parse(query: Option<&str>) -> CliQuery {
+        let mut parsed = CliQuery::default();
+        for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let slot = match key.as_ref() {
+                "dev" => &mut parsed.dev,
+                "vol" => &mut parsed.vol,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(value.into_owned());
+            }
+        }
+        parsed
+    }
+}
+
+fn tokens(value: Option<&str>) -> Option<Vec<&str>> {
+    let list: Vec<&str> = value
+        .unwrap_or("")
+        .split(' ')
+        .filter(|t| !t.is_empty())
+        .collect();
+    if list.is_empty() || list == ["*"] {
+        None
+    } else {
+        Some(list)
+    }
+}
+
+/// The GPUs `dev` selects, each once, in inventory order.
+pub(crate) fn select_gpus<'a>(
+    inventory: &'a Inventory,
+    dev: Option<&str>,
+) -> Result<Vec<&'a Gpu>, QueryError> {
+    let Some(ids) = tokens(dev) else {
+        return Ok(inventory.gpus.iter().collect());
+    };
+    let mut chosen = vec![false; inventory.gpus.len()];
+    for id in ids {
+        let invalid = || QueryError::InvalidDevice { id: id.to_owned() };
+        let position = if id.starts_with("GPU-") {
+            let matches: Vec<usize> = inventory
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| g.uuid.starts_with(id))
+                .map(|(i, _)| i)
+                .collect();
+            match matches.as_slice() {
+                [one] => *one,
+                [] => return Err(invalid()),
+                many => {
+                    let uuids: Vec<&str> = many
+                        .iter()
+                        .map(|&i| inventory.gpus[i].uuid.as_str())
+                        .collect();
+                    return Err(QueryError::AmbiguousDevice {
+                        id: id.to_owned(),
+                        matches: uuids.join(","),
+                    });
+                }
+            }
+        } else {
+            if !id.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            let index: u32 = id.parse().map_err(|_| invalid())?;
+            inventory
+                .gpus
+                .iter()
+                .position(|g| g.index == index)
+                .ok_or_else(invalid)?
+        };
+        chosen[position] = true;
+    }
+    Ok(inventory
+        .gpus
+        .iter()
+        .zip(chosen)
+        .filter_map(|(g, c)| c.then_some(g))
+        .collect())
+}
+
+/// Checks `vol`; the only volume is the driver volume, so a valid selection always holds it.
+pub(crate) fn check_volumes(vol: Option<&str>) -> Result<(), QueryError> {
+    for name in tokens(vol).unwrap_or_default() {
+        if name != DRIVER_VOLUME_BASE {
+            return Err(QueryError::InvalidVolume {
+                name: name.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn inventory() -> Inventory {
+        let gpu = |index: u32, minor: u32, uuid: &str| Gpu {
+            index,
+            minor,
+            uuid: uuid.to_owned(),
+            name: "sim".to_owned(),
+            memory_total: 0,
+            pci_bus_id: String::new(),
+            numa_node: None,
+            compute_capability: None,
+            healthy: true,
+        };
+        Inventory {
+            gpus: vec![
+                gpu(0, 2, "GPU-aaaa-1111"),
+                gpu(1, 0, "GPU-aaab-2222"),
+                gpu(2, 1, "GPU-bbbb-3333"),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn pick(dev: Option<&str>) -> Result<Vec<u32>, QueryError> {
+        let inv = inventory();
+        select_gpus(&inv, dev).map(|g| g.iter().map(|g| g.index).collect())
+    }
+
+    #[test]
+    fn query_values_are_form_decoded_and_first_wins() {
+        let q = CliQuery::parse(Some("dev=0+1&vol=nvidia_driver&dev=2"));
+        assert_eq!(q.dev.as_deref(), Some("0 1"));
+        assert_eq!(q.vol.as_deref(), Some("nvidia_driver"));
+        assert_eq!(
+            CliQuery::parse(Some("dev=0%201")).dev.as_deref(),
+            Some("0 1")
+        );
+        assert_eq!(CliQuery::parse(None), CliQuery::default());
+        assert_eq!(CliQuery::parse(Some("other=1")), CliQuery::default());
+    }
+
+    #[test]
+    fn missing_empty_or_star_selects_all() {
+        for dev in [None, Some(""), Some("*"), Some("  ")] {
+            assert_eq!(pick(dev).expect("all"), [0, 1, 2], "{dev:?}");
+        }
+    }
+
+    #[test]
+    fn indices_are_nvml_indices_not_minors() {
+        assert_eq!(pick(Some("0")).expect("ok"), [0]);
+        assert_eq!(pick(Some("2 0")).expect("ok"), [0, 2]);
+        assert_eq!(pick(Some("1 1")).expect("ok"), [1]);
+    }
+
+    #[test]
+    fn uuid_prefixes_match_once() {
+        assert_eq!(pick(Some("GPU-bbbb")).expect("ok"), [2]);
+        assert_eq!(pick(Some("GPU-aaab-2222 0")).expect("ok"), [0, 1]);
+        let err = pick(Some("GPU-aaa")).expect_err("ambiguous");
+        assert_eq!(
+            err.to_string(),
+            "ambiguous device: GPU-aaa matches GPU-aaaa-1111,GPU-aaab-2222"
+        );
+    }
+
+    #[test]
+    fn bad_devices_are_named() {
+        for bad in [
+            "0,1",
+            "3",
+            "-1",
+            "GPU-zzzz",
+            "x",
+            "* 0",
+            "+1",
+            "99999999999",
+        ] {
+            let err = pick(Some(bad)).expect_err(bad);
+            assert!(
+                matches!(err, QueryError::InvalidDevice { .. }),
+                "{bad}: {err}"
+            );
+            let first = bad.split(' ').next().unwrap_or(bad);
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("invalid device: {first}")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn volumes_accept_only_the_driver_volume() {
+        for ok in [
+            None,
+            Some(""),
+            Some("*"),
+            Some("nvidia_driver"),
+            Some("nvidia_driver nvidia_driver"),
+        ] {
+            check_volumes(ok).expect("valid");
+        }
+        let err = check_volumes(Some("nvidia_driver other")).expect_err("invalid");
+        assert!(
+            err.to_string().starts_with("invalid volume: other"),
+            "{err}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn selection_never_panics_and_is_sorted(q in ".*") {
+            let parsed = CliQuery::parse(Some(&q));
+            let inv = inventory();
+            if let Ok(gpus) = select_gpus(&inv, parsed.dev.as_deref()) {
+                let idx: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+                let mut sorted = idx.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                prop_assert_eq!(idx, sorted);
+            }
+            let _ = check_volumes(parsed.vol.as_deref());
+        }
+    }
+}

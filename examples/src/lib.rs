@@ -1,0 +1,2 @@
+//! Example programs using the mesos-gpu crates as libraries (`src/bin/`), and the Marathon app
+//! definitions `mesos-gpu demo` replays (`marathon/`).

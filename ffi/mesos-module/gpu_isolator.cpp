@@ -1,0 +1,289 @@
+// mesos::slave::Isolator over the C ABI of libmesos_gpu (ffi/include/mesos_gpu.h).
+//
+// Each method serializes its protobuf arguments, calls the matching mgpu_ function, grows the
+// answer buffer on MGPU_BUFFER_TOO_SMALL, parses the answer, and turns any other status into a
+// process::Failure carrying the library's error text. Nothing else happens here: every decision
+// is made in Rust. The calls are synchronous and short (prepare and cleanup make or remove one
+// cgroup); `watch` polls without blocking, once per second, on the libprocess clock.
+//
+// One isolator state per agent: the first `create` makes the handle, later ones (the module
+// loaded for more than one containerizer) share it, so every container draws from one GPU pool.
+//
+// Build: ffi/mesos-module/CMakeLists.txt, against an installed Mesos built with the same
+// protobuf version and SSL setting as the agent.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include <mesos/mesos.hpp>
+#include <mesos/module/isolator.hpp>
+#include <mesos/resources.hpp>
+#include <mesos/slave/isolator.hpp>
+
+#include <process/after.hpp>
+#include <process/future.hpp>
+#include <process/loop.hpp>
+
+#include <stout/duration.hpp>
+#include <stout/hashset.hpp>
+#include <stout/nothing.hpp>
+#include <stout/option.hpp>
+#include <stout/try.hpp>
+
+#include "mesos_gpu.h"
+
+using mesos::ContainerID;
+using mesos::ContainerStatus;
+using mesos::Parameters;
+using mesos::Resource;
+using mesos::Resources;
+using mesos::ResourceStatistics;
+using mesos::Value;
+using mesos::slave::ContainerConfig;
+using mesos::slave::ContainerLaunchInfo;
+using mesos::slave::ContainerLimitation;
+using mesos::slave::ContainerRecoverInfo;
+using mesos::slave::ContainerState;
+using mesos::slave::Isolator;
+using process::Failure;
+using process::Future;
+
+namespace {
+
+constexpr size_t kErrCap = 4096;
+constexpr size_t kFirstCap = 4096;
+const Duration kWatchPoll = Seconds(1);
+
+// Forwards the library's log events to glog.
+extern "C" void forwardLog(MgpuLogLevel level, const char* target, const char* message, void*) {
+  switch (level) {
+    case MGPU_LOG_ERROR: LOG(ERROR) << "[" << target << "] " << message; break;
+    case MGPU_LOG_WARN: LOG(WARNING) << "[" << target << "] " << message; break;
+    case MGPU_LOG_INFO: LOG(INFO) << "[" << target << "] " << message; break;
+    case MGPU_LOG_DEBUG: VLOG(1) << "[" << target << "] " << message; break;
+    case MGPU_LOG_TRACE: VLOG(2) << "[" << target << "] " << message; break;
+  }
+}
+
+std::string failureText(MgpuStatus status, const char* err) {
+  const char* name = mgpu_status_name(static_cast<uint32_t>(status));
+  return std::string("GPU isolator: ") + (name != nullptr ? name : "MGPU_?") + ": " + err;
+}
+
+const uint8_t* bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+std::string serialize(const google::protobuf::Message& message) {
+  std::string out;
+  message.SerializeToString(&out);
+  return out;
+}
+
+// Calls `call(buf, cap, &len, err, err_cap)`, growing the buffer once when it is too small.
+// The library keeps the answer of a call with side effects for that retry.
+template <typename Call>
+Try<std::string> withBuffer(Call call) {
+  std::string out(kFirstCap, '\0');
+  char err[kErrCap] = "";
+  size_t len = 0;
+  MgpuStatus status = call(reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+  if (status == MGPU_BUFFER_TOO_SMALL) {
+    out.resize(len);
+    status = call(reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+  }
+  if (status != MGPU_OK) {
+    return Error(failureText(status, err));
+  }
+  out.resize(len);
+  return out;
+}
+
+// Turns a call without an answer into a Future<Nothing>.
+template <typename Call>
+Future<Nothing> nothing(Call call) {
+  char err[kErrCap] = "";
+  MgpuStatus status = call(err, kErrCap);
+  if (status != MGPU_OK) {
+    return Failure(failureText(status, err));
+  }
+  return Nothing();
+}
+
+template <typename T>
+Future<T> parsed(const Try<std::string>& answer) {
+  if (answer.isError()) {
+    return Failure(answer.error());
+  }
+  T message;
+  if (!message.ParseFromString(answer.get())) {
+    return Failure("GPU isolator: cannot parse the answer as " + message.GetTypeName());
+  }
+  return message;
+}
+
+// The handle shared by every isolator this module creates in the agent.
+class Handle {
+ public:
+  static Try<std::shared_ptr<Handle>> get(const Parameters& parameters) {
+    static std::mutex mutex;
+    static std::weak_ptr<Handle> shared;
+    static std::string sharedParams;
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::string params = serialize(parameters);
+    if (std::shared_ptr<Handle> existing = shared.lock()) {
+      if (params != sharedParams) {
+        return Error("GPU isolator: the module is already loaded with other parameters");
+      }
+      return existing;
+    }
+    char err[kErrCap] = "";
+    mgpu_set_log_callback(forwardLog, nullptr, VLOG_IS_ON(2) ? MGPU_LOG_TRACE
+                                             : VLOG_IS_ON(1) ? MGPU_LOG_DEBUG : MGPU_LOG_INFO,
+                          err, kErrCap);
+    MgpuIsolator* raw = nullptr;
+    MgpuStatus status = mgpu_isolator_new(bytes(params), params.size(), &raw, err, kErrCap);
+    if (status != MGPU_OK) {
+      return Error(failureText(status, err));
+    }
+    std::shared_ptr<Handle> handle(new Handle(raw));
+    shared = handle;
+    sharedParams = params;
+    return handle;
+  }
+
+  ~Handle() { mgpu_isolator_free(raw_); }
+  const MgpuIsolator* raw() const { return raw_; }
+
+ private:
+  explicit Handle(MgpuIsolator* raw) : raw_(raw) {}
+  MgpuIsolator* raw_;
+};
+
+class MesosGpuIsolator : public Isolator {
+ public:
+  explicit MesosGpuIsolator(std::shared_ptr<Handle> handle) : handle_(std::move(handle)) {}
+  ~MesosGpuIsolator() override = default;
+
+  bool supportsNesting() override { return true; }
+  bool supportsStandalone() override { return true; }
+
+  Future<Nothing> recover(const std::vector<ContainerState>& states,
+                          const hashset<ContainerID>& orphans) override {
+    ContainerRecoverInfo info;
+    for (const ContainerState& state : states) info.add_checkpointed_container_states()->CopyFrom(state);
+    for (const ContainerID& orphan : orphans) info.add_orphan_container_ids()->CopyFrom(orphan);
+    const std::string in = serialize(info);
+    return nothing([&](char* err, size_t cap) { return mgpu_recover(h(), bytes(in), in.size(), err, cap); });
+  }
+
+  Future<Option<ContainerLaunchInfo>> prepare(const ContainerID& id, const ContainerConfig& config) override {
+    const std::string idBytes = serialize(id), in = serialize(config);
+    Try<std::string> answer = withBuffer([&](uint8_t* buf, size_t cap, size_t* len, char* err, size_t ecap) {
+      return mgpu_prepare(h(), bytes(idBytes), idBytes.size(), bytes(in), in.size(), buf, cap, len, err, ecap);
+    });
+    if (answer.isError()) return Failure(answer.error());
+    if (answer->empty()) return None();
+    return parsed<ContainerLaunchInfo>(answer).then([](const ContainerLaunchInfo& info) {
+      return Option<ContainerLaunchInfo>(info);
+    });
+  }
+
+  Future<Nothing> isolate(const ContainerID& id, pid_t pid) override {
+    const std::string idBytes = serialize(id);
+    return nothing([&](char* err, size_t cap) {
+      return mgpu_isolate(h(), bytes(idBytes), idBytes.size(), pid, err, cap);
+    });
+  }
+
+  Future<ContainerLimitation> watch(const ContainerID& id) override {
+    const std::string idBytes = serialize(id);
+    std::shared_ptr<Handle> handle = handle_;
+    return process::loop(
+        [] { return process::after(kWatchPoll); },
+        [handle, idBytes](const Nothing&) -> Future<process::ControlFlow<ContainerLimitation>> {
+          char err[kErrCap] = "";
+          std::string out(kFirstCap, '\0');
+          size_t len = 0;
+          MgpuStatus status = mgpu_watch(handle->raw(), bytes(idBytes), idBytes.size(), 0,
+                                         reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+          if (status == MGPU_BUFFER_TOO_SMALL) {
+            out.resize(len);
+            status = mgpu_watch(handle->raw(), bytes(idBytes), idBytes.size(), 0,
+                                reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+          }
+          switch (status) {
+            case MGPU_TIMED_OUT: return process::Continue();
+            // Cleaned up: no limitation will come; never resolve, as Mesos's default watch.
+            case MGPU_UNKNOWN_CONTAINER: return Future<process::ControlFlow<ContainerLimitation>>();
+            case MGPU_OK: {
+              ContainerLimitation limitation;
+              if (!limitation.ParseFromArray(out.data(), static_cast<int>(len))) {
+                return Failure("GPU isolator: cannot parse the ContainerLimitation");
+              }
+              return process::Break(limitation);
+            }
+            default: return Failure(failureText(status, err));
+          }
+        });
+  }
+
+  Future<Nothing> update(const ContainerID& id, const Resources& requests,
+                         const google::protobuf::Map<std::string, Value::Scalar>& limits) override {
+    ContainerConfig carrier;  // only `resources` and `limits` are read
+    for (const Resource& resource : requests) carrier.add_resources()->CopyFrom(resource);
+    carrier.mutable_limits()->insert(limits.begin(), limits.end());
+    std::string in;
+    carrier.SerializePartialToString(&in);
+    const std::string idBytes = serialize(id);
+    return nothing([&](char* err, size_t cap) {
+      return mgpu_update(h(), bytes(idBytes), idBytes.size(), bytes(in), in.size(), err, cap);
+    });
+  }
+
+  Future<ResourceStatistics> usage(const ContainerID& id) override {
+    const std::string idBytes = serialize(id);
+    return parsed<ResourceStatistics>(withBuffer([&](uint8_t* buf, size_t cap, size_t* len, char* err, size_t ecap) {
+      return mgpu_usage(h(), bytes(idBytes), idBytes.size(), buf, cap, len, err, ecap);
+    }));
+  }
+
+  Future<ContainerStatus> status(const ContainerID& id) override {
+    const std::string idBytes = serialize(id);
+    return parsed<ContainerStatus>(withBuffer([&](uint8_t* buf, size_t cap, size_t* len, char* err, size_t ecap) {
+      return mgpu_status(h(), bytes(idBytes), idBytes.size(), buf, cap, len, err, ecap);
+    }));
+  }
+
+  Future<Nothing> cleanup(const ContainerID& id) override {
+    const std::string idBytes = serialize(id);
+    return nothing([&](char* err, size_t cap) { return mgpu_cleanup(h(), bytes(idBytes), idBytes.size(), err, cap); });
+  }
+
+ private:
+  const MgpuIsolator* h() const { return handle_->raw(); }
+  std::shared_ptr<Handle> handle_;
+};
+
+Isolator* createIsolator(const Parameters& parameters) {
+  Try<std::shared_ptr<Handle>> handle = Handle::get(parameters);
+  if (handle.isError()) {
+    LOG(ERROR) << "Cannot create the GPU isolator: " << handle.error();
+    return nullptr;
+  }
+  return new MesosGpuIsolator(handle.get());
+}
+
+}  // namespace
+
+// The module's name in modules.json and --isolation is this variable's name.
+mesos::modules::Module<Isolator> org_apache_mesos_gpu_MesosGpuIsolator(
+    MESOS_MODULE_API_VERSION,
+    MESOS_VERSION,
+    "mesos-gpu",
+    "mesos-gpu@example.invalid",
+    "NVIDIA GPU isolator: allocation, device cgroups, driver volume (libmesos_gpu)",
+    nullptr,
+    createIsolator);

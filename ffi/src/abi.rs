@@ -1,0 +1,425 @@
+//! The exported `mgpu_` functions: decode, call the handle, encode, all inside `guard`.
+//!
+//! Ownership and buffer rules are written once in `ffi/README.md` and `crate::raw`. Every
+//! function returning [`MgpuStatus`] writes its out-parameters only on `MGPU_OK`, except `*len`,
+//! which `MGPU_BUFFER_TOO_SMALL` sets to the size needed.
+//!
+//! `prepare` and `mgpu_docker_args` have side effects (GPUs allocated, a cgroup made), so their
+//! answer is not computed twice: when it does not fit, it is kept, and the retry with the same
+//! container and the same request bytes returns exactly those bytes (`MgpuIsolator::replay`).
+
+use std::ffi::{c_char, c_void};
+use std::time::Duration;
+
+use crate::handle::{MgpuIsolator, Replayable};
+use crate::log::{MgpuLogCallback, MgpuLogLevel};
+use crate::proto::docker::spec::v1::ImageManifest;
+use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
+use crate::proto::mesos::{ContainerId, Parameters};
+use crate::raw::{OutBuf, OutHandle, decode, guard, guard_handle, in_bytes};
+use crate::status::MgpuStatus;
+
+/// `mgpu_watch` timeout meaning "until a limitation arrives or the container is cleaned up".
+pub const MGPU_WAIT_FOREVER: u64 = 0xFFFF_FFFF_FFFF_FFFF;
+
+/// The library version, a static NUL-terminated string (e.g. `0.1.0`).
+#[unsafe(no_mangle)]
+pub extern "C" fn mgpu_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The name of status `code` (e.g. `MGPU_NOT_ENOUGH_GPUS`) as a static NUL-terminated string,
+/// or NULL for a number that is no status.
+#[unsafe(no_mangle)]
+pub extern "C" fn mgpu_status_name(code: u32) -> *const c_char {
+    MgpuStatus::try_from(code).map_or(std::ptr::null(), |s| s.name().as_ptr())
+}
+
+/// Sets the process-wide log callback (NULL: stop forwarding) and the most verbose level
+/// forwarded (`MgpuLogLevel` as a number; an unknown number is `MGPU_BAD_ARGUMENT`).
+///
+/// # Safety
+/// `callback`, when set, must be safe to call from any thread, also concurrently, with
+/// `userdata`, until it is replaced. `err` is NULL or valid for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_set_log_callback(
+    callback: MgpuLogCallback,
+    userdata: *mut c_void,
+    max_level: u32,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard(err, err_cap, || {
+        let level = MgpuLogLevel::try_from(max_level)?;
+        crate::log::set_callback(callback, userdata, level);
+        Ok(())
+    })
+}
+
+/// Creates the isolator from the module parameters (a serialized `mesos.Parameters`), and on
+/// success stores the new handle in `*out_handle`. Free it with `mgpu_isolator_free`.
+///
+/// # Safety
+/// `params` is NULL or valid for `params_len` bytes; `out_handle` is NULL or valid for one
+/// pointer write; `err` is NULL or valid for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_isolator_new(
+    params: *const u8,
+    params_len: usize,
+    out_handle: *mut *mut MgpuIsolator,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    crate::log::install();
+    guard(err, err_cap, || {
+        // SAFETY: contract above.
+        let out = unsafe { OutHandle::new(out_handle) }?;
+        // SAFETY: contract above.
+        let params: Parameters = unsafe { decode(params, params_len, "params") }?;
+        out.set(Box::new(MgpuIsolator::new(&params)?));
+        Ok(())
+    })
+}
+
+/// Frees a handle; NULL is accepted. Call it exactly once per handle, after every other call on
+/// it has returned.
+///
+/// # Safety
+/// `handle` is NULL or a handle from `mgpu_isolator_new` not freed yet, with no call on it in
+/// progress.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_isolator_free(handle: *mut MgpuIsolator) {
+    if handle.is_null() {
+        return;
+    }
+    guard(std::ptr::null_mut(), 0, || {
+        // SAFETY: `handle` came from `Box::into_raw` in `mgpu_isolator_new` and, by the contract,
+        // is freed once with no other use in progress.
+        drop(unsafe { Box::from_raw(handle) });
+        Ok(())
+    });
+}
+
+/// `Isolator::recover`: `info` is a serialized `mesos.slave.ContainerRecoverInfo` (the
+/// checkpointed container states and the orphans).
+///
+/// # Safety
+/// `handle` is NULL or live; `info` is NULL or valid for `info_len` bytes; `err` is NULL or
+/// valid for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_recover(
+    handle: *const MgpuIsolator,
+    info: *const u8,
+    info_len: usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let info: ContainerRecoverInfo = unsafe { decode(info, info_len, "info") }?;
+        h.recover(&info)
+    })
+}
+
+/// `Isolator::prepare`: `id` is a serialized `mesos.ContainerID`, `config` a serialized
+/// `mesos.slave.ContainerConfig`; the answer is a serialized `mesos.slave.ContainerLaunchInfo`
+/// (no bytes: `None`, for a DEBUG container). After `MGPU_BUFFER_TOO_SMALL`, call again with
+/// the same `id` and `config` bytes and a buffer of `*len` bytes: the answer kept from the first
+/// call is returned and nothing is done twice.
+///
+/// # Safety
+/// `handle` is NULL or live; `id`/`config` are NULL or valid for their lengths; `buf` is NULL or
+/// valid for `cap` bytes of writes; `len` is NULL or valid for a write; `err` is NULL or valid
+/// for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_prepare(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    config: *const u8,
+    config_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above (all four).
+        let (out, cid, request) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<ContainerId>(id, id_len, "id")?,
+                in_bytes(config, config_len, "config")?,
+            )
+        };
+        let container = cid.to_string();
+        let compute = || {
+            // SAFETY: contract above.
+            let config: ContainerConfig = unsafe { decode(config, config_len, "config") }?;
+            h.prepare(&cid, &config)
+        };
+        h.replay(Replayable::Prepare, &container, request, compute, |bytes| {
+            out.write(bytes)
+        })
+    })
+}
+
+/// `Isolator::isolate`: moves process `pid` into the container's cgroup.
+///
+/// # Safety
+/// `handle` is NULL or live; `id` is NULL or valid for `id_len` bytes; `err` is NULL or valid for
+/// `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_isolate(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    pid: i32,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
+        h.isolate(&cid, pid)
+    })
+}
+
+/// `Isolator::watch`, blocking: waits up to `timeout_ms` (0: just look; `MGPU_WAIT_FOREVER`: no
+/// limit) for a limitation of the container, answered as a serialized
+/// `mesos.slave.ContainerLimitation`. `MGPU_TIMED_OUT` when none arrived in time;
+/// `MGPU_UNKNOWN_CONTAINER` when the container is unknown or was cleaned up while waiting. A
+/// limitation stays available until the container's cleanup, so a retry after
+/// `MGPU_BUFFER_TOO_SMALL` gets it again.
+///
+/// # Safety
+/// As `mgpu_prepare`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_watch(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    timeout_ms: u64,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let (out, cid) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<ContainerId>(id, id_len, "id")?,
+            )
+        };
+        let timeout = (timeout_ms != MGPU_WAIT_FOREVER).then(|| Duration::from_millis(timeout_ms));
+        out.write(&h.watch(&cid, timeout)?)
+    })
+}
+
+/// `Isolator::update`: `requests` is a serialized `mesos.slave.ContainerConfig` of which only
+/// `resources` (the resource requests) is read; serialize it with `SerializePartialToString`,
+/// as its required fields are not set.
+///
+/// # Safety
+/// `handle` is NULL or live; `id`/`requests` are NULL or valid for their lengths; `err` is NULL
+/// or valid for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_update(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    requests: *const u8,
+    requests_len: usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let (cid, requests) = unsafe {
+            (
+                decode::<ContainerId>(id, id_len, "id")?,
+                decode::<ContainerConfig>(requests, requests_len, "requests")?,
+            )
+        };
+        h.update(&cid, &requests)
+    })
+}
+
+/// `Isolator::usage`: the answer is a serialized `mesos.ResourceStatistics`.
+///
+/// # Safety
+/// As `mgpu_prepare`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_usage(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let (out, cid) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<ContainerId>(id, id_len, "id")?,
+            )
+        };
+        out.write(&h.usage(&cid)?)
+    })
+}
+
+/// `Isolator::status`: the answer is a serialized `mesos.ContainerStatus`.
+///
+/// # Safety
+/// As `mgpu_prepare`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_status(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let (out, cid) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<ContainerId>(id, id_len, "id")?,
+            )
+        };
+        out.write(&h.status(&cid)?)
+    })
+}
+
+/// `Isolator::cleanup`: removes the container's cgroup and releases its GPUs; an unknown
+/// container is `MGPU_OK`, as in Mesos.
+///
+/// # Safety
+/// As `mgpu_isolate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_cleanup(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
+        h.cleanup(&cid)
+    })
+}
+
+/// For the Docker containerizer: reserves `gpus` GPUs for the container from the agent's pool
+/// and answers its `docker run` arguments (`--device=…`, and for images asking for it the driver
+/// volume and `--env=…`), each NUL-terminated, back to back. `manifest` is a serialized
+/// `docker.spec.v1.ImageManifest`, or no bytes for an image that does not ask for the driver.
+/// Retry after `MGPU_BUFFER_TOO_SMALL` as for `mgpu_prepare`. Release with
+/// `mgpu_docker_release`.
+///
+/// # Safety
+/// As `mgpu_prepare`, with `manifest` NULL or valid for `manifest_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_docker_args(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    gpus: f64,
+    manifest: *const u8,
+    manifest_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above (all four).
+        let (out, cid, image) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<ContainerId>(id, id_len, "id")?,
+                in_bytes(manifest, manifest_len, "manifest")?,
+            )
+        };
+        let mut request = gpus.to_le_bytes().to_vec();
+        request.extend_from_slice(image);
+        let compute = || {
+            // SAFETY: contract above.
+            let parsed: Option<ImageManifest> = (manifest_len > 0)
+                .then(|| unsafe { decode(manifest, manifest_len, "manifest") })
+                .transpose()?;
+            h.docker_args(&cid, gpus, parsed.as_ref())
+        };
+        h.replay(
+            Replayable::DockerArgs,
+            &cid.to_string(),
+            &request,
+            compute,
+            |bytes| out.write(bytes),
+        )
+    })
+}
+
+/// For the Docker containerizer: releases the container's GPUs; an unknown container is
+/// `MGPU_OK`.
+///
+/// # Safety
+/// As `mgpu_isolate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_docker_release(
+    handle: *const MgpuIsolator,
+    id: *const u8,
+    id_len: usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
+        h.docker_release(&cid)
+    })
+}
+
+/// The agent flags that advertise this node's GPUs. `flags` is a serialized `mesos.Parameters`
+/// holding the agent's own `resources`, `nvidia_gpu_devices` and `attributes` (each optional);
+/// the answer is a serialized `mesos.Parameters` with `resources`, `attributes` and
+/// `nvidia_gpu_devices`, each present when it has a value.
+///
+/// # Safety
+/// As `mgpu_prepare`, with `flags` NULL or valid for `flags_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_agent_resources(
+    handle: *const MgpuIsolator,
+    flags: *const u8,
+    flags_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let (out, flags) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                decode::<Parameters>(flags, flags_len, "flags")?,
+            )
+        };
+        out.write(&h.agent_resources(&flags)?)
+    })
+}

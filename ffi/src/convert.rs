@@ -1,0 +1,377 @@
+//! Mesos messages ↔ the isolator's Rust types. The only place they are converted: the C ABI
+//! decodes into `crate::proto`, converts here, and encodes what comes back.
+//!
+//! Facts relied on (`shared/reference/mesos_gpu.md` §1, §10; `ffi/src/proto.rs`):
+//! - the `gpus` request of a container is the sum of the `SCALAR` resources named `gpus` in
+//!   `ContainerConfig.resources` (the agent puts the task's and the executor's there);
+//! - a nested container has `ContainerID.parent`; the isolator keys it by the dotted form Mesos
+//!   prints (`parent.child`), which cannot collide with a top-level id;
+//! - `ContainerClass::DEBUG` containers share everything with their parent and Mesos's isolator
+//!   answers `None` for them;
+//! - Mesos mounts device nodes with `MS_BIND` and the driver volume with
+//!   `MS_RDONLY | MS_BIND | MS_REC` (`isolator.cpp`, `_prepare`);
+//! - answers are built fresh, with every required field and enum set explicitly (an enum left
+//!   at prost's 0 may not be a value of a proto2 enum with no 0).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mesos_gpu_isolator::health::Limitation;
+use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, PrepareConfig, RecoverState};
+
+use crate::proto::mesos::slave::{
+    ContainerClass, ContainerConfig, ContainerLaunchInfo, ContainerLimitation, ContainerMountInfo,
+    ContainerState,
+};
+use crate::proto::mesos::{
+    self, ContainerStatus, Environment, Resource, ResourceStatistics, environment, task_status,
+    value,
+};
+
+/// `mount(2)` `MS_RDONLY`.
+pub const MS_RDONLY: u32 = 1;
+/// `mount(2)` `MS_BIND`.
+pub const MS_BIND: u32 = 4096;
+/// `mount(2)` `MS_REC`.
+pub const MS_REC: u32 = 16384;
+
+/// The resource name of GPUs in Mesos.
+pub const GPUS: &str = "gpus";
+
+/// A Mesos message that does not fit the isolator's types.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// A container id the isolator cannot use (as a cgroup name).
+    #[error("container id {id:?}")]
+    ContainerId {
+        /// The id as Mesos prints it.
+        id: String,
+        /// Why.
+        #[source]
+        source: mesos_gpu_isolator::cgroup::CgroupError,
+    },
+    /// A `gpus` resource that is not a scalar.
+    #[error("resource `gpus` of container {container} has type {got}: expected SCALAR")]
+    GpusNotScalar {
+        /// The container.
+        container: String,
+        /// The type given.
+        got: String,
+    },
+    /// A `gpus` scalar resource with no value.
+    #[error("resource `gpus` of container {container} is SCALAR but has no scalar value")]
+    GpusMissingValue {
+        /// The container.
+        container: String,
+    },
+}
+
+/// The isolator's id of a Mesos container: its dotted form, checked as a cgroup name.
+pub fn container_id(id: &mesos::ContainerId) -> Result<ContainerId, ConvertError> {
+    let text = id.to_string();
+    ContainerId::new(text.clone()).map_err(|source| ConvertError::ContainerId { id: text, source })
+}
+
+/// True for a `DEBUG` class container, to which Mesos's isolators answer `None`.
+pub fn is_debug(config: &ContainerConfig) -> bool {
+    config.container_class == Some(ContainerClass::Debug as i32)
+}
+
+/// The `gpus` requested in `resources`: the sum of the `gpus` scalars (0 when there is none).
+pub fn requested_gpus(
+    container: &mesos::ContainerId,
+    resources: &[Resource],
+) -> Result<f64, ConvertError> {
+    let mut total = 0.0;
+    for r in resources.iter().filter(|r| r.name == GPUS) {
+        if r.r#type != value::Type::Scalar as i32 {
+            let got = value::Type::try_from(r.r#type)
+                .map_or_else(|_| r.r#type.to_string(), |t| t.as_str_name().to_owned());
+            return Err(ConvertError::GpusNotScalar {
+                container: container.to_string(),
+                got,
+            });
+        }
+        let scalar = r
+            .scalar
+            .as_ref()
+            .ok_or_else(|| ConvertError::GpusMissingValue {
+                container: container.to_string(),
+            })?;
+        total += scalar.value;
+    }
+    Ok(total)
+}
+
+/// `ContainerConfig` → `PrepareConfig` for container `id`.
+pub fn prepare_config(
+    id: &mesos::ContainerId,
+    config: &ContainerConfig,
+) -> Result<PrepareConfig, ConvertError> {
+    let image = config
+        .docker
+        .as_ref()
+        .and_then(|d| d.manifest.as_ref())
+        .and_then(|m| m.config.as_ref());
+    Ok(PrepareConfig {
+        gpus: requested_gpus(id, &config.resources)?,
+        rootfs: config.rootfs.as_ref().map(Into::into),
+        image_env: image.map(|c| c.env.clone()).unwrap_or_default(),
+        image_labels: image
+            .map(|c| c.labels.keys().cloned().collect())
+            .unwrap_or_default(),
+        has_task_info: config.task_info.is_some(),
+        parent: id.parent.as_deref().map(container_id).transpose()?,
+    })
+}
+
+/// `LaunchInfo` → `ContainerLaunchInfo`: the mounts and the environment.
+pub fn launch_info(info: &LaunchInfo) -> ContainerLaunchInfo {
+    let mounts = info
+        .mounts
+        .iter()
+        .map(|m| ContainerMountInfo {
+            target: m.target.display().to_string(),
+            source: Some(m.source.display().to_string()),
+            r#type: None,
+            flags: Some(if m.read_only {
+                MS_RDONLY | MS_BIND | MS_REC
+            } else {
+                MS_BIND
+            }),
+            options: None,
+        })
+        .collect();
+    ContainerLaunchInfo {
+        environment: environment(&info.environment),
+        task_environment: environment(&info.task_environment),
+        mounts,
+        ..ContainerLaunchInfo::default()
+    }
+}
+
+fn environment(vars: &[(String, String)]) -> Option<Environment> {
+    (!vars.is_empty()).then(|| Environment {
+        variables: vars
+            .iter()
+            .map(|(name, value)| environment::Variable {
+                name: name.clone(),
+                r#type: Some(environment::variable::Type::Value as i32),
+                value: Some(value.clone()),
+            })
+            .collect(),
+    })
+}
+
+/// `ContainerState` → `RecoverState`.
+pub fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertError> {
+    Ok(RecoverState {
+        id: container_id(&state.container_id)?,
+        parent: state
+            .container_id
+            .parent
+            .as_deref()
+            .map(container_id)
+            .transpose()?,
+    })
+}
+
+/// A usage answer: the time it was taken. Mesos has no GPU field in `ResourceStatistics`, and
+/// the isolator does not count the container's processes, so nothing else is set.
+pub fn resource_statistics(now: SystemTime) -> ResourceStatistics {
+    let timestamp = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    ResourceStatistics {
+        timestamp,
+        processes: None,
+        threads: None,
+    }
+}
+
+/// A status answer for container `id`.
+pub fn container_status(id: &mesos::ContainerId) -> ContainerStatus {
+    ContainerStatus {
+        container_id: Some(id.clone()),
+        cgroup_info: None,
+        executor_pid: None,
+    }
+}
+
+/// A GPU limitation: `REASON_CONTAINER_LIMITATION` with one `gpus` resource and the message.
+pub fn limitation(limitation: &Limitation) -> ContainerLimitation {
+    ContainerLimitation {
+        resources: vec![gpus_resource(1.0)],
+        message: Some(limitation.message.clone()),
+        reason: Some(task_status::Reason::ContainerLimitation as i32),
+    }
+}
+
+/// A `gpus` scalar resource.
+pub fn gpus_resource(count: f64) -> Resource {
+    Resource {
+        name: GPUS.to_owned(),
+        r#type: value::Type::Scalar as i32,
+        scalar: Some(mesos::value::Scalar { value: count }),
+        ..Resource::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::PathBuf;
+
+    use mesos_gpu_isolator::lifecycle::{Mount, MountKind};
+
+    use super::*;
+    use crate::proto::docker::spec::v1::{ImageManifest, image_manifest};
+    use crate::proto::mesos::slave::container_config;
+
+    fn mid(value: &str, parent: Option<mesos::ContainerId>) -> mesos::ContainerId {
+        mesos::ContainerId {
+            value: value.into(),
+            parent: parent.map(Box::new),
+        }
+    }
+
+    fn config(resources: Vec<Resource>) -> ContainerConfig {
+        ContainerConfig {
+            resources,
+            directory: "/sandbox".into(),
+            ..ContainerConfig::default()
+        }
+    }
+
+    #[test]
+    fn gpus_are_summed_over_gpu_resources_only() {
+        let cpus = Resource {
+            name: "cpus".into(),
+            ..gpus_resource(4.0)
+        };
+        let c = config(vec![gpus_resource(1.0), cpus, gpus_resource(2.0)]);
+        let p = prepare_config(&mid("a", None), &c).unwrap();
+        assert_eq!(p.gpus, 3.0);
+        assert_eq!(
+            prepare_config(&mid("a", None), &config(vec![]))
+                .unwrap()
+                .gpus,
+            0.0
+        );
+    }
+
+    #[test]
+    fn non_scalar_gpus_are_refused_with_the_type() {
+        let set = Resource {
+            r#type: value::Type::Set as i32,
+            scalar: None,
+            ..gpus_resource(0.0)
+        };
+        let err = prepare_config(&mid("a", None), &config(vec![set])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "resource `gpus` of container a has type SET: expected SCALAR"
+        );
+        let empty = Resource {
+            scalar: None,
+            ..gpus_resource(0.0)
+        };
+        let err = prepare_config(&mid("a", None), &config(vec![empty])).unwrap_err();
+        assert!(err.to_string().contains("no scalar value"), "{err}");
+    }
+
+    #[test]
+    fn manifest_rootfs_task_and_parent_are_carried() {
+        let mut c = config(vec![gpus_resource(1.0)]);
+        c.rootfs = Some("/rootfs".into());
+        c.task_info = Some(mesos::TaskInfo::default());
+        c.docker = Some(container_config::Docker {
+            manifest: Some(ImageManifest {
+                config: Some(image_manifest::Config {
+                    env: vec!["NVIDIA_VISIBLE_DEVICES=all".into()],
+                    labels: [(
+                        "com.nvidia.volumes.needed".to_owned(),
+                        "nvidia_driver".to_owned(),
+                    )]
+                    .into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        });
+        let p = prepare_config(&mid("child", Some(mid("parent", None))), &c).unwrap();
+        assert_eq!(p.rootfs, Some(PathBuf::from("/rootfs")));
+        assert_eq!(p.image_env, ["NVIDIA_VISIBLE_DEVICES=all"]);
+        assert_eq!(p.image_labels, ["com.nvidia.volumes.needed"]);
+        assert!(p.has_task_info);
+        assert_eq!(p.parent.unwrap().as_str(), "parent");
+    }
+
+    #[test]
+    fn nested_ids_are_dotted_and_bad_ids_named() {
+        let id = container_id(&mid("c", Some(mid("b", Some(mid("a", None)))))).unwrap();
+        assert_eq!(id.as_str(), "a.b.c");
+        let err = container_id(&mid("../x", None)).unwrap_err();
+        assert!(
+            err.to_string().starts_with("container id \"../x\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn launch_info_uses_mesos_mount_flags_and_value_variables() {
+        let info = LaunchInfo {
+            gpus: vec![],
+            device_rules: vec![],
+            cgroup: None,
+            mounts: vec![
+                Mount {
+                    source: "/dev/nvidia0".into(),
+                    target: "/r/dev/nvidia0".into(),
+                    read_only: false,
+                    kind: MountKind::Device,
+                },
+                Mount {
+                    source: "/v".into(),
+                    target: "/r/usr/local/nvidia".into(),
+                    read_only: true,
+                    kind: MountKind::DriverVolume,
+                },
+            ],
+            environment: vec![],
+            task_environment: vec![("CUDA_VISIBLE_DEVICES".into(), "GPU-1".into())],
+        };
+        let out = launch_info(&info);
+        assert_eq!(out.mounts[0].flags, Some(MS_BIND));
+        assert_eq!(out.mounts[1].flags, Some(MS_RDONLY | MS_BIND | MS_REC));
+        assert_eq!(out.mounts[1].source.as_deref(), Some("/v"));
+        assert!(out.environment.is_none());
+        let var = &out.task_environment.unwrap().variables[0];
+        assert_eq!(
+            (var.name.as_str(), var.value.as_deref()),
+            ("CUDA_VISIBLE_DEVICES", Some("GPU-1"))
+        );
+        assert_eq!(var.r#type, Some(environment::variable::Type::Value as i32));
+    }
+
+    #[test]
+    fn limitation_is_a_container_limitation_on_gpus() {
+        let l = Limitation {
+            container: "a".into(),
+            gpu: 3,
+            uuid: "GPU-3".into(),
+            message: "GPU 3 failed".into(),
+        };
+        let out = limitation(&l);
+        assert_eq!(out.reason(), task_status::Reason::ContainerLimitation);
+        assert_eq!(out.resources[0].name, "gpus");
+        assert_eq!(out.message.as_deref(), Some("GPU 3 failed"));
+    }
+
+    #[test]
+    fn debug_class_is_detected() {
+        let mut c = config(vec![]);
+        assert!(!is_debug(&c));
+        c.container_class = Some(ContainerClass::Debug as i32);
+        assert!(is_debug(&c));
+    }
+}

@@ -1,0 +1,403 @@
+//! The isolator behind an `MgpuIsolator *`: one per agent, shared by the Mesos containerizer
+//! (the isolator calls) and the Docker containerizer (`docker_args`/`docker_release`), so both
+//! draw GPUs from one allocator.
+//!
+//! Calls take decoded Mesos messages and answer Mesos messages; bytes, pointers and status codes
+//! are `crate::abi`'s business. Every method takes `&self` and may run on many threads at once:
+//! the isolator serializes its own state, the reply cache has its own lock.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::health::Limitations;
+use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
+use prost::Message;
+
+use crate::convert;
+use crate::params::{ModuleParams, ParamError};
+use crate::proto::docker::spec::v1::ImageManifest;
+use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
+use crate::proto::mesos::{self, Parameter, Parameters};
+use crate::status::FfiError;
+
+/// The calls whose answer is cached for a retry after `MGPU_BUFFER_TOO_SMALL`: they have side
+/// effects, so running them again is not an option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Replayable {
+    Prepare,
+    DockerArgs,
+}
+
+impl Replayable {
+    fn name(self) -> &'static str {
+        match self {
+            Replayable::Prepare => "prepare",
+            Replayable::DockerArgs => "mgpu_docker_args",
+        }
+    }
+}
+
+/// An answer that did not fit the caller's buffer, kept with the request that produced it.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    request: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+/// The isolator of one agent, as C sees it through an opaque pointer.
+#[derive(Debug)]
+pub struct MgpuIsolator {
+    isolator: Isolator,
+    inventory: Inventory,
+    nodes: DeviceNodes,
+    dev_root: PathBuf,
+    driver_volume: Option<PathBuf>,
+    limitations: Limitations,
+    pending: Mutex<HashMap<(Replayable, String), Pending>>,
+    poisoned: AtomicBool,
+    /// Keeps the NVML session open for the agent's lifetime (health events, usage).
+    _driver: Box<GpuDriver>,
+    #[cfg(feature = "testing")]
+    debug_panic_on: Option<String>,
+}
+
+impl MgpuIsolator {
+    /// Discovers the GPUs, scans the device nodes, finds (or builds) the driver volume and
+    /// creates the isolator, from the module parameters.
+    pub fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
+        let params = ModuleParams::parse(params)?;
+        let driver = match GpuDriver::open(Some(&params.nvml_lib))
+            .map_err(|source| ParamError::Discovery { source })?
+        {
+            Discovery::Driver(driver) => driver,
+            Discovery::NoDriver(inventory) => {
+                let reason = inventory
+                    .absent_reason
+                    .unwrap_or_else(|| "no reason given".to_owned());
+                return Err(ParamError::NoDriver { reason }.into());
+            }
+        };
+        let inventory = driver.inventory().clone();
+        let nodes = DeviceNodes::scan(&params.dev_root, &inventory).map_err(|source| {
+            ParamError::Devices {
+                dev_root: params.dev_root.clone(),
+                source,
+            }
+        })?;
+        let driver_volume = match &inventory.driver {
+            Some(info) => params.resolve_volume(&info.version)?,
+            None => None,
+        };
+        let mut config = params.isolator.clone();
+        config.driver_volume.clone_from(&driver_volume);
+        let isolator = Isolator::new(config, inventory.clone(), nodes.clone())
+            .map_err(|source| ParamError::Isolator { source })?;
+        Ok(MgpuIsolator {
+            isolator,
+            inventory,
+            nodes,
+            dev_root: params.dev_root.clone(),
+            driver_volume,
+            limitations: Limitations::new(),
+            pending: Mutex::new(HashMap::new()),
+            poisoned: AtomicBool::new(false),
+            _driver: driver,
+            #[cfg(feature = "testing")]
+            debug_panic_on: params.debug_panic_on.clone(),
+        })
+    }
+
+    /// True once a call on this handle panicked.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Refuses every later call.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Panics in `call` when the `debug_panic_on` module parameter names it (`testing` builds).
+    fn panic_point(&self, call: &str) {
+        #[cfg(feature = "testing")]
+        if self.debug_panic_on.as_deref() == Some(call) {
+            panic!("forced panic in {call} (module parameter debug_panic_on)");
+        }
+        let _ = call;
+    }
+
+    /// Rebuilds the state after an agent restart.
+    pub fn recover(&self, info: &ContainerRecoverInfo) -> Result<(), FfiError> {
+        self.panic_point("recover");
+        let states = info
+            .checkpointed_container_states
+            .iter()
+            .map(convert::recover_state)
+            .collect::<Result<Vec<_>, _>>()?;
+        let orphans = info
+            .orphan_container_ids
+            .iter()
+            .map(convert::container_id)
+            .collect::<Result<Vec<_>, _>>()?;
+        let report = self.isolator.recover(&states, &orphans)?;
+        for issue in &report.issues {
+            tracing::warn!(?issue, "recovery found an inconsistency");
+        }
+        tracing::info!(
+            recovered = report.recovered.len(),
+            orphans = report.orphans.len(),
+            issues = report.issues.len(),
+            "recovered GPU containers"
+        );
+        Ok(())
+    }
+
+    /// Prepares a container and answers its `ContainerLaunchInfo`; no bytes (Mesos's `None`) for
+    /// a `DEBUG` container, which shares everything with its parent but is still registered so
+    /// that `isolate` and `cleanup` know it.
+    pub fn prepare(
+        &self,
+        id: &mesos::ContainerId,
+        config: &ContainerConfig,
+    ) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("prepare");
+        let cid = convert::container_id(id)?;
+        let prepare = convert::prepare_config(id, config)?;
+        let info = self.isolator.prepare(&cid, prepare)?;
+        if convert::is_debug(config) {
+            return Ok(Vec::new());
+        }
+        Ok(convert::launch_info(&info).encode_to_vec())
+    }
+
+    /// Moves `pid` into the container's cgroup.
+    pub fn isolate(&self, id: &mesos::ContainerId, pid: i32) -> Result<(), FfiError> {
+        self.panic_point("isolate");
+        let cid = convert::container_id(id)?;
+        let pid = u32::try_from(pid)
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or(FfiError::BadPid { got: pid })?;
+        Ok(self.isolator.isolate(&cid, pid)?)
+    }
+
+    /// Waits up to `timeout` (`None`: until cleanup) for a limitation of the container.
+    pub fn watch(
+        &self,
+        id: &mesos::ContainerId,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("watch");
+        let cid = convert::container_id(id)?;
+        self.isolator.status(&cid)?;
+        match self.limitations.wait(cid.as_str(), timeout) {
+            Some(limitation) => Ok(convert::limitation(&limitation).encode_to_vec()),
+            None => {
+                // Woken by cleanup (the container is gone) or timed out.
+                self.isolator.status(&cid)?;
+                let timeout_ms = timeout.map_or(u64::MAX, |t| {
+                    u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
+                });
+                Err(FfiError::TimedOut {
+                    container: cid.to_string(),
+                    timeout_ms,
+                })
+            }
+        }
+    }
+
+    /// Grows or shrinks the container's GPUs to the `gpus` of `requests.resources`.
+    pub fn update(
+        &self,
+        id: &mesos::ContainerId,
+        requests: &ContainerConfig,
+    ) -> Result<(), FfiError> {
+        self.panic_point("update");
+        let cid = convert::container_id(id)?;
+        let gpus = convert::requested_gpus(id, &requests.resources)?;
+        Ok(self.isolator.update(&cid, gpus)?)
+    }
+
+    /// The container's `ResourceStatistics`.
+    pub fn usage(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("usage");
+        let cid = convert::container_id(id)?;
+        let usage = self.isolator.usage(&cid)?;
+        tracing::trace!(gpus = usage.gpus.len(), "usage");
+        Ok(convert::resource_statistics(SystemTime::now()).encode_to_vec())
+    }
+
+    /// The container's `ContainerStatus`.
+    pub fn status(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("status");
+        let cid = convert::container_id(id)?;
+        self.isolator.status(&cid)?;
+        Ok(convert::container_status(id).encode_to_vec())
+    }
+
+    /// Cleans the container up; an unknown container is not an error.
+    pub fn cleanup(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
+        self.panic_point("cleanup");
+        let cid = convert::container_id(id)?;
+        self.isolator.cleanup(&cid)?;
+        self.forget(&cid, Replayable::Prepare);
+        Ok(())
+    }
+
+    /// Reserves `gpus` GPUs for a Docker container and answers its `docker run` arguments,
+    /// each NUL-terminated. `manifest` `None`: an image that does not ask for the driver volume.
+    pub fn docker_args(
+        &self,
+        id: &mesos::ContainerId,
+        gpus: f64,
+        manifest: Option<&ImageManifest>,
+    ) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("docker_args");
+        let cid = convert::container_id(id)?;
+        let image = manifest
+            .and_then(|m| m.config.as_ref())
+            .map_or_else(ImageInfo::default, |c| ImageInfo {
+                labels: c.labels.clone(),
+                env: c.env.clone(),
+            });
+        let held = self.isolator.reserve_docker(&cid, gpus)?;
+        let refs: Vec<&Gpu> = held.iter().collect();
+        let host = HostDevices::from_nodes(&self.dev_root, &self.nodes);
+        let driver = self
+            .inventory
+            .driver
+            .clone()
+            .zip(self.driver_volume.clone())
+            .map(|(info, host_path)| DriverSpec {
+                info,
+                volume: VolumeSource::Bind { host_path },
+            });
+        match LaunchPlan::new(&refs, &host, &image, driver.as_ref()) {
+            Ok(plan) => Ok(plan
+                .cli_args()
+                .iter()
+                .flat_map(|a| a.bytes().chain([0]))
+                .collect()),
+            Err(source) => {
+                if let Err(e) = self.isolator.release_docker(&cid) {
+                    tracing::error!(container = %cid, error = %e, "cannot release the GPUs of a refused Docker container");
+                }
+                Err(FfiError::DockerArgs {
+                    container: cid.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Releases a Docker container's GPUs; an unknown container is not an error.
+    pub fn docker_release(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
+        self.panic_point("docker_release");
+        let cid = convert::container_id(id)?;
+        self.isolator.release_docker(&cid)?;
+        self.forget(&cid, Replayable::DockerArgs);
+        Ok(())
+    }
+
+    /// The agent's `resources`, `attributes` and `nvidia_gpu_devices` flags for this node's
+    /// GPUs, from the agent's own `resources`, `nvidia_gpu_devices` and `attributes`.
+    pub fn agent_resources(&self, flags: &Parameters) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("agent_resources");
+        const KEYS: [&str; 3] = ["resources", "nvidia_gpu_devices", "attributes"];
+        for p in &flags.parameter {
+            if !KEYS.contains(&p.key.as_str()) {
+                return Err(FfiError::UnknownFlag { key: p.key.clone() });
+            }
+        }
+        let get = |key: &str| {
+            flags
+                .parameter
+                .iter()
+                .find(|p| p.key == key)
+                .map(|p| p.value.as_str())
+        };
+        let agent_err = |source| FfiError::AgentFlags { source };
+        let parsed = AgentGpuFlags::parse(
+            GPU_ISOLATOR,
+            get("resources"),
+            get("nvidia_gpu_devices"),
+            get("attributes"),
+        )
+        .map_err(agent_err)?;
+        let resolved = parsed.resolve(&self.inventory).map_err(agent_err)?;
+        let mut out = Vec::new();
+        let mut put = |key: &str, value: String| {
+            if !value.is_empty() {
+                out.push(Parameter {
+                    key: key.to_owned(),
+                    value,
+                });
+            }
+        };
+        put("resources", resolved.resources);
+        put("attributes", resolved.attributes);
+        let devices = resolved
+            .devices
+            .map(|d| d.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+        put("nvidia_gpu_devices", devices.unwrap_or_default());
+        Ok(Parameters { parameter: out }.encode_to_vec())
+    }
+
+    /// Runs `compute` and hands its answer to `deliver`; when `deliver` refuses it (buffer too
+    /// small), keeps it so that a retry with the same `request` gets the same bytes without
+    /// running `compute` again.
+    pub(crate) fn replay<T>(
+        &self,
+        call: Replayable,
+        container: &str,
+        request: &[u8],
+        compute: impl FnOnce() -> Result<Vec<u8>, FfiError>,
+        deliver: impl FnOnce(&[u8]) -> Result<T, FfiError>,
+    ) -> Result<T, FfiError> {
+        let mut pending = self.pending();
+        let key = (call, container.to_owned());
+        if let Some(kept) = pending.get(&key) {
+            if kept.request != request {
+                return Err(FfiError::RetryMismatch {
+                    call: call.name(),
+                    container: container.to_owned(),
+                });
+            }
+            let delivered = deliver(&kept.reply)?;
+            pending.remove(&key);
+            return Ok(delivered);
+        }
+        let reply = compute()?;
+        match deliver(&reply) {
+            Err(e @ FfiError::BufferTooSmall { .. }) => {
+                pending.insert(
+                    key,
+                    Pending {
+                        request: request.to_owned(),
+                        reply,
+                    },
+                );
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn forget(&self, id: &ContainerId, call: Replayable) {
+        self.pending().remove(&(call, id.to_string()));
+        self.limitations.forget(id.as_str());
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashMap<(Replayable, String), Pending>> {
+        // The map is only inserted into or removed from; a panic cannot leave an entry half made.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

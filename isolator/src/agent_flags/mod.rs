@@ -1,0 +1,768 @@
+//! How many GPUs a Mesos agent advertises: Mesos's rules for `--resources` `gpus` and
+//! `--nvidia_gpu_devices`, and the agent flags that advertise a node's GPUs.
+//!
+//! The rules are those of `NvidiaGpuAllocator::resources` / `enumerateGpuResources`
+//! (`src/slave/containerizer/mesos/isolators/gpu/allocator.cpp`, `shared/reference/mesos_gpu.md`
+//! §2.2), checked in the same order:
+//! 1. `--nvidia_gpu_devices` needs `gpu/nvidia` in `--isolation`;
+//! 2. without `gpu/nvidia`, or without NVML, `gpus` from `--resources` passes through unchecked;
+//! 3. an explicit `gpus:0` advertises no GPUs and forbids `--nvidia_gpu_devices`;
+//! 4. devices without `gpus`, or `gpus` without devices, is an error;
+//! 5. with both: whole number, no duplicate indices, equal counts, no more than the node has;
+//! 6. with neither: every GPU NVML reports.
+//!
+//! Departures from upstream, all stricter: explicit `gpus:0` is found by parsing, not by a
+//! substring test; every listed index must exist and not be lost (upstream finds out later, in
+//! `enumerateGpus`); auto-discovery leaves out GPUs NVML reports as lost. Messages do not copy the
+//! upstream `nvidia_gpus_devices` typo.
+
+mod attributes;
+mod resources;
+
+use std::collections::BTreeSet;
+
+pub use attributes::{
+    ATTR_COMPUTE_CAPABILITY, ATTR_CUDA, ATTR_DRIVER, ATTR_MEMORY_MIB, ATTR_MODEL, Attribute,
+    AttributesError, gpu_attributes, safe_text,
+};
+pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
+
+use crate::inventory::Inventory;
+
+/// The `--isolation` token that turns on GPU isolation.
+pub const GPU_ISOLATOR: &str = "gpu/nvidia";
+
+/// Mesos's default `--isolation`.
+pub const DEFAULT_ISOLATION: &str = "posix/cpu,posix/mem";
+
+/// Why the agent's GPU flags are rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentFlagsError {
+    /// `--resources` is malformed.
+    #[error(transparent)]
+    Resources(#[from] ResourcesError),
+    /// `--attributes` is malformed or overrides a GPU attribute.
+    #[error(transparent)]
+    Attributes(#[from] AttributesError),
+    /// `--nvidia_gpu_devices` is not a comma-separated list of indices.
+    #[error(
+        "--nvidia_gpu_devices={value:?}: expected a comma-separated list of NVML GPU indices, e.g. 0,1,2"
+    )]
+    BadDevices {
+        /// The value as given.
+        value: String,
+    },
+    /// Rule 1.
+    #[error(
+        "--nvidia_gpu_devices can only be set when --isolation contains '{GPU_ISOLATOR}' (got --isolation={isolation:?})"
+    )]
+    DevicesWithoutIsolator {
+        /// The `--isolation` value.
+        isolation: String,
+    },
+    /// Rule 3.
+    #[error("--nvidia_gpu_devices cannot be set when --resources specifies 0 GPUs")]
+    DevicesWithZeroGpus,
+    /// Rule 4, first half.
+    #[error("--nvidia_gpu_devices cannot be set without also setting 'gpus' in --resources")]
+    DevicesWithoutGpus,
+    /// Rule 4, second half.
+    #[error(
+        "the 'gpus' resource (gpus:{gpus}) cannot be set without also setting --nvidia_gpu_devices \
+         (the NVML indices of those GPUs, e.g. --nvidia_gpu_devices=0,1)"
+    )]
+    GpusWithoutDevices {
+        /// The `gpus` total.
+        gpus: f64,
+    },
+    /// Rule 5: fractional.
+    #[error("gpus:{gpus}: the 'gpus' resource must be a non-negative whole number")]
+    NotWholeNumber {
+        /// The `gpus` total.
+        gpus: f64,
+    },
+    /// Rule 5: duplicates.
+    #[error("--nvidia_gpu_devices contains duplicates: {duplicates:?}")]
+    Duplicates {
+        /// Each index listed more than once.
+        duplicates: Vec<u32>,
+    },
+    /// Rule 5: count mismatch.
+    #[error(
+        "--resources and --nvidia_gpu_devices specify different numbers of GPU devices: gpus:{gpus} but {listed} \
+         devices listed"
+    )]
+    Mismatch {
+        /// The `gpus` total.
+        gpus: f64,
+        /// Number of indices listed.
+        listed: usize,
+    },
+    /// Rule 5: more than the node has.
+    #[error(
+        "the number of GPUs requested ({gpus}) is greater than the number of GPUs on this node ({available})"
+    )]
+    MoreThanAvailable {
+        /// The `gpus` total.
+        gpus: f64,
+        /// GPUs NVML reports.
+        available: usize,
+    },
+    /// A listed index is not a GPU of this node.
+    #[error(
+        "--nvidia_gpu_devices lists GPU {index}, which this node does not have (indices: {known:?})"
+    )]
+    UnknownDevice {
+        /// The index listed.
+        index: u32,
+        /// The indices NVML reports.
+        known: Vec<u32>,
+    },
+    /// A listed GPU is lost.
+    #[error("--nvidia_gpu_devices lists GPU {index}, which NVML reports as lost or unusable")]
+    LostDevice {
+        /// The index listed.
+        index: u32,
+    },
+}
+
+/// The agent flags that decide which GPUs an agent advertises, parsed.
+#[derive(Debug, Clone)]
+pub struct AgentGpuFlags {
+    isolation: String,
+    gpu_isolator: bool,
+    resources: Resources,
+    devices: Option<Vec<u32>>,
+    attributes: Option<String>,
+}
+
+/// Where the advertised GPU count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuSource {
+    /// `gpus` from `--resources` taken as given, unchecked (rule 2): no `gpu/nvidia` or no NVML.
+    Passthrough,
+    /// Explicit `gpus:0` (rule 3).
+    ExplicitZero,
+    /// `gpus` and `--nvidia_gpu_devices` both given and valid (rule 5).
+    Explicit,
+    /// Every usable GPU NVML reports (rule 6).
+    Discovered,
+}
+
+/// The validated agent flags that advertise a node's GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentGpus {
+    /// Which rule produced the result.
+    pub source: GpuSource,
+    /// The `gpus` amount advertised (0 when none).
+    pub gpus: f64,
+    /// The full `--resources` value, other resources kept as given; empty when there is nothing.
+    pub resources: String,
+    /// The `--nvidia_gpu_devices` indices, when GPUs are isolated.
+    pub devices: Option<Vec<u32>>,
+    /// The full `--attributes` value (the user's, then the GPU attributes); empty when none.
+    pub attributes: String,
+}
+
+impl AgentGpus {
+    /// The agent flags, one `--name=value` per item, for flags that have a value.
+    pub fn flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.resources.is_empty() {
+            out.push(format!("--resources={}", self.resources));
+        }
+        if !self.attributes.is_empty() {
+            out.push(format!("--attributes={}", self.attributes));
+        }
+        if let Some(devices) = &self.devices {
+            out.push(format!("--nvidia_gpu_devices={}", join_indices(devices)));
+        }
+        out
+    }
+}
+
+fn join_indices(indices: &[u32]) -> String {
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl AgentGpuFlags {
+    /// Parses the agent's `--isolation`, `--resources`, `--nvidia_gpu_devices` and
+    /// `--attributes` values (`None` = flag not given).
+    pub fn parse(
+        isolation: &str,
+        resources: Option<&str>,
+        nvidia_gpu_devices: Option<&str>,
+        attributes: Option<&str>,
+    ) -> Result<Self, AgentFlagsError> {
+        let gpu_isolator = isolation.split(',').any(|t| t.trim() == GPU_ISOLATOR);
+        let resources = Resources::parse(resources.unwrap_or(""))?;
+        let devices = nvidia_gpu_devices.map(parse_devices).transpose()?;
+        Ok(AgentGpuFlags {
+            isolation: isolation.to_owned(),
+            gpu_isolator,
+            resources,
+            devices,
+            attributes: attributes.map(str::to_owned),
+        })
+    }
+
+    /// True when `--isolation` contains `gpu/nvidia`.
+    pub fn gpu_isolator(&self) -> bool {
+        self.gpu_isolator
+    }
+
+    /// Applies Mesos's rules against `inventory` (an inventory without a driver means NVML is not
+    /// available) and builds the flags that advertise the GPUs.
+    pub fn resolve(&self, inventory: &Inventory) -> Result<AgentGpus, AgentFlagsError> {
+        let given = self.resources.gpus();
+        // Rule 1.
+        if self.devices.is_some() && !self.gpu_isolator {
+            return Err(AgentFlagsError::DevicesWithoutIsolator {
+                isolation: self.isolation.clone(),
+            });
+        }
+        // Rule 2.
+        if !self.gpu_isolator || inventory.driver.is_none() {
+            if self.gpu_isolator {
+                tracing::warn!(
+                    reason = inventory.absent_reason.as_deref().unwrap_or("unknown"),
+                    "{GPU_ISOLATOR} is in --isolation but NVML is not available; gpus from --resources pass \
+                     through unchecked"
+                );
+            }
+            let gpus = given.map_or(0.0, |g| g.total);
+            let advertised: Vec<u32> = if gpus > 0.0 {
+                healthy_indices(inventory)
+            } else {
+                Vec::new()
+            };
+            return self.build(
+                inventory,
+                GpuSource::Passthrough,
+                gpus,
+                self.resources.render(),
+                None,
+                &advertised,
+            );
+        }
+        match (given, &self.devices) {
+            // Rule 3.
+            (Some(g), devices) if g.total == 0.0 => {
+                if devices.is_some() {
+                    return Err(AgentFlagsError::DevicesWithZeroGpus);
+                }
+                self.build(
+                    inventory,
+                    GpuSource::ExplicitZero,
+                    0.0,
+                    self.resources.render(),
+                    None,
+                    &[],
+                )
+            }
+            // Rule 4.
+            (None, Some(_)) => Err(AgentFlagsError::DevicesWithoutGpus),
+            (Some(g), None) => Err(AgentFlagsError::GpusWithoutDevices { gpus: g.total }),
+            // Rule 5.
+            (Some(g), Some(devices)) => {
+                let gpus = g.total;
+                if gpus.fract() != 0.0 {
+                    return Err(AgentFlagsError::NotWholeNumber { gpus });
+                }
+                let duplicates = duplicates(devices);
+                if !duplicates.is_empty() {
+                    return Err(AgentFlagsError::Duplicates { duplicates });
+                }
+                if gpus != devices.len() as f64 {
+                    return Err(AgentFlagsError::Mismatch {
+                        gpus,
+                        listed: devices.len(),
+                    });
+                }
+                if gpus > inventory.gpus.len() as f64 {
+                    return Err(AgentFlagsError::MoreThanAvailable {
+                        gpus,
+                        available: inventory.gpus.len(),
+                    });
+                }
+                for &index in devices {
+                    match inventory.by_index(index) {
+                        None => {
+                            let known = inventory.gpus.iter().map(|g| g.index).collect();
+                            return Err(AgentFlagsError::UnknownDevice { index, known });
+                        }
+                        Some(gpu) if !gpu.healthy => {
+                            return Err(AgentFlagsError::LostDevice { index });
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let resources = self.resources.render();
+                self.build(
+                    inventory,
+                    GpuSource::Explicit,
+                    gpus,
+                    resources,
+                    Some(devices.clone()),
+                    devices,
+                )
+            }
+            // Rule 6.
+            (None, None) => {
+                let indices = healthy_indices(inventory);
+                let lost = inventory.gpus.len() - indices.len();
+                if lost > 0 {
+                    tracing::warn!(lost, "leaving out GPUs that NVML reports as lost");
+                }
+                let n = u32::try_from(indices.len()).unwrap_or(u32::MAX);
+                let (resources, devices) = if n == 0 {
+                    (self.resources.render(), None)
+                } else {
+                    (
+                        self.resources.render_with_gpus(Some(n)),
+                        Some(indices.clone()),
+                    )
+                };
+                self.build(
+                    inventory,
+                    GpuSource::Discovered,
+                    f64::from(n),
+                    resources,
+                    devices,
+                    &indices,
+                )
+            }
+        }
+    }
+
+    fn build(
+        &self,
+        inventory: &Inventory,
+        source: GpuSource,
+        gpus: f64,
+        resources: String,
+        devices: Option<Vec<u32>>,
+        advertised: &[u32],
+    ) -> Result<AgentGpus, AgentFlagsError> {
+        let ours = if gpus > 0.0 {
+            gpu_attributes(inventory, advertised)
+        } else {
+            Vec::new()
+        };
+        let attributes = attributes::merge(self.attributes.as_deref(), &ours)?;
+        tracing::debug!(?source, gpus, ?devices, "resolved the agent's GPU flags");
+        Ok(AgentGpus {
+            source,
+            gpus,
+            resources,
+            devices,
+            attributes,
+        })
+    }
+}
+
+fn healthy_indices(inventory: &Inventory) -> Vec<u32> {
+    inventory
+        .gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| g.index)
+        .collect()
+}
+
+fn parse_devices(value: &str) -> Result<Vec<u32>, AgentFlagsError> {
+    let bad = || AgentFlagsError::BadDevices {
+        value: value.to_owned(),
+    };
+    if value.trim().is_empty() {
+        return Err(bad());
+    }
+    value
+        .split(',')
+        .map(|item| item.trim().parse::<u32>().map_err(|_| bad()))
+        .collect()
+}
+
+fn duplicates(devices: &[u32]) -> Vec<u32> {
+    let mut seen = BTreeSet::new();
+    let dups: BTreeSet<u32> = devices
+        .iter()
+        .copied()
+        .filter(|d| !seen.insert(*d))
+        .collect();
+    dups.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{DriverInfo, Gpu, Topology};
+
+    const ISO: &str = "filesystem/linux,cgroups/devices,gpu/nvidia";
+
+    fn node(count: u32) -> Inventory {
+        let gpus: Vec<Gpu> = (0..count)
+            .map(|index| Gpu {
+                index,
+                minor: index,
+                uuid: format!("GPU-{index}"),
+                name: "Tesla T4".into(),
+                memory_total: 16 << 30,
+                pci_bus_id: format!("00000000:{:02x}:00.0", index + 1),
+                numa_node: Some(0),
+                compute_capability: Some((7, 5)),
+                healthy: true,
+            })
+            .collect();
+        Inventory {
+            driver: Some(DriverInfo {
+                version: "550.54.14".into(),
+                cuda_version: Some((12, 4)),
+            }),
+            topology: Topology::unknown(gpus.len()),
+            gpus,
+            absent_reason: None,
+        }
+    }
+
+    fn no_driver() -> Inventory {
+        Inventory {
+            absent_reason: Some("NVIDIA driver not found: test".into()),
+            ..Inventory::default()
+        }
+    }
+
+    fn resolve(
+        isolation: &str,
+        resources: Option<&str>,
+        devices: Option<&str>,
+        inv: &Inventory,
+    ) -> Result<AgentGpus, AgentFlagsError> {
+        AgentGpuFlags::parse(isolation, resources, devices, None)?.resolve(inv)
+    }
+
+    fn ok(
+        isolation: &str,
+        resources: Option<&str>,
+        devices: Option<&str>,
+        inv: &Inventory,
+    ) -> AgentGpus {
+        resolve(isolation, resources, devices, inv)
+            .unwrap_or_else(|e| panic!("{resources:?} {devices:?}: {e}"))
+    }
+
+    fn list(n: u32) -> String {
+        join_indices(&(0..n).collect::<Vec<_>>())
+    }
+
+    // Mesos NvidiaGpuTest.ROOT_CGROUPS_NVIDIA_GPU_FlagValidation, case by case.
+
+    #[test]
+    fn a_default_flags_advertise_no_gpus() {
+        let got = ok(DEFAULT_ISOLATION, None, None, &node(4));
+        assert_eq!(
+            (got.source, got.gpus, got.devices.clone()),
+            (GpuSource::Passthrough, 0.0, None)
+        );
+        assert!(got.flags().is_empty(), "{:?}", got.flags());
+    }
+
+    #[test]
+    fn b_devices_without_the_isolator_fail() {
+        let err =
+            resolve(DEFAULT_ISOLATION, Some("gpus:1"), Some("0"), &node(4)).expect_err("rule 1");
+        assert!(
+            matches!(err, AgentFlagsError::DevicesWithoutIsolator { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains(
+            "--nvidia_gpu_devices can only be set when --isolation contains 'gpu/nvidia'"
+        ));
+        assert!(!err.to_string().contains("nvidia_gpus_devices"));
+    }
+
+    #[test]
+    fn c_gpus_pass_through_without_the_isolator() {
+        let got = ok(DEFAULT_ISOLATION, Some("cpus:2;gpus:100"), None, &node(4));
+        assert_eq!((got.source, got.gpus), (GpuSource::Passthrough, 100.0));
+        assert_eq!(got.resources, "cpus:2;gpus:100");
+        assert_eq!(got.devices, None);
+    }
+
+    #[test]
+    fn d_no_gpus_with_the_isolator_discovers_all() {
+        let got = ok(ISO, Some("cpus:1"), None, &node(4));
+        assert_eq!((got.source, got.gpus), (GpuSource::Discovered, 4.0));
+        assert_eq!(got.resources, "cpus:1;gpus:4");
+        assert_eq!(got.devices, Some(vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn e_explicit_zero_advertises_none() {
+        let got = ok(ISO, Some("cpus:1;gpus:0"), None, &node(4));
+        assert_eq!(
+            (got.source, got.gpus, got.devices.clone()),
+            (GpuSource::ExplicitZero, 0.0, None)
+        );
+        assert_eq!(
+            got.resources, "cpus:1;gpus:0",
+            "gpus:0 is kept so the agent does not auto-discover"
+        );
+        assert!(got.attributes.is_empty());
+    }
+
+    #[test]
+    fn f_devices_and_matching_gpus() {
+        let got = ok(ISO, Some("gpus:1"), Some("0"), &node(4));
+        assert_eq!(
+            (got.source, got.gpus, got.devices.clone()),
+            (GpuSource::Explicit, 1.0, Some(vec![0]))
+        );
+        assert_eq!(got.flags()[0], "--resources=gpus:1");
+        assert_eq!(got.flags()[2], "--nvidia_gpu_devices=0");
+    }
+
+    #[test]
+    fn g_devices_without_gpus_fail() {
+        let err = resolve(ISO, Some("cpus:1"), Some("0"), &node(4)).expect_err("rule 4");
+        assert!(matches!(err, AgentFlagsError::DevicesWithoutGpus), "{err}");
+    }
+
+    #[test]
+    fn h_gpus_without_devices_fail() {
+        let err = resolve(ISO, Some("gpus:4"), None, &node(4)).expect_err("rule 4");
+        assert!(
+            matches!(err, AgentFlagsError::GpusWithoutDevices { gpus } if gpus == 4.0),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn i_count_mismatch_fails() {
+        let err = resolve(ISO, Some("gpus:2"), Some("0"), &node(4)).expect_err("mismatch");
+        assert!(
+            matches!(err, AgentFlagsError::Mismatch { listed: 1, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn j_devices_with_zero_gpus_fail() {
+        let err = resolve(ISO, Some("gpus:0"), Some("0"), &node(4)).expect_err("rule 3");
+        assert!(matches!(err, AgentFlagsError::DevicesWithZeroGpus), "{err}");
+    }
+
+    #[test]
+    fn k_more_than_available_fails() {
+        let err = resolve(ISO, Some("gpus:8"), Some(&list(8)), &node(4)).expect_err("too many");
+        assert!(
+            matches!(err, AgentFlagsError::MoreThanAvailable { available: 4, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn l_duplicates_fail() {
+        let err =
+            resolve(ISO, Some("cpus:1;gpus:1"), Some("0,0"), &node(4)).expect_err("duplicates");
+        assert!(
+            matches!(&err, AgentFlagsError::Duplicates { duplicates } if duplicates == &[0]),
+            "{err}"
+        );
+    }
+
+    // Beyond the upstream matrix.
+
+    #[test]
+    fn fractional_gpus_fail_with_devices() {
+        let err = resolve(ISO, Some("gpus:1.5"), Some("0"), &node(4)).expect_err("fractional");
+        assert!(
+            err.to_string()
+                .contains("gpus:1.5: the 'gpus' resource must be a non-negative whole number")
+        );
+        let err = resolve(ISO, Some("gpus:0.5"), None, &node(4)).expect_err("no devices");
+        assert!(
+            matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn negative_and_nan_gpus_fail_to_parse() {
+        for bad in ["gpus:-1", "gpus:nan", "gpus:NaN", "gpus:inf"] {
+            for iso in [ISO, DEFAULT_ISOLATION] {
+                let err = resolve(iso, Some(bad), None, &node(2)).expect_err(bad);
+                assert!(
+                    matches!(
+                        err,
+                        AgentFlagsError::Resources(ResourcesError::BadScalar { .. })
+                    ),
+                    "{bad}: {err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn zero_lookalikes_are_not_explicit_zero() {
+        let got = ok(ISO, Some("cpus:1;mygpus:0;gpus_reserved:0"), None, &node(2));
+        assert_eq!((got.source, got.gpus), (GpuSource::Discovered, 2.0));
+        assert_eq!(got.resources, "cpus:1;mygpus:0;gpus_reserved:0;gpus:2");
+    }
+
+    #[test]
+    fn explicit_zero_in_any_form() {
+        for zero in [
+            "gpus:0.0",
+            "gpus(ml):0",
+            " gpus : 0 ",
+            r#"[{"name":"gpus","type":"SCALAR","scalar":{"value":0}}]"#,
+        ] {
+            let got = ok(ISO, Some(zero), None, &node(2));
+            assert_eq!(got.source, GpuSource::ExplicitZero, "{zero}");
+        }
+    }
+
+    #[test]
+    fn bad_devices_lists() {
+        for bad in ["", " ", "0,,1", "a", "-1", "0;1", "1.0"] {
+            let err = resolve(ISO, Some("gpus:1"), Some(bad), &node(2)).expect_err(bad);
+            assert!(
+                matches!(err, AgentFlagsError::BadDevices { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+        assert_eq!(
+            ok(ISO, Some("gpus:2"), Some(" 1 , 0 "), &node(2)).devices,
+            Some(vec![1, 0])
+        );
+    }
+
+    #[test]
+    fn unknown_and_lost_devices_fail() {
+        let mut inv = node(4);
+        inv.gpus.remove(2);
+        let err = resolve(ISO, Some("gpus:1"), Some("2"), &inv).expect_err("unknown index");
+        assert!(
+            matches!(err, AgentFlagsError::UnknownDevice { index: 2, .. }),
+            "{err}"
+        );
+        inv.gpus[1].healthy = false;
+        let err = resolve(ISO, Some("gpus:1"), Some("1"), &inv).expect_err("lost");
+        assert!(
+            matches!(err, AgentFlagsError::LostDevice { index: 1 }),
+            "{err}"
+        );
+        let got = ok(ISO, None, None, &inv);
+        assert_eq!(
+            (got.gpus, got.devices),
+            (2.0, Some(vec![0, 3])),
+            "lost GPU 1 left out"
+        );
+    }
+
+    #[test]
+    fn no_nvml_passes_through_even_with_the_isolator() {
+        let got = ok(ISO, Some("gpus:3"), None, &no_driver());
+        assert_eq!(
+            (got.source, got.gpus, got.devices.clone()),
+            (GpuSource::Passthrough, 3.0, None)
+        );
+        assert!(
+            got.attributes.is_empty(),
+            "nothing known about the GPUs: {}",
+            got.attributes
+        );
+        let err =
+            resolve(DEFAULT_ISOLATION, None, Some("0"), &no_driver()).expect_err("rule 1 first");
+        assert!(matches!(
+            err,
+            AgentFlagsError::DevicesWithoutIsolator { .. }
+        ));
+    }
+
+    #[test]
+    fn driver_without_gpus_discovers_none() {
+        let got = ok(ISO, Some("cpus:1"), None, &node(0));
+        assert_eq!(
+            (got.gpus, got.resources.as_str(), got.devices),
+            (0.0, "cpus:1", None)
+        );
+    }
+
+    #[test]
+    fn isolation_tokens_are_matched_whole() {
+        let got = ok("posix/cpu,gpu/nvidia-extra", Some("cpus:1"), None, &node(2));
+        assert_eq!(got.source, GpuSource::Passthrough);
+        assert!(
+            ok(" posix/cpu , gpu/nvidia ", None, None, &node(2))
+                .devices
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn attributes_and_flags_lines() {
+        let flags = AgentGpuFlags::parse(ISO, Some("cpus:8;mem:4096"), None, Some("rack:a1"))
+            .expect("parse");
+        let got = flags.resolve(&node(2)).expect("resolve");
+        assert_eq!(
+            got.flags(),
+            [
+                "--resources=cpus:8;mem:4096;gpus:2",
+                "--attributes=rack:a1;gpu_model:Tesla-T4;gpu_memory_mib:16384;gpu_compute_capability:7.5;\
+                 nvidia_driver:550.54.14;cuda_version:12.4",
+                "--nvidia_gpu_devices=0,1",
+            ]
+        );
+        let flags = AgentGpuFlags::parse(ISO, None, None, Some("gpu_model:x")).expect("parse");
+        assert!(matches!(
+            flags.resolve(&node(1)),
+            Err(AgentFlagsError::Attributes(_))
+        ));
+    }
+
+    proptest::proptest! {
+        /// Whatever the flags, an accepted result advertises distinct, healthy GPUs of the node,
+        /// as many as `gpus`, and the rendered `--resources` parses back to that amount.
+        #[test]
+        fn accepted_results_are_consistent(
+            isolator in proptest::bool::ANY,
+            count in 0u32..6,
+            gpus in proptest::option::of(0u32..8),
+            devices in proptest::option::of(proptest::collection::vec(0u32..8, 0..8)),
+            lost in proptest::option::of(0u32..6),
+        ) {
+            let mut inv = node(count);
+            if let Some(g) = lost.and_then(|l| inv.gpus.get_mut(l as usize)) {
+                g.healthy = false;
+            }
+            let iso = if isolator { ISO } else { DEFAULT_ISOLATION };
+            let resources = gpus.map(|g| format!("cpus:1;gpus:{g}"));
+            let devices = devices.map(|d| join_indices(&d)).filter(|d| !d.is_empty());
+            if let Ok(got) = resolve(iso, resources.as_deref(), devices.as_deref(), &inv) {
+                let again = Resources::parse(&got.resources).expect("rendered resources parse");
+                proptest::prop_assert_eq!(again.gpus().map_or(0.0, |g| g.total), got.gpus);
+                if let Some(list) = &got.devices {
+                    proptest::prop_assert!(isolator);
+                    proptest::prop_assert_eq!(list.len() as f64, got.gpus);
+                    proptest::prop_assert!(duplicates(list).is_empty());
+                    proptest::prop_assert!(list.iter().all(|&i| inv.by_index(i).is_some_and(|g| g.healthy)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn json_resources_are_rewritten_as_json() {
+        let text = r#"[{"name":"cpus","type":"SCALAR","scalar":{"value":4}}]"#;
+        let got = ok(ISO, Some(text), None, &node(2));
+        let v: serde_json::Value = serde_json::from_str(&got.resources).expect("json");
+        assert_eq!(v[1]["name"], "gpus");
+        assert_eq!(v[1]["scalar"]["value"], 2);
+    }
+}

@@ -1,0 +1,1110 @@
+//! Whole-GPU allocation: which GPUs each container (owner) holds, chosen by a [`Policy`].
+//!
+//! Pure bookkeeping and search: no NVML, no files, no cgroups. The lifecycle wraps one
+//! [`Allocator`] in a mutex; every call is all-or-nothing, so a refused call changes nothing.
+//!
+//! Facts relied on:
+//! - Mesos's `NvidiaGpuAllocator` grants the first free GPUs in (major, minor) order, and refuses
+//!   to grant what is taken or to free what is not allocated (`shared/reference/mesos_gpu.md`
+//!   §2.3); [`Policy::FirstFit`] keeps that behaviour and its error cases.
+//! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores (`gpu_sched.md` §2.2);
+//!   [`Policy::Topology`] maximises that score exactly for up to 16 free GPUs, where NVIDIA's
+//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. The order of
+//!   preference and the search are documented in `allocator/search.rs`; why single GPUs go by
+//!   lowest index, in `allocator/policy.rs`.
+//! - Pair scores come from [`Topology::pair_score`]'s rule (the weaker direction when the data
+//!   is asymmetric, 0 when unknown or missing); NVLink counts above NVML's 18 are taken as 18.
+//! - A GPU marked unhealthy is never granted; one that is allocated stays with its owner until
+//!   released, and then does not return to the free pool until marked healthy.
+
+mod counters;
+mod error;
+mod policy;
+mod request;
+mod search;
+mod set;
+
+pub mod nodes;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use counters::{Counters, Refusals};
+pub use error::AllocError;
+pub use policy::Policy;
+pub use request::GpuRequest;
+pub use set::GpuSet;
+
+use crate::inventory::{Inventory, Link, Topology};
+use policy::Node;
+use search::{MAX_GPUS, MAX_NVLINKS, Weights};
+use set::Bits;
+
+/// How well the free GPUs are connected, for metrics and `info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fragmentation {
+    /// Number of free, healthy GPUs.
+    pub free: u32,
+    /// `best_score[k]` is the highest score (sum of pair scores) of any `k` free GPUs, for
+    /// `k = 0..=free`; sizes 0 and 1 score 0. A drop against a fresh node shows fragmentation.
+    pub best_score: Vec<u64>,
+    /// The largest request that free GPUs can still serve with every pair NVLinked (pair score of
+    /// 100 or more); 1 when no two free GPUs are NVLinked, 0 when none is free.
+    pub nvlink_set: u32,
+    /// False when more than 16 GPUs are free and `best_score` comes from the greedy.
+    pub exact: bool,
+}
+
+/// The GPUs a resize added or gave back (one of the two is empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Resize {
+    /// GPUs newly granted.
+    pub added: GpuSet,
+    /// GPUs given back.
+    pub released: GpuSet,
+}
+
+/// The GPUs of a node, who holds which, and which are unhealthy.
+#[derive(Clone)]
+pub struct Allocator {
+    policy: Policy,
+    managed: u64,
+    unhealthy: u64,
+    allocated: u64,
+    owners: BTreeMap<String, u64>,
+    /// Managed indices by ascending (minor, index), for first-fit.
+    by_minor: Vec<u32>,
+    minors: BTreeMap<u32, u32>,
+    weights: Weights,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("policy", &self.policy)
+            .field("managed", &GpuSet::from_mask(self.managed))
+            .field("unhealthy", &GpuSet::from_mask(self.unhealthy))
+            .field("owners", &self.owners())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A link's score with the NVLink count capped at NVML's maximum, so absurd data cannot overflow.
+fn link_score(link: Link) -> u32 {
+    match link {
+        Link::NvLink(n) => Link::NvLink(n.min(MAX_NVLINKS)).score(),
+        other => other.score(),
+    }
+}
+
+impl Allocator {
+    /// An allocator over every GPU of `inventory`; GPUs discovery found unhealthy start unhealthy.
+    pub fn new(inventory: &Inventory, policy: Policy) -> Result<Allocator, AllocError> {
+        let all: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+        Allocator::with_devices(inventory, &all, policy)
+    }
+
+    /// An allocator over the GPUs of `inventory` with these NVML indices only (the agent's
+    /// `--nvidia_gpu_devices`); an index that is unknown, repeated or above 63 is refused.
+    pub fn with_devices(
+        inventory: &Inventory,
+        devices: &[u32],
+        policy: Policy,
+    ) -> Result<Allocator, AllocError> {
+        let known = GpuSet::from_indices(
+            inventory
+                .gpus
+                .iter()
+                .map(|g| g.index)
+                .filter(|&i| i <= GpuSet::MAX_INDEX),
+        )?;
+        let mut managed = 0u64;
+        let mut unhealthy = 0u64;
+        let mut positions = [0usize; MAX_GPUS];
+        let mut minors = BTreeMap::new();
+        for &index in devices {
+            let bit = GpuSet::from_indices([index])?.mask();
+            let position = inventory.gpus.iter().position(|g| g.index == index).ok_or(
+                AllocError::UnknownGpu {
+                    index,
+                    managed: known,
+                },
+            )?;
+            if managed & bit != 0 {
+                return Err(AllocError::DuplicateGpu { index });
+            }
+            managed |= bit;
+            let gpu = &inventory.gpus[position];
+            if !gpu.healthy {
+                unhealthy |= bit;
+            }
+            positions[index as usize] = position;
+            minors.insert(index, gpu.minor);
+        }
+        let topology: &Topology = &inventory.topology;
+        let weights = Weights::new(managed, |a, b| {
+            link_score(topology.get(positions[a as usize], positions[b as usize]))
+        });
+        let mut by_minor: Vec<u32> = minors.keys().copied().collect();
+        by_minor.sort_by_key(|index| (minors[index], *index));
+        Ok(Allocator {
+            policy,
+            managed,
+            unhealthy,
+            allocated: 0,
+            owners: BTreeMap::new(),
+            by_minor,
+            minors,
+            weights,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The policy GPUs are chosen by.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// How many GPUs this allocator manages (the agent's `gpus` resource).
+    pub fn offered(&self) -> u32 {
+        self.managed.count_ones()
+    }
+
+    /// Every GPU managed.
+    pub fn managed(&self) -> GpuSet {
+        GpuSet::from_mask(self.managed)
+    }
+
+    /// GPUs that are healthy and held by nobody.
+    pub fn free(&self) -> GpuSet {
+        GpuSet::from_mask(self.free_mask())
+    }
+
+    /// GPUs held by some owner.
+    pub fn allocated(&self) -> GpuSet {
+        GpuSet::from_mask(self.allocated)
+    }
+
+    /// GPUs marked unhealthy, held or not.
+    pub fn unhealthy(&self) -> GpuSet {
+        GpuSet::from_mask(self.unhealthy)
+    }
+
+    /// The GPUs `owner` holds (empty for an unknown owner).
+    pub fn held_by(&self, owner: &str) -> GpuSet {
+        GpuSet::from_mask(self.owners.get(owner).copied().unwrap_or(0))
+    }
+
+    /// Who holds the GPU with NVML index `index`.
+    pub fn owner_of(&self, index: u32) -> Option<&str> {
+        let bit = GpuSet::from_indices([index]).ok()?.mask();
+        self.owners
+            .iter()
+            .find(|&(_, &held)| held & bit != 0)
+            .map(|(owner, _)| owner.as_str())
+    }
+
+    /// Every owner and what it holds, by owner name.
+    pub fn owners(&self) -> Vec<(&str, GpuSet)> {
+        self.owners
+            .iter()
+            .map(|(o, &held)| (o.as_str(), GpuSet::from_mask(held)))
+            .collect()
+    }
+
+    /// The `/dev/nvidia<minor>` minor number of a managed GPU.
+    pub fn minor(&self, index: u32) -> Option<u32> {
+        self.minors.get(&index).copied()
+    }
+
+    /// The score of a set: the sum of its pair scores.
+    pub fn score(&self, set: GpuSet) -> u64 {
+        self.weights.score(set.mask() & self.managed)
+    }
+
+    /// Totals since the allocator was built.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// How well the free GPUs are connected now.
+    pub fn fragmentation(&self) -> Fragmentation {
+        let free = self.free_mask();
+        let mut exact = true;
+        let best_score = (0..=free.count_ones())
+            .map(|size| {
+                let query = search::Query {
+                    candidates: free,
+                    pool: free,
+                    fixed: 0,
+                    size,
+                    spread: false,
+                };
+                search::best(&self.weights, &query).map_or(0, |found| {
+                    exact &= found.exact;
+                    self.weights.score(found.set)
+                })
+            })
+            .collect();
+        let nvlink_set = search::largest_clique(&self.weights, free, 100);
+        Fragmentation {
+            free: free.count_ones(),
+            best_score,
+            nvlink_set,
+            exact,
+        }
+    }
+
+    /// Validates a `gpus` scalar against [`Self::offered`] (see [`GpuRequest::from_scalar`]).
+    pub fn request(&mut self, value: f64) -> Result<GpuRequest, AllocError> {
+        let result = GpuRequest::from_scalar(value, self.offered());
+        self.tally(result)
+    }
+
+    /// Grants `count` more GPUs to `owner`, chosen by the policy together with what it already
+    /// holds; returns the new GPUs. Zero grants nothing.
+    pub fn allocate(&mut self, owner: &str, count: u32) -> Result<GpuSet, AllocError> {
+        let result = self.try_allocate(owner, count);
+        self.tally(result)
+    }
+
+    /// Grants exactly `set` to `owner`; refused if any GPU is unknown, held or unhealthy.
+    pub fn allocate_specific(&mut self, owner: &str, set: GpuSet) -> Result<(), AllocError> {
+        let result = self
+            .check_takeable(set)
+            .and_then(|()| match set.mask() & self.unhealthy {
+                0 => Ok(()),
+                sick => Err(AllocError::Unhealthy {
+                    gpus: GpuSet::from_mask(sick),
+                }),
+            });
+        let result = result.map(|()| self.take(owner, set.mask()));
+        self.tally(result)
+    }
+
+    /// Records that `owner` already holds `set` (agent recovery); like
+    /// [`Self::allocate_specific`] but accepts unhealthy GPUs, because the container has them.
+    pub fn recover(&mut self, owner: &str, set: GpuSet) -> Result<(), AllocError> {
+        let result = self.check_takeable(set).map(|()| {
+            if set.mask() & self.unhealthy != 0 {
+                let sick = GpuSet::from_mask(set.mask() & self.unhealthy);
+                tracing::warn!(owner, gpus = %sick, "recovered container holds unhealthy GPUs");
+            }
+            self.take(owner, set.mask());
+        });
+        self.tally(result)
+    }
+
+    /// Takes `set` back from `owner`; refused unless `owner` holds every GPU of it.
+    pub fn release(&mut self, owner: &str, set: GpuSet) -> Result<(), AllocError> {
+        let result = self.check_known(set).and_then(|()| {
+            let missing = set.mask() & !self.held_by(owner).mask();
+            if missing == 0 {
+                self.give_back(owner, set.mask());
+                Ok(())
+            } else {
+                Err(AllocError::NotAllocated {
+                    owner: owner.to_owned(),
+                    gpus: GpuSet::from_mask(missing),
+                })
+            }
+        });
+        self.tally(result)
+    }
+
+    /// Takes back everything `owner` holds and returns it (empty for an unknown owner).
+    pub fn release_all(&mut self, owner: &str) -> GpuSet {
+        self.counters.record(None);
+        let held = self.held_by(owner);
+        self.give_back(owner, held.mask());
+        held
+    }
+
+    /// Takes `fewer` GPUs back from `owner`, chosen by the policy, and returns them.
+    pub fn shrink(&mut self, owner: &str, fewer: u32) -> Result<GpuSet, AllocError> {
+        let result = self.try_shrink(owner, fewer);
+        self.tally(result)
+    }
+
+    /// Grows or shrinks what `owner` holds to `total` GPUs (the lifecycle's `update`).
+    pub fn resize(&mut self, owner: &str, total: u32) -> Result<Resize, AllocError> {
+        if total > self.offered() {
+            let refused = Err(AllocError::BadRequest {
+                got: f64::from(total),
+                max: self.offered(),
+            });
+            return self.tally(refused);
+        }
+        let held = self.held_by(owner).len();
+        if total >= held {
+            self.allocate(owner, total - held).map(|added| Resize {
+                added,
+                released: GpuSet::EMPTY,
+            })
+        } else {
+            self.shrink(owner, held - total).map(|released| Resize {
+                added: GpuSet::EMPTY,
+                released,
+            })
+        }
+    }
+
+    /// Marks a GPU unhealthy so it is never granted again; returns who holds it, if anyone.
+    pub fn mark_unhealthy(&mut self, index: u32) -> Result<Option<&str>, AllocError> {
+        let bit = self.known_bit(index)?;
+        self.unhealthy |= bit;
+        let owner = self.owner_of(index);
+        match owner {
+            Some(owner) => tracing::warn!(index, owner, "allocated GPU marked unhealthy"),
+            None => tracing::debug!(index, "GPU marked unhealthy"),
+        }
+        Ok(owner)
+    }
+
+    /// Marks a GPU healthy again, so that once free it can be granted.
+    pub fn mark_healthy(&mut self, index: u32) -> Result<(), AllocError> {
+        let bit = self.known_bit(index)?;
+        self.unhealthy &= !bit;
+        tracing::debug!(index, "GPU marked healthy");
+        Ok(())
+    }
+
+    fn free_mask(&self) -> u64 {
+        self.managed & !self.allocated & !self.unhealthy
+    }
+
+    fn node(&self) -> Node<'_> {
+        Node {
+            weights: &self.weights,
+            by_minor: &self.by_minor,
+        }
+    }
+
+    fn known_bit(&self, index: u32) -> Result<u64, AllocError> {
+        match GpuSet::from_indices([index]) {
+            Ok(set) if set.mask() & self.managed != 0 => Ok(set.mask()),
+            _ => Err(AllocError::UnknownGpu {
+                index,
+                managed: self.managed(),
+            }),
+        }
+    }
+
+    fn check_known(&self, set: GpuSet) -> Result<(), AllocError> {
+        match Bits(set.mask() & !self.managed).next() {
+            None => Ok(()),
+            Some(index) => Err(AllocError::UnknownGpu {
+                index,
+                managed: self.managed(),
+            }),
+        }
+    }
+
+    /// Refuses a set with unknown GPUs or GPUs held by anyone, naming the first holder found.
+    fn check_takeable(&self, set: GpuSet) -> Result<(), AllocError> {
+        self.check_known(set)?;
+        match self
+            .owners
+            .iter()
+            .find(|&(_, &held)| held & set.mask() != 0)
+        {
+            None => Ok(()),
+            Some((holder, &held)) => Err(AllocError::AlreadyAllocated {
+                gpus: GpuSet::from_mask(held & set.mask()),
+                holder: holder.clone(),
+            }),
+        }
+    }
+
+    fn try_allocate(&mut self, owner: &str, count: u32) -> Result<GpuSet, AllocError> {
+        if count > self.offered() {
+            return Err(AllocError::BadRequest {
+                got: f64::from(count),
+                max: self.offered(),
+            });
+        }
+        if count == 0 {
+            return Ok(GpuSet::EMPTY);
+        }
+        let free = self.free_mask();
+        let held = self.held_by(owner).mask();
+        let pick = self
+            .policy
+            .grant(&self.node(), free, held, count)
+            .ok_or_else(|| AllocError::NotEnough {
+                owner: owner.to_owned(),
+                requested: count,
+                free: free.count_ones(),
+                unhealthy: self.unhealthy.count_ones(),
+                total: self.offered(),
+            })?;
+        if !pick.exact {
+            self.counters.greedy_picks += 1;
+        }
+        self.take(owner, pick.set);
+        let granted = GpuSet::from_mask(pick.set);
+        tracing::debug!(
+            owner,
+            requested = count,
+            gpus = %granted,
+            score = self.weights.score(held | pick.set),
+            exact = pick.exact,
+            policy = %self.policy,
+            "granted GPUs"
+        );
+        Ok(granted)
+    }
+
+    fn try_shrink(&mut self, owner: &str, fewer: u32) -> Result<GpuSet, AllocError> {
+        let held = self.held_by(owner).mask();
+        let free = self.free_mask();
+        let pick = self
+            .policy
+            .give_back(&self.node(), free, held, fewer)
+            .ok_or_else(|| AllocError::ShrinkBeyondHeld {
+                owner: owner.to_owned(),
+                fewer,
+                held: GpuSet::from_mask(held),
+            })?;
+        if !pick.exact {
+            self.counters.greedy_picks += 1;
+        }
+        self.give_back(owner, pick.set);
+        let released = GpuSet::from_mask(pick.set);
+        tracing::debug!(owner, fewer, gpus = %released, policy = %self.policy, "took back GPUs");
+        Ok(released)
+    }
+
+    fn take(&mut self, owner: &str, set: u64) {
+        if set == 0 {
+            return;
+        }
+        self.allocated |= set;
+        *self.owners.entry(owner.to_owned()).or_default() |= set;
+        self.counters.granted += u64::from(set.count_ones());
+    }
+
+    fn give_back(&mut self, owner: &str, set: u64) {
+        if set == 0 {
+            return;
+        }
+        self.allocated &= !set;
+        if let Some(held) = self.owners.get_mut(owner) {
+            *held &= !set;
+            if *held == 0 {
+                self.owners.remove(owner);
+            }
+        }
+        self.counters.released += u64::from(set.count_ones());
+    }
+
+    /// Counts a call and, when refused, its reason.
+    fn tally<T>(&mut self, result: Result<T, AllocError>) -> Result<T, AllocError> {
+        self.counters.record(result.as_ref().err());
+        if let Err(err) = &result {
+            tracing::debug!(error = %err, "allocator refused a call");
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use proptest::prelude::*;
+
+    use super::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
+    use super::*;
+
+    fn set(indices: &[u32]) -> GpuSet {
+        GpuSet::from_indices(indices.iter().copied()).unwrap()
+    }
+
+    fn on(builder: NodeBuilder, policy: Policy) -> Allocator {
+        Allocator::new(&builder.inventory(), policy).unwrap()
+    }
+
+    fn grants(alloc: &mut Allocator, count: u32, times: usize) -> Vec<Vec<u32>> {
+        (0..times)
+            .map(|n| alloc.allocate(&format!("c{n}"), count).unwrap().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn dgx1_pairs_follow_nvidia_sequence() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        assert_eq!(
+            grants(&mut alloc, 2, 4),
+            vec![vec![0, 3], vec![1, 2], vec![4, 7], vec![5, 6]]
+        );
+        assert!(matches!(
+            alloc.allocate("c4", 2),
+            Err(AllocError::NotEnough {
+                requested: 2,
+                free: 0,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn dgx1_quads_eights_and_singles_follow_nvidia_sequence() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        assert_eq!(
+            grants(&mut alloc, 4, 2),
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]
+        );
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        assert_eq!(grants(&mut alloc, 8, 1), vec![(0..8).collect::<Vec<_>>()]);
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        assert_eq!(
+            grants(&mut alloc, 1, 8),
+            (0..8).map(|i| vec![i]).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn dual_dgx1_keeps_boards_whole() {
+        let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
+        assert_eq!(
+            grants(&mut alloc, 8, 2),
+            vec![(0..8).collect::<Vec<_>>(), (8..16).collect()]
+        );
+        let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
+        let pairs = grants(&mut alloc, 2, 8);
+        assert_eq!(
+            &pairs[..4],
+            &[vec![0, 3], vec![1, 2], vec![4, 7], vec![5, 6]]
+        );
+        assert_eq!(
+            &pairs[4..],
+            &[vec![8, 11], vec![9, 10], vec![12, 15], vec![13, 14]]
+        );
+    }
+
+    #[test]
+    fn second_key_keeps_free_gpus_connected() {
+        // With {0,3} taken, {1,2}, {1,5}, {4,7}, {5,6} and {6,7} all score 200; {1,2} removes the
+        // least connectivity from the rest (see the search module), so the free GPUs 4–7 stay a
+        // full board half.
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[0, 3])).unwrap();
+        assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[1, 2]));
+        assert_eq!(alloc.fragmentation().best_score[4], 900);
+    }
+
+    #[test]
+    fn growing_picks_gpus_best_joined_to_what_is_held() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[5])).unwrap();
+        // 5 is joined to 1 and 6 by two NVLinks: 1 is the lower index.
+        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[1]));
+        assert_eq!(alloc.held_by("a"), set(&[1, 5]));
+        // Growing to four: {1,2,3,5}, {1,2,5,6} and {1,5,6,7} all score 720 and leave 720 among
+        // the free GPUs; {2,3} is the lowest pair to add.
+        let resized = alloc.resize("a", 4).unwrap();
+        assert_eq!(
+            resized,
+            Resize {
+                added: set(&[2, 3]),
+                released: GpuSet::EMPTY
+            }
+        );
+        assert_eq!(alloc.score(alloc.held_by("a")), 720);
+    }
+
+    #[test]
+    fn shrinking_keeps_the_best_connected_subset() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[0, 1, 3, 5])).unwrap();
+        // Keep two: {0,3} and {1,5} both score 200; {0,3}'s return of 1 and 5 leaves the free
+        // GPUs better joined (1–2, 5–6 are double links), and it is the lower.
+        assert_eq!(alloc.shrink("a", 2).unwrap(), set(&[1, 5]));
+        assert_eq!(alloc.held_by("a"), set(&[0, 3]));
+        assert_eq!(
+            alloc.resize("a", 1).unwrap(),
+            Resize {
+                added: GpuSet::EMPTY,
+                released: set(&[3])
+            }
+        );
+        assert_eq!(alloc.resize("a", 1).unwrap(), Resize::default());
+        let err = alloc.shrink("a", 2).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot give back 2 GPUs from a: it holds 0"
+        );
+    }
+
+    #[test]
+    fn first_fit_is_mesos_lowest_minor_first() {
+        let mut inventory = dgx1_v100().inventory();
+        // Minors reversed against indices: first-fit must follow minors.
+        for gpu in &mut inventory.gpus {
+            gpu.minor = 7 - gpu.index;
+        }
+        let mut alloc = Allocator::new(&inventory, Policy::FirstFit).unwrap();
+        assert_eq!(alloc.minor(0), Some(7));
+        assert_eq!(alloc.allocate("a", 3).unwrap(), set(&[5, 6, 7]));
+        assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[3, 4]));
+        // Shrinking gives back the lowest minors, as Mesos's update does.
+        assert_eq!(alloc.shrink("a", 2).unwrap(), set(&[6, 7]));
+        assert_eq!(alloc.allocate("c", 1).unwrap(), set(&[7]));
+    }
+
+    #[test]
+    fn mesos_allocator_test_cases() {
+        // apache/mesos NVIDIA_GPU_Allocator, in order (mesos_gpu.md §7).
+        let mut alloc = on(dgx1_v100(), Policy::FirstFit);
+        let all = alloc.allocate("a", 8).unwrap();
+        assert!(matches!(
+            alloc.allocate("b", 1),
+            Err(AllocError::NotEnough { .. })
+        ));
+        alloc.release("a", all).unwrap();
+        alloc.allocate_specific("a", all).unwrap();
+        alloc.release("a", set(&[0])).unwrap();
+        assert_eq!(alloc.allocate("b", 1).unwrap(), set(&[0]));
+        alloc.release("b", set(&[0])).unwrap();
+        assert!(matches!(
+            alloc.release("b", set(&[0])),
+            Err(AllocError::NotAllocated { .. })
+        ));
+        alloc.allocate_specific("b", set(&[0])).unwrap();
+        let bogus = set(&[9, 63]);
+        assert!(matches!(
+            alloc.release("b", bogus),
+            Err(AllocError::UnknownGpu { index: 9, .. })
+        ));
+        alloc.release_all("a");
+        alloc.release_all("b");
+        assert!(matches!(
+            alloc.allocate_specific("a", bogus),
+            Err(AllocError::UnknownGpu { .. })
+        ));
+        assert_eq!(alloc.free(), alloc.managed());
+    }
+
+    #[test]
+    fn every_error_names_what_was_wrong() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[0, 1])).unwrap();
+        alloc.mark_unhealthy(7).unwrap();
+        let cases: Vec<(Result<(), AllocError>, &str)> = vec![
+            (
+                alloc.allocate("b", 6).map(drop),
+                "cannot allocate 6 GPUs to b: 5 free, 1 unhealthy, 8 in all",
+            ),
+            (
+                alloc.allocate("b", 9).map(drop),
+                "gpus=9: expected a whole number from 0 to 8",
+            ),
+            (
+                alloc.request(1.5).map(drop),
+                "gpus=1.5: expected a whole number from 0 to 8",
+            ),
+            (
+                alloc.resize("b", 9).map(drop),
+                "gpus=9: expected a whole number from 0 to 8",
+            ),
+            (
+                alloc.release("b", set(&[1, 2])),
+                "GPUs 1,2 are not allocated to b",
+            ),
+            (
+                alloc.allocate_specific("b", set(&[1, 2])),
+                "GPUs 1 are already allocated to a",
+            ),
+            (
+                alloc.allocate_specific("a", set(&[0])),
+                "GPUs 0 are already allocated to a",
+            ),
+            (
+                alloc.allocate_specific("b", set(&[6, 7])),
+                "GPUs 7 are unhealthy",
+            ),
+            (
+                alloc.release("a", set(&[8])),
+                "GPU 8 is not managed by this allocator (managed: 0,1,2,3,4,5,6,7)",
+            ),
+            (
+                alloc.mark_unhealthy(40).map(drop),
+                "GPU 40 is not managed by this allocator (managed: 0,1,2,3,4,5,6,7)",
+            ),
+            (
+                alloc.mark_healthy(u32::MAX),
+                "GPU 4294967295 is not managed by this allocator (managed: 0,1,2,3,4,5,6,7)",
+            ),
+            (
+                alloc.shrink("a", 3).map(drop),
+                "cannot give back 3 GPUs from a: it holds 0,1",
+            ),
+        ];
+        for (result, message) in cases {
+            assert_eq!(result.unwrap_err().to_string(), message);
+        }
+        // Nothing changed.
+        assert_eq!(alloc.owners(), vec![("a", set(&[0, 1]))]);
+        assert_eq!(alloc.free(), set(&[2, 3, 4, 5, 6]));
+        let refused = alloc.counters().refused;
+        assert_eq!(
+            refused,
+            Refusals {
+                not_enough: 1,
+                bad_request: 3,
+                not_allocated: 2,
+                already_allocated: 2,
+                unknown_gpu: 1,
+                unhealthy: 1
+            }
+        );
+    }
+
+    #[test]
+    fn construction_refuses_unknown_repeated_and_out_of_range_devices() {
+        let inventory = dgx1_v100().inventory();
+        let err = Allocator::with_devices(&inventory, &[0, 9], Policy::Topology).unwrap_err();
+        assert_eq!(
+            err,
+            AllocError::UnknownGpu {
+                index: 9,
+                managed: set(&[0, 1, 2, 3, 4, 5, 6, 7])
+            }
+        );
+        let err = Allocator::with_devices(&inventory, &[2, 2], Policy::Topology).unwrap_err();
+        assert_eq!(err.to_string(), "GPU 2 is listed more than once");
+        let mut big = inventory.clone();
+        big.gpus[7].index = 64;
+        let err = Allocator::new(&big, Policy::Topology).unwrap_err();
+        assert_eq!(err, AllocError::IndexOutOfRange { index: 64 });
+    }
+
+    #[test]
+    fn a_device_subset_offers_only_those_gpus() {
+        let inventory = dgx1_v100().inventory();
+        let mut alloc = Allocator::with_devices(&inventory, &[7, 4, 2], Policy::Topology).unwrap();
+        assert_eq!(alloc.offered(), 3);
+        assert_eq!(alloc.managed(), set(&[2, 4, 7]));
+        // 4–7 is a double NVLink; the subset keeps the inventory's topology by index.
+        assert_eq!(alloc.allocate("a", 2).unwrap(), set(&[4, 7]));
+        assert_eq!(
+            alloc.request(4.0).unwrap_err(),
+            AllocError::BadRequest { got: 4.0, max: 3 }
+        );
+    }
+
+    #[test]
+    fn unhealthy_gpus_are_never_granted_and_stay_with_their_owner() {
+        let mut inventory = dgx1_v100().inventory();
+        inventory.gpus[0].healthy = false;
+        let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
+        assert_eq!(alloc.unhealthy(), set(&[0]));
+        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[1]));
+        assert_eq!(alloc.mark_unhealthy(1).unwrap(), Some("a"));
+        assert_eq!(alloc.held_by("a"), set(&[1]));
+        alloc.release_all("a");
+        assert_eq!(alloc.free(), set(&[2, 3, 4, 5, 6, 7]));
+        assert_eq!(alloc.mark_unhealthy(2).unwrap(), None);
+        let err = alloc.allocate("b", 6).unwrap_err();
+        assert_eq!(
+            err,
+            AllocError::NotEnough {
+                owner: "b".into(),
+                requested: 6,
+                free: 5,
+                unhealthy: 3,
+                total: 8
+            }
+        );
+        alloc.mark_healthy(0).unwrap();
+        assert_eq!(alloc.allocate("b", 6).unwrap(), set(&[0, 3, 4, 5, 6, 7]));
+        // Recovery records a container that already holds an unhealthy GPU.
+        alloc.recover("c", set(&[1])).unwrap();
+        assert_eq!(alloc.owner_of(1), Some("c"));
+        assert!(matches!(
+            alloc.recover("d", set(&[1])),
+            Err(AllocError::AlreadyAllocated { .. })
+        ));
+    }
+
+    #[test]
+    fn k80_boards_are_granted_whole() {
+        // Four K80 boards (two GPUs each, NVML INTERNAL), boards 0–1 and 2–3 behind one switch
+        // each, the two switches on one socket each.
+        let k80 = NodeBuilder::new(8, Link::CrossSocket)
+            .pcie(Link::SingleSwitch, &[0, 1, 2, 3])
+            .pcie(Link::SingleSwitch, &[4, 5, 6, 7])
+            .pcie(Link::SameBoard, &[0, 1])
+            .pcie(Link::SameBoard, &[2, 3])
+            .pcie(Link::SameBoard, &[4, 5])
+            .pcie(Link::SameBoard, &[6, 7]);
+        let mut alloc = on(k80.clone(), Policy::Topology);
+        alloc.allocate_specific("x", set(&[2])).unwrap();
+        assert_eq!(alloc.allocate("a", 2).unwrap(), set(&[0, 1]));
+        assert_eq!(alloc.allocate("b", 4).unwrap(), set(&[4, 5, 6, 7]));
+        let mut alloc = on(k80, Policy::Topology);
+        alloc.allocate_specific("x", set(&[1])).unwrap();
+        // A single GPU: all score the same, lowest index first.
+        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[0]));
+    }
+
+    #[test]
+    fn t4_nodes_without_nvlink_group_by_pcie() {
+        // Eight T4s: pairs under one switch, two switches per NUMA node, two sockets.
+        let t4 = NodeBuilder::new(8, Link::CrossSocket)
+            .pcie(Link::SameNumaNode, &[0, 1, 2, 3])
+            .pcie(Link::SameNumaNode, &[4, 5, 6, 7])
+            .pcie(Link::SingleSwitch, &[0, 1])
+            .pcie(Link::SingleSwitch, &[2, 3])
+            .pcie(Link::SingleSwitch, &[4, 5])
+            .pcie(Link::SingleSwitch, &[6, 7]);
+        let mut alloc = on(t4, Policy::Topology);
+        alloc.allocate_specific("x", set(&[0])).unwrap();
+        assert_eq!(alloc.allocate("a", 2).unwrap(), set(&[2, 3]));
+        assert_eq!(alloc.allocate("b", 3).unwrap(), set(&[4, 5, 6]));
+        assert_eq!(alloc.allocate("c", 2).unwrap(), set(&[1, 7]));
+    }
+
+    #[test]
+    fn unknown_missing_and_asymmetric_topology_never_panics() {
+        let mut inventory = dgx1_v100().inventory();
+        inventory.topology = Topology::unknown(3);
+        inventory.topology.set(0, 1, Link::NvLink(u32::MAX));
+        inventory.topology.set(1, 0, Link::NvLink(u32::MAX));
+        inventory.topology.set(1, 2, Link::NvLink(4));
+        inventory.topology.set(2, 1, Link::Unknown);
+        let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
+        assert_eq!(alloc.score(set(&[0, 1])), u64::from(100 * MAX_NVLINKS));
+        assert_eq!(alloc.score(set(&[1, 2])), 0);
+        assert_eq!(alloc.allocate("a", 3).unwrap(), set(&[0, 1, 2]));
+        assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[3, 4]));
+        let mut alloc = Allocator::new(&Inventory::default(), Policy::Topology).unwrap();
+        assert_eq!(alloc.allocate("a", 0).unwrap(), GpuSet::EMPTY);
+        assert!(matches!(
+            alloc.allocate("a", 1),
+            Err(AllocError::BadRequest { max: 0, .. })
+        ));
+        assert_eq!(
+            alloc.fragmentation(),
+            Fragmentation {
+                free: 0,
+                best_score: vec![0],
+                nvlink_set: 0,
+                exact: true
+            }
+        );
+    }
+
+    #[test]
+    fn fragmentation_reports_best_scores_and_nvlink_sets() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        let fresh = alloc.fragmentation();
+        assert_eq!(fresh.best_score[..5], [0, 0, 200, 500, 900]);
+        assert_eq!(fresh.best_score.len(), 9);
+        assert_eq!((fresh.free, fresh.nvlink_set, fresh.exact), (8, 4, true));
+        alloc.allocate("a", 2).unwrap();
+        alloc.allocate("b", 2).unwrap();
+        assert_eq!(alloc.fragmentation().nvlink_set, 4);
+        alloc.allocate("c", 2).unwrap();
+        let late = alloc.fragmentation();
+        assert_eq!(
+            (late.free, late.nvlink_set, late.best_score.clone()),
+            (2, 2, vec![0, 0, 200])
+        );
+        let mut apart = on(dgx1_v100(), Policy::FirstFit);
+        apart.allocate_specific("a", set(&[0, 2, 5, 7])).unwrap();
+        assert_eq!(apart.fragmentation().nvlink_set, 2);
+    }
+
+    #[test]
+    fn counters_follow_calls() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate("a", 3).unwrap();
+        alloc.shrink("a", 1).unwrap();
+        alloc.release_all("a");
+        alloc.allocate("b", 9).unwrap_err();
+        let counters = alloc.counters();
+        assert_eq!(
+            (counters.requests, counters.granted, counters.released),
+            (4, 3, 3)
+        );
+        assert_eq!(counters.refused.bad_request, 1);
+        assert_eq!(counters.greedy_picks, 0);
+    }
+
+    /// A whole-state snapshot, to check that a refused call changed nothing.
+    fn snapshot(alloc: &Allocator) -> (Vec<(String, GpuSet)>, GpuSet, GpuSet, GpuSet) {
+        let owners = alloc
+            .owners()
+            .into_iter()
+            .map(|(o, s)| (o.to_owned(), s))
+            .collect();
+        (owners, alloc.allocated(), alloc.unhealthy(), alloc.free())
+    }
+
+    fn check_invariants(alloc: &Allocator) -> Result<(), TestCaseError> {
+        let mut union = GpuSet::EMPTY;
+        for (_, held) in alloc.owners() {
+            prop_assert!(!held.is_empty());
+            prop_assert!(union.intersection(held).is_empty(), "a GPU is owned twice");
+            union = union.union(held);
+        }
+        prop_assert_eq!(union, alloc.allocated());
+        prop_assert!(alloc.free().intersection(alloc.allocated()).is_empty());
+        prop_assert!(alloc.free().intersection(alloc.unhealthy()).is_empty());
+        prop_assert_eq!(
+            alloc
+                .free()
+                .union(alloc.allocated())
+                .union(alloc.unhealthy()),
+            alloc.managed()
+        );
+        Ok(())
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Allocate(u8, u32),
+        Specific(u8, u64),
+        Recover(u8, u64),
+        Release(u8, u64),
+        ReleaseAll(u8),
+        Shrink(u8, u32),
+        Resize(u8, u32),
+        Unhealthy(u32),
+        Healthy(u32),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let owner = 0u8..4;
+        let mask = 0u64..1 << 11;
+        prop_oneof![
+            4 => (owner.clone(), 0u32..11).prop_map(|(o, n)| Op::Allocate(o, n)),
+            1 => (owner.clone(), mask.clone()).prop_map(|(o, m)| Op::Specific(o, m)),
+            1 => (owner.clone(), mask.clone()).prop_map(|(o, m)| Op::Recover(o, m)),
+            2 => (owner.clone(), mask).prop_map(|(o, m)| Op::Release(o, m)),
+            1 => owner.clone().prop_map(Op::ReleaseAll),
+            1 => (owner.clone(), 0u32..5).prop_map(|(o, n)| Op::Shrink(o, n)),
+            1 => (owner, 0u32..11).prop_map(|(o, n)| Op::Resize(o, n)),
+            1 => (0u32..11).prop_map(Op::Unhealthy),
+            1 => (0u32..11).prop_map(Op::Healthy),
+        ]
+    }
+
+    /// A random link matrix (asymmetric and unknown entries included) over `n` GPUs.
+    fn random_node() -> impl Strategy<Value = Inventory> {
+        let link = prop_oneof![
+            Just(Link::Unknown),
+            Just(Link::CrossSocket),
+            Just(Link::SameNumaNode),
+            Just(Link::HostBridge),
+            Just(Link::MultipleSwitches),
+            Just(Link::SingleSwitch),
+            Just(Link::SameBoard),
+            (1u32..4).prop_map(Link::NvLink),
+        ];
+        (1usize..=12)
+            .prop_flat_map(move |n| (Just(n), prop::collection::vec(link.clone(), n * n)))
+            .prop_map(|(n, links)| {
+                let mut inventory = NodeBuilder::new(n, Link::Unknown).inventory();
+                for (i, link) in links.into_iter().enumerate() {
+                    inventory.topology.set(i / n, i % n, link);
+                }
+                inventory
+            })
+    }
+
+    fn name(owner: u8) -> String {
+        format!("owner-{owner}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// (b), (c), (d): invariants over random operation sequences, both policies.
+        #[test]
+        fn operations_keep_invariants(
+            inventory in random_node(),
+            topology in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..40),
+        ) {
+            let policy = if topology { Policy::Topology } else { Policy::FirstFit };
+            let mut alloc = Allocator::new(&inventory, policy).unwrap();
+            for op in ops {
+                let before = snapshot(&alloc);
+                let (free, unhealthy) = (alloc.free(), alloc.unhealthy());
+                let held = |a: &Allocator, o: u8| a.held_by(&name(o));
+                let ok = match op {
+                    Op::Allocate(o, n) => alloc.allocate(&name(o), n).map(|got| {
+                        // (c) never a partial set; (d) only free (so healthy) GPUs.
+                        assert_eq!(got.len(), n);
+                        assert!(got.is_subset(free));
+                    }).is_ok(),
+                    Op::Specific(o, m) => {
+                        let gpus = GpuSet::from_mask(m);
+                        let ok = alloc.allocate_specific(&name(o), gpus).is_ok();
+                        assert!(!ok || gpus.is_subset(free), "(d) unhealthy or held GPU granted");
+                        ok
+                    }
+                    Op::Recover(o, m) => alloc.recover(&name(o), GpuSet::from_mask(m)).is_ok(),
+                    Op::Release(o, m) => alloc.release(&name(o), GpuSet::from_mask(m)).is_ok(),
+                    Op::ReleaseAll(o) => { alloc.release_all(&name(o)); true }
+                    Op::Shrink(o, n) => {
+                        let had = held(&alloc, o);
+                        alloc.shrink(&name(o), n).map(|back| {
+                            assert_eq!(back.len(), n);
+                            assert!(back.is_subset(had));
+                        }).is_ok()
+                    }
+                    Op::Resize(o, n) => {
+                        let ok = alloc.resize(&name(o), n).is_ok();
+                        if ok { assert_eq!(held(&alloc, o).len(), n); }
+                        ok
+                    }
+                    Op::Unhealthy(i) => alloc.mark_unhealthy(i).is_ok(),
+                    Op::Healthy(i) => alloc.mark_healthy(i).is_ok(),
+                };
+                if !ok {
+                    prop_assert_eq!(snapshot(&alloc), before, "a refused call changed state");
+                }
+                check_invariants(&alloc)?;
+                prop_assert!(alloc.free().intersection(unhealthy).is_subset(GpuSet::from_mask(0)) ||
+                    matches!(op, Op::Healthy(_)));
+            }
+        }
+
+        /// (a) end to end: the granted set is the brute-force best under the documented order.
+        #[test]
+        fn topology_grant_is_the_brute_force_best(
+            inventory in random_node(),
+            taken in any::<u64>(),
+            count in 0u32..=12,
+        ) {
+            let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
+            let taken = GpuSet::from_mask(taken & alloc.managed().mask());
+            alloc.allocate_specific("other", taken).unwrap();
+            let free = alloc.free();
+            let result = alloc.allocate("me", count);
+            if count > free.len() {
+                prop_assert!(result.is_err());
+                return Ok(());
+            }
+            let got = result.unwrap();
+            let members = free.to_vec();
+            let mut best: Option<((u64, u64), Vec<u32>)> = None;
+            for sub in 0u64..1 << members.len() {
+                if sub.count_ones() != count { continue; }
+                let chosen: Vec<u32> = Bits(sub).map(|p| members[p as usize]).collect();
+                let set = GpuSet::from_indices(chosen.iter().copied()).unwrap();
+                let rest = if count >= 2 { alloc.score(free.difference(set)) } else { 0 };
+                let key = (alloc.score(set), rest);
+                if best.as_ref().is_none_or(|(k, c)| key > *k || (key == *k && chosen < *c)) {
+                    best = Some((key, chosen));
+                }
+            }
+            prop_assert_eq!(got.to_vec(), best.unwrap().1);
+        }
+    }
+}

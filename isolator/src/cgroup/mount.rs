@@ -1,0 +1,236 @@
+//! Finding the device-control hierarchies in a mount table.
+//!
+//! Facts relied on (proc(5) `/proc/<pid>/mountinfo`, Documentation/filesystems/proc.rst):
+//! - Each line is `id parent major:minor root mount-point mount-options [optional…] - fstype
+//!   source super-options`; the optional fields end at a lone `-`.
+//! - Space, tab, newline and backslash in paths are written as octal escapes (`\040`, `\011`,
+//!   `\012`, `\134`).
+//! - A cgroup v1 hierarchy has fstype `cgroup` and its controllers among the super options
+//!   (`rw,devices`, or several co-mounted: `rw,cpu,cpuacct`); the unified hierarchy has fstype
+//!   `cgroup2`.
+//!
+//! Choice on hybrid hosts (both present, as on this project's CI host with v1 `devices` at
+//! `/sys/fs/cgroup/devices` and cgroup2 at `/sys/fs/cgroup/unified`): the `devices` controller is
+//! bound to v1, which is what the init system and Docker use there, so v1 wins. Mesos decides the
+//! same way with its default `--cgroups_hierarchy=/sys/fs/cgroup`, which is not a cgroup2 mount on
+//! such a host (`mesos_gpu.md` §1.2).
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+use super::{CgroupError, CgroupVersion};
+
+/// The cgroup hierarchies that can control device access, as found in a mount table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupMounts {
+    /// Where the cgroup v1 `devices` controller is mounted (first such mount).
+    pub v1_devices: Option<PathBuf>,
+    /// Where the cgroup2 unified hierarchy is mounted (first such mount).
+    pub v2: Option<PathBuf>,
+}
+
+/// A chosen hierarchy: its version and mount point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// v1 (`devices` controller files) or v2 (eBPF programs).
+    pub version: CgroupVersion,
+    /// The mount point: the v1 `devices` hierarchy or the cgroup2 mount.
+    pub mount: PathBuf,
+}
+
+impl CgroupMounts {
+    /// Reads `/proc/self/mountinfo`.
+    pub fn read() -> Result<CgroupMounts, CgroupError> {
+        CgroupMounts::read_from(Path::new("/proc/self/mountinfo"))
+    }
+
+    /// Reads a mountinfo file at `path`.
+    pub fn read_from(path: &Path) -> Result<CgroupMounts, CgroupError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CgroupError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        CgroupMounts::parse(&text)
+    }
+
+    /// Parses the text of a mountinfo file.
+    pub fn parse(mountinfo: &str) -> Result<CgroupMounts, CgroupError> {
+        let mut mounts = CgroupMounts::default();
+        for (i, line) in mountinfo.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = || CgroupError::Mountinfo {
+                line: i + 1,
+                text: line.to_owned(),
+            };
+            let fields: Vec<&str> = line.split(' ').collect();
+            let mount_point = fields.get(4).ok_or_else(bad)?;
+            let dash = fields
+                .iter()
+                .skip(6)
+                .position(|f| *f == "-")
+                .ok_or_else(bad)?
+                + 6;
+            let (Some(fstype), Some(super_opts)) = (fields.get(dash + 1), fields.get(dash + 3))
+            else {
+                return Err(bad());
+            };
+            match *fstype {
+                "cgroup2" if mounts.v2.is_none() => mounts.v2 = Some(unescape(mount_point)),
+                "cgroup"
+                    if mounts.v1_devices.is_none()
+                        && super_opts.split(',').any(|o| o == "devices") =>
+                {
+                    mounts.v1_devices = Some(unescape(mount_point));
+                }
+                _ => {}
+            }
+        }
+        Ok(mounts)
+    }
+
+    /// The hierarchy to use: v1 `devices` when mounted, else cgroup2 (see the module docs).
+    pub fn hierarchy(&self) -> Result<Hierarchy, CgroupError> {
+        match (&self.v1_devices, &self.v2) {
+            (Some(mount), _) => Ok(Hierarchy {
+                version: CgroupVersion::V1,
+                mount: mount.clone(),
+            }),
+            (None, Some(mount)) => Ok(Hierarchy {
+                version: CgroupVersion::V2,
+                mount: mount.clone(),
+            }),
+            (None, None) => Err(CgroupError::NoHierarchy),
+        }
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` → space); anything else is kept as written.
+fn unescape(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let [
+            b'\\',
+            d0 @ b'0'..=b'3',
+            d1 @ b'0'..=b'7',
+            d2 @ b'0'..=b'7',
+            ..,
+        ] = bytes[i..]
+        {
+            out.push((d0 - b'0') * 64 + (d1 - b'0') * 8 + (d2 - b'0'));
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsString::from_vec(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This project's CI host: hybrid, v1 controllers plus cgroup2 at `unified`.
+    const HYBRID: &str = "\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    /// A pure cgroup v2 host (systemd's default), with optional fields before the dash.
+    const UNIFIED: &str = "\
+24 31 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+28 24 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+
+    #[test]
+    fn hybrid_host_prefers_v1_devices() {
+        let mounts = CgroupMounts::parse(HYBRID).expect("valid");
+        assert_eq!(
+            mounts.v1_devices.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/devices"))
+        );
+        assert_eq!(
+            mounts.v2.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/unified"))
+        );
+        let h = mounts.hierarchy().expect("found");
+        assert_eq!(
+            h,
+            Hierarchy {
+                version: CgroupVersion::V1,
+                mount: "/sys/fs/cgroup/devices".into()
+            }
+        );
+    }
+
+    #[test]
+    fn unified_host_uses_v2() {
+        let h = CgroupMounts::parse(UNIFIED)
+            .expect("valid")
+            .hierarchy()
+            .expect("found");
+        assert_eq!(
+            h,
+            Hierarchy {
+                version: CgroupVersion::V2,
+                mount: "/sys/fs/cgroup".into()
+            }
+        );
+    }
+
+    #[test]
+    fn co_mounted_devices_and_escaped_paths() {
+        let text = "50 31 0:40 / /cg/dev\\040ices rw - cgroup cgroup rw,freezer,devices\n";
+        let mounts = CgroupMounts::parse(text).expect("valid");
+        assert_eq!(
+            mounts.v1_devices.as_deref(),
+            Some(Path::new("/cg/dev ices"))
+        );
+        assert_eq!(mounts.v2, None);
+        // `name=devices` is a named hierarchy, not the controller.
+        let named = "51 31 0:41 / /cg/named rw - cgroup cgroup rw,name=devices\n";
+        assert_eq!(CgroupMounts::parse(named).expect("valid").v1_devices, None);
+    }
+
+    #[test]
+    fn no_hierarchy_is_an_error() {
+        let err = CgroupMounts::parse("22 27 0:21 / /proc rw - proc proc rw\n")
+            .expect("valid")
+            .hierarchy()
+            .expect_err("none");
+        assert!(matches!(err, CgroupError::NoHierarchy), "{err:?}");
+        assert!(err.to_string().contains("devices"), "{err}");
+    }
+
+    #[test]
+    fn malformed_line_is_named() {
+        let err = CgroupMounts::parse("22 27 0:21 / /proc rw - proc proc rw\ngarbage line\n")
+            .expect_err("bad");
+        assert!(
+            matches!(&err, CgroupError::Mountinfo { line: 2, text } if text == "garbage line"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn unescape_keeps_odd_backslashes() {
+        assert_eq!(unescape("a\\134b\\x\\01"), PathBuf::from("a\\b\\x\\01"));
+    }
+
+    #[test]
+    fn reads_this_process_mountinfo() {
+        // Whatever the host has, the real file parses.
+        CgroupMounts::read().expect("/proc/self/mountinfo parses");
+    }
+}

@@ -1,0 +1,486 @@
+//! GPU discovery: load NVML at run time, read the node's GPUs, driver and topology once, and
+//! keep the NVML session for later users (health events, usage).
+//!
+//! Facts relied on (`shared/reference/mesos_gpu.md` §2.1 and §5, `crates.md` §1):
+//! - NVML is `libnvidia-ml.so.1`, opened with `dlopen` through nvml-wrapper
+//!   (`Nvml::builder().lib_path(..)`); there is no link-time dependency, so a node without the
+//!   driver still runs. It is initialised with `NVML_INIT_FLAG_NO_GPUS`, without which
+//!   `nvmlInit` fails (`NVML_ERROR_GPU_NOT_FOUND`) on a driver that has no GPU. A missing library is `NvmlError::LibloadingError` (its text is the
+//!   `dlerror()` string) and a library without its kernel module gives
+//!   `NVML_ERROR_DRIVER_NOT_LOADED`: both mean "no GPUs here", not an error. Any other failure of
+//!   `nvmlInit_v2` means a broken driver and is an error.
+//! - Per GPU: `nvmlDeviceGetHandleByIndex_v2`, `…GetMinorNumber` (the `/dev/nvidia<minor>` node;
+//!   not always the index), `…GetUUID`, `…GetName`, `…GetMemoryInfo_v2`, `…GetPciInfo_v3`,
+//!   `…GetNumaNodeId`, `…GetCudaComputeCapability`, `…GetCpuAffinity`. A GPU that answers
+//!   `NVML_ERROR_GPU_IS_LOST` (or reset-required, insufficient power, IRQ issue) is listed with
+//!   `healthy: false` and whatever was read before; a GPU whose handle cannot be obtained at
+//!   all has only its index, and its minor is [`UNKNOWN_MINOR`].
+//! - `NOT_SUPPORTED` and symbols missing from older drivers leave optional fields unknown;
+//!   memory size then reads 0 (with a warning).
+//! - Topology: see [`topology`].
+//!
+//! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
+//! reports an empty inventory with the reason and lets the caller decide.
+
+mod topology;
+
+use std::os::raw::c_ulong;
+use std::path::{Path, PathBuf};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::InitFlags;
+use nvml_wrapper::error::NvmlError;
+
+use crate::inventory::{DriverInfo, Gpu, Inventory, Topology};
+
+/// The library NVML is loaded from by default (the ld.so search applies).
+pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
+
+/// The minor recorded for a GPU whose handle NVML would not give (lost at discovery). It is
+/// above every Linux minor (20 bits), so it never matches a device node.
+pub const UNKNOWN_MINOR: u32 = u32::MAX;
+
+/// `NVML_ERROR_GPU_NOT_FOUND`, which nvml-wrapper 0.13 does not name.
+const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;
+
+/// How many CPUs [`GpuDriver::cpu_affinity`] can describe.
+const MAX_CPUS: usize = 4096;
+
+/// Why discovery failed on a host that has an NVIDIA driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// `nvmlInit_v2` failed for a reason other than a missing library or driver.
+    #[error("cannot initialise NVML from {lib}")]
+    Init {
+        /// The library path given to dlopen.
+        lib: PathBuf,
+        /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+    /// A node-wide NVML query failed.
+    #[error("NVML cannot report the {what}")]
+    System {
+        /// What was asked (`GPU count`, `driver version`).
+        what: &'static str,
+        /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+    /// A GPU cannot be enumerated.
+    #[error("cannot read the {what} of GPU {index}")]
+    Gpu {
+        /// NVML index of the GPU.
+        index: u32,
+        /// The attribute being read.
+        what: &'static str,
+        /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+}
+
+/// What opening NVML found.
+#[derive(Debug)]
+pub enum Discovery {
+    /// NVML is loaded and initialised; the driver owns the session and the inventory.
+    Driver(Box<GpuDriver>),
+    /// No NVIDIA driver on this host: an empty inventory whose `absent_reason` says why.
+    NoDriver(Inventory),
+}
+
+impl Discovery {
+    /// The node's inventory, empty (with `absent_reason`) when there is no driver.
+    pub fn inventory(&self) -> &Inventory {
+        match self {
+            Discovery::Driver(driver) => driver.inventory(),
+            Discovery::NoDriver(inventory) => inventory,
+        }
+    }
+
+    /// The NVML session, when there is a driver.
+    pub fn driver(&self) -> Option<&GpuDriver> {
+        match self {
+            Discovery::Driver(driver) => Some(driver),
+            Discovery::NoDriver(_) => None,
+        }
+    }
+}
+
+/// A live NVML session and what discovery read from it at start.
+pub struct GpuDriver {
+    nvml: Nvml,
+    lib: PathBuf,
+    inventory: Inventory,
+    cpu_affinity: Vec<Option<Vec<u32>>>,
+}
+
+impl std::fmt::Debug for GpuDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDriver")
+            .field("lib", &self.lib)
+            .field("inventory", &self.inventory)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuDriver {
+    /// Loads NVML from `lib` (default [`DEFAULT_NVML_LIB`]), initialises it and reads the
+    /// inventory. A host without the library or the kernel driver gives
+    /// [`Discovery::NoDriver`], not an error.
+    #[tracing::instrument(skip_all, fields(lib = %lib.map_or(Path::new(DEFAULT_NVML_LIB), |p| p).display()))]
+    pub fn open(lib: Option<&Path>) -> Result<Discovery, DiscoveryError> {
+        let lib = lib.map_or_else(|| PathBuf::from(DEFAULT_NVML_LIB), Path::to_path_buf);
+        let nvml = match init(&lib) {
+            Ok(nvml) => nvml,
+            Err(err) => {
+                let Some(reason) = absent_reason(&lib, &err) else {
+                    return Err(DiscoveryError::Init { lib, source: err });
+                };
+                tracing::info!(%reason, "no NVIDIA driver");
+                return Ok(Discovery::NoDriver(Inventory {
+                    absent_reason: Some(reason),
+                    ..Inventory::default()
+                }));
+            }
+        };
+        let (inventory, cpu_affinity) = read_inventory(&nvml)?;
+        tracing::info!(
+            gpus = inventory.gpus.len(),
+            driver = inventory.driver.as_ref().map_or("", |d| d.version.as_str()),
+            unhealthy = inventory.gpus.iter().filter(|g| !g.healthy).count(),
+            "discovered GPUs"
+        );
+        Ok(Discovery::Driver(Box::new(GpuDriver {
+            nvml,
+            lib,
+            inventory,
+            cpu_affinity,
+        })))
+    }
+
+    /// The inventory read at [`GpuDriver::open`].
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The NVML session, for health events and usage.
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
+    /// The library path NVML was loaded from.
+    pub fn lib_path(&self) -> &Path {
+        &self.lib
+    }
+
+    /// The CPUs closest to the GPU at `position` in [`Inventory::gpus`], when NVML knows them.
+    pub fn cpu_affinity(&self, position: usize) -> Option<&[u32]> {
+        self.cpu_affinity.get(position).and_then(|c| c.as_deref())
+    }
+}
+
+/// `nvmlInitWithFlags(NVML_INIT_FLAG_NO_GPUS)`, so that a driver without GPUs still reports its
+/// version; `nvmlInit_v2` for drivers that predate `nvmlInitWithFlags`.
+fn init(lib: &Path) -> Result<Nvml, NvmlError> {
+    match Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .flags(InitFlags::NO_GPUS)
+        .init()
+    {
+        Err(NvmlError::FailedToLoadSymbol(missing)) => {
+            tracing::debug!(%missing, "no nvmlInitWithFlags; using nvmlInit_v2");
+            Nvml::builder().lib_path(lib.as_os_str()).init()
+        }
+        other => other,
+    }
+}
+
+/// "No GPUs here" reasons: the library is missing, the kernel driver is not loaded, or (for
+/// `nvmlInit_v2`) the driver finds no GPU.
+fn absent_reason(lib: &Path, err: &NvmlError) -> Option<String> {
+    match err {
+        NvmlError::UnexpectedVariant(NVML_ERROR_GPU_NOT_FOUND) => {
+            Some("the NVIDIA driver found no GPUs (NVML_ERROR_GPU_NOT_FOUND)".to_owned())
+        }
+        NvmlError::LibloadingError(e) => Some(format!("NVIDIA driver not found: {e}")),
+        NvmlError::DriverNotLoaded => Some(format!(
+            "NVIDIA driver not loaded: {} is present but NVML reports NVML_ERROR_DRIVER_NOT_LOADED",
+            lib.display()
+        )),
+        _ => None,
+    }
+}
+
+type Affinities = Vec<Option<Vec<u32>>>;
+
+fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError> {
+    let version = nvml
+        .sys_driver_version()
+        .map_err(|source| DiscoveryError::System {
+            what: "driver version",
+            source,
+        })?;
+    let cuda_version = match nvml.sys_cuda_driver_version() {
+        Ok(v) => u32::try_from(v).ok().map(|v| (v / 1000, (v % 1000) / 10)),
+        Err(err) => {
+            tracing::debug!(%err, "CUDA driver version unknown");
+            None
+        }
+    };
+    let count = nvml
+        .device_count()
+        .map_err(|source| DiscoveryError::System {
+            what: "GPU count",
+            source,
+        })?;
+    let mut gpus = Vec::new();
+    let mut affinities = Vec::new();
+    let mut devices = Vec::new();
+    for index in 0..count {
+        let (gpu, affinity, device) = read_gpu(nvml, index)?;
+        gpus.push(gpu);
+        affinities.push(affinity);
+        devices.push(device);
+    }
+    let topology = if gpus.is_empty() {
+        Topology::unknown(0)
+    } else {
+        topology::read(nvml, &devices, &gpus)
+    };
+    let absent_reason = gpus
+        .is_empty()
+        .then(|| format!("NVIDIA driver {version} reports no GPUs"));
+    let driver = Some(DriverInfo {
+        version,
+        cuda_version,
+    });
+    Ok((
+        Inventory {
+            driver,
+            gpus,
+            topology,
+            absent_reason,
+        },
+        affinities,
+    ))
+}
+
+/// Errors that mean the GPU is there but unusable: listed with `healthy: false`.
+fn is_unusable(err: &NvmlError) -> bool {
+    matches!(
+        err,
+        NvmlError::GpuLost
+            | NvmlError::ResetRequired
+            | NvmlError::InsufficientPower
+            | NvmlError::IrqIssue
+    )
+}
+
+/// Errors that mean "this driver or GPU cannot say": the field stays unknown.
+fn is_unsupported(err: &NvmlError) -> bool {
+    matches!(
+        err,
+        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound
+    )
+}
+
+/// Reads GPU fields, downgrading the GPU to unhealthy on the first "lost" answer.
+struct GpuReader {
+    index: u32,
+    healthy: bool,
+}
+
+impl GpuReader {
+    /// A field the GPU must have: unsupported or failing is an enumeration error.
+    fn required<T>(
+        &mut self,
+        what: &'static str,
+        r: Result<T, NvmlError>,
+    ) -> Result<Option<T>, DiscoveryError> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(err) if is_unusable(&err) => {
+                self.unusable(what, &err);
+                Ok(None)
+            }
+            Err(source) => Err(DiscoveryError::Gpu {
+                index: self.index,
+                what,
+                source,
+            }),
+        }
+    }
+
+    /// A field that may be unknown.
+    fn optional<T>(&mut self, what: &'static str, r: Result<T, NvmlError>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(err) if is_unusable(&err) => {
+                self.unusable(what, &err);
+                None
+            }
+            Err(err) if is_unsupported(&err) => {
+                tracing::debug!(index = self.index, what, %err, "not reported by this driver");
+                None
+            }
+            Err(err) => {
+                tracing::warn!(index = self.index, what, %err, "NVML query failed; leaving it unknown");
+                None
+            }
+        }
+    }
+
+    fn unusable(&mut self, what: &'static str, err: &NvmlError) {
+        if self.healthy {
+            tracing::warn!(index = self.index, what, %err, "GPU is unusable; listing it as unhealthy");
+        }
+        self.healthy = false;
+    }
+}
+
+/// What [`read_gpu`] learns: the GPU, its CPU affinity, and its handle when it is usable.
+type GpuRead<'nvml> = (Gpu, Option<Vec<u32>>, Option<nvml_wrapper::Device<'nvml>>);
+
+fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
+    let mut r = GpuReader {
+        index,
+        healthy: true,
+    };
+    let Some(device) = r.required("handle", nvml.device_by_index(index))? else {
+        let gpu = Gpu {
+            index,
+            minor: UNKNOWN_MINOR,
+            uuid: String::new(),
+            name: String::new(),
+            memory_total: 0,
+            pci_bus_id: String::new(),
+            numa_node: None,
+            compute_capability: None,
+            healthy: false,
+        };
+        return Ok((gpu, None, None));
+    };
+    let minor = r.required("minor number", device.minor_number())?;
+    let uuid = r.required("UUID", device.uuid())?;
+    let name = r.required("name", device.name())?;
+    let pci_bus_id = r.required("PCI info", device.pci_info())?.map(|p| p.bus_id);
+    let memory_total = match r.optional("memory info", device.memory_info()) {
+        Some(m) => m.total,
+        None => {
+            tracing::warn!(index, "memory size unknown; recording 0");
+            0
+        }
+    };
+    let numa_node = r.optional("NUMA node", device.numa_node_id());
+    let compute_capability = r
+        .optional("compute capability", device.cuda_compute_capability())
+        .and_then(|cc| Some((u32::try_from(cc.major).ok()?, u32::try_from(cc.minor).ok()?)));
+    let affinity = r.optional(
+        "CPU affinity",
+        device.cpu_affinity(MAX_CPUS.div_ceil(c_ulong::BITS as usize)),
+    );
+    let gpu = Gpu {
+        index,
+        minor: minor.unwrap_or(UNKNOWN_MINOR),
+        uuid: uuid.unwrap_or_default(),
+        name: name.unwrap_or_default(),
+        memory_total,
+        pci_bus_id: pci_bus_id.unwrap_or_default(),
+        numa_node,
+        compute_capability,
+        healthy: r.healthy,
+    };
+    tracing::debug!(?gpu, "read GPU");
+    let device = r.healthy.then_some(device);
+    Ok((gpu, affinity.map(|mask| cpus_of_mask(&mask)), device))
+}
+
+/// The CPU numbers set in an NVML affinity bitmask (word `w`, bit `b` is CPU `w*BITS + b`).
+fn cpus_of_mask(mask: &[c_ulong]) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for (word, bits) in (0u32..).zip(mask) {
+        for bit in 0..c_ulong::BITS {
+            if bits & (1 << bit) != 0 {
+                cpus.push(word * c_ulong::BITS + bit);
+            }
+        }
+    }
+    cpus
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_no_driver_with_the_dlerror_text() {
+        let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
+        let Discovery::NoDriver(inv) = GpuDriver::open(Some(lib)).expect("not an error") else {
+            panic!("a missing library must not give a driver");
+        };
+        assert_eq!(
+            inv.absent_reason.as_deref(),
+            Some(
+                "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: \
+                 No such file or directory"
+            )
+        );
+        assert!(inv.gpus.is_empty() && inv.driver.is_none());
+    }
+
+    #[test]
+    fn not_a_library_is_no_driver() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lib = dir.path().join("libnvidia-ml.so.1");
+        std::fs::write(&lib, b"not an ELF file").expect("write");
+        let found = GpuDriver::open(Some(&lib)).expect("not an error");
+        let reason = found.inventory().absent_reason.clone().expect("reason");
+        assert!(
+            reason.starts_with("NVIDIA driver not found: ") && reason.contains("libnvidia-ml.so.1"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn driver_not_loaded_is_absent_and_other_init_errors_are_not() {
+        let lib = Path::new("libnvidia-ml.so.1");
+        let reason = absent_reason(lib, &NvmlError::DriverNotLoaded).expect("absent");
+        assert!(reason.contains("NVML_ERROR_DRIVER_NOT_LOADED"), "{reason}");
+        assert_eq!(absent_reason(lib, &NvmlError::NoPermission), None);
+        assert_eq!(absent_reason(lib, &NvmlError::LibRmVersionMismatch), None);
+    }
+
+    #[test]
+    fn affinity_masks() {
+        assert_eq!(cpus_of_mask(&[0b1011, 0, 1]), [0, 1, 3, 2 * c_ulong::BITS]);
+        assert!(cpus_of_mask(&[0, 0]).is_empty());
+    }
+
+    #[test]
+    fn reader_classifies_errors() {
+        let mut r = GpuReader {
+            index: 3,
+            healthy: true,
+        };
+        assert_eq!(
+            r.optional("numa", Err::<u32, _>(NvmlError::NotSupported)),
+            None
+        );
+        assert!(r.healthy);
+        assert!(matches!(
+            r.required("uuid", Err::<u32, _>(NvmlError::Unknown)),
+            Err(DiscoveryError::Gpu {
+                index: 3,
+                what: "uuid",
+                ..
+            })
+        ));
+        assert_eq!(
+            r.required("minor", Err::<u32, _>(NvmlError::GpuLost))
+                .expect("lost is not an error"),
+            None
+        );
+        assert!(!r.healthy);
+    }
+}

@@ -1,0 +1,102 @@
+//! GPU health: which NVML events count ([`policy`]), the per-GPU state with its quiet period
+//! ([`state`]), the event loop ([`monitor`]), the checkpoint and operator requests
+//! ([`store`]), and the glue to the allocator and `watch` ([`watch`]).
+//!
+//! GPUs fail far more often than CPUs (XID errors, ECC errors, GPUs falling off the bus);
+//! Mesos hands a broken GPU to the next task. Here a failure takes the GPU out of the free pool
+//! at once and resolves the holder's `watch` with a limitation naming the GPU and the error.
+//!
+//! Wiring, for the lifecycle: start one [`HealthMonitor`] per agent with a callback that, under
+//! the allocator's lock, calls [`apply_to_allocator`] and resolves the returned
+//! [`Limitation`] in a [`Limitations`] registry that `watch(container)` waits on.
+
+mod monitor;
+mod policy;
+mod state;
+mod store;
+mod watch;
+mod xid;
+
+use std::io;
+use std::path::PathBuf;
+
+pub use monitor::{ChangeCallback, HealthMonitor, LoopStats, MonitorConfig};
+pub use policy::{DEFAULT_IGNORED_XIDS, HealthPolicy, PolicyError};
+pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState};
+pub use store::{HealthStore, StoreLock};
+pub use watch::{Limitation, Limitations, apply_to_allocator};
+pub use xid::xid_meaning;
+
+/// Why a health operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    /// A GPU the node does not have.
+    #[error("GPU {gpu} is not on this node (GPUs: {known})")]
+    UnknownGpu {
+        /// The GPU as given.
+        gpu: String,
+        /// The node's GPUs, `index uuid` each.
+        known: String,
+    },
+    /// Text that names no GPU.
+    #[error(
+        "{got:?} is not a GPU: expected an NVML index such as 3 or a UUID such as GPU-8a2d4c6e-…"
+    )]
+    BadGpuRef {
+        /// The text given.
+        got: String,
+    },
+    /// A file operation on the health store failed.
+    #[error("cannot {what} {path}")]
+    Io {
+        /// The operation.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The checkpoint is not valid JSON of the expected shape.
+    #[error("GPU health checkpoint {path} is damaged; fix or remove it")]
+    CheckpointParse {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The checkpoint has a schema version this build cannot read.
+    #[error(
+        "GPU health checkpoint has schema version {found}; this build reads version {expected}"
+    )]
+    CheckpointVersion {
+        /// The version found.
+        found: u32,
+        /// The version understood.
+        expected: u32,
+    },
+    /// Another monitor holds the store.
+    #[error("another GPU health monitor is running on {path}")]
+    InUse {
+        /// The checkpoint it guards.
+        path: PathBuf,
+    },
+    /// The monitor thread could not be started.
+    #[error("cannot start the GPU health thread")]
+    Thread {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl HealthError {
+    /// True when the error names a GPU the node does not have or text that is no GPU.
+    pub fn is_unknown_gpu(&self) -> bool {
+        matches!(
+            self,
+            HealthError::UnknownGpu { .. } | HealthError::BadGpuRef { .. }
+        )
+    }
+}

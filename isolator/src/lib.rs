@@ -1,0 +1,16 @@
+//! The `gpu/nvidia` isolator of the Mesos unified containerizer: GPU discovery, allocation,
+//! device cgroups (v1 and v2) and the container lifecycle.
+//!
+//! `unsafe` is denied everywhere but in [`sys`], which wraps the raw `bpf(2)` system call.
+#![deny(unsafe_code)]
+
+pub mod agent_flags;
+pub mod allocator;
+pub mod cgroup;
+pub mod devices;
+pub mod discovery;
+pub mod health;
+pub mod inventory;
+pub mod usage;
+pub mod lifecycle;
+mod sys;

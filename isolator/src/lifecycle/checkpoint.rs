@@ -1,0 +1,275 @@
+//! The crash-safe checkpoint of the isolator's allocations: `<work_dir>/gpu/allocations.json`.
+//!
+//! Facts relied on (POSIX `rename(2)`, Linux `fsync(2)`; the ext4/xfs "replace via rename" idiom):
+//! - `rename` within one directory atomically replaces the target: a reader sees the old file or
+//!   the new one, never a mix;
+//! - the new file's data is durable only after `fsync` of the file, and the rename itself only
+//!   after `fsync` of the directory. So a write is: temp file, `fsync`, `rename`, `fsync` dir.
+//!
+//! The schema is versioned ([`SCHEMA_VERSION`]); a file with another version is refused, never
+//! guessed at. GPUs are recorded by index, minor and UUID, so recovery can tell when the node's
+//! GPUs changed under a checkpoint.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::fault;
+
+/// The schema version this code reads and writes.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+/// The checkpoint's file name inside `<work_dir>/gpu`.
+pub(crate) const FILE_NAME: &str = "allocations.json";
+/// The lock file that keeps two isolators off one work directory.
+pub(crate) const LOCK_NAME: &str = "allocations.lock";
+
+/// Why the checkpoint could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done (`write`, `rename`, …).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is not a checkpoint of ours.
+    #[error("{path} is not a valid checkpoint")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file has a schema version this code does not know.
+    #[error("{path} has schema version {found}; this mesos-gpu reads version {SCHEMA_VERSION}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// Another isolator holds the work directory.
+    #[error("{path} is locked by another mesos-gpu isolator using the same work directory")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+}
+
+/// One GPU as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GpuRecord {
+    pub(crate) index: u32,
+    pub(crate) minor: u32,
+    pub(crate) uuid: String,
+}
+
+/// A Mesos container's allocation: its GPUs and its full device allow list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ContainerRecord {
+    pub(crate) gpus: Vec<GpuRecord>,
+    /// Rules in `devices.list` syntax, normalized.
+    pub(crate) rules: Vec<String>,
+}
+
+/// Everything the isolator must remember across a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub(crate) struct Checkpoint {
+    pub(crate) version: u32,
+    /// Mesos containerizer containers by id.
+    pub(crate) containers: BTreeMap<String, ContainerRecord>,
+    /// Docker containerizer containers by id.
+    pub(crate) docker: BTreeMap<String, Vec<GpuRecord>>,
+    /// GPUs whose owner is uncertain, by index, with the containers whose cleanup frees them.
+    pub(crate) quarantine: BTreeMap<u32, Vec<String>>,
+}
+
+/// The checkpoint file of one work directory, locked for this process.
+#[derive(Debug)]
+pub(crate) struct Store {
+    dir: PathBuf,
+    path: PathBuf,
+    /// Held open for its `flock`; released when the store is dropped.
+    _lock: File,
+}
+
+impl Store {
+    /// Opens (creating) `<work_dir>/gpu` and takes its lock without waiting.
+    pub(crate) fn open(work_dir: &Path) -> Result<Store, CheckpointError> {
+        let dir = work_dir.join("gpu");
+        fs::create_dir_all(&dir).map_err(|source| io_err("create", &dir, source))?;
+        let lock_path = dir.join(LOCK_NAME);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| io_err("open", &lock_path, source))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(CheckpointError::Locked { path: lock_path });
+            }
+            Err(fs::TryLockError::Error(source)) => return Err(io_err("lock", &lock_path, source)),
+        }
+        Ok(Store {
+            path: dir.join(FILE_NAME),
+            dir,
+            _lock: lock,
+        })
+    }
+
+    /// The checkpoint file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The checkpoint, or an empty one when there is no file yet.
+    pub(crate) fn load(&self) -> Result<Checkpoint, CheckpointError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Checkpoint {
+                    version: SCHEMA_VERSION,
+                    ..Checkpoint::default()
+                });
+            }
+            Err(source) => return Err(io_err("read", &self.path, source)),
+        };
+        parse(&bytes).map_err(|e| match e {
+            ParseFailure::Json(source) => CheckpointError::Parse {
+                path: self.path.clone(),
+                source,
+            },
+            ParseFailure::Version(found) => CheckpointError::Version {
+                path: self.path.clone(),
+                found,
+            },
+        })
+    }
+
+    /// Replaces the checkpoint with `ckpt`: temp file, fsync, rename, fsync of the directory.
+    pub(crate) fn save(&self, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
+        let bytes = serde_json::to_vec_pretty(ckpt).map_err(|source| CheckpointError::Parse {
+            path: self.path.clone(),
+            source,
+        })?;
+        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
+        let mut file = File::create(&tmp).map_err(|source| io_err("create", &tmp, source))?;
+        file.write_all(&bytes)
+            .map_err(|source| io_err("write", &tmp, source))?;
+        file.sync_all()
+            .map_err(|source| io_err("fsync", &tmp, source))?;
+        drop(file);
+        fault::point("checkpoint.temp_written");
+        fs::rename(&tmp, &self.path).map_err(|source| io_err("rename", &tmp, source))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| io_err("fsync", &self.dir, source))?;
+        tracing::trace!(path = %self.path.display(), bytes = bytes.len(), "wrote checkpoint");
+        Ok(())
+    }
+}
+
+enum ParseFailure {
+    Json(serde_json::Error),
+    Version(u32),
+}
+
+/// Parses checkpoint bytes, checking the schema version before the rest.
+fn parse(bytes: &[u8]) -> Result<Checkpoint, ParseFailure> {
+    #[derive(Deserialize)]
+    struct Header {
+        version: u32,
+    }
+    let header: Header = serde_json::from_slice(bytes).map_err(ParseFailure::Json)?;
+    if header.version != SCHEMA_VERSION {
+        return Err(ParseFailure::Version(header.version));
+    }
+    serde_json::from_slice(bytes).map_err(ParseFailure::Json)
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> CheckpointError {
+    CheckpointError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn sample() -> Checkpoint {
+        let gpu = GpuRecord {
+            index: 1,
+            minor: 1,
+            uuid: "GPU-1".into(),
+        };
+        Checkpoint {
+            version: SCHEMA_VERSION,
+            containers: BTreeMap::from([(
+                "c1".into(),
+                ContainerRecord {
+                    gpus: vec![gpu.clone()],
+                    rules: vec!["c 195:1 rw".into()],
+                },
+            )]),
+            docker: BTreeMap::from([("d1".into(), vec![gpu])]),
+            quarantine: BTreeMap::from([(3, vec!["c2".into()])]),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load().unwrap(),
+            Checkpoint {
+                version: SCHEMA_VERSION,
+                ..Default::default()
+            }
+        );
+        store.save(&sample()).unwrap();
+        assert_eq!(store.load().unwrap(), sample());
+        assert!(!dir.path().join("gpu/allocations.json.tmp").exists());
+    }
+
+    #[test]
+    fn second_store_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = Store::open(dir.path()).unwrap();
+        let err = Store::open(dir.path()).unwrap_err();
+        assert!(matches!(err, CheckpointError::Locked { .. }), "{err}");
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        fs::write(store.path(), br#"{"version": 7, "future": true}"#).unwrap();
+        let err = store.load().unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::Version { found: 7, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("schema version 7"), "{err}");
+        fs::write(store.path(), b"{not json").unwrap();
+        assert!(matches!(
+            store.load().unwrap_err(),
+            CheckpointError::Parse { .. }
+        ));
+    }
+}

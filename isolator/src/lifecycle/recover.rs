@@ -1,0 +1,577 @@
+//! Recovery after an agent restart: rebuild the state from the checkpoint **and** the live
+//! cgroups, and report every inconsistency instead of guessing.
+//!
+//! Facts relied on (`shared/reference/mesos_gpu.md` §1.3, §3.2, §3.3, §9):
+//! - Mesos v1 recovery counts a GPU as held when `devices.list` has an entry with its exact
+//!   major:minor; we do the same, so a wildcard is never read as a claim on every GPU;
+//! - a v2 device program cannot be read back, so v2 relies on the checkpoint, and we check that
+//!   our program is still attached (then attach the checkpointed list again);
+//! - Mesos frees orphans' GPUs at once, so a new container can get a GPU an orphan still uses.
+//!
+//! Rules (safe by construction, see the module docs of [`super`] for the write ordering):
+//! - every container found (checkpoint or cgroup) keeps its GPUs until `cleanup`, whether the
+//!   agent lists it as running, as an orphan, or not at all (reported as unclaimed);
+//! - v1: the GPUs held are the union of the checkpoint's and `devices.list`'s; a difference is
+//!   reported and the cgroup is set to allow the union (it is reserved for that container);
+//! - a cgroup without a checkpoint entry (lost checkpoint, or made by someone else): its v1
+//!   GPUs, or on v2 — where the list is unknowable — every GPU when processes are in it, are
+//!   quarantined until that container's cleanup;
+//! - a GPU claimed by two containers is quarantined until both are cleaned up.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::checkpoint::Checkpoint;
+use super::launch::{allow_list, allowed_minors};
+use super::state::{Container, QUARANTINE_OWNER, State};
+use super::{Isolator, LifecycleError};
+use crate::allocator::{Allocator, GpuSet};
+use crate::cgroup::CgroupVersion;
+use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+
+/// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoverState {
+    /// The container.
+    pub id: ContainerId,
+    /// Its parent, for a nested container.
+    pub parent: Option<ContainerId>,
+}
+
+/// Something recovery found that does not add up, and what it did about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryIssue {
+    /// The checkpoint names the container but its cgroup is gone; its GPUs stay reserved until
+    /// cleanup.
+    CgroupMissing {
+        /// The container.
+        container: ContainerId,
+        /// Its checkpointed GPUs.
+        gpus: Vec<u32>,
+    },
+    /// A cgroup exists with no checkpoint entry; `quarantined` GPUs are held until its cleanup.
+    NoCheckpoint {
+        /// The container (the cgroup's name).
+        container: ContainerId,
+        /// The GPUs quarantined for it.
+        quarantined: Vec<u32>,
+    },
+    /// v1: `devices.list` and the checkpoint disagree (a crash mid-update); the union is kept.
+    Mismatch {
+        /// The container.
+        container: ContainerId,
+        /// GPUs in the checkpoint.
+        checkpointed: Vec<u32>,
+        /// GPUs in `devices.list`.
+        live: Vec<u32>,
+    },
+    /// Several containers claim one GPU; it is quarantined until all of them are cleaned up.
+    ClaimedTwice {
+        /// NVML index.
+        gpu: u32,
+        /// The claimants.
+        claimants: Vec<ContainerId>,
+    },
+    /// Found in the checkpoint or the cgroups, but the agent named it neither running nor
+    /// orphan; its GPUs stay reserved until `cleanup`.
+    Unclaimed {
+        /// The container.
+        container: ContainerId,
+    },
+    /// v2: our device program was not attached; the checkpointed list was attached again.
+    ProgramMissing {
+        /// The container.
+        container: ContainerId,
+    },
+    /// The checkpoint names a GPU the node does not have (or a different UUID at that index).
+    UnknownGpu {
+        /// The container.
+        container: ContainerId,
+        /// NVML index as checkpointed.
+        index: u32,
+        /// UUID as checkpointed.
+        uuid: String,
+    },
+    /// The container's cgroup could not be recovered; its GPUs are quarantined until cleanup.
+    Unrecoverable {
+        /// The container.
+        container: ContainerId,
+        /// Why, with its causes.
+        error: String,
+    },
+}
+
+/// What recovery did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecoveryReport {
+    /// Mesos containers the agent listed, with their GPUs restored.
+    pub recovered: Vec<ContainerId>,
+    /// Orphans, whose GPUs stay reserved until their cleanup.
+    pub orphans: Vec<ContainerId>,
+    /// Docker containers restored.
+    pub docker: Vec<ContainerId>,
+    /// Everything inconsistent.
+    pub issues: Vec<RecoveryIssue>,
+}
+
+impl RecoveryReport {
+    /// True when nothing inconsistent was found.
+    pub fn is_clean(&self) -> bool {
+        self.issues.is_empty()
+    }
+}
+
+/// One container as found.
+struct Found {
+    gpus: GpuSet,
+    rules: Vec<DeviceRule>,
+    cgroup: Option<DeviceCgroup>,
+}
+
+impl Isolator {
+    /// Rebuilds the state from the checkpoint and the live cgroups (see the module docs). Must
+    /// be the first call; `states` are the containers the agent recovered, `orphans` those it
+    /// will destroy.
+    #[tracing::instrument(skip_all, fields(states = states.len(), orphans = orphans.len()))]
+    pub fn recover(
+        &self,
+        states: &[RecoverState],
+        orphans: &[ContainerId],
+    ) -> Result<RecoveryReport, LifecycleError> {
+        const STEP: &str = "recover";
+        let mut guard = self.lock()?;
+        if !guard.is_empty() {
+            return Err(LifecycleError::RecoverAfterUse);
+        }
+        let ckpt = self
+            .store
+            .load()
+            .map_err(|source| LifecycleError::Checkpoint { step: STEP, source })?;
+        let mut report = RecoveryReport::default();
+        let mut found: BTreeMap<ContainerId, Found> = BTreeMap::new();
+        let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
+        let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
+
+        for id in self.candidates(&ckpt) {
+            let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
+            match ckpt.containers.get(id.as_str()) {
+                Some(record) => {
+                    let rules: Vec<DeviceRule> =
+                        record.rules.iter().filter_map(|r| r.parse().ok()).collect();
+                    match self.recover_cgroup(&id, gpus, &rules, &mut report) {
+                        Ok(entry) => {
+                            for i in entry.gpus.iter() {
+                                claims.entry(i).or_default().insert(id.clone());
+                            }
+                            found.insert(id, entry);
+                        }
+                        Err(error) => {
+                            report.issues.push(RecoveryIssue::Unrecoverable {
+                                container: id.clone(),
+                                error,
+                            });
+                            for i in gpus.iter() {
+                                quarantine.entry(i).or_default().insert(id.clone());
+                            }
+                        }
+                    }
+                }
+                None => {
+                    let held = self.unexplained_cgroup(&id);
+                    for i in held.iter() {
+                        quarantine.entry(i).or_default().insert(id.clone());
+                    }
+                    report.issues.push(RecoveryIssue::NoCheckpoint {
+                        container: id.clone(),
+                        quarantined: held.to_vec(),
+                    });
+                }
+            }
+        }
+        let mut docker = BTreeMap::new();
+        for (name, records) in &ckpt.docker {
+            let Ok(id) = ContainerId::new(name.as_str()) else {
+                continue;
+            };
+            let set = GpuSet::from_indices(records.iter().map(|r| r.index)).unwrap_or_default();
+            for i in set.iter() {
+                claims.entry(i).or_default().insert(id.clone());
+            }
+            report.docker.push(id.clone());
+            docker.insert(id, set);
+        }
+        for (&index, names) in &ckpt.quarantine {
+            for name in names {
+                if let Ok(id) = ContainerId::new(name.as_str()) {
+                    quarantine.entry(index).or_default().insert(id);
+                }
+            }
+        }
+        // A GPU with several claimants, or already quarantined, goes to quarantine for all.
+        for (index, claimants) in claims.iter() {
+            if claimants.len() > 1 || quarantine.contains_key(index) {
+                let all = quarantine.entry(*index).or_default();
+                all.extend(claimants.iter().cloned());
+                if claimants.len() > 1 {
+                    report.issues.push(RecoveryIssue::ClaimedTwice {
+                        gpu: *index,
+                        claimants: all.iter().cloned().collect(),
+                    });
+                }
+            }
+        }
+        let state = self.rebuild(found, docker, quarantine)?;
+        let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
+        let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
+        let mut state = state;
+        for id in state.containers.keys() {
+            if known.contains(id) {
+                report.recovered.push(id.clone());
+            } else if orphan_set.contains(id) {
+                report.orphans.push(id.clone());
+            } else {
+                report.issues.push(RecoveryIssue::Unclaimed {
+                    container: id.clone(),
+                });
+            }
+        }
+        for s in states {
+            if let Some(parent) = &s.parent
+                && state.containers.contains_key(parent)
+            {
+                state.nested.insert(s.id.clone(), parent.clone());
+            }
+        }
+        *guard = state;
+        self.save(&guard, STEP)?;
+        for issue in &report.issues {
+            tracing::warn!(?issue, "recovery found an inconsistency");
+        }
+        tracing::info!(
+            recovered = report.recovered.len(), orphans = report.orphans.len(), docker = report.docker.len(),
+            issues = report.issues.len(), free = %guard.allocator.free(), "recovered GPU allocations"
+        );
+        Ok(report)
+    }
+
+    /// Reconciles the Docker containers' GPUs with what Docker reports (`held`: container and
+    /// the minors of its `--device` GPUs). Checkpointed Docker containers Docker no longer has
+    /// are released; a GPU held elsewhere is quarantined for both.
+    #[tracing::instrument(skip_all, fields(held = held.len()))]
+    pub fn recover_docker(
+        &self,
+        held: &[(ContainerId, Vec<u32>)],
+    ) -> Result<RecoveryReport, LifecycleError> {
+        const STEP: &str = "recover Docker containers";
+        let mut guard = self.lock()?;
+        let state = &mut *guard;
+        let mut report = RecoveryReport::default();
+        let live: BTreeSet<&ContainerId> = held.iter().map(|(id, _)| id).collect();
+        let gone: Vec<ContainerId> = state
+            .docker
+            .keys()
+            .filter(|id| !live.contains(id))
+            .cloned()
+            .collect();
+        for id in gone {
+            state.docker.remove(&id);
+            let released = state.allocator.release_all(id.as_str());
+            tracing::info!(container = %id, gpus = %released, "Docker container is gone; released its GPUs");
+        }
+        for (id, minors) in held {
+            if state.containers.contains_key(id) || state.nested.contains_key(id) {
+                return Err(LifecycleError::WrongContainerizer {
+                    container: id.clone(),
+                    step: STEP,
+                    owner: "mesos",
+                });
+            }
+            let mut want = Vec::new();
+            for &minor in minors {
+                match self.inventory.gpus.iter().find(|g| g.minor == minor) {
+                    Some(g) => want.push(g.index),
+                    None => report.issues.push(RecoveryIssue::UnknownGpu {
+                        container: id.clone(),
+                        index: minor,
+                        uuid: String::new(),
+                    }),
+                }
+            }
+            let want = GpuSet::from_indices(want).unwrap_or_default();
+            let have = state.allocator.held_by(id.as_str());
+            for index in want.difference(have).iter() {
+                let single = GpuSet::from_indices([index]).unwrap_or_default();
+                match state.allocator.owner_of(index).map(str::to_owned) {
+                    None => {
+                        if state.allocator.recover(id.as_str(), single).is_err() {
+                            report.issues.push(RecoveryIssue::UnknownGpu {
+                                container: id.clone(),
+                                index,
+                                uuid: String::new(),
+                            });
+                        }
+                    }
+                    Some(other) => {
+                        let claimants = quarantine_gpu(state, index, &other, id);
+                        report.issues.push(RecoveryIssue::ClaimedTwice {
+                            gpu: index,
+                            claimants,
+                        });
+                    }
+                }
+            }
+            let extra = have.difference(want);
+            if !extra.is_empty() {
+                let _ = state.allocator.release(id.as_str(), extra);
+            }
+            state
+                .docker
+                .insert(id.clone(), state.allocator.held_by(id.as_str()));
+            report.docker.push(id.clone());
+        }
+        self.save(state, STEP)?;
+        tracing::info!(
+            docker = report.docker.len(),
+            issues = report.issues.len(),
+            "recovered Docker GPU allocations"
+        );
+        Ok(report)
+    }
+
+    /// Every container id in the checkpoint or with a cgroup under our parent.
+    fn candidates(&self, ckpt: &Checkpoint) -> BTreeSet<ContainerId> {
+        let mut ids: BTreeSet<ContainerId> = ckpt
+            .containers
+            .keys()
+            .filter_map(|k| ContainerId::new(k.as_str()).ok())
+            .collect();
+        if let Ok(dir) = std::fs::read_dir(self.layout.parent_dir()) {
+            for entry in dir.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir())
+                    && let Some(id) = entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|n| ContainerId::new(n).ok())
+                {
+                    ids.insert(id);
+                }
+            }
+        }
+        ids
+    }
+
+    /// The checkpointed GPUs of `id` that this node still has with the same UUID.
+    fn checkpointed_gpus(
+        &self,
+        ckpt: &Checkpoint,
+        id: &ContainerId,
+        report: &mut RecoveryReport,
+    ) -> GpuSet {
+        let Some(record) = ckpt.containers.get(id.as_str()) else {
+            return GpuSet::EMPTY;
+        };
+        let mut set = Vec::new();
+        for gpu in &record.gpus {
+            match self.inventory.by_index(gpu.index) {
+                Some(g) if g.uuid == gpu.uuid && self.devices.contains(&gpu.index) => {
+                    set.push(gpu.index)
+                }
+                Some(_) if self.devices.contains(&gpu.index) => {
+                    // Another GPU at that index now: keep the index reserved all the same.
+                    report.issues.push(RecoveryIssue::UnknownGpu {
+                        container: id.clone(),
+                        index: gpu.index,
+                        uuid: gpu.uuid.clone(),
+                    });
+                    set.push(gpu.index);
+                }
+                _ => report.issues.push(RecoveryIssue::UnknownGpu {
+                    container: id.clone(),
+                    index: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                }),
+            }
+        }
+        GpuSet::from_indices(set).unwrap_or_default()
+    }
+
+    /// Takes over a checkpointed container's cgroup; the error text when that fails.
+    fn recover_cgroup(
+        &self,
+        id: &ContainerId,
+        gpus: GpuSet,
+        rules: &[DeviceRule],
+        report: &mut RecoveryReport,
+    ) -> Result<Found, String> {
+        let chain = |e: &dyn std::error::Error| {
+            let mut text = e.to_string();
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        };
+        if !DeviceCgroup::exists(&self.layout, id) {
+            report.issues.push(RecoveryIssue::CgroupMissing {
+                container: id.clone(),
+                gpus: gpus.to_vec(),
+            });
+            return Ok(Found {
+                gpus,
+                rules: rules.to_vec(),
+                cgroup: None,
+            });
+        }
+        match self.layout.version() {
+            CgroupVersion::V1 => {
+                let mut cgroup =
+                    DeviceCgroup::recover(&self.layout, id, None).map_err(|e| chain(&e))?;
+                let live_rules = cgroup.allowed().map_err(|e| chain(&e))?;
+                let live = self.indices_of_minors(&allowed_minors(&live_rules));
+                if live == gpus {
+                    return Ok(Found {
+                        gpus,
+                        rules: live_rules,
+                        cgroup: Some(cgroup),
+                    });
+                }
+                report.issues.push(RecoveryIssue::Mismatch {
+                    container: id.clone(),
+                    checkpointed: gpus.to_vec(),
+                    live: live.to_vec(),
+                });
+                let union = gpus.union(live);
+                let minors: Vec<u32> = self
+                    .inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| union.contains(g.index))
+                    .map(|g| g.minor)
+                    .collect();
+                let rules = allow_list(&self.base, &self.nodes, minors);
+                cgroup.set_allowed(&rules).map_err(|e| chain(&e))?;
+                Ok(Found {
+                    gpus: union,
+                    rules,
+                    cgroup: Some(cgroup),
+                })
+            }
+            CgroupVersion::V2 => {
+                let attached = V2DeviceCgroup::open(&self.layout, id)
+                    .and_then(|cg| cg.attached_program())
+                    .map_err(|e| chain(&e))?;
+                if attached.is_none() {
+                    report.issues.push(RecoveryIssue::ProgramMissing {
+                        container: id.clone(),
+                    });
+                }
+                let cgroup =
+                    DeviceCgroup::recover(&self.layout, id, Some(rules)).map_err(|e| chain(&e))?;
+                Ok(Found {
+                    gpus,
+                    rules: rules.to_vec(),
+                    cgroup: Some(cgroup),
+                })
+            }
+        }
+    }
+
+    /// The GPUs a cgroup without a checkpoint entry may reach: v1 from `devices.list`; v2, whose
+    /// list cannot be read, every offered GPU while processes are in it, none when it is empty.
+    fn unexplained_cgroup(&self, id: &ContainerId) -> GpuSet {
+        let path = self.layout.container_dir(id);
+        match self.layout.version() {
+            CgroupVersion::V1 => {
+                match DeviceCgroup::recover(&self.layout, id, None).and_then(|cg| cg.allowed()) {
+                    Ok(rules) => self.indices_of_minors(&allowed_minors(&rules)),
+                    Err(e) => {
+                        tracing::error!(container = %id, error = %e, "cannot read the device list; quarantining every GPU");
+                        GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default()
+                    }
+                }
+            }
+            CgroupVersion::V2 => match read_procs(&path) {
+                Ok(pids) if pids.is_empty() => GpuSet::EMPTY,
+                _ => {
+                    tracing::error!(container = %id, "cgroup2 cgroup with processes and no checkpoint; quarantining every GPU");
+                    GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default()
+                }
+            },
+        }
+    }
+
+    fn indices_of_minors(&self, minors: &[u32]) -> GpuSet {
+        let indices = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| minors.contains(&g.minor) && self.devices.contains(&g.index))
+            .map(|g| g.index);
+        GpuSet::from_indices(indices).unwrap_or_default()
+    }
+
+    /// A fresh state holding exactly what was found.
+    fn rebuild(
+        &self,
+        found: BTreeMap<ContainerId, Found>,
+        docker: BTreeMap<ContainerId, GpuSet>,
+        quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
+    ) -> Result<State, LifecycleError> {
+        let allocator = Allocator::with_devices(&self.inventory, &self.devices, self.policy)
+            .map_err(|source| LifecycleError::SetupAllocator { source })?;
+        let mut state = State::new(allocator);
+        let quarantined = GpuSet::from_indices(quarantine.keys().copied()).unwrap_or_default();
+        let take = |state: &mut State, owner: &str, set: GpuSet| {
+            if let Err(e) = state.allocator.recover(owner, set) {
+                tracing::error!(owner, gpus = %set, error = %e, "cannot restore an allocation");
+            }
+        };
+        take(&mut state, QUARANTINE_OWNER, quarantined);
+        for (id, f) in found {
+            let own = f.gpus.difference(quarantined);
+            take(&mut state, id.as_str(), own);
+            state.containers.insert(
+                id,
+                Container {
+                    gpus: own,
+                    rules: f.rules,
+                    cgroup: f.cgroup,
+                },
+            );
+        }
+        for (id, set) in docker {
+            let own = set.difference(quarantined);
+            take(&mut state, id.as_str(), own);
+            state.docker.insert(id, own);
+        }
+        state.quarantine = quarantine;
+        Ok(state)
+    }
+}
+
+/// Moves GPU `index` from `holder` to quarantine, claimed by `holder` and `claimant`; returns
+/// every claimant.
+fn quarantine_gpu(
+    state: &mut State,
+    index: u32,
+    holder: &str,
+    claimant: &ContainerId,
+) -> Vec<ContainerId> {
+    let single = GpuSet::from_indices([index]).unwrap_or_default();
+    if holder != QUARANTINE_OWNER {
+        let _ = state.allocator.release(holder, single);
+        let _ = state.allocator.recover(QUARANTINE_OWNER, single);
+        if let Ok(holder_id) = ContainerId::new(holder) {
+            if let Some(c) = state.containers.get_mut(&holder_id) {
+                c.gpus = c.gpus.difference(single);
+            }
+            if let Some(d) = state.docker.get_mut(&holder_id) {
+                *d = d.difference(single);
+            }
+            state.quarantine.entry(index).or_default().insert(holder_id);
+        }
+    }
+    let claimants = state.quarantine.entry(index).or_default();
+    claimants.insert(claimant.clone());
+    claimants.iter().cloned().collect()
+}

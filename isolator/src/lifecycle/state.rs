@@ -1,0 +1,129 @@
+//! The isolator's in-memory state: one allocator for the whole agent and what each container
+//! holds, and its conversion to the checkpoint.
+//!
+//! Invariant: the allocator holds exactly the union of every container's GPUs (under the
+//! container id), every Docker container's GPUs (under its id) and the quarantined GPUs (under
+//! [`QUARANTINE_OWNER`], which no container id can spell because of the `!`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord, SCHEMA_VERSION};
+use crate::allocator::{Allocator, GpuSet};
+use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule};
+use crate::inventory::Inventory;
+
+/// The allocator owner of GPUs whose owner is uncertain after a recovery.
+pub const QUARANTINE_OWNER: &str = "!quarantine";
+
+/// A Mesos containerizer container.
+#[derive(Debug)]
+pub(crate) struct Container {
+    /// The GPUs it holds in the allocator.
+    pub(crate) gpus: GpuSet,
+    /// Its full allow list, as checkpointed and (once created) in force.
+    pub(crate) rules: Vec<DeviceRule>,
+    /// Its device cgroup; `None` when recovery found it gone.
+    pub(crate) cgroup: Option<DeviceCgroup>,
+}
+
+/// Everything behind the isolator's mutex.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) allocator: Allocator,
+    pub(crate) containers: BTreeMap<ContainerId, Container>,
+    /// Nested containers and their parents (they share the parent's GPUs and cgroup).
+    pub(crate) nested: BTreeMap<ContainerId, ContainerId>,
+    pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
+    /// Quarantined GPUs by index, with the containers whose cleanup frees them.
+    pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
+}
+
+impl State {
+    pub(crate) fn new(allocator: Allocator) -> State {
+        State {
+            allocator,
+            containers: BTreeMap::new(),
+            nested: BTreeMap::new(),
+            docker: BTreeMap::new(),
+            quarantine: BTreeMap::new(),
+        }
+    }
+
+    /// True when `id` names any container this state knows.
+    pub(crate) fn knows(&self, id: &ContainerId) -> bool {
+        self.containers.contains_key(id)
+            || self.nested.contains_key(id)
+            || self.docker.contains_key(id)
+    }
+
+    /// True when nothing is held or known.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.containers.is_empty()
+            && self.docker.is_empty()
+            && self.quarantine.is_empty()
+            && self.nested.is_empty()
+    }
+
+    /// Drops `id`'s claims on quarantined GPUs and frees those nobody else claims.
+    pub(crate) fn release_quarantine(&mut self, id: &ContainerId) -> GpuSet {
+        let mut freed = Vec::new();
+        self.quarantine.retain(|&index, claimants| {
+            claimants.remove(id);
+            if claimants.is_empty() {
+                freed.push(index);
+                false
+            } else {
+                true
+            }
+        });
+        let freed = GpuSet::from_indices(freed).unwrap_or_default();
+        if !freed.is_empty() {
+            if let Err(e) = self.allocator.release(QUARANTINE_OWNER, freed) {
+                tracing::error!(error = %e, gpus = %freed, "quarantine bookkeeping is inconsistent");
+            }
+            tracing::info!(container = %id, gpus = %freed, "released quarantined GPUs");
+        }
+        freed
+    }
+
+    /// The checkpoint of this state.
+    pub(crate) fn checkpoint(&self, inventory: &Inventory) -> Checkpoint {
+        let records = |set: GpuSet| -> Vec<GpuRecord> {
+            set.iter()
+                .filter_map(|i| inventory.by_index(i))
+                .map(|g| GpuRecord {
+                    index: g.index,
+                    minor: g.minor,
+                    uuid: g.uuid.clone(),
+                })
+                .collect()
+        };
+        Checkpoint {
+            version: SCHEMA_VERSION,
+            containers: self
+                .containers
+                .iter()
+                .map(|(id, c)| {
+                    let rules = c.rules.iter().map(ToString::to_string).collect();
+                    (
+                        id.to_string(),
+                        ContainerRecord {
+                            gpus: records(c.gpus),
+                            rules,
+                        },
+                    )
+                })
+                .collect(),
+            docker: self
+                .docker
+                .iter()
+                .map(|(id, &set)| (id.to_string(), records(set)))
+                .collect(),
+            quarantine: self
+                .quarantine
+                .iter()
+                .map(|(&index, ids)| (index, ids.iter().map(ToString::to_string).collect()))
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Device handles and identity: lookups by index, UUID and PCI bus id; name, serial, PCI info,
+//! memory and compute capability.
+//!
+//! Lookups of a lost GPU fail with `GPU_IS_LOST`, as NVML does for a GPU that fell off the bus
+//! (`nvidia-smi` then prints "Unable to determine the device handle for GPU …: GPU is lost").
+//! `nvmlDeviceGetHandleByUUID` and `…ByPciBusId_v2` answer `INVALID_ARGUMENT` for text that is
+//! not a UUID / bus id and `NOT_FOUND` for one that names no GPU.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use super::{Out, OutStr, device_call, fill_chars, guard, in_str};
+use crate::abi::{NVML_MEMORY_V2, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlPciInfo};
+use crate::config::fields::{self, PciAddr};
+use crate::state::{self, Sim};
+use crate::status::{NvmlError, NvmlReturn};
+
+/// Finds a GPU with `find`, then applies the lost / injected-failure checks for `function`.
+fn lookup(
+    function: &str,
+    args_ok: bool,
+    find: impl FnOnce(&Sim) -> Result<usize, NvmlError>,
+) -> Result<NvmlDevice, NvmlError> {
+    let mut reg = state::lock();
+    let sim = reg.sim()?;
+    sim.poll_events();
+    if !args_ok {
+        return Err(NvmlError::InvalidArgument);
+    }
+    let index = find(sim)?;
+    sim.usable(index, function)?;
+    Ok(sim.handle(index))
+}
+
+/// The PCI info NVML reports for an address and ids.
+pub(crate) fn pci_info(addr: PciAddr, device_id: u32, subsystem_id: u32) -> NvmlPciInfo {
+    NvmlPciInfo {
+        bus_id_legacy: fill_chars(&addr.bus_id_legacy()),
+        domain: addr.domain,
+        bus: addr.bus,
+        device: addr.device,
+        pci_device_id: device_id,
+        pci_sub_system_id: subsystem_id,
+        bus_id: fill_chars(&addr.bus_id()),
+    }
+}
+
+/// `nvmlDeviceGetHandleByIndex_v2`.
+///
+/// # Safety
+/// `device` is NULL or writable for one `nvmlDevice_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(device) };
+        let handle = lookup("nvmlDeviceGetHandleByIndex_v2", out.ok(), |sim| {
+            let index = index as usize;
+            if index < sim.gpus.len() {
+                Ok(index)
+            } else {
+                Err(NvmlError::InvalidArgument)
+            }
+        })?;
+        out.put(handle)
+    })
+}
+
+/// `nvmlDeviceGetHandleByUUID`.
+///
+/// # Safety
+/// `uuid` is NULL or a NUL-terminated string; `device` is NULL or writable for one handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let (uuid, out) = unsafe { (in_str(uuid), Out::new(device)) };
+        let handle = lookup(
+            "nvmlDeviceGetHandleByUUID",
+            out.ok() && uuid.is_some(),
+            |sim| {
+                let uuid = uuid.unwrap_or_default();
+                if uuid.starts_with("MIG-") {
+                    return Err(NvmlError::NotFound);
+                }
+                if !fields::is_gpu_uuid(uuid) {
+                    return Err(NvmlError::InvalidArgument);
+                }
+                sim.node
+                    .gpus
+                    .iter()
+                    .position(|g| g.uuid.eq_ignore_ascii_case(uuid))
+                    .ok_or(NvmlError::NotFound)
+            },
+        )?;
+        out.put(handle)
+    })
+}
+
+/// `nvmlDeviceGetHandleByPciBusId_v2`.
+///
+/// # Safety
+/// `pci_bus_id` is NULL or a NUL-terminated string; `device` is NULL or writable for one handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    pci_bus_id: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let (bus_id, out) = unsafe { (in_str(pci_bus_id), Out::new(device)) };
+        let handle = lookup(
+            "nvmlDeviceGetHandleByPciBusId_v2",
+            out.ok() && bus_id.is_some(),
+            |sim| {
+                let addr = fields::parse_bus_id(bus_id.unwrap_or_default())
+                    .ok_or(NvmlError::InvalidArgument)?;
+                sim.node
+                    .gpus
+                    .iter()
+                    .position(|g| g.pci == addr)
+                    .ok_or(NvmlError::NotFound)
+            },
+        )?;
+        out.put(handle)
+    })
+}
+
+/// `nvmlDeviceGetIndex`.
+///
+/// # Safety
+/// `index` is NULL or writable for one `unsigned int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(index) };
+        out.put(device_call(
+            "nvmlDeviceGetIndex",
+            device,
+            out.ok(),
+            |sim, i| Ok(sim.node.gpus[i].index),
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetName`.
+///
+/// # Safety
+/// `name` is NULL or writable for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: NvmlDevice,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { OutStr::new(name, length) };
+        out.put(&device_call(
+            "nvmlDeviceGetName",
+            device,
+            out.ok(),
+            |sim, i| Ok(sim.node.gpus[i].name.clone()),
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetBrand`: an `nvmlBrandType_t`.
+///
+/// # Safety
+/// `brand` is NULL or writable for one `nvmlBrandType_t` (an `unsigned int`-sized enum).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(device: NvmlDevice, brand: *mut c_uint) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(brand) };
+        out.put(device_call(
+            "nvmlDeviceGetBrand",
+            device,
+            out.ok(),
+            |sim, i| Ok(sim.node.gpus[i].brand),
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetSerial`: `NOT_SUPPORTED` when the description gives no serial.
+///
+/// # Safety
+/// `serial` is NULL or writable for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: NvmlDevice,
+    serial: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { OutStr::new(serial, length) };
+        out.put(&device_call(
+            "nvmlDeviceGetSerial",
+            device,
+            out.ok(),
+            |sim, i| {
+                sim.node.gpus[i]
+                    .serial
+                    .clone()
+                    .ok_or(NvmlError::NotSupported)
+            },
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetUUID`.
+///
+/// # Safety
+/// `uuid` is NULL or writable for `length` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: NvmlDevice,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { OutStr::new(uuid, length) };
+        out.put(&device_call(
+            "nvmlDeviceGetUUID",
+            device,
+            out.ok(),
+            |sim, i| Ok(sim.node.gpus[i].uuid.clone()),
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetMinorNumber`: the `N` of `/dev/nvidiaN`.
+///
+/// # Safety
+/// `minor_number` is NULL or writable for one `unsigned int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: NvmlDevice,
+    minor_number: *mut c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(minor_number) };
+        out.put(device_call(
+            "nvmlDeviceGetMinorNumber",
+            device,
+            out.ok(),
+            |sim, i| Ok(sim.node.gpus[i].minor),
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetPciInfo_v3`.
+///
+/// # Safety
+/// `pci` is NULL or writable for one `nvmlPciInfo_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: NvmlDevice,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(pci) };
+        out.put(device_call(
+            "nvmlDeviceGetPciInfo_v3",
+            device,
+            out.ok(),
+            |sim, i| {
+                let g = &sim.node.gpus[i];
+                Ok(pci_info(g.pci, g.pci_device_id, g.pci_subsystem_id))
+            },
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetMemoryInfo`: `used` includes what the driver reserves.
+///
+/// # Safety
+/// `memory` is NULL or writable for one `nvmlMemory_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    memory: *mut NvmlMemory,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(memory) };
+        out.put(device_call(
+            "nvmlDeviceGetMemoryInfo",
+            device,
+            out.ok(),
+            |sim, i| {
+                let m = sim.node.gpus[i].memory;
+                Ok(NvmlMemory {
+                    total: m.total,
+                    free: m.free(),
+                    used: m.used + m.reserved,
+                })
+            },
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: `version` must be `nvmlMemory_v2`, else
+/// `ARGUMENT_VERSION_MISMATCH`.
+///
+/// # Safety
+/// `memory` is NULL or valid for reading and writing one `nvmlMemory_v2_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: NvmlDevice,
+    memory: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    guard(|| {
+        let version = if memory.is_null() {
+            None
+        } else {
+            // SAFETY: non-null and, per this function's contract, valid for reading the struct,
+            // whose first field the caller sets to the struct version.
+            Some(unsafe { (&raw const (*memory).version).read() })
+        };
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(memory) };
+        out.put(device_call(
+            "nvmlDeviceGetMemoryInfo_v2",
+            device,
+            out.ok(),
+            |sim, i| {
+                if version != Some(NVML_MEMORY_V2) {
+                    return Err(NvmlError::ArgumentVersionMismatch);
+                }
+                let m = sim.node.gpus[i].memory;
+                Ok(NvmlMemoryV2 {
+                    version: NVML_MEMORY_V2,
+                    total: m.total,
+                    reserved: m.reserved,
+                    free: m.free(),
+                    used: m.used,
+                })
+            },
+        )?)
+    })
+}
+
+/// `nvmlDeviceGetCudaComputeCapability`: `NOT_SUPPORTED` when the description gives none.
+///
+/// # Safety
+/// `major` and `minor` are each NULL or writable for one `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: NvmlDevice,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let (out_major, out_minor) = unsafe { (Out::new(major), Out::new(minor)) };
+        let args_ok = out_major.ok() && out_minor.ok();
+        let (ma, mi) = device_call(
+            "nvmlDeviceGetCudaComputeCapability",
+            device,
+            args_ok,
+            |sim, i| {
+                sim.node.gpus[i]
+                    .compute_capability
+                    .ok_or(NvmlError::NotSupported)
+            },
+        )?;
+        out_major.put(c_int::try_from(ma).unwrap_or(c_int::MAX))?;
+        out_minor.put(c_int::try_from(mi).unwrap_or(c_int::MAX))
+    })
+}

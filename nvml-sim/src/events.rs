@@ -1,0 +1,450 @@
+//! XID and ECC events: the events file, read as it grows, and the event sets waiting on it.
+//!
+//! The file holds one event per line (format in `nvml-sim/README.md`):
+//! `xid <gpu index> <xid>`, `ecc-sbe <gpu index>`, `ecc-dbe <gpu index>`, `lost <gpu index>`;
+//! blank lines and `#` comments are skipped. Only complete (newline-terminated) lines are read,
+//! so a writer appending a line never has half of it seen. A file that shrinks is taken as
+//! replaced and read again from the start.
+//!
+//! NVML delivers an event to an event set only if the set registered that event type for that
+//! device (`nvmlDeviceRegisterEvents`) before the event happened. A lost GPU reports XID 79
+//! ("GPU has fallen off the bus", NVIDIA's XID catalogue) and answers `GPU_IS_LOST` afterwards.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::path::PathBuf;
+
+use crate::abi::{EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, NvmlEventSet};
+use crate::state::Sim;
+
+/// The XID the driver logs when a GPU falls off the bus.
+pub(crate) const XID_FALLEN_OFF_BUS: u64 = 79;
+
+/// What the events file says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    Xid(u64),
+    SingleBitEcc,
+    DoubleBitEcc,
+    Lost,
+}
+
+/// One parsed line: an event on GPU `gpu` (NVML index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Event {
+    pub(crate) gpu: usize,
+    pub(crate) kind: EventKind,
+}
+
+/// A problem with the events file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EventsError {
+    #[error("cannot read events file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "events file {path} line {line} {text:?}: {problem}; expected `xid <gpu> <xid>`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
+    )]
+    Line {
+        path: PathBuf,
+        line: u64,
+        text: String,
+        problem: String,
+    },
+}
+
+/// Parses one line; `Ok(None)` for blank lines and comments.
+pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, String> {
+    let text = text.trim();
+    if text.is_empty() || text.starts_with('#') {
+        return Ok(None);
+    }
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let gpu = |word: Option<&&str>| -> Result<usize, String> {
+        let word = word.ok_or("missing GPU index")?;
+        let gpu: usize = word
+            .parse()
+            .map_err(|_| format!("GPU index {word:?} is not a number"))?;
+        if gpu >= gpu_count {
+            return Err(format!(
+                "GPU {gpu} does not exist (the node has {gpu_count} GPUs)"
+            ));
+        }
+        Ok(gpu)
+    };
+    let (kind, arity) = match words[0] {
+        "xid" => {
+            let xid = words.get(2).ok_or("missing XID number")?;
+            let xid: u64 = xid
+                .parse()
+                .map_err(|_| format!("XID {xid:?} is not a number"))?;
+            (EventKind::Xid(xid), 3)
+        }
+        "ecc-sbe" => (EventKind::SingleBitEcc, 2),
+        "ecc-dbe" => (EventKind::DoubleBitEcc, 2),
+        "lost" => (EventKind::Lost, 2),
+        other => return Err(format!("unknown event {other:?}")),
+    };
+    let gpu = gpu(words.get(1))?;
+    if words.len() > arity {
+        return Err(format!(
+            "unexpected {:?} after the event",
+            words[arity..].join(" ")
+        ));
+    }
+    Ok(Some(Event { gpu, kind }))
+}
+
+/// An event waiting in a set, until `nvmlEventSetWait_v2` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pending {
+    pub(crate) gpu: usize,
+    pub(crate) event_type: u64,
+    pub(crate) data: u64,
+}
+
+/// Not zero-sized: each boxed token has its own address, which is the set's handle.
+#[derive(Debug)]
+struct SetToken {
+    _serial: u64,
+}
+
+/// One `nvmlEventSet_t`.
+#[derive(Debug)]
+struct EventSet {
+    token: Box<SetToken>,
+    /// Registered event types per GPU index.
+    masks: HashMap<usize, u64>,
+    queue: VecDeque<Pending>,
+}
+
+/// The events file as read so far, and the live event sets.
+#[derive(Debug)]
+pub(crate) struct EventLog {
+    path: Option<PathBuf>,
+    offset: u64,
+    lines_read: u64,
+    sets: Vec<EventSet>,
+    next_serial: u64,
+}
+
+impl EventLog {
+    /// A log over `path` (none: no events ever), read from its start.
+    pub(crate) fn new(path: Option<PathBuf>) -> EventLog {
+        EventLog {
+            path,
+            offset: 0,
+            lines_read: 0,
+            sets: Vec::new(),
+            next_serial: 0,
+        }
+    }
+
+    /// Complete lines appended since the last call, parsed. A missing file has no lines yet.
+    pub(crate) fn read_new(&mut self, gpu_count: usize) -> Vec<Result<Event, EventsError>> {
+        let Some(path) = self.path.clone() else {
+            return Vec::new();
+        };
+        let bytes = match self.read_tail() {
+            Ok(bytes) => bytes,
+            Err(source) if source.kind() == io::ErrorKind::NotFound => return Vec::new(),
+            Err(source) => return vec![Err(EventsError::Read { path, source })],
+        };
+        let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
+            return Vec::new();
+        };
+        self.offset += end as u64 + 1;
+        let mut out = Vec::new();
+        for raw in bytes[..end].split(|&b| b == b'\n') {
+            self.lines_read += 1;
+            let text = String::from_utf8_lossy(raw);
+            match parse_line(&text, gpu_count) {
+                Ok(Some(event)) => out.push(Ok(event)),
+                Ok(None) => {}
+                Err(problem) => out.push(Err(EventsError::Line {
+                    path: path.clone(),
+                    line: self.lines_read,
+                    text: text.trim_end().to_owned(),
+                    problem,
+                })),
+            }
+        }
+        out
+    }
+
+    fn read_tail(&mut self) -> io::Result<Vec<u8>> {
+        let path = self.path.as_ref().ok_or(io::ErrorKind::NotFound)?;
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        if len < self.offset {
+            self.offset = 0;
+            self.lines_read = 0;
+        }
+        if len == self.offset {
+            return Ok(Vec::new());
+        }
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Creates an event set with nothing registered; returns its handle.
+    pub(crate) fn create_set(&mut self) -> NvmlEventSet {
+        self.next_serial += 1;
+        let set = EventSet {
+            token: Box::new(SetToken {
+                _serial: self.next_serial,
+            }),
+            masks: HashMap::new(),
+            queue: VecDeque::new(),
+        };
+        let handle = set_handle(&set);
+        self.sets.push(set);
+        handle
+    }
+
+    fn position(&self, handle: NvmlEventSet) -> Option<usize> {
+        self.sets.iter().position(|s| set_handle(s) == handle)
+    }
+
+    /// Frees a set; false when the handle is not a live set of this instance.
+    pub(crate) fn free_set(&mut self, handle: NvmlEventSet) -> bool {
+        self.position(handle)
+            .map(|i| self.sets.swap_remove(i))
+            .is_some()
+    }
+
+    /// Adds `types` for GPU `gpu` to a set; false when the handle is not a live set.
+    pub(crate) fn register(&mut self, handle: NvmlEventSet, gpu: usize, types: u64) -> bool {
+        let Some(i) = self.position(handle) else {
+            return false;
+        };
+        *self.sets[i].masks.entry(gpu).or_default() |= types;
+        true
+    }
+
+    /// Takes the oldest pending event of a set: `None` when the handle is not a live set,
+    /// `Some(None)` when the set has nothing pending.
+    pub(crate) fn take(&mut self, handle: NvmlEventSet) -> Option<Option<Pending>> {
+        let i = self.position(handle)?;
+        Some(self.sets[i].queue.pop_front())
+    }
+
+    /// Queues an event in every set registered for it.
+    fn deliver(&mut self, event: Pending) {
+        for set in &mut self.sets {
+            if set
+                .masks
+                .get(&event.gpu)
+                .is_some_and(|m| m & event.event_type != 0)
+            {
+                set.queue.push_back(event);
+            }
+        }
+    }
+}
+
+fn set_handle(set: &EventSet) -> NvmlEventSet {
+    let token: *const SetToken = &*set.token;
+    token.cast_mut().cast()
+}
+
+/// Applies an event to the node (lost flag, ECC counters) and queues it for registered sets.
+pub(crate) fn apply(sim: &mut Sim, event: Event) {
+    let gpu = event.gpu;
+    let state = &mut sim.gpus[gpu];
+    let (event_type, data) = match event.kind {
+        EventKind::Xid(xid) => (EVENT_XID, xid),
+        EventKind::Lost => {
+            state.lost = true;
+            (EVENT_XID, XID_FALLEN_OFF_BUS)
+        }
+        EventKind::SingleBitEcc => {
+            if let Some(ecc) = &mut state.ecc {
+                ecc.volatile_corrected += 1;
+                ecc.aggregate_corrected += 1;
+            }
+            (EVENT_SINGLE_BIT_ECC, 0)
+        }
+        EventKind::DoubleBitEcc => {
+            if let Some(ecc) = &mut state.ecc {
+                ecc.volatile_uncorrected += 1;
+                ecc.aggregate_uncorrected += 1;
+            }
+            (EVENT_DOUBLE_BIT_ECC, 0)
+        }
+    };
+    sim.events.deliver(Pending {
+        gpu,
+        event_type,
+        data,
+    });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    #[test]
+    fn parses_each_form() {
+        assert_eq!(
+            parse_line("xid 3 79", 8),
+            Ok(Some(Event {
+                gpu: 3,
+                kind: EventKind::Xid(79)
+            }))
+        );
+        assert_eq!(
+            parse_line("  ecc-sbe 0 ", 8),
+            Ok(Some(Event {
+                gpu: 0,
+                kind: EventKind::SingleBitEcc
+            }))
+        );
+        assert_eq!(
+            parse_line("ecc-dbe 7", 8),
+            Ok(Some(Event {
+                gpu: 7,
+                kind: EventKind::DoubleBitEcc
+            }))
+        );
+        assert_eq!(
+            parse_line("lost 1", 8),
+            Ok(Some(Event {
+                gpu: 1,
+                kind: EventKind::Lost
+            }))
+        );
+        assert_eq!(parse_line("# note", 8), Ok(None));
+        assert_eq!(parse_line("", 8), Ok(None));
+    }
+
+    #[test]
+    fn rejects_bad_lines_with_the_reason() {
+        assert!(
+            parse_line("xid 8 79", 8)
+                .unwrap_err()
+                .contains("GPU 8 does not exist")
+        );
+        assert!(parse_line("xid 1", 8).unwrap_err().contains("missing XID"));
+        assert!(
+            parse_line("xid one 79", 8)
+                .unwrap_err()
+                .contains("not a number")
+        );
+        assert!(
+            parse_line("lost 1 now", 8)
+                .unwrap_err()
+                .contains("unexpected")
+        );
+        assert!(
+            parse_line("fire 1", 8)
+                .unwrap_err()
+                .contains("unknown event")
+        );
+        assert!(parse_line("lost", 8).unwrap_err().contains("missing GPU"));
+    }
+
+    #[test]
+    fn reads_only_complete_new_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events");
+        let mut log = EventLog::new(Some(path.clone()));
+        assert!(log.read_new(4).is_empty(), "a missing file has no events");
+
+        let mut f = File::create(&path).unwrap();
+        f.write_all(b"xid 1 13\nlost 2\necc-s").unwrap();
+        let got: Vec<_> = log.read_new(4).into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            got,
+            [
+                Event {
+                    gpu: 1,
+                    kind: EventKind::Xid(13)
+                },
+                Event {
+                    gpu: 2,
+                    kind: EventKind::Lost
+                }
+            ]
+        );
+        assert!(log.read_new(4).is_empty());
+
+        f.write_all(b"be 3\nbogus\n").unwrap();
+        let got = log.read_new(4);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            *got[0].as_ref().unwrap(),
+            Event {
+                gpu: 3,
+                kind: EventKind::SingleBitEcc
+            }
+        );
+        let err = got[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("line 4") && err.contains("bogus"), "{err}");
+
+        std::fs::write(&path, b"xid 0 31\n").unwrap();
+        let got: Vec<_> = log.read_new(4).into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            got,
+            [Event {
+                gpu: 0,
+                kind: EventKind::Xid(31)
+            }],
+            "a replaced file is read from its start"
+        );
+    }
+
+    #[test]
+    fn sets_receive_only_registered_events() {
+        let mut log = EventLog::new(None);
+        let a = log.create_set();
+        let b = log.create_set();
+        assert_ne!(a, b);
+        assert!(log.register(a, 3, EVENT_XID));
+        assert!(log.register(b, 2, EVENT_XID | EVENT_DOUBLE_BIT_ECC));
+        log.deliver(Pending {
+            gpu: 3,
+            event_type: EVENT_XID,
+            data: 79,
+        });
+        log.deliver(Pending {
+            gpu: 2,
+            event_type: EVENT_SINGLE_BIT_ECC,
+            data: 0,
+        });
+        log.deliver(Pending {
+            gpu: 2,
+            event_type: EVENT_DOUBLE_BIT_ECC,
+            data: 0,
+        });
+        assert_eq!(
+            log.take(a),
+            Some(Some(Pending {
+                gpu: 3,
+                event_type: EVENT_XID,
+                data: 79
+            }))
+        );
+        assert_eq!(log.take(a), Some(None));
+        assert_eq!(
+            log.take(b),
+            Some(Some(Pending {
+                gpu: 2,
+                event_type: EVENT_DOUBLE_BIT_ECC,
+                data: 0
+            }))
+        );
+        assert!(log.free_set(a));
+        assert!(!log.free_set(a));
+        assert_eq!(log.take(a), None);
+    }
+}

@@ -1,0 +1,66 @@
+//! nvml-sim: a stand-in `libnvidia-ml.so` that simulates a GPU node from a JSON description.
+//!
+//! Built as a cdylib it exports NVML's C functions under their real (versioned) symbol names,
+//! with NVML's struct layouts and return codes, so any NVML client loading it through
+//! `dlopen` (nvml-wrapper, go-nvml, pynvml, C) sees a consistent node: identity, PCIe and
+//! NVLink topology, telemetry, injected faults and XID/ECC events read from a growing file.
+//! `README.md` in this crate documents the node description and the events file.
+//!
+//! As an rlib it offers safe Rust only: the shipped node descriptions ([`TOPOLOGIES`]) and a
+//! validator for descriptions ([`validate`]).
+
+pub mod abi;
+pub mod api;
+mod config;
+mod events;
+mod node;
+mod state;
+mod status;
+
+pub use config::{ConfigError, validate};
+
+/// Node descriptions shipped in `nvml-sim/topologies/`: (name without `.json`, JSON text).
+pub const TOPOLOGIES: &[(&str, &str)] = &[
+    ("dgx-a100", include_str!("../topologies/dgx-a100.json")),
+    ("dgx1-v100", include_str!("../topologies/dgx1-v100.json")),
+    ("pcie-t4x4", include_str!("../topologies/pcie-t4x4.json")),
+    ("k80", include_str!("../topologies/k80.json")),
+    ("hgx16", include_str!("../topologies/hgx16.json")),
+    (
+        "driver-no-gpus",
+        include_str!("../topologies/driver-no-gpus.json"),
+    ),
+];
+
+/// The environment variable naming the node description file, read at the first `nvmlInit*`.
+pub const CONFIG_ENV: &str = state::CONFIG_ENV;
+
+/// The node description file looked for beside the loaded library when [`CONFIG_ENV`] is unset.
+pub const CONFIG_FILE: &str = state::CONFIG_FILE;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../README.md");
+        let start = readme
+            .find("## Full example")
+            .and_then(|i| readme[i..].find("```json\n").map(|j| i + j + 8));
+        let json = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
+        let json = json.unwrap_or_else(|| panic!("README has no full example"));
+        if let Err(e) = validate(json) {
+            panic!("README example: {}", state::chain(&e));
+        }
+    }
+
+    #[test]
+    fn every_shipped_topology_is_valid() {
+        for (name, json) in TOPOLOGIES {
+            if let Err(e) = validate(json) {
+                panic!("{name}: {}", state::chain(&e));
+            }
+        }
+    }
+}

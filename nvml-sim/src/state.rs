@@ -1,0 +1,239 @@
+//! The library's one global instance: init reference count, the loaded node, device handles.
+//!
+//! NVML keeps a reference count of `nvmlInit*` calls; only the call that takes it from 0 to 1
+//! loads anything, and only the `nvmlShutdown` that takes it back to 0 releases it (`nvml.h`,
+//! "Initialization and Cleanup"). Globals live in this shared object, so every distinct file
+//! the process `dlopen`s is an independent simulated driver.
+//!
+//! The node description is found, in order, at `$NVML_SIM_CONFIG`, then as `nvml-sim.json`
+//! beside the loaded library file (found with `dladdr(3)` on a function of this library).
+
+use std::ffi::{CStr, OsStr, c_void};
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::abi::{INIT_FLAG_NO_GPUS, NvmlDevice};
+use crate::config;
+use crate::events::{EventLog, EventsError};
+use crate::node::{EccCounts, Node};
+use crate::status::NvmlError;
+
+/// The environment variable naming the node description file.
+pub(crate) const CONFIG_ENV: &str = "NVML_SIM_CONFIG";
+/// The file looked for beside the library when [`CONFIG_ENV`] is unset.
+pub(crate) const CONFIG_FILE: &str = "nvml-sim.json";
+
+/// What a device handle points at. Not zero-sized, so every boxed token is its own allocation
+/// and its address is a handle no other live GPU (or other loaded sim) can have.
+#[derive(Debug)]
+struct Token {
+    _index: usize,
+}
+
+/// Per-GPU state that changes while the library is initialised.
+#[derive(Debug)]
+pub(crate) struct GpuState {
+    token: Box<Token>,
+    pub(crate) lost: bool,
+    pub(crate) ecc: Option<EccCounts>,
+}
+
+/// An initialised simulated driver.
+#[derive(Debug)]
+pub(crate) struct Sim {
+    pub(crate) node: Node,
+    pub(crate) gpus: Vec<GpuState>,
+    pub(crate) events: EventLog,
+}
+
+impl Sim {
+    fn new(node: Node) -> Result<Sim, EventsError> {
+        let gpus = node
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuState {
+                token: Box::new(Token { _index: i }),
+                lost: g.lost,
+                ecc: g.ecc,
+            })
+            .collect();
+        let events = EventLog::new(node.events_file.clone());
+        let mut sim = Sim { node, gpus, events };
+        sim.poll_events_strict()?;
+        Ok(sim)
+    }
+
+    /// The handle of GPU `index`.
+    pub(crate) fn handle(&self, index: usize) -> NvmlDevice {
+        let token: *const Token = &*self.gpus[index].token;
+        token.cast_mut().cast()
+    }
+
+    /// The GPU a handle names; handles this instance did not issue are `INVALID_ARGUMENT`.
+    pub(crate) fn resolve(&self, device: NvmlDevice) -> Result<usize, NvmlError> {
+        (0..self.gpus.len())
+            .find(|&i| self.handle(i) == device)
+            .ok_or(NvmlError::InvalidArgument)
+    }
+
+    /// Fails with `GPU_IS_LOST` for a lost GPU, or with the error configured for `function`.
+    pub(crate) fn usable(&self, index: usize, function: &str) -> Result<(), NvmlError> {
+        if self.gpus[index].lost {
+            return Err(NvmlError::GpuIsLost);
+        }
+        match self.node.gpus[index].fail.get(function) {
+            Some(&e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails with the error configured for system-level `function`, if any.
+    pub(crate) fn system_usable(&self, function: &str) -> Result<(), NvmlError> {
+        match self.node.fail.get(function) {
+            Some(&e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies lines appended to the events file since the last look. A bad line is reported on
+    /// stderr and skipped: the caller's NVML call has nothing to do with it.
+    pub(crate) fn poll_events(&mut self) {
+        if let Err(e) = self.poll_events_strict() {
+            report(&format!("{}; line skipped", chain(&e)));
+        }
+    }
+
+    fn poll_events_strict(&mut self) -> Result<(), EventsError> {
+        let lines = self.events.read_new(self.gpus.len());
+        let mut first_error = None;
+        for line in lines {
+            match line {
+                Ok(event) => crate::events::apply(self, event),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The reference count and, while it is above zero, the simulated driver.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    refcount: u32,
+    sim: Option<Sim>,
+}
+
+impl Registry {
+    /// The initialised sim, or `UNINITIALIZED`.
+    pub(crate) fn sim(&mut self) -> Result<&mut Sim, NvmlError> {
+        self.sim.as_mut().ok_or(NvmlError::Uninitialized)
+    }
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    refcount: 0,
+    sim: None,
+});
+
+/// Locks the global state. A panic while it was held (caught at the C boundary) leaves data
+/// that was consistent before each mutation, so a poisoned lock is taken over, not propagated.
+pub(crate) fn lock() -> MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `nvmlInit_v2` / `nvmlInitWithFlags`: counts a reference, loading the node on the first one.
+pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
+    let mut reg = lock();
+    if let Some(sim) = &reg.sim {
+        sim.system_usable(function)?;
+        reg.refcount = reg.refcount.saturating_add(1);
+        return Ok(());
+    }
+    let path = config_path().map_err(|why| {
+        report(&why);
+        NvmlError::DriverNotLoaded
+    })?;
+    let sim = config::load(&path)
+        .map_err(|e| chain(&e))
+        .and_then(|node| Sim::new(node).map_err(|e| chain(&e)))
+        .map_err(|why| {
+            report(&format!("node description {}: {why}", path.display()));
+            NvmlError::DriverNotLoaded
+        })?;
+    sim.system_usable(function)?;
+    if sim.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
+        return Err(NvmlError::GpuNotFound);
+    }
+    reg.sim = Some(sim);
+    reg.refcount = 1;
+    Ok(())
+}
+
+/// `nvmlShutdown`: drops a reference, releasing every handle and event set on the last one.
+pub(crate) fn shutdown() -> Result<(), NvmlError> {
+    let mut reg = lock();
+    reg.sim()?.system_usable("nvmlShutdown")?;
+    reg.refcount -= 1;
+    if reg.refcount == 0 {
+        reg.sim = None;
+    }
+    Ok(())
+}
+
+fn config_path() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let lib = own_path().ok_or_else(|| {
+        format!("{CONFIG_ENV} is unset and dladdr cannot tell where this library is")
+    })?;
+    let path = lib.parent().unwrap_or(Path::new(".")).join(CONFIG_FILE);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "no simulated node: {CONFIG_ENV} is unset and {} does not exist",
+            path.display()
+        ))
+    }
+}
+
+/// The file this code was loaded from.
+fn own_path() -> Option<PathBuf> {
+    // SAFETY: Dl_info is a plain C struct of pointers and an int; all-zero is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here: fn() -> Option<PathBuf> = own_path;
+    // SAFETY: dladdr only looks the address up (it need not be dereferenceable) and writes
+    // `info`, a live local of the right type.
+    let found = unsafe { libc::dladdr(here as *const c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is non-null and points to the loader's NUL-terminated copy of the
+    // object's path, which stays valid while the object is loaded, and we are running its code.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(PathBuf::from(OsStr::from_bytes(name.to_bytes())))
+}
+
+/// Writes one line to stderr. This library is a stand-in for a C driver library loaded into
+/// other programs, with no logger of ours to report to; NVML's own diagnostics go to stderr too.
+pub(crate) fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "nvml-sim: {line}");
+}
+
+/// An error and its sources on one line, each cause once.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

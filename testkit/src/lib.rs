@@ -1,0 +1,188 @@
+//! Test-only helpers shared by the workspace's integration tests.
+//!
+//! Privileged test targets use `harness = false` with libtest-mimic. [`Host::probe`] looks at the
+//! machine once; [`needs`] wraps a trial so that it is *ignored* (and counted as such) when a
+//! requirement is missing, or *fails* when that requirement is listed in `MESOS_GPU_REQUIRE`
+//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd`). A test never passes without running.
+#![forbid(unsafe_code)]
+
+pub mod nvml_sim;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
+
+/// Something a privileged test needs from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Effective uid 0.
+    Root,
+    /// A writable cgroup v1 `devices` hierarchy at `/sys/fs/cgroup/devices`.
+    Cgroup1,
+    /// A writable cgroup2 hierarchy at `/sys/fs/cgroup/unified` (or `/sys/fs/cgroup`).
+    Cgroup2,
+    /// A Docker daemon answering `/_ping` on `/var/run/docker.sock`.
+    Dockerd,
+    /// A C compiler (`cc`) on PATH.
+    Cc,
+}
+
+impl Need {
+    /// The word used for this need in `MESOS_GPU_REQUIRE`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Need::Root => "root",
+            Need::Cgroup1 => "cgroup1",
+            Need::Cgroup2 => "cgroup2",
+            Need::Dockerd => "dockerd",
+            Need::Cc => "cc",
+        }
+    }
+}
+
+/// What the host offers, probed once per test binary.
+#[derive(Debug, Clone)]
+pub struct Host {
+    missing: Vec<(Need, String)>,
+    required: Vec<String>,
+}
+
+impl Host {
+    /// Probes every [`Need`] and prints one line per missing one to stderr.
+    pub fn probe() -> Host {
+        let mut missing = Vec::new();
+        if !is_root() {
+            missing.push((Need::Root, "not running as root".to_owned()));
+        }
+        if !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
+            missing.push((
+                Need::Cgroup1,
+                "no cgroup v1 devices hierarchy at /sys/fs/cgroup/devices".to_owned(),
+            ));
+        }
+        if cgroup2_root().is_none() {
+            missing.push((
+                Need::Cgroup2,
+                "no cgroup2 hierarchy at /sys/fs/cgroup/unified or /sys/fs/cgroup".to_owned(),
+            ));
+        }
+        if let Err(why) = ping_dockerd(Path::new("/var/run/docker.sock")) {
+            missing.push((Need::Dockerd, format!("no Docker daemon: {why}")));
+        }
+        if std::process::Command::new("cc")
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            missing.push((Need::Cc, "no working `cc` on PATH".to_owned()));
+        }
+        let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
+            .unwrap_or_default()
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        for (need, why) in &missing {
+            let verdict = if required.iter().any(|r| r == need.word()) {
+                "FAIL (required)"
+            } else {
+                "tests ignored"
+            };
+            eprintln!("host: missing {}: {why}: {verdict}", need.word());
+        }
+        Host { missing, required }
+    }
+
+    /// Why `need` is missing, or `None` when the host has it.
+    pub fn missing(&self, need: Need) -> Option<&str> {
+        self.missing
+            .iter()
+            .find(|(n, _)| *n == need)
+            .map(|(_, why)| why.as_str())
+    }
+
+    fn is_required(&self, need: Need) -> bool {
+        self.required.iter().any(|r| r == need.word())
+    }
+}
+
+/// Wraps `trial`: ignored when a need is missing, failed when that need is required.
+pub fn needs(host: &Host, needs: &[Need], trial: Trial) -> Trial {
+    let mut required_missing = Vec::new();
+    let mut optional_missing = Vec::new();
+    for &need in needs {
+        if let Some(why) = host.missing(need) {
+            let line = format!("{}: {why}", need.word());
+            if host.is_required(need) {
+                required_missing.push(line)
+            } else {
+                optional_missing.push(line)
+            }
+        }
+    }
+    if !required_missing.is_empty() {
+        let name = trial.name().to_owned();
+        let msg = format!(
+            "required by MESOS_GPU_REQUIRE but missing: {}",
+            required_missing.join("; ")
+        );
+        return Trial::test(name, move || Err(Failed::from(msg)));
+    }
+    if !optional_missing.is_empty() {
+        return trial.with_ignored_flag(true);
+    }
+    trial
+}
+
+/// The cgroup2 mount used for tests: `/sys/fs/cgroup/unified` on hybrid hosts, else
+/// `/sys/fs/cgroup` when that is itself cgroup2.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// A name unique to this process and call: `mgpu-test-<pid>-<n>`.
+pub fn unique_name(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "mgpu-test-{}-{}-{tag}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn ping_dockerd(sock: &Path) -> Result<(), String> {
+    let mut s = UnixStream::connect(sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).map_err(|e| e.to_string())?;
+    if reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!(
+            "unexpected reply to /_ping: {:?}",
+            reply.lines().next().unwrap_or("")
+        ))
+    }
+}
