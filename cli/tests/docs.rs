@@ -111,10 +111,12 @@ fn parse_help(text: &str) -> Help {
             in_commands = false;
         }
         let trimmed = line.trim_start();
-        if in_commands && line.starts_with("  ") && !line.starts_with("   ") {
-            if let Some(name) = trimmed.split_whitespace().next() {
-                subcommands.insert(name.to_owned());
-            }
+        if in_commands
+            && line.starts_with("  ")
+            && !line.starts_with("   ")
+            && let Some(name) = trimmed.split_whitespace().next()
+        {
+            subcommands.insert(name.to_owned());
         }
         // Option lines: `  -h, --help`, `      --listen <ADDR>`, `      --json`.
         let spec = trimmed.strip_prefix("-h, ").unwrap_or(trimmed);
@@ -191,6 +193,9 @@ fn check_invocation(
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
+        if arg == "--" {
+            break; // the rest is the command run by `exec`
+        }
         let h = help(&path, cache);
         if let Some(flag) = arg.strip_prefix("--") {
             let name = format!("--{}", flag.split('=').next().unwrap_or(""));
@@ -230,13 +235,22 @@ fn every_documented_command_and_flag_exists() {
                     Ok(path) => {
                         reached.insert(path.first().cloned().unwrap_or_default());
                     }
-                    Err(why) => problems.push(format!("docs/{name}:{line}: {why} (in {segment:?})")),
+                    Err(why) => {
+                        problems.push(format!("docs/{name}:{line}: {why} (in {segment:?})"))
+                    }
                 }
             }
         }
     }
-    assert!(problems.is_empty(), "stale commands in docs:\n{}", problems.join("\n"));
-    assert!(checked >= 20, "only {checked} mesos-gpu command lines found in docs/");
+    assert!(
+        problems.is_empty(),
+        "stale commands in docs:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        checked >= 20,
+        "only {checked} mesos-gpu command lines found in docs/"
+    );
     let undocumented: Vec<_> = help(&[], &mut cache)
         .subcommands
         .iter()
@@ -253,7 +267,14 @@ fn every_documented_command_and_flag_exists() {
 fn source_literals() -> Vec<String> {
     let root = workspace();
     let mut files = Vec::new();
-    for krate in ["isolator", "volume-manager", "docker-bridge", "ffi", "cli", "nvml-sim"] {
+    for krate in [
+        "isolator",
+        "volume-manager",
+        "docker-bridge",
+        "ffi",
+        "cli",
+        "nvml-sim",
+    ] {
         collect_rs(&root.join(krate).join("src"), &mut files);
     }
     assert!(files.len() > 20, "found only {} source files", files.len());
@@ -410,7 +431,10 @@ fn quoted_messages(text: &str) -> Vec<(usize, String)> {
             continue;
         };
         let cells: Vec<&str> = row.split(" | ").map(str::trim).collect();
-        if let Some(c) = cells.iter().position(|c| c.trim_end_matches('|').trim() == "Message") {
+        if let Some(c) = cells
+            .iter()
+            .position(|c| c.trim_end_matches('|').trim() == "Message")
+        {
             column = Some(c);
             continue;
         }
@@ -440,33 +464,56 @@ fn every_quoted_message_occurs_in_the_source() {
             let quote: Vec<char> = message.replace('…', &GAP.to_string()).chars().collect();
             let fixed = quote.iter().filter(|&&c| c != GAP).count();
             if fixed < 12 {
-                problems.push(format!("docs/{name}:{line}: {message:?} is too short to check"));
+                problems.push(format!(
+                    "docs/{name}:{line}: {message:?} is too short to check"
+                ));
             } else if !literals.iter().any(|l| renders(l, &quote)) {
-                problems.push(format!("docs/{name}:{line}: no source string produces {message:?}"));
+                problems.push(format!(
+                    "docs/{name}:{line}: no source string produces {message:?}"
+                ));
             }
         }
     }
-    assert!(problems.is_empty(), "stale messages in docs:\n{}", problems.join("\n"));
-    assert!(checked >= 30, "only {checked} quoted messages found in docs/");
+    assert!(
+        problems.is_empty(),
+        "stale messages in docs:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        checked >= 30,
+        "only {checked} quoted messages found in docs/"
+    );
 }
 
 #[test]
 fn the_checkers_reject_what_they_should() {
-    let pattern: Vec<char> = placeholders_to_holes("cannot allocate {requested} GPUs to {owner}: {free} free")
-        .chars()
-        .collect();
+    let pattern: Vec<char> =
+        placeholders_to_holes("cannot allocate {requested} GPUs to {owner}: {free} free")
+            .chars()
+            .collect();
     let q = |s: &str| -> Vec<char> { s.replace('…', &GAP.to_string()).chars().collect() };
-    assert!(renders(&pattern, &q("cannot allocate 4 GPUs to c1: 2 free")));
+    assert!(renders(
+        &pattern,
+        &q("cannot allocate 4 GPUs to c1: 2 free")
+    ));
     assert!(renders(&pattern, &q("cannot allocate … GPUs to …: … free")));
     assert!(renders(&pattern, &q("… GPUs to …")));
-    assert!(!renders(&pattern, &q("cannot allocate 4 GPU to c1: 2 free")));
-    assert!(!renders(&pattern, &q("cannot allocate 4 GPUs to c1: 2 free, 1 unhealthy")));
+    assert!(!renders(
+        &pattern,
+        &q("cannot allocate 4 GPU to c1: 2 free")
+    ));
+    assert!(!renders(
+        &pattern,
+        &q("cannot allocate 4 GPUs to c1: 2 free, 1 unhealthy")
+    ));
 
-    let lits = string_literals(
-        "let c = '\"'; // a \"comment\"\nlet s = \"a \\\"b\\\" \\\n      c\";",
-    );
+    let lits =
+        string_literals("let c = '\"'; // a \"comment\"\nlet s = \"a \\\"b\\\" \\\n      c\";");
     assert_eq!(lits, ["a \"b\" c"]);
-    assert_eq!(placeholders_to_holes("{{x}} {y:?}"), format!("{{x}} {HOLE}"));
+    assert_eq!(
+        placeholders_to_holes("{{x}} {y:?}"),
+        format!("{{x}} {HOLE}")
+    );
 
     assert_eq!(
         invocations("docker run $(mesos-gpu docker-args --gpus 2) img"),
@@ -481,7 +528,13 @@ fn the_checkers_reject_what_they_should() {
 
     let mut cache = BTreeMap::new();
     let args = |s: &str| -> Vec<String> { s.split_whitespace().map(str::to_owned).collect() };
-    assert!(check_invocation(&args("serve --listen 127.0.0.1:1 --volume-mode bind"), &mut cache).is_ok());
+    assert!(
+        check_invocation(
+            &args("serve --listen 127.0.0.1:1 --volume-mode bind"),
+            &mut cache
+        )
+        .is_ok()
+    );
     assert!(check_invocation(&args("serve --no-such-flag"), &mut cache).is_err());
     assert!(check_invocation(&args("no-such-command"), &mut cache).is_err());
     assert_eq!(

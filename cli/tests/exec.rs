@@ -301,6 +301,7 @@ fn sigint_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             return Err("the command never started in its cgroup".into());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -309,8 +310,8 @@ fn sigint_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
-    check(st.success(), "kill -INT")?;
     let out = child.wait_with_output().unwrap();
+    check(st.success(), "kill -INT")?;
     check(out.status.code() == Some(130), text(&out))?;
     env.check_clean()
 }

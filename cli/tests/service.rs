@@ -25,7 +25,9 @@ fn environment() -> Vec<(String, String)> {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| {
-            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("not KEY=value: {l:?}"));
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not KEY=value: {l:?}"));
             let v = v
                 .strip_prefix('"')
                 .and_then(|v| v.strip_suffix('"'))
@@ -42,7 +44,9 @@ fn unit() -> Vec<(String, String)> {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
         .map(|l| {
-            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("not key=value: {l:?}"));
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not key=value: {l:?}"));
             (k.to_owned(), v.to_owned())
         })
         .collect()
@@ -67,10 +71,9 @@ fn exec_start_args() -> Vec<String> {
     words
         .flat_map(|w| match w.strip_prefix('$') {
             Some(var) => {
-                let (_, value) = env
-                    .iter()
-                    .find(|(k, _)| k == var)
-                    .unwrap_or_else(|| panic!("ExecStart uses ${var}, which the options file does not set"));
+                let (_, value) = env.iter().find(|(k, _)| k == var).unwrap_or_else(|| {
+                    panic!("ExecStart uses ${var}, which the options file does not set")
+                });
                 value.split_whitespace().map(str::to_owned).collect()
             }
             None => vec![w.to_owned()],
@@ -108,19 +111,26 @@ fn exec_start_is_accepted_by_serve() {
     }
 }
 
-#[test]
-fn options_file_sets_only_variables_the_code_reads() {
-    let cli_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut source = String::new();
-    for entry in std::fs::read_dir(&cli_src).expect("cli/src") {
+/// Appends every `.rs` file under `dir` to `out`.
+fn read_sources(dir: &Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).expect("read_dir") {
         let path = entry.expect("entry").path();
-        if path.is_file() {
-            source.push_str(&std::fs::read_to_string(path).expect("read"));
+        if path.is_dir() {
+            read_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).expect("read"));
         }
     }
-    for entry in std::fs::read_dir(cli_src.join("cmd")).expect("cli/src/cmd") {
-        source.push_str(&std::fs::read_to_string(entry.expect("entry").path()).expect("read"));
-    }
+}
+
+#[test]
+fn options_file_sets_only_variables_the_code_reads() {
+    let mut source = String::new();
+    read_sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut source,
+    );
+    assert!(source.contains("MESOS_GPU_LOG"), "cli/src not read");
     let (_, text) = example("default/mesos-gpu");
     // Active and commented-out (`#VAR=…`) settings alike.
     let names: Vec<&str> = text
@@ -152,13 +162,24 @@ fn unit_has_what_the_package_relies_on() {
     assert_eq!(one("EnvironmentFile"), "-/etc/default/mesos-gpu");
     assert_eq!(one("Restart"), "on-failure");
     assert_eq!(one("WantedBy"), "multi-user.target");
-    assert!(one("Before").split_whitespace().any(|u| u == "docker.service"));
+    assert!(
+        one("Before")
+            .split_whitespace()
+            .any(|u| u == "docker.service")
+    );
     // serve needs /dev/nvidia* (NVML) and a writable /run and volume root.
-    for key in ["PrivateDevices", "DevicePolicy", "ReadOnlyPaths", "InaccessiblePaths"] {
+    for key in [
+        "PrivateDevices",
+        "DevicePolicy",
+        "ReadOnlyPaths",
+        "InaccessiblePaths",
+    ] {
         assert!(setting(&unit, key).is_empty(), "{key} would break serve");
     }
     assert!(
-        setting(&unit, "ProtectSystem").iter().all(|v| *v != "strict"),
+        setting(&unit, "ProtectSystem")
+            .iter()
+            .all(|v| *v != "strict"),
         "ProtectSystem=strict makes /run and the volume root read-only"
     );
     assert!(setting(&unit, "User").is_empty(), "serve runs as root");

@@ -282,7 +282,11 @@ impl DockerBridge {
 
     /// Stops the container (SIGTERM, SIGKILL after `grace_secs`); its GPUs stay reserved until
     /// [`DockerBridge::wait_and_release`] sees it end.
-    pub async fn stop(&self, container: &BridgedContainer, grace_secs: i32) -> Result<(), BridgeError> {
+    pub async fn stop(
+        &self,
+        container: &BridgedContainer,
+        grace_secs: i32,
+    ) -> Result<(), BridgeError> {
         self.client
             .stop(&container.docker_id, grace_secs)
             .await
@@ -324,12 +328,17 @@ impl DockerBridge {
             .collect();
         let (before, report) = tokio::task::spawn_blocking(move || {
             let before = docker_holders(&isolator)?;
-            isolator.recover_docker(&held).map(|report| (before, report))
+            isolator
+                .recover_docker(&held)
+                .map(|report| (before, report))
         })
         .await
         .map_err(|source| BridgeError::Panicked { source })?
         .map_err(|source| BridgeError::Pool { source })?;
-        let live: BTreeSet<&str> = found.iter().map(|c| c.mesos_container_id.as_str()).collect();
+        let live: BTreeSet<&str> = found
+            .iter()
+            .map(|c| c.mesos_container_id.as_str())
+            .collect();
         let recovery = BridgeRecovery {
             adopted: found
                 .iter()
@@ -380,13 +389,14 @@ impl DockerBridge {
         cmd: &[String],
     ) -> Result<(String, LaunchPlan), BridgeError> {
         let refs: Vec<&Gpu> = reserved.iter().collect();
-        let plan = LaunchPlan::new(&refs, &self.host, info, self.driver.as_ref()).map_err(
-            |source| BridgeError::Plan {
-                container: id.clone(),
-                image: image.to_owned(),
-                source,
-            },
-        )?;
+        let plan =
+            LaunchPlan::new(&refs, &self.host, info, self.driver.as_ref()).map_err(|source| {
+                BridgeError::Plan {
+                    container: id.clone(),
+                    image: image.to_owned(),
+                    source,
+                }
+            })?;
         let spec = ContainerSpec {
             name: name.to_owned(),
             image: image.to_owned(),
@@ -448,7 +458,10 @@ mod tests {
     fn errors_name_the_id_and_predicates_see_the_pool() {
         let id = ContainerId::new("task-1").expect("id");
         let err = BridgeError::UnrecoverableId { id };
-        assert!(err.to_string().contains("container id task-1: expected a UUID"));
+        assert!(
+            err.to_string()
+                .contains("container id task-1: expected a UUID")
+        );
         assert!(!err.is_not_enough() && !err.is_bad_request());
     }
 }

@@ -17,13 +17,13 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, DeviceMapping as BollardDevice, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
     LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
     WaitContainerOptions,
 };
-use bollard::container::LogOutput;
 use bollard::{ClientVersion, Docker};
 use futures_util::StreamExt;
 use mesos_gpu_isolator::inventory::Gpu;

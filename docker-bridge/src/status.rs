@@ -114,7 +114,11 @@ impl GpuStatusSource for NvmlStatus {
                 known(
                     gpu,
                     "ECC errors",
-                    d.memory_error_counter(MemoryError::Uncorrected, EccCounter::Volatile, location),
+                    d.memory_error_counter(
+                        MemoryError::Uncorrected,
+                        EccCounter::Volatile,
+                        location,
+                    ),
                 )
             })
         };
@@ -124,8 +128,14 @@ impl GpuStatusSource for NvmlStatus {
             utilization: Utilization {
                 gpu: readings.utilization_gpu,
                 memory: readings.utilization_memory,
-                encoder: read(&|d| d.encoder_utilization().map(|u| u.utilization), "encoder"),
-                decoder: read(&|d| d.decoder_utilization().map(|u| u.utilization), "decoder"),
+                encoder: read(
+                    &|d| d.encoder_utilization().map(|u| u.utilization),
+                    "encoder",
+                ),
+                decoder: read(
+                    &|d| d.decoder_utilization().map(|u| u.utilization),
+                    "decoder",
+                ),
             },
             memory_used_mib: readings.memory_used.map(|b| b / MIB),
             ecc_errors: EccErrors {

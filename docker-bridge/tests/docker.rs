@@ -738,16 +738,17 @@ fn main() -> ExitCode {
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd, Need::Cgroup1],
-        Trial::test("mesos_and_docker_containers_share_one_pool", move || {
-            match fx.as_deref() {
+        Trial::test(
+            "mesos_and_docker_containers_share_one_pool",
+            move || match fx.as_deref() {
                 Some(Ok(fx)) => {
                     let _one = pool::DAEMON_SCAN.lock().unwrap_or_else(|p| p.into_inner());
                     mesos_and_docker_containers_share_one_pool(fx)
                 }
                 Some(Err(e)) => Err(e.clone().into()),
                 None => Err("host requirements missing".into()),
-            }
-        }),
+            },
+        ),
     ));
     let conclusion = libtest_mimic::run(&args, trials);
     drop(fixture);

@@ -106,7 +106,10 @@ pub(crate) fn open_pool(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Isolator> 
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
         Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
-            format!("cannot read the NVIDIA device nodes under {}", root.display())
+            format!(
+                "cannot read the NVIDIA device nodes under {}",
+                root.display()
+            )
         })?,
         None => DeviceNodes::default(),
     };

@@ -78,7 +78,11 @@ pub(crate) struct Args {
     image: String,
 
     /// Command and arguments; the image's own command when none is given.
-    #[arg(value_name = "CMD", trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     command: Vec<String>,
 }
 
@@ -186,8 +190,9 @@ async fn stop(client: &DockerClient, container: &str, grace: u16) {
 
 fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
     let pool = open_pool(ctx, &args.work_dir)?;
-    pool.release_docker(id)
-        .with_context(|| format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries"))
+    pool.release_docker(id).with_context(|| {
+        format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
+    })
 }
 
 /// The container's status as ours: 0 to 255 as is, anything else (never seen from Docker) 255.

@@ -22,16 +22,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use mesos_gpu_docker::args::{HostDevices, VolumeSource};
+use mesos_gpu_docker::bridge::DockerBridge;
+use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_docker::plugin::{
     DEFAULT_BUILD_WAIT, DEFAULT_SOCKET, DriverVolumes, ManagerBuilder, PluginApi,
 };
-use mesos_gpu_docker::bridge::DockerBridge;
-use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_docker::rest::status::{GpuStatusSource, NoStatus};
 use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
-use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_docker::status::NvmlStatus;
+use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::lifecycle::CheckpointError;
 use mesos_gpu_volume::VolumeManager;

@@ -36,7 +36,9 @@ fn pair<T: std::fmt::Display, U: std::fmt::Display>(
 ) -> String {
     match (used, total) {
         (Some(u), Some(t)) => format!("{u} / {t}{unit}"),
-        _ => "N/A".to_owned(),
+        // The figure alone is still worth showing when its limit is unknown.
+        (Some(u), None) => format!("{u} / N/A{unit}"),
+        (None, _) => "N/A".to_owned(),
     }
 }
 
@@ -380,8 +382,16 @@ pub(crate) fn status_text(node: &Node<'_>) -> String {
             Some(list) => {
                 for p in list {
                     let _ = write!(t, "\n\t    - PID:  \t{}", p.pid);
-                    let _ = write!(t, "\n\t      Name:  \t{}", p.name.as_deref().unwrap_or("N/A"));
-                    let _ = write!(t, "\n\t      Memory:  \t{}", or_na(p.memory_used_mib, " MiB"));
+                    let _ = write!(
+                        t,
+                        "\n\t      Name:  \t{}",
+                        p.name.as_deref().unwrap_or("N/A")
+                    );
+                    let _ = write!(
+                        t,
+                        "\n\t      Memory:  \t{}",
+                        or_na(p.memory_used_mib, " MiB")
+                    );
                 }
             }
         }

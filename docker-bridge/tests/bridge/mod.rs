@@ -75,7 +75,9 @@ fn pool(fx: &Fixture, work: &Path, cgroups_root: &str) -> Result<Arc<Isolator>, 
 }
 
 async fn bridge(fx: &Fixture, isolator: &Arc<Isolator>) -> Result<DockerBridge, Failed> {
-    let client = DockerClient::connect(Path::new(SOCKET)).await.map_err(fail)?;
+    let client = DockerClient::connect(Path::new(SOCKET))
+        .await
+        .map_err(fail)?;
     Ok(DockerBridge::new(
         Arc::clone(isolator),
         client,
@@ -152,7 +154,10 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
             .await
             .expect_err("no GPU is free");
         let text = chain(&err);
-        if !err.is_not_enough() || !text.contains("cannot allocate 1 GPUs") || !text.contains("0 free") {
+        if !err.is_not_enough()
+            || !text.contains("cannot allocate 1 GPUs")
+            || !text.contains("0 free")
+        {
             return Err(format!("unclear refusal: {text}").into());
         }
         let leftover = Command::new("docker")
@@ -194,7 +199,13 @@ pub(crate) fn mesos_and_docker_containers_share_one_pool(fx: &Fixture) -> TestRe
     let isolator = pool(fx, work.path(), &root)?;
     let mesos = ContainerId::new(unique_name("mesos")).map_err(fail)?;
     let info = isolator
-        .prepare(&mesos, PrepareConfig { gpus: 2.0, ..PrepareConfig::default() })
+        .prepare(
+            &mesos,
+            PrepareConfig {
+                gpus: 2.0,
+                ..PrepareConfig::default()
+            },
+        )
         .map_err(fail)?;
     let mesos_minors: BTreeSet<u32> = info.gpus.iter().map(|g| g.minor).collect();
     let rest: Vec<u32> = fx
@@ -210,19 +221,33 @@ pub(crate) fn mesos_and_docker_containers_share_one_pool(fx: &Fixture) -> TestRe
         fx.cleanup.container(&DockerBridge::docker_name(&id));
         // The Docker container must get exactly the GPUs Mesos did not, and be denied Mesos's.
         let absent: Vec<u32> = mesos_minors.iter().copied().collect();
-        let cmd = ["sh".to_owned(), "-c".to_owned(), check_script(&rest, &absent, false)];
-        let c = bridge.launch(&id, 2.0, &fx.plain, &cmd).await.map_err(fail)?;
+        let cmd = [
+            "sh".to_owned(),
+            "-c".to_owned(),
+            check_script(&rest, &absent, false),
+        ];
+        let c = bridge
+            .launch(&id, 2.0, &fx.plain, &cmd)
+            .await
+            .map_err(fail)?;
         let docker_minors = minors(&c);
         // The pool is empty for both containerizers now.
         let more = uuid();
         let refused = bridge.launch(&more, 1.0, &fx.plain, &[]).await;
         let refused_mesos = isolator.prepare(
             &ContainerId::new(unique_name("mesos")).map_err(fail)?,
-            PrepareConfig { gpus: 1.0, ..PrepareConfig::default() },
+            PrepareConfig {
+                gpus: 1.0,
+                ..PrepareConfig::default()
+            },
         );
         let code = bridge.wait_and_release(&c).await.map_err(fail)?;
         if code != 0 {
-            return Err(format!("checks failed in the Docker container (exit {code}):\n{}", logs(&c.name)).into());
+            return Err(format!(
+                "checks failed in the Docker container (exit {code}):\n{}",
+                logs(&c.name)
+            )
+            .into());
         }
         if !docker_minors.is_disjoint(&mesos_minors) || docker_minors.len() != 2 {
             return Err(format!("Mesos has {mesos_minors:?}, Docker got {docker_minors:?}").into());
@@ -231,10 +256,13 @@ pub(crate) fn mesos_and_docker_containers_share_one_pool(fx: &Fixture) -> TestRe
             return Err(format!("a third Docker request was not refused: {refused:?}").into());
         }
         if !refused_mesos.as_ref().is_err_and(|e| e.is_not_enough()) {
-            return Err(format!("a second Mesos request was not refused: {refused_mesos:?}").into());
+            return Err(
+                format!("a second Mesos request was not refused: {refused_mesos:?}").into(),
+            );
         }
         // The Mesos cgroup allows its GPUs and none of Docker's.
-        let list = std::fs::read_to_string(parent.0.join(mesos.as_str()).join("devices.list")).map_err(fail)?;
+        let list = std::fs::read_to_string(parent.0.join(mesos.as_str()).join("devices.list"))
+            .map_err(fail)?;
         for m in &mesos_minors {
             if !list.lines().any(|l| l.starts_with(&format!("c 195:{m} "))) {
                 return Err(format!("Mesos cgroup lacks GPU {m}:\n{list}").into());
@@ -265,8 +293,14 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
             for id in [&a, &b] {
                 fx.cleanup.container(&DockerBridge::docker_name(id));
             }
-            let kept = bridge.launch(&a, 1.0, &fx.plain, &sleep).await.map_err(fail)?;
-            let died = bridge.launch(&b, 2.0, &fx.plain, &sleep).await.map_err(fail)?;
+            let kept = bridge
+                .launch(&a, 1.0, &fx.plain, &sleep)
+                .await
+                .map_err(fail)?;
+            let died = bridge
+                .launch(&b, 2.0, &fx.plain, &sleep)
+                .await
+                .map_err(fail)?;
             Ok::<_, Failed>((kept, died))
         });
         result?
@@ -275,13 +309,22 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
     // Meanwhile one container dies, and one holding the last GPU is started by hand.
     run(Command::new("docker").args(["kill", &died.docker_id]))?;
     let taken: BTreeSet<u32> = minors(&kept).union(&minors(&died)).copied().collect();
-    let last: Vec<u32> = fx.inventory.gpus.iter().map(|g| g.minor).filter(|m| !taken.contains(m)).collect();
+    let last: Vec<u32> = fx
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| g.minor)
+        .filter(|m| !taken.contains(m))
+        .collect();
     let stranger = uuid();
     let stranger_name = DockerBridge::docker_name(&stranger);
     fx.cleanup.container(&stranger_name);
     rt.block_on(async {
-        let client = DockerClient::connect(Path::new(SOCKET)).await.map_err(fail)?;
-        let plan = LaunchPlan::new(&fx.gpus(&last), &fx.host, &ImageInfo::default(), None).map_err(fail)?;
+        let client = DockerClient::connect(Path::new(SOCKET))
+            .await
+            .map_err(fail)?;
+        let plan = LaunchPlan::new(&fx.gpus(&last), &fx.host, &ImageInfo::default(), None)
+            .map_err(fail)?;
         let spec = ContainerSpec {
             name: stranger_name.clone(),
             image: fx.plain.clone(),
@@ -298,14 +341,22 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         let bridge = bridge(fx, &isolator).await?;
         let recovery = bridge.recover().await.map_err(fail)?;
         if recovery.released != [died.id.clone()] || recovery.adopted != [stranger.clone()] {
-            return Err(format!("released {:?}, adopted {:?}", recovery.released, recovery.adopted).into());
+            return Err(format!(
+                "released {:?}, adopted {:?}",
+                recovery.released, recovery.adopted
+            )
+            .into());
         }
         if !recovery.report.is_clean() || !recovery.unknown_gpus.is_empty() {
             return Err(format!("unexpected issues: {recovery:?}").into());
         }
         let allocations = isolator.allocations().map_err(fail)?;
         let held = |id: &ContainerId| {
-            allocations.owners.iter().find(|(o, _)| o == id.as_str()).map(|(_, g)| g.clone())
+            allocations
+                .owners
+                .iter()
+                .find(|(o, _)| o == id.as_str())
+                .map(|(_, g)| g.clone())
         };
         let indices = |c: &BridgedContainer| c.gpus.iter().map(|g| g.index).collect::<Vec<_>>();
         let stranger_indices: Vec<u32> = fx.gpus(&last).iter().map(|g| g.index).collect();
@@ -321,13 +372,24 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         for id in [&big, &next] {
             fx.cleanup.container(&DockerBridge::docker_name(id));
         }
-        let err = bridge.launch(&big, 3.0, &fx.plain, &[]).await.expect_err("only 2 free");
+        let err = bridge
+            .launch(&big, 3.0, &fx.plain, &[])
+            .await
+            .expect_err("only 2 free");
         if !err.is_not_enough() {
             return Err(format!("unexpected refusal: {}", chain(&err)).into());
         }
-        let next = bridge.launch(&next, 2.0, &fx.plain, &["true".to_owned()]).await.map_err(fail)?;
+        let next = bridge
+            .launch(&next, 2.0, &fx.plain, &["true".to_owned()])
+            .await
+            .map_err(fail)?;
         if minors(&next) != minors(&died) {
-            return Err(format!("new container got {:?}, the dead one had {:?}", minors(&next), minors(&died)).into());
+            return Err(format!(
+                "new container got {:?}, the dead one had {:?}",
+                minors(&next),
+                minors(&died)
+            )
+            .into());
         }
         bridge.wait_and_release(&next).await.map_err(fail)?;
         // Ending the recovered containers gives their GPUs back too.

@@ -82,9 +82,30 @@ impl Limitations {
     /// Blocks until the container has a limitation (`Some`), it is forgotten (`None`) or
     /// `timeout` passes (`None`; `None` timeout waits forever).
     pub fn wait(&self, container: &str, timeout: Option<Duration>) -> Option<Limitation> {
-        let deadline = timeout.map(|t| Instant::now() + t);
         let mut slots = self.slots();
         slots.entry(container.to_owned()).or_default();
+        self.wait_slot(slots, container, timeout)
+    }
+
+    /// Opens the container's slot (if it has none), so that a later [`Limitations::wait_watched`]
+    /// sees a resolution or a [`Limitations::forget`] that happens in between.
+    pub fn watch(&self, container: &str) {
+        self.slots().entry(container.to_owned()).or_default();
+    }
+
+    /// Like [`Limitations::wait`], but `None` at once when the container has no slot (never
+    /// watched, or forgotten since): a waiter can then not outlive its container's cleanup.
+    pub fn wait_watched(&self, container: &str, timeout: Option<Duration>) -> Option<Limitation> {
+        self.wait_slot(self.slots(), container, timeout)
+    }
+
+    fn wait_slot(
+        &self,
+        mut slots: MutexGuard<'_, HashMap<String, Option<Limitation>>>,
+        container: &str,
+        timeout: Option<Duration>,
+    ) -> Option<Limitation> {
+        let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             match slots.get(container) {
                 Some(Some(limitation)) => return Some(limitation.clone()),
@@ -214,7 +235,7 @@ mod tests {
             ..lim.clone()
         });
         assert_eq!(waiter.join().unwrap(), Some(lim.clone()));
-        assert_eq!(l.get("c"), Some(lim));
+        assert_eq!(l.get("c"), Some(lim.clone()));
 
         let waiter = {
             let l = Arc::clone(&l);
@@ -225,5 +246,17 @@ mod tests {
         }
         l.forget("d");
         assert_eq!(waiter.join().unwrap(), None);
+
+        assert_eq!(l.wait_watched("e", None), None, "no slot: no wait");
+        l.watch("e");
+        l.forget("e");
+        assert_eq!(l.wait_watched("e", None), None, "forgotten: no wait");
+        l.watch("e");
+        assert_eq!(l.wait_watched("e", Some(Duration::from_millis(5))), None);
+        l.resolve(Limitation {
+            container: "e".to_owned(),
+            ..lim.clone()
+        });
+        assert_eq!(l.wait_watched("e", None).map(|l| l.container), Some("e".to_owned()));
     }
 }

@@ -148,7 +148,7 @@ pub(crate) fn launch_info(
             sources.push(&node.path);
         }
         for source in sources {
-            let name = source.file_name().map_or_else(|| source.as_os_str(), |n| n);
+            let name = source.file_name().unwrap_or(source.as_os_str());
             mounts.push(Mount {
                 source: source.to_owned(),
                 target: rootfs.join("dev").join(name),

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::checkpoint::Checkpoint;
 use super::launch::{allow_list, allowed_minors};
 use super::state::{Container, QUARANTINE_OWNER, State};
-use super::{Isolator, LifecycleError};
+use super::{Isolator, LifecycleError, health};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
 use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
@@ -241,6 +241,8 @@ impl Isolator {
                 state.nested.insert(s.id.clone(), parent.clone());
             }
         }
+        // The allocator is rebuilt: GPUs the health monitor failed stay out of the pool.
+        health::reapply(&mut state, std::mem::take(&mut guard.failed), &self.limitations);
         *guard = state;
         self.save(&guard, STEP)?;
         for issue in &report.issues {

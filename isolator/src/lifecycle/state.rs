@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord, SCHEMA_VERSION};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule};
+use crate::health::HealthChange;
 use crate::inventory::Inventory;
 
 /// The allocator owner of GPUs whose owner is uncertain after a recovery.
@@ -36,6 +37,8 @@ pub(crate) struct State {
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
+    /// GPUs the health monitor reported unhealthy, with the report (marked in the allocator).
+    pub(crate) failed: BTreeMap<u32, HealthChange>,
 }
 
 impl State {
@@ -46,6 +49,7 @@ impl State {
             nested: BTreeMap::new(),
             docker: BTreeMap::new(),
             quarantine: BTreeMap::new(),
+            failed: BTreeMap::new(),
         }
     }
 

@@ -1,0 +1,323 @@
+//! `mesos-gpu run` as a process against the real Docker daemon, on a simulated 8-GPU node
+//! (`--simulate dgx1-v100`) whose device nodes are mknod'ed in a temp `--dev-root`: the container
+//! sees exactly its GPUs' nodes, exit statuses pass through, a second `run` sharing the pool
+//! gets only what is left, SIGINT stops the container, images needing a newer CUDA are refused,
+//! and every path gives the GPUs back and removes the container.
+//!
+//! Needs root (mknod) and dockerd. The image is built `FROM scratch` with Debian's static
+//! busybox; containers and images are removed on drop.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mesos_gpu_testkit::{Host, Need, needs, unique_name};
+
+type TestResult = Result<(), Failed>;
+
+/// The simulated node's GPU minors (dgx1-v100: minor = index).
+const MINORS: std::ops::Range<u32> = 0..8;
+
+/// Device root, work dir and images of one trial; removed on drop.
+struct Env {
+    dev: tempfile::TempDir,
+    work: tempfile::TempDir,
+    images: Vec<String>,
+}
+
+impl Env {
+    fn new() -> Result<Env, Failed> {
+        let dev = tempfile::Builder::new()
+            .prefix("mgpu-run-dev")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let mut nodes: Vec<(String, u32, u32)> =
+            MINORS.map(|m| (format!("nvidia{m}"), 195, m)).collect();
+        nodes.push(("nvidiactl".into(), 195, 255));
+        nodes.push(("nvidia-uvm".into(), 240, 0));
+        for (name, major, minor) in nodes {
+            check(Command::new("mknod").arg(dev.path().join(name)).args([
+                "c",
+                &major.to_string(),
+                &minor.to_string(),
+            ]))?;
+        }
+        let work = tempfile::Builder::new()
+            .prefix("mgpu-run-work")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        Ok(Env {
+            dev,
+            work,
+            images: Vec::new(),
+        })
+    }
+
+    /// Builds a busybox image with extra Dockerfile lines.
+    fn image(&mut self, extra: &[&str]) -> Result<String, Failed> {
+        let ctx = self.work.path().join(unique_name("image"));
+        std::fs::create_dir(&ctx).map_err(|e| e.to_string())?;
+        std::fs::copy("/bin/busybox", ctx.join("busybox"))
+            .map_err(|e| format!("/bin/busybox: {e}"))?;
+        let name = format!("{}:1", unique_name("run"));
+        // A label of its own, so that no other trial's image has the same id (`ancestor=`
+        // filters by id).
+        let mut dockerfile = format!(
+            "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nLABEL mgpu.test={name}\n"
+        );
+        for line in extra {
+            dockerfile.push_str(line);
+            dockerfile.push('\n');
+        }
+        std::fs::write(ctx.join("Dockerfile"), dockerfile).map_err(|e| e.to_string())?;
+        self.images.push(name.clone());
+        check(
+            Command::new("docker")
+                .args(["build", "-q", "-t", &name])
+                .arg(&ctx),
+        )?;
+        Ok(name)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
+        cmd.arg("--simulate")
+            .arg("dgx1-v100")
+            .arg("--dev-root")
+            .arg(self.dev.path())
+            .arg("run")
+            .arg("--work-dir")
+            .arg(self.work.path())
+            .args(args)
+            .env("MESOS_GPU_LOG", "warn");
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Result<Output, Failed> {
+        self.command(args)
+            .output()
+            .map_err(|e| e.to_string().into())
+    }
+
+    /// The Docker containers holding GPUs in the pool's checkpoint.
+    fn reserved(&self) -> Result<serde_json::Map<String, serde_json::Value>, Failed> {
+        let path = self.work.path().join("gpu/allocations.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(format!("{}: {e}", path.display()).into()),
+        };
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        Ok(json["docker"].as_object().cloned().unwrap_or_default())
+    }
+
+    /// Fails unless nothing is reserved and no container of `image` is left.
+    fn all_clean(&self, image: &str) -> TestResult {
+        let reserved = self.reserved()?;
+        if !reserved.is_empty() {
+            return Err(format!("GPUs still reserved: {reserved:?}").into());
+        }
+        let left = check(Command::new("docker").args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("ancestor={image}"),
+        ]))?;
+        if !left.is_empty() {
+            return Err(format!("containers left: {left}").into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for image in &self.images {
+            if let Ok(out) = Command::new("docker")
+                .args(["ps", "-aq", "--filter", &format!("ancestor={image}")])
+                .output()
+            {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("docker").args(["rm", "-f", id]).output();
+                }
+            }
+            let _ = Command::new("docker").args(["rmi", "-f", image]).output();
+        }
+    }
+}
+
+fn check(cmd: &mut Command) -> Result<String, Failed> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// `nvidia<minor>` GPU nodes named in `ls /dev` output.
+fn gpu_nodes(out: &str) -> BTreeSet<u32> {
+    out.split_whitespace()
+        .filter_map(|w| w.strip_prefix("nvidia")?.parse().ok())
+        .collect()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn container_sees_its_nodes_and_status_passes_through() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let out = env.run(&["--gpus", "3", &image, "sh", "-c", "ls /dev; exit 7"])?;
+    if out.status.code() != Some(7) {
+        return Err(format!("expected exit 7: {}", text(&out)).into());
+    }
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let seen = gpu_nodes(&listing);
+    if seen.len() != 3 || !listing.contains("nvidiactl") || !listing.contains("nvidia-uvm") {
+        return Err(format!("container saw GPU nodes {seen:?}: {}", text(&out)).into());
+    }
+    env.all_clean(&image)?;
+    let ok = env.run(&["--gpus", "0", &image, "true"])?;
+    if ok.status.code() != Some(0) {
+        return Err(format!("expected exit 0: {}", text(&ok)).into());
+    }
+    env.all_clean(&image)
+}
+
+fn concurrent_runs_share_one_pool() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let mut first = env
+        .command(&["--gpus", "6", &image, "sh", "-c", "sleep 3; ls /dev"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    wait_for_reservation(&env, &mut first)?;
+    let refused = env.run(&["--gpus", "3", &image, "true"])?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    if refused.status.code() != Some(1)
+        || !stderr.contains("cannot allocate 3 GPUs")
+        || !stderr.contains("2 free")
+    {
+        return Err(format!(
+            "a run beyond the free GPUs was not refused clearly: {}",
+            text(&refused)
+        )
+        .into());
+    }
+    let second = env.run(&["--gpus", "2", &image, "ls", "/dev"])?;
+    let first = first.wait_with_output().map_err(|e| e.to_string())?;
+    if !first.status.success() || !second.status.success() {
+        return Err(format!("first: {}\nsecond: {}", text(&first), text(&second)).into());
+    }
+    let (a, b) = (
+        gpu_nodes(&String::from_utf8_lossy(&first.stdout)),
+        gpu_nodes(&String::from_utf8_lossy(&second.stdout)),
+    );
+    if a.len() != 6 || b.len() != 2 || !a.is_disjoint(&b) {
+        return Err(format!("first saw {a:?}, second saw {b:?}").into());
+    }
+    env.all_clean(&image)
+}
+
+/// Waits until `child` has reserved its GPUs (or fails if it ended first).
+fn wait_for_reservation(env: &Env, child: &mut Child) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.reserved()?.is_empty() {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!("run ended before reserving: {status}").into());
+        }
+        if Instant::now() > deadline {
+            return Err("run did not reserve GPUs within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Reserved and created; give `docker start` a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(())
+}
+
+fn sigint_stops_the_container_and_releases() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let mut child = env
+        .command(&["--gpus", "2", "--stop-timeout", "1", &image, "sleep", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    wait_for_reservation(&env, &mut child)?;
+    let started = Instant::now();
+    check(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    // busybox sleep as PID 1 ignores SIGTERM, so docker stop kills it after 1 s: 128 + 9.
+    if out.status.code() != Some(137) || started.elapsed() > Duration::from_secs(30) {
+        return Err(format!("after SIGINT ({:?}): {}", started.elapsed(), text(&out)).into());
+    }
+    env.all_clean(&image)
+}
+
+fn too_new_cuda_is_refused_with_nothing_reserved() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[
+        "LABEL com.nvidia.volumes.needed=nvidia_driver",
+        "LABEL com.nvidia.cuda.version=99.0",
+    ])?;
+    let out = env.run(&["--gpus", "1", "--plugin", &image, "true"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(1)
+        || !stderr.contains("image needs CUDA 99.0")
+        || !stderr.contains("supports CUDA up to")
+    {
+        return Err(format!("not refused clearly: {}", text(&out)).into());
+    }
+    env.all_clean(&image)?;
+    let missing = env.run(&["--gpus", "1", &unique_name("no-such-image"), "true"])?;
+    if missing.status.code() != Some(1)
+        || !String::from_utf8_lossy(&missing.stderr).contains("present locally")
+    {
+        return Err(format!("missing image: {}", text(&missing)).into());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let trials: [(&str, fn() -> TestResult); 4] = [
+        (
+            "container_sees_its_nodes_and_status_passes_through",
+            container_sees_its_nodes_and_status_passes_through,
+        ),
+        (
+            "concurrent_runs_share_one_pool",
+            concurrent_runs_share_one_pool,
+        ),
+        (
+            "sigint_stops_the_container_and_releases",
+            sigint_stops_the_container_and_releases,
+        ),
+        (
+            "too_new_cuda_is_refused_with_nothing_reserved",
+            too_new_cuda_is_refused_with_nothing_reserved,
+        ),
+    ];
+    let trials = trials
+        .into_iter()
+        .map(|(name, f)| needs(&host, &[Need::Root, Need::Dockerd], Trial::test(name, f)))
+        .collect();
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}

@@ -1,0 +1,142 @@
+//! How the isolator is configured, and the cgroup layout that follows from it.
+//!
+//! Defaults are Mesos's (`shared/reference/mesos_gpu.md` §1.2): the v1 root `/sys/fs/cgroup`,
+//! the cgroup2 mount found in the mount table, the cgroups root `mesos`, and the default device
+//! whitelist of its `cgroups/devices` isolator (§3.1).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use super::LifecycleError;
+use crate::allocator::Policy;
+use crate::cgroup::{
+    CgroupError, CgroupLayout, CgroupMounts, CgroupVersion, DeviceRule, Hierarchy,
+    default_whitelist,
+};
+
+/// Which cgroup interface to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupChoice {
+    /// v1 `devices` when mounted, else cgroup2 ([`CgroupMounts::hierarchy`]).
+    #[default]
+    Auto,
+    /// cgroups v1 `devices` under [`IsolatorConfig::v1_root`].
+    V1,
+    /// cgroup2 at [`IsolatorConfig::v2_mount`] (or the mounted one).
+    V2,
+}
+
+impl FromStr for CgroupChoice {
+    type Err = LifecycleError;
+
+    fn from_str(s: &str) -> Result<CgroupChoice, LifecycleError> {
+        match s {
+            "auto" => Ok(CgroupChoice::Auto),
+            "v1" => Ok(CgroupChoice::V1),
+            "v2" => Ok(CgroupChoice::V2),
+            _ => Err(LifecycleError::UnknownCgroupChoice { got: s.to_owned() }),
+        }
+    }
+}
+
+/// How the isolator is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IsolatorConfig {
+    /// How GPUs are chosen.
+    pub policy: Policy,
+    /// Only these NVML indices are offered (`--nvidia_gpu_devices`); `None` offers all.
+    pub devices: Option<Vec<u32>>,
+    /// Which cgroup interface to use.
+    pub cgroup_version: CgroupChoice,
+    /// The cgroups v1 root (the `devices` hierarchy is `<root>/devices`).
+    pub v1_root: PathBuf,
+    /// The cgroup2 mount; `None` finds it in the mount table.
+    pub v2_mount: Option<PathBuf>,
+    /// The parent of container cgroups (Mesos `--cgroups_root`).
+    pub cgroups_root: String,
+    /// Where the checkpoint lives (`<work_dir>/gpu/allocations.json`).
+    pub work_dir: PathBuf,
+    /// Host path of the `nvidia_<version>` driver volume, when one exists.
+    pub driver_volume: Option<PathBuf>,
+    /// The base allow list of every container (Mesos's default whitelist plus `--allowed_devices`).
+    pub allowed_devices: Vec<DeviceRule>,
+}
+
+impl IsolatorConfig {
+    /// Mesos's defaults (topology policy, auto cgroups, `/sys/fs/cgroup`, `mesos`) with the
+    /// checkpoint under `work_dir`.
+    pub fn new(work_dir: impl Into<PathBuf>) -> IsolatorConfig {
+        IsolatorConfig {
+            policy: Policy::default(),
+            devices: None,
+            cgroup_version: CgroupChoice::Auto,
+            v1_root: PathBuf::from("/sys/fs/cgroup"),
+            v2_mount: None,
+            cgroups_root: crate::cgroup::DEFAULT_PARENT.to_owned(),
+            work_dir: work_dir.into(),
+            driver_volume: None,
+            allowed_devices: default_whitelist(),
+        }
+    }
+}
+
+/// The container cgroup layout the configuration asks for.
+pub(crate) fn layout(config: &IsolatorConfig) -> Result<CgroupLayout, CgroupError> {
+    let hierarchy = match config.cgroup_version {
+        CgroupChoice::Auto => CgroupMounts::read()?.hierarchy()?,
+        CgroupChoice::V1 => Hierarchy {
+            version: CgroupVersion::V1,
+            mount: config.v1_root.join("devices"),
+        },
+        CgroupChoice::V2 => {
+            let mount = match &config.v2_mount {
+                Some(mount) => mount.clone(),
+                None => CgroupMounts::read()?.v2.ok_or(CgroupError::NoHierarchy)?,
+            };
+            Hierarchy {
+                version: CgroupVersion::V2,
+                mount,
+            }
+        }
+    };
+    CgroupLayout::new(hierarchy, &config.cgroups_root)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::devices::DeviceNodes;
+    use crate::inventory::Inventory;
+
+    #[test]
+    fn cgroup_choice_names() {
+        assert_eq!("v1".parse::<CgroupChoice>().unwrap(), CgroupChoice::V1);
+        assert_eq!("auto".parse::<CgroupChoice>().unwrap(), CgroupChoice::Auto);
+        let err = "v3".parse::<CgroupChoice>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cgroup version \"v3\": expected one of auto, v1, v2"
+        );
+    }
+
+    #[test]
+    fn bad_cgroups_root_is_refused_before_anything_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = IsolatorConfig::new(dir.path());
+        config.cgroup_version = CgroupChoice::V1;
+        config.cgroups_root = "../escape".into();
+        let err = super::super::Isolator::new(config, Inventory::default(), DeviceNodes::default())
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LifecycleError::Setup {
+                    source: CgroupError::InvalidParent { .. }
+                }
+            ),
+            "{err}"
+        );
+        assert!(!dir.path().join("gpu").exists());
+    }
+}

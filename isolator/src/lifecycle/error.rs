@@ -1,0 +1,196 @@
+//! [`LifecycleError`]: why a lifecycle call failed, with the container and the step.
+
+use super::{CheckpointError, ContainerId};
+use crate::allocator::AllocError;
+use crate::cgroup::CgroupError;
+use crate::health::HealthError;
+
+/// Why a lifecycle call failed. Every failed call leaves state, cgroups and checkpoint as they were.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    /// The allocator refused (bad `gpus` value, not enough GPUs, …).
+    #[error("cannot {step} container {container}")]
+    Allocation {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// The allocator's reason.
+        #[source]
+        source: AllocError,
+    },
+    /// `prepare` (or `reserve_docker`) of an id already in use.
+    #[error("cannot {step} container {container}: it has already been prepared")]
+    AlreadyPrepared {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+    },
+    /// A call about a container the isolator does not know.
+    #[error("cannot {step} container {container}: unknown container")]
+    UnknownContainer {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+    },
+    /// A nested container whose parent is unknown.
+    #[error("cannot prepare nested container {container}: its parent {parent} is unknown")]
+    UnknownParent {
+        /// The nested container.
+        container: ContainerId,
+        /// Its parent.
+        parent: ContainerId,
+    },
+    /// `update` of a nested container (it shares its parent's GPUs).
+    #[error(
+        "cannot {step} nested container {container}: not supported for nested containers (update its parent {parent})"
+    )]
+    Nested {
+        /// The nested container.
+        container: ContainerId,
+        /// Its parent.
+        parent: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+    },
+    /// A Mesos-containerizer call for a Docker container, or the reverse.
+    #[error("cannot {step} container {container}: it belongs to the {owner} containerizer")]
+    WrongContainerizer {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// `docker` or `mesos`.
+        owner: &'static str,
+    },
+    /// `isolate`/`update` of a recovered container whose cgroup was gone.
+    #[error(
+        "cannot {step} container {container}: its cgroup was gone at recovery; only cleanup is possible"
+    )]
+    NoCgroup {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+    },
+    /// A device cgroup operation failed.
+    #[error("cannot {step} container {container}")]
+    Cgroup {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// The cgroup error.
+        #[source]
+        source: CgroupError,
+    },
+    /// The checkpoint could not be read or written.
+    #[error("cannot {step}: checkpoint")]
+    Checkpoint {
+        /// The lifecycle call.
+        step: &'static str,
+        /// The checkpoint error.
+        #[source]
+        source: CheckpointError,
+    },
+    /// An allocated GPU has no device node to mount.
+    #[error(
+        "cannot prepare container {container}: GPU {index} has no device node (was it healthy at start?)"
+    )]
+    MissingNode {
+        /// The container.
+        container: ContainerId,
+        /// NVML index of the GPU.
+        index: u32,
+    },
+    /// Set-up failed: the cgroup hierarchy could not be chosen.
+    #[error("cannot set up the isolator's cgroups")]
+    Setup {
+        /// Why.
+        #[source]
+        source: CgroupError,
+    },
+    /// Set-up failed: the allocator refused the configuration.
+    #[error("cannot set up the isolator's allocator")]
+    SetupAllocator {
+        /// Why.
+        #[source]
+        source: AllocError,
+    },
+    /// A cgroup version name that is not `auto`, `v1` or `v2`.
+    #[error("cgroup version {got:?}: expected one of auto, v1, v2")]
+    UnknownCgroupChoice {
+        /// The name given.
+        got: String,
+    },
+    /// `recover` after containers were already prepared.
+    #[error("recover must be the first call: the isolator already tracks containers")]
+    RecoverAfterUse,
+    /// A panic in another thread left the state unusable.
+    #[error("the isolator state is unusable after a panic in another thread")]
+    Poisoned,
+    /// A health call on an isolator without a health monitor ([`super::Isolator::attach_health`]).
+    #[error("cannot {step}: no GPU health monitor is attached to the isolator")]
+    NoHealthMonitor {
+        /// The call.
+        step: &'static str,
+    },
+    /// `attach_health` on an isolator that already has a monitor.
+    #[error("a GPU health monitor is already attached to the isolator")]
+    HealthAttached,
+    /// The health monitor refused (store in use, unknown GPU, …).
+    #[error("cannot {step}: GPU health")]
+    Health {
+        /// The call.
+        step: &'static str,
+        /// The monitor's reason.
+        #[source]
+        source: HealthError,
+    },
+}
+
+impl LifecycleError {
+    /// True for a call about a container the isolator does not know.
+    pub fn is_unknown_container(&self) -> bool {
+        matches!(self, LifecycleError::UnknownContainer { .. })
+    }
+
+    /// True when `prepare` named a container already prepared.
+    pub fn is_already_prepared(&self) -> bool {
+        matches!(self, LifecycleError::AlreadyPrepared { .. })
+    }
+
+    /// True when the `gpus` value itself was refused (negative, fractional, NaN, too many).
+    pub fn is_bad_request(&self) -> bool {
+        matches!(
+            self,
+            LifecycleError::Allocation {
+                source: AllocError::BadRequest { .. },
+                ..
+            }
+        )
+    }
+
+    /// True when there were not enough free GPUs.
+    pub fn is_not_enough(&self) -> bool {
+        matches!(
+            self,
+            LifecycleError::Allocation {
+                source: AllocError::NotEnough { .. },
+                ..
+            }
+        )
+    }
+
+    /// True when a health call named a GPU the node does not have, or text that is no GPU.
+    pub fn is_unknown_gpu(&self) -> bool {
+        matches!(self, LifecycleError::Health { source, .. } if source.is_unknown_gpu())
+    }
+
+    /// True when a cgroup could not be removed because processes remain in it.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LifecycleError::Cgroup { source, .. } if source.is_busy())
+    }
+}

@@ -1,0 +1,303 @@
+//! GPU health in the lifecycle: one [`HealthMonitor`] per agent feeds the isolator's allocator,
+//! and `watch(container)` resolves when a GPU the container holds fails (`health/` module docs).
+//!
+//! Facts and decisions:
+//! - The monitor's callback runs on the monitor thread (and, for GPUs checkpointed unhealthy,
+//!   inside [`HealthMonitor::start`]); it locks the isolator's state, applies the change to the
+//!   allocator ([`apply_to_allocator`]) and resolves the holder's [`Limitation`].
+//! - **Lock order** is state → limitations → nothing. No lifecycle path holds the state mutex
+//!   while calling into the monitor (`start`, `mark_healthy`, drop): those publish to the
+//!   callback, which takes the state mutex, so holding it there would deadlock. The monitor
+//!   never holds its own lock while it runs callbacks.
+//! - `recover` rebuilds the allocator; the GPUs reported unhealthy so far are kept in the state
+//!   (`State::failed`) and marked again in the new allocator ([`reapply`]), so attaching
+//!   before or after `recover` gives the same pool.
+//! - A GPU held by the quarantine owner has no container to tell; one the isolator does not
+//!   offer (`--nvidia_gpu_devices`) is not in the allocator and is only logged.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::state::{QUARANTINE_OWNER, State};
+use super::status::ContainerStatus;
+use super::{ContainerId, Isolator, LifecycleError};
+use crate::cgroup::CgroupVersion;
+use crate::discovery::GpuDriver;
+use crate::health::{
+    ChangeCallback, GpuRef, HealthChange, HealthMonitor, Limitation, Limitations, MonitorConfig,
+    apply_to_allocator,
+};
+use crate::inventory::Gpu;
+use crate::usage::{ContainerCgroup, ContainerUsage, UsageReader};
+
+/// The attached monitor and the NVML session it and `usage` read.
+#[derive(Debug)]
+pub(crate) struct HealthLink {
+    monitor: Arc<HealthMonitor>,
+    driver: Arc<GpuDriver>,
+}
+
+/// Applies one change to the state; the limitation for its holder, if a container holds it.
+fn apply(state: &mut State, change: &HealthChange) -> Option<Limitation> {
+    if change.health.is_healthy() {
+        state.failed.remove(&change.index);
+    } else {
+        state.failed.insert(change.index, change.clone());
+    }
+    match apply_to_allocator(&mut state.allocator, change) {
+        Ok(limitation) => limitation.filter(|l| l.container != QUARANTINE_OWNER),
+        Err(error) => {
+            tracing::debug!(gpu = change.index, %error, "health change of a GPU this isolator does not offer");
+            None
+        }
+    }
+}
+
+/// Marks `failed` again in a rebuilt state and resolves the limitations of their holders.
+pub(crate) fn reapply(
+    state: &mut State,
+    failed: std::collections::BTreeMap<u32, HealthChange>,
+    limitations: &Limitations,
+) {
+    for change in failed.values() {
+        if let Some(limitation) = apply(state, change) {
+            limitations.resolve(limitation);
+        }
+    }
+}
+
+impl Isolator {
+    /// Starts the agent's GPU health monitor over `driver` and feeds it into this isolator:
+    /// a failed GPU leaves the pool at once and its holder's [`Isolator::watch`] resolves.
+    /// `config.work_dir` defaults to the isolator's work directory (health checkpoint and
+    /// operator requests under `<work_dir>/gpu/`); GPUs checkpointed unhealthy are out of the
+    /// pool before this returns. With a driver attached, [`Isolator::usage`] carries NVML
+    /// figures. Attach before or after [`Isolator::recover`]; at most once.
+    pub fn attach_health(
+        &self,
+        driver: Arc<GpuDriver>,
+        mut config: MonitorConfig,
+    ) -> Result<(), LifecycleError> {
+        const STEP: &str = "start the GPU health monitor";
+        if self.health.get().is_some() {
+            return Err(LifecycleError::HealthAttached);
+        }
+        config.work_dir.get_or_insert_with(|| self.work_dir.clone());
+        let callback: ChangeCallback = {
+            let (state, limitations) = (Arc::clone(&self.state), Arc::clone(&self.limitations));
+            Arc::new(move |change: &HealthChange| on_change(&state, &limitations, change))
+        };
+        // Not under the state lock: `start` runs the callback, which takes it.
+        let monitor = HealthMonitor::start(Arc::clone(&driver), config, vec![callback])
+            .map_err(|source| LifecycleError::Health { step: STEP, source })?;
+        let link = HealthLink {
+            monitor: Arc::new(monitor),
+            driver,
+        };
+        self.health
+            .set(link)
+            .map_err(|_| LifecycleError::HealthAttached)?;
+        tracing::info!("GPU health attached to the isolator");
+        Ok(())
+    }
+
+    /// The attached health monitor (for metrics and status pages).
+    pub fn health_monitor(&self) -> Option<Arc<HealthMonitor>> {
+        self.health.get().map(|h| Arc::clone(&h.monitor))
+    }
+
+    /// The NVML session attached with the health monitor.
+    pub fn gpu_driver(&self) -> Option<Arc<GpuDriver>> {
+        self.health.get().map(|h| Arc::clone(&h.driver))
+    }
+
+    /// Mesos's `watch`: blocks until a GPU the container holds (its parent's, for a nested
+    /// container) fails (`Some`), the container is cleaned up (`None`) or `timeout` passes
+    /// (`None`; a `None` timeout waits for one of the other two).
+    pub fn watch(
+        &self,
+        id: &ContainerId,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Limitation>, LifecycleError> {
+        let root = {
+            let state = self.lock()?;
+            if !state.knows(id) {
+                return Err(LifecycleError::UnknownContainer {
+                    container: id.clone(),
+                    step: "watch",
+                });
+            }
+            let root = state.nested.get(id).unwrap_or(id).clone();
+            // Opened under the lock so that a cleanup from now on wakes the waiter.
+            self.limitations.watch(root.as_str());
+            root
+        };
+        Ok(self.limitations.wait_watched(root.as_str(), timeout))
+    }
+
+    /// The operator's word that `gpu` is healthy again: the monitor records it, and its
+    /// callback puts the GPU back in the pool. `Ok(None)` when it already was healthy.
+    pub fn mark_healthy(&self, gpu: &GpuRef) -> Result<Option<HealthChange>, LifecycleError> {
+        const STEP: &str = "mark a GPU healthy";
+        let Some(link) = self.health.get() else {
+            return Err(LifecycleError::NoHealthMonitor { step: STEP });
+        };
+        // Not under the state lock: the monitor runs the callback, which takes it.
+        link.monitor
+            .mark_healthy(gpu)
+            .map_err(|source| LifecycleError::Health { step: STEP, source })
+    }
+
+    /// NVML figures of the container's use of `gpus`, when a driver is attached and the
+    /// container has a cgroup of its own (not a Docker container's).
+    pub(crate) fn nvml_usage(
+        &self,
+        status: &ContainerStatus,
+        gpus: &[Gpu],
+    ) -> Option<ContainerUsage> {
+        let link = self.health.get()?;
+        let cgroup = container_cgroup(
+            self.layout.version(),
+            self.layout.mount(),
+            status.cgroup.as_deref()?,
+        )?;
+        Some(UsageReader::default().container_usage(link.driver.nvml(), gpus, &cgroup))
+    }
+}
+
+fn on_change(state: &Mutex<State>, limitations: &Limitations, change: &HealthChange) {
+    let Ok(mut state) = state.lock() else {
+        tracing::error!(
+            gpu = change.index,
+            "isolator state poisoned; GPU health change not applied"
+        );
+        return;
+    };
+    if let Some(limitation) = apply(&mut state, change) {
+        tracing::warn!(container = %limitation.container, "{}", limitation.message);
+        limitations.resolve(limitation);
+    }
+}
+
+/// The container cgroup `dir` as `/proc/<pid>/cgroup` shows it: its path below `mount`.
+fn container_cgroup(version: CgroupVersion, mount: &Path, dir: &Path) -> Option<ContainerCgroup> {
+    let below = dir.strip_prefix(mount).ok()?.to_str()?;
+    let path = format!("/{below}");
+    Some(match version {
+        CgroupVersion::V1 => ContainerCgroup::V1 { devices: path },
+        CgroupVersion::V2 => ContainerCgroup::V2 { path },
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+    use crate::allocator::{Allocator, GpuSet, Policy};
+    use crate::health::{Failure, GpuHealth};
+    use crate::inventory::{Inventory, Topology};
+
+    fn state() -> State {
+        let gpus: Vec<Gpu> = (0..4)
+            .map(|i| Gpu {
+                index: i,
+                minor: i,
+                uuid: format!("GPU-{i}"),
+                name: "T4".to_owned(),
+                memory_total: 0,
+                pci_bus_id: String::new(),
+                numa_node: None,
+                compute_capability: None,
+                healthy: true,
+            })
+            .collect();
+        let inventory = Inventory {
+            topology: Topology::unknown(gpus.len()),
+            gpus,
+            ..Inventory::default()
+        };
+        State::new(Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap())
+    }
+
+    fn change(index: u32, healthy: bool) -> HealthChange {
+        HealthChange {
+            index,
+            uuid: format!("GPU-{index}"),
+            health: if healthy {
+                GpuHealth::Healthy
+            } else {
+                GpuHealth::Unhealthy {
+                    reason: Failure::Xid { xid: 79 },
+                    since_ms: 0,
+                    last_error_ms: 0,
+                    errors: 1,
+                }
+            },
+            restored: false,
+        }
+    }
+
+    #[test]
+    fn changes_follow_the_holder_and_skip_quarantine_and_unoffered_gpus() {
+        let mut s = state();
+        let one = GpuSet::from_indices([1]).unwrap();
+        s.allocator.allocate_specific("c1", one).unwrap();
+        s.allocator
+            .recover(QUARANTINE_OWNER, GpuSet::from_indices([2]).unwrap())
+            .unwrap();
+        assert_eq!(apply(&mut s, &change(1, false)).unwrap().container, "c1");
+        assert_eq!(apply(&mut s, &change(2, false)), None, "quarantine: nobody");
+        assert_eq!(apply(&mut s, &change(3, false)), None, "not offered");
+        assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        apply(&mut s, &change(2, true));
+        assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(s.allocator.unhealthy().to_vec(), [1]);
+    }
+
+    #[test]
+    fn reapply_marks_a_rebuilt_allocator_and_tells_holders() {
+        let mut old = state();
+        apply(&mut old, &change(0, false));
+        let mut rebuilt = state();
+        rebuilt
+            .allocator
+            .allocate_specific("c9", GpuSet::from_indices([0]).unwrap())
+            .unwrap();
+        let limitations = Limitations::new();
+        reapply(&mut rebuilt, std::mem::take(&mut old.failed), &limitations);
+        assert_eq!(rebuilt.allocator.unhealthy().to_vec(), [0]);
+        assert_eq!(limitations.get("c9").unwrap().gpu, 0);
+        assert!(rebuilt.failed.contains_key(&0));
+    }
+
+    #[test]
+    fn cgroup_paths_as_proc_shows_them() {
+        let v1 = container_cgroup(
+            CgroupVersion::V1,
+            Path::new("/sys/fs/cgroup/devices"),
+            Path::new("/sys/fs/cgroup/devices/mesos/c1"),
+        );
+        assert_eq!(
+            v1,
+            Some(ContainerCgroup::V1 {
+                devices: "/mesos/c1".to_owned()
+            })
+        );
+        let v2 = container_cgroup(
+            CgroupVersion::V2,
+            Path::new("/sys/fs/cgroup/unified"),
+            Path::new("/sys/fs/cgroup/unified/agents/mesos/c1"),
+        );
+        assert_eq!(
+            v2,
+            Some(ContainerCgroup::V2 {
+                path: "/agents/mesos/c1".to_owned()
+            })
+        );
+        assert_eq!(
+            container_cgroup(CgroupVersion::V2, Path::new("/a"), Path::new("/b/c")),
+            None
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! What the isolator reports about containers: their GPUs (`usage`), kind and cgroup
+//! (`status`), and who holds which GPU (`allocations`).
+//!
+//! `usage` carries NVML figures (utilisation, and memory used by the container's own processes)
+//! when a driver is attached with [`Isolator::attach_health`] and the container has a cgroup of
+//! its own; otherwise none, as nothing is reported that was not measured (Mesos's `usage` is
+//! empty, §1.6).
+
+use std::path::PathBuf;
+
+use super::{ContainerId, Isolator, LifecycleError};
+use crate::allocator::GpuSet;
+
+/// Who holds which GPUs, for tests, `status` pages and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocations {
+    /// GPUs nobody holds (healthy and free).
+    pub free: Vec<u32>,
+    /// Every holder (container id, or [`QUARANTINE_OWNER`]) and its GPUs by NVML index.
+    pub owners: Vec<(String, Vec<u32>)>,
+    /// Quarantined GPUs and the containers whose cleanup frees them.
+    pub quarantined: Vec<(u32, Vec<ContainerId>)>,
+}
+
+/// One GPU a container holds, with NVML's figures when they were measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuUsage {
+    /// NVML index.
+    pub index: u32,
+    /// Minor of `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// UUID.
+    pub uuid: String,
+    /// The container's use of the GPU, read from NVML now; `None` without an attached driver
+    /// or for a Docker container (its processes' cgroup is Docker's).
+    pub nvml: Option<crate::usage::GpuUsage>,
+}
+
+/// What `usage` reports for a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// The GPUs it holds (its parent's, for a nested container).
+    pub gpus: Vec<GpuUsage>,
+}
+
+/// What kind of container a status is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerKind {
+    /// A Mesos containerizer container with its own cgroup.
+    Mesos,
+    /// A nested container sharing its parent's GPUs.
+    Nested {
+        /// The parent.
+        parent: ContainerId,
+    },
+    /// A Docker containerizer container (Docker applies its devices).
+    Docker,
+}
+
+/// What `status` reports for a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerStatus {
+    /// The kind of container.
+    pub kind: ContainerKind,
+    /// GPUs it may use, by NVML index.
+    pub gpus: Vec<u32>,
+    /// Its device cgroup directory, if it has one.
+    pub cgroup: Option<PathBuf>,
+}
+
+impl Isolator {
+    /// The GPUs the container holds (its parent's, for a nested container), with NVML's
+    /// figures when a driver is attached. NVML is read without holding the isolator's lock.
+    #[tracing::instrument(level = "debug", skip_all, fields(container = %id))]
+    pub fn usage(&self, id: &ContainerId) -> Result<Usage, LifecycleError> {
+        let status = self.status(id)?;
+        let held = self.gpus_of(GpuSet::from_indices(status.gpus.iter().copied()).unwrap_or_default());
+        let mut figures = self
+            .nvml_usage(&status, &held)
+            .map(|u| u.gpus)
+            .unwrap_or_default();
+        let gpus = held
+            .into_iter()
+            .map(|g| {
+                let nvml = figures
+                    .iter()
+                    .position(|f| f.index == g.index)
+                    .map(|at| figures.swap_remove(at));
+                GpuUsage {
+                    index: g.index,
+                    minor: g.minor,
+                    uuid: g.uuid,
+                    nvml,
+                }
+            })
+            .collect();
+        Ok(Usage { gpus })
+    }
+
+    /// The container's kind, GPUs and cgroup.
+    pub fn status(&self, id: &ContainerId) -> Result<ContainerStatus, LifecycleError> {
+        let state = self.lock()?;
+        let (kind, root) = match state.nested.get(id) {
+            Some(parent) => (
+                ContainerKind::Nested {
+                    parent: parent.clone(),
+                },
+                parent,
+            ),
+            None => (ContainerKind::Mesos, id),
+        };
+        if let Some(entry) = state.containers.get(root) {
+            let cgroup = entry.cgroup.as_ref().map(|c| c.path().to_owned());
+            return Ok(ContainerStatus {
+                kind,
+                gpus: entry.gpus.to_vec(),
+                cgroup,
+            });
+        }
+        match state.docker.get(id) {
+            Some(set) => Ok(ContainerStatus {
+                kind: ContainerKind::Docker,
+                gpus: set.to_vec(),
+                cgroup: None,
+            }),
+            None => Err(LifecycleError::UnknownContainer {
+                container: id.clone(),
+                step: "report",
+            }),
+        }
+    }
+
+    /// Who holds which GPUs now.
+    pub fn allocations(&self) -> Result<Allocations, LifecycleError> {
+        let state = self.lock()?;
+        Ok(Allocations {
+            free: state.allocator.free().to_vec(),
+            owners: state
+                .allocator
+                .owners()
+                .into_iter()
+                .map(|(o, set)| (o.to_owned(), set.to_vec()))
+                .collect(),
+            quarantined: state
+                .quarantine
+                .iter()
+                .map(|(&i, ids)| (i, ids.iter().cloned().collect()))
+                .collect(),
+        })
+    }
+}
