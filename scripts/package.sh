@@ -11,6 +11,8 @@
 # Builds the three packaged artefacts (the `mesos-gpu` binary, the module library
 # `libmesos_gpu.so`, the simulator `libnvml_sim.so`) with one cargo invocation, then runs
 # `cargo deb --no-build` on the `mesos-gpu` package (`[package.metadata.deb]` in cli/Cargo.toml).
+# The packaged files are stripped; their debug symbols (the line tables of [profile.release]) go
+# to a separate mesos-gpu-dbgsym .ddeb next to the .deb.
 # Installs the pinned cargo-deb first when it is missing or another version. Honours
 # CARGO_TARGET_DIR. Progress goes to stderr.
 set -euo pipefail
@@ -62,14 +64,16 @@ start=$(date +%s)
 cargo build --profile "$profile" "${locked[@]}" -p mesos-gpu -p mesos-gpu-ffi -p nvml-sim >&2
 log "built in $(( $(date +%s) - start )) s"
 
-deb_args=(deb -p mesos-gpu --no-build --profile "$profile")
+deb_args=(deb -p mesos-gpu --no-build --profile "$profile" --dbgsym)
 if [ -n "$output" ]; then
     mkdir -p "$output"
     deb_args+=(--output "$output")
 fi
 log "cargo ${deb_args[*]}"
-# cargo-deb prints the path of the package it wrote as its last line on stdout.
-deb=$(cargo "${deb_args[@]}" | tail -n 1)
+# cargo-deb prints the paths of the packages it wrote on stdout: the .deb and the dbgsym .ddeb.
+written=$(cargo "${deb_args[@]}")
+printf '%s\n' "$written" | grep '\.ddeb$' | sed 's/^/== debug symbols: /' >&2 || true
+deb=$(printf '%s\n' "$written" | grep '\.deb$' | tail -n 1 || true)
 if [ ! -f "$deb" ]; then
     echo "package.sh: cargo deb did not report a package file (got: $deb)" >&2
     exit 1

@@ -13,7 +13,7 @@ log() { printf '== %s\n' "$*" >&2; }
 
 install_packages() {
     local missing=() pkg
-    for pkg in docker.io busybox-static gcc-multilib g++ wrk; do
+    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -41,6 +41,9 @@ start_dockerd() {
 install_packages
 start_dockerd
 
+log "C header is fresh (cbindgen, pinned)"
+./scripts/check-header.sh
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -52,3 +55,8 @@ cargo test --workspace --no-fail-fast
 
 log "benchmarks compile"
 cargo bench --workspace --no-run --quiet
+
+# The package is built with the dev profile here to keep the run short; scripts/package.sh
+# builds release packages.
+log "Debian package builds and holds what it should"
+./scripts/check-package.sh --profile dev

@@ -323,3 +323,79 @@ fn help_shows_examples() {
         assert!(text.contains("Examples:\n  mesos-gpu "), "{cmd}: {text}");
     }
 }
+
+/// The UUIDs of `dgx1-v100` as discovery reports them.
+fn dgx1_uuids() -> Vec<String> {
+    json(&["info", "--simulate", "dgx1-v100"])["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn work_dir_health_checkpoint_is_shown_by_uuid() {
+    let uuids = dgx1_uuids();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("gpu")).unwrap();
+    // Recorded by UUID: the index in the checkpoint (9) is not what matches.
+    let snapshot = serde_json::json!({"version": 1, "gpus": [
+        {"index": 9, "uuid": uuids[3], "xids": {"79": 1}, "ecc_single_bit": 0, "ecc_double_bit": 0,
+         "health": {"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
+                    "since_ms": 1, "last_error_ms": 1, "errors": 1}},
+        {"index": 1, "uuid": uuids[1], "xids": {}, "ecc_single_bit": 0, "ecc_double_bit": 0,
+         "health": {"state": "healthy"}},
+    ]});
+    std::fs::write(work.path().join("gpu/health.json"), snapshot.to_string()).unwrap();
+    let dir = work.path().to_str().unwrap();
+    let text = ok(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    let health: Vec<String> = gpu_rows(&text).iter().map(|r| r[9].clone()).collect();
+    assert_eq!(
+        health,
+        ["ok", "ok", "ok", "UNHEALTHY:xid-79", "ok", "ok", "ok", "ok"],
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "GPU 3 ({}) is checkpointed unhealthy in {dir}/gpu/health.json: XID 79 (GPU has fallen off the bus)",
+            uuids[3]
+        )),
+        "{text}"
+    );
+    let v = json(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    assert_eq!(v["gpus"][3]["health"]["state"], "unhealthy");
+    assert_eq!(v["gpus"][3]["health"]["reason"]["xid"], 79);
+    assert_eq!(
+        v["gpus"][3]["healthy"], true,
+        "discovery's flag is unchanged"
+    );
+    assert_eq!(v["gpus"][1]["health"]["state"], "healthy");
+    assert!(v["gpus"][0]["health"].is_null(), "not checkpointed: null");
+
+    // No checkpoint: null everywhere, no note; a damaged one is a note, not a failure.
+    let empty = tempfile::tempdir().unwrap();
+    let v = json(&[
+        "info",
+        "--simulate",
+        "dgx1-v100",
+        "--work-dir",
+        empty.path().to_str().unwrap(),
+    ]);
+    assert!(
+        v["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["health"].is_null())
+    );
+    assert!(!v["notes"].to_string().contains("health"), "{}", v["notes"]);
+    std::fs::write(work.path().join("gpu/health.json"), "{not json").unwrap();
+    let v = json(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    assert!(
+        v["notes"].to_string().contains("is damaged"),
+        "{}",
+        v["notes"]
+    );
+    assert!(v["gpus"][3]["health"].is_null());
+}

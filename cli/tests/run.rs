@@ -297,7 +297,8 @@ fn too_new_cuda_is_refused_with_nothing_reserved() -> TestResult {
 
 fn main() -> ExitCode {
     let host = Host::probe();
-    let trials: [(&str, fn() -> TestResult); 4] = [
+    type Case = (&'static str, fn() -> TestResult);
+    let trials: [Case; 4] = [
         (
             "container_sees_its_nodes_and_status_passes_through",
             container_sees_its_nodes_and_status_passes_through,

@@ -265,6 +265,19 @@ enum MgpuStatus mgpu_docker_release(const struct MgpuIsolator *handle,
                                     char *err,
                                     size_t err_cap);
 
+// The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
+// `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
+// checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;
+// `MGPU_BAD_ARGUMENT` for text that names no GPU of this node.
+//
+// # Safety
+// `handle` is NULL or live; `gpu` is NULL or a NUL-terminated string; `err` is NULL or valid
+// for `err_cap` bytes.
+enum MgpuStatus mgpu_gpu_mark_healthy(const struct MgpuIsolator *handle,
+                                      const char *gpu,
+                                      char *err,
+                                      size_t err_cap);
+
 // The agent flags that advertise this node's GPUs. `flags` is a serialized `mesos.Parameters`
 // holding the agent's own `resources`, `nvidia_gpu_devices` and `attributes` (each optional);
 // the answer is a serialized `mesos.Parameters` with `resources`, `attributes` and

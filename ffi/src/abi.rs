@@ -16,7 +16,7 @@ use crate::log::{MgpuLogCallback, MgpuLogLevel};
 use crate::proto::docker::spec::v1::ImageManifest;
 use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
 use crate::proto::mesos::{ContainerId, Parameters};
-use crate::raw::{OutBuf, OutHandle, decode, guard, guard_handle, in_bytes};
+use crate::raw::{OutBuf, OutHandle, decode, guard, guard_handle, in_bytes, in_str};
 use crate::status::MgpuStatus;
 
 /// `mgpu_watch` timeout meaning "until a limitation arrives or the container is cleaned up".
@@ -391,6 +391,28 @@ pub unsafe extern "C" fn mgpu_docker_release(
         // SAFETY: contract above.
         let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
         h.docker_release(&cid)
+    })
+}
+
+/// The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
+/// `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
+/// checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;
+/// `MGPU_BAD_ARGUMENT` for text that names no GPU of this node.
+///
+/// # Safety
+/// `handle` is NULL or live; `gpu` is NULL or a NUL-terminated string; `err` is NULL or valid
+/// for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_gpu_mark_healthy(
+    handle: *const MgpuIsolator,
+    gpu: *const c_char,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let gpu = unsafe { in_str(gpu, "gpu") }?;
+        h.mark_healthy(gpu)
     })
 }
 

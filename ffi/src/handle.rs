@@ -9,14 +9,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::Limitations;
+use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
 use prost::Message;
@@ -60,11 +60,8 @@ pub struct MgpuIsolator {
     nodes: DeviceNodes,
     dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
-    limitations: Limitations,
     pending: Mutex<HashMap<(Replayable, String), Pending>>,
     poisoned: AtomicBool,
-    /// Keeps the NVML session open for the agent's lifetime (health events, usage).
-    _driver: Box<GpuDriver>,
     #[cfg(feature = "testing")]
     debug_panic_on: Option<String>,
 }
@@ -85,6 +82,7 @@ impl MgpuIsolator {
                 return Err(ParamError::NoDriver { reason }.into());
             }
         };
+        let driver: Arc<GpuDriver> = Arc::from(driver);
         let inventory = driver.inventory().clone();
         let nodes = DeviceNodes::scan(&params.dev_root, &inventory).map_err(|source| {
             ParamError::Devices {
@@ -100,16 +98,22 @@ impl MgpuIsolator {
         config.driver_volume.clone_from(&driver_volume);
         let isolator = Isolator::new(config, inventory.clone(), nodes.clone())
             .map_err(|source| ParamError::Isolator { source })?;
+        // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
+        let health = MonitorConfig {
+            policy: params.health_checks.clone(),
+            ..MonitorConfig::default()
+        };
+        isolator
+            .attach_health(driver, health)
+            .map_err(|source| ParamError::Isolator { source })?;
         Ok(MgpuIsolator {
             isolator,
             inventory,
             nodes,
             dev_root: params.dev_root.clone(),
             driver_volume,
-            limitations: Limitations::new(),
             pending: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
-            _driver: driver,
             #[cfg(feature = "testing")]
             debug_panic_on: params.debug_panic_on.clone(),
         })
@@ -197,8 +201,7 @@ impl MgpuIsolator {
     ) -> Result<Vec<u8>, FfiError> {
         self.panic_point("watch");
         let cid = convert::container_id(id)?;
-        self.isolator.status(&cid)?;
-        match self.limitations.wait(cid.as_str(), timeout) {
+        match self.isolator.watch(&cid, timeout)? {
             Some(limitation) => Ok(convert::limitation(&limitation).encode_to_vec()),
             None => {
                 // Woken by cleanup (the container is gone) or timed out.
@@ -212,6 +215,20 @@ impl MgpuIsolator {
                 })
             }
         }
+    }
+
+    /// The operator's word that `gpu` (an NVML index or a `GPU-…` UUID) is healthy again: it
+    /// returns to the pool.
+    pub fn mark_healthy(&self, gpu: &str) -> Result<(), FfiError> {
+        self.panic_point("mark_healthy");
+        let gpu = GpuRef::parse(gpu).map_err(|source| FfiError::GpuRef { source })?;
+        match self.isolator.mark_healthy(&gpu)? {
+            Some(change) => {
+                tracing::info!(gpu = change.index, uuid = %change.uuid, "GPU marked healthy")
+            }
+            None => tracing::info!(%gpu, "GPU marked healthy was healthy already"),
+        }
+        Ok(())
     }
 
     /// Grows or shrinks the container's GPUs to the `gpus` of `requests.resources`.
@@ -393,7 +410,6 @@ impl MgpuIsolator {
 
     fn forget(&self, id: &ContainerId, call: Replayable) {
         self.pending().remove(&(call, id.to_string()));
-        self.limitations.forget(id.as_str());
     }
 
     fn pending(&self) -> MutexGuard<'_, HashMap<(Replayable, String), Pending>> {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use mesos_gpu_isolator::allocator::{AllocError, Policy};
 use mesos_gpu_isolator::devices::DevicesError;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
+use mesos_gpu_isolator::health::{HealthPolicy, PolicyError};
 use mesos_gpu_isolator::lifecycle::{CgroupChoice, IsolatorConfig, LifecycleError};
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
@@ -28,6 +29,7 @@ pub const KEYS: &[&str] = &[
     "volume_root",
     "driver_root",
     "driver_volume",
+    "health_checks",
     #[cfg(feature = "testing")]
     "debug_panic_on",
 ];
@@ -69,6 +71,13 @@ pub enum ParamError {
         /// Why.
         #[source]
         source: AllocError,
+    },
+    /// The health-check specification is refused.
+    #[error("module parameter health_checks")]
+    HealthChecks {
+        /// Why (names the value and the accepted forms).
+        #[source]
+        source: PolicyError,
     },
     /// NVML could not be opened.
     #[error("cannot discover GPUs")]
@@ -123,6 +132,7 @@ impl ParamError {
                 | ParamError::Missing { .. }
                 | ParamError::BadValue { .. }
                 | ParamError::Policy { .. }
+                | ParamError::HealthChecks { .. }
         )
     }
 }
@@ -153,6 +163,8 @@ pub struct ModuleParams {
     pub driver_root: PathBuf,
     /// What to do about the driver volume.
     pub driver_volume: DriverVolume,
+    /// Which GPU events count as a failure (`health_checks`; default: [`HealthPolicy::new`]).
+    pub health_checks: HealthPolicy,
     /// The call that panics on purpose (`testing` builds only).
     #[cfg(feature = "testing")]
     pub debug_panic_on: Option<String>,
@@ -218,6 +230,11 @@ impl ModuleParams {
                 });
             }
         };
+        let health_checks = get("health_checks")
+            .map(HealthPolicy::parse)
+            .transpose()
+            .map_err(|source| ParamError::HealthChecks { source })?
+            .unwrap_or_default();
         Ok(ModuleParams {
             isolator,
             nvml_lib: path("nvml_lib", DEFAULT_NVML_LIB),
@@ -225,6 +242,7 @@ impl ModuleParams {
             volume_root: path("volume_root", mesos_gpu_volume::volume::DEFAULT_ROOT),
             driver_root: path("driver_root", "/"),
             driver_volume,
+            health_checks,
             #[cfg(feature = "testing")]
             debug_panic_on: get("debug_panic_on").map(str::to_owned),
         })
@@ -306,6 +324,7 @@ mod tests {
         assert_eq!(p.dev_root, PathBuf::from("/dev"));
         assert_eq!(p.nvml_lib, PathBuf::from(DEFAULT_NVML_LIB));
         assert_eq!(p.driver_volume, DriverVolume::Existing);
+        assert_eq!(p.health_checks, HealthPolicy::new());
     }
 
     #[test]
@@ -321,6 +340,7 @@ mod tests {
             ("driver_volume", "off"),
             ("dev_root", "/d"),
             ("nvml_lib", "/lib/nvml.so"),
+            ("health_checks", "all,+79"),
         ]))
         .unwrap();
         assert_eq!(p.isolator.policy, Policy::FirstFit);
@@ -330,6 +350,7 @@ mod tests {
         assert_eq!(p.isolator.cgroups_root, "m2");
         assert_eq!(p.isolator.devices, Some(vec![0, 2]));
         assert_eq!(p.driver_volume, DriverVolume::Off);
+        assert_eq!(p.health_checks, HealthPolicy::parse("all,+79").unwrap());
         assert_eq!(p.resolve_volume("550.54.14").unwrap(), None);
     }
 
@@ -371,6 +392,19 @@ mod tests {
         let err =
             ModuleParams::parse(&params(&[("work_dir", "/w"), ("policy", "best")])).unwrap_err();
         assert!(err.is_bad_value());
+        let err = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("health_checks", "79,bogus"),
+        ]))
+        .unwrap_err();
+        assert!(err.is_bad_value());
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.starts_with(
+                "module parameter health_checks: health checks \"79,bogus\": bad token \"bogus\""
+            ),
+            "{chain}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::any::Any;
 use std::error::Error;
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
 use std::panic::{self, AssertUnwindSafe};
 
 use prost::Message;
@@ -129,6 +129,25 @@ pub(crate) unsafe fn in_bytes<'a>(
     }
     // SAFETY: non-NULL, and valid for `len` bytes of reads by the contract; `len > 0`.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// The NUL-terminated input string `ptr`, which must be UTF-8.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string, unchanged during the call.
+pub(crate) unsafe fn in_str<'a>(
+    ptr: *const c_char,
+    what: &'static str,
+) -> Result<&'a str, FfiError> {
+    if ptr.is_null() {
+        return Err(FfiError::Null { what });
+    }
+    // SAFETY: non-NULL and NUL-terminated by the contract, not changed during the call.
+    let text = unsafe { CStr::from_ptr(ptr) };
+    text.to_str().map_err(|_| FfiError::NotUtf8 {
+        what,
+        got: text.to_string_lossy().into_owned(),
+    })
 }
 
 /// Decodes the input bytes `(ptr, len)` as `M`.
@@ -286,6 +305,26 @@ mod tests {
         assert_eq!(e.as_deref(), Some("argument `config` is NULL"));
         // SAFETY: len 0 never reads.
         assert!(unsafe { in_bytes(std::ptr::null(), 0, "config") }.is_ok_and(<[u8]>::is_empty));
+        // SAFETY: NULL is refused before use.
+        let e = unsafe { in_str(std::ptr::null(), "gpu") }
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("argument `gpu` is NULL"));
+    }
+
+    #[test]
+    fn strings_must_be_utf8() {
+        // SAFETY: C-string literals are NUL-terminated and static.
+        let ok = unsafe { in_str(c"GPU-1".as_ptr(), "gpu") }.ok();
+        assert_eq!(ok, Some("GPU-1"));
+        // SAFETY: as above.
+        let e = unsafe { in_str(c"a\xffb".as_ptr(), "gpu") }
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("argument `gpu` is not UTF-8: \"a\u{fffd}b\"")
+        );
     }
 
     #[test]

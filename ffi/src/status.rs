@@ -8,6 +8,7 @@
 use std::ffi::CStr;
 
 use mesos_gpu_isolator::allocator::AllocError;
+use mesos_gpu_isolator::health::HealthError;
 use mesos_gpu_isolator::lifecycle::LifecycleError;
 
 use crate::convert::ConvertError;
@@ -207,6 +208,21 @@ pub enum FfiError {
         /// The number given.
         got: u32,
     },
+    /// A string argument that is not UTF-8.
+    #[error("argument `{what}` is not UTF-8: {got:?}")]
+    NotUtf8 {
+        /// The argument's name.
+        what: &'static str,
+        /// The value given, invalid bytes replaced by U+FFFD.
+        got: String,
+    },
+    /// `mgpu_gpu_mark_healthy` named no GPU.
+    #[error("argument `gpu`")]
+    GpuRef {
+        /// Why (names the value and the accepted forms).
+        #[source]
+        source: HealthError,
+    },
     /// A process id that is not a positive number.
     #[error("pid {got}: expected a positive process id")]
     BadPid {
@@ -231,6 +247,8 @@ impl FfiError {
             | FfiError::UnknownCode(_)
             | FfiError::UnknownLevel { .. }
             | FfiError::BadPid { .. }
+            | FfiError::NotUtf8 { .. }
+            | FfiError::GpuRef { .. }
             | FfiError::UnknownFlag { .. }
             | FfiError::RetryMismatch { .. } => MgpuStatus::MgpuBadArgument,
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
@@ -256,13 +274,18 @@ fn lifecycle_status(e: &LifecycleError) -> MgpuStatus {
     if e.is_bad_request() {
         return MgpuStatus::MgpuBadRequest;
     }
+    if e.is_unknown_gpu() {
+        return MgpuStatus::MgpuBadArgument;
+    }
     match e {
         LifecycleError::Poisoned => MgpuStatus::MgpuPoisoned,
         LifecycleError::UnknownParent { .. } => MgpuStatus::MgpuUnknownContainer,
         LifecycleError::Nested { .. }
         | LifecycleError::WrongContainerizer { .. }
         | LifecycleError::NoCgroup { .. }
-        | LifecycleError::RecoverAfterUse => MgpuStatus::MgpuInvalidState,
+        | LifecycleError::RecoverAfterUse
+        | LifecycleError::NoHealthMonitor { .. }
+        | LifecycleError::HealthAttached => MgpuStatus::MgpuInvalidState,
         LifecycleError::UnknownCgroupChoice { .. } => MgpuStatus::MgpuBadArgument,
         LifecycleError::Allocation {
             source: AllocError::AlreadyAllocated { .. },

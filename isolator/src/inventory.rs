@@ -113,7 +113,10 @@ pub struct Topology {
 impl Topology {
     /// A topology of `size` GPUs with every pair [`Link::Unknown`].
     pub fn unknown(size: usize) -> Self {
-        Topology { size, links: vec![Link::Unknown; size * size] }
+        Topology {
+            size,
+            links: vec![Link::Unknown; size * size],
+        }
     }
 
     /// Number of GPUs the matrix covers.
@@ -131,7 +134,11 @@ impl Topology {
 
     /// The link from `a` to `b` as recorded, [`Link::Unknown`] when out of range.
     pub fn get(&self, a: usize, b: usize) -> Link {
-        if a < self.size && b < self.size { self.links[a * self.size + b] } else { Link::Unknown }
+        if a < self.size && b < self.size {
+            self.links[a * self.size + b]
+        } else {
+            Link::Unknown
+        }
     }
 
     /// The pair score of `a` and `b`, taking the weaker direction when the data is asymmetric.

@@ -11,6 +11,6 @@ pub mod devices;
 pub mod discovery;
 pub mod health;
 pub mod inventory;
-pub mod usage;
 pub mod lifecycle;
 mod sys;
+pub mod usage;

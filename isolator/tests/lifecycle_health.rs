@@ -218,13 +218,13 @@ fn failed_gpu_limits_its_holder_only(version: CgroupVersion) -> TestResult {
         monitor.records()[g as usize].xids.get(&13) == Some(&1)
     })?;
     check(free(&iso)? == free_before, "XID 13 changed the pool")?;
-    check(iso.watch(&a, Some(Duration::ZERO))?.is_none(), "XID 13 limited A")?;
+    check(
+        iso.watch(&a, Some(Duration::ZERO))?.is_none(),
+        "XID 13 limited A",
+    )?;
 
     node.sim.append_event(&format!("xid {g} 79"));
-    let limitation = watch_a
-        .join()
-        .unwrap()?
-        .ok_or("A's watch never resolved")?;
+    let limitation = watch_a.join().unwrap()?.ok_or("A's watch never resolved")?;
     check(
         limitation.container == a.as_str()
             && limitation.gpu == g

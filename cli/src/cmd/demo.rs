@@ -10,6 +10,7 @@
 
 mod driver;
 mod engine;
+mod live_docker;
 mod render;
 mod stream;
 
@@ -17,6 +18,7 @@ use std::io::{IsTerminal as _, Write as _};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
@@ -87,9 +89,14 @@ pub(crate) struct Args {
 
     /// Needs root: also create and remove each MESOS container's device cgroup through the
     /// isolator, over a temp dev root of mknod'ed nodes, and reserve DOCKER containers' GPUs
-    /// through it (Docker containers themselves are not started).
+    /// through it; DOCKER apps become real containers when a Docker daemon answers.
     #[arg(long)]
     live: bool,
+
+    /// Local image the live DOCKER containers run (built FROM scratch with /bin/busybox when
+    /// missing, and then removed at exit).
+    #[arg(long, value_name = "IMAGE", env = "MESOS_GPU_DEMO_IMAGE", default_value = live_docker::DEFAULT_IMAGE)]
+    live_image: String,
 }
 
 fn parse_policy(value: &str) -> Result<Policy, String> {
@@ -130,6 +137,8 @@ pub(crate) struct Report {
     pub(crate) other_policy: RunReport,
     /// Notes about what was assumed or skipped.
     pub(crate) notes: Vec<String>,
+    /// `--live`: the Docker containers started for DOCKER apps (all removed at exit).
+    pub(crate) docker_containers: Vec<live_docker::LiveContainer>,
 }
 
 /// One GPU of the node.
@@ -243,6 +252,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
     };
 
+    let mut docker_containers = Vec::new();
     let (mode, run) = if args.live {
         let mut agent = LiveAgent::new(
             scratch.path(),
@@ -251,12 +261,24 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             volume_path.clone(),
             driver_spec.clone(),
         )?;
+        let docker_note = agent.connect_docker(&inventory, &args.live_image)?;
         notes.push(format!(
-            "live: device cgroups created under {} and removed; Docker containers are not started (their GPUs are reserved through the isolator)",
+            "live: device cgroups created under {} and removed; {docker_note}",
             agent.cgroups_parent.display()
         ));
         let run = engine::run(&stream, &inventory, args.policy, &mut agent, &mut progress);
-        let cleaned = agent.shutdown();
+        let (started, cleaned) = agent.shutdown();
+        notes.extend(started.iter().map(|c| {
+            let exit = c
+                .exit
+                .map_or("not stopped".to_owned(), |code| format!("exit {code}"));
+            let removed = if c.removed { "removed" } else { "NOT removed" };
+            format!(
+                "docker: app {} ran as {} ({exit}, {removed})",
+                c.app, c.name
+            )
+        }));
+        docker_containers = started;
         (("live"), cleaned.and(run)?)
     } else {
         let mut agent = DryAgent::new(&inventory, volume_path.clone(), driver_spec.clone());
@@ -300,6 +322,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         run,
         other_policy,
         notes,
+        docker_containers,
     };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -452,7 +475,8 @@ impl Agent for DryAgent {
 
 /// `--live`: the lifecycle isolator over real cgroups and a temp dev root.
 struct LiveAgent {
-    isolator: Isolator,
+    isolator: Arc<Isolator>,
+    docker: Option<live_docker::LiveDocker>,
     host: HostDevices,
     driver: Option<DriverSpec>,
     cgroups_parent: PathBuf,
@@ -512,7 +536,8 @@ impl LiveAgent {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         Ok(LiveAgent {
-            isolator,
+            isolator: Arc::new(isolator),
+            docker: None,
             host: HostDevices::from_nodes(&dev, &nodes),
             driver,
             cgroups_parent,
@@ -520,11 +545,49 @@ impl LiveAgent {
         })
     }
 
-    /// Cleans up whatever is left and removes the cgroups parent.
-    fn shutdown(mut self) -> anyhow::Result<()> {
+    /// Starts real containers for DOCKER apps when a daemon answers; returns the note saying
+    /// what happens to them.
+    fn connect_docker(&mut self, inventory: &Inventory, image: &str) -> anyhow::Result<String> {
+        let docker = live_docker::LiveDocker::connect(
+            Arc::clone(&self.isolator),
+            self.host.clone(),
+            self.driver.clone(),
+            inventory.gpus.clone(),
+            image,
+        )?;
+        Ok(match docker {
+            Ok(docker) => {
+                let (image, built) = docker.image();
+                let note = format!(
+                    "DOCKER apps run as real containers (mesos-<uuid>, image {image}{}), stopped and removed when they finish",
+                    if built {
+                        ", built for the demo and removed at exit"
+                    } else {
+                        ""
+                    }
+                );
+                self.docker = Some(docker);
+                note
+            }
+            Err(why) => format!(
+                "no Docker daemon answered ({why}): Docker containers are not started (their GPUs are reserved through the isolator)"
+            ),
+        })
+    }
+
+    /// Cleans up whatever is left and removes the cgroups parent; returns the Docker
+    /// containers started.
+    fn shutdown(mut self) -> (Vec<live_docker::LiveContainer>, anyhow::Result<()>) {
         let mut first_err = None;
         for (id, kind) in std::mem::take(&mut self.live) {
             if let Err(e) = self.finish_one(&id, kind) {
+                first_err.get_or_insert(e);
+            }
+        }
+        let mut started = Vec::new();
+        if let Some(docker) = self.docker.take() {
+            started = docker.started.clone();
+            if let Err(e) = docker.shutdown() {
                 first_err.get_or_insert(e);
             }
         }
@@ -538,13 +601,14 @@ impl LiveAgent {
                 );
             }
         }
-        first_err.map_or(Ok(()), Err)
+        (started, first_err.map_or(Ok(()), Err))
     }
 
-    fn finish_one(&self, id: &ContainerId, kind: ContainerType) -> anyhow::Result<()> {
-        match kind {
-            ContainerType::Mesos => self.isolator.cleanup(id)?,
-            ContainerType::Docker => self.isolator.release_docker(id)?,
+    fn finish_one(&mut self, id: &ContainerId, kind: ContainerType) -> anyhow::Result<()> {
+        match (kind, &mut self.docker) {
+            (ContainerType::Mesos, _) => self.isolator.cleanup(id)?,
+            (ContainerType::Docker, Some(docker)) => docker.finish(id)?,
+            (ContainerType::Docker, None) => self.isolator.release_docker(id)?,
         }
         Ok(())
     }
@@ -577,6 +641,14 @@ impl Agent for LiveAgent {
         gpus: &[Gpu],
         image: &ImageInfo,
     ) -> anyhow::Result<LaunchPlan> {
+        if let Some(docker) = &mut self.docker {
+            let container = docker.launch(id, requested)?;
+            let plan = container.plan.clone();
+            let reserved = container.gpus.clone();
+            self.live.push((id.clone(), ContainerType::Docker));
+            check_same(id, &reserved, gpus)?;
+            return Ok(plan);
+        }
         let reserved = self.isolator.reserve_docker(id, requested)?;
         self.live.push((id.clone(), ContainerType::Docker));
         check_same(id, &reserved, gpus)?;

@@ -19,7 +19,7 @@ use mesos_gpu_isolator::health::{GpuHealth, GpuRef, HealthSnapshot, HealthStore}
 use crate::ctx::Ctx;
 
 /// The Mesos agent work directory used when `--work-dir` is not given.
-const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
+pub(crate) const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
 
 #[derive(clap::Args)]
 pub(crate) struct Args {

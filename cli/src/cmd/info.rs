@@ -7,18 +7,29 @@
 //! - `gpus`: one object per GPU in NVML index order: `index`, `minor` (null when unknown),
 //!   `uuid`, `name`, `memory_total_bytes`, `pci_bus_id`, `numa_node` (null when unknown),
 //!   `compute_capability` (`"7.0"` or null), `healthy`, `cpu_affinity` (CPU list such as
-//!   `"0-19,40-59"`, or null), `device` (`"195:0"`, or null when the node was not read);
+//!   `"0-19,40-59"`, or null), `device` (`"195:0"`, or null when the node was not read),
+//!   `health` (the health monitor's checkpointed state of this GPU, matched by UUID, from
+//!   `<--work-dir>/gpu/health.json`: `{"state": "healthy"}` or `{"state": "unhealthy",
+//!   "reason": {"kind": "xid", "xid": 79}, "since_ms": …, "last_error_ms": …, "errors": …}`;
+//!   null when nothing is checkpointed for it). `healthy` is discovery's flag (NVML answers);
 //! - `topology`: an N×N matrix of `nvidia-smi topo -m` labels (`X`, `NV2`, `PIX`, `PXB`, `PHB`,
 //!   `NODE`, `SYS`, `PSB`, `?`), row = from, column = to, by position in `gpus`;
 //! - `control_devices`: `[{"path": "/dev/nvidiactl", "device": "195:255"}, …]`;
-//! - `notes`: human-readable remarks (simulation, unreadable device nodes).
+//! - `notes`: human-readable remarks (simulation, unreadable device nodes, unhealthy GPUs, an
+//!   unreadable health checkpoint).
+//!
+//! The table's HEALTH column is `LOST` when discovery could not reach the GPU, else
+//! `UNHEALTHY:<reason>` (`xid-79`, `ecc-dbe`, `lost`, `unwatchable`) when the health checkpoint
+//! says so, else `ok`.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
+use mesos_gpu_isolator::health::{Failure, GpuHealth, GpuRecord, HealthStore};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use serde::Serialize;
 
@@ -30,11 +41,17 @@ use crate::simulate;
     mesos-gpu info\n  \
     mesos-gpu info --simulate dgx1-v100\n  \
     mesos-gpu info --simulate list\n  \
-    mesos-gpu info --json --nvml-lib /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")]
+    mesos-gpu info --json --nvml-lib /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n  \
+    mesos-gpu info --work-dir /var/lib/mesos")]
 pub(crate) struct Args {
     /// Print JSON (fields documented in the module) instead of tables.
     #[arg(long)]
     json: bool,
+
+    /// The Mesos agent work directory whose GPU health checkpoint (`<DIR>/gpu/health.json`)
+    /// is shown beside discovery's health.
+    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
+    work_dir: PathBuf,
 }
 
 #[derive(Serialize)]
@@ -67,6 +84,7 @@ struct GpuJson {
     healthy: bool,
     cpu_affinity: Option<String>,
     device: Option<String>,
+    health: Option<GpuHealth>,
 }
 
 #[derive(Serialize)]
@@ -83,7 +101,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let report = build(ctx)?;
+    let report = build(ctx, &args.work_dir)?;
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
@@ -93,7 +111,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn build(ctx: &Ctx) -> anyhow::Result<Report> {
+fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     let simulated = ctx.simulation()?.map(|s| s.name().to_owned());
     let inventory = ctx.inventory()?;
     let driver = ctx.driver()?;
@@ -116,6 +134,29 @@ fn build(ctx: &Ctx) -> anyhow::Result<Report> {
             }
         },
     };
+    let store = HealthStore::at(work_dir);
+    let records = match store.load() {
+        Ok(snapshot) => snapshot.map(|s| s.gpus).unwrap_or_default(),
+        Err(err) => {
+            notes.push(format!(
+                "GPU health checkpoint not shown: {:#}",
+                anyhow::Error::new(err)
+            ));
+            Vec::new()
+        }
+    };
+    let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
+    for g in &inventory.gpus {
+        if let Some(GpuHealth::Unhealthy { reason, .. }) = recorded(g).map(|r| &r.health) {
+            notes.push(format!(
+                "GPU {} ({}) is checkpointed unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
+                g.index,
+                g.uuid,
+                store.checkpoint_path().display(),
+                g.index
+            ));
+        }
+    }
     let gpus = (0..)
         .zip(&inventory.gpus)
         .map(|(pos, g): (usize, &Gpu)| GpuJson {
@@ -133,6 +174,7 @@ fn build(ctx: &Ctx) -> anyhow::Result<Report> {
                 .as_ref()
                 .and_then(|n| n.gpu(g.index))
                 .map(|n| n.dev.to_string()),
+            health: recorded(g).map(|r| r.health.clone()),
         })
         .collect();
     let control_devices = nodes
@@ -196,6 +238,23 @@ fn cpu_list(cpus: &[u32]) -> String {
         i += 1;
     }
     out
+}
+
+/// The HEALTH cell: discovery's flag, then the checkpointed health (see the module docs).
+fn health_cell(g: &GpuJson) -> String {
+    match (&g.health, g.healthy) {
+        (_, false) => "LOST".to_owned(),
+        (Some(GpuHealth::Unhealthy { reason, .. }), true) => {
+            let short = match reason {
+                Failure::Xid { xid } => format!("xid-{xid}"),
+                Failure::DoubleBitEcc => "ecc-dbe".to_owned(),
+                Failure::Lost => "lost".to_owned(),
+                Failure::Unwatchable { .. } => "unwatchable".to_owned(),
+            };
+            format!("UNHEALTHY:{short}")
+        }
+        (Some(GpuHealth::Healthy) | None, true) => "ok".to_owned(),
+    }
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -291,11 +350,7 @@ fn render(r: &Report) -> String {
             },
             g.numa_node
                 .map_or_else(|| "N/A".to_owned(), |n| n.to_string()),
-            if g.healthy {
-                "ok".to_owned()
-            } else {
-                "LOST".to_owned()
-            },
+            health_cell(g),
             g.device.clone().unwrap_or_else(|| "-".to_owned()),
             if g.uuid.is_empty() {
                 unknown()

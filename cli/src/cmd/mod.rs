@@ -5,15 +5,15 @@ use std::process::ExitCode;
 use crate::ctx::Ctx;
 
 mod agent_flags;
+mod demo;
+mod docker_args;
+mod exec;
+mod gpu;
 mod info;
 mod ldcache;
-mod volume;
-mod serve;
-mod docker_args;
 mod run;
-mod gpu;
-mod demo;
-mod exec;
+mod serve;
+mod volume;
 
 /// The subcommands.
 #[derive(clap::Subcommand)]

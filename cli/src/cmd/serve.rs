@@ -4,7 +4,8 @@
 //! The driver volume is built in the background at start (and again when the driver version
 //! changes) by the volume manager; plugin requests never build it. The node is re-read every
 //! `--driver-poll` seconds to notice a driver change. `/gpu/status` and `/gpu/info` show live
-//! NVML figures ([`NvmlStatus`]).
+//! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`], GPU
+//! figures only: `serve` holds no allocator or health monitor).
 //!
 //! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
 //! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
@@ -24,6 +25,7 @@ use anyhow::Context as _;
 use mesos_gpu_docker::args::{HostDevices, VolumeSource};
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::DockerClient;
+use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_docker::plugin::{
     DEFAULT_BUILD_WAIT, DEFAULT_SOCKET, DriverVolumes, ManagerBuilder, PluginApi,
 };
@@ -157,6 +159,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let status = status_source(lib.as_deref())?;
+    let metrics = metrics_source(lib.as_deref())?;
     runtime.block_on(async {
         recover_docker_holders(ctx, args, &host).await;
         let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
@@ -164,7 +167,11 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             args.driver_root.clone(),
         )));
         volumes.set_driver(inventory.driver.as_ref().map(|d| d.version.as_str()));
-        let rest = Arc::new(RestApi::new(inventory, host, volume, status));
+        let mut rest = RestApi::new(inventory, host, volume, status);
+        if let Some(metrics) = metrics {
+            rest = rest.with_metrics(metrics);
+        }
+        let rest = Arc::new(rest);
         let plugin = Arc::new(PluginApi::new(Arc::clone(&volumes), DEFAULT_BUILD_WAIT));
         let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
         let signal = shutdown_signal()?;
@@ -199,6 +206,20 @@ fn status_source(lib: Option<&Path>) -> anyhow::Result<Arc<dyn GpuStatusSource>>
     match GpuDriver::open(Some(lib)).context("cannot open NVML for GPU status")? {
         Discovery::Driver(driver) => Ok(Arc::new(NvmlStatus::new(Arc::new(*driver), PROC_ROOT))),
         Discovery::NoDriver(_) => Ok(Arc::new(NoStatus)),
+    }
+}
+
+/// `/metrics` from its own NVML session of the same library; none without a driver.
+fn metrics_source(lib: Option<&Path>) -> anyhow::Result<Option<Arc<Metrics>>> {
+    let Some(lib) = lib else {
+        return Ok(None);
+    };
+    match GpuDriver::open(Some(lib)).context("cannot open NVML for metrics")? {
+        Discovery::Driver(driver) => Ok(Some(Arc::new(Metrics::new(
+            Arc::new(NvmlFigures::new(Arc::new(*driver))),
+            metrics::DEFAULT_CACHE,
+        )))),
+        Discovery::NoDriver(_) => Ok(None),
     }
 }
 

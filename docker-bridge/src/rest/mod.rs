@@ -7,6 +7,7 @@
 //! `/docker/cli`, `/docker/cli/json`, `/mesos/cli`. `dev=` and `vol=` apply to the two
 //! `/docker/cli` routes ([`query`]). A bad parameter is HTTP 400 with the reason, an unknown
 //! path 404 (Go's "404 page not found"), another method 405 (nvidia-docker answered 404).
+//! With [`RestApi::with_metrics`], `/metrics` answers the Prometheus metrics as well.
 //!
 //! Differences from nvidia-docker, on purpose: `--device` flags come in a stable order (control
 //! nodes, then GPUs by minor; nvidia-docker's order was random), and in bind mode the volume is
@@ -30,6 +31,7 @@ use mesos_gpu_isolator::inventory::Inventory;
 use self::format::{DockerCli, Node};
 use self::status::GpuStatusSource;
 use crate::args::{HostDevices, LaunchPlan, VolumeMount, VolumeSource};
+use crate::metrics::Metrics;
 
 /// The default REST listen address of nvidia-docker-plugin.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3476";
@@ -43,6 +45,7 @@ pub struct RestApi {
     host: HostDevices,
     volume: VolumeSource,
     status: Arc<dyn GpuStatusSource>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for RestApi {
@@ -54,7 +57,8 @@ impl std::fmt::Debug for RestApi {
     }
 }
 
-enum Page {
+enum Page<'a> {
+    Metrics(&'a Metrics),
     InfoText,
     InfoJson,
     StatusText,
@@ -64,7 +68,7 @@ enum Page {
     MesosCli,
 }
 
-fn route(path: &str) -> Option<Page> {
+fn route(path: &str) -> Option<Page<'static>> {
     let path = path
         .strip_prefix("/v1.0")
         .filter(|p| p.starts_with('/'))
@@ -111,7 +115,14 @@ impl RestApi {
             host,
             volume,
             status,
+            metrics: None,
         }
+    }
+
+    /// Also serves `GET /metrics` from `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> RestApi {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The inventory the pages are made from.
@@ -143,7 +154,11 @@ impl RestApi {
     /// The response to `method path?query`. Synchronous: status pages call the
     /// [`GpuStatusSource`], so async callers should run this on a blocking thread.
     pub fn respond(&self, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
-        let Some(page) = route(path) else {
+        let page = match &self.metrics {
+            Some(metrics) if path == "/metrics" => Some(Page::Metrics(metrics)),
+            _ => route(path),
+        };
+        let Some(page) = page else {
             return error(StatusCode::NOT_FOUND, "404 page not found");
         };
         if method != Method::GET && method != Method::HEAD {
@@ -163,6 +178,7 @@ impl RestApi {
             Page::StatusText => reply(StatusCode::OK, TEXT, format::status_text(&node)),
             Page::StatusJson => reply(StatusCode::OK, JSON, format::status_json(&node)),
             Page::MesosCli => reply(StatusCode::OK, TEXT, format::mesos_cli(&node)),
+            Page::Metrics(metrics) => metrics.respond(),
             Page::DockerCliText => match self.docker_cli(&inventory, query) {
                 Ok(cli) => reply(StatusCode::OK, TEXT, cli.text()),
                 Err((status, reason)) => error(status, reason),

@@ -502,3 +502,28 @@ fn mesos_cli_carries_compressed_info_and_uuids() {
     let uuids: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
     assert_eq!(res, format!("--resources=gpus:{{{}}}", uuids.join(",")));
 }
+
+#[test]
+fn metrics_are_served_only_when_given() {
+    use crate::metrics::{CONTENT_TYPE_OPENMETRICS, FigureSource, Metrics, NodeFigures};
+
+    struct Empty;
+    impl FigureSource for Empty {
+        fn collect(&self) -> NodeFigures {
+            NodeFigures::default()
+        }
+    }
+    assert_eq!(get(&api(), "/metrics").0, StatusCode::NOT_FOUND);
+    let metrics = Arc::new(Metrics::new(Arc::new(Empty), std::time::Duration::ZERO));
+    let api = api().with_metrics(metrics);
+    let (status, ctype, body) = get(&api, "/metrics");
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::OK, CONTENT_TYPE_OPENMETRICS)
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert_eq!(get(&api, "/v1.0/metrics").0, StatusCode::NOT_FOUND);
+    let post = api.respond(&Method::POST, "/metrics", None);
+    assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(get(&api, "/gpu/info").0, StatusCode::OK);
+}

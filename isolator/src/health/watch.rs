@@ -257,6 +257,9 @@ mod tests {
             container: "e".to_owned(),
             ..lim.clone()
         });
-        assert_eq!(l.wait_watched("e", None).map(|l| l.container), Some("e".to_owned()));
+        assert_eq!(
+            l.wait_watched("e", None).map(|l| l.container),
+            Some("e".to_owned())
+        );
     }
 }

@@ -242,7 +242,11 @@ impl Isolator {
             }
         }
         // The allocator is rebuilt: GPUs the health monitor failed stay out of the pool.
-        health::reapply(&mut state, std::mem::take(&mut guard.failed), &self.limitations);
+        health::reapply(
+            &mut state,
+            std::mem::take(&mut guard.failed),
+            &self.limitations,
+        );
         *guard = state;
         self.save(&guard, STEP)?;
         for issue in &report.issues {

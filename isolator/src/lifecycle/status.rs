@@ -74,7 +74,8 @@ impl Isolator {
     #[tracing::instrument(level = "debug", skip_all, fields(container = %id))]
     pub fn usage(&self, id: &ContainerId) -> Result<Usage, LifecycleError> {
         let status = self.status(id)?;
-        let held = self.gpus_of(GpuSet::from_indices(status.gpus.iter().copied()).unwrap_or_default());
+        let held =
+            self.gpus_of(GpuSet::from_indices(status.gpus.iter().copied()).unwrap_or_default());
         let mut figures = self
             .nvml_usage(&status, &held)
             .map(|u| u.gpus)

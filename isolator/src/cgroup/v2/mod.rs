@@ -110,7 +110,10 @@ impl V2DeviceCgroup {
 
     /// Opens the existing cgroup of `container` without touching its programs, so recovery can
     /// check [`Self::attached_program`] first; its [`Self::allowed`] is empty until set.
-    pub fn open(layout: &CgroupLayout, container: &ContainerId) -> Result<V2DeviceCgroup, CgroupError> {
+    pub fn open(
+        layout: &CgroupLayout,
+        container: &ContainerId,
+    ) -> Result<V2DeviceCgroup, CgroupError> {
         layout.expect_version(CgroupVersion::V2)?;
         let path = layout.container_dir(container);
         if !path.is_dir() {
