@@ -146,28 +146,12 @@ mod tests {
 
     use super::*;
     use crate::allocator::Policy;
+    use crate::allocator::nodes::NodeBuilder;
     use crate::health::state::{Failure, GpuHealth};
-    use crate::inventory::{Gpu, Inventory, Topology};
+    use crate::inventory::Link;
 
     fn allocator() -> Allocator {
-        let gpus: Vec<Gpu> = (0..4)
-            .map(|i| Gpu {
-                index: i,
-                minor: i,
-                uuid: format!("GPU-{i}"),
-                name: "T4".to_owned(),
-                memory_total: 0,
-                pci_bus_id: String::new(),
-                numa_node: None,
-                compute_capability: None,
-                healthy: true,
-            })
-            .collect();
-        let inventory = Inventory {
-            topology: Topology::unknown(gpus.len()),
-            gpus,
-            ..Inventory::default()
-        };
+        let inventory = NodeBuilder::new(4, Link::Unknown).inventory();
         Allocator::new(&inventory, Policy::FirstFit).unwrap()
     }
 

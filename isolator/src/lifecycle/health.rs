@@ -194,29 +194,13 @@ fn container_cgroup(version: CgroupVersion, mount: &Path, dir: &Path) -> Option<
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
+    use crate::allocator::nodes::NodeBuilder;
     use crate::allocator::{Allocator, GpuSet, Policy};
     use crate::health::{Failure, GpuHealth};
-    use crate::inventory::{Inventory, Topology};
+    use crate::inventory::Link;
 
     fn state() -> State {
-        let gpus: Vec<Gpu> = (0..4)
-            .map(|i| Gpu {
-                index: i,
-                minor: i,
-                uuid: format!("GPU-{i}"),
-                name: "T4".to_owned(),
-                memory_total: 0,
-                pci_bus_id: String::new(),
-                numa_node: None,
-                compute_capability: None,
-                healthy: true,
-            })
-            .collect();
-        let inventory = Inventory {
-            topology: Topology::unknown(gpus.len()),
-            gpus,
-            ..Inventory::default()
-        };
+        let inventory = NodeBuilder::new(4, Link::Unknown).inventory();
         State::new(Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap())
     }
 
