@@ -139,6 +139,8 @@ pub fn sim_library() -> PathBuf {
         dir.join("libnvml_sim.so"),
         dir.join("deps/libnvml_sim.so"),
         dir.join("../libnvml_sim.so"),
+        // Example binaries live in `target/<profile>/examples/`.
+        dir.join("../deps/libnvml_sim.so"),
     ];
     candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
         panic!(
