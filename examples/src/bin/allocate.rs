@@ -9,6 +9,8 @@
 //! Each COUNT is one request, granted in order on the same node (so later ones see fewer free
 //! GPUs). Without `--nvml-lib` the system's `libnvidia-ml.so.1` is loaded.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
