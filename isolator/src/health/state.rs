@@ -423,6 +423,28 @@ fn change(g: &GpuRecord, restored: bool) -> HealthChange {
 }
 
 #[cfg(test)]
+impl HealthChange {
+    /// A change of GPU `index` (UUID `GPU-<index>`) to healthy, or to unhealthy after XID 79.
+    pub(crate) fn xid79(index: u32, healthy: bool) -> HealthChange {
+        HealthChange {
+            index,
+            uuid: format!("GPU-{index}"),
+            health: if healthy {
+                GpuHealth::Healthy
+            } else {
+                GpuHealth::Unhealthy {
+                    reason: Failure::Xid { xid: 79 },
+                    since_ms: 0,
+                    last_error_ms: 0,
+                    errors: 1,
+                }
+            },
+            restored: false,
+        }
+    }
+}
+
+#[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;

@@ -147,7 +147,6 @@ mod tests {
     use super::*;
     use crate::allocator::Policy;
     use crate::allocator::nodes::NodeBuilder;
-    use crate::health::state::{Failure, GpuHealth};
     use crate::inventory::Link;
 
     fn allocator() -> Allocator {
@@ -156,21 +155,7 @@ mod tests {
     }
 
     fn change(index: u32, healthy: bool) -> HealthChange {
-        HealthChange {
-            index,
-            uuid: format!("GPU-{index}"),
-            health: if healthy {
-                GpuHealth::Healthy
-            } else {
-                GpuHealth::Unhealthy {
-                    reason: Failure::Xid { xid: 79 },
-                    since_ms: 0,
-                    last_error_ms: 0,
-                    errors: 1,
-                }
-            },
-            restored: false,
-        }
+        HealthChange::xid79(index, healthy)
     }
 
     #[test]

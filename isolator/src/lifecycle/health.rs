@@ -196,7 +196,6 @@ mod tests {
     use super::*;
     use crate::allocator::nodes::NodeBuilder;
     use crate::allocator::{Allocator, GpuSet, Policy};
-    use crate::health::{Failure, GpuHealth};
     use crate::inventory::Link;
 
     fn state() -> State {
@@ -205,21 +204,7 @@ mod tests {
     }
 
     fn change(index: u32, healthy: bool) -> HealthChange {
-        HealthChange {
-            index,
-            uuid: format!("GPU-{index}"),
-            health: if healthy {
-                GpuHealth::Healthy
-            } else {
-                GpuHealth::Unhealthy {
-                    reason: Failure::Xid { xid: 79 },
-                    since_ms: 0,
-                    last_error_ms: 0,
-                    errors: 1,
-                }
-            },
-            restored: false,
-        }
+        HealthChange::xid79(index, healthy)
     }
 
     #[test]
