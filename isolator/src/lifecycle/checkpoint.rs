@@ -25,6 +25,8 @@ pub(crate) const SCHEMA_VERSION: u32 = 1;
 pub(crate) const FILE_NAME: &str = "allocations.json";
 /// The lock file that keeps two isolators off one work directory.
 pub(crate) const LOCK_NAME: &str = "allocations.lock";
+/// How long [`Store::open`] waits for a lock another holder is about to release.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why the checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +105,7 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    /// Opens (creating) `<work_dir>/gpu` and takes its lock without waiting.
+    /// Opens (creating) `<work_dir>/gpu` and takes its lock, waiting at most [`LOCK_WAIT`].
     pub(crate) fn open(work_dir: &Path) -> Result<Store, CheckpointError> {
         let dir = work_dir.join("gpu");
         fs::create_dir_all(&dir).map_err(|source| io_err("create", &dir, source))?;
@@ -114,12 +116,23 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(|source| io_err("open", &lock_path, source))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(CheckpointError::Locked { path: lock_path });
+        // A lock that is busy for a moment is waited for, up to LOCK_WAIT: an agent that is
+        // still exiting, or a child being spawned by another thread of this process, holds a
+        // copy of the descriptor (and so the flock) until it exits or execs.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(CheckpointError::Locked { path: lock_path });
+                }
+                Err(fs::TryLockError::Error(source)) => {
+                    return Err(io_err("lock", &lock_path, source));
+                }
             }
-            Err(fs::TryLockError::Error(source)) => return Err(io_err("lock", &lock_path, source)),
         }
         Ok(Store {
             path: dir.join(FILE_NAME),
