@@ -41,6 +41,9 @@ use super::store::{HealthStore, StoreLock};
 use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
+/// How long a starting monitor waits for the health lock to be let go.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Called on the monitor thread for every health change, before channel subscribers hear of it.
 pub type ChangeCallback = Arc<dyn Fn(&HealthChange) + Send + Sync>;
 
@@ -141,9 +144,15 @@ impl HealthMonitor {
     ) -> Result<HealthMonitor, HealthError> {
         let store = config.work_dir.as_deref().map(HealthStore::at);
         let lock = match &store {
-            Some(store) => Some(store.try_lock()?.ok_or_else(|| HealthError::InUse {
-                path: store.checkpoint_path(),
-            })?),
+            Some(store) => {
+                Some(
+                    store
+                        .lock_within(LOCK_WAIT)?
+                        .ok_or_else(|| HealthError::InUse {
+                            path: store.checkpoint_path(),
+                        })?,
+                )
+            }
             None => None,
         };
         let mut state = HealthState::new(driver.inventory(), config.quiet_period, now_ms());

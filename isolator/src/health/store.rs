@@ -15,7 +15,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::HealthError;
 use super::state::{GpuRef, HealthSnapshot};
@@ -109,6 +109,22 @@ impl HealthStore {
             Ok(()) => Ok(Some(StoreLock { _file: file })),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
             Err(fs::TryLockError::Error(e)) => Err(io_err("lock", &path)(e)),
+        }
+    }
+
+    /// Takes the lock like [`Self::try_lock`], but waits up to `wait` for a holder that is about
+    /// to let go: an agent still exiting, or a child being spawned by another thread of this
+    /// process, which shares the descriptor (and so the `flock`) until it execs.
+    pub fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(lock) = self.try_lock()? {
+                return Ok(Some(lock));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
