@@ -149,16 +149,7 @@ impl Drop for Env {
 }
 
 fn check(cmd: &mut Command) -> Result<String, Failed> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    Ok(mesos_gpu_testkit::run_checked(cmd)?)
 }
 
 /// `nvidia<minor>` GPU nodes named in `ls /dev` output.

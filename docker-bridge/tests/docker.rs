@@ -33,16 +33,7 @@ const UVM_MAJOR: u32 = 511;
 type TestResult = Result<(), Failed>;
 
 fn run(cmd: &mut Command) -> Result<String, Failed> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    Ok(mesos_gpu_testkit::run_checked(cmd)?)
 }
 
 /// Removes the named containers and images when dropped.

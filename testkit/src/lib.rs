@@ -11,6 +11,7 @@ pub mod nvml_sim;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use libtest_mimic::{Failed, Trial};
@@ -185,4 +186,18 @@ fn ping_dockerd(sock: &Path) -> Result<(), String> {
             reply.lines().next().unwrap_or("")
         ))
     }
+}
+
+/// Runs `cmd` and returns its trimmed stdout; a failure to start or a non-zero exit is an error
+/// naming the command, its status and its stderr.
+pub fn run_checked(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
