@@ -25,6 +25,24 @@ pub struct NvmlEventSetSt {
 /// `nvmlEventSet_t`.
 pub type NvmlEventSet = *mut NvmlEventSetSt;
 
+/// `struct nvmlGpuInstance_st`: opaque.
+#[repr(C)]
+pub struct NvmlGpuInstanceSt {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlGpuInstance_t`.
+pub type NvmlGpuInstance = *mut NvmlGpuInstanceSt;
+
+/// `struct nvmlComputeInstance_st`: opaque.
+#[repr(C)]
+pub struct NvmlComputeInstanceSt {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlComputeInstance_t`.
+pub type NvmlComputeInstance = *mut NvmlComputeInstanceSt;
+
 /// `nvmlPciInfo_t` (the v3 layout with `busIdLegacy` first).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +134,244 @@ pub struct NvmlEventData {
     /// MIG compute instance, `0xFFFFFFFF` when not applicable.
     pub compute_instance_id: c_uint,
 }
+
+/// `nvmlDeviceAttributes_t` (MIG device handles only).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlDeviceAttributes {
+    /// SMs of the compute instance.
+    pub multiprocessor_count: c_uint,
+    /// Copy engines of the GPU instance, shared by its compute instances.
+    pub shared_copy_engine_count: c_uint,
+    /// Decoders of the GPU instance.
+    pub shared_decoder_count: c_uint,
+    /// Encoders of the GPU instance.
+    pub shared_encoder_count: c_uint,
+    /// JPEG engines of the GPU instance.
+    pub shared_jpeg_count: c_uint,
+    /// OFA engines of the GPU instance.
+    pub shared_ofa_count: c_uint,
+    /// Compute slices of the GPU instance.
+    pub gpu_instance_slice_count: c_uint,
+    /// Compute slices of the compute instance.
+    pub compute_instance_slice_count: c_uint,
+    /// Memory of the GPU instance in MiB.
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// `nvmlGpuInstancePlacement_t` / `nvmlComputeInstancePlacement_t`: slices `[start, start+size)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvmlPlacement {
+    /// First slice.
+    pub start: c_uint,
+    /// Number of slices.
+    pub size: c_uint,
+}
+
+/// `nvmlGpuInstanceProfileInfo_t` (v1, unversioned).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceProfileInfo {
+    /// Profile id.
+    pub id: c_uint,
+    /// Peer-to-peer support (0 on every profile the sim knows).
+    pub is_p2p_supported: c_uint,
+    /// Compute slices.
+    pub slice_count: c_uint,
+    /// Instances of this profile that fit the GPU.
+    pub instance_count: c_uint,
+    /// SMs.
+    pub multiprocessor_count: c_uint,
+    /// Copy engines.
+    pub copy_engine_count: c_uint,
+    /// Decoders.
+    pub decoder_count: c_uint,
+    /// Encoders.
+    pub encoder_count: c_uint,
+    /// JPEG engines.
+    pub jpeg_count: c_uint,
+    /// OFA engines.
+    pub ofa_count: c_uint,
+    /// Memory in MiB.
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// `nvmlGpuInstanceProfileInfo_v2_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceProfileInfoV2 {
+    /// `nvmlGpuInstanceProfileInfo_v2`.
+    pub version: c_uint,
+    /// The v1 fields.
+    pub id: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub is_p2p_supported: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub slice_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub instance_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub multiprocessor_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub copy_engine_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub decoder_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub encoder_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub jpeg_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub ofa_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub memory_size_mb: c_ulonglong,
+    /// `MIG 1g.5gb`.
+    pub name: [c_char; 96],
+}
+
+/// `nvmlGpuInstanceProfileInfo_v3_t`: v2 without `isP2pSupported`, plus `capabilities`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceProfileInfoV3 {
+    /// `nvmlGpuInstanceProfileInfo_v3`.
+    pub version: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub id: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub slice_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub instance_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub multiprocessor_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub copy_engine_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub decoder_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub encoder_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub jpeg_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub ofa_count: c_uint,
+    /// See [`NvmlGpuInstanceProfileInfo`].
+    pub memory_size_mb: c_ulonglong,
+    /// `MIG 1g.5gb`.
+    pub name: [c_char; 96],
+    /// `NVML_GPU_INSTANCE_PROFILE_CAPS_*` (0: no P2P, no graphics).
+    pub capabilities: c_uint,
+}
+
+/// `nvmlGpuInstanceInfo_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceInfo {
+    /// Parent GPU.
+    pub device: NvmlDevice,
+    /// GPU instance id.
+    pub id: c_uint,
+    /// GPU instance profile id.
+    pub profile_id: c_uint,
+    /// Memory slices.
+    pub placement: NvmlPlacement,
+}
+
+/// `nvmlComputeInstanceProfileInfo_t` (v1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceProfileInfo {
+    /// Profile id (`NVML_COMPUTE_INSTANCE_PROFILE_*`).
+    pub id: c_uint,
+    /// Compute slices.
+    pub slice_count: c_uint,
+    /// Instances that fit the GPU instance.
+    pub instance_count: c_uint,
+    /// SMs.
+    pub multiprocessor_count: c_uint,
+    /// The GPU instance's copy engines.
+    pub shared_copy_engine_count: c_uint,
+    /// The GPU instance's decoders.
+    pub shared_decoder_count: c_uint,
+    /// The GPU instance's encoders.
+    pub shared_encoder_count: c_uint,
+    /// The GPU instance's JPEG engines.
+    pub shared_jpeg_count: c_uint,
+    /// The GPU instance's OFA engines.
+    pub shared_ofa_count: c_uint,
+}
+
+/// `nvmlComputeInstanceProfileInfo_v2_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceProfileInfoV2 {
+    /// `nvmlComputeInstanceProfileInfo_v2`.
+    pub version: c_uint,
+    /// The v1 fields.
+    pub info: NvmlComputeInstanceProfileInfo,
+    /// `MIG 1c.7g.40gb`.
+    pub name: [c_char; 96],
+}
+
+/// `nvmlComputeInstanceProfileInfo_v3_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceProfileInfoV3 {
+    /// `nvmlComputeInstanceProfileInfo_v3`.
+    pub version: c_uint,
+    /// The v1 fields.
+    pub info: NvmlComputeInstanceProfileInfo,
+    /// `MIG 1c.7g.40gb`.
+    pub name: [c_char; 96],
+    /// `NVML_COMPUTE_INSTANCE_PROFILE_CAPS_*` (0).
+    pub capabilities: c_uint,
+}
+
+/// `nvmlComputeInstanceInfo_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceInfo {
+    /// Parent GPU.
+    pub device: NvmlDevice,
+    /// Parent GPU instance.
+    pub gpu_instance: NvmlGpuInstance,
+    /// Compute instance id.
+    pub id: c_uint,
+    /// Compute instance profile id.
+    pub profile_id: c_uint,
+    /// Compute slices within the GPU instance.
+    pub placement: NvmlPlacement,
+}
+
+/// `NVML_STRUCT_VERSION(name, ver)`: `sizeof(struct) | ver << 24`.
+#[allow(clippy::cast_possible_truncation)] // every versioned struct here is under 2^24 bytes
+const fn struct_version(size: usize, version: c_uint) -> c_uint {
+    (size as c_uint) | (version << 24)
+}
+
+/// `nvmlGpuInstanceProfileInfo_v2`.
+pub const GPU_INSTANCE_PROFILE_INFO_V2: c_uint =
+    struct_version(size_of::<NvmlGpuInstanceProfileInfoV2>(), 2);
+/// `nvmlGpuInstanceProfileInfo_v3`.
+pub const GPU_INSTANCE_PROFILE_INFO_V3: c_uint =
+    struct_version(size_of::<NvmlGpuInstanceProfileInfoV3>(), 3);
+/// `nvmlComputeInstanceProfileInfo_v2`.
+pub const COMPUTE_INSTANCE_PROFILE_INFO_V2: c_uint =
+    struct_version(size_of::<NvmlComputeInstanceProfileInfoV2>(), 2);
+/// `nvmlComputeInstanceProfileInfo_v3`.
+pub const COMPUTE_INSTANCE_PROFILE_INFO_V3: c_uint =
+    struct_version(size_of::<NvmlComputeInstanceProfileInfoV3>(), 3);
+
+/// `NVML_DEVICE_MIG_ENABLE`.
+pub const DEVICE_MIG_ENABLE: c_uint = 1;
+
+/// `NVML_COMPUTEMODE_COUNT`: compute modes are below it.
+pub const COMPUTEMODE_COUNT: c_uint = 4;
+/// `NVML_COMPUTEMODE_EXCLUSIVE_THREAD`: "Support Removed".
+pub const COMPUTEMODE_EXCLUSIVE_THREAD: c_uint = 1;
+
+/// `NVML_AFFINITY_SCOPE_NODE`.
+pub const AFFINITY_SCOPE_NODE: c_uint = 0;
+/// `NVML_AFFINITY_SCOPE_SOCKET`.
+pub const AFFINITY_SCOPE_SOCKET: c_uint = 1;
 
 /// `NVML_VALUE_NOT_AVAILABLE` as an unsigned id (MIG instance ids when MIG is off).
 pub const ID_NOT_AVAILABLE: c_uint = 0xFFFF_FFFF;
@@ -225,6 +481,79 @@ mod tests {
     }
 
     #[test]
+    fn mig_layouts_match_nvml_h() {
+        assert_eq!(
+            size_of::<NvmlDeviceAttributes>(),
+            size_of::<b::nvmlDeviceAttributes_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlDeviceAttributes, compute_instance_slice_count),
+            offset_of!(b::nvmlDeviceAttributes_t, computeInstanceSliceCount)
+        );
+        assert_eq!(
+            offset_of!(NvmlDeviceAttributes, memory_size_mb),
+            offset_of!(b::nvmlDeviceAttributes_t, memorySizeMB)
+        );
+        assert_eq!(
+            size_of::<NvmlGpuInstanceProfileInfo>(),
+            size_of::<b::nvmlGpuInstanceProfileInfo_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceProfileInfo, memory_size_mb),
+            offset_of!(b::nvmlGpuInstanceProfileInfo_t, memorySizeMB)
+        );
+        assert_eq!(
+            size_of::<NvmlGpuInstanceProfileInfoV2>(),
+            size_of::<b::nvmlGpuInstanceProfileInfo_v2_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceProfileInfoV2, name),
+            offset_of!(b::nvmlGpuInstanceProfileInfo_v2_t, name)
+        );
+        assert_eq!(
+            size_of::<NvmlGpuInstanceProfileInfoV3>(),
+            size_of::<b::nvmlGpuInstanceProfileInfo_v3_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceProfileInfoV3, capabilities),
+            offset_of!(b::nvmlGpuInstanceProfileInfo_v3_t, capabilities)
+        );
+        assert_eq!(
+            size_of::<NvmlGpuInstanceInfo>(),
+            size_of::<b::nvmlGpuInstanceInfo_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceInfo, placement),
+            offset_of!(b::nvmlGpuInstanceInfo_t, placement)
+        );
+        assert_eq!(
+            size_of::<NvmlComputeInstanceProfileInfoV2>(),
+            size_of::<b::nvmlComputeInstanceProfileInfo_v2_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlComputeInstanceProfileInfoV2, name),
+            offset_of!(b::nvmlComputeInstanceProfileInfo_v2_t, name)
+        );
+        assert_eq!(
+            size_of::<NvmlComputeInstanceProfileInfoV3>(),
+            size_of::<b::nvmlComputeInstanceProfileInfo_v3_t>()
+        );
+        assert_eq!(
+            size_of::<NvmlComputeInstanceInfo>(),
+            size_of::<b::nvmlComputeInstanceInfo_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlComputeInstanceInfo, placement),
+            offset_of!(b::nvmlComputeInstanceInfo_t, placement)
+        );
+        // The values pynvml hard-codes (nvidia-ml-py 13: nvmlGpuInstanceProfileInfo_v2 = 0x02000098).
+        assert_eq!(GPU_INSTANCE_PROFILE_INFO_V2, 0x0200_0098);
+        assert_eq!(GPU_INSTANCE_PROFILE_INFO_V3, 0x0300_0098);
+        assert_eq!(COMPUTE_INSTANCE_PROFILE_INFO_V2, 0x0200_0088);
+        assert_eq!(COMPUTE_INSTANCE_PROFILE_INFO_V3, 0x0300_008C);
+    }
+
+    #[test]
     fn constants_match_nvml_h() {
         assert_eq!(
             EVENT_SINGLE_BIT_ECC,
@@ -239,5 +568,16 @@ mod tests {
         assert_eq!(EVENT_CLOCK, u64::from(b::nvmlEventTypeClock));
         assert_eq!(NVLINK_MAX_LINKS, b::NVML_NVLINK_MAX_LINKS);
         assert_eq!(INIT_FLAG_NO_GPUS, b::NVML_INIT_FLAG_NO_GPUS);
+        assert_eq!(DEVICE_MIG_ENABLE, b::NVML_DEVICE_MIG_ENABLE);
+        assert_eq!(AFFINITY_SCOPE_NODE, b::NVML_AFFINITY_SCOPE_NODE);
+        assert_eq!(AFFINITY_SCOPE_SOCKET, b::NVML_AFFINITY_SCOPE_SOCKET);
+        assert_eq!(
+            COMPUTEMODE_COUNT,
+            b::nvmlComputeMode_enum_NVML_COMPUTEMODE_COUNT
+        );
+        assert_eq!(
+            COMPUTEMODE_EXCLUSIVE_THREAD,
+            b::nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD
+        );
     }
 }

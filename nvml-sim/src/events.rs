@@ -1,8 +1,11 @@
 //! XID and ECC events: the events file, read as it grows, and the event sets waiting on it.
 //!
 //! The file holds one event per line (format in `nvml-sim/README.md`):
-//! `xid <gpu index> <xid>`, `ecc-sbe <gpu index>`, `ecc-dbe <gpu index>`, `lost <gpu index>`;
-//! blank lines and `#` comments are skipped. Only complete (newline-terminated) lines are read,
+//! `xid <gpu index> <xid> [gi <gpu instance id> [ci <compute instance id>]]`,
+//! `ecc-sbe <gpu index>`, `ecc-dbe <gpu index>`, `lost <gpu index>`; blank lines and `#`
+//! comments are skipped. An XID attributed to a MIG instance carries its ids in
+//! `nvmlEventData_t` (`gpuInstanceId`, `computeInstanceId`; `0xFFFFFFFF` when not attributable,
+//! `nvml.h` 3243-3255) and is delivered for the parent GPU. Only complete (newline-terminated) lines are read,
 //! so a writer appending a line never has half of it seen. A file that shrinks is taken as
 //! replaced and read again from the start.
 //!
@@ -15,7 +18,9 @@ use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::PathBuf;
 
-use crate::abi::{EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, NvmlEventSet};
+use crate::abi::{
+    EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, ID_NOT_AVAILABLE, NvmlEventSet,
+};
 use crate::state::Sim;
 
 /// The XID the driver logs when a GPU falls off the bus.
@@ -30,11 +35,13 @@ pub(crate) enum EventKind {
     Lost,
 }
 
-/// One parsed line: an event on GPU `gpu` (NVML index).
+/// One parsed line: an event on GPU `gpu` (NVML index), attributed to a MIG GPU instance and
+/// maybe one of its compute instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Event {
     pub(crate) gpu: usize,
     pub(crate) kind: EventKind,
+    pub(crate) mig: Option<(u32, Option<u32>)>,
 }
 
 /// A problem with the events file.
@@ -47,7 +54,7 @@ pub(crate) enum EventsError {
         source: io::Error,
     },
     #[error(
-        "events file {path} line {line} {text:?}: {problem}; expected `xid <gpu> <xid>`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
+        "events file {path} line {line} {text:?}: {problem}; expected `xid <gpu> <xid> [gi <id> [ci <id>]]`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
     )]
     Line {
         path: PathBuf,
@@ -90,13 +97,35 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
         other => return Err(format!("unknown event {other:?}")),
     };
     let gpu = gpu(words.get(1))?;
-    if words.len() > arity {
+    let id = |key: &str, at: usize| -> Result<Option<u32>, String> {
+        match (words.get(at), words.get(at + 1)) {
+            (Some(k), Some(v)) if *k == key => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{key} id {v:?} is not a number")),
+            (Some(k), None) if *k == key => Err(format!("missing {key} id")),
+            _ => Ok(None),
+        }
+    };
+    let mut used = arity;
+    let mut mig = None;
+    if matches!(kind, EventKind::Xid(_))
+        && let Some(gi) = id("gi", used)?
+    {
+        used += 2;
+        let ci = id("ci", used)?;
+        if ci.is_some() {
+            used += 2;
+        }
+        mig = Some((gi, ci));
+    }
+    if words.len() > used {
         return Err(format!(
             "unexpected {:?} after the event",
-            words[arity..].join(" ")
+            words[used..].join(" ")
         ));
     }
-    Ok(Some(Event { gpu, kind }))
+    Ok(Some(Event { gpu, kind, mig }))
 }
 
 /// An event waiting in a set, until `nvmlEventSetWait_v2` takes it.
@@ -105,6 +134,10 @@ pub(crate) struct Pending {
     pub(crate) gpu: usize,
     pub(crate) event_type: u64,
     pub(crate) data: u64,
+    /// MIG GPU instance id, `0xFFFFFFFF` when not attributable.
+    pub(crate) gpu_instance: u32,
+    /// MIG compute instance id, `0xFFFFFFFF` when not attributable.
+    pub(crate) compute_instance: u32,
 }
 
 /// Not zero-sized: each boxed token has its own address, which is the set's handle.
@@ -144,8 +177,13 @@ impl EventLog {
         }
     }
 
-    /// Complete lines appended since the last call, parsed. A missing file has no lines yet.
-    pub(crate) fn read_new(&mut self, gpu_count: usize) -> Vec<Result<Event, EventsError>> {
+    /// Complete lines appended since the last call, parsed and checked with `check` (which
+    /// says what is wrong with an event the node cannot have). A missing file has no lines yet.
+    pub(crate) fn read_new(
+        &mut self,
+        gpu_count: usize,
+        check: impl Fn(&Event) -> Result<(), String>,
+    ) -> Vec<Result<Event, EventsError>> {
         let Some(path) = self.path.clone() else {
             return Vec::new();
         };
@@ -162,7 +200,10 @@ impl EventLog {
         for raw in bytes[..end].split(|&b| b == b'\n') {
             self.lines_read += 1;
             let text = String::from_utf8_lossy(raw);
-            match parse_line(&text, gpu_count) {
+            match parse_line(&text, gpu_count).and_then(|e| match e {
+                Some(event) => check(&event).map(|()| Some(event)),
+                None => Ok(None),
+            }) {
                 Ok(Some(event)) => out.push(Ok(event)),
                 Ok(None) => {}
                 Err(problem) => out.push(Err(EventsError::Line {
@@ -279,10 +320,16 @@ pub(crate) fn apply(sim: &mut Sim, event: Event) {
             (EVENT_DOUBLE_BIT_ECC, 0)
         }
     };
+    let (gpu_instance, compute_instance) = match event.mig {
+        Some((gi, ci)) => (gi, ci.unwrap_or(ID_NOT_AVAILABLE)),
+        None => (ID_NOT_AVAILABLE, ID_NOT_AVAILABLE),
+    };
     sim.events.deliver(Pending {
         gpu,
         event_type,
         data,
+        gpu_instance,
+        compute_instance,
     });
 }
 
@@ -299,29 +346,65 @@ mod tests {
             parse_line("xid 3 79", 8),
             Ok(Some(Event {
                 gpu: 3,
-                kind: EventKind::Xid(79)
+                kind: EventKind::Xid(79),
+                mig: None
             }))
         );
         assert_eq!(
             parse_line("  ecc-sbe 0 ", 8),
             Ok(Some(Event {
                 gpu: 0,
-                kind: EventKind::SingleBitEcc
+                kind: EventKind::SingleBitEcc,
+                mig: None
             }))
         );
         assert_eq!(
             parse_line("ecc-dbe 7", 8),
             Ok(Some(Event {
                 gpu: 7,
-                kind: EventKind::DoubleBitEcc
+                kind: EventKind::DoubleBitEcc,
+                mig: None
             }))
         );
         assert_eq!(
             parse_line("lost 1", 8),
             Ok(Some(Event {
                 gpu: 1,
-                kind: EventKind::Lost
+                kind: EventKind::Lost,
+                mig: None
             }))
+        );
+        assert_eq!(
+            parse_line("xid 2 31 gi 7", 8),
+            Ok(Some(Event {
+                gpu: 2,
+                kind: EventKind::Xid(31),
+                mig: Some((7, None))
+            }))
+        );
+        assert_eq!(
+            parse_line("xid 2 43 gi 7 ci 0", 8).map(|e| e.and_then(|e| e.mig)),
+            Ok(Some((7, Some(0))))
+        );
+        assert!(
+            parse_line("xid 2 43 gi", 8)
+                .unwrap_err()
+                .contains("missing gi id")
+        );
+        assert!(
+            parse_line("xid 2 43 gi x", 8)
+                .unwrap_err()
+                .contains("not a number")
+        );
+        assert!(
+            parse_line("xid 2 43 ci 0", 8)
+                .unwrap_err()
+                .contains("unexpected")
+        );
+        assert!(
+            parse_line("lost 2 gi 1", 8)
+                .unwrap_err()
+                .contains("unexpected")
         );
         assert_eq!(parse_line("# note", 8), Ok(None));
         assert_eq!(parse_line("", 8), Ok(None));
@@ -358,46 +441,62 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events");
         let mut log = EventLog::new(Some(path.clone()));
-        assert!(log.read_new(4).is_empty(), "a missing file has no events");
+        let ok = |_: &Event| Ok(());
+        assert!(
+            log.read_new(4, ok).is_empty(),
+            "a missing file has no events"
+        );
 
         let mut f = File::create(&path).unwrap();
         f.write_all(b"xid 1 13\nlost 2\necc-s").unwrap();
-        let got: Vec<_> = log.read_new(4).into_iter().map(Result::unwrap).collect();
+        let got: Vec<_> = log
+            .read_new(4, ok)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(
             got,
             [
                 Event {
                     gpu: 1,
-                    kind: EventKind::Xid(13)
+                    kind: EventKind::Xid(13),
+                    mig: None
                 },
                 Event {
                     gpu: 2,
-                    kind: EventKind::Lost
+                    kind: EventKind::Lost,
+                    mig: None
                 }
             ]
         );
-        assert!(log.read_new(4).is_empty());
+        assert!(log.read_new(4, ok).is_empty());
 
         f.write_all(b"be 3\nbogus\n").unwrap();
-        let got = log.read_new(4);
+        let got = log.read_new(4, ok);
         assert_eq!(got.len(), 2);
         assert_eq!(
             *got[0].as_ref().unwrap(),
             Event {
                 gpu: 3,
-                kind: EventKind::SingleBitEcc
+                kind: EventKind::SingleBitEcc,
+                mig: None
             }
         );
         let err = got[1].as_ref().unwrap_err().to_string();
         assert!(err.contains("line 4") && err.contains("bogus"), "{err}");
 
         std::fs::write(&path, b"xid 0 31\n").unwrap();
-        let got: Vec<_> = log.read_new(4).into_iter().map(Result::unwrap).collect();
+        let got: Vec<_> = log
+            .read_new(4, ok)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(
             got,
             [Event {
                 gpu: 0,
-                kind: EventKind::Xid(31)
+                kind: EventKind::Xid(31),
+                mig: None
             }],
             "a replaced file is read from its start"
         );
@@ -415,23 +514,31 @@ mod tests {
             gpu: 3,
             event_type: EVENT_XID,
             data: 79,
+            gpu_instance: ID_NOT_AVAILABLE,
+            compute_instance: ID_NOT_AVAILABLE,
         });
         log.deliver(Pending {
             gpu: 2,
             event_type: EVENT_SINGLE_BIT_ECC,
             data: 0,
+            gpu_instance: ID_NOT_AVAILABLE,
+            compute_instance: ID_NOT_AVAILABLE,
         });
         log.deliver(Pending {
             gpu: 2,
             event_type: EVENT_DOUBLE_BIT_ECC,
             data: 0,
+            gpu_instance: ID_NOT_AVAILABLE,
+            compute_instance: ID_NOT_AVAILABLE,
         });
         assert_eq!(
             log.take(a),
             Some(Some(Pending {
                 gpu: 3,
                 event_type: EVENT_XID,
-                data: 79
+                data: 79,
+                gpu_instance: ID_NOT_AVAILABLE,
+                compute_instance: ID_NOT_AVAILABLE,
             }))
         );
         assert_eq!(log.take(a), Some(None));
@@ -440,7 +547,9 @@ mod tests {
             Some(Some(Pending {
                 gpu: 2,
                 event_type: EVENT_DOUBLE_BIT_ECC,
-                data: 0
+                data: 0,
+                gpu_instance: ID_NOT_AVAILABLE,
+                compute_instance: ID_NOT_AVAILABLE,
             }))
         );
         assert!(log.free_set(a));

@@ -6,14 +6,18 @@
 //! NVLink topology, telemetry, injected faults and XID/ECC events read from a growing file.
 //! `README.md` in this crate documents the node description and the events file.
 //!
-//! As an rlib it offers safe Rust only: the shipped node descriptions ([`TOPOLOGIES`]) and a
-//! validator for descriptions ([`validate`]).
+//! As an rlib it offers safe Rust only: the shipped node descriptions ([`TOPOLOGIES`]), a
+//! validator for descriptions ([`validate`]), the `/proc` files the driver would provide for a
+//! node ([`driver_files`]) and the runtime state file ([`runtime`]).
 
 pub mod abi;
 pub mod api;
 mod config;
+pub mod driver_files;
 mod events;
+mod mig;
 mod node;
+pub mod runtime;
 mod state;
 mod status;
 
@@ -22,6 +26,16 @@ pub use config::{ConfigError, validate};
 /// Node descriptions shipped in `nvml-sim/topologies/`: (name without `.json`, JSON text).
 pub const TOPOLOGIES: &[(&str, &str)] = &[
     ("dgx-a100", include_str!("../topologies/dgx-a100.json")),
+    (
+        "dgx-a100-mig",
+        include_str!("../topologies/dgx-a100-mig.json"),
+    ),
+    (
+        "dgx-a100-mixed",
+        include_str!("../topologies/dgx-a100-mixed.json"),
+    ),
+    ("hgx-h100", include_str!("../topologies/hgx-h100.json")),
+    ("numa-2cpu", include_str!("../topologies/numa-2cpu.json")),
     ("dgx1-v100", include_str!("../topologies/dgx1-v100.json")),
     ("pcie-t4x4", include_str!("../topologies/pcie-t4x4.json")),
     ("k80", include_str!("../topologies/k80.json")),

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 
 use crate::abi;
 use crate::config::fields::PciAddr;
+use crate::config::numa::Affinity;
+use crate::mig::Mig;
 use crate::status::NvmlError;
 
 /// A whole simulated node, GPUs in NVML index order.
@@ -20,10 +22,42 @@ pub(crate) struct Node {
     pub(crate) cuda_version: i32,
     /// Absolute path of the events file, when the node has one.
     pub(crate) events_file: Option<PathBuf>,
+    /// Absolute path of the runtime state file, when the node has one.
+    pub(crate) state_file: Option<PathBuf>,
+    /// Majors `/proc/devices` lists for the driver's dynamic character devices.
+    pub(crate) proc_devices: ProcDevices,
     pub(crate) nvswitches: Vec<NvSwitch>,
     /// Injected failures of system-level functions.
     pub(crate) fail: HashMap<&'static str, NvmlError>,
     pub(crate) gpus: Vec<Gpu>,
+}
+
+/// Dynamic majors of the driver's character devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcDevices {
+    /// `nvidia-caps` (MIG capability nodes `/dev/nvidia-caps/nvidia-cap<N>`).
+    pub(crate) nvidia_caps: u32,
+    /// `nvidia-uvm`.
+    pub(crate) nvidia_uvm: u32,
+}
+
+impl ProcDevices {
+    /// Majors seen on real hosts: `nvidia-caps` 235 (toolkit test data), `nvidia-uvm` 510.
+    pub(crate) const DEFAULT: ProcDevices = ProcDevices {
+        nvidia_caps: 235,
+        nvidia_uvm: 510,
+    };
+
+    pub(crate) fn from_spec(spec: Option<&crate::config::ProcDevicesSpec>) -> ProcDevices {
+        let d = ProcDevices::DEFAULT;
+        match spec {
+            None => d,
+            Some(s) => ProcDevices {
+                nvidia_caps: s.nvidia_caps.unwrap_or(d.nvidia_caps),
+                nvidia_uvm: s.nvidia_uvm.unwrap_or(d.nvidia_uvm),
+            },
+        }
+    }
 }
 
 /// An NVSwitch NVLinks can end at.
@@ -53,8 +87,12 @@ pub(crate) struct Gpu {
     pub(crate) pcie: Option<Pcie>,
     /// One entry per NVLink, by link number.
     pub(crate) nvlinks: Vec<NvLink>,
-    /// (current, pending) MIG mode.
-    pub(crate) mig: Option<(bool, bool)>,
+    /// MIG mode and layout; `None` for GPUs without MIG.
+    pub(crate) mig: Option<Mig>,
+    /// Memory and socket-scope affinities.
+    pub(crate) affinity: Affinity,
+    /// `nvmlComputeMode_t` at driver load.
+    pub(crate) compute_mode: u32,
     /// (gpu, memory) percent.
     pub(crate) utilization: Option<(u32, u32)>,
     pub(crate) temperature_c: Option<u32>,
@@ -205,6 +243,8 @@ mod tests {
             }),
             nvlinks: Vec::new(),
             mig: None,
+            affinity: Affinity::default(),
+            compute_mode: 0,
             utilization: None,
             temperature_c: None,
             power_mw: None,

@@ -8,13 +8,14 @@
 //! The node description is found, in order, at `$NVML_SIM_CONFIG`, then as `nvml-sim.json`
 //! beside the loaded library file (found with `dladdr(3)` on a function of this library).
 
+use std::collections::HashMap;
 use std::ffi::{CStr, OsStr, c_void};
 use std::io::Write as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::abi::{INIT_FLAG_NO_GPUS, NvmlDevice};
+use crate::abi::{INIT_FLAG_NO_GPUS, NvmlComputeInstance, NvmlDevice, NvmlGpuInstance};
 use crate::config;
 use crate::events::{EventLog, EventsError};
 use crate::node::{EccCounts, Node};
@@ -32,12 +33,44 @@ struct Token {
     _index: usize,
 }
 
-/// Per-GPU state that changes while the library is initialised.
+/// Per-GPU state that changes while the library is initialised, and the GPU's handles.
 #[derive(Debug)]
 pub(crate) struct GpuState {
     token: Box<Token>,
     pub(crate) lost: bool,
     pub(crate) ecc: Option<EccCounts>,
+    /// MIG device handles, one per [`crate::mig::Mig::devices`] entry.
+    mig_tokens: Vec<Box<Token>>,
+    /// GPU instance handles (`nvmlGpuInstance_t`), one per GPU instance.
+    gi_tokens: Vec<Box<Token>>,
+    /// Compute instance handles (`nvmlComputeInstance_t`), one per MIG device.
+    ci_tokens: Vec<Box<Token>>,
+}
+
+/// What a device handle names: a GPU, or a MIG device (a position in its GPU's
+/// [`crate::mig::Mig::devices`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dev {
+    Gpu(usize),
+    Mig { gpu: usize, dev: usize },
+}
+
+impl Dev {
+    /// The GPU, or the MIG device's parent.
+    pub(crate) fn gpu(self) -> usize {
+        match self {
+            Dev::Gpu(g) | Dev::Mig { gpu: g, .. } => g,
+        }
+    }
+}
+
+fn tokens(n: usize) -> Vec<Box<Token>> {
+    (0..n).map(|i| Box::new(Token { _index: i })).collect()
+}
+
+fn address<T>(token: &Token) -> *mut T {
+    let token: *const Token = token;
+    token.cast_mut().cast()
 }
 
 /// An initialised simulated driver.
@@ -46,6 +79,8 @@ pub(crate) struct Sim {
     pub(crate) node: Node,
     pub(crate) gpus: Vec<GpuState>,
     pub(crate) events: EventLog,
+    /// Compute modes set through NVML, by device UUID, when the node has no state file.
+    pub(crate) compute_modes: HashMap<String, u32>,
 }
 
 impl Sim {
@@ -54,29 +89,108 @@ impl Sim {
             .gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| GpuState {
-                token: Box::new(Token { _index: i }),
-                lost: g.lost,
-                ecc: g.ecc,
+            .map(|(i, g)| {
+                let (devices, gis) = g
+                    .mig
+                    .as_ref()
+                    .map_or((0, 0), |m| (m.devices.len(), m.gpu_instances.len()));
+                GpuState {
+                    token: Box::new(Token { _index: i }),
+                    lost: g.lost,
+                    ecc: g.ecc,
+                    mig_tokens: tokens(devices),
+                    gi_tokens: tokens(gis),
+                    ci_tokens: tokens(devices),
+                }
             })
             .collect();
         let events = EventLog::new(node.events_file.clone());
-        let mut sim = Sim { node, gpus, events };
+        let mut sim = Sim {
+            node,
+            gpus,
+            events,
+            compute_modes: HashMap::new(),
+        };
         sim.poll_events_strict()?;
         Ok(sim)
     }
 
     /// The handle of GPU `index`.
     pub(crate) fn handle(&self, index: usize) -> NvmlDevice {
-        let token: *const Token = &*self.gpus[index].token;
-        token.cast_mut().cast()
+        address(&self.gpus[index].token)
     }
 
-    /// The GPU a handle names; handles this instance did not issue are `INVALID_ARGUMENT`.
+    /// The handle of MIG device `dev` of GPU `gpu`.
+    pub(crate) fn mig_handle(&self, gpu: usize, dev: usize) -> NvmlDevice {
+        address(&self.gpus[gpu].mig_tokens[dev])
+    }
+
+    /// The handle of a device.
+    pub(crate) fn dev_handle(&self, dev: Dev) -> NvmlDevice {
+        match dev {
+            Dev::Gpu(g) => self.handle(g),
+            Dev::Mig { gpu, dev } => self.mig_handle(gpu, dev),
+        }
+    }
+
+    /// The handle (`nvmlGpuInstance_t`) of GPU instance `gi` (a position) of GPU `gpu`.
+    pub(crate) fn gi_handle(&self, gpu: usize, gi: usize) -> NvmlGpuInstance {
+        address(&self.gpus[gpu].gi_tokens[gi])
+    }
+
+    /// The handle (`nvmlComputeInstance_t`) of MIG device `dev`'s compute instance.
+    pub(crate) fn ci_handle(&self, gpu: usize, dev: usize) -> NvmlComputeInstance {
+        address(&self.gpus[gpu].ci_tokens[dev])
+    }
+
+    /// The GPU a handle names; handles this instance did not issue, and MIG device handles,
+    /// are `INVALID_ARGUMENT`.
     pub(crate) fn resolve(&self, device: NvmlDevice) -> Result<usize, NvmlError> {
         (0..self.gpus.len())
             .find(|&i| self.handle(i) == device)
             .ok_or(NvmlError::InvalidArgument)
+    }
+
+    /// The GPU or MIG device a handle names; handles this instance did not issue are
+    /// `INVALID_ARGUMENT`.
+    pub(crate) fn resolve_any(&self, device: NvmlDevice) -> Result<Dev, NvmlError> {
+        if let Ok(g) = self.resolve(device) {
+            return Ok(Dev::Gpu(g));
+        }
+        for (gpu, state) in self.gpus.iter().enumerate() {
+            if let Some(dev) =
+                (0..state.mig_tokens.len()).find(|&d| self.mig_handle(gpu, d) == device)
+            {
+                return Ok(Dev::Mig { gpu, dev });
+            }
+        }
+        Err(NvmlError::InvalidArgument)
+    }
+
+    /// The (GPU, GPU instance position) a GPU instance handle names.
+    pub(crate) fn resolve_gi(&self, handle: NvmlGpuInstance) -> Result<(usize, usize), NvmlError> {
+        for (gpu, state) in self.gpus.iter().enumerate() {
+            if let Some(gi) = (0..state.gi_tokens.len()).find(|&g| self.gi_handle(gpu, g) == handle)
+            {
+                return Ok((gpu, gi));
+            }
+        }
+        Err(NvmlError::InvalidArgument)
+    }
+
+    /// The (GPU, MIG device position) a compute instance handle names.
+    pub(crate) fn resolve_ci(
+        &self,
+        handle: NvmlComputeInstance,
+    ) -> Result<(usize, usize), NvmlError> {
+        for (gpu, state) in self.gpus.iter().enumerate() {
+            if let Some(dev) =
+                (0..state.ci_tokens.len()).find(|&d| self.ci_handle(gpu, d) == handle)
+            {
+                return Ok((gpu, dev));
+            }
+        }
+        Err(NvmlError::InvalidArgument)
     }
 
     /// Fails with `GPU_IS_LOST` for a lost GPU, or with the error configured for `function`.
@@ -107,7 +221,34 @@ impl Sim {
     }
 
     fn poll_events_strict(&mut self) -> Result<(), EventsError> {
-        let lines = self.events.read_new(self.gpus.len());
+        let gpus = &self.node.gpus;
+        let lines = self.events.read_new(gpus.len(), |event| {
+            let Some((gi, ci)) = event.mig else {
+                return Ok(());
+            };
+            let mig = gpus[event.gpu]
+                .mig
+                .as_ref()
+                .filter(|m| m.enabled())
+                .ok_or_else(|| format!("GPU {} has MIG off, so no GPU instance {gi}", event.gpu))?;
+            let pos = mig
+                .gpu_instance(gi)
+                .ok_or_else(|| format!("GPU {} has no GPU instance {gi}", event.gpu))?;
+            match ci {
+                Some(ci)
+                    if !mig.gpu_instances[pos]
+                        .compute_instances
+                        .iter()
+                        .any(|c| c.id == ci) =>
+                {
+                    Err(format!(
+                        "GPU {} GPU instance {gi} has no compute instance {ci}",
+                        event.gpu
+                    ))
+                }
+                _ => Ok(()),
+            }
+        });
         let mut first_error = None;
         for line in lines {
             match line {

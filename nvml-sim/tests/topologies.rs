@@ -200,14 +200,22 @@ fn check_gpu(nvml: &Nvml, node: &Value, g: &Value) {
             "{ctx}"
         ),
     }
-    let util = dev.utilization_rates().unwrap();
-    assert_eq!(
-        (u64::from(util.gpu), u64::from(util.memory)),
-        (
-            num(&g["utilization"]["gpu"]),
-            num(&g["utilization"]["memory"])
-        )
-    );
+    let mig_on = g.get("mig").is_some_and(|m| m["current"] == true);
+    if mig_on {
+        assert!(
+            matches!(dev.utilization_rates(), Err(NvmlError::NotSupported)),
+            "{ctx}: utilisation on a MIG-enabled GPU"
+        );
+    } else {
+        let util = dev.utilization_rates().unwrap();
+        assert_eq!(
+            (u64::from(util.gpu), u64::from(util.memory)),
+            (
+                num(&g["utilization"]["gpu"]),
+                num(&g["utilization"]["memory"])
+            )
+        );
+    }
     assert_eq!(
         u64::from(dev.temperature(TemperatureSensor::Gpu).unwrap()),
         num(&g["temperature_c"]),
@@ -219,9 +227,29 @@ fn check_gpu(nvml: &Nvml, node: &Value, g: &Value) {
         "{ctx}"
     );
     let procs = dev.running_compute_processes().unwrap();
-    let want: Vec<(u64, u64)> = g["processes"]
-        .as_array()
-        .unwrap()
+    // With MIG on, the GPU lists the processes of all its compute instances.
+    let listed: Vec<&Value> = if mig_on {
+        g["mig"]["gpu_instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|gi| {
+                gi.get("compute_instances")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+            })
+            .flat_map(|ci| {
+                ci.get("processes")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+            })
+            .collect()
+    } else {
+        g["processes"].as_array().unwrap().iter().collect()
+    };
+    let want: Vec<(u64, u64)> = listed
         .iter()
         .map(|p| (num(&p["pid"]), num(&p["used_memory"])))
         .collect();
@@ -313,6 +341,10 @@ fn shipped_topologies_have_the_promised_shape() {
     assert_eq!(count(&shape("k80")), 4);
     assert_eq!(count(&shape("hgx16")), 16);
     assert_eq!(count(&shape("driver-no-gpus")), 0);
+    assert_eq!(count(&shape("dgx-a100-mig")), 8);
+    assert_eq!(count(&shape("dgx-a100-mixed")), 8);
+    assert_eq!(count(&shape("hgx-h100")), 8);
+    assert_eq!(count(&shape("numa-2cpu")), 2);
     let k80 = shape("k80");
     assert!(
         k80["gpus"]

@@ -5,13 +5,20 @@
 //! (`nvidia-smi` then prints "Unable to determine the device handle for GPU …: GPU is lost").
 //! `nvmlDeviceGetHandleByUUID` and `…ByPciBusId_v2` answer `INVALID_ARGUMENT` for text that is
 //! not a UUID / bus id and `NOT_FOUND` for one that names no GPU.
+//!
+//! MIG device handles answer the identity calls NVML documents for them: `nvmlDeviceGetUUID`
+//! gives the canonical `MIG-<uuid>` (`nvml.h` 5189), `nvmlDeviceGetIndex` the MIG device index
+//! (4839), `nvmlDeviceGetMemoryInfo[_v2]` the instance's memory (6699), `nvmlDeviceGetName`
+//! `<parent name> MIG <profile>`; `nvmlDeviceGetHandleByUUID` takes `MIG-<uuid>` and the old
+//! `MIG-GPU-<uuid>/<gi>/<ci>` form. The other calls here are for whole GPUs (`NOT_SUPPORTED`).
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use super::{Out, OutStr, device_call, fill_chars, guard, in_str};
+use super::{Out, OutStr, any_device_call, device_call, fill_chars, guard, in_str};
 use crate::abi::{NVML_MEMORY_V2, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlPciInfo};
 use crate::config::fields::{self, PciAddr};
-use crate::state::{self, Sim};
+use crate::node::Memory;
+use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn};
 
 /// Finds a GPU with `find`, then applies the lost / injected-failure checks for `function`.
@@ -20,15 +27,66 @@ fn lookup(
     args_ok: bool,
     find: impl FnOnce(&Sim) -> Result<usize, NvmlError>,
 ) -> Result<NvmlDevice, NvmlError> {
+    lookup_any(function, args_ok, |sim| find(sim).map(Dev::Gpu))
+}
+
+/// Finds a GPU or MIG device with `find`, then applies its GPU's checks for `function`.
+fn lookup_any(
+    function: &str,
+    args_ok: bool,
+    find: impl FnOnce(&Sim) -> Result<Dev, NvmlError>,
+) -> Result<NvmlDevice, NvmlError> {
     let mut reg = state::lock();
     let sim = reg.sim()?;
     sim.poll_events();
     if !args_ok {
         return Err(NvmlError::InvalidArgument);
     }
-    let index = find(sim)?;
-    sim.usable(index, function)?;
-    Ok(sim.handle(index))
+    let dev = find(sim)?;
+    sim.usable(dev.gpu(), function)?;
+    Ok(sim.dev_handle(dev))
+}
+
+/// The MIG device a `MIG-<uuid>` or `MIG-GPU-<uuid>/<gi>/<ci>` names (MIG on only).
+fn find_mig(sim: &Sim, uuid: &str) -> Result<Dev, NvmlError> {
+    let enabled = |g: &crate::node::Gpu| g.mig.as_ref().filter(|m| m.enabled()).cloned();
+    if let Some(rest) = uuid.strip_prefix("MIG-GPU-") {
+        let mut parts = rest.split('/');
+        let (Some(gpu), Some(gi), Some(ci), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(NvmlError::InvalidArgument);
+        };
+        let gpu_uuid = format!("GPU-{gpu}");
+        let (Ok(gi), Ok(ci), true) = (
+            gi.parse::<u32>(),
+            ci.parse::<u32>(),
+            fields::is_gpu_uuid(&gpu_uuid),
+        ) else {
+            return Err(NvmlError::InvalidArgument);
+        };
+        let g = sim
+            .node
+            .gpus
+            .iter()
+            .position(|g| g.uuid.eq_ignore_ascii_case(&gpu_uuid))
+            .ok_or(NvmlError::NotFound)?;
+        let mig = enabled(&sim.node.gpus[g]).ok_or(NvmlError::NotFound)?;
+        let dev = mig.device_by_ids(gi, ci).ok_or(NvmlError::NotFound)?;
+        return Ok(Dev::Mig { gpu: g, dev });
+    }
+    if !crate::mig::is_mig_uuid(uuid) {
+        return Err(NvmlError::InvalidArgument);
+    }
+    for (g, gpu) in sim.node.gpus.iter().enumerate() {
+        if let Some(m) = enabled(gpu)
+            && let Some(dev) =
+                (0..m.devices.len()).find(|&d| m.device(d).1.uuid.eq_ignore_ascii_case(uuid))
+        {
+            return Ok(Dev::Mig { gpu: g, dev });
+        }
+    }
+    Err(NvmlError::NotFound)
 }
 
 /// The PCI info NVML reports for an address and ids.
@@ -80,13 +138,13 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     guard(|| {
         // SAFETY: this function's contract.
         let (uuid, out) = unsafe { (in_str(uuid), Out::new(device)) };
-        let handle = lookup(
+        let handle = lookup_any(
             "nvmlDeviceGetHandleByUUID",
             out.ok() && uuid.is_some(),
             |sim| {
                 let uuid = uuid.unwrap_or_default();
                 if uuid.starts_with("MIG-") {
-                    return Err(NvmlError::NotFound);
+                    return find_mig(sim, uuid);
                 }
                 if !fields::is_gpu_uuid(uuid) {
                     return Err(NvmlError::InvalidArgument);
@@ -95,6 +153,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
                     .gpus
                     .iter()
                     .position(|g| g.uuid.eq_ignore_ascii_case(uuid))
+                    .map(Dev::Gpu)
                     .ok_or(NvmlError::NotFound)
             },
         )?;
@@ -140,11 +199,19 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_ui
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { Out::new(index) };
-        out.put(device_call(
+        out.put(any_device_call(
             "nvmlDeviceGetIndex",
             device,
             out.ok(),
-            |sim, i| Ok(sim.node.gpus[i].index),
+            |sim, dev| {
+                Ok(match dev {
+                    Dev::Gpu(i) => sim.node.gpus[i].index,
+                    Dev::Mig { gpu, dev } => sim.node.gpus[gpu]
+                        .mig
+                        .as_ref()
+                        .map_or(0, |m| m.device(dev).1.index),
+                })
+            },
         )?)
     })
 }
@@ -162,11 +229,16 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { OutStr::new(name, length) };
-        out.put(&device_call(
+        out.put(&any_device_call(
             "nvmlDeviceGetName",
             device,
             out.ok(),
-            |sim, i| Ok(sim.node.gpus[i].name.clone()),
+            |sim, dev| {
+                Ok(match dev {
+                    Dev::Gpu(i) => sim.node.gpus[i].name.clone(),
+                    Dev::Mig { gpu, dev } => super::mig::mig_device_name(sim, gpu, dev),
+                })
+            },
         )?)
     })
 }
@@ -229,11 +301,20 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { OutStr::new(uuid, length) };
-        out.put(&device_call(
+        out.put(&any_device_call(
             "nvmlDeviceGetUUID",
             device,
             out.ok(),
-            |sim, i| Ok(sim.node.gpus[i].uuid.clone()),
+            |sim, dev| {
+                Ok(match dev {
+                    Dev::Gpu(i) => sim.node.gpus[i].uuid.clone(),
+                    Dev::Mig { gpu, dev } => sim.node.gpus[gpu]
+                        .mig
+                        .as_ref()
+                        .map(|m| m.device(dev).1.uuid.clone())
+                        .unwrap_or_default(),
+                })
+            },
         )?)
     })
 }
@@ -283,6 +364,30 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
+/// A device's memory: the GPU's as described; a MIG device's is its GPU instance's
+/// (`memorySizeMB` of the profile), used by the processes of that GPU instance.
+fn memory_of(sim: &mut Sim, dev: Dev) -> Result<Memory, NvmlError> {
+    let Dev::Mig { gpu, dev: d } = dev else {
+        return Ok(sim.node.gpus[dev.gpu()].memory);
+    };
+    let Some(mig) = sim.node.gpus[gpu].mig.clone() else {
+        return Err(NvmlError::NotSupported);
+    };
+    let gi_pos = mig.devices[d].gi;
+    let gi = &mig.gpu_instances[gi_pos];
+    let total = gi.profile.memory_mib << 20;
+    let mut used = 0u64;
+    for other in (0..mig.devices.len()).filter(|&o| mig.devices[o].gi == gi_pos) {
+        let list = super::telemetry::process_list(sim, Dev::Mig { gpu, dev: other })?;
+        used = used.saturating_add(list.iter().map(|p| p.used_gpu_memory).sum::<u64>());
+    }
+    Ok(Memory {
+        total,
+        reserved: 0,
+        used: used.min(total),
+    })
+}
+
 /// `nvmlDeviceGetMemoryInfo`: `used` includes what the driver reserves.
 ///
 /// # Safety
@@ -295,12 +400,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { Out::new(memory) };
-        out.put(device_call(
+        out.put(any_device_call(
             "nvmlDeviceGetMemoryInfo",
             device,
             out.ok(),
-            |sim, i| {
-                let m = sim.node.gpus[i].memory;
+            |sim, dev| {
+                let m = memory_of(sim, dev)?;
                 Ok(NvmlMemory {
                     total: m.total,
                     free: m.free(),
@@ -331,15 +436,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         };
         // SAFETY: this function's contract.
         let out = unsafe { Out::new(memory) };
-        out.put(device_call(
+        out.put(any_device_call(
             "nvmlDeviceGetMemoryInfo_v2",
             device,
             out.ok(),
-            |sim, i| {
+            |sim, dev| {
                 if version != Some(NVML_MEMORY_V2) {
                     return Err(NvmlError::ArgumentVersionMismatch);
                 }
-                let m = sim.node.gpus[i].memory;
+                let m = memory_of(sim, dev)?;
                 Ok(NvmlMemoryV2 {
                     version: NVML_MEMORY_V2,
                     total: m.total,

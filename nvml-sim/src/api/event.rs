@@ -10,7 +10,7 @@ use std::ffi::{c_uint, c_ulonglong};
 use std::time::{Duration, Instant};
 
 use super::{Out, device_call, guard, system_call};
-use crate::abi::{ID_NOT_AVAILABLE, NvmlDevice, NvmlEventData, NvmlEventSet};
+use crate::abi::{NvmlDevice, NvmlEventData, NvmlEventSet};
 use crate::status::{NvmlError, NvmlReturn};
 
 /// How often a waiting call looks at the events file again.
@@ -121,8 +121,8 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                     device: sim.handle(p.gpu),
                     event_type: p.event_type,
                     event_data: p.data,
-                    gpu_instance_id: ID_NOT_AVAILABLE,
-                    compute_instance_id: ID_NOT_AVAILABLE,
+                    gpu_instance_id: p.gpu_instance,
+                    compute_instance_id: p.compute_instance,
                 }))
             })?;
             if let Some(event) = taken {

@@ -7,8 +7,10 @@
 //! `GPU_IS_LOST`, then an injected failure, then the call itself (`NOT_SUPPORTED` when the node
 //! description leaves the value out).
 
+pub mod compute;
 pub mod device;
 pub mod event;
+pub mod mig;
 pub mod system;
 pub mod telemetry;
 pub mod topology;
@@ -17,7 +19,7 @@ use std::ffi::{CStr, c_char, c_uint};
 use std::panic::{self, AssertUnwindSafe};
 
 use crate::abi::NvmlDevice;
-use crate::state::{self, Sim};
+use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn, to_return};
 
 /// System-level functions a node description's top-level `fail` may make fail.
@@ -67,6 +69,30 @@ pub(crate) const DEVICE_FUNCTIONS: &[&str] = &[
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetCpuAffinityWithinScope",
+    "nvmlDeviceGetMemoryAffinity",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceSetComputeMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetAttributes_v2",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetGpuInstanceProfileInfoV",
+    "nvmlDeviceGetGpuInstanceProfileInfoByIdV",
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+    "nvmlDeviceGetGpuInstanceRemainingCapacity",
+    "nvmlDeviceGetGpuInstances",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlGpuInstanceGetInfo",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+    "nvmlGpuInstanceGetComputeInstances",
+    "nvmlGpuInstanceGetComputeInstanceById",
+    "nvmlComputeInstanceGetInfo_v2",
 ];
 
 /// Runs an entry point's body, mapping its outcome (or a panic) to an `nvmlReturn_t`.
@@ -95,22 +121,38 @@ pub(crate) fn system_call<T>(
     query(sim)
 }
 
-/// Runs `query` for the GPU `device` names, after the shared checks for `function`.
+/// Runs `query` for the GPU `device` names, after the shared checks for `function`. A MIG device
+/// handle passes the checks of its parent and then answers `NOT_SUPPORTED`: the call is one
+/// of those NVML serves for whole GPUs only.
 pub(crate) fn device_call<T>(
     function: &str,
     device: NvmlDevice,
     args_ok: bool,
     query: impl FnOnce(&mut Sim, usize) -> Result<T, NvmlError>,
 ) -> Result<T, NvmlError> {
+    any_device_call(function, device, args_ok, |sim, dev| match dev {
+        Dev::Gpu(index) => query(sim, index),
+        Dev::Mig { .. } => Err(NvmlError::NotSupported),
+    })
+}
+
+/// Runs `query` for the GPU or MIG device `device` names, after the shared checks for
+/// `function` (a MIG device is lost or failing when its parent is).
+pub(crate) fn any_device_call<T>(
+    function: &str,
+    device: NvmlDevice,
+    args_ok: bool,
+    query: impl FnOnce(&mut Sim, Dev) -> Result<T, NvmlError>,
+) -> Result<T, NvmlError> {
     let mut reg = state::lock();
     let sim = reg.sim()?;
     sim.poll_events();
-    let index = sim.resolve(device)?;
+    let dev = sim.resolve_any(device)?;
     if !args_ok {
         return Err(NvmlError::InvalidArgument);
     }
-    sim.usable(index, function)?;
-    query(sim, index)
+    sim.usable(dev.gpu(), function)?;
+    query(sim, dev)
 }
 
 /// A C out-parameter: NULL or writable.
@@ -259,6 +301,8 @@ mod tests {
     #[test]
     fn every_listed_function_is_exported() {
         let sources = [
+            include_str!("compute.rs"),
+            include_str!("mig.rs"),
             include_str!("device.rs"),
             include_str!("event.rs"),
             include_str!("system.rs"),

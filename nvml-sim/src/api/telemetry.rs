@@ -4,14 +4,19 @@
 //! the feature (MIG before Ampere, ECC on GeForce). The process queries follow `nvml.h`:
 //! `*infoCount` is the array's capacity on entry and the number of processes on return; when
 //! the array is too small NVML writes the needed count and returns `INSUFFICIENT_SIZE` (so
-//! `*infoCount = 0` with `infos = NULL` asks for the count). MIG instance ids are
-//! `0xFFFFFFFF`: the sim runs no MIG instances. ECC counters grow with `ecc-sbe` / `ecc-dbe`
-//! lines of the events file.
+//! `*infoCount = 0` with `infos = NULL` asks for the count). Processes carry their MIG GPU and
+//! compute instance ids, `0xFFFFFFFF` off MIG; a MIG-enabled GPU lists every instance's
+//! processes, a MIG device handle its own. A device's list in the runtime state file replaces
+//! the description's. Utilisation is `NOT_SUPPORTED` on MIG-enabled GPUs ("On MIG-enabled GPUs,
+//! querying device utilization rates is not currently supported", `nvml.h` 7096). ECC
+//! counters grow with `ecc-sbe` / `ecc-dbe` lines of the events file.
 
 use std::ffi::{c_uint, c_ulonglong};
 
-use super::{Out, OutArray, device_call, guard};
+use super::{Out, OutArray, any_device_call, device_call, guard};
 use crate::abi::{ID_NOT_AVAILABLE, NvmlDevice, NvmlProcessInfo, NvmlUtilization, enable_state};
+use crate::runtime::{self, RuntimeState};
+use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn};
 
 /// `NVML_TEMPERATURE_GPU`, the only `nvmlTemperatureSensors_t` value.
@@ -32,7 +37,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         let (current, pending) = unsafe { (Out::new(current_mode), Out::new(pending_mode)) };
         let args_ok = current.ok() && pending.ok();
         let (now, next) = device_call("nvmlDeviceGetMigMode", device, args_ok, |sim, i| {
-            sim.node.gpus[i].mig.ok_or(NvmlError::NotSupported)
+            let mig = sim.node.gpus[i]
+                .mig
+                .as_ref()
+                .ok_or(NvmlError::NotSupported)?;
+            Ok((mig.current, mig.pending))
         })?;
         current.put(c_uint::from(now))?;
         pending.put(c_uint::from(next))
@@ -55,7 +64,13 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
             "nvmlDeviceGetUtilizationRates",
             device,
             out.ok(),
-            |sim, i| sim.node.gpus[i].utilization.ok_or(NvmlError::NotSupported),
+            |sim, i| {
+                let g = &sim.node.gpus[i];
+                if g.mig.as_ref().is_some_and(|m| m.enabled()) {
+                    return Err(NvmlError::NotSupported);
+                }
+                g.utilization.ok_or(NvmlError::NotSupported)
+            },
         )?;
         out.put(NvmlUtilization { gpu, memory })
     })
@@ -110,6 +125,54 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     })
 }
 
+/// The runtime state, when the node has a state file (a broken file is reported and ignored).
+pub(crate) fn runtime_state(sim: &Sim) -> Option<RuntimeState> {
+    let path = sim.node.state_file.as_ref()?;
+    runtime::read(path)
+        .map_err(|e| state::report(&state::chain(&e)))
+        .ok()
+}
+
+/// The compute processes on a device: a MIG-enabled GPU lists every instance's.
+pub(crate) fn process_list(sim: &mut Sim, dev: Dev) -> Result<Vec<NvmlProcessInfo>, NvmlError> {
+    let st = runtime_state(sim);
+    let from_state = |uuid: &str| {
+        st.as_ref()
+            .and_then(|s| s.processes.get(uuid))
+            .map(|l| l.iter().map(|p| (p.pid, p.used_memory)).collect::<Vec<_>>())
+    };
+    let gpu = &sim.node.gpus[dev.gpu()];
+    let entry = |(pid, used): (u32, u64), gi: u32, ci: u32| NvmlProcessInfo {
+        pid,
+        used_gpu_memory: used,
+        gpu_instance_id: gi,
+        compute_instance_id: ci,
+    };
+    let mig = gpu.mig.as_ref().filter(|m| m.enabled());
+    let devices: Vec<usize> = match (dev, mig) {
+        (Dev::Mig { dev, .. }, Some(_)) => vec![dev],
+        (Dev::Gpu(_), Some(m)) => (0..m.devices.len()).collect(),
+        (Dev::Mig { .. }, None) => return Err(NvmlError::NotSupported),
+        (Dev::Gpu(_), None) => {
+            let list = from_state(&gpu.uuid)
+                .or_else(|| gpu.processes.clone())
+                .ok_or(NvmlError::NotSupported)?;
+            return Ok(list
+                .into_iter()
+                .map(|p| entry(p, ID_NOT_AVAILABLE, ID_NOT_AVAILABLE))
+                .collect());
+        }
+    };
+    let Some(m) = mig else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for d in devices {
+        let (gi, ci) = m.device(d);
+        let list = from_state(&ci.uuid).unwrap_or_else(|| ci.processes.clone());
+        out.extend(list.into_iter().map(|p| entry(p, gi.id, ci.id)));
+    }
+    Ok(out)
+}
+
 /// The shared body of the `_v2` and `_v3` process queries (same `nvmlProcessInfo_t` layout).
 ///
 /// # Safety
@@ -126,27 +189,13 @@ unsafe fn running_processes(
         let capacity = (!info_count.is_null()).then(|| unsafe { info_count.read() });
         // SAFETY: this function's contract.
         let count_out = unsafe { Out::new(info_count) };
-        let list = device_call(function, device, capacity.is_some(), |sim, i| {
-            sim.node.gpus[i]
-                .processes
-                .clone()
-                .ok_or(NvmlError::NotSupported)
-        })?;
+        let entries = any_device_call(function, device, capacity.is_some(), process_list)?;
         let capacity = capacity.unwrap_or_default();
-        let needed = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
+        let needed = c_uint::try_from(entries.len()).unwrap_or(c_uint::MAX);
         if needed > capacity {
             count_out.put(needed)?;
             return Err(NvmlError::InsufficientSize);
         }
-        let entries: Vec<NvmlProcessInfo> = list
-            .iter()
-            .map(|&(pid, used)| NvmlProcessInfo {
-                pid,
-                used_gpu_memory: used,
-                gpu_instance_id: ID_NOT_AVAILABLE,
-                compute_instance_id: ID_NOT_AVAILABLE,
-            })
-            .collect();
         // SAFETY: this function's contract: `infos` holds `capacity` entries or is NULL.
         unsafe { OutArray::new(infos, capacity) }.put(&entries)?;
         count_out.put(needed)

@@ -5,13 +5,20 @@
 //! is `NOT_SUPPORTED`, as on parts with fewer links (V100: 6, A100: 12). A link's far end is a
 //! GPU (`NVML_NVLINK_DEVICE_TYPE_GPU` = 0) or an NVSwitch (`NVML_NVLINK_DEVICE_TYPE_SWITCH` = 2).
 //! `nvmlDeviceGetCpuAffinity` fills `cpuSetSize` `unsigned long` words, CPU `n` at bit
-//! `n % 64` of word `n / 64`; CPUs past the array are left out.
+//! `n % 64` of word `n / 64`; CPUs past the array are left out. `…WithinScope` and
+//! `nvmlDeviceGetMemoryAffinity` do the same for `NVML_AFFINITY_SCOPE_NODE` (0) or `_SOCKET` (1);
+//! another scope, a zero size or a NULL array is `INVALID_ARGUMENT` (`nvml.h` 4926-4990). A scope
+//! the description does not give falls back to the narrower one, as NVML falls back to the
+//! nearest non-I/O ancestor.
 
 use std::ffi::{c_int, c_uint, c_ulong};
 
 use super::device::pci_info;
 use super::{Out, OutArray, device_call, guard};
-use crate::abi::{NVLINK_MAX_LINKS, NvmlDevice, NvmlPciInfo, enable_state};
+use crate::abi::{
+    AFFINITY_SCOPE_NODE, AFFINITY_SCOPE_SOCKET, NVLINK_MAX_LINKS, NvmlDevice, NvmlPciInfo,
+    enable_state,
+};
 use crate::config::fields::MAX_CPU;
 use crate::node::{self, NvLink, Remote};
 use crate::state::Sim;
@@ -66,6 +73,94 @@ pub unsafe extern "C" fn nvmlDeviceGetCpuAffinity(
         })?;
         out.put_padded(&words, 0)
     })
+}
+
+/// The shared body of the two scoped affinity queries: `pick` chooses the list for a scope.
+///
+/// # Safety
+/// `set` is NULL or writable for `size` `unsigned long`s.
+unsafe fn scoped_affinity(
+    function: &str,
+    device: NvmlDevice,
+    size: c_uint,
+    set: *mut c_ulong,
+    scope: c_uint,
+    pick: impl FnOnce(&crate::node::Gpu, bool) -> Option<Vec<u32>>,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { OutArray::new(set, size) };
+        let args_ok = out.ok()
+            && size > 0
+            && (scope == AFFINITY_SCOPE_NODE || scope == AFFINITY_SCOPE_SOCKET);
+        let words = device_call(function, device, args_ok, |sim, i| {
+            let list = pick(&sim.node.gpus[i], scope == AFFINITY_SCOPE_SOCKET)
+                .ok_or(NvmlError::NotSupported)?;
+            Ok(cpu_words(&list, (size as usize).min(MAX_WORDS)))
+        })?;
+        out.put_padded(&words, 0)
+    })
+}
+
+/// `nvmlDeviceGetCpuAffinityWithinScope`: the CPUs of the GPU's NUMA node or socket.
+///
+/// # Safety
+/// `cpu_set` is NULL or writable for `cpu_set_size` `unsigned long`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCpuAffinityWithinScope(
+    device: NvmlDevice,
+    cpu_set_size: c_uint,
+    cpu_set: *mut c_ulong,
+    scope: c_uint,
+) -> NvmlReturn {
+    // SAFETY: the same contract, forwarded.
+    unsafe {
+        scoped_affinity(
+            "nvmlDeviceGetCpuAffinityWithinScope",
+            device,
+            cpu_set_size,
+            cpu_set,
+            scope,
+            |g, socket| {
+                if socket {
+                    g.affinity.socket_cpus.clone().or_else(|| g.cpus.clone())
+                } else {
+                    g.cpus.clone()
+                }
+            },
+        )
+    }
+}
+
+/// `nvmlDeviceGetMemoryAffinity`: the NUMA nodes near the GPU, or of its socket.
+///
+/// # Safety
+/// `node_set` is NULL or writable for `node_set_size` `unsigned long`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
+    device: NvmlDevice,
+    node_set_size: c_uint,
+    node_set: *mut c_ulong,
+    scope: c_uint,
+) -> NvmlReturn {
+    // SAFETY: the same contract, forwarded.
+    unsafe {
+        scoped_affinity(
+            "nvmlDeviceGetMemoryAffinity",
+            device,
+            node_set_size,
+            node_set,
+            scope,
+            |g, socket| {
+                let node = g.affinity.memory_nodes.clone();
+                if socket {
+                    g.affinity.socket_memory_nodes.clone().or(node)
+                } else {
+                    node
+                }
+            },
+        )
+    }
 }
 
 /// Words enough for every CPU a node description may name; the rest of a larger array is zero.

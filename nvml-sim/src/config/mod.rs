@@ -1,8 +1,12 @@
 //! Reading and validating a node description (the JSON schema in `nvml-sim/README.md`).
 
 pub(crate) mod fields;
+mod mig;
+pub(crate) mod numa;
 mod schema;
 mod validate;
+
+pub(crate) use schema::ProcDevicesSpec;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -103,6 +107,14 @@ pub enum ConfigError {
         second: u32,
         /// That GPU's view.
         second_path: String,
+    },
+    /// A MIG layout the GPU could not have.
+    #[error("GPU {gpu} mig: {problem}")]
+    Mig {
+        /// The GPU.
+        gpu: u32,
+        /// What is wrong.
+        problem: String,
     },
     /// A `fail` entry names a function the sim does not export at that level.
     #[error("{scope} fail: unknown function {function:?}; accepted: {accepted}")]

@@ -21,7 +21,23 @@ pub(crate) struct NodeSpec {
     /// System-level function name → NVML error name.
     #[serde(default)]
     pub(crate) fail: BTreeMap<String, String>,
+    /// The runtime state file (compute modes set through NVML, processes written by tests).
+    #[serde(default)]
+    pub(crate) state_file: Option<PathBuf>,
+    /// Character device majors the driver files report in `/proc/devices`.
+    #[serde(default)]
+    pub(crate) proc_devices: Option<ProcDevicesSpec>,
     pub(crate) gpus: Vec<GpuSpec>,
+}
+
+/// Dynamic character device majors of the driver's modules.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProcDevicesSpec {
+    #[serde(default)]
+    pub(crate) nvidia_caps: Option<u32>,
+    #[serde(default)]
+    pub(crate) nvidia_uvm: Option<u32>,
 }
 
 /// `12040` or `"12.4"`.
@@ -60,6 +76,14 @@ pub(crate) struct GpuSpec {
     pub(crate) numa_node: Option<u32>,
     #[serde(default)]
     pub(crate) cpu_affinity: Option<String>,
+    /// NUMA nodes near the GPU (node scope), a node list such as `"0"`.
+    #[serde(default)]
+    pub(crate) memory_affinity: Option<String>,
+    /// CPUs and NUMA nodes of the GPU's socket (socket scope).
+    #[serde(default)]
+    pub(crate) socket_affinity: Option<SocketAffinitySpec>,
+    #[serde(default)]
+    pub(crate) compute_mode: Option<ComputeModeSpec>,
     #[serde(default)]
     pub(crate) board: Option<String>,
     #[serde(default)]
@@ -182,13 +206,79 @@ fn yes() -> bool {
     true
 }
 
-/// MIG mode now and after the next reset.
+/// MIG mode now and after the next reset, and the instances.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MigSpec {
     pub(crate) current: bool,
     #[serde(default)]
     pub(crate) pending: Option<bool>,
+    /// The profile table (`a100-sxm4-40gb`, `a100-80gb`, `h100-80gb`); inferred from the name.
+    #[serde(default)]
+    pub(crate) profiles: Option<String>,
+    #[serde(default)]
+    pub(crate) gpu_instances: Vec<GpuInstanceSpec>,
+}
+
+/// A GPU instance: id, profile id and placement start (memory slices).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GpuInstanceSpec {
+    pub(crate) id: u32,
+    pub(crate) profile: u32,
+    pub(crate) start: u32,
+    /// Absent: one compute instance (id 0) spanning the GPU instance.
+    #[serde(default)]
+    pub(crate) compute_instances: Option<Vec<ComputeInstanceSpec>>,
+}
+
+/// A compute instance (a MIG device).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ComputeInstanceSpec {
+    pub(crate) id: u32,
+    /// CI profile id; absent: the one spanning the GPU instance.
+    #[serde(default)]
+    pub(crate) profile: Option<u32>,
+    /// First compute slice within the GPU instance; absent: 0.
+    #[serde(default)]
+    pub(crate) start: Option<u32>,
+    /// MIG device index; absent: the lowest free one, in listing order.
+    #[serde(default)]
+    pub(crate) index: Option<u32>,
+    /// `MIG-…`; absent: derived from the parent UUID and the ids.
+    #[serde(default)]
+    pub(crate) uuid: Option<String>,
+    #[serde(default)]
+    pub(crate) processes: Vec<ProcessSpec>,
+}
+
+/// `nvmlComputeMode_t`, by its `NVML_COMPUTEMODE_*` name in lower case.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ComputeModeSpec {
+    Default,
+    Prohibited,
+    ExclusiveProcess,
+}
+
+impl ComputeModeSpec {
+    /// The `nvmlComputeMode_t` value.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            ComputeModeSpec::Default => 0,
+            ComputeModeSpec::Prohibited => 2,
+            ComputeModeSpec::ExclusiveProcess => 3,
+        }
+    }
+}
+
+/// What `NVML_AFFINITY_SCOPE_SOCKET` reports.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SocketAffinitySpec {
+    pub(crate) cpus: String,
+    pub(crate) memory: String,
 }
 
 /// Percent busy.

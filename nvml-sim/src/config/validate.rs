@@ -12,7 +12,7 @@ use super::fields::{self, BUS_ID_FORMS, PciAddr};
 use super::schema::{CudaVersionSpec, GpuSpec, NodeSpec, NvLinkSpec};
 use crate::abi::NVLINK_MAX_LINKS;
 use crate::api::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
-use crate::node::{EccCounts, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, Remote};
+use crate::node::{EccCounts, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, Remote};
 use crate::status::NvmlError;
 
 /// Validates `spec`; `base` is the directory a relative `events_file` is relative to.
@@ -45,12 +45,16 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
         .map(|(g, nvlinks)| gpu(g, nvlinks))
         .collect::<Result<Vec<_>, ConfigError>>()?;
     check_unique(&gpus, &nvswitches)?;
+    super::mig::check_unique_uuids(&gpus)?;
     check_pcie_tree(&gpus)?;
+    let proc_devices = ProcDevices::from_spec(spec.proc_devices.as_ref());
 
     Ok(Node {
         driver_version: spec.driver_version,
         cuda_version,
         events_file: spec.events_file.map(|p| base.join(p)),
+        state_file: spec.state_file.map(|p| base.join(p)),
+        proc_devices,
         nvswitches,
         fail,
         gpus,
@@ -138,6 +142,32 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
         }
         None => None,
     };
+    let affinity = super::numa::affinity(
+        spec.index,
+        cpus.as_deref(),
+        spec.numa_node,
+        spec.memory_affinity.as_deref(),
+        spec.socket_affinity.as_ref(),
+    )?;
+    let mig = match spec.mig {
+        Some(m) => Some(super::mig::layout(
+            spec.index,
+            spec.minor,
+            m,
+            &spec.name,
+            &spec.uuid,
+            memory.total,
+        )?),
+        None => None,
+    };
+    if mig.as_ref().is_some_and(|m| m.enabled())
+        && spec.processes.as_ref().is_some_and(|p| !p.is_empty())
+    {
+        return Err(ConfigError::Mig {
+            gpu: spec.index,
+            problem: "with MIG on, processes run in compute instances: list them under the compute instance".to_owned(),
+        });
+    }
     let ecc = spec.ecc.map(|e| EccCounts {
         volatile_corrected: e.volatile.corrected,
         volatile_uncorrected: e.volatile.uncorrected,
@@ -158,9 +188,9 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
         board: spec.board,
         pcie,
         nvlinks,
-        mig: spec
-            .mig
-            .map(|m| (m.current, m.pending.unwrap_or(m.current))),
+        mig,
+        affinity,
+        compute_mode: spec.compute_mode.map_or(0, |m| m.code()),
         utilization: spec.utilization.map(|u| (u.gpu, u.memory)),
         temperature_c: spec.temperature_c,
         power_mw: spec.power_mw,
