@@ -1,5 +1,7 @@
 //! A simulated GPU node for tests: a temp directory holding a copy of nvml-sim's
-//! `libnvml_sim.so` named `libnvidia-ml.so.1`, its `nvml-sim.json` and an events file.
+//! `libnvml_sim.so` named `libnvidia-ml.so.1`, its `nvml-sim.json`, an events file, a runtime
+//! state file and, under `proc/`, the `/proc` files NVIDIA's driver would provide for the node
+//! (`/proc/devices`, `driver/nvidia-caps/mig-minors`, `driver/nvidia/capabilities/…`).
 //!
 //! nvml-sim reads the `nvml-sim.json` beside the library file it was loaded from, and each
 //! distinct file `dlopen`ed is a separate instance, so every [`SimNode`] is an independent
@@ -18,39 +20,33 @@ pub const LIB_ENV: &str = "NVML_SIM_LIB";
 /// The events file name a [`SimNode`] sets when the description names none.
 const EVENTS_FILE: &str = "events";
 
+/// The runtime state file name a [`SimNode`] sets when the description names none.
+const STATE_FILE: &str = "state.json";
+
+/// The directory under a [`SimNode`]'s directory that stands for `/proc`.
+const PROC_DIR: &str = "proc";
+
 /// One simulated node in its own temp directory, removed on drop.
 #[derive(Debug)]
 pub struct SimNode {
     dir: TempDir,
     events: PathBuf,
+    state: PathBuf,
 }
 
 impl SimNode {
-    /// A node from a description (the schema in `nvml-sim/README.md`). An `events_file` is
-    /// added (`events`, created empty) when the description has none.
+    /// A node from a description (the schema in `nvml-sim/README.md`). An `events_file`
+    /// (`events`, created empty) and a `state_file` (`state.json`) are added when the
+    /// description names none, and the driver's `/proc` files are written under
+    /// [`SimNode::proc_root`].
     ///
     /// Panics with the reason when the text is not a JSON object or the files cannot be made.
     pub fn from_json(json: &str) -> SimNode {
-        let mut value: serde_json::Value = serde_json::from_str(json)
-            .unwrap_or_else(|e| panic!("SimNode::from_json: not JSON: {e}"));
-        let object = value
-            .as_object_mut()
-            .unwrap_or_else(|| panic!("SimNode::from_json: not a JSON object"));
-        let events_file = object
-            .entry("events_file")
-            .or_insert_with(|| serde_json::Value::String(EVENTS_FILE.to_owned()))
-            .as_str()
-            .unwrap_or_else(|| panic!("SimNode::from_json: events_file is not a string"))
-            .to_owned();
         let dir = tempfile::Builder::new()
             .prefix("nvml-sim-")
             .tempdir()
             .unwrap_or_else(|e| panic!("SimNode: cannot create a temp dir: {e}"));
-        let events = dir.path().join(events_file);
-        write(
-            &dir.path().join("nvml-sim.json"),
-            value.to_string().as_bytes(),
-        );
+        let (events, state) = write_description(dir.path(), json);
         if !events.exists() {
             write(&events, b"");
         }
@@ -63,7 +59,38 @@ impl SimNode {
                 copy.display()
             )
         });
-        SimNode { dir, events }
+        SimNode { dir, events, state }
+    }
+
+    /// Replaces the node description (and the driver's `/proc` files) as a driver reload with a
+    /// new configuration would; clients see it at their next first `nvmlInit`. The events and
+    /// state files keep their names unless the new description names others.
+    pub fn set_description(&mut self, json: &str) {
+        let (events, state) = write_description(self.dir.path(), json);
+        self.events = events;
+        self.state = state;
+    }
+
+    /// The directory standing for `/proc`: `devices`, `driver/nvidia-caps/mig-minors` and
+    /// `driver/nvidia/capabilities/…` as NVIDIA's driver provides them for this node.
+    pub fn proc_root(&self) -> PathBuf {
+        self.dir.path().join(PROC_DIR)
+    }
+
+    /// The runtime state file (compute modes set through NVML, processes set by tests).
+    pub fn state_path(&self) -> PathBuf {
+        self.state.clone()
+    }
+
+    /// Sets the compute processes `(pid, used bytes)` NVML reports for the GPU or MIG device
+    /// with this UUID, replacing the description's list (seen by every client at its next call).
+    pub fn set_processes(&self, uuid: &str, processes: &[(u32, u64)]) {
+        let list: Vec<nvml_sim::runtime::RuntimeProcess> = processes
+            .iter()
+            .map(|&(pid, used_memory)| nvml_sim::runtime::RuntimeProcess { pid, used_memory })
+            .collect();
+        nvml_sim::runtime::set_processes(&self.state, uuid, &list)
+            .unwrap_or_else(|e| panic!("SimNode: cannot set processes of {uuid}: {e:?}"));
     }
 
     /// A node from `nvml-sim/topologies/<name>.json` in this workspace.
@@ -111,6 +138,36 @@ impl SimNode {
         file.write_all(text.as_bytes())
             .unwrap_or_else(|e| panic!("SimNode: cannot append to {}: {e}", self.events.display()));
     }
+}
+
+/// Writes `nvml-sim.json` (with events and state files added when absent) and the driver
+/// files into `dir`; returns the events and state paths.
+fn write_description(dir: &Path, json: &str) -> (PathBuf, PathBuf) {
+    let mut value: serde_json::Value = serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("SimNode: description is not JSON: {e}"));
+    let object = value
+        .as_object_mut()
+        .unwrap_or_else(|| panic!("SimNode: description is not a JSON object"));
+    let mut file = |key: &str, default: &str| -> PathBuf {
+        let name = object
+            .entry(key)
+            .or_insert_with(|| serde_json::Value::String(default.to_owned()))
+            .as_str()
+            .unwrap_or_else(|| panic!("SimNode: {key} is not a string"))
+            .to_owned();
+        dir.join(name)
+    };
+    let events = file("events_file", EVENTS_FILE);
+    let state = file("state_file", STATE_FILE);
+    let text = value.to_string();
+    write(&dir.join("nvml-sim.json"), text.as_bytes());
+    // A description nvml-sim rejects still gets written (tests of broken descriptions need
+    // it); it just has no driver files.
+    if nvml_sim::validate(&text).is_ok() {
+        nvml_sim::driver_files::write(&text, &dir.join(PROC_DIR))
+            .unwrap_or_else(|e| panic!("SimNode: cannot write the driver files: {e:?}"));
+    }
+    (events, state)
 }
 
 fn write(path: &Path, bytes: &[u8]) {
