@@ -6,6 +6,7 @@
 //! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd`). A test never passes without running.
 #![forbid(unsafe_code)]
 
+pub mod mps;
 pub mod nvml_sim;
 
 use std::io::{Read, Write};

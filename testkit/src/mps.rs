@@ -1,0 +1,135 @@
+//! The `nvidia-cuda-mps-control` stand-in for tests: a temp directory holding a copy of the
+//! program (built by `cargo build -p nvml-sim --bins`) and its `mps-sim.json` settings, whose
+//! record goes to `record.jsonl` there. Put [`MpsControl::bin_dir`] first on `PATH`, or run
+//! [`MpsControl::program`], exactly as a node runs NVIDIA's program.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tempfile::TempDir;
+
+/// The environment variable naming the built stand-in to use.
+pub const BIN_ENV: &str = "NVML_SIM_MPS_CONTROL";
+
+/// The program's name, as NVIDIA ships it.
+pub const PROGRAM: &str = "nvidia-cuda-mps-control";
+
+/// An installed stand-in, removed on drop (daemons it started are not stopped: send `quit`).
+#[derive(Debug)]
+pub struct MpsControl {
+    dir: TempDir,
+}
+
+impl MpsControl {
+    /// Installs the stand-in with these settings (`mps-sim.json`; `{}` for none). A `record`
+    /// is added (`<dir>/record.jsonl`) unless the settings name one.
+    ///
+    /// Panics with the reason when the program is not built or the files cannot be made.
+    pub fn install(settings: &str) -> MpsControl {
+        let dir = tempfile::Builder::new()
+            .prefix("mps-sim-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("MpsControl: cannot create a temp dir: {e}"));
+        let bin = program();
+        let copy = dir.path().join(PROGRAM);
+        fs::copy(&bin, &copy).unwrap_or_else(|e| {
+            panic!(
+                "MpsControl: cannot copy {} to {}: {e}",
+                bin.display(),
+                copy.display()
+            )
+        });
+        let m = MpsControl { dir };
+        m.set_settings(settings);
+        m
+    }
+
+    /// Replaces the settings; daemons started from now on use them.
+    pub fn set_settings(&self, settings: &str) {
+        let mut value: serde_json::Value = serde_json::from_str(settings)
+            .unwrap_or_else(|e| panic!("MpsControl: settings are not JSON: {e}"));
+        let object = value
+            .as_object_mut()
+            .unwrap_or_else(|| panic!("MpsControl: settings are not a JSON object"));
+        object.entry("record").or_insert_with(|| {
+            serde_json::Value::String(self.dir.path().join("record.jsonl").display().to_string())
+        });
+        let path = self.dir.path().join("mps-sim.json");
+        fs::write(&path, value.to_string())
+            .unwrap_or_else(|e| panic!("MpsControl: cannot write {}: {e}", path.display()));
+    }
+
+    /// The directory holding `nvidia-cuda-mps-control`.
+    pub fn bin_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The installed program.
+    pub fn program(&self) -> PathBuf {
+        self.dir.path().join(PROGRAM)
+    }
+
+    /// The record file (JSON lines; format in `nvml-sim/README.md`).
+    pub fn record_path(&self) -> PathBuf {
+        self.dir.path().join("record.jsonl")
+    }
+
+    /// The record so far, one JSON object per event (empty before the first event).
+    pub fn records(&self) -> Vec<serde_json::Value> {
+        let text = fs::read_to_string(self.record_path()).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("MpsControl: bad record line {l:?}: {e}"))
+            })
+            .collect()
+    }
+
+    /// Runs the program with these arguments and pipe/log directories, feeding `stdin`.
+    pub fn run(&self, args: &[&str], pipe_dir: &Path, log_dir: &Path, stdin: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new(self.program())
+            .args(args)
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", log_dir)
+            .env_remove("NVML_SIM_MPS_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("MpsControl: cannot run {}: {e}", self.program().display()));
+        if let Some(mut input) = child.stdin.take() {
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("MpsControl: cannot wait for the program: {e}"))
+    }
+}
+
+/// The built stand-in: `$NVML_SIM_MPS_CONTROL`, else in the target directory beside the
+/// current test or example executable.
+///
+/// Panics, saying how to build it, when none exists.
+pub fn program() -> PathBuf {
+    if let Some(path) = std::env::var_os(BIN_ENV) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "{BIN_ENV}={} does not name a file",
+            path.display()
+        );
+        return path;
+    }
+    let exe =
+        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test executable: {e}"));
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [dir.join(PROGRAM), dir.join("..").join(PROGRAM)];
+    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "{PROGRAM} not found (looked at {}); build it with `cargo build -p nvml-sim --bins` or set {BIN_ENV}",
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
