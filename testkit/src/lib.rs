@@ -30,6 +30,8 @@ pub enum Need {
     Dockerd,
     /// A C compiler (`cc`) on PATH.
     Cc,
+    /// `python3` on PATH with NVIDIA's NVML binding (`pip install nvidia-ml-py`, module `pynvml`).
+    Pynvml,
 }
 
 impl Need {
@@ -41,6 +43,7 @@ impl Need {
             Need::Cgroup2 => "cgroup2",
             Need::Dockerd => "dockerd",
             Need::Cc => "cc",
+            Need::Pynvml => "pynvml",
         }
     }
 }
@@ -81,6 +84,17 @@ impl Host {
             .unwrap_or(true)
         {
             missing.push((Need::Cc, "no working `cc` on PATH".to_owned()));
+        }
+        if std::process::Command::new("python3")
+            .args(["-c", "import pynvml"])
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            missing.push((
+                Need::Pynvml,
+                "no `python3` with module pynvml (pip install nvidia-ml-py)".to_owned(),
+            ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()
