@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc}"
+export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -21,6 +21,22 @@ install_packages() {
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+# NVIDIA's Python NVML binding: nvml-sim's tests check that it reads the simulated nodes right.
+install_pynvml() {
+    if python3 -c 'import pynvml' >/dev/null 2>&1; then
+        return
+    fi
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        log "installing python3-pip"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
+    fi
+    log "installing nvidia-ml-py (module pynvml)"
+    python3 -m pip install --quiet nvidia-ml-py \
+        || python3 -m pip install --quiet --break-system-packages nvidia-ml-py
+    python3 -c 'import pynvml'
 }
 
 start_dockerd() {
@@ -39,6 +55,7 @@ start_dockerd() {
 }
 
 install_packages
+install_pynvml
 start_dockerd
 
 log "C header is fresh (cbindgen, pinned)"

@@ -70,6 +70,26 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_mig_example_is_valid() {
+        let readme = include_str!("../README.md");
+        let start = readme
+            .find("Example (a 3g.20gb")
+            .and_then(|i| readme[i..].find("```json\n").map(|j| i + j + 8));
+        let mig = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
+        let mig = mig.unwrap_or_else(|| panic!("README has no MIG example"));
+        let node = format!(
+            r#"{{"driver_version": "550.54.14", "cuda_driver_version": "12.4", "gpus": [{{
+                "index": 0, "minor": 0, "uuid": "GPU-2a4af22f-b062-5764-b45c-719582e82505",
+                "name": "NVIDIA A100-SXM4-40GB", "brand": "nvidia",
+                "pci": {{"bus_id": "00000000:07:00.0"}}, "memory": {{"total": 42949672960}},
+                "mig": {mig}}}]}}"#
+        );
+        if let Err(e) = validate(&node) {
+            panic!("README MIG example: {}", state::chain(&e));
+        }
+    }
+
+    #[test]
     fn every_shipped_topology_is_valid() {
         for (name, json) in TOPOLOGIES {
             if let Err(e) = validate(json) {

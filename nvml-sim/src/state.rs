@@ -39,12 +39,13 @@ pub(crate) struct GpuState {
     token: Box<Token>,
     pub(crate) lost: bool,
     pub(crate) ecc: Option<EccCounts>,
-    /// MIG device handles, one per [`crate::mig::Mig::devices`] entry.
-    mig_tokens: Vec<Box<Token>>,
+    /// MIG device handles, one per [`crate::mig::Mig::devices`] entry. Never resized, so each
+    /// (non-zero-sized) element keeps its address, which is the handle.
+    mig_tokens: Vec<Token>,
     /// GPU instance handles (`nvmlGpuInstance_t`), one per GPU instance.
-    gi_tokens: Vec<Box<Token>>,
+    gi_tokens: Vec<Token>,
     /// Compute instance handles (`nvmlComputeInstance_t`), one per MIG device.
-    ci_tokens: Vec<Box<Token>>,
+    ci_tokens: Vec<Token>,
 }
 
 /// What a device handle names: a GPU, or a MIG device (a position in its GPU's
@@ -64,8 +65,8 @@ impl Dev {
     }
 }
 
-fn tokens(n: usize) -> Vec<Box<Token>> {
-    (0..n).map(|i| Box::new(Token { _index: i })).collect()
+fn tokens(n: usize) -> Vec<Token> {
+    (0..n).map(|i| Token { _index: i }).collect()
 }
 
 fn address<T>(token: &Token) -> *mut T {

@@ -22,11 +22,15 @@ const NOT_SUPPORTED: u32 = b::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 const NOT_FOUND: u32 = b::nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 const GPU_IS_LOST: u32 = b::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
 
-/// `nvmlGpuInstanceProfileInfo_v2` / `_v3` and the CI equivalents, as nvml.h defines them.
+/// `nvmlGpuInstanceProfileInfo_v2` / `_v3` and the CI equivalents, as nvml.h defines them
+/// (`NVML_STRUCT_VERSION`), from nvml-wrapper-sys's struct sizes.
+#[allow(clippy::cast_possible_truncation)] // the structs are a few hundred bytes
 const GI_INFO_V2: u32 =
     (std::mem::size_of::<b::nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24);
+#[allow(clippy::cast_possible_truncation)] // as above
 const GI_INFO_V3: u32 =
     (std::mem::size_of::<b::nvmlGpuInstanceProfileInfo_v3_t>() as u32) | (3 << 24);
+#[allow(clippy::cast_possible_truncation)] // as above
 const CI_INFO_V2: u32 =
     (std::mem::size_of::<b::nvmlComputeInstanceProfileInfo_v2_t>() as u32) | (2 << 24);
 
@@ -44,10 +48,8 @@ fn init(lib: &NvmlLib) {
 fn gpu(lib: &NvmlLib, index: u32) -> nvmlDevice_t {
     let mut dev = ptr::null_mut();
     // SAFETY: `dev` is a live local the call writes one handle into.
-    assert_eq!(
-        unsafe { lib.nvmlDeviceGetHandleByIndex_v2(index, &mut dev) },
-        SUCCESS
-    );
+    let rc = unsafe { lib.nvmlDeviceGetHandleByIndex_v2(index, &mut dev) };
+    assert_eq!(rc, SUCCESS);
     dev
 }
 
@@ -256,7 +258,9 @@ fn issue_16_hgx_h100_layout_agrees_with_its_description() {
 fn issue_16_profile_tables_are_nvidias() {
     // (table node GPU, profile index → (id, slices, instances, SMs, MiB, name)) as nvidia-smi
     // mig -lgip prints them (A100-SXM4-40GB on R470-R535, H100 80GB HBM3).
-    let cases: &[(&str, u32, &[(u32, u32, u32, u32, u32, u64, &str)])] = &[
+    /// (profile index, id, slices, instances, SMs, MiB, name).
+    type Row = (u32, u32, u32, u32, u32, u64, &'static str);
+    let cases: &[(&str, u32, &[Row])] = &[
         (
             "dgx-a100-mig",
             0,
@@ -295,10 +299,9 @@ fn issue_16_profile_tables_are_nvidias() {
                 let mut info: b::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
                 info.version = version;
                 // SAFETY: nvml.h prototype; `info` is a live local of the versioned size.
-                assert_eq!(
-                    unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, profile, &mut info) },
-                    SUCCESS
-                );
+                let rc =
+                    unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, profile, &mut info) };
+                assert_eq!(rc, SUCCESS);
                 if version == GI_INFO_V2 {
                     assert_eq!(
                         (
@@ -329,10 +332,8 @@ fn issue_16_profile_tables_are_nvidias() {
             let mut info: b::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
             info.version = GI_INFO_V2;
             // SAFETY: nvml.h prototype; `info` is a live local.
-            assert_eq!(
-                unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoByIdV(dev, id, &mut info) },
-                SUCCESS
-            );
+            let rc = unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoByIdV(dev, id, &mut info) };
+            assert_eq!(rc, SUCCESS);
             assert_eq!(info.sliceCount, slices);
         }
         // Profile indices the GPU lacks, below NVML_GPU_INSTANCE_PROFILE_COUNT (0x12), and past it.
@@ -362,10 +363,8 @@ fn issue_16_profile_tables_are_nvidias() {
         let mut bad: b::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
         bad.version = 1 << 24;
         // SAFETY: nvml.h prototype; `bad` is a live local.
-        assert_eq!(
-            unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, &mut bad) },
-            INVALID_ARGUMENT
-        );
+        let rc = unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, &mut bad) };
+        assert_eq!(rc, INVALID_ARGUMENT);
         // SAFETY: nvml.h prototype.
         assert_eq!(unsafe { lib.nvmlShutdown() }, SUCCESS);
     }
@@ -756,10 +755,8 @@ fn issue_16_xid_on_a_mig_instance_names_it_in_event_data() {
         // SAFETY: zeroed is a valid value of this plain C struct.
         let mut data: b::nvmlEventData_t = unsafe { std::mem::zeroed() };
         // SAFETY: nvml.h prototype; `data` is a live local.
-        assert_eq!(
-            unsafe { lib.nvmlEventSetWait_v2(set, &mut data, 2000) },
-            SUCCESS
-        );
+        let rc = unsafe { lib.nvmlEventSetWait_v2(set, &mut data, 2000) };
+        assert_eq!(rc, SUCCESS);
         assert_eq!(data.device, dev);
         got.push((data.eventData, data.gpuInstanceId, data.computeInstanceId));
     }

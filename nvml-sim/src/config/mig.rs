@@ -116,7 +116,7 @@ pub(super) fn layout(
                 .iter()
                 .filter(|o: &&GpuInstance| o.profile.id == gi.profile.id)
                 .count();
-            if same as u32 >= gi.profile.instances {
+            if u32::try_from(same).unwrap_or(u32::MAX) >= gi.profile.instances {
                 return Err(bad(
                     gpu,
                     format!(
@@ -264,7 +264,7 @@ fn compute_instance(
         })?,
     };
     let start = spec.start.unwrap_or(0);
-    if start % profile.slices != 0 || start + profile.slices > gi.slices {
+    if !start.is_multiple_of(profile.slices) || start + profile.slices > gi.slices {
         return Err(at(format!(
             "start {start} does not fit: a {}-slice compute instance starts at a multiple of {} below {}",
             profile.slices, profile.slices, gi.slices
