@@ -267,7 +267,7 @@ fn json_resources_and_file_values() {
 #[test]
 fn simulate_list_and_unknown_names() {
     let got = lines(&["--simulate", "list"]);
-    assert_eq!(got.len(), 6);
+    assert_eq!(got.len(), 10);
     fails(
         &["--simulate", "nope", "--isolation", ISO],
         "expected one of dgx-a100, dgx1-v100",

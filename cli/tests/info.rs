@@ -183,7 +183,11 @@ fn json_for_every_shipped_node() {
             "pcie-t4x4",
             "k80",
             "hgx16",
-            "driver-no-gpus"
+            "driver-no-gpus",
+            "dgx-a100-mig",
+            "dgx-a100-mixed",
+            "hgx-h100",
+            "numa-2cpu"
         ]
     );
     for name in names {

@@ -26,6 +26,14 @@ pub use config::{ConfigError, validate};
 /// Node descriptions shipped in `nvml-sim/topologies/`: (name without `.json`, JSON text).
 pub const TOPOLOGIES: &[(&str, &str)] = &[
     ("dgx-a100", include_str!("../topologies/dgx-a100.json")),
+    ("dgx1-v100", include_str!("../topologies/dgx1-v100.json")),
+    ("pcie-t4x4", include_str!("../topologies/pcie-t4x4.json")),
+    ("k80", include_str!("../topologies/k80.json")),
+    ("hgx16", include_str!("../topologies/hgx16.json")),
+    (
+        "driver-no-gpus",
+        include_str!("../topologies/driver-no-gpus.json"),
+    ),
     (
         "dgx-a100-mig",
         include_str!("../topologies/dgx-a100-mig.json"),
@@ -36,14 +44,6 @@ pub const TOPOLOGIES: &[(&str, &str)] = &[
     ),
     ("hgx-h100", include_str!("../topologies/hgx-h100.json")),
     ("numa-2cpu", include_str!("../topologies/numa-2cpu.json")),
-    ("dgx1-v100", include_str!("../topologies/dgx1-v100.json")),
-    ("pcie-t4x4", include_str!("../topologies/pcie-t4x4.json")),
-    ("k80", include_str!("../topologies/k80.json")),
-    ("hgx16", include_str!("../topologies/hgx16.json")),
-    (
-        "driver-no-gpus",
-        include_str!("../topologies/driver-no-gpus.json"),
-    ),
 ];
 
 /// The environment variable naming the node description file, read at the first `nvmlInit*`.

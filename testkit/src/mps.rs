@@ -89,16 +89,33 @@ impl MpsControl {
     /// Runs the program with these arguments and pipe/log directories, feeding `stdin`.
     pub fn run(&self, args: &[&str], pipe_dir: &Path, log_dir: &Path, stdin: &str) -> Output {
         use std::io::Write as _;
-        let mut child = Command::new(self.program())
-            .args(args)
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
-            .env("CUDA_MPS_LOG_DIRECTORY", log_dir)
-            .env_remove("NVML_SIM_MPS_CONFIG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("MpsControl: cannot run {}: {e}", self.program().display()));
+        let spawn = || {
+            Command::new(self.program())
+                .args(args)
+                .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
+                .env("CUDA_MPS_LOG_DIRECTORY", log_dir)
+                .env_remove("NVML_SIM_MPS_CONFIG")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        };
+        // A just-copied program can be briefly "busy": another test thread's fork may still
+        // hold the copy's write descriptor until its exec closes it (ETXTBSY).
+        let mut attempt = 0;
+        let mut child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(26) && attempt < 50 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => {
+                    break other.unwrap_or_else(|e| {
+                        panic!("MpsControl: cannot run {}: {e}", self.program().display())
+                    });
+                }
+            }
+        };
         if let Some(mut input) = child.stdin.take() {
             let _ = input.write_all(stdin.as_bytes());
         }
