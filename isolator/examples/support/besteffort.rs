@@ -179,6 +179,9 @@ mod tests {
 
     use super::*;
 
+    /// A partition: its sets, each a list of slots (`None` for padding).
+    type Partition = [Vec<Option<usize>>];
+
     /// A direct port of NVIDIA's enumeration (`iterateGPUPartitions` and the selection in
     /// `Allocate`), slots `None` for padding; returns the chosen set with its padding flag.
     fn enumeration(n: usize, k: usize, score: &dyn Fn(usize, usize) -> u64) -> (u64, bool) {
@@ -196,7 +199,7 @@ mod tests {
             s
         };
         let mut best: Option<(u64, Vec<Vec<Option<usize>>>)> = None;
-        let mut visit = |partition: &[Vec<Option<usize>>]| {
+        let mut visit = |partition: &Partition| {
             let total = partition.iter().map(|s| set_score(s)).sum();
             if best.as_ref().is_none_or(|(t, _)| total > *t) {
                 best = Some((total, partition.to_vec()));
@@ -207,7 +210,7 @@ mod tests {
             k: usize,
             padding: usize,
             accum: &mut Vec<Vec<Option<usize>>>,
-            visit: &mut dyn FnMut(&[Vec<Option<usize>>]),
+            visit: &mut dyn FnMut(&Partition),
         ) {
             if slots.len() == k {
                 accum.push(slots.to_vec());
@@ -264,7 +267,7 @@ mod tests {
             prop_assume!(k <= n);
             let score = |a: usize, b: usize| scores[a.min(b) * 9 + a.max(b)];
             let pair = |a: u32, b: u32| score(a as usize, b as usize);
-            let got = best_effort((1 << n) - 1, k as u32, &pair).unwrap();
+            let got = best_effort((1 << n) - 1, u32::try_from(k).unwrap(), &pair).unwrap();
             let (set, padded) = enumeration(n, k, &score);
             prop_assert_eq!(got.padded, padded);
             if !padded {

@@ -7,13 +7,15 @@
 //! - Mesos's `NvidiaGpuAllocator` grants the first free GPUs in (major, minor) order, and refuses
 //!   to grant what is taken or to free what is not allocated (`shared/reference/mesos_gpu.md`
 //!   §2.3); [`Policy::FirstFit`] keeps that behaviour and its error cases.
-//! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores (`gpu_sched.md` §2.2);
+//! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores, and a pair by the sum
+//!   over its links: the PCIe level's points plus 100 per NVLink (`gpu_sched.md` §2.2);
 //!   [`Policy::Topology`] maximises that score exactly for up to 16 free GPUs, where NVIDIA's
-//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. The order of
-//!   preference and the search are documented in `allocator/search.rs`; why single GPUs go by
-//!   lowest index, in `allocator/policy.rs`.
+//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. Among equally
+//!   scored sets it keeps the free GPUs best connected, for every request size. The order of
+//!   preference and the search are documented in `allocator/search.rs` and `docs/allocator.md`;
+//!   what that means for single GPUs, in `allocator/policy.rs`.
 //! - Pair scores come from [`Topology::pair_score`]'s rule (the weaker direction when the data
-//!   is asymmetric, 0 when unknown or missing); NVLink counts above NVML's 18 are taken as 18.
+//!   is asymmetric, 0 for an unknown part); NVLink counts above 18 are taken as 18.
 //! - A GPU marked unhealthy is never granted; one that is allocated stays with its owner until
 //!   released, and then does not return to the free pool until marked healthy.
 
