@@ -55,13 +55,14 @@ fn dgx1_stream_gets_the_expected_gpus_and_refusals() {
     assert_eq!(report["mode"], "dry-run");
     assert_eq!(report["run"]["policy"], "topology");
 
-    // Two GPUs on a free DGX-1: the NV2 pair {0,3}, where first-fit takes the NV1 pair {0,1}.
+    // Two GPUs on a free DGX-1: the NV2 pair under one PCIe switch {2,3} (200 + 50), where
+    // first-fit takes the NV1 pair {0,1} (100 + 50).
     let resnet = task(&report, "ml_resnet50-train.1");
     assert_eq!(resnet["outcome"], "granted");
-    assert_eq!(gpus(resnet, "chosen"), [0, 3]);
-    assert_eq!(resnet["chosen"]["score"], 200);
+    assert_eq!(gpus(resnet, "chosen"), [2, 3]);
+    assert_eq!(resnet["chosen"]["score"], 250);
     assert_eq!(gpus(resnet, "first_fit"), [0, 1]);
-    assert_eq!(resnet["first_fit"]["score"], 100);
+    assert_eq!(resnet["first_fit"]["score"], 150);
     let launch = &resnet["launch"];
     assert_eq!(launch["containerizer"], "mesos");
     let rules: Vec<&str> = launch["device_rules"]
@@ -70,7 +71,7 @@ fn dgx1_stream_gets_the_expected_gpus_and_refusals() {
         .iter()
         .map(|r| r.as_str().unwrap())
         .collect();
-    for want in ["c 195:0 rw", "c 195:3 rw", "c 195:255 rwm"] {
+    for want in ["c 195:2 rw", "c 195:3 rw", "c 195:255 rwm"] {
         assert!(rules.contains(&want), "{want} missing from {rules:?}");
     }
     assert!(!rules.contains(&"c 195:1 rw"), "{rules:?}");
@@ -104,7 +105,7 @@ fn dgx1_stream_gets_the_expected_gpus_and_refusals() {
 
     // A host-filesystem MESOS task gets no mounts, only its device rule.
     let render = task(&report, "viz_render-preview.3");
-    assert_eq!(gpus(render, "chosen"), [1]);
+    assert_eq!(gpus(render, "chosen"), [0]);
     assert!(render["launch"]["mounts"].as_array().unwrap().is_empty());
 
     let bad = task(&report, "research_half-gpu.4");
@@ -199,7 +200,7 @@ fn text_fits_80_columns_without_colour_when_piped() {
     }
     assert!(!text.contains('\x1b'), "colour codes in piped output");
     for want in [
-        "-> GPUs 0,3",
+        "-> GPUs 2,3",
         "REFUSED (bad request)",
         "GPU timeline",
         "c 195:3 rw",
@@ -239,6 +240,10 @@ fn a_custom_stream_reads_apps_next_to_it() {
     let report = json(&["demo", "--json", "--stream", stream.to_str().unwrap()]);
     let tasks = report["run"]["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 2);
-    assert_eq!(gpus(&tasks[0], "chosen"), [0, 3]);
-    assert_eq!(gpus(&tasks[1], "chosen"), [1, 2], "the other NV2 pair");
+    assert_eq!(gpus(&tasks[0], "chosen"), [2, 3]);
+    assert_eq!(
+        gpus(&tasks[1], "chosen"),
+        [6, 7],
+        "the other NV2 pair under one switch"
+    );
 }

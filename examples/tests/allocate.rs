@@ -28,11 +28,11 @@ fn dgx1_choices_follow_nvlink() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "8 GPUs, driver 550.54.14");
     assert!(
-        lines[1].starts_with("task-0: 2 GPU(s) -> {0,3} (score 200); first-fit: {0,1} (score 100)"),
+        lines[1].starts_with("task-0: 2 GPU(s) -> {2,3} (score 250); first-fit: {0,1} (score 150)"),
         "{out}"
     );
     assert!(
-        lines[2].starts_with("task-1: 4 GPU(s) -> {4,5,6,7} (score 900)"),
+        lines[2].starts_with("task-1: 4 GPU(s) -> {4,5,6,7} (score 1120)"),
         "{out}"
     );
     assert_eq!(

@@ -51,12 +51,10 @@ pub struct Gpu {
     pub healthy: bool,
 }
 
-/// How two GPUs are connected, strongest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "links")]
-pub enum Link {
-    /// Joined by this many NVLinks (at least one).
-    NvLink(u32),
+/// The PCIe path two GPUs share, as NVML's `nvmlGpuTopologyLevel_t` names it, nearest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PcieLevel {
     /// On the same board (NVML `INTERNAL`, e.g. the two GPUs of a K80).
     SameBoard,
     /// Behind one PCIe switch (NVML `SINGLE`).
@@ -69,36 +67,97 @@ pub enum Link {
     SameNumaNode,
     /// Across CPU sockets (NVML `SYSTEM`).
     CrossSocket,
-    /// NVML could not say.
-    Unknown,
 }
 
-impl Link {
-    /// Pair score as NVIDIA's allocator computes it: 100 per NVLink, then 60/50/40/30/20/10.
+impl PcieLevel {
+    /// Every level, nearest first.
+    pub const ALL: [PcieLevel; 6] = [
+        PcieLevel::SameBoard,
+        PcieLevel::SingleSwitch,
+        PcieLevel::MultipleSwitches,
+        PcieLevel::HostBridge,
+        PcieLevel::SameNumaNode,
+        PcieLevel::CrossSocket,
+    ];
+
+    /// go-gpuallocator's points for this level: 60, 50, 40, 30, 20, 10 (`P2PLinkSameBoard` …
+    /// `P2PLinkCrossCPU`).
     pub fn score(self) -> u32 {
         match self {
-            Link::NvLink(n) => 100 * n,
-            Link::SameBoard => 60,
-            Link::SingleSwitch => 50,
-            Link::MultipleSwitches => 40,
-            Link::HostBridge => 30,
-            Link::SameNumaNode => 20,
-            Link::CrossSocket => 10,
-            Link::Unknown => 0,
+            PcieLevel::SameBoard => 60,
+            PcieLevel::SingleSwitch => 50,
+            PcieLevel::MultipleSwitches => 40,
+            PcieLevel::HostBridge => 30,
+            PcieLevel::SameNumaNode => 20,
+            PcieLevel::CrossSocket => 10,
         }
     }
 
-    /// The short label `nvidia-smi topo -m` prints for this link (`NV2`, `PIX`, `SYS`, …).
-    pub fn label(self) -> String {
+    /// The label `nvidia-smi topo -m` prints for this level (`PSB`, `PIX`, … `SYS`).
+    pub fn label(self) -> &'static str {
         match self {
-            Link::NvLink(n) => format!("NV{n}"),
-            Link::SameBoard => "PSB".to_owned(),
-            Link::SingleSwitch => "PIX".to_owned(),
-            Link::MultipleSwitches => "PXB".to_owned(),
-            Link::HostBridge => "PHB".to_owned(),
-            Link::SameNumaNode => "NODE".to_owned(),
-            Link::CrossSocket => "SYS".to_owned(),
-            Link::Unknown => "?".to_owned(),
+            PcieLevel::SameBoard => "PSB",
+            PcieLevel::SingleSwitch => "PIX",
+            PcieLevel::MultipleSwitches => "PXB",
+            PcieLevel::HostBridge => "PHB",
+            PcieLevel::SameNumaNode => "NODE",
+            PcieLevel::CrossSocket => "SYS",
+        }
+    }
+}
+
+/// How two GPUs are connected: the PCIe path they share, which every pair of a real node has,
+/// and the NVLinks between them, which some pairs have as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Link {
+    /// The PCIe path, `None` when NVML could not say.
+    pub pcie: Option<PcieLevel>,
+    /// NVLinks joining the two, directly or through NVSwitches both reach (0 for none).
+    pub nvlinks: u32,
+}
+
+impl Link {
+    /// Nothing known about the pair.
+    pub const UNKNOWN: Link = Link {
+        pcie: None,
+        nvlinks: 0,
+    };
+
+    /// Most NVLinks one pair is scored for: go-gpuallocator's `EighteenNVLINKLinks` (NVML's
+    /// `NVML_NVLINK_MAX_LINKS`); more count as this many.
+    pub const MAX_SCORED_NVLINKS: u32 = 18;
+
+    /// A pair joined over PCIe at `level` only.
+    pub const fn pcie(level: PcieLevel) -> Link {
+        Link {
+            pcie: Some(level),
+            nvlinks: 0,
+        }
+    }
+
+    /// This link with `nvlinks` NVLinks as well.
+    #[must_use]
+    pub const fn with_nvlinks(self, nvlinks: u32) -> Link {
+        Link {
+            pcie: self.pcie,
+            nvlinks,
+        }
+    }
+
+    /// Pair score as NVIDIA's go-gpuallocator computes it (`calculateGPUPairScore`): the sum
+    /// over the links between the two, so the PCIe level's points (60 same board … 10 across
+    /// sockets, 0 unknown) plus 100 per NVLink, up to [`Self::MAX_SCORED_NVLINKS`].
+    pub fn score(self) -> u32 {
+        self.pcie.map_or(0, PcieLevel::score) + 100 * self.nvlinks.min(Self::MAX_SCORED_NVLINKS)
+    }
+
+    /// The label `nvidia-smi topo -m` prints for this pair: `NV<n>` when NVLinked, else the
+    /// PCIe level (`PIX`, `SYS`, …), `?` when unknown.
+    pub fn label(self) -> String {
+        match (self.nvlinks, self.pcie) {
+            (0, Some(level)) => level.label().to_owned(),
+            (0, None) => "?".to_owned(),
+            (n, _) => format!("NV{n}"),
         }
     }
 }
@@ -111,11 +170,11 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// A topology of `size` GPUs with every pair [`Link::Unknown`].
+    /// A topology of `size` GPUs with every pair [`Link::UNKNOWN`].
     pub fn unknown(size: usize) -> Self {
         Topology {
             size,
-            links: vec![Link::Unknown; size * size],
+            links: vec![Link::UNKNOWN; size * size],
         }
     }
 
@@ -132,12 +191,12 @@ impl Topology {
         }
     }
 
-    /// The link from `a` to `b` as recorded, [`Link::Unknown`] when out of range.
+    /// The link from `a` to `b` as recorded, [`Link::UNKNOWN`] when out of range.
     pub fn get(&self, a: usize, b: usize) -> Link {
         if a < self.size && b < self.size {
             self.links[a * self.size + b]
         } else {
-            Link::Unknown
+            Link::UNKNOWN
         }
     }
 
@@ -178,5 +237,36 @@ impl Inventory {
     /// The GPU with this UUID.
     pub fn by_uuid(&self, uuid: &str) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// go-gpuallocator's `calculateGPUPairScore`: the PCIe link's points plus 100 per NVLink
+    /// (`SingleNVLINKLink` … `EighteenNVLINKLinks`), whatever the PCIe level.
+    #[test]
+    fn pair_score_is_the_sum_over_links_as_nvidia_scores_it() {
+        let points = [60, 50, 40, 30, 20, 10];
+        for (level, points) in PcieLevel::ALL.into_iter().zip(points) {
+            for nvlinks in [0, 1, 2, 12, 18] {
+                let link = Link::pcie(level).with_nvlinks(nvlinks);
+                assert_eq!(link.score(), points + 100 * nvlinks, "{link:?}");
+            }
+            // NVIDIA has no link type past eighteen NVLinks.
+            assert_eq!(Link::pcie(level).with_nvlinks(40).score(), points + 1800);
+        }
+        assert_eq!(Link::UNKNOWN.score(), 0);
+        assert_eq!(Link::UNKNOWN.with_nvlinks(2).score(), 200);
+    }
+
+    #[test]
+    fn labels_follow_nvidia_smi() {
+        let link = Link::pcie(PcieLevel::SingleSwitch);
+        assert_eq!(link.label(), "PIX");
+        assert_eq!(link.with_nvlinks(2).label(), "NV2");
+        assert_eq!(Link::UNKNOWN.label(), "?");
+        assert_eq!(Link::UNKNOWN.with_nvlinks(12).label(), "NV12");
     }
 }

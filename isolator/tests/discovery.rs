@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
+use mesos_gpu_isolator::allocator::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_isolator::discovery::{Discovery, DiscoveryError, GpuDriver, UNKNOWN_MINOR};
-use mesos_gpu_isolator::inventory::{Inventory, Link};
+use mesos_gpu_isolator::inventory::{Inventory, Link, PcieLevel};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use serde_json::{Value, json};
 
@@ -138,8 +139,57 @@ fn dgx1_v100_matches_nvidias_hybrid_cube_mesh() {
     let driver = open(&node);
     check_fields("dgx1-v100", &driver);
     assert_eq!(labels(driver.inventory()), matrix(&DGX1));
-    assert_eq!(driver.inventory().topology.get(0, 3), Link::NvLink(2));
-    assert_eq!(driver.inventory().topology.pair_score(0, 5), 10);
+    let topology = &driver.inventory().topology;
+    assert_eq!(
+        topology.get(0, 3),
+        Link::pcie(PcieLevel::HostBridge).with_nvlinks(2)
+    );
+    assert_eq!(topology.pair_score(0, 3), 230);
+    assert_eq!(topology.pair_score(0, 5), 10);
+}
+
+/// Every pair's PCIe level and NVLink count, as one comparable matrix.
+fn links(inv: &Inventory) -> Vec<Vec<Link>> {
+    let n = inv.topology.size();
+    (0..n)
+        .map(|a| (0..n).map(|b| inv.topology.get(a, b)).collect())
+        .collect()
+}
+
+/// Regression (issue 15): an NVLinked pair lost its PCIe level, so its score missed the PCIe
+/// points NVIDIA's allocator adds. Discovery now keeps both, for every pair of the shipped
+/// cube-mesh nodes, equal to the reference nodes the allocator tests use.
+#[test]
+fn issue_15_every_pair_keeps_its_pcie_level_and_nvlinks() {
+    let expected: [(&str, NodeBuilder); 2] =
+        [("dgx1-v100", dgx1_v100()), ("hgx16", dual_dgx1_v100())];
+    for (name, builder) in expected {
+        let node = SimNode::shipped(name);
+        let inv = open(&node).inventory().clone();
+        assert_eq!(links(&inv), links(&builder.inventory()), "{name}");
+    }
+}
+
+/// NVSwitch pairs keep their PCIe level too: same leaf pair `PXB`, same socket `NODE`, else `SYS`.
+#[test]
+fn issue_15_nvswitch_pairs_keep_their_pcie_level() {
+    let node = SimNode::shipped("dgx-a100");
+    let inv = open(&node).inventory().clone();
+    let expected = NodeBuilder::new(8, PcieLevel::CrossSocket)
+        .pcie(PcieLevel::SameNumaNode, &[0, 1, 2, 3])
+        .pcie(PcieLevel::SameNumaNode, &[4, 5, 6, 7])
+        .pcie(PcieLevel::MultipleSwitches, &[0, 1])
+        .pcie(PcieLevel::MultipleSwitches, &[2, 3])
+        .pcie(PcieLevel::MultipleSwitches, &[4, 5])
+        .pcie(PcieLevel::MultipleSwitches, &[6, 7])
+        .nvlinks(
+            &(0..8)
+                .flat_map(|a| ((a + 1)..8).map(move |b| (a, b, 12)))
+                .collect::<Vec<_>>(),
+        );
+    assert_eq!(links(&inv), links(&expected.inventory()));
+    assert_eq!(inv.topology.pair_score(0, 1), 1240);
+    assert_eq!(inv.topology.pair_score(0, 7), 1210);
 }
 
 #[test]
@@ -150,7 +200,7 @@ fn dgx_a100_nvswitch_fabric_joins_every_pair_with_twelve_links() {
     let inv = driver.inventory();
     for a in 0..8 {
         for b in (0..8).filter(|&b| b != a) {
-            assert_eq!(inv.topology.get(a, b), Link::NvLink(12), "{a}-{b}");
+            assert_eq!(inv.topology.get(a, b).nvlinks, 12, "{a}-{b}");
         }
     }
 }
@@ -263,11 +313,17 @@ fn lost_gpu_is_listed_unhealthy_with_its_index() {
     assert!(lost.uuid.is_empty() && lost.name.is_empty() && lost.pci_bus_id.is_empty());
     assert!(inv.gpus.iter().filter(|g| g.index != 3).all(|g| g.healthy));
     for other in (0..8).filter(|&o| o != 3) {
-        assert_eq!(inv.topology.get(3, other), Link::Unknown, "3-{other}");
-        assert_eq!(inv.topology.get(other, 3), Link::Unknown, "{other}-3");
+        assert_eq!(inv.topology.get(3, other), Link::UNKNOWN, "3-{other}");
+        assert_eq!(inv.topology.get(other, 3), Link::UNKNOWN, "{other}-3");
     }
-    assert_eq!(inv.topology.get(0, 1), Link::NvLink(1));
-    assert_eq!(inv.topology.get(1, 5), Link::NvLink(2));
+    assert_eq!(
+        inv.topology.get(0, 1),
+        Link::pcie(PcieLevel::SingleSwitch).with_nvlinks(1)
+    );
+    assert_eq!(
+        inv.topology.get(1, 5),
+        Link::pcie(PcieLevel::CrossSocket).with_nvlinks(2)
+    );
     assert_eq!(driver.cpu_affinity(3), None);
 }
 
@@ -285,8 +341,8 @@ fn gpu_lost_midway_keeps_what_was_read() {
         (gpu.minor, gpu.healthy, gpu.uuid.as_str(), gpu.name.as_str()),
         (2, false, "", "Tesla T4")
     );
-    assert_eq!(inv.topology.get(2, 3), Link::Unknown);
-    assert_eq!(inv.topology.get(0, 1), Link::SingleSwitch);
+    assert_eq!(inv.topology.get(2, 3), Link::UNKNOWN);
+    assert_eq!(inv.topology.get(0, 1), Link::pcie(PcieLevel::SingleSwitch));
 }
 
 #[test]
@@ -326,8 +382,8 @@ fn unsupported_queries_leave_fields_unknown() {
     assert!(gpu.healthy);
     assert_eq!((gpu.numa_node, gpu.memory_total), (None, 0));
     assert_eq!(driver.cpu_affinity(0), None);
-    assert_eq!(inv.topology.get(0, 1), Link::Unknown);
-    assert_eq!(inv.topology.get(2, 3), Link::SingleSwitch);
+    assert_eq!(inv.topology.get(0, 1), Link::UNKNOWN);
+    assert_eq!(inv.topology.get(2, 3), Link::pcie(PcieLevel::SingleSwitch));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use base64::Engine as _;
-use mesos_gpu_isolator::inventory::{Gpu, Inventory, Link};
+use mesos_gpu_isolator::inventory::{Gpu, Inventory, Link, PcieLevel};
 use serde::Serialize;
 
 use super::status::{GpuDetails, GpuStatus, GpuStatusSource};
@@ -60,18 +60,18 @@ fn family(cc: (u32, u32)) -> Option<&'static str> {
     })
 }
 
-/// nvidia-docker's P2P link code and text.
+/// nvidia-docker's P2P link code and text: the NVLinks when there are some, else the PCIe level.
 fn link_code(link: Link) -> (u32, String) {
-    match link {
-        Link::Unknown => (0, "N/A".to_owned()),
-        Link::CrossSocket => (1, "Cross CPU socket".to_owned()),
-        Link::SameNumaNode => (2, "Same CPU socket".to_owned()),
-        Link::HostBridge => (3, "Host PCI bridge".to_owned()),
-        Link::MultipleSwitches => (4, "Multiple PCI switches".to_owned()),
-        Link::SingleSwitch => (5, "Single PCI switch".to_owned()),
-        Link::SameBoard => (6, "Same board".to_owned()),
-        Link::NvLink(1) => (7, "Single NVLink".to_owned()),
-        Link::NvLink(n) => (6 + n, format!("{n} NVLinks")),
+    match (link.nvlinks, link.pcie) {
+        (0, None) => (0, "N/A".to_owned()),
+        (0, Some(PcieLevel::CrossSocket)) => (1, "Cross CPU socket".to_owned()),
+        (0, Some(PcieLevel::SameNumaNode)) => (2, "Same CPU socket".to_owned()),
+        (0, Some(PcieLevel::HostBridge)) => (3, "Host PCI bridge".to_owned()),
+        (0, Some(PcieLevel::MultipleSwitches)) => (4, "Multiple PCI switches".to_owned()),
+        (0, Some(PcieLevel::SingleSwitch)) => (5, "Single PCI switch".to_owned()),
+        (0, Some(PcieLevel::SameBoard)) => (6, "Same board".to_owned()),
+        (1, _) => (7, "Single NVLink".to_owned()),
+        (n, _) => (6 + n, format!("{n} NVLinks")),
     }
 }
 
@@ -83,7 +83,7 @@ fn peers(inventory: &Inventory, position: usize) -> Vec<(&Gpu, Link)> {
         .enumerate()
         .filter(|(j, _)| *j != position)
         .map(|(j, g)| (g, inventory.topology.get(position, j)))
-        .filter(|(_, l)| *l != Link::Unknown)
+        .filter(|(_, l)| *l != Link::UNKNOWN)
         .collect()
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Link, Topology};
+use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Link, PcieLevel, Topology};
 
 use super::status::{GpuDetails, GpuProcess, GpuStatus, NoStatus, Utilization};
 use super::*;
@@ -29,9 +29,9 @@ fn inventory() -> Inventory {
     let gpus = vec![gpu(0, 1), gpu(1, 0), gpu(2, 2)];
     let mut topology = Topology::unknown(3);
     for (a, b, l) in [
-        (0, 1, Link::NvLink(2)),
-        (0, 2, Link::CrossSocket),
-        (1, 2, Link::SingleSwitch),
+        (0, 1, Link::pcie(PcieLevel::SingleSwitch).with_nvlinks(2)),
+        (0, 2, Link::pcie(PcieLevel::CrossSocket)),
+        (1, 2, Link::pcie(PcieLevel::SingleSwitch)),
     ] {
         topology.set(a, b, l);
         topology.set(b, a, l);

@@ -7,13 +7,15 @@
 //! - Mesos's `NvidiaGpuAllocator` grants the first free GPUs in (major, minor) order, and refuses
 //!   to grant what is taken or to free what is not allocated (`shared/reference/mesos_gpu.md`
 //!   §2.3); [`Policy::FirstFit`] keeps that behaviour and its error cases.
-//! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores (`gpu_sched.md` §2.2);
+//! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores, and a pair by the sum
+//!   over its links: the PCIe level's points plus 100 per NVLink (`gpu_sched.md` §2.2);
 //!   [`Policy::Topology`] maximises that score exactly for up to 16 free GPUs, where NVIDIA's
-//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. The order of
-//!   preference and the search are documented in `allocator/search.rs`; why single GPUs go by
-//!   lowest index, in `allocator/policy.rs`.
+//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. Among equally
+//!   scored sets it keeps the free GPUs best connected, for every request size. The order of
+//!   preference and the search are documented in `allocator/search.rs` and `docs/allocator.md`;
+//!   what that means for single GPUs, in `allocator/policy.rs`.
 //! - Pair scores come from [`Topology::pair_score`]'s rule (the weaker direction when the data
-//!   is asymmetric, 0 when unknown or missing); NVLink counts above NVML's 18 are taken as 18.
+//!   is asymmetric, 0 for an unknown part); NVLink counts above 18 are taken as 18.
 //! - A GPU marked unhealthy is never granted; one that is allocated stays with its owner until
 //!   released, and then does not return to the free pool until marked healthy.
 
@@ -36,9 +38,9 @@ pub use policy::Policy;
 pub use request::GpuRequest;
 pub use set::GpuSet;
 
-use crate::inventory::{Inventory, Link, Topology};
+use crate::inventory::{Inventory, Topology};
 use policy::Node;
-use search::{MAX_GPUS, MAX_NVLINKS, Weights};
+use search::{MAX_GPUS, Weights};
 use set::Bits;
 
 /// How well the free GPUs are connected, for metrics and `info`.
@@ -91,14 +93,6 @@ impl std::fmt::Debug for Allocator {
     }
 }
 
-/// A link's score with the NVLink count capped at NVML's maximum, so absurd data cannot overflow.
-fn link_score(link: Link) -> u32 {
-    match link {
-        Link::NvLink(n) => Link::NvLink(n.min(MAX_NVLINKS)).score(),
-        other => other.score(),
-    }
-}
-
 impl Allocator {
     /// An allocator over every GPU of `inventory`; GPUs discovery found unhealthy start unhealthy.
     pub fn new(inventory: &Inventory, policy: Policy) -> Result<Allocator, AllocError> {
@@ -145,7 +139,9 @@ impl Allocator {
         }
         let topology: &Topology = &inventory.topology;
         let weights = Weights::new(managed, |a, b| {
-            link_score(topology.get(positions[a as usize], positions[b as usize]))
+            topology
+                .get(positions[a as usize], positions[b as usize])
+                .score()
         });
         let mut by_minor: Vec<u32> = minors.keys().copied().collect();
         by_minor.sort_by_key(|index| (minors[index], *index));
@@ -517,6 +513,7 @@ mod tests {
 
     use super::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
     use super::*;
+    use crate::inventory::{Link, PcieLevel};
 
     fn set(indices: &[u32]) -> GpuSet {
         GpuSet::from_indices(indices.iter().copied()).unwrap()
@@ -532,13 +529,45 @@ mod tests {
             .collect()
     }
 
+    /// The score of each set.
+    fn scores(alloc: &Allocator, sets: &[Vec<u32>]) -> Vec<u64> {
+        sets.iter().map(|s| alloc.score(set(s))).collect()
+    }
+
+    /// Hand-checked pair scores of the DGX-1 V100 (PCIe points + 100 per NVLink): the 250-point
+    /// pairs are the double NVLinks under one PCIe switch, {2,3} and {6,7}.
     #[test]
-    fn dgx1_pairs_follow_nvidia_sequence() {
+    fn dgx1_pair_scores_are_pcie_plus_nvlinks() {
+        let alloc = on(dgx1_v100(), Policy::Topology);
+        let cases: [(&[u32], u64); 8] = [
+            (&[2, 3], 200 + 50),
+            (&[0, 3], 200 + 30),
+            (&[0, 4], 200 + 10),
+            (&[0, 1], 100 + 50),
+            (&[0, 2], 100 + 30),
+            (&[2, 6], 100 + 10),
+            (&[0, 5], 10),
+            (&[0, 1, 2, 3], 150 + 130 + 230 + 130 + 230 + 250),
+        ];
+        for (gpus, score) in cases {
+            assert_eq!(alloc.score(set(gpus)), score, "{gpus:?}");
+        }
+        assert_eq!(alloc.score(alloc.managed()), 3000);
+    }
+
+    /// NVIDIA's published sequence on a free DGX-1 (`topologies.md`): pairs {0,3}, {1,2}, {4,7},
+    /// {5,6} (230 each, 920 in all). By NVIDIA's own score the best pair is {2,3} (250), so ours
+    /// differs: {2,3}, {6,7}, then {0,4} and {1,5}, also 920 in all, and on each free set at least
+    /// what NVIDIA's policy would pick from that same set ({0,4} from {0,1,4,5}: NVIDIA's best
+    /// partition {0,4}+{1,5} beats {0,1}+{4,5}).
+    #[test]
+    fn dgx1_pairs_score_at_least_nvidias_sequence() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
-        assert_eq!(
-            grants(&mut alloc, 2, 4),
-            vec![vec![0, 3], vec![1, 2], vec![4, 7], vec![5, 6]]
-        );
+        let ours = grants(&mut alloc, 2, 4);
+        assert_eq!(ours, vec![vec![2, 3], vec![6, 7], vec![0, 4], vec![1, 5]]);
+        assert_eq!(scores(&alloc, &ours), vec![250, 250, 210, 210]);
+        let nvidia = [vec![0, 3], vec![1, 2], vec![4, 7], vec![5, 6]];
+        assert_eq!(scores(&alloc, &nvidia), vec![230; 4]);
         assert!(matches!(
             alloc.allocate("c4", 2),
             Err(AllocError::NotEnough {
@@ -549,20 +578,72 @@ mod tests {
         ));
     }
 
+    /// Quads and the whole node as NVIDIA hands them out; single GPUs by the fragmentation
+    /// measure: on the free node all are alike (0 first, as NVIDIA), then each next one is the
+    /// free GPU least strongly joined to the others, which fills one socket's quad first.
     #[test]
-    fn dgx1_quads_eights_and_singles_follow_nvidia_sequence() {
+    fn dgx1_quads_eights_and_singles() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         assert_eq!(
             grants(&mut alloc, 4, 2),
             vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]
         );
+        assert_eq!(alloc.score(set(&[4, 5, 6, 7])), 1120);
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         assert_eq!(grants(&mut alloc, 8, 1), vec![(0..8).collect::<Vec<_>>()]);
         let mut alloc = on(dgx1_v100(), Policy::Topology);
+        // After 0: GPU 3's squared pair scores into the free GPUs are the smallest (130² + 250²
+        // + 110² + 3·10² = 91 800, against 92 600 for GPU 4), and so on.
         assert_eq!(
             grants(&mut alloc, 1, 8),
-            (0..8).map(|i| vec![i]).collect::<Vec<_>>()
+            [0, 3, 2, 1, 4, 5, 6, 7].map(|i| vec![i]).to_vec()
         );
+    }
+
+    /// Regression (issue 15): with GPUs 6 and 7 taken, a single GPU went to GPU 0 (lowest index,
+    /// as NVIDIA and Mesos do), leaving no free NVLinked quad. GPU 4 is the least strongly joined
+    /// to the rest (210² + 150² + 3·10², against 136 500 for GPU 0), and {0,1,2,3} stays whole.
+    #[test]
+    fn issue_15_single_gpu_keeps_a_free_quad_whole() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[6, 7])).unwrap();
+        assert_eq!(alloc.allocate("b", 1).unwrap(), set(&[4]));
+        assert_eq!(alloc.allocate("c", 4).unwrap(), set(&[0, 1, 2, 3]));
+        assert_eq!(alloc.score(set(&[0, 1, 2, 3])), 1120);
+    }
+
+    /// Regression (issue 15): DGX-1, two GPUs out of {0,2,4,5,6}: we chose {0,4} (210) where
+    /// NVIDIA's policy chooses {5,6} (200 + 30 = 230).
+    #[test]
+    fn issue_15_dgx1_pair_from_five_free() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("x", set(&[1, 3, 7])).unwrap();
+        let got = alloc.allocate("a", 2).unwrap();
+        assert_eq!((got, alloc.score(got)), (set(&[5, 6]), 230));
+    }
+
+    /// Regression (issue 15): DGX-1, three GPUs out of {1,3,4,5,6}: we chose {1,5,6} (450) where
+    /// NVIDIA's policy chooses {4,5,6} (150 + 130 + 230 = 510).
+    #[test]
+    fn issue_15_dgx1_triple_from_five_free() {
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("x", set(&[0, 2, 7])).unwrap();
+        let got = alloc.allocate("a", 3).unwrap();
+        assert_eq!((got, alloc.score(got)), (set(&[4, 5, 6]), 510));
+        assert_eq!(alloc.score(set(&[1, 5, 6])), 450);
+    }
+
+    /// Regression (issue 15): the free 16-GPU node (two DGX-1 boards across sockets, nvml-sim's
+    /// `hgx16`), ten GPUs: we chose {0–8,11} (3390) where NVIDIA's policy chooses {0–7,10,11}:
+    /// one board (2400 NVLink + 600 PCIe points), a 250-point pair of the other, and 16 pairs
+    /// across at 10.
+    #[test]
+    fn issue_15_sixteen_gpus_ten_requested() {
+        let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
+        let got = alloc.allocate("a", 10).unwrap();
+        assert_eq!(alloc.score(got), 3000 + 250 + 16 * 10);
+        assert_eq!(got, set(&[0, 1, 2, 3, 4, 5, 6, 7, 10, 11]));
+        assert_eq!(alloc.score(set(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 11])), 3390);
     }
 
     #[test]
@@ -573,46 +654,51 @@ mod tests {
             vec![(0..8).collect::<Vec<_>>(), (8..16).collect()]
         );
         let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
-        let pairs = grants(&mut alloc, 2, 8);
+        let quads = grants(&mut alloc, 4, 4);
         assert_eq!(
-            &pairs[..4],
-            &[vec![0, 3], vec![1, 2], vec![4, 7], vec![5, 6]]
-        );
-        assert_eq!(
-            &pairs[4..],
-            &[vec![8, 11], vec![9, 10], vec![12, 15], vec![13, 14]]
+            quads,
+            vec![
+                vec![0, 1, 2, 3],
+                vec![4, 5, 6, 7],
+                vec![8, 9, 10, 11],
+                vec![12, 13, 14, 15]
+            ]
         );
     }
 
     #[test]
     fn second_key_keeps_free_gpus_connected() {
-        // With {0,3} taken, {1,2}, {1,5}, {4,7}, {5,6} and {6,7} all score 200; {1,2} removes the
-        // least connectivity from the rest (see the search module), so the free GPUs 4–7 stay a
-        // full board half.
+        // With {2,3} taken, {6,7} is the only 250-point pair left; then {0,1,4,5} remain, and
+        // of the equal {0,4} and {1,5} (210) the lower goes first, leaving the other whole.
         let mut alloc = on(dgx1_v100(), Policy::Topology);
-        alloc.allocate_specific("a", set(&[0, 3])).unwrap();
-        assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[1, 2]));
-        assert_eq!(alloc.fragmentation().best_score[4], 900);
+        alloc.allocate_specific("a", set(&[2, 3])).unwrap();
+        assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[6, 7]));
+        assert_eq!(alloc.fragmentation().best_score[2], 210);
+        // Three of {0,1,4,5,6,7} when 2, 3 are taken: {4,6,7} and {5,6,7} both score 610;
+        // taking {5,6,7} leaves {0,1,4} joined by 150 + 210 + 10, taking {4,6,7} leaves {0,1,5}
+        // joined by 150 + 10 + 210: the squares tie, so the lower set wins.
+        let mut alloc = on(dgx1_v100(), Policy::Topology);
+        alloc.allocate_specific("a", set(&[2, 3])).unwrap();
+        assert_eq!(alloc.allocate("b", 3).unwrap(), set(&[4, 6, 7]));
     }
 
     #[test]
     fn growing_picks_gpus_best_joined_to_what_is_held() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("a", set(&[5])).unwrap();
-        // 5 is joined to 1 and 6 by two NVLinks: 1 is the lower index.
-        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[1]));
-        assert_eq!(alloc.held_by("a"), set(&[1, 5]));
-        // Growing to four: {1,2,3,5}, {1,2,5,6} and {1,5,6,7} all score 720 and leave 720 among
-        // the free GPUs; {2,3} is the lowest pair to add.
+        // 5 is joined to 1 (cross-socket, 210) and 6 (same host bridge, 230) by two NVLinks.
+        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[6]));
+        assert_eq!(alloc.held_by("a"), set(&[5, 6]));
+        // Growing to four completes the quad {4,5,6,7}.
         let resized = alloc.resize("a", 4).unwrap();
         assert_eq!(
             resized,
             Resize {
-                added: set(&[2, 3]),
+                added: set(&[4, 7]),
                 released: GpuSet::EMPTY
             }
         );
-        assert_eq!(alloc.score(alloc.held_by("a")), 720);
+        assert_eq!(alloc.score(alloc.held_by("a")), 1120);
     }
 
     #[test]
@@ -801,11 +887,12 @@ mod tests {
         inventory.gpus[0].healthy = false;
         let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
         assert_eq!(alloc.unhealthy(), set(&[0]));
-        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[1]));
-        assert_eq!(alloc.mark_unhealthy(1).unwrap(), Some("a"));
-        assert_eq!(alloc.held_by("a"), set(&[1]));
+        // GPU 3 is the one least strongly joined to the free GPUs once 0 is out.
+        assert_eq!(alloc.allocate("a", 1).unwrap(), set(&[3]));
+        assert_eq!(alloc.mark_unhealthy(3).unwrap(), Some("a"));
+        assert_eq!(alloc.held_by("a"), set(&[3]));
         alloc.release_all("a");
-        assert_eq!(alloc.free(), set(&[2, 3, 4, 5, 6, 7]));
+        assert_eq!(alloc.free(), set(&[1, 2, 4, 5, 6, 7]));
         assert_eq!(alloc.mark_unhealthy(2).unwrap(), None);
         let err = alloc.allocate("b", 6).unwrap_err();
         assert_eq!(
@@ -819,12 +906,12 @@ mod tests {
             }
         );
         alloc.mark_healthy(0).unwrap();
-        assert_eq!(alloc.allocate("b", 6).unwrap(), set(&[0, 3, 4, 5, 6, 7]));
+        assert_eq!(alloc.allocate("b", 6).unwrap(), set(&[0, 1, 4, 5, 6, 7]));
         // Recovery records a container that already holds an unhealthy GPU.
-        alloc.recover("c", set(&[1])).unwrap();
-        assert_eq!(alloc.owner_of(1), Some("c"));
+        alloc.recover("c", set(&[3])).unwrap();
+        assert_eq!(alloc.owner_of(3), Some("c"));
         assert!(matches!(
-            alloc.recover("d", set(&[1])),
+            alloc.recover("d", set(&[3])),
             Err(AllocError::AlreadyAllocated { .. })
         ));
     }
@@ -833,13 +920,13 @@ mod tests {
     fn k80_boards_are_granted_whole() {
         // Four K80 boards (two GPUs each, NVML INTERNAL), boards 0–1 and 2–3 behind one switch
         // each, the two switches on one socket each.
-        let k80 = NodeBuilder::new(8, Link::CrossSocket)
-            .pcie(Link::SingleSwitch, &[0, 1, 2, 3])
-            .pcie(Link::SingleSwitch, &[4, 5, 6, 7])
-            .pcie(Link::SameBoard, &[0, 1])
-            .pcie(Link::SameBoard, &[2, 3])
-            .pcie(Link::SameBoard, &[4, 5])
-            .pcie(Link::SameBoard, &[6, 7]);
+        let k80 = NodeBuilder::new(8, PcieLevel::CrossSocket)
+            .pcie(PcieLevel::SingleSwitch, &[0, 1, 2, 3])
+            .pcie(PcieLevel::SingleSwitch, &[4, 5, 6, 7])
+            .pcie(PcieLevel::SameBoard, &[0, 1])
+            .pcie(PcieLevel::SameBoard, &[2, 3])
+            .pcie(PcieLevel::SameBoard, &[4, 5])
+            .pcie(PcieLevel::SameBoard, &[6, 7]);
         let mut alloc = on(k80.clone(), Policy::Topology);
         alloc.allocate_specific("x", set(&[2])).unwrap();
         assert_eq!(alloc.allocate("a", 2).unwrap(), set(&[0, 1]));
@@ -853,13 +940,13 @@ mod tests {
     #[test]
     fn t4_nodes_without_nvlink_group_by_pcie() {
         // Eight T4s: pairs under one switch, two switches per NUMA node, two sockets.
-        let t4 = NodeBuilder::new(8, Link::CrossSocket)
-            .pcie(Link::SameNumaNode, &[0, 1, 2, 3])
-            .pcie(Link::SameNumaNode, &[4, 5, 6, 7])
-            .pcie(Link::SingleSwitch, &[0, 1])
-            .pcie(Link::SingleSwitch, &[2, 3])
-            .pcie(Link::SingleSwitch, &[4, 5])
-            .pcie(Link::SingleSwitch, &[6, 7]);
+        let t4 = NodeBuilder::new(8, PcieLevel::CrossSocket)
+            .pcie(PcieLevel::SameNumaNode, &[0, 1, 2, 3])
+            .pcie(PcieLevel::SameNumaNode, &[4, 5, 6, 7])
+            .pcie(PcieLevel::SingleSwitch, &[0, 1])
+            .pcie(PcieLevel::SingleSwitch, &[2, 3])
+            .pcie(PcieLevel::SingleSwitch, &[4, 5])
+            .pcie(PcieLevel::SingleSwitch, &[6, 7]);
         let mut alloc = on(t4, Policy::Topology);
         alloc.allocate_specific("x", set(&[0])).unwrap();
         assert_eq!(alloc.allocate("a", 2).unwrap(), set(&[2, 3]));
@@ -871,12 +958,13 @@ mod tests {
     fn unknown_missing_and_asymmetric_topology_never_panics() {
         let mut inventory = dgx1_v100().inventory();
         inventory.topology = Topology::unknown(3);
-        inventory.topology.set(0, 1, Link::NvLink(u32::MAX));
-        inventory.topology.set(1, 0, Link::NvLink(u32::MAX));
-        inventory.topology.set(1, 2, Link::NvLink(4));
-        inventory.topology.set(2, 1, Link::Unknown);
+        let huge = Link::pcie(PcieLevel::SameBoard).with_nvlinks(u32::MAX);
+        inventory.topology.set(0, 1, huge);
+        inventory.topology.set(1, 0, huge);
+        inventory.topology.set(1, 2, Link::UNKNOWN.with_nvlinks(4));
+        inventory.topology.set(2, 1, Link::UNKNOWN);
         let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
-        assert_eq!(alloc.score(set(&[0, 1])), u64::from(100 * MAX_NVLINKS));
+        assert_eq!(alloc.score(set(&[0, 1])), u64::from(search::MAX_PAIR_SCORE));
         assert_eq!(alloc.score(set(&[1, 2])), 0);
         assert_eq!(alloc.allocate("a", 3).unwrap(), set(&[0, 1, 2]));
         assert_eq!(alloc.allocate("b", 2).unwrap(), set(&[3, 4]));
@@ -901,17 +989,17 @@ mod tests {
     fn fragmentation_reports_best_scores_and_nvlink_sets() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         let fresh = alloc.fragmentation();
-        assert_eq!(fresh.best_score[..5], [0, 0, 200, 500, 900]);
+        assert_eq!(fresh.best_score[..5], [0, 0, 250, 610, 1120]);
         assert_eq!(fresh.best_score.len(), 9);
         assert_eq!((fresh.free, fresh.nvlink_set, fresh.exact), (8, 4, true));
-        alloc.allocate("a", 2).unwrap();
-        alloc.allocate("b", 2).unwrap();
+        alloc.allocate_specific("a", set(&[0, 3])).unwrap();
+        alloc.allocate_specific("b", set(&[1, 2])).unwrap();
         assert_eq!(alloc.fragmentation().nvlink_set, 4);
-        alloc.allocate("c", 2).unwrap();
+        alloc.allocate_specific("c", set(&[4, 7])).unwrap();
         let late = alloc.fragmentation();
         assert_eq!(
             (late.free, late.nvlink_set, late.best_score.clone()),
-            (2, 2, vec![0, 0, 200])
+            (2, 2, vec![0, 0, 230])
         );
         let mut apart = on(dgx1_v100(), Policy::FirstFit);
         apart.allocate_specific("a", set(&[0, 2, 5, 7])).unwrap();
@@ -995,25 +1083,33 @@ mod tests {
 
     /// A random link matrix (asymmetric and unknown entries included) over `n` GPUs.
     fn random_node() -> impl Strategy<Value = Inventory> {
-        let link = prop_oneof![
-            Just(Link::Unknown),
-            Just(Link::CrossSocket),
-            Just(Link::SameNumaNode),
-            Just(Link::HostBridge),
-            Just(Link::MultipleSwitches),
-            Just(Link::SingleSwitch),
-            Just(Link::SameBoard),
-            (1u32..4).prop_map(Link::NvLink),
+        let pcie = prop_oneof![
+            1 => Just(None),
+            6 => prop::sample::select(PcieLevel::ALL.to_vec()).prop_map(Some),
         ];
+        let link = (pcie, prop_oneof![2 => Just(0u32), 1 => 1u32..4])
+            .prop_map(|(pcie, nvlinks)| Link { pcie, nvlinks });
         (1usize..=12)
             .prop_flat_map(move |n| (Just(n), prop::collection::vec(link.clone(), n * n)))
             .prop_map(|(n, links)| {
-                let mut inventory = NodeBuilder::new(n, Link::Unknown).inventory();
+                let mut inventory = NodeBuilder::new(n, PcieLevel::CrossSocket).inventory();
                 for (i, link) in links.into_iter().enumerate() {
                     inventory.topology.set(i / n, i % n, link);
                 }
                 inventory
             })
+    }
+
+    /// The fragmentation measure of `free`: its pair scores squared, summed.
+    fn kept(alloc: &Allocator, free: GpuSet) -> i64 {
+        let gpus = free.to_vec();
+        let mut sum = 0;
+        for (i, &a) in gpus.iter().enumerate() {
+            for &b in &gpus[i + 1..] {
+                sum += search::keep_weight(u32::try_from(alloc.score(set(&[a, b]))).unwrap());
+            }
+        }
+        sum
     }
 
     fn name(owner: u8) -> String {
@@ -1093,13 +1189,12 @@ mod tests {
             }
             let got = result.unwrap();
             let members = free.to_vec();
-            let mut best: Option<((u64, u64), Vec<u32>)> = None;
+            let mut best: Option<((u64, i64), Vec<u32>)> = None;
             for sub in 0u64..1 << members.len() {
                 if sub.count_ones() != count { continue; }
                 let chosen: Vec<u32> = Bits(sub).map(|p| members[p as usize]).collect();
                 let set = GpuSet::from_indices(chosen.iter().copied()).unwrap();
-                let rest = if count >= 2 { alloc.score(free.difference(set)) } else { 0 };
-                let key = (alloc.score(set), rest);
+                let key = (alloc.score(set), kept(&alloc, free.difference(set)));
                 if best.as_ref().is_none_or(|(k, c)| key > *k || (key == *k && chosen < *c)) {
                     best = Some((key, chosen));
                 }

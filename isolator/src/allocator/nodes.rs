@@ -1,16 +1,16 @@
 //! Nodes built in code from an NVLink table and PCIe groups, and the reference nodes of
 //! `shared/reference/topologies.md`, for tests, benchmarks and simulation.
 //!
-//! A pair joined by NVLink is recorded as [`Link::NvLink`]; any other pair gets its PCIe level.
-//! GPU `i` gets NVML index `i` and minor `i`.
+//! Every pair gets a PCIe level and, when joined by NVLink, its NVLink count as well, as NVML
+//! reports both. GPU `i` gets NVML index `i` and minor `i`.
 
-use crate::inventory::{Gpu, Inventory, Link, Topology};
+use crate::inventory::{Gpu, Inventory, Link, PcieLevel, Topology};
 
 /// Builds a [`Topology`] (and a matching [`Inventory`]) pair by pair.
 #[derive(Debug, Clone)]
 pub struct NodeBuilder {
     gpus: usize,
-    pcie: Vec<Link>,
+    pcie: Vec<PcieLevel>,
     nvlinks: Vec<u32>,
     product: String,
     memory_total: u64,
@@ -18,8 +18,9 @@ pub struct NodeBuilder {
 }
 
 impl NodeBuilder {
-    /// `gpus` GPUs whose pairs all start at the PCIe level `base` (e.g. [`Link::CrossSocket`]).
-    pub fn new(gpus: usize, base: Link) -> NodeBuilder {
+    /// `gpus` GPUs whose pairs all start at the PCIe level `base` (e.g.
+    /// [`PcieLevel::CrossSocket`]).
+    pub fn new(gpus: usize, base: PcieLevel) -> NodeBuilder {
         NodeBuilder {
             gpus,
             pcie: vec![base; gpus * gpus],
@@ -33,7 +34,7 @@ impl NodeBuilder {
     /// Sets every pair inside `group` to PCIe level `level`; later calls override earlier ones,
     /// so give the widest groups first. Positions out of range are ignored.
     #[must_use]
-    pub fn pcie(mut self, level: Link, group: &[usize]) -> NodeBuilder {
+    pub fn pcie(mut self, level: PcieLevel, group: &[usize]) -> NodeBuilder {
         for &a in group {
             for &b in group {
                 if a != b && a < self.gpus && b < self.gpus {
@@ -70,18 +71,17 @@ impl NodeBuilder {
         self
     }
 
-    /// The link matrix: NVLink where there is one, the PCIe level elsewhere.
+    /// The link matrix: every pair's PCIe level, with its NVLinks.
     pub fn topology(&self) -> Topology {
         let mut topology = Topology::unknown(self.gpus);
         for a in 0..self.gpus {
             for b in (0..self.gpus).filter(|&b| b != a) {
-                let links = self.nvlinks[a * self.gpus + b];
-                let link = if links > 0 {
-                    Link::NvLink(links)
-                } else {
-                    self.pcie[a * self.gpus + b]
-                };
-                topology.set(a, b, link);
+                let at = a * self.gpus + b;
+                topology.set(
+                    a,
+                    b,
+                    Link::pcie(self.pcie[at]).with_nvlinks(self.nvlinks[at]),
+                );
             }
         }
         topology
@@ -143,18 +143,18 @@ fn dgx1_board(builder: NodeBuilder, first: usize) -> NodeBuilder {
         .map(|&(a, b, l)| (a + first, b + first, l))
         .collect();
     builder
-        .pcie(Link::HostBridge, &at(&[0, 1, 2, 3]))
-        .pcie(Link::HostBridge, &at(&[4, 5, 6, 7]))
-        .pcie(Link::SingleSwitch, &at(&[0, 1]))
-        .pcie(Link::SingleSwitch, &at(&[2, 3]))
-        .pcie(Link::SingleSwitch, &at(&[4, 5]))
-        .pcie(Link::SingleSwitch, &at(&[6, 7]))
+        .pcie(PcieLevel::HostBridge, &at(&[0, 1, 2, 3]))
+        .pcie(PcieLevel::HostBridge, &at(&[4, 5, 6, 7]))
+        .pcie(PcieLevel::SingleSwitch, &at(&[0, 1]))
+        .pcie(PcieLevel::SingleSwitch, &at(&[2, 3]))
+        .pcie(PcieLevel::SingleSwitch, &at(&[4, 5]))
+        .pcie(PcieLevel::SingleSwitch, &at(&[6, 7]))
         .nvlinks(&links)
 }
 
 /// The 8-GPU DGX-1 V100 of `topologies.md`.
 pub fn dgx1_v100() -> NodeBuilder {
-    dgx1_board(NodeBuilder::new(8, Link::CrossSocket), 0).product(
+    dgx1_board(NodeBuilder::new(8, PcieLevel::CrossSocket), 0).product(
         "Tesla V100-SXM2-16GB",
         16 << 30,
         (7, 0),
@@ -162,9 +162,9 @@ pub fn dgx1_v100() -> NodeBuilder {
 }
 
 /// A 16-GPU node: two DGX-1 V100 boards (GPUs 0–7 and 8–15) joined across sockets, the node
-/// `topologies.md` times NVIDIA's exhaustive search on.
+/// `topologies.md` times NVIDIA's exhaustive search on (nvml-sim's `hgx16`).
 pub fn dual_dgx1_v100() -> NodeBuilder {
-    let builder = NodeBuilder::new(16, Link::CrossSocket);
+    let builder = NodeBuilder::new(16, PcieLevel::CrossSocket);
     dgx1_board(dgx1_board(builder, 0), 8).product("Tesla V100-SXM2-16GB", 16 << 30, (7, 0))
 }
 
@@ -173,20 +173,25 @@ pub fn dual_dgx1_v100() -> NodeBuilder {
 mod tests {
     use super::*;
 
+    fn link(pcie: PcieLevel, nvlinks: u32) -> Link {
+        Link::pcie(pcie).with_nvlinks(nvlinks)
+    }
+
     #[test]
     fn dgx1_has_the_reference_links() {
+        use PcieLevel::{CrossSocket, HostBridge, SingleSwitch};
         let topology = dgx1_v100().topology();
         assert_eq!(topology.size(), 8);
-        assert_eq!(topology.get(0, 3), Link::NvLink(2));
-        assert_eq!(topology.get(3, 0), Link::NvLink(2));
-        assert_eq!(topology.get(2, 6), Link::NvLink(1));
-        // 0–5 has no NVLink and crosses sockets; 0–1 is NVLinked although it shares a switch.
-        assert_eq!(topology.get(0, 5), Link::CrossSocket);
-        assert_eq!(topology.get(0, 1), Link::NvLink(1));
-        assert_eq!(topology.get(0, 0), Link::Unknown);
+        assert_eq!(topology.get(0, 3), link(HostBridge, 2));
+        assert_eq!(topology.get(3, 0), link(HostBridge, 2));
+        assert_eq!(topology.get(2, 6), link(CrossSocket, 1));
+        // 0–5 has no NVLink and crosses sockets; 0–1 is NVLinked and shares a switch.
+        assert_eq!(topology.get(0, 5), link(CrossSocket, 0));
+        assert_eq!(topology.get(0, 1), link(SingleSwitch, 1));
+        assert_eq!(topology.get(0, 0), Link::UNKNOWN);
         let nvlinked = (0..8)
             .flat_map(|a| (0..8).map(move |b| (a, b)))
-            .filter(|&(a, b)| matches!(topology.get(a, b), Link::NvLink(_)));
+            .filter(|&(a, b)| topology.get(a, b).nvlinks > 0);
         assert_eq!(nvlinked.count(), 32);
     }
 
@@ -195,9 +200,9 @@ mod tests {
         let builder = dual_dgx1_v100();
         let topology = builder.topology();
         assert_eq!(topology.size(), 16);
-        assert_eq!(topology.get(8, 11), Link::NvLink(2));
-        assert_eq!(topology.get(3, 11), Link::CrossSocket);
-        assert_eq!(topology.get(7, 8), Link::CrossSocket);
+        assert_eq!(topology.get(8, 11), link(PcieLevel::HostBridge, 2));
+        assert_eq!(topology.get(3, 11), link(PcieLevel::CrossSocket, 0));
+        assert_eq!(topology.get(7, 8), link(PcieLevel::CrossSocket, 0));
         let inventory = builder.inventory();
         assert_eq!(inventory.gpus.len(), 16);
         assert_eq!(inventory.by_index(12).map(|g| g.minor), Some(12));
@@ -206,14 +211,14 @@ mod tests {
 
     #[test]
     fn pcie_groups_override_in_order_and_ignore_out_of_range() {
-        let topology = NodeBuilder::new(4, Link::CrossSocket)
-            .pcie(Link::SameNumaNode, &[0, 1, 2, 9])
-            .pcie(Link::SameBoard, &[0, 1])
+        let topology = NodeBuilder::new(4, PcieLevel::CrossSocket)
+            .pcie(PcieLevel::SameNumaNode, &[0, 1, 2, 9])
+            .pcie(PcieLevel::SameBoard, &[0, 1])
             .nvlinks(&[(2, 3, 4), (3, 17, 1)])
             .topology();
-        assert_eq!(topology.get(0, 1), Link::SameBoard);
-        assert_eq!(topology.get(1, 2), Link::SameNumaNode);
-        assert_eq!(topology.get(0, 3), Link::CrossSocket);
-        assert_eq!(topology.get(3, 2), Link::NvLink(4));
+        assert_eq!(topology.get(0, 1), link(PcieLevel::SameBoard, 0));
+        assert_eq!(topology.get(1, 2), link(PcieLevel::SameNumaNode, 0));
+        assert_eq!(topology.get(0, 3), link(PcieLevel::CrossSocket, 0));
+        assert_eq!(topology.get(3, 2), link(PcieLevel::CrossSocket, 4));
     }
 }

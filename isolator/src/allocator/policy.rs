@@ -4,16 +4,19 @@
 //!   (major, minor) order and, when a container shrinks, gives back the first ones it holds in
 //!   that order (`shared/reference/mesos_gpu.md` §1.5, §2.3). All GPUs share major 195, so this
 //!   is lowest minor first.
-//! - `topology` grants the best-connected set ([`super::search`]): highest sum of pair scores with
-//!   what the owner already holds, then, for two or more GPUs, the set that leaves the free GPUs
-//!   with the highest sum of pair scores, then lowest indices. When a container shrinks it keeps
-//!   the best-connected subset of what it holds (then, for two or more kept, the one whose
-//!   returned GPUs best join the free pool) and gives back the rest.
+//! - `topology` grants the best-connected set ([`super::search`]): highest score (NVIDIA's
+//!   set score: the sum over pairs of PCIe points plus 100 per NVLink) with what the owner already
+//!   holds; then, for every request size, single GPUs included, the set whose removal leaves the
+//!   free GPUs best connected by the fragmentation measure (the sum of squared pair scores over
+//!   the pairs left free); then lowest indices. When a container shrinks it keeps the
+//!   best-connected subset of what it holds (then the one whose returned GPUs leave the free pool
+//!   best connected) and gives back the rest.
 //!
-//! The secondary key is skipped for a single GPU on purpose: applied to one GPU it would pick the
-//! least-connected free GPU (HAMi's `computeWorstSingleCard`), which breaks NVIDIA's and Mesos's
-//! `0, 1, 2, …` order for single-GPU requests on a free node (`topologies.md`). Single GPUs are
-//! therefore granted by lowest index among the equally scored, as both references do.
+//! Single GPUs therefore no longer go by lowest index as NVIDIA's best-effort policy and Mesos
+//! hand them out (`topologies.md`): on a partly used node the GPU granted is the one least
+//! strongly joined to the other free GPUs, usually the neighbour of GPUs already taken, so whole
+//! NVLinked groups stay free for multi-GPU requests (HAMi's `computeWorstSingleCard` idea,
+//! go-gpuallocator PR #18). On a free node, where all GPUs are alike, it is still GPU 0.
 
 use std::fmt;
 use std::str::FromStr;
@@ -97,7 +100,7 @@ impl Policy {
                     pool: free,
                     fixed: held,
                     size: count,
-                    spread: count >= 2,
+                    spread: true,
                 };
                 search::best(node.weights, &query).map(|f| Pick {
                     set: f.set,
@@ -128,7 +131,7 @@ impl Policy {
                     pool: held | free,
                     fixed: 0,
                     size: keep,
-                    spread: keep >= 2,
+                    spread: true,
                 };
                 search::best(node.weights, &query).map(|f| Pick {
                     set: held & !f.set,

@@ -1,22 +1,30 @@
 //! The topology policy's search: which `k` GPUs, out of some candidates, are best connected.
 //!
 //! # Objective
-//! The score of a set is the sum of its pair scores (NVIDIA go-gpuallocator,
-//! `shared/reference/gpu_sched.md` §2.2). Sets are compared, best first, by
+//! The score of a set is the sum of its pair scores, and a pair scores the sum over the links
+//! between the two GPUs: its PCIe level's points plus 100 per NVLink (NVIDIA go-gpuallocator's
+//! `calculateGPUSetScore` and `calculateGPUPairScore`, `shared/reference/gpu_sched.md` §2.2).
+//! Sets are compared, best first, by
 //! 1. **primary**: the score of the set together with the GPUs the owner already holds (`fixed`);
-//! 2. **secondary** (only when `spread` is set): the score of the GPUs left in `pool` once the set
-//!    is taken out of it, i.e. how well connected the free GPUs stay for the next request;
+//! 2. **secondary**, the fragmentation measure (when `spread` is set): how well the GPUs left in
+//!    `pool` once the set is taken out stay connected, measured as the sum over their pairs of
+//!    [`keep_weight`] (the pair score squared). The largest next request takes every GPU left,
+//!    so this is how well that request would be served; squaring makes one NVLinked pair kept
+//!    whole (a 230-point pair weighs 52 900) outweigh many cross-socket pairs (10 points, 100
+//!    each), so sets are taken where they break the fewest strong pairs;
 //! 3. the lowest NVML indices (sorted index lists compared lexicographically).
 //!
-//! With `S ⊆ pool`, `score(pool ∖ S) = score(pool) − Σ_{v∈S} deg_pool(v) + score(S)`, so both
-//! keys are a constant plus a sum of per-GPU terms and per-pair terms. We fold them into one
-//! integer, `V(S) = SCALE·primary + secondary`, where `SCALE` exceeds any possible secondary
-//! difference, so comparing `V` is comparing (primary, secondary) lexicographically.
+//! With `S ⊆ pool` and `K(X)` the keep-weight sum over the pairs of `X`,
+//! `K(pool ∖ S) = K(pool) − Σ_{v∈S} K_pool(v) + K(S)` (`K_pool(v)`: `v`'s keep weights into
+//! `pool`), so both keys are a constant plus a sum of per-GPU terms and per-pair terms. We fold
+//! them into one integer, `V(S) = SCALE·primary + secondary`, where `SCALE` exceeds any possible
+//! secondary difference, so comparing `V` is comparing (primary, secondary) lexicographically;
+//! a pair inside `S` is worth `c(a, b) = SCALE·w(a, b) + keep_weight(w(a, b))`.
 //!
 //! # Exact search (at most [`EXACT_LIMIT`] candidates)
 //! Branch and bound. At a node with chosen set `S`, `r` GPUs still to pick and remaining
 //! candidates `C`, an upper bound on what `C` can add is the sum of the `r` largest
-//! `g(t) = lin(t) + w(t, S) + ½·(the r−1 largest w(t, u), u ∈ C)`: each pair inside the added set
+//! `g(t) = lin(t) + c(t, S) + ½·(the r−1 largest c(t, u), u ∈ C)`: each pair inside the added set
 //! is paid half by each end, and no end can be paid more than its `r−1` best pairs. Values are
 //! doubled to keep the halves integral. A subtree is cut when its bound is below the incumbent,
 //! or equal to it and the incumbent's index list comes before the most preferred answer the
@@ -36,6 +44,7 @@
 //! candidates.
 
 use super::set::Bits;
+use crate::inventory::Link;
 
 /// Largest number of GPUs an allocator manages (one bit each in a `u64`).
 pub(crate) const MAX_GPUS: usize = 64;
@@ -43,15 +52,18 @@ pub(crate) const MAX_GPUS: usize = 64;
 /// Largest number of candidates searched exactly; above it the greedy answers.
 pub(crate) const EXACT_LIMIT: usize = 16;
 
-/// Most NVLinks NVML reports between two GPUs (`NVML_NVLINK_MAX_LINKS`); counts above it are
-/// taken as this many so that scores stay small.
-pub(crate) const MAX_NVLINKS: u32 = 18;
+/// Largest pair score: 18 NVLinks at 100 each (`Link::MAX_SCORED_NVLINKS`) on one board (60).
+pub(crate) const MAX_PAIR_SCORE: u32 = 100 * Link::MAX_SCORED_NVLINKS + 60;
 
-/// Largest pair score: [`MAX_NVLINKS`] NVLinks at 100 each.
-const MAX_PAIR_SCORE: u32 = 100 * MAX_NVLINKS;
+/// How much a pair left free counts in the fragmentation measure: its pair score squared.
+pub(crate) fn keep_weight(score: u32) -> i64 {
+    let score = i64::from(score);
+    score * score
+}
 
-/// Weight of the primary key: the secondary key is at most `64·63·MAX_PAIR_SCORE` < 2²³ apart.
-const SCALE: i64 = 1 << 23;
+/// Weight of the primary key: the secondary key is at most `64·63/2·keep_weight(MAX_PAIR_SCORE)`
+/// < 2³³ apart.
+const SCALE: i64 = 1 << 33;
 
 /// Pair scores by NVML index, symmetric, zero on the diagonal.
 #[derive(Clone)]
@@ -169,7 +181,7 @@ pub(crate) fn best(weights: &Weights, query: &Query) -> Option<Found> {
 ///
 /// When more than half the candidates are wanted, the problem is turned around: pick the
 /// `m − k` candidates `T` to leave out. With `S = C ∖ T`,
-/// `2V(S) = const + Σ_{t∈T} (−2·lin(t) − 2Q·deg_C(t)) + 2Q·score(T)`, the same form with other
+/// `2V(S) = const + Σ_{t∈T} (−2·lin(t) − 2·c(t, C)) + Σ_{pairs of T} 2·c`, the same form with other
 /// per-position terms, so the same search applies with `r ≤ m/2`. Ties are still broken on `S`.
 struct Problem {
     /// NVML index bit of each position.
@@ -180,16 +192,14 @@ struct Problem {
     k: usize,
     /// Whether the picked positions are the ones left out.
     complement: bool,
-    /// `2·Q·w(a, b)`, row-major `m × m`; `Q = SCALE + spread`.
+    /// `2·c(a, b)` with `c = SCALE·w + spread·keep_weight(w)`, row-major `m × m`.
     w2q: Vec<i64>,
-    /// `Q`, to turn raw bound sums into value units.
-    q: i64,
-    /// Per-position term `2·lin(t) = 2·(SCALE·w(t, fixed) − spread·deg_pool(t))`, or its
+    /// Per-position term `2·lin(t) = 2·(SCALE·w(t, fixed) − spread·K_pool(t))`, or its
     /// complement form above.
     lin2: Vec<i64>,
-    /// For each position, its nonzero pair scores by falling value, each with the mask of the
-    /// positions it pairs with at that score: `levels[level_start[t]..level_start[t + 1]]`.
-    levels: Vec<(u32, u64)>,
+    /// For each position, its nonzero pair values `c` by falling value, each with the mask of
+    /// the positions it pairs with at that value: `levels[level_start[t]..level_start[t + 1]]`.
+    levels: Vec<(i64, u64)>,
     level_start: Vec<usize>,
 }
 
@@ -200,34 +210,34 @@ impl Problem {
         let size = usize::try_from(query.size).ok().filter(|&k| k <= m)?;
         let complement = 2 * size > m;
         let spread = i64::from(query.spread);
-        let q = SCALE + spread;
         let mut w2q = vec![0; m * m];
         let mut lin2 = Vec::with_capacity(m);
         let mut levels = Vec::with_capacity(m * m);
         let mut level_start = Vec::with_capacity(m + 1);
         for (a, &ia) in members.iter().enumerate() {
             let row = &weights.w[ia as usize];
+            let value = |b: u32| {
+                let score = row[b as usize];
+                SCALE * i64::from(score) + spread * keep_weight(score)
+            };
             let sum = |set: u64| to_i64(Bits(set).map(|b| u64::from(row[b as usize])).sum());
-            let degree = if query.spread { sum(query.pool) } else { 0 };
-            let direct = 2 * (SCALE * sum(query.fixed) - spread * degree);
+            let kept: i64 = Bits(query.pool).map(|b| keep_weight(row[b as usize])).sum();
+            let direct = 2 * (SCALE * sum(query.fixed) - spread * kept);
             lin2.push(if complement {
-                -direct - 2 * q * sum(query.candidates)
+                -direct - 2 * Bits(query.candidates).map(value).sum::<i64>()
             } else {
                 direct
             });
             level_start.push(levels.len());
             for (b, &ib) in members.iter().enumerate() {
-                let score = row[ib as usize];
-                w2q[a * m + b] = 2 * q * i64::from(score);
-                if score == 0 {
+                let c = value(ib);
+                w2q[a * m + b] = 2 * c;
+                if c == 0 {
                     continue;
                 }
-                match levels[level_start[a]..]
-                    .iter_mut()
-                    .find(|(s, _)| *s == score)
-                {
+                match levels[level_start[a]..].iter_mut().find(|(s, _)| *s == c) {
                     Some((_, mask)) => *mask |= 1 << b,
-                    None => levels.push((score, 1 << b)),
+                    None => levels.push((c, 1 << b)),
                 }
             }
             levels[level_start[a]..].sort_unstable_by_key(|&(score, _)| std::cmp::Reverse(score));
@@ -241,7 +251,6 @@ impl Problem {
             k,
             complement,
             w2q,
-            q,
             lin2,
             levels,
             level_start,
@@ -275,15 +284,15 @@ impl Problem {
         }
     }
 
-    /// The sum of the `n` largest pair scores between `t` and the positions in `among`.
+    /// The sum of the `n` largest pair values `c` between `t` and the positions in `among`.
     fn best_pairs(&self, t: usize, among: u64, mut n: u32) -> i64 {
         let mut sum = 0;
-        for &(score, mask) in &self.levels[self.level_start[t]..self.level_start[t + 1]] {
+        for &(c, mask) in &self.levels[self.level_start[t]..self.level_start[t + 1]] {
             if n == 0 {
                 break;
             }
             let take = (mask & among).count_ones().min(n);
-            sum += i64::from(score) * i64::from(take);
+            sum += c * i64::from(take);
             n -= take;
         }
         sum
@@ -404,7 +413,7 @@ fn exact(p: &Problem) -> Scored {
 struct Exact<'a> {
     p: &'a Problem,
     m: usize,
-    /// `2·Q·w(t, S)` for every remaining position `t`.
+    /// `2·c(t, S)` for every remaining position `t`.
     link: [i64; EXACT_LIMIT],
     best: Scored,
 }
@@ -464,7 +473,7 @@ impl Exact<'_> {
         let pairs_each = u32::try_from(r - 1).unwrap_or(u32::MAX);
         for t in Bits(u64::from(remaining)).map(|t| t as usize) {
             let among = u64::from(remaining) & !(1 << t);
-            let g = p.lin2[t] + self.link[t] + p.q * p.best_pairs(t, among, pairs_each);
+            let g = p.lin2[t] + self.link[t] + p.best_pairs(t, among, pairs_each);
             if g > top.0 {
                 top = (g, t);
             }
@@ -491,10 +500,18 @@ mod tests {
         if k >= 64 { u64::MAX } else { (1 << k) - 1 }
     }
 
+    /// The sum of the keep weights over the pairs of `set`.
+    fn kept(weights: &Weights, set: u64) -> i64 {
+        Bits(set)
+            .flat_map(|a| Bits(set & ((1 << a) - 1)).map(move |b| (a, b)))
+            .map(|(a, b)| keep_weight(weights.pair(a, b)))
+            .sum()
+    }
+
     /// Brute force over every `size`-subset of the candidates, under the module's order.
     fn brute_force(weights: &Weights, q: &Query) -> Option<u64> {
         let members: Vec<u32> = Bits(q.candidates).collect();
-        let mut best: Option<((u64, u64), u64)> = None;
+        let mut best: Option<((u64, i64), u64)> = None;
         for sub in 0u64..1 << members.len() {
             if sub.count_ones() != q.size {
                 continue;
@@ -502,7 +519,7 @@ mod tests {
             let set = Bits(sub).fold(0, |acc, pos| acc | 1 << members[pos as usize]);
             let primary = weights.score(set | q.fixed);
             let secondary = if q.spread {
-                weights.score(q.pool & !set)
+                kept(weights, q.pool & !set)
             } else {
                 0
             };

@@ -12,10 +12,14 @@
 //!   `GPU_IS_LOST` and is not one); two GPUs reaching common switches are joined by the smaller of
 //!   their link counts into those switches. (nvml-wrapper's `remote_device_type` always answers
 //!   `Unknown`, so the switch is recognised this way instead.)
-//! - Otherwise `nvmlDeviceGetTopologyCommonAncestor` gives the PCIe level
-//!   (`INTERNAL`/`SINGLE`/`MULTIPLE`/`HOSTBRIDGE`/`NODE`/`SYSTEM`).
-//! - Any error here (`NOT_SUPPORTED`, missing symbols, lost GPUs) leaves the link
-//!   [`Link::Unknown`]: topology only guides placement.
+//! - For every pair, NVLinked or not, `nvmlDeviceGetTopologyCommonAncestor` gives the PCIe level
+//!   (`INTERNAL`/`SINGLE`/`MULTIPLE`/`HOSTBRIDGE`/`NODE`/`SYSTEM`). Both are kept: NVIDIA's
+//!   go-gpuallocator records a PCIe link for every pair and an NVLink link beside it
+//!   (`gpuallocator/device.go`), and scores a pair by the sum (`gpu_sched.md` §2.1–2.2).
+//!   go-gpuallocator does not see NVLinks through NVSwitches (its `TODO(klueska)`); we count them
+//!   as `nvidia-smi` shows them.
+//! - Any error here (`NOT_SUPPORTED`, missing symbols, lost GPUs) leaves that part unknown (no
+//!   PCIe level, no NVLinks): topology only guides placement.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,7 +27,7 @@ use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::inventory::{Gpu, Link, Topology};
+use crate::inventory::{Gpu, Link, PcieLevel, Topology};
 
 /// `NVML_NVLINK_MAX_LINKS` in `nvml.h` (R525 and later; older headers say 12 or 6).
 const NVLINK_MAX_LINKS: u32 = 18;
@@ -70,14 +74,14 @@ fn nvlink_remotes(device: &Device<'_>, index: u32) -> Vec<(PciKey, String)> {
     remotes
 }
 
-fn pcie_link(level: TopologyLevel) -> Link {
+fn pcie_level(level: TopologyLevel) -> PcieLevel {
     match level {
-        TopologyLevel::Internal => Link::SameBoard,
-        TopologyLevel::Single => Link::SingleSwitch,
-        TopologyLevel::Multiple => Link::MultipleSwitches,
-        TopologyLevel::HostBridge => Link::HostBridge,
-        TopologyLevel::Node => Link::SameNumaNode,
-        TopologyLevel::System => Link::CrossSocket,
+        TopologyLevel::Internal => PcieLevel::SameBoard,
+        TopologyLevel::Single => PcieLevel::SingleSwitch,
+        TopologyLevel::Multiple => PcieLevel::MultipleSwitches,
+        TopologyLevel::HostBridge => PcieLevel::HostBridge,
+        TopologyLevel::Node => PcieLevel::SameNumaNode,
+        TopologyLevel::System => PcieLevel::CrossSocket,
     }
 }
 
@@ -163,24 +167,21 @@ pub(super) fn read(nvml: &Nvml, devices: &[Option<Device<'_>>], gpus: &[Gpu]) ->
                 continue;
             };
             // Links are physical and two-way: when one side could not be read, the other counts.
-            let nv = nvlinks_between(&remotes, &gpu_keys, &switches, a, b)
+            let nvlinks = nvlinks_between(&remotes, &gpu_keys, &switches, a, b)
                 .max(nvlinks_between(&remotes, &gpu_keys, &switches, b, a));
-            let link = if nv > 0 {
-                Link::NvLink(nv)
-            } else {
-                match nvml.topology_common_ancestor(da, db) {
-                    Ok(level) => pcie_link(level),
-                    Err(err) => {
-                        let (ia, ib) = (gpus[a].index, gpus[b].index);
-                        if is_quiet(&err) {
-                            tracing::debug!(a = ia, b = ib, %err, "PCIe topology unknown");
-                        } else {
-                            tracing::warn!(a = ia, b = ib, %err, "PCIe topology query failed");
-                        }
-                        Link::Unknown
+            let pcie = match nvml.topology_common_ancestor(da, db) {
+                Ok(level) => Some(pcie_level(level)),
+                Err(err) => {
+                    let (ia, ib) = (gpus[a].index, gpus[b].index);
+                    if is_quiet(&err) {
+                        tracing::debug!(a = ia, b = ib, %err, "PCIe topology unknown");
+                    } else {
+                        tracing::warn!(a = ia, b = ib, %err, "PCIe topology query failed");
                     }
+                    None
                 }
             };
+            let link = Link { pcie, nvlinks };
             topology.set(a, b, link);
             topology.set(b, a, link);
         }
@@ -253,11 +254,11 @@ mod tests {
 
     #[test]
     fn pcie_levels_map_to_links() {
-        assert_eq!(pcie_link(TopologyLevel::Internal).label(), "PSB");
-        assert_eq!(pcie_link(TopologyLevel::Single).label(), "PIX");
-        assert_eq!(pcie_link(TopologyLevel::Multiple).label(), "PXB");
-        assert_eq!(pcie_link(TopologyLevel::HostBridge).label(), "PHB");
-        assert_eq!(pcie_link(TopologyLevel::Node).label(), "NODE");
-        assert_eq!(pcie_link(TopologyLevel::System).label(), "SYS");
+        assert_eq!(pcie_level(TopologyLevel::Internal).label(), "PSB");
+        assert_eq!(pcie_level(TopologyLevel::Single).label(), "PIX");
+        assert_eq!(pcie_level(TopologyLevel::Multiple).label(), "PXB");
+        assert_eq!(pcie_level(TopologyLevel::HostBridge).label(), "PHB");
+        assert_eq!(pcie_level(TopologyLevel::Node).label(), "NODE");
+        assert_eq!(pcie_level(TopologyLevel::System).label(), "SYS");
     }
 }

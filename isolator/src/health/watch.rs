@@ -147,10 +147,10 @@ mod tests {
     use super::*;
     use crate::allocator::Policy;
     use crate::allocator::nodes::NodeBuilder;
-    use crate::inventory::Link;
+    use crate::inventory::PcieLevel;
 
     fn allocator() -> Allocator {
-        let inventory = NodeBuilder::new(4, Link::Unknown).inventory();
+        let inventory = NodeBuilder::new(4, PcieLevel::CrossSocket).inventory();
         Allocator::new(&inventory, Policy::FirstFit).unwrap()
     }
 

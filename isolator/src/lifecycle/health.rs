@@ -196,10 +196,10 @@ mod tests {
     use super::*;
     use crate::allocator::nodes::NodeBuilder;
     use crate::allocator::{Allocator, GpuSet, Policy};
-    use crate::inventory::Link;
+    use crate::inventory::PcieLevel;
 
     fn state() -> State {
-        let inventory = NodeBuilder::new(4, Link::Unknown).inventory();
+        let inventory = NodeBuilder::new(4, PcieLevel::CrossSocket).inventory();
         State::new(Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap())
     }
 

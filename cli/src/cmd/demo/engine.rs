@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
 use mesos_gpu_isolator::allocator::{AllocError, Allocator, Counters, GpuSet, Policy};
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_isolator::inventory::{Gpu, Inventory, Link};
 use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, MountKind, PrepareConfig};
 use serde::Serialize;
 
@@ -419,9 +419,14 @@ fn choice(alloc: &Allocator, inventory: &Inventory, set: GpuSet) -> Choice {
         for &b in &indices[n + 1..] {
             if let (Some(pa), Some(pb)) = (position(a), position(b)) {
                 let link = inventory.topology.get(pa, pb);
-                *links
-                    .entry((u32::MAX - link.score(), link.label()))
-                    .or_default() += 1;
+                // Grouped by label (NVLinks first, then PCIe levels), whatever the PCIe level
+                // under an NVLinked pair.
+                let rank = if link.nvlinks > 0 {
+                    Link { pcie: None, ..link }.score()
+                } else {
+                    link.score()
+                };
+                *links.entry((u32::MAX - rank, link.label())).or_default() += 1;
             }
         }
     }
