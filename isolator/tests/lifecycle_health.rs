@@ -308,6 +308,7 @@ fn failed_gpu_limits_its_holder_only(version: CgroupVersion) -> TestResult {
         &[RecoverState {
             id: b.clone(),
             parent: None,
+            nested_cgroup: None,
         }],
     )?;
     check(held(&iso, &b)? == b_gpus_now, "B's GPUs recovered")?;

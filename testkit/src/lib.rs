@@ -3,9 +3,11 @@
 //! Privileged test targets use `harness = false` with libtest-mimic. [`Host::probe`] looks at the
 //! machine once; [`needs`] wraps a trial so that it is *ignored* (and counted as such) when a
 //! requirement is missing, or *fails* when that requirement is listed in `MESOS_GPU_REQUIRE`
-//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd`). A test never passes without running.
+//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd,cc,mesos`). A test never passes
+//! without running.
 #![forbid(unsafe_code)]
 
+pub mod mesos;
 pub mod nvml_sim;
 
 use std::io::{Read, Write};
@@ -29,6 +31,8 @@ pub enum Need {
     Dockerd,
     /// A C compiler (`cc`) on PATH.
     Cc,
+    /// A runnable Apache Mesos install ([`mesos::MesosInstall::locate`]).
+    Mesos,
 }
 
 impl Need {
@@ -40,6 +44,7 @@ impl Need {
             Need::Cgroup2 => "cgroup2",
             Need::Dockerd => "dockerd",
             Need::Cc => "cc",
+            Need::Mesos => "mesos",
         }
     }
 }
@@ -80,6 +85,9 @@ impl Host {
             .unwrap_or(true)
         {
             missing.push((Need::Cc, "no working `cc` on PATH".to_owned()));
+        }
+        if let Err(why) = mesos::MesosInstall::locate().and_then(|m| m.check_runs()) {
+            missing.push((Need::Mesos, why));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()
