@@ -656,6 +656,25 @@ mod tests {
     }
 
     #[test]
+    fn issue_11_example_modules_json_is_accepted() {
+        let text = include_str!("../../examples/mesos-agent/modules.json");
+        let json: serde_json::Value = serde_json::from_str(text).unwrap();
+        let module = &json["libraries"][0]["modules"][0];
+        assert_eq!(module["name"], "org_apache_mesos_gpu_MesosGpuIsolator");
+        let pairs: Vec<(&str, &str)> = module["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["key"].as_str().unwrap(), p["value"].as_str().unwrap()))
+            .collect();
+        let p = ModuleParams::parse(&params(&pairs)).unwrap();
+        assert!(
+            !p.cgroups_root_given && p.container_cgroups.is_none(),
+            "the example leaves the cgroups to the agent's flags"
+        );
+    }
+
+    #[test]
     fn tests_do_not_run_in_an_agent() {
         assert_eq!(running_agent().unwrap(), None);
     }

@@ -43,88 +43,60 @@ const TASK_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() -> ExitCode {
     let host = Host::probe();
-    let v1 = [Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
-    let v2 = [Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
-    let trials: Vec<Trial> = vec![
-        needs(
-            &host,
-            &[Need::Cc, Need::Mesos],
-            trial(
-                "issue_11_module_builds_strict_iso",
-                module_builds_strict_iso,
-            ),
+    let v1: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
+    let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
+    let build: &[Need] = &[Need::Cc, Need::Mesos];
+    type Test = fn() -> TestResult;
+    let tests: [(&str, &[Need], Test); 12] = [
+        ("module_builds_strict_iso", build, module_builds_strict_iso),
+        (
+            "v1_gpus_on_mesos_devices_cgroup",
+            v1,
+            v1_gpus_on_mesos_devices_cgroup,
         ),
-        needs(
-            &host,
-            &v1,
-            trial(
-                "issue_11_v1_gpus_on_mesos_devices_cgroup",
-                v1_gpus_on_mesos_devices_cgroup,
-            ),
+        (
+            "v1_concurrent_tasks_get_disjoint_gpus",
+            v1,
+            v1_concurrent_tasks_get_disjoint_gpus,
         ),
-        needs(
-            &host,
-            &v1,
-            trial(
-                "issue_11_v1_concurrent_tasks_get_disjoint_gpus",
-                v1_concurrent_tasks_get_disjoint_gpus,
-            ),
+        (
+            "v1_more_gpus_than_free_stay_pending",
+            v1,
+            v1_more_gpus_than_free_stay_pending,
         ),
-        needs(
-            &host,
-            &v1,
-            trial(
-                "issue_11_v1_more_gpus_than_free_stay_pending",
-                v1_more_gpus_than_free_stay_pending,
-            ),
+        ("v1_agent_sigkill_recovery", v1, || {
+            agent_sigkill_recovery(AgentCgroups::V1)
+        }),
+        (
+            "v1_own_devices_cgroup_without_cgroups_devices",
+            v1,
+            v1_own_devices_cgroup,
         ),
-        needs(
-            &host,
-            &v1,
-            trial("issue_11_v1_agent_sigkill_recovery", || {
-                agent_sigkill_recovery(AgentCgroups::V1)
-            }),
+        (
+            "v1_unsupported_configurations_refused_at_start",
+            v1,
+            v1_unsupported_refused,
         ),
-        needs(
-            &host,
-            &v1,
-            trial(
-                "issue_11_v1_own_devices_cgroup_without_cgroups_devices",
-                v1_own_devices_cgroup,
-            ),
+        ("v1_nested_task_group", v1, || {
+            nested_task_group(AgentCgroups::V1)
+        }),
+        (
+            "v2_program_on_mesos_container_cgroup",
+            v2,
+            v2_program_on_mesos_cgroup,
         ),
-        needs(
-            &host,
-            &v1,
-            trial(
-                "issue_11_v1_unsupported_configurations_refused_at_start",
-                v1_unsupported_refused,
-            ),
-        ),
-        needs(
-            &host,
-            &v2,
-            trial(
-                "issue_11_v2_program_on_mesos_container_cgroup",
-                v2_program_on_mesos_cgroup,
-            ),
-        ),
-        needs(
-            &host,
-            &v2,
-            trial("issue_11_v2_agent_sigkill_recovery", || {
-                agent_sigkill_recovery(AgentCgroups::V2)
-            }),
-        ),
-        needs(
-            &host,
-            &v2,
-            trial(
-                "issue_11_v2_cgroups_devices_refused",
-                v2_cgroups_devices_refused,
-            ),
-        ),
+        ("v2_agent_sigkill_recovery", v2, || {
+            agent_sigkill_recovery(AgentCgroups::V2)
+        }),
+        ("v2_cgroups_devices_refused", v2, v2_cgroups_devices_refused),
+        ("v2_nested_task_group", v2, || {
+            nested_task_group(AgentCgroups::V2)
+        }),
     ];
+    let trials: Vec<Trial> = tests
+        .into_iter()
+        .map(|(name, need, f)| needs(&host, need, trial(format!("issue_11_{name}"), f)))
+        .collect();
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -793,4 +765,79 @@ fn v2_cgroups_devices_refused() -> TestResult {
     drop(task);
     drop(agent);
     Ok(())
+}
+
+/// Task groups through the default executor: the executor container holds its tasks' GPUs
+/// (1 + 1), and both nested task containers open exactly those two, whether they share the
+/// executor's cgroups (group `shared`) or have cgroups of their own (group `own`,
+/// `share_cgroups=false`: on v1 Mesos makes each a devices cgroup at `<executor>/mesos/<task>`,
+/// on v2 a cgroup below the executor's). The two groups run at once on disjoint GPUs.
+fn nested_task_group(cgroups: AgentCgroups) -> TestResult {
+    let isolation = match cgroups {
+        AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
+    };
+    let c = Cluster::start(cgroups, &isolation, &EXPLICIT_ROOT)?;
+    let command = format!("{} {}", probe()?.display(), c.dev.path().display());
+    let task = |name: &str, share: bool| {
+        serde_json::json!({
+            "name": name,
+            "task_id": { "value": name },
+            "agent_id": { "value": "" },
+            "resources": [
+                { "name": "cpus", "type": "SCALAR", "scalar": { "value": 0.1 } },
+                { "name": "mem", "type": "SCALAR", "scalar": { "value": 32 } },
+                { "name": "gpus", "type": "SCALAR", "scalar": { "value": 1 } },
+            ],
+            "command": { "value": command },
+            "container": { "type": "MESOS", "linux_info": { "share_cgroups": share } },
+        })
+    };
+    let groups = [("shared", true), ("own", false)];
+    let mut frameworks = Vec::new();
+    for (group, share) in groups {
+        let tasks = [
+            task(&format!("{group}-a"), share),
+            task(&format!("{group}-b"), share),
+        ];
+        let json = serde_json::json!({ "tasks": tasks });
+        frameworks.push(Task::launch_group(&c.install, &c.master, group, &json)?);
+    }
+    let root = &c.agent.spec().cgroups_root;
+    let mut held: BTreeSet<u32> = BTreeSet::new();
+    for ((group, share), framework) in groups.iter().zip(frameworks.iter_mut()) {
+        let mut seen: Option<Vec<u32>> = None;
+        for name in [format!("{group}-a"), format!("{group}-b")] {
+            framework.wait_task_state(&name, "TASK_FINISHED", TASK_TIMEOUT)?;
+            let report = ProbeReport::parse(&c.agent.group_task_stdout(&name)?);
+            let minors = report.gpus(false);
+            check(
+                minors.len() == 2,
+                format!("{name}: the executor's two GPUs: {report:?}"),
+            )?;
+            expect_exactly(&report, &minors, false)?;
+            if *seen.get_or_insert_with(|| minors.clone()) != minors {
+                return Err(format!("{name} sees other GPUs than its sibling: {minors:?}").into());
+            }
+            let line = match cgroups {
+                AgentCgroups::V1 => report.cgroups.iter().find(|l| l.contains(":devices:")),
+                AgentCgroups::V2 => report.cgroups.iter().find(|l| l.starts_with("0::")),
+            };
+            let line = line.cloned().unwrap_or_default();
+            // Sharing on v1: the executor's devices cgroup; on v2 every nested container has
+            // its own cgroup below the executor's.
+            let nested = !share || cgroups == AgentCgroups::V2;
+            check(
+                line.contains(&format!("/{root}/")) && line.contains("/mesos/") == nested,
+                format!("{name} runs in {line:?}"),
+            )?;
+        }
+        let mine: BTreeSet<u32> = seen.unwrap_or_default().into_iter().collect();
+        check(
+            mine.is_disjoint(&held),
+            format!("{group} shares GPUs with another group: {mine:?}"),
+        )?;
+        held.extend(mine);
+    }
+    c.wait_all_released()
 }

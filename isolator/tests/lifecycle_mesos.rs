@@ -394,9 +394,10 @@ fn recovery(version: CgroupVersion) -> TestResult {
         CgroupVersion::V1 => dir.to_owned(),
         CgroupVersion::V2 => dir.join("leaf"),
     };
-    let (run, plain) = (id("run"), id("plain"));
+    let (run, plain, orphan) = (id("run"), id("plain"), id("orphan"));
     let run_dir = make("run")?;
     let plain_dir = make("plain")?;
+    make("orphan")?;
     // Mesos's own cgroups under the root: the agent's (v2 `agent/leaf`, v1 `slave`).
     make("agent")?;
     make("slave")?;
@@ -406,6 +407,7 @@ fn recovery(version: CgroupVersion) -> TestResult {
         let iso = isolator(&setup, &node)?;
         iso.prepare(&run, gpus(3.0))?;
         iso.prepare(&plain, gpus(0.0))?;
+        iso.prepare(&orphan, gpus(1.0))?;
         expect(&mut probe, &node, &[0, 1, 2])?;
     }
     // The agent restarts: the isolator is made again and recovers.
@@ -419,28 +421,39 @@ fn recovery(version: CgroupVersion) -> TestResult {
         parent: None,
         nested_cgroup: None,
     });
-    let report = iso.recover(&states, &[])?;
+    let report = iso.recover(&states, std::slice::from_ref(&orphan))?;
     check(report.is_clean(), format!("clean recovery: {report:?}"))?;
+    check(report.orphans == [orphan.clone()], format!("{report:?}"))?;
     check(
         held(&iso, &run)? == [0, 1, 2],
         "the running container keeps its GPUs",
     )?;
+    check(
+        held(&iso, &orphan)? == [3],
+        "the orphan keeps its GPU until its cleanup",
+    )?;
     expect(&mut probe, &node, &[0, 1, 2])?;
     check(
-        iso.allocations()?.free.len() == 5,
+        iso.allocations()?.free.len() == 4,
         format!("{:?}", iso.allocations()?),
     )?;
-    let other = iso.prepare(&id("other"), gpus(5.0));
+    let other = iso.prepare(&id("other"), gpus(4.0));
     check(
         matches!(other, Err(LifecycleError::NoMesosCgroup { .. })),
         "no cgroup from Mesos for an unknown container",
     )?;
     make("next")?;
-    let next = iso.prepare(&id("next"), gpus(5.0))?;
+    let next = iso.prepare(&id("next"), gpus(4.0))?;
     let minors: Vec<u32> = next.gpus.iter().map(|g| g.minor).collect();
     check(
-        minors == [3, 4, 5, 6, 7],
+        minors == [4, 5, 6, 7],
         format!("exactly the free GPUs: {minors:?}"),
+    )?;
+    // Mesos destroys the orphan: its GPU comes back.
+    iso.cleanup(&orphan)?;
+    check(
+        iso.allocations()?.free == [3],
+        format!("{:?}", iso.allocations()?),
     )?;
     drop((probe, plain_probe));
     for dir in [&run_dir, &plain_dir] {

@@ -84,7 +84,7 @@ pub struct LaunchInfo {
     pub gpus: Vec<Gpu>,
     /// Its full device allow list, base whitelist included, normalized.
     pub device_rules: Vec<DeviceRule>,
-    /// Its cgroup directory (`None` for a nested container, which runs in its parent's).
+    /// Its cgroup directory: its own, or for a nested container without one its ancestor's.
     pub cgroup: Option<PathBuf>,
     /// Bind mounts into the rootfs (none for a host-filesystem container).
     pub mounts: Vec<Mount>,

@@ -38,6 +38,7 @@ mod error;
 pub mod fault;
 mod health;
 mod launch;
+mod nested;
 mod placement;
 mod recover;
 mod state;
@@ -238,55 +239,6 @@ impl Isolator {
         Ok(info)
     }
 
-    fn prepare_nested(
-        &self,
-        state: &mut State,
-        id: &ContainerId,
-        parent: &ContainerId,
-        config: &PrepareConfig,
-    ) -> Result<LaunchInfo, LifecycleError> {
-        let root = state.nested.get(parent).unwrap_or(parent).clone();
-        let Some(entry) = state.containers.get(&root) else {
-            return Err(LifecycleError::UnknownParent {
-                container: id.clone(),
-                parent: parent.clone(),
-            });
-        };
-        let own_dir = self.nested_cgroup_dir(config.nested_cgroup.as_deref());
-        let cgroup = own_dir
-            .clone()
-            .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
-        let info = launch_info(
-            config,
-            &self.gpus_of(entry.gpus),
-            &self.nodes,
-            self.driver_volume.as_deref(),
-            entry.rules.clone(),
-            cgroup,
-        )
-        .map_err(|m| LifecycleError::MissingNode {
-            container: id.clone(),
-            index: m.index,
-        })?;
-        if let Some(dir) = own_dir {
-            let rules = entry.rules.clone();
-            if let Some(top) = entry.cgroup.as_ref().map(|c| c.path().to_owned()) {
-                placement::grant_between(&self.layout, id, &top, &dir, &rules, &self.base)
-                    .map_err(|source| LifecycleError::Cgroup {
-                        container: id.clone(),
-                        step: "prepare",
-                        source,
-                    })?;
-            }
-            let placed = PlacedCgroup::join(&self.layout, id, dir, &rules, &self.base)?;
-            tracing::info!(cgroup = %placed.path().display(), "granted the parent's GPUs in the nested container's own devices cgroup");
-            state.nested_cgroups.insert(id.clone(), placed);
-        }
-        state.nested.insert(id.clone(), root.clone());
-        tracing::info!(parent = %root, gpus = info.gpus.len(), "prepared nested container sharing its parent's GPUs");
-        Ok(info)
-    }
-
     /// Moves process `pid` into the container's own cgroup (its root parent's for a nested
     /// container); in a cgroup of Mesos, Mesos placed it already and nothing is done.
     #[tracing::instrument(skip_all, fields(container = %id, pid))]
@@ -370,7 +322,7 @@ impl Isolator {
                 }),
             };
             if applied.is_ok() {
-                regrant_nested(&self.layout, state, id, old, new, base);
+                nested::regrant_nested(&self.layout, state, id, old, new, base);
             }
             applied
         };
@@ -500,18 +452,6 @@ impl Isolator {
         self.state.lock().map_err(|_| LifecycleError::Poisoned)
     }
 
-    /// The directory of a nested container's own devices cgroup, when Mesos made one: only
-    /// with [`CgroupOwner::Mesos`] on v1 (on v2 every nested cgroup lies below its parent's,
-    /// where our program rules it already).
-    fn nested_cgroup_dir(&self, relative: Option<&Path>) -> Option<PathBuf> {
-        let relative = relative?;
-        if self.owner != CgroupOwner::Mesos || self.layout.version() != CgroupVersion::V1 {
-            return None;
-        }
-        let dir = self.layout.parent_dir().join(relative);
-        dir.is_dir().then_some(dir)
-    }
-
     fn cgroup_of<'s>(
         &self,
         state: &'s State,
@@ -574,41 +514,5 @@ impl Isolator {
             .filter_map(|i| self.inventory.by_index(i))
             .cloned()
             .collect()
-    }
-}
-
-/// Grants the nested containers of `root` that have their own devices cgroup the change of
-/// their parent's list from `old` to `new` (a deny on the parent already took the entry from
-/// them, an allow did not add it). Failures are logged: the parent's change stands.
-fn regrant_nested(
-    layout: &CgroupLayout,
-    state: &mut State,
-    root: &ContainerId,
-    old: &[DeviceRule],
-    new: &[DeviceRule],
-    base: &[DeviceRule],
-) {
-    let children: Vec<ContainerId> = state
-        .nested
-        .iter()
-        .filter(|(child, parent)| *parent == root && state.nested_cgroups.contains_key(*child))
-        .map(|(child, _)| child.clone())
-        .collect();
-    let top = state
-        .containers
-        .get(root)
-        .and_then(|e| e.cgroup.as_ref())
-        .map(|c| c.path().to_owned());
-    for child in children {
-        let Some(cgroup) = state.nested_cgroups.get_mut(&child) else {
-            continue;
-        };
-        let between = match &top {
-            Some(top) => placement::grant_between(layout, &child, top, cgroup.path(), new, base),
-            None => Ok(()),
-        };
-        if let Err(e) = between.and_then(|()| cgroup.apply(old, new, base)) {
-            tracing::error!(container = %child, error = %e, "cannot pass the parent's device change to the nested container's cgroup");
-        }
     }
 }

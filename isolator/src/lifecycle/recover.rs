@@ -245,25 +245,7 @@ impl Isolator {
                 });
             }
         }
-        for s in states {
-            let Some(root) = s.parent.as_ref().map(|p| top_level(states, p)) else {
-                continue;
-            };
-            if !state.containers.contains_key(&root) {
-                continue;
-            }
-            state.nested.insert(s.id.clone(), root);
-            if let Some(dir) = self.nested_cgroup_dir(s.nested_cgroup.as_deref()) {
-                match PlacedCgroup::open(CgroupOwner::Mesos, &self.layout, &s.id, dir) {
-                    Ok(cgroup) => {
-                        state.nested_cgroups.insert(s.id.clone(), cgroup);
-                    }
-                    Err(e) => {
-                        tracing::warn!(container = %s.id, error = %e, "cannot take over the nested container's devices cgroup")
-                    }
-                }
-            }
-        }
+        self.recover_nested(&mut state, states);
         // The allocator is rebuilt: GPUs the health monitor failed stay out of the pool.
         health::reapply(
             &mut state,
@@ -633,20 +615,4 @@ fn quarantine_gpu(
     let claimants = state.quarantine.entry(index).or_default();
     claimants.insert(claimant.clone());
     claimants.iter().cloned().collect()
-}
-
-/// The top-level ancestor of `parent` among the recovered `states` (itself when it has none).
-fn top_level(states: &[RecoverState], parent: &ContainerId) -> ContainerId {
-    let mut current = parent;
-    for _ in 0..states.len() {
-        match states
-            .iter()
-            .find(|s| &s.id == current)
-            .and_then(|s| s.parent.as_ref())
-        {
-            Some(up) => current = up,
-            None => break,
-        }
-    }
-    current.clone()
 }
