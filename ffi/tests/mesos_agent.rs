@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
     let build: &[Need] = &[Need::Cc, Need::Mesos];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 12] = [
+    let tests: [(&str, &[Need], Test); 13] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -67,6 +67,11 @@ fn main() -> ExitCode {
         ("v1_agent_sigkill_recovery", v1, || {
             agent_sigkill_recovery(AgentCgroups::V1)
         }),
+        (
+            "v1_prepare_waits_for_gpus_mesos_counts_free",
+            v1,
+            v1_prepare_waits_for_gpus,
+        ),
         (
             "v1_own_devices_cgroup_without_cgroups_devices",
             v1,
@@ -497,6 +502,31 @@ fn v1_more_gpus_than_free_stay_pending() -> TestResult {
         one.states().is_empty() && nine.states().is_empty(),
         "the suppressed frameworks launched nothing",
     )?;
+    c.wait_all_released()
+}
+
+/// Mesos counts a GPU free that the module does not hand out (here: taken out of the pool by an
+/// XID 79, which Mesos does not know about): a task asking for all eight is offered them, and its
+/// `prepare` waits, without blocking the agent, instead of failing at once; once the GPU is back
+/// (`gpu mark-healthy`) the task gets all eight.
+fn v1_prepare_waits_for_gpus() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    c.sim.append_event("xid 7 79");
+    c.agent.wait_log("XID 79", TASK_TIMEOUT)?;
+    let mut all = c.launch("all", 8, false)?;
+    c.agent.wait_log("waits up to", TASK_TIMEOUT)?;
+    check(
+        all.states().is_empty(),
+        format!("no status while waiting: {:?}", all.states()),
+    )?;
+    let health = mesos_gpu_isolator::health::HealthStore::at(&c.scratch.path().join("module-work"));
+    health.request_mark_healthy(&mesos_gpu_isolator::health::GpuRef::Index(7))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    expect_exactly(&c.report("all")?, &MINORS, false)?;
     c.wait_all_released()
 }
 

@@ -169,6 +169,9 @@ impl PlacedCgroup {
         new: &[DeviceRule],
         base: &[DeviceRule],
     ) -> Result<(), CgroupError> {
+        if normalize(old) == normalize(new) {
+            return Ok(());
+        }
         match (self.owner, &mut self.cgroup) {
             (CgroupOwner::Mesos, DeviceCgroup::V1(cg)) => {
                 let (old, new) = (ours(old, base), ours(new, base));

@@ -226,6 +226,15 @@ impl Agent {
         )
     }
 
+    /// Waits until the agent's log (over all its starts) contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> MesosResult {
+        wait_for(
+            timeout,
+            || format!("{needle:?} in the agent log:\n{}", tail(&self.log(), 30)),
+            || self.log().contains(needle).then_some(()),
+        )
+    }
+
     /// The cgroup directories of the agent's `--cgroups_root` on the host: one per v1
     /// hierarchy that has it, and the cgroup2 one.
     pub fn cgroup_roots(&self) -> Vec<PathBuf> {

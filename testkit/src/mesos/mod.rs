@@ -23,7 +23,6 @@
 //!   first container (`isolators/cgroups2/cgroups2.cpp` 192 `CHECK`s it), which only the agent's
 //!   start with `--agent_subsystems` makes (`slave/main.cpp` 211-290): v2 agents get
 //!   `--agent_subsystems=` (no controller).
-#![allow(clippy::missing_errors_doc)]
 
 mod agent;
 mod master;
