@@ -6,10 +6,11 @@
 // is made in Rust. The calls are synchronous and short (prepare and cleanup write one cgroup);
 // `watch` polls without blocking, once per second, on the libprocess clock.
 //
-// `prepare` retries MGPU_NOT_ENOUGH_GPUS for a while, without blocking: Mesos frees a task's
-// GPUs in its offers as soon as the task's terminal status arrives, but the executor's
-// container, which holds them, is destroyed (and cleaned up here) only when the executor exits,
-// about a second later, so a task launched on those GPUs right away would fail otherwise.
+// `prepare` retries MGPU_NOT_ENOUGH_GPUS every 250 ms for up to 30 s, without blocking: Mesos
+// offers GPUs by its own count, which can name GPUs the module does not hand out at that moment
+// (one the health monitor took out of the pool until an operator marks it healthy, GPUs a
+// container still holds until its cleanup). The task then waits for them instead of failing at
+// once, and fails with the module's reason when they do not come.
 //
 // One isolator state per agent: the first `create` makes the handle, later ones (the module
 // loaded for more than one containerizer) share it, so every container draws from one GPU pool.
@@ -256,7 +257,7 @@ class MesosGpuIsolator : public Isolator {
       return launchInfo(first);
     }
     LOG(INFO) << "GPU isolator: container " << id << " waits up to " << kPrepareWait
-              << " for GPUs that containers being destroyed still hold (" << first.error << ")";
+              << " for GPUs Mesos offered but the module does not hand out now (" << first.error << ")";
     const process::Time deadline = process::Clock::now() + kPrepareWait;
     return process::loop(
                [] { return process::after(kPrepareRetry); },

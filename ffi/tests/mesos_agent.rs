@@ -473,9 +473,8 @@ fn v1_concurrent_tasks_get_disjoint_gpus() -> TestResult {
 /// With all 8 GPUs held, Mesos offers no GPU: a `gpus:1` task stays pending and so does a
 /// `gpus:9` task on the 8-GPU agent (`mesos-execute` declines an offer that does not hold all it
 /// asks for and suppresses further offers, `cli/execute.cpp` 515, 624-641, so both stay pending
-/// for good). Once the GPUs are free, a `gpus:8` task launched right after the first one finished
-/// gets all eight: the module's `prepare` waits while the finished task's container, which Mesos
-/// already stopped counting, is being destroyed.
+/// for good). Once the first task finished (Mesos updates its container to the executor's own
+/// resources, and the module releases the GPUs then), a `gpus:8` task gets all eight.
 fn v1_more_gpus_than_free_stay_pending() -> TestResult {
     let c = Cluster::start(
         AgentCgroups::V1,
