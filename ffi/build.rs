@@ -1,5 +1,7 @@
 //! Compiles the Mesos protobuf subset in `proto/` into Rust with protox (a pure-Rust
-//! protobuf compiler, so no `protoc` is needed) and prost-build.
+//! protobuf compiler, so no `protoc` is needed) and prost-build, and gives `libmesos_gpu.so` its
+//! SONAME, so a program or module linked against it by path records `libmesos_gpu.so` and finds
+//! it through its RUNPATH wherever both are installed.
 
 use std::error::Error;
 
@@ -12,6 +14,7 @@ const PROTOS: &[&str] = &[
 
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmesos_gpu.so");
     let fds = protox::compile(PROTOS, ["proto"])?;
     prost_build::Config::new()
         // BTreeMap keeps map fields (container limits, image labels) in key order, so

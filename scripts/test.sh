@@ -6,14 +6,40 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 log() { printf '== %s\n' "$*" >&2; }
 
+# The real Apache Mesos the end-to-end tests run (ffi/tests/mesos_agent.rs): shared/mesos beside
+# the checkout (further up for a worktree), as testkit's MesosInstall::locate looks for it.
+mesos_dir() {
+    local dir
+    dir="$(cd .. && pwd)"
+    while [ "$dir" != / ]; do
+        if [ -x "$dir/shared/mesos/install/sbin/mesos-agent" ]; then
+            printf '%s\n' "$dir/shared/mesos"
+            return
+        fi
+        dir="$(dirname "$dir")"
+    done
+}
+MESOS_DIR="$(mesos_dir)"
+if [ -n "$MESOS_DIR" ]; then
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml,mesos}"
+else
+    log "no shared/mesos/install beside this checkout: the real mesos-agent tests are ignored"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml}"
+fi
+
 install_packages() {
-    local missing=() pkg
-    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev; do
+    local missing=() pkg packages
+    packages=(docker.io busybox-static gcc-multilib g++ wrk dpkg-dev)
+    if [ -n "$MESOS_DIR" ]; then
+        # Mesos's run-time libraries, and what building the module against its headers needs.
+        packages+=(cmake libprotobuf-dev libgoogle-glog-dev libgflags-dev libcurl4-openssl-dev)
+        mapfile -t -O "${#packages[@]}" packages < <(grep -v '^\s*\(#\|$\)' "$MESOS_DIR/runtime-packages.txt")
+    fi
+    for pkg in "${packages[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -3,14 +3,23 @@
 // Each method serializes its protobuf arguments, calls the matching mgpu_ function, grows the
 // answer buffer on MGPU_BUFFER_TOO_SMALL, parses the answer, and turns any other status into a
 // process::Failure carrying the library's error text. Nothing else happens here: every decision
-// is made in Rust. The calls are synchronous and short (prepare and cleanup make or remove one
-// cgroup); `watch` polls without blocking, once per second, on the libprocess clock.
+// is made in Rust. The calls are synchronous and short (prepare and cleanup write one cgroup);
+// `watch` polls without blocking, once per second, on the libprocess clock.
+//
+// `prepare` retries MGPU_NOT_ENOUGH_GPUS every 250 ms for up to 30 s, without blocking: Mesos
+// offers GPUs by its own count, which can name GPUs the module does not hand out at that moment
+// (one the health monitor took out of the pool until an operator marks it healthy, GPUs a
+// container still holds until its cleanup). The task then waits for them instead of failing at
+// once, and fails with the module's reason when they do not come.
 //
 // One isolator state per agent: the first `create` makes the handle, later ones (the module
 // loaded for more than one containerizer) share it, so every container draws from one GPU pool.
 //
-// Build: ffi/mesos-module/CMakeLists.txt, against an installed Mesos built with the same
-// protobuf version and SSL setting as the agent.
+// Build: ffi/mesos-module/CMakeLists.txt, against the installed Mesos the agent runs, in strict
+// ISO C++17 with the protobuf headers of the agent's protobuf (checked at build time; at start,
+// a second protobuf runtime in the process refuses the module).
+
+#include <link.h>
 
 #include <memory>
 #include <mutex>
@@ -19,17 +28,21 @@
 
 #include <glog/logging.h>
 
+#include <google/protobuf/stubs/common.h>
+
 #include <mesos/mesos.hpp>
 #include <mesos/module/isolator.hpp>
 #include <mesos/resources.hpp>
 #include <mesos/slave/isolator.hpp>
 
 #include <process/after.hpp>
+#include <process/clock.hpp>
 #include <process/future.hpp>
 #include <process/loop.hpp>
 
 #include <stout/duration.hpp>
 #include <stout/hashset.hpp>
+#include <stout/error.hpp>
 #include <stout/nothing.hpp>
 #include <stout/option.hpp>
 #include <stout/try.hpp>
@@ -57,6 +70,8 @@ namespace {
 constexpr size_t kErrCap = 4096;
 constexpr size_t kFirstCap = 4096;
 const Duration kWatchPoll = Seconds(1);
+const Duration kPrepareRetry = Milliseconds(250);
+const Duration kPrepareWait = Seconds(30);
 
 // Forwards the library's log events to glog.
 extern "C" void forwardLog(MgpuLogLevel level, const char* target, const char* message, void*) {
@@ -82,10 +97,17 @@ std::string serialize(const google::protobuf::Message& message) {
   return out;
 }
 
+// What a call with an output buffer answered: its status, the bytes on MGPU_OK, else the error.
+struct Answer {
+  MgpuStatus status;
+  std::string bytes;
+  std::string error;
+};
+
 // Calls `call(buf, cap, &len, err, err_cap)`, growing the buffer once when it is too small.
 // The library keeps the answer of a call with side effects for that retry.
 template <typename Call>
-Try<std::string> withBuffer(Call call) {
+Answer callWithBuffer(Call call) {
   std::string out(kFirstCap, '\0');
   char err[kErrCap] = "";
   size_t len = 0;
@@ -95,10 +117,19 @@ Try<std::string> withBuffer(Call call) {
     status = call(reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
   }
   if (status != MGPU_OK) {
-    return Error(failureText(status, err));
+    return Answer{status, std::string(), failureText(status, err)};
   }
   out.resize(len);
-  return out;
+  return Answer{status, out, std::string()};
+}
+
+template <typename Call>
+Try<std::string> withBuffer(Call call) {
+  Answer answer = callWithBuffer(call);
+  if (answer.status != MGPU_OK) {
+    return Error(answer.error);
+  }
+  return answer.bytes;
 }
 
 // Turns a call without an answer into a Future<Nothing>.
@@ -110,6 +141,33 @@ Future<Nothing> nothing(Call call) {
     return Failure(failureText(status, err));
   }
   return Nothing();
+}
+
+// Collects the paths of the libprotobuf shared objects loaded in this process.
+int collectProtobuf(struct dl_phdr_info* info, size_t, void* data) {
+  const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const std::string base = name.substr(name.find_last_of('/') + 1);
+  if (base.rfind("libprotobuf.so", 0) == 0) {
+    static_cast<std::vector<std::string>*>(data)->push_back(name);
+  }
+  return 0;
+}
+
+// The module shares protobuf classes with libmesos: exactly one protobuf runtime may be loaded.
+// Two mean the module was linked against another protobuf than the agent's.
+Option<Error> checkProtobufRuntime() {
+  std::vector<std::string> loaded;
+  dl_iterate_phdr(collectProtobuf, &loaded);
+  if (loaded.size() <= 1) {
+    return None();
+  }
+  std::string names;
+  for (const std::string& name : loaded) names += (names.empty() ? "" : ", ") + name;
+  return Error("GPU isolator: this agent has several protobuf runtimes loaded (" + names +
+               "): the module was built with protobuf " +
+               google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION) +
+               " headers, not the agent's protobuf; rebuild it against the headers of the protobuf "
+               "libmesos links");
 }
 
 template <typename T>
@@ -139,6 +197,12 @@ class Handle {
       }
       return existing;
     }
+    Option<Error> runtime = checkProtobufRuntime();
+    if (runtime.isSome()) {
+      return runtime.get();
+    }
+    LOG(INFO) << "GPU isolator module " << mgpu_version() << " built for Mesos " << MESOS_VERSION
+              << " with protobuf " << google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION);
     char err[kErrCap] = "";
     mgpu_set_log_callback(forwardLog, nullptr, VLOG_IS_ON(2) ? MGPU_LOG_TRACE
                                              : VLOG_IS_ON(1) ? MGPU_LOG_DEBUG : MGPU_LOG_INFO,
@@ -181,14 +245,41 @@ class MesosGpuIsolator : public Isolator {
 
   Future<Option<ContainerLaunchInfo>> prepare(const ContainerID& id, const ContainerConfig& config) override {
     const std::string idBytes = serialize(id), in = serialize(config);
-    Try<std::string> answer = withBuffer([&](uint8_t* buf, size_t cap, size_t* len, char* err, size_t ecap) {
-      return mgpu_prepare(h(), bytes(idBytes), idBytes.size(), bytes(in), in.size(), buf, cap, len, err, ecap);
-    });
-    if (answer.isError()) return Failure(answer.error());
-    if (answer->empty()) return None();
-    return parsed<ContainerLaunchInfo>(answer).then([](const ContainerLaunchInfo& info) {
-      return Option<ContainerLaunchInfo>(info);
-    });
+    std::shared_ptr<Handle> handle = handle_;
+    auto attempt = [handle, idBytes, in]() {
+      return callWithBuffer([&](uint8_t* buf, size_t cap, size_t* len, char* err, size_t ecap) {
+        return mgpu_prepare(handle->raw(), bytes(idBytes), idBytes.size(), bytes(in), in.size(), buf, cap,
+                            len, err, ecap);
+      });
+    };
+    Answer first = attempt();
+    if (first.status != MGPU_NOT_ENOUGH_GPUS) {
+      return launchInfo(first);
+    }
+    LOG(INFO) << "GPU isolator: container " << id << " waits up to " << kPrepareWait
+              << " for GPUs Mesos offered but the module does not hand out now (" << first.error << ")";
+    const process::Time deadline = process::Clock::now() + kPrepareWait;
+    return process::loop(
+               [] { return process::after(kPrepareRetry); },
+               [attempt, deadline](const Nothing&) -> Future<process::ControlFlow<Answer>> {
+                 Answer answer = attempt();
+                 if (answer.status == MGPU_NOT_ENOUGH_GPUS && process::Clock::now() < deadline) {
+                   return process::Continue();
+                 }
+                 return process::Break(answer);
+               })
+        .then([](const Answer& answer) { return launchInfo(answer); });
+  }
+
+  // Mesos's `None` for no bytes, else the parsed ContainerLaunchInfo.
+  static Future<Option<ContainerLaunchInfo>> launchInfo(const Answer& answer) {
+    if (answer.status != MGPU_OK) return Failure(answer.error);
+    if (answer.bytes.empty()) return None();
+    ContainerLaunchInfo info;
+    if (!info.ParseFromString(answer.bytes)) {
+      return Failure("GPU isolator: cannot parse the answer as " + info.GetTypeName());
+    }
+    return Option<ContainerLaunchInfo>(info);
   }
 
   Future<Nothing> isolate(const ContainerID& id, pid_t pid) override {

@@ -13,6 +13,7 @@
 //! - answers are built fresh, with every required field and enum set explicitly (an enum left
 //!   at prost's 0 may not be a value of a proto2 enum with no 0).
 
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mesos_gpu_isolator::health::Limitation;
@@ -71,6 +72,27 @@ pub fn container_id(id: &mesos::ContainerId) -> Result<ContainerId, ConvertError
     ContainerId::new(text.clone()).map_err(|source| ConvertError::ContainerId { id: text, source })
 }
 
+/// Where Mesos puts a nested container's own cgroup, relative to `--cgroups_root`:
+/// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611, and
+/// v2's `cgroups2::container`, 667-680); `None` for a top-level container.
+pub fn nested_cgroup(id: &mesos::ContainerId) -> Result<Option<PathBuf>, ConvertError> {
+    fn build(id: &mesos::ContainerId) -> Result<PathBuf, ConvertError> {
+        let value =
+            ContainerId::new(id.value.clone()).map_err(|source| ConvertError::ContainerId {
+                id: id.to_string(),
+                source,
+            })?;
+        Ok(match id.parent.as_deref() {
+            None => PathBuf::from(value.as_str()),
+            Some(parent) => build(parent)?.join("mesos").join(value.as_str()),
+        })
+    }
+    if id.parent.is_none() {
+        return Ok(None);
+    }
+    build(id).map(Some)
+}
+
 /// True for a `DEBUG` class container, to which Mesos's isolators answer `None`.
 pub fn is_debug(config: &ContainerConfig) -> bool {
     config.container_class == Some(ContainerClass::Debug as i32)
@@ -121,6 +143,7 @@ pub fn prepare_config(
             .unwrap_or_default(),
         has_task_info: config.task_info.is_some(),
         parent: id.parent.as_deref().map(container_id).transpose()?,
+        nested_cgroup: nested_cgroup(id)?,
     })
 }
 
@@ -172,6 +195,7 @@ pub fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertErro
             .as_deref()
             .map(container_id)
             .transpose()?,
+        nested_cgroup: nested_cgroup(&state.container_id)?,
     })
 }
 
@@ -315,6 +339,21 @@ mod tests {
             err.to_string().starts_with("container id \"../x\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn issue_11_nested_cgroups_follow_mesos_paths() {
+        assert_eq!(nested_cgroup(&mid("a", None)).unwrap(), None);
+        assert_eq!(
+            nested_cgroup(&mid("c", Some(mid("b", Some(mid("a", None)))))).unwrap(),
+            Some(PathBuf::from("a/mesos/b/mesos/c"))
+        );
+        // A dotted value is one path component: the dotted key cannot stand in for the path.
+        assert_eq!(
+            nested_cgroup(&mid("x.y", Some(mid("a", None)))).unwrap(),
+            Some(PathBuf::from("a/mesos/x.y"))
+        );
+        assert!(nested_cgroup(&mid("..", Some(mid("a", None)))).is_err());
     }
 
     #[test]

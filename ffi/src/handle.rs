@@ -70,7 +70,10 @@ impl MgpuIsolator {
     /// Discovers the GPUs, scans the device nodes, finds (or builds) the driver volume and
     /// creates the isolator, from the module parameters.
     pub fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
-        let params = ModuleParams::parse(params)?;
+        let mut params = ModuleParams::parse(params)?;
+        if let Some(agent) = crate::params::running_agent()? {
+            params.apply_agent(&agent, crate::params::host_cgroup_version)?;
+        }
         let driver = match GpuDriver::open(Some(&params.nvml_lib))
             .map_err(|source| ParamError::Discovery { source })?
         {
@@ -166,7 +169,8 @@ impl MgpuIsolator {
 
     /// Prepares a container and answers its `ContainerLaunchInfo`; no bytes (Mesos's `None`) for
     /// a `DEBUG` container, which shares everything with its parent but is still registered so
-    /// that `isolate` and `cleanup` know it.
+    /// that `isolate` and `cleanup` know it, and for a container that needs no mount and no
+    /// environment (no GPU, no image), as Mesos's `gpu/nvidia` answers.
     pub fn prepare(
         &self,
         id: &mesos::ContainerId,
@@ -176,7 +180,7 @@ impl MgpuIsolator {
         let cid = convert::container_id(id)?;
         let prepare = convert::prepare_config(id, config)?;
         let info = self.isolator.prepare(&cid, prepare)?;
-        if convert::is_debug(config) {
+        if convert::is_debug(config) || !info.needs_launch_info() {
             return Ok(Vec::new());
         }
         Ok(convert::launch_info(&info).encode_to_vec())

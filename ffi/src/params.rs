@@ -3,14 +3,22 @@
 //! Every key is optional but `work_dir`; an unknown key is an error naming it and listing the
 //! accepted ones (a typo must not silently fall back to a default on a production agent).
 //! Defaults are Mesos's where Mesos has one. The keys are documented in `ffi/README.md`.
+//!
+//! Inside a `mesos-agent` process the module also reads the agent's own flags
+//! ([`running_agent`], [`ModuleParams::apply_agent`]): `cgroups_root` and `cgroups_hierarchy`
+//! default to the agent's and may not differ from them, and who makes the container cgroups
+//! (`container_cgroups`) follows from `--isolation` and the cgroup version, so an unsupported
+//! configuration is refused when the agent starts rather than when a task fails.
 
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_isolator::agent_flags::{ContainerizerFlags, ContainerizerFlagsError};
 use mesos_gpu_isolator::allocator::{AllocError, Policy};
+use mesos_gpu_isolator::cgroup::{CgroupError, CgroupVersion};
 use mesos_gpu_isolator::devices::DevicesError;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
 use mesos_gpu_isolator::health::{HealthPolicy, PolicyError};
-use mesos_gpu_isolator::lifecycle::{CgroupChoice, IsolatorConfig, LifecycleError};
+use mesos_gpu_isolator::lifecycle::{CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError};
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -26,6 +34,7 @@ pub const KEYS: &[&str] = &[
     "cgroups_hierarchy",
     "cgroup2_mount",
     "cgroups_root",
+    "container_cgroups",
     "volume_root",
     "driver_root",
     "driver_volume",
@@ -113,6 +122,32 @@ pub enum ParamError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The running agent's flags could not be read, or the module does not support them.
+    #[error("the agent's configuration does not work with the GPU module")]
+    Agent {
+        /// Why.
+        #[source]
+        source: ContainerizerFlagsError,
+    },
+    /// A module parameter that contradicts the running agent's flags.
+    #[error("module parameter {key}={got:?} contradicts the agent's {agent}: {why}")]
+    ContradictsAgent {
+        /// The parameter.
+        key: &'static str,
+        /// Its value.
+        got: String,
+        /// The agent's flag and value, e.g. `--cgroups_root="mesos"`.
+        agent: String,
+        /// What to do.
+        why: &'static str,
+    },
+    /// The cgroup hierarchy could not be determined.
+    #[error("cannot find the cgroup hierarchy Mesos uses")]
+    Hierarchy {
+        /// Why.
+        #[source]
+        source: CgroupError,
+    },
     /// The isolator refused its configuration.
     #[error("cannot create the GPU isolator")]
     Isolator {
@@ -133,6 +168,8 @@ impl ParamError {
                 | ParamError::BadValue { .. }
                 | ParamError::Policy { .. }
                 | ParamError::HealthChecks { .. }
+                | ParamError::Agent { .. }
+                | ParamError::ContradictsAgent { .. }
         )
     }
 }
@@ -163,6 +200,12 @@ pub struct ModuleParams {
     pub driver_root: PathBuf,
     /// What to do about the driver volume.
     pub driver_volume: DriverVolume,
+    /// `container_cgroups`: `None` for `auto` (the agent's flags decide; outside an agent, own).
+    pub container_cgroups: Option<CgroupOwner>,
+    /// True when `cgroups_root` was given.
+    pub cgroups_root_given: bool,
+    /// True when `cgroups_hierarchy` was given.
+    pub cgroups_hierarchy_given: bool,
     /// Which GPU events count as a failure (`health_checks`; default: [`HealthPolicy::new`]).
     pub health_checks: HealthPolicy,
     /// The call that panics on purpose (`testing` builds only).
@@ -218,6 +261,21 @@ impl ModuleParams {
         if let Some(name) = get("cgroups_root") {
             isolator.cgroups_root = name.to_owned();
         }
+        let container_cgroups = match get("container_cgroups").unwrap_or("auto") {
+            "auto" => None,
+            other => Some(
+                other
+                    .parse::<CgroupOwner>()
+                    .map_err(|_| ParamError::BadValue {
+                        key: "container_cgroups",
+                        got: other.to_owned(),
+                        expected: "one of auto, mesos, own",
+                    })?,
+            ),
+        };
+        if let Some(owner) = container_cgroups {
+            isolator.owner = owner;
+        }
         let driver_volume = match get("driver_volume").unwrap_or("existing") {
             "existing" => DriverVolume::Existing,
             "build" => DriverVolume::Build,
@@ -242,10 +300,68 @@ impl ModuleParams {
             volume_root: path("volume_root", mesos_gpu_volume::volume::DEFAULT_ROOT),
             driver_root: path("driver_root", "/"),
             driver_volume,
+            container_cgroups,
+            cgroups_root_given: get("cgroups_root").is_some(),
+            cgroups_hierarchy_given: get("cgroups_hierarchy").is_some(),
             health_checks,
             #[cfg(feature = "testing")]
             debug_panic_on: get("debug_panic_on").map(str::to_owned),
         })
+    }
+
+    /// Fits the parameters to the running agent's flags: `cgroups_root` and `cgroups_hierarchy`
+    /// default to the agent's (and must equal them when given), and who makes the container
+    /// cgroups follows from the agent's `--isolation` on the cgroup version `version` resolves
+    /// (see `ContainerizerFlags::cgroup_owner`); an explicit `container_cgroups` must agree.
+    pub fn apply_agent(
+        &mut self,
+        agent: &ContainerizerFlags,
+        version: impl FnOnce(&IsolatorConfig) -> Result<CgroupVersion, ParamError>,
+    ) -> Result<(), ParamError> {
+        if self.cgroups_root_given && self.isolator.cgroups_root != agent.cgroups_root {
+            return Err(ParamError::ContradictsAgent {
+                key: "cgroups_root",
+                got: self.isolator.cgroups_root.clone(),
+                agent: format!("--cgroups_root={:?}", agent.cgroups_root),
+                why: "the module works on the container cgroups under the agent's --cgroups_root \
+                      (or, on cgroup v1 without cgroups/devices, makes its own devices cgroups there, \
+                      where Mesos makes none); remove the parameter",
+            });
+        }
+        if self.cgroups_hierarchy_given && self.isolator.v1_root != agent.cgroups_hierarchy {
+            return Err(ParamError::ContradictsAgent {
+                key: "cgroups_hierarchy",
+                got: self.isolator.v1_root.display().to_string(),
+                agent: format!("--cgroups_hierarchy={:?}", agent.cgroups_hierarchy),
+                why: "the module must use the hierarchy Mesos uses; remove the parameter",
+            });
+        }
+        self.isolator.cgroups_root.clone_from(&agent.cgroups_root);
+        self.isolator.v1_root.clone_from(&agent.cgroups_hierarchy);
+        let version = version(&self.isolator)?;
+        let owner = agent
+            .cgroup_owner(version)
+            .map_err(|source| ParamError::Agent { source })?;
+        if let Some(given) = self.container_cgroups
+            && given != owner
+        {
+            return Err(ParamError::ContradictsAgent {
+                key: "container_cgroups",
+                got: given.to_string(),
+                agent: format!(
+                    "--isolation={:?} on cgroup {version}",
+                    agent.isolation.join(",")
+                ),
+                why: "with these flags Mesos makes a devices cgroup for every container exactly when \
+                      `container_cgroups` is `mesos`; remove the parameter",
+            });
+        }
+        self.isolator.owner = owner;
+        tracing::info!(
+            cgroups = %version, owner = %owner, cgroups_root = %agent.cgroups_root,
+            isolation = %agent.isolation.join(","), "fitted the module to the agent's flags"
+        );
+        Ok(())
     }
 
     /// The host path of the driver volume to mount, per [`DriverVolume`], for driver `version`.
@@ -284,6 +400,55 @@ impl ModuleParams {
     pub fn dev_root(&self) -> &Path {
         &self.dev_root
     }
+}
+
+/// The agent program names (`mesos-slave` is the old name; `lt-` is libtool's uninstalled
+/// wrapper).
+const AGENT_PROGRAMS: &[&str] = &[
+    "mesos-agent",
+    "mesos-slave",
+    "lt-mesos-agent",
+    "lt-mesos-slave",
+];
+
+/// The flags of the `mesos-agent` this library is loaded in, from its command line and
+/// environment; `None` when this process is not a Mesos agent (tests, other programs using the
+/// C ABI).
+pub fn running_agent() -> Result<Option<ContainerizerFlags>, ParamError> {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let program = args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    if !AGENT_PROGRAMS.contains(&program) {
+        return Ok(None);
+    }
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    ContainerizerFlags::parse(
+        args.iter().skip(1).map(String::as_str),
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        |path| std::fs::read_to_string(path),
+    )
+    .map(Some)
+    .map_err(|source| ParamError::Agent { source })
+}
+
+/// The cgroup version `config` resolves to on this host.
+pub fn host_cgroup_version(config: &IsolatorConfig) -> Result<CgroupVersion, ParamError> {
+    config
+        .hierarchy()
+        .map(|h| h.version)
+        .map_err(|source| ParamError::Hierarchy { source })
 }
 
 fn parse_indices(text: &str) -> Result<Vec<u32>, ParamError> {
@@ -341,8 +506,10 @@ mod tests {
             ("dev_root", "/d"),
             ("nvml_lib", "/lib/nvml.so"),
             ("health_checks", "all,+79"),
+            ("container_cgroups", "mesos"),
         ]))
         .unwrap();
+        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
         assert_eq!(p.isolator.policy, Policy::FirstFit);
         assert_eq!(p.isolator.cgroup_version, CgroupChoice::V2);
         assert_eq!(p.isolator.v2_mount, Some(PathBuf::from("/cg2")));
@@ -405,6 +572,111 @@ mod tests {
             ),
             "{chain}"
         );
+    }
+
+    fn agent(isolation: &str, root: &str) -> ContainerizerFlags {
+        ContainerizerFlags {
+            isolation: isolation.split(',').map(str::to_owned).collect(),
+            cgroups_root: root.into(),
+            cgroups_hierarchy: "/sys/fs/cgroup".into(),
+            launcher: None,
+        }
+    }
+
+    #[test]
+    fn issue_11_agent_flags_decide_the_cgroups() {
+        let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
+        let v2 = |_: &IsolatorConfig| Ok(CgroupVersion::V2);
+        let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        assert_eq!(p.isolator.owner, CgroupOwner::Own, "outside an agent");
+        p.apply_agent(&agent("filesystem/linux,cgroups/devices,m", "agents"), v1)
+            .unwrap();
+        assert_eq!(p.isolator.cgroups_root, "agents");
+        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
+
+        let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        p.apply_agent(&agent("filesystem/linux,m", "mesos"), v1)
+            .unwrap();
+        assert_eq!(p.isolator.owner, CgroupOwner::Own);
+
+        let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        p.apply_agent(&agent("filesystem/linux,m", "mesos"), v2)
+            .unwrap();
+        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
+
+        let mut p = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("cgroups_root", "mesos_gpu"),
+        ]))
+        .unwrap();
+        let err = p
+            .apply_agent(&agent("cgroups/devices,m", "mesos"), v1)
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "module parameter cgroups_root=\"mesos_gpu\" contradicts the agent's --cgroups_root=\"mesos\""
+            ),
+            "{err}"
+        );
+        assert!(err.is_bad_value());
+
+        let mut p =
+            ModuleParams::parse(&params(&[("work_dir", "/w"), ("container_cgroups", "own")]))
+                .unwrap();
+        let err = p
+            .apply_agent(&agent("cgroups/devices,m", "mesos"), v1)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ParamError::ContradictsAgent {
+                    key: "container_cgroups",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        let err = p
+            .apply_agent(&agent("cgroups/devices,m", "mesos"), v2)
+            .unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains("drop `cgroups/devices` from --isolation"),
+            "{chain}"
+        );
+
+        let err = ModuleParams::parse(&params(&[("work_dir", "/w"), ("container_cgroups", "x")]))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "module parameter container_cgroups=\"x\": expected one of auto, mesos, own"
+        );
+    }
+
+    #[test]
+    fn issue_11_example_modules_json_is_accepted() {
+        let text = include_str!("../../examples/mesos-agent/modules.json");
+        let json: serde_json::Value = serde_json::from_str(text).unwrap();
+        let module = &json["libraries"][0]["modules"][0];
+        assert_eq!(module["name"], "org_apache_mesos_gpu_MesosGpuIsolator");
+        let pairs: Vec<(&str, &str)> = module["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["key"].as_str().unwrap(), p["value"].as_str().unwrap()))
+            .collect();
+        let p = ModuleParams::parse(&params(&pairs)).unwrap();
+        assert!(
+            !p.cgroups_root_given && p.container_cgroups.is_none(),
+            "the example leaves the cgroups to the agent's flags"
+        );
+    }
+
+    #[test]
+    fn tests_do_not_run_in_an_agent() {
+        assert_eq!(running_agent().unwrap(), None);
     }
 
     #[test]

@@ -285,8 +285,13 @@ fn lifecycle_status(e: &LifecycleError) -> MgpuStatus {
         | LifecycleError::NoCgroup { .. }
         | LifecycleError::RecoverAfterUse
         | LifecycleError::NoHealthMonitor { .. }
-        | LifecycleError::HealthAttached => MgpuStatus::MgpuInvalidState,
-        LifecycleError::UnknownCgroupChoice { .. } => MgpuStatus::MgpuBadArgument,
+        | LifecycleError::HealthAttached
+        | LifecycleError::NoMesosCgroup { .. }
+        | LifecycleError::MesosCgroupAllowsAll { .. }
+        | LifecycleError::ForeignDeviceProgram { .. } => MgpuStatus::MgpuInvalidState,
+        LifecycleError::UnknownCgroupChoice { .. } | LifecycleError::UnknownCgroupOwner { .. } => {
+            MgpuStatus::MgpuBadArgument
+        }
         LifecycleError::Allocation {
             source: AllocError::AlreadyAllocated { .. },
             ..

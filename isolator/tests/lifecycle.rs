@@ -496,6 +496,7 @@ fn recover_after_restart(version: CgroupVersion) -> TestResult {
         &[RecoverState {
             id: c.clone(),
             parent: None,
+            nested_cgroup: None,
         }],
         &[],
     )?;
@@ -565,6 +566,7 @@ fn recover_cgroup_missing(version: CgroupVersion) -> TestResult {
         &[RecoverState {
             id: c.clone(),
             parent: None,
+            nested_cgroup: None,
         }],
         &[],
     )?;
@@ -665,10 +667,12 @@ fn recover_gpu_claimed_twice(version: CgroupVersion) -> TestResult {
         RecoverState {
             id: a.clone(),
             parent: None,
+            nested_cgroup: None,
         },
         RecoverState {
             id: b.clone(),
             parent: None,
+            nested_cgroup: None,
         },
     ];
     let report = iso.recover(&states, &[])?;

@@ -20,7 +20,9 @@ use mesos_gpu_isolator::cgroup::CgroupVersion;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, HealthPolicy, MonitorConfig};
-use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator, PrepareConfig, RecoverState};
+use mesos_gpu_isolator::lifecycle::{
+    CgroupOwner, ContainerId, Isolator, PrepareConfig, RecoverState,
+};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use serde_json::{Value, json};
@@ -49,6 +51,10 @@ fn main() -> ExitCode {
         add(
             "health_changes_never_deadlock_the_lifecycle",
             health_changes_never_deadlock_the_lifecycle,
+        );
+        add(
+            "issue_11_usage_and_watch_in_mesos_cgroups",
+            usage_and_watch_in_mesos_cgroups,
         );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -169,6 +175,58 @@ fn held(iso: &Isolator, c: &ContainerId) -> TestResult<Vec<u32>> {
 
 fn free(iso: &Isolator) -> TestResult<Vec<u32>> {
     Ok(iso.allocations()?.free)
+}
+
+/// In the cgroups Mesos makes (v1: its devices cgroup holds the process; v2: the process is in
+/// `<id>/leaf`, below the cgroup the module knows), usage finds the container's process and
+/// counts only its memory, and an XID on a held GPU resolves the container's watch.
+fn usage_and_watch_in_mesos_cgroups(version: CgroupVersion) -> TestResult {
+    let child = Sleeper::spawn()?;
+    let node = node(child.pid())?;
+    let mut setup = Setup::new(version)?;
+    setup.config.policy = Policy::FirstFit;
+    setup.config.owner = CgroupOwner::Mesos;
+    let dir = setup.guard.parent.join("mesos-c");
+    let procs = match version {
+        CgroupVersion::V1 => {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("devices.deny"), "a")?;
+            std::fs::write(dir.join("devices.allow"), "c 1:3 rwm")?;
+            dir.join("cgroup.procs")
+        }
+        CgroupVersion::V2 => {
+            std::fs::create_dir_all(dir.join("leaf"))?;
+            dir.join("leaf/cgroup.procs")
+        }
+    };
+    std::fs::write(procs, child.pid().to_string())?;
+    let iso = isolator(&node, &setup, &[])?;
+    let c = id("mesos-c");
+    iso.prepare(&c, gpus(2.0))?;
+    iso.isolate(&c, child.pid())?;
+    let usage = iso.usage(&c)?;
+    check(usage.gpus.len() == 2, format!("{usage:?}"))?;
+    for gpu in &usage.gpus {
+        let nvml = gpu.nvml.as_ref().ok_or("no NVML figures")?;
+        check(
+            nvml.memory_used == Some(MINE) && nvml.pids.as_ref() == Some(&vec![child.pid()]),
+            format!("the process in Mesos's cgroup is the container's: {nvml:?}"),
+        )?;
+    }
+    let g = held(&iso, &c)?[0];
+    node.sim.append_event(&format!("xid {g} 79"));
+    let limitation = iso
+        .watch(&c, Some(PATIENCE))?
+        .ok_or("the watch never resolved")?;
+    check(
+        limitation.container == c.as_str() && limitation.gpu == g,
+        format!("{limitation:?}"),
+    )?;
+    drop(child);
+    lifecycle_common::kill_cgroup(&dir);
+    iso.cleanup(&c)?;
+    check(dir.is_dir(), "Mesos's cgroup is Mesos's to remove")?;
+    Ok(())
 }
 
 fn failed_gpu_limits_its_holder_only(version: CgroupVersion) -> TestResult {
@@ -308,6 +366,7 @@ fn failed_gpu_limits_its_holder_only(version: CgroupVersion) -> TestResult {
         &[RecoverState {
             id: b.clone(),
             parent: None,
+            nested_cgroup: None,
         }],
     )?;
     check(held(&iso, &b)? == b_gpus_now, "B's GPUs recovered")?;

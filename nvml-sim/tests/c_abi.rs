@@ -50,6 +50,9 @@ int main(int argc, char **argv) {
     SYM(nvmlReturn_t, nvmlSystemGetDriverVersion, (char *, unsigned int));
     SYM(nvmlReturn_t, nvmlSystemGetCudaDriverVersion_v2, (int *));
     SYM(nvmlReturn_t, nvmlDeviceGetCount_v2, (unsigned int *));
+    /* NVML's first versions, which Mesos's own NVML code loads (isolators/gpu/nvml.cpp 111-116). */
+    SYM(nvmlReturn_t, nvmlDeviceGetCount, (unsigned int *));
+    SYM(nvmlReturn_t, nvmlDeviceGetHandleByIndex, (unsigned int, nvmlDevice_t *));
     SYM(nvmlReturn_t, nvmlDeviceGetHandleByIndex_v2, (unsigned int, nvmlDevice_t *));
     SYM(nvmlReturn_t, nvmlDeviceGetHandleByPciBusId_v2, (const char *, nvmlDevice_t *));
     SYM(nvmlReturn_t, nvmlDeviceGetMinorNumber, (nvmlDevice_t, unsigned int *));
@@ -76,13 +79,18 @@ int main(int argc, char **argv) {
     printf("cuda %d %d\n", rc, cuda);
     rc = nvmlDeviceGetCount_v2(&count);
     printf("count %d %u\n", rc, count);
+    unsigned int count_v1 = 0;
+    rc = nvmlDeviceGetCount(&count_v1);
+    printf("count v1 %d %u\n", rc, count_v1);
     nvmlDevice_t devs[16];
     for (unsigned int i = 0; i < count && i < 16; i++) {
         unsigned int minor = 0;
         nvmlPciInfo_t pci;
         nvmlMemory_v2_t mem = { .version = nvmlMemory_v2 };
         unsigned long cpus[2] = { 0, 0 };
+        nvmlDevice_t v1;
         nvmlDeviceGetHandleByIndex_v2(i, &devs[i]);
+        if (nvmlDeviceGetHandleByIndex(i, &v1) != 0 || v1 != devs[i]) printf("v1 handle %u differs\n", i);
         nvmlDeviceGetMinorNumber(devs[i], &minor);
         nvmlDeviceGetPciInfo_v3(devs[i], &pci);
         int mrc = nvmlDeviceGetMemoryInfo_v2(devs[i], &mem);
@@ -303,6 +311,9 @@ fn c_client_sees_the_k80_node() -> Result<(), Failed> {
     let bin = compile(node.dir())?;
     let out = run(&bin, &node)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.contains("v1 handle") {
+        return Err(format!("nvmlDeviceGetHandleByIndex differs from _v2:\n{stdout}").into());
+    }
     let mem = 11441u64 * 1024 * 1024;
     let gpu2 = format!(
         "gpu 2 minor 0 bus 00000000:09:00.0 legacy 0000:09:00.0 dom 0 bus 9 dev 0 id 102D10DE sub 106C10DE mem 0 {mem} {mem} cpus fff000fff"
@@ -314,6 +325,7 @@ fn c_client_sees_the_k80_node() -> Result<(), Failed> {
             "driver 0 470.256.02",
             "cuda 0 11040",
             "count 0 4",
+            "count v1 0 4",
             &gpu2,
             "by-bus 0 same 1",
             "ancestor 0-1 0",

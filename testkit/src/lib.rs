@@ -3,10 +3,12 @@
 //! Privileged test targets use `harness = false` with libtest-mimic. [`Host::probe`] looks at the
 //! machine once; [`needs`] wraps a trial so that it is *ignored* (and counted as such) when a
 //! requirement is missing, or *fails* when that requirement is listed in `MESOS_GPU_REQUIRE`
-//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd`). A test never passes without running.
+//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd,cc,mesos`). A test never passes
+//! without running.
 #![forbid(unsafe_code)]
 
 pub mod mps;
+pub mod mesos;
 pub mod nvml_sim;
 
 use std::io::{Read, Write};
@@ -32,6 +34,8 @@ pub enum Need {
     Cc,
     /// `python3` on PATH with NVIDIA's NVML binding (`pip install nvidia-ml-py`, module `pynvml`).
     Pynvml,
+    /// A runnable Apache Mesos install ([`mesos::MesosInstall::locate`]).
+    Mesos,
 }
 
 impl Need {
@@ -44,6 +48,7 @@ impl Need {
             Need::Dockerd => "dockerd",
             Need::Cc => "cc",
             Need::Pynvml => "pynvml",
+            Need::Mesos => "mesos",
         }
     }
 }
@@ -95,6 +100,9 @@ impl Host {
                 Need::Pynvml,
                 "no `python3` with module pynvml (pip install nvidia-ml-py)".to_owned(),
             ));
+        }
+        if let Err(why) = mesos::MesosInstall::locate().and_then(|m| m.check_runs()) {
+            missing.push((Need::Mesos, why));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()

@@ -17,6 +17,7 @@
 //! upstream `nvidia_gpus_devices` typo.
 
 mod attributes;
+mod containerizer;
 mod resources;
 
 use std::collections::BTreeSet;
@@ -25,6 +26,7 @@ pub use attributes::{
     ATTR_COMPUTE_CAPABILITY, ATTR_CUDA, ATTR_DRIVER, ATTR_MEMORY_MIB, ATTR_MODEL, Attribute,
     AttributesError, gpu_attributes, safe_text,
 };
+pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 
 use crate::inventory::Inventory;

@@ -38,6 +38,10 @@ pub use v2::program::DeviceProgram;
 /// Mesos's default parent of container cgroups (`--cgroups_root`).
 pub const DEFAULT_PARENT: &str = "mesos";
 
+/// Where Mesos wants cgroup2 for running cgroup v2 (`cgroups2::MOUNT_POINT`,
+/// `src/linux/cgroups2.cpp` 71): see [`CgroupMounts::hierarchy`].
+pub const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
+
 /// Which cgroup interface controls device access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CgroupVersion {
@@ -370,7 +374,11 @@ impl CgroupLayout {
     /// Mesos's layout in the hierarchy this process's mount table offers
     /// ([`CgroupMounts::hierarchy`]).
     pub fn detect() -> Result<CgroupLayout, CgroupError> {
-        CgroupLayout::new(CgroupMounts::read()?.hierarchy()?, DEFAULT_PARENT)
+        let mounts = CgroupMounts::read()?;
+        CgroupLayout::new(
+            mounts.hierarchy(Path::new(MESOS_CGROUP2_MOUNT))?,
+            DEFAULT_PARENT,
+        )
     }
 
     /// The cgroup version.
@@ -449,6 +457,23 @@ impl DeviceCgroup {
                 return Err(CgroupError::MissingCheckpoint {
                     container: container.clone(),
                 });
+            }
+        })
+    }
+
+    /// Opens the existing cgroup directory `path` of `layout`'s hierarchy as `container`'s,
+    /// touching nothing in it (the cgroup someone else made, e.g. Mesos).
+    pub fn open_at(
+        layout: &CgroupLayout,
+        path: PathBuf,
+        container: &ContainerId,
+    ) -> Result<DeviceCgroup, CgroupError> {
+        Ok(match layout.version() {
+            CgroupVersion::V1 => {
+                DeviceCgroup::V1(V1DeviceCgroup::open_at(layout, path, container)?)
+            }
+            CgroupVersion::V2 => {
+                DeviceCgroup::V2(V2DeviceCgroup::open_at(layout, path, container)?)
             }
         })
     }

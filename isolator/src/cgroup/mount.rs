@@ -9,11 +9,22 @@
 //!   (`rw,devices`, or several co-mounted: `rw,cpu,cpuacct`); the unified hierarchy has fstype
 //!   `cgroup2`.
 //!
-//! Choice on hybrid hosts (both present, as on this project's CI host with v1 `devices` at
-//! `/sys/fs/cgroup/devices` and cgroup2 at `/sys/fs/cgroup/unified`): the `devices` controller is
-//! bound to v1, which is what the init system and Docker use there, so v1 wins. Mesos decides the
-//! same way with its default `--cgroups_hierarchy=/sys/fs/cgroup`, which is not a cgroup2 mount on
-//! such a host (`mesos_gpu.md` §1.2).
+//! Which one Mesos uses, and so which one the isolator must use to work on Mesos's container
+//! cgroups ([`CgroupMounts::hierarchy`]):
+//! - Mesos HEAD (1.12) runs cgroup v2 exactly when a cgroup2 file system is mounted at
+//!   `/sys/fs/cgroup` (`cgroups2::MOUNT_POINT`, whatever `--cgroups_hierarchy` says): the
+//!   containerizer, the linux launcher and the agent's start all ask `cgroups2::mounted()`
+//!   (`src/linux/cgroups2.cpp` 276-294, `containerizer.cpp` 375-389, `linux_launcher.cpp`
+//!   136-146, `slave/main.cpp` 561-570);
+//! - upstream `cgroups2::mounted()` fails when cgroup2 is mounted anywhere else, so an upstream
+//!   agent does not start at all on a systemd "hybrid" host (v1 controllers, cgroup2 at
+//!   `/sys/fs/cgroup/unified`); the build in `../shared/mesos` carries a patch
+//!   (`04-cgroups2-hybrid-unified`) that ignores that mount, so such a host runs cgroup v1;
+//! - otherwise Mesos uses cgroup v1 and the `devices` hierarchy from the mount table.
+//!
+//! So: cgroup2 at `/sys/fs/cgroup` → v2 there; else the v1 `devices` hierarchy (hybrid hosts,
+//! as the patched Mesos); else (no Mesos would run here) the first cgroup2 mount, for the
+//! `mesos-gpu` commands that need no agent.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -28,6 +39,8 @@ pub struct CgroupMounts {
     pub v1_devices: Option<PathBuf>,
     /// Where the cgroup2 unified hierarchy is mounted (first such mount).
     pub v2: Option<PathBuf>,
+    /// Every cgroup2 mount, in mount table order.
+    pub cgroup2: Vec<PathBuf>,
 }
 
 /// A chosen hierarchy: its version and mount point.
@@ -78,7 +91,11 @@ impl CgroupMounts {
                 return Err(bad());
             };
             match *fstype {
-                "cgroup2" if mounts.v2.is_none() => mounts.v2 = Some(unescape(mount_point)),
+                "cgroup2" => {
+                    let mount = unescape(mount_point);
+                    mounts.v2.get_or_insert_with(|| mount.clone());
+                    mounts.cgroup2.push(mount);
+                }
                 "cgroup"
                     if mounts.v1_devices.is_none()
                         && super_opts.split(',').any(|o| o == "devices") =>
@@ -91,8 +108,16 @@ impl CgroupMounts {
         Ok(mounts)
     }
 
-    /// The hierarchy to use: v1 `devices` when mounted, else cgroup2 (see the module docs).
-    pub fn hierarchy(&self) -> Result<Hierarchy, CgroupError> {
+    /// The hierarchy Mesos uses (see the module docs): cgroup2 when it is mounted at
+    /// `mesos_cgroup2` (Mesos's `/sys/fs/cgroup`, [`super::MESOS_CGROUP2_MOUNT`]), else v1
+    /// `devices`, else the first cgroup2 mount.
+    pub fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
+        if self.cgroup2.iter().any(|m| m == mesos_cgroup2) {
+            return Ok(Hierarchy {
+                version: CgroupVersion::V2,
+                mount: mesos_cgroup2.to_owned(),
+            });
+        }
         match (&self.v1_devices, &self.v2) {
             (Some(mount), _) => Ok(Hierarchy {
                 version: CgroupVersion::V1,
@@ -135,6 +160,8 @@ fn unescape(field: &str) -> PathBuf {
 mod tests {
     use super::*;
 
+    const MESOS: &str = super::super::MESOS_CGROUP2_MOUNT;
+
     /// This project's CI host: hybrid, v1 controllers plus cgroup2 at `unified`.
     const HYBRID: &str = "\
 22 27 0:21 / /proc rw,relatime - proc proc rw
@@ -164,7 +191,7 @@ mod tests {
             mounts.v2.as_deref(),
             Some(Path::new("/sys/fs/cgroup/unified"))
         );
-        let h = mounts.hierarchy().expect("found");
+        let h = mounts.hierarchy(Path::new(MESOS)).expect("found");
         assert_eq!(
             h,
             Hierarchy {
@@ -174,11 +201,36 @@ mod tests {
         );
     }
 
+    /// A private mount namespace of a hybrid host where cgroup2 is mounted over `/sys/fs/cgroup`
+    /// (how the end-to-end tests run a cgroup v2 agent here): the v1 mounts are listed but Mesos
+    /// finds cgroup2 at `/sys/fs/cgroup`, so v2 it is.
+    #[test]
+    fn cgroup2_at_sys_fs_cgroup_wins_as_in_mesos() {
+        let text =
+            format!("{HYBRID}60 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n");
+        let mounts = CgroupMounts::parse(&text).expect("valid");
+        assert_eq!(
+            mounts.cgroup2,
+            [
+                PathBuf::from("/sys/fs/cgroup/unified"),
+                PathBuf::from(MESOS)
+            ]
+        );
+        let h = mounts.hierarchy(Path::new(MESOS)).expect("found");
+        assert_eq!(
+            h,
+            Hierarchy {
+                version: CgroupVersion::V2,
+                mount: MESOS.into()
+            }
+        );
+    }
+
     #[test]
     fn unified_host_uses_v2() {
         let h = CgroupMounts::parse(UNIFIED)
             .expect("valid")
-            .hierarchy()
+            .hierarchy(Path::new(MESOS))
             .expect("found");
         assert_eq!(
             h,
@@ -207,7 +259,7 @@ mod tests {
     fn no_hierarchy_is_an_error() {
         let err = CgroupMounts::parse("22 27 0:21 / /proc rw - proc proc rw\n")
             .expect("valid")
-            .hierarchy()
+            .hierarchy(Path::new(MESOS))
             .expect_err("none");
         assert!(matches!(err, CgroupError::NoHierarchy), "{err:?}");
         assert!(err.to_string().contains("devices"), "{err}");

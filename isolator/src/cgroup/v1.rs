@@ -84,8 +84,17 @@ impl V1DeviceCgroup {
         layout: &CgroupLayout,
         container: &ContainerId,
     ) -> Result<V1DeviceCgroup, CgroupError> {
+        V1DeviceCgroup::open_at(layout, layout.container_dir(container), container)
+    }
+
+    /// Opens the existing cgroup directory `path` in `layout`'s hierarchy as `container`'s,
+    /// wherever it lies there (Mesos puts a nested container's at `<parent>/mesos/<child>`).
+    pub fn open_at(
+        layout: &CgroupLayout,
+        path: PathBuf,
+        container: &ContainerId,
+    ) -> Result<V1DeviceCgroup, CgroupError> {
         layout.expect_version(CgroupVersion::V1)?;
-        let path = layout.container_dir(container);
         if !path.is_dir() {
             return Err(CgroupError::Missing {
                 container: container.clone(),
@@ -98,6 +107,12 @@ impl V1DeviceCgroup {
             path,
             controller,
         })
+    }
+
+    /// True when the cgroup allows every device (`a *:* rwm`, a new cgroup's state when its
+    /// parent allows everything): nobody made it deny-by-default.
+    pub fn allows_all(&self) -> Result<bool, CgroupError> {
+        Ok(self.allowed()?.iter().any(DeviceRule::is_allow_all))
     }
 
     /// The container.

@@ -1,18 +1,50 @@
 //! How the isolator is configured, and the cgroup layout that follows from it.
 //!
 //! Defaults are Mesos's (`shared/reference/mesos_gpu.md` §1.2): the v1 root `/sys/fs/cgroup`,
-//! the cgroup2 mount found in the mount table, the cgroups root `mesos`, and the default device
+//! the hierarchy Mesos would use ([`CgroupMounts::hierarchy`]: cgroup2 when it is mounted at
+//! `/sys/fs/cgroup`, else v1 `devices`), the cgroups root `mesos`, and the default device
 //! whitelist of its `cgroups/devices` isolator (§3.1).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::LifecycleError;
 use crate::allocator::Policy;
 use crate::cgroup::{
     CgroupError, CgroupLayout, CgroupMounts, CgroupVersion, DeviceRule, Hierarchy,
-    default_whitelist,
+    MESOS_CGROUP2_MOUNT, default_whitelist,
 };
+
+/// Who makes each container's device cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupOwner {
+    /// The isolator makes `<cgroups root>/<id>` at `prepare`, moves the container's process
+    /// into it at `isolate` and removes it at `cleanup` (`mesos-gpu exec`, and a cgroup v1 agent
+    /// without `cgroups/devices`, where Mesos makes no devices cgroup).
+    #[default]
+    Own,
+    /// Mesos's containerizer makes the container's cgroup before `prepare` (on v1 its
+    /// `cgroups/devices` isolator, on v2 its cgroups isolator with the linux launcher, which
+    /// also places the process there); the isolator adds its device rules to that cgroup (v1) or
+    /// attaches its device program to it (v2), and never moves a process or removes the cgroup.
+    Mesos,
+}
+
+impl CgroupOwner {
+    /// The word used for it in module parameters.
+    pub fn word(self) -> &'static str {
+        match self {
+            CgroupOwner::Own => "own",
+            CgroupOwner::Mesos => "mesos",
+        }
+    }
+}
+
+impl std::fmt::Display for CgroupOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.word())
+    }
+}
 
 /// Which cgroup interface to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,6 +71,18 @@ impl FromStr for CgroupChoice {
     }
 }
 
+impl FromStr for CgroupOwner {
+    type Err = LifecycleError;
+
+    fn from_str(s: &str) -> Result<CgroupOwner, LifecycleError> {
+        match s {
+            "own" => Ok(CgroupOwner::Own),
+            "mesos" => Ok(CgroupOwner::Mesos),
+            _ => Err(LifecycleError::UnknownCgroupOwner { got: s.to_owned() }),
+        }
+    }
+}
+
 /// How the isolator is set up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IsolatorConfig {
@@ -54,6 +98,8 @@ pub struct IsolatorConfig {
     pub v2_mount: Option<PathBuf>,
     /// The parent of container cgroups (Mesos `--cgroups_root`).
     pub cgroups_root: String,
+    /// Who makes the container cgroups.
+    pub owner: CgroupOwner,
     /// Where the checkpoint lives (`<work_dir>/gpu/allocations.json`).
     pub work_dir: PathBuf,
     /// Host path of the `nvidia_<version>` driver volume, when one exists.
@@ -73,6 +119,7 @@ impl IsolatorConfig {
             v1_root: PathBuf::from("/sys/fs/cgroup"),
             v2_mount: None,
             cgroups_root: crate::cgroup::DEFAULT_PARENT.to_owned(),
+            owner: CgroupOwner::Own,
             work_dir: work_dir.into(),
             driver_volume: None,
             allowed_devices: default_whitelist(),
@@ -80,10 +127,21 @@ impl IsolatorConfig {
     }
 }
 
+impl IsolatorConfig {
+    /// The hierarchy this configuration uses, `auto` resolved from this process's mount table.
+    pub fn hierarchy(&self) -> Result<Hierarchy, CgroupError> {
+        hierarchy(self)
+    }
+}
+
 /// The container cgroup layout the configuration asks for.
 pub(crate) fn layout(config: &IsolatorConfig) -> Result<CgroupLayout, CgroupError> {
-    let hierarchy = match config.cgroup_version {
-        CgroupChoice::Auto => CgroupMounts::read()?.hierarchy()?,
+    CgroupLayout::new(hierarchy(config)?, &config.cgroups_root)
+}
+
+fn hierarchy(config: &IsolatorConfig) -> Result<Hierarchy, CgroupError> {
+    Ok(match config.cgroup_version {
+        CgroupChoice::Auto => CgroupMounts::read()?.hierarchy(Path::new(MESOS_CGROUP2_MOUNT))?,
         CgroupChoice::V1 => Hierarchy {
             version: CgroupVersion::V1,
             mount: config.v1_root.join("devices"),
@@ -98,8 +156,7 @@ pub(crate) fn layout(config: &IsolatorConfig) -> Result<CgroupLayout, CgroupErro
                 mount,
             }
         }
-    };
-    CgroupLayout::new(hierarchy, &config.cgroups_root)
+    })
 }
 
 #[cfg(test)]
@@ -118,6 +175,18 @@ mod tests {
             err.to_string(),
             "cgroup version \"v3\": expected one of auto, v1, v2"
         );
+    }
+
+    #[test]
+    fn cgroup_owner_names() {
+        assert_eq!("own".parse::<CgroupOwner>().unwrap(), CgroupOwner::Own);
+        assert_eq!("mesos".parse::<CgroupOwner>().unwrap(), CgroupOwner::Mesos);
+        let err = "agent".parse::<CgroupOwner>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container cgroups \"agent\": expected one of mesos, own"
+        );
+        assert_eq!(CgroupOwner::default(), CgroupOwner::Own);
     }
 
     #[test]

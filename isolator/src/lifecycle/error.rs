@@ -1,5 +1,7 @@
 //! [`LifecycleError`]: why a lifecycle call failed, with the container and the step.
 
+use std::path::PathBuf;
+
 use super::{CheckpointError, ContainerId};
 use crate::allocator::AllocError;
 use crate::cgroup::CgroupError;
@@ -124,6 +126,44 @@ pub enum LifecycleError {
     UnknownCgroupChoice {
         /// The name given.
         got: String,
+    },
+    /// A container-cgroups owner name that is not `mesos` or `own`.
+    #[error("container cgroups {got:?}: expected one of mesos, own")]
+    UnknownCgroupOwner {
+        /// The name given.
+        got: String,
+    },
+    /// With Mesos owning the container cgroups, Mesos made none for the container.
+    #[error(
+        "cannot prepare container {container}: Mesos made no cgroup for it at {path} (on cgroup v1 the module needs `cgroups/devices` in the agent's --isolation to work on Mesos's devices cgroups; on cgroup v2, the agent's linux launcher)"
+    )]
+    NoMesosCgroup {
+        /// The container.
+        container: ContainerId,
+        /// Where Mesos makes its cgroup.
+        path: PathBuf,
+    },
+    /// v1: the devices cgroup Mesos made allows every device, so nobody isolates it.
+    #[error(
+        "cannot prepare container {container}: its devices cgroup {path} allows every device (`a *:* rwm`), so Mesos's `cgroups/devices` isolator does not manage it; add `cgroups/devices` to the agent's --isolation"
+    )]
+    MesosCgroupAllowsAll {
+        /// The container.
+        container: ContainerId,
+        /// The cgroup.
+        path: PathBuf,
+    },
+    /// v2: another device program is attached to the container's cgroup.
+    #[error(
+        "cannot prepare container {container}: cgroup {path} already has a device program that is not ours (BPF program ids {ids:?}); Mesos's `cgroups/devices` (or `cgroups/all`) isolator attaches one, and a cgroup v2 device program can only take access away, so the GPUs would stay denied: drop `cgroups/devices` (and `cgroups/all`) from --isolation on cgroup v2 hosts"
+    )]
+    ForeignDeviceProgram {
+        /// The container.
+        container: ContainerId,
+        /// The cgroup.
+        path: PathBuf,
+        /// The other programs' ids.
+        ids: Vec<u32>,
     },
     /// `recover` after containers were already prepared.
     #[error("recover must be the first call: the isolator already tracks containers")]

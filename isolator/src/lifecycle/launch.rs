@@ -5,6 +5,10 @@
 //! - every GPU container may use the control devices (`nvidiactl`, `nvidia-uvm`, and
 //!   `nvidia-uvm-tools` when present) with `rwm`, plus `c 195:<minor>` per GPU (`rw`; mknod of
 //!   any character device is already in the default whitelist's `c *:* m`);
+//! - a container that asked for no GPU gets nothing beyond what isolation requires: no control
+//!   devices (Mesos's `gpu/nvidia` grants them to every container, `isolators/gpu/isolator.cpp`
+//!   428-439), no device mounts, and, without an image, no environment: Mesos's `gpu/nvidia`
+//!   returns no launch info for a container without a rootfs (`isolator.cpp` 481-483);
 //! - Mesos bind-mounts **every** `/dev/nvidia*` node into a container with a rootfs. We mount the
 //!   control nodes and the allocated GPUs' nodes only, so an unallocated GPU is not even visible;
 //! - the driver volume is mounted read-only at `/usr/local/nvidia` when the image asks for it
@@ -17,8 +21,8 @@
 //! `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name the allocated GPUs by **UUID**. Inside
 //! the container the device nodes keep their host minors and CUDA renumbers the GPUs it can
 //! open from 0, so a host index would name the wrong GPU; a UUID means the same GPU everywhere,
-//! and both nvidia-container-runtime and CUDA accept `GPU-…` UUIDs. With no GPU they are set to
-//! `none` and empty, overriding an image's `NVIDIA_VISIBLE_DEVICES=all`.
+//! and both nvidia-container-runtime and CUDA accept `GPU-…` UUIDs. A container with an image
+//! and no GPU gets `none` and empty, overriding an image's `NVIDIA_VISIBLE_DEVICES=all`.
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +50,9 @@ pub struct PrepareConfig {
     pub has_task_info: bool,
     /// The parent of a nested container; a nested container shares its parent's GPUs.
     pub parent: Option<crate::cgroup::ContainerId>,
+    /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
+    /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
+    pub nested_cgroup: Option<PathBuf>,
 }
 
 /// Why a bind mount is there.
@@ -77,7 +84,7 @@ pub struct LaunchInfo {
     pub gpus: Vec<Gpu>,
     /// Its full device allow list, base whitelist included, normalized.
     pub device_rules: Vec<DeviceRule>,
-    /// Its cgroup directory (`None` for a nested container, which runs in its parent's).
+    /// Its cgroup directory: its own, or for a nested container without one its ancestor's.
     pub cgroup: Option<PathBuf>,
     /// Bind mounts into the rootfs (none for a host-filesystem container).
     pub mounts: Vec<Mount>,
@@ -87,20 +94,32 @@ pub struct LaunchInfo {
     pub task_environment: Vec<(String, String)>,
 }
 
-/// The full allow list: `base`, the control nodes `rwm`, and `c 195:<minor> rw` per GPU.
+impl LaunchInfo {
+    /// False when Mesos needs no launch info from us: no mount and no environment (a container
+    /// without GPU and without an image).
+    pub fn needs_launch_info(&self) -> bool {
+        !(self.mounts.is_empty() && self.environment.is_empty() && self.task_environment.is_empty())
+    }
+}
+
+/// The full allow list: `base`, and for a container holding GPUs the control nodes `rwm` and
+/// `c 195:<minor> rw` per GPU.
 pub(crate) fn allow_list(
     base: &[DeviceRule],
     nodes: &DeviceNodes,
     minors: impl IntoIterator<Item = u32>,
 ) -> Vec<DeviceRule> {
     let mut rules = base.to_vec();
-    rules.extend(
-        nodes
-            .control
-            .iter()
-            .map(|n| DeviceRule::char_device(n.dev, Access::RWM)),
-    );
-    rules.extend(minors.into_iter().map(|minor| {
+    let mut minors = minors.into_iter().peekable();
+    if minors.peek().is_some() {
+        rules.extend(
+            nodes
+                .control
+                .iter()
+                .map(|n| DeviceRule::char_device(n.dev, Access::RWM)),
+        );
+    }
+    rules.extend(minors.map(|minor| {
         DeviceRule::char_device(
             DevNum {
                 major: NVIDIA_GPU_MAJOR,
@@ -138,9 +157,16 @@ pub(crate) fn launch_info(
     cgroup: Option<PathBuf>,
 ) -> Result<LaunchInfo, MissingNode> {
     let mut mounts = Vec::new();
-    let mut env = visible_devices(gpus);
+    let mut env = if gpus.is_empty() && config.rootfs.is_none() {
+        Vec::new()
+    } else {
+        visible_devices(gpus)
+    };
     if let Some(rootfs) = &config.rootfs {
-        let mut sources: Vec<&Path> = nodes.control.iter().map(|n| n.path.as_path()).collect();
+        let mut sources: Vec<&Path> = Vec::new();
+        if !gpus.is_empty() {
+            sources.extend(nodes.control.iter().map(|n| n.path.as_path()));
+        }
         for gpu in gpus {
             let node = nodes
                 .gpu(gpu.index)
@@ -335,11 +361,14 @@ mod tests {
             ..Default::default()
         };
         let info = launch_info(&plain, &[], &nodes(), Some(Path::new("/v")), vec![], None).unwrap();
-        assert_eq!(
-            info.mounts.len(),
-            2,
-            "control nodes only, no volume: {:?}",
+        assert!(
+            info.mounts.is_empty(),
+            "no GPU: no device node, no volume: {:?}",
             info.mounts
+        );
+        assert!(
+            info.needs_launch_info(),
+            "the image's variable is overridden"
         );
         assert_eq!(
             info.environment[0],
@@ -368,6 +397,20 @@ mod tests {
             info.environment[1],
             ("CUDA_VISIBLE_DEVICES".into(), "GPU-0,GPU-1".into())
         );
+    }
+
+    #[test]
+    fn issue_11_no_gpu_no_image_gets_nothing() {
+        let config = PrepareConfig {
+            has_task_info: true,
+            ..Default::default()
+        };
+        let rules = allow_list(&default_whitelist(), &nodes(), []);
+        assert_eq!(rules, normalize(&default_whitelist()), "no control devices");
+        let info = launch_info(&config, &[], &nodes(), Some(Path::new("/v")), rules, None).unwrap();
+        assert!(info.mounts.is_empty());
+        assert!(info.environment.is_empty() && info.task_environment.is_empty());
+        assert!(!info.needs_launch_info());
     }
 
     #[test]

@@ -7,17 +7,27 @@
 //!   same with one `Mutex` held for a whole call, cgroup writes and checkpoint included: a call
 //!   takes well under a millisecond, and holding the lock is what makes the write-ahead order
 //!   below true for every interleaving.
-//! - **We create the container's device cgroup** (`<v1 root>/devices/<cgroups root>/<id>` or
-//!   `<cgroup2 mount>/<cgroups root>/<id>`): deny-all, then the base whitelist (Mesos's default,
-//!   what its `cgroups/devices` isolator would apply), the control devices and the allocated
-//!   GPUs; `cleanup` removes it. So the cgroups root given here must not also be managed by
-//!   Mesos's `cgroups/devices` isolator. `prepare` fails if the cgroup already exists.
+//! - **The container's device cgroup** is `<v1 root>/devices/<cgroups root>/<id>` or
+//!   `<cgroup2 mount>/<cgroups root>/<id>`, Mesos's own layout, made by Mesos or by us
+//!   ([`CgroupOwner`], [`placement`]): with [`CgroupOwner::Mesos`] (the module in an agent
+//!   whose Mesos makes a devices cgroup: v1 with `cgroups/devices`, and always v2) we add our
+//!   rules to the cgroup Mesos made before our `prepare`, never move a process and never remove
+//!   it; with [`CgroupOwner::Own`] (v1 without `cgroups/devices`, `mesos-gpu exec`) we make it
+//!   deny-all with the base whitelist (Mesos's default), the control devices and the GPUs,
+//!   move the process in at `isolate` and remove it at `cleanup`; `prepare` fails if it
+//!   already exists. Either way the cgroups root is the agent's own `--cgroups_root`, and the
+//!   two cannot collide: in an agent the owner follows from its flags, which decide whether
+//!   Mesos makes a devices cgroup.
+//! - A container that asked for no GPU gets nothing beyond what isolation requires: no rule of
+//!   ours in Mesos's v1 cgroup (its whitelist already denies every GPU), the base list in our own
+//!   cgroup or v2 program (which must deny the GPUs), no environment without an image.
 //! - Crash safety is by ordering: the checkpoint always names a superset of the GPUs any cgroup
 //!   allows. GPUs are checkpointed *before* a cgroup grants them (prepare, update grow) and
 //!   revoked *before* the checkpoint forgets them (update shrink, cleanup). So recovery may keep a
 //!   GPU reserved that a crash left unused, but never frees one a process can still open.
 //! - Nested containers share their parent's GPUs and cgroup (Mesos `share_cgroups=true`):
-//!   no allocation, and `update` is refused for them as in Mesos.
+//!   no allocation, and `update` is refused for them as in Mesos. One Mesos made a v1 devices
+//!   cgroup of its own for (`share_cgroups=false`) gets its parent's rules there too.
 //! - Unlike Mesos, GPUs of orphans and of anything recovery cannot account for stay reserved
 //!   until `cleanup` ([`recover`]).
 
@@ -28,6 +38,8 @@ mod error;
 pub mod fault;
 mod health;
 mod launch;
+mod nested;
+mod placement;
 mod recover;
 mod state;
 mod status;
@@ -36,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub use checkpoint::CheckpointError;
-pub use config::{CgroupChoice, IsolatorConfig};
+pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
 pub use error::LifecycleError;
 pub use launch::{
     CUDA_VISIBLE_DEVICES_ENV, LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch,
@@ -47,18 +59,20 @@ pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
 use crate::allocator::{Allocator, GpuSet, Policy};
 pub use crate::cgroup::ContainerId;
-use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceCgroup, DeviceRule};
+use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
 use crate::devices::DeviceNodes;
 use crate::health::Limitations;
 use crate::inventory::{Gpu, Inventory};
 use checkpoint::Store;
 use launch::{allow_list, launch_info};
+use placement::PlacedCgroup;
 use state::{Container, State};
 
 /// The `gpu/nvidia` isolator. All methods take `&self` and may be called from many threads.
 #[derive(Debug)]
 pub struct Isolator {
     layout: CgroupLayout,
+    owner: CgroupOwner,
     inventory: Inventory,
     nodes: DeviceNodes,
     base: Vec<DeviceRule>,
@@ -93,11 +107,12 @@ impl Isolator {
             source,
         })?;
         tracing::info!(
-            cgroups = %layout.version(), parent = %layout.parent_dir().display(), policy = %config.policy,
+            cgroups = %layout.version(), parent = %layout.parent_dir().display(), owner = %config.owner, policy = %config.policy,
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         Ok(Isolator {
             layout,
+            owner: config.owner,
             inventory,
             nodes,
             base: config.allowed_devices,
@@ -115,6 +130,11 @@ impl Isolator {
     /// The cgroup version in use.
     pub fn cgroup_version(&self) -> CgroupVersion {
         self.layout.version()
+    }
+
+    /// Who makes the container cgroups.
+    pub fn cgroup_owner(&self) -> CgroupOwner {
+        self.owner
     }
 
     /// The cgroup directory a container gets.
@@ -191,17 +211,24 @@ impl Isolator {
             return Err(e);
         }
         fault::point("prepare.checkpointed");
-        let cgroup = match DeviceCgroup::create(&self.layout, id, &rules) {
-            Ok(cgroup) => cgroup,
-            Err(source) => {
-                state.containers.remove(id);
-                state.allocator.release_all(id.as_str());
-                self.save_or_log(&state, STEP);
-                return Err(LifecycleError::Cgroup {
+        let dir = self.layout.container_dir(id);
+        let placed = match self.owner {
+            CgroupOwner::Own => PlacedCgroup::create(&self.layout, id, &rules).map_err(|source| {
+                LifecycleError::Cgroup {
                     container: id.clone(),
                     step: STEP,
                     source,
-                });
+                }
+            }),
+            CgroupOwner::Mesos => PlacedCgroup::join(&self.layout, id, dir, &rules, &self.base),
+        };
+        let cgroup = match placed {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                state.containers.remove(id);
+                state.allocator.release_all(id.as_str());
+                self.save_or_log(&state, STEP);
+                return Err(e);
             }
         };
         fault::point("prepare.cgroup_created");
@@ -212,39 +239,8 @@ impl Isolator {
         Ok(info)
     }
 
-    fn prepare_nested(
-        &self,
-        state: &mut State,
-        id: &ContainerId,
-        parent: &ContainerId,
-        config: &PrepareConfig,
-    ) -> Result<LaunchInfo, LifecycleError> {
-        let root = state.nested.get(parent).unwrap_or(parent).clone();
-        let Some(entry) = state.containers.get(&root) else {
-            return Err(LifecycleError::UnknownParent {
-                container: id.clone(),
-                parent: parent.clone(),
-            });
-        };
-        let cgroup = entry.cgroup.as_ref().map(|c| c.path().to_owned());
-        let info = launch_info(
-            config,
-            &self.gpus_of(entry.gpus),
-            &self.nodes,
-            self.driver_volume.as_deref(),
-            entry.rules.clone(),
-            cgroup,
-        )
-        .map_err(|m| LifecycleError::MissingNode {
-            container: id.clone(),
-            index: m.index,
-        })?;
-        state.nested.insert(id.clone(), root.clone());
-        tracing::info!(parent = %root, gpus = info.gpus.len(), "prepared nested container sharing its parent's GPUs");
-        Ok(info)
-    }
-
-    /// Moves process `pid` into the container's cgroup (its root parent's for a nested container).
+    /// Moves process `pid` into the container's own cgroup (its root parent's for a nested
+    /// container); in a cgroup of Mesos, Mesos placed it already and nothing is done.
     #[tracing::instrument(skip_all, fields(container = %id, pid))]
     pub fn isolate(&self, id: &ContainerId, pid: u32) -> Result<(), LifecycleError> {
         const STEP: &str = "isolate";
@@ -260,7 +256,7 @@ impl Isolator {
                 source,
             })?;
         fault::point("isolate.moved");
-        tracing::info!(cgroup = %cgroup.path().display(), "isolated process");
+        tracing::info!(cgroup = %cgroup.path().display(), owner = %self.owner, "isolated process");
         Ok(())
     }
 
@@ -305,11 +301,15 @@ impl Isolator {
                 entry.rules = rules.to_vec();
             }
         };
-        let apply = |state: &mut State, rules: &[DeviceRule]| -> Result<(), LifecycleError> {
-            match state.containers.get_mut(id).and_then(|e| e.cgroup.as_mut()) {
+        let base = &self.base;
+        let apply = |state: &mut State,
+                     old: &[DeviceRule],
+                     new: &[DeviceRule]|
+         -> Result<(), LifecycleError> {
+            let applied = match state.containers.get_mut(id).and_then(|e| e.cgroup.as_mut()) {
                 Some(cgroup) => {
                     cgroup
-                        .set_allowed(rules)
+                        .apply(old, new, base)
                         .map_err(|source| LifecycleError::Cgroup {
                             container: id.clone(),
                             step: STEP,
@@ -320,7 +320,11 @@ impl Isolator {
                     container: id.clone(),
                     step: STEP,
                 }),
+            };
+            if applied.is_ok() {
+                nested::regrant_nested(&self.layout, state, id, old, new, base);
             }
+            applied
         };
         if resize.released.is_empty() {
             // Grow (or no change): checkpoint first, then grant.
@@ -331,7 +335,7 @@ impl Isolator {
                 return Err(e);
             }
             fault::point("update.checkpointed");
-            if let Err(e) = apply(state, &new_rules) {
+            if let Err(e) = apply(state, &old_rules, &new_rules) {
                 set_entry(state, old_gpus, &old_rules);
                 undo_alloc(state);
                 self.save_or_log(state, STEP);
@@ -341,14 +345,14 @@ impl Isolator {
         } else {
             // Shrink: revoke first, then checkpoint. The lock keeps the released GPUs from being
             // granted elsewhere until both are done.
-            if let Err(e) = apply(state, &new_rules) {
+            if let Err(e) = apply(state, &old_rules, &new_rules) {
                 undo_alloc(state);
                 return Err(e);
             }
             fault::point("update.applied");
             set_entry(state, new_gpus, &new_rules);
             if let Err(e) = self.save(state, STEP) {
-                if let Err(restore) = apply(state, &old_rules) {
+                if let Err(restore) = apply(state, &new_rules, &old_rules) {
                     tracing::error!(error = %restore, "cannot restore the device rules of a failed update");
                 }
                 set_entry(state, old_gpus, &old_rules);
@@ -366,8 +370,23 @@ impl Isolator {
     #[tracing::instrument(skip_all, fields(container = %id))]
     pub fn cleanup(&self, id: &ContainerId) -> Result<(), LifecycleError> {
         const STEP: &str = "clean up";
-        let mut state = self.lock()?;
-        if state.nested.remove(id).is_some() {
+        let mut guard = self.lock()?;
+        let state = &mut *guard;
+        if let Some(root) = state.nested.remove(id) {
+            if let Some(mut cgroup) = state.nested_cgroups.remove(id) {
+                let rules = state
+                    .containers
+                    .get(&root)
+                    .map(|e| e.rules.clone())
+                    .unwrap_or_default();
+                cgroup
+                    .release(&rules, &self.base)
+                    .map_err(|source| LifecycleError::Cgroup {
+                        container: id.clone(),
+                        step: STEP,
+                        source,
+                    })?;
+            }
             tracing::info!("cleaned up nested container");
             return Ok(());
         }
@@ -383,16 +402,21 @@ impl Isolator {
             step: STEP,
             source,
         };
-        match state.containers.get(id) {
+        match state.containers.get_mut(id) {
             Some(entry) => {
-                if let Some(cgroup) = &entry.cgroup {
-                    cgroup.destroy().map_err(cgroup_err)?;
+                if let Some(cgroup) = &mut entry.cgroup {
+                    cgroup
+                        .release(&entry.rules, &self.base)
+                        .map_err(cgroup_err)?;
                 }
             }
             None if state.quarantine.values().any(|c| c.contains(id)) => {
-                // Recovery found a cgroup it could not account for: remove it before freeing.
-                crate::cgroup::remove_cgroup_dir(&self.layout.container_dir(id))
-                    .map_err(cgroup_err)?;
+                // Recovery found a cgroup it could not account for: remove it before freeing
+                // (one of Mesos's is Mesos's to remove, after its processes were killed).
+                if self.owner == CgroupOwner::Own {
+                    crate::cgroup::remove_cgroup_dir(&self.layout.container_dir(id))
+                        .map_err(cgroup_err)?;
+                }
             }
             None => {
                 tracing::debug!("cleanup of an unknown container");
@@ -402,13 +426,23 @@ impl Isolator {
         fault::point("cleanup.cgroup_removed");
         let released = state.allocator.release_all(id.as_str());
         state.containers.remove(id);
-        state.nested.retain(|_, parent| parent != id);
+        let children: Vec<ContainerId> = state
+            .nested
+            .iter()
+            .filter(|(_, parent)| *parent == id)
+            .map(|(child, _)| child.clone())
+            .collect();
+        for child in children {
+            state.nested.remove(&child);
+            state.nested_cgroups.remove(&child);
+        }
         let freed = state.release_quarantine(id);
         fault::point("cleanup.released");
         self.limitations.forget(id.as_str());
-        // The cgroup is gone, so nothing can use the GPUs: a failed write leaves the checkpoint
-        // holding more than memory, which recovery handles.
-        self.save(&state, STEP)?;
+        // Nothing can use the GPUs any more (the cgroup is gone, or Mesos killed its processes
+        // and our rules are revoked): a failed write leaves the checkpoint holding more than
+        // memory, which recovery handles.
+        self.save(state, STEP)?;
         fault::point("cleanup.checkpointed");
         tracing::info!(released = %released, quarantine_freed = %freed, "cleaned up container");
         Ok(())
@@ -423,7 +457,7 @@ impl Isolator {
         state: &'s State,
         id: &ContainerId,
         step: &'static str,
-    ) -> Result<&'s DeviceCgroup, LifecycleError> {
+    ) -> Result<&'s PlacedCgroup, LifecycleError> {
         if let Some(parent) = state.nested.get(id)
             && step == "update"
         {

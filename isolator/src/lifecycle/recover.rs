@@ -15,15 +15,21 @@
 //!   reported and the cgroup is set to allow the union (it is reserved for that container);
 //! - a cgroup without a checkpoint entry (lost checkpoint, or made by someone else): its v1
 //!   GPUs, or on v2 — where the list is unknowable — every GPU when processes are in it, are
-//!   quarantined until that container's cleanup;
+//!   quarantined until that container's cleanup. Where Mesos makes the container cgroups
+//!   ([`CgroupOwner::Mesos`]) every container has one, GPUs or not: a v1 cgroup granting no GPU
+//!   and a v2 cgroup without our program are Mesos's containers without GPUs and are left
+//!   alone, as are Mesos's own `<cgroups_root>/agent` (v2) and `<cgroups_root>/slave` (v1);
+//! - v1 with Mesos's cgroups: a mismatch is repaired by adding the union's entries, never by
+//!   rewriting Mesos's list;
 //! - a GPU claimed by two containers is quarantined until both are cleaned up.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::checkpoint::Checkpoint;
 use super::launch::{allow_list, allowed_minors};
+use super::placement::PlacedCgroup;
 use super::state::{Container, QUARANTINE_OWNER, State};
-use super::{Isolator, LifecycleError, health};
+use super::{CgroupOwner, Isolator, LifecycleError, health};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
 use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
@@ -35,6 +41,9 @@ pub struct RecoverState {
     pub id: ContainerId,
     /// Its parent, for a nested container.
     pub parent: Option<ContainerId>,
+    /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root
+    /// ([`super::PrepareConfig::nested_cgroup`]).
+    pub nested_cgroup: Option<std::path::PathBuf>,
 }
 
 /// Something recovery found that does not add up, and what it did about it.
@@ -124,7 +133,7 @@ impl RecoveryReport {
 struct Found {
     gpus: GpuSet,
     rules: Vec<DeviceRule>,
-    cgroup: Option<DeviceCgroup>,
+    cgroup: Option<PlacedCgroup>,
 }
 
 impl Isolator {
@@ -176,7 +185,9 @@ impl Isolator {
                     }
                 }
                 None => {
-                    let held = self.unexplained_cgroup(&id);
+                    let Some(held) = self.unexplained_cgroup(&id) else {
+                        continue;
+                    };
                     for i in held.iter() {
                         quarantine.entry(i).or_default().insert(id.clone());
                     }
@@ -234,13 +245,7 @@ impl Isolator {
                 });
             }
         }
-        for s in states {
-            if let Some(parent) = &s.parent
-                && state.containers.contains_key(parent)
-            {
-                state.nested.insert(s.id.clone(), parent.clone());
-            }
-        }
+        self.recover_nested(&mut state, states);
         // The allocator is rebuilt: GPUs the health monitor failed stay out of the pool.
         health::reapply(
             &mut state,
@@ -417,7 +422,8 @@ impl Isolator {
             }
             text
         };
-        if !DeviceCgroup::exists(&self.layout, id) {
+        let cgroup_dir = self.layout.container_dir(id);
+        if !cgroup_dir.is_dir() {
             report.issues.push(RecoveryIssue::CgroupMissing {
                 container: id.clone(),
                 gpus: gpus.to_vec(),
@@ -430,14 +436,19 @@ impl Isolator {
         }
         match self.layout.version() {
             CgroupVersion::V1 => {
-                let mut cgroup =
-                    DeviceCgroup::recover(&self.layout, id, None).map_err(|e| chain(&e))?;
-                let live_rules = cgroup.allowed().map_err(|e| chain(&e))?;
+                let mut cgroup = PlacedCgroup::open(self.owner, &self.layout, id, cgroup_dir)
+                    .map_err(|e| chain(&e))?;
+                let live_rules = cgroup.cgroup().allowed().map_err(|e| chain(&e))?;
                 let live = self.indices_of_minors(&allowed_minors(&live_rules));
                 if live == gpus {
+                    // Own cgroups hold exactly our list; Mesos's hold its entries and ours.
+                    let rules = match self.owner {
+                        CgroupOwner::Own => live_rules,
+                        CgroupOwner::Mesos => self.rules_of(gpus),
+                    };
                     return Ok(Found {
                         gpus,
-                        rules: live_rules,
+                        rules,
                         cgroup: Some(cgroup),
                     });
                 }
@@ -447,15 +458,8 @@ impl Isolator {
                     live: live.to_vec(),
                 });
                 let union = gpus.union(live);
-                let minors: Vec<u32> = self
-                    .inventory
-                    .gpus
-                    .iter()
-                    .filter(|g| union.contains(g.index))
-                    .map(|g| g.minor)
-                    .collect();
-                let rules = allow_list(&self.base, &self.nodes, minors);
-                cgroup.set_allowed(&rules).map_err(|e| chain(&e))?;
+                let rules = self.rules_of(union);
+                cgroup.grant(&rules, &self.base).map_err(|e| chain(&e))?;
                 Ok(Found {
                     gpus: union,
                     rules,
@@ -476,33 +480,64 @@ impl Isolator {
                 Ok(Found {
                     gpus,
                     rules: rules.to_vec(),
-                    cgroup: Some(cgroup),
+                    cgroup: Some(PlacedCgroup::from_parts(self.owner, cgroup)),
                 })
             }
         }
     }
 
+    /// The whole allow list of a container holding `gpus`.
+    fn rules_of(&self, gpus: GpuSet) -> Vec<DeviceRule> {
+        let minors = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| gpus.contains(g.index))
+            .map(|g| g.minor);
+        allow_list(&self.base, &self.nodes, minors)
+    }
+
     /// The GPUs a cgroup without a checkpoint entry may reach: v1 from `devices.list`; v2, whose
     /// list cannot be read, every offered GPU while processes are in it, none when it is empty.
-    fn unexplained_cgroup(&self, id: &ContainerId) -> GpuSet {
+    /// `None` for a cgroup of Mesos that is none of ours (see the module docs).
+    fn unexplained_cgroup(&self, id: &ContainerId) -> Option<GpuSet> {
         let path = self.layout.container_dir(id);
+        let every = || GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default();
+        let mesos = self.owner == CgroupOwner::Mesos;
         match self.layout.version() {
             CgroupVersion::V1 => {
                 match DeviceCgroup::recover(&self.layout, id, None).and_then(|cg| cg.allowed()) {
-                    Ok(rules) => self.indices_of_minors(&allowed_minors(&rules)),
+                    Ok(rules) => {
+                        let held = self.indices_of_minors(&allowed_minors(&rules));
+                        (!mesos || !held.is_empty()).then_some(held)
+                    }
                     Err(e) => {
                         tracing::error!(container = %id, error = %e, "cannot read the device list; quarantining every GPU");
-                        GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default()
+                        Some(every())
                     }
                 }
             }
-            CgroupVersion::V2 => match read_procs(&path) {
-                Ok(pids) if pids.is_empty() => GpuSet::EMPTY,
-                _ => {
-                    tracing::error!(container = %id, "cgroup2 cgroup with processes and no checkpoint; quarantining every GPU");
-                    GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default()
+            CgroupVersion::V2 => {
+                if mesos {
+                    match V2DeviceCgroup::open(&self.layout, id)
+                        .and_then(|cg| cg.attached_program())
+                    {
+                        Ok(None) => return None,
+                        Ok(Some(_)) => {}
+                        Err(e) => {
+                            tracing::error!(container = %id, error = %e, "cannot query the cgroup's device programs; quarantining every GPU");
+                            return Some(every());
+                        }
+                    }
                 }
-            },
+                match read_procs(&path) {
+                    Ok(pids) if pids.is_empty() && !mesos => Some(GpuSet::EMPTY),
+                    _ => {
+                        tracing::error!(container = %id, "cgroup2 cgroup with our device program and no checkpoint; quarantining every GPU");
+                        Some(every())
+                    }
+                }
+            }
         }
     }
 

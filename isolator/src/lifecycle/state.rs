@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord, SCHEMA_VERSION};
+use super::placement::PlacedCgroup;
 use crate::allocator::{Allocator, GpuSet};
-use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule};
+use crate::cgroup::{ContainerId, DeviceRule};
 use crate::health::HealthChange;
 use crate::inventory::Inventory;
 
@@ -24,7 +25,7 @@ pub(crate) struct Container {
     /// Its full allow list, as checkpointed and (once created) in force.
     pub(crate) rules: Vec<DeviceRule>,
     /// Its device cgroup; `None` when recovery found it gone.
-    pub(crate) cgroup: Option<DeviceCgroup>,
+    pub(crate) cgroup: Option<PlacedCgroup>,
 }
 
 /// Everything behind the isolator's mutex.
@@ -32,8 +33,11 @@ pub(crate) struct Container {
 pub(crate) struct State {
     pub(crate) allocator: Allocator,
     pub(crate) containers: BTreeMap<ContainerId, Container>,
-    /// Nested containers and their parents (they share the parent's GPUs and cgroup).
+    /// Nested containers and their top-level ancestor (they share its GPUs and cgroup).
     pub(crate) nested: BTreeMap<ContainerId, ContainerId>,
+    /// The devices cgroups Mesos made for nested containers of their own (cgroup v1,
+    /// `share_cgroups=false`), which get their ancestor's entries too.
+    pub(crate) nested_cgroups: BTreeMap<ContainerId, PlacedCgroup>,
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
@@ -47,6 +51,7 @@ impl State {
             allocator,
             containers: BTreeMap::new(),
             nested: BTreeMap::new(),
+            nested_cgroups: BTreeMap::new(),
             docker: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             failed: BTreeMap::new(),

@@ -182,14 +182,29 @@ pub(crate) fn kill_cgroup(dir: &Path) {
 
 impl Drop for CgroupRoot {
     fn drop(&mut self) {
-        for dir in self.children().into_iter().chain([self.parent.clone()]) {
-            for _ in 0..50 {
-                if !dir.exists() || std::fs::remove_dir(&dir).is_ok() {
-                    break;
-                }
-                kill_cgroup(&dir);
-            }
+        remove_tree(&self.parent);
+    }
+}
+
+/// Removes the cgroup `dir` and every cgroup below it, deepest first, killing what is left in
+/// them (Mesos's layouts nest: `<id>/leaf`, `<id>/mesos/<child>`).
+pub(crate) fn remove_tree(dir: &Path) {
+    let children: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    for child in children {
+        remove_tree(&child);
+    }
+    for _ in 0..50 {
+        if !dir.exists() || std::fs::remove_dir(dir).is_ok() {
+            break;
         }
+        kill_cgroup(dir);
     }
 }
 

@@ -102,6 +102,21 @@ pub(crate) fn pci_info(addr: PciAddr, device_id: u32, subsystem_id: u32) -> Nvml
     }
 }
 
+/// `nvmlDeviceGetHandleByIndex`, NVML's first version, which Mesos's own NVML code loads
+/// (`isolators/gpu/nvml.cpp` 114): as `nvmlDeviceGetHandleByIndex_v2`, since a simulated caller
+/// may access every GPU (v1 skips those it may not).
+///
+/// # Safety
+/// `device` is NULL or writable for one `nvmlDevice_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    // SAFETY: this function's contract is `handle_by_index`'s.
+    unsafe { handle_by_index("nvmlDeviceGetHandleByIndex", index, device) }
+}
+
 /// `nvmlDeviceGetHandleByIndex_v2`.
 ///
 /// # Safety
@@ -111,10 +126,23 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
+    // SAFETY: this function's contract is `handle_by_index`'s.
+    unsafe { handle_by_index("nvmlDeviceGetHandleByIndex_v2", index, device) }
+}
+
+/// Both versions of `nvmlDeviceGetHandleByIndex`, as `name`.
+///
+/// # Safety
+/// `device` is NULL or writable for one `nvmlDevice_t`.
+unsafe fn handle_by_index(
+    name: &'static str,
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { Out::new(device) };
-        let handle = lookup("nvmlDeviceGetHandleByIndex_v2", out.ok(), |sim| {
+        let handle = lookup(name, out.ok(), |sim| {
             let index = index as usize;
             if index < sim.gpus.len() {
                 Ok(index)

@@ -31,6 +31,7 @@ pub(crate) const SYSTEM_FUNCTIONS: &[&str] = &[
     "nvmlSystemGetNVMLVersion",
     "nvmlSystemGetCudaDriverVersion",
     "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
     "nvmlDeviceGetCount_v2",
     "nvmlEventSetCreate",
     "nvmlEventSetFree",
@@ -39,6 +40,7 @@ pub(crate) const SYSTEM_FUNCTIONS: &[&str] = &[
 
 /// Per-device functions a GPU's `fail` may make fail.
 pub(crate) const DEVICE_FUNCTIONS: &[&str] = &[
+    "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetHandleByIndex_v2",
     "nvmlDeviceGetHandleByUUID",
     "nvmlDeviceGetHandleByPciBusId_v2",

@@ -121,6 +121,22 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
     cuda_version("nvmlSystemGetCudaDriverVersion_v2", cuda_driver_version)
 }
 
+/// `nvmlDeviceGetCount`, NVML's first version, which Mesos's own NVML code loads
+/// (`isolators/gpu/nvml.cpp` 113): NVML's v1 leaves out GPUs the caller may not access, and
+/// a simulated caller may access every one, so it answers as `nvmlDeviceGetCount_v2`.
+///
+/// # Safety
+/// `device_count` is NULL or writable for one `unsigned int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(device_count: *mut c_uint) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(device_count) };
+        let count = system_call("nvmlDeviceGetCount", out.ok(), |sim| Ok(sim.gpus.len()))?;
+        out.put(c_uint::try_from(count).unwrap_or(c_uint::MAX))
+    })
+}
+
 /// `nvmlDeviceGetCount_v2`: the number of GPUs, lost ones included.
 ///
 /// # Safety

@@ -351,6 +351,7 @@ fn launch(
                 image_labels: image.labels.keys().cloned().collect(),
                 has_task_info: true,
                 parent: None,
+                nested_cgroup: None,
             };
             let info = agent.launch_mesos(id, config, gpus)?;
             let base = mesos_gpu_isolator::cgroup::default_whitelist().len();

@@ -114,8 +114,16 @@ impl V2DeviceCgroup {
         layout: &CgroupLayout,
         container: &ContainerId,
     ) -> Result<V2DeviceCgroup, CgroupError> {
+        V2DeviceCgroup::open_at(layout, layout.container_dir(container), container)
+    }
+
+    /// Opens the existing cgroup directory `path` as `container`'s, like [`Self::open`].
+    pub fn open_at(
+        layout: &CgroupLayout,
+        path: PathBuf,
+        container: &ContainerId,
+    ) -> Result<V2DeviceCgroup, CgroupError> {
         layout.expect_version(CgroupVersion::V2)?;
-        let path = layout.container_dir(container);
         if !path.is_dir() {
             return Err(CgroupError::Missing {
                 container: container.clone(),
@@ -191,6 +199,19 @@ impl V2DeviceCgroup {
                 ids: many.iter().map(|(id, _)| *id).collect(),
             }),
         }
+    }
+
+    /// The ids of the device programs attached to the cgroup that are not ours (Mesos's device
+    /// manager attaches one to each container cgroup when `cgroups/devices` is enabled).
+    pub fn foreign_programs(&self) -> Result<Vec<u32>, CgroupError> {
+        let dir = self.open_dir()?;
+        let all = sys::prog_query(dir.as_fd()).wrap_bpf("BPF_PROG_QUERY", &self.path)?;
+        let ours: Vec<u32> = self
+            .our_programs(&dir)?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        Ok(all.into_iter().filter(|id| !ours.contains(id)).collect())
     }
 
     /// Detaches our program(s) from the cgroup, lifting this cgroup's own restriction; returns

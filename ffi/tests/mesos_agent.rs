@@ -1,0 +1,872 @@
+//! Issue 11: the module inside a real `mesos-agent`, end to end.
+//!
+//! The C++ shim is built with its CMakeLists.txt against the Mesos in `../shared/mesos/install`
+//! (strict ISO C++17, the protobuf Mesos was built with, warnings as errors) and loaded with
+//! `--modules` into a real agent registered with a real master on 127.0.0.1. nvml-sim (a DGX-1:
+//! 8 GPUs, minors 0-7) is the agent's `libnvidia-ml.so.1` through `LD_LIBRARY_PATH`, and the
+//! GPUs' and control devices' nodes are mknod'ed in a private directory the module is told about
+//! (`dev_root`). Tasks are launched with `mesos-execute --framework_capabilities=GPU_RESOURCES
+//! --resources='cpus:0.1;mem:32;gpus:N'`; they run a static probe that opens every node: `ENXIO`
+//! means the device cgroup allows it (no driver behind it), `EPERM` that it denies it.
+//!
+//! cgroup v1 runs on the host's hierarchies; cgroup v2 runs the agent in a private mount
+//! namespace with cgroup2 at `/sys/fs/cgroup`, where Mesos looks for it (see
+//! `mesos_gpu_testkit::mesos`). Needs root, cgroups, `cc`, cmake and the Mesos install.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Trial};
+use mesos_gpu::proto::mesos::ContainerId;
+use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
+use mesos_gpu_testkit::mesos::{
+    Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
+    build_module, build_probe, wait_for,
+};
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use support::{Handle, TestResult, cdylib, check, config, trial};
+
+/// The module's name in modules.json and `--isolation`.
+const MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
+/// The simulated node: 8 GPUs, minors 0 to 7.
+const NODE: &str = "dgx1-v100";
+const MINORS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+/// Control devices every GPU task may open.
+const CONTROL: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
+const TASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let v1: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
+    let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
+    let build: &[Need] = &[Need::Cc, Need::Mesos];
+    type Test = fn() -> TestResult;
+    let tests: [(&str, &[Need], Test); 13] = [
+        ("module_builds_strict_iso", build, module_builds_strict_iso),
+        (
+            "v1_gpus_on_mesos_devices_cgroup",
+            v1,
+            v1_gpus_on_mesos_devices_cgroup,
+        ),
+        (
+            "v1_concurrent_tasks_get_disjoint_gpus",
+            v1,
+            v1_concurrent_tasks_get_disjoint_gpus,
+        ),
+        (
+            "v1_more_gpus_than_free_stay_pending",
+            v1,
+            v1_more_gpus_than_free_stay_pending,
+        ),
+        ("v1_agent_sigkill_recovery", v1, || {
+            agent_sigkill_recovery(AgentCgroups::V1)
+        }),
+        (
+            "v1_prepare_waits_for_gpus_mesos_counts_free",
+            v1,
+            v1_prepare_waits_for_gpus,
+        ),
+        (
+            "v1_own_devices_cgroup_without_cgroups_devices",
+            v1,
+            v1_own_devices_cgroup,
+        ),
+        (
+            "v1_unsupported_configurations_refused_at_start",
+            v1,
+            v1_unsupported_refused,
+        ),
+        ("v1_nested_task_group", v1, || {
+            nested_task_group(AgentCgroups::V1)
+        }),
+        (
+            "v2_program_on_mesos_container_cgroup",
+            v2,
+            v2_program_on_mesos_cgroup,
+        ),
+        ("v2_agent_sigkill_recovery", v2, || {
+            agent_sigkill_recovery(AgentCgroups::V2)
+        }),
+        ("v2_cgroups_devices_refused", v2, v2_cgroups_devices_refused),
+        ("v2_nested_task_group", v2, || {
+            nested_task_group(AgentCgroups::V2)
+        }),
+    ];
+    let trials: Vec<Trial> = tests
+        .into_iter()
+        .map(|(name, need, f)| needs(&host, need, trial(format!("issue_11_{name}"), f)))
+        .collect();
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The Mesos install.
+fn install() -> TestResult<MesosInstall> {
+    Ok(MesosInstall::locate()?)
+}
+
+/// The module, built once per test run in `target/tmp` (cmake rebuilds only what changed).
+fn module() -> TestResult<PathBuf> {
+    static MODULE_SO: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = MODULE_SO.get_or_init(|| {
+        let install = MesosInstall::locate()?;
+        let lib = cdylib().map_err(|e| e.to_string())?;
+        let lib_dir = lib.parent().ok_or("libmesos_gpu.so has no directory")?;
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mesos-module");
+        let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-module");
+        build_module(
+            &install,
+            &source,
+            lib_dir,
+            &build,
+            &["-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"],
+        )
+    });
+    Ok(built.clone()?)
+}
+
+/// The static device probe, built once per test run.
+fn probe() -> TestResult<PathBuf> {
+    static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = PROBE.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-probe");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        build_probe(&dir)
+    });
+    Ok(built.clone()?)
+}
+
+/// The module builds with its CMakeLists.txt, in strict ISO C++17 with Mesos's defines, against
+/// the protobuf Mesos was built with, warnings as errors, every override marked.
+fn module_builds_strict_iso() -> TestResult {
+    let module = module()?;
+    let commands = module.with_file_name("compile_commands.json");
+    let text = std::fs::read_to_string(&commands)?;
+    for want in [
+        "-std=c++17",
+        "-DPICOJSON_USE_INT64",
+        "-D__STDC_FORMAT_MACROS",
+        "-Wsuggest-override",
+        "-Werror",
+    ] {
+        check(
+            text.contains(want),
+            format!("{want} missing from {}: {text}", commands.display()),
+        )?;
+    }
+    check(!text.contains("gnu++"), format!("GNU extensions in {text}"))?;
+    Ok(())
+}
+
+/// A master, an agent loading the module on a simulated node, and what the tasks need.
+struct Cluster {
+    install: MesosInstall,
+    sim: SimNode,
+    dev: DevNodes,
+    scratch: tempfile::TempDir,
+    master: Master,
+    agent: Agent,
+}
+
+/// How the module is set up in modules.json.
+struct ModuleSetup<'a> {
+    /// Give `cgroups_root` explicitly, equal to the agent's (else the module takes the agent's).
+    explicit_root: bool,
+    /// More parameters.
+    extra: &'a [(&'a str, &'a str)],
+}
+
+const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
+    explicit_root: true,
+    extra: &[],
+};
+
+impl Cluster {
+    fn start(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+    ) -> TestResult<Cluster> {
+        let (cluster, spec) = Cluster::prepare(cgroups, isolation, setup)?;
+        let (install, sim, dev, scratch, master) = cluster;
+        let agent = Agent::start(&install, &master, spec)?;
+        Ok(Cluster {
+            install,
+            sim,
+            dev,
+            scratch,
+            master,
+            agent,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+    ) -> TestResult<(
+        (MesosInstall, SimNode, DevNodes, tempfile::TempDir, Master),
+        AgentSpec,
+    )> {
+        let install = install()?;
+        let module = module()?;
+        let sim = SimNode::shipped(NODE);
+        let dev = DevNodes::nvidia(&MINORS)?;
+        let scratch = tempfile::Builder::new()
+            .prefix("mgpu-mesos-e2e")
+            .tempdir()?;
+        let master = Master::start(&install)?;
+        let mut spec = AgentSpec::new(isolation, cgroups, 8);
+        let module_work = scratch.path().join("module-work");
+        let mut params: Vec<(String, String)> = vec![
+            ("work_dir".into(), module_work.display().to_string()),
+            ("dev_root".into(), dev.path().display().to_string()),
+            ("driver_volume".into(), "off".into()),
+            ("policy".into(), "first-fit".into()),
+        ];
+        if setup.explicit_root {
+            params.push(("cgroups_root".into(), spec.cgroups_root.clone()));
+        }
+        params.extend(
+            setup
+                .extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let modules = scratch.path().join("modules.json");
+        std::fs::write(&modules, modules_json(&module, &params).to_string())?;
+        spec.modules = Some(modules);
+        spec.env
+            .push(("LD_LIBRARY_PATH".into(), sim.dir().display().to_string()));
+        Ok(((install, sim, dev, scratch, master), spec))
+    }
+
+    /// Launches task `name` asking for `gpus` GPUs running the probe; with `wait`, the probe
+    /// waits for the file `<scratch>/<name>.go` before probing again and exiting.
+    fn launch(&self, name: &str, gpus: u32, wait: bool) -> TestResult<Task> {
+        let probe = probe()?;
+        let mut command = format!("{} {}", probe.display(), self.dev.path().display());
+        if wait {
+            command.push_str(&format!(" {}", self.go_file(name).display()));
+        }
+        Ok(Task::launch(
+            &self.install,
+            &self.master,
+            name,
+            &format!("cpus:0.1;mem:32;gpus:{gpus}"),
+            &command,
+        )?)
+    }
+
+    fn go_file(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(format!("{name}.go"))
+    }
+
+    /// Lets a waiting probe finish.
+    fn release(&self, name: &str) -> TestResult {
+        Ok(std::fs::write(self.go_file(name), b"")?)
+    }
+
+    /// The probe report of task `name`, once its first probe printed.
+    fn report(&self, name: &str) -> TestResult<ProbeReport> {
+        let text = self
+            .agent
+            .wait_stdout(name, "env CUDA_VISIBLE_DEVICES", TASK_TIMEOUT)?;
+        Ok(ProbeReport::parse(&text))
+    }
+
+    /// The report once the second probe printed too.
+    fn final_report(&self, name: &str) -> TestResult<ProbeReport> {
+        self.agent
+            .wait_stdout(name, "after nvidiactl", TASK_TIMEOUT)?;
+        self.report(name)
+    }
+
+    /// The UUIDs of the GPUs with `minors`, from the node description, in minor order.
+    fn uuids(&self, minors: &[u32]) -> TestResult<Vec<String>> {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.sim.config_path())?)?;
+        let mut found = Vec::new();
+        for gpu in json["gpus"]
+            .as_array()
+            .ok_or("no gpus in the description")?
+        {
+            let minor = u32::try_from(gpu["minor"].as_u64().ok_or("no minor")?)?;
+            if minors.contains(&minor) {
+                found.push((minor, gpu["uuid"].as_str().ok_or("no uuid")?.to_owned()));
+            }
+        }
+        found.sort();
+        Ok(found.into_iter().map(|(_, u)| u).collect())
+    }
+
+    /// The module's checkpoint.
+    fn checkpoint(&self) -> TestResult<serde_json::Value> {
+        let path = self.scratch.path().join("module-work/gpu/allocations.json");
+        Ok(serde_json::from_str(&std::fs::read_to_string(&path)?)?)
+    }
+
+    /// Waits until the module's checkpoint holds no container and no quarantined GPU.
+    fn wait_all_released(&self) -> TestResult {
+        wait_for(
+            TASK_TIMEOUT,
+            || {
+                format!(
+                    "every GPU released; checkpoint: {:?}",
+                    self.checkpoint().ok()
+                )
+            },
+            || {
+                let c = self.checkpoint().ok()?;
+                let empty = |k: &str| c[k].as_object().is_none_or(serde_json::Map::is_empty);
+                (empty("containers") && empty("quarantine")).then_some(())
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// modules.json loading the module with `params`.
+fn modules_json(module: &Path, params: &[(String, String)]) -> serde_json::Value {
+    let parameters: Vec<serde_json::Value> = params
+        .iter()
+        .map(|(k, v)| serde_json::json!({ "key": k, "value": v }))
+        .collect();
+    serde_json::json!({
+        "libraries": [{
+            "file": module.display().to_string(),
+            "modules": [{ "name": MODULE, "parameters": parameters }],
+        }]
+    })
+}
+
+/// Checks that `report` opened exactly the GPUs `minors` (and the control devices when there
+/// are any), and no other.
+fn expect_exactly(report: &ProbeReport, minors: &[u32], after: bool) -> TestResult {
+    let map = if after { &report.after } else { &report.before };
+    let mut wrong = Vec::new();
+    for m in MINORS {
+        let want = if minors.contains(&m) {
+            "ENXIO"
+        } else {
+            "EPERM"
+        };
+        let got = map
+            .get(&format!("nvidia{m}"))
+            .map_or("missing", String::as_str);
+        if got != want {
+            wrong.push(format!("nvidia{m}: {got}, expected {want}"));
+        }
+    }
+    let control = if minors.is_empty() { "EPERM" } else { "ENXIO" };
+    for node in CONTROL {
+        let got = map.get(node).map_or("missing", String::as_str);
+        if got != control {
+            wrong.push(format!("{node}: {got}, expected {control}"));
+        }
+    }
+    check(
+        wrong.is_empty(),
+        format!("{}: {report:?}", wrong.join("; ")),
+    )
+}
+
+/// The GPU minors a probe opened, as a set.
+fn opened(report: &ProbeReport, after: bool) -> BTreeSet<u32> {
+    report.gpus(after).into_iter().collect()
+}
+
+/// v1 with `cgroups/devices`, the module's `cgroups_root` equal to the agent's (what failed
+/// before: "container … already has a cgroup"): a `gpus:2` task opens exactly two GPUs and the
+/// control devices, with their UUIDs in its environment, inside Mesos's devices cgroup; a
+/// `gpus:0` task opens none and gets no GPU variable; every GPU is released afterwards.
+fn v1_gpus_on_mesos_devices_cgroup() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let mut two = c.launch("two", 2, false)?;
+    two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.report("two")?;
+    let minors = report.gpus(false);
+    check(minors.len() == 2, format!("two GPUs expected: {report:?}"))?;
+    expect_exactly(&report, &minors, false)?;
+    let uuids = c.uuids(&minors)?.join(",");
+    check(
+        report.env.get("NVIDIA_VISIBLE_DEVICES") == Some(&uuids)
+            && report.env.get("CUDA_VISIBLE_DEVICES") == Some(&uuids),
+        format!("expected {uuids} in {:?}", report.env),
+    )?;
+    let root = &c.agent.spec().cgroups_root;
+    check(
+        report
+            .cgroups
+            .iter()
+            .any(|l| l.contains(&format!(":devices:/{root}/"))),
+        format!(
+            "the task must run in Mesos's devices cgroup under {root}: {:?}",
+            report.cgroups
+        ),
+    )?;
+    check(
+        c.agent.log().contains("joined Mesos's container cgroup"),
+        "the module did not join Mesos's cgroup",
+    )?;
+
+    let mut zero = c.launch("zero", 0, false)?;
+    zero.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.report("zero")?;
+    expect_exactly(&report, &[], false)?;
+    for var in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"] {
+        check(
+            report.env.get(var).map(String::as_str) == Some("(unset)"),
+            format!("{var} must be unset for gpus:0: {:?}", report.env),
+        )?;
+    }
+    c.wait_all_released()
+}
+
+/// Three tasks at once (4 + 3 + 1 GPUs of 8) get disjoint GPUs covering the node, each exactly
+/// its own.
+fn v1_concurrent_tasks_get_disjoint_gpus() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let asks = [("four", 4), ("three", 3), ("one", 1)];
+    let mut tasks = Vec::new();
+    for (name, gpus) in asks {
+        tasks.push(c.launch(name, gpus, true)?);
+    }
+    let mut seen = BTreeSet::new();
+    for ((name, gpus), task) in asks.iter().zip(tasks.iter_mut()) {
+        task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+        let report = c.report(name)?;
+        let mine = opened(&report, false);
+        check(
+            mine.len() == *gpus as usize,
+            format!("{name}: {gpus} GPUs expected: {report:?}"),
+        )?;
+        expect_exactly(&report, &report.gpus(false), false)?;
+        check(
+            mine.is_disjoint(&seen),
+            format!("{name} got {mine:?}, already held: {seen:?}"),
+        )?;
+        seen.extend(mine);
+    }
+    check(seen.len() == 8, format!("all 8 GPUs in use: {seen:?}"))?;
+    for ((name, _), task) in asks.iter().zip(tasks.iter_mut()) {
+        c.release(name)?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    c.wait_all_released()
+}
+
+/// With all 8 GPUs held, Mesos offers no GPU: a `gpus:1` task stays pending and so does a
+/// `gpus:9` task on the 8-GPU agent (`mesos-execute` declines an offer that does not hold all it
+/// asks for and suppresses further offers, `cli/execute.cpp` 515, 624-641, so both stay pending
+/// for good). Once the first task finished (Mesos updates its container to the executor's own
+/// resources, and the module releases the GPUs then), a `gpus:8` task gets all eight.
+fn v1_more_gpus_than_free_stay_pending() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let mut all = c.launch("all", 8, true)?;
+    all.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let mut one = c.launch("one", 1, false)?;
+    let mut nine = c.launch("nine", 9, false)?;
+    std::thread::sleep(Duration::from_secs(3));
+    for (name, task) in [("one", &mut one), ("nine", &mut nine)] {
+        check(
+            task.states().is_empty() && task.is_running() && c.agent.sandbox(name).is_err(),
+            format!("{name} must stay pending: {}", task.output()),
+        )?;
+    }
+    c.release("all")?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let mut again = c.launch("again", 8, false)?;
+    again.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    expect_exactly(&c.report("again")?, &MINORS, false)?;
+    check(
+        one.states().is_empty() && nine.states().is_empty(),
+        "the suppressed frameworks launched nothing",
+    )?;
+    c.wait_all_released()
+}
+
+/// Mesos counts a GPU free that the module does not hand out (here: taken out of the pool by an
+/// XID 79, which Mesos does not know about): a task asking for all eight is offered them, and its
+/// `prepare` waits, without blocking the agent, instead of failing at once; once the GPU is back
+/// (`gpu mark-healthy`) the task gets all eight.
+fn v1_prepare_waits_for_gpus() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    c.sim.append_event("xid 7 79");
+    c.agent.wait_log("XID 79", TASK_TIMEOUT)?;
+    let mut all = c.launch("all", 8, false)?;
+    c.agent.wait_log("waits up to", TASK_TIMEOUT)?;
+    check(
+        all.states().is_empty(),
+        format!("no status while waiting: {:?}", all.states()),
+    )?;
+    let health = mesos_gpu_isolator::health::HealthStore::at(&c.scratch.path().join("module-work"));
+    health.request_mark_healthy(&mesos_gpu_isolator::health::GpuRef::Index(7))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    expect_exactly(&c.report("all")?, &MINORS, false)?;
+    c.wait_all_released()
+}
+
+/// The agent is SIGKILLed while two tasks hold GPUs; one task finishes while it is down. After
+/// the restart the running task keeps exactly its GPUs, the finished one's are given back, and
+/// a new task gets exactly the free GPUs: nothing is double-booked.
+fn agent_sigkill_recovery(cgroups: AgentCgroups) -> TestResult {
+    let isolation = match cgroups {
+        AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
+    };
+    let mut c = Cluster::start(cgroups, &isolation, &EXPLICIT_ROOT)?;
+    let mut keep = c.launch("keep", 3, true)?;
+    let mut done = c.launch("done", 3, true)?;
+    keep.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    done.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let kept = opened(&c.report("keep")?, false);
+    let freed = opened(&c.report("done")?, false);
+    check(
+        kept.len() == 3 && freed.len() == 3 && kept.is_disjoint(&freed),
+        format!("{kept:?} {freed:?}"),
+    )?;
+
+    c.agent.kill()?;
+    c.release("done")?;
+    c.agent
+        .wait_stdout("done", "after nvidiactl", TASK_TIMEOUT)?;
+    c.agent.restart()?;
+    done.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    check(
+        c.agent.log().contains("recovered GPU"),
+        "the module did not recover",
+    )?;
+
+    let mut fresh = c.launch("fresh", 5, true)?;
+    fresh.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let got = opened(&c.report("fresh")?, false);
+    let expected: BTreeSet<u32> = MINORS
+        .iter()
+        .copied()
+        .filter(|m| !kept.contains(m))
+        .collect();
+    check(
+        got == expected,
+        format!("the new task must get exactly the free GPUs {expected:?}, got {got:?}"),
+    )?;
+
+    c.release("keep")?;
+    keep.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.final_report("keep")?;
+    check(
+        opened(&report, true) == kept,
+        format!("the running task keeps its GPUs {kept:?}: {report:?}"),
+    )?;
+    expect_exactly(&report, &kept.iter().copied().collect::<Vec<_>>(), true)?;
+    c.release("fresh")?;
+    fresh.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()
+}
+
+/// v1 without `cgroups/devices`: Mesos makes no devices cgroup, so the module makes its own,
+/// under the agent's `--cgroups_root` (taken from the agent, not given), and isolates exactly.
+/// (With the linux launcher a v1 agent needs some `cgroups/*` isolator: without any, Mesos
+/// aborts creating its forced cgroups isolator, `isolators/cgroups/cgroups.cpp` 155.)
+fn v1_own_devices_cgroup() -> TestResult {
+    let setup = ModuleSetup {
+        explicit_root: false,
+        extra: &[],
+    };
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/cpu,cgroups/mem,{MODULE}"),
+        &setup,
+    )?;
+    let mut two = c.launch("two", 2, false)?;
+    let mut zero = c.launch("zero", 0, false)?;
+    two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    zero.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.report("two")?;
+    check(report.gpus(false).len() == 2, format!("{report:?}"))?;
+    expect_exactly(&report, &report.gpus(false), false)?;
+    let root = &c.agent.spec().cgroups_root;
+    check(
+        report
+            .cgroups
+            .iter()
+            .any(|l| l.contains(&format!(":devices:/{root}/"))),
+        format!(
+            "the module's own devices cgroup is under the agent's root {root}: {:?}",
+            report.cgroups
+        ),
+    )?;
+    expect_exactly(&c.report("zero")?, &[], false)?;
+    c.wait_all_released()
+}
+
+/// Module parameters that contradict the agent are refused when the agent starts, with the
+/// reason: a `cgroups_root` other than the agent's, and `container_cgroups=own` where Mesos makes
+/// the devices cgroups. (`gpu/nvidia` next to the module is refused too, by the same check, unit
+/// tested: a real `gpu/nvidia` cannot start here, it needs `/dev/nvidiactl` on the host.)
+fn v1_unsupported_refused() -> TestResult {
+    let cases: [(ModuleSetup<'_>, &str); 2] = [
+        (
+            ModuleSetup {
+                explicit_root: false,
+                extra: &[("cgroups_root", "mesos_gpu_elsewhere")],
+            },
+            "module parameter cgroups_root=\"mesos_gpu_elsewhere\" contradicts the agent's --cgroups_root",
+        ),
+        (
+            ModuleSetup {
+                explicit_root: false,
+                extra: &[("container_cgroups", "own")],
+            },
+            "module parameter container_cgroups=\"own\" contradicts the agent's --isolation",
+        ),
+    ];
+    for (setup, message) in cases {
+        refused(
+            AgentCgroups::V1,
+            &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            &setup,
+            message,
+        )?;
+    }
+    Ok(())
+}
+
+/// Starts an agent that must refuse to start, logging `message`.
+fn refused(
+    cgroups: AgentCgroups,
+    isolation: &str,
+    setup: &ModuleSetup<'_>,
+    message: &str,
+) -> TestResult {
+    let ((install, _sim, _dev, _scratch, master), spec) =
+        Cluster::prepare(cgroups, isolation, setup)?;
+    let (status, log) = Agent::start_refused(&install, &master, spec)?;
+    check(
+        !status.success(),
+        format!("the agent must refuse to start: {status}"),
+    )?;
+    check(
+        log.contains(message),
+        format!(
+            "the agent log must say {message:?}:\n{}",
+            mesos_gpu_testkit::mesos::tail(&log, 30)
+        ),
+    )
+}
+
+/// v2: the module attaches its program to the container cgroup Mesos made and never moves the
+/// task, which runs in Mesos's `leaf`; `gpus:2` opens exactly its GPUs, `gpus:0` no GPU and no
+/// control device (no Mesos device program here: the module's base list denies them).
+fn v2_program_on_mesos_cgroup() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V2,
+        &format!("filesystem/linux,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let mut two = c.launch("two", 2, false)?;
+    let mut zero = c.launch("zero", 0, false)?;
+    two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    zero.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let root = &c.agent.spec().cgroups_root;
+    for (name, count) in [("two", 2), ("zero", 0)] {
+        let report = c.report(name)?;
+        check(
+            report.gpus(false).len() == count,
+            format!("{name}: {report:?}"),
+        )?;
+        expect_exactly(&report, &report.gpus(false), false)?;
+        let v2 = report
+            .cgroups
+            .iter()
+            .find(|l| l.starts_with("0::"))
+            .cloned()
+            .unwrap_or_default();
+        check(
+            v2.starts_with(&format!("0::/{root}/")) && v2.ends_with("/leaf"),
+            format!(
+                "{name} must run in Mesos's leaf cgroup under {root}: {:?}",
+                report.cgroups
+            ),
+        )?;
+    }
+    check(
+        c.report("zero")?
+            .env
+            .get("NVIDIA_VISIBLE_DEVICES")
+            .map(String::as_str)
+            == Some("(unset)"),
+        "gpus:0 gets no GPU variable",
+    )?;
+    c.wait_all_released()
+}
+
+/// v2 with Mesos's `cgroups/devices`: the agent refuses to start with the module. And the
+/// module's `prepare` on a container cgroup where Mesos's own device program is attached (an
+/// agent without the module, replayed through the C ABI) is refused with the same advice.
+fn v2_cgroups_devices_refused() -> TestResult {
+    refused(
+        AgentCgroups::V2,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+        "drop `cgroups/devices` from --isolation",
+    )?;
+
+    let install = install()?;
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::new("filesystem/linux,cgroups/devices", AgentCgroups::V2, 0);
+    spec.resources = "cpus:4;mem:4096".into();
+    let agent = Agent::start(&install, &master, spec)?;
+    let mut task = Task::launch(
+        &install,
+        &master,
+        "mesos-program",
+        "cpus:0.1;mem:32",
+        "sleep 600",
+    )?;
+    task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let run = agent.sandbox("mesos-program")?.canonicalize()?;
+    let container = run
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("no container id in the sandbox path")?
+        .to_owned();
+    let v2 = mesos_gpu_testkit::cgroup2_root().ok_or("no cgroup2 mount")?;
+    let cgroup = v2.join(&agent.spec().cgroups_root).join(&container);
+    check(
+        cgroup.join("leaf").is_dir(),
+        format!("Mesos's cgroup {}", cgroup.display()),
+    )?;
+
+    let sim = SimNode::shipped(NODE);
+    let dev = DevNodes::nvidia(&MINORS)?;
+    let work = tempfile::Builder::new()
+        .prefix("mgpu-mesos-replay")
+        .tempdir()?;
+    let param = |key: &str, value: String| Parameter {
+        key: key.into(),
+        value,
+    };
+    let params = mesos_gpu::proto::mesos::Parameters {
+        parameter: vec![
+            param("work_dir", work.path().display().to_string()),
+            param("nvml_lib", sim.lib_path().display().to_string()),
+            param("dev_root", dev.path().display().to_string()),
+            param("driver_volume", "off".into()),
+            param("cgroup_version", "v2".into()),
+            param("cgroup2_mount", v2.display().to_string()),
+            param("cgroups_root", agent.spec().cgroups_root.clone()),
+            param("container_cgroups", "mesos".into()),
+        ],
+    };
+    let handle = Handle::new(&params)?;
+    handle.recover(&[]).ok()?;
+    let id = ContainerId {
+        value: container,
+        parent: None,
+    };
+    handle.prepare(&id, &config(1.0)).expect(
+        MgpuStatus::MgpuInvalidState,
+        "drop `cgroups/devices` (and `cgroups/all`) from --isolation on cgroup v2 hosts",
+    )?;
+    drop(task);
+    drop(agent);
+    Ok(())
+}
+
+/// Task groups through the default executor: the executor container holds its tasks' GPUs
+/// (1 + 1), and both nested task containers open exactly those two, whether they share the
+/// executor's cgroups (group `shared`) or have cgroups of their own (group `own`,
+/// `share_cgroups=false`: on v1 Mesos makes each a devices cgroup at `<executor>/mesos/<task>`,
+/// on v2 a cgroup below the executor's). The two groups run at once on disjoint GPUs.
+fn nested_task_group(cgroups: AgentCgroups) -> TestResult {
+    let isolation = match cgroups {
+        AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
+    };
+    let c = Cluster::start(cgroups, &isolation, &EXPLICIT_ROOT)?;
+    let command = format!("{} {}", probe()?.display(), c.dev.path().display());
+    let task = |name: &str, share: bool| {
+        serde_json::json!({
+            "name": name,
+            "task_id": { "value": name },
+            "agent_id": { "value": "" },
+            "resources": [
+                { "name": "cpus", "type": "SCALAR", "scalar": { "value": 0.1 } },
+                { "name": "mem", "type": "SCALAR", "scalar": { "value": 32 } },
+                { "name": "gpus", "type": "SCALAR", "scalar": { "value": 1 } },
+            ],
+            "command": { "value": command },
+            "container": { "type": "MESOS", "linux_info": { "share_cgroups": share } },
+        })
+    };
+    let groups = [("shared", true), ("own", false)];
+    let mut frameworks = Vec::new();
+    for (group, share) in groups {
+        let tasks = [
+            task(&format!("{group}-a"), share),
+            task(&format!("{group}-b"), share),
+        ];
+        let json = serde_json::json!({ "tasks": tasks });
+        frameworks.push(Task::launch_group(&c.install, &c.master, group, &json)?);
+    }
+    let root = &c.agent.spec().cgroups_root;
+    let mut held: BTreeSet<u32> = BTreeSet::new();
+    for ((group, share), framework) in groups.iter().zip(frameworks.iter_mut()) {
+        let mut seen: Option<Vec<u32>> = None;
+        for name in [format!("{group}-a"), format!("{group}-b")] {
+            framework.wait_task_state(&name, "TASK_FINISHED", TASK_TIMEOUT)?;
+            let report = ProbeReport::parse(&c.agent.group_task_stdout(&name)?);
+            let minors = report.gpus(false);
+            check(
+                minors.len() == 2,
+                format!("{name}: the executor's two GPUs: {report:?}"),
+            )?;
+            expect_exactly(&report, &minors, false)?;
+            if *seen.get_or_insert_with(|| minors.clone()) != minors {
+                return Err(format!("{name} sees other GPUs than its sibling: {minors:?}").into());
+            }
+            let line = match cgroups {
+                AgentCgroups::V1 => report.cgroups.iter().find(|l| l.contains(":devices:")),
+                AgentCgroups::V2 => report.cgroups.iter().find(|l| l.starts_with("0::")),
+            };
+            let line = line.cloned().unwrap_or_default();
+            // Sharing on v1: the executor's devices cgroup; on v2 every nested container has
+            // its own cgroup below the executor's.
+            let nested = !share || cgroups == AgentCgroups::V2;
+            check(
+                line.contains(&format!("/{root}/")) && line.contains("/mesos/") == nested,
+                format!("{name} runs in {line:?}"),
+            )?;
+        }
+        let mine: BTreeSet<u32> = seen.unwrap_or_default().into_iter().collect();
+        check(
+            mine.is_disjoint(&held),
+            format!("{group} shares GPUs with another group: {mine:?}"),
+        )?;
+        held.extend(mine);
+    }
+    c.wait_all_released()
+}

@@ -1,0 +1,390 @@
+//! A `mesos-agent`, on cgroup v1 or (in a private mount namespace) v2, and its clean-up.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::{
+    Master, MesosInstall, MesosResult, dirs, free_port, read_lossy, spawn_logged, tail, wait_for,
+};
+
+/// Which cgroup version the agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCgroups {
+    /// The host's cgroup v1 hierarchies.
+    V1,
+    /// cgroup v2, with cgroup2 mounted at `/sys/fs/cgroup` in a private mount namespace.
+    V2,
+}
+
+/// How to start an agent.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    /// `--isolation`.
+    pub isolation: String,
+    /// `--cgroups_root` (unique per test: the guard removes it).
+    pub cgroups_root: String,
+    /// `--resources`.
+    pub resources: String,
+    /// `--modules=file://<path>`, when set.
+    pub modules: Option<PathBuf>,
+    /// The cgroup version.
+    pub cgroups: AgentCgroups,
+    /// Extra environment (e.g. `LD_LIBRARY_PATH` to the simulated NVML).
+    pub env: Vec<(String, String)>,
+    /// Extra flags, `--name=value`.
+    pub flags: Vec<String>,
+}
+
+impl AgentSpec {
+    /// An agent with `isolation` on `cgroups`, 4 CPUs, 4 GiB and `gpus` GPUs, under a unique
+    /// cgroups root.
+    pub fn new(isolation: &str, cgroups: AgentCgroups, gpus: u32) -> AgentSpec {
+        AgentSpec {
+            isolation: isolation.to_owned(),
+            cgroups_root: crate::unique_name("agent").replace('-', "_"),
+            resources: format!("cpus:4;mem:4096;gpus:{gpus}"),
+            modules: None,
+            cgroups,
+            env: Vec::new(),
+            flags: Vec::new(),
+        }
+    }
+}
+
+/// A `mesos-agent` with private work and runtime directories. Dropping it kills the agent and
+/// everything left in its cgroups, unmounts what it mounted and removes its cgroups.
+#[derive(Debug)]
+pub struct Agent {
+    install: MesosInstall,
+    master: String,
+    spec: AgentSpec,
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Agent {
+    /// Starts an agent registered with `master` and waits for its registration.
+    pub fn start(install: &MesosInstall, master: &Master, spec: AgentSpec) -> MesosResult<Agent> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-mesos-agent")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let mut agent = Agent {
+            install: install.clone(),
+            master: master.address(),
+            spec,
+            port: free_port()?,
+            dir,
+            child: None,
+            starts: 0,
+        };
+        agent.launch()?;
+        agent.wait_registered()?;
+        Ok(agent)
+    }
+
+    /// Starts an agent that is expected to refuse to start; returns its exit status and log.
+    pub fn start_refused(
+        install: &MesosInstall,
+        master: &Master,
+        spec: AgentSpec,
+    ) -> MesosResult<(ExitStatus, String)> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-mesos-agent")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let mut agent = Agent {
+            install: install.clone(),
+            master: master.address(),
+            spec,
+            port: free_port()?,
+            dir,
+            child: None,
+            starts: 0,
+        };
+        agent.launch()?;
+        let log = agent.dir.path().join("agent-1.log");
+        let mut child = agent.child.take().ok_or("the agent did not start")?;
+        let waited = wait_for(
+            Duration::from_secs(30),
+            || format!("the agent to exit; log:\n{}", tail(&read_lossy(&log), 30)),
+            || child.try_wait().ok().flatten(),
+        );
+        if waited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok((waited?, agent.log()))
+    }
+
+    /// The agent's work directory.
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// The agent's runtime directory.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    /// The spec it runs with.
+    pub fn spec(&self) -> &AgentSpec {
+        &self.spec
+    }
+
+    /// Everything the agent logged, over all its starts.
+    pub fn log(&self) -> String {
+        (1..=self.starts)
+            .map(|n| read_lossy(&self.dir.path().join(format!("agent-{n}.log"))))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// SIGKILLs the agent (its checkpointed executors live on).
+    pub fn kill(&mut self) -> MesosResult {
+        if let Some(mut child) = self.child.take() {
+            child.kill().map_err(|e| format!("kill agent: {e}"))?;
+            child.wait().map_err(|e| format!("wait agent: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts the agent again with the same flags and directories and waits until it
+    /// re-registered.
+    pub fn restart(&mut self) -> MesosResult {
+        self.kill()?;
+        self.launch()?;
+        self.wait_registered()
+    }
+
+    /// The first existing `stdout` of task `task`'s sandbox.
+    pub fn sandbox_stdout(&self, task: &str) -> MesosResult<String> {
+        let path = self.sandbox(task)?.join("stdout");
+        Ok(read_lossy(&path))
+    }
+
+    /// The `stdout` of task `task` of a task group, run by the default executor of the
+    /// framework whose task group includes it.
+    pub fn group_task_stdout(&self, task: &str) -> MesosResult<String> {
+        let slaves = self.work_dir().join("slaves");
+        for agent in dirs(&slaves) {
+            for framework in dirs(&agent.join("frameworks")) {
+                let path = framework
+                    .join("executors/default-executor/runs/latest/tasks")
+                    .join(task)
+                    .join("stdout");
+                if path.exists() {
+                    return Ok(read_lossy(&path));
+                }
+            }
+        }
+        Err(format!(
+            "no sandbox for task {task} under {}",
+            slaves.display()
+        ))
+    }
+
+    /// The sandbox (`runs/latest`) of task `task`'s executor.
+    pub fn sandbox(&self, task: &str) -> MesosResult<PathBuf> {
+        let slaves = self.work_dir().join("slaves");
+        for agent in dirs(&slaves) {
+            for framework in dirs(&agent.join("frameworks")) {
+                let run = framework.join("executors").join(task).join("runs/latest");
+                if run.exists() {
+                    return Ok(run);
+                }
+            }
+        }
+        Err(format!(
+            "no sandbox for task {task} under {}",
+            slaves.display()
+        ))
+    }
+
+    /// Waits until task `task`'s sandbox stdout contains `needle`.
+    pub fn wait_stdout(&self, task: &str, needle: &str, timeout: Duration) -> MesosResult<String> {
+        wait_for(
+            timeout,
+            || {
+                format!(
+                    "{needle:?} in the stdout of {task}: {:?}; agent log:\n{}",
+                    self.sandbox_stdout(task),
+                    tail(&self.log(), 30)
+                )
+            },
+            || {
+                self.sandbox_stdout(task)
+                    .ok()
+                    .filter(|out| out.contains(needle))
+            },
+        )
+    }
+
+    /// Waits until the agent's log (over all its starts) contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> MesosResult {
+        wait_for(
+            timeout,
+            || format!("{needle:?} in the agent log:\n{}", tail(&self.log(), 30)),
+            || self.log().contains(needle).then_some(()),
+        )
+    }
+
+    /// The cgroup directories of the agent's `--cgroups_root` on the host: one per v1
+    /// hierarchy that has it, and the cgroup2 one.
+    pub fn cgroup_roots(&self) -> Vec<PathBuf> {
+        let mut roots: Vec<PathBuf> = dirs(Path::new("/sys/fs/cgroup"))
+            .into_iter()
+            .map(|h| h.join(&self.spec.cgroups_root))
+            .filter(|p| p.is_dir())
+            .collect();
+        if let Some(v2) = crate::cgroup2_root() {
+            let p = v2.join(&self.spec.cgroups_root);
+            if p.is_dir() && !roots.contains(&p) {
+                roots.push(p);
+            }
+        }
+        roots
+    }
+
+    fn launch(&mut self) -> MesosResult {
+        self.starts += 1;
+        let log = self.dir.path().join(format!("agent-{}.log", self.starts));
+        let agent = self.install.sbin("mesos-agent");
+        let mut flags = vec![
+            format!("--master={}", self.master),
+            "--ip=127.0.0.1".to_owned(),
+            format!("--port={}", self.port),
+            format!("--work_dir={}", self.work_dir().display()),
+            format!("--runtime_dir={}", self.runtime_dir().display()),
+            format!("--launcher_dir={}", self.install.launcher_dir().display()),
+            format!("--isolation={}", self.spec.isolation),
+            format!("--cgroups_root={}", self.spec.cgroups_root),
+            format!("--resources={}", self.spec.resources),
+            "--no-systemd_enable_support".to_owned(),
+            "--executor_registration_timeout=30secs".to_owned(),
+        ];
+        if let Some(modules) = &self.spec.modules {
+            flags.push(format!("--modules=file://{}", modules.display()));
+        }
+        if self.spec.cgroups == AgentCgroups::V2 {
+            flags.push("--agent_subsystems=".to_owned());
+        }
+        flags.extend(self.spec.flags.iter().cloned());
+        let mut cmd = match self.spec.cgroups {
+            AgentCgroups::V1 => {
+                let mut cmd = Command::new(&agent);
+                cmd.args(&flags);
+                cmd
+            }
+            AgentCgroups::V2 => {
+                let mut cmd = Command::new("unshare");
+                cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+                    .arg(
+                        "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup \
+                         && exec \"$0\" \"$@\"",
+                    )
+                    .arg(&agent)
+                    .args(&flags);
+                cmd
+            }
+        };
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.child = Some(spawn_logged(&mut cmd, &log)?);
+        Ok(())
+    }
+
+    fn wait_registered(&mut self) -> MesosResult {
+        let log = self.dir.path().join(format!("agent-{}.log", self.starts));
+        let child = &mut self.child;
+        wait_for(
+            Duration::from_secs(30),
+            || {
+                format!(
+                    "the agent to register; log:\n{}",
+                    tail(&read_lossy(&log), 40)
+                )
+            },
+            || {
+                if let Some(Ok(Some(status))) = child.as_mut().map(Child::try_wait) {
+                    return Some(Err(format!(
+                        "mesos-agent exited ({status}):\n{}",
+                        tail(&read_lossy(&log), 40)
+                    )));
+                }
+                let text = read_lossy(&log);
+                (text.contains("Registered with master")
+                    || text.contains("Re-registered with master"))
+                .then_some(Ok(()))
+            },
+        )?
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        // Executors and tasks outlive a killed agent: kill whatever is in its cgroups.
+        for _ in 0..100 {
+            let mut pids = Vec::new();
+            for root in self.cgroup_roots() {
+                collect_pids(&root, &mut pids);
+            }
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        unmount_below(self.dir.path());
+        // A killed process leaves its cgroup only once it is reaped: retry for a while.
+        for _ in 0..250 {
+            let roots = self.cgroup_roots();
+            if roots.is_empty() {
+                break;
+            }
+            roots.iter().for_each(|root| remove_tree(root));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn collect_pids(dir: &Path, pids: &mut Vec<String>) {
+    pids.extend(
+        read_lossy(&dir.join("cgroup.procs"))
+            .split_whitespace()
+            .map(str::to_owned),
+    );
+    for child in dirs(dir) {
+        collect_pids(&child, pids);
+    }
+}
+
+/// Removes a cgroup tree, deepest first.
+fn remove_tree(dir: &Path) {
+    for child in dirs(dir) {
+        remove_tree(&child);
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// Lazily unmounts every mount at or below `dir` in this mount namespace, deepest first.
+fn unmount_below(dir: &Path) {
+    let mut points: Vec<PathBuf> = read_lossy(Path::new("/proc/self/mountinfo"))
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let _ = Command::new("umount").arg("-l").arg(&point).status();
+    }
+}

@@ -1,0 +1,171 @@
+//! `mesos-execute` frameworks: one task, or a task group through the default executor.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::{Master, MesosInstall, MesosResult, read_lossy, spawn_logged, tail, wait_for};
+
+/// A `mesos-execute` framework running one task; killed on drop.
+#[derive(Debug)]
+pub struct Task {
+    name: String,
+    child: Child,
+    out: PathBuf,
+    _dir: TempDir,
+}
+
+impl Task {
+    /// Launches task `name` with `resources` running `command`, through a framework with the
+    /// `GPU_RESOURCES` capability that checkpoints (so the task survives an agent restart).
+    pub fn launch(
+        install: &MesosInstall,
+        master: &Master,
+        name: &str,
+        resources: &str,
+        command: &str,
+    ) -> MesosResult<Task> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-mesos-task")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let out = dir.path().join("execute.log");
+        let child = spawn_logged(
+            Command::new(install.bin("mesos-execute"))
+                .arg(format!("--master={}", master.address()))
+                .arg(format!("--name={name}"))
+                .arg("--framework_capabilities=GPU_RESOURCES")
+                .arg("--checkpoint")
+                .arg(format!("--resources={resources}"))
+                .arg(format!("--command={command}")),
+            &out,
+        )?;
+        Ok(Task {
+            name: name.to_owned(),
+            child,
+            out,
+            _dir: dir,
+        })
+    }
+
+    /// Launches the task group `group` (a `TaskGroupInfo` as JSON; `agent_id` may be empty)
+    /// through the default executor (executor id `default-executor`); `name` names it in this
+    /// harness only (`mesos-execute` takes no `--name` with a task group).
+    pub fn launch_group(
+        install: &MesosInstall,
+        master: &Master,
+        name: &str,
+        group: &serde_json::Value,
+    ) -> MesosResult<Task> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-mesos-task")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let file = dir.path().join("task_group.json");
+        fs::write(&file, group.to_string()).map_err(|e| format!("{}: {e}", file.display()))?;
+        let out = dir.path().join("execute.log");
+        let child = spawn_logged(
+            Command::new(install.bin("mesos-execute"))
+                .arg(format!("--master={}", master.address()))
+                .arg("--framework_capabilities=GPU_RESOURCES")
+                .arg("--checkpoint")
+                .arg(format!("--task_group=file://{}", file.display())),
+            &out,
+        )?;
+        Ok(Task {
+            name: name.to_owned(),
+            child,
+            out,
+            _dir: dir,
+        })
+    }
+
+    /// The task's name (its id and its executor's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What `mesos-execute` printed.
+    pub fn output(&self) -> String {
+        read_lossy(&self.out)
+    }
+
+    /// The states received so far for any task, in order (`TASK_RUNNING`, …).
+    pub fn states(&self) -> Vec<String> {
+        self.output()
+            .lines()
+            .filter_map(|l| l.strip_prefix("Received status update "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The states received so far for task `task`, in order.
+    pub fn task_states(&self, task: &str) -> Vec<String> {
+        let suffix = format!(" for task '{task}'");
+        self.output()
+            .lines()
+            .filter_map(|l| l.strip_prefix("Received status update "))
+            .filter_map(|l| l.strip_suffix(suffix.as_str()))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until this framework's task (named as the framework) reached `state`; a terminal
+    /// state that is not `state` fails at once.
+    pub fn wait_state(&mut self, state: &str, timeout: Duration) -> MesosResult {
+        let name = self.name.clone();
+        self.wait_task_state(&name, state, timeout)
+    }
+
+    /// Waits until task `task` reached `state`, as [`Task::wait_state`].
+    pub fn wait_task_state(&mut self, task: &str, state: &str, timeout: Duration) -> MesosResult {
+        const TERMINAL: [&str; 6] = [
+            "TASK_FINISHED",
+            "TASK_FAILED",
+            "TASK_KILLED",
+            "TASK_LOST",
+            "TASK_ERROR",
+            "TASK_DROPPED",
+        ];
+        wait_for(
+            timeout,
+            || {
+                format!(
+                    "{task} to reach {state}; mesos-execute:\n{}",
+                    tail(&self.output(), 20)
+                )
+            },
+            || {
+                let states = self.task_states(task);
+                if states.iter().any(|s| s == state) {
+                    return Some(Ok(()));
+                }
+                states
+                    .iter()
+                    .find(|s| TERMINAL.contains(&s.as_str()))
+                    .map(|s| {
+                        Err(format!(
+                            "{task} ended {s}, not {state}; mesos-execute:\n{}",
+                            tail(&self.output(), 20)
+                        ))
+                    })
+            },
+        )?
+    }
+
+    /// True while `mesos-execute` runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
