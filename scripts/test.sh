@@ -6,14 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml}"
+export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml,podman}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 log() { printf '== %s\n' "$*" >&2; }
 
 install_packages() {
     local missing=() pkg
-    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev; do
+    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev podman; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

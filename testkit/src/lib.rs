@@ -32,6 +32,8 @@ pub enum Need {
     Cc,
     /// `python3` on PATH with NVIDIA's NVML binding (`pip install nvidia-ml-py`, module `pynvml`).
     Pynvml,
+    /// `podman` on PATH (Debian's package), a CDI consumer.
+    Podman,
 }
 
 impl Need {
@@ -44,6 +46,7 @@ impl Need {
             Need::Dockerd => "dockerd",
             Need::Cc => "cc",
             Need::Pynvml => "pynvml",
+            Need::Podman => "podman",
         }
     }
 }
@@ -94,6 +97,17 @@ impl Host {
             missing.push((
                 Need::Pynvml,
                 "no `python3` with module pynvml (pip install nvidia-ml-py)".to_owned(),
+            ));
+        }
+        if std::process::Command::new("podman")
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            missing.push((
+                Need::Podman,
+                "no working `podman` on PATH (apt-get install podman)".to_owned(),
             ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
