@@ -20,6 +20,7 @@
 //!   ([`DeviceNumbers::Computed`]): `195:<minor>` for GPUs and `195:255` for `nvidiactl`, fixed
 //!   by the NVIDIA driver. `nvidia-uvm`'s major is assigned when its module loads, so a computed
 //!   spec gives it no number and the runtime `stat`s `/dev/nvidia-uvm` when a container starts;
+//!   the optional `nvidia-uvm-tools` is left out of a computed spec;
 //! - GPUs the inventory marks unhealthy are left out, as from the allocator's pool.
 //!
 //! A MIG device is one more [`DeviceId`] variant (`<gpu>:<mig>`, as `nvidia-ctk` names it) whose

@@ -283,6 +283,7 @@ impl SpecFile {
     /// Every other spec file of the spec directories (and ours) that declares one of `names`.
     fn others(&self, names: &BTreeSet<&str>) -> Result<Others, SpecFileError> {
         let ours_dir = canonical(self.dir());
+        // Other names for our own file (a symlink to it) are not other specs.
         let ours_file = ours_dir.join(self.path.file_name().unwrap_or_default());
         let mut dirs: Vec<PathBuf> = self.spec_dirs.iter().map(|d| canonical(d)).collect();
         let ours_priority = match dirs.iter().rposition(|d| *d == ours_dir) {
@@ -310,6 +311,7 @@ impl SpecFile {
                         p.extension().and_then(|e| e.to_str()),
                         Some("json" | "yaml")
                     ) && *p != ours_file
+                        && canonical(p) != ours_file
                 })
                 .collect();
             paths.sort();
@@ -619,6 +621,16 @@ mod tests {
                 .expect_err("conflict")
                 .is_conflict()
         );
+    }
+
+    #[test]
+    fn a_symlink_to_our_own_file_is_not_a_conflict() {
+        let d = dirs();
+        let file = d.ours();
+        file.sync(Some(&spec(&["0"], "A=1"))).expect("sync");
+        std::os::unix::fs::symlink(SPEC_FILE_NAME, d.run.join("nvidia.json")).expect("symlink");
+        let report = file.sync(Some(&spec(&["0"], "A=2"))).expect("no conflict");
+        assert_eq!(report.outcome, Outcome::Written);
     }
 
     #[test]
