@@ -25,15 +25,15 @@ mesos_dir() {
 }
 MESOS_DIR="$(mesos_dir)"
 if [ -n "$MESOS_DIR" ]; then
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml,mesos}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml,podman,mesos}"
 else
     log "no shared/mesos/install beside this checkout: the real mesos-agent tests are ignored"
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,pynvml,podman}"
 fi
 
 install_packages() {
     local missing=() pkg packages
-    packages=(docker.io busybox-static gcc-multilib g++ wrk dpkg-dev)
+    packages=(docker.io busybox-static gcc-multilib g++ wrk dpkg-dev podman)
     if [ -n "$MESOS_DIR" ]; then
         # Mesos's run-time libraries, and what building the module against its headers needs.
         packages+=(cmake libprotobuf-dev libgoogle-glog-dev libgflags-dev libcurl4-openssl-dev)

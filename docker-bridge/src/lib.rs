@@ -8,6 +8,7 @@
 
 pub mod args;
 pub mod bridge;
+pub mod cdi;
 pub mod client;
 pub mod metrics;
 pub mod plugin;

@@ -36,6 +36,8 @@ pub enum Need {
     Pynvml,
     /// A runnable Apache Mesos install ([`mesos::MesosInstall::locate`]).
     Mesos,
+    /// `podman` on PATH (Debian's package), a CDI consumer.
+    Podman,
 }
 
 impl Need {
@@ -49,6 +51,7 @@ impl Need {
             Need::Cc => "cc",
             Need::Pynvml => "pynvml",
             Need::Mesos => "mesos",
+            Need::Podman => "podman",
         }
     }
 }
@@ -103,6 +106,17 @@ impl Host {
         }
         if let Err(why) = mesos::MesosInstall::locate().and_then(|m| m.check_runs()) {
             missing.push((Need::Mesos, why));
+        }
+        if std::process::Command::new("podman")
+            .arg("--version")
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            missing.push((
+                Need::Podman,
+                "no working `podman` on PATH (apt-get install podman)".to_owned(),
+            ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use crate::ctx::Ctx;
 
 mod agent_flags;
+mod cdi;
 mod demo;
 mod docker_args;
 mod exec;
@@ -38,6 +39,8 @@ pub(crate) enum Command {
     Demo(demo::Args),
     /// Run a command in a fresh container cgroup with N GPUs, as the agent runs a task.
     Exec(exec::Args),
+    /// Write the node's CDI spec (`nvidia.com/gpu`) for Podman, containerd, CRI-O, Docker >= 25.
+    Cdi(cdi::Args),
 }
 
 /// Runs the chosen subcommand.
@@ -53,5 +56,6 @@ pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Command::Gpu(args) => gpu::run(&args, ctx),
         Command::Demo(args) => demo::run(&args, ctx),
         Command::Exec(args) => exec::run(&args, ctx),
+        Command::Cdi(args) => cdi::run(&args, ctx),
     }
 }

@@ -7,6 +7,12 @@
 //! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`], GPU
 //! figures only: `serve` holds no allocator or health monitor).
 //!
+//! The node's CDI spec (`--cdi-spec`, as `mesos-gpu cdi generate` writes it) is brought up to
+//! date at start and at each driver poll: rewritten when the driver or the GPUs change, removed
+//! when the GPUs go away, and removed rather than left beside another spec of the same
+//! directory that declares the same devices ([`SpecKeeper`]). `--no-cdi` leaves it alone, and
+//! a simulated node keeps one only when `--cdi-spec` names it.
+//!
 //! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
 //! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
 //! reconciliation** of the shared pool in `--work-dir` (the one `docker-args` and `run` draw
@@ -24,6 +30,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use mesos_gpu_docker::args::{HostDevices, VolumeSource};
 use mesos_gpu_docker::bridge::DockerBridge;
+use mesos_gpu_docker::cdi::{DEFAULT_SPEC_DIRS, SpecFile, SpecKeeper};
 use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_docker::plugin::{
@@ -83,6 +90,20 @@ pub(crate) struct Args {
     /// Docker daemon socket, for the start-up reconciliation.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
     docker_socket: PathBuf,
+
+    /// The CDI spec kept current at start and at each driver poll (see `mesos-gpu cdi generate`)
+    /// [default: /var/run/cdi/nvidia.com-gpu.json; with --simulate, none unless named].
+    #[arg(long, value_name = "FILE")]
+    cdi_spec: Option<PathBuf>,
+
+    /// The CDI directories runtimes read, lowest priority first, checked for other specs that
+    /// declare the same devices.
+    #[arg(long, value_name = "DIRS", value_delimiter = ',', default_values = DEFAULT_SPEC_DIRS)]
+    cdi_spec_dirs: Vec<PathBuf>,
+
+    /// Do not write, update or remove the CDI spec.
+    #[arg(long, conflicts_with_all = ["cdi_spec", "cdi_spec_dirs"])]
+    no_cdi: bool,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -152,6 +173,20 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         },
     };
     let lib = ctx.driver()?.map(|d| d.lib_path().to_owned());
+    let cdi_spec = super::cdi::spec_path(args.cdi_spec.as_deref(), ctx).filter(|_| !args.no_cdi);
+    if cdi_spec.is_none() && !args.no_cdi {
+        tracing::info!("simulated node: no CDI spec is kept (name one with --cdi-spec)");
+    }
+    let cdi = cdi_spec.map(|path| {
+        Arc::new(SpecKeeper::new(
+            SpecFile::new(path, args.cdi_spec_dirs.clone()),
+            super::cdi::device_numbers(ctx),
+            VolumeManager::at(&args.volume_root),
+        ))
+    });
+    if let Some(cdi) = &cdi {
+        cdi.refresh(&inventory);
+    }
     let config = ServerConfig {
         rest_listen: Some(args.listen),
         plugin_socket: Some(args.plugin_socket.clone()),
@@ -177,9 +212,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let signal = shutdown_signal()?;
         let watch = (args.driver_poll > 0).then(|| {
             let probe = move || {
-                GpuDriver::open(lib.as_deref())
+                let found = GpuDriver::open(lib.as_deref())
                     .map(|d| d.inventory().clone())
-                    .map_err(|e| format!("{e:#}"))
+                    .map_err(|e| format!("{e:#}"));
+                if let (Ok(inventory), Some(cdi)) = (&found, &cdi) {
+                    cdi.refresh(inventory);
+                }
+                found
             };
             spawn_driver_watch(probe, Duration::from_secs(args.driver_poll), rest, volumes)
         });

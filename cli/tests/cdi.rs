@@ -1,0 +1,355 @@
+//! `mesos-gpu cdi generate` and the CDI spec `serve` keeps, on simulated nodes with computed
+//! device numbers (no root; `cdi_podman.rs` runs a real consumer on real device nodes). Every
+//! spec goes to a temporary directory: the host's `/var/run/cdi` is never written.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long `serve` may take to start and poll on a loaded 2-core machine; not a bound.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn mesos_gpu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .expect("run mesos-gpu")
+}
+
+struct Dirs {
+    tmp: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("etc")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("run")).unwrap();
+        Dirs { tmp }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    fn spec(&self) -> PathBuf {
+        self.path("run/nvidia.com-gpu.json")
+    }
+
+    fn spec_dirs(&self) -> String {
+        format!(
+            "{},{}",
+            self.path("etc").display(),
+            self.path("run").display()
+        )
+    }
+
+    fn generate(&self, node: &str, extra: &[&str]) -> Output {
+        let spec = self.spec();
+        let dirs = self.spec_dirs();
+        let volumes = self.path("volumes");
+        let mut args = vec![
+            "cdi",
+            "generate",
+            "--simulate",
+            node,
+            "--output",
+            spec.to_str().unwrap(),
+            "--spec-dirs",
+            &dirs,
+            "--volume-root",
+            volumes.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        mesos_gpu(&args)
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+const NVIDIA_YAML: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\n";
+
+#[test]
+fn issue_18_generate_writes_once_and_reports_it() {
+    let d = Dirs::new();
+    let out = d.generate("k80", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["outcome"], "written");
+    assert_eq!(report["spec"]["cdi_version"], "0.5.0");
+    assert_eq!(report["spec"]["devices"].as_array().unwrap().len(), 9);
+    assert!(
+        report["spec"]["device_numbers"]
+            .as_str()
+            .unwrap()
+            .starts_with("computed"),
+        "{report}"
+    );
+    assert!(
+        stderr(&out).contains("the driver volume does not exist yet"),
+        "{}",
+        stderr(&out)
+    );
+    let spec = read_json(&d.spec());
+    assert_eq!(spec["kind"], "nvidia.com/gpu");
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia2"
+    );
+
+    let again = d.generate("k80", &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let text = stdout(&again);
+    assert!(text.contains(": unchanged"), "{text}");
+    assert!(text.contains("cdiVersion:     0.5.0"), "{text}");
+    assert!(
+        text.contains("9 as nvidia.com/gpu=<name>: 0,1,2,3 by index, 4 by UUID, all"),
+        "{text}"
+    );
+}
+
+#[test]
+fn issue_18_generate_on_a_simulated_node_prints_unless_told_where() {
+    let out = mesos_gpu(&["cdi", "generate", "--simulate", "pcie-t4x4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    assert_eq!(spec["devices"].as_array().unwrap().len(), 9);
+    let dash = mesos_gpu(&[
+        "cdi",
+        "generate",
+        "--simulate",
+        "pcie-t4x4",
+        "--output",
+        "-",
+    ]);
+    assert_eq!(dash.stdout, out.stdout);
+}
+
+#[test]
+fn issue_18_generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
+    let d = Dirs::new();
+    assert!(d.generate("k80", &[]).status.success());
+    let theirs = d.path("run/nvidia.yaml");
+    std::fs::write(&theirs, NVIDIA_YAML).unwrap();
+    let out = d.generate("k80", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("nvidia.yaml also declares nvidia.com/gpu device(s) 1"),
+        "{err}"
+    );
+    assert!(err.contains("ours was removed"), "{err}");
+    assert!(!d.spec().exists());
+    assert!(theirs.exists());
+
+    // In the static directory it is only shadowed: ours is written and the overlap reported.
+    std::fs::rename(&theirs, d.path("etc/nvidia.yaml")).unwrap();
+    let out = d.generate("k80", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("also declared:  1 by "),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("ours has the higher priority"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn issue_18_no_gpus_removes_the_spec() {
+    let d = Dirs::new();
+    assert!(d.generate("k80", &[]).status.success());
+    assert!(d.spec().exists());
+    let out = d.generate("driver-no-gpus", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!d.spec().exists());
+    let text = stdout(&out);
+    assert!(text.contains(": removed"), "{text}");
+    assert!(text.contains("no GPUs:"), "{text}");
+    let print = mesos_gpu(&[
+        "cdi",
+        "generate",
+        "--simulate",
+        "driver-no-gpus",
+        "--output",
+        "-",
+    ]);
+    assert_eq!(print.status.code(), Some(1));
+    assert!(
+        stderr(&print).contains("no GPU to declare"),
+        "{}",
+        stderr(&print)
+    );
+}
+
+#[test]
+fn issue_18_bad_flags_are_refused() {
+    let out = mesos_gpu(&["cdi", "generate", "--simulate", "k80", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = mesos_gpu(&["cdi"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("generate"), "{}", stderr(&out));
+    let out = mesos_gpu(&["serve", "--no-cdi", "--cdi-spec", "/tmp/x.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// `mesos-gpu serve`, killed on drop.
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(what: &str, serve: &mut Serve, ok: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !ok() {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            panic!("serve exited early ({status}) while waiting until {what}");
+        }
+        assert!(Instant::now() < deadline, "serve did not make {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn issue_18_serve_keeps_the_spec_current() {
+    let d = Dirs::new();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["serve", "--simulate", "k80", "--driver-poll", "1"])
+            .arg("--listen")
+            .arg(port.to_string())
+            .arg("--plugin-socket")
+            .arg(d.path("nvidia-docker.sock"))
+            .arg("--volume-root")
+            .arg(d.path("volumes"))
+            .arg("--work-dir")
+            .arg(d.path("work"))
+            .arg("--docker-socket")
+            .arg(d.path("no-docker.sock"))
+            .arg("--cdi-spec")
+            .arg(d.spec())
+            .arg("--cdi-spec-dirs")
+            .arg(d.spec_dirs())
+            .env("MESOS_GPU_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run mesos-gpu serve"),
+    );
+    let spec = d.spec();
+    wait_for("the spec", &mut serve, || spec.exists());
+    let written = std::fs::read(&spec).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&written).unwrap()["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        9
+    );
+
+    // A spec altered or deleted by hand is put back at the next poll.
+    std::fs::write(&spec, b"{}").unwrap();
+    wait_for("the spec whole again", &mut serve, || {
+        std::fs::read(&spec).is_ok_and(|b| b == written)
+    });
+    std::fs::remove_file(&spec).unwrap();
+    wait_for("the spec again", &mut serve, || spec.exists());
+
+    // NVIDIA's spec appears beside it: ours goes, so runtimes keep theirs; and comes back after.
+    let theirs = d.path("run/nvidia.yaml");
+    std::fs::write(&theirs, NVIDIA_YAML).unwrap();
+    wait_for("way for the other spec", &mut serve, || !spec.exists());
+    std::fs::remove_file(&theirs).unwrap();
+    wait_for("the spec once the other is gone", &mut serve, || {
+        std::fs::read(&spec).is_ok_and(|b| b == written)
+    });
+}
+
+#[test]
+fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
+    let d = Dirs::new();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["serve", "--simulate", "k80", "--driver-poll", "0"])
+        .arg("--listen")
+        .arg(port.to_string())
+        .arg("--plugin-socket")
+        .arg(d.path("nvidia-docker.sock"))
+        .arg("--volume-root")
+        .arg(d.path("volumes"))
+        .arg("--work-dir")
+        .arg(d.path("work"))
+        .arg("--docker-socket")
+        .arg(d.path("no-docker.sock"))
+        .env("MESOS_GPU_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mesos-gpu serve");
+    let stderr = child.stderr.take().unwrap();
+    let mut serve = Serve(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) if line.contains("simulated node: no CDI spec is kept") => break,
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                if let Some(status) = serve.0.try_wait().unwrap() {
+                    panic!("serve exited ({status}):\n{}", seen.join("\n"));
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no such log line:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    }
+    assert!(
+        !seen.iter().any(|l| l.contains("wrote the CDI spec")),
+        "{seen:?}"
+    );
+}

@@ -1,0 +1,412 @@
+//! From the node's GPUs to the CDI spec of kind `nvidia.com/gpu`.
+//!
+//! What the spec holds, and why (`shared/reference/mig_cdi_sharing.md` §2,
+//! `nvidia_docker.md` §3.5, `mesos_gpu.md` §1.2):
+//! - one device per GPU under two names, its NVML index (`"0"`) and its UUID (`GPU-…`), as
+//!   `nvidia-ctk cdi generate` names them by default, plus `all`. Each has the GPU's node
+//!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and
+//!   `NVIDIA_VISIBLE_DEVICES=<UUID>` (`all`: every UUID, comma-separated), the value the Docker
+//!   path sets ([`crate::args`]). A runtime applies the env of several requested devices in turn
+//!   and keeps the last value per key, so a container given `0` and `1` separately sees only
+//!   `1`'s UUID there; its device nodes are still both;
+//! - the common edits, applied when any device is requested: the control nodes `nvidiactl`,
+//!   `nvidia-uvm` and, when the host has it, `nvidia-uvm-tools`; the driver volume
+//!   `<volume root>/nvidia_<driver version>` bind-mounted read-only at `/usr/local/nvidia`; and
+//!   `PATH`/`LD_LIBRARY_PATH` as the Docker path computes them for an image that sets neither
+//!   ([`mesos_gpu_volume::container_env`]). CDI has no "append": these values replace the
+//!   image's own;
+//! - device numbers come from `stat(2)` of the real nodes under the device root
+//!   ([`DeviceNumbers::Scanned`]), or, on a simulated node without device nodes, are computed
+//!   ([`DeviceNumbers::Computed`]): `195:<minor>` for GPUs and `195:255` for `nvidiactl`, fixed
+//!   by the NVIDIA driver. `nvidia-uvm`'s major is assigned when its module loads, so a computed
+//!   spec gives it no number and the runtime `stat`s `/dev/nvidia-uvm` when a container starts;
+//!   the optional `nvidia-uvm-tools` is left out of a computed spec;
+//! - GPUs the inventory marks unhealthy are left out, as from the allocator's pool.
+//!
+//! A MIG device is one more [`DeviceId`] variant (`<gpu>:<mig>`, as `nvidia-ctk` names it) whose
+//! [`CdiDevice::nodes`] are its parent's `/dev/nvidia<minor>` and its two
+//! `/dev/nvidia-caps/nvidia-cap<N>` access nodes; the spec building below needs no change.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use mesos_gpu_isolator::devices::{DeviceNodes, DevicesError, NVIDIA_UVM, NVIDIACTL};
+use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
+use mesos_gpu_isolator::inventory::{DevNum, Inventory, NVIDIA_GPU_MAJOR};
+use mesos_gpu_volume::version::VersionError;
+use mesos_gpu_volume::{DriverVersion, VolumeManager};
+use serde::Serialize;
+
+use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec, SpecError};
+use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping, VISIBLE_DEVICES_ENV};
+
+/// The spec's kind: vendor `nvidia.com`, class `gpu`, as NVIDIA's own specs.
+pub const KIND: &str = "nvidia.com/gpu";
+/// The device holding every GPU.
+pub const ALL: &str = "all";
+/// `/dev/nvidiactl`'s minor under major 195.
+const NVIDIACTL_MINOR: u32 = 255;
+/// Options of the driver volume's mount: read-only, no set-uid, no device files.
+const VOLUME_MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+
+/// Why no spec could be made for the node.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    /// The device nodes under the device root are missing or wrong.
+    #[error("reading the NVIDIA device nodes under {dev_root}")]
+    DeviceNodes {
+        /// The device root.
+        dev_root: PathBuf,
+        /// What was wrong.
+        #[source]
+        source: DevicesError,
+    },
+    /// NVML could not say which `/dev/nvidia<minor>` node a GPU is.
+    #[error("GPU {index} has no known device minor (NVML could not read it)")]
+    UnknownMinor {
+        /// NVML index of the GPU.
+        index: u32,
+    },
+    /// The node has GPUs but NVML gave no driver version.
+    #[error("the node has GPUs but no NVIDIA driver version; the driver volume cannot be named")]
+    NoDriver,
+    /// The driver version cannot name a volume.
+    #[error("driver version {version:?} cannot name a driver volume")]
+    DriverVersion {
+        /// The version NVML reported.
+        version: String,
+        /// Why it is refused.
+        #[source]
+        source: VersionError,
+    },
+    /// A path the spec must carry is not UTF-8 (JSON strings are).
+    #[error("{path}: a path in a CDI spec must be UTF-8")]
+    NonUtf8Path {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The devices break a rule of the spec.
+    #[error("cannot build the CDI spec")]
+    Spec(#[from] SpecError),
+}
+
+/// Where the spec's device numbers come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceNumbers {
+    /// `stat(2)` of the nodes under this directory (`/dev`, or a private device root).
+    Scanned {
+        /// Directory holding the `nvidia*` nodes.
+        dev_root: PathBuf,
+    },
+    /// Computed for a node without device nodes (see the module docs); host paths are `/dev/…`.
+    Computed,
+}
+
+impl fmt::Display for DeviceNumbers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceNumbers::Scanned { dev_root } => {
+                write!(f, "read from the nodes under {}", dev_root.display())
+            }
+            DeviceNumbers::Computed => f.write_str(
+                "computed (195:<minor> for GPUs, 195:255 for nvidiactl; nvidia-uvm left for the \
+                 runtime to stat)",
+            ),
+        }
+    }
+}
+
+/// A device node as the spec names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// Path in the container: `/dev/<name>`.
+    pub path: PathBuf,
+    /// Path on the host.
+    pub host_path: PathBuf,
+    /// The device number; `None` leaves the runtime to `stat` `host_path` at container start.
+    pub dev: Option<DevNum>,
+}
+
+impl NodeEntry {
+    /// The node `name` under `dev_root` on the host, at `/dev/<name>` in the container.
+    fn under(dev_root: &Path, name: &str, dev: Option<DevNum>) -> NodeEntry {
+        NodeEntry {
+            path: Path::new("/dev").join(name),
+            host_path: dev_root.join(name),
+            dev,
+        }
+    }
+
+    fn to_spec(&self) -> Result<DeviceNode, CdiError> {
+        let path = utf8(&self.path)?;
+        let host = utf8(&self.host_path)?;
+        Ok(DeviceNode {
+            host_path: (host != path).then(|| host.to_owned()),
+            path: path.to_owned(),
+            node_type: self.dev.map(|_| "c".to_owned()),
+            major: self.dev.map(|d| i64::from(d.major)),
+            minor: self.dev.map(|d| i64::from(d.minor)),
+            permissions: Some(DeviceMapping::PERMISSIONS.to_owned()),
+        })
+    }
+}
+
+/// What a device is called by its index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceId {
+    /// A whole GPU, named by its NVML index.
+    Gpu {
+        /// NVML index.
+        index: u32,
+    },
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceId::Gpu { index } => write!(f, "{index}"),
+        }
+    }
+}
+
+/// One device of the spec before naming: what it is and the nodes it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiDevice {
+    /// Its index name.
+    pub id: DeviceId,
+    /// Its UUID (`GPU-…`), also a name and the value of `NVIDIA_VISIBLE_DEVICES`.
+    pub uuid: String,
+    /// Its nodes, in order.
+    pub nodes: Vec<NodeEntry>,
+}
+
+/// Everything the node contributes to its spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDevices {
+    /// Nodes every GPU container gets.
+    pub control: Vec<NodeEntry>,
+    /// The devices, in NVML index order.
+    pub devices: Vec<CdiDevice>,
+    /// Host directory of the driver volume.
+    pub driver_volume: PathBuf,
+    /// Where the device numbers came from.
+    pub numbers: DeviceNumbers,
+    /// NVML indices of GPUs left out as unhealthy.
+    pub left_out: Vec<u32>,
+}
+
+/// The node's answer: its devices, or why it has none to declare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gathered {
+    /// At least one healthy GPU.
+    Devices(NodeDevices),
+    /// Nothing to declare.
+    NoGpus {
+        /// Why, for the log and the operator.
+        reason: String,
+    },
+}
+
+/// A short account of a spec, for logs and `--json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SpecSummary {
+    /// The declared version.
+    pub cdi_version: String,
+    /// Device names, in spec order.
+    pub devices: Vec<String>,
+    /// Where the device numbers came from.
+    pub device_numbers: String,
+    /// The driver volume mounted at `/usr/local/nvidia`.
+    pub driver_volume: PathBuf,
+    /// NVML indices of GPUs left out as unhealthy.
+    pub left_out: Vec<u32>,
+}
+
+impl NodeDevices {
+    /// Reads what the spec needs from `inventory`, the device nodes (per `numbers`) and the
+    /// driver volume's place under `volumes`.
+    pub fn gather(
+        inventory: &Inventory,
+        numbers: &DeviceNumbers,
+        volumes: &VolumeManager,
+    ) -> Result<Gathered, CdiError> {
+        if inventory.gpus.is_empty() {
+            let reason = inventory
+                .absent_reason
+                .clone()
+                .unwrap_or_else(|| "NVML lists no GPU".to_owned());
+            return Ok(Gathered::NoGpus { reason });
+        }
+        let left_out: Vec<u32> = inventory
+            .gpus
+            .iter()
+            .filter(|g| !g.healthy)
+            .map(|g| g.index)
+            .collect();
+        let healthy: Vec<_> = inventory.gpus.iter().filter(|g| g.healthy).collect();
+        if healthy.is_empty() {
+            return Ok(Gathered::NoGpus {
+                reason: format!("every GPU is unhealthy (NVML indices {left_out:?})"),
+            });
+        }
+        let driver = inventory.driver.as_ref().ok_or(CdiError::NoDriver)?;
+        let version: DriverVersion =
+            driver
+                .version
+                .parse()
+                .map_err(|source| CdiError::DriverVersion {
+                    version: driver.version.clone(),
+                    source,
+                })?;
+        let (control, gpu_nodes) = match numbers {
+            DeviceNumbers::Scanned { dev_root } => scanned(dev_root, inventory)?,
+            DeviceNumbers::Computed => computed(&healthy)?,
+        };
+        let devices = gpu_nodes
+            .into_iter()
+            .filter_map(|(index, node)| {
+                inventory.by_index(index).map(|gpu| CdiDevice {
+                    id: DeviceId::Gpu { index },
+                    uuid: gpu.uuid.clone(),
+                    nodes: vec![node],
+                })
+            })
+            .collect();
+        Ok(Gathered::Devices(NodeDevices {
+            control,
+            devices,
+            driver_volume: volumes.volume_path(&version),
+            numbers: numbers.clone(),
+            left_out,
+        }))
+    }
+
+    /// The spec: each device by index and by UUID, then `all`, and the common edits.
+    pub fn spec(&self) -> Result<Spec, CdiError> {
+        let mut devices = Vec::with_capacity(self.devices.len() * 2 + 1);
+        for device in &self.devices {
+            let edits = ContainerEdits {
+                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", device.uuid)],
+                device_nodes: nodes(&device.nodes)?,
+                mounts: Vec::new(),
+            };
+            for name in [device.id.to_string(), device.uuid.clone()] {
+                devices.push(Device {
+                    name,
+                    container_edits: edits.clone(),
+                });
+            }
+        }
+        let mut every: Vec<NodeEntry> = Vec::new();
+        for node in self.devices.iter().flat_map(|d| &d.nodes) {
+            if !every.iter().any(|n| n.path == node.path) {
+                every.push(node.clone());
+            }
+        }
+        let uuids: Vec<&str> = self.devices.iter().map(|d| d.uuid.as_str()).collect();
+        devices.push(Device {
+            name: ALL.to_owned(),
+            container_edits: ContainerEdits {
+                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", uuids.join(","))],
+                device_nodes: nodes(&every)?,
+                mounts: Vec::new(),
+            },
+        });
+        let no_image_env: [&str; 0] = [];
+        let common = ContainerEdits {
+            env: mesos_gpu_volume::container_env(&no_image_env)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            device_nodes: nodes(&self.control)?,
+            mounts: vec![Mount {
+                host_path: utf8(&self.driver_volume)?.to_owned(),
+                container_path: DRIVER_VOLUME_TARGET.to_owned(),
+                options: VOLUME_MOUNT_OPTIONS.iter().map(|&o| o.to_owned()).collect(),
+                mount_type: None,
+            }],
+        };
+        Ok(Spec::new(KIND, devices, common)?)
+    }
+
+    /// The account of `spec`, built from these devices.
+    pub fn summary(&self, spec: &Spec) -> SpecSummary {
+        SpecSummary {
+            cdi_version: spec.version().to_string(),
+            devices: spec.devices().iter().map(|d| d.name.clone()).collect(),
+            device_numbers: self.numbers.to_string(),
+            driver_volume: self.driver_volume.clone(),
+            left_out: self.left_out.clone(),
+        }
+    }
+}
+
+type ControlAndGpus = (Vec<NodeEntry>, Vec<(u32, NodeEntry)>);
+
+/// Nodes and numbers from `stat(2)` under `dev_root`.
+fn scanned(dev_root: &Path, inventory: &Inventory) -> Result<ControlAndGpus, CdiError> {
+    let found = DeviceNodes::scan(dev_root, inventory).map_err(|source| CdiError::DeviceNodes {
+        dev_root: dev_root.to_owned(),
+        source,
+    })?;
+    let entry = |node: &mesos_gpu_isolator::devices::DeviceNode| {
+        let name = node
+            .path
+            .strip_prefix(dev_root)
+            .unwrap_or(&node.path)
+            .to_owned();
+        NodeEntry {
+            path: Path::new("/dev").join(name),
+            host_path: node.path.clone(),
+            dev: Some(node.dev),
+        }
+    };
+    let control = found.control.iter().map(entry).collect();
+    let gpus = found
+        .gpus
+        .iter()
+        .map(|g| (g.index, entry(&g.node)))
+        .collect();
+    Ok((control, gpus))
+}
+
+/// Nodes at `/dev` with the numbers the NVIDIA driver gives them (see the module docs).
+fn computed(healthy: &[&mesos_gpu_isolator::inventory::Gpu]) -> Result<ControlAndGpus, CdiError> {
+    let dev = Path::new("/dev");
+    let control = vec![
+        NodeEntry::under(
+            dev,
+            NVIDIACTL,
+            Some(DevNum {
+                major: NVIDIA_GPU_MAJOR,
+                minor: NVIDIACTL_MINOR,
+            }),
+        ),
+        NodeEntry::under(dev, NVIDIA_UVM, None),
+    ];
+    let mut gpus = Vec::with_capacity(healthy.len());
+    for gpu in healthy {
+        if gpu.minor == UNKNOWN_MINOR {
+            return Err(CdiError::UnknownMinor { index: gpu.index });
+        }
+        let number = DevNum {
+            major: NVIDIA_GPU_MAJOR,
+            minor: gpu.minor,
+        };
+        gpus.push((
+            gpu.index,
+            NodeEntry::under(dev, &format!("nvidia{}", gpu.minor), Some(number)),
+        ));
+    }
+    Ok((control, gpus))
+}
+
+fn nodes(entries: &[NodeEntry]) -> Result<Vec<DeviceNode>, CdiError> {
+    entries.iter().map(NodeEntry::to_spec).collect()
+}
+
+fn utf8(path: &Path) -> Result<&str, CdiError> {
+    path.to_str().ok_or_else(|| CdiError::NonUtf8Path {
+        path: path.to_owned(),
+    })
+}

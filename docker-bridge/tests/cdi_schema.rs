@@ -1,0 +1,468 @@
+//! The CDI specs mesos-gpu generates, against the CDI JSON schema (`tests/cdi-schema/`, from the
+//! CDI repository) and the rules the reference consumer (CDI's Go package) applies on load that
+//! the schema does not express: device names, the declared version being the minimum its
+//! content needs (`specs-go/version.go`), and nothing but known fields.
+//!
+//! Each spec is made from a shipped nvml-sim node, through the same dynamic NVML loading and
+//! discovery as production, with device numbers computed (no device nodes are needed here; the
+//! podman test reads real ones).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use mesos_gpu_docker::args::{HostDevices, ImageInfo, LaunchPlan};
+use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
+use mesos_gpu_isolator::discovery::GpuDriver;
+use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_volume::VolumeManager;
+use serde_json::{Value, json};
+
+const VOLUME_ROOT: &str = "/var/run/mesos/isolators/gpu";
+
+fn schema_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdi-schema")
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Serves `defs.json`, which `schema.json` refers to relatively, from the test data.
+struct Defs(Value);
+
+impl jsonschema::Retrieve for Defs {
+    fn retrieve(
+        &self,
+        uri: &jsonschema::Uri<String>,
+    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+        if uri.as_str().ends_with("/defs.json") {
+            Ok(self.0.clone())
+        } else {
+            Err(format!(
+                "the CDI schema refers only to defs.json, not {}",
+                uri.as_str()
+            )
+            .into())
+        }
+    }
+}
+
+fn validator() -> jsonschema::Validator {
+    let dir = schema_dir();
+    jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft7)
+        .with_base_uri("file:///cdi/schema.json")
+        .with_retriever(Defs(read_json(&dir.join("defs.json"))))
+        .build(&read_json(&dir.join("schema.json")))
+        .expect("the CDI schema compiles")
+}
+
+fn schema_errors(validator: &jsonschema::Validator, doc: &Value) -> Vec<String> {
+    validator
+        .iter_errors(doc)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect()
+}
+
+fn inventory(node: &str) -> Inventory {
+    let sim = SimNode::shipped(node);
+    let found = GpuDriver::open(Some(&sim.lib_path())).expect("nvml-sim loads");
+    found.inventory().clone()
+}
+
+fn computed(inventory: &Inventory) -> Gathered {
+    NodeDevices::gather(
+        inventory,
+        &DeviceNumbers::Computed,
+        &VolumeManager::at(VOLUME_ROOT),
+    )
+    .expect("gather")
+}
+
+fn spec_json(node: &str) -> Value {
+    match computed(&inventory(node)) {
+        Gathered::Devices(devices) => {
+            serde_json::from_slice(&devices.spec().expect("spec").to_json()).expect("json")
+        }
+        Gathered::NoGpus { reason } => panic!("{node}: no GPUs: {reason}"),
+    }
+}
+
+/// The minimum version of `doc` by CDI's own table (`specs-go/version.go`), over every field a
+/// spec may have, so a field added to the structs without its version shows up here.
+fn required_version(doc: &Value) -> &'static str {
+    let devices = doc["devices"].as_array().cloned().unwrap_or_default();
+    let mut edits = vec![doc["containerEdits"].clone()];
+    edits.extend(devices.iter().map(|d| d["containerEdits"].clone()));
+    let any_edit = |f: &dyn Fn(&Value) -> bool| edits.iter().any(f);
+    let non_empty = |v: &Value| v.as_array().is_some_and(|a| !a.is_empty());
+    let rdt_v110 = |e: &Value| {
+        e.get("intelRdt")
+            .is_some_and(|r| r.get("schemata").is_some() || r["enableMonitoring"] == json!(true))
+    };
+    if any_edit(&|e| rdt_v110(e) || non_empty(&e["netDevices"])) {
+        return "1.1.0";
+    }
+    if any_edit(&|e| e.get("intelRdt").is_some() || non_empty(&e["additionalGids"])) {
+        return "0.7.0";
+    }
+    let class_dot = doc["kind"]
+        .as_str()
+        .and_then(|k| k.split_once('/'))
+        .is_some_and(|(_, class)| class.contains('.'));
+    let annotated = |v: &Value| v["annotations"].as_object().is_some_and(|a| !a.is_empty());
+    if annotated(doc) || devices.iter().any(annotated) || class_dot {
+        return "0.6.0";
+    }
+    let digit_name = devices.iter().any(|d| {
+        d["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+    });
+    let host_path = any_edit(&|e| {
+        e["deviceNodes"]
+            .as_array()
+            .is_some_and(|ns| ns.iter().any(|n| n.get("hostPath").is_some()))
+    });
+    if digit_name || host_path {
+        return "0.5.0";
+    }
+    let mount_type = any_edit(&|e| {
+        e["mounts"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m.get("type").is_some()))
+    });
+    if mount_type { "0.4.0" } else { "0.3.0" }
+}
+
+/// Fields CDI's Go structs know (`specs-go/config.go`); its loader refuses any other.
+fn unknown_fields(doc: &Value) -> Vec<String> {
+    fn check(v: &Value, known: &[&str], at: &str, out: &mut Vec<String>) {
+        if let Some(map) = v.as_object() {
+            out.extend(
+                map.keys()
+                    .filter(|k| !known.contains(&k.as_str()))
+                    .map(|k| format!("{at}.{k}")),
+            );
+        }
+    }
+    const EDITS: &[&str] = &[
+        "env",
+        "deviceNodes",
+        "hooks",
+        "mounts",
+        "intelRdt",
+        "additionalGids",
+        "netDevices",
+    ];
+    const NODE: &[&str] = &[
+        "path",
+        "hostPath",
+        "type",
+        "major",
+        "minor",
+        "fileMode",
+        "permissions",
+        "uid",
+        "gid",
+    ];
+    const MOUNT: &[&str] = &["hostPath", "containerPath", "options", "type"];
+    let mut out = Vec::new();
+    check(
+        doc,
+        &[
+            "cdiVersion",
+            "kind",
+            "annotations",
+            "devices",
+            "containerEdits",
+        ],
+        "",
+        &mut out,
+    );
+    let mut edits = vec![(doc["containerEdits"].clone(), "containerEdits".to_owned())];
+    for (i, d) in doc["devices"].as_array().into_iter().flatten().enumerate() {
+        check(
+            d,
+            &["name", "annotations", "containerEdits"],
+            &format!("devices[{i}]"),
+            &mut out,
+        );
+        edits.push((
+            d["containerEdits"].clone(),
+            format!("devices[{i}].containerEdits"),
+        ));
+    }
+    for (e, at) in &edits {
+        check(e, EDITS, at, &mut out);
+        for n in e["deviceNodes"].as_array().into_iter().flatten() {
+            check(n, NODE, &format!("{at}.deviceNodes"), &mut out);
+        }
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            check(m, MOUNT, &format!("{at}.mounts"), &mut out);
+        }
+    }
+    out
+}
+
+fn shipped_nodes() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-sim/topologies");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "shipped nodes: {names:?}");
+    names
+}
+
+#[test]
+fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
+    let validator = validator();
+    let mut checked = 0;
+    for node in shipped_nodes() {
+        let inventory = inventory(&node);
+        let Gathered::Devices(devices) = computed(&inventory) else {
+            assert!(
+                inventory.gpus.iter().all(|g| !g.healthy),
+                "{node}: GPUs but no spec"
+            );
+            continue;
+        };
+        let spec = devices.spec().expect("spec");
+        let doc: Value = serde_json::from_slice(&spec.to_json()).unwrap();
+        let errors = schema_errors(&validator, &doc);
+        assert!(errors.is_empty(), "{node}: schema: {errors:#?}");
+        assert_eq!(
+            doc["cdiVersion"],
+            json!(required_version(&doc)),
+            "{node}: not the minimum version"
+        );
+        assert_eq!(unknown_fields(&doc), Vec::<String>::new(), "{node}");
+        let names: Vec<&str> = doc["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        let healthy = inventory.gpus.iter().filter(|g| g.healthy).count();
+        assert_eq!(names.len(), 2 * healthy + 1, "{node}: {names:?}");
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{node}: repeated names");
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} nodes had GPUs");
+}
+
+#[test]
+fn issue_18_the_schema_refuses_what_runtimes_refuse() {
+    let validator = validator();
+    let good = spec_json("k80");
+    assert!(schema_errors(&validator, &good).is_empty());
+    let mut no_devices = good.clone();
+    no_devices.as_object_mut().unwrap().remove("devices");
+    assert!(!schema_errors(&validator, &no_devices).is_empty());
+    let mut nameless = good.clone();
+    nameless["devices"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("name");
+    assert!(!schema_errors(&validator, &nameless).is_empty());
+    let mut bad_node = good.clone();
+    bad_node["containerEdits"]["deviceNodes"][0]["major"] = json!("195");
+    assert!(!schema_errors(&validator, &bad_node).is_empty());
+    let mut pathless_mount = good;
+    pathless_mount["containerEdits"]["mounts"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("containerPath");
+    assert!(!schema_errors(&validator, &pathless_mount).is_empty());
+}
+
+#[test]
+fn issue_18_the_version_table_is_cdis() {
+    let base = json!({"cdiVersion": "x", "kind": "nvidia.com/gpu",
+        "devices": [{"name": "gpu0", "containerEdits": {}}]});
+    assert_eq!(required_version(&base), "0.3.0");
+    let mut v = base.clone();
+    v["containerEdits"] =
+        json!({"mounts": [{"hostPath": "/a", "containerPath": "/b", "type": "bind"}]});
+    assert_eq!(required_version(&v), "0.4.0");
+    let mut v = base.clone();
+    v["devices"][0]["name"] = json!("0");
+    assert_eq!(required_version(&v), "0.5.0");
+    let mut v = base.clone();
+    v["kind"] = json!("nvidia.com/gpu.x");
+    assert_eq!(required_version(&v), "0.6.0");
+    let mut v = base.clone();
+    v["containerEdits"] = json!({"additionalGids": [5]});
+    assert_eq!(required_version(&v), "0.7.0");
+    let mut v = base;
+    v["devices"][0]["containerEdits"] =
+        json!({"netDevices": [{"hostInterfaceName": "a", "name": "b"}]});
+    assert_eq!(required_version(&v), "1.1.0");
+}
+
+#[test]
+fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
+    let inventory = inventory("dgx1-v100");
+    let doc = spec_json("dgx1-v100");
+    assert_eq!(doc["cdiVersion"], "0.5.0");
+    assert_eq!(doc["kind"], "nvidia.com/gpu");
+    let devices = doc["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 17);
+    for gpu in &inventory.gpus {
+        let by_index = devices
+            .iter()
+            .find(|d| d["name"] == json!(gpu.index.to_string()))
+            .unwrap();
+        let by_uuid = devices
+            .iter()
+            .find(|d| d["name"] == json!(gpu.uuid))
+            .unwrap();
+        assert_eq!(by_index["containerEdits"], by_uuid["containerEdits"]);
+        assert_eq!(
+            by_index["containerEdits"],
+            json!({
+                "env": [format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)],
+                "deviceNodes": [{"path": format!("/dev/nvidia{}", gpu.minor), "type": "c",
+                    "major": 195, "minor": gpu.minor, "permissions": "rwm"}]
+            })
+        );
+    }
+    let all = devices.last().unwrap();
+    assert_eq!(all["name"], "all");
+    let all_nodes: Vec<&str> = all["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(all_nodes.len(), 8);
+    let common = &doc["containerEdits"];
+    assert_eq!(
+        common["deviceNodes"],
+        json!([
+            {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "permissions": "rwm"},
+            {"path": "/dev/nvidia-uvm", "permissions": "rwm"}
+        ])
+    );
+    let version = &inventory.driver.as_ref().unwrap().version;
+    assert_eq!(
+        common["mounts"],
+        json!([{"hostPath": format!("{VOLUME_ROOT}/nvidia_{version}"),
+            "containerPath": "/usr/local/nvidia", "options": ["ro", "nosuid", "nodev", "bind"]}])
+    );
+}
+
+#[test]
+fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
+    let inventory = inventory("pcie-t4x4");
+    let doc = spec_json("pcie-t4x4");
+    let host = HostDevices {
+        dev_root: PathBuf::from("/dev"),
+        control: vec![
+            PathBuf::from("/dev/nvidiactl"),
+            PathBuf::from("/dev/nvidia-uvm"),
+        ],
+    };
+    let image = ImageInfo {
+        env: vec!["NVIDIA_VISIBLE_DEVICES=all".to_owned()],
+        ..ImageInfo::default()
+    };
+    let driver = mesos_gpu_docker::args::DriverSpec {
+        info: inventory.driver.clone().unwrap(),
+        volume: mesos_gpu_docker::args::VolumeSource::Bind {
+            host_path: PathBuf::from("/v"),
+        },
+    };
+    let gpu = &inventory.gpus[2];
+    let plan = LaunchPlan::new(&[gpu], &host, &image, Some(&driver)).unwrap();
+    let docker_env = plan.env_strings();
+    let device = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "2")
+        .unwrap();
+    let mut cdi_env: Vec<String> =
+        serde_json::from_value(device["containerEdits"]["env"].clone()).unwrap();
+    cdi_env.extend(
+        serde_json::from_value::<Vec<String>>(doc["containerEdits"]["env"].clone()).unwrap(),
+    );
+    assert_eq!(cdi_env, docker_env);
+    let all_plan = LaunchPlan::new(
+        &inventory.gpus.iter().collect::<Vec<_>>(),
+        &host,
+        &image,
+        Some(&driver),
+    )
+    .unwrap();
+    let all = doc["devices"].as_array().unwrap().last().unwrap();
+    assert_eq!(
+        all["containerEdits"]["env"][0],
+        json!(all_plan.env_strings()[0])
+    );
+}
+
+#[test]
+fn issue_18_no_spec_without_healthy_gpus() {
+    let inventory = inventory("driver-no-gpus");
+    assert!(matches!(computed(&inventory), Gathered::NoGpus { .. }));
+    let mut sick = self::inventory("k80");
+    for gpu in &mut sick.gpus {
+        gpu.healthy = false;
+    }
+    let Gathered::NoGpus { reason } = computed(&sick) else {
+        panic!("a spec for unhealthy GPUs");
+    };
+    assert!(reason.contains("unhealthy"), "{reason}");
+    let mut one_sick = self::inventory("k80");
+    one_sick.gpus[0].healthy = false;
+    let Gathered::Devices(devices) = computed(&one_sick) else {
+        panic!("no spec");
+    };
+    assert_eq!(devices.left_out, vec![one_sick.gpus[0].index]);
+    assert!(
+        devices
+            .devices
+            .iter()
+            .all(|d| d.uuid != one_sick.gpus[0].uuid)
+    );
+}
+
+#[test]
+fn issue_18_bad_values_are_named() {
+    let mut inventory = inventory("k80");
+    inventory.gpus[1].uuid = "GPU 1".to_owned();
+    let Gathered::Devices(devices) = computed(&inventory) else {
+        panic!("no devices");
+    };
+    let err = devices.spec().expect_err("bad name");
+    let text = anyhow_like(&err);
+    assert!(text.contains("\"GPU 1\""), "{text}");
+    inventory.gpus[1].uuid = "GPU-1".to_owned();
+    inventory.driver.as_mut().unwrap().version = "../etc".to_owned();
+    let err = NodeDevices::gather(
+        &inventory,
+        &DeviceNumbers::Computed,
+        &VolumeManager::at(VOLUME_ROOT),
+    )
+    .expect_err("bad version");
+    assert!(anyhow_like(&err).contains("\"../etc\""), "{err}");
+}
+
+/// The error and its causes, as `{:#}` of anyhow would print them.
+fn anyhow_like(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
