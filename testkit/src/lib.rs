@@ -7,8 +7,8 @@
 //! without running.
 #![forbid(unsafe_code)]
 
-pub mod mps;
 pub mod mesos;
+pub mod mps;
 pub mod nvml_sim;
 
 use std::io::{Read, Write};
