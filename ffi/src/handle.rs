@@ -7,7 +7,7 @@
 //! the isolator serializes its own state, the reply cache has its own lock.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
@@ -71,7 +71,10 @@ impl MgpuIsolator {
     /// creates the isolator, from the module parameters.
     pub fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
         let params = ModuleParams::parse(params)?;
-        let driver = match GpuDriver::open(Some(&params.nvml_lib))
+        // The default library goes through the loader's search, and its absence means "no
+        // driver"; a library named in `nvml_lib` that cannot be loaded is an error of its own.
+        let named = (params.nvml_lib != Path::new(DEFAULT_NVML_LIB)).then_some(&params.nvml_lib);
+        let driver = match GpuDriver::open(named.map(PathBuf::as_path))
             .map_err(|source| ParamError::Discovery { source })?
         {
             Discovery::Driver(driver) => driver,

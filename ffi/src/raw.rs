@@ -17,6 +17,7 @@ use std::panic::{self, AssertUnwindSafe};
 use prost::Message;
 
 use crate::handle::MgpuIsolator;
+use crate::required;
 use crate::status::{FfiError, MgpuStatus};
 
 /// Runs `f` and turns its result into a status, writing the error text on failure. A panic
@@ -161,12 +162,23 @@ pub(crate) unsafe fn decode<M: Message + Default>(
 ) -> Result<M, FfiError> {
     // SAFETY: forwarded contract.
     let bytes = unsafe { in_bytes(ptr, len, what) }?;
-    M::decode(bytes).map_err(|source| FfiError::Decode {
+    let message = type_name::<M>();
+    let decoded = M::decode(bytes).map_err(|source| FfiError::Decode {
         what,
-        message: type_name::<M>(),
+        message,
         len,
         source,
-    })
+    })?;
+    let missing = required::missing_required(message, bytes);
+    if !missing.is_empty() {
+        return Err(FfiError::MissingRequired {
+            what,
+            message,
+            len,
+            missing: missing.join(", "),
+        });
+    }
+    Ok(decoded)
 }
 
 fn type_name<M>() -> &'static str {

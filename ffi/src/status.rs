@@ -139,6 +139,20 @@ pub enum FfiError {
         #[source]
         source: prost::DecodeError,
     },
+    /// Input bytes decoded but lack proto2 `required` fields, which libprotobuf refuses.
+    #[error(
+        "cannot decode `{what}` ({len} bytes) as {message}: missing required fields: {missing}"
+    )]
+    MissingRequired {
+        /// The argument's name.
+        what: &'static str,
+        /// The protobuf message expected.
+        message: &'static str,
+        /// How many bytes were given.
+        len: usize,
+        /// The missing fields' paths, as libprotobuf lists them.
+        missing: String,
+    },
     /// The caller's output buffer is too small.
     #[error("the output buffer holds {cap} bytes; {needed} are needed")]
     BufferTooSmall {
@@ -241,7 +255,9 @@ impl FfiError {
     pub fn status(&self) -> MgpuStatus {
         match self {
             FfiError::Null { .. } => MgpuStatus::MgpuNullArgument,
-            FfiError::Decode { .. } => MgpuStatus::MgpuDecodeError,
+            FfiError::Decode { .. } | FfiError::MissingRequired { .. } => {
+                MgpuStatus::MgpuDecodeError
+            }
             FfiError::BufferTooSmall { .. } => MgpuStatus::MgpuBufferTooSmall,
             FfiError::Convert(_)
             | FfiError::UnknownCode(_)

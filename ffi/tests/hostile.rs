@@ -45,6 +45,10 @@ fn main() -> ExitCode {
     };
     add("null_pointers_everywhere", null_pointers_everywhere);
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
+    add(
+        "issue_14_messages_missing_required_fields_are_refused",
+        messages_missing_required_fields_are_refused,
+    );
     add("unknown_containers", unknown_containers);
     add(
         "buffer_one_byte_short_then_retry",
@@ -202,7 +206,9 @@ fn bad_module_parameters_are_named() -> TestResult {
     let status = new_with_err(&no_nvml, err.as_mut_ptr().cast(), err.len());
     check(
         status == S::MgpuInternal
-            && text(&err).starts_with("cannot create the GPU isolator: NVML is not available"),
+            && text(&err).starts_with(
+                "cannot discover GPUs: cannot load the NVML library /nonexistent/libnvidia-ml.so.1: ",
+            ),
         text(&err),
     )
 }
@@ -533,6 +539,29 @@ fn null_pointers_everywhere(f: &Fixture) -> TestResult {
     )?;
     // Nothing above allocated anything but c1.
     h.cleanup(&c1).ok()?;
+    all_free(&h)
+}
+
+/// Bytes prost decodes but libprotobuf refuses (`tests/required_libprotobuf.rs` compares the
+/// two): refused at the ABI with the missing fields, and nothing changes.
+fn messages_missing_required_fields_are_refused(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    h.prepare(&cid("c1"), &[]).expect(
+        S::MgpuDecodeError,
+        "cannot decode `config` (0 bytes) as mesos.slave.ContainerConfig: missing required \
+         fields: command_info, directory",
+    )?;
+    // Truncated to its first field (directory): command_info is missing.
+    let good = config(2.0);
+    let first = usize::from(good[1]) + 2;
+    h.prepare(&cid("c1"), &good[..first])
+        .expect(S::MgpuDecodeError, "missing required fields: command_info")?;
+    // A checkpointed container with only its pid.
+    h.recover(&[0x0a, 0x02, 0x18, 0x01]).expect(
+        S::MgpuDecodeError,
+        "missing required fields: checkpointed_container_states[0].container_id, \
+         checkpointed_container_states[0].directory",
+    )?;
     all_free(&h)
 }
 

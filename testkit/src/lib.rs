@@ -29,6 +29,8 @@ pub enum Need {
     Dockerd,
     /// A C compiler (`cc`) on PATH.
     Cc,
+    /// An Apache Mesos install ([`mesos_prefix`]) and the libprotobuf headers it was built with.
+    Mesos,
 }
 
 impl Need {
@@ -40,6 +42,7 @@ impl Need {
             Need::Cgroup2 => "cgroup2",
             Need::Dockerd => "dockerd",
             Need::Cc => "cc",
+            Need::Mesos => "mesos",
         }
     }
 }
@@ -80,6 +83,9 @@ impl Host {
             .unwrap_or(true)
         {
             missing.push((Need::Cc, "no working `cc` on PATH".to_owned()));
+        }
+        if let Err(why) = probe_mesos() {
+            missing.push((Need::Mesos, why));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()
@@ -146,6 +152,43 @@ pub fn cgroup2_root() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// The environment variable naming the Apache Mesos install prefix used by tests.
+pub const MESOS_PREFIX_ENV: &str = "MESOS_GPU_MESOS_PREFIX";
+
+/// Where an Apache Mesos install is looked for when [`MESOS_PREFIX_ENV`] is unset.
+const MESOS_PREFIXES: &[&str] = &["/work/shared/mesos/install", "/usr/local", "/usr"];
+
+/// The Apache Mesos install prefix (holding `lib/libmesos.so` and `include/mesos/mesos.pb.h`):
+/// `$MESOS_GPU_MESOS_PREFIX`, else the first of [`MESOS_PREFIXES`] that has both.
+pub fn mesos_prefix() -> Option<PathBuf> {
+    let has_mesos = |p: &Path| {
+        p.join("lib/libmesos.so").exists() && p.join("include/mesos/mesos.pb.h").exists()
+    };
+    match std::env::var_os(MESOS_PREFIX_ENV) {
+        Some(prefix) => Some(PathBuf::from(prefix)).filter(|p| has_mesos(p)),
+        None => MESOS_PREFIXES
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| has_mesos(p)),
+    }
+}
+
+fn probe_mesos() -> Result<(), String> {
+    if mesos_prefix().is_none() {
+        return Err(format!(
+            "no Apache Mesos install (lib/libmesos.so, include/mesos/mesos.pb.h) at \
+             ${MESOS_PREFIX_ENV} or {}",
+            MESOS_PREFIXES.join(", ")
+        ));
+    }
+    if !Path::new("/usr/include/google/protobuf/message.h").exists() {
+        return Err(
+            "no libprotobuf headers (/usr/include/google/protobuf; libprotobuf-dev)".into(),
+        );
+    }
+    Ok(())
 }
 
 /// A name unique to this process and call: `mgpu-test-<pid>-<n>`.

@@ -328,7 +328,7 @@ impl VolumeManager {
         options: CreateOptions,
     ) -> Result<Volume, VolumeError> {
         let version = &plan.driver_version;
-        if plan.library_count() == 0 {
+        if plan.driver_library_count() == 0 {
             return Err(VolumeError::EmptyPlan {
                 version: version.clone(),
             });

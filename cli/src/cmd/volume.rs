@@ -291,15 +291,12 @@ fn warn_if_noexec(volume: &std::path::Path) {
     }
 }
 
-fn cache_path(args: &Args) -> PathBuf {
-    args.cache.clone().unwrap_or_else(|| {
-        args.driver_root
-            .join(mesos_gpu_volume::ldcache::DEFAULT_CACHE)
-    })
-}
-
+/// `--cache` (a host path), else `<driver-root>/etc/ld.so.cache` resolved inside the driver root.
 fn load_cache(args: &Args) -> anyhow::Result<LdCache> {
-    Ok(LdCache::read(&cache_path(args))?)
+    Ok(match &args.cache {
+        Some(path) => LdCache::read(path)?,
+        None => LdCache::load(&args.driver_root)?,
+    })
 }
 
 /// `--driver-version`, else the newest `libnvidia-ml.so.<version>` in the cache.
@@ -349,7 +346,7 @@ fn plan_text(plan: &VolumePlan) -> String {
         plan.links.len(),
         plan.skipped.len()
     );
-    if plan.library_count() == 0 {
+    if plan.driver_library_count() == 0 {
         s.push_str("warning: no library of this driver version was found; `create` will refuse this plan\n");
     }
     let files: Vec<Vec<String>> = plan

@@ -5,9 +5,11 @@
 //! - NVML is `libnvidia-ml.so.1`, opened with `dlopen` through nvml-wrapper
 //!   (`Nvml::builder().lib_path(..)`); there is no link-time dependency, so a node without the
 //!   driver still runs. It is initialised with `NVML_INIT_FLAG_NO_GPUS`, without which
-//!   `nvmlInit` fails (`NVML_ERROR_GPU_NOT_FOUND`) on a driver that has no GPU. A missing library is `NvmlError::LibloadingError` (its text is the
-//!   `dlerror()` string) and a library without its kernel module gives
-//!   `NVML_ERROR_DRIVER_NOT_LOADED`: both mean "no GPUs here", not an error. Any other failure of
+//!   `nvmlInit` fails (`NVML_ERROR_GPU_NOT_FOUND`) on a driver that has no GPU. When the default
+//!   library is missing (`NvmlError::LibloadingError`, whose text is the `dlerror()` string) or
+//!   present without its kernel module (`NVML_ERROR_DRIVER_NOT_LOADED`), there are no GPUs here,
+//!   which is not an error. A library the caller *named* that cannot be loaded (missing, not a
+//!   shared object) is an error: the operator asked for that file. Any other failure of
 //!   `nvmlInit_v2` means a broken driver and is an error.
 //! - Per GPU: `nvmlDeviceGetHandleByIndex_v2`, `…GetMinorNumber` (the `/dev/nvidia<minor>` node;
 //!   not always the index), `…GetUUID`, `…GetName`, `…GetMemoryInfo_v2`, `…GetPciInfo_v3`,
@@ -55,6 +57,15 @@ pub enum DiscoveryError {
         /// The library path given to dlopen.
         lib: PathBuf,
         /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+    /// The NVML library the caller named cannot be loaded.
+    #[error("cannot load the NVML library {lib}")]
+    Load {
+        /// The library path given to dlopen.
+        lib: PathBuf,
+        /// The loader's error.
         #[source]
         source: NvmlError,
     },
@@ -126,13 +137,18 @@ impl std::fmt::Debug for GpuDriver {
 
 impl GpuDriver {
     /// Loads NVML from `lib` (default [`DEFAULT_NVML_LIB`]), initialises it and reads the
-    /// inventory. A host without the library or the kernel driver gives
-    /// [`Discovery::NoDriver`], not an error.
+    /// inventory. A host without the default library, or without the kernel driver, gives
+    /// [`Discovery::NoDriver`], not an error; a named `lib` that cannot be loaded is
+    /// [`DiscoveryError::Load`].
     #[tracing::instrument(skip_all, fields(lib = %lib.map_or(Path::new(DEFAULT_NVML_LIB), |p| p).display()))]
     pub fn open(lib: Option<&Path>) -> Result<Discovery, DiscoveryError> {
+        let named = lib.is_some();
         let lib = lib.map_or_else(|| PathBuf::from(DEFAULT_NVML_LIB), Path::to_path_buf);
         let nvml = match init(&lib) {
             Ok(nvml) => nvml,
+            Err(err @ NvmlError::LibloadingError(_)) if named => {
+                return Err(DiscoveryError::Load { lib, source: err });
+            }
             Err(err) => {
                 let Some(reason) = absent_reason(&lib, &err) else {
                     return Err(DiscoveryError::Init { lib, source: err });
@@ -414,31 +430,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_library_is_no_driver_with_the_dlerror_text() {
-        let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
-        let Discovery::NoDriver(inv) = GpuDriver::open(Some(lib)).expect("not an error") else {
-            panic!("a missing library must not give a driver");
-        };
-        assert_eq!(
-            inv.absent_reason.as_deref(),
-            Some(
-                "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: \
-                 No such file or directory"
-            )
-        );
-        assert!(inv.gpus.is_empty() && inv.driver.is_none());
+    fn issue_14_a_named_library_that_cannot_be_loaded_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let garbage = dir.path().join("libnvidia-ml.so.1");
+        std::fs::write(&garbage, b"not an ELF file").expect("write");
+        for lib in [
+            Path::new("/nonexistent/libnvidia-ml.so.1"),
+            Path::new("/etc/passwd"),
+            garbage.as_path(),
+        ] {
+            match GpuDriver::open(Some(lib)) {
+                Err(err @ DiscoveryError::Load { .. }) => assert_eq!(
+                    err.to_string(),
+                    format!("cannot load the NVML library {}", lib.display())
+                ),
+                other => panic!("{}: {other:?}", lib.display()),
+            }
+        }
     }
 
     #[test]
-    fn not_a_library_is_no_driver() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let lib = dir.path().join("libnvidia-ml.so.1");
-        std::fs::write(&lib, b"not an ELF file").expect("write");
-        let found = GpuDriver::open(Some(&lib)).expect("not an error");
-        let reason = found.inventory().absent_reason.clone().expect("reason");
-        assert!(
-            reason.starts_with("NVIDIA driver not found: ") && reason.contains("libnvidia-ml.so.1"),
-            "{reason}"
+    fn missing_default_library_is_no_driver_with_the_dlerror_text() {
+        // The loader's error for a library that is not there, as for the default one.
+        let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
+        let err = init(lib).err().expect("cannot load");
+        let reason = absent_reason(lib, &err).expect("absent");
+        assert_eq!(
+            reason,
+            "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object \
+             file: No such file or directory"
         );
     }
 
