@@ -55,15 +55,18 @@ pub(crate) enum LogFormat {
 /// What every command runs with.
 pub(crate) struct Ctx {
     pub(crate) global: GlobalArgs,
+    /// The command stops cleanly on SIGINT/SIGTERM by itself (`serve`, `run`, `exec`).
+    handles_signals: bool,
     // Declared before `simulation` so that the NVML session ends before its directory goes.
     discovery: OnceCell<Discovery>,
     simulation: OnceCell<Simulation>,
 }
 
 impl Ctx {
-    pub(crate) fn new(global: GlobalArgs) -> Self {
+    pub(crate) fn new(global: GlobalArgs, handles_signals: bool) -> Self {
         Ctx {
             global,
+            handles_signals,
             discovery: OnceCell::new(),
             simulation: OnceCell::new(),
         }
@@ -82,7 +85,7 @@ impl Ctx {
         if let Some(sim) = self.simulation.get() {
             return Ok(Some(sim));
         }
-        let sim = Simulation::prepare(spec)?;
+        let sim = Simulation::prepare(spec, self.handles_signals)?;
         Ok(Some(self.simulation.get_or_init(|| sim)))
     }
 

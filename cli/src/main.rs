@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         eprintln!("mesos-gpu: {err:#}");
         return ExitCode::FAILURE;
     }
-    let ctx = Ctx::new(cli.global);
+    let ctx = Ctx::new(cli.global, cli.command.handles_signals());
     match cmd::run(cli.command, &ctx) {
         Ok(code) => code,
         Err(err) if ctx::is_broken_pipe(&err) => ExitCode::SUCCESS,

@@ -466,3 +466,80 @@ fn issue_14_files_named_in_input_are_never_echoed() {
         "{stderr}"
     );
 }
+
+/// The pcie-t4x4 node with `count` copies of its first GPU.
+fn node_with_gpus(count: u32) -> Value {
+    let mut node: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/pcie-t4x4.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let template = node["gpus"][0].clone();
+    node["gpus"] = (0..count)
+        .map(|i| {
+            let mut gpu = template.clone();
+            gpu["index"] = i.into();
+            gpu["minor"] = i.into();
+            gpu["uuid"] = format!("GPU-{i:08x}-0000-4000-8000-000000000000").into();
+            gpu["pci"]["bus_id"] = format!("0000{:04x}:{:02X}:00.0", i / 256, i % 256).into();
+            gpu["serial"] = format!("{}", 1_000_000 + i).into();
+            gpu
+        })
+        .collect();
+    node
+}
+
+/// Runs `mesos-gpu args`, killed after `limit` (a hang guard, not a timing assertion).
+fn run_bounded(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env("MESOS_GPU_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn issue_14_oversize_nodes_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    for count in [65, 10_000] {
+        let file = dir.path().join(format!("node{count}.json"));
+        std::fs::write(&file, node_with_gpus(count).to_string()).unwrap();
+        for command in ["info", "agent-flags"] {
+            let args = [command, "--simulate", file.to_str().unwrap()];
+            let out = run_bounded(&args, std::time::Duration::from_secs(60));
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!(
+                    "describes {count} GPUs; mesos-gpu manages at most 64 GPUs per node"
+                )),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    let file = dir.path().join("node64.json");
+    std::fs::write(&file, node_with_gpus(64).to_string()).unwrap();
+    let v = json(&["info", "--simulate", file.to_str().unwrap()]);
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 64);
+    let out = run_bounded(
+        &["info", "--simulate", "/dev/zero"],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: not a regular file"));
+}

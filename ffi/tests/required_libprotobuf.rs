@@ -207,9 +207,11 @@ fn special_cases() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// The fields of `bytes`, as (start, end) byte ranges, with the payload range of length-
-/// delimited ones; `None` when the bytes are not a sequence of fields.
-fn fields(bytes: &[u8]) -> Option<Vec<(usize, usize, Option<(usize, usize)>)>> {
+/// A field's byte range in its message, and its payload's when length-delimited.
+type FieldSpan = (usize, usize, Option<(usize, usize)>);
+
+/// The fields of `bytes`; `None` when the bytes are not a sequence of fields.
+fn fields(bytes: &[u8]) -> Option<Vec<FieldSpan>> {
     fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
         let mut v = 0u64;
         for i in 0..10 {

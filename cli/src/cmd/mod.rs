@@ -40,6 +40,13 @@ pub(crate) enum Command {
     Exec(exec::Args),
 }
 
+impl Command {
+    /// True for the commands that stop cleanly on SIGINT/SIGTERM by themselves.
+    pub(crate) fn handles_signals(&self) -> bool {
+        matches!(self, Command::Serve(_) | Command::Run(_) | Command::Exec(_))
+    }
+}
+
 /// Runs the chosen subcommand.
 pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match command {

@@ -42,6 +42,15 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 /// above every Linux minor (20 bits), so it never matches a device node.
 pub const UNKNOWN_MINOR: u32 = u32::MAX;
 
+/// The most GPUs a node may have: the allocator's GPU sets hold indices 0 to
+/// [`GpuSet::MAX_INDEX`](crate::allocator::GpuSet::MAX_INDEX). A node reporting more is refused
+/// before any GPU is read, so no command's cost grows with a count it cannot use.
+pub const MAX_GPUS: u32 = crate::allocator::GpuSet::MAX_INDEX + 1;
+
+/// The minor of `/dev/nvidia-modeset` (`c 195:254`); `/dev/nvidiactl` is 255. GPU minors are
+/// below both (NVIDIA's kernel module numbers GPUs from 0 up).
+pub const FIRST_CONTROL_MINOR: u32 = 254;
+
 /// `NVML_ERROR_GPU_NOT_FOUND`, which nvml-wrapper 0.13 does not name.
 const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;
 
@@ -77,6 +86,26 @@ pub enum DiscoveryError {
         /// NVML's error.
         #[source]
         source: NvmlError,
+    },
+    /// NVML reports more GPUs than a node may have.
+    #[error("NVML reports {count} GPUs; mesos-gpu manages at most {max} GPUs per node")]
+    TooManyGpus {
+        /// The count NVML reports.
+        count: u32,
+        /// [`MAX_GPUS`].
+        max: u32,
+    },
+    /// A GPU reports the minor number of an NVIDIA control device, or one above them.
+    #[error("GPU {index} reports minor number {minor}, {why}; GPU minors are 0 to {last}")]
+    ControlMinor {
+        /// NVML index of the GPU.
+        index: u32,
+        /// The minor it reports.
+        minor: u32,
+        /// Whose minor it is.
+        why: &'static str,
+        /// The highest GPU minor.
+        last: u32,
     },
     /// A GPU cannot be enumerated.
     #[error("cannot read the {what} of GPU {index}")]
@@ -190,6 +219,14 @@ impl GpuDriver {
         &self.lib
     }
 
+    /// True when NVML answers `NVML_ERROR_GPU_IS_LOST` for the GPU with NVML index `index` now.
+    pub fn reports_lost(&self, index: u32) -> bool {
+        matches!(
+            self.nvml.device_by_index(index).and_then(|d| d.uuid()),
+            Err(NvmlError::GpuLost)
+        )
+    }
+
     /// The CPUs closest to the GPU at `position` in [`Inventory::gpus`], when NVML knows them.
     pub fn cpu_affinity(&self, position: usize) -> Option<&[u32]> {
         self.cpu_affinity.get(position).and_then(|c| c.as_deref())
@@ -250,6 +287,12 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
             what: "GPU count",
             source,
         })?;
+    if count > MAX_GPUS {
+        return Err(DiscoveryError::TooManyGpus {
+            count,
+            max: MAX_GPUS,
+        });
+    }
     let mut gpus = Vec::new();
     let mut affinities = Vec::new();
     let mut devices = Vec::new();
@@ -378,6 +421,18 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
         return Ok((gpu, None, None));
     };
     let minor = r.required("minor number", device.minor_number())?;
+    if let Some(minor) = minor.filter(|&m| m >= FIRST_CONTROL_MINOR) {
+        return Err(DiscoveryError::ControlMinor {
+            index,
+            minor,
+            why: match minor {
+                FIRST_CONTROL_MINOR => "which belongs to /dev/nvidia-modeset",
+                255 => "which belongs to /dev/nvidiactl",
+                _ => "which NVIDIA's driver never gives a GPU",
+            },
+            last: FIRST_CONTROL_MINOR - 1,
+        });
+    }
     let uuid = r.required("UUID", device.uuid())?;
     let name = r.required("name", device.name())?;
     let pci_bus_id = r.required("PCI info", device.pci_info())?.map(|p| p.bus_id);
@@ -428,6 +483,7 @@ fn cpus_of_mask(mask: &[c_ulong]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mesos_gpu_testkit::nvml_sim::SimNode;
 
     #[test]
     fn issue_14_a_named_library_that_cannot_be_loaded_is_an_error() {
@@ -449,11 +505,79 @@ mod tests {
         }
     }
 
+    /// A shipped node with `edit` applied to its description, served by nvml-sim.
+    fn sim_node(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> SimNode {
+        let (_, text) = nvml_sim::TOPOLOGIES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("shipped topology");
+        let mut spec: serde_json::Value = serde_json::from_str(text).expect("shipped JSON");
+        edit(&mut spec);
+        SimNode::from_json(&spec.to_string())
+    }
+
+    #[test]
+    fn issue_14_a_gpu_with_a_control_minor_is_refused() {
+        for (minor, why) in [
+            (255, "which belongs to /dev/nvidiactl"),
+            (254, "which belongs to /dev/nvidia-modeset"),
+            (4096, "which NVIDIA's driver never gives a GPU"),
+        ] {
+            let node = sim_node("pcie-t4x4", |spec| spec["gpus"][2]["minor"] = minor.into());
+            let err = GpuDriver::open(Some(&node.lib_path())).expect_err("refused");
+            assert_eq!(
+                err.to_string(),
+                format!("GPU 2 reports minor number {minor}, {why}; GPU minors are 0 to 253")
+            );
+        }
+        let node = sim_node("pcie-t4x4", |spec| spec["gpus"][2]["minor"] = 253.into());
+        assert!(
+            GpuDriver::open(Some(&node.lib_path())).is_ok(),
+            "253 is a GPU's"
+        );
+    }
+
+    #[test]
+    fn issue_14_a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
+        let node_of = |count: u32| {
+            sim_node("pcie-t4x4", |spec| {
+                let template = spec["gpus"][0].clone();
+                let gpus: Vec<serde_json::Value> = (0..count)
+                    .map(|i| {
+                        let mut gpu = template.clone();
+                        gpu["index"] = i.into();
+                        gpu["minor"] = i.into();
+                        gpu["uuid"] = format!("GPU-{i:08x}-0000-4000-8000-000000000000").into();
+                        gpu["pci"]["bus_id"] = format!("00000000:{:02X}:00.0", i + 1).into();
+                        gpu["serial"] = format!("{}", 1_000_000 + i).into();
+                        gpu
+                    })
+                    .collect();
+                spec["gpus"] = gpus.into();
+            })
+        };
+        let node = node_of(MAX_GPUS + 1);
+        let err = GpuDriver::open(Some(&node.lib_path())).expect_err("refused");
+        assert!(
+            matches!(err, DiscoveryError::TooManyGpus { count: 65, max: 64 }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "NVML reports 65 GPUs; mesos-gpu manages at most 64 GPUs per node"
+        );
+        let node = node_of(MAX_GPUS);
+        let found = GpuDriver::open(Some(&node.lib_path())).expect("64 GPUs are a node");
+        assert_eq!(found.inventory().gpus.len(), 64);
+    }
+
     #[test]
     fn missing_default_library_is_no_driver_with_the_dlerror_text() {
         // The loader's error for a library that is not there, as for the default one.
         let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
-        let err = init(lib).err().expect("cannot load");
+        let Err(err) = init(lib) else {
+            panic!("{} loaded", lib.display());
+        };
         let reason = absent_reason(lib, &err).expect("absent");
         assert_eq!(
             reason,

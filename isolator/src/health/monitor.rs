@@ -37,7 +37,7 @@ use super::policy::HealthPolicy;
 use super::state::{
     Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState,
 };
-use super::store::{HealthStore, StoreLock};
+use super::store::{HealthStore, RequestAnswer, StoreLock};
 use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
@@ -93,6 +93,7 @@ pub struct LoopStats {
 }
 
 struct Shared {
+    driver: Arc<GpuDriver>,
     state: Mutex<HealthState>,
     policy: HealthPolicy,
     callbacks: Mutex<Vec<ChangeCallback>>,
@@ -161,6 +162,7 @@ impl HealthMonitor {
             None => Vec::new(),
         };
         let shared = Arc::new(Shared {
+            driver: Arc::clone(&driver),
             state: Mutex::new(state),
             policy: config.policy.clone(),
             callbacks: Mutex::new(callbacks),
@@ -173,6 +175,9 @@ impl HealthMonitor {
             loop_failures: AtomicU64::new(0),
         });
         publish(&shared, restored);
+        // Written at every start, so a work directory with a monitor always has a checkpoint and
+        // one without (a wrong `--work-dir`) can be told apart.
+        save(&shared);
         let quiet_period = config.quiet_period;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -217,9 +222,10 @@ impl HealthMonitor {
     }
 
     /// The operator's word: `gpu` is healthy again. Subscribers hear of it and the checkpoint
-    /// is updated. `Ok(None)` when it already was healthy.
+    /// is updated. `Ok(None)` when it already was healthy; refused while NVML still reports the
+    /// GPU lost.
     pub fn mark_healthy(&self, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
-        let change = lock(&self.shared.state).mark_healthy(gpu)?;
+        let change = mark(&self.shared, gpu)?;
         if let Some(change) = &change {
             publish(&self.shared, vec![change.clone()]);
         }
@@ -535,19 +541,51 @@ fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
     }
 }
 
-/// Quiet periods and operator requests.
+/// Marks `gpu` healthy in the state, unless NVML still answers `GPU_IS_LOST` for it (it would
+/// be handed out and fail at once).
+fn mark(shared: &Shared, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
+    let index = lock(&shared.state).index_of(gpu)?;
+    if shared.driver.reports_lost(index) {
+        return Err(HealthError::StillLost {
+            gpu: gpu.to_string(),
+        });
+    }
+    lock(&shared.state).mark_healthy(gpu)
+}
+
+/// Quiet periods and operator requests. A request is answered only after the checkpoint holds
+/// its effect, so the requester never reads the state from before it.
 fn housekeeping(shared: &Shared) {
     let mut changes = lock(&shared.state).expire(now_ms());
+    let mut answers = Vec::new();
     if let Some(store) = &shared.store {
-        for gpu in store.take_requests() {
-            match lock(&shared.state).mark_healthy(&gpu) {
+        for request in store.take_requests() {
+            let gpu = &request.gpu;
+            let answer = match mark(shared, gpu) {
                 Ok(change) => {
                     tracing::info!(%gpu, "operator marked GPU healthy");
+                    let message = match &change {
+                        Some(c) => format!("GPU {} ({}) marked healthy", c.index, c.uuid),
+                        None => format!("GPU {gpu} is already healthy"),
+                    };
                     changes.extend(change);
+                    RequestAnswer { ok: true, message }
                 }
-                Err(error) => tracing::warn!(%gpu, %error, "cannot mark GPU healthy"),
-            }
+                Err(error) => {
+                    tracing::warn!(%gpu, %error, "cannot mark GPU healthy");
+                    RequestAnswer {
+                        ok: false,
+                        message: error.to_string(),
+                    }
+                }
+            };
+            answers.push((request, answer));
         }
     }
     publish(shared, changes);
+    if let Some(store) = &shared.store {
+        for (request, answer) in answers {
+            store.answer(request, &answer);
+        }
+    }
 }
