@@ -10,6 +10,7 @@ use protox::prost_reflect::{Cardinality, DescriptorPool, Kind};
 
 /// The `.proto` files to compile, relative to `proto/`; imports resolve from there too.
 const PROTOS: &[&str] = &[
+    "mesos_gpu/statistics.proto",
     "mesos/mesos.proto",
     "mesos/slave/containerizer.proto",
     "mesos/docker/v1.proto",

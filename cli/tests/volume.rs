@@ -198,7 +198,11 @@ fn bad_input_is_refused_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no library of that version"));
     let out = s.run(&["volume", "acquire", "a/b", "--driver-version", VERSION]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a malformed value is a usage error"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("holder \"a/b\""));
     let out = mesos_gpu(&["volume", "plan", "--driver-root", "/nonexistent-root"]);
     assert_eq!(out.status.code(), Some(1));

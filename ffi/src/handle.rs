@@ -252,7 +252,7 @@ impl MgpuIsolator {
         let cid = convert::container_id(id)?;
         let usage = self.isolator.usage(&cid)?;
         tracing::trace!(gpus = usage.gpus.len(), "usage");
-        Ok(convert::resource_statistics(SystemTime::now()).encode_to_vec())
+        Ok(convert::resource_statistics(SystemTime::now(), &usage).encode_to_vec())
     }
 
     /// The container's `ContainerStatus`.

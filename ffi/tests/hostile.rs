@@ -46,6 +46,10 @@ fn main() -> ExitCode {
     add("null_pointers_everywhere", null_pointers_everywhere);
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
     add(
+        "issue_14_usage_carries_nvml_figures",
+        usage_carries_nvml_figures,
+    );
+    add(
         "issue_14_messages_missing_required_fields_are_refused",
         messages_missing_required_fields_are_refused,
     );
@@ -562,6 +566,50 @@ fn messages_missing_required_fields_are_refused(f: &Fixture) -> TestResult {
         "missing required fields: checkpointed_container_states[0].container_id, \
          checkpointed_container_states[0].directory",
     )?;
+    all_free(&h)
+}
+
+/// `mgpu_usage` answers NVML's figures for each GPU in `gpu_statistics` (field 1000, ours:
+/// Mesos's `ResourceStatistics` has no GPU field).
+fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    let c = cid("u1");
+    h.prepare(&c, &config(2.0)).ok()?;
+    let id = c.encode_to_vec();
+    // SAFETY: live handle and locals of the lengths given.
+    let a = call(&mut |b, cap, l, e, ec| unsafe {
+        mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, cap, l, e, ec)
+    });
+    let stats = ResourceStatistics::decode(a.ok()?.as_slice())?;
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
+    let got: Vec<(Option<u32>, Option<String>, Option<u32>, Option<u64>)> = stats
+        .gpu_statistics
+        .iter()
+        .map(|g| {
+            (
+                g.index,
+                g.uuid.clone(),
+                g.utilization_gpu_percent,
+                g.memory_total_bytes,
+            )
+        })
+        .collect();
+    let want: Vec<(Option<u32>, Option<String>, Option<u32>, Option<u64>)> = (0..2)
+        .map(|i| {
+            let gpu = &node["gpus"][i];
+            (
+                Some(u32::try_from(i).unwrap_or_default()),
+                gpu["uuid"].as_str().map(str::to_owned),
+                gpu["utilization"]["gpu"]
+                    .as_u64()
+                    .and_then(|u| u32::try_from(u).ok()),
+                gpu["memory"]["total"].as_u64(),
+            )
+        })
+        .collect();
+    check(got == want, format!("{got:?} != {want:?}"))?;
+    h.cleanup(&c).ok()?;
     all_free(&h)
 }
 

@@ -29,7 +29,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use assemble::BuildTimings;
-pub use holders::REFS_DIR;
+pub use holders::{REFS_DIR, check_holder};
 pub use verify::{Check, Problem, VerifyReport};
 
 use layout::{

@@ -65,7 +65,8 @@ struct HealthArgs {
 #[derive(clap::Args)]
 struct MarkArgs {
     /// The GPU: NVML index (`3`) or UUID (`GPU-…`).
-    gpu: String,
+    #[arg(value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
+    gpu: GpuRef,
     #[command(flatten)]
     store: StoreArgs,
     /// Seconds to wait for a running monitor to take the request.
@@ -155,7 +156,7 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let gpu = GpuRef::parse(&args.gpu)?;
+    let gpu = args.gpu.clone();
     let store = HealthStore::at(&args.store.work_dir);
     if !store.monitor_running()? {
         return mark_in_checkpoint(&store, &gpu, ctx);

@@ -47,6 +47,29 @@ impl Command {
     }
 }
 
+/// Parses `--gpus`: a whole number of GPUs. Anything else is a usage error (exit 2), reported
+/// by clap before anything is done; a count above what the node has is found later (exit 1).
+pub(crate) fn parse_gpus(value: &str) -> Result<u32, String> {
+    value.trim().parse::<u32>().map_err(|_| {
+        format!("{value:?} is not a number of GPUs: expected a whole number such as 0, 1 or 2")
+    })
+}
+
+/// Refuses a request for GPUs on a node that has none, with discovery's reason.
+pub(crate) fn require_gpus(ctx: &Ctx, gpus: u32) -> anyhow::Result<()> {
+    let inventory = ctx.inventory()?;
+    if gpus > 0 && inventory.gpus.is_empty() {
+        anyhow::bail!(
+            "gpus={gpus}: this node has no GPUs ({})",
+            inventory
+                .absent_reason
+                .as_deref()
+                .unwrap_or("NVML reports none")
+        );
+    }
+    Ok(())
+}
+
 /// Runs the chosen subcommand.
 pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match command {

@@ -86,11 +86,13 @@ enum Command {
     /// Record HOLDER (a container id) as using the volume.
     Acquire {
         /// The container id.
+        #[arg(value_parser = parse_holder)]
         holder: String,
     },
     /// Remove HOLDER's use of the volume.
     Release {
         /// The container id.
+        #[arg(value_parser = parse_holder)]
         holder: String,
     },
 }
@@ -275,6 +277,13 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
             )
         }
     }
+}
+
+/// A holder (container id) of the right form, checked by clap: a wrong one is a usage error.
+fn parse_holder(value: &str) -> Result<String, String> {
+    mesos_gpu_volume::volume::check_holder(value)
+        .map(|()| value.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// Warns when the volume sits on a `noexec` mount, where containers cannot run its binaries.

@@ -1,14 +1,18 @@
-//! The proto2 required-field check (`mesos_gpu::required`) against libprotobuf itself: every
-//! message type that comes in through the C ABI, complete and with each field taken out in
-//! turn (at every depth), is given to Mesos's own generated classes (`libmesos.so`, linked with
-//! libprotobuf by `tests/cpp/required_check.cpp`) and to our check; both must refuse the same
-//! inputs and name the same missing fields.
+//! Our protobuf handling against libprotobuf and Mesos's own generated classes (`libmesos.so`,
+//! linked with libprotobuf by `tests/cpp/libprotobuf_probe.cpp`):
+//!
+//! - the proto2 required-field check (`mesos_gpu::required`): every message type that comes in
+//!   through the C ABI, complete and with each field taken out in turn (at every depth), is given
+//!   to both; they must refuse the same inputs and name the same missing fields;
+//! - the GPU figures of `ResourceStatistics.gpu_statistics` (our field 1000) survive the agent's
+//!   parse and `MergeFrom` of an isolator's answer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::OnceLock;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu::proto::docker::spec::v1::{ImageManifest, image_manifest};
@@ -17,23 +21,34 @@ use mesos_gpu::proto::mesos::slave::{
 };
 use mesos_gpu::proto::mesos::{
     CommandInfo, ContainerId, ContainerInfo, Environment, ExecutorId, ExecutorInfo, Image,
-    Parameter, Parameters, Resource, SlaveId, TaskId, TaskInfo, Volume, container_info,
-    environment, image, value, volume,
+    Parameter, Parameters, Resource, ResourceStatistics, SlaveId, TaskId, TaskInfo, Volume,
+    container_info, environment, image, value, volume,
 };
+use mesos_gpu::proto::mesos_gpu::GpuStatistics;
 use mesos_gpu::required::missing_required;
 use mesos_gpu_testkit::{Host, Need, mesos_prefix, needs};
 use prost::Message;
 
 fn main() -> ExitCode {
     let host = Host::probe();
-    let trials = vec![needs(
-        &host,
-        &[Need::Cc, Need::Mesos],
-        Trial::test(
-            "issue_14_required_fields_are_refused_as_libprotobuf_refuses_them",
-            same_as_libprotobuf,
+    let trials = vec![
+        needs(
+            &host,
+            &[Need::Cc, Need::Mesos],
+            Trial::test(
+                "issue_14_required_fields_are_refused_as_libprotobuf_refuses_them",
+                same_as_libprotobuf,
+            ),
         ),
-    )];
+        needs(
+            &host,
+            &[Need::Cc, Need::Mesos],
+            Trial::test(
+                "issue_14_gpu_statistics_survive_the_agents_merge",
+                gpu_statistics_survive_the_agents_merge,
+            ),
+        ),
+    ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -317,10 +332,24 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn build_checker(dir: &Path) -> Result<std::path::PathBuf, Failed> {
+/// The probe, compiled once per test binary.
+fn probe() -> Result<&'static Path, Failed> {
+    static PROBE: OnceLock<Result<(tempfile::TempDir, PathBuf), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let exe = build_probe(dir.path())?;
+            Ok((dir, exe))
+        })
+        .as_ref()
+        .map(|(_, exe)| exe.as_path())
+        .map_err(|e| Failed::from(e.clone()))
+}
+
+fn build_probe(dir: &Path) -> Result<PathBuf, String> {
     let prefix = mesos_prefix().ok_or("no Mesos install")?;
-    let exe = dir.join("required_check");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/required_check.cpp");
+    let exe = dir.join("libprotobuf_probe");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/libprotobuf_probe.cpp");
     let out = Command::new("g++")
         .args(["-std=c++17", "-O0", "-o"])
         .arg(&exe)
@@ -332,14 +361,39 @@ fn build_checker(dir: &Path) -> Result<std::path::PathBuf, Failed> {
         .output()
         .map_err(|e| format!("g++: {e}"))?;
     if !out.status.success() {
-        return Err(format!("g++ failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "g++ failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(exe)
 }
 
+/// Runs the probe on `lines` (`<verb> <type> <hex>` each) and returns its answer lines.
+fn ask(exe: &Path, lines: &[String]) -> Result<Vec<String>, Failed> {
+    let mut child = Command::new(exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", exe.display()))?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    for line in lines {
+        writeln!(stdin, "{line}").map_err(|e| e.to_string())?;
+    }
+    drop(stdin);
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let answers: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    if answers.len() != lines.len() {
+        return Err(format!("{} answers for {} questions", answers.len(), lines.len()).into());
+    }
+    Ok(answers)
+}
+
 fn same_as_libprotobuf() -> Result<(), Failed> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let exe = build_checker(dir.path())?;
+    let exe = probe()?;
     let mut inputs = special_cases();
     for (message, bytes) in complete_messages() {
         inputs.extend(deletions(&bytes).into_iter().map(|v| (message, v)));
@@ -352,24 +406,11 @@ fn same_as_libprotobuf() -> Result<(), Failed> {
         refused_by_prost += usize::from(!ok);
         ok
     });
-    let mut child = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", exe.display()))?;
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    for (message, bytes) in &inputs {
-        writeln!(stdin, "{message} {}", hex(bytes)).map_err(|e| e.to_string())?;
-    }
-    drop(stdin);
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let answers: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
+    let questions: Vec<String> = inputs
+        .iter()
+        .map(|(message, bytes)| format!("parse {message} {}", hex(bytes)))
         .collect();
-    if answers.len() != inputs.len() {
-        return Err(format!("{} answers for {} inputs", answers.len(), inputs.len()).into());
-    }
+    let answers = ask(exe, &questions)?;
     let mut mismatches = Vec::new();
     let mut refused = 0;
     for ((message, bytes), theirs) in inputs.iter().zip(&answers) {
@@ -399,5 +440,47 @@ fn same_as_libprotobuf() -> Result<(), Failed> {
         Ok(())
     } else {
         Err(mismatches.join("\n").into())
+    }
+}
+
+fn gpu_statistics_survive_the_agents_merge() -> Result<(), Failed> {
+    let exe = probe()?;
+    let ours = ResourceStatistics {
+        timestamp: 1_700_000_000.5,
+        gpu_statistics: vec![
+            GpuStatistics {
+                index: Some(2),
+                uuid: Some("GPU-23571cd8-dbba-59d9-811c-c5cbf5339a03".into()),
+                utilization_gpu_percent: Some(87),
+                utilization_memory_percent: Some(40),
+                memory_used_bytes: Some(3 << 30),
+                memory_total_bytes: Some(16 << 30),
+                processes: Some(2),
+            },
+            GpuStatistics {
+                index: Some(3),
+                uuid: Some("GPU-4e7a6385-4530-5cc3-84f3-2b67804164d0".into()),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let answer = ask(
+        exe,
+        &[format!(
+            "merge mesos.ResourceStatistics {}",
+            hex(&ours.encode_to_vec())
+        )],
+    )?;
+    let bytes: Vec<u8> = (0..answer[0].len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&answer[0][i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("not hex: {}", answer[0]))?;
+    let merged = ResourceStatistics::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
+    if merged == ours {
+        Ok(())
+    } else {
+        Err(format!("{merged:?} != {ours:?}").into())
     }
 }
