@@ -583,7 +583,9 @@ fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
     let stats = ResourceStatistics::decode(a.ok()?.as_slice())?;
     let node: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
-    let got: Vec<(Option<u32>, Option<String>, Option<u32>, Option<u64>)> = stats
+    // (index, UUID, utilization, memory in all) of each GPU.
+    type Figures = (Option<u32>, Option<String>, Option<u32>, Option<u64>);
+    let got: Vec<Figures> = stats
         .gpu_statistics
         .iter()
         .map(|g| {
@@ -595,7 +597,7 @@ fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
             )
         })
         .collect();
-    let want: Vec<(Option<u32>, Option<String>, Option<u32>, Option<u64>)> = (0..2)
+    let want: Vec<Figures> = (0..2)
         .map(|i| {
             let gpu = &node["gpus"][i];
             (

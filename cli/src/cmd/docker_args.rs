@@ -200,7 +200,7 @@ pub(crate) fn driver_spec(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         let pool = open_pool(ctx, &args.work_dir)?;
-        pool.release_docker(&id)
+        pool.release_docker(id)
             .with_context(|| format!("cannot release the GPUs of {id}"))?;
         return Ok(ExitCode::SUCCESS);
     }
