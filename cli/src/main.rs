@@ -31,7 +31,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(err) = ctx::init_logging(&cli.global) {
+    if let Err(err) = ctx::init_logging(&cli.global, cli.command.is_daemon()) {
         eprintln!("mesos-gpu: {err:#}");
         return ExitCode::FAILURE;
     }

@@ -100,3 +100,45 @@ fn serve_answers_metrics() {
     let missing = get(addr, "/v1.0/metrics").expect("404");
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
 }
+
+#[test]
+fn issue_14_serve_opens_nvml_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let log = dir.path().join("serve.log");
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--plugin-socket")
+            .arg(dir.path().join("nvidia-docker.sock"))
+            .arg("--volume-root")
+            .arg(dir.path().join("volumes"))
+            .arg("--work-dir")
+            .arg(dir.path().join("work"))
+            .arg("--docker-socket")
+            .arg(dir.path().join("no-docker.sock"))
+            .env("MESOS_GPU_LOG", "mesos_gpu_isolator::discovery=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("run mesos-gpu serve"),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while get(addr, "/metrics").is_none() {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            panic!("serve exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get(addr, "/gpu/status/json").is_some());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("discovered GPUs").count(),
+        1,
+        "one NVML session, for discovery, /gpu/status and /metrics:\n{text}"
+    );
+}

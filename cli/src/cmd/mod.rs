@@ -41,6 +41,11 @@ pub(crate) enum Command {
 }
 
 impl Command {
+    /// True for the long-running service (`serve`), which logs at `info` by default.
+    pub(crate) fn is_daemon(&self) -> bool {
+        matches!(self, Command::Serve(_))
+    }
+
     /// True for the commands that stop cleanly on SIGINT/SIGTERM by themselves.
     pub(crate) fn handles_signals(&self) -> bool {
         matches!(self, Command::Serve(_) | Command::Run(_) | Command::Exec(_))

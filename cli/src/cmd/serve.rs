@@ -34,7 +34,7 @@ use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
 use mesos_gpu_docker::status::NvmlStatus;
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::discovery::GpuDriver;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
 use mesos_gpu_volume::VolumeManager;
 
@@ -158,8 +158,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
 
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let status = status_source(lib.as_deref())?;
-    let metrics = metrics_source(lib.as_deref())?;
+    // One NVML session for discovery, `/gpu/status` and `/metrics`; the driver watch opens its
+    // own on each poll, to see a driver that changed underneath.
+    let driver = ctx.shared_driver()?.cloned();
+    let status: Arc<dyn GpuStatusSource> = match &driver {
+        Some(driver) => Arc::new(NvmlStatus::new(Arc::clone(driver), PROC_ROOT)),
+        None => Arc::new(NoStatus),
+    };
+    let metrics = driver.map(|driver| {
+        Arc::new(Metrics::new(
+            Arc::new(NvmlFigures::new(driver)),
+            metrics::DEFAULT_CACHE,
+        ))
+    });
     runtime.block_on(async {
         recover_docker_holders(ctx, args, &host).await;
         let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
@@ -195,32 +206,6 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Live figures from a second NVML session of the same library (the first belongs to `ctx`);
-/// nothing live without a driver.
-fn status_source(lib: Option<&Path>) -> anyhow::Result<Arc<dyn GpuStatusSource>> {
-    let Some(lib) = lib else {
-        return Ok(Arc::new(NoStatus));
-    };
-    match GpuDriver::open(Some(lib)).context("cannot open NVML for GPU status")? {
-        Discovery::Driver(driver) => Ok(Arc::new(NvmlStatus::new(Arc::new(*driver), PROC_ROOT))),
-        Discovery::NoDriver(_) => Ok(Arc::new(NoStatus)),
-    }
-}
-
-/// `/metrics` from its own NVML session of the same library; none without a driver.
-fn metrics_source(lib: Option<&Path>) -> anyhow::Result<Option<Arc<Metrics>>> {
-    let Some(lib) = lib else {
-        return Ok(None);
-    };
-    match GpuDriver::open(Some(lib)).context("cannot open NVML for metrics")? {
-        Discovery::Driver(driver) => Ok(Some(Arc::new(Metrics::new(
-            Arc::new(NvmlFigures::new(Arc::new(*driver))),
-            metrics::DEFAULT_CACHE,
-        )))),
-        Discovery::NoDriver(_) => Ok(None),
-    }
 }
 
 /// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome

@@ -184,7 +184,7 @@ impl HealthMonitor {
             .name("gpu-health".to_owned())
             .spawn(move || run(&driver, &thread_shared, &config))
             .map_err(|source| HealthError::Thread { source })?;
-        tracing::info!(policy = %shared.policy, quiet_period = ?quiet_period, "GPU health monitor started");
+        tracing::info!(policy = %shared.policy.describe(), quiet_period = ?quiet_period, "GPU health monitor started");
         Ok(HealthMonitor {
             shared,
             thread: Some(thread),
