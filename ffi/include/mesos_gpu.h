@@ -265,6 +265,21 @@ enum MgpuStatus mgpu_docker_release(const struct MgpuIsolator *handle,
                                     char *err,
                                     size_t err_cap);
 
+// The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
+// figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
+// unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
+// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+//
+// # Safety
+// `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
+// for `err_cap` bytes.
+enum MgpuStatus mgpu_metrics(const struct MgpuIsolator *handle,
+                             uint8_t *buf,
+                             size_t cap,
+                             size_t *len,
+                             char *err,
+                             size_t err_cap);
+
 // The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 // `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
 // checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;

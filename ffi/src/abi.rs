@@ -394,6 +394,30 @@ pub unsafe extern "C" fn mgpu_docker_release(
     })
 }
 
+/// The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
+/// figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
+/// unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
+/// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+///
+/// # Safety
+/// `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
+/// for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_metrics(
+    handle: *const MgpuIsolator,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let out = unsafe { OutBuf::new(buf, cap, len) }?;
+        out.write(&h.metrics()?)
+    })
+}
+
 /// The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 /// `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
 /// checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;

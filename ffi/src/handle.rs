@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
+use mesos_gpu_isolator::usage::UsageReader;
 use prost::Message;
 
 use crate::convert;
@@ -55,7 +57,8 @@ pub(crate) struct Pending {
 /// The isolator of one agent, as C sees it through an opaque pointer.
 #[derive(Debug)]
 pub struct MgpuIsolator {
-    isolator: Isolator,
+    isolator: Arc<Isolator>,
+    metrics: Metrics,
     inventory: Inventory,
     nodes: DeviceNodes,
     dev_root: PathBuf,
@@ -107,9 +110,16 @@ impl MgpuIsolator {
             ..MonitorConfig::default()
         };
         isolator
-            .attach_health(driver, health)
+            .attach_health(Arc::clone(&driver), health)
             .map_err(|source| ParamError::Isolator { source })?;
+        let isolator = Arc::new(isolator);
+        let mut figures =
+            NvmlFigures::new(driver).with_allocator(isolator.clone(), None, UsageReader::default());
+        if let Some(monitor) = isolator.health_monitor() {
+            figures = figures.with_health(monitor);
+        }
         Ok(MgpuIsolator {
+            metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
             isolator,
             inventory,
             nodes,
@@ -253,6 +263,14 @@ impl MgpuIsolator {
         let usage = self.isolator.usage(&cid)?;
         tracing::trace!(gpus = usage.gpus.len(), "usage");
         Ok(convert::resource_statistics(SystemTime::now(), &usage).encode_to_vec())
+    }
+
+    /// This node's GPU metrics as OpenMetrics text: NVML figures, health, and the allocator's
+    /// holders, states and counters (`mesos_gpu_docker::metrics`).
+    pub fn metrics(&self) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("metrics");
+        let text = self.metrics.render().map_err(|_| FfiError::Metrics)?;
+        Ok(text.as_bytes().to_vec())
     }
 
     /// The container's `ContainerStatus`.

@@ -153,6 +153,9 @@ pub enum FfiError {
         /// The missing fields' paths, as libprotobuf lists them.
         missing: String,
     },
+    /// The metrics could not be encoded.
+    #[error("cannot encode the GPU metrics")]
+    Metrics,
     /// The caller's output buffer is too small.
     #[error("the output buffer holds {cap} bytes; {needed} are needed")]
     BufferTooSmall {
@@ -268,7 +271,7 @@ impl FfiError {
             | FfiError::UnknownFlag { .. }
             | FfiError::RetryMismatch { .. } => MgpuStatus::MgpuBadArgument,
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
-            FfiError::Params(_) => MgpuStatus::MgpuInternal,
+            FfiError::Params(_) | FfiError::Metrics => MgpuStatus::MgpuInternal,
             FfiError::Lifecycle(e) => lifecycle_status(e),
             FfiError::DockerArgs { .. } | FfiError::AgentFlags { .. } => MgpuStatus::MgpuBadRequest,
             FfiError::TimedOut { .. } => MgpuStatus::MgpuTimedOut,

@@ -4,8 +4,11 @@
 //! The driver volume is built in the background at start (and again when the driver version
 //! changes) by the volume manager; plugin requests never build it. The node is re-read every
 //! `--driver-poll` seconds to notice a driver change. `/gpu/status` and `/gpu/info` show live
-//! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`], GPU
-//! figures only: `serve` holds no allocator or health monitor).
+//! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`]) with each
+//! GPU's health as the agent's monitor checkpointed it in `--agent-work-dir` (health, reason,
+//! XIDs by code, ECC counts). `serve` holds no allocator: the allocator's figures (allocated,
+//! free, quarantined GPUs, allocations and refusals by reason) are the module's, served by the
+//! agent itself at `/mesos-gpu/metrics`.
 //!
 //! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
 //! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
@@ -35,6 +38,7 @@ use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driv
 use mesos_gpu_docker::status::NvmlStatus;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::GpuDriver;
+use mesos_gpu_isolator::health::HealthStore;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
 use mesos_gpu_volume::VolumeManager;
 
@@ -83,6 +87,11 @@ pub(crate) struct Args {
     /// Docker daemon socket, for the start-up reconciliation.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
     docker_socket: PathBuf,
+
+    /// The mesos-agent `--work_dir` whose GPU health checkpoint (`gpu/health.json`, kept by the
+    /// module's health monitor) `/metrics` reports.
+    #[arg(long, value_name = "DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
+    agent_work_dir: PathBuf,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -165,9 +174,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(driver) => Arc::new(NvmlStatus::new(Arc::clone(driver), PROC_ROOT)),
         None => Arc::new(NoStatus),
     };
+    let health = Arc::new(HealthStore::at(&args.agent_work_dir));
     let metrics = driver.map(|driver| {
         Arc::new(Metrics::new(
-            Arc::new(NvmlFigures::new(driver)),
+            Arc::new(NvmlFigures::new(driver).with_health(health)),
             metrics::DEFAULT_CACHE,
         ))
     });
