@@ -16,7 +16,9 @@ use crate::log::{MgpuLogCallback, MgpuLogLevel};
 use crate::proto::docker::spec::v1::ImageManifest;
 use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
 use crate::proto::mesos::{ContainerId, Parameters};
-use crate::raw::{OutBuf, OutHandle, decode, guard, guard_handle, in_bytes, in_str};
+use crate::raw::{
+    OutBuf, OutHandle, decode, decode_carrier, guard, guard_handle, in_bytes, in_str,
+};
 use crate::status::MgpuStatus;
 
 /// `mgpu_watch` timeout meaning "until a limitation arrives or the container is cleaned up".
@@ -222,7 +224,7 @@ pub unsafe extern "C" fn mgpu_watch(
 
 /// `Isolator::update`: `requests` is a serialized `mesos.slave.ContainerConfig` of which only
 /// `resources` (the resource requests) is read; serialize it with `SerializePartialToString`,
-/// as its required fields are not set.
+/// as its own required fields are not set (those of the resources inside it must be).
 ///
 /// # Safety
 /// `handle` is NULL or live; `id`/`requests` are NULL or valid for their lengths; `err` is NULL
@@ -242,7 +244,7 @@ pub unsafe extern "C" fn mgpu_update(
         let (cid, requests) = unsafe {
             (
                 decode::<ContainerId>(id, id_len, "id")?,
-                decode::<ContainerConfig>(requests, requests_len, "requests")?,
+                decode_carrier::<ContainerConfig>(requests, requests_len, "requests")?,
             )
         };
         h.update(&cid, &requests)

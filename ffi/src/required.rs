@@ -53,6 +53,15 @@ pub fn missing_required(message: &str, bytes: &[u8]) -> Vec<String> {
     missing
 }
 
+/// As [`missing_required`], for a *carrier*: a message whose own required fields are left unset
+/// on purpose (`mgpu_update`'s `ContainerConfig`, which carries only `resources` and `limits`).
+/// The messages inside it must still be complete.
+pub fn missing_required_inside(message: &str, bytes: &[u8]) -> Vec<String> {
+    let mut missing = missing_required(message, bytes);
+    missing.retain(|path| path.contains('.'));
+    missing
+}
+
 fn walk(index: usize, bytes: &[u8], prefix: &str, missing: &mut Vec<String>) {
     let rule = &MESSAGES[index];
     let mut seen = Vec::new();
@@ -211,6 +220,21 @@ mod tests {
             missing_required("mesos.Parameters", &bytes),
             ["parameter[1].value"]
         );
+    }
+
+    #[test]
+    fn issue_14_a_carrier_needs_only_complete_contents() {
+        // resources[0] with a name and no type: only that is reported.
+        let bytes = [0x6a, 0x03, 0x0a, 0x01, b'g'];
+        assert_eq!(
+            missing_required("mesos.slave.ContainerConfig", &bytes),
+            ["command_info", "directory", "resources[0].type"]
+        );
+        assert_eq!(
+            missing_required_inside("mesos.slave.ContainerConfig", &bytes),
+            ["resources[0].type"]
+        );
+        assert!(missing_required_inside("mesos.slave.ContainerConfig", &[]).is_empty());
     }
 
     #[test]
