@@ -6,14 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc}"
+export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,dockerd,cc,mesos}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 log() { printf '== %s\n' "$*" >&2; }
 
 install_packages() {
     local missing=() pkg
-    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev; do
+    # libprotobuf-dev and cmake: the module shim and the libprotobuf probe are built against the
+    # Mesos install (testkit's Need::Mesos), with the protobuf headers it was built with.
+    for pkg in docker.io busybox-static gcc-multilib g++ wrk dpkg-dev libprotobuf-dev cmake; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

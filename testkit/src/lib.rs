@@ -3,7 +3,8 @@
 //! Privileged test targets use `harness = false` with libtest-mimic. [`Host::probe`] looks at the
 //! machine once; [`needs`] wraps a trial so that it is *ignored* (and counted as such) when a
 //! requirement is missing, or *fails* when that requirement is listed in `MESOS_GPU_REQUIRE`
-//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd`). A test never passes without running.
+//! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd,cc,mesos`). A test never passes
+//! without running.
 #![forbid(unsafe_code)]
 
 pub mod nvml_sim;
