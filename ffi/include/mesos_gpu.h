@@ -183,7 +183,7 @@ enum MgpuStatus mgpu_watch(const struct MgpuIsolator *handle,
 
 // `Isolator::update`: `requests` is a serialized `mesos.slave.ContainerConfig` of which only
 // `resources` (the resource requests) is read; serialize it with `SerializePartialToString`,
-// as its required fields are not set.
+// as its own required fields are not set (those of the resources inside it must be).
 //
 // # Safety
 // `handle` is NULL or live; `id`/`requests` are NULL or valid for their lengths; `err` is NULL
