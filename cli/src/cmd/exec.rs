@@ -51,6 +51,7 @@ pub(crate) struct Args {
         long,
         value_name = "N",
         required_unless_present = "launcher_socket",
+        allow_negative_numbers = true,
         value_parser = super::parse_gpus
     )]
     gpus: Option<u32>,

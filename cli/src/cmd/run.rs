@@ -45,7 +45,12 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
-    #[arg(long, value_name = "N", value_parser = super::parse_gpus)]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = super::parse_gpus
+    )]
     gpus: u32,
 
     /// Mount the plugin-served volume `nvidia_driver_<version>` instead of binding the volume

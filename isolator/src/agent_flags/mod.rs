@@ -601,9 +601,10 @@ mod tests {
             err.to_string()
                 .contains("gpus:1.5: the 'gpus' resource must be a non-negative whole number")
         );
+        // The fraction is reported first, before the missing device list (issue 14).
         let err = resolve(ISO, Some("gpus:0.5"), None, &node(4)).expect_err("no devices");
         assert!(
-            matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
+            matches!(err, AgentFlagsError::NotWholeNumber { .. }),
             "{err}"
         );
     }
