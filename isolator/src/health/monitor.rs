@@ -95,6 +95,11 @@ pub struct LoopStats {
 struct Shared {
     driver: Arc<GpuDriver>,
     state: Mutex<HealthState>,
+    /// Held from a change of `state` until its publication, by every path that changes and
+    /// publishes: subscribers (the allocator) then see changes in the order `state` took them.
+    /// Without it an operator's "healthy" and an event's "failed" for the same GPU could reach
+    /// the allocator in the other order than the state took them, leaving the two disagreeing.
+    order: Mutex<()>,
     policy: HealthPolicy,
     callbacks: Mutex<Vec<ChangeCallback>>,
     channels: Mutex<Vec<mpsc::Sender<HealthChange>>>,
@@ -164,6 +169,7 @@ impl HealthMonitor {
         let shared = Arc::new(Shared {
             driver: Arc::clone(&driver),
             state: Mutex::new(state),
+            order: Mutex::new(()),
             policy: config.policy.clone(),
             callbacks: Mutex::new(callbacks),
             channels: Mutex::new(Vec::new()),
@@ -225,6 +231,7 @@ impl HealthMonitor {
     /// is updated. `Ok(None)` when it already was healthy; refused while NVML still reports the
     /// GPU lost.
     pub fn mark_healthy(&self, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
+        let _order = lock(&self.shared.order);
         let change = mark(&self.shared, gpu)?;
         if let Some(change) = &change {
             publish(&self.shared, vec![change.clone()]);
@@ -454,6 +461,7 @@ fn registration_failed(shared: &Shared, gpu: &Gpu, error: &NvmlError) {
             error: other.to_string(),
         },
     };
+    let _order = lock(&shared.order);
     let change = lock(&shared.state).record(gpu.index, failure, now_ms());
     publish(shared, change.into_iter().collect());
 }
@@ -472,6 +480,7 @@ fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
             return;
         }
     };
+    let _order = lock(&shared.order);
     let now = now_ms();
     let mut changes = Vec::new();
     let mut state = lock(&shared.state);
@@ -508,6 +517,7 @@ fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
 
 /// Asks every GPU not yet known lost whether it answers; marks those that say `GPU_IS_LOST`.
 fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
+    let _order = lock(&shared.order);
     let known_lost = |index: u32| {
         lock(&shared.state)
             .get(index)
@@ -556,6 +566,7 @@ fn mark(shared: &Shared, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthErr
 /// Quiet periods and operator requests. A request is answered only after the checkpoint holds
 /// its effect, so the requester never reads the state from before it.
 fn housekeeping(shared: &Shared) {
+    let _order = lock(&shared.order);
     let mut changes = lock(&shared.state).expire(now_ms());
     let mut answers = Vec::new();
     if let Some(store) = &shared.store {
