@@ -5,6 +5,7 @@
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
@@ -38,7 +39,8 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true, value_name = "NAME|FILE")]
     pub(crate) simulate: Option<String>,
 
-    /// Log format on stderr. The filter comes from MESOS_GPU_LOG (then RUST_LOG), default `info`.
+    /// Log format on stderr. The filter comes from MESOS_GPU_LOG (then RUST_LOG), default `warn`
+    /// (`info` for `serve`). Colour only on a terminal, never with NO_COLOR or TERM=dumb.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
 }
@@ -55,15 +57,18 @@ pub(crate) enum LogFormat {
 /// What every command runs with.
 pub(crate) struct Ctx {
     pub(crate) global: GlobalArgs,
+    /// The command stops cleanly on SIGINT/SIGTERM by itself (`serve`, `run`, `exec`).
+    handles_signals: bool,
     // Declared before `simulation` so that the NVML session ends before its directory goes.
-    discovery: OnceCell<Discovery>,
+    discovery: OnceCell<Found>,
     simulation: OnceCell<Simulation>,
 }
 
 impl Ctx {
-    pub(crate) fn new(global: GlobalArgs) -> Self {
+    pub(crate) fn new(global: GlobalArgs, handles_signals: bool) -> Self {
         Ctx {
             global,
+            handles_signals,
             discovery: OnceCell::new(),
             simulation: OnceCell::new(),
         }
@@ -82,12 +87,12 @@ impl Ctx {
         if let Some(sim) = self.simulation.get() {
             return Ok(Some(sim));
         }
-        let sim = Simulation::prepare(spec)?;
+        let sim = Simulation::prepare(spec, self.handles_signals)?;
         Ok(Some(self.simulation.get_or_init(|| sim)))
     }
 
     /// NVML opened once: the node's inventory, and the live session when there is a driver.
-    pub(crate) fn discovery(&self) -> anyhow::Result<&Discovery> {
+    fn discovery(&self) -> anyhow::Result<&Found> {
         if let Some(found) = self.discovery.get() {
             return Ok(found);
         }
@@ -95,18 +100,32 @@ impl Ctx {
             Some(sim) => Some(sim.lib_path().to_path_buf()),
             None => self.global.nvml_lib.clone(),
         };
-        let found = GpuDriver::open(lib.as_deref()).context("GPU discovery failed")?;
+        let found = match GpuDriver::open(lib.as_deref()).context("GPU discovery failed")? {
+            Discovery::Driver(driver) => Found::Driver(Arc::from(driver)),
+            Discovery::NoDriver(inventory) => Found::NoDriver(inventory),
+        };
         Ok(self.discovery.get_or_init(|| found))
     }
 
     /// The node's inventory (empty, with the reason, when there is no driver).
     pub(crate) fn inventory(&self) -> anyhow::Result<&Inventory> {
-        Ok(self.discovery()?.inventory())
+        Ok(match self.discovery()? {
+            Found::Driver(driver) => driver.inventory(),
+            Found::NoDriver(inventory) => inventory,
+        })
     }
 
     /// The live NVML session, `None` when there is no driver.
     pub(crate) fn driver(&self) -> anyhow::Result<Option<&GpuDriver>> {
-        Ok(self.discovery()?.driver())
+        Ok(self.shared_driver()?.map(Arc::as_ref))
+    }
+
+    /// The same NVML session, for holders that outlive a borrow (`serve`'s status and metrics).
+    pub(crate) fn shared_driver(&self) -> anyhow::Result<Option<&Arc<GpuDriver>>> {
+        Ok(match self.discovery()? {
+            Found::Driver(driver) => Some(driver),
+            Found::NoDriver(_) => None,
+        })
     }
 
     /// Where to read `nvidia*` device nodes: `--dev-root`, else `/dev`, except on a simulated
@@ -120,15 +139,41 @@ impl Ctx {
     }
 }
 
+/// What opening NVML found, the session shareable.
+enum Found {
+    Driver(Arc<GpuDriver>),
+    NoDriver(Inventory),
+}
+
+/// The log filter when neither `MESOS_GPU_LOG` nor `RUST_LOG` is set: `info` for a daemon
+/// (`serve`), whose log is its record; `warn` for interactive commands, whose stderr is read by a
+/// person (and, for `run` and `exec`, shared with the container's or command's output).
+pub(crate) fn default_filter(daemon: bool) -> &'static str {
+    if daemon { "info" } else { "warn" }
+}
+
+/// Whether log lines may carry ANSI colour: only on a terminal, and not when `NO_COLOR` is set
+/// to anything (<https://no-color.org>) or `TERM` is `dumb`.
+fn use_colour(stderr_is_terminal: bool, no_color: Option<&str>, term: Option<&str>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(str::is_empty) && term != Some("dumb")
+}
+
 /// Installs the stderr subscriber once.
-pub(crate) fn init_logging(args: &GlobalArgs) -> anyhow::Result<()> {
+pub(crate) fn init_logging(args: &GlobalArgs, daemon: bool) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
     let filter = std::env::var("MESOS_GPU_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_owned());
+        .unwrap_or_else(|_| default_filter(daemon).to_owned());
     let filter = EnvFilter::try_new(&filter)
         .with_context(|| format!("invalid log filter {filter:?} in MESOS_GPU_LOG/RUST_LOG"))?;
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var("NO_COLOR").ok().as_deref(),
+        std::env::var("TERM").ok().as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),
@@ -143,4 +188,21 @@ pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_14_colour_only_on_a_terminal_that_wants_it() {
+        assert!(use_colour(true, None, Some("xterm-256color")));
+        assert!(
+            use_colour(true, Some(""), None),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(false, None, Some("xterm")), "a file or a pipe");
+        assert!(!use_colour(true, Some("1"), Some("xterm")));
+        assert!(!use_colour(true, None, Some("dumb")));
+    }
 }

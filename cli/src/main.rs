@@ -1,6 +1,10 @@
 //! `mesos-gpu`: NVIDIA GPU isolation for Mesos agents.
 //!
-//! Exit codes: 0 success, 1 failure (the error is printed once on stderr), 2 bad usage (clap).
+//! Exit codes, one rule for every command (the operator guide's "Exit codes"): 0 success; 1 a
+//! well-formed command failed (the error is printed once on stderr, `mesos-gpu: error: …`); 2 bad
+//! usage, refused by clap before anything is done: unknown commands or flags, missing
+//! arguments, and values of the wrong form, which every flag with a fixed form checks in its
+//! clap value parser (`--gpus`, GPU names, container ids, volume holders, versions).
 #![forbid(unsafe_code)]
 
 mod cmd;
@@ -31,11 +35,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(err) = ctx::init_logging(&cli.global) {
+    if let Err(err) = ctx::init_logging(&cli.global, cli.command.is_daemon()) {
         eprintln!("mesos-gpu: {err:#}");
         return ExitCode::FAILURE;
     }
-    let ctx = Ctx::new(cli.global);
+    let ctx = Ctx::new(cli.global, cli.command.handles_signals());
     match cmd::run(cli.command, &ctx) {
         Ok(code) => code,
         Err(err) if ctx::is_broken_pipe(&err) => ExitCode::SUCCESS,

@@ -8,10 +8,17 @@
 //! `libnvml_sim.so` is looked for, in order, at `$MESOS_GPU_NVML_SIM`, next to the executable,
 //! in `<exe dir>/deps/` (cargo builds; preferred when newer than the one next to the executable),
 //! `<exe dir>/../lib/mesos-gpu/` and `/usr/lib/mesos-gpu/`.
+//!
+//! The directory is `$TMPDIR/mesos-gpu-sim-<pid>-<random>`. It goes when the command ends, also
+//! on SIGINT, SIGTERM or SIGHUP (which would otherwise kill the process without running any
+//! destructor): commands that handle those signals themselves end normally, and for the others
+//! a watcher thread removes the directory and exits with 128+N. Directories of processes that
+//! no longer exist (killed with SIGKILL) are removed by the next simulation.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
+use mesos_gpu_isolator::discovery::MAX_GPUS;
 
 /// The `--simulate` value that lists the shipped nodes.
 pub(crate) const LIST: &str = "list";
@@ -19,8 +26,15 @@ pub(crate) const LIST: &str = "list";
 /// The file name of the built simulator.
 const SIM_LIB: &str = "libnvml_sim.so";
 
+/// The start of a simulation directory's name, followed by the process id.
+const DIR_PREFIX: &str = "mesos-gpu-sim-";
+
 /// The environment variable naming the simulator library explicitly.
 const SIM_LIB_ENV: &str = "MESOS_GPU_NVML_SIM";
+
+/// The largest node description read. A GPU with every field takes under 1 KiB, so this leaves
+/// room for descriptions of far more GPUs than a node may have, which are then refused by count.
+const MAX_DESCRIPTION_BYTES: u64 = 16 << 20;
 
 /// The environment variable nvml-sim reads before looking beside itself.
 const SIM_CONFIG_ENV: &str = "NVML_SIM_CONFIG";
@@ -33,8 +47,9 @@ pub(crate) struct Simulation {
 }
 
 impl Simulation {
-    /// Sets up the node named `spec` (a shipped name or a description file).
-    pub(crate) fn prepare(spec: &str) -> anyhow::Result<Self> {
+    /// Sets up the node named `spec` (a shipped name or a description file). Unless
+    /// `command_handles_signals`, SIGINT, SIGTERM and SIGHUP remove the directory and exit.
+    pub(crate) fn prepare(spec: &str, command_handles_signals: bool) -> anyhow::Result<Self> {
         if spec == LIST {
             bail!(
                 "`--simulate {LIST}` is not a node; `mesos-gpu info --simulate {LIST}` prints the shipped names"
@@ -45,10 +60,15 @@ impl Simulation {
         }
         let (name, json) = node_description(spec)?;
         let sim_lib = find_sim_library()?;
+        remove_dead_simulations();
         let dir = tempfile::Builder::new()
-            .prefix("mesos-gpu-sim-")
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
             .context("cannot create a temporary directory")?;
+        if !command_handles_signals {
+            remove_on_signal(dir.path().to_owned())
+                .context("cannot watch for signals to clean up the simulated node")?;
+        }
         let lib = dir.path().join("libnvidia-ml.so.1");
         std::fs::copy(&sim_lib, &lib)
             .with_context(|| format!("cannot copy {} to {}", sim_lib.display(), lib.display()))?;
@@ -74,6 +94,66 @@ impl Simulation {
     }
 }
 
+/// Removes `dir` and exits with 128+N when SIGINT (2), SIGTERM (15) or SIGHUP (1) arrives.
+/// The handlers are in place when this returns; a thread waits for them.
+fn remove_on_signal(dir: PathBuf) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut int, mut term, mut hup) = {
+        let _enter = runtime.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+        )
+    };
+    std::thread::Builder::new()
+        .name("sim-cleanup".to_owned())
+        .spawn(move || {
+            let number: u8 = runtime.block_on(async {
+                tokio::select! {
+                    _ = int.recv() => 2,
+                    _ = term.recv() => 15,
+                    _ = hup.recv() => 1,
+                }
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            std::process::exit(128 + i32::from(number));
+        })?;
+    Ok(())
+}
+
+/// Removes the simulation directories of processes that are gone (SIGKILL runs no cleanup).
+fn remove_dead_simulations() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let path = entry.path();
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::debug!(path = %path.display(), "removed a dead simulation's directory")
+                }
+                Err(error) => {
+                    tracing::debug!(path = %path.display(), %error, "cannot remove a dead simulation's directory")
+                }
+            }
+        }
+    }
+}
+
 /// The names of the nodes shipped with nvml-sim.
 pub(crate) fn shipped_names() -> Vec<&'static str> {
     nvml_sim::TOPOLOGIES.iter().map(|(name, _)| *name).collect()
@@ -92,12 +172,21 @@ fn node_description(spec: &str) -> anyhow::Result<(String, String)> {
             shipped_names().join(", ")
         );
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read node description {spec}"))?;
-    // nvml-sim would answer an invalid description with DRIVER_NOT_LOADED, i.e. "no GPUs".
-    nvml_sim::validate(&text).with_context(|| format!("{spec} is not a valid node description"))?;
+    let text =
+        read_description(path).with_context(|| format!("cannot read node description {spec}"))?;
     let mut value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{spec} is not a JSON node description"))?;
+    // Refused before anything costs more than parsing: no command can use such a node.
+    if let Some(count) = value
+        .get("gpus")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::len)
+        && count > MAX_GPUS as usize
+    {
+        bail!("{spec} describes {count} GPUs; mesos-gpu manages at most {MAX_GPUS} GPUs per node");
+    }
+    // nvml-sim would answer an invalid description with DRIVER_NOT_LOADED, i.e. "no GPUs".
+    nvml_sim::validate(&text).with_context(|| format!("{spec} is not a valid node description"))?;
     let base = std::path::absolute(path)
         .with_context(|| format!("cannot resolve {spec}"))?
         .parent()
@@ -109,6 +198,22 @@ fn node_description(spec: &str) -> anyhow::Result<(String, String)> {
         *events = serde_json::Value::String(base.join(rel).to_string_lossy().into_owned());
     }
     Ok((spec.to_owned(), value.to_string()))
+}
+
+/// The description file's text: a regular file of at most [`MAX_DESCRIPTION_BYTES`].
+fn read_description(path: &Path) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        bail!("not a regular file");
+    }
+    let mut text = String::new();
+    file.take(MAX_DESCRIPTION_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_DESCRIPTION_BYTES {
+        bail!("larger than {MAX_DESCRIPTION_BYTES} bytes");
+    }
+    Ok(text)
 }
 
 /// Where `libnvml_sim.so` is, trying each documented place in order.

@@ -208,17 +208,24 @@ fn without_the_isolator_gpus_pass_through() {
         !got.iter().any(|l| l.starts_with("--nvidia_gpu_devices")),
         "{got:?}"
     );
-    assert!(
-        lines(&["--simulate", "k80"]).is_empty(),
-        "default isolation advertises nothing"
-    );
+}
+
+/// A library that loads but whose driver is not there: nvml-sim without a node description
+/// answers `NVML_ERROR_DRIVER_NOT_LOADED`, as NVML does without its kernel module.
+fn driver_not_loaded() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libnvidia-ml.so.1");
+    std::fs::copy(mesos_gpu_testkit::nvml_sim::sim_library(), &lib).unwrap();
+    let lib = lib.to_str().unwrap().to_owned();
+    (dir, lib)
 }
 
 #[test]
 fn without_a_driver_gpus_pass_through() {
+    let (_dir, lib) = driver_not_loaded();
     let got = lines(&[
         "--nvml-lib",
-        "/nonexistent/libnvidia-ml.so.1",
+        &lib,
         "--isolation",
         ISO,
         "--resources",
@@ -227,13 +234,46 @@ fn without_a_driver_gpus_pass_through() {
     assert_eq!(got, ["--resources=gpus:2"]);
     let got = lines(&[
         "--nvml-lib",
-        "/nonexistent/libnvidia-ml.so.1",
+        &lib,
         "--isolation",
         ISO,
         "--resources",
         "cpus:2",
     ]);
     assert_eq!(got, ["--resources=cpus:2"]);
+}
+
+#[test]
+fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
+    for isolation in [ISO, "posix/cpu,posix/mem"] {
+        fails(
+            &["--nvml-lib", "/bin/true", "--isolation", isolation],
+            "cannot load the NVML library /bin/true: ",
+        );
+    }
+}
+
+#[test]
+fn issue_14_default_isolation_says_why_there_are_no_flags() {
+    let out = mesos_gpu(&["--simulate", "k80"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "no flags to add: --isolation=posix/cpu,posix/mem does not contain gpu/nvidia"
+        ),
+        "{stderr}"
+    );
+    let (_dir, lib) = driver_not_loaded();
+    let out = mesos_gpu(&["--nvml-lib", &lib, "--isolation", ISO]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no flags to add: no GPUs: NVIDIA driver not loaded"),
+        "{stderr}"
+    );
 }
 
 #[test]

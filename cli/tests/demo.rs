@@ -188,12 +188,41 @@ fn runs_on_every_shipped_node() {
     }
 }
 
+/// The `docker run` commands of the text, each with its continuation lines joined.
+fn docker_runs(text: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let body = line.trim();
+        match &mut current {
+            Some(command) => command.push_str(body),
+            None if body.starts_with("docker run ") => current = Some(body.to_owned()),
+            None => continue,
+        }
+        let command = current.as_mut().expect("started");
+        match command.strip_suffix('\\') {
+            Some(open) => {
+                *command = open.to_owned();
+            }
+            None => commands.push(current.take().expect("started")),
+        }
+    }
+    commands
+}
+
 #[test]
 fn text_fits_80_columns_without_colour_when_piped() {
     let text = ok(&["demo"]);
     for line in text.lines() {
+        // Only an argument too long for any line may go past: it is never cut.
+        let words = line
+            .trim()
+            .trim_start_matches("docker run ")
+            .trim_end_matches(" \\")
+            .split_whitespace()
+            .count();
         assert!(
-            line.chars().count() <= 80,
+            line.chars().count() <= 80 || words == 1,
             "{} columns: {line}",
             line.chars().count()
         );
@@ -246,4 +275,32 @@ fn a_custom_stream_reads_apps_next_to_it() {
         [6, 7],
         "the other NV2 pair under one switch"
     );
+}
+
+#[test]
+fn issue_14_docker_run_lines_wrap_between_arguments() {
+    let text = ok(&["demo"]);
+    let report = json(&["demo", "--json"]);
+    let commands = docker_runs(&text);
+    assert!(!commands.is_empty(), "{text}");
+    let planned: Vec<Vec<String>> = report["run"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["launch"]["docker_args"].as_array())
+        .map(|args| {
+            args.iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .collect();
+    assert_eq!(commands.len(), planned.len());
+    for (command, args) in commands.iter().zip(&planned) {
+        let words: Vec<&str> = command.split_whitespace().skip(2).collect();
+        assert_eq!(words.len(), args.len() + 1, "args and the image: {command}");
+        for (word, arg) in words.iter().zip(args) {
+            let scratch = report["scratch"].as_str().unwrap();
+            assert_eq!(*word, arg.replace(scratch, "$DEMO"), "{command}");
+        }
+    }
 }

@@ -543,3 +543,224 @@ fn the_checkers_reject_what_they_should() {
     );
     assert!(check_invocation(&args("volume gc --copy"), &mut cache).is_err());
 }
+
+/// The text of `rel` in the workspace.
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(workspace().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The body of the `## <title>` section of a Markdown text, up to the next `## `.
+fn section<'a>(text: &'a str, title: &str) -> Option<&'a str> {
+    let start = text.find(&format!("\n## {title}\n"))? + title.len() + 5;
+    let rest = &text[start..];
+    Some(rest.find("\n## ").map_or(rest, |end| &rest[..end]))
+}
+
+/// The rows of the first table whose header row starts with `| first |`, as trimmed cells.
+fn table_rows(text: &str, first: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if !inside {
+            inside = line.starts_with(&format!("| {first} |"));
+            continue;
+        }
+        let Some(row) = line.strip_prefix('|') else {
+            break;
+        };
+        if row.starts_with("---") {
+            continue;
+        }
+        rows.push(
+            row.trim_end_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_owned())
+                .collect(),
+        );
+    }
+    rows
+}
+
+/// Every document the project ships to operators.
+fn shipped_docs() -> Vec<(String, String)> {
+    let mut all = docs();
+    for rel in ["README.md", "ffi/README.md"] {
+        all.push((rel.to_owned(), read(rel)));
+    }
+    all
+}
+
+/// A sentence that sends the reader to a "Not done" list must name (in a code span) something
+/// that list still holds: when the work is done and the list shrinks, the sentence goes stale
+/// (as "the module does not start the health monitor yet" did).
+#[test]
+fn issue_14_claims_of_unfinished_work_match_the_not_done_list() {
+    let ffi = read("ffi/README.md");
+    let not_done = section(&ffi, "Not done").expect("ffi/README.md has a Not done section");
+    let mut problems = Vec::new();
+    for (name, text) in shipped_docs() {
+        if name == "ffi/README.md" {
+            continue;
+        }
+        for sentence in text.split(". ") {
+            if !sentence.contains("Not done") {
+                continue;
+            }
+            let spans = inline_spans(&sentence.replace('\n', " "));
+            let named = spans
+                .iter()
+                .filter(|s| !s.ends_with(".md"))
+                .any(|s| not_done.contains(s.as_str()));
+            if !named {
+                problems.push(format!("{name}: {sentence:?}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "sentences citing \"Not done\" for work that list no longer holds:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The operator guide's module parameter table and `ffi/README.md`'s list the keys the module
+/// accepts (`ffi/src/params.rs`), with the same defaults.
+#[test]
+fn issue_14_module_parameter_tables_agree_with_the_code() {
+    let params = read("ffi/src/params.rs");
+    let keys_start = params.find("pub const KEYS").expect("KEYS in params.rs");
+    let keys_end = keys_start + params[keys_start..].find("];").expect("end of KEYS");
+    // Keys behind `#[cfg(feature = "testing")]` are for tests, not operators.
+    let mut code = BTreeSet::new();
+    let mut test_only = false;
+    for line in params[keys_start..keys_end].lines() {
+        if line.contains("#[cfg(") {
+            test_only = true;
+            continue;
+        }
+        if !std::mem::take(&mut test_only) {
+            code.extend(string_literals(line));
+        }
+    }
+    let table = |rel: &str, text: &str| -> BTreeMap<String, String> {
+        let rows = table_rows(text, "Key");
+        assert!(!rows.is_empty(), "{rel}: no `| Key |` table");
+        rows.into_iter()
+            .map(|r| (r[0].trim_matches('`').to_owned(), r[1].clone()))
+            .collect()
+    };
+    let guide = table("docs/operator-guide.md", &read("docs/operator-guide.md"));
+    let ffi = table("ffi/README.md", &read("ffi/README.md"));
+    let keys = |t: &BTreeMap<String, String>| t.keys().cloned().collect::<BTreeSet<_>>();
+    assert_eq!(keys(&guide), code, "operator guide vs params.rs KEYS");
+    assert_eq!(keys(&ffi), code, "ffi/README.md vs params.rs KEYS");
+    for (key, default) in &guide {
+        assert_eq!(
+            Some(default),
+            ffi.get(key),
+            "default of {key}: the operator guide and ffi/README.md differ"
+        );
+    }
+}
+
+/// Every `mesos_gpu_*` series the documents name is one the code registers, and the operator
+/// guide's Metrics section names every series the code registers.
+#[test]
+fn issue_14_documented_metrics_are_the_registered_ones() {
+    let registered: BTreeSet<String> = string_literals(&read("docker-bridge/src/metrics.rs"))
+        .into_iter()
+        .filter(|l| {
+            l.starts_with("mesos_gpu_") && l.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .collect();
+    assert!(registered.len() >= 20, "{registered:?}");
+    let names = |text: &str| -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for (at, _) in text.match_indices("mesos_gpu_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            // A metric, not a crate (`mesos_gpu_docker::…`) or a library file.
+            let after = &text[at + name.len()..];
+            if !after.starts_with("::") && !after.starts_with('.') && !name.ends_with('_') {
+                out.insert(name.trim_end_matches("_total").to_owned());
+            }
+        }
+        out
+    };
+    let crates = [
+        "mesos_gpu_docker",
+        "mesos_gpu_isolator",
+        "mesos_gpu_volume",
+        "mesos_gpu_module",
+    ];
+    let mut unknown = Vec::new();
+    for (name, text) in shipped_docs() {
+        for metric in names(&text) {
+            if !registered.contains(&metric) && !crates.contains(&metric.as_str()) {
+                unknown.push(format!("{name}: {metric}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "documented but never registered:\n{}",
+        unknown.join("\n")
+    );
+    let guide = read("docs/operator-guide.md");
+    let metrics = section(&guide, "Metrics").expect("the operator guide has a Metrics section");
+    let documented = names(metrics);
+    let missing: Vec<&String> = registered.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "registered but not in the guide's Metrics section: {missing:?}"
+    );
+}
+
+/// The `serve` defaults the guide quotes are those of `/etc/default/mesos-gpu` and of
+/// `mesos-gpu serve --help`.
+#[test]
+fn issue_14_documented_serve_defaults_are_the_real_ones() {
+    let guide = read("docs/operator-guide.md");
+    let quoted = guide
+        .lines()
+        .find(|l| l.starts_with("mesos-gpu serve --listen"))
+        .expect("the guide quotes the service's options");
+    let options = read("examples/default/mesos-gpu");
+    let shipped = options
+        .lines()
+        .find_map(|l| l.strip_prefix("MESOS_GPU_SERVE_OPTS=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("MESOS_GPU_SERVE_OPTS");
+    assert_eq!(
+        quoted.strip_prefix("mesos-gpu serve ").unwrap(),
+        shipped,
+        "the guide and /etc/default/mesos-gpu differ"
+    );
+    let help = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("serve --help");
+    let help = String::from_utf8(help.stdout).unwrap();
+    let words: Vec<&str> = shipped.split_whitespace().collect();
+    for pair in words.chunks(2) {
+        let [flag, value] = pair else {
+            panic!("not --flag value pairs: {shipped}");
+        };
+        // clap prints `--flag <VALUE>` … `[default: value]` in the flag's paragraph.
+        let at = help
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag} is not a serve flag"));
+        let paragraph = &help[at..];
+        let end = paragraph[2..]
+            .find("\n  -")
+            .map_or(paragraph.len(), |e| e + 2);
+        assert!(
+            paragraph[..end].contains(&format!("[default: {value}]")),
+            "{flag}: the documented default {value} is not serve's:\n{}",
+            &paragraph[..end]
+        );
+    }
+}

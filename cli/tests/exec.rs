@@ -318,19 +318,26 @@ fn sigint_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
 
 fn bad_gpus_change_nothing(version: &'static str) -> TestResult {
     let env = Env::new(version);
-    for (bad, shown) in [("1.5", "1.5"), ("-1", "-1"), ("9", "9"), ("NaN", "NaN")] {
+    // Not a whole number: a usage error, refused by clap (exit 2).
+    for bad in ["1.5", "-1", "NaN"] {
         let out = env.run(bad, &["busybox", "true"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        check(out.status.code() == Some(1), text(&out))?;
+        check(out.status.code() == Some(2), text(&out))?;
         check(
-            stderr.contains(&format!(
-                "gpus={shown}: expected a whole number from 0 to 8"
-            )),
+            stderr.contains(&format!("\"{bad}\" is not a number of GPUs")),
             text(&out),
         )?;
         env.check_clean()?;
     }
-    Ok(())
+    // More than the node has: the command fails (exit 1).
+    let out = env.run("9", &["busybox", "true"]);
+    check(out.status.code() == Some(1), text(&out))?;
+    check(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("gpus=9: expected a whole number from 0 to 8"),
+        text(&out),
+    )?;
+    env.check_clean()
 }
 
 fn simulation_without_dev_root_is_refused() -> TestResult {

@@ -218,15 +218,28 @@ fn json_for_every_shipped_node() {
     assert_eq!(v["driver"]["cuda_version"], "11.4");
 }
 
+/// This machine has no NVIDIA driver: the default `libnvidia-ml.so.1` is not in its ld.so.cache.
+fn assert_host_without_driver() {
+    let cache = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .expect("ldconfig -p");
+    assert!(
+        !String::from_utf8_lossy(&cache.stdout).contains("libnvidia-ml.so.1 "),
+        "this test needs a host without NVIDIA's driver"
+    );
+}
+
 #[test]
 fn missing_driver_means_no_gpus_and_success() {
-    let text = ok(&["info", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    assert_host_without_driver();
+    let text = ok(&["info"]);
     assert_eq!(
         text,
-        "no GPUs: NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: \
+        "no GPUs: NVIDIA driver not found: libnvidia-ml.so.1: cannot open shared object file: \
          No such file or directory\n"
     );
-    let v = json(&["info", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    let v = json(&["info"]);
     assert!(v["driver"].is_null());
     assert_eq!(v["gpus"], Value::Array(vec![]));
     assert!(
@@ -235,6 +248,26 @@ fn missing_driver_means_no_gpus_and_success() {
             .unwrap()
             .starts_with("NVIDIA driver not found: ")
     );
+}
+
+#[test]
+fn issue_14_a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
+    for lib in ["/nonexistent/libnvidia-ml.so.1", "/bin/true", "/etc/passwd"] {
+        let out = mesos_gpu(&["info", "--nvml-lib", lib]);
+        assert_eq!(out.status.code(), Some(1), "{lib}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("cannot load the NVML library {lib}: ")),
+            "{stderr}"
+        );
+        // The same with the environment variable.
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["info"])
+            .env("MESOS_GPU_NVML_LIB", lib)
+            .output()
+            .expect("run mesos-gpu");
+        assert_eq!(out.status.code(), Some(1), "MESOS_GPU_NVML_LIB={lib}");
+    }
 }
 
 #[test]
@@ -402,4 +435,115 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
         v["notes"]
     );
     assert!(v["gpus"][3]["health"].is_null());
+}
+
+#[test]
+fn issue_14_files_named_in_input_are_never_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "root:$6$s3cr3t:20228:0:99999:7:::\n").unwrap();
+    let mut node: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/pcie-t4x4.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    node["events_file"] = Value::String(secret.to_str().unwrap().to_owned());
+    let file = dir.path().join("node.json");
+    std::fs::write(&file, node.to_string()).unwrap();
+    let out = mesos_gpu(&["info", "--simulate", file.to_str().unwrap()]);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("line 1: unknown event"), "{all}");
+    assert!(!all.contains("s3cr3t"), "{all}");
+    let out = mesos_gpu(&["ldcache", "--cache", secret.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not an ld.so.cache: 34 bytes"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cr3t") && !stderr.contains("root:"),
+        "{stderr}"
+    );
+}
+
+/// The pcie-t4x4 node with `count` copies of its first GPU.
+fn node_with_gpus(count: u32) -> Value {
+    let mut node: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/pcie-t4x4.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let template = node["gpus"][0].clone();
+    node["gpus"] = (0..count)
+        .map(|i| {
+            let mut gpu = template.clone();
+            gpu["index"] = i.into();
+            gpu["minor"] = i.into();
+            gpu["uuid"] = format!("GPU-{i:08x}-0000-4000-8000-000000000000").into();
+            gpu["pci"]["bus_id"] = format!("0000{:04x}:{:02X}:00.0", i / 256, i % 256).into();
+            gpu["serial"] = format!("{}", 1_000_000 + i).into();
+            gpu
+        })
+        .collect();
+    node
+}
+
+/// Runs `mesos-gpu args`, killed after `limit` (a hang guard, not a timing assertion).
+fn run_bounded(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env("MESOS_GPU_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn issue_14_oversize_nodes_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    for count in [65, 10_000] {
+        let file = dir.path().join(format!("node{count}.json"));
+        std::fs::write(&file, node_with_gpus(count).to_string()).unwrap();
+        for command in ["info", "agent-flags"] {
+            let args = [command, "--simulate", file.to_str().unwrap()];
+            let out = run_bounded(&args, std::time::Duration::from_secs(60));
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!(
+                    "describes {count} GPUs; mesos-gpu manages at most 64 GPUs per node"
+                )),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    let file = dir.path().join("node64.json");
+    std::fs::write(&file, node_with_gpus(64).to_string()).unwrap();
+    let v = json(&["info", "--simulate", file.to_str().unwrap()]);
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 64);
+    let out = run_bounded(
+        &["info", "--simulate", "/dev/zero"],
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: not a regular file"));
 }

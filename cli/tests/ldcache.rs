@@ -133,3 +133,29 @@ fn a_bad_cache_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ld.so.cache"));
 }
+
+#[test]
+fn issue_14_ldcache_refuses_a_device_instead_of_reading_it() {
+    let out = mesos_gpu(&["ldcache", "--cache", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/dev/zero is a character device, not a regular file"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn issue_14_volume_plan_resolves_the_cache_inside_the_driver_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", root.join("etc/ld.so.cache")).unwrap();
+    let out = mesos_gpu(&["volume", "plan", "--driver-root", root.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read ld.so.cache") && stderr.contains("No such file"),
+        "{stderr}"
+    );
+}

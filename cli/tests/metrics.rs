@@ -100,3 +100,145 @@ fn serve_answers_metrics() {
     let missing = get(addr, "/v1.0/metrics").expect("404");
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
 }
+
+#[test]
+fn issue_14_serve_opens_nvml_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let log = dir.path().join("serve.log");
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--plugin-socket")
+            .arg(dir.path().join("nvidia-docker.sock"))
+            .arg("--volume-root")
+            .arg(dir.path().join("volumes"))
+            .arg("--work-dir")
+            .arg(dir.path().join("work"))
+            .arg("--docker-socket")
+            .arg(dir.path().join("no-docker.sock"))
+            .env("MESOS_GPU_LOG", "mesos_gpu_isolator::discovery=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("run mesos-gpu serve"),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while get(addr, "/metrics").is_none() {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            panic!("serve exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get(addr, "/gpu/status/json").is_some());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("discovered GPUs").count(),
+        1,
+        "one NVML session, for discovery, /gpu/status and /metrics:\n{text}"
+    );
+}
+
+#[test]
+fn issue_14_serve_metrics_report_the_agents_gpu_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent");
+    std::fs::create_dir_all(agent.join("gpu")).unwrap();
+    let node: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let uuid = |i: usize| node["gpus"][i]["uuid"].as_str().unwrap().to_owned();
+    // What the module's monitor checkpoints: GPU 3 failed by XID 79 (twice), GPU 5 lost.
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            let health = match i {
+                3 => serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
+                                        "since_ms": 1, "last_error_ms": 2, "errors": 2}),
+                5 => serde_json::json!({"state": "unhealthy", "reason": {"kind": "lost"},
+                                        "since_ms": 1, "last_error_ms": 1, "errors": 1}),
+                _ => serde_json::json!({"state": "healthy"}),
+            };
+            let xids = if i == 3 {
+                serde_json::json!({"79": 2, "13": 1})
+            } else {
+                serde_json::json!({})
+            };
+            serde_json::json!({"index": i, "uuid": uuid(i), "xids": xids, "ecc_single_bit": 0,
+                               "ecc_double_bit": 0, "health": health})
+        })
+        .collect();
+    std::fs::write(
+        agent.join("gpu/health.json"),
+        serde_json::json!({"version": 1, "gpus": gpus}).to_string(),
+    )
+    .unwrap();
+    let addr = free_port();
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--plugin-socket")
+            .arg(dir.path().join("nvidia-docker.sock"))
+            .arg("--volume-root")
+            .arg(dir.path().join("volumes"))
+            .arg("--work-dir")
+            .arg(dir.path().join("work"))
+            .arg("--docker-socket")
+            .arg(dir.path().join("no-docker.sock"))
+            .arg("--agent-work-dir")
+            .arg(&agent)
+            .env("MESOS_GPU_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run mesos-gpu serve"),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let response = loop {
+        if let Some(response) = get(addr, "/metrics") {
+            break response;
+        }
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            panic!("serve exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let body = response.split_once("\r\n\r\n").expect("HTTP").1;
+    for want in [
+        format!(
+            r#"mesos_gpu_health{{gpu="3",uuid="{}",state="unhealthy",reason="xid_79"}} 1"#,
+            uuid(3)
+        ),
+        format!(
+            r#"mesos_gpu_health{{gpu="5",uuid="{}",state="lost",reason="lost"}} 1"#,
+            uuid(5)
+        ),
+        format!(
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason=""}} 1"#,
+            uuid(0)
+        ),
+        format!(
+            r#"mesos_gpu_xid_errors_total{{gpu="3",uuid="{}",xid="79"}} 2"#,
+            uuid(3)
+        ),
+        format!(
+            r#"mesos_gpu_xid_errors_total{{gpu="3",uuid="{}",xid="13"}} 1"#,
+            uuid(3)
+        ),
+        format!(r#"mesos_gpu_healthy{{gpu="3",uuid="{}"}} 0"#, uuid(3)),
+    ] {
+        assert!(body.contains(&want), "{want} missing:\n{body}");
+    }
+}

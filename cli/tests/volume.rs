@@ -198,9 +198,59 @@ fn bad_input_is_refused_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no library of that version"));
     let out = s.run(&["volume", "acquire", "a/b", "--driver-version", VERSION]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a malformed value is a usage error"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("holder \"a/b\""));
     let out = mesos_gpu(&["volume", "plan", "--driver-root", "/nonexistent-root"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-root"));
+}
+
+#[test]
+fn issue_14_create_refuses_a_version_with_only_glvnd_files() {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let s = Setup::new();
+    // libglvnd's loaders are on hosts without NVIDIA's driver too, with versions of their own.
+    let lib = s.driver.join("usr/lib/x86_64-linux-gnu");
+    std::fs::copy(
+        lib.join(format!("libcuda.so.{VERSION}")),
+        lib.join("libGLdispatch.so.0.0.0"),
+    )
+    .unwrap();
+    symlink("libGLdispatch.so.0.0.0", lib.join("libGLdispatch.so.0")).unwrap();
+    let image = cache_image(&[
+        (
+            "libnvidia-ml.so.1",
+            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        ),
+        ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        (
+            "libGLdispatch.so.0",
+            "/usr/lib/x86_64-linux-gnu/libGLdispatch.so.0",
+        ),
+    ]);
+    std::fs::write(s.driver.join("etc/ld.so.cache"), image).unwrap();
+    let plan = s.json(&["volume", "plan", "--driver-version", "470.82.01"]);
+    let files: Vec<&str> = plan["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["libGLdispatch.so.0.0.0"], "GLVND is planned");
+    let out = s.run(&["volume", "create", "--driver-version", "470.82.01"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no library of that version"),
+        "{stderr}"
+    );
+    assert!(!s.root.join("nvidia_470.82.01").exists());
+    let text = s.ok(&["volume", "plan", "--driver-version", "470.82.01"]);
+    assert!(text.contains("no library of this driver version"), "{text}");
 }

@@ -1,15 +1,18 @@
 //! Prometheus metrics of the node's GPUs, containers and allocator, in OpenMetrics text
 //! (`prometheus-client`, `shared/reference/crates.md` §8).
 //!
-//! Figures are read when scraped (NVML through [`GpuReadings`], health from the
-//! [`HealthMonitor`], holders and counters from the [`Allocator`]) and cached for a short time
-//! so that several scrapers do not each hit NVML. A figure NVML does not have is left out,
-//! never reported as 0. A fresh registry is encoded per collection, so a GPU or container that
-//! is gone has no stale series.
+//! Figures are read when scraped (NVML through [`GpuReadings`], health from a [`HealthSource`]:
+//! the running [`HealthMonitor`] or the checkpoint a monitor keeps ([`HealthStore`]), holders
+//! and counters from an [`AllocatorSource`]: the [`Isolator`] of this process) and cached for a
+//! short time so that several scrapers do not each hit NVML. A figure NVML does not have is left
+//! out, never reported as 0. A fresh registry is encoded per collection, so a GPU or container
+//! that is gone has no stale series.
 //!
 //! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
 //! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
-//! counters.
+//! counters. `mesos_gpu_health{state, reason}` is 1 for each GPU's current health: `state` is
+//! `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`, `double_bit_ecc`, `lost`,
+//! `unwatchable`; empty when healthy).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -24,7 +27,8 @@ use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use mesos_gpu_isolator::allocator::{Allocator, Counters, Fragmentation};
 use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::health::{HealthMonitor, LoopStats};
+use mesos_gpu_isolator::health::{Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats};
+use mesos_gpu_isolator::lifecycle::{Isolator, QUARANTINE_OWNER};
 use mesos_gpu_isolator::usage::{ContainerCgroup, GpuReadings, GpuUsage, UsageReader};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -44,8 +48,10 @@ pub const DEFAULT_CACHE: Duration = Duration::from_secs(1);
 pub struct GpuFigures {
     /// Live NVML figures (index and UUID included).
     pub readings: GpuReadings,
-    /// Health, when a monitor runs.
+    /// Health, when a monitor runs or has checkpointed it.
     pub healthy: Option<bool>,
+    /// Why it is unhealthy (`xid_79`, `double_bit_ecc`, `lost`, `unwatchable`), when it is.
+    pub failure: Option<String>,
     /// XIDs seen, by XID.
     pub xids: BTreeMap<u64, u64>,
     /// Corrected ECC events seen.
@@ -76,6 +82,8 @@ pub struct AllocatorFigures {
     pub allocated: u32,
     /// GPUs marked unhealthy.
     pub unhealthy: u32,
+    /// GPUs held back until the containers a recovery could not explain are cleaned up.
+    pub quarantined: u32,
 }
 
 /// Everything one scrape reports.
@@ -100,11 +108,107 @@ pub trait FigureSource: Send + Sync {
 /// Maps a container (allocator owner) to its cgroup, for per-container memory use.
 pub type CgroupOf = Arc<dyn Fn(&str) -> Option<ContainerCgroup> + Send + Sync>;
 
-/// Figures from NVML, the health monitor and the allocator of this process.
+/// Where each GPU's health comes from.
+pub trait HealthSource: Send + Sync {
+    /// Every GPU's record (health, XID and ECC counts); empty when none is known.
+    fn records(&self) -> Vec<GpuRecord>;
+    /// The event loop's figures, when this process runs the monitor.
+    fn loop_stats(&self) -> Option<LoopStats>;
+}
+
+impl HealthSource for HealthMonitor {
+    fn records(&self) -> Vec<GpuRecord> {
+        HealthMonitor::records(self)
+    }
+
+    fn loop_stats(&self) -> Option<LoopStats> {
+        Some(self.stats())
+    }
+}
+
+/// The checkpoint of the monitor of another process (the agent's), read at each scrape.
+impl HealthSource for HealthStore {
+    fn records(&self) -> Vec<GpuRecord> {
+        match self.load() {
+            Ok(snapshot) => snapshot.map(|s| s.gpus).unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(error = %error, "no GPU health for metrics");
+                Vec::new()
+            }
+        }
+    }
+
+    fn loop_stats(&self) -> Option<LoopStats> {
+        None
+    }
+}
+
+/// A container and the GPUs it holds, by NVML index.
+pub type Holder = (String, Vec<u32>);
+
+/// Where allocator figures and holders come from.
+pub trait AllocatorSource: Send + Sync {
+    /// The allocator's figures and the containers holding GPUs; `None` when unavailable.
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)>;
+}
+
+fn figures_of(alloc: &Allocator, quarantined: u32) -> AllocatorFigures {
+    AllocatorFigures {
+        counters: alloc.counters(),
+        fragmentation: alloc.fragmentation(),
+        managed: alloc.managed().len(),
+        allocated: alloc.allocated().len(),
+        unhealthy: alloc.unhealthy().len(),
+        quarantined,
+    }
+}
+
+fn holders_of(alloc: &Allocator) -> Vec<Holder> {
+    alloc
+        .owners()
+        .into_iter()
+        .filter(|(owner, _)| *owner != QUARANTINE_OWNER)
+        .map(|(o, set)| (o.to_owned(), set.to_vec()))
+        .collect()
+}
+
+/// A bare allocator (tools and tests).
+impl AllocatorSource for Mutex<Allocator> {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)> {
+        let alloc = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let quarantined = alloc
+            .owners()
+            .into_iter()
+            .find(|(owner, _)| *owner == QUARANTINE_OWNER)
+            .map_or(0, |(_, set)| set.len());
+        Some((figures_of(&alloc, quarantined), holders_of(&alloc)))
+    }
+}
+
+/// The isolator of this process (the module in mesos-agent).
+impl AllocatorSource for Isolator {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)> {
+        let quarantined = self
+            .allocations()
+            .map(|a| u32::try_from(a.quarantined.len()).unwrap_or(u32::MAX));
+        let result = quarantined.and_then(|quarantined| {
+            self.inspect_allocator(|alloc| (figures_of(alloc, quarantined), holders_of(alloc)))
+        });
+        match result {
+            Ok(found) => Some(found),
+            Err(error) => {
+                tracing::warn!(error = %error, "no allocator figures for metrics");
+                None
+            }
+        }
+    }
+}
+
+/// Figures from NVML, GPU health and the allocator of this process.
 pub struct NvmlFigures {
     driver: Arc<GpuDriver>,
-    health: Option<Arc<HealthMonitor>>,
-    allocator: Option<Arc<Mutex<Allocator>>>,
+    health: Option<Arc<dyn HealthSource>>,
+    allocator: Option<Arc<dyn AllocatorSource>>,
     cgroup_of: Option<CgroupOf>,
     usage: UsageReader,
 }
@@ -131,8 +235,8 @@ impl NvmlFigures {
     }
 
     /// Adds health, XID and ECC figures.
-    pub fn with_health(mut self, monitor: Arc<HealthMonitor>) -> NvmlFigures {
-        self.health = Some(monitor);
+    pub fn with_health(mut self, health: Arc<dyn HealthSource>) -> NvmlFigures {
+        self.health = Some(health);
         self
     }
 
@@ -140,7 +244,7 @@ impl NvmlFigures {
     /// read from `/proc` under `usage`.
     pub fn with_allocator(
         mut self,
-        allocator: Arc<Mutex<Allocator>>,
+        allocator: Arc<dyn AllocatorSource>,
         cgroup_of: Option<CgroupOf>,
         usage: UsageReader,
     ) -> NvmlFigures {
@@ -168,29 +272,16 @@ impl FigureSource for NvmlFigures {
                 GpuFigures {
                     readings: GpuReadings::read(self.driver.nvml(), gpu),
                     healthy: record.map(|r| r.health.is_healthy()),
+                    failure: record.and_then(|r| r.health.failure()).map(failure_label),
                     xids: record.map(|r| r.xids.clone()).unwrap_or_default(),
                     ecc_single_bit: record.map_or(0, |r| r.ecc_single_bit),
                     ecc_double_bit: record.map_or(0, |r| r.ecc_double_bit),
                 }
             })
             .collect();
-        let (allocator, owners) = match &self.allocator {
-            Some(alloc) => {
-                let alloc = alloc.lock().unwrap_or_else(PoisonError::into_inner);
-                let owners: Vec<(String, Vec<u32>)> = alloc
-                    .owners()
-                    .into_iter()
-                    .map(|(o, set)| (o.to_owned(), set.to_vec()))
-                    .collect();
-                let figures = AllocatorFigures {
-                    counters: alloc.counters(),
-                    fragmentation: alloc.fragmentation(),
-                    managed: alloc.managed().len(),
-                    allocated: alloc.allocated().len(),
-                    unhealthy: alloc.unhealthy().len(),
-                };
-                (Some(figures), owners)
-            }
+        let (allocator, owners) = match self.allocator.as_ref().and_then(|a| a.allocator_figures())
+        {
+            Some((figures, owners)) => (Some(figures), owners),
             None => (None, Vec::new()),
         };
         let containers = owners
@@ -220,9 +311,32 @@ impl FigureSource for NvmlFigures {
             gpus,
             containers,
             allocator,
-            health_loop: self.health.as_ref().map(|h| h.stats()),
+            health_loop: self.health.as_ref().and_then(|h| h.loop_stats()),
         }
     }
+}
+
+/// The `reason` label of a failure.
+fn failure_label(failure: &Failure) -> String {
+    match failure {
+        Failure::Xid { xid } => format!("xid_{xid}"),
+        Failure::DoubleBitEcc => "double_bit_ecc".to_owned(),
+        Failure::Lost => "lost".to_owned(),
+        Failure::Unwatchable { .. } => "unwatchable".to_owned(),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HealthLabels {
+    gpu: String,
+    uuid: String,
+    state: &'static str,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -327,6 +441,11 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
     let power = Family::<GpuLabels, GaugeF>::default();
     r.register("mesos_gpu_power_watts", "Power draw (NVML)", power.clone());
     let lost = gauge::<GpuLabels>(&mut r, "mesos_gpu_lost", "1 when NVML answers GPU_IS_LOST");
+    let health = gauge::<HealthLabels>(
+        &mut r,
+        "mesos_gpu_health",
+        "1 for the GPU's health: state healthy, unhealthy or lost, and the failure's reason",
+    );
     let xids = counter::<XidLabels>(
         &mut r,
         "mesos_gpu_xid_errors",
@@ -345,6 +464,20 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
         };
         if let Some(h) = g.healthy {
             healthy.get_or_create(&labels).set(i64::from(h));
+            let reason = g.failure.clone().unwrap_or_default();
+            let state = match (h, reason.as_str()) {
+                (true, _) => "healthy",
+                (false, "lost") => "lost",
+                (false, _) => "unhealthy",
+            };
+            health
+                .get_or_create(&HealthLabels {
+                    gpu: labels.gpu.clone(),
+                    uuid: labels.uuid.clone(),
+                    state,
+                    reason,
+                })
+                .set(1);
         }
         lost.get_or_create(&labels).set(i64::from(rd.lost));
         let set = |family: &Family<GpuLabels, Gauge>, v: Option<i64>| {
@@ -495,6 +628,22 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
             "Healthy GPUs held by nobody",
             a.fragmentation.free,
         );
+        let by_state = gauge::<StateLabels>(
+            &mut r,
+            "mesos_gpu_allocator_gpus",
+            "GPUs by state: allocated (held by containers), free (healthy, held by nobody), \
+             quarantined (held until unexplained containers are cleaned up), unhealthy (held or not)",
+        );
+        for (state, n) in [
+            ("allocated", a.allocated.saturating_sub(a.quarantined)),
+            ("free", a.fragmentation.free),
+            ("quarantined", a.quarantined),
+            ("unhealthy", a.unhealthy),
+        ] {
+            by_state
+                .get_or_create(&StateLabels { state })
+                .set(i64::from(n));
+        }
         g(
             &mut r,
             "mesos_gpu_allocator_nvlink_set_gpus",
@@ -641,6 +790,7 @@ mod tests {
                     ..GpuReadings::default()
                 },
                 healthy: Some(false),
+                failure: Some("xid_79".to_owned()),
                 xids: BTreeMap::from([(79, 2)]),
                 ecc_double_bit: 1,
                 ..GpuFigures::default()
@@ -650,6 +800,12 @@ mod tests {
         let text = encode(&figures).unwrap();
         assert!(
             text.contains(r#"mesos_gpu_healthy{gpu="0",uuid="GPU-a"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"mesos_gpu_health{gpu="0",uuid="GPU-a",state="unhealthy",reason="xid_79"} 1"#
+            ),
             "{text}"
         );
         assert!(

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
@@ -37,6 +37,9 @@ pub const DEFAULT_SOCKET: &str = "/run/docker/plugins/nvidia-docker.sock";
 /// How long a request waits for a volume being built before answering with an `Err`.
 pub const DEFAULT_BUILD_WAIT: Duration = Duration::from_secs(2);
 const PLUGIN_CONTENT_TYPE: &str = "application/vnd.docker.plugins.v1+json";
+/// The largest request body read. Docker's requests are `{"Name": …, "Opts": {…}}`, well under
+/// a KiB; a larger body is answered 413 as soon as it passes this size, never held in memory.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Why a driver volume could not be built.
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
@@ -414,7 +417,27 @@ impl PluginApi {
     ) -> Result<Response<Full<Bytes>>, hyper::Error> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
-        let body = req.into_body().collect().await?.to_bytes();
+        let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(body) => body.to_bytes(),
+            Err(err) => match err.downcast::<hyper::Error>() {
+                Ok(err) => return Err(*err),
+                Err(err) => {
+                    debug_assert!(err.is::<LengthLimitError>());
+                    tracing::warn!(
+                        path,
+                        limit = MAX_BODY_BYTES,
+                        "volume plugin request body too large"
+                    );
+                    let reply = json!({
+                        "Err": format!("request body larger than {MAX_BODY_BYTES} bytes")
+                    });
+                    return Ok(plugin_reply(StatusCode::PAYLOAD_TOO_LARGE, &reply));
+                }
+            },
+        };
         tracing::trace!(%method, path, body = %String::from_utf8_lossy(&body), "plugin request");
         let (status, reply) = match self.respond(&path, &body).await {
             Some(reply) if method == hyper::Method::POST => (StatusCode::OK, reply),
@@ -427,12 +450,17 @@ impl PluginApi {
                 json!({"Err": format!("unknown plugin endpoint {path}")}),
             ),
         };
-        let mut resp = Response::new(Full::new(Bytes::from(format!("{reply}\n"))));
-        *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(PLUGIN_CONTENT_TYPE));
-        Ok(resp)
+        Ok(plugin_reply(status, &reply))
     }
+}
+
+/// A plugin answer: `reply` as JSON, with Docker's plugin content type.
+fn plugin_reply(status: StatusCode, reply: &Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(format!("{reply}\n"))));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PLUGIN_CONTENT_TYPE));
+    resp
 }
 
 #[cfg(test)]

@@ -66,8 +66,8 @@ fn metrics_over_http_match_the_simulated_node() {
     let alloc = Arc::new(Mutex::new(alloc));
     let source: Arc<dyn FigureSource> = Arc::new(
         NvmlFigures::new(Arc::clone(&driver))
-            .with_health(Arc::clone(&monitor))
-            .with_allocator(Arc::clone(&alloc), None, UsageReader::default()),
+            .with_health(monitor.clone())
+            .with_allocator(alloc.clone(), None, UsageReader::default()),
     );
     let metrics = Arc::new(Metrics::new(source, Duration::from_millis(10)));
 

@@ -183,7 +183,7 @@ enum MgpuStatus mgpu_watch(const struct MgpuIsolator *handle,
 
 // `Isolator::update`: `requests` is a serialized `mesos.slave.ContainerConfig` of which only
 // `resources` (the resource requests) is read; serialize it with `SerializePartialToString`,
-// as its required fields are not set.
+// as its own required fields are not set (those of the resources inside it must be).
 //
 // # Safety
 // `handle` is NULL or live; `id`/`requests` are NULL or valid for their lengths; `err` is NULL
@@ -264,6 +264,21 @@ enum MgpuStatus mgpu_docker_release(const struct MgpuIsolator *handle,
                                     size_t id_len,
                                     char *err,
                                     size_t err_cap);
+
+// The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
+// figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
+// unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
+// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+//
+// # Safety
+// `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
+// for `err_cap` bytes.
+enum MgpuStatus mgpu_metrics(const struct MgpuIsolator *handle,
+                             uint8_t *buf,
+                             size_t cap,
+                             size_t *len,
+                             char *err,
+                             size_t err_cap);
 
 // The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 // `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health

@@ -15,6 +15,9 @@
 // One isolator state per agent: the first `create` makes the handle, later ones (the module
 // loaded for more than one containerizer) share it, so every container draws from one GPU pool.
 //
+// The handle also serves the library's metrics (mgpu_metrics) on the agent's own HTTP port, as
+// the libprocess process `mesos-gpu`: GET http://<agent>:5051/mesos-gpu/metrics.
+//
 // Build: ffi/mesos-module/CMakeLists.txt, against the installed Mesos the agent runs, in strict
 // ISO C++17 with the protobuf headers of the agent's protobuf (checked at build time; at start,
 // a second protobuf runtime in the process refuses the module).
@@ -38,7 +41,9 @@
 #include <process/after.hpp>
 #include <process/clock.hpp>
 #include <process/future.hpp>
+#include <process/http.hpp>
 #include <process/loop.hpp>
+#include <process/process.hpp>
 
 #include <stout/duration.hpp>
 #include <stout/hashset.hpp>
@@ -182,6 +187,48 @@ Future<T> parsed(const Try<std::string>& answer) {
   return message;
 }
 
+// Serves GET /mesos-gpu/metrics: the library's OpenMetrics text, collected at most once a second.
+class MetricsProcess : public process::Process<MetricsProcess> {
+ public:
+  explicit MetricsProcess(const MgpuIsolator* raw) : ProcessBase("mesos-gpu"), raw_(raw) {}
+
+ protected:
+  void initialize() override {
+    route("/metrics",
+          "GPU metrics of the mesos-gpu isolator (Prometheus OpenMetrics text): NVML figures, "
+          "health and its reason, XIDs, GPUs allocated, free, quarantined and unhealthy, "
+          "allocations and refusals by reason.",
+          [this](const process::http::Request&) -> Future<process::http::Response> {
+            Try<std::string> text = metrics();
+            if (text.isError()) return process::http::InternalServerError(text.error());
+            process::http::OK ok(text.get());
+            ok.headers["Content-Type"] = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+            return ok;
+          });
+  }
+
+ private:
+  // The text may grow between two calls (a new container): grow the buffer until it fits.
+  Try<std::string> metrics() const {
+    std::string out(64 * 1024, '\0');
+    char err[kErrCap] = "";
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      size_t len = 0;
+      MgpuStatus status =
+          mgpu_metrics(raw_, reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+      if (status == MGPU_OK) {
+        out.resize(len);
+        return out;
+      }
+      if (status != MGPU_BUFFER_TOO_SMALL) return Error(failureText(status, err));
+      out.resize(len * 2);
+    }
+    return Error("GPU isolator: the metrics kept growing");
+  }
+
+  const MgpuIsolator* raw_;
+};
+
 // The handle shared by every isolator this module creates in the agent.
 class Handle {
  public:
@@ -218,12 +265,19 @@ class Handle {
     return handle;
   }
 
-  ~Handle() { mgpu_isolator_free(raw_); }
+  ~Handle() {
+    process::terminate(metrics_.get());
+    process::wait(metrics_.get());
+    mgpu_isolator_free(raw_);
+  }
   const MgpuIsolator* raw() const { return raw_; }
 
  private:
-  explicit Handle(MgpuIsolator* raw) : raw_(raw) {}
+  explicit Handle(MgpuIsolator* raw) : raw_(raw), metrics_(new MetricsProcess(raw)) {
+    process::spawn(metrics_.get());
+  }
   MgpuIsolator* raw_;
+  std::unique_ptr<MetricsProcess> metrics_;
 };
 
 class MesosGpuIsolator : public Isolator {

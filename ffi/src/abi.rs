@@ -16,7 +16,9 @@ use crate::log::{MgpuLogCallback, MgpuLogLevel};
 use crate::proto::docker::spec::v1::ImageManifest;
 use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
 use crate::proto::mesos::{ContainerId, Parameters};
-use crate::raw::{OutBuf, OutHandle, decode, guard, guard_handle, in_bytes, in_str};
+use crate::raw::{
+    OutBuf, OutHandle, decode, decode_carrier, guard, guard_handle, in_bytes, in_str,
+};
 use crate::status::MgpuStatus;
 
 /// `mgpu_watch` timeout meaning "until a limitation arrives or the container is cleaned up".
@@ -222,7 +224,7 @@ pub unsafe extern "C" fn mgpu_watch(
 
 /// `Isolator::update`: `requests` is a serialized `mesos.slave.ContainerConfig` of which only
 /// `resources` (the resource requests) is read; serialize it with `SerializePartialToString`,
-/// as its required fields are not set.
+/// as its own required fields are not set (those of the resources inside it must be).
 ///
 /// # Safety
 /// `handle` is NULL or live; `id`/`requests` are NULL or valid for their lengths; `err` is NULL
@@ -242,7 +244,7 @@ pub unsafe extern "C" fn mgpu_update(
         let (cid, requests) = unsafe {
             (
                 decode::<ContainerId>(id, id_len, "id")?,
-                decode::<ContainerConfig>(requests, requests_len, "requests")?,
+                decode_carrier::<ContainerConfig>(requests, requests_len, "requests")?,
             )
         };
         h.update(&cid, &requests)
@@ -391,6 +393,30 @@ pub unsafe extern "C" fn mgpu_docker_release(
         // SAFETY: contract above.
         let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
         h.docker_release(&cid)
+    })
+}
+
+/// The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
+/// figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
+/// unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
+/// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+///
+/// # Safety
+/// `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
+/// for `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_metrics(
+    handle: *const MgpuIsolator,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let out = unsafe { OutBuf::new(buf, cap, len) }?;
+        out.write(&h.metrics()?)
     })
 }
 

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mesos_gpu_isolator::health::Limitation;
-use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, PrepareConfig, RecoverState};
+use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, PrepareConfig, RecoverState, Usage};
 
 use crate::proto::mesos::slave::{
     ContainerClass, ContainerConfig, ContainerLaunchInfo, ContainerLimitation, ContainerMountInfo,
@@ -27,6 +27,7 @@ use crate::proto::mesos::{
     self, ContainerStatus, Environment, Resource, ResourceStatistics, environment, task_status,
     value,
 };
+use crate::proto::mesos_gpu::GpuStatistics;
 
 /// `mount(2)` `MS_RDONLY`.
 pub const MS_RDONLY: u32 = 1;
@@ -199,16 +200,36 @@ pub fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertErro
     })
 }
 
-/// A usage answer: the time it was taken. Mesos has no GPU field in `ResourceStatistics`, and
-/// the isolator does not count the container's processes, so nothing else is set.
-pub fn resource_statistics(now: SystemTime) -> ResourceStatistics {
+/// A usage answer: the time it was taken and NVML's figures for each GPU the container holds,
+/// in `gpu_statistics`, our field (Mesos has no GPU field in `ResourceStatistics`; see
+/// `proto/mesos_gpu/statistics.proto`). A figure NVML did not give is left unset, never 0.
+pub fn resource_statistics(now: SystemTime, usage: &Usage) -> ResourceStatistics {
     let timestamp = now
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
+    let gpu_statistics = usage
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let nvml = gpu.nvml.as_ref();
+            GpuStatistics {
+                index: Some(gpu.index),
+                uuid: Some(gpu.uuid.clone()),
+                utilization_gpu_percent: nvml.and_then(|n| n.utilization_gpu),
+                utilization_memory_percent: nvml.and_then(|n| n.utilization_memory),
+                memory_used_bytes: nvml.and_then(|n| n.memory_used),
+                memory_total_bytes: nvml.and_then(|n| n.memory_total),
+                processes: nvml
+                    .and_then(|n| n.pids.as_ref())
+                    .map(|p| u32::try_from(p.len()).unwrap_or(u32::MAX)),
+            }
+        })
+        .collect();
     ResourceStatistics {
         timestamp,
         processes: None,
         threads: None,
+        gpu_statistics,
     }
 }
 

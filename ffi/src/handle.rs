@@ -7,18 +7,20 @@
 //! the isolator serializes its own state, the reply cache has its own lock.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
+use mesos_gpu_isolator::usage::UsageReader;
 use prost::Message;
 
 use crate::convert;
@@ -55,7 +57,8 @@ pub(crate) struct Pending {
 /// The isolator of one agent, as C sees it through an opaque pointer.
 #[derive(Debug)]
 pub struct MgpuIsolator {
-    isolator: Isolator,
+    isolator: Arc<Isolator>,
+    metrics: Metrics,
     inventory: Inventory,
     nodes: DeviceNodes,
     dev_root: PathBuf,
@@ -74,7 +77,10 @@ impl MgpuIsolator {
         if let Some(agent) = crate::params::running_agent()? {
             params.apply_agent(&agent, crate::params::host_cgroup_version)?;
         }
-        let driver = match GpuDriver::open(Some(&params.nvml_lib))
+        // The default library goes through the loader's search, and its absence means "no
+        // driver"; a library named in `nvml_lib` that cannot be loaded is an error of its own.
+        let named = (params.nvml_lib != Path::new(DEFAULT_NVML_LIB)).then_some(&params.nvml_lib);
+        let driver = match GpuDriver::open(named.map(PathBuf::as_path))
             .map_err(|source| ParamError::Discovery { source })?
         {
             Discovery::Driver(driver) => driver,
@@ -107,9 +113,16 @@ impl MgpuIsolator {
             ..MonitorConfig::default()
         };
         isolator
-            .attach_health(driver, health)
+            .attach_health(Arc::clone(&driver), health)
             .map_err(|source| ParamError::Isolator { source })?;
+        let isolator = Arc::new(isolator);
+        let mut figures =
+            NvmlFigures::new(driver).with_allocator(isolator.clone(), None, UsageReader::default());
+        if let Some(monitor) = isolator.health_monitor() {
+            figures = figures.with_health(monitor);
+        }
         Ok(MgpuIsolator {
+            metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
             isolator,
             inventory,
             nodes,
@@ -253,7 +266,15 @@ impl MgpuIsolator {
         let cid = convert::container_id(id)?;
         let usage = self.isolator.usage(&cid)?;
         tracing::trace!(gpus = usage.gpus.len(), "usage");
-        Ok(convert::resource_statistics(SystemTime::now()).encode_to_vec())
+        Ok(convert::resource_statistics(SystemTime::now(), &usage).encode_to_vec())
+    }
+
+    /// This node's GPU metrics as OpenMetrics text: NVML figures, health, and the allocator's
+    /// holders, states and counters (`mesos_gpu_docker::metrics`).
+    pub fn metrics(&self) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("metrics");
+        let text = self.metrics.render().map_err(|_| FfiError::Metrics)?;
+        Ok(text.as_bytes().to_vec())
     }
 
     /// The container's `ContainerStatus`.

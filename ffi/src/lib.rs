@@ -9,7 +9,8 @@
 //! - [`status`]: status codes and the one mapping from errors to them.
 //! - [`params`]: the module parameters.
 //! - [`log`]: events forwarded to the agent's log through a C callback.
-//! - [`proto`]: the Mesos protobuf messages that cross the ABI as bytes.
+//! - [`proto`]: the Mesos protobuf messages that cross the ABI as bytes; [`required`] checks
+//!   the proto2 required fields of those that come in, as libprotobuf does and prost does not.
 //!
 //! `unsafe` lives here and in `raw` (pointer checks), each block with its SAFETY reasoning.
 
@@ -20,6 +21,7 @@ pub mod log;
 pub mod params;
 pub mod proto;
 mod raw;
+pub mod required;
 pub mod status;
 
 pub use abi::*;

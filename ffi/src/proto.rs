@@ -7,8 +7,8 @@
 //! [`prost::Message::encode_to_vec`].
 //!
 //! Modules follow the protobuf packages: [`mesos`] (`include/mesos/mesos.proto`),
-//! [`mesos::slave`] (`include/mesos/slave/containerizer.proto`) and [`docker::spec::v1`]
-//! (`include/mesos/docker/v1.proto`). Names are prost's: `ContainerID` becomes
+//! [`mesos::slave`] (`include/mesos/slave/containerizer.proto`), [`docker::spec::v1`]
+//! (`include/mesos/docker/v1.proto`) and our [`mesos_gpu`]. Names are prost's: `ContainerID` becomes
 //! [`mesos::ContainerId`], and an enum-typed field is an `i32` with a typed getter (`reason()`)
 //! and setter (`set_reason()`).
 //!
@@ -33,7 +33,12 @@
 //!   wherever you build one of those types.
 //! - Mesos has no GPU or accelerator field in `ResourceStatistics` or `ContainerStatus`, and no
 //!   GPU-specific `TaskStatus.Reason`: a GPU limitation is `REASON_CONTAINER_LIMITATION` with the
-//!   `gpus` resource in `ContainerLimitation.resources`.
+//!   `gpus` resource in `ContainerLimitation.resources`. The one field that is not Mesos's is
+//!   ours: `ResourceStatistics.gpu_statistics` (1000), of [`mesos_gpu::GpuStatistics`]
+//!   (`proto/mesos_gpu/statistics.proto`), which libprotobuf keeps through the agent's parse and
+//!   `MergeFrom` as an unknown field.
+//! - libprotobuf refuses inbound messages that lack `required` fields; prost does not check, so
+//!   [`crate::required`] does, at the ABI.
 
 use std::fmt;
 

@@ -17,6 +17,7 @@ use std::panic::{self, AssertUnwindSafe};
 use prost::Message;
 
 use crate::handle::MgpuIsolator;
+use crate::required;
 use crate::status::{FfiError, MgpuStatus};
 
 /// Runs `f` and turns its result into a status, writing the error text on failure. A panic
@@ -161,12 +162,47 @@ pub(crate) unsafe fn decode<M: Message + Default>(
 ) -> Result<M, FfiError> {
     // SAFETY: forwarded contract.
     let bytes = unsafe { in_bytes(ptr, len, what) }?;
-    M::decode(bytes).map_err(|source| FfiError::Decode {
+    decode_checked(bytes, len, what, required::missing_required)
+}
+
+/// Decodes the input bytes `(ptr, len)` as `M`, a carrier whose own required fields are unset
+/// on purpose (`SerializePartialToString`); the messages inside it must be complete.
+///
+/// # Safety
+/// As [`in_bytes`].
+pub(crate) unsafe fn decode_carrier<M: Message + Default>(
+    ptr: *const u8,
+    len: usize,
+    what: &'static str,
+) -> Result<M, FfiError> {
+    // SAFETY: forwarded contract.
+    let bytes = unsafe { in_bytes(ptr, len, what) }?;
+    decode_checked(bytes, len, what, required::missing_required_inside)
+}
+
+fn decode_checked<M: Message + Default>(
+    bytes: &[u8],
+    len: usize,
+    what: &'static str,
+    check: fn(&str, &[u8]) -> Vec<String>,
+) -> Result<M, FfiError> {
+    let message = type_name::<M>();
+    let decoded = M::decode(bytes).map_err(|source| FfiError::Decode {
         what,
-        message: type_name::<M>(),
+        message,
         len,
         source,
-    })
+    })?;
+    let missing = check(message, bytes);
+    if !missing.is_empty() {
+        return Err(FfiError::MissingRequired {
+            what,
+            message,
+            len,
+            missing: missing.join(", "),
+        });
+    }
+    Ok(decoded)
 }
 
 fn type_name<M>() -> &'static str {

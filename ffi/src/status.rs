@@ -139,6 +139,23 @@ pub enum FfiError {
         #[source]
         source: prost::DecodeError,
     },
+    /// Input bytes decoded but lack proto2 `required` fields, which libprotobuf refuses.
+    #[error(
+        "cannot decode `{what}` ({len} bytes) as {message}: missing required fields: {missing}"
+    )]
+    MissingRequired {
+        /// The argument's name.
+        what: &'static str,
+        /// The protobuf message expected.
+        message: &'static str,
+        /// How many bytes were given.
+        len: usize,
+        /// The missing fields' paths, as libprotobuf lists them.
+        missing: String,
+    },
+    /// The metrics could not be encoded.
+    #[error("cannot encode the GPU metrics")]
+    Metrics,
     /// The caller's output buffer is too small.
     #[error("the output buffer holds {cap} bytes; {needed} are needed")]
     BufferTooSmall {
@@ -241,7 +258,9 @@ impl FfiError {
     pub fn status(&self) -> MgpuStatus {
         match self {
             FfiError::Null { .. } => MgpuStatus::MgpuNullArgument,
-            FfiError::Decode { .. } => MgpuStatus::MgpuDecodeError,
+            FfiError::Decode { .. } | FfiError::MissingRequired { .. } => {
+                MgpuStatus::MgpuDecodeError
+            }
             FfiError::BufferTooSmall { .. } => MgpuStatus::MgpuBufferTooSmall,
             FfiError::Convert(_)
             | FfiError::UnknownCode(_)
@@ -252,7 +271,7 @@ impl FfiError {
             | FfiError::UnknownFlag { .. }
             | FfiError::RetryMismatch { .. } => MgpuStatus::MgpuBadArgument,
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
-            FfiError::Params(_) => MgpuStatus::MgpuInternal,
+            FfiError::Params(_) | FfiError::Metrics => MgpuStatus::MgpuInternal,
             FfiError::Lifecycle(e) => lifecycle_status(e),
             FfiError::DockerArgs { .. } | FfiError::AgentFlags { .. } => MgpuStatus::MgpuBadRequest,
             FfiError::TimedOut { .. } => MgpuStatus::MgpuTimedOut,

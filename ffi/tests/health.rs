@@ -6,13 +6,14 @@
 
 mod support;
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 use libtest_mimic::{Arguments, Trial};
-use mesos_gpu::MgpuStatus as S;
 use mesos_gpu::proto::mesos::slave::{ContainerLaunchInfo, ContainerLimitation};
 use mesos_gpu::proto::mesos::{ContainerId, Parameter, Parameters};
+use mesos_gpu::{MgpuLogLevel, MgpuStatus as S};
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message;
 use support::{
@@ -45,6 +46,10 @@ fn main() -> ExitCode {
         health_checks_parameter_ignores_xids,
     );
     add("bad_gpu_strings_are_refused", bad_gpu_strings_are_refused);
+    add(
+        "issue_14_a_gpu_failure_is_logged_once_at_warn",
+        a_gpu_failure_is_logged_once_at_warn,
+    );
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -212,4 +217,62 @@ fn bad_health_checks_are_named() -> TestResult {
             "module parameter health_checks: health checks \"79,+79\": XID 79 is both ignored",
         ),
     }
+}
+
+static LOGS: Mutex<Vec<(MgpuLogLevel, String)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn record(
+    level: MgpuLogLevel,
+    _target: *const c_char,
+    message: *const c_char,
+    _userdata: *mut c_void,
+) {
+    // SAFETY: the library passes a NUL-terminated string valid during the call.
+    let message = unsafe { CStr::from_ptr(message) };
+    if let Ok(mut logs) = LOGS.lock() {
+        logs.push((level, message.to_string_lossy().into_owned()));
+    }
+}
+
+/// One XID on a GPU a container holds: one WARN line (the monitor's, naming GPU and XID), and
+/// the holder named at INFO, not three warnings for one failure.
+fn a_gpu_failure_is_logged_once_at_warn(f: &Fixture) -> TestResult {
+    // SAFETY: `record` is thread-safe; no userdata.
+    call_plain(|e, c| unsafe {
+        mesos_gpu::mgpu_set_log_callback(Some(record), std::ptr::null_mut(), 2, e, c)
+    })
+    .ok()?;
+    let h = Handle::new(&f.params(&[]))?;
+    let holder = cid("logged-once");
+    let held = prepared_indices(f, &h.prepare(&holder, &config(1.0)).ok()?)?;
+    let gpu = *held.first().ok_or("no GPU held")?;
+    // XID 119 (GSP RPC timeout): counted, and used by no other test of this binary.
+    f.sim.append_event(&format!("xid {gpu} 119"));
+    limitation(watch(&h, &holder, EVENT_WAIT_MS))?;
+    h.cleanup(&holder).ok()?;
+    // SAFETY: clearing the callback.
+    call_plain(|e, c| unsafe {
+        mesos_gpu::mgpu_set_log_callback(None, std::ptr::null_mut(), 2, e, c)
+    })
+    .ok()?;
+    let logs = LOGS.lock().map_err(|_| "poisoned")?;
+    let about: Vec<&(MgpuLogLevel, String)> = logs
+        .iter()
+        .filter(|(_, m)| m.contains("XID 119") || m.contains("logged-once"))
+        .collect();
+    let warnings: Vec<&String> = about
+        .iter()
+        .filter(|(l, _)| *l <= MgpuLogLevel::MgpuLogWarn)
+        .map(|(_, m)| m)
+        .collect();
+    check(
+        warnings.len() == 1 && warnings[0].contains(&format!("GPU {gpu} (")),
+        format!("warnings: {warnings:#?}"),
+    )?;
+    check(
+        about
+            .iter()
+            .any(|(l, m)| *l == MgpuLogLevel::MgpuLogInfo && m.contains("container=logged-once")),
+        format!("the holder is named: {about:#?}"),
+    )
 }

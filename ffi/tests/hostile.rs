@@ -45,6 +45,14 @@ fn main() -> ExitCode {
     };
     add("null_pointers_everywhere", null_pointers_everywhere);
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
+    add(
+        "issue_14_usage_carries_nvml_figures",
+        usage_carries_nvml_figures,
+    );
+    add(
+        "issue_14_messages_missing_required_fields_are_refused",
+        messages_missing_required_fields_are_refused,
+    );
     add("unknown_containers", unknown_containers);
     add(
         "buffer_one_byte_short_then_retry",
@@ -202,7 +210,9 @@ fn bad_module_parameters_are_named() -> TestResult {
     let status = new_with_err(&no_nvml, err.as_mut_ptr().cast(), err.len());
     check(
         status == S::MgpuInternal
-            && text(&err).starts_with("cannot create the GPU isolator: NVML is not available"),
+            && text(&err).starts_with(
+                "cannot discover GPUs: cannot load the NVML library /nonexistent/libnvidia-ml.so.1: ",
+            ),
         text(&err),
     )
 }
@@ -533,6 +543,75 @@ fn null_pointers_everywhere(f: &Fixture) -> TestResult {
     )?;
     // Nothing above allocated anything but c1.
     h.cleanup(&c1).ok()?;
+    all_free(&h)
+}
+
+/// Bytes prost decodes but libprotobuf refuses (`tests/required_libprotobuf.rs` compares the
+/// two): refused at the ABI with the missing fields, and nothing changes.
+fn messages_missing_required_fields_are_refused(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    h.prepare(&cid("c1"), &[]).expect(
+        S::MgpuDecodeError,
+        "cannot decode `config` (0 bytes) as mesos.slave.ContainerConfig: missing required \
+         fields: command_info, directory",
+    )?;
+    // Truncated to its first field (directory): command_info is missing.
+    let good = config(2.0);
+    let first = usize::from(good[1]) + 2;
+    h.prepare(&cid("c1"), &good[..first])
+        .expect(S::MgpuDecodeError, "missing required fields: command_info")?;
+    // A checkpointed container with only its pid.
+    h.recover(&[0x0a, 0x02, 0x18, 0x01]).expect(
+        S::MgpuDecodeError,
+        "missing required fields: checkpointed_container_states[0].container_id, \
+         checkpointed_container_states[0].directory",
+    )?;
+    all_free(&h)
+}
+
+/// `mgpu_usage` answers NVML's figures for each GPU in `gpu_statistics` (field 1000, ours:
+/// Mesos's `ResourceStatistics` has no GPU field).
+fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    let c = cid("u1");
+    h.prepare(&c, &config(2.0)).ok()?;
+    let id = c.encode_to_vec();
+    // SAFETY: live handle and locals of the lengths given.
+    let a = call(&mut |b, cap, l, e, ec| unsafe {
+        mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, cap, l, e, ec)
+    });
+    let stats = ResourceStatistics::decode(a.ok()?.as_slice())?;
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
+    // (index, UUID, utilization, memory in all) of each GPU.
+    type Figures = (Option<u32>, Option<String>, Option<u32>, Option<u64>);
+    let got: Vec<Figures> = stats
+        .gpu_statistics
+        .iter()
+        .map(|g| {
+            (
+                g.index,
+                g.uuid.clone(),
+                g.utilization_gpu_percent,
+                g.memory_total_bytes,
+            )
+        })
+        .collect();
+    let want: Vec<Figures> = (0..2)
+        .map(|i| {
+            let gpu = &node["gpus"][i];
+            (
+                Some(u32::try_from(i).unwrap_or_default()),
+                gpu["uuid"].as_str().map(str::to_owned),
+                gpu["utilization"]["gpu"]
+                    .as_u64()
+                    .and_then(|u| u32::try_from(u).ok()),
+                gpu["memory"]["total"].as_u64(),
+            )
+        })
+        .collect();
+    check(got == want, format!("{got:?} != {want:?}"))?;
+    h.cleanup(&c).ok()?;
     all_free(&h)
 }
 

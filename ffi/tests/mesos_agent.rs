@@ -26,7 +26,7 @@ use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
-    build_module, build_probe, wait_for,
+    build_module, build_probe, http_get, http_post_json, wait_for,
 };
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
     let build: &[Need] = &[Need::Cc, Need::Mesos];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 13] = [
+    let tests: [(&str, &[Need], Test); 15] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -86,6 +86,16 @@ fn main() -> ExitCode {
             nested_task_group(AgentCgroups::V1)
         }),
         (
+            "v1_agent_serves_the_module_metrics",
+            v1,
+            v1_agent_serves_the_module_metrics,
+        ),
+        (
+            "v1_gpu_agents_are_shared_as_the_guide_says",
+            v1,
+            v1_gpu_agents_are_shared_as_the_guide_says,
+        ),
+        (
             "v2_program_on_mesos_container_cgroup",
             v2,
             v2_program_on_mesos_cgroup,
@@ -100,7 +110,14 @@ fn main() -> ExitCode {
     ];
     let trials: Vec<Trial> = tests
         .into_iter()
-        .map(|(name, need, f)| needs(&host, need, trial(format!("issue_11_{name}"), f)))
+        .map(|(name, need, f)| {
+            let issue = if name.contains("metrics") || name.contains("shared") {
+                14
+            } else {
+                11
+            };
+            needs(&host, need, trial(format!("issue_{issue}_{name}"), f))
+        })
         .collect();
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -869,4 +886,118 @@ fn nested_task_group(cgroups: AgentCgroups) -> TestResult {
         held.extend(mine);
     }
     c.wait_all_released()
+}
+
+/// The agent's own HTTP port serves the module's metrics (`mgpu_metrics`, through the shim's
+/// libprocess process `mesos-gpu`): the allocator's GPUs by state as tasks come and go, and
+/// each GPU's health.
+fn v1_agent_serves_the_module_metrics() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let metrics = || http_get(c.agent.port(), "/mesos-gpu/metrics");
+    let body = metrics()?;
+    let uuid = c.uuids(&[0])?.remove(0);
+    for want in [
+        r#"mesos_gpu_allocator_gpus{state="free"} 8"#.to_owned(),
+        r#"mesos_gpu_allocator_gpus{state="quarantined"} 0"#.to_owned(),
+        r#"mesos_gpu_allocator_refusals_total{reason="not_enough"} 0"#.to_owned(),
+        format!(r#"mesos_gpu_health{{gpu="0",uuid="{uuid}",state="healthy",reason=""}} 1"#),
+        "mesos_gpu_health_events_total".to_owned(),
+    ] {
+        check(
+            body.contains(&want),
+            format!("{want} missing from:\n{body}"),
+        )?;
+    }
+    check(
+        body.ends_with("# EOF\n"),
+        format!("not OpenMetrics:\n{body}"),
+    )?;
+    let mut held = c.launch("held", 3, true)?;
+    c.report("held")?;
+    let body = metrics()?;
+    for want in [
+        r#"mesos_gpu_allocator_gpus{state="allocated"} 3"#,
+        r#"mesos_gpu_allocator_gpus{state="free"} 5"#,
+    ] {
+        check(
+            body.contains(want),
+            format!("{want} missing while a task holds 3 GPUs:\n{body}"),
+        )?;
+    }
+    c.release("held")?;
+    held.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()?;
+    let body = metrics()?;
+    check(
+        body.contains(r#"mesos_gpu_allocator_gpus{state="free"} 8"#),
+        format!("the GPUs did not come back:\n{body}"),
+    )
+}
+
+/// What the operator guide says about sharing GPU agents, with a real master: a framework
+/// without `GPU_RESOURCES` is offered nothing from a GPU agent (the master's
+/// `--filter_gpu_resources`, on by default); one with it runs a GPU task; a role whose quota
+/// limits `gpus` to 0 is offered the agent's other resources but never a GPU.
+fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    // Long enough for several offer cycles (the harness's master offers every 200 ms).
+    let unoffered = Duration::from_secs(10);
+    let never_offered = |task: &Task| -> TestResult {
+        std::thread::sleep(unoffered);
+        check(
+            task.states().is_empty(),
+            format!("{} was offered this agent: {}", task.name(), task.output()),
+        )
+    };
+    let blind = Task::launch_with(
+        &c.install,
+        &c.master,
+        "blind",
+        "cpus:0.1;mem:32",
+        "true",
+        &[],
+    )?;
+    never_offered(&blind)?;
+
+    let mut gpu = c.launch("gpu", 1, false)?;
+    gpu.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.report("gpu")?;
+    check(report.gpus(false).len() == 1, format!("{report:?}"))?;
+
+    let quota = r#"{"type":"UPDATE_QUOTA","update_quota":{"force":false,"quota_configs":[{"role":"batch","limits":{"gpus":{"value":0}}}]}}"#;
+    http_post_json(c.master.port(), "/api/v1", quota)?;
+    let batch = ["--framework_capabilities=GPU_RESOURCES", "--role=batch"];
+    let starved = Task::launch_with(
+        &c.install,
+        &c.master,
+        "starved",
+        "cpus:0.1;mem:32;gpus:1",
+        "true",
+        &batch,
+    )?;
+    never_offered(&starved)?;
+    let probe = probe()?;
+    let mut cpu = Task::launch_with(
+        &c.install,
+        &c.master,
+        "cpu",
+        "cpus:0.1;mem:32",
+        &format!("{} {}", probe.display(), c.dev.path().display()),
+        &batch,
+    )?;
+    cpu.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let report = c.report("cpu")?;
+    expect_exactly(&report, &[], false)?;
+    check(
+        report.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some("(unset)"),
+        format!("a CPU task of batch sees GPUs: {:?}", report.env),
+    )
 }

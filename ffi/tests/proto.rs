@@ -28,7 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 /// The `.proto` files build.rs compiles, relative to `ffi/proto`.
-const PROTOS: [&str; 3] = [
+const PROTOS: [&str; 4] = [
+    "mesos_gpu/statistics.proto",
     "mesos/mesos.proto",
     "mesos/slave/containerizer.proto",
     "mesos/docker/v1.proto",
@@ -283,6 +284,7 @@ fn golden_resource_statistics() {
         timestamp: 1_700_000_000.25,
         processes: Some(3),
         threads: Some(7),
+        gpu_statistics: Vec::new(),
     };
     let golden = hex(USAGE);
     assert_eq!(built.encode_to_vec(), golden);
@@ -578,7 +580,8 @@ fn packages_are_the_mesos_ones() {
         BTreeSet::from([
             "docker.spec.v1".into(),
             "mesos".into(),
-            "mesos.slave".into()
+            "mesos.slave".into(),
+            "mesos_gpu".into()
         ])
     );
     for file in POOL.files() {

@@ -462,14 +462,13 @@ fn broken_driver_is_an_error() {
 }
 
 #[test]
-fn no_library_means_no_gpus() {
-    let found =
-        GpuDriver::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))).expect("not an error");
-    assert!(found.driver().is_none());
+fn a_named_library_that_is_missing_is_an_error() {
+    // Only a missing *default* library means "no GPUs" (issue 14): a named one is an error.
+    let err = GpuDriver::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1")))
+        .expect_err("a named library that cannot be loaded");
+    assert!(matches!(err, DiscoveryError::Load { .. }), "{err}");
     assert_eq!(
-        found.inventory().absent_reason.as_deref(),
-        Some(
-            "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
-        )
+        err.to_string(),
+        "cannot load the NVML library /nonexistent/libnvidia-ml.so.1"
     );
 }

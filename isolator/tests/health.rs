@@ -10,8 +10,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{
-    ChangeCallback, Failure, GpuRef, HealthChange, HealthMonitor, HealthPolicy, HealthStore,
-    Limitations, MonitorConfig, apply_to_allocator,
+    ChangeCallback, Failure, GpuRef, HealthChange, HealthError, HealthMonitor, HealthPolicy,
+    HealthStore, Limitations, MonitorConfig, apply_to_allocator,
 };
 use mesos_gpu_isolator::usage::{ContainerCgroup, UsageReader};
 use mesos_gpu_testkit::nvml_sim::SimNode;
@@ -260,15 +260,102 @@ fn lost_gpu_is_lost_until_the_operator_says() -> TestResult {
         "lost GPUs do not recover by themselves",
     )?;
     healthy(&r, &[0, 1, 2])?;
+    // The operator's word is refused while NVML still says so (issue 14's test below).
+    ensure(
+        r.monitor.mark_healthy(&GpuRef::Index(3)).is_err(),
+        "still lost",
+    )?;
+    // A GPU failed by an XID is the operator's to bring back.
+    sim.append_event("xid 1 62");
+    ensure(next(&r)?.index == 1, "XID 62 fails GPU 1")?;
     let back = r
         .monitor
-        .mark_healthy(&GpuRef::Index(3))
+        .mark_healthy(&GpuRef::Index(1))
         .map_err(|e| e.to_string())?;
     ensure(
         back.is_some_and(|c| c.health.is_healthy()),
         "mark_healthy returns the change",
     )?;
     ensure(next(&r)?.health.is_healthy(), "subscribers hear of it")
+}
+
+fn issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
+    let sim = node(|_| {});
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut cfg = config("");
+    cfg.work_dir = Some(work.path().to_owned());
+    let store = HealthStore::at(work.path());
+    let r = start(&sim, cfg, vec![])?;
+    sim.append_event("lost 2");
+    ensure(next(&r)?.index == 2, "GPU 2 lost")?;
+    let err = r
+        .monitor
+        .mark_healthy(&GpuRef::Index(2))
+        .expect_err("refused");
+    ensure(
+        matches!(err, HealthError::StillLost { .. })
+            && err
+                .to_string()
+                .starts_with("GPU 2 is still lost: NVML answers NVML_ERROR_GPU_IS_LOST"),
+        err.to_string(),
+    )?;
+    // Through a request, as `mesos-gpu gpu mark-healthy` asks a running agent.
+    let request = store
+        .request_mark_healthy(&GpuRef::Index(2))
+        .map_err(|e| e.to_string())?;
+    wait_until("the request is taken", || !request.exists())?;
+    let answer = store
+        .take_answer(&request)
+        .map_err(|e| e.to_string())?
+        .ok_or("no answer")?;
+    ensure(
+        !answer.ok && answer.message.contains("still lost"),
+        format!("{answer:?}"),
+    )?;
+    ensure(
+        r.monitor.health(2).is_some_and(|h| !h.is_healthy()),
+        "GPU 2 stays out of the pool",
+    )
+}
+
+fn issue_14_a_request_is_checkpointed_before_it_disappears() -> TestResult {
+    let sim = node(|_| {});
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut cfg = config("");
+    cfg.work_dir = Some(work.path().to_owned());
+    let store = HealthStore::at(work.path());
+    let r = start(&sim, cfg, vec![])?;
+    for round in 0..30 {
+        sim.append_event("xid 1 62");
+        ensure(next(&r)?.index == 1, format!("round {round}: GPU 1 failed"))?;
+        let request = store
+            .request_mark_healthy(&GpuRef::Index(1))
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + PATIENCE;
+        while request.exists() {
+            ensure(Instant::now() < deadline, "the request is taken")?;
+            std::hint::spin_loop();
+        }
+        // What the command reads the moment the request is gone.
+        let saved = store
+            .load()
+            .map_err(|e| e.to_string())?
+            .ok_or("no checkpoint")?;
+        ensure(
+            saved.gpus[1].health.is_healthy(),
+            format!(
+                "round {round}: the checkpoint still says {:?}",
+                saved.gpus[1].health
+            ),
+        )?;
+        let answer = store.take_answer(&request).map_err(|e| e.to_string())?;
+        ensure(
+            answer.as_ref().is_some_and(|a| a.ok),
+            format!("round {round}: {answer:?}"),
+        )?;
+        ensure(next(&r)?.health.is_healthy(), "subscribers hear of it")?;
+    }
+    Ok(())
 }
 
 fn quiet_period_brings_it_back() -> TestResult {
@@ -306,10 +393,8 @@ fn checkpoint_requests_and_restart() -> TestResult {
             .request_mark_healthy(&GpuRef::Index(0))
             .map_err(|e| e.to_string())?;
         let up = next(&r)?;
-        ensure(
-            up.index == 0 && up.health.is_healthy() && !request.exists(),
-            format!("{up:?}"),
-        )?;
+        ensure(up.index == 0 && up.health.is_healthy(), format!("{up:?}"))?;
+        wait_until("the request is answered", || !request.exists())?;
     }
     let saved = store
         .load()
@@ -515,6 +600,14 @@ fn main() -> ExitCode {
         plain(
             "lost_gpu_is_lost_until_the_operator_says",
             lost_gpu_is_lost_until_the_operator_says,
+        ),
+        plain(
+            "issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy",
+            issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy,
+        ),
+        plain(
+            "issue_14_a_request_is_checkpointed_before_it_disappears",
+            issue_14_a_request_is_checkpointed_before_it_disappears,
         ),
         plain("quiet_period_brings_it_back", quiet_period_brings_it_back),
         plain(

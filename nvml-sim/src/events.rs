@@ -53,13 +53,14 @@ pub(crate) enum EventsError {
         #[source]
         source: io::Error,
     },
+    // The line itself is never shown: the file is named by the node description, and may be
+    // any file (`/etc/shadow`) whose contents are not ours to print.
     #[error(
-        "events file {path} line {line} {text:?}: {problem}; expected `xid <gpu> <xid> [gi <id> [ci <id>]]`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
+        "events file {path} line {line}: {problem}; expected `xid <gpu> <xid> [gi <id> [ci <id>]]`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
     )]
     Line {
         path: PathBuf,
         line: u64,
-        text: String,
         problem: String,
     },
 }
@@ -75,7 +76,7 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
         let word = word.ok_or("missing GPU index")?;
         let gpu: usize = word
             .parse()
-            .map_err(|_| format!("GPU index {word:?} is not a number"))?;
+            .map_err(|_| "the GPU index is not a number".to_owned())?;
         if gpu >= gpu_count {
             return Err(format!(
                 "GPU {gpu} does not exist (the node has {gpu_count} GPUs)"
@@ -88,13 +89,13 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
             let xid = words.get(2).ok_or("missing XID number")?;
             let xid: u64 = xid
                 .parse()
-                .map_err(|_| format!("XID {xid:?} is not a number"))?;
+                .map_err(|_| "the XID is not a number".to_owned())?;
             (EventKind::Xid(xid), 3)
         }
         "ecc-sbe" => (EventKind::SingleBitEcc, 2),
         "ecc-dbe" => (EventKind::DoubleBitEcc, 2),
         "lost" => (EventKind::Lost, 2),
-        other => return Err(format!("unknown event {other:?}")),
+        _ => return Err("unknown event".to_owned()),
     };
     let gpu = gpu(words.get(1))?;
     let id = |key: &str, at: usize| -> Result<Option<u32>, String> {
@@ -102,7 +103,7 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
             (Some(k), Some(v)) if *k == key => v
                 .parse()
                 .map(Some)
-                .map_err(|_| format!("{key} id {v:?} is not a number")),
+                .map_err(|_| format!("{key} id is not a number")),
             (Some(k), None) if *k == key => Err(format!("missing {key} id")),
             _ => Ok(None),
         }
@@ -121,8 +122,8 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
     }
     if words.len() > used {
         return Err(format!(
-            "unexpected {:?} after the event",
-            words[used..].join(" ")
+            "{} unexpected words after the event",
+            words.len() - used
         ));
     }
     Ok(Some(Event { gpu, kind, mig }))
@@ -209,7 +210,6 @@ impl EventLog {
                 Err(problem) => out.push(Err(EventsError::Line {
                     path: path.clone(),
                     line: self.lines_read,
-                    text: text.trim_end().to_owned(),
                     problem,
                 })),
             }
@@ -437,6 +437,26 @@ mod tests {
     }
 
     #[test]
+    fn issue_14_errors_never_echo_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shadow");
+        let secret = "root:$6$s3cr3t$hash:20228:0:99999:7:::";
+        std::fs::write(
+            &path,
+            format!("{secret}\nxid s3cr3t 79\nxid 1 s3cr3t\nlost 1 s3cr3t\nxid 1 79 gi s3cr3t\n"),
+        )
+        .unwrap();
+        let mut log = EventLog::new(Some(path));
+        let got = log.read_new(4, |_: &Event| Ok(()));
+        assert_eq!(got.len(), 5);
+        for (i, result) in got.iter().enumerate() {
+            let err = result.as_ref().unwrap_err().to_string();
+            assert!(!err.contains("s3cr3t") && !err.contains("root"), "{err}");
+            assert!(err.contains(&format!("line {}: ", i + 1)), "{err}");
+        }
+    }
+
+    #[test]
     fn reads_only_complete_new_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events");
@@ -483,7 +503,7 @@ mod tests {
             }
         );
         let err = got[1].as_ref().unwrap_err().to_string();
-        assert!(err.contains("line 4") && err.contains("bogus"), "{err}");
+        assert!(err.contains("line 4: unknown event"), "{err}");
 
         std::fs::write(&path, b"xid 0 31\n").unwrap();
         let got: Vec<_> = log

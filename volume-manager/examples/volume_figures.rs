@@ -52,7 +52,7 @@ fn main() -> Result<()> {
     println!(
         "plan: {} files ({} libraries), {} links, {:.0} MiB, in {}",
         plan.files.len(),
-        plan.library_count(),
+        plan.driver_library_count(),
         plan.links.len(),
         mib(plan.total_bytes()),
         ms(started.elapsed())

@@ -36,6 +36,8 @@ use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::rooted::resolve_in_root;
+
 pub use flags::{CacheArch, EntryFlags, LibKind};
 
 /// Where the cache lives, relative to a root directory.
@@ -59,6 +61,11 @@ const HWCAP_ISA_LEVEL_MASK: u64 = (1 << 10) - 1;
 /// `cache_file_new_flags_endian_*` for this host; 0 means "not recorded".
 const ENDIAN_CURRENT: u8 = if cfg!(target_endian = "little") { 2 } else { 3 };
 
+/// The largest cache read, in bytes. glibc's caches take about 100 bytes per library (a few
+/// hundred KiB on a full distribution); anything near this size is not a cache, and reading it
+/// all (e.g. `/dev/zero`) would exhaust memory.
+pub const MAX_CACHE_BYTES: u64 = 64 << 20;
+
 /// Why a cache could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum LdCacheError {
@@ -70,6 +77,22 @@ pub enum LdCacheError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// The path names a device, FIFO, directory or socket, not a file.
+    #[error("{path} is a {kind}, not a regular file; an ld.so.cache is a regular file")]
+    NotRegular {
+        /// The file (symlinks followed).
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// The file is larger than [`MAX_CACHE_BYTES`].
+    #[error("{path} is larger than {max} bytes, the most an ld.so.cache is read to")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit.
+        max: u64,
     },
     /// The file at `path` is not a valid cache.
     #[error("invalid ld.so.cache {path}")]
@@ -83,16 +106,15 @@ pub enum LdCacheError {
     /// The input has no bytes at all.
     #[error("the cache is empty (0 bytes); run ldconfig to rebuild it")]
     Empty,
-    /// The input starts with neither magic string.
+    /// The input starts with neither magic string. Its bytes are not shown: a path given as a
+    /// cache may name any file, whose contents are not ours to print.
     #[error(
-        "not an ld.so.cache: {len} bytes starting with {start:?}; expected \"ld.so-1.7.0\" or \
+        "not an ld.so.cache: {len} bytes that start with neither \"ld.so-1.7.0\" nor \
          \"glibc-ld.so.cache1.1\""
     )]
     BadMagic {
         /// Input length.
         len: usize,
-        /// The first bytes, escaped.
-        start: String,
     },
     /// A structure runs past the end of the input.
     #[error("truncated cache: {what} needs bytes {start}..{end} but the cache has {len}")]
@@ -137,6 +159,53 @@ pub enum LdCacheError {
         /// What is wrong.
         why: &'static str,
     },
+}
+
+/// Reads the regular file at `path`, refusing anything else and anything larger than
+/// [`MAX_CACHE_BYTES`]. `O_NONBLOCK` keeps `open` from waiting on a FIFO, which is then refused.
+fn read_bounded(path: &Path) -> Result<Vec<u8>, LdCacheError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+
+    let read_err = |source| LdCacheError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read_err)?;
+    let kind = file.metadata().map_err(read_err)?.file_type();
+    if !kind.is_file() {
+        let kind = if kind.is_dir() {
+            "directory"
+        } else if kind.is_char_device() {
+            "character device"
+        } else if kind.is_block_device() {
+            "block device"
+        } else if kind.is_fifo() {
+            "FIFO"
+        } else {
+            "socket"
+        };
+        return Err(LdCacheError::NotRegular {
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    let mut bytes = Vec::new();
+    // One byte more than the limit tells a file at the limit from a larger one (or one growing).
+    file.take(MAX_CACHE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_CACHE_BYTES {
+        return Err(LdCacheError::TooLarge {
+            path: path.to_owned(),
+            max: MAX_CACHE_BYTES,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Which of the three layouts a cache uses.
@@ -229,21 +298,31 @@ impl LdCache {
         })
     }
 
-    /// Reads and parses the cache file at `path`.
+    /// Reads and parses the cache file at `path` (a host path; symlinks are followed). Only a
+    /// regular file of at most [`MAX_CACHE_BYTES`] is read.
     pub fn read(path: &Path) -> Result<LdCache, LdCacheError> {
-        let bytes = std::fs::read(path).map_err(|source| LdCacheError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let bytes = read_bounded(path)?;
         LdCache::parse(&bytes).map_err(|e| LdCacheError::Invalid {
             path: path.to_owned(),
             source: Box::new(e),
         })
     }
 
-    /// Reads `<root>/etc/ld.so.cache`.
+    /// Reads `<root>/etc/ld.so.cache`, with symlinks resolved inside `root` as the driver's own
+    /// file system sees them: a link to `/dev/zero` names `<root>/dev/zero`, not the host's.
     pub fn load(root: &Path) -> Result<LdCache, LdCacheError> {
-        LdCache::read(&root.join(DEFAULT_CACHE))
+        let named = root.join(DEFAULT_CACHE);
+        let resolved = resolve_in_root(root, Path::new(DEFAULT_CACHE)).map_err(|source| {
+            LdCacheError::Read {
+                path: named.clone(),
+                source,
+            }
+        })?;
+        let bytes = read_bounded(&resolved)?;
+        LdCache::parse(&bytes).map_err(|e| LdCacheError::Invalid {
+            path: named,
+            source: Box::new(e),
+        })
     }
 
     /// The layout the file uses.
@@ -311,15 +390,7 @@ fn parse_image(data: &[u8]) -> Result<Parsed, LdCacheError> {
         let (entries, generator) = parse_new(data, 0)?;
         return Ok((Layout::New, entries, generator));
     }
-    Err(LdCacheError::BadMagic {
-        len: data.len(),
-        start: data
-            .iter()
-            .take(20)
-            .flat_map(|b| b.escape_ascii())
-            .map(char::from)
-            .collect(),
-    })
+    Err(LdCacheError::BadMagic { len: data.len() })
 }
 
 fn parse_old_or_compat(data: &[u8]) -> Result<Parsed, LdCacheError> {
@@ -556,6 +627,62 @@ mod tests {
     use crate::ldcache::fixture::new_image;
     use proptest::prelude::*;
 
+    #[test]
+    fn issue_14_the_cache_link_is_resolved_inside_the_driver_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+        std::os::unix::fs::symlink("/dev/zero", root.join("etc/ld.so.cache")).expect("ln");
+        // `<root>/dev/zero` does not exist: the host's /dev/zero is never opened.
+        let err = LdCache::load(root).expect_err("dangling inside the root");
+        assert!(
+            matches!(&err, LdCacheError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+        std::fs::create_dir_all(root.join("dev")).expect("mkdir");
+        std::fs::write(root.join("dev/zero"), sample()).expect("write");
+        assert_eq!(LdCache::load(root).expect("the root's own file").len(), 4);
+    }
+
+    #[test]
+    fn issue_14_devices_fifos_and_directories_are_refused_without_reading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(status.success());
+        for (path, kind) in [
+            (Path::new("/dev/zero"), "character device"),
+            (fifo.as_path(), "FIFO"),
+            (dir.path(), "directory"),
+        ] {
+            match LdCache::read(path) {
+                Err(LdCacheError::NotRegular { kind: got, .. }) => assert_eq!(got, kind),
+                other => panic!("{}: {other:?}", path.display()),
+            }
+        }
+    }
+
+    #[test]
+    fn issue_14_a_file_past_the_limit_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ld.so.cache");
+        let file = std::fs::File::create(&path).expect("create");
+        let mut image = sample();
+        image.resize(usize::try_from(MAX_CACHE_BYTES).expect("fits"), 0);
+        std::fs::write(&path, &image).expect("write");
+        assert!(LdCache::read(&path).is_ok(), "a file at the limit is read");
+        file.set_len(MAX_CACHE_BYTES + 1).expect("grow");
+        let err = LdCache::read(&path).expect_err("too large");
+        assert!(matches!(err, LdCacheError::TooLarge { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("larger than 67108864 bytes"),
+            "{err}"
+        );
+    }
+
     fn sample() -> Vec<u8> {
         new_image(
             &[
@@ -621,7 +748,15 @@ mod tests {
     fn bad_inputs_name_the_problem() {
         assert!(matches!(LdCache::parse(b""), Err(LdCacheError::Empty)));
         let err = LdCache::parse(b"hello world").expect_err("no magic");
-        assert!(err.to_string().contains("hello world"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("not an ld.so.cache: 11 bytes that start with neither"),
+            "{err}"
+        );
+        assert!(
+            !err.to_string().contains("hello"),
+            "the bytes are not shown: {err}"
+        );
         let image = sample();
         assert!(matches!(
             LdCache::parse(&image[..60]),

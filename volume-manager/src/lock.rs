@@ -1,6 +1,7 @@
 //! The volume root's lock: every change under the root (build, swap, gc, holder files) happens
 //! while holding an exclusive `flock` on `<root>/.lock`, so two agents, or an agent and the CLI,
-//! never interleave. `flock` locks belong to the open file description, so two threads of one
+//! never interleave. Readers (`verify`, `list`) take a shared lock on the same file when it
+//! exists, opened read-only, so they work on a read-only root and never create it. `flock` locks belong to the open file description, so two threads of one
 //! process exclude each other as well as two processes do; the kernel drops the lock when the
 //! holder dies, so a crash never leaves the root locked.
 
@@ -61,6 +62,38 @@ impl RootLock {
         file.lock().map_err(io_err)?;
         tracing::trace!(path = %path.display(), "locked volume root");
         Ok(RootLock { _file: file })
+    }
+}
+
+/// A shared lock on a volume root, for readers; released on drop.
+#[derive(Debug)]
+pub(crate) struct ReadLock {
+    _file: Option<File>,
+}
+
+impl ReadLock {
+    /// Blocks until no change is under way. A root without a lock file has never been changed by
+    /// a writer that is still running: nothing is taken, and nothing is created.
+    pub(crate) fn acquire(root: &Path) -> Result<ReadLock, LockError> {
+        let path = root.join(LOCK_NAME);
+        let io_err = |source| LockError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReadLock { _file: None }),
+            Err(e) => return Err(io_err(e)),
+        };
+        if !file.metadata().map_err(io_err)?.is_file() {
+            return Err(LockError::NotAFile { path });
+        }
+        file.lock_shared().map_err(io_err)?;
+        Ok(ReadLock { _file: Some(file) })
     }
 }
 

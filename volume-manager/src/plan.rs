@@ -358,11 +358,14 @@ pub struct VolumePlan {
 }
 
 impl VolumePlan {
-    /// Number of libraries (files outside `bin/`).
-    pub fn library_count(&self) -> usize {
+    /// Number of libraries of the driver version itself (`<name>.so.<version>` outside `bin/`).
+    /// GLVND's loaders carry their own versions, and a host without NVIDIA's driver has them too,
+    /// so they never make a plan worth building on their own.
+    pub fn driver_library_count(&self) -> usize {
+        let suffix = format!(".so.{}", self.driver_version);
         self.files
             .iter()
-            .filter(|f| f.dir != VolumeDir::Bin)
+            .filter(|f| f.dir != VolumeDir::Bin && f.name.ends_with(&suffix))
             .count()
     }
 

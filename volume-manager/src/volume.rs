@@ -29,7 +29,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use assemble::BuildTimings;
-pub use holders::REFS_DIR;
+pub use holders::{REFS_DIR, check_holder};
 pub use verify::{Check, Problem, VerifyReport};
 
 use layout::{
@@ -39,7 +39,7 @@ use layout::{
 
 use crate::injection;
 use crate::ldcache::LdCache;
-use crate::lock::{LockError, RootLock};
+use crate::lock::{LockError, ReadLock, RootLock};
 use crate::manifest::{Manifest, ManifestError, Method};
 use crate::plan::{self, PlanError, VolumePlan};
 use crate::version::DriverVersion;
@@ -328,7 +328,7 @@ impl VolumeManager {
         options: CreateOptions,
     ) -> Result<Volume, VolumeError> {
         let version = &plan.driver_version;
-        if plan.library_count() == 0 {
+        if plan.driver_library_count() == 0 {
             return Err(VolumeError::EmptyPlan {
                 version: version.clone(),
             });
@@ -403,8 +403,14 @@ impl VolumeManager {
         host: Option<&VolumePlan>,
         check: Check,
     ) -> Result<VerifyReport, VolumeError> {
-        let root = self.open_root()?;
-        let _lock = RootLock::acquire(&root).map_err(VolumeError::Lock)?;
+        let path = self.root.join(version.volume_name());
+        let Some(root) = self.existing_root()? else {
+            return Err(VolumeError::NoSuchVolume {
+                version: version.clone(),
+                path,
+            });
+        };
+        let _lock = ReadLock::acquire(&root).map_err(VolumeError::Lock)?;
         let path = root.join(version.volume_name());
         let Some(existing) = existing_volume_readonly(&path)? else {
             return Err(VolumeError::NoSuchVolume {
@@ -422,10 +428,12 @@ impl VolumeManager {
         })
     }
 
-    /// The volumes under the root, oldest version first.
+    /// The volumes under the root, oldest version first (none when the root does not exist).
     pub fn list(&self) -> Result<Vec<VolumeInfo>, VolumeError> {
-        let root = self.open_root()?;
-        let _lock = RootLock::acquire(&root).map_err(VolumeError::Lock)?;
+        let Some(root) = self.existing_root()? else {
+            return Ok(Vec::new());
+        };
+        let _lock = ReadLock::acquire(&root).map_err(VolumeError::Lock)?;
         let mut out = Vec::new();
         for (version, path) in volumes(&root)? {
             let (manifest, problems) = verify::check_volume(&path, &version, None, Check::Metadata);
@@ -505,8 +513,10 @@ impl VolumeManager {
 
     /// The holders of the volume of `version`.
     pub fn holders(&self, version: &DriverVersion) -> Result<Vec<String>, VolumeError> {
-        let root = self.open_root()?;
-        let _lock = RootLock::acquire(&root).map_err(VolumeError::Lock)?;
+        let Some(root) = self.existing_root()? else {
+            return Ok(Vec::new());
+        };
+        let _lock = ReadLock::acquire(&root).map_err(VolumeError::Lock)?;
         holders::list(&root, version)
     }
 
@@ -518,6 +528,19 @@ impl VolumeManager {
             .mode(0o755)
             .create(&self.root)
             .at("create volume root", &self.root)?;
+        self.checked_root()
+    }
+
+    /// The root's canonical path, checked as [`Self::open_root`] does, for readers: `None` when
+    /// it does not exist, and nothing is created.
+    fn existing_root(&self) -> Result<Option<PathBuf>, VolumeError> {
+        match fs::symlink_metadata(&self.root) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            _ => self.checked_root().map(Some),
+        }
+    }
+
+    fn checked_root(&self) -> Result<PathBuf, VolumeError> {
         let root = fs::canonicalize(&self.root).at("resolve volume root", &self.root)?;
         let meta = fs::metadata(&root).at("stat volume root", &root)?;
         if !meta.is_dir() {

@@ -91,6 +91,18 @@ fn main() -> ExitCode {
                 bind_mount_falls_back_to_copies,
             ),
         ),
+        cc(
+            "issue_14_reading_a_volume_root_creates_nothing",
+            reading_a_volume_root_creates_nothing,
+        ),
+        needs(
+            &host,
+            &[Need::Cc, Need::Root],
+            Trial::test(
+                "issue_14_verify_and_list_work_on_a_read_only_root",
+                verify_and_list_work_on_a_read_only_root,
+            ),
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -849,4 +861,66 @@ fn bind_mount_falls_back_to_copies() -> Result<(), Failed> {
     let volume = VolumeManager::at(&root).create(&plan)?;
     ensure(volume.copied == plan.files.len(), || format!("{volume:?}"))?;
     check_volume_matches_sources(&volume.path, &plan)
+}
+
+fn reading_a_volume_root_creates_nothing() -> Result<(), Failed> {
+    let d = shared()?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("volumes");
+    let manager = VolumeManager::at(&root);
+    ensure(manager.list()?.is_empty(), || {
+        "volumes in a missing root".into()
+    })?;
+    ensure(
+        matches!(
+            manager.verify(&version(), None, Check::Metadata),
+            Err(VolumeError::NoSuchVolume { .. })
+        ),
+        || "verify of a missing root".into(),
+    )?;
+    ensure(!root.exists(), || "the root was created".into())?;
+    manager.create(&d.plan()?)?;
+    std::fs::remove_file(root.join(".lock"))?;
+    ensure(manager.list()?.len() == 1, || "one volume".into())?;
+    let report = manager.verify(&version(), Some(&d.plan()?), Check::Metadata)?;
+    ensure(report.is_intact(), || format!("{report:?}"))?;
+    ensure(!root.join(".lock").exists(), || {
+        "a reader created the lock file".into()
+    })
+}
+
+fn verify_and_list_work_on_a_read_only_root() -> Result<(), Failed> {
+    let d = shared()?;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("volumes");
+    let manager = VolumeManager::at(&root);
+    manager.create(&d.plan()?)?;
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&root)
+        .arg(&root)
+        .status()?;
+    ensure(status.success(), || format!("mount --bind: {status}"))?;
+    let _unmount = Unmount(root.clone());
+    let status = Command::new("mount")
+        .args(["-o", "remount,bind,ro"])
+        .arg(&root)
+        .status()?;
+    ensure(status.success(), || format!("remount read-only: {status}"))?;
+    ensure(std::fs::write(root.join("probe"), b"").is_err(), || {
+        "the root is still writable".into()
+    })?;
+    let report = manager.verify(&version(), Some(&d.plan()?), Check::Checksums)?;
+    ensure(report.is_intact(), || format!("{report:?}"))?;
+    let listed = manager.list()?;
+    ensure(listed.len() == 1 && listed[0].problems.is_empty(), || {
+        format!("{listed:?}")
+    })?;
+    ensure(manager.holders(&version())?.is_empty(), || "holders".into())
 }

@@ -4,7 +4,8 @@
 //!
 //! NVML is read only when `--isolation` contains `gpu/nvidia` or GPUs are advertised (for the
 //! attributes); without the isolator a broken driver is only a warning, as Mesos never loads
-//! NVML then.
+//! NVML then, but a `--nvml-lib` that cannot be loaded is always an error. When there is no flag
+//! to print, stderr says why (and the exit status is 0).
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -65,22 +66,45 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let empty = Inventory::default();
     let inventory = match ctx.inventory() {
         Ok(inventory) => inventory,
-        Err(err) if !flags.gpu_isolator() => {
+        Err(err) if !flags.gpu_isolator() && ctx.global.nvml_lib.is_none() => {
             tracing::warn!("{err:#}; GPUs are not described (gpu/nvidia is not in --isolation)");
             &empty
         }
         Err(err) => return Err(err),
     };
     let resolved = flags.resolve(inventory)?;
-    if resolved.gpus == 0.0 && !flags.gpu_isolator() {
+    let lines = resolved.flags();
+    if lines.is_empty() {
+        // Not a log line: the answer to the command, for whoever reads an empty stdout.
+        eprintln!(
+            "mesos-gpu: no flags to add: {}",
+            why_none(args, &flags, inventory)
+        );
+    } else if resolved.gpus == 0.0 && !flags.gpu_isolator() {
         tracing::info!(
             "no GPUs advertised: Mesos discovers GPUs only when --isolation contains gpu/nvidia"
         );
     }
-    for flag in resolved.flags() {
+    for flag in lines {
         writeln!(out, "{}", shell_quote_flag(&flag))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why no flag is printed: no GPU isolator, or no GPU to advertise.
+fn why_none(args: &Args, flags: &AgentGpuFlags, inventory: &Inventory) -> String {
+    if !flags.gpu_isolator() {
+        return format!(
+            "--isolation={} does not contain gpu/nvidia, so mesos-agent neither discovers nor \
+             isolates GPUs; give the agent's own --isolation, e.g. --isolation \
+             filesystem/linux,cgroups/devices,gpu/nvidia",
+            args.isolation.trim()
+        );
+    }
+    match &inventory.absent_reason {
+        Some(reason) => format!("no GPUs: {reason}"),
+        None => "NVML reports no usable GPU".to_owned(),
+    }
 }
 
 /// The flag's value, read from the file for `file://` values as mesos-agent does.

@@ -188,10 +188,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     // The demo runs on a simulated DGX-1 unless told otherwise.
     let default_ctx;
     let ctx = if ctx.global.simulate.is_none() && ctx.global.nvml_lib.is_none() {
-        default_ctx = Ctx::new(GlobalArgs {
-            simulate: Some(DEFAULT_NODE.to_owned()),
-            ..ctx.global.clone()
-        });
+        default_ctx = Ctx::new(
+            GlobalArgs {
+                simulate: Some(DEFAULT_NODE.to_owned()),
+                ..ctx.global.clone()
+            },
+            false,
+        );
         &default_ctx
     } else {
         ctx

@@ -61,17 +61,23 @@ pub(crate) struct Args {
         long,
         value_name = "N",
         required_unless_present = "release",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = super::parse_gpus
     )]
-    gpus: Option<f64>,
+    gpus: Option<u32>,
 
     /// Give back the GPUs reserved for container ID instead.
-    #[arg(long, value_name = "ID", conflicts_with_all = ["gpus", "image", "container_id"])]
-    release: Option<String>,
+    #[arg(
+        long,
+        value_name = "ID",
+        conflicts_with_all = ["gpus", "image", "container_id"],
+        value_parser = |s: &str| ContainerId::new(s).map_err(|e| e.to_string())
+    )]
+    release: Option<ContainerId>,
 
     /// The container's id: a UUID (Mesos ContainerID); a new one by default.
-    #[arg(long, value_name = "ID")]
-    container_id: Option<String>,
+    #[arg(long, value_name = "ID", value_parser = |s: &str| container_id(s).map_err(|e| format!("{e:#}")))]
+    container_id: Option<ContainerId>,
 
     /// Image to inspect (labels, env, CUDA version) through the Docker daemon. Without it the
     /// image is taken to ask for the driver volume, as nvidia-docker's /docker/cli assumed.
@@ -194,15 +200,15 @@ pub(crate) fn driver_spec(
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
-        let id = ContainerId::new(id.as_str())?;
         let pool = open_pool(ctx, &args.work_dir)?;
-        pool.release_docker(&id)
+        pool.release_docker(id)
             .with_context(|| format!("cannot release the GPUs of {id}"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let gpus = args.gpus.context("--gpus is required")?;
+    super::require_gpus(ctx, gpus)?;
     let id = match &args.container_id {
-        Some(id) => container_id(id)?,
+        Some(id) => id.clone(),
         None => new_container_id()?,
     };
     let image = match &args.image {
@@ -224,7 +230,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     // Everything but the GPUs is checked before anything is reserved.
     LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
     let pool = open_pool(ctx, &args.work_dir)?;
-    let reserved = pool.reserve_docker(&id, gpus)?;
+    let reserved = pool.reserve_docker(&id, f64::from(gpus))?;
     let refs: Vec<&Gpu> = reserved.iter().collect();
     let plan = match LaunchPlan::new(&refs, &host, &image, driver.as_ref()) {
         Ok(plan) => plan,

@@ -51,9 +51,10 @@ pub(crate) struct Args {
         long,
         value_name = "N",
         required_unless_present = "launcher_socket",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = super::parse_gpus
     )]
-    gpus: Option<f64>,
+    gpus: Option<u32>,
 
     /// How GPUs are chosen: first-fit or topology.
     #[arg(long, value_name = "POLICY", default_value = "topology")]
@@ -96,6 +97,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
              holding nodes made with mknod (nvidiactl c 195 255, nvidia-uvm, nvidia<minor> c 195 <minor>)"
         );
     };
+    super::require_gpus(ctx, gpus)?;
     let inventory = ctx.inventory()?.clone();
     let nodes = DeviceNodes::scan(dev_root, &inventory).with_context(|| {
         format!(
@@ -133,7 +135,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .prepare(
             &id,
             PrepareConfig {
-                gpus,
+                gpus: f64::from(gpus),
                 ..PrepareConfig::default()
             },
         )

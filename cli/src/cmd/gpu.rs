@@ -7,14 +7,20 @@
 //!   the next agent start reads the GPU back healthy;
 //! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
 //!   monitor takes within its wait timeout (250 ms by default), marks the GPU healthy, tells the
-//!   allocator and checkpoints; the command waits for that and reports the checkpointed state.
+//!   allocator, checkpoints and answers; the command waits for the answer and reports it.
+//!
+//! A GPU the checkpoint does not know, a work directory without a checkpoint or monitor (a wrong
+//! `--work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
+//! at. `gpu health` only reads: it creates no file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::bail;
-use mesos_gpu_isolator::health::{GpuHealth, GpuRef, HealthSnapshot, HealthStore};
+use anyhow::{Context as _, bail};
+use mesos_gpu_isolator::health::{
+    GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore,
+};
 
 use crate::ctx::Ctx;
 
@@ -59,7 +65,8 @@ struct HealthArgs {
 #[derive(clap::Args)]
 struct MarkArgs {
     /// The GPU: NVML index (`3`) or UUID (`GPU-…`).
-    gpu: String,
+    #[arg(value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
+    gpu: GpuRef,
     #[command(flatten)]
     store: StoreArgs,
     /// Seconds to wait for a running monitor to take the request.
@@ -67,10 +74,10 @@ struct MarkArgs {
     wait: u64,
 }
 
-pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
         GpuCommand::Health(a) => health(a),
-        GpuCommand::MarkHealthy(a) => mark_healthy(a),
+        GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
     }
 }
 
@@ -93,7 +100,7 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&snapshot)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let running = store.try_lock()?.is_none();
+    let running = store.monitor_running()?;
     let Some(snapshot) = snapshot else {
         println!(
             "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
@@ -148,28 +155,11 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn mark_healthy(args: &MarkArgs) -> anyhow::Result<ExitCode> {
-    let gpu = GpuRef::parse(&args.gpu)?;
+fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let gpu = args.gpu.clone();
     let store = HealthStore::at(&args.store.work_dir);
-    if let Some(_lock) = store.try_lock()? {
-        let Some(mut snapshot) = store.load()? else {
-            println!(
-                "no GPU health checkpoint at {}: every GPU is healthy unless discovery finds it lost",
-                store.checkpoint_path().display()
-            );
-            return Ok(ExitCode::SUCCESS);
-        };
-        let was_unhealthy = snapshot.mark_healthy(&gpu)?;
-        if was_unhealthy {
-            store.save(&snapshot)?;
-            println!(
-                "GPU {gpu} marked healthy in {} (no monitor running)",
-                store.checkpoint_path().display()
-            );
-        } else {
-            println!("GPU {gpu} is already healthy");
-        }
-        return Ok(ExitCode::SUCCESS);
+    if !store.monitor_running()? {
+        return mark_in_checkpoint(&store, &gpu, ctx);
     }
     let request = store.request_mark_healthy(&gpu)?;
     let deadline = Instant::now() + Duration::from_secs(args.wait);
@@ -183,6 +173,14 @@ fn mark_healthy(args: &MarkArgs) -> anyhow::Result<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    if let Some(answer) = store.take_answer(&request)? {
+        if !answer.ok {
+            bail!("the running monitor refused: {}", answer.message);
+        }
+        println!("{} (by the running monitor)", answer.message);
+        return Ok(ExitCode::SUCCESS);
+    }
+    // A monitor that predates answers: the checkpoint, saved before the request was removed.
     let snapshot: Option<HealthSnapshot> = store.load()?;
     match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
         Some(record) if record.health.is_healthy() => {
@@ -201,4 +199,78 @@ fn mark_healthy(args: &MarkArgs) -> anyhow::Result<ExitCode> {
             store.checkpoint_path().display()
         ),
     }
+}
+
+/// With no monitor running: edits the checkpoint under the lock. A work directory without a
+/// checkpoint is refused before anything is created in it.
+fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let path = store.checkpoint_path();
+    if store.load()?.is_none() {
+        bail!(
+            "no GPU health checkpoint at {} and no health monitor running there; is --work-dir \
+             the agent's work directory? (the module's monitor writes the checkpoint when it \
+             starts)",
+            path.display()
+        );
+    }
+    let Some(_lock) = store.try_lock()? else {
+        bail!(
+            "a GPU health monitor started on {} meanwhile; run the command again",
+            path.display()
+        );
+    };
+    let mut snapshot = store
+        .load()?
+        .with_context(|| format!("{} disappeared", path.display()))?;
+    let record = snapshot
+        .find(gpu)
+        .cloned()
+        .ok_or_else(|| unknown_gpu(gpu, &snapshot, &path))?;
+    refuse_if_lost(ctx, gpu, &record)?;
+    if snapshot.mark_healthy(gpu)? {
+        store.save(&snapshot)?;
+        println!(
+            "GPU {gpu} ({}) marked healthy in {} (no monitor running)",
+            record.uuid,
+            path.display()
+        );
+    } else {
+        println!("GPU {gpu} ({}) is already healthy", record.uuid);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unknown_gpu(gpu: &GpuRef, snapshot: &HealthSnapshot, path: &std::path::Path) -> anyhow::Error {
+    let known: Vec<String> = snapshot
+        .gpus
+        .iter()
+        .map(|g| format!("{} {}", g.index, g.uuid))
+        .collect();
+    anyhow::anyhow!(
+        "GPU {gpu} is not in the health checkpoint {} (GPUs: {})",
+        path.display(),
+        known.join(", ")
+    )
+}
+
+/// Refuses when NVML (the host's driver, or `--simulate`) still reports the GPU lost. The GPU
+/// is looked up by the checkpoint's UUID (indices can change across reboots), else by its
+/// checkpointed index. Without a driver there is nothing to ask, and nothing to hand it to.
+fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result<()> {
+    let Some(driver) = ctx.driver()? else {
+        return Ok(());
+    };
+    let index = driver
+        .inventory()
+        .gpus
+        .iter()
+        .find(|g| !g.uuid.is_empty() && g.uuid.eq_ignore_ascii_case(&record.uuid))
+        .map_or(record.index, |g| g.index);
+    if driver.reports_lost(index) {
+        return Err(HealthError::StillLost {
+            gpu: gpu.to_string(),
+        }
+        .into());
+    }
+    Ok(())
 }

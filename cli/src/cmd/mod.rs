@@ -43,6 +43,41 @@ pub(crate) enum Command {
     Cdi(cdi::Args),
 }
 
+impl Command {
+    /// True for the long-running service (`serve`), which logs at `info` by default.
+    pub(crate) fn is_daemon(&self) -> bool {
+        matches!(self, Command::Serve(_))
+    }
+
+    /// True for the commands that stop cleanly on SIGINT/SIGTERM by themselves.
+    pub(crate) fn handles_signals(&self) -> bool {
+        matches!(self, Command::Serve(_) | Command::Run(_) | Command::Exec(_))
+    }
+}
+
+/// Parses `--gpus`: a whole number of GPUs. Anything else is a usage error (exit 2), reported
+/// by clap before anything is done; a count above what the node has is found later (exit 1).
+pub(crate) fn parse_gpus(value: &str) -> Result<u32, String> {
+    value.trim().parse::<u32>().map_err(|_| {
+        format!("{value:?} is not a number of GPUs: expected a whole number such as 0, 1 or 2")
+    })
+}
+
+/// Refuses a request for GPUs on a node that has none, with discovery's reason.
+pub(crate) fn require_gpus(ctx: &Ctx, gpus: u32) -> anyhow::Result<()> {
+    let inventory = ctx.inventory()?;
+    if gpus > 0 && inventory.gpus.is_empty() {
+        anyhow::bail!(
+            "gpus={gpus}: this node has no GPUs ({})",
+            inventory
+                .absent_reason
+                .as_deref()
+                .unwrap_or("NVML reports none")
+        );
+    }
+    Ok(())
+}
+
 /// Runs the chosen subcommand.
 pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match command {

@@ -45,8 +45,13 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    gpus: f64,
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = super::parse_gpus
+    )]
+    gpus: u32,
 
     /// Mount the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
     /// directory.
@@ -99,6 +104,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             signal(SignalKind::terminate())?,
         )
     };
+    super::require_gpus(ctx, args.gpus)?;
     let id = new_container_id()?;
     let host = super::serve::host_devices(ctx)?;
     let gpus = ctx.inventory()?.gpus.clone();
@@ -113,7 +119,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let pool = Arc::new(open_pool(ctx, &args.work_dir)?);
             let bridge = DockerBridge::new(pool, client.clone(), host, driver, gpus);
             bridge
-                .create(&id, args.gpus, &args.image, &args.command)
+                .create(&id, f64::from(args.gpus), &args.image, &args.command)
                 .await?
         };
         tracing::info!(

@@ -4,8 +4,11 @@
 //! The driver volume is built in the background at start (and again when the driver version
 //! changes) by the volume manager; plugin requests never build it. The node is re-read every
 //! `--driver-poll` seconds to notice a driver change. `/gpu/status` and `/gpu/info` show live
-//! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`], GPU
-//! figures only: `serve` holds no allocator or health monitor).
+//! NVML figures ([`NvmlStatus`]); `/metrics` serves them to Prometheus ([`Metrics`]) with each
+//! GPU's health as the agent's monitor checkpointed it in `--agent-work-dir` (health, reason,
+//! XIDs by code, ECC counts). `serve` holds no allocator: the allocator's figures (allocated,
+//! free, quarantined GPUs, allocations and refusals by reason) are the module's, served by the
+//! agent itself at `/mesos-gpu/metrics`.
 //!
 //! The node's CDI spec (`--cdi-spec`, as `mesos-gpu cdi generate` writes it) is brought up to
 //! date at start and at each driver poll: rewritten when the driver or the GPUs change, removed
@@ -41,7 +44,8 @@ use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
 use mesos_gpu_docker::status::NvmlStatus;
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::discovery::GpuDriver;
+use mesos_gpu_isolator::health::HealthStore;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
 use mesos_gpu_volume::VolumeManager;
 
@@ -104,6 +108,10 @@ pub(crate) struct Args {
     /// Do not write, update or remove the CDI spec.
     #[arg(long, conflicts_with_all = ["cdi_spec", "cdi_spec_dirs"])]
     no_cdi: bool,
+    /// The mesos-agent `--work_dir` whose GPU health checkpoint (`gpu/health.json`, kept by the
+    /// module's health monitor) `/metrics` reports.
+    #[arg(long, value_name = "DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
+    agent_work_dir: PathBuf,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -193,8 +201,20 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
 
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let status = status_source(lib.as_deref())?;
-    let metrics = metrics_source(lib.as_deref())?;
+    // One NVML session for discovery, `/gpu/status` and `/metrics`; the driver watch opens its
+    // own on each poll, to see a driver that changed underneath.
+    let driver = ctx.shared_driver()?.cloned();
+    let status: Arc<dyn GpuStatusSource> = match &driver {
+        Some(driver) => Arc::new(NvmlStatus::new(Arc::clone(driver), PROC_ROOT)),
+        None => Arc::new(NoStatus),
+    };
+    let health = Arc::new(HealthStore::at(&args.agent_work_dir));
+    let metrics = driver.map(|driver| {
+        Arc::new(Metrics::new(
+            Arc::new(NvmlFigures::new(driver).with_health(health)),
+            metrics::DEFAULT_CACHE,
+        ))
+    });
     runtime.block_on(async {
         recover_docker_holders(ctx, args, &host).await;
         let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
@@ -234,32 +254,6 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Live figures from a second NVML session of the same library (the first belongs to `ctx`);
-/// nothing live without a driver.
-fn status_source(lib: Option<&Path>) -> anyhow::Result<Arc<dyn GpuStatusSource>> {
-    let Some(lib) = lib else {
-        return Ok(Arc::new(NoStatus));
-    };
-    match GpuDriver::open(Some(lib)).context("cannot open NVML for GPU status")? {
-        Discovery::Driver(driver) => Ok(Arc::new(NvmlStatus::new(Arc::new(*driver), PROC_ROOT))),
-        Discovery::NoDriver(_) => Ok(Arc::new(NoStatus)),
-    }
-}
-
-/// `/metrics` from its own NVML session of the same library; none without a driver.
-fn metrics_source(lib: Option<&Path>) -> anyhow::Result<Option<Arc<Metrics>>> {
-    let Some(lib) = lib else {
-        return Ok(None);
-    };
-    match GpuDriver::open(Some(lib)).context("cannot open NVML for metrics")? {
-        Discovery::Driver(driver) => Ok(Some(Arc::new(Metrics::new(
-            Arc::new(NvmlFigures::new(Arc::new(*driver))),
-            metrics::DEFAULT_CACHE,
-        )))),
-        Discovery::NoDriver(_) => Ok(None),
-    }
 }
 
 /// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome

@@ -86,11 +86,13 @@ enum Command {
     /// Record HOLDER (a container id) as using the volume.
     Acquire {
         /// The container id.
+        #[arg(value_parser = parse_holder)]
         holder: String,
     },
     /// Remove HOLDER's use of the volume.
     Release {
         /// The container id.
+        #[arg(value_parser = parse_holder)]
         holder: String,
     },
 }
@@ -277,6 +279,13 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A holder (container id) of the right form, checked by clap: a wrong one is a usage error.
+fn parse_holder(value: &str) -> Result<String, String> {
+    mesos_gpu_volume::volume::check_holder(value)
+        .map(|()| value.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 /// Warns when the volume sits on a `noexec` mount, where containers cannot run its binaries.
 fn warn_if_noexec(volume: &std::path::Path) {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
@@ -291,15 +300,12 @@ fn warn_if_noexec(volume: &std::path::Path) {
     }
 }
 
-fn cache_path(args: &Args) -> PathBuf {
-    args.cache.clone().unwrap_or_else(|| {
-        args.driver_root
-            .join(mesos_gpu_volume::ldcache::DEFAULT_CACHE)
-    })
-}
-
+/// `--cache` (a host path), else `<driver-root>/etc/ld.so.cache` resolved inside the driver root.
 fn load_cache(args: &Args) -> anyhow::Result<LdCache> {
-    Ok(LdCache::read(&cache_path(args))?)
+    Ok(match &args.cache {
+        Some(path) => LdCache::read(path)?,
+        None => LdCache::load(&args.driver_root)?,
+    })
 }
 
 /// `--driver-version`, else the newest `libnvidia-ml.so.<version>` in the cache.
@@ -349,7 +355,7 @@ fn plan_text(plan: &VolumePlan) -> String {
         plan.links.len(),
         plan.skipped.len()
     );
-    if plan.library_count() == 0 {
+    if plan.driver_library_count() == 0 {
         s.push_str("warning: no library of this driver version was found; `create` will refuse this plan\n");
     }
     let files: Vec<Vec<String>> = plan

@@ -140,6 +140,42 @@ async fn post(socket: &Path, path: &str, body: &str) -> String {
 }
 
 #[tokio::test]
+async fn issue_14_an_oversized_plugin_body_is_refused_before_it_is_read() {
+    let server = start().await;
+    let stream = UnixStream::connect(&server.socket).await.expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    // Announces 300 MB and sends 4 MiB of it: the answer must come without the rest.
+    let head =
+        "POST /VolumeDriver.Get HTTP/1.1\r\nHost: plugin\r\nContent-Length: 300000000\r\n\r\n";
+    write.write_all(head.as_bytes()).await.expect("write");
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..64 {
+            if write.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        write
+    });
+    let mut out = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), read.read(&mut out))
+        .await
+        .expect("answered before the whole body")
+        .expect("read");
+    let reply = String::from_utf8_lossy(&out[..n]);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(
+        reply.contains(r#"{"Err":"request body larger than 65536 bytes"}"#),
+        "{reply}"
+    );
+    drop(writer.await.expect("writer"));
+    // The server still answers normal requests.
+    let reply = post(&server.socket, "/Plugin.Activate", "").await;
+    assert!(reply.contains("VolumeDriver"), "{reply}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn serves_rest_and_plugin_then_removes_the_socket() {
     let server = start().await;
     let reply = get(server.addr, "/v1.0/docker/cli?dev=1").await;

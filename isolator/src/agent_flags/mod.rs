@@ -77,7 +77,7 @@ pub enum AgentFlagsError {
         /// The `gpus` total.
         gpus: f64,
     },
-    /// Rule 5: fractional.
+    /// Rule 5 (checked first, before rules 3 and 4): fractional.
     #[error("gpus:{gpus}: the 'gpus' resource must be a non-negative whole number")]
     NotWholeNumber {
         /// The `gpus` total.
@@ -251,6 +251,13 @@ impl AgentGpuFlags {
                 &advertised,
             );
         }
+        // Rule 5's whole-number check comes first: a fractional count is wrong whatever else is
+        // (Mesos would first ask for --nvidia_gpu_devices, then refuse the count).
+        if let Some(g) = given
+            && g.total.fract() != 0.0
+        {
+            return Err(AgentFlagsError::NotWholeNumber { gpus: g.total });
+        }
         match (given, &self.devices) {
             // Rule 3.
             (Some(g), devices) if g.total == 0.0 => {
@@ -272,9 +279,6 @@ impl AgentGpuFlags {
             // Rule 5.
             (Some(g), Some(devices)) => {
                 let gpus = g.total;
-                if gpus.fract() != 0.0 {
-                    return Err(AgentFlagsError::NotWholeNumber { gpus });
-                }
                 let duplicates = duplicates(devices);
                 if !duplicates.is_empty() {
                     return Err(AgentFlagsError::Duplicates { duplicates });
@@ -474,6 +478,19 @@ mod tests {
     }
 
     #[test]
+    fn issue_14_fractional_gpus_alone_get_the_whole_number_message() {
+        for devices in [None, Some("0")] {
+            let err =
+                resolve("gpu/nvidia", Some("gpus:1.5"), devices, &node(4)).expect_err("fractional");
+            assert_eq!(
+                err.to_string(),
+                "gpus:1.5: the 'gpus' resource must be a non-negative whole number",
+                "{devices:?}"
+            );
+        }
+    }
+
+    #[test]
     fn b_devices_without_the_isolator_fail() {
         let err =
             resolve(DEFAULT_ISOLATION, Some("gpus:1"), Some("0"), &node(4)).expect_err("rule 1");
@@ -586,9 +603,10 @@ mod tests {
             err.to_string()
                 .contains("gpus:1.5: the 'gpus' resource must be a non-negative whole number")
         );
+        // The fraction is reported first, before the missing device list (issue 14).
         let err = resolve(ISO, Some("gpus:0.5"), None, &node(4)).expect_err("no devices");
         assert!(
-            matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
+            matches!(err, AgentFlagsError::NotWholeNumber { .. }),
             "{err}"
         );
     }

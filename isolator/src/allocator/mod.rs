@@ -352,10 +352,8 @@ impl Allocator {
         let bit = self.known_bit(index)?;
         self.unhealthy |= bit;
         let owner = self.owner_of(index);
-        match owner {
-            Some(owner) => tracing::warn!(index, owner, "allocated GPU marked unhealthy"),
-            None => tracing::debug!(index, "GPU marked unhealthy"),
-        }
+        // The health monitor logs the failure once, at WARN; this is the allocator's detail.
+        tracing::debug!(index, owner, "GPU marked unhealthy");
         Ok(owner)
     }
 

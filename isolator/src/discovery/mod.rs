@@ -5,9 +5,11 @@
 //! - NVML is `libnvidia-ml.so.1`, opened with `dlopen` through nvml-wrapper
 //!   (`Nvml::builder().lib_path(..)`); there is no link-time dependency, so a node without the
 //!   driver still runs. It is initialised with `NVML_INIT_FLAG_NO_GPUS`, without which
-//!   `nvmlInit` fails (`NVML_ERROR_GPU_NOT_FOUND`) on a driver that has no GPU. A missing library is `NvmlError::LibloadingError` (its text is the
-//!   `dlerror()` string) and a library without its kernel module gives
-//!   `NVML_ERROR_DRIVER_NOT_LOADED`: both mean "no GPUs here", not an error. Any other failure of
+//!   `nvmlInit` fails (`NVML_ERROR_GPU_NOT_FOUND`) on a driver that has no GPU. When the default
+//!   library is missing (`NvmlError::LibloadingError`, whose text is the `dlerror()` string) or
+//!   present without its kernel module (`NVML_ERROR_DRIVER_NOT_LOADED`), there are no GPUs here,
+//!   which is not an error. A library the caller *named* that cannot be loaded (missing, not a
+//!   shared object) is an error: the operator asked for that file. Any other failure of
 //!   `nvmlInit_v2` means a broken driver and is an error.
 //! - Per GPU: `nvmlDeviceGetHandleByIndex_v2`, `…GetMinorNumber` (the `/dev/nvidia<minor>` node;
 //!   not always the index), `…GetUUID`, `…GetName`, `…GetMemoryInfo_v2`, `…GetPciInfo_v3`,
@@ -40,6 +42,15 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 /// above every Linux minor (20 bits), so it never matches a device node.
 pub const UNKNOWN_MINOR: u32 = u32::MAX;
 
+/// The most GPUs a node may have: the allocator's GPU sets hold indices 0 to
+/// [`GpuSet::MAX_INDEX`](crate::allocator::GpuSet::MAX_INDEX). A node reporting more is refused
+/// before any GPU is read, so no command's cost grows with a count it cannot use.
+pub const MAX_GPUS: u32 = crate::allocator::GpuSet::MAX_INDEX + 1;
+
+/// The minor of `/dev/nvidia-modeset` (`c 195:254`); `/dev/nvidiactl` is 255. GPU minors are
+/// below both (NVIDIA's kernel module numbers GPUs from 0 up).
+pub const FIRST_CONTROL_MINOR: u32 = 254;
+
 /// `NVML_ERROR_GPU_NOT_FOUND`, which nvml-wrapper 0.13 does not name.
 const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;
 
@@ -58,6 +69,15 @@ pub enum DiscoveryError {
         #[source]
         source: NvmlError,
     },
+    /// The NVML library the caller named cannot be loaded.
+    #[error("cannot load the NVML library {lib}")]
+    Load {
+        /// The library path given to dlopen.
+        lib: PathBuf,
+        /// The loader's error.
+        #[source]
+        source: NvmlError,
+    },
     /// A node-wide NVML query failed.
     #[error("NVML cannot report the {what}")]
     System {
@@ -66,6 +86,26 @@ pub enum DiscoveryError {
         /// NVML's error.
         #[source]
         source: NvmlError,
+    },
+    /// NVML reports more GPUs than a node may have.
+    #[error("NVML reports {count} GPUs; mesos-gpu manages at most {max} GPUs per node")]
+    TooManyGpus {
+        /// The count NVML reports.
+        count: u32,
+        /// [`MAX_GPUS`].
+        max: u32,
+    },
+    /// A GPU reports the minor number of an NVIDIA control device, or one above them.
+    #[error("GPU {index} reports minor number {minor}, {why}; GPU minors are 0 to {last}")]
+    ControlMinor {
+        /// NVML index of the GPU.
+        index: u32,
+        /// The minor it reports.
+        minor: u32,
+        /// Whose minor it is.
+        why: &'static str,
+        /// The highest GPU minor.
+        last: u32,
     },
     /// A GPU cannot be enumerated.
     #[error("cannot read the {what} of GPU {index}")]
@@ -126,13 +166,18 @@ impl std::fmt::Debug for GpuDriver {
 
 impl GpuDriver {
     /// Loads NVML from `lib` (default [`DEFAULT_NVML_LIB`]), initialises it and reads the
-    /// inventory. A host without the library or the kernel driver gives
-    /// [`Discovery::NoDriver`], not an error.
+    /// inventory. A host without the default library, or without the kernel driver, gives
+    /// [`Discovery::NoDriver`], not an error; a named `lib` that cannot be loaded is
+    /// [`DiscoveryError::Load`].
     #[tracing::instrument(skip_all, fields(lib = %lib.map_or(Path::new(DEFAULT_NVML_LIB), |p| p).display()))]
     pub fn open(lib: Option<&Path>) -> Result<Discovery, DiscoveryError> {
+        let named = lib.is_some();
         let lib = lib.map_or_else(|| PathBuf::from(DEFAULT_NVML_LIB), Path::to_path_buf);
         let nvml = match init(&lib) {
             Ok(nvml) => nvml,
+            Err(err @ NvmlError::LibloadingError(_)) if named => {
+                return Err(DiscoveryError::Load { lib, source: err });
+            }
             Err(err) => {
                 let Some(reason) = absent_reason(&lib, &err) else {
                     return Err(DiscoveryError::Init { lib, source: err });
@@ -172,6 +217,14 @@ impl GpuDriver {
     /// The library path NVML was loaded from.
     pub fn lib_path(&self) -> &Path {
         &self.lib
+    }
+
+    /// True when NVML answers `NVML_ERROR_GPU_IS_LOST` for the GPU with NVML index `index` now.
+    pub fn reports_lost(&self, index: u32) -> bool {
+        matches!(
+            self.nvml.device_by_index(index).and_then(|d| d.uuid()),
+            Err(NvmlError::GpuLost)
+        )
     }
 
     /// The CPUs closest to the GPU at `position` in [`Inventory::gpus`], when NVML knows them.
@@ -234,6 +287,12 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
             what: "GPU count",
             source,
         })?;
+    if count > MAX_GPUS {
+        return Err(DiscoveryError::TooManyGpus {
+            count,
+            max: MAX_GPUS,
+        });
+    }
     let mut gpus = Vec::new();
     let mut affinities = Vec::new();
     let mut devices = Vec::new();
@@ -362,6 +421,18 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
         return Ok((gpu, None, None));
     };
     let minor = r.required("minor number", device.minor_number())?;
+    if let Some(minor) = minor.filter(|&m| m >= FIRST_CONTROL_MINOR) {
+        return Err(DiscoveryError::ControlMinor {
+            index,
+            minor,
+            why: match minor {
+                FIRST_CONTROL_MINOR => "which belongs to /dev/nvidia-modeset",
+                255 => "which belongs to /dev/nvidiactl",
+                _ => "which NVIDIA's driver never gives a GPU",
+            },
+            last: FIRST_CONTROL_MINOR - 1,
+        });
+    }
     let uuid = r.required("UUID", device.uuid())?;
     let name = r.required("name", device.name())?;
     let pci_bus_id = r.required("PCI info", device.pci_info())?.map(|p| p.bus_id);
@@ -412,33 +483,106 @@ fn cpus_of_mask(mask: &[c_ulong]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mesos_gpu_testkit::nvml_sim::SimNode;
 
     #[test]
-    fn missing_library_is_no_driver_with_the_dlerror_text() {
-        let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
-        let Discovery::NoDriver(inv) = GpuDriver::open(Some(lib)).expect("not an error") else {
-            panic!("a missing library must not give a driver");
-        };
-        assert_eq!(
-            inv.absent_reason.as_deref(),
-            Some(
-                "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object file: \
-                 No such file or directory"
-            )
-        );
-        assert!(inv.gpus.is_empty() && inv.driver.is_none());
+    fn issue_14_a_named_library_that_cannot_be_loaded_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let garbage = dir.path().join("libnvidia-ml.so.1");
+        std::fs::write(&garbage, b"not an ELF file").expect("write");
+        for lib in [
+            Path::new("/nonexistent/libnvidia-ml.so.1"),
+            Path::new("/etc/passwd"),
+            garbage.as_path(),
+        ] {
+            match GpuDriver::open(Some(lib)) {
+                Err(err @ DiscoveryError::Load { .. }) => assert_eq!(
+                    err.to_string(),
+                    format!("cannot load the NVML library {}", lib.display())
+                ),
+                other => panic!("{}: {other:?}", lib.display()),
+            }
+        }
+    }
+
+    /// A shipped node with `edit` applied to its description, served by nvml-sim.
+    fn sim_node(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> SimNode {
+        let (_, text) = nvml_sim::TOPOLOGIES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("shipped topology");
+        let mut spec: serde_json::Value = serde_json::from_str(text).expect("shipped JSON");
+        edit(&mut spec);
+        SimNode::from_json(&spec.to_string())
     }
 
     #[test]
-    fn not_a_library_is_no_driver() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let lib = dir.path().join("libnvidia-ml.so.1");
-        std::fs::write(&lib, b"not an ELF file").expect("write");
-        let found = GpuDriver::open(Some(&lib)).expect("not an error");
-        let reason = found.inventory().absent_reason.clone().expect("reason");
+    fn issue_14_a_gpu_with_a_control_minor_is_refused() {
+        for (minor, why) in [
+            (255, "which belongs to /dev/nvidiactl"),
+            (254, "which belongs to /dev/nvidia-modeset"),
+            (4096, "which NVIDIA's driver never gives a GPU"),
+        ] {
+            let node = sim_node("pcie-t4x4", |spec| spec["gpus"][2]["minor"] = minor.into());
+            let err = GpuDriver::open(Some(&node.lib_path())).expect_err("refused");
+            assert_eq!(
+                err.to_string(),
+                format!("GPU 2 reports minor number {minor}, {why}; GPU minors are 0 to 253")
+            );
+        }
+        let node = sim_node("pcie-t4x4", |spec| spec["gpus"][2]["minor"] = 253.into());
         assert!(
-            reason.starts_with("NVIDIA driver not found: ") && reason.contains("libnvidia-ml.so.1"),
-            "{reason}"
+            GpuDriver::open(Some(&node.lib_path())).is_ok(),
+            "253 is a GPU's"
+        );
+    }
+
+    #[test]
+    fn issue_14_a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
+        let node_of = |count: u32| {
+            sim_node("pcie-t4x4", |spec| {
+                let template = spec["gpus"][0].clone();
+                let gpus: Vec<serde_json::Value> = (0..count)
+                    .map(|i| {
+                        let mut gpu = template.clone();
+                        gpu["index"] = i.into();
+                        gpu["minor"] = i.into();
+                        gpu["uuid"] = format!("GPU-{i:08x}-0000-4000-8000-000000000000").into();
+                        gpu["pci"]["bus_id"] = format!("00000000:{:02X}:00.0", i + 1).into();
+                        gpu["serial"] = format!("{}", 1_000_000 + i).into();
+                        gpu
+                    })
+                    .collect();
+                spec["gpus"] = gpus.into();
+            })
+        };
+        let node = node_of(MAX_GPUS + 1);
+        let err = GpuDriver::open(Some(&node.lib_path())).expect_err("refused");
+        assert!(
+            matches!(err, DiscoveryError::TooManyGpus { count: 65, max: 64 }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "NVML reports 65 GPUs; mesos-gpu manages at most 64 GPUs per node"
+        );
+        let node = node_of(MAX_GPUS);
+        let found = GpuDriver::open(Some(&node.lib_path())).expect("64 GPUs are a node");
+        assert_eq!(found.inventory().gpus.len(), 64);
+    }
+
+    #[test]
+    fn missing_default_library_is_no_driver_with_the_dlerror_text() {
+        // The loader's error for a library that is not there, as for the default one.
+        let lib = Path::new("/nonexistent/libnvidia-ml.so.1");
+        let Err(err) = init(lib) else {
+            panic!("{} loaded", lib.display());
+        };
+        let reason = absent_reason(lib, &err).expect("absent");
+        assert_eq!(
+            reason,
+            "NVIDIA driver not found: /nonexistent/libnvidia-ml.so.1: cannot open shared object \
+             file: No such file or directory"
         );
     }
 

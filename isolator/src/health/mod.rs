@@ -23,7 +23,7 @@ use std::path::PathBuf;
 pub use monitor::{ChangeCallback, HealthMonitor, LoopStats, MonitorConfig};
 pub use policy::{DEFAULT_IGNORED_XIDS, HealthPolicy, PolicyError};
 pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState};
-pub use store::{HealthStore, StoreLock};
+pub use store::{ANSWER_TTL, HealthStore, RequestAnswer, StoreLock};
 pub use watch::{Limitation, Limitations, apply_to_allocator};
 pub use xid::xid_meaning;
 
@@ -37,6 +37,15 @@ pub enum HealthError {
         gpu: String,
         /// The node's GPUs, `index uuid` each.
         known: String,
+    },
+    /// The operator asked to mark healthy a GPU that NVML still reports lost.
+    #[error(
+        "GPU {gpu} is still lost: NVML answers NVML_ERROR_GPU_IS_LOST; reset it (nvidia-smi -r) \
+         or reboot the node, then mark it healthy"
+    )]
+    StillLost {
+        /// The GPU as given.
+        gpu: String,
     },
     /// Text that names no GPU.
     #[error(

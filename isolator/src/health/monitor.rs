@@ -37,7 +37,7 @@ use super::policy::HealthPolicy;
 use super::state::{
     Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState,
 };
-use super::store::{HealthStore, StoreLock};
+use super::store::{HealthStore, RequestAnswer, StoreLock};
 use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
@@ -93,7 +93,13 @@ pub struct LoopStats {
 }
 
 struct Shared {
+    driver: Arc<GpuDriver>,
     state: Mutex<HealthState>,
+    /// Held from a change of `state` until its publication, by every path that changes and
+    /// publishes: subscribers (the allocator) then see changes in the order `state` took them.
+    /// Without it an operator's "healthy" and an event's "failed" for the same GPU could reach
+    /// the allocator in the other order than the state took them, leaving the two disagreeing.
+    order: Mutex<()>,
     policy: HealthPolicy,
     callbacks: Mutex<Vec<ChangeCallback>>,
     channels: Mutex<Vec<mpsc::Sender<HealthChange>>>,
@@ -161,7 +167,9 @@ impl HealthMonitor {
             None => Vec::new(),
         };
         let shared = Arc::new(Shared {
+            driver: Arc::clone(&driver),
             state: Mutex::new(state),
+            order: Mutex::new(()),
             policy: config.policy.clone(),
             callbacks: Mutex::new(callbacks),
             channels: Mutex::new(Vec::new()),
@@ -173,13 +181,16 @@ impl HealthMonitor {
             loop_failures: AtomicU64::new(0),
         });
         publish(&shared, restored);
+        // Written at every start, so a work directory with a monitor always has a checkpoint and
+        // one without (a wrong `--work-dir`) can be told apart.
+        save(&shared);
         let quiet_period = config.quiet_period;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("gpu-health".to_owned())
             .spawn(move || run(&driver, &thread_shared, &config))
             .map_err(|source| HealthError::Thread { source })?;
-        tracing::info!(policy = %shared.policy, quiet_period = ?quiet_period, "GPU health monitor started");
+        tracing::info!(policy = %shared.policy.describe(), quiet_period = ?quiet_period, "GPU health monitor started");
         Ok(HealthMonitor {
             shared,
             thread: Some(thread),
@@ -217,9 +228,11 @@ impl HealthMonitor {
     }
 
     /// The operator's word: `gpu` is healthy again. Subscribers hear of it and the checkpoint
-    /// is updated. `Ok(None)` when it already was healthy.
+    /// is updated. `Ok(None)` when it already was healthy; refused while NVML still reports the
+    /// GPU lost.
     pub fn mark_healthy(&self, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
-        let change = lock(&self.shared.state).mark_healthy(gpu)?;
+        let _order = lock(&self.shared.order);
+        let change = mark(&self.shared, gpu)?;
         if let Some(change) = &change {
             publish(&self.shared, vec![change.clone()]);
         }
@@ -448,6 +461,7 @@ fn registration_failed(shared: &Shared, gpu: &Gpu, error: &NvmlError) {
             error: other.to_string(),
         },
     };
+    let _order = lock(&shared.order);
     let change = lock(&shared.state).record(gpu.index, failure, now_ms());
     publish(shared, change.into_iter().collect());
 }
@@ -466,6 +480,7 @@ fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
             return;
         }
     };
+    let _order = lock(&shared.order);
     let now = now_ms();
     let mut changes = Vec::new();
     let mut state = lock(&shared.state);
@@ -502,6 +517,7 @@ fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
 
 /// Asks every GPU not yet known lost whether it answers; marks those that say `GPU_IS_LOST`.
 fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
+    let _order = lock(&shared.order);
     let known_lost = |index: u32| {
         lock(&shared.state)
             .get(index)
@@ -535,19 +551,52 @@ fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
     }
 }
 
-/// Quiet periods and operator requests.
+/// Marks `gpu` healthy in the state, unless NVML still answers `GPU_IS_LOST` for it (it would
+/// be handed out and fail at once).
+fn mark(shared: &Shared, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
+    let index = lock(&shared.state).index_of(gpu)?;
+    if shared.driver.reports_lost(index) {
+        return Err(HealthError::StillLost {
+            gpu: gpu.to_string(),
+        });
+    }
+    lock(&shared.state).mark_healthy(gpu)
+}
+
+/// Quiet periods and operator requests. A request is answered only after the checkpoint holds
+/// its effect, so the requester never reads the state from before it.
 fn housekeeping(shared: &Shared) {
+    let _order = lock(&shared.order);
     let mut changes = lock(&shared.state).expire(now_ms());
+    let mut answers = Vec::new();
     if let Some(store) = &shared.store {
-        for gpu in store.take_requests() {
-            match lock(&shared.state).mark_healthy(&gpu) {
+        for request in store.take_requests() {
+            let gpu = &request.gpu;
+            let answer = match mark(shared, gpu) {
                 Ok(change) => {
                     tracing::info!(%gpu, "operator marked GPU healthy");
+                    let message = match &change {
+                        Some(c) => format!("GPU {} ({}) marked healthy", c.index, c.uuid),
+                        None => format!("GPU {gpu} is already healthy"),
+                    };
                     changes.extend(change);
+                    RequestAnswer { ok: true, message }
                 }
-                Err(error) => tracing::warn!(%gpu, %error, "cannot mark GPU healthy"),
-            }
+                Err(error) => {
+                    tracing::warn!(%gpu, %error, "cannot mark GPU healthy");
+                    RequestAnswer {
+                        ok: false,
+                        message: error.to_string(),
+                    }
+                }
+            };
+            answers.push((request, answer));
         }
     }
     publish(shared, changes);
+    if let Some(store) = &shared.store {
+        for (request, answer) in answers {
+            store.answer(request, &answer);
+        }
+    }
 }

@@ -62,6 +62,21 @@ impl HealthPolicy {
         HealthPolicy::default()
     }
 
+    /// What the policy checks, for logs: the specification, or for the default (an empty
+    /// specification) the words that say so.
+    pub fn describe(&self) -> String {
+        let spec = self.to_string();
+        if spec.is_empty() {
+            let ignored: Vec<String> = DEFAULT_IGNORED_XIDS.iter().map(u64::to_string).collect();
+            format!(
+                "default (every XID but {}, double-bit ECC errors, lost GPUs)",
+                ignored.join(", ")
+            )
+        } else {
+            spec
+        }
+    }
+
     /// Parses a comma-separated list, case-insensitive, blanks ignored (`""` is the default):
     /// `all` (or `xids`) switches every check off; `94` or `-94` ignores XID 94; `+31` counts
     /// XID 31 although it is ignored by default; `+all` counts every XID. Explicit `+N` wins
@@ -154,6 +169,15 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn issue_14_the_default_policy_is_described_not_blank() {
+        assert_eq!(
+            HealthPolicy::new().describe(),
+            "default (every XID but 13, 31, 43, 45, 68, 109, double-bit ECC errors, lost GPUs)"
+        );
+        assert_eq!(HealthPolicy::parse("-94").unwrap().describe(), "-94");
+    }
 
     #[test]
     fn default_ignores_application_xids_only() {

@@ -275,6 +275,11 @@ impl HealthState {
         self.gpus.iter().find(|g| g.index == index)
     }
 
+    /// The NVML index of `gpu`, a GPU of this node.
+    pub fn index_of(&mut self, gpu: &GpuRef) -> Result<u32, HealthError> {
+        self.find(gpu).map(|g| g.index)
+    }
+
     fn find(&mut self, gpu: &GpuRef) -> Result<&mut GpuRecord, HealthError> {
         let known = self
             .gpus

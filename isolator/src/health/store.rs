@@ -6,11 +6,15 @@
 //! - `health.lock`: a running [`super::HealthMonitor`] holds an exclusive `flock(2)` on it (std's
 //!   `File::try_lock`), released by the kernel when the process dies, so a crashed agent never
 //!   leaves a stale lock;
-//! - `health-requests/`: one file per operator request (`mark-healthy` of a GPU), written to a
-//!   temp name and renamed in, taken and removed by the running monitor.
+//! - `health-requests/`: one file per operator request (`mark-healthy-<id>`, naming a GPU),
+//!   written to a temp name and renamed in. The running monitor acts on it, checkpoints, leaves
+//!   its answer in `done-<id>` and only then removes the request: whoever sees the request gone
+//!   finds the checkpoint already saved and the answer waiting. Answers nobody collected are
+//!   removed after [`ANSWER_TTL`].
 //!
 //! With no monitor running (lock free), the CLI edits `health.json` directly while holding the
-//! lock; the next monitor reads it at start.
+//! lock; the next monitor reads it at start. Reading (`load`, `monitor_running`) never creates or
+//! changes a file.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
@@ -24,11 +28,32 @@ const CHECKPOINT: &str = "health.json";
 const LOCK: &str = "health.lock";
 const REQUESTS: &str = "health-requests";
 const MARK_HEALTHY: &str = "mark-healthy-";
+const ANSWER: &str = "done-";
+
+/// How long an answer waits for the command that asked; then the monitor removes it.
+pub const ANSWER_TTL: Duration = Duration::from_secs(600);
 
 /// The health files of one agent work directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthStore {
     dir: PathBuf,
+}
+
+/// An operator request taken by the running monitor, answered with [`HealthStore::answer`].
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// The GPU to mark healthy.
+    pub(crate) gpu: GpuRef,
+    path: PathBuf,
+}
+
+/// The running monitor's answer to a `mark-healthy` request.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RequestAnswer {
+    /// True when the GPU is healthy now (marked, or already healthy).
+    pub ok: bool,
+    /// What was done, or why not.
+    pub message: String,
 }
 
 /// Proof that this process owns the health state; dropping it releases the lock.
@@ -95,6 +120,23 @@ impl HealthStore {
             .map_err(io_err("fsync", &self.dir))
     }
 
+    /// True when a monitor holds the lock. Creates nothing: a missing lock file means no monitor
+    /// has ever run here.
+    pub fn monitor_running(&self) -> Result<bool, HealthError> {
+        let path = self.dir.join(LOCK);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        // A shared lock is refused only while a monitor holds its exclusive one.
+        match file.try_lock_shared() {
+            Ok(()) => Ok(false),
+            Err(fs::TryLockError::WouldBlock) => Ok(true),
+            Err(fs::TryLockError::Error(e)) => Err(io_err("lock", &path)(e)),
+        }
+    }
+
     /// Takes the lock; `None` when another monitor (in this or another process) holds it.
     pub fn try_lock(&self) -> Result<Option<StoreLock>, HealthError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
@@ -144,22 +186,30 @@ impl HealthStore {
         Ok(path)
     }
 
-    /// Takes every pending request, oldest first, removing its file. Unreadable or malformed
-    /// requests are logged and removed.
-    pub(crate) fn take_requests(&self) -> Vec<GpuRef> {
+    /// Every pending request, oldest first. Their files stay until [`Self::answer`]; unreadable
+    /// or malformed ones are logged and removed, and so are answers older than [`ANSWER_TTL`].
+    pub(crate) fn take_requests(&self) -> Vec<Request> {
         let dir = self.dir.join(REQUESTS);
         let Ok(entries) = fs::read_dir(&dir) else {
             return Vec::new();
         };
-        let mut names: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(MARK_HEALTHY))
-            })
-            .collect();
+        let mut names = Vec::new();
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.starts_with(MARK_HEALTHY) {
+                names.push(path);
+            } else if name.starts_with(ANSWER)
+                && entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > ANSWER_TTL))
+            {
+                let _ = fs::remove_file(&path);
+            }
+        }
         names.sort();
         let mut requests = Vec::new();
         for path in names {
@@ -167,16 +217,64 @@ impl HealthStore {
                 .map_err(|e| e.to_string())
                 .and_then(|text| GpuRef::parse(&text).map_err(|e| e.to_string()));
             match parsed {
-                Ok(gpu) => requests.push(gpu),
+                Ok(gpu) => requests.push(Request { gpu, path }),
                 Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "dropping a bad health request")
+                    tracing::warn!(path = %path.display(), %error, "dropping a bad health request");
+                    remove_request(&path);
                 }
-            }
-            if let Err(error) = fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), %error, "cannot remove a health request");
             }
         }
         requests
+    }
+
+    /// Leaves `answer` for the command that made `request`, then removes the request. Call it
+    /// after the checkpoint holds the request's effect.
+    pub(crate) fn answer(&self, request: Request, answer: &RequestAnswer) {
+        let answer_path = answer_path(&request.path);
+        let tmp = answer_path.with_extension("tmp");
+        let written = serde_json::to_vec(answer)
+            .map_err(io::Error::other)
+            .and_then(|bytes| fs::write(&tmp, bytes))
+            .and_then(|()| fs::rename(&tmp, &answer_path));
+        if let Err(error) = written {
+            tracing::warn!(path = %answer_path.display(), %error, "cannot answer a health request");
+        }
+        remove_request(&request.path);
+    }
+
+    /// The running monitor's answer to `request` (a path from [`Self::request_mark_healthy`]),
+    /// once the request is gone; `None` while it is pending, or when a monitor older than answer
+    /// files took it. The answer file is removed.
+    pub fn take_answer(&self, request: &Path) -> Result<Option<RequestAnswer>, HealthError> {
+        if request.exists() {
+            return Ok(None);
+        }
+        let path = answer_path(request);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("read", &path)(e)),
+        };
+        let _ = fs::remove_file(&path);
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| HealthError::CheckpointParse { path, source })
+    }
+}
+
+/// `…/health-requests/done-<id>` for `…/health-requests/mark-healthy-<id>`.
+fn answer_path(request: &Path) -> PathBuf {
+    let name = request
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix(MARK_HEALTHY))
+        .unwrap_or_default();
+    request.with_file_name(format!("{ANSWER}{name}"))
+}
+
+fn remove_request(path: &Path) {
+    if let Err(error) = fs::remove_file(path) {
+        tracing::warn!(path = %path.display(), %error, "cannot remove a health request");
     }
 }
 
@@ -203,15 +301,40 @@ mod tests {
             .unwrap();
         fs::write(a.with_file_name("mark-healthy-zzz"), "nonsense").unwrap();
         let taken = store.take_requests();
+        let gpus: Vec<&GpuRef> = taken.iter().map(|r| &r.gpu).collect();
         assert_eq!(
-            taken,
-            [GpuRef::Index(3), GpuRef::Uuid("GPU-abc".to_owned())]
+            gpus,
+            [&GpuRef::Index(3), &GpuRef::Uuid("GPU-abc".to_owned())]
         );
+        assert!(a.exists(), "a request stays until it is answered");
+        assert!(store.take_answer(&a).unwrap().is_none(), "still pending");
+        let answer = RequestAnswer {
+            ok: true,
+            message: "GPU 3 marked healthy".into(),
+        };
+        for request in taken {
+            store.answer(request, &answer);
+        }
         assert!(!a.exists() && store.take_requests().is_empty());
+        assert_eq!(store.take_answer(&a).unwrap(), Some(answer));
+        assert!(store.take_answer(&a).unwrap().is_none(), "taken once");
 
         fs::write(store.checkpoint_path(), "{").unwrap();
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("health.json"), "{err}");
+    }
+
+    #[test]
+    fn issue_14_reading_creates_nothing() {
+        let work = tempfile::tempdir().unwrap();
+        let store = HealthStore::at(work.path());
+        assert!(!store.monitor_running().unwrap());
+        assert!(store.load().unwrap().is_none());
+        assert!(!work.path().join("gpu").exists(), "nothing created");
+        let held = store.try_lock().unwrap().unwrap();
+        assert!(store.monitor_running().unwrap());
+        drop(held);
+        assert!(!store.monitor_running().unwrap());
     }
 
     #[test]

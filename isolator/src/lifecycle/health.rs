@@ -175,7 +175,8 @@ fn on_change(state: &Mutex<State>, limitations: &Limitations, change: &HealthCha
         return;
     };
     if let Some(limitation) = apply(&mut state, change) {
-        tracing::warn!(container = %limitation.container, "{}", limitation.message);
+        // The monitor logged the failure at WARN; this says which container pays for it.
+        tracing::info!(container = %limitation.container, gpu = change.index, "container limited: its GPU failed");
         limitations.resolve(limitation);
     }
 }

@@ -131,6 +131,15 @@ impl Isolator {
         }
     }
 
+    /// Runs `read` on the allocator under the isolator's lock: its counters and fragmentation,
+    /// for metrics. `read` must be quick; every call of the isolator waits for it.
+    pub fn inspect_allocator<R>(
+        &self,
+        read: impl FnOnce(&crate::allocator::Allocator) -> R,
+    ) -> Result<R, LifecycleError> {
+        Ok(read(&self.lock()?.allocator))
+    }
+
     /// Who holds which GPUs now.
     pub fn allocations(&self) -> Result<Allocations, LifecycleError> {
         let state = self.lock()?;

@@ -123,6 +123,11 @@ impl Agent {
         Ok((waited?, agent.log()))
     }
 
+    /// The agent's HTTP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The agent's work directory.
     pub fn work_dir(&self) -> PathBuf {
         self.dir.path().join("work")

@@ -53,6 +53,11 @@ impl Master {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The master's HTTP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The master's log.
     pub fn log(&self) -> String {
         read_lossy(&self.dir.path().join("master.log"))
@@ -68,11 +73,31 @@ impl Drop for Master {
 
 /// A minimal HTTP/1.0 GET on 127.0.0.1; the body on a 2xx answer.
 pub fn http_get(port: u16, path: &str) -> MesosResult<String> {
+    http(
+        port,
+        &format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"),
+    )
+}
+
+/// A minimal HTTP/1.0 POST of a JSON `body` on 127.0.0.1 (e.g. the master's `/api/v1`); the
+/// answer's body on a 2xx answer.
+pub fn http_post_json(port: u16, path: &str, body: &str) -> MesosResult<String> {
+    http(
+        port,
+        &format!(
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+fn http(port: u16, request: &str) -> MesosResult<String> {
     use std::io::Write as _;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(|e| e.to_string())?;
+    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
     let mut reply = String::new();
     s.read_to_string(&mut reply).map_err(|e| e.to_string())?;
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));

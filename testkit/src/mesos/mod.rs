@@ -37,7 +37,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub use agent::{Agent, AgentCgroups, AgentSpec};
-pub use master::{Master, http_get};
+pub use master::{Master, http_get, http_post_json};
 pub use module::build_module;
 pub use probe::{DevNodes, ProbeReport, build_probe};
 pub use task::Task;

@@ -28,6 +28,26 @@ impl Task {
         resources: &str,
         command: &str,
     ) -> MesosResult<Task> {
+        Task::launch_with(
+            install,
+            master,
+            name,
+            resources,
+            command,
+            &["--framework_capabilities=GPU_RESOURCES", "--checkpoint"],
+        )
+    }
+
+    /// Launches task `name` as [`Task::launch`] through a framework set up by `framework`
+    /// (`mesos-execute` flags such as `--role=batch`; no capability unless named there).
+    pub fn launch_with(
+        install: &MesosInstall,
+        master: &Master,
+        name: &str,
+        resources: &str,
+        command: &str,
+        framework: &[&str],
+    ) -> MesosResult<Task> {
         let dir = tempfile::Builder::new()
             .prefix("mgpu-mesos-task")
             .tempdir()
@@ -37,8 +57,7 @@ impl Task {
             Command::new(install.bin("mesos-execute"))
                 .arg(format!("--master={}", master.address()))
                 .arg(format!("--name={name}"))
-                .arg("--framework_capabilities=GPU_RESOURCES")
-                .arg("--checkpoint")
+                .args(framework)
                 .arg(format!("--resources={resources}"))
                 .arg(format!("--command={command}")),
             &out,

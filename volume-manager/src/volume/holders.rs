@@ -20,8 +20,8 @@ pub(crate) fn refs_dir(root: &Path, version: &DriverVersion) -> PathBuf {
     root.join(REFS_DIR).join(version.volume_name())
 }
 
-/// A holder name is a container id: 1–255 of `A-Z a-z 0-9 . _ : @ -`, not starting with `.`.
-pub(crate) fn check_holder(holder: &str) -> Result<(), VolumeError> {
+/// Checks a holder name: a container id, 1–255 of `A-Z a-z 0-9 . _ : @ -`, not starting with `.`.
+pub fn check_holder(holder: &str) -> Result<(), VolumeError> {
     let ok = !holder.is_empty()
         && holder.len() <= 255
         && !holder.starts_with('.')

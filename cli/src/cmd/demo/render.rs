@@ -418,16 +418,17 @@ fn launch_lines(
             }
         }
         Launch::Docker { docker_args } => {
-            let mut words: Vec<String> = Vec::new();
-            for arg in docker_args {
-                words.extend(split_long(&style.short(arg), WIDTH - DETAIL - 11));
-            }
+            // Wrapped between arguments, never inside one, with shell continuations: the lines
+            // paste as one command. An argument longer than a line gets a line of its own.
+            let mut words: Vec<String> = docker_args.iter().map(|a| style.short(a)).collect();
             words.push(task.image.clone().unwrap_or_default());
-            for (n, line) in pack(&words, WIDTH - DETAIL - 11).iter().enumerate() {
+            let lines = pack(&words, WIDTH - DETAIL - 11 - 2);
+            for (n, line) in lines.iter().enumerate() {
                 writeln!(
                     out,
-                    "{pad}{}{line}",
-                    if n == 0 { "docker run " } else { "           " }
+                    "{pad}{}{line}{}",
+                    if n == 0 { "docker run " } else { "           " },
+                    if n + 1 < lines.len() { " \\" } else { "" }
                 )?;
             }
         }
@@ -644,24 +645,6 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     )
 }
 
-/// An argument longer than `width` cut after `,`, `:` and `=` (UUID lists, `PATH`), so each
-/// piece fits.
-fn split_long(arg: &str, width: usize) -> Vec<String> {
-    if arg.chars().count() <= width {
-        return vec![arg.to_owned()];
-    }
-    let mut pieces: Vec<String> = Vec::new();
-    let mut piece = String::new();
-    for part in arg.split_inclusive([',', ':', '=']) {
-        if !piece.is_empty() && piece.chars().count() + part.chars().count() > width {
-            pieces.push(std::mem::take(&mut piece));
-        }
-        piece.push_str(part);
-    }
-    pieces.push(piece);
-    pieces
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,9 +656,8 @@ mod tests {
             .map(str::to_owned)
             .collect();
         assert_eq!(pack(&words, 7), ["a bb", "ccc", "dddd", "eeeee"]);
-        let long = "--env=X=GPU-aaaaaaaa,GPU-bbbbbbbb,GPU-cccccccc";
-        let pieces = split_long(long, 22);
-        assert_eq!(pieces.concat(), long);
-        assert!(pieces.iter().all(|p| p.len() <= 22), "{pieces:?}");
+        let long = "--env=X=GPU-aaaaaaaa,GPU-bbbbbbbb,GPU-cccccccc".to_owned();
+        let words = ["-a".to_owned(), long.clone(), "img".to_owned()];
+        assert_eq!(pack(&words, 22), ["-a", long.as_str(), "img"], "never cut");
     }
 }

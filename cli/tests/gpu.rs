@@ -1,0 +1,235 @@
+//! `mesos-gpu gpu health` and `gpu mark-healthy` run as processes on work directories with and
+//! without a checkpoint, with simulated nodes (one with a lost GPU), and against a stand-in for
+//! a running monitor that answers requests as the module's monitor does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn mesos_gpu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env_remove("MESOS_GPU_WORK_DIR")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .expect("run mesos-gpu")
+}
+
+fn dgx1() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap()
+}
+
+/// A checkpoint of the DGX-1's 8 GPUs, GPU 3 failed by XID 79.
+fn write_checkpoint(work: &Path) {
+    let gpus: Vec<Value> = dgx1()["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let health = if g["index"] == 3 {
+                json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
+                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
+            } else {
+                json!({"state": "healthy"})
+            };
+            json!({"index": g["index"], "uuid": g["uuid"], "xids": {}, "ecc_single_bit": 0,
+                   "ecc_double_bit": 0, "health": health})
+        })
+        .collect();
+    std::fs::create_dir_all(work.join("gpu")).unwrap();
+    std::fs::write(
+        work.join("gpu/health.json"),
+        json!({"version": 1, "gpus": gpus}).to_string(),
+    )
+    .unwrap();
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn issue_14_gpu_health_creates_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!work.path().join("gpu").exists(), "gpu/ created");
+    write_checkpoint(work.path());
+    for extra in [None, Some("--json")] {
+        let mut args = vec!["gpu", "health", "--work-dir", dir];
+        args.extend(extra);
+        let out = mesos_gpu(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!work.path().join("gpu/health.lock").exists(), "{args:?}");
+    }
+    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("(no monitor running)"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    // A wrong --work-dir: nothing there, nothing created, exit 1 naming where it looked.
+    let out = mesos_gpu(&["gpu", "mark-healthy", "3", "--work-dir", dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!(
+            "no GPU health checkpoint at {dir}/gpu/health.json and no health monitor running there"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!work.path().join("gpu").exists());
+    // A GPU the node does not have.
+    write_checkpoint(work.path());
+    let before = std::fs::read(work.path().join("gpu/health.json")).unwrap();
+    let out = mesos_gpu(&[
+        "gpu",
+        "mark-healthy",
+        "99",
+        "--work-dir",
+        dir,
+        "--simulate",
+        "dgx1-v100",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let uuid0 = dgx1()["gpus"][0]["uuid"].as_str().unwrap().to_owned();
+    assert!(
+        stderr(&out).contains(&format!(
+            "GPU 99 is not in the health checkpoint {dir}/gpu/health.json (GPUs: 0 {uuid0}, "
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(work.path().join("gpu/health.json")).unwrap(),
+        before
+    );
+}
+
+#[test]
+fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    write_checkpoint(work.path());
+    let mut node = dgx1();
+    node["gpus"][3]["lost"] = json!(true);
+    let file = work.path().join("node.json");
+    std::fs::write(&file, node.to_string()).unwrap();
+    let out = mesos_gpu(&[
+        "gpu",
+        "mark-healthy",
+        "3",
+        "--work-dir",
+        dir,
+        "--simulate",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("GPU 3 is still lost: NVML answers NVML_ERROR_GPU_IS_LOST"),
+        "{}",
+        stderr(&out)
+    );
+    // The same GPU answering again (reset): marked healthy.
+    let out = mesos_gpu(&[
+        "gpu",
+        "mark-healthy",
+        "3",
+        "--work-dir",
+        dir,
+        "--simulate",
+        "dgx1-v100",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("marked healthy"));
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(work.path().join("gpu/health.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["gpus"][3]["health"]["state"], "healthy");
+}
+
+#[test]
+fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    write_checkpoint(work.path());
+    // Stands in for the agent's monitor: holds the lock, answers the request.
+    let lock = std::fs::File::create(work.path().join("gpu/health.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args([
+            "gpu",
+            "mark-healthy",
+            "3",
+            "--wait",
+            "20",
+            "--work-dir",
+            dir,
+        ])
+        .env("MESOS_GPU_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let requests = work.path().join("gpu/health-requests");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let request = loop {
+        let found = std::fs::read_dir(&requests).ok().and_then(|entries| {
+            entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("mark-healthy-")
+            })
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no request appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(std::fs::read_to_string(&request).unwrap(), "3");
+    let id = request
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .strip_prefix("mark-healthy-")
+        .unwrap()
+        .to_owned();
+    std::fs::write(
+        requests.join(format!("done-{id}")),
+        r#"{"ok":false,"message":"GPU 3 is still lost: NVML answers NVML_ERROR_GPU_IS_LOST"}"#,
+    )
+    .unwrap();
+    std::fs::remove_file(&request).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("the running monitor refused: GPU 3 is still lost"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !requests.join(format!("done-{id}")).exists(),
+        "the answer is taken"
+    );
+}
