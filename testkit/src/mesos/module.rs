@@ -15,6 +15,7 @@ pub fn build_module(
     build: &Path,
     extra: &[&str],
 ) -> MesosResult<PathBuf> {
+    discard_foreign_cache(source, build)?;
     let mut configure = Command::new("cmake");
     configure
         .arg("-S")
@@ -35,4 +36,24 @@ pub fn build_module(
     } else {
         Err(format!("cmake built no {}", module.display()))
     }
+}
+
+/// Removes `build` when its `CMakeCache.txt` was made for another source directory (a target
+/// directory copied from another checkout): cmake refuses to configure such a build directory.
+fn discard_foreign_cache(source: &Path, build: &Path) -> MesosResult {
+    let cache = build.join("CMakeCache.txt");
+    let Ok(text) = std::fs::read_to_string(&cache) else {
+        return Ok(());
+    };
+    let source = source
+        .canonicalize()
+        .unwrap_or_else(|_| source.to_path_buf());
+    let made_for = text
+        .lines()
+        .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
+        .map(PathBuf::from);
+    if made_for.as_deref() == Some(source.as_path()) {
+        return Ok(());
+    }
+    std::fs::remove_dir_all(build).map_err(|e| format!("{}: {e}", build.display()))
 }
