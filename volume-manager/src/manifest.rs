@@ -1,5 +1,5 @@
 //! The manifest a volume carries (`<volume>/manifest.json`): every file with its source, size,
-//! mode, mtime and SHA-256, and every symlink with its target. It is written last, before the
+//! mode, mtime and content digest, and every symlink with its target. It is written last, before the
 //! volume is renamed into place, and is what `verify` checks the volume and the host against.
 
 use std::fs::{File, OpenOptions};
@@ -7,15 +7,18 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 use crate::plan::{FileStamp, VolumeDir};
 use crate::version::DriverVersion;
 
 /// The manifest's file name inside a volume.
 pub const MANIFEST_NAME: &str = "manifest.json";
-/// The manifest format this crate writes and reads.
-pub const MANIFEST_FORMAT: u32 = 1;
+/// The manifest format this crate writes: format 2 records BLAKE3 digests.
+pub const MANIFEST_FORMAT: u32 = 2;
+/// The oldest format it still reads: format 1 (SHA-256 digests), written by earlier releases, so
+/// the volumes they built are reused and verified after an upgrade.
+pub const OLDEST_MANIFEST_FORMAT: u32 = 1;
 /// Largest manifest read; a real one is a few tens of KiB.
 const MAX_MANIFEST: u64 = 16 << 20;
 /// Read size when hashing or copying.
@@ -51,7 +54,9 @@ pub enum ManifestError {
         source: serde_json::Error,
     },
     /// It was written by an incompatible version of this crate.
-    #[error("{path} has format {found}; this program reads format {MANIFEST_FORMAT}")]
+    #[error(
+        "{path} has format {found}; this program reads formats {OLDEST_MANIFEST_FORMAT} to {MANIFEST_FORMAT}"
+    )]
     Format {
         /// The manifest path.
         path: PathBuf,
@@ -84,10 +89,97 @@ pub struct ManifestFile {
     pub stamp: FileStamp,
     /// Permission bits.
     pub mode: u32,
-    /// Lower-case hex SHA-256 of the contents.
-    pub sha256: String,
+    /// The digest of the contents.
+    #[serde(flatten)]
+    pub digest: FileDigest,
     /// Link or copy.
     pub method: Method,
+}
+
+/// The digest of a file's contents, as lower-case hex, keyed in the manifest by its algorithm
+/// (`"blake3": "…"`).
+///
+/// BLAKE3 is what this crate writes: hashing is the one cost a copied volume has beyond `cp -a`,
+/// and BLAKE3 (SIMD, one pass) costs a fraction of SHA-256. SHA-256 digests of format 1
+/// manifests are still checked as they are.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileDigest {
+    /// BLAKE3 (256-bit output).
+    Blake3(String),
+    /// SHA-256 (format 1 manifests).
+    Sha256(String),
+}
+
+impl FileDigest {
+    /// The digest of the file at `path` (not following a final symlink) with the same
+    /// algorithm as `self`.
+    pub fn same_kind_of_file(&self, path: &Path) -> io::Result<FileDigest> {
+        let mut file = open_nofollow(path)?;
+        let mut hasher = self.kind().hasher();
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+        }
+        Ok(hasher.finish())
+    }
+
+    /// Which algorithm.
+    pub fn kind(&self) -> DigestKind {
+        match self {
+            FileDigest::Blake3(_) => DigestKind::Blake3,
+            FileDigest::Sha256(_) => DigestKind::Sha256,
+        }
+    }
+}
+
+/// A digest algorithm of [`FileDigest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DigestKind {
+    /// BLAKE3, written by this crate.
+    Blake3,
+    /// SHA-256, read from format 1 manifests.
+    Sha256,
+}
+
+impl DigestKind {
+    /// An incremental hasher of this kind.
+    pub(crate) fn hasher(self) -> Hasher {
+        match self {
+            DigestKind::Blake3 => Hasher::Blake3(Box::new(blake3::Hasher::new())),
+            DigestKind::Sha256 => Hasher::Sha256(Sha256::new()),
+        }
+    }
+}
+
+/// An incremental hasher for a [`FileDigest`].
+pub(crate) enum Hasher {
+    Blake3(Box<blake3::Hasher>),
+    Sha256(Sha256),
+}
+
+impl Hasher {
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Blake3(h) => {
+                h.update(bytes);
+            }
+            Hasher::Sha256(h) => h.update(bytes),
+        }
+    }
+
+    pub(crate) fn finish(self) -> FileDigest {
+        match self {
+            Hasher::Blake3(h) => FileDigest::Blake3(h.finalize().to_hex().to_string()),
+            Hasher::Sha256(h) => FileDigest::Sha256(hex(&h.finalize())),
+        }
+    }
 }
 
 /// One symlink of the volume.
@@ -142,7 +234,7 @@ impl Manifest {
                 path: path.clone(),
                 source,
             })?;
-        if manifest.format != MANIFEST_FORMAT {
+        if !(OLDEST_MANIFEST_FORMAT..=MANIFEST_FORMAT).contains(&manifest.format) {
             return Err(ManifestError::Format {
                 path,
                 found: manifest.format,
@@ -188,19 +280,10 @@ pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// SHA-256 of a file's contents (not following a final symlink), as lower-case hex.
-pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = open_nofollow(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
+/// The BLAKE3 digest of a file's contents (not following a final symlink), as this crate writes
+/// it into manifests.
+pub fn blake3_file(path: &Path) -> io::Result<FileDigest> {
+    FileDigest::Blake3(String::new()).same_kind_of_file(path)
 }
 
 /// Lower-case hex of `bytes`.
@@ -218,13 +301,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sha256_of_known_input() {
+    fn digests_of_known_input() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("abc");
         std::fs::write(&path, b"abc").expect("write");
+        // The BLAKE3 and SHA-256 test vectors for "abc".
         assert_eq!(
-            sha256_file(&path).expect("hash"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            blake3_file(&path).expect("hash"),
+            FileDigest::Blake3(
+                "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85".into()
+            )
+        );
+        assert_eq!(
+            FileDigest::Sha256(String::new())
+                .same_kind_of_file(&path)
+                .expect("hash"),
+            FileDigest::Sha256(
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".into()
+            )
         );
     }
 
@@ -246,7 +340,7 @@ mod tests {
                     mtime_ns: 5,
                 },
                 mode: 0o644,
-                sha256: "00".into(),
+                digest: FileDigest::Blake3("00".into()),
                 method: Method::Copy,
             }],
             links: vec![ManifestLink {

@@ -83,6 +83,10 @@ fn main() -> ExitCode {
             hostile_volume_root_entries_are_not_followed,
         ),
         cc("gc_keeps_what_is_in_use", gc_keeps_what_is_in_use),
+        cc(
+            "issue_15_a_format_1_volume_is_reused_and_verified",
+            a_format_1_volume_is_reused_and_verified,
+        ),
         needs(
             &host,
             &[Need::Cc, Need::Root],
@@ -314,7 +318,7 @@ fn hard_links_on_one_file_system() -> Result<(), Failed> {
         || format!("{manifest}"),
     )?;
     ensure(
-        manifest["files"][0]["sha256"]
+        manifest["files"][0]["blake3"]
             .as_str()
             .is_some_and(|s| s.len() == 64),
         || format!("{manifest}"),
@@ -573,6 +577,82 @@ fn concurrent_processes_build_one_volume() -> Result<(), Failed> {
         ensure(status.success(), || format!("a creator failed: {status}"))?;
     }
     one_intact_volume(root.path(), &plan)
+}
+
+/// A volume built by an earlier release (manifest format 1, SHA-256 digests) is reused as it is
+/// after an upgrade, its checksums are still checked, and a format this release does not know is
+/// refused with a message naming the formats it reads.
+fn a_format_1_volume_is_reused_and_verified() -> Result<(), Failed> {
+    use sha2::Digest as _;
+    let d = shared()?;
+    let plan = d.plan()?;
+    let root = shm_root()?;
+    let manager = VolumeManager::at(root.path());
+    let volume = manager.create(&plan)?;
+    let manifest_path = volume.path.join("manifest.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest_path)?)?;
+    manifest["format"] = 1.into();
+    for file in manifest["files"].as_array_mut().ok_or("no files")? {
+        let path = volume
+            .path
+            .join(file["dir"].as_str().ok_or("no dir")?)
+            .join(file["name"].as_str().ok_or("no name")?);
+        let sum = sha2::Sha256::digest(std::fs::read(&path)?);
+        let hex: String = sum.iter().map(|b| format!("{b:02x}")).collect();
+        let entry = file.as_object_mut().ok_or("file is not an object")?;
+        entry.remove("blake3").ok_or("no blake3 digest")?;
+        entry.insert("sha256".into(), hex.into());
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest)?)?;
+
+    let reused = manager.create(&plan)?;
+    ensure(reused.outcome == Outcome::Reused, || {
+        format!("{:?}", reused.outcome)
+    })?;
+    let report = manager.verify(&version(), Some(&plan), Check::Checksums)?;
+    ensure(report.is_intact(), || format!("{:?}", report.problems))?;
+
+    // Same size and mtime, one byte changed: only the SHA-256 check sees it.
+    let victim = volume.path.join("lib64/libcuda.so.550.54.14");
+    let mtime = std::fs::metadata(&victim)?.modified()?;
+    let mut bytes = std::fs::read(&victim)?;
+    bytes[0] ^= 0xff;
+    std::fs::write(&victim, &bytes)?;
+    std::fs::File::options()
+        .write(true)
+        .open(&victim)?
+        .set_modified(mtime)?;
+    let report = manager.verify(&version(), Some(&plan), Check::Checksums)?;
+    ensure(
+        report
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::Checksum { .. })),
+        || format!("{:?}", report.problems),
+    )?;
+
+    manifest["format"] = 3.into();
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest)?)?;
+    let err = match manager.verify(&version(), Some(&plan), Check::Metadata) {
+        Ok(report) => format!("{:?}", report.problems),
+        Err(e) => format!("{:#}", anyhow_free_chain(&e)),
+    };
+    ensure(
+        err.contains("has format 3; this program reads formats 1 to 2"),
+        || err,
+    )
+}
+
+/// `err` and its sources, joined with `: `.
+fn anyhow_free_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 fn tampering_is_detected_and_repaired() -> Result<(), Failed> {

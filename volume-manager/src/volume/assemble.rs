@@ -21,12 +21,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sha2::{Digest, Sha256};
-
 use super::{IoContext, Materialize, VolumeError};
 use crate::manifest::{
-    CHUNK, MANIFEST_FORMAT, Manifest, ManifestFile, ManifestLink, Method, hex, open_nofollow,
-    sha256_file,
+    CHUNK, DigestKind, FileDigest, MANIFEST_FORMAT, Manifest, ManifestFile, ManifestLink, Method,
+    blake3_file, open_nofollow,
 };
 use crate::plan::{FileStamp, PlannedFile, VolumeDir, VolumePlan};
 
@@ -220,7 +218,7 @@ fn link_file(
 
 /// Hashes a freshly made hard link and checks the inode did not change meanwhile.
 fn hashed_link(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeError> {
-    let sha256 = sha256_file(dest).at("read", dest)?;
+    let digest = blake3_file(dest).at("read", dest)?;
     let meta = fs::symlink_metadata(dest).at("stat", dest)?;
     if FileStamp::of(&meta) != file.stamp {
         return Err(VolumeError::SourceChanged {
@@ -230,7 +228,7 @@ fn hashed_link(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeEr
     Ok(manifest_file(
         file,
         meta.permissions().mode() & 0o7777,
-        sha256,
+        digest,
         Method::Hardlink,
     ))
 }
@@ -246,7 +244,7 @@ fn copy_file(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeErro
         .mode(0o600)
         .open(dest)
         .at("create", dest)?;
-    let sha256 = copy_hashing(&mut src, &mut out).at("copy into", dest)?;
+    let digest = copy_hashing(&mut src, &mut out).at("copy into", dest)?;
     let after = src.metadata().at("stat", &file.source)?;
     if FileStamp::of(&before) != file.stamp || FileStamp::of(&after) != file.stamp {
         return Err(VolumeError::SourceChanged {
@@ -260,11 +258,11 @@ fn copy_file(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeErro
     out.set_permissions(Permissions::from_mode(mode))
         .at("chmod", dest)?;
     out.sync_all().at("sync", dest)?;
-    Ok(manifest_file(file, mode, sha256, Method::Copy))
+    Ok(manifest_file(file, mode, digest, Method::Copy))
 }
 
-fn copy_hashing(src: &mut File, out: &mut File) -> io::Result<String> {
-    let mut hasher = Sha256::new();
+fn copy_hashing(src: &mut File, out: &mut File) -> io::Result<FileDigest> {
+    let mut hasher = DigestKind::Blake3.hasher();
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = match src.read(&mut buf) {
@@ -276,17 +274,22 @@ fn copy_hashing(src: &mut File, out: &mut File) -> io::Result<String> {
         hasher.update(&buf[..n]);
         out.write_all(&buf[..n])?;
     }
-    Ok(hex(&hasher.finalize()))
+    Ok(hasher.finish())
 }
 
-fn manifest_file(file: &PlannedFile, mode: u32, sha256: String, method: Method) -> ManifestFile {
+fn manifest_file(
+    file: &PlannedFile,
+    mode: u32,
+    digest: FileDigest,
+    method: Method,
+) -> ManifestFile {
     ManifestFile {
         dir: file.dir,
         name: file.name.clone(),
         source: file.source.clone(),
         stamp: file.stamp,
         mode,
-        sha256,
+        digest,
         method,
     }
 }

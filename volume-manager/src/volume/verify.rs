@@ -11,7 +11,7 @@ use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::manifest::{MANIFEST_NAME, Manifest, ManifestFile, sha256_file};
+use crate::manifest::{DigestKind, FileDigest, MANIFEST_NAME, Manifest, ManifestFile};
 use crate::plan::{FileStamp, VolumeDir, VolumePlan};
 use crate::version::DriverVersion;
 
@@ -355,7 +355,7 @@ fn check_dir(
                     });
                 }
                 if check == Check::Checksums
-                    && hashes.of(&path, &meta) != Some(file.sha256.as_str())
+                    && hashes.of(&path, &meta, &file.digest) != Some(&file.digest)
                 {
                     problems.push(Problem::Checksum { path: rel(name) });
                 }
@@ -398,8 +398,8 @@ fn check_host(
             });
         } else if check == Check::Checksums {
             let meta = std::fs::symlink_metadata(&planned.source).ok();
-            let sum = meta.and_then(|m| hashes.of(&planned.source, &m).map(str::to_owned));
-            if sum.as_deref() != Some(file.sha256.as_str()) {
+            let sum = meta.and_then(|m| hashes.of(&planned.source, &m, &file.digest).cloned());
+            if sum.as_ref() != Some(&file.digest) {
                 problems.push(Problem::SourceChecksum {
                     path,
                     source: planned.source.clone(),
@@ -445,16 +445,23 @@ fn check_host(
     }
 }
 
-/// SHA-256 sums computed during one check, by inode, so a hard link and its source are read once.
+/// Digests computed during one check, by inode and algorithm, so a hard link and its source are
+/// read once.
 #[derive(Default)]
-struct Hashes(HashMap<(u64, u64), Option<String>>);
+struct Hashes(HashMap<(u64, u64, DigestKind), Option<FileDigest>>);
 
 impl Hashes {
-    fn of(&mut self, path: &Path, meta: &std::fs::Metadata) -> Option<&str> {
+    /// The digest of `path`, of the same algorithm as `like`.
+    fn of(
+        &mut self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        like: &FileDigest,
+    ) -> Option<&FileDigest> {
         self.0
-            .entry((meta.dev(), meta.ino()))
-            .or_insert_with(|| sha256_file(path).ok())
-            .as_deref()
+            .entry((meta.dev(), meta.ino(), like.kind()))
+            .or_insert_with(|| like.same_kind_of_file(path).ok())
+            .as_ref()
     }
 }
 
