@@ -50,6 +50,40 @@ pub(crate) fn docker_pinning(
     }
 }
 
+/// What NUMA pinning would give a task on this node, GPUs with the same local sets grouped:
+/// `NUMA pinning (numa_pinning=on): GPU 0-3 → CPUs 0-19,40-59, memory nodes 0; …`; `None`
+/// when NVML reports no affinity.
+pub(crate) fn summary(affinities: &Affinities, gpus: &[u32]) -> Option<String> {
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    for &index in gpus {
+        let Some(a) = affinities.get(index) else {
+            continue;
+        };
+        let local = format!(
+            "CPUs {}, memory nodes {}",
+            a.cpus,
+            a.mems
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), ToString::to_string)
+        );
+        match groups.iter_mut().find(|(l, _)| *l == local) {
+            Some((_, members)) => members.push(index),
+            None => groups.push((local, vec![index])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = groups
+        .into_iter()
+        .map(|(local, members)| format!("GPU {} → {local}", numa::CpuList::from_ids(members)))
+        .collect();
+    Some(format!(
+        "NUMA pinning (module parameter numa_pinning=on, --numa-pinning) narrows a task to its GPUs' local CPUs and memory nodes, the union for several GPUs, never fewer CPUs than it asks for: {}",
+        parts.join("; ")
+    ))
+}
+
 /// One line describing `outcome` for the user.
 pub(crate) fn describe(outcome: &PinOutcome) -> String {
     match outcome {
@@ -68,6 +102,26 @@ pub(crate) fn describe(outcome: &PinOutcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_groups_gpus_with_the_same_local_sets() {
+        let mut a = Affinities::new();
+        for (index, cpus, mems) in [(0, "0-3", "0"), (1, "0-3", "0"), (2, "4-7", "1")] {
+            a.insert(
+                index,
+                numa::GpuAffinity {
+                    cpus: cpus.parse().expect("list"),
+                    mems: Some(mems.parse().expect("list")),
+                },
+            );
+        }
+        let text = summary(&a, &[0, 1, 2, 3]).expect("summary");
+        assert!(
+            text.ends_with("GPU 0-1 → CPUs 0-3, memory nodes 0; GPU 2 → CPUs 4-7, memory nodes 1"),
+            "{text}"
+        );
+        assert_eq!(summary(&Affinities::new(), &[0]), None);
+    }
 
     #[test]
     fn cpus_must_be_positive_numbers() {

@@ -108,3 +108,17 @@ fn issue_18_info_reports_affinities_and_pinning() {
         "{table}"
     );
 }
+
+#[test]
+fn issue_18_demo_reports_what_pinning_gives() {
+    let out = mesos_gpu(&["demo", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let notes = json["notes"].as_array().unwrap();
+    assert!(
+        notes.iter().any(|n| n.as_str().is_some_and(
+            |n| n.ends_with("GPU 0 → CPUs 0, memory nodes 0; GPU 1 → CPUs 1, memory nodes 0")
+        )),
+        "{notes:?}"
+    );
+}
