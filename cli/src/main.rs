@@ -9,6 +9,7 @@
 
 mod cmd;
 mod ctx;
+mod numa;
 mod simulate;
 
 use std::process::ExitCode;

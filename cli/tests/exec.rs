@@ -44,6 +44,11 @@ fn main() -> ExitCode {
         ));
         trials.push(add("bad_gpus_change_nothing", bad_gpus_change_nothing));
     }
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1, Need::Cpuset1],
+        Trial::test("v1_issue_18_numa_pinning", numa_pinning),
+    ));
     trials.push(Trial::test(
         "simulation_without_dev_root_is_refused",
         simulation_without_dev_root_is_refused,
@@ -358,4 +363,71 @@ fn simulation_without_dev_root_is_refused() -> TestResult {
         String::from_utf8_lossy(&out.stderr).contains("pass --dev-root"),
         text(&out),
     )
+}
+
+/// Issue 18: on `numa-2cpu` (GPU 0 local to CPU 0), `--numa-pinning` runs the command on CPU 0
+/// only, in a cpuset cgroup removed afterwards; with `--cpus 1.5` it is left on every CPU and
+/// says why; `--cpus` without `--numa-pinning` is refused.
+fn numa_pinning() -> TestResult {
+    let env = Env::new("v1");
+    let cpuset = Path::new("/sys/fs/cgroup/cpuset").join(&env.root);
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "numa-2cpu", "--dev-root"])
+            .arg(env.dev.path())
+            .args([
+                "exec",
+                "--gpus",
+                "1",
+                "--cgroup-version",
+                "v1",
+                "--cgroups-root",
+                &env.root,
+                "--work-dir",
+            ])
+            .arg(env.work.path())
+            .args(extra)
+            .args([
+                "--",
+                "grep",
+                "-E",
+                "^(Cpus|Mems)_allowed_list",
+                "/proc/self/status",
+            ])
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap();
+        (out.status.success(), text(&out))
+    };
+    let result = (|| {
+        let (ok, out) = run(&["--numa-pinning", "--cpus", "1"]);
+        println!("{out}");
+        check(
+            ok && out.contains("Cpus_allowed_list:\t0\n")
+                && out.contains("Mems_allowed_list:\t0\n")
+                && out.contains("NUMA pinning: CPUs 0, memory nodes 0"),
+            out,
+        )?;
+        let (ok, out) = run(&["--numa-pinning", "--cpus", "1.5"]);
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        check(
+            ok && out.contains(&format!("Cpus_allowed_list:\t{}\n", online.trim()))
+                && out.contains("fewer than the cpus=1.5 it asked for"),
+            out,
+        )?;
+        let (ok, out) = run(&["--cpus", "1"]);
+        check(!ok && out.contains("--numa-pinning"), out)?;
+        let left: Vec<_> = std::fs::read_dir(&cpuset)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        check(left.is_empty(), format!("cpuset cgroups left: {left:?}"))?;
+        env.check_clean()
+    })();
+    let _ = std::fs::remove_dir(&cpuset);
+    result
 }

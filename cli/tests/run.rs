@@ -307,9 +307,46 @@ fn main() -> ExitCode {
             too_new_cuda_is_refused_with_nothing_reserved,
         ),
     ];
-    let trials = trials
+    let mut trials: Vec<Trial> = trials
         .into_iter()
         .map(|(name, f)| needs(&host, &[Need::Root, Need::Dockerd], Trial::test(name, f)))
         .collect();
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Dockerd],
+        Trial::test("issue_18_numa_pinning", numa_pinning),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// Issue 18: on `numa-2cpu` (GPU 0 local to CPU 0, GPU 1 to CPU 1), `run --numa-pinning` starts
+/// a real container whose `Cpus_allowed_list` is exactly its GPU's CPU.
+fn numa_pinning() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "numa-2cpu", "--dev-root"])
+        .arg(env.dev.path())
+        .args(["run", "--work-dir"])
+        .arg(env.work.path())
+        .args(["--gpus", "1", "--numa-pinning", &image, "sh", "-c"])
+        .arg("ls /dev; grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let gpus = gpu_nodes(&stdout);
+    let cpu = match gpus.iter().collect::<Vec<_>>().as_slice() {
+        [0] => "0",
+        [1] => "1",
+        _ => return Err(format!("expected one GPU node: {}", text(&out)).into()),
+    };
+    if !out.status.success()
+        || !stdout.contains(&format!("Cpus_allowed_list:\t{cpu}\n"))
+        || !stdout.contains("Mems_allowed_list:\t0\n")
+    {
+        return Err(format!("expected CPU {cpu} only: {}", text(&out)).into());
+    }
+    env.all_clean(&image)
 }

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
 use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
+use mesos_gpu_isolator::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
     CONTAINER_PATH as DRIVER_VOLUME_TARGET, VISIBLE_DEVICES_ENV, VOLUMES_NEEDED_LABEL,
@@ -417,6 +418,16 @@ impl LaunchPlan {
     }
 }
 
+/// `docker run` arguments pinning a container to `pinning` (NUMA pinning):
+/// `--cpuset-cpus=<list>`, and `--cpuset-mems=<list>` when the memory nodes are known.
+pub fn cpuset_args(pinning: &Pinning) -> Vec<String> {
+    let mut args = vec![format!("--cpuset-cpus={}", pinning.cpus)];
+    if let Some(mems) = &pinning.mems {
+        args.push(format!("--cpuset-mems={mems}"));
+    }
+    args
+}
+
 fn check_cuda(image: &ImageInfo, driver: &DriverInfo) -> Result<(), ArgsError> {
     let Some((needed, label)) = image.cuda_requirement()? else {
         return Ok(());
@@ -451,6 +462,23 @@ fn check_path(path: &Path) -> Result<(), ArgsError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn issue_18_cpuset_args() {
+        let pinning = Pinning {
+            cpus: "0-3,8".parse().expect("list"),
+            mems: Some("0".parse().expect("list")),
+        };
+        assert_eq!(
+            cpuset_args(&pinning),
+            ["--cpuset-cpus=0-3,8", "--cpuset-mems=0"]
+        );
+        let cpus_only = Pinning {
+            mems: None,
+            ..pinning
+        };
+        assert_eq!(cpuset_args(&cpus_only), ["--cpuset-cpus=0-3,8"]);
+    }
 
     pub(crate) fn gpu(index: u32, minor: u32) -> Gpu {
         Gpu {

@@ -27,6 +27,7 @@ use bollard::query_parameters::{
 use bollard::{ClientVersion, Docker};
 use futures_util::StreamExt;
 use mesos_gpu_isolator::inventory::Gpu;
+use mesos_gpu_isolator::numa::Pinning;
 
 use crate::args::{DeviceMapping, ImageInfo, LaunchPlan};
 
@@ -294,6 +295,23 @@ impl DockerClient {
         }
         tracing::info!(id = %created.id, devices = plan.devices.len(), volume = plan.volume.is_some(), "created container");
         Ok(created.id)
+    }
+
+    /// Narrows a created (or running) container to `pinning`'s CPUs and memory nodes
+    /// (`POST /containers/{id}/update` with `CpusetCpus`/`CpusetMems`, as `docker update
+    /// --cpuset-cpus/--cpuset-mems`).
+    pub async fn set_cpuset(&self, container: &str, pinning: &Pinning) -> Result<(), DockerError> {
+        let body = bollard::models::ContainerUpdateBody {
+            cpuset_cpus: Some(pinning.cpus.to_string()),
+            cpuset_mems: pinning.mems.as_ref().map(ToString::to_string),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(container, body)
+            .await
+            .map_err(call("update container", container))?;
+        tracing::info!(container, cpus = %pinning.cpus, "pinned the container to its GPUs' local CPUs");
+        Ok(())
     }
 
     /// Starts a created container.

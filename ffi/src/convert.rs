@@ -125,6 +125,17 @@ pub fn requested_gpus(
     Ok(total)
 }
 
+/// The `cpus` asked for in `resources` (the sum of the `cpus` scalars), `None` when there is
+/// none; NUMA pinning never leaves a container fewer CPUs than this.
+pub fn requested_cpus(resources: &[Resource]) -> Option<f64> {
+    let scalars: Vec<f64> = resources
+        .iter()
+        .filter(|r| r.name == "cpus" && r.r#type == value::Type::Scalar as i32)
+        .filter_map(|r| r.scalar.as_ref().map(|s| s.value))
+        .collect();
+    (!scalars.is_empty()).then(|| scalars.iter().sum())
+}
+
 /// `ContainerConfig` → `PrepareConfig` for container `id`.
 pub fn prepare_config(
     id: &mesos::ContainerId,
@@ -433,5 +444,18 @@ mod tests {
         assert!(!is_debug(&c));
         c.container_class = Some(ContainerClass::Debug as i32);
         assert!(is_debug(&c));
+    }
+
+    #[test]
+    fn issue_18_requested_cpus_are_summed() {
+        let cpus = |v: f64| Resource {
+            name: "cpus".into(),
+            ..gpus_resource(v)
+        };
+        assert_eq!(
+            requested_cpus(&[cpus(0.1), gpus_resource(1.0), cpus(1.0)]),
+            Some(1.1)
+        );
+        assert_eq!(requested_cpus(&[gpus_resource(1.0)]), None);
     }
 }

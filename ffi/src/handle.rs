@@ -105,6 +105,9 @@ impl MgpuIsolator {
         };
         let mut config = params.isolator.clone();
         config.driver_volume.clone_from(&driver_volume);
+        if config.pinning.enabled {
+            config.pinning.affinities = driver.affinities();
+        }
         let isolator = Isolator::new(config, inventory.clone(), nodes.clone())
             .map_err(|source| ParamError::Isolator { source })?;
         // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
@@ -193,6 +196,8 @@ impl MgpuIsolator {
         let cid = convert::container_id(id)?;
         let prepare = convert::prepare_config(id, config)?;
         let info = self.isolator.prepare(&cid, prepare)?;
+        self.isolator
+            .pin(&cid, convert::requested_cpus(&config.resources))?;
         if convert::is_debug(config) || !info.needs_launch_info() {
             return Ok(Vec::new());
         }

@@ -39,6 +39,7 @@ pub const KEYS: &[&str] = &[
     "driver_root",
     "driver_volume",
     "health_checks",
+    "numa_pinning",
     #[cfg(feature = "testing")]
     "debug_panic_on",
 ];
@@ -288,6 +289,17 @@ impl ModuleParams {
                 });
             }
         };
+        isolator.pinning.enabled = match get("numa_pinning").unwrap_or("off") {
+            "off" => false,
+            "on" => true,
+            other => {
+                return Err(ParamError::BadValue {
+                    key: "numa_pinning",
+                    got: other.to_owned(),
+                    expected: "one of off, on",
+                });
+            }
+        };
         let health_checks = get("health_checks")
             .map(HealthPolicy::parse)
             .transpose()
@@ -357,6 +369,8 @@ impl ModuleParams {
             });
         }
         self.isolator.owner = owner;
+        self.isolator.pinning.mesos_cpuset =
+            agent.isolates("cgroups/cpuset") || agent.isolates("cgroups/all");
         tracing::info!(
             cgroups = %version, owner = %owner, cgroups_root = %agent.cgroups_root,
             isolation = %agent.isolation.join(","), "fitted the module to the agent's flags"
@@ -689,6 +703,28 @@ mod tests {
         assert_eq!(
             p.resolve_volume("550.54.14").unwrap(),
             Some(dir.path().join("nvidia_550.54.14"))
+        );
+    }
+
+    #[test]
+    fn issue_18_numa_pinning_parameter() {
+        let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
+        let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        assert!(!p.isolator.pinning.enabled, "off by default");
+        let mut p =
+            ModuleParams::parse(&params(&[("work_dir", "/w"), ("numa_pinning", "on")])).unwrap();
+        assert!(p.isolator.pinning.enabled);
+        p.apply_agent(&agent("cgroups/devices,m", "mesos"), v1)
+            .unwrap();
+        assert!(!p.isolator.pinning.mesos_cpuset, "no cgroups/cpuset");
+        p.apply_agent(&agent("cgroups/devices,cgroups/cpuset", "mesos"), v1)
+            .unwrap();
+        assert!(p.isolator.pinning.mesos_cpuset);
+        let err = ModuleParams::parse(&params(&[("work_dir", "/w"), ("numa_pinning", "yes")]))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "module parameter numa_pinning=\"yes\": expected one of off, on"
         );
     }
 }

@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             nested_task_group(AgentCgroups::V2)
         }),
     ];
-    let trials: Vec<Trial> = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, need, f)| {
             let issue = if name.contains("metrics") || name.contains("shared") {
@@ -119,6 +119,7 @@ fn main() -> ExitCode {
             needs(&host, need, trial(format!("issue_{issue}_{name}"), f))
         })
         .collect();
+    trials.extend(numa_trials(&host));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -1000,4 +1001,170 @@ fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
         report.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some("(unset)"),
         format!("a CPU task of batch sees GPUs: {:?}", report.env),
     )
+}
+
+/// Issue 18: NUMA pinning in a real agent. nvml-sim's `numa-2cpu` (2 T4s local to CPU 0 and
+/// CPU 1, this machine's two CPUs, memory node 0), the module with `numa_pinning=on`; tasks
+/// print the `Cpus_allowed_list` and `Mems_allowed_list` the kernel gives them.
+fn numa_trials(host: &Host) -> Vec<Trial> {
+    let v1: &[Need] = &[
+        Need::Root,
+        Need::Cgroup1,
+        Need::Cpuset1,
+        Need::Cc,
+        Need::Mesos,
+    ];
+    let v2: &[Need] = &[
+        Need::Root,
+        Need::Cgroup2,
+        Need::Cpuset2,
+        Need::Cc,
+        Need::Mesos,
+    ];
+    let own = format!("filesystem/linux,cgroups/devices,{MODULE}");
+    let mesos = format!("filesystem/linux,cgroups/devices,cgroups/cpuset,{MODULE}");
+    let v2_isolation = format!("filesystem/linux,{MODULE}");
+    vec![
+        needs(
+            host,
+            v1,
+            trial(
+                "issue_18_v1_tasks_pinned_in_the_module_cpuset_cgroup".to_owned(),
+                move || numa_tasks_pinned(AgentCgroups::V1, &own),
+            ),
+        ),
+        needs(
+            host,
+            v1,
+            trial(
+                "issue_18_v1_tasks_pinned_in_mesos_cpuset_cgroup".to_owned(),
+                move || numa_tasks_pinned(AgentCgroups::V1, &mesos),
+            ),
+        ),
+        needs(
+            host,
+            v2,
+            trial(
+                "issue_18_v2_tasks_pinned_on_mesos_container_cgroup".to_owned(),
+                move || numa_tasks_pinned(AgentCgroups::V2, &v2_isolation),
+            ),
+        ),
+    ]
+}
+
+/// The GPUs of `numa-2cpu` by UUID, with the CPU each is local to.
+const NUMA_GPUS: [(&str, &str); 2] = [
+    ("GPU-4b1d2c30-2f4e-4a6b-8c0d-0e1f2a3b4c50", "0"),
+    ("GPU-4b1d2c31-2f4e-4a6b-8c0d-0e1f2a3b4c51", "1"),
+];
+
+/// Two tasks holding one GPU each at the same time see exactly their GPU's CPU and memory node
+/// 0; a task asking for more CPUs than its GPU has is left on every CPU, and the agent's log
+/// says why; the module leaves no cpuset cgroup behind.
+fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
+    let install = install()?;
+    let module = module()?;
+    let sim = SimNode::shipped("numa-2cpu");
+    let dev = DevNodes::nvidia(&[0, 1])?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-mesos-numa")
+        .tempdir()?;
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::new(isolation, cgroups, 2);
+    let params: Vec<(String, String)> = vec![
+        (
+            "work_dir".into(),
+            scratch.path().join("module-work").display().to_string(),
+        ),
+        ("dev_root".into(), dev.path().display().to_string()),
+        ("driver_volume".into(), "off".into()),
+        ("policy".into(), "first-fit".into()),
+        ("numa_pinning".into(), "on".into()),
+    ];
+    let modules = scratch.path().join("modules.json");
+    std::fs::write(&modules, modules_json(&module, &params).to_string())?;
+    spec.modules = Some(modules);
+    spec.env
+        .push(("LD_LIBRARY_PATH".into(), sim.dir().display().to_string()));
+    let agent = Agent::start(&install, &master, spec)?;
+    let root = agent.spec().cgroups_root.clone();
+
+    let show =
+        "echo gpu=$CUDA_VISIBLE_DEVICES; grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status";
+    let go = |name: &str| scratch.path().join(format!("{name}.go"));
+    let mut tasks = Vec::new();
+    for name in ["near-a", "near-b"] {
+        let command = format!(
+            "{show}; while [ ! -e {} ]; do sleep 0.2; done",
+            go(name).display()
+        );
+        // cpus:0.9 plus the command executor's 0.1 is one CPU: as many as one GPU has.
+        tasks.push(Task::launch(
+            &install,
+            &master,
+            name,
+            "cpus:0.9;mem:32;gpus:1",
+            &command,
+        )?);
+    }
+    let mut seen = Vec::new();
+    for name in ["near-a", "near-b"] {
+        let out = agent.wait_stdout(name, "Mems_allowed_list", TASK_TIMEOUT)?;
+        println!("task {name} printed:\n{}", out.trim_end());
+        let field = |key: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+                .ok_or(format!("no {key} in {out:?}"))
+        };
+        let gpu = field("gpu=")?;
+        let (_, cpu) = NUMA_GPUS
+            .iter()
+            .find(|(uuid, _)| *uuid == gpu)
+            .ok_or(format!("task {name} has GPU {gpu:?}"))?;
+        let cpus = field("Cpus_allowed_list:")?;
+        check(
+            cpus == *cpu,
+            format!("task {name} with {gpu} may run on CPUs {cpus:?}, expected {cpu:?}"),
+        )?;
+        check(
+            field("Mems_allowed_list:")? == "0",
+            format!("task {name}: {out}"),
+        )?;
+        seen.push(gpu);
+    }
+    seen.sort();
+    check(
+        seen.len() == 2 && seen[0] != seen[1],
+        format!("GPUs {seen:?}"),
+    )?;
+    for (name, task) in ["near-a", "near-b"].iter().zip(tasks.iter_mut()) {
+        std::fs::write(go(name), b"")?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+
+    let mut greedy = Task::launch(&install, &master, "greedy", "cpus:1.5;mem:32;gpus:1", show)?;
+    greedy.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let out = agent.wait_stdout("greedy", "Mems_allowed_list", TASK_TIMEOUT)?;
+    println!("task greedy printed:\n{}", out.trim_end());
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
+    check(
+        out.contains(&format!("Cpus_allowed_list:\t{}", online.trim())),
+        format!("greedy task not on every CPU ({}): {out}", online.trim()),
+    )?;
+    agent.wait_log("fewer than the cpus=1.6", TASK_TIMEOUT)?;
+
+    if cgroups == AgentCgroups::V1 && !isolation.contains("cgroups/cpuset") {
+        let parent = Path::new("/sys/fs/cgroup/cpuset").join(&root);
+        let left: Vec<_> = std::fs::read_dir(&parent)?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name())
+            .collect();
+        check(
+            left.is_empty(),
+            format!("cpuset cgroups left under {}: {left:?}", parent.display()),
+        )?;
+    }
+    Ok(())
 }

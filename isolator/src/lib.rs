@@ -12,5 +12,6 @@ pub mod discovery;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
+pub mod numa;
 mod sys;
 pub mod usage;

@@ -38,6 +38,11 @@ pub enum Need {
     Mesos,
     /// `podman` on PATH (Debian's package), a CDI consumer.
     Podman,
+    /// A writable cgroup v1 `cpuset` hierarchy at `/sys/fs/cgroup/cpuset`.
+    Cpuset1,
+    /// The `cpuset` controller offered by the cgroup2 hierarchy (absent on a hybrid host whose
+    /// `cpuset` is bound to a v1 hierarchy).
+    Cpuset2,
 }
 
 impl Need {
@@ -52,6 +57,8 @@ impl Need {
             Need::Pynvml => "pynvml",
             Need::Mesos => "mesos",
             Need::Podman => "podman",
+            Need::Cpuset1 => "cpuset1",
+            Need::Cpuset2 => "cgroup2-cpuset",
         }
     }
 }
@@ -116,6 +123,24 @@ impl Host {
             missing.push((
                 Need::Podman,
                 "no working `podman` on PATH (apt-get install podman)".to_owned(),
+            ));
+        }
+        if !Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists() {
+            missing.push((
+                Need::Cpuset1,
+                "no cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset".to_owned(),
+            ));
+        }
+        let v2_controllers = cgroup2_root()
+            .and_then(|root| std::fs::read_to_string(root.join("cgroup.controllers")).ok())
+            .unwrap_or_default();
+        if !v2_controllers.split_whitespace().any(|c| c == "cpuset") {
+            missing.push((
+                Need::Cpuset2,
+                format!(
+                    "cgroup2 offers no cpuset controller (cgroup.controllers: {:?}; on a hybrid host it is bound to the v1 hierarchy)",
+                    v2_controllers.trim_end()
+                ),
             ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")

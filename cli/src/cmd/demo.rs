@@ -220,6 +220,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ));
     }
 
+    let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+    notes.extend(crate::numa::summary(
+        &crate::numa::affinities(ctx)?,
+        &indices,
+    ));
+
     let volume = driver_volume(scratch.path(), &inventory)?;
     let volume_path = volume.path.as_ref().map(PathBuf::from);
     let driver_spec = match (&inventory.driver, &volume_path) {

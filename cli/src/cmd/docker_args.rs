@@ -53,7 +53,8 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool"
+    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool\n  \
+    docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status"
 )]
 pub(crate) struct Args {
     /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
@@ -100,6 +101,16 @@ pub(crate) struct Args {
     /// Docker daemon socket, for --image.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
     docker_socket: PathBuf,
+
+    /// Add --cpuset-cpus/--cpuset-mems narrowing the container to its GPUs' local CPUs and
+    /// memory nodes (NUMA pinning; within the machine's online CPUs), unless that leaves fewer
+    /// CPUs than --cpus.
+    #[arg(long)]
+    numa_pinning: bool,
+
+    /// The CPUs the container needs (as `docker run --cpus`): NUMA pinning never leaves it fewer.
+    #[arg(long, value_name = "N", requires = "numa_pinning", value_parser = crate::numa::parse_cpus)]
+    cpus: Option<f64>,
 
     /// Print a JSON array of arguments instead of one line.
     #[arg(long)]
@@ -232,18 +243,32 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let pool = open_pool(ctx, &args.work_dir)?;
     let reserved = pool.reserve_docker(&id, f64::from(gpus))?;
     let refs: Vec<&Gpu> = reserved.iter().collect();
-    let plan = match LaunchPlan::new(&refs, &host, &image, driver.as_ref()) {
-        Ok(plan) => plan,
+    let planned = LaunchPlan::new(&refs, &host, &image, driver.as_ref())
+        .map_err(anyhow::Error::from)
+        .and_then(|plan| {
+            let pinning = if args.numa_pinning {
+                let indices: Vec<u32> = reserved.iter().map(|g| g.index).collect();
+                crate::numa::docker_pinning(ctx, &indices, args.cpus)?
+            } else {
+                None
+            };
+            Ok((plan, pinning))
+        });
+    let (plan, pinning) = match planned {
+        Ok(planned) => planned,
         Err(e) => {
             if let Err(undo) = pool.release_docker(&id) {
                 tracing::error!(error = %undo, "cannot give back the GPUs of a failed plan");
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
     line.extend(plan.cli_args());
+    if let Some(pinning) = &pinning {
+        line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
+    }
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

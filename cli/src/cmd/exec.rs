@@ -43,7 +43,8 @@ const GO: &[u8] = b"go";
     after_help = "Examples:\n  \
     mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
     mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
-    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'"
+    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'\n  \
+    mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
@@ -71,6 +72,16 @@ pub(crate) struct Args {
     /// Parent of the container cgroups (Mesos `--cgroups_root`).
     #[arg(long, value_name = "NAME", default_value = "mesos")]
     cgroups_root: String,
+
+    /// Narrow the command to its GPUs' local CPUs and memory nodes (NUMA pinning: the cpuset
+    /// cgroup `<cpuset>/<cgroups root>/<id>` on v1, the container cgroup on v2), unless that
+    /// leaves fewer CPUs than --cpus.
+    #[arg(long)]
+    numa_pinning: bool,
+
+    /// The CPUs the command needs (as a task's `cpus`): NUMA pinning never leaves it fewer.
+    #[arg(long, value_name = "N", requires = "numa_pinning", value_parser = crate::numa::parse_cpus)]
+    cpus: Option<f64>,
 
     /// Internal: run as the launcher that waits on this socket, then execs the command.
     #[arg(long, hide = true, value_name = "PATH")]
@@ -109,6 +120,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     config.policy = args.policy;
     config.cgroup_version = args.cgroup_version;
     config.cgroups_root.clone_from(&args.cgroups_root);
+    if args.numa_pinning {
+        config.pinning.enabled = true;
+        config.pinning.affinities = crate::numa::affinities(ctx)?;
+    }
     // Handlers first: from here on SIGINT/SIGTERM no longer kill us before we clean up.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -141,6 +156,23 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         )
         .context("cannot prepare the container")?;
     print_allocation(&id, &info);
+    match isolator.pin(&id, args.cpus) {
+        Ok(outcome) => {
+            if args.numa_pinning {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "  NUMA pinning: {}",
+                    crate::numa::describe(&outcome)
+                );
+            }
+        }
+        Err(e) => {
+            if let Err(c) = clean_up(&isolator, &id) {
+                tracing::error!(error = %format!("{c:#}"), "cannot clean up after a failed pinning");
+            }
+            return Err(anyhow::Error::new(e).context("cannot pin the container to its GPUs' CPUs"));
+        }
+    }
     let outcome = start(&isolator, &id, &info, &args.command).and_then(|mut child| {
         let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
         let waited = runtime.block_on(async {

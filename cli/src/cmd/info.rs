@@ -7,7 +7,10 @@
 //! - `gpus`: one object per GPU in NVML index order: `index`, `minor` (null when unknown),
 //!   `uuid`, `name`, `memory_total_bytes`, `pci_bus_id`, `numa_node` (null when unknown),
 //!   `compute_capability` (`"7.0"` or null), `healthy`, `cpu_affinity` (CPU list such as
-//!   `"0-19,40-59"`, or null), `device` (`"195:0"`, or null when the node was not read),
+//!   `"0-19,40-59"`, or null), `memory_affinity` (memory node list such as `"0"`, or null),
+//!   `pinned_cpus` and `pinned_mems` (what NUMA pinning gives a task holding this GPU: its
+//!   local CPUs and memory nodes within the machine's online ones, or null when it would not be
+//!   pinned), `device` (`"195:0"`, or null when the node was not read),
 //!   `health` (the health monitor's checkpointed state of this GPU, matched by UUID, from
 //!   `<--work-dir>/gpu/health.json`: `{"state": "healthy"}` or `{"state": "unhealthy",
 //!   "reason": {"kind": "xid", "xid": 79}, "since_ms": …, "last_error_ms": …, "errors": …}`;
@@ -28,9 +31,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
+use mesos_gpu_isolator::discovery::{GpuDriver, UNKNOWN_MINOR};
 use mesos_gpu_isolator::health::{Failure, GpuHealth, GpuRecord, HealthStore};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_isolator::numa;
 use serde::Serialize;
 
 use crate::ctx::Ctx;
@@ -83,6 +87,9 @@ struct GpuJson {
     compute_capability: Option<String>,
     healthy: bool,
     cpu_affinity: Option<String>,
+    memory_affinity: Option<String>,
+    pinned_cpus: Option<String>,
+    pinned_mems: Option<String>,
     device: Option<String>,
     health: Option<GpuHealth>,
 }
@@ -146,6 +153,24 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         }
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
+    let affinities = driver.map(GpuDriver::affinities).unwrap_or_default();
+    let online = match numa::online(Path::new("/sys")) {
+        Ok(online) => Some(online),
+        Err(err) => {
+            notes.push(format!(
+                "NUMA pinning not shown: {:#}",
+                anyhow::Error::new(err)
+            ));
+            None
+        }
+    };
+    let pinned = |g: &Gpu| match online
+        .as_ref()
+        .map(|o| numa::plan(&[g.index], &affinities, o, None))
+    {
+        Some(numa::Decision::Pin(p)) => (Some(p.cpus.to_string()), p.mems.map(|m| m.to_string())),
+        _ => (None, None),
+    };
     for g in &inventory.gpus {
         if let Some(GpuHealth::Unhealthy { reason, .. }) = recorded(g).map(|r| &r.health) {
             notes.push(format!(
@@ -170,6 +195,9 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
             compute_capability: g.compute_capability.map(|(a, b)| format!("{a}.{b}")),
             healthy: g.healthy,
             cpu_affinity: driver.and_then(|d| d.cpu_affinity(pos)).map(cpu_list),
+            memory_affinity: driver.and_then(|d| d.memory_affinity(pos)).map(cpu_list),
+            pinned_cpus: pinned(g).0,
+            pinned_mems: pinned(g).1,
             device: nodes
                 .as_ref()
                 .and_then(|n| n.gpu(g.index))
@@ -386,6 +414,25 @@ fn render(r: &Report) -> String {
     out.push_str(&table(&rows));
     out.push('\n');
     out.push_str(LEGEND);
+    if r.gpus.iter().any(|g| g.pinned_cpus.is_some()) {
+        let _ = writeln!(
+            out,
+            "\nNUMA pinning (module parameter numa_pinning=on, --numa-pinning) narrows a task to its GPUs' local CPUs and memory nodes:"
+        );
+        for g in &r.gpus {
+            let _ = writeln!(
+                out,
+                "  GPU{}: CPUs {}, memory nodes {}",
+                g.index,
+                g.pinned_cpus.as_deref().unwrap_or("unknown (not pinned)"),
+                g.pinned_mems.as_deref().unwrap_or("unchanged")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  A task with several GPUs gets the union; one asking for more CPUs than that is not pinned."
+        );
+    }
     for note in &r.notes {
         let _ = writeln!(out, "\nNote: {note}");
     }

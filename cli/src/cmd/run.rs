@@ -41,7 +41,8 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
     after_help = "Examples:\n  \
     mesos-gpu run --gpus 2 nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu run --gpus 1 --plugin nvidia/cuda:12.4.1-base sh -c 'ls /dev/nvidia*'\n  \
-    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 --work-dir /tmp/pool busybox ls /dev"
+    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 --work-dir /tmp/pool busybox ls /dev\n  \
+    mesos-gpu run --gpus 1 --numa-pinning busybox grep Cpus_allowed_list /proc/self/status"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
@@ -52,6 +53,12 @@ pub(crate) struct Args {
         value_parser = super::parse_gpus
     )]
     gpus: u32,
+
+    /// Narrow the container to its GPUs' local CPUs and memory nodes (NUMA pinning, as
+    /// `docker update --cpuset-cpus/--cpuset-mems` before it starts; within the machine's online
+    /// CPUs).
+    #[arg(long)]
+    numa_pinning: bool,
 
     /// Mount the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
     /// directory.
@@ -128,6 +135,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "created"
         );
         let outcome = async {
+            if args.numa_pinning {
+                let indices: Vec<u32> = container.gpus.iter().map(|g| g.index).collect();
+                if let Some(pinning) = crate::numa::docker_pinning(ctx, &indices, None)? {
+                    client.set_cpuset(&container.docker_id, &pinning).await?;
+                }
+            }
             client.start(&container.docker_id).await?;
             let output = client.follow_output(&container.docker_id, |stderr, bytes| {
                 // A closed stdout or stderr must not stop the container.

@@ -17,6 +17,7 @@
 //! "the writer", which is never what a caller of [`DeviceCgroup::add_process`] wants; `rmdir` of
 //! a cgroup fails with `EBUSY` while a process or a child cgroup remains.
 
+pub(crate) mod cpuset;
 mod mount;
 pub mod rule;
 pub mod v1;

@@ -57,6 +57,13 @@ const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;
 /// How many CPUs [`GpuDriver::cpu_affinity`] can describe.
 const MAX_CPUS: usize = 4096;
 
+/// How many memory nodes [`GpuDriver::memory_affinity`] can describe (the kernel's largest
+/// `MAX_NUMNODES`).
+const MAX_NODES: usize = 1024;
+
+/// `NVML_AFFINITY_SCOPE_NODE`: the GPU's nearest NUMA node (`nvml.h`).
+const AFFINITY_SCOPE_NODE: u32 = 0;
+
 /// Why discovery failed on a host that has an NVIDIA driver.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
@@ -153,6 +160,7 @@ pub struct GpuDriver {
     lib: PathBuf,
     inventory: Inventory,
     cpu_affinity: Vec<Option<Vec<u32>>>,
+    memory_affinity: Vec<Option<Vec<u32>>>,
 }
 
 impl std::fmt::Debug for GpuDriver {
@@ -189,7 +197,7 @@ impl GpuDriver {
                 }));
             }
         };
-        let (inventory, cpu_affinity) = read_inventory(&nvml)?;
+        let (inventory, (cpu_affinity, memory_affinity)) = read_inventory(&nvml)?;
         tracing::info!(
             gpus = inventory.gpus.len(),
             driver = inventory.driver.as_ref().map_or("", |d| d.version.as_str()),
@@ -201,6 +209,7 @@ impl GpuDriver {
             lib,
             inventory,
             cpu_affinity,
+            memory_affinity,
         })))
     }
 
@@ -230,6 +239,34 @@ impl GpuDriver {
     /// The CPUs closest to the GPU at `position` in [`Inventory::gpus`], when NVML knows them.
     pub fn cpu_affinity(&self, position: usize) -> Option<&[u32]> {
         self.cpu_affinity.get(position).and_then(|c| c.as_deref())
+    }
+
+    /// The memory nodes closest to the GPU at `position` in [`Inventory::gpus`], when NVML
+    /// knows them (`nvmlDeviceGetMemoryAffinity`, scope `NODE`).
+    pub fn memory_affinity(&self, position: usize) -> Option<&[u32]> {
+        self.memory_affinity
+            .get(position)
+            .and_then(|c| c.as_deref())
+    }
+
+    /// Every GPU's local CPUs and memory nodes, by NVML index, for NUMA pinning; a GPU whose
+    /// CPUs NVML does not report is left out.
+    pub fn affinities(&self) -> crate::numa::Affinities {
+        let mut all = crate::numa::Affinities::new();
+        for (position, gpu) in self.inventory.gpus.iter().enumerate() {
+            if let Some(cpus) = self.cpu_affinity(position) {
+                all.insert(
+                    gpu.index,
+                    crate::numa::GpuAffinity {
+                        cpus: crate::numa::CpuList::from_ids(cpus.iter().copied()),
+                        mems: self
+                            .memory_affinity(position)
+                            .map(|m| crate::numa::CpuList::from_ids(m.iter().copied())),
+                    },
+                );
+            }
+        }
+        all
     }
 }
 
@@ -265,7 +302,8 @@ fn absent_reason(lib: &Path, err: &NvmlError) -> Option<String> {
     }
 }
 
-type Affinities = Vec<Option<Vec<u32>>>;
+/// Per GPU position: its CPU affinity and its memory-node affinity.
+type Affinities = (Vec<Option<Vec<u32>>>, Vec<Option<Vec<u32>>>);
 
 fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError> {
     let version = nvml
@@ -295,11 +333,13 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
     }
     let mut gpus = Vec::new();
     let mut affinities = Vec::new();
+    let mut memory = Vec::new();
     let mut devices = Vec::new();
     for index in 0..count {
-        let (gpu, affinity, device) = read_gpu(nvml, index)?;
+        let (gpu, affinity, mems, device) = read_gpu(nvml, index)?;
         gpus.push(gpu);
         affinities.push(affinity);
+        memory.push(mems);
         devices.push(device);
     }
     let topology = if gpus.is_empty() {
@@ -321,7 +361,7 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
             topology,
             absent_reason,
         },
-        affinities,
+        (affinities, memory),
     ))
 }
 
@@ -398,8 +438,14 @@ impl GpuReader {
     }
 }
 
-/// What [`read_gpu`] learns: the GPU, its CPU affinity, and its handle when it is usable.
-type GpuRead<'nvml> = (Gpu, Option<Vec<u32>>, Option<nvml_wrapper::Device<'nvml>>);
+/// What [`read_gpu`] learns: the GPU, its CPU and memory-node affinities, and its handle when it
+/// is usable.
+type GpuRead<'nvml> = (
+    Gpu,
+    Option<Vec<u32>>,
+    Option<Vec<u32>>,
+    Option<nvml_wrapper::Device<'nvml>>,
+);
 
 fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
     let mut r = GpuReader {
@@ -418,7 +464,7 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
             compute_capability: None,
             healthy: false,
         };
-        return Ok((gpu, None, None));
+        return Ok((gpu, None, None, None));
     };
     let minor = r.required("minor number", device.minor_number())?;
     if let Some(minor) = minor.filter(|&m| m >= FIRST_CONTROL_MINOR) {
@@ -451,6 +497,13 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
         "CPU affinity",
         device.cpu_affinity(MAX_CPUS.div_ceil(c_ulong::BITS as usize)),
     );
+    let memory_affinity = r.optional(
+        "memory affinity",
+        device.memory_affinity(
+            MAX_NODES.div_ceil(c_ulong::BITS as usize),
+            AFFINITY_SCOPE_NODE,
+        ),
+    );
     let gpu = Gpu {
         index,
         minor: minor.unwrap_or(UNKNOWN_MINOR),
@@ -464,7 +517,12 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuRead<'_>, DiscoveryError> {
     };
     tracing::debug!(?gpu, "read GPU");
     let device = r.healthy.then_some(device);
-    Ok((gpu, affinity.map(|mask| cpus_of_mask(&mask)), device))
+    Ok((
+        gpu,
+        affinity.map(|mask| cpus_of_mask(&mask)),
+        memory_affinity.map(|mask| cpus_of_mask(&mask)),
+        device,
+    ))
 }
 
 /// The CPU numbers set in an NVML affinity bitmask (word `w`, bit `b` is CPU `w*BITS + b`).

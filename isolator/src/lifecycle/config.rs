@@ -106,6 +106,8 @@ pub struct IsolatorConfig {
     pub driver_volume: Option<PathBuf>,
     /// The base allow list of every container (Mesos's default whitelist plus `--allowed_devices`).
     pub allowed_devices: Vec<DeviceRule>,
+    /// NUMA pinning (off by default).
+    pub pinning: super::PinningConfig,
 }
 
 impl IsolatorConfig {
@@ -123,6 +125,7 @@ impl IsolatorConfig {
             work_dir: work_dir.into(),
             driver_volume: None,
             allowed_devices: default_whitelist(),
+            pinning: super::PinningConfig::default(),
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod fault;
 mod health;
 mod launch;
 mod nested;
+mod pinning;
 mod placement;
 mod recover;
 mod state;
@@ -53,6 +54,7 @@ pub use error::LifecycleError;
 pub use launch::{
     CUDA_VISIBLE_DEVICES_ENV, LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch,
 };
+pub use pinning::{PinOutcome, PinningConfig};
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
@@ -65,6 +67,7 @@ use crate::health::Limitations;
 use crate::inventory::{Gpu, Inventory};
 use checkpoint::Store;
 use launch::{allow_list, launch_info};
+use pinning::Pinner;
 use placement::PlacedCgroup;
 use state::{Container, State};
 
@@ -85,6 +88,7 @@ pub struct Isolator {
     state: Arc<Mutex<State>>,
     limitations: Arc<Limitations>,
     health: OnceLock<health::HealthLink>,
+    pinning: Pinner,
 }
 
 impl Isolator {
@@ -110,6 +114,7 @@ impl Isolator {
             cgroups = %layout.version(), parent = %layout.parent_dir().display(), owner = %config.owner, policy = %config.policy,
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
+        let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
         Ok(Isolator {
             layout,
             owner: config.owner,
@@ -124,6 +129,7 @@ impl Isolator {
             state: Arc::new(Mutex::new(State::new(allocator))),
             limitations: Arc::new(Limitations::new()),
             health: OnceLock::new(),
+            pinning,
         })
     }
 
@@ -239,6 +245,49 @@ impl Isolator {
         Ok(info)
     }
 
+    /// NUMA pinning, when on: narrows the prepared container's cpuset to its GPUs' local CPUs
+    /// and memory nodes, unless that would leave it fewer than `cpus` (its `cpus` resource;
+    /// `None` when it has none) or there is nothing to narrow to; see [`PinningConfig`]. Call it
+    /// right after [`Isolator::prepare`]. A failed cgroup write is an error, and leaves nothing
+    /// made; a container left unpinned is not (the reason is logged and returned).
+    #[tracing::instrument(skip_all, fields(container = %id, cpus))]
+    pub fn pin(&self, id: &ContainerId, cpus: Option<f64>) -> Result<PinOutcome, LifecycleError> {
+        const STEP: &str = "pin";
+        if !self.pinning.enabled() {
+            return Ok(PinOutcome::Off);
+        }
+        let state = self.lock()?;
+        if state.nested.contains_key(id) {
+            return Ok(PinOutcome::Skipped(crate::numa::SkipReason::Nested));
+        }
+        let gpus: Vec<u32> = match state.containers.get(id) {
+            Some(entry) => entry.gpus.iter().collect(),
+            None => {
+                return Err(LifecycleError::UnknownContainer {
+                    container: id.clone(),
+                    step: STEP,
+                });
+            }
+        };
+        self.pinning
+            .pin(id, &gpus, cpus)
+            .map_err(|source| LifecycleError::Cgroup {
+                container: id.clone(),
+                step: STEP,
+                source,
+            })
+    }
+
+    /// The cpuset cgroup a pinned container gets (v1: in the cpuset hierarchy).
+    pub fn cpuset_path(&self, id: &ContainerId) -> PathBuf {
+        self.pinning.cpuset_dir(id)
+    }
+
+    /// The GPUs' local CPUs and memory nodes the isolator was configured with.
+    pub fn affinities(&self) -> &crate::numa::Affinities {
+        self.pinning.affinities()
+    }
+
     /// Moves process `pid` into the container's own cgroup (its root parent's for a nested
     /// container); in a cgroup of Mesos, Mesos placed it already and nothing is done.
     #[tracing::instrument(skip_all, fields(container = %id, pid))]
@@ -256,6 +305,13 @@ impl Isolator {
                 source,
             })?;
         fault::point("isolate.moved");
+        self.pinning
+            .isolate(root, pid)
+            .map_err(|source| LifecycleError::Cgroup {
+                container: id.clone(),
+                step: STEP,
+                source,
+            })?;
         tracing::info!(cgroup = %cgroup.path().display(), owner = %self.owner, "isolated process");
         Ok(())
     }
@@ -402,6 +458,7 @@ impl Isolator {
             step: STEP,
             source,
         };
+        self.pinning.release(id).map_err(cgroup_err)?;
         match state.containers.get_mut(id) {
             Some(entry) => {
                 if let Some(cgroup) = &mut entry.cgroup {
