@@ -130,7 +130,7 @@ impl Env {
                 self.version,
                 "--cgroups-root",
                 &self.root,
-                "--work-dir",
+                "--pool-dir",
             ])
             .arg(self.work.path())
             .arg("--")
@@ -154,15 +154,21 @@ impl Env {
             })
             .unwrap_or_default();
         check(left.is_empty(), format!("cgroups left: {left:?}"))?;
-        let ckpt = self.work.path().join("gpu/allocations.json");
-        if ckpt.exists() {
-            let text = std::fs::read_to_string(&ckpt).unwrap();
+        let pool = self.work.path().join("gpu/pool.json");
+        if pool.exists() {
+            let text = std::fs::read_to_string(&pool).unwrap();
             check(
-                text.contains("\"containers\": {}") && text.contains("\"quarantine\": {}"),
-                format!("checkpoint not empty: {text}"),
+                text.contains("\"reservations\": {}"),
+                format!("pool not empty: {text}"),
             )?;
         }
-        Ok(())
+        let private: Vec<_> = std::fs::read_dir(self.work.path().join("exec"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        check(
+            private.is_empty(),
+            format!("exec records left: {private:?}"),
+        )
     }
 }
 

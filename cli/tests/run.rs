@@ -90,6 +90,8 @@ impl Env {
             .arg("run")
             .arg("--work-dir")
             .arg(self.work.path())
+            .arg("--pool-dir")
+            .arg(self.work.path().join("pool"))
             .args(args)
             .env("MESOS_GPU_LOG", "warn");
         cmd

@@ -243,6 +243,10 @@ impl Cluster {
         let module_work = scratch.path().join("module-work");
         let mut params: Vec<(String, String)> = vec![
             ("work_dir".into(), module_work.display().to_string()),
+            (
+                "pool_dir".into(),
+                scratch.path().join("pool").display().to_string(),
+            ),
             ("dev_root".into(), dev.path().display().to_string()),
             ("driver_volume".into(), "off".into()),
             ("policy".into(), "first-fit".into()),
@@ -789,6 +793,7 @@ fn v2_cgroups_devices_refused() -> TestResult {
     let params = mesos_gpu::proto::mesos::Parameters {
         parameter: vec![
             param("work_dir", work.path().display().to_string()),
+            param("pool_dir", work.path().join("pool").display().to_string()),
             param("nvml_lib", sim.lib_path().display().to_string()),
             param("dev_root", dev.path().display().to_string()),
             param("driver_volume", "off".into()),

@@ -16,7 +16,8 @@ pub(crate) fn replace(path: &Path, bytes: &[u8]) -> Result<(), (&'static str, Pa
     name.push(".tmp");
     let tmp = dir.join(name);
     let mut file = File::create(&tmp).map_err(|e| ("create", tmp.clone(), e))?;
-    file.write_all(bytes).map_err(|e| ("write", tmp.clone(), e))?;
+    file.write_all(bytes)
+        .map_err(|e| ("write", tmp.clone(), e))?;
     file.sync_all().map_err(|e| ("fsync", tmp.clone(), e))?;
     drop(file);
     fs::rename(&tmp, path).map_err(|e| ("rename", tmp.clone(), e))?;

@@ -106,6 +106,9 @@ pub struct IsolatorConfig {
     pub driver_volume: Option<PathBuf>,
     /// The base allow list of every container (Mesos's default whitelist plus `--allowed_devices`).
     pub allowed_devices: Vec<DeviceRule>,
+    /// The node's GPU pool to draw from; `None` keeps every reservation in this isolator's
+    /// own checkpoint (a pool of its own).
+    pub pool: Option<super::PoolConfig>,
 }
 
 impl IsolatorConfig {
@@ -123,6 +126,7 @@ impl IsolatorConfig {
             work_dir: work_dir.into(),
             driver_volume: None,
             allowed_devices: default_whitelist(),
+            pool: None,
         }
     }
 }

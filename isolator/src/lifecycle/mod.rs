@@ -41,11 +41,12 @@ mod launch;
 mod nested;
 mod placement;
 mod recover;
+mod shared_pool;
 mod state;
 mod status;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
@@ -54,10 +55,11 @@ pub use launch::{
     CUDA_VISIBLE_DEVICES_ENV, LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch,
 };
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
+pub use shared_pool::{ELSEWHERE_OWNER, PoolConfig, PoolRole};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
-use crate::allocator::{Allocator, GpuSet, Policy};
+use crate::allocator::{AllocError, Allocator, GpuSet, Policy};
 pub use crate::cgroup::ContainerId;
 use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
 use crate::devices::DeviceNodes;
@@ -85,6 +87,8 @@ pub struct Isolator {
     state: Arc<Mutex<State>>,
     limitations: Arc<Limitations>,
     health: OnceLock<health::HealthLink>,
+    /// The node's pool, when this isolator draws from one.
+    pool: Option<shared_pool::PoolLink>,
 }
 
 impl Isolator {
@@ -106,7 +110,12 @@ impl Isolator {
             step: "set up",
             source,
         })?;
+        let pool = match &config.pool {
+            Some(pool) => Some(shared_pool::PoolLink::new(pool, store.path())?),
+            None => None,
+        };
         tracing::info!(
+            pool = %pool.as_ref().map_or_else(|| "none".to_owned(), |p| p.pool().state_path().display().to_string()),
             cgroups = %layout.version(), parent = %layout.parent_dir().display(), owner = %config.owner, policy = %config.policy,
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
@@ -124,6 +133,7 @@ impl Isolator {
             state: Arc::new(Mutex::new(State::new(allocator))),
             limitations: Arc::new(Limitations::new()),
             health: OnceLock::new(),
+            pool,
         })
     }
 
@@ -172,10 +182,7 @@ impl Isolator {
             source,
         };
         let count = state.allocator.request(config.gpus).map_err(alloc)?.count();
-        let gpus = state
-            .allocator
-            .allocate(id.as_str(), count)
-            .map_err(alloc)?;
+        let gpus = self.allocate_shared(&mut state, id, count, STEP)?;
         fault::point("prepare.allocated");
         let rules = allow_list(&self.base, &self.nodes, self.minors(&state, gpus));
         let info = launch_info(
@@ -274,7 +281,23 @@ impl Isolator {
             source,
         };
         let count = state.allocator.request(gpus).map_err(alloc)?.count();
-        let resize = state.allocator.resize(id.as_str(), count).map_err(alloc)?;
+        let resize = match state.allocator.resize(id.as_str(), count) {
+            Err(AllocError::NotEnough { .. }) if self.reconcile_pool(state) => {
+                state.allocator.resize(id.as_str(), count)
+            }
+            other => other,
+        };
+        let resize = match resize {
+            Err(AllocError::NotEnough { .. }) if self.pool.is_some() => {
+                let held = state.allocator.held_by(id.as_str()).len();
+                return Err(LifecycleError::Refused {
+                    container: id.clone(),
+                    step: STEP,
+                    shortage: self.shortage(state, count.saturating_sub(held)),
+                });
+            }
+            other => other.map_err(alloc)?,
+        };
         fault::point("update.allocated");
         let Some(entry) = state.containers.get(id) else {
             return Err(LifecycleError::UnknownContainer {
@@ -448,10 +471,6 @@ impl Isolator {
         Ok(())
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, State>, LifecycleError> {
-        self.state.lock().map_err(|_| LifecycleError::Poisoned)
-    }
-
     fn cgroup_of<'s>(
         &self,
         state: &'s State,
@@ -490,7 +509,11 @@ impl Isolator {
         }
     }
 
+    /// Publishes to the node's pool (first: a reservation is in the pool before any record of
+    /// ours grants it), then checkpoints.
     fn save(&self, state: &State, step: &'static str) -> Result<(), LifecycleError> {
+        self.publish(state)
+            .map_err(|source| LifecycleError::Pool { step, source })?;
         self.store
             .save(&state.checkpoint(&self.inventory))
             .map_err(|source| LifecycleError::Checkpoint { step, source })

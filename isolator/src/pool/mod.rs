@@ -194,10 +194,37 @@ impl PoolState {
                     }
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot read a GPU health checkpoint; its GPUs are taken as healthy"),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot read a GPU health checkpoint; its GPUs are taken as healthy")
+                }
             }
         }
         out
+    }
+}
+
+/// Why a request cannot be served: what the node's GPUs are doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortage {
+    /// GPUs asked for.
+    pub asked: u32,
+    /// Free and healthy.
+    pub free: u32,
+    /// Unhealthy and not held.
+    pub unhealthy: u32,
+    /// Quarantined.
+    pub quarantined: u32,
+    /// Held by live or uncertain owners.
+    pub held: u32,
+}
+
+impl std::fmt::Display for Shortage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} asked; {} free, {} unhealthy, {} quarantined, {} held (run `mesos-gpu gpu list`)",
+            self.asked, self.free, self.unhealthy, self.quarantined, self.held
+        )
     }
 }
 
@@ -300,7 +327,13 @@ impl Pool {
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(PoolState::default()),
-            Err(source) => return Err(PoolError::Io { op: "read", path, source }),
+            Err(source) => {
+                return Err(PoolError::Io {
+                    op: "read",
+                    path,
+                    source,
+                });
+            }
         };
         #[derive(Deserialize)]
         struct Header {
@@ -360,7 +393,11 @@ impl Pool {
                     });
                 }
                 Err(fs::TryLockError::Error(source)) => {
-                    return Err(PoolError::Io { op: "lock", path, source });
+                    return Err(PoolError::Io {
+                        op: "lock",
+                        path,
+                        source,
+                    });
                 }
             }
         }
@@ -395,8 +432,9 @@ pub struct Transaction {
 }
 
 impl Transaction {
-    /// Writes the state back crash-safely if it changed, then unlocks.
-    pub fn commit(self) -> Result<(), PoolError> {
+    /// Writes the state back crash-safely if it changed; the lock stays held until the
+    /// transaction is dropped.
+    pub fn commit(&mut self) -> Result<(), PoolError> {
         if self.state == self.before {
             return Ok(());
         }
@@ -409,7 +447,9 @@ impl Transaction {
             op,
             path,
             source,
-        })
+        })?;
+        self.before = self.state.clone();
+        Ok(())
     }
 }
 
@@ -441,10 +481,12 @@ mod tests {
         tx.state
             .publish("b", vec![("c2".into(), process(2), vec!["GPU-2".into()])]);
         tx.commit().unwrap();
+        drop(tx);
         let mut tx = pool.begin().unwrap();
         assert_eq!(tx.state.held_by_others("a"), BTreeSet::from(["GPU-2"]));
         tx.state.publish("a", vec![]);
         tx.commit().unwrap();
+        drop(tx);
         let state = pool.read().unwrap();
         assert_eq!(state.reservations.keys().collect::<Vec<_>>(), ["c2"]);
         assert!(!dir.path().join("gpu/pool.json.tmp").exists());
@@ -504,7 +546,11 @@ mod tests {
             vec![
                 ("alive".into(), alive, vec!["GPU-1".into()]),
                 ("dead".into(), dead, vec!["GPU-2".into()]),
-                ("docker".into(), Owner::Docker { name: "d".into() }, vec!["GPU-3".into()]),
+                (
+                    "docker".into(),
+                    Owner::Docker { name: "d".into() },
+                    vec!["GPU-3".into()],
+                ),
                 (
                     "q".into(),
                     Owner::Quarantine {

@@ -282,8 +282,9 @@ mod tests {
 
     #[test]
     fn issue_13_stat_parsing_counts_after_the_command() {
-        let s = parse_stat("42 (we ird) name) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20")
-            .unwrap();
+        let s =
+            parse_stat("42 (we ird) name) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20")
+                .unwrap();
         assert_eq!((s.state, s.start_time), ('S', 999));
         assert!(parse_stat("garbage").is_none());
     }
@@ -292,14 +293,21 @@ mod tests {
     fn issue_13_pid_reuse_and_reboot_are_dead() {
         let proc = fake_proc(7, 'S', 500);
         let host = Host::at(proc.path());
-        assert!(matches!(host.process(&stamp(7, 500, "boot-a")), Liveness::Alive(_)));
+        assert!(matches!(
+            host.process(&stamp(7, 500, "boot-a")),
+            Liveness::Alive(_)
+        ));
         let reused = host.process(&stamp(7, 400, "boot-a"));
         assert!(reused.is_dead(), "{reused:?}");
         let earlier = host.process(&stamp(7, 500, "boot-b"));
         assert!(earlier.is_dead() && earlier.describe().1.contains("earlier boot"));
         assert!(host.process(&stamp(8, 500, "boot-a")).is_dead());
         let zombie = fake_proc(7, 'Z', 500);
-        assert!(Host::at(zombie.path()).process(&stamp(7, 500, "boot-a")).is_dead());
+        assert!(
+            Host::at(zombie.path())
+                .process(&stamp(7, 500, "boot-a"))
+                .is_dead()
+        );
     }
 
     #[test]
