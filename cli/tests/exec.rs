@@ -65,6 +65,10 @@ fn main() -> ExitCode {
             docker_args_and_exec_share_one_pool,
         ));
         trials.push(add(
+            "issue_13_gpu_list_and_release_a_killed_exec",
+            gpu_list_and_release,
+        ));
+        trials.push(add(
             "issue_13_exec_refuses_an_unhealthy_gpu",
             exec_refuses_an_unhealthy_gpu,
         ));
@@ -438,6 +442,76 @@ fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
         std::thread::sleep(Duration::from_millis(50));
     };
     check(out.status.success(), text(&out))?;
+    env.check_clean()
+}
+
+fn gpu(env: &Env, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .arg("gpu")
+        .args(args)
+        .arg("--pool-dir")
+        .arg(env.work.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn gpu_list_and_release(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let marker = env.work.path().join("go-on");
+    let script = format!(
+        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        marker.display()
+    );
+    let mut exec = env
+        .command("3", &["busybox", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut exec)?;
+    exec.kill().unwrap();
+    exec.wait().unwrap();
+    let listed: serde_json::Value =
+        serde_json::from_slice(&gpu(&env, &["list", "--json"]).stdout).unwrap();
+    let entry = &listed["reservations"][0];
+    let id = entry["id"].as_str().unwrap_or_default().to_owned();
+    check(
+        id.starts_with("exec-")
+            && entry["owner"]["kind"] == "process"
+            && entry["gpus"].as_array().map(Vec::len) == Some(3)
+            && entry["liveness"]["state"] == "alive"
+            && entry["liveness"]["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("has exited") && w.contains("still runs")),
+        format!("{listed:#}"),
+    )?;
+    let refused = gpu(&env, &["release", &id]);
+    check(
+        refused.status.code() == Some(1)
+            && String::from_utf8_lossy(&refused.stderr).contains("pass --force"),
+        text(&refused),
+    )?;
+    std::fs::write(&marker, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
+        if table.contains(" dead ") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("never dead:\n{table}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let released = gpu(&env, &["release", "--dead"]);
+    check(
+        released.status.success()
+            && String::from_utf8_lossy(&released.stdout).contains(&format!("released {id}")),
+        text(&released),
+    )?;
+    let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
+    check(table.contains("no reservations"), table)?;
     env.check_clean()
 }
 

@@ -923,6 +923,9 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
     )?;
     let mut held = c.launch("held", 3, true)?;
     c.report("held")?;
+    // The module caches a collection for 1 s (`metrics::DEFAULT_CACHE`): the scrape above may
+    // still be served; wait for a fresh one.
+    std::thread::sleep(Duration::from_millis(1100));
     let body = metrics()?;
     for want in [
         r#"mesos_gpu_allocator_gpus{state="allocated"} 3"#,

@@ -152,10 +152,15 @@ impl Isolator {
             .map(|g| g.index)
             .collect();
         let wanted = GpuSet::from_indices(wanted).unwrap_or_default();
-        state.allocator.release_all(ELSEWHERE_OWNER);
         let clash: Vec<u32> = wanted
             .iter()
-            .filter(|&i| others.contains(self.uuid(i)) && state.allocator.owner_of(i).is_some())
+            .filter(|&i| {
+                others.contains(self.uuid(i))
+                    && state
+                        .allocator
+                        .owner_of(i)
+                        .is_some_and(|o| o != ELSEWHERE_OWNER)
+            })
             .collect();
         if !clash.is_empty() {
             tracing::error!(gpus = ?clash, pool = %link.pool.state_path().display(), "GPUs this isolator holds are reserved by another holder of the pool too (run `mesos-gpu gpu list`)");

@@ -77,6 +77,26 @@ pub enum PoolError {
         /// The version found.
         found: u32,
     },
+    /// No reservation has that owner id.
+    #[error("no reservation of the GPU pool {path} is owned by {id:?} (owners: {known})")]
+    UnknownOwner {
+        /// The pool file.
+        path: PathBuf,
+        /// The id asked for.
+        id: String,
+        /// The ids there are, comma-separated (or `none`).
+        known: String,
+    },
+    /// The owner is not known to be gone.
+    #[error("{id} is {state} ({why}); its GPUs may be in use: pass --force to release them anyway")]
+    NotDead {
+        /// The owner id.
+        id: String,
+        /// `alive` or `uncertain`.
+        state: &'static str,
+        /// Why.
+        why: String,
+    },
     /// The lock stayed busy for [`LOCK_WAIT`].
     #[error("the GPU pool lock {path} is still held after {waited:?} by {holder}")]
     Busy {
@@ -237,6 +257,58 @@ pub struct Reconciled {
     pub uncertain: Vec<(String, String)>,
 }
 
+/// One reservation as `gpu list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The owner id.
+    pub id: String,
+    /// The reservation.
+    #[serde(flatten)]
+    pub reservation: Reservation,
+    /// Whether its owner is still there.
+    pub liveness: Liveness,
+}
+
+/// What the pool holds, as `gpu list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    /// The pool file.
+    pub path: PathBuf,
+    /// Every reservation, with its owner's liveness.
+    pub reservations: Vec<Listed>,
+    /// GPUs the registered health checkpoints mark unhealthy (UUID: reason).
+    pub unhealthy: BTreeMap<String, String>,
+}
+
+/// Removes what a dead `exec` left (its empty cgroup, its private directory) and the
+/// reservation; a cgroup that cannot be removed keeps the reservation (the error says why).
+fn free_reservation(state: &mut PoolState, id: &str) -> io::Result<()> {
+    if let Some(Reservation {
+        owner:
+            Owner::Process {
+                cgroup,
+                private_dir,
+                ..
+            },
+        ..
+    }) = state.reservations.get(id)
+    {
+        if let Some(cgroup) = cgroup {
+            remove_dir_if_present(cgroup).map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot remove {}: {e}", cgroup.display()))
+            })?;
+        }
+        if let Some(dir) = private_dir
+            && let Err(e) = fs::remove_dir_all(dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a dead exec's directory");
+        }
+    }
+    state.reservations.remove(id);
+    Ok(())
+}
+
 /// Frees every reservation (of a holder other than `keep`) whose owner is dead; before freeing
 /// a dead `exec`'s reservation its empty cgroup and private directory are removed (a cgroup
 /// that cannot be removed keeps the reservation).
@@ -254,31 +326,14 @@ pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reco
         };
         match host.liveness(&r.owner) {
             Liveness::Dead(why) => {
-                if let Owner::Process {
-                    cgroup,
-                    private_dir,
-                    ..
-                } = &r.owner
-                {
-                    if let Some(cgroup) = cgroup
-                        && let Err(e) = remove_dir_if_present(cgroup)
-                    {
-                        done.uncertain.push((
-                            id.clone(),
-                            format!("{why}; cannot remove {}: {e}", cgroup.display()),
-                        ));
-                        continue;
+                let gpus = r.gpus.clone();
+                match free_reservation(state, &id) {
+                    Ok(()) => {
+                        tracing::info!(owner = %id, ?gpus, why, "freed the GPUs of a dead owner");
+                        done.freed.push((id, why));
                     }
-                    if let Some(dir) = private_dir
-                        && let Err(e) = fs::remove_dir_all(dir)
-                        && e.kind() != io::ErrorKind::NotFound
-                    {
-                        tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a dead exec's directory");
-                    }
+                    Err(e) => done.uncertain.push((id, format!("{why}; {e}"))),
                 }
-                tracing::info!(owner = %id, gpus = ?r.gpus, why, "freed the GPUs of a dead owner");
-                state.reservations.remove(&id);
-                done.freed.push((id, why));
             }
             Liveness::Uncertain(why) => done.uncertain.push((id, why)),
             Liveness::Alive(_) => {}
@@ -350,6 +405,82 @@ impl Pool {
             });
         }
         serde_json::from_slice(&bytes).map_err(|source| PoolError::Parse { path, source })
+    }
+
+    /// Every reservation with its owner's liveness, read without the lock (nothing is written).
+    pub fn list(&self, host: &Host) -> Result<Listing, PoolError> {
+        let state = self.read()?;
+        Ok(Listing {
+            path: self.state_path(),
+            unhealthy: state.unhealthy(),
+            reservations: state
+                .reservations
+                .into_iter()
+                .map(|(id, reservation)| Listed {
+                    liveness: host.liveness(&reservation.owner),
+                    id,
+                    reservation,
+                })
+                .collect(),
+        })
+    }
+
+    /// Releases the reservation of owner `id`, refused unless its owner is dead or `force`;
+    /// returns the freed reservation. The holder of a live owner records it again at its next
+    /// change, so `force` is for owners the operator knows are gone.
+    pub fn release(&self, id: &str, force: bool, host: &Host) -> Result<Reservation, PoolError> {
+        let mut tx = self.begin()?;
+        let Some(reservation) = tx.state.reservations.get(id).cloned() else {
+            let known: Vec<&str> = tx.state.reservations.keys().map(String::as_str).collect();
+            return Err(PoolError::UnknownOwner {
+                path: self.state_path(),
+                id: id.to_owned(),
+                known: if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                },
+            });
+        };
+        match host.liveness(&reservation.owner) {
+            Liveness::Dead(_) => {}
+            Liveness::Alive(why) if !force => {
+                return Err(PoolError::NotDead {
+                    id: id.to_owned(),
+                    state: "alive",
+                    why,
+                });
+            }
+            Liveness::Uncertain(why) if !force => {
+                return Err(PoolError::NotDead {
+                    id: id.to_owned(),
+                    state: "uncertain",
+                    why,
+                });
+            }
+            Liveness::Alive(_) | Liveness::Uncertain(_) => {}
+        }
+        if let Err(e) = free_reservation(&mut tx.state, id) {
+            if !force {
+                return Err(PoolError::Io {
+                    op: "free the reservation of",
+                    path: PathBuf::from(id),
+                    source: e,
+                });
+            }
+            tx.state.reservations.remove(id);
+        }
+        tx.commit()?;
+        tracing::info!(owner = id, gpus = ?reservation.gpus, force, "released a reservation of the GPU pool");
+        Ok(reservation)
+    }
+
+    /// Frees every dead owner's reservation (one reconciliation).
+    pub fn reconcile(&self, host: &Host) -> Result<Reconciled, PoolError> {
+        let mut tx = self.begin()?;
+        let done = reconcile(&mut tx.state, host, None);
+        tx.commit()?;
+        Ok(done)
     }
 
     /// Locks the pool (waiting at most [`LOCK_WAIT`]) and reads its state.
