@@ -251,7 +251,7 @@ impl Isolator {
     #[tracing::instrument(skip_all, fields(container = %id, pid))]
     pub fn isolate(&self, id: &ContainerId, pid: u32) -> Result<(), LifecycleError> {
         const STEP: &str = "isolate";
-        let state = self.lock()?;
+        let state = self.lock_local()?;
         let root = state.nested.get(id).unwrap_or(id);
         let cgroup = self.cgroup_of(&state, root, STEP)?;
         fault::point("isolate.before_move");

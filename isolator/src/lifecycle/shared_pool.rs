@@ -137,6 +137,13 @@ impl Isolator {
         Ok(Locked { guard })
     }
 
+    /// Locks the state only, for calls that change no reservation (`isolate`, `status`,
+    /// `usage`, metrics): other holders' reservations are as the last change saw them.
+    pub(crate) fn lock_local(&self) -> Result<Locked<'_>, LifecycleError> {
+        let guard = self.state.lock().map_err(|_| LifecycleError::Poisoned)?;
+        Ok(Locked { guard })
+    }
+
     /// Puts the GPUs other holders reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`].
     pub(crate) fn mark_elsewhere(&self, state: &mut State, pool: &PoolState) {
         let Some(link) = &self.pool else {
