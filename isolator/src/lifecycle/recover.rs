@@ -174,6 +174,28 @@ impl Isolator {
                     .collect()
             })
             .unwrap_or_default();
+        let reserved_elsewhere = {
+            let slot = guard.tx.borrow();
+            let uuids = slot
+                .as_ref()
+                .zip(self.pool_holder())
+                .map(|(tx, holder)| {
+                    tx.state
+                        .held_by_others(holder)
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect::<BTreeSet<String>>()
+                })
+                .unwrap_or_default();
+            GpuSet::from_indices(
+                self.inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| uuids.contains(&g.uuid))
+                    .map(|g| g.index),
+            )
+            .unwrap_or_default()
+        };
         for id in self.candidates(&ckpt, &elsewhere) {
             let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
             match ckpt.containers.get(id.as_str()) {
@@ -202,6 +224,8 @@ impl Isolator {
                     let Some(held) = self.unexplained_cgroup(&id) else {
                         continue;
                     };
+                    // GPUs another holder of the node's pool reserves are not ours to quarantine.
+                    let held = held.difference(reserved_elsewhere);
                     for i in held.iter() {
                         quarantine.entry(i).or_default().insert(id.clone());
                     }
