@@ -30,6 +30,10 @@
 //!   cgroup of its own for (`share_cgroups=false`) gets its parent's rules there too.
 //! - Unlike Mesos, GPUs of orphans and of anything recovery cannot account for stay reserved
 //!   until `cleanup` ([`recover`]).
+//! - With the node's pool ([`PoolConfig`], issue 13) every call that can change a reservation
+//!   also holds the pool's `flock` for its duration, and publishes this isolator's
+//!   reservations to the pool before its own checkpoint ([`shared_pool`]); `isolate`, `status`,
+//!   `usage` and metrics do not take the pool lock.
 
 mod checkpoint;
 mod config;
