@@ -2,6 +2,11 @@
 //! command (this test binary in "opener" mode) gets `ENXIO` (allowed, no driver) from exactly its
 //! GPUs' nodes and `EPERM` from the others, on cgroups v1 and v2; exit statuses pass through;
 //! SIGINT is forwarded and everything is cleaned up; bad input is refused with nothing left.
+//!
+//! Issue 13 (the node's one pool): two execs run side by side on disjoint GPUs; SIGHUP cleans
+//! up as SIGINT does; a SIGKILLed exec's GPUs come back once its command is gone (cgroup and
+//! record removed); `docker-args` and `exec` on one pool directory never book a GPU twice, and
+//! the refusal says what the GPUs are doing; exec honours the health checkpoint of the pool.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -43,6 +48,30 @@ fn main() -> ExitCode {
             sigint_is_forwarded_and_cleaned_up,
         ));
         trials.push(add("bad_gpus_change_nothing", bad_gpus_change_nothing));
+        trials.push(add(
+            "issue_13_sighup_is_forwarded_and_cleaned_up",
+            sighup_is_forwarded_and_cleaned_up,
+        ));
+        trials.push(add(
+            "issue_13_two_execs_run_side_by_side_on_disjoint_gpus",
+            two_execs_run_side_by_side,
+        ));
+        trials.push(add(
+            "issue_13_killed_exec_gpus_come_back_when_its_command_ends",
+            killed_exec_gpus_come_back,
+        ));
+        trials.push(add(
+            "issue_13_docker_args_and_exec_share_one_pool",
+            docker_args_and_exec_share_one_pool,
+        ));
+        trials.push(add(
+            "issue_13_gpu_list_and_release_a_killed_exec",
+            gpu_list_and_release,
+        ));
+        trials.push(add(
+            "issue_13_exec_refuses_an_unhealthy_gpu",
+            exec_refuses_an_unhealthy_gpu,
+        ));
     }
     trials.push(needs(
         &host,
@@ -135,7 +164,7 @@ impl Env {
                 self.version,
                 "--cgroups-root",
                 &self.root,
-                "--work-dir",
+                "--pool-dir",
             ])
             .arg(self.work.path())
             .arg("--")
@@ -159,15 +188,21 @@ impl Env {
             })
             .unwrap_or_default();
         check(left.is_empty(), format!("cgroups left: {left:?}"))?;
-        let ckpt = self.work.path().join("gpu/allocations.json");
-        if ckpt.exists() {
-            let text = std::fs::read_to_string(&ckpt).unwrap();
+        let pool = self.work.path().join("gpu/pool.json");
+        if pool.exists() {
+            let text = std::fs::read_to_string(&pool).unwrap();
             check(
-                text.contains("\"containers\": {}") && text.contains("\"quarantine\": {}"),
-                format!("checkpoint not empty: {text}"),
+                text.contains("\"reservations\": {}"),
+                format!("pool not empty: {text}"),
             )?;
         }
-        Ok(())
+        let private: Vec<_> = std::fs::read_dir(self.work.path().join("exec"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        check(
+            private.is_empty(),
+            format!("exec records left: {private:?}"),
+        )
     }
 }
 
@@ -283,26 +318,29 @@ fn exit_status_passes_through(version: &'static str) -> TestResult {
 }
 
 fn sigint_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
-    let env = Env::new(version);
-    let mut child = env
-        .command("2", &["busybox", "sleep", "1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    signal_is_forwarded_and_cleaned_up(version, "INT", 130)
+}
+
+fn sighup_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
+    signal_is_forwarded_and_cleaned_up(version, "HUP", 129)
+}
+
+/// Waits until `n` containers under the cgroups root run a process.
+fn wait_running(env: &Env, n: usize, child: &mut std::process::Child) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(20);
-    // Wait until the sleep runs in the container's cgroup.
     loop {
         let running = std::fs::read_dir(env.parent())
             .map(|d| {
-                d.flatten().any(|e| {
-                    std::fs::read_to_string(e.path().join("cgroup.procs"))
-                        .is_ok_and(|p| !p.trim().is_empty())
-                })
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("cgroup.procs"))
+                            .is_ok_and(|p| !p.trim().is_empty())
+                    })
+                    .count()
             })
-            .unwrap_or(false);
-        if running {
-            break;
+            .unwrap_or(0);
+        if running >= n {
+            return Ok(());
         }
         if Instant::now() > deadline {
             let _ = child.kill();
@@ -311,13 +349,267 @@ fn sigint_is_forwarded_and_cleaned_up(version: &'static str) -> TestResult {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn signal_is_forwarded_and_cleaned_up(version: &'static str, sig: &str, code: i32) -> TestResult {
+    let env = Env::new(version);
+    let mut child = env
+        .command("2", &["busybox", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut child)?;
     let st = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{sig}"), &child.id().to_string()])
         .status()
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    check(st.success(), "kill -INT")?;
-    check(out.status.code() == Some(130), text(&out))?;
+    check(st.success(), format!("kill -{sig}"))?;
+    check(out.status.code() == Some(code), text(&out))?;
+    env.check_clean()
+}
+
+/// The GPU indices an exec printed (`  GPUs: 0 (GPU-…, /dev/nvidia0), …`).
+fn granted(stderr: &str) -> BTreeSet<u32> {
+    stderr
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("GPUs: "))
+        .flat_map(|l| l.split("), "))
+        .filter_map(|g| g.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn two_execs_run_side_by_side(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let mut first = env
+        .command("4", &["busybox", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut first)?;
+    let started = Instant::now();
+    let second = env.run("4", &["busybox", "true"]);
+    let waited = started.elapsed();
+    let _ = Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status();
+    let first = first.wait_with_output().unwrap();
+    check(second.status.success(), text(&second))?;
+    check(
+        waited < Duration::from_secs(2),
+        format!("the second exec waited {waited:?} for the first"),
+    )?;
+    let (a, b) = (
+        granted(&String::from_utf8_lossy(&first.stderr)),
+        granted(&String::from_utf8_lossy(&second.stderr)),
+    );
+    check(
+        a.len() == 4 && b.len() == 4 && a.is_disjoint(&b),
+        format!("GPUs {a:?} and {b:?}"),
+    )?;
+    env.check_clean()
+}
+
+fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let marker = env.work.path().join("go-on");
+    let script = format!(
+        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        marker.display()
+    );
+    let mut exec = env
+        .command("8", &["busybox", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut exec)?;
+    exec.kill().unwrap();
+    exec.wait().unwrap();
+    // Its command still runs: its GPUs stay reserved.
+    let refused = env.run("1", &["busybox", "true"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    check(
+        refused.status.code() == Some(1)
+            && stderr.contains("1 asked; 0 free, 0 unhealthy, 0 quarantined, 8 held"),
+        text(&refused),
+    )?;
+    // The command ends: the next request frees them, removing the cgroup and the record.
+    std::fs::write(&marker, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = env.run("8", &["busybox", "true"]);
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    check(out.status.success(), text(&out))?;
+    env.check_clean()
+}
+
+fn gpu(env: &Env, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .arg("gpu")
+        .args(args)
+        .arg("--pool-dir")
+        .arg(env.work.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn gpu_list_and_release(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let marker = env.work.path().join("go-on");
+    let script = format!(
+        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        marker.display()
+    );
+    let mut exec = env
+        .command("3", &["busybox", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut exec)?;
+    exec.kill().unwrap();
+    exec.wait().unwrap();
+    let listed: serde_json::Value =
+        serde_json::from_slice(&gpu(&env, &["list", "--json"]).stdout).unwrap();
+    let entry = &listed["reservations"][0];
+    let id = entry["id"].as_str().unwrap_or_default().to_owned();
+    check(
+        id.starts_with("exec-")
+            && entry["owner"]["kind"] == "process"
+            && entry["gpus"].as_array().map(Vec::len) == Some(3)
+            && entry["liveness"]["state"] == "alive"
+            && entry["liveness"]["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("has exited") && w.contains("still runs")),
+        format!("{listed:#}"),
+    )?;
+    let refused = gpu(&env, &["release", &id]);
+    check(
+        refused.status.code() == Some(1)
+            && String::from_utf8_lossy(&refused.stderr).contains("pass --force"),
+        text(&refused),
+    )?;
+    std::fs::write(&marker, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
+        if table.contains(" dead ") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("never dead:\n{table}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let released = gpu(&env, &["release", "--dead"]);
+    check(
+        released.status.success()
+            && String::from_utf8_lossy(&released.stdout).contains(&format!("released {id}")),
+        text(&released),
+    )?;
+    let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
+    check(table.contains("no reservations"), table)?;
+    env.check_clean()
+}
+
+fn docker_args_and_exec_share_one_pool(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let docker_work = env.work.path().join("docker");
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "docker-args", "--gpus", "8"])
+        .args(["--plugin", "--work-dir"])
+        .arg(&docker_work)
+        .env("MESOS_GPU_POOL_DIR", env.work.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap();
+    check(out.status.success(), text(&out))?;
+    let name = String::from_utf8_lossy(&out.stdout);
+    let id = name
+        .split_whitespace()
+        .find_map(|a| a.strip_prefix("--name=mesos-"))
+        .unwrap_or_default()
+        .to_owned();
+    let refused = env.run("8", &["busybox", "true"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    check(
+        refused.status.code() == Some(1)
+            && stderr.contains(
+                "8 asked; 0 free, 0 unhealthy, 0 quarantined, 8 held (run `mesos-gpu gpu list`)",
+            ),
+        text(&refused),
+    )?;
+    let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "docker-args", "--release", &id])
+        .arg("--work-dir")
+        .arg(&docker_work)
+        .env("MESOS_GPU_POOL_DIR", env.work.path())
+        .output()
+        .unwrap();
+    check(released.status.success(), text(&released))?;
+    let out = env.run("8", &["busybox", "true"]);
+    check(out.status.success(), text(&out))?;
+    env.check_clean()
+}
+
+fn exec_refuses_an_unhealthy_gpu(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    // An agent's health checkpoint, registered in the pool (as the module does), fails GPU 3.
+    let agent = env.work.path().join("agent");
+    let node: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let gpus: Vec<serde_json::Value> = node["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let health = if g["index"] == 3 {
+                serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
+                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
+            } else {
+                serde_json::json!({"state": "healthy"})
+            };
+            serde_json::json!({"index": g["index"], "uuid": g["uuid"], "xids": {},
+                   "ecc_single_bit": 0, "ecc_double_bit": 0, "health": health})
+        })
+        .collect();
+    std::fs::create_dir_all(agent.join("gpu")).unwrap();
+    std::fs::write(
+        agent.join("gpu/health.json"),
+        serde_json::json!({"version": 1, "gpus": gpus}).to_string(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.work.path().join("gpu")).unwrap();
+    std::fs::write(
+        env.work.path().join("gpu/pool.json"),
+        serde_json::json!({"version": 1, "reservations": {}, "health_dirs": [agent]}).to_string(),
+    )
+    .unwrap();
+    let refused = env.run("8", &["busybox", "true"]);
+    check(
+        refused.status.code() == Some(1)
+            && String::from_utf8_lossy(&refused.stderr)
+                .contains("8 asked; 7 free, 1 unhealthy, 0 quarantined, 0 held"),
+        text(&refused),
+    )?;
+    let out = env.run("7", &["busybox", "true"]);
+    check(out.status.success(), text(&out))?;
+    let gpus = granted(&String::from_utf8_lossy(&out.stderr));
+    check(!gpus.contains(&3), format!("granted {gpus:?}"))?;
     env.check_clean()
 }
 
@@ -383,7 +675,7 @@ fn numa_pinning() -> TestResult {
                 "v1",
                 "--cgroups-root",
                 &env.root,
-                "--work-dir",
+                "--pool-dir",
             ])
             .arg(env.work.path())
             .args(extra)

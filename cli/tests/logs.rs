@@ -101,6 +101,8 @@ fn issue_14_serve_logs_info_by_default() {
         .arg(dir.path().join("volumes"))
         .arg("--work-dir")
         .arg(dir.path().join("work"))
+        .arg("--pool-dir")
+        .arg(dir.path().join("work").join("pool"))
         .arg("--docker-socket")
         .arg(dir.path().join("no-docker.sock"))
         .env_remove("MESOS_GPU_LOG")

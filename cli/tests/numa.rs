@@ -48,6 +48,8 @@ fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
             "--json",
             "--work-dir",
             dir,
+            "--pool-dir",
+            dir,
         ];
         a.extend_from_slice(extra);
         let out = mesos_gpu(&a);
@@ -70,7 +72,15 @@ fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
     // Both GPUs are taken; give them back.
     for line in [&first, &second] {
         let name = line[0].strip_prefix("--name=mesos-").unwrap();
-        let out = mesos_gpu(&["docker-args", "--release", name, "--work-dir", dir]);
+        let out = mesos_gpu(&[
+            "docker-args",
+            "--release",
+            name,
+            "--work-dir",
+            dir,
+            "--pool-dir",
+            dir,
+        ]);
         assert!(out.status.success(), "{}", text(&out));
     }
     let (greedy, log) = args(&["--numa-pinning", "--cpus", "2"]);

@@ -90,6 +90,8 @@ impl Env {
             .arg("run")
             .arg("--work-dir")
             .arg(self.work.path())
+            .arg("--pool-dir")
+            .arg(self.work.path().join("pool"))
             .args(args)
             .env("MESOS_GPU_LOG", "warn");
         cmd
@@ -201,8 +203,7 @@ fn concurrent_runs_share_one_pool() -> TestResult {
     let refused = env.run(&["--gpus", "3", &image, "true"])?;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     if refused.status.code() != Some(1)
-        || !stderr.contains("cannot allocate 3 GPUs")
-        || !stderr.contains("2 free")
+        || !stderr.contains("3 asked; 2 free, 0 unhealthy, 0 quarantined, 6 held")
     {
         return Err(format!(
             "a run beyond the free GPUs was not refused clearly: {}",
@@ -329,6 +330,8 @@ fn numa_pinning() -> TestResult {
         .arg(env.dev.path())
         .args(["run", "--work-dir"])
         .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
         .args(["--gpus", "1", "--numa-pinning", &image, "sh", "-c"])
         .arg("ls /dev; grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status")
         .env("MESOS_GPU_LOG", "warn")

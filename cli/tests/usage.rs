@@ -65,6 +65,8 @@ fn issue_14_well_formed_commands_that_fail_exit_1() {
         "--plugin",
         "--work-dir",
         dir,
+        "--pool-dir",
+        dir,
     ]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -85,7 +87,7 @@ fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
     let pool = work.path().join("pool");
     let pool = pool.to_str().unwrap();
     for args in [
-        vec!["exec", "--gpus", "1", "--work-dir", pool, "--", "true"],
+        vec!["exec", "--gpus", "1", "--pool-dir", pool, "--", "true"],
         vec!["docker-args", "--gpus", "1", "--plugin", "--work-dir", pool],
         vec!["run", "--gpus", "1", "--work-dir", pool, "busybox", "true"],
     ] {

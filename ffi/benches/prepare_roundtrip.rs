@@ -23,7 +23,7 @@ use mesos_gpu::proto::mesos::slave::{ContainerConfig, ContainerLaunchInfo};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId as Cid, Isolator, IsolatorConfig, PrepareConfig,
+    CgroupChoice, ContainerId as Cid, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
 };
 use prost::Message;
 use support::{Cg, Fixture, Handle, call_plain, cid, config};
@@ -100,6 +100,11 @@ fn rust_isolator(f: &Fixture) -> Isolator {
     let mut config = IsolatorConfig::new(f.work.path());
     config.cgroup_version = CgroupChoice::V1;
     config.cgroups_root = f.cgroups_root.clone();
+    // Like the module (the fixture's `pool_dir`): the node's pool, so only the ABI differs.
+    config.pool = Some(PoolConfig {
+        dir: f.work.path().join("pool"),
+        role: PoolRole::Agent,
+    });
     Isolator::new(config, inventory, nodes).unwrap_or_else(|e| panic!("{e}"))
 }
 

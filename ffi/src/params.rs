@@ -18,7 +18,10 @@ use mesos_gpu_isolator::cgroup::{CgroupError, CgroupVersion};
 use mesos_gpu_isolator::devices::DevicesError;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
 use mesos_gpu_isolator::health::{HealthPolicy, PolicyError};
-use mesos_gpu_isolator::lifecycle::{CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError};
+use mesos_gpu_isolator::lifecycle::{
+    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole,
+};
+use mesos_gpu_isolator::pool::DEFAULT_POOL_DIR;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -26,6 +29,7 @@ use crate::proto::mesos::Parameters;
 /// The keys accepted, in the order error messages list them.
 pub const KEYS: &[&str] = &[
     "work_dir",
+    "pool_dir",
     "nvml_lib",
     "dev_root",
     "policy",
@@ -237,6 +241,11 @@ impl ModuleParams {
         let path = |key: &str, default: &str| PathBuf::from(get(key).unwrap_or(default));
         let work_dir = get("work_dir").ok_or(ParamError::Missing { key: "work_dir" })?;
         let mut isolator = IsolatorConfig::new(work_dir);
+        // The node's one pool, shared with `serve`, `run`, `docker-args` and `exec`.
+        isolator.pool = Some(PoolConfig {
+            dir: path("pool_dir", DEFAULT_POOL_DIR),
+            role: PoolRole::Agent,
+        });
         if let Some(policy) = get("policy") {
             isolator.policy = policy
                 .parse::<Policy>()
@@ -541,7 +550,7 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.starts_with(
-                "unknown module parameter \"polcy\": expected one of work_dir, nvml_lib"
+                "unknown module parameter \"polcy\": expected one of work_dir, pool_dir, nvml_lib"
             ),
             "{text}"
         );

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
     let build: &[Need] = &[Need::Cc, Need::Mesos];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 15] = [
+    let tests: [(&str, &[Need], Test); 16] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -96,6 +96,11 @@ fn main() -> ExitCode {
             v1_gpu_agents_are_shared_as_the_guide_says,
         ),
         (
+            "v1_exec_beside_the_agent_gets_other_gpus",
+            v1,
+            v1_exec_beside_the_agent,
+        ),
+        (
             "v2_program_on_mesos_container_cgroup",
             v2,
             v2_program_on_mesos_cgroup,
@@ -113,6 +118,8 @@ fn main() -> ExitCode {
         .map(|(name, need, f)| {
             let issue = if name.contains("metrics") || name.contains("shared") {
                 14
+            } else if name.contains("beside") {
+                13
             } else {
                 11
             };
@@ -244,6 +251,10 @@ impl Cluster {
         let module_work = scratch.path().join("module-work");
         let mut params: Vec<(String, String)> = vec![
             ("work_dir".into(), module_work.display().to_string()),
+            (
+                "pool_dir".into(),
+                scratch.path().join("pool").display().to_string(),
+            ),
             ("dev_root".into(), dev.path().display().to_string()),
             ("driver_volume".into(), "off".into()),
             ("policy".into(), "first-fit".into()),
@@ -485,6 +496,73 @@ fn v1_concurrent_tasks_get_disjoint_gpus() -> TestResult {
         c.release(name)?;
         task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     }
+    c.wait_all_released()
+}
+
+/// Issue 13: the module and an `exec` beside the agent draw from the node's one pool. While a
+/// `gpus:5` task runs, an exec isolator (the code `mesos-gpu exec` runs, in this process) on the
+/// same pool directory is refused 4 GPUs with the pool's counts and gets the other 3.
+fn v1_exec_beside_the_agent() -> TestResult {
+    use mesos_gpu_isolator::devices::DeviceNodes;
+    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+    use mesos_gpu_isolator::lifecycle::{
+        CgroupChoice, ContainerId as Cid, Isolator, IsolatorConfig, PoolConfig, PoolRole,
+        PrepareConfig,
+    };
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &EXPLICIT_ROOT,
+    )?;
+    let mut task = c.launch("five", 5, true)?;
+    task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let held = opened(&c.report("five")?, false);
+    check(held.len() == 5, format!("the task holds {held:?}"))?;
+    let Discovery::Driver(driver) = GpuDriver::open(Some(&c.sim.lib_path()))? else {
+        return Err("nvml-sim reported no driver".into());
+    };
+    let inventory = driver.inventory().clone();
+    let nodes = DeviceNodes::scan(c.dev.path(), &inventory)?;
+    let private = c.scratch.path().join("exec");
+    let mut config = IsolatorConfig::new(&private);
+    config.cgroup_version = CgroupChoice::V1;
+    config.cgroups_root = mesos_gpu_testkit::unique_name("beside");
+    config.pool = Some(PoolConfig {
+        dir: c.scratch.path().join("pool"),
+        role: PoolRole::Exec {
+            private_dir: private.clone(),
+        },
+    });
+    let parent = Path::new("/sys/fs/cgroup/devices").join(&config.cgroups_root);
+    let exec = Isolator::new(config, inventory, nodes)?;
+    exec.recover(&[], &[])?;
+    let id = Cid::new("exec-1-beside")?;
+    let ask = |gpus: f64| PrepareConfig {
+        gpus,
+        ..PrepareConfig::default()
+    };
+    let result = (|| -> TestResult {
+        let refused = exec.prepare(&id, ask(4.0)).err().ok_or("4 GPUs granted")?;
+        check(
+            refused.is_not_enough()
+                && refused
+                    .to_string()
+                    .contains("4 asked; 3 free, 0 unhealthy, 0 quarantined, 5 held"),
+            format!("{refused}"),
+        )?;
+        let info = exec.prepare(&id, ask(3.0))?;
+        let mine: BTreeSet<u32> = info.gpus.iter().map(|g| g.minor).collect();
+        check(
+            mine.len() == 3 && mine.is_disjoint(&held),
+            format!("exec got {mine:?}, the task holds {held:?}"),
+        )?;
+        exec.cleanup(&id)?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir(&parent);
+    result?;
+    c.release("five")?;
+    task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     c.wait_all_released()
 }
 
@@ -790,6 +868,7 @@ fn v2_cgroups_devices_refused() -> TestResult {
     let params = mesos_gpu::proto::mesos::Parameters {
         parameter: vec![
             param("work_dir", work.path().display().to_string()),
+            param("pool_dir", work.path().join("pool").display().to_string()),
             param("nvml_lib", sim.lib_path().display().to_string()),
             param("dev_root", dev.path().display().to_string()),
             param("driver_volume", "off".into()),
@@ -919,6 +998,9 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
     )?;
     let mut held = c.launch("held", 3, true)?;
     c.report("held")?;
+    // The module caches a collection for 1 s (`metrics::DEFAULT_CACHE`): the scrape above may
+    // still be served; wait for a fresh one.
+    std::thread::sleep(Duration::from_millis(1100));
     let body = metrics()?;
     for want in [
         r#"mesos_gpu_allocator_gpus{state="allocated"} 3"#,
@@ -1080,6 +1162,10 @@ fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
         ("driver_volume".into(), "off".into()),
         ("policy".into(), "first-fit".into()),
         ("numa_pinning".into(), "on".into()),
+        (
+            "pool_dir".into(),
+            scratch.path().join("pool").display().to_string(),
+        ),
     ];
     let modules = scratch.path().join("modules.json");
     std::fs::write(&modules, modules_json(&module, &params).to_string())?;

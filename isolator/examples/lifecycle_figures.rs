@@ -2,7 +2,10 @@
 //! and v2) against a simulated 8-GPU node (nvml-sim `dgx1-v100`), printing p50/p99 per step and
 //! containers per second. Target: under 2 ms p99 for the whole cycle. Needs root.
 //!
-//! `cargo run --release -p mesos-gpu-isolator --example lifecycle_figures [-- ROUNDS]`
+//! `cargo run --release -p mesos-gpu-isolator --example lifecycle_figures [-- ROUNDS [pool]]`
+//!
+//! With `pool`, the isolator draws from a node pool (issue 13) as the module does: each call
+//! also locks, reads and (on change) rewrites `<tmp>/pool/gpu/pool.json`.
 //!
 //! One long-lived `sleep` stands in for every container's process: it is isolated into each new
 //! cgroup and moved back to the hierarchy root (untimed) before cleanup, as its exit would be.
@@ -16,7 +19,7 @@ use std::time::{Duration, Instant};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PrepareConfig,
+    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
 };
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
@@ -24,6 +27,7 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 fn main() -> Result<()> {
     let rounds: usize = std::env::args().nth(1).map_or(Ok(2000), |s| s.parse())?;
+    let pooled = std::env::args().nth(2).as_deref() == Some("pool");
     let sim = SimNode::shipped("dgx1-v100");
     let inventory = match GpuDriver::open(Some(&sim.lib_path()))? {
         Discovery::Driver(d) => d.inventory().clone(),
@@ -61,6 +65,12 @@ fn main() -> Result<()> {
         config.cgroup_version = choice;
         config.v2_mount = Some(v2_mount.clone());
         config.cgroups_root = format!("mgpu-bench-{}", std::process::id());
+        if pooled {
+            config.pool = Some(PoolConfig {
+                dir: work.path().join("pool"),
+                role: PoolRole::Agent,
+            });
+        }
         let parent = root.join(&config.cgroups_root);
         let isolator = Isolator::new(config, inventory.clone(), nodes.clone())?;
         isolator.recover(&[], &[])?;

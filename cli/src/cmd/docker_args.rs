@@ -1,11 +1,10 @@
 //! `mesos-gpu docker-args`: reserve N GPUs from the shared pool and print the `docker run`
 //! arguments that give them to a container; `--release ID` gives them back.
 //!
-//! The pool is the lifecycle isolator's, checkpointed in `--work-dir` (default
-//! [`DEFAULT_WORK_DIR`]): every user of that directory — `docker-args`, `run`, `exec` given the
-//! same `--work-dir`, `serve`'s start-up recovery — draws from one set of GPUs, so two
-//! containers never get the same GPU. The directory is locked only for the duration of one
-//! call ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
+//! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
+//! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
+//! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
+//! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 //!
 //! The arguments start with `--name=mesos-<ID>`: that name is how a later recovery
 //! (`mesos-gpu serve` at start) finds the container and its GPUs again, and releases the
@@ -25,7 +24,7 @@ use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
-    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError,
+    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError, PoolConfig, PoolRole,
 };
 use mesos_gpu_volume::VolumeManager;
 
@@ -90,9 +89,13 @@ pub(crate) struct Args {
     #[arg(long)]
     plugin: bool,
 
-    /// Where the shared GPU pool is checkpointed.
+    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
+    /// --pool-dir).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
     work_dir: PathBuf,
+
+    #[command(flatten)]
+    pool: super::PoolArgs,
 
     /// Directory holding the `nvidia_<driver version>` volumes (bind mode).
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
@@ -119,7 +122,11 @@ pub(crate) struct Args {
 
 /// Opens the shared pool in `work_dir` and recovers it from its checkpoint, waiting up to
 /// [`LOCK_WAIT`] while another process holds the directory. Drop it to let others in.
-pub(crate) fn open_pool(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Isolator> {
+pub(crate) fn open_pool(
+    ctx: &Ctx,
+    work_dir: &Path,
+    pool: &super::PoolArgs,
+) -> anyhow::Result<Isolator> {
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
         Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
@@ -132,11 +139,12 @@ pub(crate) fn open_pool(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Isolator> 
     };
     let deadline = Instant::now() + LOCK_WAIT;
     let isolator = loop {
-        match Isolator::new(
-            IsolatorConfig::new(work_dir),
-            inventory.clone(),
-            nodes.clone(),
-        ) {
+        let mut config = IsolatorConfig::new(work_dir);
+        config.pool = Some(PoolConfig {
+            dir: pool.pool_dir.clone(),
+            role: PoolRole::Docker,
+        });
+        match Isolator::new(config, inventory.clone(), nodes.clone()) {
             Err(LifecycleError::Checkpoint {
                 source: CheckpointError::Locked { .. },
                 ..
@@ -211,7 +219,7 @@ pub(crate) fn driver_spec(
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
-        let pool = open_pool(ctx, &args.work_dir)?;
+        let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
         pool.release_docker(id)
             .with_context(|| format!("cannot release the GPUs of {id}"))?;
         return Ok(ExitCode::SUCCESS);
@@ -240,7 +248,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let host = super::serve::host_devices(ctx)?;
     // Everything but the GPUs is checked before anything is reserved.
     LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
-    let pool = open_pool(ctx, &args.work_dir)?;
+    let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
     let reserved = pool.reserve_docker(&id, f64::from(gpus))?;
     let refs: Vec<&Gpu> = reserved.iter().collect();
     let planned = LaunchPlan::new(&refs, &host, &image, driver.as_ref())

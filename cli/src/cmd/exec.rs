@@ -6,9 +6,18 @@
 //! ourselves as a small launcher (`exec --launcher-socket PATH -- CMD…`, hidden), which connects
 //! to a unix socket we listen on and blocks reading it; we write its pid to `cgroup.procs`, then
 //! send `go`, and only then does it `exec` CMD (`CommandExt::exec`). A launcher whose parent
-//! dies reads end-of-file and exits without running CMD. SIGINT and SIGTERM are forwarded to the
-//! command; once it ends, processes it left in the cgroup are killed and the container cleaned up.
-//! The exit status is the command's, or 128 + the signal that killed it.
+//! dies reads end-of-file and exits without running CMD. SIGINT, SIGTERM and SIGHUP (the
+//! terminal went away) are forwarded to the command; once it ends, processes it left in the
+//! cgroup are killed and the container cleaned up. The exit status is the command's, or 128 +
+//! the signal that killed it.
+//!
+//! The GPUs come from the node's pool (`--pool-dir`), in a short transaction: nothing is held
+//! while the command runs, so execs run side by side. The container id is
+//! `exec-<pid>-<random>` (a reused pid cannot collide with a leftover), its record lives in a
+//! private directory `<pool dir>/exec/<id>`, and its reservation's owner is this process
+//! (pid, start time, boot id) with the command's cgroup: if `exec` is killed, the GPUs stay
+//! reserved while the command runs and come back once its cgroup is empty (the next request
+//! that needs them, or `mesos-gpu gpu list`, reconciles the pool).
 
 use std::ffi::OsString;
 use std::io::{Read as _, Write as _};
@@ -22,7 +31,8 @@ use anyhow::{Context as _, bail};
 use mesos_gpu_isolator::allocator::Policy;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PrepareConfig,
+    CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PoolConfig, PoolRole,
+    PrepareConfig,
 };
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
@@ -35,11 +45,12 @@ const GO: &[u8] = b"go";
 #[derive(clap::Args)]
 #[command(
     long_about = "Run a command in a new container device cgroup with N GPUs, as the Mesos agent \
-                  runs a task: allocate (from the checkpoint in --work-dir, shared with other \
-                  users of that directory), create the cgroup with the device rules, run the \
-                  command inside it from its first instruction, wait, then remove the cgroup and \
-                  release the GPUs. SIGINT/SIGTERM are forwarded to the command. Exits with the \
-                  command's status, or 128+N when it is killed by signal N. Needs root.",
+                  runs a task: allocate from the node's GPU pool (--pool-dir, shared with the \
+                  agent's module, serve, run, docker-args and other execs), create the cgroup with \
+                  the device rules, run the command inside it from its first instruction, wait, \
+                  then remove the cgroup and release the GPUs. SIGINT/SIGTERM/SIGHUP are forwarded \
+                  to the command. Exits with the command's status, or 128+N when it is killed by \
+                  signal N. Needs root.",
     after_help = "Examples:\n  \
     mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
     mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
@@ -65,9 +76,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "VERSION", default_value = "auto", value_parser = parse_choice)]
     cgroup_version: CgroupChoice,
 
-    /// Where allocations are checkpointed; one `exec` at a time per directory.
-    #[arg(long, value_name = "DIR", default_value = "/var/run/mesos-gpu/exec")]
-    work_dir: PathBuf,
+    #[command(flatten)]
+    pool: super::PoolArgs,
 
     /// Parent of the container cgroups (Mesos `--cgroups_root`).
     #[arg(long, value_name = "NAME", default_value = "mesos")]
@@ -116,7 +126,23 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             dev_root.display()
         )
     })?;
-    let mut config = IsolatorConfig::new(&args.work_dir);
+    let id = ContainerId::new(format!(
+        "exec-{}-{}",
+        std::process::id(),
+        super::docker_args::new_container_id()?
+            .as_str()
+            .split('-')
+            .next()
+            .unwrap_or_default()
+    ))?;
+    let private = args.pool.pool_dir.join("exec").join(id.as_str());
+    let mut config = IsolatorConfig::new(&private);
+    config.pool = Some(PoolConfig {
+        dir: args.pool.pool_dir.clone(),
+        role: PoolRole::Exec {
+            private_dir: private.clone(),
+        },
+    });
     config.policy = args.policy;
     config.cgroup_version = args.cgroup_version;
     config.cgroups_root.clone_from(&args.cgroups_root);
@@ -128,24 +154,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (mut sigint, mut sigterm) = {
+    let (mut sigint, mut sigterm, mut sighup) = {
         let _enter = runtime.enter();
         (
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
         )
     };
+    let _private = PrivateDir(private);
     let isolator = Isolator::new(config, inventory, nodes).context("cannot set up the isolator")?;
-    let report = isolator
+    isolator
         .recover(&[], &[])
-        .context("cannot recover the checkpoint")?;
-    for issue in &report.issues {
-        tracing::warn!(
-            ?issue,
-            "left over from an earlier run; its GPUs stay reserved"
-        );
-    }
-    let id = ContainerId::new(format!("exec-{}", std::process::id()))?;
+        .context("cannot start the container's record")?;
     let info = isolator
         .prepare(
             &id,
@@ -183,6 +204,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     status = &mut wait => break status,
                     _ = sigint.recv() => forward(pid, Signal::INT),
                     _ = sigterm.recv() => forward(pid, Signal::TERM),
+                    _ = sighup.recv() => forward(pid, Signal::HUP),
                 }
             }
         });
@@ -192,6 +214,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let status = outcome?;
     cleaned?;
     Ok(exit_code(status))
+}
+
+/// The exec's private record directory, removed when the exec ends.
+struct PrivateDir(PathBuf);
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove the exec's record directory");
+        }
+    }
 }
 
 /// Spawns the launcher, moves it into the container's cgroup and lets it exec the command.

@@ -1,4 +1,6 @@
-//! `mesos-gpu gpu health` and `mesos-gpu gpu mark-healthy <index|uuid>`.
+//! `mesos-gpu gpu health`, `mesos-gpu gpu mark-healthy <index|uuid>`, and the node's GPU pool:
+//! `mesos-gpu gpu list` (who holds what, since when, whether the owner is still there, why a
+//! GPU is quarantined or unhealthy) and `mesos-gpu gpu release <owner>|--dead`.
 //!
 //! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
 //! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
@@ -22,6 +24,8 @@ use mesos_gpu_isolator::health::{
     GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore,
 };
 
+use mesos_gpu_isolator::pool::{Host, Pool};
+
 use crate::ctx::Ctx;
 
 /// The Mesos agent work directory used when `--work-dir` is not given.
@@ -44,6 +48,44 @@ enum GpuCommand {
     #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
         mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --work-dir /var/lib/mesos")]
     MarkHealthy(MarkArgs),
+    /// List what the node's GPU pool holds: owner, GPUs, since when, whether the owner is still
+    /// there (and why), unhealthy GPUs. Reads only.
+    #[command(
+        after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu list --json\n  \
+        mesos-gpu gpu list --pool-dir /var/lib/mesos-gpu"
+    )]
+    List(ListArgs),
+    /// Give back the GPUs of an owner that is gone (`gpu list` shows it dead), or of every dead
+    /// owner with --dead. An owner still alive, or that cannot be checked, is refused unless
+    /// --force.
+    #[command(after_help = "Examples:\n  mesos-gpu gpu release --dead\n  \
+        mesos-gpu gpu release exec-4242-1f2e3d4c\n  \
+        mesos-gpu gpu release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --force")]
+    Release(ReleaseArgs),
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    #[command(flatten)]
+    pool: super::PoolArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ReleaseArgs {
+    /// The owner id, as `gpu list` shows it.
+    #[arg(required_unless_present = "dead", conflicts_with = "dead")]
+    owner: Option<String>,
+    /// Release every owner that is gone.
+    #[arg(long)]
+    dead: bool,
+    /// Release even an owner that is alive or cannot be checked (its GPUs may be in use).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    pool: super::PoolArgs,
 }
 
 #[derive(clap::Args)]
@@ -78,7 +120,72 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
         GpuCommand::Health(a) => health(a),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
+        GpuCommand::List(a) => list(a),
+        GpuCommand::Release(a) => release(a),
     }
+}
+
+fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
+    let pool = Pool::at(&args.pool.pool_dir);
+    let listing = pool.list(&Host::default())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("GPU pool {}", listing.path.display());
+    if listing.reservations.is_empty() {
+        println!("no reservations");
+    } else {
+        println!(
+            "{:<40} {:<10} {:<8} {:<10} {:<9} GPUS / WHY",
+            "OWNER", "KIND", "COUNT", "SINCE", "STATE"
+        );
+    }
+    for r in &listing.reservations {
+        let (state, why) = r.liveness.describe();
+        println!(
+            "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
+            r.id,
+            r.reservation.owner.kind(),
+            r.reservation.gpus.len(),
+            age(r.reservation.since.saturating_mul(1000)),
+            state,
+            r.reservation.gpus.join(",")
+        );
+        println!("{:>80} {why}", "");
+        if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
+            println!("{:>80} quarantined: {reason}", "");
+        }
+    }
+    for (uuid, reason) in &listing.unhealthy {
+        println!("unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let pool = Pool::at(&args.pool.pool_dir);
+    let host = Host::default();
+    if args.dead {
+        let done = pool.reconcile(&host)?;
+        for (id, why) in &done.freed {
+            println!("released {id}: {why}");
+        }
+        for (id, why) in &done.uncertain {
+            println!("kept {id}: {why}");
+        }
+        if done.freed.is_empty() {
+            println!("no dead owner");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let owner = args
+        .owner
+        .as_deref()
+        .context("an owner id or --dead is required")?;
+    let freed = pool.release(owner, args.force, &host)?;
+    println!("released {owner}: {}", freed.gpus.join(", "));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn age(ms: u64) -> String {

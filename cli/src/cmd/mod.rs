@@ -1,6 +1,9 @@
 //! One module per subcommand, each exposing `Args` and `run(args, &Ctx)`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 
 use crate::ctx::Ctx;
 
@@ -53,6 +56,15 @@ impl Command {
     pub(crate) fn handles_signals(&self) -> bool {
         matches!(self, Command::Serve(_) | Command::Run(_) | Command::Exec(_))
     }
+}
+
+/// The node's one GPU pool, shared by the agent's module and every command that reserves GPUs.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct PoolArgs {
+    /// The node's GPU pool directory (`<DIR>/gpu/pool.json`): the agent's module (parameter
+    /// `pool_dir`), `serve`, `run`, `docker-args` and `exec` must agree on it.
+    #[arg(long, value_name = "DIR", env = POOL_DIR_ENV, default_value = DEFAULT_POOL_DIR)]
+    pub(crate) pool_dir: PathBuf,
 }
 
 /// Parses `--gpus`: a whole number of GPUs. Anything else is a usage error (exit 2), reported

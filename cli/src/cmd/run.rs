@@ -65,9 +65,13 @@ pub(crate) struct Args {
     #[arg(long)]
     plugin: bool,
 
-    /// Where the shared GPU pool is checkpointed.
+    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
+    /// --pool-dir).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
     work_dir: PathBuf,
+
+    #[command(flatten)]
+    pool: super::PoolArgs,
 
     /// Directory holding the `nvidia_<driver version>` volumes (bind mode).
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
@@ -123,7 +127,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
         // Reserve and create with the pool open; it is closed again while the container runs.
         let container = {
-            let pool = Arc::new(open_pool(ctx, &args.work_dir)?);
+            let pool = Arc::new(open_pool(ctx, &args.work_dir, &args.pool)?);
             let bridge = DockerBridge::new(pool, client.clone(), host, driver, gpus);
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)
@@ -208,7 +212,7 @@ async fn stop(client: &DockerClient, container: &str, grace: u16) {
 }
 
 fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_pool(ctx, &args.work_dir)?;
+    let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
     pool.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })

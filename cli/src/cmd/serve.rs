@@ -87,9 +87,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     driver_poll: u64,
 
-    /// The shared GPU pool to reconcile with the Docker daemon at start.
+    /// The Docker containers' reservations to reconcile with the Docker daemon at start (the
+    /// GPUs come from --pool-dir).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
     work_dir: PathBuf,
+
+    #[command(flatten)]
+    pool: super::PoolArgs,
 
     /// Docker daemon socket, for the start-up reconciliation.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
@@ -267,7 +271,7 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
             return;
         }
     };
-    let pool = match open_pool(ctx, &args.work_dir) {
+    let pool = match open_pool(ctx, &args.work_dir, &args.pool) {
         Ok(pool) => pool,
         Err(e) if is_locked(&e) => {
             tracing::warn!(work_dir = %args.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");

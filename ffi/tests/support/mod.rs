@@ -100,6 +100,10 @@ impl Fixture {
             ("nvml_lib".into(), self.sim.lib_path().display().to_string()),
             ("dev_root".into(), self.dev.path().display().to_string()),
             ("work_dir".into(), self.work.path().display().to_string()),
+            (
+                "pool_dir".into(),
+                self.work.path().join("pool").display().to_string(),
+            ),
             ("cgroups_root".into(), self.cgroups_root.clone()),
             ("driver_volume".into(), "off".into()),
             ("policy".into(), "first-fit".into()),

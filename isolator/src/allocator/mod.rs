@@ -318,6 +318,19 @@ impl Allocator {
         held
     }
 
+    /// Makes `owner` hold exactly those GPUs of `set` that are managed and held by nobody else,
+    /// without counting it as an allocation: GPUs the node's pool gives to other processes.
+    /// Returns what it holds now.
+    pub(crate) fn hold_elsewhere(&mut self, owner: &str, set: GpuSet) -> GpuSet {
+        let held = self.held_by(owner).mask();
+        let counted = (self.counters.granted, self.counters.released);
+        self.give_back(owner, held);
+        let take = set.mask() & self.managed & !self.allocated;
+        self.take(owner, take);
+        (self.counters.granted, self.counters.released) = counted;
+        GpuSet::from_mask(take)
+    }
+
     /// Takes `fewer` GPUs back from `owner`, chosen by the policy, and returns them.
     pub fn shrink(&mut self, owner: &str, fewer: u32) -> Result<GpuSet, AllocError> {
         let result = self.try_shrink(owner, fewer);

@@ -108,6 +108,9 @@ pub struct IsolatorConfig {
     pub allowed_devices: Vec<DeviceRule>,
     /// NUMA pinning (off by default).
     pub pinning: super::PinningConfig,
+    /// The node's GPU pool to draw from; `None` keeps every reservation in this isolator's
+    /// own checkpoint (a pool of its own).
+    pub pool: Option<super::PoolConfig>,
 }
 
 impl IsolatorConfig {
@@ -126,6 +129,7 @@ impl IsolatorConfig {
             driver_volume: None,
             allowed_devices: default_whitelist(),
             pinning: super::PinningConfig::default(),
+            pool: None,
         }
     }
 }

@@ -23,10 +23,7 @@ impl Isolator {
             source,
         };
         let count = state.allocator.request(gpus).map_err(alloc)?.count();
-        let set = state
-            .allocator
-            .allocate(id.as_str(), count)
-            .map_err(alloc)?;
+        let set = self.allocate_shared(&mut state, id, count, STEP)?;
         state.docker.insert(id.clone(), set);
         if let Err(e) = self.save(&state, STEP) {
             state.docker.remove(id);

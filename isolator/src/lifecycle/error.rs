@@ -21,6 +21,25 @@ pub enum LifecycleError {
         #[source]
         source: AllocError,
     },
+    /// The node's pool has too few GPUs for the request, after freeing those of dead owners.
+    #[error("cannot {step} container {container}: {shortage}")]
+    Refused {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// What the pool holds.
+        shortage: crate::pool::Shortage,
+    },
+    /// The node's GPU pool could not be read or written.
+    #[error("cannot {step}: the node's GPU pool failed")]
+    Pool {
+        /// The lifecycle call.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: crate::pool::PoolError,
+    },
     /// `prepare` (or `reserve_docker`) of an id already in use.
     #[error("cannot {step} container {container}: it has already been prepared")]
     AlreadyPrepared {
@@ -220,7 +239,7 @@ impl LifecycleError {
             LifecycleError::Allocation {
                 source: AllocError::NotEnough { .. },
                 ..
-            }
+            } | LifecycleError::Refused { .. }
         )
     }
 

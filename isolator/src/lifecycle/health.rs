@@ -121,7 +121,7 @@ impl Isolator {
         timeout: Option<Duration>,
     ) -> Result<Option<Limitation>, LifecycleError> {
         let root = {
-            let state = self.lock()?;
+            let state = self.lock_local()?;
             if !state.knows(id) {
                 return Err(LifecycleError::UnknownContainer {
                     container: id.clone(),

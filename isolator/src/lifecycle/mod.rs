@@ -30,6 +30,10 @@
 //!   cgroup of its own for (`share_cgroups=false`) gets its parent's rules there too.
 //! - Unlike Mesos, GPUs of orphans and of anything recovery cannot account for stay reserved
 //!   until `cleanup` ([`recover`]).
+//! - With the node's pool ([`PoolConfig`], issue 13) every call that can change a reservation
+//!   also holds the pool's `flock` for its duration, and publishes this isolator's
+//!   reservations to the pool before its own checkpoint ([`shared_pool`]); `isolate`, `status`,
+//!   `usage` and metrics do not take the pool lock.
 
 mod checkpoint;
 mod config;
@@ -42,11 +46,12 @@ mod nested;
 mod pinning;
 mod placement;
 mod recover;
+mod shared_pool;
 mod state;
 mod status;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
@@ -56,10 +61,11 @@ pub use launch::{
 };
 pub use pinning::{PinOutcome, PinningConfig};
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
+pub use shared_pool::{ELSEWHERE_OWNER, PoolConfig, PoolRole};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
-use crate::allocator::{Allocator, GpuSet, Policy};
+use crate::allocator::{AllocError, Allocator, GpuSet, Policy};
 pub use crate::cgroup::ContainerId;
 use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
 use crate::devices::DeviceNodes;
@@ -89,6 +95,8 @@ pub struct Isolator {
     limitations: Arc<Limitations>,
     health: OnceLock<health::HealthLink>,
     pinning: Pinner,
+    /// The node's pool, when this isolator draws from one.
+    pool: Option<shared_pool::PoolLink>,
 }
 
 impl Isolator {
@@ -110,7 +118,12 @@ impl Isolator {
             step: "set up",
             source,
         })?;
+        let pool = match &config.pool {
+            Some(pool) => Some(shared_pool::PoolLink::new(pool, store.path())?),
+            None => None,
+        };
         tracing::info!(
+            pool = %pool.as_ref().map_or_else(|| "none".to_owned(), |p| p.pool().state_path().display().to_string()),
             cgroups = %layout.version(), parent = %layout.parent_dir().display(), owner = %config.owner, policy = %config.policy,
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
@@ -130,6 +143,7 @@ impl Isolator {
             limitations: Arc::new(Limitations::new()),
             health: OnceLock::new(),
             pinning,
+            pool,
         })
     }
 
@@ -178,10 +192,7 @@ impl Isolator {
             source,
         };
         let count = state.allocator.request(config.gpus).map_err(alloc)?.count();
-        let gpus = state
-            .allocator
-            .allocate(id.as_str(), count)
-            .map_err(alloc)?;
+        let gpus = self.allocate_shared(&mut state, id, count, STEP)?;
         fault::point("prepare.allocated");
         let rules = allow_list(&self.base, &self.nodes, self.minors(&state, gpus));
         let info = launch_info(
@@ -293,7 +304,7 @@ impl Isolator {
     #[tracing::instrument(skip_all, fields(container = %id, pid))]
     pub fn isolate(&self, id: &ContainerId, pid: u32) -> Result<(), LifecycleError> {
         const STEP: &str = "isolate";
-        let state = self.lock()?;
+        let state = self.lock_local()?;
         let root = state.nested.get(id).unwrap_or(id);
         let cgroup = self.cgroup_of(&state, root, STEP)?;
         fault::point("isolate.before_move");
@@ -330,7 +341,23 @@ impl Isolator {
             source,
         };
         let count = state.allocator.request(gpus).map_err(alloc)?.count();
-        let resize = state.allocator.resize(id.as_str(), count).map_err(alloc)?;
+        let resize = match state.allocator.resize(id.as_str(), count) {
+            Err(AllocError::NotEnough { .. }) if self.reconcile_pool(state) => {
+                state.allocator.resize(id.as_str(), count)
+            }
+            other => other,
+        };
+        let resize = match resize {
+            Err(AllocError::NotEnough { .. }) if self.pool.is_some() => {
+                let held = state.allocator.held_by(id.as_str()).len();
+                return Err(LifecycleError::Refused {
+                    container: id.clone(),
+                    step: STEP,
+                    shortage: self.shortage(state, count.saturating_sub(held)),
+                });
+            }
+            other => other.map_err(alloc)?,
+        };
         fault::point("update.allocated");
         let Some(entry) = state.containers.get(id) else {
             return Err(LifecycleError::UnknownContainer {
@@ -505,10 +532,6 @@ impl Isolator {
         Ok(())
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, State>, LifecycleError> {
-        self.state.lock().map_err(|_| LifecycleError::Poisoned)
-    }
-
     fn cgroup_of<'s>(
         &self,
         state: &'s State,
@@ -547,7 +570,11 @@ impl Isolator {
         }
     }
 
+    /// Publishes to the node's pool (first: a reservation is in the pool before any record of
+    /// ours grants it), then checkpoints.
     fn save(&self, state: &State, step: &'static str) -> Result<(), LifecycleError> {
+        self.publish(state)
+            .map_err(|source| LifecycleError::Pool { step, source })?;
         self.store
             .save(&state.checkpoint(&self.inventory))
             .map_err(|source| LifecycleError::Checkpoint { step, source })

@@ -160,7 +160,43 @@ impl Isolator {
         let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
 
-        for id in self.candidates(&ckpt) {
+        // Owner ids other holders of the node's pool record: their cgroups are theirs.
+        let elsewhere: BTreeSet<String> = guard
+            .tx
+            .borrow()
+            .as_ref()
+            .map(|tx| {
+                tx.state
+                    .reservations
+                    .iter()
+                    .filter(|(_, r)| Some(r.holder.as_str()) != self.pool_holder())
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reserved_elsewhere = {
+            let slot = guard.tx.borrow();
+            let uuids = slot
+                .as_ref()
+                .zip(self.pool_holder())
+                .map(|(tx, holder)| {
+                    tx.state
+                        .held_by_others(holder)
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect::<BTreeSet<String>>()
+                })
+                .unwrap_or_default();
+            GpuSet::from_indices(
+                self.inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| uuids.contains(&g.uuid))
+                    .map(|g| g.index),
+            )
+            .unwrap_or_default()
+        };
+        for id in self.candidates(&ckpt, &elsewhere) {
             let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
             match ckpt.containers.get(id.as_str()) {
                 Some(record) => {
@@ -188,6 +224,8 @@ impl Isolator {
                     let Some(held) = self.unexplained_cgroup(&id) else {
                         continue;
                     };
+                    // GPUs another holder of the node's pool reserves are not ours to quarantine.
+                    let held = held.difference(reserved_elsewhere);
                     for i in held.iter() {
                         quarantine.entry(i).or_default().insert(id.clone());
                     }
@@ -252,6 +290,11 @@ impl Isolator {
             std::mem::take(&mut guard.failed),
             &self.limitations,
         );
+        state.tx = std::mem::take(&mut guard.tx);
+        if let Some(tx) = state.tx.get_mut().take() {
+            self.mark_elsewhere(&mut state, &tx.state);
+            *state.tx.get_mut() = Some(tx);
+        }
         *guard = state;
         self.save(&guard, STEP)?;
         for issue in &report.issues {
@@ -349,12 +392,18 @@ impl Isolator {
     }
 
     /// Every container id in the checkpoint or with a cgroup under our parent.
-    fn candidates(&self, ckpt: &Checkpoint) -> BTreeSet<ContainerId> {
+    fn candidates(&self, ckpt: &Checkpoint, elsewhere: &BTreeSet<String>) -> BTreeSet<ContainerId> {
         let mut ids: BTreeSet<ContainerId> = ckpt
             .containers
             .keys()
             .filter_map(|k| ContainerId::new(k.as_str()).ok())
             .collect();
+        // With the node's pool, only the agent adopts cgroups it has no record of, and never
+        // one another holder of the pool records.
+        let adopts = self.pool.as_ref().is_none_or(|link| link.adopts_cgroups());
+        if !adopts {
+            return ids;
+        }
         if let Ok(dir) = std::fs::read_dir(self.layout.parent_dir()) {
             for entry in dir.flatten() {
                 if entry.file_type().is_ok_and(|t| t.is_dir())
@@ -362,6 +411,7 @@ impl Isolator {
                         .file_name()
                         .to_str()
                         .and_then(|n| ContainerId::new(n).ok())
+                    && !elsewhere.contains(id.as_str())
                 {
                     ids.insert(id);
                 }

@@ -43,6 +43,8 @@ pub(crate) struct State {
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
     /// GPUs the health monitor reported unhealthy, with the report (marked in the allocator).
     pub(crate) failed: BTreeMap<u32, HealthChange>,
+    /// The node pool's transaction while a call holds the lock ([`super::shared_pool`]).
+    pub(crate) tx: super::shared_pool::TxSlot,
 }
 
 impl State {
@@ -55,6 +57,7 @@ impl State {
             docker: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             failed: BTreeMap::new(),
+            tx: Default::default(),
         }
     }
 

@@ -100,7 +100,7 @@ impl Isolator {
 
     /// The container's kind, GPUs and cgroup.
     pub fn status(&self, id: &ContainerId) -> Result<ContainerStatus, LifecycleError> {
-        let state = self.lock()?;
+        let state = self.lock_local()?;
         let (kind, root) = match state.nested.get(id) {
             Some(parent) => (
                 ContainerKind::Nested {
@@ -137,12 +137,12 @@ impl Isolator {
         &self,
         read: impl FnOnce(&crate::allocator::Allocator) -> R,
     ) -> Result<R, LifecycleError> {
-        Ok(read(&self.lock()?.allocator))
+        Ok(read(&self.lock_local()?.allocator))
     }
 
     /// Who holds which GPUs now.
     pub fn allocations(&self) -> Result<Allocations, LifecycleError> {
-        let state = self.lock()?;
+        let state = self.lock_local()?;
         Ok(Allocations {
             free: state.allocator.free().to_vec(),
             owners: state

@@ -1,0 +1,348 @@
+//! The isolator on the node's one GPU pool ([`crate::pool`]).
+//!
+//! Every call that takes the isolator's lock also takes the pool's `flock` for the same
+//! duration (a call, well under a millisecond plus cgroup writes): it reads the pool, puts the
+//! GPUs other holders reserve (and those a registered health checkpoint marks unhealthy) under
+//! [`ELSEWHERE_OWNER`] in the allocator, decides, and at every checkpoint write publishes this
+//! isolator's reservations to the pool first, then its own checkpoint. A request the free GPUs
+//! cannot serve reconciles the pool (freeing dead owners) and is tried once more before it is
+//! refused with the pool's counts.
+
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+use std::sync::MutexGuard;
+
+use super::state::{QUARANTINE_OWNER, State};
+use super::{ContainerId, Isolator, LifecycleError};
+use crate::allocator::{AllocError, GpuSet};
+use crate::pool::{self, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
+
+/// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
+/// checkpoint marks unhealthy (no container id can spell the `!`).
+pub const ELSEWHERE_OWNER: &str = "!pool";
+
+/// Which pool an isolator draws from, and what its reservations are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The pool directory (files under `<dir>/gpu/`).
+    pub dir: PathBuf,
+    /// What this isolator's containers are.
+    pub role: PoolRole,
+}
+
+/// What the containers of an isolator are, for their owner records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolRole {
+    /// The Mesos agent's module: containers are the agent's (alive while the agent runs or
+    /// their cgroup has processes). Only this role adopts cgroups it has no record of.
+    Agent,
+    /// `mesos-gpu exec`: one process holding GPUs for its cgroup, with a private checkpoint
+    /// directory removed with it.
+    Exec {
+        /// The private directory (the isolator's work directory).
+        private_dir: PathBuf,
+    },
+    /// `docker-args`, `run`, `serve`: Docker containers only.
+    Docker,
+}
+
+/// The link of one isolator to the pool.
+#[derive(Debug)]
+pub(crate) struct PoolLink {
+    pool: Pool,
+    /// The isolator's checkpoint path: the holder name of its reservations.
+    holder: String,
+    role: PoolRole,
+    host: Host,
+    me: ProcessStamp,
+}
+
+impl PoolLink {
+    pub(crate) fn new(config: &PoolConfig, checkpoint: &Path) -> Result<PoolLink, LifecycleError> {
+        let host = Host::default();
+        let me = host.this_process().map_err(|source| LifecycleError::Pool {
+            step: "set up",
+            source: pool::PoolError::Io {
+                op: "read the stamp of",
+                path: PathBuf::from("/proc/self/stat"),
+                source,
+            },
+        })?;
+        Ok(PoolLink {
+            pool: Pool::at(&config.dir),
+            holder: checkpoint.display().to_string(),
+            role: config.role.clone(),
+            host,
+            me,
+        })
+    }
+
+    /// True when cgroups without a record are adopted (quarantined) at recovery.
+    pub(crate) fn adopts_cgroups(&self) -> bool {
+        self.role == PoolRole::Agent
+    }
+
+    /// The pool.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl Isolator {
+    /// The holder name of this isolator's reservations in the node's pool.
+    pub(crate) fn pool_holder(&self) -> Option<&str> {
+        self.pool.as_ref().map(|l| l.holder.as_str())
+    }
+}
+
+/// The isolator's state, locked, with the pool's transaction (if any) held alongside.
+pub(crate) struct Locked<'a> {
+    guard: MutexGuard<'a, State>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Unlocks the pool before the state.
+        self.guard.tx.get_mut().take();
+    }
+}
+
+impl Isolator {
+    /// Locks the state and, with a pool, the pool, whose other reservations are then marked in
+    /// the allocator.
+    pub(crate) fn lock(&self) -> Result<Locked<'_>, LifecycleError> {
+        let mut guard = self.state.lock().map_err(|_| LifecycleError::Poisoned)?;
+        if let Some(link) = &self.pool {
+            let tx = link.pool.begin().map_err(|source| LifecycleError::Pool {
+                step: "lock",
+                source,
+            })?;
+            self.mark_elsewhere(&mut guard, &tx.state);
+            *guard.tx.get_mut() = Some(tx);
+        }
+        Ok(Locked { guard })
+    }
+
+    /// Locks the state only, for calls that change no reservation (`isolate`, `status`,
+    /// `usage`, metrics): other holders' reservations are as the last change saw them.
+    pub(crate) fn lock_local(&self) -> Result<Locked<'_>, LifecycleError> {
+        let guard = self.state.lock().map_err(|_| LifecycleError::Poisoned)?;
+        Ok(Locked { guard })
+    }
+
+    /// Puts the GPUs other holders reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`].
+    pub(crate) fn mark_elsewhere(&self, state: &mut State, pool: &PoolState) {
+        let Some(link) = &self.pool else {
+            return;
+        };
+        let unhealthy = pool.unhealthy();
+        let others = pool.held_by_others(&link.holder);
+        let wanted: Vec<u32> = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| others.contains(g.uuid.as_str()) || unhealthy.contains_key(&g.uuid))
+            .map(|g| g.index)
+            .collect();
+        let wanted = GpuSet::from_indices(wanted).unwrap_or_default();
+        let clash: Vec<u32> = wanted
+            .iter()
+            .filter(|&i| {
+                others.contains(self.uuid(i))
+                    && state
+                        .allocator
+                        .owner_of(i)
+                        .is_some_and(|o| o != ELSEWHERE_OWNER)
+            })
+            .collect();
+        if !clash.is_empty() {
+            tracing::error!(gpus = ?clash, pool = %link.pool.state_path().display(), "GPUs this isolator holds are reserved by another holder of the pool too (run `mesos-gpu gpu list`)");
+        }
+        state.allocator.hold_elsewhere(ELSEWHERE_OWNER, wanted);
+    }
+
+    /// Publishes this isolator's reservations into the pool and commits (no-op without one).
+    pub(crate) fn publish(&self, state: &State) -> Result<(), pool::PoolError> {
+        let Some(link) = &self.pool else {
+            return Ok(());
+        };
+        let mut slot = state.tx.borrow_mut();
+        let Some(tx) = slot.as_mut() else {
+            return Ok(());
+        };
+        let uuids =
+            |set: GpuSet| -> Vec<String> { set.iter().map(|i| self.uuid(i).to_owned()).collect() };
+        let mut entries = Vec::new();
+        for (id, c) in &state.containers {
+            entries.push((id.to_string(), self.owner_of(link, id), uuids(c.gpus)));
+        }
+        for (id, &set) in &state.docker {
+            entries.push((
+                id.to_string(),
+                Owner::Docker {
+                    name: id.to_string(),
+                },
+                uuids(set),
+            ));
+        }
+        let quarantined = state.allocator.held_by(QUARANTINE_OWNER);
+        if !quarantined.is_empty() {
+            let claimants: Vec<String> = state
+                .quarantine
+                .values()
+                .flatten()
+                .map(ToString::to_string)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            entries.push((
+                format!("quarantine@{}", link.holder),
+                Owner::Quarantine {
+                    reason: format!(
+                        "recovery of {} could not account for containers {}; freed when they are cleaned up",
+                        link.holder,
+                        claimants.join(", ")
+                    ),
+                },
+                uuids(quarantined),
+            ));
+        }
+        tx.state.publish(&link.holder, entries);
+        if self.health.get().is_some() {
+            tx.state.health_dirs.insert(self.work_dir.clone());
+        }
+        commit(tx)
+    }
+
+    /// Allocates `count` GPUs to `id`; when too few are free, frees the pool's dead owners and
+    /// tries once more, then refuses with the pool's counts.
+    pub(crate) fn allocate_shared(
+        &self,
+        state: &mut State,
+        id: &ContainerId,
+        count: u32,
+        step: &'static str,
+    ) -> Result<GpuSet, LifecycleError> {
+        let alloc = |source| LifecycleError::Allocation {
+            container: id.clone(),
+            step,
+            source,
+        };
+        match state.allocator.allocate(id.as_str(), count) {
+            Err(AllocError::NotEnough { .. }) if self.pool.is_some() => {}
+            other => return other.map_err(alloc),
+        }
+        if self.reconcile_pool(state) {
+            match state.allocator.allocate(id.as_str(), count) {
+                Err(AllocError::NotEnough { .. }) => {}
+                other => return other.map_err(alloc),
+            }
+        }
+        Err(LifecycleError::Refused {
+            container: id.clone(),
+            step,
+            shortage: self.shortage(state, count),
+        })
+    }
+
+    /// Frees the pool's dead owners (other holders'), and marks the rest again; true when
+    /// something was freed.
+    pub(crate) fn reconcile_pool(&self, state: &mut State) -> bool {
+        let Some(link) = &self.pool else {
+            return false;
+        };
+        let Some(mut tx) = state.tx.get_mut().take() else {
+            return false;
+        };
+        let done = pool::reconcile(&mut tx.state, &link.host, Some(&link.holder));
+        let freed = !done.freed.is_empty();
+        if freed {
+            if let Err(e) = commit(&mut tx) {
+                tracing::warn!(error = %e, "cannot record the freed GPUs of dead owners");
+            }
+            self.mark_elsewhere(state, &tx.state);
+        }
+        *state.tx.get_mut() = Some(tx);
+        freed
+    }
+
+    /// What the node's GPUs are doing, for a refusal.
+    pub(crate) fn shortage(&self, state: &State, asked: u32) -> Shortage {
+        let slot = state.tx.borrow();
+        let pool = slot.as_ref().map(|tx| &tx.state);
+        let unhealthy_elsewhere = pool.map(PoolState::unhealthy).unwrap_or_default();
+        let quarantined_elsewhere = pool.map(PoolState::quarantined).unwrap_or_default();
+        let mut s = Shortage {
+            asked,
+            free: 0,
+            unhealthy: 0,
+            quarantined: 0,
+            held: 0,
+        };
+        for i in state.allocator.managed().iter() {
+            let uuid = self.uuid(i);
+            let owner = state.allocator.owner_of(i);
+            if owner == Some(QUARANTINE_OWNER) || quarantined_elsewhere.contains(uuid) {
+                s.quarantined += 1;
+            } else if owner.is_some_and(|o| o != ELSEWHERE_OWNER)
+                || (owner == Some(ELSEWHERE_OWNER) && !unhealthy_elsewhere.contains_key(uuid))
+            {
+                s.held += 1;
+            } else if state.allocator.unhealthy().contains(i)
+                || unhealthy_elsewhere.contains_key(uuid)
+            {
+                s.unhealthy += 1;
+            } else {
+                s.free += 1;
+            }
+        }
+        s
+    }
+
+    fn owner_of(&self, link: &PoolLink, id: &ContainerId) -> Owner {
+        let cgroup = Some(self.layout.container_dir(id));
+        match &link.role {
+            PoolRole::Agent => Owner::Mesos {
+                agent: link.me.clone(),
+                cgroup,
+            },
+            PoolRole::Exec { private_dir } => Owner::Process {
+                process: link.me.clone(),
+                cgroup,
+                private_dir: Some(private_dir.clone()),
+            },
+            PoolRole::Docker => Owner::Process {
+                process: link.me.clone(),
+                cgroup,
+                private_dir: None,
+            },
+        }
+    }
+
+    fn uuid(&self, index: u32) -> &str {
+        self.inventory
+            .by_index(index)
+            .map_or("", |g| g.uuid.as_str())
+    }
+}
+
+fn commit(tx: &mut Transaction) -> Result<(), pool::PoolError> {
+    tx.commit()
+}
+
+/// A transaction slot in the state (filled while the pool is locked).
+pub(crate) type TxSlot = RefCell<Option<Transaction>>;

@@ -1,0 +1,711 @@
+//! The node's one GPU pool: every reservation on the node (module, `serve`, `run`,
+//! `docker-args`, `exec`), with an owner that can be checked, in one directory that every
+//! process agrees on.
+//!
+//! - **Where:** `<pool dir>/gpu/pool.json`, default [`DEFAULT_POOL_DIR`] (persistent: owner
+//!   stamps carry the boot id, so nothing of an earlier boot is taken for alive), overridden by
+//!   the module parameter `pool_dir`, the cli's `--pool-dir` or [`POOL_DIR_ENV`].
+//! - **Transactions, no lifetime lock:** [`Pool::begin`] takes `flock` on `gpu/pool.lock`
+//!   (waiting at most [`LOCK_WAIT`]; the error names the holder, whose pid is written in the
+//!   lock file), reads the state; [`Transaction::commit`] writes it back crash-safely (temp,
+//!   `fsync`, `rename`, `fsync` of the directory); dropping the transaction unlocks. Readers
+//!   ([`Pool::read`]: `gpu list`, metrics) read the renamed file without the lock.
+//! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
+//!   name GPUs by UUID (NVML indices can change across reboots and driver reloads; a unit may
+//!   later be a MIG device). Each carries the checkpoint that recorded it (its *holder*): a
+//!   holder rewrites only its own reservations ([`PoolState::publish`]).
+//! - **Reconciliation** ([`reconcile`]) frees exactly the reservations whose owner is dead
+//!   ([`owner::Host::liveness`]), removing the empty cgroup and private directory a dead
+//!   `exec` left; alive and uncertain owners keep their GPUs, with the reason visible.
+//! - **Health:** holders that run a health monitor register its work directory
+//!   ([`PoolState::health_dirs`]); every allocation reads those checkpoints, so every path
+//!   honours the same health state.
+
+pub mod owner;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::{self, Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::durable;
+use crate::health::HealthStore;
+pub use owner::{Host, Liveness, Owner, ProcessStamp};
+
+/// Where the pool lives unless told otherwise.
+pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
+/// The environment variable the cli reads for the pool directory.
+pub const POOL_DIR_ENV: &str = "MESOS_GPU_POOL_DIR";
+/// The schema version this code reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+/// How long a transaction waits for the lock.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+const STATE_FILE: &str = "pool.json";
+const LOCK_FILE: &str = "pool.lock";
+
+/// Why the pool could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A file operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The state file is not a pool of ours.
+    #[error("{path} is not a valid GPU pool file")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The state file has a schema version this code does not know.
+    #[error("{path} has schema version {found}; this mesos-gpu reads version {SCHEMA_VERSION}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// No reservation has that owner id.
+    #[error("no reservation of the GPU pool {path} is owned by {id:?} (owners: {known})")]
+    UnknownOwner {
+        /// The pool file.
+        path: PathBuf,
+        /// The id asked for.
+        id: String,
+        /// The ids there are, comma-separated (or `none`).
+        known: String,
+    },
+    /// The owner is not known to be gone.
+    #[error("{id} is {state} ({why}); its GPUs may be in use: pass --force to release them anyway")]
+    NotDead {
+        /// The owner id.
+        id: String,
+        /// `alive` or `uncertain`.
+        state: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The lock stayed busy for [`LOCK_WAIT`].
+    #[error("the GPU pool lock {path} is still held after {waited:?} by {holder}")]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+        /// How long we waited.
+        waited: Duration,
+        /// Who holds it, as it wrote itself into the lock file.
+        holder: String,
+    },
+}
+
+/// One reservation: an owner's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// The checkpoint (a file path) that records the reservation; only it rewrites it.
+    pub holder: String,
+    /// Who holds the GPUs.
+    pub owner: Owner,
+    /// The GPUs, by UUID.
+    pub gpus: Vec<String>,
+    /// When it was made, seconds since the Unix epoch.
+    pub since: u64,
+}
+
+/// The pool's durable state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolState {
+    /// [`SCHEMA_VERSION`].
+    pub version: u32,
+    /// Reservations by owner id.
+    pub reservations: BTreeMap<String, Reservation>,
+    /// Work directories whose `gpu/health.json` (a health monitor's checkpoint) every
+    /// allocation honours.
+    #[serde(default)]
+    pub health_dirs: BTreeSet<PathBuf>,
+}
+
+impl Default for PoolState {
+    fn default() -> PoolState {
+        PoolState {
+            version: SCHEMA_VERSION,
+            reservations: BTreeMap::new(),
+            health_dirs: BTreeSet::new(),
+        }
+    }
+}
+
+impl PoolState {
+    /// UUIDs held by reservations of holders other than `holder`.
+    pub fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
+        self.reservations
+            .values()
+            .filter(|r| r.holder != holder)
+            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// UUIDs held by quarantine reservations, of any holder.
+    pub fn quarantined(&self) -> BTreeSet<&str> {
+        self.reservations
+            .values()
+            .filter(|r| matches!(r.owner, Owner::Quarantine { .. }))
+            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// Replaces every reservation of `holder` with `entries` (id, owner, UUIDs); an entry that
+    /// was there already keeps its `since`.
+    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<String>)>) {
+        let mut old: BTreeMap<String, Reservation> = BTreeMap::new();
+        self.reservations.retain(|id, r| {
+            if r.holder == holder {
+                old.insert(id.clone(), r.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for (id, owner, gpus) in entries {
+            if gpus.is_empty() {
+                continue;
+            }
+            let since = old.get(&id).map_or_else(now, |r| r.since);
+            if let Some(other) = self.reservations.get(&id) {
+                tracing::error!(id, holder, other = %other.holder, "two holders record one owner id; keeping both GPUs reserved under a new id");
+            }
+            let key = if self.reservations.contains_key(&id) {
+                format!("{id}@{holder}")
+            } else {
+                id
+            };
+            self.reservations.insert(
+                key,
+                Reservation {
+                    holder: holder.to_owned(),
+                    owner,
+                    gpus,
+                    since,
+                },
+            );
+        }
+    }
+
+    /// UUIDs of GPUs that a registered health checkpoint marks unhealthy, with the reason.
+    pub fn unhealthy(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for dir in &self.health_dirs {
+            match HealthStore::at(dir).load() {
+                Ok(Some(snapshot)) => {
+                    for gpu in snapshot.gpus {
+                        if let crate::health::GpuHealth::Unhealthy { reason, .. } = &gpu.health {
+                            out.insert(gpu.uuid.clone(), reason.to_string());
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot read a GPU health checkpoint; its GPUs are taken as healthy")
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Why a request cannot be served: what the node's GPUs are doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortage {
+    /// GPUs asked for.
+    pub asked: u32,
+    /// Free and healthy.
+    pub free: u32,
+    /// Unhealthy and not held.
+    pub unhealthy: u32,
+    /// Quarantined.
+    pub quarantined: u32,
+    /// Held by live or uncertain owners.
+    pub held: u32,
+}
+
+impl std::fmt::Display for Shortage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} asked; {} free, {} unhealthy, {} quarantined, {} held (run `mesos-gpu gpu list`)",
+            self.asked, self.free, self.unhealthy, self.quarantined, self.held
+        )
+    }
+}
+
+/// What [`reconcile`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Reservations freed, with why their owner is dead.
+    pub freed: Vec<(String, String)>,
+    /// Reservations kept although not alive, with why.
+    pub uncertain: Vec<(String, String)>,
+}
+
+/// One reservation as `gpu list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The owner id.
+    pub id: String,
+    /// The reservation.
+    #[serde(flatten)]
+    pub reservation: Reservation,
+    /// Whether its owner is still there.
+    pub liveness: Liveness,
+}
+
+/// What the pool holds, as `gpu list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listing {
+    /// The pool file.
+    pub path: PathBuf,
+    /// Every reservation, with its owner's liveness.
+    pub reservations: Vec<Listed>,
+    /// GPUs the registered health checkpoints mark unhealthy (UUID: reason).
+    pub unhealthy: BTreeMap<String, String>,
+}
+
+/// Removes what a dead `exec` left (its empty cgroup, its private directory) and the
+/// reservation; a cgroup that cannot be removed keeps the reservation (the error says why).
+fn free_reservation(state: &mut PoolState, id: &str) -> io::Result<()> {
+    if let Some(Reservation {
+        owner:
+            Owner::Process {
+                cgroup,
+                private_dir,
+                ..
+            },
+        ..
+    }) = state.reservations.get(id)
+    {
+        if let Some(cgroup) = cgroup {
+            remove_dir_if_present(cgroup).map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot remove {}: {e}", cgroup.display()))
+            })?;
+        }
+        if let Some(dir) = private_dir
+            && let Err(e) = fs::remove_dir_all(dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a dead exec's directory");
+        }
+    }
+    state.reservations.remove(id);
+    Ok(())
+}
+
+/// Frees every reservation (of a holder other than `keep`) whose owner is dead; before freeing
+/// a dead `exec`'s reservation its empty cgroup and private directory are removed (a cgroup
+/// that cannot be removed keeps the reservation).
+pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reconciled {
+    let mut done = Reconciled::default();
+    let ids: Vec<String> = state
+        .reservations
+        .iter()
+        .filter(|(_, r)| Some(r.holder.as_str()) != keep)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in ids {
+        let Some(r) = state.reservations.get(&id) else {
+            continue;
+        };
+        match host.liveness(&r.owner) {
+            Liveness::Dead(why) => {
+                let gpus = r.gpus.clone();
+                match free_reservation(state, &id) {
+                    Ok(()) => {
+                        tracing::info!(owner = %id, ?gpus, why, "freed the GPUs of a dead owner");
+                        done.freed.push((id, why));
+                    }
+                    Err(e) => done.uncertain.push((id, format!("{why}; {e}"))),
+                }
+            }
+            Liveness::Uncertain(why) => done.uncertain.push((id, why)),
+            Liveness::Alive(_) => {}
+        }
+    }
+    done
+}
+
+fn remove_dir_if_present(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The pool directory of one node.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    dir: PathBuf,
+}
+
+impl Pool {
+    /// The pool in `dir` (its files go to `<dir>/gpu/`); nothing is created until a
+    /// transaction.
+    pub fn at(dir: impl Into<PathBuf>) -> Pool {
+        Pool {
+            dir: dir.into().join("gpu"),
+        }
+    }
+
+    /// The state file.
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// The state as last committed, read without the lock (empty when there is none).
+    pub fn read(&self) -> Result<PoolState, PoolError> {
+        let path = self.state_path();
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(PoolState::default()),
+            Err(source) => {
+                return Err(PoolError::Io {
+                    op: "read",
+                    path,
+                    source,
+                });
+            }
+        };
+        #[derive(Deserialize)]
+        struct Header {
+            version: u32,
+        }
+        let header: Header = serde_json::from_slice(&bytes).map_err(|source| PoolError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        if header.version != SCHEMA_VERSION {
+            return Err(PoolError::Version {
+                path,
+                found: header.version,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|source| PoolError::Parse { path, source })
+    }
+
+    /// Every reservation with its owner's liveness, read without the lock (nothing is written).
+    pub fn list(&self, host: &Host) -> Result<Listing, PoolError> {
+        let state = self.read()?;
+        Ok(Listing {
+            path: self.state_path(),
+            unhealthy: state.unhealthy(),
+            reservations: state
+                .reservations
+                .into_iter()
+                .map(|(id, reservation)| Listed {
+                    liveness: host.liveness(&reservation.owner),
+                    id,
+                    reservation,
+                })
+                .collect(),
+        })
+    }
+
+    /// Releases the reservation of owner `id`, refused unless its owner is dead or `force`;
+    /// returns the freed reservation. The holder of a live owner records it again at its next
+    /// change, so `force` is for owners the operator knows are gone.
+    pub fn release(&self, id: &str, force: bool, host: &Host) -> Result<Reservation, PoolError> {
+        let mut tx = self.begin()?;
+        let Some(reservation) = tx.state.reservations.get(id).cloned() else {
+            let known: Vec<&str> = tx.state.reservations.keys().map(String::as_str).collect();
+            return Err(PoolError::UnknownOwner {
+                path: self.state_path(),
+                id: id.to_owned(),
+                known: if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                },
+            });
+        };
+        match host.liveness(&reservation.owner) {
+            Liveness::Dead(_) => {}
+            Liveness::Alive(why) if !force => {
+                return Err(PoolError::NotDead {
+                    id: id.to_owned(),
+                    state: "alive",
+                    why,
+                });
+            }
+            Liveness::Uncertain(why) if !force => {
+                return Err(PoolError::NotDead {
+                    id: id.to_owned(),
+                    state: "uncertain",
+                    why,
+                });
+            }
+            Liveness::Alive(_) | Liveness::Uncertain(_) => {}
+        }
+        if let Err(e) = free_reservation(&mut tx.state, id) {
+            if !force {
+                return Err(PoolError::Io {
+                    op: "free the reservation of",
+                    path: PathBuf::from(id),
+                    source: e,
+                });
+            }
+            tx.state.reservations.remove(id);
+        }
+        tx.commit()?;
+        tracing::info!(owner = id, gpus = ?reservation.gpus, force, "released a reservation of the GPU pool");
+        Ok(reservation)
+    }
+
+    /// Frees every dead owner's reservation (one reconciliation).
+    pub fn reconcile(&self, host: &Host) -> Result<Reconciled, PoolError> {
+        let mut tx = self.begin()?;
+        let done = reconcile(&mut tx.state, host, None);
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// Locks the pool (waiting at most [`LOCK_WAIT`]) and reads its state.
+    pub fn begin(&self) -> Result<Transaction, PoolError> {
+        self.begin_within(LOCK_WAIT)
+    }
+
+    /// [`Pool::begin`] with another bound on the wait.
+    pub fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
+        fs::create_dir_all(&self.dir).map_err(|source| PoolError::Io {
+            op: "create",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let path = self.dir.join(LOCK_FILE);
+        let mut lock = File::options()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| PoolError::Io {
+                op: "open",
+                path: path.clone(),
+                source,
+            })?;
+        let start = Instant::now();
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    let mut holder = String::new();
+                    let _ = lock.read_to_string(&mut holder);
+                    return Err(PoolError::Busy {
+                        path,
+                        waited: start.elapsed(),
+                        holder: holder.trim().to_owned(),
+                    });
+                }
+                Err(fs::TryLockError::Error(source)) => {
+                    return Err(PoolError::Io {
+                        op: "lock",
+                        path,
+                        source,
+                    });
+                }
+            }
+        }
+        // Name ourselves for whoever waits (best effort: the lock is what counts).
+        let me = format!("pid {} ({})", std::process::id(), process_name());
+        let _ = lock
+            .set_len(0)
+            .and_then(|()| lock.rewind())
+            .and_then(|()| lock.write_all(me.as_bytes()));
+        let state = self.read()?;
+        Ok(Transaction {
+            pool: self.clone(),
+            before: state.clone(),
+            state,
+            _lock: lock,
+        })
+    }
+}
+
+fn process_name() -> String {
+    fs::read_to_string("/proc/self/comm").map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
+}
+
+/// A locked pool: read, decide, [`Transaction::commit`]. Dropping it unlocks.
+#[derive(Debug)]
+pub struct Transaction {
+    pool: Pool,
+    before: PoolState,
+    /// The state, to change.
+    pub state: PoolState,
+    _lock: File,
+}
+
+impl Transaction {
+    /// Writes the state back crash-safely if it changed; the lock stays held until the
+    /// transaction is dropped.
+    pub fn commit(&mut self) -> Result<(), PoolError> {
+        if self.state == self.before {
+            return Ok(());
+        }
+        let path = self.pool.state_path();
+        let bytes = serde_json::to_vec_pretty(&self.state).map_err(|source| PoolError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        durable::replace(&path, &bytes).map_err(|(op, path, source)| PoolError::Io {
+            op,
+            path,
+            source,
+        })?;
+        self.before = self.state.clone();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn process(pid: u32) -> Owner {
+        Owner::Process {
+            process: ProcessStamp {
+                pid,
+                start_time: 1,
+                boot_id: "no-such-boot".into(),
+            },
+            cgroup: None,
+            private_dir: None,
+        }
+    }
+
+    #[test]
+    fn issue_13_transactions_round_trip_and_publish_only_their_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::at(dir.path());
+        assert_eq!(pool.read().unwrap(), PoolState::default());
+        let mut tx = pool.begin().unwrap();
+        tx.state
+            .publish("a", vec![("c1".into(), process(1), vec!["GPU-1".into()])]);
+        tx.state
+            .publish("b", vec![("c2".into(), process(2), vec!["GPU-2".into()])]);
+        tx.commit().unwrap();
+        drop(tx);
+        let mut tx = pool.begin().unwrap();
+        assert_eq!(tx.state.held_by_others("a"), BTreeSet::from(["GPU-2"]));
+        tx.state.publish("a", vec![]);
+        tx.commit().unwrap();
+        drop(tx);
+        let state = pool.read().unwrap();
+        assert_eq!(state.reservations.keys().collect::<Vec<_>>(), ["c2"]);
+        assert!(!dir.path().join("gpu/pool.json.tmp").exists());
+    }
+
+    #[test]
+    fn issue_13_a_busy_lock_names_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::at(dir.path());
+        let _held = pool.begin().unwrap();
+        // flock locks belong to the open file description: a second open conflicts even in
+        // this process.
+        let err = pool.begin_within(Duration::from_millis(30)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn issue_13_other_versions_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::at(dir.path());
+        fs::create_dir_all(dir.path().join("gpu")).unwrap();
+        fs::write(pool.state_path(), br#"{"version": 9}"#).unwrap();
+        assert!(matches!(
+            pool.read().unwrap_err(),
+            PoolError::Version { found: 9, .. }
+        ));
+    }
+
+    #[test]
+    fn issue_13_reconcile_frees_exactly_the_dead() {
+        let mut state = PoolState::default();
+        let host = Host::default();
+        let me = host.this_process().unwrap();
+        let alive = Owner::Process {
+            process: me,
+            cgroup: None,
+            private_dir: None,
+        };
+        let private = tempfile::tempdir().unwrap();
+        let dead_dir = private.path().join("exec-1");
+        fs::create_dir_all(&dead_dir).unwrap();
+        let dead = Owner::Process {
+            process: ProcessStamp {
+                pid: 1,
+                start_time: 1,
+                boot_id: "an-earlier-boot".into(),
+            },
+            cgroup: None,
+            private_dir: Some(dead_dir.clone()),
+        };
+        state.publish(
+            "h1",
+            vec![
+                ("alive".into(), alive, vec!["GPU-1".into()]),
+                ("dead".into(), dead, vec!["GPU-2".into()]),
+                (
+                    "docker".into(),
+                    Owner::Docker { name: "d".into() },
+                    vec!["GPU-3".into()],
+                ),
+                (
+                    "q".into(),
+                    Owner::Quarantine {
+                        reason: "a cgroup without a record".into(),
+                    },
+                    vec!["GPU-4".into()],
+                ),
+            ],
+        );
+        let done = reconcile(&mut state, &host, None);
+        assert_eq!(done.freed.len(), 1, "{done:?}");
+        assert_eq!(done.freed[0].0, "dead");
+        assert_eq!(done.uncertain.len(), 2, "{done:?}");
+        assert!(!dead_dir.exists(), "the private directory goes with it");
+        assert_eq!(
+            state.reservations.keys().collect::<Vec<_>>(),
+            ["alive", "docker", "q"]
+        );
+        // A holder's own reservations are left to it.
+        let mut state2 = state.clone();
+        state2.publish(
+            "h2",
+            vec![("dead2".into(), process(5), vec!["GPU-5".into()])],
+        );
+        assert!(reconcile(&mut state2, &host, Some("h2")).freed.is_empty());
+    }
+}
