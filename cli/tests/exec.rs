@@ -351,6 +351,19 @@ fn wait_running(env: &Env, n: usize, child: &mut std::process::Child) -> TestRes
     }
 }
 
+fn wait_for_file(path: &Path, child: &mut std::process::Child) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("the command never wrote {}", path.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 fn signal_is_forwarded_and_cleaned_up(version: &'static str, sig: &str, code: i32) -> TestResult {
     let env = Env::new(version);
     let mut child = env
@@ -415,8 +428,10 @@ fn two_execs_run_side_by_side(version: &'static str) -> TestResult {
 fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
     let env = Env::new(version);
     let marker = env.work.path().join("go-on");
+    let started = env.work.path().join("started");
     let script = format!(
-        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        "busybox touch {}; while [ ! -e {} ]; do busybox sleep 0.05; done",
+        started.display(),
         marker.display()
     );
     let mut exec = env
@@ -426,6 +441,9 @@ fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
         .spawn()
         .unwrap();
     wait_running(&env, 1, &mut exec)?;
+    // In its cgroup is not yet running: the launcher waits there for exec's go, and a killed
+    // exec never sends it. Kill exec once the command itself runs.
+    wait_for_file(&started, &mut exec)?;
     exec.kill().unwrap();
     exec.wait().unwrap();
     // Its command still runs: its GPUs stay reserved.
@@ -464,8 +482,10 @@ fn gpu(env: &Env, args: &[&str]) -> Output {
 fn gpu_list_and_release(version: &'static str) -> TestResult {
     let env = Env::new(version);
     let marker = env.work.path().join("go-on");
+    let started = env.work.path().join("started");
     let script = format!(
-        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        "busybox touch {}; while [ ! -e {} ]; do busybox sleep 0.05; done",
+        started.display(),
         marker.display()
     );
     let mut exec = env
@@ -475,6 +495,9 @@ fn gpu_list_and_release(version: &'static str) -> TestResult {
         .spawn()
         .unwrap();
     wait_running(&env, 1, &mut exec)?;
+    // In its cgroup is not yet running: the launcher waits there for exec's go, and a killed
+    // exec never sends it. Kill exec once the command itself runs.
+    wait_for_file(&started, &mut exec)?;
     exec.kill().unwrap();
     exec.wait().unwrap();
     let listed: serde_json::Value =
