@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 17] = [
+    let tests: [(&str, &[Need], Test); 19] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -111,6 +111,16 @@ fn main() -> ExitCode {
             "v1_docker_task_gets_exactly_its_gpus",
             docker,
             v1_docker_task_gets_exactly_its_gpus,
+        ),
+        (
+            "v1_docker_and_mesos_tasks_one_pool",
+            docker,
+            v1_docker_and_mesos_tasks_one_pool,
+        ),
+        (
+            "v1_docker_task_the_pool_cannot_serve_fails_saying_why",
+            docker,
+            v1_docker_task_the_pool_cannot_serve_fails_saying_why,
         ),
         (
             "v2_program_on_mesos_container_cgroup",
@@ -1403,5 +1413,89 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
                 .map(|_| ())
         },
     )?;
+    Ok(())
+}
+
+/// One pool for both containerizers: a Mesos-containerizer task with 5 GPUs and a Docker task
+/// with 3 hold disjoint GPUs (all 8 between them); killing the Docker task (its framework goes
+/// away) gives its GPUs back, and ending the Mesos task gives back the rest.
+fn v1_docker_and_mesos_tasks_one_pool() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut mesos_task = d.c.launch("mfive", 5, true)?;
+    mesos_task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let five = opened(&d.c.report("mfive")?, false);
+    let docker_task = d.launch("dthree", &image, 3, true)?;
+    let out = d.c.agent.wait_stdout("dthree", "waiting", TASK_TIMEOUT)?;
+    println!("dthree printed:\n{out}");
+    let three = opened(&ProbeReport::parse(&out), false);
+    check(
+        five.len() == 5 && three.len() == 3 && five.is_disjoint(&three),
+        format!("the Mesos task holds {five:?}, the Docker task {three:?}"),
+    )?;
+    check(
+        d.docker_reservations()?.len() == 1,
+        format!("Docker reservations: {:?}", d.docker_reservations()),
+    )?;
+    drop(docker_task);
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the killed Docker task's GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    d.c.release("mfive")?;
+    mesos_task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.c.wait_all_released()
+}
+
+/// A Docker task the pool cannot serve (7 of 8 GPUs reserved outside Mesos, 2 asked) fails
+/// with a status message that says how many were asked and how many are free.
+fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let s = d.c.scratch.path();
+    let outside = "0d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f12";
+    let docker_args = |args: &[&str]| -> TestResult<String> {
+        let out = std::process::Command::new(mesos_gpu_exe()?)
+            .arg("--nvml-lib")
+            .arg(d.c.sim.lib_path())
+            .arg("--dev-root")
+            .arg(d.c.dev.path())
+            .arg("docker-args")
+            .arg("--pool-dir")
+            .arg(s.join("pool"))
+            .arg("--work-dir")
+            .arg(s.join("outside"))
+            .args(args)
+            .output()?;
+        check(
+            out.status.success(),
+            format!(
+                "docker-args {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    docker_args(&["--gpus", "7", "--container-id", outside])?;
+    let mut task = d.launch("dtoo", &image, 2, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let out = task.output();
+    println!("mesos-execute printed:\n{out}");
+    check(
+        out.contains("2 asked") && out.contains("1 free"),
+        format!("the status message does not say why: {out}"),
+    )?;
+    docker_args(&["--release", outside])?;
     Ok(())
 }
