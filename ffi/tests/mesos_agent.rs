@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 19] = [
+    let tests: [(&str, &[Need], Test); 20] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -121,6 +121,11 @@ fn main() -> ExitCode {
             "v1_docker_task_the_pool_cannot_serve_fails_saying_why",
             docker,
             v1_docker_task_the_pool_cannot_serve_fails_saying_why,
+        ),
+        (
+            "v1_docker_agent_sigkill_keeps_gpus",
+            docker,
+            v1_docker_agent_sigkill_keeps_gpus,
         ),
         (
             "v2_program_on_mesos_container_cgroup",
@@ -1497,5 +1502,54 @@ fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
         format!("the status message does not say why: {out}"),
     )?;
     docker_args(&["--release", outside])?;
+    Ok(())
+}
+
+/// Agent SIGKILL and restart: the running Docker task keeps its GPUs (its `docker run`, the
+/// wrapper, runs on under the Docker executor), a new Docker task after the restart gets other
+/// GPUs, and the GPUs come back when the task finishes.
+fn v1_docker_agent_sigkill_keeps_gpus() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut task = d.launch("dkeep", &image, 4, true)?;
+    let out = d.c.agent.wait_stdout("dkeep", "waiting", TASK_TIMEOUT)?;
+    let four = opened(&ProbeReport::parse(&out), false);
+    check(four.len() == 4, format!("dkeep opened {four:?}"))?;
+    let before = d.docker_reservations()?;
+    d.c.agent.kill()?;
+    d.c.agent.restart()?;
+    check(
+        d.docker_reservations()? == before,
+        format!(
+            "after the restart the pool holds {:?}, before {before:?}",
+            d.docker_reservations()
+        ),
+    )?;
+    let mut other = d.launch("dafter", &image, 4, false)?;
+    let out2 = d.c.agent.wait_stdout("dafter", "done", TASK_TIMEOUT)?;
+    println!("dafter printed:\n{out2}");
+    let after = opened(&ProbeReport::parse(&out2), false);
+    check(
+        after.len() == 4 && after.is_disjoint(&four),
+        format!("dafter opened {after:?}, dkeep holds {four:?}"),
+    )?;
+    other.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.release("dkeep")?;
+    task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "dkeep's GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
     Ok(())
 }
