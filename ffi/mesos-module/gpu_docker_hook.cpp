@@ -4,13 +4,20 @@
 // reserved here, in `slavePreLaunchDockerTaskExecutorDecorator`, which the agent runs before
 // it starts the container `mesos-<container id>` of a task. For a task with `gpus` > 0 the hook
 // runs the operator's `docker_args` command line (module parameter, e.g. `/usr/bin/mesos-gpu
-// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N --container-id ID --image IMAGE
-// --json` appended: `mesos-gpu docker-args` reserves the GPUs from the node's pool for that
-// container name and prints the `docker run` arguments that give them. The hook hands them to
-// the container's `docker run` in the task environment variable MESOS_GPU_DOCKER_ARGS, which
-// `mesos-gpu docker-wrapper` (the agent's `--docker` program) turns back into arguments and
-// removes. When the pool cannot serve the task, the command's error becomes the launch failure
-// and so the task's status message.
+// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N --container-id ID --json` appended:
+// `mesos-gpu docker-args` reserves the GPUs from the node's pool for that container name and
+// prints the `docker run` arguments that give them, the driver volume included. The hook runs
+// before the agent pulls the image, so no `--image` is given: the wrapper, at `docker run`,
+// drops the volume and environment for an image that does not ask for the driver. The hook
+// hands the arguments to the container's `docker run` in the task environment variable
+// MESOS_GPU_DOCKER_ARGS, which `mesos-gpu docker-wrapper` (the agent's `--docker` program) turns
+// back into arguments and removes. When the pool cannot serve the task, the command's error becomes the launch failure
+// and so the task's status message. When the agent removes the task's executor
+// (`slaveRemoveExecutorHook`), the hook runs the same command line with `--release ID`, so GPUs
+// reserved for a container that never ran (its image could not be pulled, its launch failed)
+// go back too; the wrapper releases them when `docker run` ends, and a second release is a
+// no-op. Which container an executor had is kept in memory only: after an agent restart the
+// wrapper's release remains.
 //
 // The command runs asynchronously (libprocess subprocess and io), so no libprocess thread waits
 // for it.
@@ -24,6 +31,7 @@
 // before the containerizer (slave/main.cpp), so initializing here lets it start.
 
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +62,7 @@ Try<Nothing> initialize();
 using mesos::DockerTaskExecutorPrepareInfo;
 using mesos::Environment;
 using mesos::ExecutorInfo;
+using mesos::FrameworkInfo;
 using mesos::Hook;
 using mesos::Parameter;
 using mesos::Parameters;
@@ -88,15 +97,14 @@ class MesosGpuDockerHook : public Hook {
       return Failure("GPU docker hook: container name '" + containerName +
                      "' is not mesos-<container id>");
     }
-    const mesos::ContainerInfo& container =
-        taskInfo.isSome() && taskInfo->has_container() ? taskInfo->container()
-                                                       : executorInfo.container();
+    const std::string id = containerName.substr(sizeof(kNamePrefix) - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      containers_[key(executorInfo)] = id;
+    }
     std::vector<std::string> argv = command_;
     argv.push_back("--gpus=" + std::to_string(static_cast<long long>(gpus.get())));
-    argv.push_back("--container-id=" + containerName.substr(sizeof(kNamePrefix) - 1));
-    if (container.has_docker() && !container.docker().image().empty()) {
-      argv.push_back("--image=" + container.docker().image());
-    }
+    argv.push_back("--container-id=" + id);
     argv.push_back("--json");
 
     Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
@@ -130,8 +138,55 @@ class MesosGpuDockerHook : public Hook {
         });
   }
 
+  Try<Nothing> slaveRemoveExecutorHook(const FrameworkInfo&,
+                                       const ExecutorInfo& executorInfo) override {
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto found = containers_.find(key(executorInfo));
+      if (found == containers_.end()) {
+        return Nothing();
+      }
+      id = found->second;
+      containers_.erase(found);
+    }
+    std::vector<std::string> argv = command_;
+    argv.push_back("--release=" + id);
+    Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
+                                                Subprocess::PATH("/dev/null"), Subprocess::PIPE());
+    if (child.isError()) {
+      LOG(ERROR) << "GPU docker hook: cannot run '" << argv[0] << "' to release the GPUs of "
+                 << id << ": " << child.error();
+      return Nothing();
+    }
+    const std::string line = strings::join(" ", argv);
+    process::await(child->status(), process::io::read(child->err().get()))
+        .onAny([line](const Future<std::tuple<Future<Option<int>>, Future<std::string>>>& done) {
+          if (done.isReady()) {
+            const Future<Option<int>>& status = std::get<0>(done.get());
+            if (status.isReady() && status->isSome() && status->get() == 0) {
+              LOG(INFO) << "GPU docker hook: " << line;
+              return;
+            }
+            const Future<std::string>& err = std::get<1>(done.get());
+            LOG(ERROR) << "GPU docker hook: '" << line
+                       << "' failed: " << (err.isReady() ? strings::trim(err.get()) : "");
+            return;
+          }
+          LOG(ERROR) << "GPU docker hook: '" << line << "' could not be waited for";
+        });
+    return Nothing();
+  }
+
  private:
+  static std::string key(const ExecutorInfo& executor) {
+    return executor.framework_id().value() + "/" + executor.executor_id().value();
+  }
+
   std::vector<std::string> command_;
+  std::mutex mutex_;
+  // Executor (framework id/executor id) → the Mesos id of its Docker container with GPUs.
+  std::map<std::string, std::string> containers_;
 };
 
 Hook* createHook(const Parameters& parameters) {

@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 20] = [
+    let tests: [(&str, &[Need], Test); 21] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -126,6 +126,11 @@ fn main() -> ExitCode {
             "v1_docker_agent_sigkill_keeps_gpus",
             docker,
             v1_docker_agent_sigkill_keeps_gpus,
+        ),
+        (
+            "v1_docker_launch_failure_gives_gpus_back",
+            docker,
+            v1_docker_launch_failure_gives_gpus_back,
         ),
         (
             "v2_program_on_mesos_container_cgroup",
@@ -1542,6 +1547,33 @@ fn v1_docker_agent_sigkill_keeps_gpus() -> TestResult {
             format!(
                 "dkeep's GPUs back in the pool: {:?}",
                 d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
+}
+
+/// A Docker task whose launch fails after its GPUs were reserved (its image cannot be pulled:
+/// there is no registry) gives them back when the agent removes its executor.
+fn v1_docker_launch_failure_gives_gpus_back() -> TestResult {
+    let d = DockerCluster::start()?;
+    let missing = format!("{}:1", mesos_gpu_testkit::unique_name("mgpu-no-such-image"));
+    let mut task = d.launch("dmissing", &missing, 2, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    println!("mesos-execute printed:\n{}", task.output());
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the failed Docker task's GPUs back in the pool: {:?}; agent log:\n{}",
+                d.docker_reservations(),
+                mesos_gpu_testkit::mesos::tail(&d.c.agent.log(), 30)
             )
         },
         || {

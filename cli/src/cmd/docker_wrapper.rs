@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::Context as _;
-use mesos_gpu_docker::client::mesos_container_id;
+use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
 use mesos_gpu_isolator::lifecycle::ContainerId;
 
 use crate::ctx::Ctx;
@@ -107,15 +107,47 @@ pub(crate) struct Args {
 struct GpuRun {
     /// The container's Mesos id (its name is `mesos-<id>`).
     id: String,
-    /// The docker command line with the variable replaced by the GPUs' arguments.
+    /// The daemon socket (`-H unix://PATH`), when given.
+    socket: Option<PathBuf>,
+    /// The image to run.
+    image: Option<String>,
+    /// The GPUs' arguments (from the variable, without `--name`).
+    gpu_args: Vec<String>,
+    /// The docker command line without the variable.
     args: Vec<String>,
+    /// Where the GPUs' arguments go in `args` (right after `run`).
+    at: usize,
+}
+
+impl GpuRun {
+    /// The command line to run: the GPUs' arguments after `run`, all of them when the image
+    /// asks for the driver (`wants_driver`), else only the devices.
+    fn command_line(&self, wants_driver: bool) -> Vec<String> {
+        let mut out = self.args[..self.at].to_vec();
+        out.extend(
+            self.gpu_args
+                .iter()
+                .filter(|a| wants_driver || a.starts_with("--device="))
+                .cloned(),
+        );
+        out.extend_from_slice(&self.args[self.at..]);
+        out
+    }
 }
 
 /// Finds the `docker run` of a container with reserved GPUs in `args`; `None` for every other
 /// command (passed through as it is).
 fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
     let mut i = 0;
+    let mut socket = None;
     while i < args.len() && args[i].starts_with('-') {
+        let host = match args[i].as_str() {
+            "-H" | "--host" => args.get(i + 1).map(String::as_str),
+            other => other.strip_prefix("--host="),
+        };
+        if let Some(path) = host.and_then(|h| h.strip_prefix("unix://")) {
+            socket = Some(PathBuf::from(path));
+        }
         i += if GLOBAL_VALUE_OPTIONS.contains(&args[i].as_str()) {
             2
         } else {
@@ -168,12 +200,22 @@ fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
             None => injected.push(arg),
         }
     }
-    let mut out = Vec::with_capacity(args.len() + injected.len());
-    out.extend_from_slice(&args[..=run_at]);
-    out.extend(injected);
-    out.extend_from_slice(&args[run_at + 1..at]);
+    let image = args
+        .get(i)
+        .filter(|a| a.as_str() != "--")
+        .or_else(|| args.get(i + 1))
+        .cloned();
+    let mut out = Vec::with_capacity(args.len());
+    out.extend_from_slice(&args[..at]);
     out.extend_from_slice(&args[at + width..]);
-    Ok(Some(GpuRun { id, args: out }))
+    Ok(Some(GpuRun {
+        id,
+        socket,
+        image,
+        gpu_args: injected,
+        args: out,
+        at: run_at + 1,
+    }))
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -191,9 +233,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return Err(err).with_context(|| format!("cannot run {}", args.docker.display()));
     };
     let id = ContainerId::new(&found.id)?;
-    tracing::info!(container = %id, args = ?found.args, "docker run with reserved GPUs");
+    let wants_driver = match &found.image {
+        Some(image) => wants_driver(&found, image)?,
+        None => true,
+    };
+    let line = found.command_line(wants_driver);
+    tracing::info!(container = %id, args = ?line, "docker run with reserved GPUs");
     let status = Command::new(&args.docker)
-        .args(&found.args)
+        .args(&line)
         .status()
         .with_context(|| format!("cannot run {}", args.docker.display()));
     let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
@@ -208,6 +255,21 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1);
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Whether `image` (pulled by now) asks for the driver volume: its labels and environment, read
+/// from the daemon. The hook reserves before the agent pulls the image, so this is decided here.
+fn wants_driver(run: &GpuRun, image: &str) -> anyhow::Result<bool> {
+    let socket = run
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(super::docker_args::DEFAULT_DOCKER_SOCKET));
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let info = runtime.block_on(async {
+        let client = DockerClient::connect(&socket).await?;
+        client.image_info(image).await
+    })?;
+    Ok(info.wants_driver())
 }
 
 #[cfg(test)]
@@ -246,24 +308,31 @@ mod tests {
             .expect("a well-formed run")
             .expect("a run with GPUs");
         assert_eq!(found.id, ID);
+        assert_eq!(found.image.as_deref(), Some("img"));
+        assert_eq!(found.socket, Some(PathBuf::from("/var/run/docker.sock")));
+        let head = ["-H", "unix:///var/run/docker.sock", "run"];
+        let tail = [
+            "--cpu-shares",
+            "102",
+            "-e",
+            "MESOS_SANDBOX=/mnt/mesos/sandbox",
+            "--name",
+            &name,
+            "img",
+            "-e",
+            "x",
+        ];
+        let gpus = [
+            "--device=/dev/nvidia0",
+            "--env=NVIDIA_VISIBLE_DEVICES=GPU-1",
+        ];
         assert_eq!(
-            found.args,
-            strings(&[
-                "-H",
-                "unix:///var/run/docker.sock",
-                "run",
-                "--device=/dev/nvidia0",
-                "--env=NVIDIA_VISIBLE_DEVICES=GPU-1",
-                "--cpu-shares",
-                "102",
-                "-e",
-                "MESOS_SANDBOX=/mnt/mesos/sandbox",
-                "--name",
-                &name,
-                "img",
-                "-e",
-                "x",
-            ])
+            found.command_line(true),
+            strings(&[&head[..], &gpus[..], &tail[..]].concat())
+        );
+        assert_eq!(
+            found.command_line(false),
+            strings(&[&head[..], &gpus[..1], &tail[..]].concat())
         );
     }
 
