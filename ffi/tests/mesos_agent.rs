@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 21] = [
+    let tests: [(&str, &[Need], Test); 22] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -131,6 +131,11 @@ fn main() -> ExitCode {
             "v1_docker_launch_failure_gives_gpus_back",
             docker,
             v1_docker_launch_failure_gives_gpus_back,
+        ),
+        (
+            "v1_docker_container_dies_gives_gpus_back",
+            docker,
+            v1_docker_container_dies_gives_gpus_back,
         ),
         (
             "v2_program_on_mesos_container_cgroup",
@@ -1574,6 +1579,45 @@ fn v1_docker_launch_failure_gives_gpus_back() -> TestResult {
                 "the failed Docker task's GPUs back in the pool: {:?}; agent log:\n{}",
                 d.docker_reservations(),
                 mesos_gpu_testkit::mesos::tail(&d.c.agent.log(), 30)
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
+}
+
+/// A Docker task whose container dies (`docker kill` from outside Mesos) gives its GPUs back:
+/// its `docker run` ends, and the wrapper releases them.
+fn v1_docker_container_dies_gives_gpus_back() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut task = d.launch("ddies", &image, 3, true)?;
+    d.c.agent.wait_stdout("ddies", "waiting", TASK_TIMEOUT)?;
+    let held = d.docker_reservations()?;
+    check(held.len() == 1, format!("Docker reservations: {held:?}"))?;
+    let name = format!("mesos-{}", held[0]);
+    let out = std::process::Command::new("docker")
+        .args(["kill", &name])
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "docker kill {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the dead container's GPUs back in the pool: {:?}",
+                d.docker_reservations()
             )
         },
         || {
