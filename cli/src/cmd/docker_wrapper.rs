@@ -8,7 +8,8 @@
 //! GPUs for the container `mesos-<id>`): the variable is removed, its arguments (devices,
 //! driver volume, `NVIDIA_VISIBLE_DEVICES`) are added after `run`, and when `docker run` ends
 //! (the task finished, was killed, or its container died) the container's GPUs go back to the
-//! pool.
+//! pool, once the daemon says the container is not running (a `docker run` that lost a live
+//! container, or a daemon that cannot answer, leaves them reserved for `mesos-<id>`).
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
@@ -243,18 +244,68 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .args(&line)
         .status()
         .with_context(|| format!("cannot run {}", args.docker.display()));
-    let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
-        .and_then(|pool| Ok(pool.release_docker(&id)?))
-        .with_context(|| format!("cannot give back the GPUs of {id}"));
     let status = status?;
-    if let Err(e) = released {
-        eprintln!("mesos-gpu: error: {e:#}");
+    match container_state(&args.docker, &found) {
+        ContainerState::Gone => {
+            let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
+                .and_then(|pool| Ok(pool.release_docker(&id)?))
+                .with_context(|| format!("cannot give back the GPUs of {id}"));
+            if let Err(e) = released {
+                eprintln!("mesos-gpu: error: {e:#}");
+            }
+        }
+        ContainerState::Running(why) => {
+            // `docker run` lost its container (the daemon restarted with live-restore): its
+            // GPUs stay reserved for mesos-<id> until it is gone (`gpu release`, `serve`).
+            eprintln!(
+                "mesos-gpu: docker run ended but container mesos-{id} {why}: its GPUs stay reserved"
+            );
+        }
     }
     let code = status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1);
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Whether a container may still use its GPUs.
+enum ContainerState {
+    /// It has exited or does not exist.
+    Gone,
+    /// It runs, or the daemon cannot tell (why).
+    Running(String),
+}
+
+/// The state of the container of `run`, asked of the daemon with the same global options.
+fn container_state(docker: &std::path::Path, run: &GpuRun) -> ContainerState {
+    let name = format!("mesos-{}", run.id);
+    let out = Command::new(docker)
+        .args(&run.args[..run.at - 1])
+        .args([
+            "inspect",
+            "--type",
+            "container",
+            "--format",
+            "{{.State.Running}}",
+            &name,
+        ])
+        .output();
+    match out {
+        Ok(out) if out.status.success() => match String::from_utf8_lossy(&out.stdout).trim() {
+            "false" => ContainerState::Gone,
+            _ => ContainerState::Running("is still running".to_owned()),
+        },
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("No such") {
+                ContainerState::Gone
+            } else {
+                ContainerState::Running(format!("cannot be inspected ({})", err.trim()))
+            }
+        }
+        Err(e) => ContainerState::Running(format!("cannot be inspected ({e})")),
+    }
 }
 
 /// Whether `image` (pulled by now) asks for the driver volume: its labels and environment, read
