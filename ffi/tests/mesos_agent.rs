@@ -46,8 +46,15 @@ fn main() -> ExitCode {
     let v1: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
     let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
     let build: &[Need] = &[Need::Cc, Need::Mesos];
+    let docker: &[Need] = &[
+        Need::Root,
+        Need::Cgroup1,
+        Need::Cc,
+        Need::Mesos,
+        Need::Dockerd,
+    ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 16] = [
+    let tests: [(&str, &[Need], Test); 22] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -101,6 +108,36 @@ fn main() -> ExitCode {
             v1_exec_beside_the_agent,
         ),
         (
+            "v1_docker_task_gets_exactly_its_gpus",
+            docker,
+            v1_docker_task_gets_exactly_its_gpus,
+        ),
+        (
+            "v1_docker_and_mesos_tasks_one_pool",
+            docker,
+            v1_docker_and_mesos_tasks_one_pool,
+        ),
+        (
+            "v1_docker_task_the_pool_cannot_serve_fails_saying_why",
+            docker,
+            v1_docker_task_the_pool_cannot_serve_fails_saying_why,
+        ),
+        (
+            "v1_docker_agent_sigkill_keeps_gpus",
+            docker,
+            v1_docker_agent_sigkill_keeps_gpus,
+        ),
+        (
+            "v1_docker_launch_failure_gives_gpus_back",
+            docker,
+            v1_docker_launch_failure_gives_gpus_back,
+        ),
+        (
+            "v1_docker_container_dies_gives_gpus_back",
+            docker,
+            v1_docker_container_dies_gives_gpus_back,
+        ),
+        (
             "v2_program_on_mesos_container_cgroup",
             v2,
             v2_program_on_mesos_cgroup,
@@ -116,7 +153,9 @@ fn main() -> ExitCode {
     let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, need, f)| {
-            let issue = if name.contains("metrics") || name.contains("shared") {
+            let issue = if name.contains("docker") {
+                12
+            } else if name.contains("metrics") || name.contains("shared") {
                 14
             } else if name.contains("beside") {
                 13
@@ -1083,6 +1122,513 @@ fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
         report.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some("(unset)"),
         format!("a CPU task of batch sees GPUs: {:?}", report.env),
     )
+}
+
+// Issue 12: Docker containerizer tasks with `gpus`, through the hook module
+// `org_apache_mesos_gpu_MesosGpuDockerHook` (which reserves with `mesos-gpu docker-args`) and
+// the agent's `--docker` program, `mesos-gpu docker-wrapper`.
+
+/// The hook module's name in modules.json and `--hooks`.
+const HOOK: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
+/// The simulated node's driver version (its driver volume's name).
+const DRIVER_VERSION: &str = "550.54.14";
+
+/// The `mesos-gpu` binary of this build (`target/<profile>/mesos-gpu`), built by the cli crate.
+fn mesos_gpu_exe() -> TestResult<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no target directory")?;
+    let found = dir.join("mesos-gpu");
+    check(
+        found.is_file(),
+        format!(
+            "{} missing: build it first (cargo build -p mesos-gpu)",
+            found.display()
+        ),
+    )?;
+    Ok(found)
+}
+
+/// A cluster whose agent runs `--containerizers=docker,mesos` with the isolator and the
+/// Docker hook loaded and `--docker` naming a script that runs `mesos-gpu docker-wrapper`;
+/// both containerizers draw from one pool. Images it builds are removed on drop.
+struct DockerCluster {
+    c: Cluster,
+    images: Vec<String>,
+}
+
+impl Drop for DockerCluster {
+    fn drop(&mut self) {
+        for image in &self.images {
+            let listed = std::process::Command::new("docker")
+                .args(["ps", "-aq", "--filter"])
+                .arg(format!("ancestor={image}"))
+                .output();
+            if let Ok(out) = listed {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = std::process::Command::new("docker")
+                        .args(["rm", "-f", id])
+                        .output();
+                }
+            }
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", "-f", image])
+                .output();
+        }
+    }
+}
+
+impl DockerCluster {
+    fn start() -> TestResult<DockerCluster> {
+        let ((install, sim, dev, scratch, master), mut spec) = Cluster::prepare(
+            AgentCgroups::V1,
+            &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            &EXPLICIT_ROOT,
+        )?;
+        let exe = mesos_gpu_exe()?;
+        let s = scratch.path();
+        let volumes = s.join("volumes");
+        let volume = volumes.join(format!("nvidia_{DRIVER_VERSION}"));
+        std::fs::create_dir_all(volume.join("bin"))?;
+        std::fs::write(volume.join("bin/driver-volume-marker"), b"")?;
+        let global = format!(
+            "{} --nvml-lib {} --dev-root {}",
+            exe.display(),
+            sim.lib_path().display(),
+            dev.path().display()
+        );
+        let pool = s.join("pool");
+        let docker_work = s.join("docker-work");
+        let docker_args = format!(
+            "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
+            pool.display(),
+            docker_work.display(),
+            volumes.display()
+        );
+        let wrapper = s.join("mesos-gpu-docker");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                which_docker()?.display(),
+                pool.display(),
+                docker_work.display()
+            ),
+        )?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        // Both modules: the isolator's parameters as `prepare` wrote them, and the hook.
+        let modules = spec.modules.clone().ok_or("no modules.json")?;
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&modules)?)?;
+        json["libraries"][0]["modules"]
+            .as_array_mut()
+            .ok_or("modules.json has no modules")?
+            .push(serde_json::json!({
+                "name": HOOK,
+                "parameters": [{ "key": "docker_args", "value": docker_args }],
+            }));
+        std::fs::write(&modules, json.to_string())?;
+        spec.flags.extend([
+            "--containerizers=docker,mesos".to_owned(),
+            format!("--docker={}", wrapper.display()),
+            format!("--hooks={HOOK}"),
+            "--docker_remove_delay=1secs".to_owned(),
+        ]);
+        let agent = Agent::start(&install, &master, spec)?;
+        Ok(DockerCluster {
+            c: Cluster {
+                install,
+                sim,
+                dev,
+                scratch,
+                master,
+                agent,
+            },
+            images: Vec::new(),
+        })
+    }
+
+    /// Builds a busybox image `FROM scratch` holding the probe at `/probe`, with the
+    /// driver-volume label when `volume`.
+    fn image(&mut self, volume: bool) -> TestResult<String> {
+        let dir = self
+            .c
+            .scratch
+            .path()
+            .join(mesos_gpu_testkit::unique_name("image"));
+        std::fs::create_dir(&dir)?;
+        std::fs::copy("/bin/busybox", dir.join("busybox"))?;
+        std::fs::copy(probe()?, dir.join("probe"))?;
+        let name = format!("{}:1", mesos_gpu_testkit::unique_name("mesos-docker"));
+        let mut dockerfile = format!(
+            "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCOPY probe /probe\nLABEL mgpu.test={name}\n"
+        );
+        if volume {
+            dockerfile.push_str("LABEL com.nvidia.volumes.needed=nvidia_driver\n");
+        }
+        std::fs::write(dir.join("Dockerfile"), dockerfile)?;
+        self.images.push(name.clone());
+        let out = std::process::Command::new("docker")
+            .args(["build", "-q", "-t", &name])
+            .arg(&dir)
+            .output()?;
+        check(
+            out.status.success(),
+            format!("docker build: {}", String::from_utf8_lossy(&out.stderr)),
+        )?;
+        Ok(name)
+    }
+
+    /// Launches Docker task `name` in `image` asking for `gpus` GPUs: it probes `/dev`, prints
+    /// the mounts at /usr/local/nvidia and the volume's files, waits for its go file (in the
+    /// sandbox, `touch`ed by [`DockerCluster::release`]) when `wait`, and prints `done`.
+    fn launch(&self, name: &str, image: &str, gpus: u32, wait: bool) -> TestResult<Task> {
+        let mut command = "/probe /dev; grep ' /usr/local/nvidia ' /proc/mounts | sed 's/^/mount /'; ls /usr/local/nvidia/bin 2>/dev/null | sed 's/^/volume /'".to_owned();
+        if wait {
+            command
+                .push_str("; echo waiting; while [ ! -e $MESOS_SANDBOX/go ]; do sleep 0.1; done");
+        }
+        command.push_str("; echo done");
+        let docker_image = format!("--docker_image={image}");
+        Ok(Task::launch_with(
+            &self.c.install,
+            &self.c.master,
+            name,
+            &format!("cpus:0.1;mem:32;gpus:{gpus}"),
+            &command,
+            &[
+                "--framework_capabilities=GPU_RESOURCES",
+                "--checkpoint",
+                "--containerizer=docker",
+                &docker_image,
+            ],
+        )?)
+    }
+
+    /// Lets a waiting task finish.
+    fn release(&self, name: &str) -> TestResult {
+        Ok(std::fs::write(self.c.agent.sandbox(name)?.join("go"), b"")?)
+    }
+
+    /// The Docker containers' reservations in the node's pool (owner ids).
+    fn docker_reservations(&self) -> TestResult<Vec<String>> {
+        let path = self.c.scratch.path().join("pool/gpu/pool.json");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        Ok(json["reservations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, r)| r["owner"].to_string().contains("docker"))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+}
+
+fn which_docker() -> TestResult<PathBuf> {
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let path = Path::new(dir).join("docker");
+        if path.is_file() {
+            return Ok(path);
+        }
+    }
+    Err("no docker program in /usr/local/bin, /usr/bin or /bin".into())
+}
+
+/// A `gpus:2` Docker task in an image labelled `com.nvidia.volumes.needed` sees exactly two
+/// GPU nodes and the control nodes (ENXIO: allowed, no driver), their UUIDs in
+/// NVIDIA_VISIBLE_DEVICES and the driver volume read-only at /usr/local/nvidia; a `gpus:1` task
+/// in an unlabelled image gets no volume and other GPUs; both tasks' GPUs go back to the pool
+/// when they end.
+fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let labelled = d.image(true)?;
+    let plain = d.image(false)?;
+    let mut two = d.launch("dtwo", &labelled, 2, true)?;
+    let out = d.c.agent.wait_stdout("dtwo", "waiting", TASK_TIMEOUT)?;
+    println!("dtwo printed:\n{out}");
+    let report = ProbeReport::parse(&out);
+    let held = opened(&report, false);
+    check(held.len() == 2, format!("dtwo opened {held:?}: {out}"))?;
+    let mut wrong = Vec::new();
+    for (node, outcome) in &report.before {
+        let gpu = node
+            .strip_prefix("nvidia")
+            .and_then(|m| m.parse::<u32>().ok());
+        let ok = match gpu {
+            Some(m) => held.contains(&m) && outcome == "ENXIO",
+            None => CONTROL.contains(&node.as_str()) && outcome == "ENXIO",
+        };
+        if !ok {
+            wrong.push(format!("{node} {outcome}"));
+        }
+    }
+    for node in CONTROL {
+        if !report.before.contains_key(node) {
+            wrong.push(format!("{node} missing"));
+        }
+    }
+    check(wrong.is_empty(), format!("{}: {out}", wrong.join("; ")))?;
+    let minors: Vec<u32> = held.iter().copied().collect();
+    let want: BTreeSet<String> = d.c.uuids(&minors)?.into_iter().collect();
+    let got: BTreeSet<String> = report
+        .env
+        .get("NVIDIA_VISIBLE_DEVICES")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    check(
+        got == want,
+        format!("NVIDIA_VISIBLE_DEVICES {got:?}, expected {want:?}"),
+    )?;
+    let mount = out
+        .lines()
+        .find(|l| l.starts_with("mount "))
+        .ok_or_else(|| format!("no driver volume at /usr/local/nvidia: {out}"))?;
+    check(
+        mount
+            .split_whitespace()
+            .nth(4)
+            .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+        format!("the driver volume is not read-only: {mount}"),
+    )?;
+    check(
+        out.contains("volume driver-volume-marker"),
+        format!("the volume's files are not at /usr/local/nvidia: {out}"),
+    )?;
+
+    let mut one = d.launch("done", &plain, 1, false)?;
+    let out1 = d.c.agent.wait_stdout("done", "done", TASK_TIMEOUT)?;
+    println!("done printed:\n{out1}");
+    let report1 = ProbeReport::parse(&out1);
+    let held1 = opened(&report1, false);
+    check(
+        held1.len() == 1 && held1.is_disjoint(&held),
+        format!("done opened {held1:?}, dtwo holds {held:?}: {out1}"),
+    )?;
+    check(
+        !out1.contains("mount ") && !out1.contains("volume "),
+        format!("an unlabelled image got the driver volume: {out1}"),
+    )?;
+    one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.release("dtwo")?;
+    two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the Docker tasks' GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
+}
+
+/// One pool for both containerizers: a Mesos-containerizer task with 5 GPUs and a Docker task
+/// with 3 hold disjoint GPUs (all 8 between them); killing the Docker task (its framework goes
+/// away) gives its GPUs back, and ending the Mesos task gives back the rest.
+fn v1_docker_and_mesos_tasks_one_pool() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut mesos_task = d.c.launch("mfive", 5, true)?;
+    mesos_task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let five = opened(&d.c.report("mfive")?, false);
+    let docker_task = d.launch("dthree", &image, 3, true)?;
+    let out = d.c.agent.wait_stdout("dthree", "waiting", TASK_TIMEOUT)?;
+    println!("dthree printed:\n{out}");
+    let three = opened(&ProbeReport::parse(&out), false);
+    check(
+        five.len() == 5 && three.len() == 3 && five.is_disjoint(&three),
+        format!("the Mesos task holds {five:?}, the Docker task {three:?}"),
+    )?;
+    check(
+        d.docker_reservations()?.len() == 1,
+        format!("Docker reservations: {:?}", d.docker_reservations()),
+    )?;
+    drop(docker_task);
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the killed Docker task's GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    d.c.release("mfive")?;
+    mesos_task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.c.wait_all_released()
+}
+
+/// A Docker task the pool cannot serve (7 of 8 GPUs reserved outside Mesos, 2 asked) fails
+/// with a status message that says how many were asked and how many are free.
+fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let s = d.c.scratch.path();
+    let outside = "0d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f12";
+    let docker_args = |args: &[&str]| -> TestResult<String> {
+        let out = std::process::Command::new(mesos_gpu_exe()?)
+            .arg("--nvml-lib")
+            .arg(d.c.sim.lib_path())
+            .arg("--dev-root")
+            .arg(d.c.dev.path())
+            .arg("docker-args")
+            .arg("--pool-dir")
+            .arg(s.join("pool"))
+            .arg("--work-dir")
+            .arg(s.join("outside"))
+            .args(args)
+            .output()?;
+        check(
+            out.status.success(),
+            format!(
+                "docker-args {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    docker_args(&["--gpus", "7", "--container-id", outside])?;
+    let mut task = d.launch("dtoo", &image, 2, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let out = task.output();
+    println!("mesos-execute printed:\n{out}");
+    check(
+        out.contains("2 asked") && out.contains("1 free"),
+        format!("the status message does not say why: {out}"),
+    )?;
+    docker_args(&["--release", outside])?;
+    Ok(())
+}
+
+/// Agent SIGKILL and restart: the running Docker task keeps its GPUs (its `docker run`, the
+/// wrapper, runs on under the Docker executor), a new Docker task after the restart gets other
+/// GPUs, and the GPUs come back when the task finishes.
+fn v1_docker_agent_sigkill_keeps_gpus() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut task = d.launch("dkeep", &image, 4, true)?;
+    let out = d.c.agent.wait_stdout("dkeep", "waiting", TASK_TIMEOUT)?;
+    let four = opened(&ProbeReport::parse(&out), false);
+    check(four.len() == 4, format!("dkeep opened {four:?}"))?;
+    let before = d.docker_reservations()?;
+    d.c.agent.kill()?;
+    d.c.agent.restart()?;
+    check(
+        d.docker_reservations()? == before,
+        format!(
+            "after the restart the pool holds {:?}, before {before:?}",
+            d.docker_reservations()
+        ),
+    )?;
+    let mut other = d.launch("dafter", &image, 4, false)?;
+    let out2 = d.c.agent.wait_stdout("dafter", "done", TASK_TIMEOUT)?;
+    println!("dafter printed:\n{out2}");
+    let after = opened(&ProbeReport::parse(&out2), false);
+    check(
+        after.len() == 4 && after.is_disjoint(&four),
+        format!("dafter opened {after:?}, dkeep holds {four:?}"),
+    )?;
+    other.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.release("dkeep")?;
+    task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "dkeep's GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
+}
+
+/// A Docker task whose launch fails after its GPUs were reserved (its image cannot be pulled:
+/// there is no registry) gives them back when the agent removes its executor.
+fn v1_docker_launch_failure_gives_gpus_back() -> TestResult {
+    let d = DockerCluster::start()?;
+    let missing = format!("{}:1", mesos_gpu_testkit::unique_name("mgpu-no-such-image"));
+    let mut task = d.launch("dmissing", &missing, 2, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    println!("mesos-execute printed:\n{}", task.output());
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the failed Docker task's GPUs back in the pool: {:?}; agent log:\n{}",
+                d.docker_reservations(),
+                mesos_gpu_testkit::mesos::tail(&d.c.agent.log(), 30)
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
+}
+
+/// A Docker task whose container dies (`docker kill` from outside Mesos) gives its GPUs back:
+/// its `docker run` ends, and the wrapper releases them.
+fn v1_docker_container_dies_gives_gpus_back() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image(false)?;
+    let mut task = d.launch("ddies", &image, 3, true)?;
+    d.c.agent.wait_stdout("ddies", "waiting", TASK_TIMEOUT)?;
+    let held = d.docker_reservations()?;
+    check(held.len() == 1, format!("Docker reservations: {held:?}"))?;
+    let name = format!("mesos-{}", held[0]);
+    let out = std::process::Command::new("docker")
+        .args(["kill", &name])
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "docker kill {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || {
+            format!(
+                "the dead container's GPUs back in the pool: {:?}",
+                d.docker_reservations()
+            )
+        },
+        || {
+            d.docker_reservations()
+                .ok()
+                .filter(Vec::is_empty)
+                .map(|_| ())
+        },
+    )?;
+    Ok(())
 }
 
 /// Issue 18: NUMA pinning in a real agent. nvml-sim's `numa-2cpu` (2 T4s local to CPU 0 and

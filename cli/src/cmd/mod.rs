@@ -11,6 +11,7 @@ mod agent_flags;
 mod cdi;
 mod demo;
 mod docker_args;
+mod docker_wrapper;
 mod exec;
 mod gpu;
 mod info;
@@ -34,6 +35,8 @@ pub(crate) enum Command {
     Serve(serve::Args),
     /// Reserve N GPUs from the shared pool and print the `docker run` arguments that give them.
     DockerArgs(docker_args::Args),
+    /// The mesos-agent's `docker` (`--docker`): gives Docker tasks the GPUs the hook reserved.
+    DockerWrapper(docker_wrapper::Args),
     /// Run a Docker image with N GPUs from the shared pool, like nvidia-docker's `run`.
     Run(run::Args),
     /// Show GPU health, or declare a failed GPU healthy again.
@@ -99,6 +102,7 @@ pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Command::Volume(args) => volume::run(&args, ctx),
         Command::Serve(args) => serve::run(&args, ctx),
         Command::DockerArgs(args) => docker_args::run(&args, ctx),
+        Command::DockerWrapper(args) => docker_wrapper::run(&args, ctx),
         Command::Run(args) => run::run(&args, ctx),
         Command::Gpu(args) => gpu::run(&args, ctx),
         Command::Demo(args) => demo::run(&args, ctx),

@@ -1,0 +1,224 @@
+// The Docker containerizer's side of the node's GPU pool: a Mesos hook module.
+//
+// Mesos's Docker containerizer never calls isolator modules, so GPUs for Docker tasks are
+// reserved here, in `slavePreLaunchDockerTaskExecutorDecorator`, which the agent runs before
+// it starts the container `mesos-<container id>` of a task. For a task with `gpus` > 0 the hook
+// runs the operator's `docker_args` command line (module parameter, e.g. `/usr/bin/mesos-gpu
+// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N --container-id ID --json` appended:
+// `mesos-gpu docker-args` reserves the GPUs from the node's pool for that container name and
+// prints the `docker run` arguments that give them, the driver volume included. The hook runs
+// before the agent pulls the image, so no `--image` is given: the wrapper, at `docker run`,
+// drops the volume and environment for an image that does not ask for the driver. The hook
+// hands the arguments to the container's `docker run` in the task environment variable
+// MESOS_GPU_DOCKER_ARGS, which `mesos-gpu docker-wrapper` (the agent's `--docker` program) turns
+// back into arguments and removes. When the pool cannot serve the task, the command's error becomes the launch failure
+// and so the task's status message. When the agent removes the task's executor
+// (`slaveRemoveExecutorHook`), the hook runs the same command line with `--release ID`, so GPUs
+// reserved for a container that never ran (its image could not be pulled, its launch failed)
+// go back too; the wrapper releases them when `docker run` ends, and a second release is a
+// no-op. Which container an executor had is kept in memory only: after an agent restart the
+// wrapper's release remains.
+//
+// The command runs asynchronously (libprocess subprocess and io), so no libprocess thread waits
+// for it.
+//
+// Creating the hook also initializes libmesos's own NVML wrapper when NVML loads. With `docker`
+// among --containerizers, Mesos 1.12 creates its Docker GPU allocator whenever NVML loads
+// (containerizer.cpp 245-275) and enumerates the `gpus` of --resources through NVML
+// (isolators/gpu/allocator.cpp 79-113), but it initializes NVML only when `gpu/nvidia` is in
+// --isolation (allocator.cpp 167-175), which the module replaces: the agent would exit with
+// "Failed to nvml::deviceGetHandleByIndex: NVML has not been initialized". Hooks are created
+// before the containerizer (slave/main.cpp), so initializing here lets it start.
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include <mesos/hook.hpp>
+#include <mesos/mesos.hpp>
+#include <mesos/module/hook.hpp>
+#include <mesos/resources.hpp>
+
+#include <process/collect.hpp>
+#include <process/future.hpp>
+#include <process/io.hpp>
+#include <process/subprocess.hpp>
+
+#include <stout/foreach.hpp>
+#include <stout/nothing.hpp>
+#include <stout/option.hpp>
+#include <stout/strings.hpp>
+#include <stout/try.hpp>
+
+// libmesos's NVML wrapper (src/common/nvml.hpp, not installed; exported by libmesos.so).
+namespace nvml {
+bool isAvailable();
+Try<Nothing> initialize();
+}  // namespace nvml
+
+using mesos::DockerTaskExecutorPrepareInfo;
+using mesos::Environment;
+using mesos::ExecutorInfo;
+using mesos::FrameworkInfo;
+using mesos::Hook;
+using mesos::Parameter;
+using mesos::Parameters;
+using mesos::Resources;
+using mesos::TaskInfo;
+using process::Failure;
+using process::Future;
+using process::Subprocess;
+
+namespace {
+
+// The task environment variable that carries the `docker run` arguments to the wrapper.
+const char kArgsVariable[] = "MESOS_GPU_DOCKER_ARGS";
+// Docker containerizer containers are named this prefix and the Mesos container id.
+const char kNamePrefix[] = "mesos-";
+
+class MesosGpuDockerHook : public Hook {
+ public:
+  explicit MesosGpuDockerHook(std::vector<std::string> command) : command_(std::move(command)) {}
+
+  Future<Option<DockerTaskExecutorPrepareInfo>> slavePreLaunchDockerTaskExecutorDecorator(
+      const Option<TaskInfo>& taskInfo, const ExecutorInfo& executorInfo,
+      const std::string& containerName, const std::string&, const std::string&,
+      const Option<std::map<std::string, std::string>>&) override {
+    Resources resources =
+        taskInfo.isSome() ? Resources(taskInfo->resources()) : Resources(executorInfo.resources());
+    Option<double> gpus = resources.gpus();
+    if (gpus.isNone() || gpus.get() <= 0) {
+      return None();
+    }
+    if (!strings::startsWith(containerName, kNamePrefix)) {
+      return Failure("GPU docker hook: container name '" + containerName +
+                     "' is not mesos-<container id>");
+    }
+    const std::string id = containerName.substr(sizeof(kNamePrefix) - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      containers_[key(executorInfo)] = id;
+    }
+    std::vector<std::string> argv = command_;
+    argv.push_back("--gpus=" + std::to_string(static_cast<long long>(gpus.get())));
+    argv.push_back("--container-id=" + id);
+    argv.push_back("--json");
+
+    Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
+                                                Subprocess::PIPE(), Subprocess::PIPE());
+    if (child.isError()) {
+      return Failure("GPU docker hook: cannot run '" + argv[0] + "': " + child.error());
+    }
+    const std::string line = strings::join(" ", argv);
+    LOG(INFO) << "GPU docker hook: " << line;
+    return process::await(child->status(), process::io::read(child->out().get()),
+                          process::io::read(child->err().get()))
+        .then([line](const std::tuple<Future<Option<int>>, Future<std::string>,
+                                      Future<std::string>>& done)
+                  -> Future<Option<DockerTaskExecutorPrepareInfo>> {
+          const Future<Option<int>>& status = std::get<0>(done);
+          const Future<std::string>& out = std::get<1>(done);
+          const Future<std::string>& err = std::get<2>(done);
+          if (!status.isReady() || status->isNone() || !out.isReady()) {
+            return Failure("GPU docker hook: '" + line + "' could not be waited for");
+          }
+          if (status->get() != 0) {
+            std::string why = err.isReady() ? strings::trim(err.get()) : "";
+            return Failure("no GPUs for this Docker task: " +
+                           (why.empty() ? "'" + line + "' failed" : why));
+          }
+          DockerTaskExecutorPrepareInfo info;
+          Environment::Variable* variable = info.mutable_taskenvironment()->add_variables();
+          variable->set_name(kArgsVariable);
+          variable->set_value(strings::trim(out.get()));
+          return info;
+        });
+  }
+
+  Try<Nothing> slaveRemoveExecutorHook(const FrameworkInfo&,
+                                       const ExecutorInfo& executorInfo) override {
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto found = containers_.find(key(executorInfo));
+      if (found == containers_.end()) {
+        return Nothing();
+      }
+      id = found->second;
+      containers_.erase(found);
+    }
+    std::vector<std::string> argv = command_;
+    argv.push_back("--release=" + id);
+    Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
+                                                Subprocess::PATH("/dev/null"), Subprocess::PIPE());
+    if (child.isError()) {
+      LOG(ERROR) << "GPU docker hook: cannot run '" << argv[0] << "' to release the GPUs of "
+                 << id << ": " << child.error();
+      return Nothing();
+    }
+    const std::string line = strings::join(" ", argv);
+    process::await(child->status(), process::io::read(child->err().get()))
+        .onAny([line](const Future<std::tuple<Future<Option<int>>, Future<std::string>>>& done) {
+          if (done.isReady()) {
+            const Future<Option<int>>& status = std::get<0>(done.get());
+            if (status.isReady() && status->isSome() && status->get() == 0) {
+              LOG(INFO) << "GPU docker hook: " << line;
+              return;
+            }
+            const Future<std::string>& err = std::get<1>(done.get());
+            LOG(ERROR) << "GPU docker hook: '" << line
+                       << "' failed: " << (err.isReady() ? strings::trim(err.get()) : "");
+            return;
+          }
+          LOG(ERROR) << "GPU docker hook: '" << line << "' could not be waited for";
+        });
+    return Nothing();
+  }
+
+ private:
+  static std::string key(const ExecutorInfo& executor) {
+    return executor.framework_id().value() + "/" + executor.executor_id().value();
+  }
+
+  std::vector<std::string> command_;
+  std::mutex mutex_;
+  // Executor (framework id/executor id) → the Mesos id of its Docker container with GPUs.
+  std::map<std::string, std::string> containers_;
+};
+
+Hook* createHook(const Parameters& parameters) {
+  Option<std::string> line;
+  foreach (const Parameter& parameter, parameters.parameter()) {
+    if (parameter.key() == "docker_args") {
+      line = parameter.value();
+    } else {
+      LOG(ERROR) << "GPU docker hook: unknown parameter '" << parameter.key()
+                 << "' (accepted: docker_args)";
+      return nullptr;
+    }
+  }
+  if (line.isNone() || strings::tokenize(line.get(), " ").empty()) {
+    LOG(ERROR) << "GPU docker hook: parameter docker_args is required, e.g. "
+                  "'/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu'";
+    return nullptr;
+  }
+  if (nvml::isAvailable()) {
+    Try<Nothing> initialized = nvml::initialize();
+    if (initialized.isError()) {
+      LOG(ERROR) << "GPU docker hook: cannot initialize NVML: " << initialized.error();
+      return nullptr;
+    }
+  }
+  return new MesosGpuDockerHook(strings::tokenize(line.get(), " "));
+}
+
+}  // namespace
+
+// The module's name in modules.json and --hooks is this variable's name.
+mesos::modules::Module<Hook> org_apache_mesos_gpu_MesosGpuDockerHook(
+    MESOS_MODULE_API_VERSION, MESOS_VERSION, "mesos-gpu", "mesos-gpu@example.invalid",
+    "GPUs from the node's pool for Docker containerizer tasks (mesos-gpu docker-args)", nullptr,
+    createHook);
