@@ -1236,6 +1236,10 @@ impl DockerCluster {
             format!("--docker={}", wrapper.display()),
             format!("--hooks={HOOK}"),
             "--docker_remove_delay=1secs".to_owned(),
+            // Tests run several agents on the machine's one Docker daemon: at each start an agent
+            // stops every `mesos-` container it did not launch (`docker.cpp` 1073-1107), which
+            // would include the other tests' tasks.
+            "--docker_kill_orphans=false".to_owned(),
         ]);
         let agent = Agent::start(&install, &master, spec)?;
         Ok(DockerCluster {
