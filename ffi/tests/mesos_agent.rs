@@ -1792,14 +1792,26 @@ fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
 
     if cgroups == AgentCgroups::V1 && !isolation.contains("cgroups/cpuset") {
         let parent = Path::new("/sys/fs/cgroup/cpuset").join(&root);
-        let left: Vec<_> = std::fs::read_dir(&parent)?
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.file_name())
-            .collect();
-        check(
-            left.is_empty(),
-            format!("cpuset cgroups left under {}: {left:?}", parent.display()),
+        // The agent cleans a container up after its task's last status update: wait for it.
+        let left = || -> Vec<std::ffi::OsString> {
+            std::fs::read_dir(&parent)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name())
+                .collect()
+        };
+        wait_for(
+            TASK_TIMEOUT,
+            || {
+                format!(
+                    "cpuset cgroups left under {}: {:?}",
+                    parent.display(),
+                    left()
+                )
+            },
+            || left().is_empty().then_some(()),
         )?;
     }
     Ok(())
