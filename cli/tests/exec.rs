@@ -425,8 +425,9 @@ fn two_execs_run_side_by_side(version: &'static str) -> TestResult {
     env.check_clean()
 }
 
-fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
-    let env = Env::new(version);
+/// Starts an exec of `gpus` GPUs whose command runs until the returned marker file exists, and
+/// SIGKILLs the exec (not its command) once the command runs.
+fn kill_exec_while_its_command_runs(env: &Env, gpus: &str) -> Result<PathBuf, Failed> {
     let marker = env.work.path().join("go-on");
     let started = env.work.path().join("started");
     let script = format!(
@@ -435,17 +436,23 @@ fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
         marker.display()
     );
     let mut exec = env
-        .command("8", &["busybox", "sh", "-c", &script])
+        .command(gpus, &["busybox", "sh", "-c", &script])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_running(&env, 1, &mut exec)?;
+    wait_running(env, 1, &mut exec)?;
     // In its cgroup is not yet running: the launcher waits there for exec's go, and a killed
     // exec never sends it. Kill exec once the command itself runs.
     wait_for_file(&started, &mut exec)?;
     exec.kill().unwrap();
     exec.wait().unwrap();
+    Ok(marker)
+}
+
+fn killed_exec_gpus_come_back(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let marker = kill_exec_while_its_command_runs(&env, "8")?;
     // Its command still runs: its GPUs stay reserved.
     let refused = env.run("1", &["busybox", "true"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -481,25 +488,7 @@ fn gpu(env: &Env, args: &[&str]) -> Output {
 
 fn gpu_list_and_release(version: &'static str) -> TestResult {
     let env = Env::new(version);
-    let marker = env.work.path().join("go-on");
-    let started = env.work.path().join("started");
-    let script = format!(
-        "busybox touch {}; while [ ! -e {} ]; do busybox sleep 0.05; done",
-        started.display(),
-        marker.display()
-    );
-    let mut exec = env
-        .command("3", &["busybox", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_running(&env, 1, &mut exec)?;
-    // In its cgroup is not yet running: the launcher waits there for exec's go, and a killed
-    // exec never sends it. Kill exec once the command itself runs.
-    wait_for_file(&started, &mut exec)?;
-    exec.kill().unwrap();
-    exec.wait().unwrap();
+    let marker = kill_exec_while_its_command_runs(&env, "3")?;
     let listed: serde_json::Value =
         serde_json::from_slice(&gpu(&env, &["list", "--json"]).stdout).unwrap();
     let entry = &listed["reservations"][0];
