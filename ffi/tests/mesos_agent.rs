@@ -1317,6 +1317,27 @@ impl DockerCluster {
         Ok(std::fs::write(self.c.agent.sandbox(name)?.join("go"), b"")?)
     }
 
+    /// Waits until the pool holds no Docker reservation; `what` names the GPUs in the error.
+    fn wait_released(&self, what: &str) -> TestResult {
+        wait_for(
+            TASK_TIMEOUT,
+            || {
+                format!(
+                    "{what} back in the pool: {:?}; agent log:\n{}",
+                    self.docker_reservations(),
+                    mesos_gpu_testkit::mesos::tail(&self.c.agent.log(), 30)
+                )
+            },
+            || {
+                self.docker_reservations()
+                    .ok()
+                    .filter(Vec::is_empty)
+                    .map(|_| ())
+            },
+        )?;
+        Ok(())
+    }
+
     /// The Docker containers' reservations in the node's pool (owner ids).
     fn docker_reservations(&self) -> TestResult<Vec<String>> {
         let path = self.c.scratch.path().join("pool/gpu/pool.json");
@@ -1418,21 +1439,7 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.release("dtwo")?;
     two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    wait_for(
-        TASK_TIMEOUT,
-        || {
-            format!(
-                "the Docker tasks' GPUs back in the pool: {:?}",
-                d.docker_reservations()
-            )
-        },
-        || {
-            d.docker_reservations()
-                .ok()
-                .filter(Vec::is_empty)
-                .map(|_| ())
-        },
-    )?;
+    d.wait_released("the Docker tasks' GPUs")?;
     Ok(())
 }
 
@@ -1458,21 +1465,7 @@ fn v1_docker_and_mesos_tasks_one_pool() -> TestResult {
         format!("Docker reservations: {:?}", d.docker_reservations()),
     )?;
     drop(docker_task);
-    wait_for(
-        TASK_TIMEOUT,
-        || {
-            format!(
-                "the killed Docker task's GPUs back in the pool: {:?}",
-                d.docker_reservations()
-            )
-        },
-        || {
-            d.docker_reservations()
-                .ok()
-                .filter(Vec::is_empty)
-                .map(|_| ())
-        },
-    )?;
+    d.wait_released("the killed Docker task's GPUs")?;
     d.c.release("mfive")?;
     mesos_task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.c.wait_all_released()
@@ -1551,21 +1544,7 @@ fn v1_docker_agent_sigkill_keeps_gpus() -> TestResult {
     other.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.release("dkeep")?;
     task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    wait_for(
-        TASK_TIMEOUT,
-        || {
-            format!(
-                "dkeep's GPUs back in the pool: {:?}",
-                d.docker_reservations()
-            )
-        },
-        || {
-            d.docker_reservations()
-                .ok()
-                .filter(Vec::is_empty)
-                .map(|_| ())
-        },
-    )?;
+    d.wait_released("dkeep's GPUs")?;
     Ok(())
 }
 
@@ -1577,22 +1556,7 @@ fn v1_docker_launch_failure_gives_gpus_back() -> TestResult {
     let mut task = d.launch("dmissing", &missing, 2, false)?;
     task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
     println!("mesos-execute printed:\n{}", task.output());
-    wait_for(
-        TASK_TIMEOUT,
-        || {
-            format!(
-                "the failed Docker task's GPUs back in the pool: {:?}; agent log:\n{}",
-                d.docker_reservations(),
-                mesos_gpu_testkit::mesos::tail(&d.c.agent.log(), 30)
-            )
-        },
-        || {
-            d.docker_reservations()
-                .ok()
-                .filter(Vec::is_empty)
-                .map(|_| ())
-        },
-    )?;
+    d.wait_released("the failed Docker task's GPUs")?;
     Ok(())
 }
 
@@ -1617,21 +1581,7 @@ fn v1_docker_container_dies_gives_gpus_back() -> TestResult {
         ),
     )?;
     task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
-    wait_for(
-        TASK_TIMEOUT,
-        || {
-            format!(
-                "the dead container's GPUs back in the pool: {:?}",
-                d.docker_reservations()
-            )
-        },
-        || {
-            d.docker_reservations()
-                .ok()
-                .filter(Vec::is_empty)
-                .map(|_| ())
-        },
-    )?;
+    d.wait_released("the dead container's GPUs")?;
     Ok(())
 }
 

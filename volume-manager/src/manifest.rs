@@ -115,19 +115,7 @@ impl FileDigest {
     /// The digest of the file at `path` (not following a final symlink) with the same
     /// algorithm as `self`.
     pub fn same_kind_of_file(&self, path: &Path) -> io::Result<FileDigest> {
-        let mut file = open_nofollow(path)?;
-        let mut hasher = self.kind().hasher();
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            let n = match file.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            hasher.update(&buf[..n]);
-        }
-        Ok(hasher.finish())
+        self.kind().of_file(path)
     }
 
     /// Which algorithm.
@@ -149,6 +137,23 @@ pub enum DigestKind {
 }
 
 impl DigestKind {
+    /// The digest of the file at `path` (not following a final symlink).
+    pub fn of_file(self, path: &Path) -> io::Result<FileDigest> {
+        let mut file = open_nofollow(path)?;
+        let mut hasher = self.hasher();
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+        }
+        Ok(hasher.finish())
+    }
+
     /// An incremental hasher of this kind.
     pub(crate) fn hasher(self) -> Hasher {
         match self {
@@ -283,7 +288,7 @@ pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
 /// The BLAKE3 digest of a file's contents (not following a final symlink), as this crate writes
 /// it into manifests.
 pub fn blake3_file(path: &Path) -> io::Result<FileDigest> {
-    FileDigest::Blake3(String::new()).same_kind_of_file(path)
+    DigestKind::Blake3.of_file(path)
 }
 
 /// Lower-case hex of `bytes`.
@@ -313,9 +318,7 @@ mod tests {
             )
         );
         assert_eq!(
-            FileDigest::Sha256(String::new())
-                .same_kind_of_file(&path)
-                .expect("hash"),
+            DigestKind::Sha256.of_file(&path).expect("hash"),
             FileDigest::Sha256(
                 "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".into()
             )

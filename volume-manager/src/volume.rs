@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 pub use assemble::BuildTimings;
 pub use holders::{REFS_DIR, check_holder};
-pub use verify::{Check, Problem, VerifyReport};
+pub use verify::{Check, Problem, VerifyReport, error_chain};
 
 use layout::{
     RETIRED_PREFIX, TMP_PREFIX, existing_volume, existing_volume_readonly, remove_leftover_builds,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_testkit::{Host, Need, needs};
 use mesos_gpu_volume::plan::{SkipReason, VolumeDir};
-use mesos_gpu_volume::volume::{KeepReason, Outcome, Problem};
+use mesos_gpu_volume::volume::{KeepReason, Outcome, Problem, error_chain};
 use mesos_gpu_volume::{
     Check, CreateOptions, DriverVersion, LdCache, Materialize, VolumeError, VolumeManager,
     VolumePlan, plan,
@@ -635,24 +635,12 @@ fn a_format_1_volume_is_reused_and_verified() -> Result<(), Failed> {
     std::fs::write(&manifest_path, serde_json::to_vec(&manifest)?)?;
     let err = match manager.verify(&version(), Some(&plan), Check::Metadata) {
         Ok(report) => format!("{:?}", report.problems),
-        Err(e) => format!("{:#}", anyhow_free_chain(&e)),
+        Err(e) => error_chain(&e),
     };
     ensure(
         err.contains("has format 3; this program reads formats 1 to 2"),
         || err,
     )
-}
-
-/// `err` and its sources, joined with `: `.
-fn anyhow_free_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }
 
 fn tampering_is_detected_and_repaired() -> Result<(), Failed> {

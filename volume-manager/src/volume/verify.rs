@@ -466,7 +466,7 @@ impl Hashes {
 }
 
 /// `err` and its sources, joined with `: `.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cause = err.source();
     while let Some(c) = cause {
