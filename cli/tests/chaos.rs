@@ -3,7 +3,8 @@
 //! node's one pool — agent-module workers (the isolator with the module's role, in a child of
 //! this binary), `mesos-gpu exec` and `mesos-gpu docker-args` — while a killer SIGKILLs random
 //! ones at random moments (seeded by `MGPU_CHAOS_SEED`, bounded). Every holder marks each GPU it
-//! holds in `held/<uuid>` (`O_EXCL`, with its pid), so a GPU granted twice at once is caught.
+//! holds in `held/<uuid>` (`O_EXCL`, with its pid and start time, so pid reuse cannot fool
+//! it), so a GPU granted twice at once is caught.
 //! Afterwards one reconciliation (`gpu release --dead`) must leave 0 GPUs double-booked and 0
 //! lost: every GPU free, or held by an owner that is alive or uncertain with a reason, or
 //! quarantined with a reason.
@@ -49,24 +50,37 @@ impl Rng {
     }
 }
 
-/// Marks `uuids` held by `pid`; a marker of a live other pid is a double-booking.
+/// The start time of `pid` (field 22 of `/proc/<pid>/stat`, in clock ticks since boot), so that
+/// a marker left by a killed holder whose pid was reused is not taken for a live holder.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Marks `uuids` held by `pid` (as `<pid> <start time>`); a marker of another live holder is a
+/// double-booking. A marker whose holder is gone (its pid dead or reused) is taken over.
 fn mark(held: &Path, uuids: &[String], pid: u32) -> u64 {
+    let me = format!("{pid} {}", start_time(pid).unwrap());
     let mut doubles = 0;
     for u in uuids {
         let path = held.join(u);
         loop {
             match std::fs::File::create_new(&path) {
                 Ok(_) => {
-                    std::fs::write(&path, pid.to_string()).unwrap();
+                    std::fs::write(&path, &me).unwrap();
                     break;
                 }
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    let other: u32 = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(0);
-                    if other != 0 && other != pid && Path::new(&format!("/proc/{other}")).exists() {
-                        eprintln!("chaos: {u} held by {other} and granted to {pid}");
+                    let other = std::fs::read_to_string(&path).unwrap_or_default();
+                    let mut fields = other.split_whitespace();
+                    let holder = fields.next().and_then(|p| p.parse::<u32>().ok());
+                    let started = fields.next().and_then(|t| t.parse::<u64>().ok());
+                    if let (Some(holder), Some(started)) = (holder, started)
+                        && other.trim() != me
+                        && start_time(holder) == Some(started)
+                    {
+                        eprintln!("chaos: {u} held by {other} and granted to {me}");
                         doubles += 1;
                         break;
                     }
@@ -209,10 +223,12 @@ fn exec_loop(c: &Chaos, seed: u64) {
         // The command marks its GPUs (CUDA_VISIBLE_DEVICES), holds them, unmarks: it outlives a
         // killed exec, so its markers are always removed.
         let script = format!(
-            "for u in $(echo $CUDA_VISIBLE_DEVICES | tr , ' '); do \
-               if ( set -C; echo $$ > {h}/$u ) 2>/dev/null; then :; \
-               elif [ -d /proc/$(cat {h}/$u) ]; then echo DOUBLE $u; \
-               else echo $$ > {h}/$u; fi; done; \
+            "me=\"$$ $(cut -d' ' -f22 /proc/$$/stat)\"; \
+             for u in $(echo $CUDA_VISIBLE_DEVICES | tr , ' '); do \
+               if ( set -C; echo \"$me\" > {h}/$u ) 2>/dev/null; then :; \
+               else set -- $(cat {h}/$u); \
+                 if [ -n \"$2\" ] && [ \"$(cut -d' ' -f22 /proc/$1/stat 2>/dev/null)\" = \"$2\" ]; \
+                 then echo DOUBLE $u held by $1; else echo \"$me\" > {h}/$u; fi; fi; done; \
              busybox sleep 0.{hold:03}; \
              for u in $(echo $CUDA_VISIBLE_DEVICES | tr , ' '); do rm -f {h}/$u; done",
             h = held.display()
