@@ -9,7 +9,6 @@ pub mod allocator;
 pub mod cgroup;
 pub mod devices;
 pub mod discovery;
-mod durable;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;

@@ -84,13 +84,12 @@ pub enum CgroupError {
         /// The pid as given.
         pid: u32,
     },
-    /// A mount table line that is not in mountinfo format.
-    #[error("line {line} of mountinfo is malformed: {text:?}")]
+    /// The mount table could not be read or parsed.
+    #[error("cannot read the mount table to find the cgroup hierarchies")]
     Mountinfo {
-        /// 1-based line number.
-        line: usize,
-        /// The line.
-        text: String,
+        /// The cause.
+        #[source]
+        source: mesos_gpu_os::MountinfoError,
     },
     /// Neither hierarchy is mounted.
     #[error("found neither a cgroup2 mount nor a cgroup v1 `devices` hierarchy in the mount table")]

@@ -91,6 +91,12 @@ pub enum HealthError {
         /// The checkpoint it guards.
         path: PathBuf,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] mesos_gpu_os::LockError),
+    /// A health file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] mesos_gpu_os::DurableError),
     /// The monitor thread could not be started.
     #[error("cannot start the GPU health thread")]
     Thread {

@@ -24,14 +24,15 @@
 pub mod owner;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::durable;
+use mesos_gpu_os::{LockFile, durable};
+
 use crate::health::HealthStore;
 pub use owner::{Host, Liveness, Owner, ProcessStamp};
 
@@ -107,6 +108,12 @@ pub enum PoolError {
         /// Who holds it, as it wrote itself into the lock file.
         holder: String,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] mesos_gpu_os::LockError),
+    /// The state file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] mesos_gpu_os::DurableError),
 }
 
 /// One reservation: an owner's GPUs.
@@ -495,49 +502,24 @@ impl Pool {
             path: self.dir.clone(),
             source,
         })?;
-        let path = self.dir.join(LOCK_FILE);
-        let mut lock = File::options()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|source| PoolError::Io {
-                op: "open",
-                path: path.clone(),
-                source,
-            })?;
+        let lock = LockFile::create(&self.dir.join(LOCK_FILE), 0o644)?;
         let start = Instant::now();
-        loop {
-            match lock.try_lock() {
-                Ok(()) => break,
-                Err(fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    let mut holder = String::new();
-                    let _ = lock.read_to_string(&mut holder);
-                    return Err(PoolError::Busy {
-                        path,
-                        waited: start.elapsed(),
-                        holder: holder.trim().to_owned(),
-                    });
-                }
-                Err(fs::TryLockError::Error(source)) => {
-                    return Err(PoolError::Io {
-                        op: "lock",
-                        path,
-                        source,
-                    });
-                }
-            }
+        if !lock.lock_within(wait)? {
+            let mut holder = String::new();
+            let _ = lock.file().read_to_string(&mut holder);
+            return Err(PoolError::Busy {
+                path: lock.path().to_owned(),
+                waited: start.elapsed(),
+                holder: holder.trim().to_owned(),
+            });
         }
         // Name ourselves for whoever waits (best effort: the lock is what counts).
         let me = format!("pid {} ({})", std::process::id(), process_name());
-        let _ = lock
+        let mut file = lock.file();
+        let _ = file
             .set_len(0)
-            .and_then(|()| lock.rewind())
-            .and_then(|()| lock.write_all(me.as_bytes()));
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(me.as_bytes()));
         let state = self.read()?;
         Ok(Transaction {
             pool: self.clone(),
@@ -559,7 +541,7 @@ pub struct Transaction {
     before: PoolState,
     /// The state, to change.
     pub state: PoolState,
-    _lock: File,
+    _lock: LockFile,
 }
 
 impl Transaction {
@@ -574,11 +556,7 @@ impl Transaction {
             path: path.clone(),
             source,
         })?;
-        durable::replace(&path, &bytes).map_err(|(op, path, source)| PoolError::Io {
-            op,
-            path,
-            source,
-        })?;
+        durable::replace(&path, &bytes, 0o644)?;
         self.before = self.state.clone();
         Ok(())
     }
@@ -620,7 +598,11 @@ mod tests {
         drop(tx);
         let state = pool.read().unwrap();
         assert_eq!(state.reservations.keys().collect::<Vec<_>>(), ["c2"]);
-        assert!(!dir.path().join("gpu/pool.json.tmp").exists());
+        let temps = fs::read_dir(dir.path().join("gpu"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("tmp".as_ref()))
+            .count();
+        assert_eq!(temps, 0, "a temp file was left behind");
     }
 
     #[test]
