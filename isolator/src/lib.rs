@@ -7,6 +7,7 @@
 pub mod agent_flags;
 pub mod allocator;
 pub mod cgroup;
+pub mod container_id;
 pub mod devices;
 pub mod discovery;
 pub mod health;

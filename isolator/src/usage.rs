@@ -19,12 +19,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
+use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
 /// Why a container's processes could not be told apart.
@@ -107,8 +107,9 @@ fn known<T>(
 }
 
 impl GpuReadings {
-    /// Reads `gpu`'s figures now.
-    pub fn read(nvml: &Nvml, gpu: &Gpu) -> GpuReadings {
+    /// Reads `gpu`'s figures now, through `driver`'s NVML session.
+    pub fn read(driver: &GpuDriver, gpu: &Gpu) -> GpuReadings {
+        let nvml = driver.nvml();
         let mut lost = false;
         let mut readings = GpuReadings {
             index: gpu.index,
@@ -226,14 +227,14 @@ impl UsageReader {
     /// The use the container in `cgroup` makes of `gpus` (the GPUs it holds), read now.
     pub fn container_usage(
         &self,
-        nvml: &Nvml,
+        driver: &GpuDriver,
         gpus: &[Gpu],
         cgroup: &ContainerCgroup,
     ) -> ContainerUsage {
         ContainerUsage {
             gpus: gpus
                 .iter()
-                .map(|gpu| self.attribute(&GpuReadings::read(nvml, gpu), cgroup))
+                .map(|gpu| self.attribute(&GpuReadings::read(driver, gpu), cgroup))
                 .collect(),
         }
     }

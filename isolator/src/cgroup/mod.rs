@@ -26,8 +26,8 @@ pub mod v2;
 use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::str::FromStr;
 
+use crate::container_id::ContainerId;
 pub use mount::{CgroupMounts, Hierarchy};
 pub use rule::{
     Access, DeviceKind, DeviceRule, RuleError, default_whitelist, is_allowed, normalize, parse_list,
@@ -64,14 +64,6 @@ impl fmt::Display for CgroupVersion {
 /// Errors of device cgroup management.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    /// A container id that cannot name a cgroup directory.
-    #[error(
-        "container id {id:?}: expected 1 to 255 characters from A-Z, a-z, 0-9, `_`, `.`, `-`, other than `.` and `..`"
-    )]
-    InvalidContainerId {
-        /// The id as given.
-        id: String,
-    },
     /// A parent path that would leave the hierarchy.
     #[error("cgroup parent {parent:?}: expected a relative path without `..`")]
     InvalidParent {
@@ -282,43 +274,6 @@ impl<T> IoResultExt<T> for io::Result<T> {
             path: path.to_owned(),
             source,
         })
-    }
-}
-
-/// A Mesos container id, checked to be safe as one path component.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ContainerId(String);
-
-impl ContainerId {
-    /// Checks `id`: 1 to 255 bytes of `[A-Za-z0-9_.-]`, and not `.` or `..`.
-    pub fn new(id: impl Into<String>) -> Result<ContainerId, CgroupError> {
-        let id = id.into();
-        let valid_chars = id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if id.is_empty() || id.len() > 255 || !valid_chars || id == "." || id == ".." {
-            return Err(CgroupError::InvalidContainerId { id });
-        }
-        Ok(ContainerId(id))
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for ContainerId {
-    type Err = CgroupError;
-
-    fn from_str(s: &str) -> Result<ContainerId, CgroupError> {
-        ContainerId::new(s)
-    }
-}
-
-impl fmt::Display for ContainerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -619,35 +574,6 @@ pub(crate) fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn container_ids() {
-        for ok in [
-            "a",
-            "0f1e-2d3c_4b.5a",
-            "mesos-container-1",
-            "...",
-            &"x".repeat(255),
-        ] {
-            assert_eq!(ContainerId::new(ok).expect(ok).as_str(), ok);
-        }
-        for bad in [
-            "",
-            ".",
-            "..",
-            "a/b",
-            "../x",
-            "a b",
-            "é",
-            "a\0b",
-            &"x".repeat(256),
-        ] {
-            let err = ContainerId::new(bad).expect_err(bad);
-            assert!(matches!(&err, CgroupError::InvalidContainerId { id } if id == bad));
-            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
-        }
-    }
 
     #[test]
     fn layouts() {
@@ -712,19 +638,5 @@ mod tests {
         );
         remove_cgroup_dir(&dir).expect("removed");
         remove_cgroup_dir(&dir).expect("already gone is fine");
-    }
-
-    proptest! {
-        #[test]
-        fn valid_ids_are_one_component(id in "[A-Za-z0-9_.-]{1,40}") {
-            match ContainerId::new(id.clone()) {
-                Ok(cid) => {
-                    let mut parts = Path::new(cid.as_str()).components();
-                    prop_assert!(matches!(parts.next(), Some(Component::Normal(_))));
-                    prop_assert!(parts.next().is_none());
-                }
-                Err(_) => prop_assert!(id == "." || id == ".."),
-            }
-        }
     }
 }

@@ -162,7 +162,7 @@ impl Isolator {
             self.layout.mount(),
             status.cgroup.as_deref()?,
         )?;
-        Some(UsageReader::default().container_usage(link.driver.nvml(), gpus, &cgroup))
+        Some(UsageReader::default().container_usage(&link.driver, gpus, &cgroup))
     }
 }
 

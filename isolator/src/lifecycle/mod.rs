@@ -66,8 +66,8 @@ pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
 use crate::allocator::{AllocError, Allocator, GpuSet, Policy};
-pub use crate::cgroup::ContainerId;
 use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
+pub use crate::container_id::ContainerId;
 use crate::devices::DeviceNodes;
 use crate::health::Limitations;
 use crate::inventory::{Gpu, Inventory};

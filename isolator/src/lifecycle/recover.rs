@@ -34,7 +34,8 @@ use super::state::{Container, QUARANTINE_OWNER, State};
 use super::{CgroupOwner, Isolator, LifecycleError, health};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
-use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+use crate::cgroup::{DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+use crate::container_id::ContainerId;
 
 /// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
