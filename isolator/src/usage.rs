@@ -29,7 +29,7 @@ use crate::inventory::Gpu;
 
 /// Why a container's processes could not be told apart.
 #[derive(Debug, thiserror::Error)]
-pub enum UsageError {
+pub(crate) enum UsageError {
     /// `/proc/<pid>/cgroup` exists but cannot be read.
     #[error("cannot read {path}")]
     ProcCgroup {
@@ -210,7 +210,7 @@ impl UsageReader {
     }
 
     /// Whether process `pid` is in `cgroup` or below it; `Ok(false)` when it has exited.
-    pub fn in_cgroup(&self, pid: u32, cgroup: &ContainerCgroup) -> Result<bool, UsageError> {
+    pub(crate) fn in_cgroup(&self, pid: u32, cgroup: &ContainerCgroup) -> Result<bool, UsageError> {
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
         match fs::read_to_string(&path) {
             Ok(text) => Ok(cgroup_matches(&text, cgroup)),
@@ -284,7 +284,7 @@ fn is_within(path: &str, root: &str) -> bool {
 }
 
 /// Whether the `/proc/<pid>/cgroup` text puts the process in `cgroup` or below it.
-pub fn cgroup_matches(proc_cgroup: &str, cgroup: &ContainerCgroup) -> bool {
+pub(crate) fn cgroup_matches(proc_cgroup: &str, cgroup: &ContainerCgroup) -> bool {
     proc_cgroup.lines().any(|line| {
         let mut fields = line.splitn(3, ':');
         let (Some(id), Some(controllers), Some(path)) =

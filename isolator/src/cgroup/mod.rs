@@ -28,20 +28,21 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use crate::container_id::ContainerId;
-pub use mount::{CgroupMounts, Hierarchy};
-pub use rule::{
-    Access, DeviceKind, DeviceRule, RuleError, default_whitelist, is_allowed, normalize, parse_list,
-};
+pub(crate) use mount::CgroupMounts;
+pub use mount::Hierarchy;
+pub use rule::DeviceKind;
+pub use rule::RuleError;
+pub use rule::{Access, DeviceRule, default_whitelist, normalize, parse_list};
 pub use v1::V1DeviceCgroup;
 pub use v2::V2DeviceCgroup;
 pub use v2::program::DeviceProgram;
 
 /// Mesos's default parent of container cgroups (`--cgroups_root`).
-pub const DEFAULT_PARENT: &str = "mesos";
+pub(crate) const DEFAULT_PARENT: &str = "mesos";
 
 /// Where Mesos wants cgroup2 for running cgroup v2 (`cgroups2::MOUNT_POINT`,
 /// `src/linux/cgroups2.cpp` 71): see [`CgroupMounts::hierarchy`].
-pub const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
+pub(crate) const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
 
 /// Which cgroup interface controls device access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -301,9 +302,10 @@ impl CgroupLayout {
         Ok(CgroupLayout { hierarchy, parent })
     }
 
+    #[cfg(test)]
     /// Mesos's v1 layout under the v1 root `root` (normally `/sys/fs/cgroup`):
     /// `<root>/devices/mesos/<id>`.
-    pub fn v1_mesos(root: &Path) -> CgroupLayout {
+    pub(crate) fn v1_mesos(root: &Path) -> CgroupLayout {
         let hierarchy = Hierarchy {
             version: CgroupVersion::V1,
             mount: root.join("devices"),
@@ -314,8 +316,9 @@ impl CgroupLayout {
         }
     }
 
+    #[cfg(test)]
     /// Mesos's v2 layout under the cgroup2 mount `mount`: `<mount>/mesos/<id>`.
-    pub fn v2_mesos(mount: &Path) -> CgroupLayout {
+    pub(crate) fn v2_mesos(mount: &Path) -> CgroupLayout {
         let hierarchy = Hierarchy {
             version: CgroupVersion::V2,
             mount: mount.to_owned(),
@@ -327,7 +330,7 @@ impl CgroupLayout {
     }
 
     /// Mesos's layout in the hierarchy this process's mount table offers
-    /// ([`CgroupMounts::hierarchy`]).
+    /// (`CgroupMounts::hierarchy`).
     pub fn detect() -> Result<CgroupLayout, CgroupError> {
         let mounts = CgroupMounts::read()?;
         CgroupLayout::new(
@@ -418,7 +421,7 @@ impl DeviceCgroup {
 
     /// Opens the existing cgroup directory `path` of `layout`'s hierarchy as `container`'s,
     /// touching nothing in it (the cgroup someone else made, e.g. Mesos).
-    pub fn open_at(
+    pub(crate) fn open_at(
         layout: &CgroupLayout,
         path: PathBuf,
         container: &ContainerId,

@@ -30,7 +30,7 @@ use super::{CgroupError, CgroupVersion};
 
 /// The cgroup hierarchies that can control device access, as found in a mount table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CgroupMounts {
+pub(crate) struct CgroupMounts {
     /// Where the cgroup v1 `devices` controller is mounted (first such mount).
     pub v1_devices: Option<PathBuf>,
     /// Where the cgroup2 unified hierarchy is mounted (first such mount).
@@ -50,26 +50,27 @@ pub struct Hierarchy {
 
 impl CgroupMounts {
     /// Reads `/proc/self/mountinfo`.
-    pub fn read() -> Result<CgroupMounts, CgroupError> {
+    pub(crate) fn read() -> Result<CgroupMounts, CgroupError> {
         CgroupMounts::read_from(Path::new("/proc/self/mountinfo"))
     }
 
     /// Reads a mountinfo file at `path`.
-    pub fn read_from(path: &Path) -> Result<CgroupMounts, CgroupError> {
+    pub(crate) fn read_from(path: &Path) -> Result<CgroupMounts, CgroupError> {
         MountTable::read(path)
             .map(|table| CgroupMounts::of(&table))
             .map_err(|source| CgroupError::Mountinfo { source })
     }
 
+    #[cfg(test)]
     /// Parses the text of a mountinfo file.
-    pub fn parse(mountinfo: &str) -> Result<CgroupMounts, CgroupError> {
+    pub(crate) fn parse(mountinfo: &str) -> Result<CgroupMounts, CgroupError> {
         MountTable::parse(mountinfo)
             .map(|table| CgroupMounts::of(&table))
             .map_err(|source| CgroupError::Mountinfo { source })
     }
 
     /// The cgroup hierarchies of a mount table.
-    pub fn of(table: &MountTable) -> CgroupMounts {
+    pub(crate) fn of(table: &MountTable) -> CgroupMounts {
         let mut mounts = CgroupMounts::default();
         for entry in table.entries() {
             match entry.fstype.as_str() {
@@ -90,7 +91,7 @@ impl CgroupMounts {
     /// The hierarchy Mesos uses (see the module docs): cgroup2 when it is mounted at
     /// `mesos_cgroup2` (Mesos's `/sys/fs/cgroup`, [`super::MESOS_CGROUP2_MOUNT`]), else v1
     /// `devices`, else the first cgroup2 mount.
-    pub fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
+    pub(crate) fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
         if self.cgroup2.iter().any(|m| m == mesos_cgroup2) {
             return Ok(Hierarchy {
                 version: CgroupVersion::V2,

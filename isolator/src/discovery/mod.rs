@@ -19,7 +19,7 @@
 //!   all has only its index, and its minor is [`UNKNOWN_MINOR`].
 //! - `NOT_SUPPORTED` and symbols missing from older drivers leave optional fields unknown;
 //!   memory size then reads 0 (with a warning).
-//! - Topology: see [`topology`].
+//! - Topology: see `topology`.
 //!
 //! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
 //! reports an empty inventory with the reason and lets the caller decide.
@@ -43,13 +43,13 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 pub const UNKNOWN_MINOR: u32 = u32::MAX;
 
 /// The most GPUs a node may have: the allocator's GPU sets hold indices 0 to
-/// [`GpuSet::MAX_INDEX`](crate::allocator::GpuSet::MAX_INDEX). A node reporting more is refused
+/// `GpuSet::MAX_INDEX`. A node reporting more is refused
 /// before any GPU is read, so no command's cost grows with a count it cannot use.
 pub const MAX_GPUS: u32 = crate::allocator::GpuSet::MAX_INDEX + 1;
 
 /// The minor of `/dev/nvidia-modeset` (`c 195:254`); `/dev/nvidiactl` is 255. GPU minors are
 /// below both (NVIDIA's kernel module numbers GPUs from 0 up).
-pub const FIRST_CONTROL_MINOR: u32 = 254;
+pub(crate) const FIRST_CONTROL_MINOR: u32 = 254;
 
 /// `NVML_ERROR_GPU_NOT_FOUND`, which nvml-wrapper 0.13 does not name.
 const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;

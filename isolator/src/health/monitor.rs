@@ -206,11 +206,6 @@ impl HealthMonitor {
         rx
     }
 
-    /// Adds a callback for every later health change (run on the monitor thread).
-    pub fn on_change(&self, callback: ChangeCallback) {
-        lock(&self.shared.callbacks).push(callback);
-    }
-
     /// The health of GPU `index`, `None` for an unknown index.
     pub fn health(&self, index: u32) -> Option<GpuHealth> {
         lock(&self.shared.state)

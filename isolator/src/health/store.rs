@@ -34,7 +34,7 @@ const MARK_HEALTHY: &str = "mark-healthy-";
 const ANSWER: &str = "done-";
 
 /// How long an answer waits for the command that asked; then the monitor removes it.
-pub const ANSWER_TTL: Duration = Duration::from_secs(600);
+pub(crate) const ANSWER_TTL: Duration = Duration::from_secs(600);
 
 /// The health files of one agent work directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +133,7 @@ impl HealthStore {
     /// Takes the lock like [`Self::try_lock`], but waits up to `wait` for a holder that is about
     /// to let go: an agent still exiting, or a child being spawned by another thread of this
     /// process, which shares the descriptor (and so the `flock`) until it execs.
-    pub fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
+    pub(crate) fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
         let file = LockFile::create(&self.dir.join(LOCK), 0o644)?;
         Ok(file.lock_within(wait)?.then_some(StoreLock { _file: file }))

@@ -33,7 +33,7 @@ use crate::devices::DeviceNodes;
 use crate::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
 
 /// The variable CUDA reads to choose its devices.
-pub const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
+pub(crate) const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
 /// What the containerizer tells the isolator about a container being prepared.
 #[derive(Debug, Clone, Default, PartialEq)]

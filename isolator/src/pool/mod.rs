@@ -7,7 +7,7 @@
 //!   the module parameter `pool_dir`, the cli's `--pool-dir` or [`POOL_DIR_ENV`].
 //! - **Transactions, no lifetime lock:** [`Pool::begin`] takes `flock` on `gpu/pool.lock`
 //!   (waiting at most [`LOCK_WAIT`]; the error names the holder, whose pid is written in the
-//!   lock file), reads the state; [`Transaction::commit`] writes it back crash-safely (temp,
+//!   lock file), reads the state; `Transaction::commit` writes it back crash-safely (temp,
 //!   `fsync`, `rename`, `fsync` of the directory); dropping the transaction unlocks. Readers
 //!   ([`Pool::read`]: `gpu list`, metrics) read the renamed file without the lock.
 //! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
@@ -34,14 +34,15 @@ use serde::{Deserialize, Serialize};
 use mesos_gpu_os::{LockFile, durable};
 
 use crate::health::HealthStore;
-pub use owner::{Host, Liveness, Owner, ProcessStamp};
+pub use owner::{Host, Owner};
+pub use owner::{Liveness, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
 /// The environment variable the cli reads for the pool directory.
 pub const POOL_DIR_ENV: &str = "MESOS_GPU_POOL_DIR";
 /// The schema version this code reads and writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 /// How long a transaction waits for the lock.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 const STATE_FILE: &str = "pool.json";
@@ -132,7 +133,7 @@ pub struct Reservation {
 /// The pool's durable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
-    /// [`SCHEMA_VERSION`].
+    /// `SCHEMA_VERSION`.
     pub version: u32,
     /// Reservations by owner id.
     pub reservations: BTreeMap<String, Reservation>,
@@ -154,7 +155,7 @@ impl Default for PoolState {
 
 impl PoolState {
     /// UUIDs held by reservations of holders other than `holder`.
-    pub fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
+    pub(crate) fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
@@ -496,7 +497,7 @@ impl Pool {
     }
 
     /// [`Pool::begin`] with another bound on the wait.
-    pub fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
+    pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
         fs::create_dir_all(&self.dir).map_err(|source| PoolError::Io {
             op: "create",
             path: self.dir.clone(),
@@ -534,7 +535,7 @@ fn process_name() -> String {
     fs::read_to_string("/proc/self/comm").map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
 }
 
-/// A locked pool: read, decide, [`Transaction::commit`]. Dropping it unlocks.
+/// A locked pool: read, decide, `Transaction::commit`. Dropping it unlocks.
 #[derive(Debug)]
 pub struct Transaction {
     pool: Pool,
@@ -547,7 +548,7 @@ pub struct Transaction {
 impl Transaction {
     /// Writes the state back crash-safely if it changed; the lock stays held until the
     /// transaction is dropped.
-    pub fn commit(&mut self) -> Result<(), PoolError> {
+    pub(crate) fn commit(&mut self) -> Result<(), PoolError> {
         if self.state == self.before {
             return Ok(());
         }
