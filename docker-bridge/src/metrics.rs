@@ -270,7 +270,7 @@ impl FigureSource for NvmlFigures {
             .map(|gpu| {
                 let record = records.iter().find(|r| r.uuid == gpu.uuid);
                 GpuFigures {
-                    readings: GpuReadings::read(self.driver.nvml(), gpu),
+                    readings: GpuReadings::read(&self.driver, gpu),
                     healthy: record.map(|r| r.health.is_healthy()),
                     failure: record.and_then(|r| r.health.failure()).map(failure_label),
                     xids: record.map(|r| r.xids.clone()).unwrap_or_default(),

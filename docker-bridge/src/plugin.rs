@@ -28,6 +28,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use mesos_gpu_os::error_chain;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::args::{DRIVER_VOLUME_BASE, volume_name};
@@ -130,17 +131,6 @@ impl std::fmt::Debug for DriverVolumes {
     }
 }
 
-fn flatten(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 impl DriverVolumes {
     /// No driver yet; call [`DriverVolumes::set_driver`].
     pub fn new(builder: Arc<dyn VolumeBuilder>) -> Arc<DriverVolumes> {
@@ -197,7 +187,7 @@ impl DriverVolumes {
                     VolumeState::Ready { version, path }
                 }
                 Err(err) => {
-                    let reason = flatten(err.as_ref());
+                    let reason = error_chain(err.as_ref());
                     tracing::error!(version, %reason, "cannot build the driver volume");
                     VolumeState::Failed { version, reason }
                 }
@@ -722,12 +712,12 @@ mod tests {
             dir.path().join("root"),
         );
         let err = b.build("not-a-version").expect_err("bad version");
-        assert!(flatten(err.as_ref()).contains("not-a-version"), "{err}");
+        assert!(error_chain(err.as_ref()).contains("not-a-version"), "{err}");
         let err = b.build("550.54.14").expect_err("no ld.so.cache");
         assert!(
-            flatten(err.as_ref()).contains("ld.so.cache"),
+            error_chain(err.as_ref()).contains("ld.so.cache"),
             "{}",
-            flatten(err.as_ref())
+            error_chain(err.as_ref())
         );
     }
 

@@ -104,7 +104,7 @@ impl GpuStatusSource for NvmlStatus {
     }
 
     fn status(&self, gpu: &Gpu) -> GpuStatus {
-        let readings = GpuReadings::read(self.driver.nvml(), gpu);
+        let readings = GpuReadings::read(&self.driver, gpu);
         let device = self.device(gpu);
         let read = |f: &dyn Fn(&Device<'_>) -> Result<u32, NvmlError>, what| {
             device.as_ref().and_then(|d| known(gpu, what, f(d)))

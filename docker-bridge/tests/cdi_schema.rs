@@ -14,6 +14,7 @@ use mesos_gpu_docker::args::{HostDevices, ImageInfo, LaunchPlan};
 use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
 use mesos_gpu_isolator::discovery::GpuDriver;
 use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_volume::VolumeManager;
 use serde_json::{Value, json};
@@ -442,7 +443,7 @@ fn issue_18_bad_values_are_named() {
         panic!("no devices");
     };
     let err = devices.spec().expect_err("bad name");
-    let text = anyhow_like(&err);
+    let text = error_chain(&err);
     assert!(text.contains("\"GPU 1\""), "{text}");
     inventory.gpus[1].uuid = "GPU-1".to_owned();
     inventory.driver.as_mut().unwrap().version = "../etc".to_owned();
@@ -452,17 +453,5 @@ fn issue_18_bad_values_are_named() {
         &VolumeManager::at(VOLUME_ROOT),
     )
     .expect_err("bad version");
-    assert!(anyhow_like(&err).contains("\"../etc\""), "{err}");
-}
-
-/// The error and its causes, as `{:#}` of anyhow would print them.
-fn anyhow_like(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    assert!(error_chain(&err).contains("\"../etc\""), "{err}");
 }

@@ -49,7 +49,7 @@ pub enum ConvertError {
         id: String,
         /// Why.
         #[source]
-        source: mesos_gpu_isolator::cgroup::CgroupError,
+        source: mesos_gpu_isolator::container_id::ContainerIdError,
     },
     /// A `gpus` resource that is not a scalar.
     #[error("resource `gpus` of container {container} has type {got}: expected SCALAR")]

@@ -10,10 +10,10 @@
 //!   flattened error chain, cut at a UTF-8 character boundary, then a NUL.
 
 use std::any::Any;
-use std::error::Error;
 use std::ffi::{CStr, c_char};
 use std::panic::{self, AssertUnwindSafe};
 
+use mesos_gpu_os::error_chain;
 use prost::Message;
 
 use crate::handle::MgpuIsolator;
@@ -34,7 +34,7 @@ pub(crate) fn guard(
         Ok(Err(e)) => {
             // SAFETY: the exported function's contract makes `err` NULL or valid for `err_cap`
             // bytes of writes.
-            unsafe { write_err(err, err_cap, &chain(&e)) };
+            unsafe { write_err(err, err_cap, &error_chain(&e)) };
             e.status()
         }
         Err(payload) => {
@@ -71,18 +71,6 @@ pub(crate) fn guard_handle(
         h.poison();
     }
     status
-}
-
-/// The error and its causes, `a: b: c`.
-pub(crate) fn chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> &str {

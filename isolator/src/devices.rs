@@ -23,7 +23,7 @@ pub const NVIDIACTL: &str = "nvidiactl";
 /// `nvidia-uvm`, relative to the device root.
 pub const NVIDIA_UVM: &str = "nvidia-uvm";
 /// `nvidia-uvm-tools`, relative to the device root.
-pub const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
+pub(crate) const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
 
 /// Why the device nodes are not usable.
 #[derive(Debug, thiserror::Error)]
@@ -173,7 +173,7 @@ fn stat_char(path: &Path) -> Result<Option<DevNum>, DevicesError> {
 }
 
 /// Splits an `st_rdev` into major and minor as glibc's `major()`/`minor()` do.
-pub fn split_rdev(rdev: u64) -> DevNum {
+pub(crate) fn split_rdev(rdev: u64) -> DevNum {
     DevNum {
         major: libc::major(rdev),
         minor: libc::minor(rdev),

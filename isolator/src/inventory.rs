@@ -125,7 +125,7 @@ impl Link {
 
     /// Most NVLinks one pair is scored for: go-gpuallocator's `EighteenNVLINKLinks` (NVML's
     /// `NVML_NVLINK_MAX_LINKS`); more count as this many.
-    pub const MAX_SCORED_NVLINKS: u32 = 18;
+    pub(crate) const MAX_SCORED_NVLINKS: u32 = 18;
 
     /// A pair joined over PCIe at `level` only.
     pub const fn pcie(level: PcieLevel) -> Link {
@@ -146,7 +146,7 @@ impl Link {
 
     /// Pair score as NVIDIA's go-gpuallocator computes it (`calculateGPUPairScore`): the sum
     /// over the links between the two, so the PCIe level's points (60 same board … 10 across
-    /// sockets, 0 unknown) plus 100 per NVLink, up to [`Self::MAX_SCORED_NVLINKS`].
+    /// sockets, 0 unknown) plus 100 per NVLink, up to `Self::MAX_SCORED_NVLINKS`.
     pub fn score(self) -> u32 {
         self.pcie.map_or(0, PcieLevel::score) + 100 * self.nvlinks.min(Self::MAX_SCORED_NVLINKS)
     }

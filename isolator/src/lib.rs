@@ -7,9 +7,9 @@
 pub mod agent_flags;
 pub mod allocator;
 pub mod cgroup;
+pub mod container_id;
 pub mod devices;
 pub mod discovery;
-mod durable;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;

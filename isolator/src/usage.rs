@@ -19,17 +19,17 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
+use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
 /// Why a container's processes could not be told apart.
 #[derive(Debug, thiserror::Error)]
-pub enum UsageError {
+pub(crate) enum UsageError {
     /// `/proc/<pid>/cgroup` exists but cannot be read.
     #[error("cannot read {path}")]
     ProcCgroup {
@@ -107,8 +107,9 @@ fn known<T>(
 }
 
 impl GpuReadings {
-    /// Reads `gpu`'s figures now.
-    pub fn read(nvml: &Nvml, gpu: &Gpu) -> GpuReadings {
+    /// Reads `gpu`'s figures now, through `driver`'s NVML session.
+    pub fn read(driver: &GpuDriver, gpu: &Gpu) -> GpuReadings {
+        let nvml = driver.nvml();
         let mut lost = false;
         let mut readings = GpuReadings {
             index: gpu.index,
@@ -209,7 +210,7 @@ impl UsageReader {
     }
 
     /// Whether process `pid` is in `cgroup` or below it; `Ok(false)` when it has exited.
-    pub fn in_cgroup(&self, pid: u32, cgroup: &ContainerCgroup) -> Result<bool, UsageError> {
+    pub(crate) fn in_cgroup(&self, pid: u32, cgroup: &ContainerCgroup) -> Result<bool, UsageError> {
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
         match fs::read_to_string(&path) {
             Ok(text) => Ok(cgroup_matches(&text, cgroup)),
@@ -226,14 +227,14 @@ impl UsageReader {
     /// The use the container in `cgroup` makes of `gpus` (the GPUs it holds), read now.
     pub fn container_usage(
         &self,
-        nvml: &Nvml,
+        driver: &GpuDriver,
         gpus: &[Gpu],
         cgroup: &ContainerCgroup,
     ) -> ContainerUsage {
         ContainerUsage {
             gpus: gpus
                 .iter()
-                .map(|gpu| self.attribute(&GpuReadings::read(nvml, gpu), cgroup))
+                .map(|gpu| self.attribute(&GpuReadings::read(driver, gpu), cgroup))
                 .collect(),
         }
     }
@@ -283,7 +284,7 @@ fn is_within(path: &str, root: &str) -> bool {
 }
 
 /// Whether the `/proc/<pid>/cgroup` text puts the process in `cgroup` or below it.
-pub fn cgroup_matches(proc_cgroup: &str, cgroup: &ContainerCgroup) -> bool {
+pub(crate) fn cgroup_matches(proc_cgroup: &str, cgroup: &ContainerCgroup) -> bool {
     proc_cgroup.lines().any(|line| {
         let mut fields = line.splitn(3, ':');
         let (Some(id), Some(controllers), Some(path)) =

@@ -9,9 +9,10 @@ use std::process::ExitCode;
 
 use libtest_mimic::Arguments;
 use mesos_gpu_isolator::cgroup::{
-    Access, CgroupError, CgroupLayout, CgroupVersion, ContainerId, DeviceCgroup, DeviceRule,
-    Hierarchy, default_whitelist, normalize, parse_list,
+    Access, CgroupError, CgroupLayout, CgroupVersion, DeviceCgroup, DeviceRule, Hierarchy,
+    default_whitelist, normalize, parse_list,
 };
+use mesos_gpu_isolator::container_id::ContainerId;
 use mesos_gpu_isolator::inventory::{DevNum, NVIDIA_GPU_MAJOR};
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 use support::{ALLOWED, Cleanup, DENIED, Mode, Nodes, Outcome, Probe, TestResult, check};

@@ -543,7 +543,7 @@ fn usage_matches_processes_to_their_container() -> TestResult {
             devices: format!("/{a}"),
         },
     ] {
-        let usage = reader.container_usage(driver.nvml(), gpus, &cgroup);
+        let usage = reader.container_usage(&driver, gpus, &cgroup);
         let figures: Vec<_> = usage
             .gpus
             .iter()
@@ -568,7 +568,7 @@ fn usage_matches_processes_to_their_container() -> TestResult {
         )?;
     }
     let theirs = reader.container_usage(
-        driver.nvml(),
+        &driver,
         gpus,
         &ContainerCgroup::V2 {
             path: format!("/{b}"),

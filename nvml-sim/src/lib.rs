@@ -55,6 +55,7 @@ pub const CONFIG_FILE: &str = state::CONFIG_FILE;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mesos_gpu_os::error_chain;
 
     #[test]
     fn the_readme_example_is_valid() {
@@ -65,7 +66,7 @@ mod tests {
         let json = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
         let json = json.unwrap_or_else(|| panic!("README has no full example"));
         if let Err(e) = validate(json) {
-            panic!("README example: {}", state::chain(&e));
+            panic!("README example: {}", error_chain(&e));
         }
     }
 
@@ -85,7 +86,7 @@ mod tests {
                 "mig": {mig}}}]}}"#
         );
         if let Err(e) = validate(&node) {
-            panic!("README MIG example: {}", state::chain(&e));
+            panic!("README MIG example: {}", error_chain(&e));
         }
     }
 
@@ -93,7 +94,7 @@ mod tests {
     fn every_shipped_topology_is_valid() {
         for (name, json) in TOPOLOGIES {
             if let Err(e) = validate(json) {
-                panic!("{name}: {}", state::chain(&e));
+                panic!("{name}: {}", error_chain(&e));
             }
         }
     }

@@ -6,14 +6,15 @@
 //! "used_memory": 1048576}]}}`, keyed by GPU or MIG UUID. `nvmlDeviceSetComputeMode` writes
 //! `compute_modes`; tests write `processes` (a list replaces the description's for that device).
 //! Writers hold an exclusive `flock` on `<file>.lock` while they read, change and atomically
-//! replace the file (write `<file>.tmp`, rename); readers read the file without locking.
+//! replace the file ([`mesos_gpu_os::durable`]); readers read the file without locking.
 //! A missing file is an empty state.
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
 use serde::{Deserialize, Serialize};
 
 /// What the runtime state file holds.
@@ -59,6 +60,12 @@ pub enum RuntimeStateError {
         #[source]
         source: serde_json::Error,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] DurableError),
 }
 
 /// The compute mode names the file uses, by `nvmlComputeMode_t` value.
@@ -102,23 +109,15 @@ pub fn update(
     path: &Path,
     change: impl FnOnce(&mut RuntimeState),
 ) -> Result<(), RuntimeStateError> {
-    let lock_path = sibling(path, "lock");
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err(&lock_path))?;
-    lock.lock().map_err(io_err(&lock_path))?;
+    let lock = LockFile::create(&sibling(path, "lock"), 0o644)?;
+    lock.lock()?;
     let mut state = read(path)?;
     change(&mut state);
     let text = serde_json::to_string_pretty(&state).map_err(|source| RuntimeStateError::Json {
         path: path.to_owned(),
         source,
     })?;
-    let tmp = sibling(path, "tmp");
-    fs::write(&tmp, format!("{text}\n")).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
+    durable::replace(path, format!("{text}\n").as_bytes(), 0o644)?;
     drop(lock);
     Ok(())
 }

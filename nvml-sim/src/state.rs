@@ -15,6 +15,8 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use mesos_gpu_os::error_chain;
+
 use crate::abi::{INIT_FLAG_NO_GPUS, NvmlComputeInstance, NvmlDevice, NvmlGpuInstance};
 use crate::config;
 use crate::events::{EventLog, EventsError};
@@ -217,7 +219,7 @@ impl Sim {
     /// stderr and skipped: the caller's NVML call has nothing to do with it.
     pub(crate) fn poll_events(&mut self) {
         if let Err(e) = self.poll_events_strict() {
-            report(&format!("{}; line skipped", chain(&e)));
+            report(&format!("{}; line skipped", error_chain(&e)));
         }
     }
 
@@ -301,8 +303,8 @@ pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
         NvmlError::DriverNotLoaded
     })?;
     let sim = config::load(&path)
-        .map_err(|e| chain(&e))
-        .and_then(|node| Sim::new(node).map_err(|e| chain(&e)))
+        .map_err(|e| error_chain(&e))
+        .and_then(|node| Sim::new(node).map_err(|e| error_chain(&e)))
         .map_err(|why| {
             report(&format!("node description {}: {why}", path.display()));
             NvmlError::DriverNotLoaded
@@ -366,16 +368,4 @@ fn own_path() -> Option<PathBuf> {
 /// other programs, with no logger of ours to report to; NVML's own diagnostics go to stderr too.
 pub(crate) fn report(line: &str) {
     let _ = writeln!(std::io::stderr(), "nvml-sim: {line}");
-}
-
-/// An error and its sources on one line, each cause once.
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -1,66 +1,29 @@
 //! The volume root's lock: every change under the root (build, swap, gc, holder files) happens
 //! while holding an exclusive `flock` on `<root>/.lock`, so two agents, or an agent and the CLI,
 //! never interleave. Readers (`verify`, `list`) take a shared lock on the same file when it
-//! exists, opened read-only, so they work on a read-only root and never create it. `flock` locks belong to the open file description, so two threads of one
-//! process exclude each other as well as two processes do; the kernel drops the lock when the
-//! holder dies, so a crash never leaves the root locked.
+//! exists, opened read-only, so they work on a read-only root and never create it. The flock
+//! facts (per open file description, dropped when the holder dies, no symlinks followed) are
+//! [`mesos_gpu_os::lock`]'s.
 
-use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use mesos_gpu_os::{LockError, LockFile};
 
 /// The lock file's name in the volume root.
 pub const LOCK_NAME: &str = ".lock";
 
-/// Why the root could not be locked.
-#[derive(Debug, thiserror::Error)]
-pub enum LockError {
-    /// Opening or locking failed. `ELOOP` here means the lock file is a symlink, which is refused.
-    #[error("cannot lock {path}")]
-    Io {
-        /// The lock file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The lock file exists but is not a regular file.
-    #[error("{path} is not a regular file; refusing to use it as the volume root's lock")]
-    NotAFile {
-        /// The lock file.
-        path: PathBuf,
-    },
-}
-
 /// An exclusive lock on a volume root, released on drop.
 #[derive(Debug)]
 pub(crate) struct RootLock {
-    _file: File,
+    _file: LockFile,
 }
 
 impl RootLock {
     /// Blocks until the root's lock is held.
     pub(crate) fn acquire(root: &Path) -> Result<RootLock, LockError> {
-        let path = root.join(LOCK_NAME);
-        let io_err = |source| LockError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io_err)?;
-        if !file.metadata().map_err(io_err)?.is_file() {
-            return Err(LockError::NotAFile { path });
-        }
-        file.lock().map_err(io_err)?;
-        tracing::trace!(path = %path.display(), "locked volume root");
+        let file = LockFile::create(&root.join(LOCK_NAME), 0o600)?;
+        file.lock()?;
+        tracing::trace!(path = %file.path().display(), "locked volume root");
         Ok(RootLock { _file: file })
     }
 }
@@ -68,32 +31,18 @@ impl RootLock {
 /// A shared lock on a volume root, for readers; released on drop.
 #[derive(Debug)]
 pub(crate) struct ReadLock {
-    _file: Option<File>,
+    _file: Option<LockFile>,
 }
 
 impl ReadLock {
     /// Blocks until no change is under way. A root without a lock file has never been changed by
     /// a writer that is still running: nothing is taken, and nothing is created.
     pub(crate) fn acquire(root: &Path) -> Result<ReadLock, LockError> {
-        let path = root.join(LOCK_NAME);
-        let io_err = |source| LockError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ReadLock { _file: None }),
-            Err(e) => return Err(io_err(e)),
-        };
-        if !file.metadata().map_err(io_err)?.is_file() {
-            return Err(LockError::NotAFile { path });
+        let file = LockFile::open_existing(&root.join(LOCK_NAME))?;
+        if let Some(file) = &file {
+            file.lock_shared()?;
         }
-        file.lock_shared().map_err(io_err)?;
-        Ok(ReadLock { _file: Some(file) })
+        Ok(ReadLock { _file: file })
     }
 }
 
@@ -121,14 +70,27 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_symlinked_lock_file() {
+    fn readers_create_nothing_and_wait_for_the_writer() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let outside = tempfile::NamedTempFile::new().expect("file");
-        std::os::unix::fs::symlink(outside.path(), dir.path().join(LOCK_NAME)).expect("ln");
-        let err = RootLock::acquire(dir.path()).expect_err("symlink refused");
+        drop(ReadLock::acquire(dir.path()).expect("no lock file"));
         assert!(
-            matches!(&err, LockError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
-            "{err}"
+            !dir.path().join(LOCK_NAME).exists(),
+            "a reader created the lock"
         );
+        let writer = RootLock::acquire(dir.path()).expect("lock");
+        let entered = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _reader = ReadLock::acquire(dir.path()).expect("shared");
+                entered.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                !entered.load(Ordering::SeqCst),
+                "a reader got in during a change"
+            );
+            drop(writer);
+        });
+        assert!(entered.load(Ordering::SeqCst));
     }
 }

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 pub use assemble::BuildTimings;
 pub use holders::{REFS_DIR, check_holder};
-pub use verify::{Check, Problem, VerifyReport, error_chain};
+pub use verify::{Check, Problem, VerifyReport};
 
 use layout::{
     RETIRED_PREFIX, TMP_PREFIX, existing_volume, existing_volume_readonly, remove_leftover_builds,
@@ -39,10 +39,11 @@ use layout::{
 
 use crate::injection;
 use crate::ldcache::LdCache;
-use crate::lock::{LockError, ReadLock, RootLock};
+use crate::lock::{ReadLock, RootLock};
 use crate::manifest::{Manifest, ManifestError, Method};
 use crate::plan::{self, PlanError, VolumePlan};
 use crate::version::DriverVersion;
+use mesos_gpu_os::LockError;
 
 /// Where Mesos keeps driver volumes.
 pub const DEFAULT_ROOT: &str = "/var/run/mesos/isolators/gpu";
@@ -84,6 +85,9 @@ pub enum VolumeError {
     /// The root's lock could not be taken.
     #[error("cannot lock the volume root")]
     Lock(#[source] LockError),
+    /// A directory could not be made durable.
+    #[error(transparent)]
+    Durable(#[from] mesos_gpu_os::DurableError),
     /// The plan holds no library at all.
     #[error(
         "the plan for driver {version} has no library of that version; is it the running \

@@ -19,9 +19,10 @@ use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::{Host, Need, needs};
 use mesos_gpu_volume::plan::{SkipReason, VolumeDir};
-use mesos_gpu_volume::volume::{KeepReason, Outcome, Problem, error_chain};
+use mesos_gpu_volume::volume::{KeepReason, Outcome, Problem};
 use mesos_gpu_volume::{
     Check, CreateOptions, DriverVersion, LdCache, Materialize, VolumeError, VolumeManager,
     VolumePlan, plan,

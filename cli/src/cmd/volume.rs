@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use mesos_gpu_os::{ErrorChain, MountTable};
 use mesos_gpu_volume::mountinfo;
 use mesos_gpu_volume::plan::{self, DriverSource, VolumePlan};
 use mesos_gpu_volume::volume::{DEFAULT_ROOT, KeepReason, Outcome};
@@ -288,10 +289,14 @@ fn parse_holder(value: &str) -> Result<String, String> {
 
 /// Warns when the volume sits on a `noexec` mount, where containers cannot run its binaries.
 fn warn_if_noexec(volume: &std::path::Path) {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
+    let table = match MountTable::read(std::path::Path::new("/proc/self/mountinfo")) {
+        Ok(table) => table,
+        Err(e) => {
+            tracing::debug!(error = %ErrorChain(&e), "cannot tell whether the volume is on a noexec mount");
+            return;
+        }
     };
-    if mountinfo::exec_blocked(&mountinfo, volume) {
+    if mountinfo::exec_blocked(&table, volume) {
         tracing::warn!(
             path = %volume.display(),
             "the volume is on a noexec mount, so containers cannot run its bin/; mount a tmpfs \

@@ -16,11 +16,11 @@
 //! directory, so a runtime sees the old spec or the new one, whole, even across a crash.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::{DurableError, durable};
 use serde::{Deserialize, Serialize};
 
 use super::node::KIND;
@@ -51,6 +51,9 @@ pub enum SpecFileError {
         #[source]
         source: io::Error,
     },
+    /// The spec file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] DurableError),
     /// Another spec in the same directory declares some of the same devices.
     #[error(
         "{other} also declares {KIND} device(s) {names} at the same priority as {ours}; runtimes \
@@ -246,36 +249,7 @@ impl SpecFile {
     fn write(&self, bytes: &[u8]) -> Result<(), SpecFileError> {
         let dir = self.dir();
         fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| SPEC_FILE_NAME.to_owned());
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let result = (|| {
-            // A leftover of a crashed write is replaced; `create_new` never follows a symlink.
-            match fs::remove_file(&tmp) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(io_err("remove", &tmp, e));
-                }
-                _ => {}
-            }
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(SPEC_MODE)
-                .open(&tmp)
-                .map_err(|e| io_err("create", &tmp, e))?;
-            file.write_all(bytes)
-                .map_err(|e| io_err("write", &tmp, e))?;
-            file.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
-            fs::rename(&tmp, &self.path).map_err(|e| io_err("rename into place", &self.path, e))
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result?;
-        sync_dir(dir)?;
+        durable::replace(&self.path, bytes, SPEC_MODE)?;
         tracing::debug!(path = %self.path.display(), bytes = bytes.len(), "wrote CDI spec");
         Ok(())
     }
@@ -374,9 +348,7 @@ fn canonical(path: &Path) -> PathBuf {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SpecFileError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_err("fsync", dir, e))
+    Ok(durable::sync_dir(dir)?)
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> SpecFileError {

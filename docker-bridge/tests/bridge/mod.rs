@@ -10,24 +10,15 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::lifecycle::{
     CgroupChoice, ContainerId, Isolator, IsolatorConfig, PrepareConfig,
 };
+use mesos_gpu_os::error_chain;
 
 use super::*;
 
 /// Held by every trial that runs `mesos-<id>` containers or scans the daemon for them.
 pub(crate) static DAEMON_SCAN: Mutex<()> = Mutex::new(());
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    text
-}
-
 fn fail(e: impl std::error::Error) -> Failed {
-    chain(&e).into()
+    error_chain(&e).into()
 }
 
 /// A fresh UUID-shaped Mesos ContainerID, unique per process and call.
@@ -124,14 +115,14 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
                 rt.block_on(async {
                     let client = DockerClient::connect(Path::new(SOCKET))
                         .await
-                        .map_err(|e| chain(&e))?;
+                        .map_err(|e| error_chain(&e))?;
                     let bridge = DockerBridge::new(isolator, client, host, Some(driver), gpus);
                     let cmd = ["sh", "-c", "sleep 3; ls /dev"].map(str::to_owned);
                     start.wait();
                     bridge
                         .launch(&id, 2.0, &image, &cmd)
                         .await
-                        .map_err(|e| chain(&e))
+                        .map_err(|e| error_chain(&e))
                 })
             })
         })
@@ -153,7 +144,7 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
             .launch(&third, 1.0, &fx.plain, &[])
             .await
             .expect_err("no GPU is free");
-        let text = chain(&err);
+        let text = error_chain(&err);
         if !err.is_not_enough()
             || !text.contains("cannot allocate 1 GPUs")
             || !text.contains("0 free")
@@ -383,7 +374,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
             .await
             .expect_err("only 2 free");
         if !err.is_not_enough() {
-            return Err(format!("unexpected refusal: {}", chain(&err)).into());
+            return Err(format!("unexpected refusal: {}", error_chain(&err)).into());
         }
         let next = bridge
             .launch(&next, 2.0, &fx.plain, &["true".to_owned()])

@@ -13,15 +13,15 @@ use std::collections::BTreeSet;
 use crate::inventory::Inventory;
 
 /// Attribute: the GPU product name(s), `+`-joined when the advertised GPUs differ.
-pub const ATTR_MODEL: &str = "gpu_model";
+pub(crate) const ATTR_MODEL: &str = "gpu_model";
 /// Attribute: the smallest framebuffer among the advertised GPUs, in MiB (scalar).
-pub const ATTR_MEMORY_MIB: &str = "gpu_memory_mib";
+pub(crate) const ATTR_MEMORY_MIB: &str = "gpu_memory_mib";
 /// Attribute: the lowest CUDA compute capability among the advertised GPUs, `major.minor` (scalar).
-pub const ATTR_COMPUTE_CAPABILITY: &str = "gpu_compute_capability";
+pub(crate) const ATTR_COMPUTE_CAPABILITY: &str = "gpu_compute_capability";
 /// Attribute: the NVIDIA driver version (text).
-pub const ATTR_DRIVER: &str = "nvidia_driver";
+pub(crate) const ATTR_DRIVER: &str = "nvidia_driver";
 /// Attribute: the highest CUDA version the driver supports, `major.minor` (scalar).
-pub const ATTR_CUDA: &str = "cuda_version";
+pub(crate) const ATTR_CUDA: &str = "cuda_version";
 
 /// Why a user-supplied `--attributes` value cannot be merged.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum AttributesError {
 
 /// One `name:value` agent attribute.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attribute {
+pub(crate) struct Attribute {
     /// Attribute name.
     pub name: String,
     /// Value, already safe for Mesos's attribute syntax.
@@ -50,7 +50,7 @@ pub struct Attribute {
 }
 
 /// The GPU attributes for the GPUs with these NVML indices (unknown indices are skipped).
-pub fn gpu_attributes(inventory: &Inventory, indices: &[u32]) -> Vec<Attribute> {
+pub(crate) fn gpu_attributes(inventory: &Inventory, indices: &[u32]) -> Vec<Attribute> {
     let gpus: Vec<_> = indices
         .iter()
         .filter_map(|&i| inventory.by_index(i))
@@ -99,7 +99,7 @@ pub fn gpu_attributes(inventory: &Inventory, indices: &[u32]) -> Vec<Attribute> 
 
 /// Makes `raw` a Mesos text attribute value: spaces become `-`, other characters outside
 /// `[A-Za-z0-9._-]` become `_`, runs of `-` collapse, and leading/trailing `-` go.
-pub fn safe_text(raw: &str) -> String {
+pub(crate) fn safe_text(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     for c in raw.trim().chars() {
         let c = match c {

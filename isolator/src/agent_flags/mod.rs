@@ -22,12 +22,11 @@ mod resources;
 
 use std::collections::BTreeSet;
 
-pub use attributes::{
-    ATTR_COMPUTE_CAPABILITY, ATTR_CUDA, ATTR_DRIVER, ATTR_MEMORY_MIB, ATTR_MODEL, Attribute,
-    AttributesError, gpu_attributes, safe_text,
-};
+pub use attributes::AttributesError;
+pub(crate) use attributes::gpu_attributes;
 pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
-pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
+pub use resources::ResourcesError;
+pub use resources::{GPUS, Resource, Resources};
 
 use crate::inventory::Inventory;
 

@@ -179,7 +179,7 @@ impl Resources {
 
     /// Renders the entries in the form they were given, with every `gpus` entry removed and, when
     /// `gpus` is `Some(n)`, one `gpus:n` in the default role appended.
-    pub fn render_with_gpus(&self, gpus: Option<u32>) -> String {
+    pub(crate) fn render_with_gpus(&self, gpus: Option<u32>) -> String {
         let kept = self.entries.iter().filter(|r| r.name != GPUS);
         if self.json {
             let mut items: Vec<serde_json::Value> = kept.map(json_of).collect();

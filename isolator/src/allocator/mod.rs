@@ -32,7 +32,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use counters::{Counters, Refusals};
+pub use counters::Counters;
+
 pub use error::AllocError;
 pub use policy::Policy;
 pub use request::GpuRequest;
@@ -102,7 +103,7 @@ impl Allocator {
 
     /// An allocator over the GPUs of `inventory` with these NVML indices only (the agent's
     /// `--nvidia_gpu_devices`); an index that is unknown, repeated or above 63 is refused.
-    pub fn with_devices(
+    pub(crate) fn with_devices(
         inventory: &Inventory,
         devices: &[u32],
         policy: Policy,
@@ -189,12 +190,12 @@ impl Allocator {
     }
 
     /// The GPUs `owner` holds (empty for an unknown owner).
-    pub fn held_by(&self, owner: &str) -> GpuSet {
+    pub(crate) fn held_by(&self, owner: &str) -> GpuSet {
         GpuSet::from_mask(self.owners.get(owner).copied().unwrap_or(0))
     }
 
     /// Who holds the GPU with NVML index `index`.
-    pub fn owner_of(&self, index: u32) -> Option<&str> {
+    pub(crate) fn owner_of(&self, index: u32) -> Option<&str> {
         let bit = GpuSet::from_indices([index]).ok()?.mask();
         self.owners
             .iter()
@@ -253,7 +254,7 @@ impl Allocator {
         }
     }
 
-    /// Validates a `gpus` scalar against [`Self::offered`] (see [`GpuRequest::from_scalar`]).
+    /// Validates a `gpus` scalar against [`Self::offered`] (see `GpuRequest::from_scalar`).
     pub fn request(&mut self, value: f64) -> Result<GpuRequest, AllocError> {
         let result = GpuRequest::from_scalar(value, self.offered());
         self.tally(result)
@@ -361,7 +362,7 @@ impl Allocator {
     }
 
     /// Marks a GPU unhealthy so it is never granted again; returns who holds it, if anyone.
-    pub fn mark_unhealthy(&mut self, index: u32) -> Result<Option<&str>, AllocError> {
+    pub(crate) fn mark_unhealthy(&mut self, index: u32) -> Result<Option<&str>, AllocError> {
         let bit = self.known_bit(index)?;
         self.unhealthy |= bit;
         let owner = self.owner_of(index);
@@ -522,6 +523,7 @@ impl Allocator {
 mod tests {
     use proptest::prelude::*;
 
+    use super::counters::Refusals;
     use super::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
     use super::*;
     use crate::inventory::{Link, PcieLevel};

@@ -59,7 +59,7 @@ impl NodeBuilder {
 
     /// Names the product and its memory and compute capability in the built inventory.
     #[must_use]
-    pub fn product(
+    pub(crate) fn product(
         mut self,
         name: &str,
         memory_total: u64,
@@ -115,7 +115,7 @@ impl NodeBuilder {
 }
 
 /// The NVLink table of a DGX-1 with V100 (hybrid cube-mesh), from `topologies.md`.
-pub const DGX1_V100_NVLINKS: [(usize, usize, u32); 16] = [
+pub(crate) const DGX1_V100_NVLINKS: [(usize, usize, u32); 16] = [
     (0, 1, 1),
     (0, 2, 1),
     (0, 3, 2),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AllocError;
 
-/// A set of GPUs by NVML index (0 to [`GpuSet::MAX_INDEX`]), iterated in ascending index order.
+/// A set of GPUs by NVML index (0 to `GpuSet::MAX_INDEX`), iterated in ascending index order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(into = "Vec<u32>", try_from = "Vec<u32>")]
 pub struct GpuSet(u64);
@@ -20,9 +20,9 @@ impl GpuSet {
     pub const EMPTY: GpuSet = GpuSet(0);
 
     /// The highest NVML index a set can hold.
-    pub const MAX_INDEX: u32 = 63;
+    pub(crate) const MAX_INDEX: u32 = 63;
 
-    /// The set of these indices; an index above [`GpuSet::MAX_INDEX`] is refused.
+    /// The set of these indices; an index above `GpuSet::MAX_INDEX` is refused.
     pub fn from_indices(indices: impl IntoIterator<Item = u32>) -> Result<GpuSet, AllocError> {
         indices.into_iter().try_fold(GpuSet::EMPTY, |set, index| {
             if index > Self::MAX_INDEX {
@@ -56,8 +56,9 @@ impl GpuSet {
         self.0 == 0
     }
 
+    #[cfg(test)]
     /// Whether every GPU of `self` is also in `other`.
-    pub fn is_subset(self, other: GpuSet) -> bool {
+    pub(crate) fn is_subset(self, other: GpuSet) -> bool {
         self.0 & !other.0 == 0
     }
 
@@ -67,9 +68,10 @@ impl GpuSet {
         GpuSet(self.0 | other.0)
     }
 
+    #[cfg(test)]
     /// GPUs in both sets.
     #[must_use]
-    pub fn intersection(self, other: GpuSet) -> GpuSet {
+    pub(crate) fn intersection(self, other: GpuSet) -> GpuSet {
         GpuSet(self.0 & other.0)
     }
 

@@ -26,22 +26,23 @@ pub mod v2;
 use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::str::FromStr;
 
-pub use mount::{CgroupMounts, Hierarchy};
-pub use rule::{
-    Access, DeviceKind, DeviceRule, RuleError, default_whitelist, is_allowed, normalize, parse_list,
-};
+use crate::container_id::ContainerId;
+pub(crate) use mount::CgroupMounts;
+pub use mount::Hierarchy;
+pub use rule::DeviceKind;
+pub use rule::RuleError;
+pub use rule::{Access, DeviceRule, default_whitelist, normalize, parse_list};
 pub use v1::V1DeviceCgroup;
 pub use v2::V2DeviceCgroup;
 pub use v2::program::DeviceProgram;
 
 /// Mesos's default parent of container cgroups (`--cgroups_root`).
-pub const DEFAULT_PARENT: &str = "mesos";
+pub(crate) const DEFAULT_PARENT: &str = "mesos";
 
 /// Where Mesos wants cgroup2 for running cgroup v2 (`cgroups2::MOUNT_POINT`,
 /// `src/linux/cgroups2.cpp` 71): see [`CgroupMounts::hierarchy`].
-pub const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
+pub(crate) const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
 
 /// Which cgroup interface controls device access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,14 +65,6 @@ impl fmt::Display for CgroupVersion {
 /// Errors of device cgroup management.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    /// A container id that cannot name a cgroup directory.
-    #[error(
-        "container id {id:?}: expected 1 to 255 characters from A-Z, a-z, 0-9, `_`, `.`, `-`, other than `.` and `..`"
-    )]
-    InvalidContainerId {
-        /// The id as given.
-        id: String,
-    },
     /// A parent path that would leave the hierarchy.
     #[error("cgroup parent {parent:?}: expected a relative path without `..`")]
     InvalidParent {
@@ -84,13 +77,12 @@ pub enum CgroupError {
         /// The pid as given.
         pid: u32,
     },
-    /// A mount table line that is not in mountinfo format.
-    #[error("line {line} of mountinfo is malformed: {text:?}")]
+    /// The mount table could not be read or parsed.
+    #[error("cannot read the mount table to find the cgroup hierarchies")]
     Mountinfo {
-        /// 1-based line number.
-        line: usize,
-        /// The line.
-        text: String,
+        /// The cause.
+        #[source]
+        source: mesos_gpu_os::MountinfoError,
     },
     /// Neither hierarchy is mounted.
     #[error("found neither a cgroup2 mount nor a cgroup v1 `devices` hierarchy in the mount table")]
@@ -286,43 +278,6 @@ impl<T> IoResultExt<T> for io::Result<T> {
     }
 }
 
-/// A Mesos container id, checked to be safe as one path component.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ContainerId(String);
-
-impl ContainerId {
-    /// Checks `id`: 1 to 255 bytes of `[A-Za-z0-9_.-]`, and not `.` or `..`.
-    pub fn new(id: impl Into<String>) -> Result<ContainerId, CgroupError> {
-        let id = id.into();
-        let valid_chars = id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if id.is_empty() || id.len() > 255 || !valid_chars || id == "." || id == ".." {
-            return Err(CgroupError::InvalidContainerId { id });
-        }
-        Ok(ContainerId(id))
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for ContainerId {
-    type Err = CgroupError;
-
-    fn from_str(s: &str) -> Result<ContainerId, CgroupError> {
-        ContainerId::new(s)
-    }
-}
-
-impl fmt::Display for ContainerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// Where container cgroups live: a hierarchy and a parent path inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupLayout {
@@ -347,9 +302,10 @@ impl CgroupLayout {
         Ok(CgroupLayout { hierarchy, parent })
     }
 
+    #[cfg(test)]
     /// Mesos's v1 layout under the v1 root `root` (normally `/sys/fs/cgroup`):
     /// `<root>/devices/mesos/<id>`.
-    pub fn v1_mesos(root: &Path) -> CgroupLayout {
+    pub(crate) fn v1_mesos(root: &Path) -> CgroupLayout {
         let hierarchy = Hierarchy {
             version: CgroupVersion::V1,
             mount: root.join("devices"),
@@ -360,8 +316,9 @@ impl CgroupLayout {
         }
     }
 
+    #[cfg(test)]
     /// Mesos's v2 layout under the cgroup2 mount `mount`: `<mount>/mesos/<id>`.
-    pub fn v2_mesos(mount: &Path) -> CgroupLayout {
+    pub(crate) fn v2_mesos(mount: &Path) -> CgroupLayout {
         let hierarchy = Hierarchy {
             version: CgroupVersion::V2,
             mount: mount.to_owned(),
@@ -373,7 +330,7 @@ impl CgroupLayout {
     }
 
     /// Mesos's layout in the hierarchy this process's mount table offers
-    /// ([`CgroupMounts::hierarchy`]).
+    /// (`CgroupMounts::hierarchy`).
     pub fn detect() -> Result<CgroupLayout, CgroupError> {
         let mounts = CgroupMounts::read()?;
         CgroupLayout::new(
@@ -464,7 +421,7 @@ impl DeviceCgroup {
 
     /// Opens the existing cgroup directory `path` of `layout`'s hierarchy as `container`'s,
     /// touching nothing in it (the cgroup someone else made, e.g. Mesos).
-    pub fn open_at(
+    pub(crate) fn open_at(
         layout: &CgroupLayout,
         path: PathBuf,
         container: &ContainerId,
@@ -620,35 +577,6 @@ pub(crate) fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn container_ids() {
-        for ok in [
-            "a",
-            "0f1e-2d3c_4b.5a",
-            "mesos-container-1",
-            "...",
-            &"x".repeat(255),
-        ] {
-            assert_eq!(ContainerId::new(ok).expect(ok).as_str(), ok);
-        }
-        for bad in [
-            "",
-            ".",
-            "..",
-            "a/b",
-            "../x",
-            "a b",
-            "é",
-            "a\0b",
-            &"x".repeat(256),
-        ] {
-            let err = ContainerId::new(bad).expect_err(bad);
-            assert!(matches!(&err, CgroupError::InvalidContainerId { id } if id == bad));
-            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
-        }
-    }
 
     #[test]
     fn layouts() {
@@ -713,19 +641,5 @@ mod tests {
         );
         remove_cgroup_dir(&dir).expect("removed");
         remove_cgroup_dir(&dir).expect("already gone is fine");
-    }
-
-    proptest! {
-        #[test]
-        fn valid_ids_are_one_component(id in "[A-Za-z0-9_.-]{1,40}") {
-            match ContainerId::new(id.clone()) {
-                Ok(cid) => {
-                    let mut parts = Path::new(cid.as_str()).components();
-                    prop_assert!(matches!(parts.next(), Some(Component::Normal(_))));
-                    prop_assert!(parts.next().is_none());
-                }
-                Err(_) => prop_assert!(id == "." || id == ".."),
-            }
-        }
     }
 }

@@ -1,10 +1,6 @@
 //! Finding the device-control hierarchies in a mount table.
 //!
-//! Facts relied on (proc(5) `/proc/<pid>/mountinfo`, Documentation/filesystems/proc.rst):
-//! - Each line is `id parent major:minor root mount-point mount-options [optional…] - fstype
-//!   source super-options`; the optional fields end at a lone `-`.
-//! - Space, tab, newline and backslash in paths are written as octal escapes (`\040`, `\011`,
-//!   `\012`, `\134`).
+//! Facts relied on (proc(5) `/proc/<pid>/mountinfo`, parsed by [`mesos_gpu_os::mountinfo`]):
 //! - A cgroup v1 hierarchy has fstype `cgroup` and its controllers among the super options
 //!   (`rw,devices`, or several co-mounted: `rw,cpu,cpuacct`); the unified hierarchy has fstype
 //!   `cgroup2`.
@@ -26,15 +22,15 @@
 //! as the patched Mesos); else (no Mesos would run here) the first cgroup2 mount, for the
 //! `mesos-gpu` commands that need no agent.
 
-use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
+
+use mesos_gpu_os::MountTable;
 
 use super::{CgroupError, CgroupVersion};
 
 /// The cgroup hierarchies that can control device access, as found in a mount table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CgroupMounts {
+pub(crate) struct CgroupMounts {
     /// Where the cgroup v1 `devices` controller is mounted (first such mount).
     pub v1_devices: Option<PathBuf>,
     /// Where the cgroup2 unified hierarchy is mounted (first such mount).
@@ -54,64 +50,48 @@ pub struct Hierarchy {
 
 impl CgroupMounts {
     /// Reads `/proc/self/mountinfo`.
-    pub fn read() -> Result<CgroupMounts, CgroupError> {
+    pub(crate) fn read() -> Result<CgroupMounts, CgroupError> {
         CgroupMounts::read_from(Path::new("/proc/self/mountinfo"))
     }
 
     /// Reads a mountinfo file at `path`.
-    pub fn read_from(path: &Path) -> Result<CgroupMounts, CgroupError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CgroupError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        CgroupMounts::parse(&text)
+    pub(crate) fn read_from(path: &Path) -> Result<CgroupMounts, CgroupError> {
+        MountTable::read(path)
+            .map(|table| CgroupMounts::of(&table))
+            .map_err(|source| CgroupError::Mountinfo { source })
     }
 
+    #[cfg(test)]
     /// Parses the text of a mountinfo file.
-    pub fn parse(mountinfo: &str) -> Result<CgroupMounts, CgroupError> {
+    pub(crate) fn parse(mountinfo: &str) -> Result<CgroupMounts, CgroupError> {
+        MountTable::parse(mountinfo)
+            .map(|table| CgroupMounts::of(&table))
+            .map_err(|source| CgroupError::Mountinfo { source })
+    }
+
+    /// The cgroup hierarchies of a mount table.
+    pub(crate) fn of(table: &MountTable) -> CgroupMounts {
         let mut mounts = CgroupMounts::default();
-        for (i, line) in mountinfo.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let bad = || CgroupError::Mountinfo {
-                line: i + 1,
-                text: line.to_owned(),
-            };
-            let fields: Vec<&str> = line.split(' ').collect();
-            let mount_point = fields.get(4).ok_or_else(bad)?;
-            let dash = fields
-                .iter()
-                .skip(6)
-                .position(|f| *f == "-")
-                .ok_or_else(bad)?
-                + 6;
-            let (Some(fstype), Some(super_opts)) = (fields.get(dash + 1), fields.get(dash + 3))
-            else {
-                return Err(bad());
-            };
-            match *fstype {
+        for entry in table.entries() {
+            match entry.fstype.as_str() {
                 "cgroup2" => {
-                    let mount = unescape(mount_point);
+                    let mount = entry.mount_point.clone();
                     mounts.v2.get_or_insert_with(|| mount.clone());
                     mounts.cgroup2.push(mount);
                 }
-                "cgroup"
-                    if mounts.v1_devices.is_none()
-                        && super_opts.split(',').any(|o| o == "devices") =>
-                {
-                    mounts.v1_devices = Some(unescape(mount_point));
+                "cgroup" if mounts.v1_devices.is_none() && entry.has_super_option("devices") => {
+                    mounts.v1_devices = Some(entry.mount_point.clone());
                 }
                 _ => {}
             }
         }
-        Ok(mounts)
+        mounts
     }
 
     /// The hierarchy Mesos uses (see the module docs): cgroup2 when it is mounted at
     /// `mesos_cgroup2` (Mesos's `/sys/fs/cgroup`, [`super::MESOS_CGROUP2_MOUNT`]), else v1
     /// `devices`, else the first cgroup2 mount.
-    pub fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
+    pub(crate) fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
         if self.cgroup2.iter().any(|m| m == mesos_cgroup2) {
             return Ok(Hierarchy {
                 version: CgroupVersion::V2,
@@ -130,30 +110,6 @@ impl CgroupMounts {
             (None, None) => Err(CgroupError::NoHierarchy),
         }
     }
-}
-
-/// Undoes mountinfo's octal escapes (`\040` → space); anything else is kept as written.
-fn unescape(field: &str) -> PathBuf {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if let [
-            b'\\',
-            d0 @ b'0'..=b'3',
-            d1 @ b'0'..=b'7',
-            d2 @ b'0'..=b'7',
-            ..,
-        ] = bytes[i..]
-        {
-            out.push((d0 - b'0') * 64 + (d1 - b'0') * 8 + (d2 - b'0'));
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 #[cfg(test)]
@@ -270,14 +226,14 @@ mod tests {
         let err = CgroupMounts::parse("22 27 0:21 / /proc rw - proc proc rw\ngarbage line\n")
             .expect_err("bad");
         assert!(
-            matches!(&err, CgroupError::Mountinfo { line: 2, text } if text == "garbage line"),
+            matches!(
+                &err,
+                CgroupError::Mountinfo {
+                    source: mesos_gpu_os::MountinfoError::Malformed { line: 2, text }
+                } if text == "garbage line"
+            ),
             "{err:?}"
         );
-    }
-
-    #[test]
-    fn unescape_keeps_odd_backslashes() {
-        assert_eq!(unescape("a\\134b\\x\\01"), PathBuf::from("a\\b\\x\\01"));
     }
 
     #[test]

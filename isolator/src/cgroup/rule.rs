@@ -75,7 +75,7 @@ pub struct Access(u8);
 
 impl Access {
     /// No access at all.
-    pub const NONE: Access = Access(0);
+    pub(crate) const NONE: Access = Access(0);
     /// `m`: create the device node with mknod(2) (`BPF_DEVCG_ACC_MKNOD`).
     pub const MKNOD: Access = Access(1);
     /// `r`: open for reading (`BPF_DEVCG_ACC_READ`).
@@ -119,7 +119,7 @@ impl Access {
 }
 
 impl fmt::Display for Access {
-    /// Prints the bits in the kernel's order, `r`, `w`, `m`; nothing for [`Access::NONE`].
+    /// Prints the bits in the kernel's order, `r`, `w`, `m`; nothing for `Access::NONE`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (bit, letter) in [
             (Access::READ, "r"),
@@ -211,13 +211,14 @@ impl DeviceRule {
             && self.minor.is_none_or(|m| m == dev.minor)
     }
 
+    #[cfg(test)]
     /// True when this rule allows `access` to device `dev` of type `kind`.
-    pub fn permits(&self, kind: DeviceKind, dev: DevNum, access: Access) -> bool {
+    pub(crate) fn permits(&self, kind: DeviceKind, dev: DevNum, access: Access) -> bool {
         self.covers(kind, dev) && self.access.contains(access)
     }
 
     /// True for `a *:* rwm`, the rule that allows everything.
-    pub fn is_allow_all(&self) -> bool {
+    pub(crate) fn is_allow_all(&self) -> bool {
         *self == DeviceRule::all(Access::RWM)
     }
 }
@@ -321,9 +322,15 @@ pub fn normalize(rules: &[DeviceRule]) -> Vec<DeviceRule> {
         .collect()
 }
 
+#[cfg(test)]
 /// True when the allow list `rules` allows `access` to device `dev` of type `kind`: the
 /// reference semantics that both the v1 kernel and the v2 program implement.
-pub fn is_allowed(rules: &[DeviceRule], kind: DeviceKind, dev: DevNum, access: Access) -> bool {
+pub(crate) fn is_allowed(
+    rules: &[DeviceRule],
+    kind: DeviceKind,
+    dev: DevNum,
+    access: Access,
+) -> bool {
     rules.iter().any(|r| r.permits(kind, dev, access))
 }
 

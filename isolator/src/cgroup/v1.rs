@@ -89,7 +89,7 @@ impl V1DeviceCgroup {
 
     /// Opens the existing cgroup directory `path` in `layout`'s hierarchy as `container`'s,
     /// wherever it lies there (Mesos puts a nested container's at `<parent>/mesos/<child>`).
-    pub fn open_at(
+    pub(crate) fn open_at(
         layout: &CgroupLayout,
         path: PathBuf,
         container: &ContainerId,
@@ -111,7 +111,7 @@ impl V1DeviceCgroup {
 
     /// True when the cgroup allows every device (`a *:* rwm`, a new cgroup's state when its
     /// parent allows everything): nobody made it deny-by-default.
-    pub fn allows_all(&self) -> Result<bool, CgroupError> {
+    pub(crate) fn allows_all(&self) -> Result<bool, CgroupError> {
         Ok(self.allowed()?.iter().any(DeviceRule::is_allow_all))
     }
 

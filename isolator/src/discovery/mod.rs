@@ -19,7 +19,7 @@
 //!   all has only its index, and its minor is [`UNKNOWN_MINOR`].
 //! - `NOT_SUPPORTED` and symbols missing from older drivers leave optional fields unknown;
 //!   memory size then reads 0 (with a warning).
-//! - Topology: see [`topology`].
+//! - Topology: see `topology`.
 //!
 //! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
 //! reports an empty inventory with the reason and lets the caller decide.
@@ -43,13 +43,13 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 pub const UNKNOWN_MINOR: u32 = u32::MAX;
 
 /// The most GPUs a node may have: the allocator's GPU sets hold indices 0 to
-/// [`GpuSet::MAX_INDEX`](crate::allocator::GpuSet::MAX_INDEX). A node reporting more is refused
+/// `GpuSet::MAX_INDEX`. A node reporting more is refused
 /// before any GPU is read, so no command's cost grows with a count it cannot use.
 pub const MAX_GPUS: u32 = crate::allocator::GpuSet::MAX_INDEX + 1;
 
 /// The minor of `/dev/nvidia-modeset` (`c 195:254`); `/dev/nvidiactl` is 255. GPU minors are
 /// below both (NVIDIA's kernel module numbers GPUs from 0 up).
-pub const FIRST_CONTROL_MINOR: u32 = 254;
+pub(crate) const FIRST_CONTROL_MINOR: u32 = 254;
 
 /// `NVML_ERROR_GPU_NOT_FOUND`, which nvml-wrapper 0.13 does not name.
 const NVML_ERROR_GPU_NOT_FOUND: u32 = 28;
@@ -74,7 +74,7 @@ pub enum DiscoveryError {
         lib: PathBuf,
         /// NVML's error.
         #[source]
-        source: NvmlError,
+        source: NvmlFailure,
     },
     /// The NVML library the caller named cannot be loaded.
     #[error("cannot load the NVML library {lib}")]
@@ -83,7 +83,7 @@ pub enum DiscoveryError {
         lib: PathBuf,
         /// The loader's error.
         #[source]
-        source: NvmlError,
+        source: NvmlFailure,
     },
     /// A node-wide NVML query failed.
     #[error("NVML cannot report the {what}")]
@@ -92,7 +92,7 @@ pub enum DiscoveryError {
         what: &'static str,
         /// NVML's error.
         #[source]
-        source: NvmlError,
+        source: NvmlFailure,
     },
     /// NVML reports more GPUs than a node may have.
     #[error("NVML reports {count} GPUs; mesos-gpu manages at most {max} GPUs per node")]
@@ -123,9 +123,15 @@ pub enum DiscoveryError {
         what: &'static str,
         /// NVML's error.
         #[source]
-        source: NvmlError,
+        source: NvmlFailure,
     },
 }
+
+/// An NVML call's failure, as the library reported it; its text is NVML's (or the loader's).
+/// The NVML binding's own type stays out of this crate's API.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct NvmlFailure(NvmlError);
 
 /// What opening NVML found.
 #[derive(Debug)]
@@ -184,11 +190,17 @@ impl GpuDriver {
         let nvml = match init(&lib) {
             Ok(nvml) => nvml,
             Err(err @ NvmlError::LibloadingError(_)) if named => {
-                return Err(DiscoveryError::Load { lib, source: err });
+                return Err(DiscoveryError::Load {
+                    lib,
+                    source: NvmlFailure(err),
+                });
             }
             Err(err) => {
                 let Some(reason) = absent_reason(&lib, &err) else {
-                    return Err(DiscoveryError::Init { lib, source: err });
+                    return Err(DiscoveryError::Init {
+                        lib,
+                        source: NvmlFailure(err),
+                    });
                 };
                 tracing::info!(%reason, "no NVIDIA driver");
                 return Ok(Discovery::NoDriver(Inventory {
@@ -218,7 +230,9 @@ impl GpuDriver {
         &self.inventory
     }
 
-    /// The NVML session, for health events and usage.
+    /// The NVML session. Inside this crate it serves health events and usage; it is public only
+    /// for `mesos-gpu-docker`'s nvidia-docker `/gpu/status`, which reads device figures (clocks,
+    /// ECC, PCIe, BAR1) over this same session.
     pub fn nvml(&self) -> &Nvml {
         &self.nvml
     }
@@ -310,7 +324,7 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
         .sys_driver_version()
         .map_err(|source| DiscoveryError::System {
             what: "driver version",
-            source,
+            source: NvmlFailure(source),
         })?;
     let cuda_version = match nvml.sys_cuda_driver_version() {
         Ok(v) => u32::try_from(v).ok().map(|v| (v / 1000, (v % 1000) / 10)),
@@ -323,7 +337,7 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
         .device_count()
         .map_err(|source| DiscoveryError::System {
             what: "GPU count",
-            source,
+            source: NvmlFailure(source),
         })?;
     if count > MAX_GPUS {
         return Err(DiscoveryError::TooManyGpus {
@@ -406,7 +420,7 @@ impl GpuReader {
             Err(source) => Err(DiscoveryError::Gpu {
                 index: self.index,
                 what,
-                source,
+                source: NvmlFailure(source),
             }),
         }
     }

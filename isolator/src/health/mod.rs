@@ -1,6 +1,6 @@
-//! GPU health: which NVML events count ([`policy`]), the per-GPU state with its quiet period
-//! ([`state`]), the event loop ([`monitor`]), the checkpoint and operator requests
-//! ([`store`]), and the glue to the allocator and `watch` ([`watch`]).
+//! GPU health: which NVML events count (`policy`), the per-GPU state with its quiet period
+//! (`state`), the event loop (`monitor`), the checkpoint and operator requests
+//! (`store`), and the glue to the allocator and `watch` (`watch`).
 //!
 //! GPUs fail far more often than CPUs (XID errors, ECC errors, GPUs falling off the bus);
 //! Mesos hands a broken GPU to the next task. Here a failure takes the GPU out of the free pool
@@ -21,11 +21,10 @@ use std::io;
 use std::path::PathBuf;
 
 pub use monitor::{ChangeCallback, HealthMonitor, LoopStats, MonitorConfig};
-pub use policy::{DEFAULT_IGNORED_XIDS, HealthPolicy, PolicyError};
-pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState};
-pub use store::{ANSWER_TTL, HealthStore, RequestAnswer, StoreLock};
+pub use policy::{HealthPolicy, PolicyError};
+pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot};
+pub use store::HealthStore;
 pub use watch::{Limitation, Limitations, apply_to_allocator};
-pub use xid::xid_meaning;
 
 /// Why a health operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +90,12 @@ pub enum HealthError {
         /// The checkpoint it guards.
         path: PathBuf,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] mesos_gpu_os::LockError),
+    /// A health file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] mesos_gpu_os::DurableError),
     /// The monitor thread could not be started.
     #[error("cannot start the GPU health thread")]
     Thread {

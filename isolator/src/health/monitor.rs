@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use mesos_gpu_os::ErrorChain;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
@@ -205,11 +206,6 @@ impl HealthMonitor {
         rx
     }
 
-    /// Adds a callback for every later health change (run on the monitor thread).
-    pub fn on_change(&self, callback: ChangeCallback) {
-        lock(&self.shared.callbacks).push(callback);
-    }
-
     /// The health of GPU `index`, `None` for an unknown index.
     pub fn health(&self, index: u32) -> Option<GpuHealth> {
         lock(&self.shared.state)
@@ -293,23 +289,8 @@ fn save(shared: &Shared) {
     if let Some(store) = &shared.store {
         let snapshot = lock(&shared.state).snapshot();
         if let Err(error) = store.save(&snapshot) {
-            tracing::error!(error = %format!("{:#}", AnyChain(&error)), "cannot checkpoint GPU health");
+            tracing::error!(error = %ErrorChain(&error), "cannot checkpoint GPU health");
         }
-    }
-}
-
-/// Displays an error with its sources, `a: b: c`.
-struct AnyChain<'a>(&'a dyn std::error::Error);
-
-impl std::fmt::Display for AnyChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
     }
 }
 
@@ -327,7 +308,7 @@ fn run(driver: &GpuDriver, shared: &Shared, config: &MonitorConfig) {
         };
         shared.loop_failures.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            error = %AnyChain(&error),
+            error = %ErrorChain(&error),
             retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
             "GPU health event loop failed; GPUs keep their health, retrying"
         );

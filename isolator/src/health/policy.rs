@@ -17,7 +17,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// XIDs caused by applications, ignored unless explicitly enabled.
-pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+pub(crate) const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// A health-check specification that cannot be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +57,7 @@ pub struct HealthPolicy {
 }
 
 impl HealthPolicy {
-    /// The default: every XID but [`DEFAULT_IGNORED_XIDS`], double-bit ECC errors and lost GPUs.
+    /// The default: every XID but `DEFAULT_IGNORED_XIDS`, double-bit ECC errors and lost GPUs.
     pub fn new() -> HealthPolicy {
         HealthPolicy::default()
     }
@@ -121,7 +121,7 @@ impl HealthPolicy {
     }
 
     /// Whether XID `xid` marks its GPU unhealthy.
-    pub fn counts_xid(&self, xid: u64) -> bool {
+    pub(crate) fn counts_xid(&self, xid: u64) -> bool {
         if self.enabled.contains(&xid) {
             return true;
         }
@@ -132,17 +132,17 @@ impl HealthPolicy {
     }
 
     /// Whether double-bit (uncorrectable) ECC errors mark their GPU unhealthy.
-    pub fn counts_ecc(&self) -> bool {
+    pub(crate) fn counts_ecc(&self) -> bool {
         !self.all_disabled
     }
 
     /// Whether a GPU found lost (`NVML_ERROR_GPU_IS_LOST`, XID 79) is marked unhealthy.
-    pub fn counts_lost(&self) -> bool {
+    pub(crate) fn counts_lost(&self) -> bool {
         self.counts_xid(79)
     }
 
     /// True when nothing counts, so no NVML event loop needs to run at all.
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         self.all_disabled && self.enabled.is_empty()
     }
 }

@@ -52,7 +52,7 @@ impl Failure {
     }
 
     /// True when only the operator can clear it.
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         matches!(self, Failure::Lost | Failure::Unwatchable { .. })
     }
 }
@@ -183,7 +183,7 @@ pub struct GpuRecord {
     pub ecc_double_bit: u64,
 }
 
-/// The checkpointed form of [`HealthState`].
+/// The checkpointed form of `HealthState`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthSnapshot {
     /// Schema version, [`HealthSnapshot::VERSION`].
@@ -232,7 +232,7 @@ impl HealthSnapshot {
 
 /// The health of every GPU of a node.
 #[derive(Debug, Clone)]
-pub struct HealthState {
+pub(crate) struct HealthState {
     gpus: Vec<GpuRecord>,
     quiet_period: Option<Duration>,
 }
@@ -240,7 +240,11 @@ pub struct HealthState {
 impl HealthState {
     /// Every GPU of `inventory` healthy, except those discovery found lost. An unhealthy GPU
     /// recovers after `quiet_period` without errors (never, when `None`).
-    pub fn new(inventory: &Inventory, quiet_period: Option<Duration>, now_ms: u64) -> HealthState {
+    pub(crate) fn new(
+        inventory: &Inventory,
+        quiet_period: Option<Duration>,
+        now_ms: u64,
+    ) -> HealthState {
         let gpus = inventory
             .gpus
             .iter()
@@ -266,17 +270,17 @@ impl HealthState {
     }
 
     /// Every GPU's record, by NVML index.
-    pub fn gpus(&self) -> &[GpuRecord] {
+    pub(crate) fn gpus(&self) -> &[GpuRecord] {
         &self.gpus
     }
 
     /// The record of the GPU with NVML index `index`.
-    pub fn get(&self, index: u32) -> Option<&GpuRecord> {
+    pub(crate) fn get(&self, index: u32) -> Option<&GpuRecord> {
         self.gpus.iter().find(|g| g.index == index)
     }
 
     /// The NVML index of `gpu`, a GPU of this node.
-    pub fn index_of(&mut self, gpu: &GpuRef) -> Result<u32, HealthError> {
+    pub(crate) fn index_of(&mut self, gpu: &GpuRef) -> Result<u32, HealthError> {
         self.find(gpu).map(|g| g.index)
     }
 
@@ -300,14 +304,14 @@ impl HealthState {
     }
 
     /// Counts an XID seen on GPU `index`, whether or not the policy counts it.
-    pub fn count_xid(&mut self, index: u32, xid: u64) {
+    pub(crate) fn count_xid(&mut self, index: u32, xid: u64) {
         if let Ok(g) = self.find(&GpuRef::Index(index)) {
             *g.xids.entry(xid).or_default() += 1;
         }
     }
 
     /// Counts an ECC event seen on GPU `index` (`double_bit`: uncorrectable).
-    pub fn count_ecc(&mut self, index: u32, double_bit: bool) {
+    pub(crate) fn count_ecc(&mut self, index: u32, double_bit: bool) {
         if let Ok(g) = self.find(&GpuRef::Index(index)) {
             if double_bit {
                 g.ecc_double_bit += 1;
@@ -320,7 +324,12 @@ impl HealthState {
     /// Records a failure on GPU `index`; returns the change when it was healthy. A further
     /// failure of an unhealthy GPU restarts its quiet period, and `Lost` replaces a lesser
     /// reason. An unknown index changes nothing.
-    pub fn record(&mut self, index: u32, failure: Failure, now_ms: u64) -> Option<HealthChange> {
+    pub(crate) fn record(
+        &mut self,
+        index: u32,
+        failure: Failure,
+        now_ms: u64,
+    ) -> Option<HealthChange> {
         let g = self.find(&GpuRef::Index(index)).ok()?;
         match &mut g.health {
             GpuHealth::Healthy => {
@@ -349,7 +358,7 @@ impl HealthState {
     }
 
     /// GPUs whose quiet period has passed, now healthy again.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<HealthChange> {
+    pub(crate) fn expire(&mut self, now_ms: u64) -> Vec<HealthChange> {
         let Some(quiet) = self.quiet_period else {
             return Vec::new();
         };
@@ -372,7 +381,10 @@ impl HealthState {
     }
 
     /// The operator's word: `gpu` is healthy. `Ok(None)` when it already was.
-    pub fn mark_healthy(&mut self, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
+    pub(crate) fn mark_healthy(
+        &mut self,
+        gpu: &GpuRef,
+    ) -> Result<Option<HealthChange>, HealthError> {
         let g = self.find(gpu)?;
         if g.health.is_healthy() {
             return Ok(None);
@@ -382,7 +394,7 @@ impl HealthState {
     }
 
     /// The state to checkpoint.
-    pub fn snapshot(&self) -> HealthSnapshot {
+    pub(crate) fn snapshot(&self) -> HealthSnapshot {
         HealthSnapshot {
             version: HealthSnapshot::VERSION,
             gpus: self.gpus.clone(),
@@ -393,7 +405,10 @@ impl HealthState {
     /// across reboots); returns a change per GPU the checkpoint holds unhealthy. GPUs the
     /// checkpoint does not know keep their state; checkpointed GPUs no longer present are
     /// dropped with a warning.
-    pub fn restore(&mut self, snapshot: &HealthSnapshot) -> Result<Vec<HealthChange>, HealthError> {
+    pub(crate) fn restore(
+        &mut self,
+        snapshot: &HealthSnapshot,
+    ) -> Result<Vec<HealthChange>, HealthError> {
         if snapshot.version != HealthSnapshot::VERSION {
             return Err(HealthError::CheckpointVersion {
                 found: snapshot.version,

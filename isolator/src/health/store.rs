@@ -1,13 +1,14 @@
 //! The health checkpoint and the operator's requests, in the work directory.
 //!
 //! Layout under `<work_dir>/gpu/`:
-//! - `health.json`: the [`HealthSnapshot`], replaced crash-safely (write a temp file, fsync,
-//!   rename over, fsync the directory), so a reader sees the old or the new state, never half;
-//! - `health.lock`: a running [`super::HealthMonitor`] holds an exclusive `flock(2)` on it (std's
-//!   `File::try_lock`), released by the kernel when the process dies, so a crashed agent never
-//!   leaves a stale lock;
+//! - `health.json`: the [`HealthSnapshot`], replaced crash-safely ([`mesos_gpu_os::durable`]:
+//!   temp file, fsync, rename over, fsync the directory), so a reader sees the old or the new
+//!   state, never half;
+//! - `health.lock`: a running [`super::HealthMonitor`] holds an exclusive `flock(2)` on it
+//!   ([`mesos_gpu_os::LockFile`]), released by the kernel when the process dies, so a crashed
+//!   agent never leaves a stale lock;
 //! - `health-requests/`: one file per operator request (`mark-healthy-<id>`, naming a GPU),
-//!   written to a temp name and renamed in. The running monitor acts on it, checkpoints, leaves
+//!   replaced in the same way. The running monitor acts on it, checkpoints, leaves
 //!   its answer in `done-<id>` and only then removes the request: whoever sees the request gone
 //!   finds the checkpoint already saved and the answer waiting. Answers nobody collected are
 //!   removed after [`ANSWER_TTL`].
@@ -16,10 +17,12 @@
 //! lock; the next monitor reads it at start. Reading (`load`, `monitor_running`) never creates or
 //! changes a file.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mesos_gpu_os::{LockFile, durable};
 
 use super::HealthError;
 use super::state::{GpuRef, HealthSnapshot};
@@ -31,7 +34,7 @@ const MARK_HEALTHY: &str = "mark-healthy-";
 const ANSWER: &str = "done-";
 
 /// How long an answer waits for the command that asked; then the monitor removes it.
-pub const ANSWER_TTL: Duration = Duration::from_secs(600);
+pub(crate) const ANSWER_TTL: Duration = Duration::from_secs(600);
 
 /// The health files of one agent work directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +62,7 @@ pub struct RequestAnswer {
 /// Proof that this process owns the health state; dropping it releases the lock.
 #[derive(Debug)]
 pub struct StoreLock {
-    _file: File,
+    _file: LockFile,
 }
 
 fn io_err<'p>(
@@ -103,71 +106,37 @@ impl HealthStore {
     pub fn save(&self, snapshot: &HealthSnapshot) -> Result<(), HealthError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
         let path = self.checkpoint_path();
-        let tmp = self
-            .dir
-            .join(format!(".{CHECKPOINT}.{}.tmp", std::process::id()));
         let bytes =
             serde_json::to_vec_pretty(snapshot).map_err(|source| HealthError::CheckpointParse {
                 path: path.clone(),
                 source,
             })?;
-        let mut file = File::create(&tmp).map_err(io_err("create", &tmp))?;
-        file.write_all(&bytes).map_err(io_err("write", &tmp))?;
-        file.sync_all().map_err(io_err("fsync", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err("rename into place", &path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("fsync", &self.dir))
+        Ok(durable::replace(&path, &bytes, 0o644)?)
     }
 
     /// True when a monitor holds the lock. Creates nothing: a missing lock file means no monitor
     /// has ever run here.
     pub fn monitor_running(&self) -> Result<bool, HealthError> {
         let path = self.dir.join(LOCK);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(io_err("open", &path)(e)),
+        let Some(file) = LockFile::open_existing(&path)? else {
+            return Ok(false);
         };
         // A shared lock is refused only while a monitor holds its exclusive one.
-        match file.try_lock_shared() {
-            Ok(()) => Ok(false),
-            Err(fs::TryLockError::WouldBlock) => Ok(true),
-            Err(fs::TryLockError::Error(e)) => Err(io_err("lock", &path)(e)),
-        }
+        Ok(!file.try_lock_shared()?)
     }
 
     /// Takes the lock; `None` when another monitor (in this or another process) holds it.
     pub fn try_lock(&self) -> Result<Option<StoreLock>, HealthError> {
-        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
-        let path = self.dir.join(LOCK);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(StoreLock { _file: file })),
-            Err(fs::TryLockError::WouldBlock) => Ok(None),
-            Err(fs::TryLockError::Error(e)) => Err(io_err("lock", &path)(e)),
-        }
+        self.lock_within(Duration::ZERO)
     }
 
     /// Takes the lock like [`Self::try_lock`], but waits up to `wait` for a holder that is about
     /// to let go: an agent still exiting, or a child being spawned by another thread of this
     /// process, which shares the descriptor (and so the `flock`) until it execs.
-    pub fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(lock) = self.try_lock()? {
-                return Ok(Some(lock));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    pub(crate) fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
+        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
+        let file = LockFile::create(&self.dir.join(LOCK), 0o644)?;
+        Ok(file.lock_within(wait)?.then_some(StoreLock { _file: file }))
     }
 
     /// Leaves a request for the running monitor to mark `gpu` healthy; returns the request file,
@@ -179,10 +148,8 @@ impl HealthStore {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let name = format!("{MARK_HEALTHY}{nanos}-{}", std::process::id());
-        let tmp = dir.join(format!(".{name}.tmp"));
         let path = dir.join(name);
-        fs::write(&tmp, gpu.to_string()).map_err(io_err("write", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err("rename into place", &path))?;
+        durable::replace(&path, gpu.to_string().as_bytes(), 0o644)?;
         Ok(path)
     }
 
@@ -231,11 +198,12 @@ impl HealthStore {
     /// after the checkpoint holds the request's effect.
     pub(crate) fn answer(&self, request: Request, answer: &RequestAnswer) {
         let answer_path = answer_path(&request.path);
-        let tmp = answer_path.with_extension("tmp");
         let written = serde_json::to_vec(answer)
-            .map_err(io::Error::other)
-            .and_then(|bytes| fs::write(&tmp, bytes))
-            .and_then(|()| fs::rename(&tmp, &answer_path));
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                durable::replace(&answer_path, &bytes, 0o644)
+                    .map_err(|e| mesos_gpu_os::error_chain(&e))
+            });
         if let Err(error) = written {
             tracing::warn!(path = %answer_path.display(), %error, "cannot answer a health request");
         }

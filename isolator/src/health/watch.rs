@@ -87,7 +87,7 @@ impl Limitations {
         self.wait_slot(slots, container, timeout)
     }
 
-    /// Opens the container's slot (if it has none), so that a later [`Limitations::wait_watched`]
+    /// Opens the container's slot (if it has none), so that a later `Limitations::wait_watched`
     /// sees a resolution or a [`Limitations::forget`] that happens in between.
     pub fn watch(&self, container: &str) {
         self.slots().entry(container.to_owned()).or_default();
@@ -95,7 +95,11 @@ impl Limitations {
 
     /// Like [`Limitations::wait`], but `None` at once when the container has no slot (never
     /// watched, or forgotten since): a waiter can then not outlive its container's cleanup.
-    pub fn wait_watched(&self, container: &str, timeout: Option<Duration>) -> Option<Limitation> {
+    pub(crate) fn wait_watched(
+        &self,
+        container: &str,
+        timeout: Option<Duration>,
+    ) -> Option<Limitation> {
         self.wait_slot(self.slots(), container, timeout)
     }
 

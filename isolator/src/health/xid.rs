@@ -28,7 +28,7 @@ const MEANINGS: &[(u64, &str)] = &[
 ];
 
 /// The meaning of XID `xid`, when it is a well-known one.
-pub fn xid_meaning(xid: u64) -> Option<&'static str> {
+pub(crate) fn xid_meaning(xid: u64) -> Option<&'static str> {
     MEANINGS
         .binary_search_by_key(&xid, |&(x, _)| x)
         .ok()

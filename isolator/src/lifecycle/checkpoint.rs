@@ -1,20 +1,18 @@
 //! The crash-safe checkpoint of the isolator's allocations: `<work_dir>/gpu/allocations.json`.
 //!
-//! Facts relied on (POSIX `rename(2)`, Linux `fsync(2)`; the ext4/xfs "replace via rename" idiom):
-//! - `rename` within one directory atomically replaces the target: a reader sees the old file or
-//!   the new one, never a mix;
-//! - the new file's data is durable only after `fsync` of the file, and the rename itself only
-//!   after `fsync` of the directory. So a write is: temp file, `fsync`, `rename`, `fsync` dir.
+//! Writes are crash-safe replaces (temp file, `fsync`, `rename`, `fsync` of the directory:
+//! [`mesos_gpu_os::durable`]), so a reader sees the old checkpoint or the new one, never a mix.
 //!
 //! The schema is versioned ([`SCHEMA_VERSION`]); a file with another version is refused, never
 //! guessed at. GPUs are recorded by index, minor and UUID, so recovery can tell when the node's
 //! GPUs changed under a checkpoint.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write as _};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
 use serde::{Deserialize, Serialize};
 
 use super::fault;
@@ -65,6 +63,12 @@ pub enum CheckpointError {
         /// The lock file.
         path: PathBuf,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The checkpoint could not be replaced.
+    #[error(transparent)]
+    Write(#[from] DurableError),
 }
 
 /// One GPU as recorded.
@@ -98,10 +102,9 @@ pub(crate) struct Checkpoint {
 /// The checkpoint file of one work directory, locked for this process.
 #[derive(Debug)]
 pub(crate) struct Store {
-    dir: PathBuf,
     path: PathBuf,
     /// Held open for its `flock`; released when the store is dropped.
-    _lock: File,
+    _lock: LockFile,
 }
 
 impl Store {
@@ -109,34 +112,17 @@ impl Store {
     pub(crate) fn open(work_dir: &Path) -> Result<Store, CheckpointError> {
         let dir = work_dir.join("gpu");
         fs::create_dir_all(&dir).map_err(|source| io_err("create", &dir, source))?;
-        let lock_path = dir.join(LOCK_NAME);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|source| io_err("open", &lock_path, source))?;
+        let lock = LockFile::create(&dir.join(LOCK_NAME), 0o644)?;
         // A lock that is busy for a moment is waited for, up to LOCK_WAIT: an agent that is
         // still exiting, or a child being spawned by another thread of this process, holds a
         // copy of the descriptor (and so the flock) until it exits or execs.
-        let deadline = std::time::Instant::now() + LOCK_WAIT;
-        loop {
-            match lock.try_lock() {
-                Ok(()) => break,
-                Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    return Err(CheckpointError::Locked { path: lock_path });
-                }
-                Err(fs::TryLockError::Error(source)) => {
-                    return Err(io_err("lock", &lock_path, source));
-                }
-            }
+        if !lock.lock_within(LOCK_WAIT)? {
+            return Err(CheckpointError::Locked {
+                path: lock.path().to_owned(),
+            });
         }
         Ok(Store {
             path: dir.join(FILE_NAME),
-            dir,
             _lock: lock,
         })
     }
@@ -176,18 +162,9 @@ impl Store {
             path: self.path.clone(),
             source,
         })?;
-        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let mut file = File::create(&tmp).map_err(|source| io_err("create", &tmp, source))?;
-        file.write_all(&bytes)
-            .map_err(|source| io_err("write", &tmp, source))?;
-        file.sync_all()
-            .map_err(|source| io_err("fsync", &tmp, source))?;
-        drop(file);
+        let staged = durable::stage(&self.path, &bytes, 0o644)?;
         fault::point("checkpoint.temp_written");
-        fs::rename(&tmp, &self.path).map_err(|source| io_err("rename", &tmp, source))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| io_err("fsync", &self.dir, source))?;
+        staged.commit()?;
         tracing::trace!(path = %self.path.display(), bytes = bytes.len(), "wrote checkpoint");
         Ok(())
     }
@@ -257,7 +234,11 @@ mod tests {
         );
         store.save(&sample()).unwrap();
         assert_eq!(store.load().unwrap(), sample());
-        assert!(!dir.path().join("gpu/allocations.json.tmp").exists());
+        let temps = fs::read_dir(dir.path().join("gpu"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("tmp".as_ref()))
+            .count();
+        assert_eq!(temps, 0, "a temp file was left behind");
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl std::fmt::Display for CgroupOwner {
 /// Which cgroup interface to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CgroupChoice {
-    /// v1 `devices` when mounted, else cgroup2 ([`CgroupMounts::hierarchy`]).
+    /// v1 `devices` when mounted, else cgroup2 (`CgroupMounts::hierarchy`).
     #[default]
     Auto,
     /// cgroups v1 `devices` under [`IsolatorConfig::v1_root`].

@@ -1,8 +1,8 @@
-//! Fault-injection points for the crash tests: each lifecycle step calls [`point`] with its name
+//! Fault-injection points for the crash tests: each lifecycle step calls `point` with its name
 //! at the moment a crash would leave the most interesting state behind.
 //!
 //! Built only with `cfg(test)` or the `fault-injection` feature (which only the isolator's own
-//! tests enable); otherwise [`point`] is an empty inline function and production code carries no
+//! tests enable); otherwise `point` is an empty inline function and production code carries no
 //! hook. A test installs one process-wide hook with [`set_hook`] in a child process and
 //! SIGKILLs that child when it reports the step.
 

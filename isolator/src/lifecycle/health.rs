@@ -107,11 +107,6 @@ impl Isolator {
         self.health.get().map(|h| Arc::clone(&h.monitor))
     }
 
-    /// The NVML session attached with the health monitor.
-    pub fn gpu_driver(&self) -> Option<Arc<GpuDriver>> {
-        self.health.get().map(|h| Arc::clone(&h.driver))
-    }
-
     /// Mesos's `watch`: blocks until a GPU the container holds (its parent's, for a nested
     /// container) fails (`Some`), the container is cleaned up (`None`) or `timeout` passes
     /// (`None`; a `None` timeout waits for one of the other two).
@@ -162,7 +157,7 @@ impl Isolator {
             self.layout.mount(),
             status.cgroup.as_deref()?,
         )?;
-        Some(UsageReader::default().container_usage(link.driver.nvml(), gpus, &cgroup))
+        Some(UsageReader::default().container_usage(&link.driver, gpus, &cgroup))
     }
 }
 

@@ -33,7 +33,7 @@ use crate::devices::DeviceNodes;
 use crate::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
 
 /// The variable CUDA reads to choose its devices.
-pub const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
+pub(crate) const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
 /// What the containerizer tells the isolator about a container being prepared.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -49,7 +49,7 @@ pub struct PrepareConfig {
     /// True when the container has task info (command executor): env goes to `task_environment`.
     pub has_task_info: bool,
     /// The parent of a nested container; a nested container shares its parent's GPUs.
-    pub parent: Option<crate::cgroup::ContainerId>,
+    pub parent: Option<crate::container_id::ContainerId>,
     /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
     /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
     pub nested_cgroup: Option<PathBuf>,
@@ -218,7 +218,7 @@ pub(crate) fn launch_info(
 /// such as `mesos-gpu demo`. `base` is the configured base allow list ([`crate::cgroup::default_whitelist`]
 /// plus `--allowed_devices`); `cgroup` is where the container's cgroup would be.
 pub fn plan_launch(
-    id: &crate::cgroup::ContainerId,
+    id: &crate::container_id::ContainerId,
     config: &PrepareConfig,
     base: &[DeviceRule],
     nodes: &DeviceNodes,

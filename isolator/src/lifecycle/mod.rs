@@ -9,7 +9,7 @@
 //!   below true for every interleaving.
 //! - **The container's device cgroup** is `<v1 root>/devices/<cgroups root>/<id>` or
 //!   `<cgroup2 mount>/<cgroups root>/<id>`, Mesos's own layout, made by Mesos or by us
-//!   ([`CgroupOwner`], [`placement`]): with [`CgroupOwner::Mesos`] (the module in an agent
+//!   ([`CgroupOwner`], `placement`): with [`CgroupOwner::Mesos`] (the module in an agent
 //!   whose Mesos makes a devices cgroup: v1 with `cgroups/devices`, and always v2) we add our
 //!   rules to the cgroup Mesos made before our `prepare`, never move a process and never remove
 //!   it; with [`CgroupOwner::Own`] (v1 without `cgroups/devices`, `mesos-gpu exec`) we make it
@@ -29,10 +29,10 @@
 //!   no allocation, and `update` is refused for them as in Mesos. One Mesos made a v1 devices
 //!   cgroup of its own for (`share_cgroups=false`) gets its parent's rules there too.
 //! - Unlike Mesos, GPUs of orphans and of anything recovery cannot account for stay reserved
-//!   until `cleanup` ([`recover`]).
+//!   until `cleanup` (`recover`).
 //! - With the node's pool ([`PoolConfig`], issue 13) every call that can change a reservation
 //!   also holds the pool's `flock` for its duration, and publishes this isolator's
-//!   reservations to the pool before its own checkpoint ([`shared_pool`]); `isolate`, `status`,
+//!   reservations to the pool before its own checkpoint (`shared_pool`); `isolate`, `status`,
 //!   `usage` and metrics do not take the pool lock.
 
 mod checkpoint;
@@ -56,18 +56,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
 pub use error::LifecycleError;
-pub use launch::{
-    CUDA_VISIBLE_DEVICES_ENV, LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch,
-};
-pub use pinning::{PinOutcome, PinningConfig};
+pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
+pub use pinning::PinOutcome;
+pub use pinning::PinningConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
-pub use shared_pool::{ELSEWHERE_OWNER, PoolConfig, PoolRole};
+pub use shared_pool::{PoolConfig, PoolRole};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
 use crate::allocator::{AllocError, Allocator, GpuSet, Policy};
-pub use crate::cgroup::ContainerId;
 use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
+pub use crate::container_id::ContainerId;
 use crate::devices::DeviceNodes;
 use crate::health::Limitations;
 use crate::inventory::{Gpu, Inventory};

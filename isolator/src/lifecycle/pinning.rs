@@ -17,7 +17,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cgroup::{CgroupError, CgroupLayout, CgroupVersion, ContainerId, cpuset};
+use crate::cgroup::{CgroupError, CgroupLayout, CgroupVersion, cpuset};
+use crate::container_id::ContainerId;
 use crate::numa::{Affinities, Decision, Pinning, SkipReason, plan};
 
 /// How NUMA pinning is set up.

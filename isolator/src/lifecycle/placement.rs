@@ -40,7 +40,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{CgroupOwner, LifecycleError};
-use crate::cgroup::{CgroupError, CgroupLayout, ContainerId, DeviceCgroup, DeviceRule, normalize};
+use crate::cgroup::{CgroupError, CgroupLayout, DeviceCgroup, DeviceRule, normalize};
+use crate::container_id::ContainerId;
 
 /// A container's device cgroup and who made it.
 #[derive(Debug)]

@@ -25,6 +25,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use mesos_gpu_os::error_chain;
+
 use super::checkpoint::Checkpoint;
 use super::launch::{allow_list, allowed_minors};
 use super::placement::PlacedCgroup;
@@ -32,7 +34,8 @@ use super::state::{Container, QUARANTINE_OWNER, State};
 use super::{CgroupOwner, Isolator, LifecycleError, health};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
-use crate::cgroup::{ContainerId, DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+use crate::cgroup::{DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+use crate::container_id::ContainerId;
 
 /// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,15 +466,6 @@ impl Isolator {
         rules: &[DeviceRule],
         report: &mut RecoveryReport,
     ) -> Result<Found, String> {
-        let chain = |e: &dyn std::error::Error| {
-            let mut text = e.to_string();
-            let mut cause = e.source();
-            while let Some(c) = cause {
-                text.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            text
-        };
         let cgroup_dir = self.layout.container_dir(id);
         if !cgroup_dir.is_dir() {
             report.issues.push(RecoveryIssue::CgroupMissing {
@@ -487,8 +481,8 @@ impl Isolator {
         match self.layout.version() {
             CgroupVersion::V1 => {
                 let mut cgroup = PlacedCgroup::open(self.owner, &self.layout, id, cgroup_dir)
-                    .map_err(|e| chain(&e))?;
-                let live_rules = cgroup.cgroup().allowed().map_err(|e| chain(&e))?;
+                    .map_err(|e| error_chain(&e))?;
+                let live_rules = cgroup.cgroup().allowed().map_err(|e| error_chain(&e))?;
                 let live = self.indices_of_minors(&allowed_minors(&live_rules));
                 if live == gpus {
                     // Own cgroups hold exactly our list; Mesos's hold its entries and ours.
@@ -509,7 +503,9 @@ impl Isolator {
                 });
                 let union = gpus.union(live);
                 let rules = self.rules_of(union);
-                cgroup.grant(&rules, &self.base).map_err(|e| chain(&e))?;
+                cgroup
+                    .grant(&rules, &self.base)
+                    .map_err(|e| error_chain(&e))?;
                 Ok(Found {
                     gpus: union,
                     rules,
@@ -519,14 +515,14 @@ impl Isolator {
             CgroupVersion::V2 => {
                 let attached = V2DeviceCgroup::open(&self.layout, id)
                     .and_then(|cg| cg.attached_program())
-                    .map_err(|e| chain(&e))?;
+                    .map_err(|e| error_chain(&e))?;
                 if attached.is_none() {
                     report.issues.push(RecoveryIssue::ProgramMissing {
                         container: id.clone(),
                     });
                 }
-                let cgroup =
-                    DeviceCgroup::recover(&self.layout, id, Some(rules)).map_err(|e| chain(&e))?;
+                let cgroup = DeviceCgroup::recover(&self.layout, id, Some(rules))
+                    .map_err(|e| error_chain(&e))?;
                 Ok(Found {
                     gpus,
                     rules: rules.to_vec(),

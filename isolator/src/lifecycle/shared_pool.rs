@@ -20,7 +20,7 @@ use crate::pool::{self, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Tr
 
 /// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
-pub const ELSEWHERE_OWNER: &str = "!pool";
+pub(crate) const ELSEWHERE_OWNER: &str = "!pool";
 
 /// Which pool an isolator draws from, and what its reservations are.
 #[derive(Debug, Clone, PartialEq, Eq)]

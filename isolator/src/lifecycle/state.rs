@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord, SCHEMA_VERSION};
 use super::placement::PlacedCgroup;
 use crate::allocator::{Allocator, GpuSet};
-use crate::cgroup::{ContainerId, DeviceRule};
+use crate::cgroup::DeviceRule;
+use crate::container_id::ContainerId;
 use crate::health::HealthChange;
 use crate::inventory::Inventory;
 

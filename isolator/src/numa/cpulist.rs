@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 /// The largest id accepted: above the kernel's largest `NR_CPUS` (8192) and `MAX_NUMNODES`
 /// (1024), and small enough that no list can make us hold a huge set.
-pub const MAX_ID: u32 = 65_535;
+pub(crate) const MAX_ID: u32 = 65_535;
 
 /// A bad list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,7 +50,7 @@ impl CpuList {
     }
 
     /// The ids in both sets.
-    pub fn intersection(&self, other: &CpuList) -> CpuList {
+    pub(crate) fn intersection(&self, other: &CpuList) -> CpuList {
         CpuList(self.0.intersection(&other.0).copied().collect())
     }
 
@@ -59,8 +59,9 @@ impl CpuList {
         CpuList(self.0.union(&other.0).copied().collect())
     }
 
+    #[cfg(test)]
     /// True when every id of `self` is in `other`.
-    pub fn is_subset(&self, other: &CpuList) -> bool {
+    pub(crate) fn is_subset(&self, other: &CpuList) -> bool {
         self.0.is_subset(&other.0)
     }
 }

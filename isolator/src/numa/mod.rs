@@ -18,8 +18,10 @@ mod online;
 use std::collections::BTreeMap;
 use std::fmt;
 
-pub use cpulist::{CpuList, CpuListError, MAX_ID};
-pub use online::{OnlineError, online};
+pub use cpulist::CpuList;
+
+pub use cpulist::CpuListError;
+pub use online::online;
 
 /// Where one GPU's nearest CPUs and memory nodes are (NVML scope `NODE`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,7 +59,7 @@ impl Affinities {
 
     /// The union of `gpus`' local CPUs and memory nodes (memory `None` when a GPU's is unknown);
     /// `Err(index)` names the first GPU whose CPUs are unknown or empty.
-    pub fn local_to(&self, gpus: &[u32]) -> Result<GpuAffinity, u32> {
+    pub(crate) fn local_to(&self, gpus: &[u32]) -> Result<GpuAffinity, u32> {
         let mut cpus = CpuList::default();
         let mut mems = Some(CpuList::default());
         for &index in gpus {

@@ -7,7 +7,7 @@
 //!   the module parameter `pool_dir`, the cli's `--pool-dir` or [`POOL_DIR_ENV`].
 //! - **Transactions, no lifetime lock:** [`Pool::begin`] takes `flock` on `gpu/pool.lock`
 //!   (waiting at most [`LOCK_WAIT`]; the error names the holder, whose pid is written in the
-//!   lock file), reads the state; [`Transaction::commit`] writes it back crash-safely (temp,
+//!   lock file), reads the state; `Transaction::commit` writes it back crash-safely (temp,
 //!   `fsync`, `rename`, `fsync` of the directory); dropping the transaction unlocks. Readers
 //!   ([`Pool::read`]: `gpu list`, metrics) read the renamed file without the lock.
 //! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
@@ -24,23 +24,25 @@
 pub mod owner;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::durable;
+use mesos_gpu_os::{LockFile, durable};
+
 use crate::health::HealthStore;
-pub use owner::{Host, Liveness, Owner, ProcessStamp};
+pub use owner::{Host, Owner};
+pub use owner::{Liveness, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
 /// The environment variable the cli reads for the pool directory.
 pub const POOL_DIR_ENV: &str = "MESOS_GPU_POOL_DIR";
 /// The schema version this code reads and writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 /// How long a transaction waits for the lock.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 const STATE_FILE: &str = "pool.json";
@@ -107,6 +109,12 @@ pub enum PoolError {
         /// Who holds it, as it wrote itself into the lock file.
         holder: String,
     },
+    /// The lock file could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] mesos_gpu_os::LockError),
+    /// The state file could not be replaced.
+    #[error(transparent)]
+    Write(#[from] mesos_gpu_os::DurableError),
 }
 
 /// One reservation: an owner's GPUs.
@@ -125,7 +133,7 @@ pub struct Reservation {
 /// The pool's durable state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
-    /// [`SCHEMA_VERSION`].
+    /// `SCHEMA_VERSION`.
     pub version: u32,
     /// Reservations by owner id.
     pub reservations: BTreeMap<String, Reservation>,
@@ -147,7 +155,7 @@ impl Default for PoolState {
 
 impl PoolState {
     /// UUIDs held by reservations of holders other than `holder`.
-    pub fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
+    pub(crate) fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
@@ -489,55 +497,30 @@ impl Pool {
     }
 
     /// [`Pool::begin`] with another bound on the wait.
-    pub fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
+    pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
         fs::create_dir_all(&self.dir).map_err(|source| PoolError::Io {
             op: "create",
             path: self.dir.clone(),
             source,
         })?;
-        let path = self.dir.join(LOCK_FILE);
-        let mut lock = File::options()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|source| PoolError::Io {
-                op: "open",
-                path: path.clone(),
-                source,
-            })?;
+        let lock = LockFile::create(&self.dir.join(LOCK_FILE), 0o644)?;
         let start = Instant::now();
-        loop {
-            match lock.try_lock() {
-                Ok(()) => break,
-                Err(fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    let mut holder = String::new();
-                    let _ = lock.read_to_string(&mut holder);
-                    return Err(PoolError::Busy {
-                        path,
-                        waited: start.elapsed(),
-                        holder: holder.trim().to_owned(),
-                    });
-                }
-                Err(fs::TryLockError::Error(source)) => {
-                    return Err(PoolError::Io {
-                        op: "lock",
-                        path,
-                        source,
-                    });
-                }
-            }
+        if !lock.lock_within(wait)? {
+            let mut holder = String::new();
+            let _ = lock.file().read_to_string(&mut holder);
+            return Err(PoolError::Busy {
+                path: lock.path().to_owned(),
+                waited: start.elapsed(),
+                holder: holder.trim().to_owned(),
+            });
         }
         // Name ourselves for whoever waits (best effort: the lock is what counts).
         let me = format!("pid {} ({})", std::process::id(), process_name());
-        let _ = lock
+        let mut file = lock.file();
+        let _ = file
             .set_len(0)
-            .and_then(|()| lock.rewind())
-            .and_then(|()| lock.write_all(me.as_bytes()));
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(me.as_bytes()));
         let state = self.read()?;
         Ok(Transaction {
             pool: self.clone(),
@@ -552,20 +535,20 @@ fn process_name() -> String {
     fs::read_to_string("/proc/self/comm").map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
 }
 
-/// A locked pool: read, decide, [`Transaction::commit`]. Dropping it unlocks.
+/// A locked pool: read, decide, `Transaction::commit`. Dropping it unlocks.
 #[derive(Debug)]
 pub struct Transaction {
     pool: Pool,
     before: PoolState,
     /// The state, to change.
     pub state: PoolState,
-    _lock: File,
+    _lock: LockFile,
 }
 
 impl Transaction {
     /// Writes the state back crash-safely if it changed; the lock stays held until the
     /// transaction is dropped.
-    pub fn commit(&mut self) -> Result<(), PoolError> {
+    pub(crate) fn commit(&mut self) -> Result<(), PoolError> {
         if self.state == self.before {
             return Ok(());
         }
@@ -574,11 +557,7 @@ impl Transaction {
             path: path.clone(),
             source,
         })?;
-        durable::replace(&path, &bytes).map_err(|(op, path, source)| PoolError::Io {
-            op,
-            path,
-            source,
-        })?;
+        durable::replace(&path, &bytes, 0o644)?;
         self.before = self.state.clone();
         Ok(())
     }
@@ -620,7 +599,11 @@ mod tests {
         drop(tx);
         let state = pool.read().unwrap();
         assert_eq!(state.reservations.keys().collect::<Vec<_>>(), ["c2"]);
-        assert!(!dir.path().join("gpu/pool.json.tmp").exists());
+        let temps = fs::read_dir(dir.path().join("gpu"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("tmp".as_ref()))
+            .count();
+        assert_eq!(temps, 0, "a temp file was left behind");
     }
 
     #[test]

@@ -99,8 +99,9 @@ pub enum Liveness {
 }
 
 impl Liveness {
+    #[cfg(test)]
     /// True for [`Liveness::Dead`].
-    pub fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         matches!(self, Liveness::Dead(_))
     }
 
@@ -135,7 +136,7 @@ impl Host {
     }
 
     /// The stamp of this process.
-    pub fn this_process(&self) -> io::Result<ProcessStamp> {
+    pub(crate) fn this_process(&self) -> io::Result<ProcessStamp> {
         self.stamp(std::process::id())
     }
 
@@ -150,7 +151,7 @@ impl Host {
     }
 
     /// This boot's id.
-    pub fn boot_id(&self) -> io::Result<String> {
+    pub(crate) fn boot_id(&self) -> io::Result<String> {
         let path = self.proc_root.join("sys/kernel/random/boot_id");
         Ok(std::fs::read_to_string(path)?.trim().to_owned())
     }

@@ -20,15 +20,7 @@ pub(crate) type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send 
 /// A trial running `f`, failing with `f`'s error and every cause under it.
 pub(crate) fn trial(name: &'static str, f: fn() -> TestResult) -> Trial {
     Trial::test(name, move || {
-        f().map_err(|e| {
-            let mut text = e.to_string();
-            let mut cause = e.source();
-            while let Some(c) = cause {
-                text.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            Failed::from(text)
-        })
+        f().map_err(|e| Failed::from(mesos_gpu_os::error_chain(e.as_ref())))
     })
 }
 

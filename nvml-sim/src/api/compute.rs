@@ -13,6 +13,8 @@ use std::ffi::c_uint;
 
 use super::mig::privileged;
 use super::{Out, any_device_call, guard};
+use mesos_gpu_os::error_chain;
+
 use crate::abi::{COMPUTEMODE_COUNT, COMPUTEMODE_EXCLUSIVE_THREAD, NvmlDevice};
 use crate::runtime;
 use crate::state::{self, Dev, Sim};
@@ -43,7 +45,7 @@ fn current_mode(sim: &Sim, dev: Dev, key: &str) -> Result<u32, NvmlError> {
     match &sim.node.state_file {
         Some(path) => {
             let st = runtime::read(path).map_err(|e| {
-                state::report(&state::chain(&e));
+                state::report(&error_chain(&e));
                 NvmlError::Unknown
             })?;
             match st.compute_modes.get(key) {
@@ -108,7 +110,7 @@ pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: NvmlDevice, mode: c_ui
                         s.compute_modes.insert(key, name.to_owned());
                     })
                     .map_err(|e| {
-                        state::report(&state::chain(&e));
+                        state::report(&error_chain(&e));
                         NvmlError::Unknown
                     }),
                     None => {

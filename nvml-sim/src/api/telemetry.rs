@@ -14,6 +14,8 @@
 use std::ffi::{c_uint, c_ulonglong};
 
 use super::{Out, OutArray, any_device_call, device_call, guard};
+use mesos_gpu_os::error_chain;
+
 use crate::abi::{ID_NOT_AVAILABLE, NvmlDevice, NvmlProcessInfo, NvmlUtilization, enable_state};
 use crate::runtime::{self, RuntimeState};
 use crate::state::{self, Dev, Sim};
@@ -129,7 +131,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
 pub(crate) fn runtime_state(sim: &Sim) -> Option<RuntimeState> {
     let path = sim.node.state_file.as_ref()?;
     runtime::read(path)
-        .map_err(|e| state::report(&state::chain(&e)))
+        .map_err(|e| state::report(&error_chain(&e)))
         .ok()
 }
 

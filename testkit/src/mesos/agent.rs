@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
+use mesos_gpu_os::MountTable;
 use tempfile::TempDir;
 
 use super::{
@@ -382,10 +383,11 @@ fn remove_tree(dir: &Path) {
 
 /// Lazily unmounts every mount at or below `dir` in this mount namespace, deepest first.
 fn unmount_below(dir: &Path) {
-    let mut points: Vec<PathBuf> = read_lossy(Path::new("/proc/self/mountinfo"))
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
+    let table = MountTable::read(Path::new("/proc/self/mountinfo")).unwrap_or_default();
+    let mut points: Vec<PathBuf> = table
+        .entries()
+        .iter()
+        .map(|m| m.mount_point.clone())
         .filter(|p| p.starts_with(dir))
         .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));

@@ -94,9 +94,7 @@ fn make_dir(path: &Path) -> Result<(), VolumeError> {
 
 /// Fsyncs a directory so that the entries created in it are durable.
 pub(crate) fn sync_dir(path: &Path) -> Result<(), VolumeError> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .at("sync directory", path)
+    Ok(mesos_gpu_os::sync_dir(path)?)
 }
 
 /// How long each phase of a build took.

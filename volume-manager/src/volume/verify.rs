@@ -11,6 +11,8 @@ use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::error_chain;
+
 use crate::manifest::{DigestKind, FileDigest, MANIFEST_NAME, Manifest, ManifestFile};
 use crate::plan::{FileStamp, VolumeDir, VolumePlan};
 use crate::version::DriverVersion;
@@ -463,16 +465,4 @@ impl Hashes {
             .or_insert_with(|| like.same_kind_of_file(path).ok())
             .as_ref()
     }
-}
-
-/// `err` and its sources, joined with `: `.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }

@@ -11,7 +11,7 @@
 //!   treats more than one of its programs on a cgroup as an error.
 //! - A program's allow list cannot be read back from the kernel; the lifecycle checkpoints it
 //!   and hands it to [`V2DeviceCgroup::recover`]. We recognise our programs by their name
-//!   ([`PROGRAM_NAME`], via `BPF_OBJ_GET_INFO_BY_FD`) and leave other programs alone.
+//!   (`PROGRAM_NAME`, via `BPF_OBJ_GET_INFO_BY_FD`) and leave other programs alone.
 //! - `rmdir` of the cgroup releases its attached programs; we detach ours explicitly first and
 //!   re-attach it should the `rmdir` fail, so a refused destroy changes nothing.
 //! - The verifier answers a bad program with `EACCES` or `EINVAL`; its log says why.
@@ -35,7 +35,7 @@ use super::{
 use crate::sys;
 
 /// The name our device programs are loaded with (`bpftool prog` shows it).
-pub const PROGRAM_NAME: &str = "mgpu_devices";
+pub(crate) const PROGRAM_NAME: &str = "mgpu_devices";
 const PROGRAM_NAME_C: &CStr = c"mgpu_devices";
 /// The license string of the program; it calls no GPL-only helper.
 const LICENSE: &CStr = c"Apache-2.0";
@@ -118,7 +118,7 @@ impl V2DeviceCgroup {
     }
 
     /// Opens the existing cgroup directory `path` as `container`'s, like [`Self::open`].
-    pub fn open_at(
+    pub(crate) fn open_at(
         layout: &CgroupLayout,
         path: PathBuf,
         container: &ContainerId,
@@ -203,7 +203,7 @@ impl V2DeviceCgroup {
 
     /// The ids of the device programs attached to the cgroup that are not ours (Mesos's device
     /// manager attaches one to each container cgroup when `cgroups/devices` is enabled).
-    pub fn foreign_programs(&self) -> Result<Vec<u32>, CgroupError> {
+    pub(crate) fn foreign_programs(&self) -> Result<Vec<u32>, CgroupError> {
         let dir = self.open_dir()?;
         let all = sys::prog_query(dir.as_fd()).wrap_bpf("BPF_PROG_QUERY", &self.path)?;
         let ours: Vec<u32> = self

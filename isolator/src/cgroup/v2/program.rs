@@ -101,7 +101,7 @@ pub struct DeviceProgram {
 
 impl DeviceProgram {
     /// Builds the program that allows exactly what the allow list `rules` allows (default deny;
-    /// see [`crate::cgroup::rule::is_allowed`]). The list is normalized first, as the v1
+    /// see `cgroup::rule::is_allowed`). The list is normalized first, as the v1
     /// kernel does.
     pub fn build(rules: &[DeviceRule]) -> DeviceProgram {
         let mut insns = vec![
