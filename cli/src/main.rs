@@ -41,7 +41,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let ctx = Ctx::new(cli.global, cli.command.handles_signals());
-    match cmd::run(cli.command, &ctx) {
+    let outcome = cmd::run(cli.command, &ctx);
+    simulate::yield_to_signal_exit();
+    match outcome {
         Ok(code) => code,
         Err(err) if ctx::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {

@@ -16,6 +16,7 @@
 //! no longer exist (killed with SIGKILL) are removed by the next simulation.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, bail};
 use mesos_gpu_isolator::discovery::MAX_GPUS;
@@ -94,6 +95,20 @@ impl Simulation {
     }
 }
 
+/// Set by the clean-up thread when a signal arrived: the process is about to exit with 128+N.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+/// Called by `main` before it returns: when a signal is being handled, the clean-up thread
+/// exits the process with 128+N, so the command's own outcome (often an error, since the
+/// directory it was using was just removed) must not win the race to exit first.
+pub(crate) fn yield_to_signal_exit() {
+    if SIGNALLED.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Removes `dir` and exits with 128+N when SIGINT (2), SIGTERM (15) or SIGHUP (1) arrives.
 /// The handlers are in place when this returns; a thread waits for them.
 fn remove_on_signal(dir: PathBuf) -> anyhow::Result<()> {
@@ -119,6 +134,7 @@ fn remove_on_signal(dir: PathBuf) -> anyhow::Result<()> {
                     _ = hup.recv() => 1,
                 }
             });
+            SIGNALLED.store(true, Ordering::SeqCst);
             let _ = std::fs::remove_dir_all(&dir);
             std::process::exit(128 + i32::from(number));
         })?;
