@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 22] = [
+    let tests: [(&str, &[Need], Test); 25] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -137,6 +137,17 @@ fn main() -> ExitCode {
             docker,
             v1_docker_container_dies_gives_gpus_back,
         ),
+        (
+            "v1_docker_agent_sigkill_before_docker_run_frees_gpus",
+            docker,
+            v1_docker_agent_sigkill_before_docker_run_frees_gpus,
+        ),
+        (
+            "v1_docker_image_needing_newer_cuda_fails_saying_so",
+            docker,
+            v1_docker_image_needing_newer_cuda_fails_saying_so,
+        ),
+        ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
         (
             "v2_program_on_mesos_container_cgroup",
             v2,
@@ -1157,31 +1168,44 @@ fn mesos_gpu_exe() -> TestResult<PathBuf> {
 struct DockerCluster {
     c: Cluster,
     images: Vec<String>,
+    /// `-H unix://<socket>` of a private daemon, empty for the machine's.
+    host: Vec<String>,
 }
+
+/// The image name the Docker cluster's `docker` program stalls on (every command naming it
+/// sleeps, writing its pid to `<scratch>/stalled.pid`): the agent's pull never ends.
+const STALL: &str = "mgpu-stall";
 
 impl Drop for DockerCluster {
     fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.c.scratch.path().join("stalled.pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .status();
+        }
         for image in &self.images {
-            let listed = std::process::Command::new("docker")
+            let listed = self
+                .docker()
                 .args(["ps", "-aq", "--filter"])
                 .arg(format!("ancestor={image}"))
                 .output();
             if let Ok(out) = listed {
                 for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = std::process::Command::new("docker")
-                        .args(["rm", "-f", id])
-                        .output();
+                    let _ = self.docker().args(["rm", "-f", id]).output();
                 }
             }
-            let _ = std::process::Command::new("docker")
-                .args(["rmi", "-f", image])
-                .output();
+            let _ = self.docker().args(["rmi", "-f", image]).output();
         }
     }
 }
 
 impl DockerCluster {
     fn start() -> TestResult<DockerCluster> {
+        DockerCluster::start_on(None)
+    }
+
+    /// A Docker cluster on the daemon at `socket` (the machine's when `None`).
+    fn start_on(socket: Option<&Path>) -> TestResult<DockerCluster> {
         let ((install, sim, dev, scratch, master), mut spec) = Cluster::prepare(
             AgentCgroups::V1,
             &format!("filesystem/linux,cgroups/devices,{MODULE}"),
@@ -1201,17 +1225,23 @@ impl DockerCluster {
         );
         let pool = s.join("pool");
         let docker_work = s.join("docker-work");
-        let docker_args = format!(
+        let mut docker_args = format!(
             "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
             pool.display(),
             docker_work.display(),
             volumes.display()
         );
+        if let Some(socket) = socket {
+            docker_args.push_str(&format!(" --docker-socket {}", socket.display()));
+            spec.flags
+                .push(format!("--docker_socket={}", socket.display()));
+        }
         let wrapper = s.join("mesos-gpu-docker");
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                s.join("stalled.pid").display(),
                 which_docker()?.display(),
                 pool.display(),
                 docker_work.display()
@@ -1252,12 +1282,66 @@ impl DockerCluster {
                 agent,
             },
             images: Vec::new(),
+            host: socket
+                .map(|p| vec!["-H".to_owned(), format!("unix://{}", p.display())])
+                .unwrap_or_default(),
         })
+    }
+
+    /// `docker` talking to this cluster's daemon.
+    fn docker(&self) -> std::process::Command {
+        let mut command = std::process::Command::new("docker");
+        command.args(&self.host);
+        command
+    }
+
+    /// `mesos-gpu` on this cluster's simulated node and pool.
+    fn mesos_gpu(&self, args: &[&str]) -> TestResult<String> {
+        let out = std::process::Command::new(mesos_gpu_exe()?)
+            .arg("--nvml-lib")
+            .arg(self.c.sim.lib_path())
+            .arg("--dev-root")
+            .arg(self.c.dev.path())
+            .args(args)
+            .arg("--pool-dir")
+            .arg(self.c.scratch.path().join("pool"))
+            .output()?;
+        check(
+            out.status.success(),
+            format!(
+                "mesos-gpu {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The pool's Docker reservations with their owner records.
+    fn docker_owners(&self) -> TestResult<Vec<(String, serde_json::Value)>> {
+        let path = self.c.scratch.path().join("pool/gpu/pool.json");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        Ok(json["reservations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, r)| r["owner"]["kind"] == "docker")
+            .map(|(k, r)| (k.clone(), r["owner"].clone()))
+            .collect())
     }
 
     /// Builds a busybox image `FROM scratch` holding the probe at `/probe`, with the
     /// driver-volume label when `volume`.
     fn image(&mut self, volume: bool) -> TestResult<String> {
+        let labels: &[&str] = if volume {
+            &["com.nvidia.volumes.needed=nvidia_driver"]
+        } else {
+            &[]
+        };
+        self.image_with(labels)
+    }
+
+    /// [`DockerCluster::image`] with these labels (`KEY=VALUE`).
+    fn image_with(&mut self, labels: &[&str]) -> TestResult<String> {
         let dir = self
             .c
             .scratch
@@ -1270,12 +1354,13 @@ impl DockerCluster {
         let mut dockerfile = format!(
             "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCOPY probe /probe\nLABEL mgpu.test={name}\n"
         );
-        if volume {
-            dockerfile.push_str("LABEL com.nvidia.volumes.needed=nvidia_driver\n");
+        for label in labels {
+            dockerfile.push_str(&format!("LABEL {label}\n"));
         }
         std::fs::write(dir.join("Dockerfile"), dockerfile)?;
         self.images.push(name.clone());
-        let out = std::process::Command::new("docker")
+        let out = self
+            .docker()
             .args(["build", "-q", "-t", &name])
             .arg(&dir)
             .output()?;
@@ -1583,6 +1668,276 @@ fn v1_docker_container_dies_gives_gpus_back() -> TestResult {
     task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
     d.wait_released("the dead container's GPUs")?;
     Ok(())
+}
+
+/// An agent SIGKILLed between its hook's reservation and `docker run` (its image pull never
+/// ends): while the agent runs the reservation is alive (`gpu release --dead` keeps it, the
+/// container is being started); after the restart the pool frees it (the agent that would
+/// start it is gone and the daemon has no such container), `docker-args` does not record it
+/// again, and a `gpus:8` Docker task gets every GPU.
+fn v1_docker_agent_sigkill_before_docker_run_frees_gpus() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let stalled = format!("{}:1", mesos_gpu_testkit::unique_name(STALL));
+    let task = d.launch("dstall", &stalled, 3, false)?;
+    let pid_file = d.c.scratch.path().join("stalled.pid");
+    wait_for(
+        TASK_TIMEOUT,
+        || "the agent to reserve and stall in its image pull".to_owned(),
+        || (pid_file.exists() && d.docker_reservations().is_ok_and(|r| r.len() == 1)).then_some(()),
+    )?;
+    let owners = d.docker_owners()?;
+    println!("while the agent pulls: {owners:?}");
+    let starter = owners[0].1["starter"]["pid"].as_u64().unwrap_or(0);
+    check(
+        owners[0].1["daemon"] == "unix:///var/run/docker.sock"
+            && std::fs::read_to_string(format!("/proc/{starter}/cmdline"))
+                .is_ok_and(|c| c.contains("mesos-agent")),
+        format!("the reservation's starter is not the agent: {owners:?}"),
+    )?;
+    let kept = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!("gpu release --dead while the agent pulls:\n{kept}");
+    check(
+        kept.contains("no dead owner") && d.docker_reservations()?.len() == 1,
+        format!("a reservation being started was freed: {kept}"),
+    )?;
+    d.c.agent.kill()?;
+    let list = d.mesos_gpu(&["gpu", "list"])?;
+    println!("gpu list after the agent's SIGKILL:\n{list}");
+    check(
+        list.contains("dead") && list.contains("has no Docker container mesos-"),
+        format!("the reservation is not dead once its agent is gone: {list}"),
+    )?;
+    d.c.agent.restart()?;
+    d.wait_released("the GPUs reserved by the killed agent")?;
+    drop(task);
+    let image = d.image(false)?;
+    let mut all = d.launch("deight", &image, 8, false)?;
+    let out = d.c.agent.wait_stdout("deight", "done", TASK_TIMEOUT)?;
+    let eight = opened(&ProbeReport::parse(&out), false);
+    check(eight.len() == 8, format!("deight opened {eight:?}: {out}"))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.wait_released("deight's GPUs")
+}
+
+/// A Docker task whose image asks for the driver and needs a newer CUDA
+/// (`com.nvidia.cuda.version=99.0`) than the driver's fails with a status message saying so,
+/// and reserves nothing.
+fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image_with(&[
+        "com.nvidia.volumes.needed=nvidia_driver",
+        "com.nvidia.cuda.version=99.0",
+    ])?;
+    let mut task = d.launch("dcuda", &image, 1, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let out = task.output();
+    println!("mesos-execute printed:\n{out}");
+    check(
+        out.contains("image needs CUDA 99.0") && out.contains("supports CUDA up to"),
+        format!("the status message does not say why: {out}"),
+    )?;
+    d.wait_released("nothing reserved")
+}
+
+/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent, no
+/// bridge), so that a test may restart it. Stopped, its containers and files removed, on drop.
+struct PrivateDockerd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateDockerd {
+    fn start(live_restore: bool) -> TestResult<PrivateDockerd> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-dockerd")
+            .tempdir_in("/tmp")?;
+        let mut d = PrivateDockerd { dir, child: None };
+        d.launch(live_restore)?;
+        Ok(d)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("docker.sock")
+    }
+
+    fn launch(&mut self, live_restore: bool) -> TestResult {
+        let dir = self.dir.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("dockerd.log"))?;
+        let mut command = std::process::Command::new("dockerd");
+        command
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("dockerd.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg(format!(
+                "--cgroup-parent={}",
+                mesos_gpu_testkit::unique_name("dockerd")
+            ))
+            .args([
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
+                "--shutdown-timeout=1",
+            ])
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if live_restore {
+            command.arg("--live-restore");
+        }
+        self.child = Some(command.spawn()?);
+        let socket = self.socket();
+        wait_for(
+            Duration::from_secs(60),
+            || {
+                format!(
+                    "the private dockerd to answer; its log:\n{}",
+                    mesos_gpu_testkit::mesos::tail(
+                        &std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default(),
+                        20
+                    )
+                )
+            },
+            || {
+                std::process::Command::new("docker")
+                    .arg("-H")
+                    .arg(format!("unix://{}", socket.display()))
+                    .arg("version")
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|_| ())
+            },
+        )?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait: without live-restore the daemon stops its containers.
+    fn stop(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, live_restore: bool) -> TestResult {
+        self.stop()?;
+        self.launch(live_restore)
+    }
+
+    /// `.State.Status` of container `name`, or what `docker inspect` said.
+    fn status(&self, name: &str) -> String {
+        std::process::Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .args(["inspect", "--format", "{{.State.Status}}", name])
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout).trim(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )
+            })
+            .unwrap_or_else(|e| e.to_string())
+    }
+}
+
+impl Drop for PrivateDockerd {
+    fn drop(&mut self) {
+        let host = format!("unix://{}", self.socket().display());
+        if self.child.is_some()
+            && let Ok(out) = std::process::Command::new("docker")
+                .args(["-H", &host, "ps", "-aq"])
+                .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = std::process::Command::new("docker")
+                    .args(["-H", &host, "rm", "-f", id])
+                    .output();
+            }
+        }
+        let _ = self.stop();
+    }
+}
+
+/// dockerd restarts (a private daemon; the agent's `--docker_socket` and the hook's
+/// `docker-args --docker-socket` name it). With `--live-restore` the running container keeps
+/// running and keeps its GPUs, whatever Mesos then does with the task. Without it, while the
+/// agent is down, the daemon's restart kills the container; the restarted agent's module frees
+/// its GPUs (the wrapper that started it is gone and the daemon says `exited`), and a `gpus:8`
+/// Docker task then gets every GPU.
+fn v1_docker_daemon_restart() -> TestResult {
+    let mut daemon = PrivateDockerd::start(true)?;
+    let mut d = DockerCluster::start_on(Some(&daemon.socket()))?;
+    let image = d.image(false)?;
+
+    let live = d.launch("dlive", &image, 2, true)?;
+    d.c.agent.wait_stdout("dlive", "waiting", TASK_TIMEOUT)?;
+    let held = d.docker_reservations()?;
+    check(held.len() == 1, format!("Docker reservations: {held:?}"))?;
+    let name = format!("mesos-{}", held[0]);
+    daemon.restart(true)?;
+    let status = daemon.status(&name);
+    let kept = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!(
+        "after a live-restore restart of dockerd: {name} is {status}; gpu release --dead:\n{kept}\nmesos-execute:\n{}",
+        live.output()
+    );
+    if status == "running" {
+        check(
+            d.docker_reservations()? == held,
+            format!("a running container lost its GPUs: {:?}", d.docker_owners()),
+        )?;
+    }
+    drop(live);
+    d.wait_released("dlive's GPUs")?;
+
+    daemon.restart(false)?;
+    let dies = d.launch("ddies", &image, 2, true)?;
+    d.c.agent.wait_stdout("ddies", "waiting", TASK_TIMEOUT)?;
+    let owners = d.docker_owners()?;
+    check(
+        owners.len() == 1,
+        format!("Docker reservations: {owners:?}"),
+    )?;
+    let name = format!("mesos-{}", owners[0].0);
+    let wrapper = owners[0].1["starter"]["pid"].as_u64().unwrap_or(0);
+    d.c.agent.kill()?;
+    daemon.restart(false)?;
+    println!(
+        "after a restart of dockerd: {name} is {}",
+        daemon.status(&name)
+    );
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("the wrapper {wrapper} of {name} to end"),
+        || (!Path::new(&format!("/proc/{wrapper}")).exists()).then_some(()),
+    )?;
+    let list = d.mesos_gpu(&["gpu", "list"])?;
+    println!("gpu list with the agent down:\n{list}");
+    check(
+        list.contains(&format!("Docker container {name} is exited")),
+        format!("the dead container's reservation is not dead: {list}"),
+    )?;
+    d.c.agent.restart()?;
+    d.wait_released("the dead container's GPUs")?;
+    drop(dies);
+    let mut all = d.launch("deight", &image, 8, false)?;
+    let out = d.c.agent.wait_stdout("deight", "done", TASK_TIMEOUT)?;
+    let eight = opened(&ProbeReport::parse(&out), false);
+    check(eight.len() == 8, format!("deight opened {eight:?}: {out}"))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.wait_released("deight's GPUs")
 }
 
 /// Issue 18: NUMA pinning in a real agent. nvml-sim's `numa-2cpu` (2 T4s local to CPU 0 and

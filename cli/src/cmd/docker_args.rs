@@ -13,6 +13,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -21,11 +22,14 @@ use mesos_gpu_docker::args::{
 };
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
+use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
-    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError, PoolConfig, PoolRole,
+    CheckpointError, ContainerId, DockerStart, Isolator, IsolatorConfig, LifecycleError,
+    PoolConfig, PoolRole,
 };
+use mesos_gpu_isolator::pool::Host;
 use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
@@ -101,9 +105,22 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
     volume_root: PathBuf,
 
-    /// Docker daemon socket, for --image.
+    /// With --image: an image the daemon does not have yet is taken to ask for the driver
+    /// volume instead of being an error (the agent's hook reserves before the agent pulls the
+    /// image; `docker-wrapper` checks the image again at `docker run`).
+    #[arg(long, requires = "image")]
+    unpulled_image_ok: bool,
+
+    /// Docker daemon socket: for --image, and recorded as the container's daemon, which the
+    /// pool asks whether the container still runs.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
     docker_socket: PathBuf,
+
+    /// The process that starts the container: the reservation stays while it runs, even
+    /// before the container exists (default: the parent process, e.g. the agent whose hook runs
+    /// this command, or the shell of `docker run $(mesos-gpu docker-args …)`).
+    #[arg(long, value_name = "PID")]
+    starter_pid: Option<u32>,
 
     /// Add --cpuset-cpus/--cpuset-mems narrowing the container to its GPUs' local CPUs and
     /// memory nodes (NUMA pinning; within the machine's online CPUs), unless that leaves fewer
@@ -138,7 +155,7 @@ pub(crate) fn open_pool(
         None => DeviceNodes::default(),
     };
     let deadline = Instant::now() + LOCK_WAIT;
-    let isolator = loop {
+    let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
         config.pool = Some(PoolConfig {
             dir: pool.pool_dir.clone(),
@@ -156,6 +173,8 @@ pub(crate) fn open_pool(
             }
         }
     };
+    // Docker owners are checked against the daemon that runs them.
+    isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
     let report = isolator
         .recover(&[], &[])
         .context("cannot recover the GPU pool from its checkpoint")?;
@@ -163,6 +182,11 @@ pub(crate) fn open_pool(
         tracing::debug!(?issue, "pool entry kept reserved");
     }
     Ok(isolator)
+}
+
+/// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
+pub(crate) fn daemon_endpoint(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
 }
 
 /// A new container id: a random UUID from the kernel.
@@ -230,26 +254,45 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(id) => id.clone(),
         None => new_container_id()?,
     };
+    let assumed = || ImageInfo {
+        labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
+        env: Vec::new(),
+    };
     let image = match &args.image {
         Some(name) => {
             let runtime =
                 tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            runtime.block_on(async {
+            let found = runtime.block_on(async {
                 let client = DockerClient::connect(&args.docker_socket).await?;
                 client.image_info(name).await
-            })?
+            });
+            match found {
+                Ok(info) => info,
+                Err(e) if args.unpulled_image_ok && e.is_not_found() => {
+                    tracing::info!(image = %name, "the image is not pulled yet; docker-wrapper checks it at docker run");
+                    assumed()
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        None => ImageInfo {
-            labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
-            env: Vec::new(),
-        },
+        None => assumed(),
     };
     let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
     let host = super::serve::host_devices(ctx)?;
     // Everything but the GPUs is checked before anything is reserved.
     LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
+    let starter_pid = args
+        .starter_pid
+        .unwrap_or_else(std::os::unix::process::parent_id);
+    let starter = Host::default()
+        .stamp(starter_pid)
+        .with_context(|| format!("--starter-pid {starter_pid}: no such process"))?;
+    let start = DockerStart {
+        daemon: Some(daemon_endpoint(&args.docker_socket)),
+        starter: Some(starter),
+    };
     let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
-    let reserved = pool.reserve_docker(&id, f64::from(gpus))?;
+    let reserved = pool.reserve_docker_started(&id, f64::from(gpus), start)?;
     let refs: Vec<&Gpu> = reserved.iter().collect();
     let planned = LaunchPlan::new(&refs, &host, &image, driver.as_ref())
         .map_err(anyhow::Error::from)

@@ -55,6 +55,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
+pub use docker::DockerStart;
 pub use error::LifecycleError;
 pub use launch::{
     CUDA_VISIBLE_DEVICES_ENV, LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch,

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::durable;
 use crate::health::HealthStore;
-pub use owner::{Host, Liveness, Owner, ProcessStamp};
+pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
@@ -679,7 +679,11 @@ mod tests {
                 ("dead".into(), dead, vec!["GPU-2".into()]),
                 (
                     "docker".into(),
-                    Owner::Docker { name: "d".into() },
+                    Owner::Docker {
+                        name: "d".into(),
+                        daemon: None,
+                        starter: None,
+                    },
                     vec!["GPU-3".into()],
                 ),
                 (
