@@ -53,8 +53,15 @@ fn main() -> ExitCode {
         Need::Mesos,
         Need::Dockerd,
     ];
+    let docker_v2: &[Need] = &[
+        Need::Root,
+        Need::Cgroup2,
+        Need::Cc,
+        Need::Mesos,
+        Need::Dockerd,
+    ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 25] = [
+    let tests: [(&str, &[Need], Test); 26] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -148,6 +155,11 @@ fn main() -> ExitCode {
             v1_docker_image_needing_newer_cuda_fails_saying_so,
         ),
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        (
+            "v2_docker_containerizer_refused_by_mesos",
+            docker_v2,
+            v2_docker_containerizer_refused_by_mesos,
+        ),
         (
             "v2_program_on_mesos_container_cgroup",
             v2,
@@ -1201,16 +1213,18 @@ impl Drop for DockerCluster {
 
 impl DockerCluster {
     fn start() -> TestResult<DockerCluster> {
-        DockerCluster::start_on(None)
+        DockerCluster::start_on(None, AgentCgroups::V1)
     }
 
-    /// A Docker cluster on the daemon at `socket` (the machine's when `None`).
-    fn start_on(socket: Option<&Path>) -> TestResult<DockerCluster> {
-        let ((install, sim, dev, scratch, master), mut spec) = Cluster::prepare(
-            AgentCgroups::V1,
-            &format!("filesystem/linux,cgroups/devices,{MODULE}"),
-            &EXPLICIT_ROOT,
-        )?;
+    /// A Docker cluster on the daemon at `socket` (the machine's when `None`), its agent on
+    /// `cgroups`.
+    fn start_on(socket: Option<&Path>, cgroups: AgentCgroups) -> TestResult<DockerCluster> {
+        let isolation = match cgroups {
+            AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
+        };
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, &isolation, &EXPLICIT_ROOT)?;
         let exe = mesos_gpu_exe()?;
         let s = scratch.path();
         let volumes = s.join("volumes");
@@ -1460,27 +1474,7 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     let out = d.c.agent.wait_stdout("dtwo", "waiting", TASK_TIMEOUT)?;
     println!("dtwo printed:\n{out}");
     let report = ProbeReport::parse(&out);
-    let held = opened(&report, false);
-    check(held.len() == 2, format!("dtwo opened {held:?}: {out}"))?;
-    let mut wrong = Vec::new();
-    for (node, outcome) in &report.before {
-        let gpu = node
-            .strip_prefix("nvidia")
-            .and_then(|m| m.parse::<u32>().ok());
-        let ok = match gpu {
-            Some(m) => held.contains(&m) && outcome == "ENXIO",
-            None => CONTROL.contains(&node.as_str()) && outcome == "ENXIO",
-        };
-        if !ok {
-            wrong.push(format!("{node} {outcome}"));
-        }
-    }
-    for node in CONTROL {
-        if !report.before.contains_key(node) {
-            wrong.push(format!("{node} missing"));
-        }
-    }
-    check(wrong.is_empty(), format!("{}: {out}", wrong.join("; ")))?;
+    let held = docker_nodes(&report, 2, &out)?;
     let minors: Vec<u32> = held.iter().copied().collect();
     let want: BTreeSet<String> = d.c.uuids(&minors)?.into_iter().collect();
     let got: BTreeSet<String> = report
@@ -1526,6 +1520,33 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.wait_released("the Docker tasks' GPUs")?;
     Ok(())
+}
+
+/// The GPU minors a Docker task's probe found: exactly `count` GPU nodes plus the control
+/// nodes, each opening with ENXIO (allowed, no driver), and nothing else.
+fn docker_nodes(report: &ProbeReport, count: usize, out: &str) -> TestResult<BTreeSet<u32>> {
+    let held = opened(report, false);
+    check(held.len() == count, format!("opened {held:?}: {out}"))?;
+    let mut wrong = Vec::new();
+    for (node, outcome) in &report.before {
+        let gpu = node
+            .strip_prefix("nvidia")
+            .and_then(|m| m.parse::<u32>().ok());
+        let ok = match gpu {
+            Some(m) => held.contains(&m) && outcome == "ENXIO",
+            None => CONTROL.contains(&node.as_str()) && outcome == "ENXIO",
+        };
+        if !ok {
+            wrong.push(format!("{node} {outcome}"));
+        }
+    }
+    for node in CONTROL {
+        if !report.before.contains_key(node) {
+            wrong.push(format!("{node} missing"));
+        }
+    }
+    check(wrong.is_empty(), format!("{}: {out}", wrong.join("; ")))?;
+    Ok(held)
 }
 
 /// One pool for both containerizers: a Mesos-containerizer task with 5 GPUs and a Docker task
@@ -1739,8 +1760,11 @@ fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
     d.wait_released("nothing reserved")
 }
 
-/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent, no
-/// bridge), so that a test may restart it. Stopped, its containers and files removed, on drop.
+/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so
+/// that a test may restart it. It runs in a network namespace of its own: its default bridge
+/// `docker0` must not be the machine's (a daemon started with `--bridge=none` in the machine's
+/// namespace deletes the machine's `docker0`). Stopped, its containers and files removed, on
+/// drop.
 struct PrivateDockerd {
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
@@ -1766,8 +1790,11 @@ impl PrivateDockerd {
             .create(true)
             .append(true)
             .open(dir.join("dockerd.log"))?;
-        let mut command = std::process::Command::new("dockerd");
+        let mut command = std::process::Command::new("unshare");
         command
+            .args(["--net", "/bin/sh", "-c"])
+            .arg("ip link set lo up && exec dockerd \"$@\"")
+            .arg("dockerd")
             .arg("--data-root")
             .arg(dir.join("data"))
             .arg("--exec-root")
@@ -1780,12 +1807,7 @@ impl PrivateDockerd {
                 "--cgroup-parent={}",
                 mesos_gpu_testkit::unique_name("dockerd")
             ))
-            .args([
-                "--bridge=none",
-                "--iptables=false",
-                "--ip-masq=false",
-                "--shutdown-timeout=1",
-            ])
+            .args(["--iptables=false", "--shutdown-timeout=1"])
             .stdout(log.try_clone()?)
             .stderr(log);
         if live_restore {
@@ -1878,7 +1900,7 @@ impl Drop for PrivateDockerd {
 /// Docker task then gets every GPU.
 fn v1_docker_daemon_restart() -> TestResult {
     let mut daemon = PrivateDockerd::start(true)?;
-    let mut d = DockerCluster::start_on(Some(&daemon.socket()))?;
+    let mut d = DockerCluster::start_on(Some(&daemon.socket()), AgentCgroups::V1)?;
     let image = d.image(false)?;
 
     let live = d.launch("dlive", &image, 2, true)?;
@@ -1899,8 +1921,20 @@ fn v1_docker_daemon_restart() -> TestResult {
             format!("a running container lost its GPUs: {:?}", d.docker_owners()),
         )?;
     }
-    drop(live);
+    // Let the task end, and see what Mesos made of it.
+    d.release("dlive")?;
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{name} to end"),
+        || (daemon.status(&name) != "running").then_some(()),
+    )?;
     d.wait_released("dlive's GPUs")?;
+    println!(
+        "dlive after the live-restore restart: {:?}; {name} {}",
+        live.task_states("dlive"),
+        daemon.status(&name)
+    );
+    drop(live);
 
     daemon.restart(false)?;
     let dies = d.launch("ddies", &image, 2, true)?;
@@ -1938,6 +1972,25 @@ fn v1_docker_daemon_restart() -> TestResult {
     check(eight.len() == 8, format!("deight opened {eight:?}: {out}"))?;
     all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.wait_released("deight's GPUs")
+}
+
+/// Docker tasks on a cgroup v2 agent cannot run: Mesos 1.12 refuses to create its Docker
+/// containerizer unless a cgroup v1 hierarchy with the `cpu` controller is mounted
+/// (`src/docker/docker.cpp` 143-151, `Docker::create` with `validate`, which
+/// `src/slave/containerizer/docker.cpp` 184-188 always passes), and on a cgroup v2 host the
+/// `cpu` controller belongs to the v2 hierarchy. The agent (in its mount namespace with only
+/// cgroup2 at /sys/fs/cgroup, as every v2 trial) exits saying so.
+fn v2_docker_containerizer_refused_by_mesos() -> TestResult {
+    let Err(e) = DockerCluster::start_on(None, AgentCgroups::V2) else {
+        return Err("a cgroup v2 agent started its Docker containerizer".into());
+    };
+    let text = e.to_string();
+    println!("{}", mesos_gpu_testkit::mesos::tail(&text, 2));
+    check(
+        text.contains("Could not create DockerContainerizer")
+            && text.contains("Failed to find a mounted cgroups hierarchy for the 'cpu' subsystem"),
+        format!("the agent did not fail as Mesos 1.12 does: {text}"),
+    )
 }
 
 /// Issue 18: NUMA pinning in a real agent. nvml-sim's `numa-2cpu` (2 T4s local to CPU 0 and
