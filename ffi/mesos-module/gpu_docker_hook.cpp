@@ -22,7 +22,8 @@
 // (`slaveRemoveExecutorHook`), the hook runs the same command line with `--release ID`, so GPUs
 // reserved for a container that never ran (its image could not be pulled, its launch failed)
 // go back too; the wrapper releases them when `docker run` ends, and a second release is a
-// no-op. Which container an executor had is kept in memory only: after an agent restart the
+// no-op. `--release` keeps the GPUs while the daemon says the container still runs (an executor
+// that lost its `docker run` to a dockerd restart with live-restore) and logs why. Which container an executor had is kept in memory only: after an agent restart the
 // wrapper's release remains.
 //
 // The command runs asynchronously (libprocess subprocess and io), so no libprocess thread waits

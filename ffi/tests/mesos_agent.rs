@@ -1921,13 +1921,41 @@ fn v1_docker_daemon_restart() -> TestResult {
             format!("a running container lost its GPUs: {:?}", d.docker_owners()),
         )?;
     }
-    // Let the task end, and see what Mesos made of it.
+    // Whatever Mesos makes of the task now, the container keeps its GPUs while it runs; then
+    // let it end.
+    let watch_until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < watch_until {
+        let reserved = d.docker_reservations()? == held;
+        let status = daemon.status(&name);
+        check(
+            reserved || status != "running",
+            format!(
+                "{name} is {status} without its GPUs: {:?}",
+                d.docker_owners()
+            ),
+        )?;
+        std::thread::sleep(Duration::from_millis(200));
+    }
     d.release("dlive")?;
     wait_for(
         TASK_TIMEOUT,
         || format!("{name} to end"),
         || (daemon.status(&name) != "running").then_some(()),
     )?;
+    // Its `docker run` (and so its wrapper) ended with the daemon, and the hook's release at
+    // executor removal keeps the GPUs of a container still running: then the pool frees them
+    // at its next reconciliation, here `gpu release --dead`.
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{name}'s reservation to be dead or gone"),
+        || {
+            let gone = d.docker_reservations().ok()?.is_empty();
+            let list = d.mesos_gpu(&["gpu", "list"]).ok()?;
+            (gone || list.contains(" dead ")).then_some(())
+        },
+    )?;
+    let freed = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!("gpu release --dead once {name} ended:\n{freed}");
     d.wait_released("dlive's GPUs")?;
     println!(
         "dlive after the live-restore restart: {:?}; {name} {}",

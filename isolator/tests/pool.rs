@@ -341,8 +341,22 @@ fn docker_starter_then_daemon() -> TestResult {
         let got = state_of(running.as_str())?.ok_or("no reservation")?;
         check(got.describe().0 == want, format!("{answer:?}: {got:?}"))?;
     }
-    let done = Pool::at(&pool_dir).reconcile(&host)?;
-    check(done.freed.len() == 1, format!("{done:?}"))?;
+    // `docker-args --release` (the hook's, at executor removal) keeps a running container's
+    // GPUs, and gives back an exited one's.
+    daemons.set(&name, DaemonAnswer::State("running".into()));
+    let docker = open()?;
+    let kept = docker.release_docker_if_gone(&running)?;
+    check(
+        kept.as_deref().is_some_and(|w| w.contains("is running")),
+        format!("{kept:?}"),
+    )?;
+    daemons.set(&name, DaemonAnswer::State("exited".into()));
+    check(
+        docker.release_docker_if_gone(&running)?.is_none(),
+        "an exited container's GPUs were kept",
+    )?;
+    drop(docker);
+    check(state_of(running.as_str())?.is_none(), "still reserved")?;
     // All 8 GPUs are free again for the holder.
     let docker = open()?;
     let again = ContainerId::new("1d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f13")?;

@@ -6,9 +6,10 @@
 //! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
 //! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 //!
-//! The arguments start with `--name=mesos-<ID>`: that name is how a later recovery
-//! (`mesos-gpu serve` at start) finds the container and its GPUs again, and releases the
-//! reservation of a container that is not running.
+//! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
+//! (`--docker-socket`) and the process that starts the container (`--starter-pid`, default the
+//! parent); the pool frees it once that process has ended and the daemon has no running
+//! container of that name (`mesos-gpu serve` at start also releases containers not running).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -50,8 +51,8 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
                   device nodes, and for images that ask for it the driver volume at \
                   /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
-                  `--release ID`, or until a recovery (`mesos-gpu serve` at start) finds no \
-                  running container mesos-<ID>.",
+                  `--release ID`, or until the process that asked for them (--starter-pid) has \
+                  ended and the daemon (--docker-socket) has no running container mesos-<ID>.",
     after_help = "Examples:\n  \
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
@@ -70,7 +71,8 @@ pub(crate) struct Args {
     )]
     gpus: Option<u32>,
 
-    /// Give back the GPUs reserved for container ID instead.
+    /// Give back the GPUs reserved for container ID instead; refused while the daemon says
+    /// container mesos-ID still runs (or cannot tell), unless --force.
     #[arg(
         long,
         value_name = "ID",
@@ -78,6 +80,10 @@ pub(crate) struct Args {
         value_parser = |s: &str| ContainerId::new(s).map_err(|e| e.to_string())
     )]
     release: Option<ContainerId>,
+
+    /// With --release: give the GPUs back even if the container may still run.
+    #[arg(long, requires = "release")]
+    force: bool,
 
     /// The container's id: a UUID (Mesos ContainerID); a new one by default.
     #[arg(long, value_name = "ID", value_parser = |s: &str| container_id(s).map_err(|e| format!("{e:#}")))]
@@ -244,8 +250,14 @@ pub(crate) fn driver_spec(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
-        pool.release_docker(id)
-            .with_context(|| format!("cannot release the GPUs of {id}"))?;
+        let kept = if args.force {
+            pool.release_docker(id).map(|()| None)
+        } else {
+            pool.release_docker_if_gone(id)
+        };
+        if let Some(why) = kept.with_context(|| format!("cannot release the GPUs of {id}"))? {
+            anyhow::bail!("the GPUs of {id} stay reserved: {why} (--force releases them anyway)");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let gpus = args.gpus.context("--gpus is required")?;

@@ -157,4 +157,26 @@ impl Isolator {
         tracing::info!(gpus = %set, "the Docker container's starter is recorded");
         Ok(self.gpus_of(set))
     }
+
+    /// Releases Docker container `id`'s GPUs unless its daemon says the container still runs,
+    /// or cannot tell: then nothing changes and the answer says why. A record without a daemon
+    /// (an older release, `serve`, `run`) is released as [`Isolator::release_docker`] does.
+    pub fn release_docker_if_gone(
+        &self,
+        id: &ContainerId,
+    ) -> Result<Option<String>, LifecycleError> {
+        let daemon = {
+            let state = self.lock_local()?;
+            state.docker_starts.get(id).and_then(|s| s.daemon.clone())
+        };
+        if let Some(daemon) = daemon {
+            let host = self.pool_host().cloned().unwrap_or_default();
+            match host.docker_container(&docker_name(id), Some(&daemon)) {
+                Liveness::Dead(_) => {}
+                Liveness::Alive(why) | Liveness::Uncertain(why) => return Ok(Some(why)),
+            }
+        }
+        self.release_docker(id)?;
+        Ok(None)
+    }
 }

@@ -186,7 +186,7 @@ impl Host {
     pub fn docker_container(&self, name: &str, daemon: Option<&str>) -> Liveness {
         let Some(daemon) = daemon else {
             return Liveness::Uncertain(format!(
-                "Docker container {name} was recorded without its daemon (by `serve` or `run`, which recover their containers at start): `mesos-gpu gpu release` it once it is gone"
+                "Docker container {name} was recorded without its daemon (by `serve`, `run` or the module's C API, which release it themselves): `mesos-gpu gpu release` it once it is gone"
             ));
         };
         let Some(daemons) = &self.docker else {
