@@ -261,7 +261,8 @@ impl Host {
     }
 
     /// Whether `owner` is still there. A process owner (a Mesos agent, `exec`) is dead only
-    /// when the process is gone **and** its cgroup has no process left.
+    /// when the process is gone **and** its cgroup has no process left; a Docker owner is alive
+    /// while its starter runs, then as [`Host::docker_container`] says.
     pub fn liveness(&self, owner: &Owner) -> Liveness {
         let (process, cgroup) = match owner {
             Owner::Mesos { agent, cgroup } => (agent, cgroup),
