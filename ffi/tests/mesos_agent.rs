@@ -1768,6 +1768,8 @@ fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
 struct PrivateDockerd {
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
+    /// Its `--cgroup-parent`, removed on drop.
+    cgroup_parent: String,
 }
 
 impl PrivateDockerd {
@@ -1775,7 +1777,11 @@ impl PrivateDockerd {
         let dir = tempfile::Builder::new()
             .prefix("mgpu-dockerd")
             .tempdir_in("/tmp")?;
-        let mut d = PrivateDockerd { dir, child: None };
+        let mut d = PrivateDockerd {
+            dir,
+            child: None,
+            cgroup_parent: mesos_gpu_testkit::unique_name("dockerd"),
+        };
         d.launch(live_restore)?;
         Ok(d)
     }
@@ -1803,10 +1809,7 @@ impl PrivateDockerd {
             .arg(dir.join("dockerd.pid"))
             .arg("-H")
             .arg(format!("unix://{}", self.socket().display()))
-            .arg(format!(
-                "--cgroup-parent={}",
-                mesos_gpu_testkit::unique_name("dockerd")
-            ))
+            .arg(format!("--cgroup-parent={}", self.cgroup_parent))
             .args(["--iptables=false", "--shutdown-timeout=1"])
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -1889,6 +1892,27 @@ impl Drop for PrivateDockerd {
             }
         }
         let _ = self.stop();
+        // dockerd leaves its data root bind-mounted on itself and its network namespace file
+        // mounted: unmount them (deepest first) so that the directory can be removed.
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&dir))
+            .map(str::to_owned)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in mounts {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", &mount])
+                .status();
+        }
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for controller in controllers.flatten() {
+                let _ = std::fs::remove_dir(controller.path().join(&self.cgroup_parent));
+            }
+        }
     }
 }
 
