@@ -428,7 +428,9 @@ pub fn cpuset_args(pinning: &Pinning) -> Vec<String> {
     args
 }
 
-fn check_cuda(image: &ImageInfo, driver: &DriverInfo) -> Result<(), ArgsError> {
+/// Refuses an image whose `com.nvidia.cuda.version` is newer than the driver's CUDA version
+/// (nvidia-docker's check; [`LaunchPlan::new`] applies it to images that ask for the driver).
+pub fn check_cuda(image: &ImageInfo, driver: &DriverInfo) -> Result<(), ArgsError> {
     let Some((needed, label)) = image.cuda_requirement()? else {
         return Ok(());
     };

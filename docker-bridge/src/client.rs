@@ -387,6 +387,27 @@ impl DockerClient {
             .map_err(call("remove container", container))
     }
 
+    /// A container's `.State.Status` (`running`, `exited`, …); `None` when there is no such
+    /// container.
+    pub async fn container_status(&self, container: &str) -> Result<Option<String>, DockerError> {
+        match self
+            .docker
+            .inspect_container(container, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(inspect) => {
+                Ok(Some(inspect.state.and_then(|s| s.status).map_or_else(
+                    || "in an unknown state".to_owned(),
+                    |s| s.to_string(),
+                )))
+            }
+            Err(source) => {
+                let e = call("inspect container", container)(source);
+                if e.is_not_found() { Ok(None) } else { Err(e) }
+            }
+        }
+    }
+
     /// `HostConfig.Devices` of a container, as Docker recorded them.
     pub async fn devices(&self, container: &str) -> Result<Vec<BollardDevice>, DockerError> {
         let inspect = self

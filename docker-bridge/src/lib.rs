@@ -10,6 +10,7 @@ pub mod args;
 pub mod bridge;
 pub mod cdi;
 pub mod client;
+pub mod daemons;
 pub mod metrics;
 pub mod plugin;
 pub mod rest;

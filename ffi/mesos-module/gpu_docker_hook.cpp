@@ -7,8 +7,14 @@
 // docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N --container-id ID --json` appended:
 // `mesos-gpu docker-args` reserves the GPUs from the node's pool for that container name and
 // prints the `docker run` arguments that give them, the driver volume included. The hook runs
-// before the agent pulls the image, so no `--image` is given: the wrapper, at `docker run`,
-// drops the volume and environment for an image that does not ask for the driver. The hook
+// before the agent pulls the image, so the task's image is given with `--unpulled-image-ok`:
+// an image the daemon already has is checked now (an image whose `com.nvidia.cuda.version` is
+// newer than the driver's CUDA fails the launch, and so the task, with a message saying so);
+// one not pulled yet is checked by the wrapper at `docker run`, which also drops the volume and
+// environment for an image that does not ask for the driver. `docker-args` records its parent,
+// this agent, as the process that starts the container: the reservation is alive while the
+// agent runs, until the wrapper records itself at `docker run`; an agent that dies before that
+// leaves a reservation the pool frees once the daemon has no such container. The hook
 // hands the arguments to the container's `docker run` in the task environment variable
 // MESOS_GPU_DOCKER_ARGS, which `mesos-gpu docker-wrapper` (the agent's `--docker` program) turns
 // back into arguments and removes. When the pool cannot serve the task, the command's error becomes the launch failure
@@ -16,7 +22,8 @@
 // (`slaveRemoveExecutorHook`), the hook runs the same command line with `--release ID`, so GPUs
 // reserved for a container that never ran (its image could not be pulled, its launch failed)
 // go back too; the wrapper releases them when `docker run` ends, and a second release is a
-// no-op. Which container an executor had is kept in memory only: after an agent restart the
+// no-op. `--release` keeps the GPUs while the daemon says the container still runs (an executor
+// that lost its `docker run` to a dockerd restart with live-restore) and logs why. Which container an executor had is kept in memory only: after an agent restart the
 // wrapper's release remains.
 //
 // The command runs asynchronously (libprocess subprocess and io), so no libprocess thread waits
@@ -106,6 +113,13 @@ class MesosGpuDockerHook : public Hook {
     argv.push_back("--gpus=" + std::to_string(static_cast<long long>(gpus.get())));
     argv.push_back("--container-id=" + id);
     argv.push_back("--json");
+    const std::string image = taskInfo.isSome() && taskInfo->has_container()
+                                  ? taskInfo->container().docker().image()
+                                  : executorInfo.container().docker().image();
+    if (!image.empty()) {
+      argv.push_back("--image=" + image);
+      argv.push_back("--unpulled-image-ok");
+    }
 
     Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
                                                 Subprocess::PIPE(), Subprocess::PIPE());

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
 use mesos_gpu_isolator::devices::DeviceNodes;
@@ -108,8 +109,11 @@ impl MgpuIsolator {
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
         }
-        let isolator = Isolator::new(config, inventory.clone(), nodes.clone())
+        let mut isolator = Isolator::new(config, inventory.clone(), nodes.clone())
             .map_err(|source| ParamError::Isolator { source })?;
+        // The pool's reconciliation (at recovery, and when a task finds too few GPUs) asks the
+        // daemon a Docker reservation names whether its container still runs.
+        isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
         // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
         let health = MonitorConfig {
             policy: params.health_checks.clone(),

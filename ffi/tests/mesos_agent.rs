@@ -53,8 +53,15 @@ fn main() -> ExitCode {
         Need::Mesos,
         Need::Dockerd,
     ];
+    let docker_v2: &[Need] = &[
+        Need::Root,
+        Need::Cgroup2,
+        Need::Cc,
+        Need::Mesos,
+        Need::Dockerd,
+    ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 22] = [
+    let tests: [(&str, &[Need], Test); 26] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -136,6 +143,22 @@ fn main() -> ExitCode {
             "v1_docker_container_dies_gives_gpus_back",
             docker,
             v1_docker_container_dies_gives_gpus_back,
+        ),
+        (
+            "v1_docker_agent_sigkill_before_docker_run_frees_gpus",
+            docker,
+            v1_docker_agent_sigkill_before_docker_run_frees_gpus,
+        ),
+        (
+            "v1_docker_image_needing_newer_cuda_fails_saying_so",
+            docker,
+            v1_docker_image_needing_newer_cuda_fails_saying_so,
+        ),
+        ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        (
+            "v2_docker_containerizer_refused_by_mesos",
+            docker_v2,
+            v2_docker_containerizer_refused_by_mesos,
         ),
         (
             "v2_program_on_mesos_container_cgroup",
@@ -1157,36 +1180,51 @@ fn mesos_gpu_exe() -> TestResult<PathBuf> {
 struct DockerCluster {
     c: Cluster,
     images: Vec<String>,
+    /// `-H unix://<socket>` of a private daemon, empty for the machine's.
+    host: Vec<String>,
 }
+
+/// The image name the Docker cluster's `docker` program stalls on (every command naming it
+/// sleeps, writing its pid to `<scratch>/stalled.pid`): the agent's pull never ends.
+const STALL: &str = "mgpu-stall";
 
 impl Drop for DockerCluster {
     fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.c.scratch.path().join("stalled.pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .status();
+        }
         for image in &self.images {
-            let listed = std::process::Command::new("docker")
+            let listed = self
+                .docker()
                 .args(["ps", "-aq", "--filter"])
                 .arg(format!("ancestor={image}"))
                 .output();
             if let Ok(out) = listed {
                 for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = std::process::Command::new("docker")
-                        .args(["rm", "-f", id])
-                        .output();
+                    let _ = self.docker().args(["rm", "-f", id]).output();
                 }
             }
-            let _ = std::process::Command::new("docker")
-                .args(["rmi", "-f", image])
-                .output();
+            let _ = self.docker().args(["rmi", "-f", image]).output();
         }
     }
 }
 
 impl DockerCluster {
     fn start() -> TestResult<DockerCluster> {
-        let ((install, sim, dev, scratch, master), mut spec) = Cluster::prepare(
-            AgentCgroups::V1,
-            &format!("filesystem/linux,cgroups/devices,{MODULE}"),
-            &EXPLICIT_ROOT,
-        )?;
+        DockerCluster::start_on(None, AgentCgroups::V1)
+    }
+
+    /// A Docker cluster on the daemon at `socket` (the machine's when `None`), its agent on
+    /// `cgroups`.
+    fn start_on(socket: Option<&Path>, cgroups: AgentCgroups) -> TestResult<DockerCluster> {
+        let isolation = match cgroups {
+            AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
+        };
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, &isolation, &EXPLICIT_ROOT)?;
         let exe = mesos_gpu_exe()?;
         let s = scratch.path();
         let volumes = s.join("volumes");
@@ -1201,17 +1239,23 @@ impl DockerCluster {
         );
         let pool = s.join("pool");
         let docker_work = s.join("docker-work");
-        let docker_args = format!(
+        let mut docker_args = format!(
             "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
             pool.display(),
             docker_work.display(),
             volumes.display()
         );
+        if let Some(socket) = socket {
+            docker_args.push_str(&format!(" --docker-socket {}", socket.display()));
+            spec.flags
+                .push(format!("--docker_socket={}", socket.display()));
+        }
         let wrapper = s.join("mesos-gpu-docker");
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                s.join("stalled.pid").display(),
                 which_docker()?.display(),
                 pool.display(),
                 docker_work.display()
@@ -1252,12 +1296,66 @@ impl DockerCluster {
                 agent,
             },
             images: Vec::new(),
+            host: socket
+                .map(|p| vec!["-H".to_owned(), format!("unix://{}", p.display())])
+                .unwrap_or_default(),
         })
+    }
+
+    /// `docker` talking to this cluster's daemon.
+    fn docker(&self) -> std::process::Command {
+        let mut command = std::process::Command::new("docker");
+        command.args(&self.host);
+        command
+    }
+
+    /// `mesos-gpu` on this cluster's simulated node and pool.
+    fn mesos_gpu(&self, args: &[&str]) -> TestResult<String> {
+        let out = std::process::Command::new(mesos_gpu_exe()?)
+            .arg("--nvml-lib")
+            .arg(self.c.sim.lib_path())
+            .arg("--dev-root")
+            .arg(self.c.dev.path())
+            .args(args)
+            .arg("--pool-dir")
+            .arg(self.c.scratch.path().join("pool"))
+            .output()?;
+        check(
+            out.status.success(),
+            format!(
+                "mesos-gpu {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The pool's Docker reservations with their owner records.
+    fn docker_owners(&self) -> TestResult<Vec<(String, serde_json::Value)>> {
+        let path = self.c.scratch.path().join("pool/gpu/pool.json");
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        Ok(json["reservations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, r)| r["owner"]["kind"] == "docker")
+            .map(|(k, r)| (k.clone(), r["owner"].clone()))
+            .collect())
     }
 
     /// Builds a busybox image `FROM scratch` holding the probe at `/probe`, with the
     /// driver-volume label when `volume`.
     fn image(&mut self, volume: bool) -> TestResult<String> {
+        let labels: &[&str] = if volume {
+            &["com.nvidia.volumes.needed=nvidia_driver"]
+        } else {
+            &[]
+        };
+        self.image_with(labels)
+    }
+
+    /// [`DockerCluster::image`] with these labels (`KEY=VALUE`).
+    fn image_with(&mut self, labels: &[&str]) -> TestResult<String> {
         let dir = self
             .c
             .scratch
@@ -1270,12 +1368,13 @@ impl DockerCluster {
         let mut dockerfile = format!(
             "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCOPY probe /probe\nLABEL mgpu.test={name}\n"
         );
-        if volume {
-            dockerfile.push_str("LABEL com.nvidia.volumes.needed=nvidia_driver\n");
+        for label in labels {
+            dockerfile.push_str(&format!("LABEL {label}\n"));
         }
         std::fs::write(dir.join("Dockerfile"), dockerfile)?;
         self.images.push(name.clone());
-        let out = std::process::Command::new("docker")
+        let out = self
+            .docker()
             .args(["build", "-q", "-t", &name])
             .arg(&dir)
             .output()?;
@@ -1375,27 +1474,7 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     let out = d.c.agent.wait_stdout("dtwo", "waiting", TASK_TIMEOUT)?;
     println!("dtwo printed:\n{out}");
     let report = ProbeReport::parse(&out);
-    let held = opened(&report, false);
-    check(held.len() == 2, format!("dtwo opened {held:?}: {out}"))?;
-    let mut wrong = Vec::new();
-    for (node, outcome) in &report.before {
-        let gpu = node
-            .strip_prefix("nvidia")
-            .and_then(|m| m.parse::<u32>().ok());
-        let ok = match gpu {
-            Some(m) => held.contains(&m) && outcome == "ENXIO",
-            None => CONTROL.contains(&node.as_str()) && outcome == "ENXIO",
-        };
-        if !ok {
-            wrong.push(format!("{node} {outcome}"));
-        }
-    }
-    for node in CONTROL {
-        if !report.before.contains_key(node) {
-            wrong.push(format!("{node} missing"));
-        }
-    }
-    check(wrong.is_empty(), format!("{}: {out}", wrong.join("; ")))?;
+    let held = docker_nodes(&report, 2, &out)?;
     let minors: Vec<u32> = held.iter().copied().collect();
     let want: BTreeSet<String> = d.c.uuids(&minors)?.into_iter().collect();
     let got: BTreeSet<String> = report
@@ -1441,6 +1520,33 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.wait_released("the Docker tasks' GPUs")?;
     Ok(())
+}
+
+/// The GPU minors a Docker task's probe found: exactly `count` GPU nodes plus the control
+/// nodes, each opening with ENXIO (allowed, no driver), and nothing else.
+fn docker_nodes(report: &ProbeReport, count: usize, out: &str) -> TestResult<BTreeSet<u32>> {
+    let held = opened(report, false);
+    check(held.len() == count, format!("opened {held:?}: {out}"))?;
+    let mut wrong = Vec::new();
+    for (node, outcome) in &report.before {
+        let gpu = node
+            .strip_prefix("nvidia")
+            .and_then(|m| m.parse::<u32>().ok());
+        let ok = match gpu {
+            Some(m) => held.contains(&m) && outcome == "ENXIO",
+            None => CONTROL.contains(&node.as_str()) && outcome == "ENXIO",
+        };
+        if !ok {
+            wrong.push(format!("{node} {outcome}"));
+        }
+    }
+    for node in CONTROL {
+        if !report.before.contains_key(node) {
+            wrong.push(format!("{node} missing"));
+        }
+    }
+    check(wrong.is_empty(), format!("{}: {out}", wrong.join("; ")))?;
+    Ok(held)
 }
 
 /// One pool for both containerizers: a Mesos-containerizer task with 5 GPUs and a Docker task
@@ -1583,6 +1689,360 @@ fn v1_docker_container_dies_gives_gpus_back() -> TestResult {
     task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
     d.wait_released("the dead container's GPUs")?;
     Ok(())
+}
+
+/// An agent SIGKILLed between its hook's reservation and `docker run` (its image pull never
+/// ends): while the agent runs the reservation is alive (`gpu release --dead` keeps it, the
+/// container is being started); after the restart the pool frees it (the agent that would
+/// start it is gone and the daemon has no such container), `docker-args` does not record it
+/// again, and a `gpus:8` Docker task gets every GPU.
+fn v1_docker_agent_sigkill_before_docker_run_frees_gpus() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let stalled = format!("{}:1", mesos_gpu_testkit::unique_name(STALL));
+    let task = d.launch("dstall", &stalled, 3, false)?;
+    let pid_file = d.c.scratch.path().join("stalled.pid");
+    wait_for(
+        TASK_TIMEOUT,
+        || "the agent to reserve and stall in its image pull".to_owned(),
+        || (pid_file.exists() && d.docker_reservations().is_ok_and(|r| r.len() == 1)).then_some(()),
+    )?;
+    let owners = d.docker_owners()?;
+    println!("while the agent pulls: {owners:?}");
+    let starter = owners[0].1["starter"]["pid"].as_u64().unwrap_or(0);
+    check(
+        owners[0].1["daemon"] == "unix:///var/run/docker.sock"
+            && std::fs::read_to_string(format!("/proc/{starter}/cmdline"))
+                .is_ok_and(|c| c.contains("mesos-agent")),
+        format!("the reservation's starter is not the agent: {owners:?}"),
+    )?;
+    let kept = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!("gpu release --dead while the agent pulls:\n{kept}");
+    check(
+        kept.contains("no dead owner") && d.docker_reservations()?.len() == 1,
+        format!("a reservation being started was freed: {kept}"),
+    )?;
+    d.c.agent.kill()?;
+    let list = d.mesos_gpu(&["gpu", "list"])?;
+    println!("gpu list after the agent's SIGKILL:\n{list}");
+    check(
+        list.contains("dead") && list.contains("has no Docker container mesos-"),
+        format!("the reservation is not dead once its agent is gone: {list}"),
+    )?;
+    d.c.agent.restart()?;
+    d.wait_released("the GPUs reserved by the killed agent")?;
+    drop(task);
+    let image = d.image(false)?;
+    let mut all = d.launch("deight", &image, 8, false)?;
+    let out = d.c.agent.wait_stdout("deight", "done", TASK_TIMEOUT)?;
+    let eight = opened(&ProbeReport::parse(&out), false);
+    check(eight.len() == 8, format!("deight opened {eight:?}: {out}"))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.wait_released("deight's GPUs")
+}
+
+/// A Docker task whose image asks for the driver and needs a newer CUDA
+/// (`com.nvidia.cuda.version=99.0`) than the driver's fails with a status message saying so,
+/// and reserves nothing.
+fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let image = d.image_with(&[
+        "com.nvidia.volumes.needed=nvidia_driver",
+        "com.nvidia.cuda.version=99.0",
+    ])?;
+    let mut task = d.launch("dcuda", &image, 1, false)?;
+    task.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let out = task.output();
+    println!("mesos-execute printed:\n{out}");
+    check(
+        out.contains("image needs CUDA 99.0") && out.contains("supports CUDA up to"),
+        format!("the status message does not say why: {out}"),
+    )?;
+    d.wait_released("nothing reserved")
+}
+
+/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so
+/// that a test may restart it. It runs in a network namespace of its own: its default bridge
+/// `docker0` must not be the machine's (a daemon started with `--bridge=none` in the machine's
+/// namespace deletes the machine's `docker0`). Stopped, its containers and files removed, on
+/// drop.
+struct PrivateDockerd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+    /// Its `--cgroup-parent`, removed on drop.
+    cgroup_parent: String,
+}
+
+impl PrivateDockerd {
+    fn start(live_restore: bool) -> TestResult<PrivateDockerd> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-dockerd")
+            .tempdir_in("/tmp")?;
+        let mut d = PrivateDockerd {
+            dir,
+            child: None,
+            cgroup_parent: mesos_gpu_testkit::unique_name("dockerd"),
+        };
+        d.launch(live_restore)?;
+        Ok(d)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("docker.sock")
+    }
+
+    fn launch(&mut self, live_restore: bool) -> TestResult {
+        let dir = self.dir.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("dockerd.log"))?;
+        let mut command = std::process::Command::new("unshare");
+        command
+            .args(["--net", "/bin/sh", "-c"])
+            .arg("ip link set lo up && exec dockerd \"$@\"")
+            .arg("dockerd")
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("dockerd.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg(format!("--cgroup-parent={}", self.cgroup_parent))
+            .args(["--iptables=false", "--shutdown-timeout=1"])
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if live_restore {
+            command.arg("--live-restore");
+        }
+        self.child = Some(command.spawn()?);
+        let socket = self.socket();
+        wait_for(
+            Duration::from_secs(60),
+            || {
+                format!(
+                    "the private dockerd to answer; its log:\n{}",
+                    mesos_gpu_testkit::mesos::tail(
+                        &std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default(),
+                        20
+                    )
+                )
+            },
+            || {
+                std::process::Command::new("docker")
+                    .arg("-H")
+                    .arg(format!("unix://{}", socket.display()))
+                    .arg("version")
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|_| ())
+            },
+        )?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait: without live-restore the daemon stops its containers.
+    fn stop(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, live_restore: bool) -> TestResult {
+        self.stop()?;
+        self.launch(live_restore)
+    }
+
+    /// `.State.Status` of container `name`, or what `docker inspect` said.
+    fn status(&self, name: &str) -> String {
+        std::process::Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .args(["inspect", "--format", "{{.State.Status}}", name])
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout).trim(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )
+            })
+            .unwrap_or_else(|e| e.to_string())
+    }
+}
+
+impl Drop for PrivateDockerd {
+    fn drop(&mut self) {
+        let host = format!("unix://{}", self.socket().display());
+        if self.child.is_some()
+            && let Ok(out) = std::process::Command::new("docker")
+                .args(["-H", &host, "ps", "-aq"])
+                .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = std::process::Command::new("docker")
+                    .args(["-H", &host, "rm", "-f", id])
+                    .output();
+            }
+        }
+        let _ = self.stop();
+        // dockerd leaves its data root bind-mounted on itself and its network namespace file
+        // mounted: unmount them (deepest first) so that the directory can be removed.
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&dir))
+            .map(str::to_owned)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in mounts {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", &mount])
+                .status();
+        }
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for controller in controllers.flatten() {
+                let _ = std::fs::remove_dir(controller.path().join(&self.cgroup_parent));
+            }
+        }
+    }
+}
+
+/// dockerd restarts (a private daemon; the agent's `--docker_socket` and the hook's
+/// `docker-args --docker-socket` name it). With `--live-restore` the running container keeps
+/// running and keeps its GPUs, whatever Mesos then does with the task. Without it, while the
+/// agent is down, the daemon's restart kills the container; the restarted agent's module frees
+/// its GPUs (the wrapper that started it is gone and the daemon says `exited`), and a `gpus:8`
+/// Docker task then gets every GPU.
+fn v1_docker_daemon_restart() -> TestResult {
+    let mut daemon = PrivateDockerd::start(true)?;
+    let mut d = DockerCluster::start_on(Some(&daemon.socket()), AgentCgroups::V1)?;
+    let image = d.image(false)?;
+
+    let live = d.launch("dlive", &image, 2, true)?;
+    d.c.agent.wait_stdout("dlive", "waiting", TASK_TIMEOUT)?;
+    let held = d.docker_reservations()?;
+    check(held.len() == 1, format!("Docker reservations: {held:?}"))?;
+    let name = format!("mesos-{}", held[0]);
+    daemon.restart(true)?;
+    let status = daemon.status(&name);
+    let kept = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!(
+        "after a live-restore restart of dockerd: {name} is {status}; gpu release --dead:\n{kept}\nmesos-execute:\n{}",
+        live.output()
+    );
+    if status == "running" {
+        check(
+            d.docker_reservations()? == held,
+            format!("a running container lost its GPUs: {:?}", d.docker_owners()),
+        )?;
+    }
+    // Whatever Mesos makes of the task now, the container keeps its GPUs while it runs; then
+    // let it end.
+    let watch_until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < watch_until {
+        let reserved = d.docker_reservations()? == held;
+        let status = daemon.status(&name);
+        check(
+            reserved || status != "running",
+            format!(
+                "{name} is {status} without its GPUs: {:?}",
+                d.docker_owners()
+            ),
+        )?;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.release("dlive")?;
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{name} to end"),
+        || (daemon.status(&name) != "running").then_some(()),
+    )?;
+    // Its `docker run` (and so its wrapper) ended with the daemon, and the hook's release at
+    // executor removal keeps the GPUs of a container still running: then the pool frees them
+    // at its next reconciliation, here `gpu release --dead`.
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{name}'s reservation to be dead or gone"),
+        || {
+            let gone = d.docker_reservations().ok()?.is_empty();
+            let list = d.mesos_gpu(&["gpu", "list"]).ok()?;
+            (gone || list.contains(" dead ")).then_some(())
+        },
+    )?;
+    let freed = d.mesos_gpu(&["gpu", "release", "--dead"])?;
+    println!("gpu release --dead once {name} ended:\n{freed}");
+    d.wait_released("dlive's GPUs")?;
+    println!(
+        "dlive after the live-restore restart: {:?}; {name} {}",
+        live.task_states("dlive"),
+        daemon.status(&name)
+    );
+    drop(live);
+
+    daemon.restart(false)?;
+    let dies = d.launch("ddies", &image, 2, true)?;
+    d.c.agent.wait_stdout("ddies", "waiting", TASK_TIMEOUT)?;
+    let owners = d.docker_owners()?;
+    check(
+        owners.len() == 1,
+        format!("Docker reservations: {owners:?}"),
+    )?;
+    let name = format!("mesos-{}", owners[0].0);
+    let wrapper = owners[0].1["starter"]["pid"].as_u64().unwrap_or(0);
+    d.c.agent.kill()?;
+    daemon.restart(false)?;
+    println!(
+        "after a restart of dockerd: {name} is {}",
+        daemon.status(&name)
+    );
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("the wrapper {wrapper} of {name} to end"),
+        || (!Path::new(&format!("/proc/{wrapper}")).exists()).then_some(()),
+    )?;
+    let list = d.mesos_gpu(&["gpu", "list"])?;
+    println!("gpu list with the agent down:\n{list}");
+    check(
+        list.contains(&format!("Docker container {name} is exited")),
+        format!("the dead container's reservation is not dead: {list}"),
+    )?;
+    d.c.agent.restart()?;
+    d.wait_released("the dead container's GPUs")?;
+    drop(dies);
+    let mut all = d.launch("deight", &image, 8, false)?;
+    let out = d.c.agent.wait_stdout("deight", "done", TASK_TIMEOUT)?;
+    let eight = opened(&ProbeReport::parse(&out), false);
+    check(eight.len() == 8, format!("deight opened {eight:?}: {out}"))?;
+    all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.wait_released("deight's GPUs")
+}
+
+/// Docker tasks on a cgroup v2 agent cannot run: Mesos 1.12 refuses to create its Docker
+/// containerizer unless a cgroup v1 hierarchy with the `cpu` controller is mounted
+/// (`src/docker/docker.cpp` 143-151, `Docker::create` with `validate`, which
+/// `src/slave/containerizer/docker.cpp` 184-188 always passes), and on a cgroup v2 host the
+/// `cpu` controller belongs to the v2 hierarchy. The agent (in its mount namespace with only
+/// cgroup2 at /sys/fs/cgroup, as every v2 trial) exits saying so.
+fn v2_docker_containerizer_refused_by_mesos() -> TestResult {
+    let Err(e) = DockerCluster::start_on(None, AgentCgroups::V2) else {
+        return Err("a cgroup v2 agent started its Docker containerizer".into());
+    };
+    let text = e.to_string();
+    println!("{}", mesos_gpu_testkit::mesos::tail(&text, 2));
+    check(
+        text.contains("Could not create DockerContainerizer")
+            && text.contains("Failed to find a mounted cgroups hierarchy for the 'cpu' subsystem"),
+        format!("the agent did not fail as Mesos 1.12 does: {text}"),
+    )
 }
 
 /// Issue 18: NUMA pinning in a real agent. nvml-sim's `numa-2cpu` (2 T4s local to CPU 0 and

@@ -5,6 +5,10 @@
 //!   another holder of the pool records it;
 //! - the agent's module and an `exec` on one pool get disjoint GPUs, a shortage is refused with
 //!   the pool's counts, and what one releases the other can take.
+//!
+//! Issue 12: a Docker reservation is alive while the process that starts its container runs,
+//! then as long as its daemon runs the container; a reservation whose starter died before the
+//! container existed comes back to the pool and is not resurrected by its holder.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod lifecycle_common;
@@ -18,7 +22,8 @@ use mesos_gpu_isolator::cgroup::CgroupVersion;
 use mesos_gpu_isolator::lifecycle::{
     ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
 };
-use mesos_gpu_isolator::pool::Pool;
+use mesos_gpu_isolator::lifecycle::{DockerStart, LifecycleError};
+use mesos_gpu_isolator::pool::{self, DaemonAnswer, DockerDaemons, Liveness, Pool};
 use mesos_gpu_testkit::{Host, Need, needs};
 
 fn main() -> ExitCode {
@@ -41,6 +46,14 @@ fn main() -> ExitCode {
             module_and_exec,
         );
     }
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        trial(
+            "issue_12_docker_reservations_follow_their_starter_then_their_daemon".to_owned(),
+            docker_starter_then_daemon,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -201,4 +214,156 @@ fn module_and_exec(version: CgroupVersion) -> TestResult {
         Pool::at(&pool).read()?.reservations.is_empty(),
         "the pool is empty after both cleanups",
     )
+}
+
+/// A Docker daemon as a table: container name → answer (anything else: no such container).
+#[derive(Debug, Default)]
+struct FakeDaemons(std::sync::Mutex<std::collections::BTreeMap<String, DaemonAnswer>>);
+
+impl FakeDaemons {
+    fn set(&self, name: &str, answer: DaemonAnswer) {
+        self.0.lock().unwrap().insert(name.to_owned(), answer);
+    }
+}
+
+impl DockerDaemons for FakeDaemons {
+    fn container(&self, endpoint: &str, name: &str) -> DaemonAnswer {
+        assert_eq!(endpoint, FAKE_DAEMON);
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .unwrap_or(DaemonAnswer::NoSuchContainer)
+    }
+}
+
+const FAKE_DAEMON: &str = "unix:///run/mgpu-test-fake-docker.sock";
+
+fn docker_starter_then_daemon() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let setup = Setup::new(CgroupVersion::V1)?;
+    let pool_dir = setup.work.path().join("pool");
+    let daemons = std::sync::Arc::new(FakeDaemons::default());
+    let host = pool::Host::default().with_docker(daemons.clone());
+    let docker_config = with_pool(
+        &setup.config,
+        &setup.work.path().join("docker"),
+        &pool_dir,
+        PoolRole::Docker,
+    );
+    let open = || -> TestResult<Isolator> {
+        let mut i = Isolator::new(
+            docker_config.clone(),
+            node.inventory.clone(),
+            node.nodes.clone(),
+        )?;
+        i.set_docker_daemons(daemons.clone());
+        i.recover(&[], &[])?;
+        Ok(i)
+    };
+    let state_of = |id: &str| -> TestResult<Option<Liveness>> {
+        Ok(Pool::at(&pool_dir)
+            .list(&host)?
+            .reservations
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(|r| r.liveness))
+    };
+    // The agent that reserved (here a sleeping child) is still pulling the image: no container.
+    let mut agent = Command::new("sleep").arg("100").spawn()?;
+    let started = ContainerId::new("3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11")?;
+    let docker = open()?;
+    docker.reserve_docker_started(
+        &started,
+        8.0,
+        DockerStart {
+            daemon: Some(FAKE_DAEMON.to_owned()),
+            starter: Some(host.stamp(agent.id())?),
+        },
+    )?;
+    drop(docker);
+    let done = Pool::at(&pool_dir).reconcile(&host)?;
+    check(
+        done.freed.is_empty(),
+        format!("freed while starting: {done:?}"),
+    )?;
+    check(
+        matches!(state_of(started.as_str())?, Some(Liveness::Alive(ref why)) if why.contains("starts")),
+        format!("{:?}", state_of(started.as_str())),
+    )?;
+    // The agent dies before `docker run`: no starter, no container, the GPUs come back.
+    agent.kill()?;
+    agent.wait()?;
+    let done = Pool::at(&pool_dir).reconcile(&host)?;
+    check(
+        done.freed.len() == 1
+            && done.freed[0]
+                .1
+                .contains("has no Docker container mesos-3d8a52b4"),
+        format!("{done:?}"),
+    )?;
+    // The holder does not record it again, and a wrapper that comes too late is refused.
+    let docker = open()?;
+    let err = docker
+        .claim_docker(&started, DockerStart::default())
+        .unwrap_err();
+    check(
+        matches!(err, LifecycleError::UnknownContainer { .. }),
+        format!("{err}"),
+    )?;
+    check(state_of(started.as_str())?.is_none(), "resurrected")?;
+    // The wrapper claims a new reservation; once it is gone the daemon decides.
+    let running = ContainerId::new("0d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f12")?;
+    docker.reserve_docker_started(&running, 8.0, DockerStart::default())?;
+    let mut wrapper = Command::new("sleep").arg("100").spawn()?;
+    let claimed = docker.claim_docker(
+        &running,
+        DockerStart {
+            daemon: Some(FAKE_DAEMON.to_owned()),
+            starter: Some(host.stamp(wrapper.id())?),
+        },
+    )?;
+    check(claimed.len() == 8, format!("{claimed:?}"))?;
+    drop(docker);
+    wrapper.kill()?;
+    wrapper.wait()?;
+    let name = format!("mesos-{running}");
+    for (answer, want) in [
+        (DaemonAnswer::State("running".into()), "alive"),
+        (
+            DaemonAnswer::Unreachable("connection refused".into()),
+            "uncertain",
+        ),
+        (DaemonAnswer::State("exited".into()), "dead"),
+    ] {
+        daemons.set(&name, answer.clone());
+        let got = state_of(running.as_str())?.ok_or("no reservation")?;
+        check(got.describe().0 == want, format!("{answer:?}: {got:?}"))?;
+    }
+    // `docker-args --release` (the hook's, at executor removal) keeps a running container's
+    // GPUs, and gives back an exited one's.
+    daemons.set(&name, DaemonAnswer::State("running".into()));
+    let docker = open()?;
+    let kept = docker.release_docker_if_gone(&running)?;
+    check(
+        kept.as_deref().is_some_and(|w| w.contains("is running")),
+        format!("{kept:?}"),
+    )?;
+    daemons.set(&name, DaemonAnswer::State("exited".into()));
+    check(
+        docker.release_docker_if_gone(&running)?.is_none(),
+        "an exited container's GPUs were kept",
+    )?;
+    drop(docker);
+    check(state_of(running.as_str())?.is_none(), "still reserved")?;
+    // All 8 GPUs are free again for the holder.
+    let docker = open()?;
+    let again = ContainerId::new("1d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f13")?;
+    check(
+        docker.reserve_docker(&again, 8.0)?.len() == 8,
+        "8 GPUs not free",
+    )?;
+    docker.release_docker(&again)?;
+    Ok(())
 }

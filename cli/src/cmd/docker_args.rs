@@ -6,13 +6,15 @@
 //! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
 //! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 //!
-//! The arguments start with `--name=mesos-<ID>`: that name is how a later recovery
-//! (`mesos-gpu serve` at start) finds the container and its GPUs again, and releases the
-//! reservation of a container that is not running.
+//! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
+//! (`--docker-socket`) and the process that starts the container (`--starter-pid`, default the
+//! parent); the pool frees it once that process has ended and the daemon has no running
+//! container of that name (`mesos-gpu serve` at start also releases containers not running).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -21,11 +23,14 @@ use mesos_gpu_docker::args::{
 };
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
+use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
-    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError, PoolConfig, PoolRole,
+    CheckpointError, ContainerId, DockerStart, Isolator, IsolatorConfig, LifecycleError,
+    PoolConfig, PoolRole,
 };
+use mesos_gpu_isolator::pool::Host;
 use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
@@ -46,8 +51,8 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
                   device nodes, and for images that ask for it the driver volume at \
                   /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
-                  `--release ID`, or until a recovery (`mesos-gpu serve` at start) finds no \
-                  running container mesos-<ID>.",
+                  `--release ID`, or until the process that asked for them (--starter-pid) has \
+                  ended and the daemon (--docker-socket) has no running container mesos-<ID>.",
     after_help = "Examples:\n  \
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
@@ -66,7 +71,8 @@ pub(crate) struct Args {
     )]
     gpus: Option<u32>,
 
-    /// Give back the GPUs reserved for container ID instead.
+    /// Give back the GPUs reserved for container ID instead; refused while the daemon says
+    /// container mesos-ID still runs (or cannot tell), unless --force.
     #[arg(
         long,
         value_name = "ID",
@@ -74,6 +80,10 @@ pub(crate) struct Args {
         value_parser = |s: &str| ContainerId::new(s).map_err(|e| e.to_string())
     )]
     release: Option<ContainerId>,
+
+    /// With --release: give the GPUs back even if the container may still run.
+    #[arg(long, requires = "release")]
+    force: bool,
 
     /// The container's id: a UUID (Mesos ContainerID); a new one by default.
     #[arg(long, value_name = "ID", value_parser = |s: &str| container_id(s).map_err(|e| format!("{e:#}")))]
@@ -101,9 +111,22 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
     volume_root: PathBuf,
 
-    /// Docker daemon socket, for --image.
+    /// With --image: an image the daemon does not have yet is taken to ask for the driver
+    /// volume instead of being an error (the agent's hook reserves before the agent pulls the
+    /// image; `docker-wrapper` checks the image again at `docker run`).
+    #[arg(long, requires = "image")]
+    unpulled_image_ok: bool,
+
+    /// Docker daemon socket: for --image, and recorded as the container's daemon, which the
+    /// pool asks whether the container still runs.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
     docker_socket: PathBuf,
+
+    /// The process that starts the container: the reservation stays while it runs, even
+    /// before the container exists (default: the parent process, e.g. the agent whose hook runs
+    /// this command, or the shell of `docker run $(mesos-gpu docker-args …)`).
+    #[arg(long, value_name = "PID")]
+    starter_pid: Option<u32>,
 
     /// Add --cpuset-cpus/--cpuset-mems narrowing the container to its GPUs' local CPUs and
     /// memory nodes (NUMA pinning; within the machine's online CPUs), unless that leaves fewer
@@ -138,7 +161,7 @@ pub(crate) fn open_pool(
         None => DeviceNodes::default(),
     };
     let deadline = Instant::now() + LOCK_WAIT;
-    let isolator = loop {
+    let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
         config.pool = Some(PoolConfig {
             dir: pool.pool_dir.clone(),
@@ -156,6 +179,8 @@ pub(crate) fn open_pool(
             }
         }
     };
+    // Docker owners are checked against the daemon that runs them.
+    isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
     let report = isolator
         .recover(&[], &[])
         .context("cannot recover the GPU pool from its checkpoint")?;
@@ -163,6 +188,11 @@ pub(crate) fn open_pool(
         tracing::debug!(?issue, "pool entry kept reserved");
     }
     Ok(isolator)
+}
+
+/// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
+pub(crate) fn daemon_endpoint(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
 }
 
 /// A new container id: a random UUID from the kernel.
@@ -220,8 +250,14 @@ pub(crate) fn driver_spec(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
-        pool.release_docker(id)
-            .with_context(|| format!("cannot release the GPUs of {id}"))?;
+        let kept = if args.force {
+            pool.release_docker(id).map(|()| None)
+        } else {
+            pool.release_docker_if_gone(id)
+        };
+        if let Some(why) = kept.with_context(|| format!("cannot release the GPUs of {id}"))? {
+            anyhow::bail!("the GPUs of {id} stay reserved: {why} (--force releases them anyway)");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let gpus = args.gpus.context("--gpus is required")?;
@@ -230,26 +266,45 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(id) => id.clone(),
         None => new_container_id()?,
     };
+    let assumed = || ImageInfo {
+        labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
+        env: Vec::new(),
+    };
     let image = match &args.image {
         Some(name) => {
             let runtime =
                 tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            runtime.block_on(async {
+            let found = runtime.block_on(async {
                 let client = DockerClient::connect(&args.docker_socket).await?;
                 client.image_info(name).await
-            })?
+            });
+            match found {
+                Ok(info) => info,
+                Err(e) if args.unpulled_image_ok && e.is_not_found() => {
+                    tracing::info!(image = %name, "the image is not pulled yet; docker-wrapper checks it at docker run");
+                    assumed()
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        None => ImageInfo {
-            labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
-            env: Vec::new(),
-        },
+        None => assumed(),
     };
     let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
     let host = super::serve::host_devices(ctx)?;
     // Everything but the GPUs is checked before anything is reserved.
     LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
+    let starter_pid = args
+        .starter_pid
+        .unwrap_or_else(std::os::unix::process::parent_id);
+    let starter = Host::default()
+        .stamp(starter_pid)
+        .with_context(|| format!("--starter-pid {starter_pid}: no such process"))?;
+    let start = DockerStart {
+        daemon: Some(daemon_endpoint(&args.docker_socket)),
+        starter: Some(starter),
+    };
     let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
-    let reserved = pool.reserve_docker(&id, f64::from(gpus))?;
+    let reserved = pool.reserve_docker_started(&id, f64::from(gpus), start)?;
     let refs: Vec<&Gpu> = reserved.iter().collect();
     let planned = LaunchPlan::new(&refs, &host, &image, driver.as_ref())
         .map_err(anyhow::Error::from)

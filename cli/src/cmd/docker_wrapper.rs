@@ -17,8 +17,10 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::Context as _;
+use mesos_gpu_docker::args::check_cuda;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
-use mesos_gpu_isolator::lifecycle::ContainerId;
+use mesos_gpu_isolator::lifecycle::{ContainerId, DockerStart, LifecycleError};
+use mesos_gpu_isolator::pool::Host;
 
 use crate::ctx::Ctx;
 
@@ -234,10 +236,23 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return Err(err).with_context(|| format!("cannot run {}", args.docker.display()));
     };
     let id = ContainerId::new(&found.id)?;
-    let wants_driver = match &found.image {
-        Some(image) => wants_driver(&found, image)?,
-        None => true,
+    let socket = found
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(super::docker_args::DEFAULT_DOCKER_SOCKET));
+    let checked = match &found.image {
+        Some(image) => image_wants_driver(ctx, &socket, image),
+        None => Ok(true),
     };
+    let wants_driver = match checked {
+        Ok(wants) => wants,
+        Err(e) => {
+            // The container never runs: its GPUs go back now.
+            give_back(ctx, args, &id);
+            return Err(e);
+        }
+    };
+    claim(ctx, args, &id, &socket)?;
     let line = found.command_line(wants_driver);
     tracing::info!(container = %id, args = ?line, "docker run with reserved GPUs");
     let status = Command::new(&args.docker)
@@ -246,14 +261,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot run {}", args.docker.display()));
     let status = status?;
     match container_state(&args.docker, &found) {
-        ContainerState::Gone => {
-            let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
-                .and_then(|pool| Ok(pool.release_docker(&id)?))
-                .with_context(|| format!("cannot give back the GPUs of {id}"));
-            if let Err(e) = released {
-                eprintln!("mesos-gpu: error: {e:#}");
-            }
-        }
+        ContainerState::Gone => give_back(ctx, args, &id),
         ContainerState::Running(why) => {
             // `docker run` lost its container (the daemon restarted with live-restore): its
             // GPUs stay reserved for mesos-<id> until it is gone (`gpu release`, `serve`).
@@ -267,6 +275,37 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1);
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
+fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
+    let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
+        .and_then(|pool| Ok(pool.release_docker(id)?))
+        .with_context(|| format!("cannot give back the GPUs of {id}"));
+    if let Err(e) = released {
+        eprintln!("mesos-gpu: error: {e:#}");
+    }
+}
+
+/// Records this process as the starter of container `id` on the daemon at `socket`, so that
+/// its reservation stays while `docker run` runs whoever reserved it; refused when the
+/// reservation is gone (its reserver died before the container existed and the pool freed it).
+fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Result<()> {
+    let me = Host::default()
+        .this_process()
+        .context("cannot read this process's stamp")?;
+    let start = DockerStart {
+        daemon: Some(super::docker_args::daemon_endpoint(socket)),
+        starter: Some(me),
+    };
+    let pool = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)?;
+    match pool.claim_docker(id, start) {
+        Ok(_) => Ok(()),
+        Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(
+            "the GPUs reserved for container mesos-{id} are no longer reserved (the process that reserved them ended before the container started, and the pool gave them back); not starting it"
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot record the start of mesos-{id}")),
+    }
 }
 
 /// Whether a container may still use its GPUs.
@@ -309,18 +348,20 @@ fn container_state(docker: &std::path::Path, run: &GpuRun) -> ContainerState {
 }
 
 /// Whether `image` (pulled by now) asks for the driver volume: its labels and environment, read
-/// from the daemon. The hook reserves before the agent pulls the image, so this is decided here.
-fn wants_driver(run: &GpuRun, image: &str) -> anyhow::Result<bool> {
-    let socket = run
-        .socket
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(super::docker_args::DEFAULT_DOCKER_SOCKET));
+/// from the daemon at `socket`. The hook reserves before the agent pulls the image, so this is
+/// decided here; an image that asks for the driver and needs a newer CUDA than the driver's is
+/// refused, as `docker-args --image` refuses it.
+fn image_wants_driver(ctx: &Ctx, socket: &std::path::Path, image: &str) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let info = runtime.block_on(async {
-        let client = DockerClient::connect(&socket).await?;
+        let client = DockerClient::connect(socket).await?;
         client.image_info(image).await
     })?;
-    Ok(info.wants_driver())
+    let wants = info.wants_driver();
+    if wants && let Some(driver) = &ctx.inventory()?.driver {
+        check_cuda(&info, driver).with_context(|| format!("image {image}"))?;
+    }
+    Ok(wants)
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use mesos_gpu_isolator::health::{
     GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore,
 };
 
+use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::pool::{Host, Pool};
 
 use crate::ctx::Ctx;
@@ -127,7 +128,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     let pool = Pool::at(&args.pool.pool_dir);
-    let listing = pool.list(&Host::default())?;
+    let listing = pool.list(&host())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(ExitCode::SUCCESS);
@@ -165,7 +166,7 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     let pool = Pool::at(&args.pool.pool_dir);
-    let host = Host::default();
+    let host = host();
     if args.dead {
         let done = pool.reconcile(&host)?;
         for (id, why) in &done.freed {
@@ -186,6 +187,11 @@ fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     let freed = pool.release(owner, args.force, &host)?;
     println!("released {owner}: {}", freed.gpus.join(", "));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where owners' liveness is read: `/proc`, and the Docker daemons Docker owners name.
+fn host() -> Host {
+    Host::default().with_docker(std::sync::Arc::new(EngineDaemons::new()))
 }
 
 fn age(ms: u64) -> String {

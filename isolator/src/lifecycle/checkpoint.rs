@@ -95,6 +95,9 @@ pub(crate) struct Checkpoint {
     pub(crate) containers: BTreeMap<String, ContainerRecord>,
     /// Docker containerizer containers by id.
     pub(crate) docker: BTreeMap<String, Vec<GpuRecord>>,
+    /// The daemon and starter of Docker containers by id (absent in older checkpoints).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) docker_starts: BTreeMap<String, super::DockerStart>,
     /// GPUs whose owner is uncertain, by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, Vec<String>>,
 }
@@ -217,6 +220,13 @@ mod tests {
                 },
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),
+            docker_starts: BTreeMap::from([(
+                "d1".into(),
+                super::super::DockerStart {
+                    daemon: Some("unix:///var/run/docker.sock".into()),
+                    starter: None,
+                },
+            )]),
             quarantine: BTreeMap::from([(3, vec!["c2".into()])]),
         }
     }

@@ -1,14 +1,82 @@
 //! The Docker containerizer's share of the pool: one agent, one allocator, one policy. Docker
 //! applies `--device` itself, so these calls book GPUs and checkpoint them, and make no cgroup.
+//!
+//! A reservation is made before its container exists; it records the daemon that will run the
+//! container and the process that starts it ([`DockerStart`]), so that the pool can tell a
+//! container that is still being started from one that never will be (see
+//! [`crate::pool::owner`]). The container is named `mesos-<container id>`, as Mesos's Docker
+//! containerizer names its containers (`src/slave/containerizer/docker.cpp`, `DOCKER_NAME_PREFIX`).
 
+use serde::{Deserialize, Serialize};
+
+use super::state::State;
 use super::{ContainerId, Isolator, LifecycleError};
 use crate::inventory::Gpu;
+use crate::pool::{Host, Liveness, Owner, ProcessStamp};
+
+/// Where a Docker container runs and which process starts it, for its owner record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerStart {
+    /// The daemon's endpoint (`unix:///var/run/docker.sock`).
+    pub daemon: Option<String>,
+    /// The process that starts the container: the reservation is alive while it runs.
+    pub starter: Option<ProcessStamp>,
+}
+
+/// The Docker name of the container with Mesos id `id`.
+pub(crate) fn docker_name(id: &ContainerId) -> String {
+    format!("mesos-{id}")
+}
+
+/// The pool owner of Docker container `id`.
+pub(crate) fn docker_owner(id: &ContainerId, start: Option<&DockerStart>) -> Owner {
+    Owner::Docker {
+        name: docker_name(id),
+        daemon: start.and_then(|s| s.daemon.clone()),
+        starter: start.and_then(|s| s.starter.clone()),
+    }
+}
 
 impl Isolator {
+    /// Whether Docker container `id` (recorded with `start`) is still there, as this
+    /// isolator's pool host tells (see [`Host::liveness`]).
+    pub(crate) fn docker_liveness(
+        &self,
+        id: &ContainerId,
+        start: Option<&DockerStart>,
+    ) -> Liveness {
+        let owner = docker_owner(id, start);
+        match self.pool_host() {
+            Some(host) => host.liveness(&owner),
+            None => Host::default().liveness(&owner),
+        }
+    }
+
+    /// Why the process that starts Docker container `id` still runs, if it does.
+    pub(crate) fn docker_starter_runs(&self, state: &State, id: &ContainerId) -> Option<String> {
+        let starter = state.docker_starts.get(id)?.starter.as_ref()?;
+        let host = self.pool_host().cloned().unwrap_or_default();
+        match host.process(starter) {
+            Liveness::Alive(why) => Some(why),
+            Liveness::Dead(_) | Liveness::Uncertain(_) => None,
+        }
+    }
+
     /// Reserves GPUs for a Docker containerizer container from the same pool (Docker applies
-    /// the devices itself, so no cgroup is made).
-    #[tracing::instrument(skip_all, fields(container = %id, requested = gpus))]
+    /// the devices itself, so no cgroup is made), with no daemon or starter recorded.
     pub fn reserve_docker(&self, id: &ContainerId, gpus: f64) -> Result<Vec<Gpu>, LifecycleError> {
+        self.reserve_docker_started(id, gpus, DockerStart::default())
+    }
+
+    /// Reserves GPUs for Docker container `id`, recording the daemon that will run it and the
+    /// process that starts it.
+    #[tracing::instrument(skip_all, fields(container = %id, requested = gpus, daemon = ?start.daemon))]
+    pub fn reserve_docker_started(
+        &self,
+        id: &ContainerId,
+        gpus: f64,
+        start: DockerStart,
+    ) -> Result<Vec<Gpu>, LifecycleError> {
         const STEP: &str = "reserve GPUs for";
         let mut state = self.lock()?;
         if state.knows(id) {
@@ -25,8 +93,10 @@ impl Isolator {
         let count = state.allocator.request(gpus).map_err(alloc)?.count();
         let set = self.allocate_shared(&mut state, id, count, STEP)?;
         state.docker.insert(id.clone(), set);
+        state.docker_starts.insert(id.clone(), start);
         if let Err(e) = self.save(&state, STEP) {
             state.docker.remove(id);
+            state.docker_starts.remove(id);
             state.allocator.release_all(id.as_str());
             return Err(e);
         }
@@ -46,6 +116,7 @@ impl Isolator {
                 owner: "mesos",
             });
         }
+        state.docker_starts.remove(id);
         if state.docker.remove(id).is_none() {
             tracing::debug!("release of an unknown Docker container");
             return Ok(());
@@ -56,5 +127,56 @@ impl Isolator {
         self.save(&state, STEP)?;
         tracing::info!(released = %released, "released GPUs of a Docker container");
         Ok(())
+    }
+
+    /// Records who starts Docker container `id` now (the `docker-wrapper` at `docker run`), and
+    /// on which daemon; refused when `id` holds no reservation (it was freed: its starter died
+    /// before the container existed), so that no container runs with GPUs it does not hold.
+    #[tracing::instrument(skip_all, fields(container = %id, daemon = ?start.daemon))]
+    pub fn claim_docker(
+        &self,
+        id: &ContainerId,
+        start: DockerStart,
+    ) -> Result<Vec<Gpu>, LifecycleError> {
+        const STEP: &str = "start";
+        let mut state = self.lock()?;
+        let Some(&set) = state.docker.get(id) else {
+            return Err(LifecycleError::UnknownContainer {
+                container: id.clone(),
+                step: STEP,
+            });
+        };
+        let before = state.docker_starts.insert(id.clone(), start);
+        if let Err(e) = self.save(&state, STEP) {
+            match before {
+                Some(before) => state.docker_starts.insert(id.clone(), before),
+                None => state.docker_starts.remove(id),
+            };
+            return Err(e);
+        }
+        tracing::info!(gpus = %set, "the Docker container's starter is recorded");
+        Ok(self.gpus_of(set))
+    }
+
+    /// Releases Docker container `id`'s GPUs unless its daemon says the container still runs,
+    /// or cannot tell: then nothing changes and the answer says why. A record without a daemon
+    /// (an older release, `serve`, `run`) is released as [`Isolator::release_docker`] does.
+    pub fn release_docker_if_gone(
+        &self,
+        id: &ContainerId,
+    ) -> Result<Option<String>, LifecycleError> {
+        let daemon = {
+            let state = self.lock_local()?;
+            state.docker_starts.get(id).and_then(|s| s.daemon.clone())
+        };
+        if let Some(daemon) = daemon {
+            let host = self.pool_host().cloned().unwrap_or_default();
+            match host.docker_container(&docker_name(id), Some(&daemon)) {
+                Liveness::Dead(_) => {}
+                Liveness::Alive(why) | Liveness::Uncertain(why) => return Ok(Some(why)),
+            }
+        }
+        self.release_docker(id)?;
+        Ok(None)
     }
 }

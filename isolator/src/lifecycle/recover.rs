@@ -36,6 +36,7 @@ use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
 use crate::cgroup::{DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
 use crate::container_id::ContainerId;
+use crate::pool::Liveness;
 
 /// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,10 +241,21 @@ impl Isolator {
             }
         }
         let mut docker = BTreeMap::new();
+        let mut docker_starts = BTreeMap::new();
         for (name, records) in &ckpt.docker {
             let Ok(id) = ContainerId::new(name.as_str()) else {
                 continue;
             };
+            let start = ckpt.docker_starts.get(name);
+            // A Docker container whose starter is gone and whose daemon has no running
+            // container of its name never gets its GPUs back otherwise.
+            if let Liveness::Dead(why) = self.docker_liveness(&id, start) {
+                tracing::info!(container = %id, why, "Docker container is gone; its GPUs go back to the pool");
+                continue;
+            }
+            if let Some(start) = start {
+                docker_starts.insert(id.clone(), start.clone());
+            }
             let set = GpuSet::from_indices(records.iter().map(|r| r.index)).unwrap_or_default();
             for i in set.iter() {
                 claims.entry(i).or_default().insert(id.clone());
@@ -271,10 +283,10 @@ impl Isolator {
                 }
             }
         }
-        let state = self.rebuild(found, docker, quarantine)?;
+        let mut state = self.rebuild(found, docker, quarantine)?;
+        state.docker_starts = docker_starts;
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
         let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
-        let mut state = state;
         for id in state.containers.keys() {
             if known.contains(id) {
                 report.recovered.push(id.clone());
@@ -299,6 +311,9 @@ impl Isolator {
             *state.tx.get_mut() = Some(tx);
         }
         *guard = state;
+        // Owners of other holders that died while nobody looked (an agent SIGKILLed before
+        // its Docker container existed, a container that died with its daemon) free their GPUs.
+        self.reconcile_pool(&mut guard);
         self.save(&guard, STEP)?;
         for issue in &report.issues {
             tracing::warn!(?issue, "recovery found an inconsistency");
@@ -323,14 +338,16 @@ impl Isolator {
         let state = &mut *guard;
         let mut report = RecoveryReport::default();
         let live: BTreeSet<&ContainerId> = held.iter().map(|(id, _)| id).collect();
+        // A container still being started (its starter runs) is not running yet.
         let gone: Vec<ContainerId> = state
             .docker
             .keys()
-            .filter(|id| !live.contains(id))
+            .filter(|id| !live.contains(id) && self.docker_starter_runs(state, id).is_none())
             .cloned()
             .collect();
         for id in gone {
             state.docker.remove(&id);
+            state.docker_starts.remove(&id);
             let released = state.allocator.release_all(id.as_str());
             tracing::info!(container = %id, gpus = %released, "Docker container is gone; released its GPUs");
         }

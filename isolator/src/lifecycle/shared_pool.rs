@@ -94,6 +94,19 @@ impl Isolator {
     pub(crate) fn pool_holder(&self) -> Option<&str> {
         self.pool.as_ref().map(|l| l.holder.as_str())
     }
+
+    /// Where the liveness of the pool's owners is read from.
+    pub(crate) fn pool_host(&self) -> Option<&Host> {
+        self.pool.as_ref().map(|l| &l.host)
+    }
+
+    /// Asks `daemons` about Docker owners when reconciling the pool (a Docker client: this
+    /// crate does not speak Docker's API). Call it before [`Isolator::recover`].
+    pub fn set_docker_daemons(&mut self, daemons: std::sync::Arc<dyn pool::DockerDaemons>) {
+        if let Some(link) = &mut self.pool {
+            link.host = link.host.clone().with_docker(daemons);
+        }
+    }
 }
 
 /// The isolator's state, locked, with the pool's transaction (if any) held alongside.
@@ -193,9 +206,7 @@ impl Isolator {
         for (id, &set) in &state.docker {
             entries.push((
                 id.to_string(),
-                Owner::Docker {
-                    name: id.to_string(),
-                },
+                super::docker::docker_owner(id, state.docker_starts.get(id)),
                 uuids(set),
             ));
         }

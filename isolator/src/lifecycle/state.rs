@@ -40,6 +40,8 @@ pub(crate) struct State {
     /// `share_cgroups=false`), which get their ancestor's entries too.
     pub(crate) nested_cgroups: BTreeMap<ContainerId, PlacedCgroup>,
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
+    /// Where each Docker container runs and who starts it (for its owner record).
+    pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
     /// GPUs the health monitor reported unhealthy, with the report (marked in the allocator).
@@ -56,6 +58,7 @@ impl State {
             nested: BTreeMap::new(),
             nested_cgroups: BTreeMap::new(),
             docker: BTreeMap::new(),
+            docker_starts: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             failed: BTreeMap::new(),
             tx: Default::default(),
@@ -131,6 +134,12 @@ impl State {
                 .docker
                 .iter()
                 .map(|(id, &set)| (id.to_string(), records(set)))
+                .collect(),
+            docker_starts: self
+                .docker_starts
+                .iter()
+                .filter(|(id, _)| self.docker.contains_key(*id))
+                .map(|(id, start)| (id.to_string(), start.clone()))
                 .collect(),
             quarantine: self
                 .quarantine

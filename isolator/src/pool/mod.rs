@@ -34,8 +34,7 @@ use serde::{Deserialize, Serialize};
 use mesos_gpu_os::{LockFile, durable};
 
 use crate::health::HealthStore;
-pub use owner::{Host, Owner};
-pub use owner::{Liveness, ProcessStamp};
+pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
@@ -662,7 +661,11 @@ mod tests {
                 ("dead".into(), dead, vec!["GPU-2".into()]),
                 (
                     "docker".into(),
-                    Owner::Docker { name: "d".into() },
+                    Owner::Docker {
+                        name: "d".into(),
+                        daemon: None,
+                        starter: None,
+                    },
                     vec!["GPU-3".into()],
                 ),
                 (

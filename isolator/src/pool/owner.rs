@@ -9,10 +9,20 @@
 //!   device open;
 //! - a cgroup's `cgroup.procs` lists the processes in it; once empty, nothing in it can open a
 //!   device, whoever made it.
+//!
+//! A Docker container's reservation is made before the container exists (the agent's hook
+//! reserves, the agent pulls the image, then `docker run` creates the container), so it names
+//! the process that will start it (its `starter`: the agent, then the
+//! `docker-wrapper` running `docker run`): while that process runs the reservation is alive.
+//! Once it is gone, the daemon that ran the container decides ([`DockerDaemons`], which this
+//! crate leaves to a Docker client): running, paused, restarting or stopping is alive; any other state,
+//! or no such container, is dead (Docker's container states: `docker inspect` `.State.Status`);
+//! a daemon that does not answer leaves the reservation uncertain.
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,8 +56,17 @@ pub enum Owner {
     },
     /// A Docker container, named as Docker knows it.
     Docker {
-        /// The container's name.
+        /// The container's name (`mesos-<container id>`).
         name: String,
+        /// The daemon that runs it (`unix:///var/run/docker.sock`); `None` in records of an
+        /// older mesos-gpu, which are never freed by a daemon check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        daemon: Option<String>,
+        /// The process that starts the container (the agent that reserved, then the
+        /// `docker-wrapper` that runs `docker run`): alive while it runs, whatever the daemon
+        /// says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        starter: Option<ProcessStamp>,
     },
     /// A process that holds GPUs for the processes of its cgroup (`mesos-gpu exec`).
     Process {
@@ -115,10 +134,31 @@ impl Liveness {
     }
 }
 
-/// Where liveness is read from: `/proc` (rooted, for tests).
+/// What a Docker daemon says of a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonAnswer {
+    /// It has the container, in this state (`.State.Status`: `created`, `running`, `paused`,
+    /// `restarting`, `removing`, `exited`, `dead`).
+    State(String),
+    /// It has no container of that name.
+    NoSuchContainer,
+    /// It did not answer (why).
+    Unreachable(String),
+}
+
+/// Asks Docker daemons about containers. The isolator does not speak Docker's API: a Docker
+/// client (docker-bridge) implements this, and [`Host::with_docker`] plugs it in.
+pub trait DockerDaemons: fmt::Debug + Send + Sync {
+    /// What the daemon at `endpoint` (`unix:///PATH`) says of container `name`.
+    fn container(&self, endpoint: &str, name: &str) -> DaemonAnswer;
+}
+
+/// Where liveness is read from: `/proc` (rooted, for tests), and Docker daemons when a client
+/// is plugged in.
 #[derive(Debug, Clone)]
 pub struct Host {
     proc_root: PathBuf,
+    docker: Option<Arc<dyn DockerDaemons>>,
 }
 
 impl Default for Host {
@@ -132,11 +172,52 @@ impl Host {
     pub fn at(proc_root: impl Into<PathBuf>) -> Host {
         Host {
             proc_root: proc_root.into(),
+            docker: None,
+        }
+    }
+
+    /// This host, asking `daemons` whether Docker owners' containers still run.
+    pub fn with_docker(mut self, daemons: Arc<dyn DockerDaemons>) -> Host {
+        self.docker = Some(daemons);
+        self
+    }
+
+    /// Whether the container of a Docker owner runs, asked of its daemon (the starter process
+    /// is not consulted); uncertain without a Docker client or a recorded daemon.
+    pub fn docker_container(&self, name: &str, daemon: Option<&str>) -> Liveness {
+        let Some(daemon) = daemon else {
+            return Liveness::Uncertain(format!(
+                "Docker container {name} was recorded without its daemon (by `serve`, `run` or the module's C API, which release it themselves): `mesos-gpu gpu release` it once it is gone"
+            ));
+        };
+        let Some(daemons) = &self.docker else {
+            return Liveness::Uncertain(format!(
+                "Docker container {name} on {daemon} is checked by processes with a Docker client (`mesos-gpu gpu list`, docker-args, docker-wrapper, serve, the agent's module)"
+            ));
+        };
+        match daemons.container(daemon, name) {
+            DaemonAnswer::State(state)
+                if matches!(
+                    state.as_str(),
+                    "running" | "paused" | "restarting" | "stopping"
+                ) =>
+            {
+                Liveness::Alive(format!("Docker container {name} is {state} on {daemon}"))
+            }
+            DaemonAnswer::State(state) => {
+                Liveness::Dead(format!("Docker container {name} is {state} on {daemon}"))
+            }
+            DaemonAnswer::NoSuchContainer => {
+                Liveness::Dead(format!("{daemon} has no Docker container {name}"))
+            }
+            DaemonAnswer::Unreachable(why) => Liveness::Uncertain(format!(
+                "cannot ask {daemon} about Docker container {name}: {why}"
+            )),
         }
     }
 
     /// The stamp of this process.
-    pub(crate) fn this_process(&self) -> io::Result<ProcessStamp> {
+    pub fn this_process(&self) -> io::Result<ProcessStamp> {
         self.stamp(std::process::id())
     }
 
@@ -181,17 +262,31 @@ impl Host {
     }
 
     /// Whether `owner` is still there. A process owner (a Mesos agent, `exec`) is dead only
-    /// when the process is gone **and** its cgroup has no process left.
+    /// when the process is gone **and** its cgroup has no process left; a Docker owner is alive
+    /// while its starter runs, then as [`Host::docker_container`] says.
     pub fn liveness(&self, owner: &Owner) -> Liveness {
         let (process, cgroup) = match owner {
             Owner::Mesos { agent, cgroup } => (agent, cgroup),
             Owner::Process {
                 process, cgroup, ..
             } => (process, cgroup),
-            Owner::Docker { name } => {
-                return Liveness::Uncertain(format!(
-                    "Docker container {name} is checked against the daemon by `mesos-gpu serve` and the agent"
-                ));
+            Owner::Docker {
+                name,
+                daemon,
+                starter,
+            } => {
+                if let Some(starter) = starter {
+                    match self.process(starter) {
+                        Liveness::Alive(why) => {
+                            return Liveness::Alive(format!(
+                                "{why}: it starts (or runs) Docker container {name}"
+                            ));
+                        }
+                        Liveness::Uncertain(why) => return Liveness::Uncertain(why),
+                        Liveness::Dead(_) => {}
+                    }
+                }
+                return self.docker_container(name, daemon.as_deref());
             }
             Owner::Quarantine { reason } => return Liveness::Uncertain(reason.clone()),
         };
@@ -325,7 +420,11 @@ mod tests {
         assert!(matches!(host.liveness(&owner), Liveness::Alive(_)));
         std::fs::write(cgroup.path().join("cgroup.procs"), "").unwrap();
         assert!(host.liveness(&owner).is_dead());
-        let docker = Owner::Docker { name: "x".into() };
+        let docker = Owner::Docker {
+            name: "x".into(),
+            daemon: Some("unix:///run/docker.sock".into()),
+            starter: None,
+        };
         assert!(matches!(host.liveness(&docker), Liveness::Uncertain(_)));
     }
 
