@@ -176,6 +176,7 @@ mod tests {
             gpus,
             topology: Topology::unknown(n),
             absent_reason: None,
+            mig: Default::default(),
         }
     }
 
