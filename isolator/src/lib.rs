@@ -14,6 +14,7 @@ mod durable;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
+pub mod mig;
 pub mod numa;
 pub mod pool;
 mod sys;
