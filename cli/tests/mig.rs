@@ -152,6 +152,80 @@ fn info_lists_mig_devices_like_nvidia_smi() -> Result<(), Failed> {
     Ok(())
 }
 
+fn agent_flags(
+    node: &str,
+    strategy: &str,
+    isolation: &str,
+) -> Result<(bool, String, String), Failed> {
+    let out = mesos_gpu(&[
+        "agent-flags",
+        "--simulate",
+        node,
+        "--mig-strategy",
+        strategy,
+        "--isolation",
+        isolation,
+        "--resources",
+        "cpus:32;mem:245760",
+    ])?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// `agent-flags` on the MIG nodes: single counts every MIG device as a `gpus` unit, mixed keeps
+/// `gpus` for whole GPUs and offers one `mig-<profile>` scalar per profile (never a name with
+/// `gpus` in it) with attributes naming the profile ids; Mesos's own `gpu/nvidia` is refused.
+fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
+    const MODULE: &str = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    const A100: &str = "gpu_model:NVIDIA-A100-SXM4-40GB;gpu_memory_mib:40960;gpu_compute_capability:8.0;nvidia_driver:550.54.14;cuda_version:12.4";
+    let cases = [
+        (
+            "dgx-a100-mig",
+            "single",
+            "--resources='cpus:32;mem:245760;gpus:56'\n--attributes=mig_strategy:single\n"
+                .to_owned(),
+        ),
+        (
+            "dgx-a100-mixed",
+            "single",
+            format!(
+                "--resources='cpus:32;mem:245760;gpus:20'\n--attributes='{A100};mig_strategy:single'\n"
+            ),
+        ),
+        (
+            "dgx-a100-mixed",
+            "mixed",
+            format!(
+                "--resources='cpus:32;mem:245760;gpus:4;mig-1g.5gb:8;mig-2g.10gb:4;mig-3g.20gb:4'\n\
+                 --attributes='{A100};mig_strategy:mixed;mig-1g.5gb:19;mig-2g.10gb:14;mig-3g.20gb:9'\n"
+            ),
+        ),
+    ];
+    for (node, strategy, want) in cases {
+        let (ok, out, err) = agent_flags(node, strategy, MODULE)?;
+        if !ok || out != want {
+            return Err(format!("{node} {strategy}: got\n{out}{err}expected\n{want}").into());
+        }
+        let resources = out.lines().next().unwrap_or_default();
+        if resources.matches("gpus").count() > 1 {
+            return Err(format!("a MIG scalar contains `gpus`: {resources}").into());
+        }
+    }
+    let (ok, out, err) = agent_flags(
+        "dgx-a100-mixed",
+        "mixed",
+        "filesystem/linux,cgroups/devices,gpu/nvidia",
+    )?;
+    let want = "mesos-gpu: error: GPUs [4, 5, 6, 7] are in MIG mode: Mesos's built-in gpu/nvidia would give them to tasks whole, where CUDA sees only their MIG devices; use mesos-gpu's module isolator (org_apache_mesos_gpu_MesosGpuIsolator) without gpu/nvidia, or disable MIG\n";
+    if ok || !out.is_empty() || err != want {
+        return Err(format!("gpu/nvidia on a MIG node: ok={ok} out={out:?} err={err:?}").into());
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -170,6 +244,10 @@ fn main() -> std::process::ExitCode {
     trials.push(Trial::test(
         "issue_16_info_lists_mig_devices_like_nvidia_smi_with_caps",
         info_lists_mig_devices_like_nvidia_smi,
+    ));
+    trials.push(Trial::test(
+        "issue_16_agent_flags_offer_mig_devices_by_strategy",
+        agent_flags_offer_both_strategies,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
