@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::discovery::{DEFAULT_PROC_ROOT, Discovery, GpuDriver};
 use mesos_gpu_isolator::inventory::Inventory;
 use tracing_subscriber::EnvFilter;
 
@@ -96,14 +96,21 @@ impl Ctx {
         if let Some(found) = self.discovery.get() {
             return Ok(found);
         }
-        let lib = match self.simulation()? {
-            Some(sim) => Some(sim.lib_path().to_path_buf()),
-            None => self.global.nvml_lib.clone(),
+        let (lib, proc_root) = match self.simulation()? {
+            Some(sim) => (
+                Some(sim.lib_path().to_path_buf()),
+                sim.proc_root().to_path_buf(),
+            ),
+            None => (
+                self.global.nvml_lib.clone(),
+                PathBuf::from(DEFAULT_PROC_ROOT),
+            ),
         };
-        let found = match GpuDriver::open(lib.as_deref()).context("GPU discovery failed")? {
-            Discovery::Driver(driver) => Found::Driver(Arc::from(driver)),
-            Discovery::NoDriver(inventory) => Found::NoDriver(inventory),
-        };
+        let found =
+            match GpuDriver::open_at(lib.as_deref(), &proc_root).context("GPU discovery failed")? {
+                Discovery::Driver(driver) => Found::Driver(Arc::from(driver)),
+                Discovery::NoDriver(inventory) => Found::NoDriver(inventory),
+            };
         Ok(self.discovery.get_or_init(|| found))
     }
 

@@ -27,6 +27,9 @@ pub(crate) const LIST: &str = "list";
 /// The file name of the built simulator.
 const SIM_LIB: &str = "libnvml_sim.so";
 
+/// The directory inside a simulation directory that stands for `/proc`.
+const PROC_DIR: &str = "proc";
+
 /// The start of a simulation directory's name, followed by the process id.
 const DIR_PREFIX: &str = "mesos-gpu-sim-";
 
@@ -44,6 +47,7 @@ const SIM_CONFIG_ENV: &str = "NVML_SIM_CONFIG";
 pub(crate) struct Simulation {
     name: String,
     lib: PathBuf,
+    proc_root: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -74,12 +78,20 @@ impl Simulation {
         std::fs::copy(&sim_lib, &lib)
             .with_context(|| format!("cannot copy {} to {}", sim_lib.display(), lib.display()))?;
         let config = dir.path().join("nvml-sim.json");
-        std::fs::write(&config, json)
+        std::fs::write(&config, &json)
             .with_context(|| format!("cannot write {}", config.display()))?;
+        let proc_root = dir.path().join(PROC_DIR);
+        nvml_sim::driver_files::write(&json, &proc_root).with_context(|| {
+            format!(
+                "cannot write the driver's /proc files under {}",
+                proc_root.display()
+            )
+        })?;
         tracing::debug!(node = %name, sim = %sim_lib.display(), dir = %dir.path().display(), "simulated node ready");
         Ok(Simulation {
             name,
             lib,
+            proc_root,
             _dir: dir,
         })
     }
@@ -92,6 +104,12 @@ impl Simulation {
     /// The private `libnvidia-ml.so.1` to load.
     pub(crate) fn lib_path(&self) -> &Path {
         &self.lib
+    }
+
+    /// The directory standing for `/proc`: the driver files (`devices`, the MIG capability
+    /// table and instance files) the node's driver would provide.
+    pub(crate) fn proc_root(&self) -> &Path {
+        &self.proc_root
     }
 }
 

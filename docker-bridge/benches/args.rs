@@ -35,6 +35,7 @@ fn inventory() -> Inventory {
         gpus,
         topology: Topology::unknown(8),
         absent_reason: None,
+        mig: Default::default(),
     }
 }
 

@@ -97,6 +97,7 @@ fn main() -> Result<()> {
         topology: Topology::unknown(gpus.len()),
         gpus: gpus.clone(),
         absent_reason: None,
+        mig: Default::default(),
     };
     let nodes = DeviceNodes::scan(&dev, &inventory)?;
     let host = HostDevices::from_nodes(&dev, &nodes);

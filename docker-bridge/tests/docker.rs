@@ -140,6 +140,7 @@ impl Fixture {
             topology: Topology::unknown(gpus.len()),
             gpus,
             absent_reason: None,
+            mig: Default::default(),
         };
         Ok(Fixture {
             dir,

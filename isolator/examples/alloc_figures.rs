@@ -4,6 +4,9 @@
 //! (re-implemented in `support/besteffort.rs`) by NVIDIA's own score, over every free set of the
 //! DGX-1 and 400 random free sets of the 16-GPU node, every request size.
 //!
+//! Then the MIG unit allocator (issue 16) on nvml-sim's `dgx-a100-mig` (56 1g.5gb MIG devices,
+//! discovered through the simulated driver) with 0, 28 and 55 units already held.
+//!
 //! Run: `cargo run --release -p mesos-gpu-isolator --example alloc_figures [-- ROUNDS]`.
 //! Exits non-zero if any chosen set scores below the brute-force best or below best-effort's.
 
@@ -15,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use mesos_gpu_isolator::allocator::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_isolator::allocator::{AllocError, Allocator, GpuSet, Policy};
+use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::mig::MigUnits;
+use mesos_gpu_testkit::nvml_sim::SimNode;
 
 /// One starting state: a node, and the GPUs some other container holds already.
 struct Case {
@@ -115,6 +121,50 @@ fn latency_table(rounds: usize) -> Result<(), AllocError> {
     Ok(())
 }
 
+/// Latency of one-MIG-device requests on the 56 MIG units of `dgx-a100-mig`.
+fn mig_latency_table(rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let sim = SimNode::shipped("dgx-a100-mig");
+    let inventory = match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())? {
+        Discovery::Driver(driver) => driver.inventory().clone(),
+        Discovery::NoDriver(_) => return Err("nvml-sim reports no driver".into()),
+    };
+    println!(
+        "MIG unit allocation latency over {rounds} allocations (dgx-a100-mig: {} MIG devices)",
+        inventory.mig.devices.len()
+    );
+    println!(
+        "{:<6} {:<8} {:>9} {:>9} {:>9}",
+        "held", "profile", "p50", "p99", "max"
+    );
+    for held in [0, 28, 55] {
+        for profile in [None, Some(19)] {
+            let mut units = MigUnits::new(&inventory.mig, false);
+            for n in 0..held {
+                units.allocate(&format!("holder-{n}"), 1, None)?;
+            }
+            let mut times = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let began = Instant::now();
+                let got = units.allocate("bench", 1, profile)?;
+                times.push(began.elapsed());
+                std::hint::black_box(got);
+                units.release("bench");
+            }
+            times.sort_unstable();
+            println!(
+                "{:<6} {:<8} {:>9.2?} {:>9.2?} {:>9.2?}",
+                held,
+                profile.map_or_else(|| "any".to_owned(), |p| p.to_string()),
+                percentile(&times, 50),
+                percentile(&times, 99),
+                times[times.len() - 1]
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
 /// Prints the chosen set and its score against the brute-force best; false on any shortfall.
 fn score_table() -> Result<bool, AllocError> {
     println!();
@@ -208,6 +258,10 @@ fn main() -> ExitCode {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10_000);
+    if let Err(err) = mig_latency_table(rounds) {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
     let outcome = latency_table(rounds).and_then(|()| {
         let exact = score_table()?;
         let never_lower = against_best_effort()?;

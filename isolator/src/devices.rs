@@ -208,6 +208,7 @@ mod tests {
             topology: Topology::unknown(gpus.len()),
             gpus,
             absent_reason: None,
+            mig: Default::default(),
         }
     }
 

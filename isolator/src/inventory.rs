@@ -226,6 +226,98 @@ pub struct Inventory {
     pub topology: Topology,
     /// Why there are no GPUs, when there are none (e.g. the driver library is missing).
     pub absent_reason: Option<String>,
+    /// The GPUs in MIG mode and their MIG devices (empty on a node without MIG).
+    #[serde(default, skip_serializing_if = "MigLayout::is_empty")]
+    pub mig: MigLayout,
+}
+
+/// MIG on a node: which GPUs run in MIG mode and the MIG devices they hold.
+///
+/// A GPU whose *current* MIG mode is on cannot be given to a task whole: CUDA sees only its MIG
+/// devices. It stays in [`Inventory::gpus`] (its index, minor and topology do not change) and is
+/// listed in [`MigLayout::enabled`]; its MIG devices are the units to allocate instead.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MigLayout {
+    /// NVML indices of the GPUs whose current MIG mode is on, ascending.
+    pub enabled: Vec<u32>,
+    /// Every MIG device, by parent index, then MIG device index.
+    pub devices: Vec<MigDevice>,
+    /// The `nvidia-caps` major from `/proc/devices` (dynamic; 235 and 238 are common), when
+    /// some GPU is in MIG mode and the driver lists it.
+    pub caps_major: Option<u32>,
+}
+
+impl MigLayout {
+    /// True on a node with no GPU in MIG mode.
+    pub fn is_empty(&self) -> bool {
+        self.enabled.is_empty() && self.devices.is_empty()
+    }
+
+    /// True when the GPU with NVML index `index` is in MIG mode.
+    pub fn is_enabled(&self, index: u32) -> bool {
+        self.enabled.contains(&index)
+    }
+
+    /// The MIG device with this `MIG-…` UUID.
+    pub fn by_uuid(&self, uuid: &str) -> Option<&MigDevice> {
+        self.devices.iter().find(|d| d.uuid == uuid)
+    }
+
+    /// The MIG devices of the GPU with NVML index `parent`.
+    pub fn of_parent(&self, parent: u32) -> impl Iterator<Item = &MigDevice> {
+        self.devices.iter().filter(move |d| d.parent == parent)
+    }
+}
+
+/// One MIG device: a compute instance inside a GPU instance of a MIG-enabled GPU, which CUDA
+/// sees as one GPU (`CUDA_VISIBLE_DEVICES=MIG-<uuid>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDevice {
+    /// NVML index of the parent GPU.
+    pub parent: u32,
+    /// Minor number of the parent's `/dev/nvidia<minor>`; the capability paths use it too.
+    pub parent_minor: u32,
+    /// The index `nvmlDeviceGetMigDeviceHandleByIndex` takes on the parent (sparse).
+    pub index: u32,
+    /// `MIG-<uuid>`, the canonical form since driver R470.
+    pub uuid: String,
+    /// GPU instance id, unique per parent (not a placement: three 2g instances may be 3, 5, 6).
+    pub gpu_instance: u32,
+    /// Compute instance id, unique per GPU instance.
+    pub compute_instance: u32,
+    /// The GPU instance profile id `nvidia-smi mig -lgip` prints (19 for 1g, 9 for 3g, 0 for
+    /// 7g…), when NVML's profile table names one; the key for offers, since names drift with
+    /// the driver.
+    pub profile: Option<u32>,
+    /// The profile's name as the driver prints it (`1g.5gb`, `1c.3g.20gb`): for display.
+    pub profile_name: String,
+    /// Memory of the GPU instance, in bytes.
+    pub memory_total: u64,
+    /// Streaming multiprocessors of the compute instance.
+    pub multiprocessors: u32,
+    /// Compute slices of the GPU instance (the `g` of `3g.20gb`).
+    pub gpu_instance_slices: u32,
+    /// Compute slices of the compute instance (equal to the GPU instance's unless split).
+    pub compute_instance_slices: u32,
+    /// The capability device nodes a container needs, when the driver's `/proc` files list them.
+    pub caps: Option<MigCaps>,
+    /// False when the parent is lost or NVML could not read the device.
+    pub healthy: bool,
+}
+
+/// The two `/dev/nvidia-caps/nvidia-cap<minor>` nodes that grant one MIG device, and the
+/// `/proc` files that name them (relative to the proc root, e.g.
+/// `driver/nvidia/capabilities/gpu0/mig/gi1/access`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigCaps {
+    /// The GPU instance's access capability.
+    pub gpu_instance: DevNum,
+    /// The compute instance's access capability.
+    pub compute_instance: DevNum,
+    /// The GPU instance's `access` file under the proc root.
+    pub gpu_instance_file: String,
+    /// The compute instance's `access` file under the proc root.
+    pub compute_instance_file: String,
 }
 
 impl Inventory {
@@ -237,6 +329,11 @@ impl Inventory {
     /// The GPU with this UUID.
     pub fn by_uuid(&self, uuid: &str) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// The GPUs a task may be given whole: every GPU not in MIG mode.
+    pub fn whole_gpus(&self) -> impl Iterator<Item = &Gpu> {
+        self.gpus.iter().filter(|g| !self.mig.is_enabled(g.index))
     }
 }
 

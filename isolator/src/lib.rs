@@ -1,7 +1,8 @@
 //! The `gpu/nvidia` isolator of the Mesos unified containerizer: GPU discovery, allocation,
 //! device cgroups (v1 and v2) and the container lifecycle.
 //!
-//! `unsafe` is denied everywhere but in [`sys`], which wraps the raw `bpf(2)` system call.
+//! `unsafe` is denied everywhere but in [`sys`], which wraps the raw `bpf(2)` system call
+//! and the NVML calls nvml-wrapper has no safe form for.
 #![deny(unsafe_code)]
 
 pub mod agent_flags;
@@ -13,6 +14,7 @@ pub mod discovery;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
+pub mod mig;
 pub mod numa;
 pub mod pool;
 mod sys;

@@ -47,6 +47,7 @@ fn inventory(minors: &[u32]) -> Inventory {
         topology: Topology::unknown(gpus.len()),
         gpus,
         absent_reason: None,
+        mig: Default::default(),
     }
 }
 

@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION};
+use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION, MigStrategy};
 use mesos_gpu_isolator::inventory::Inventory;
 
 use crate::ctx::Ctx;
@@ -21,7 +21,9 @@ use crate::simulate;
 #[command(after_help = "Examples:\n  \
     mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources 'cpus:32'\n  \
     mesos-gpu agent-flags --isolation gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n\n\
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n  \
+    mesos-gpu agent-flags --simulate dgx-a100-mixed --mig-strategy mixed \\\n      \
+      --isolation filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator\n\n\
     Values may also be given as file:///path, as mesos-agent accepts them.")]
 pub(crate) struct Args {
     /// The agent's --isolation (comma-separated); GPUs are discovered only with gpu/nvidia.
@@ -35,6 +37,12 @@ pub(crate) struct Args {
     /// The agent's --nvidia_gpu_devices: NVML indices, comma-separated (e.g. 0,1,2).
     #[arg(long, value_name = "LIST")]
     nvidia_gpu_devices: Option<String>,
+
+    /// On a node with GPUs in MIG mode: `single` offers every MIG device as one `gpus` unit,
+    /// `mixed` keeps `gpus` for whole GPUs and offers each MIG profile as its own scalar
+    /// (`mig-1g.5gb`). Ignored on a node without MIG.
+    #[arg(long, value_name = "single|mixed", default_value = "single")]
+    mig_strategy: MigStrategy,
 
     /// The agent's own --attributes, kept ahead of the GPU attributes (`rack:r1;zone:a`).
     #[arg(long, value_name = "ATTRIBUTES")]
@@ -72,7 +80,11 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         Err(err) => return Err(err),
     };
-    let resolved = flags.resolve(inventory)?;
+    let resolved = if inventory.mig.is_empty() {
+        flags.resolve(inventory)?
+    } else {
+        flags.resolve_mig(inventory, args.mig_strategy)?
+    };
     let lines = resolved.flags();
     if lines.is_empty() {
         // Not a log line: the answer to the command, for whoever reads an empty stdout.

@@ -18,6 +18,15 @@
 //! - `topology`: an N×N matrix of `nvidia-smi topo -m` labels (`X`, `NV2`, `PIX`, `PXB`, `PHB`,
 //!   `NODE`, `SYS`, `PSB`, `?`), row = from, column = to, by position in `gpus`;
 //! - `control_devices`: `[{"path": "/dev/nvidiactl", "device": "195:255"}, …]`;
+//! - `mig` (absent on a node without MIG): `enabled` (NVML indices of the GPUs in MIG mode, which
+//!   are never given whole), `caps_major` (the `nvidia-caps` major, or null), `devices`: one
+//!   object per MIG device: `parent` (NVML index), `parent_minor`, `index` (MIG device index),
+//!   `uuid` (`MIG-…`), `gpu_instance`, `compute_instance`, `profile` (GPU instance profile id,
+//!   or null), `profile_name`, `memory_total` (bytes), `multiprocessors`,
+//!   `gpu_instance_slices`, `compute_instance_slices`, `caps` (`gpu_instance` and
+//!   `compute_instance` as `{"major", "minor"}` of `/dev/nvidia-caps/nvidia-cap<minor>`, and
+//!   the `/proc`-relative `gpu_instance_file` and `compute_instance_file`; null when the driver
+//!   does not number them), `healthy`;
 //! - `notes`: human-readable remarks (simulation, unreadable device nodes, unhealthy GPUs, an
 //!   unreadable health checkpoint).
 //!
@@ -33,7 +42,7 @@ use std::process::ExitCode;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{GpuDriver, UNKNOWN_MINOR};
 use mesos_gpu_isolator::health::{Failure, GpuHealth, GpuRecord, HealthStore};
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_isolator::inventory::{Gpu, Inventory, MigLayout};
 use mesos_gpu_isolator::numa;
 use serde::Serialize;
 
@@ -66,6 +75,8 @@ struct Report {
     gpus: Vec<GpuJson>,
     topology: Vec<Vec<String>>,
     control_devices: Vec<DeviceJson>,
+    #[serde(skip_serializing_if = "MigLayout::is_empty")]
+    mig: MigLayout,
     notes: Vec<String>,
 }
 
@@ -223,6 +234,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         gpus,
         topology: matrix(inventory),
         control_devices,
+        mig: inventory.mig.clone(),
         notes,
     })
 }
@@ -396,6 +408,9 @@ fn render(r: &Report) -> String {
             .collect();
         let _ = writeln!(out, "\nControl devices: {}", list.join(", "));
     }
+    if !r.mig.is_empty() {
+        out.push_str(&render_mig(r));
+    }
     let mut rows = vec![Vec::with_capacity(r.gpus.len() + 3)];
     rows[0].push(String::new());
     rows[0].extend(r.gpus.iter().map(|g| format!("GPU{}", g.index)));
@@ -435,6 +450,51 @@ fn render(r: &Report) -> String {
     }
     for note in &r.notes {
         let _ = writeln!(out, "\nNote: {note}");
+    }
+    out
+}
+
+/// The MIG layout as `nvidia-smi -L` prints it, with each MIG device's GPU/compute instance
+/// ids, profile id and the capability device nodes a container needs.
+fn render_mig(r: &Report) -> String {
+    let mut out = String::new();
+    let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(
+        out,
+        "\nMIG: GPU {} in MIG mode (never given whole; their MIG devices are the units), nvidia-caps major {}",
+        list(&r.mig.enabled),
+        r.mig
+            .caps_major
+            .map_or_else(|| "unknown".to_owned(), |m| m.to_string())
+    );
+    for g in r.gpus.iter().filter(|g| r.mig.is_enabled(g.index)) {
+        let _ = writeln!(out, "GPU {}: {} (UUID: {})", g.index, g.name, g.uuid);
+        for d in r.mig.of_parent(g.index) {
+            let _ = writeln!(
+                out,
+                "  MIG {:<12}Device {:>2}: (UUID: {})",
+                d.profile_name, d.index, d.uuid
+            );
+            let caps = d.caps.as_ref().map_or_else(
+                || "caps unknown: cannot be isolated".to_owned(),
+                |c| {
+                    format!(
+                        "caps /dev/nvidia-caps/nvidia-cap{} ({}), /dev/nvidia-caps/nvidia-cap{} ({})",
+                        c.gpu_instance.minor, c.gpu_instance, c.compute_instance.minor, c.compute_instance
+                    )
+                },
+            );
+            let _ = writeln!(
+                out,
+                "      GI {} CI {}, profile {}, {} SMs, {} MiB, {caps}{}",
+                d.gpu_instance,
+                d.compute_instance,
+                d.profile.map_or_else(|| "?".to_owned(), |p| p.to_string()),
+                d.multiprocessors,
+                d.memory_total >> 20,
+                if d.healthy { "" } else { ", LOST" }
+            );
+        }
     }
     out
 }

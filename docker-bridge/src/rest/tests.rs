@@ -44,6 +44,7 @@ fn inventory() -> Inventory {
         gpus,
         topology,
         absent_reason: None,
+        mig: Default::default(),
     }
 }
 
@@ -253,6 +254,7 @@ fn no_driver_means_503_for_docker_cli_and_na_in_info() {
         gpus: vec![],
         topology: Topology::unknown(0),
         absent_reason: Some("no NVML".into()),
+        mig: Default::default(),
     };
     let api = api_with(
         inv,

@@ -42,6 +42,7 @@ fn inventory() -> Inventory {
         gpus: vec![gpu(0), gpu(1)],
         topology: Topology::unknown(2),
         absent_reason: None,
+        mig: Default::default(),
     }
 }
 

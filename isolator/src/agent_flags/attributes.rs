@@ -42,7 +42,7 @@ pub enum AttributesError {
 
 /// One `name:value` agent attribute.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Attribute {
+pub struct Attribute {
     /// Attribute name.
     pub name: String,
     /// Value, already safe for Mesos's attribute syntax.
@@ -176,6 +176,7 @@ mod tests {
             gpus,
             topology: Topology::unknown(n),
             absent_reason: None,
+            mig: Default::default(),
         }
     }
 

@@ -18,15 +18,18 @@
 
 mod attributes;
 mod containerizer;
+mod mig;
 mod resources;
 
 use std::collections::BTreeSet;
 
-pub use attributes::AttributesError;
 pub(crate) use attributes::gpu_attributes;
+pub use attributes::{Attribute, AttributesError};
 pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
-pub use resources::ResourcesError;
-pub use resources::{GPUS, Resource, Resources};
+pub use mig::{
+    ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
+};
+pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 
 use crate::inventory::Inventory;
 
@@ -119,6 +122,16 @@ pub enum AgentFlagsError {
         /// The indices NVML reports.
         known: Vec<u32>,
     },
+    /// GPUs in MIG mode with Mesos's built-in `gpu/nvidia`, which would give them whole.
+    #[error(
+        "GPUs {gpus:?} are in MIG mode: Mesos's built-in {GPU_ISOLATOR} would give them to tasks \
+         whole, where CUDA sees only their MIG devices; use mesos-gpu's module isolator \
+         (org_apache_mesos_gpu_MesosGpuIsolator) without {GPU_ISOLATOR}, or disable MIG"
+    )]
+    MigWithBuiltin {
+        /// NVML indices of the GPUs in MIG mode.
+        gpus: Vec<u32>,
+    },
     /// A listed GPU is lost.
     #[error("--nvidia_gpu_devices lists GPU {index}, which NVML reports as lost or unusable")]
     LostDevice {
@@ -148,6 +161,8 @@ pub enum GpuSource {
     Explicit,
     /// Every usable GPU NVML reports (rule 6).
     Discovered,
+    /// A node with GPUs in MIG mode, offered by a MIG strategy (mesos-gpu's module only).
+    Mig,
 }
 
 /// The validated agent flags that advertise a node's GPUs.
@@ -344,6 +359,48 @@ impl AgentGpuFlags {
         }
     }
 
+    /// The flags of a node with GPUs in MIG mode: `gpus` and (mixed) one scalar per MIG profile
+    /// from [`MigOffer`], replacing any the user gave, and the attributes of the GPUs offered
+    /// whole plus the MIG attributes. Refused with `gpu/nvidia` (rule 1 and
+    /// [`AgentFlagsError::MigWithBuiltin`]).
+    pub fn resolve_mig(
+        &self,
+        inventory: &Inventory,
+        strategy: MigStrategy,
+    ) -> Result<AgentGpus, AgentFlagsError> {
+        if self.devices.is_some() && !self.gpu_isolator {
+            return Err(AgentFlagsError::DevicesWithoutIsolator {
+                isolation: self.isolation.clone(),
+            });
+        }
+        if self.gpu_isolator {
+            return Err(AgentFlagsError::MigWithBuiltin {
+                gpus: inventory.mig.enabled.clone(),
+            });
+        }
+        let offer = MigOffer::of(inventory, strategy);
+        let mut scalars = Vec::new();
+        if offer.gpus > 0 {
+            scalars.push((GPUS.to_owned(), offer.gpus));
+        }
+        scalars.extend(offer.profiles.iter().map(|p| (p.resource.clone(), p.count)));
+        let whole: Vec<u32> = inventory
+            .whole_gpus()
+            .filter(|g| g.healthy)
+            .map(|g| g.index)
+            .collect();
+        let mut ours = gpu_attributes(inventory, &whole);
+        ours.extend(offer.attributes());
+        let attributes = attributes::merge(self.attributes.as_deref(), &ours)?;
+        Ok(AgentGpus {
+            source: GpuSource::Mig,
+            gpus: f64::from(offer.gpus),
+            resources: self.resources.render_with_scalars(&scalars),
+            devices: None,
+            attributes,
+        })
+    }
+
     fn build(
         &self,
         inventory: &Inventory,
@@ -431,6 +488,7 @@ mod tests {
             topology: Topology::unknown(gpus.len()),
             gpus,
             absent_reason: None,
+            mig: Default::default(),
         }
     }
 

@@ -198,6 +198,27 @@ impl Resources {
         }
     }
 
+    /// Renders the entries in the form they were given, with every `gpus` entry and every entry
+    /// named in `scalars` removed, then each of `scalars` appended as `name:value` in the
+    /// default role.
+    pub fn render_with_scalars(&self, scalars: &[(String, u32)]) -> String {
+        let kept = self
+            .entries
+            .iter()
+            .filter(|r| r.name != GPUS && !scalars.iter().any(|(name, _)| *name == r.name));
+        if self.json {
+            let mut items: Vec<serde_json::Value> = kept.map(json_of).collect();
+            items.extend(scalars.iter().map(|(name, n)| {
+                serde_json::json!({"name": name, "type": "SCALAR", "scalar": {"value": n}})
+            }));
+            serde_json::Value::Array(items).to_string()
+        } else {
+            let mut items: Vec<String> = kept.map(Resource::render_text).collect();
+            items.extend(scalars.iter().map(|(name, n)| format!("{name}:{n}")));
+            items.join(";")
+        }
+    }
+
     /// Renders every entry as given (normalised spacing), in the form it was written.
     pub fn render(&self) -> String {
         if self.json {

@@ -9,8 +9,8 @@ use super::AllocError;
 pub struct Refusals {
     /// [`AllocError::NotEnough`].
     pub not_enough: u64,
-    /// [`AllocError::BadRequest`], [`AllocError::IndexOutOfRange`], [`AllocError::DuplicateGpu`]
-    /// and [`AllocError::UnknownPolicy`].
+    /// [`AllocError::BadRequest`], [`AllocError::IndexOutOfRange`], [`AllocError::DuplicateGpu`],
+    /// [`AllocError::MigEnabled`] and [`AllocError::UnknownPolicy`].
     pub bad_request: u64,
     /// [`AllocError::NotAllocated`] and [`AllocError::ShrinkBeyondHeld`].
     pub not_allocated: u64,
@@ -48,6 +48,7 @@ impl Counters {
             AllocError::BadRequest { .. }
             | AllocError::IndexOutOfRange { .. }
             | AllocError::DuplicateGpu { .. }
+            | AllocError::MigEnabled { .. }
             | AllocError::UnknownPolicy { .. } => &mut by_reason.bad_request,
             AllocError::NotAllocated { .. } | AllocError::ShrinkBeyondHeld { .. } => {
                 &mut by_reason.not_allocated

@@ -72,6 +72,14 @@ pub enum AllocError {
         /// The NVML index given.
         index: u32,
     },
+    /// A GPU in MIG mode offered whole: CUDA sees only its MIG devices.
+    #[error(
+        "GPU {index} is in MIG mode and cannot be given whole; leave it out of the GPU list (its MIG devices are offered instead) or disable MIG on it (nvidia-smi -i {index} -mig 0, then reset the GPU)"
+    )]
+    MigEnabled {
+        /// The NVML index given.
+        index: u32,
+    },
     /// The same GPU offered twice.
     #[error("GPU {index} is listed more than once")]
     DuplicateGpu {

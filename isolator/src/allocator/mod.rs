@@ -95,14 +95,16 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    /// An allocator over every GPU of `inventory`; GPUs discovery found unhealthy start unhealthy.
+    /// An allocator over every GPU of `inventory` that can be given whole (not in MIG mode);
+    /// GPUs discovery found unhealthy start unhealthy.
     pub fn new(inventory: &Inventory, policy: Policy) -> Result<Allocator, AllocError> {
-        let all: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+        let all: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
         Allocator::with_devices(inventory, &all, policy)
     }
 
     /// An allocator over the GPUs of `inventory` with these NVML indices only (the agent's
-    /// `--nvidia_gpu_devices`); an index that is unknown, repeated or above 63 is refused.
+    /// `--nvidia_gpu_devices`); an index that is unknown, repeated, above 63 or of a GPU in MIG
+    /// mode is refused.
     pub(crate) fn with_devices(
         inventory: &Inventory,
         devices: &[u32],
@@ -129,6 +131,9 @@ impl Allocator {
             )?;
             if managed & bit != 0 {
                 return Err(AllocError::DuplicateGpu { index });
+            }
+            if inventory.mig.is_enabled(index) {
+                return Err(AllocError::MigEnabled { index });
             }
             managed |= bit;
             let gpu = &inventory.gpus[position];
@@ -878,6 +883,23 @@ mod tests {
         big.gpus[7].index = 64;
         let err = Allocator::new(&big, Policy::Topology).unwrap_err();
         assert_eq!(err, AllocError::IndexOutOfRange { index: 64 });
+    }
+
+    #[test]
+    fn issue_16_a_gpu_in_mig_mode_leaves_the_whole_gpu_pool() {
+        let mut inventory = dgx1_v100().inventory();
+        inventory.mig.enabled = vec![1, 6];
+        let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();
+        assert_eq!(alloc.managed(), set(&[0, 2, 3, 4, 5, 7]));
+        assert_eq!(alloc.allocate("a", 6).unwrap(), set(&[0, 2, 3, 4, 5, 7]));
+        let err = Allocator::with_devices(&inventory, &[0, 6], Policy::Topology).unwrap_err();
+        assert_eq!(err, AllocError::MigEnabled { index: 6 });
+        assert_eq!(
+            err.to_string(),
+            "GPU 6 is in MIG mode and cannot be given whole; leave it out of the GPU list (its MIG \
+             devices are offered instead) or disable MIG on it (nvidia-smi -i 6 -mig 0, then reset \
+             the GPU)"
+        );
     }
 
     #[test]

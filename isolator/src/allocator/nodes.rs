@@ -110,6 +110,7 @@ impl NodeBuilder {
             gpus,
             topology: self.topology(),
             absent_reason: None,
+            mig: Default::default(),
         }
     }
 }

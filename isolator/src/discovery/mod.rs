@@ -19,12 +19,17 @@
 //!   all has only its index, and its minor is [`UNKNOWN_MINOR`].
 //! - `NOT_SUPPORTED` and symbols missing from older drivers leave optional fields unknown;
 //!   memory size then reads 0 (with a warning).
-//! - Topology: see `topology`.
+//! - Topology: see `topology`. MIG: see `mig` (NVML) and `caps` (the driver's `/proc`
+//!   files numbering the capability device nodes).
 //!
 //! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
 //! reports an empty inventory with the reason and lets the caller decide.
 
+mod caps;
+mod mig;
 mod topology;
+
+pub use caps::CapsError;
 
 use std::os::raw::c_ulong;
 use std::path::{Path, PathBuf};
@@ -33,7 +38,10 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::error::NvmlError;
 
-use crate::inventory::{DriverInfo, Gpu, Inventory, Topology};
+use crate::inventory::{DriverInfo, Gpu, Inventory, MigLayout, Topology};
+
+/// Where the driver's `/proc` files are read from by default.
+pub const DEFAULT_PROC_ROOT: &str = "/proc";
 
 /// The library NVML is loaded from by default (the ld.so search applies).
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -114,6 +122,35 @@ pub enum DiscoveryError {
         /// The highest GPU minor.
         last: u32,
     },
+    /// A MIG-enabled GPU's MIG layout cannot be read.
+    #[error("cannot read the {what} of {} on GPU {index}", mig_index.map_or("its MIG devices".to_owned(), |i| format!("MIG device {i}")))]
+    Mig {
+        /// NVML index of the parent GPU.
+        index: u32,
+        /// The MIG device index, when one device failed.
+        mig_index: Option<u32>,
+        /// The attribute being read.
+        what: &'static str,
+        /// NVML's error.
+        #[source]
+        source: NvmlError,
+    },
+    /// The driver's MIG capability files cannot be used for a MIG device.
+    #[error("cannot find the capability device nodes of MIG device {uuid}")]
+    MigCaps {
+        /// The MIG device's UUID.
+        uuid: String,
+        /// What was wrong with the files.
+        #[source]
+        source: CapsError,
+    },
+    /// The driver's MIG capability files cannot be read.
+    #[error("cannot read the driver's MIG capability files")]
+    Caps {
+        /// What was wrong.
+        #[source]
+        source: CapsError,
+    },
     /// A GPU cannot be enumerated.
     #[error("cannot read the {what} of GPU {index}")]
     Gpu {
@@ -183,8 +220,15 @@ impl GpuDriver {
     /// inventory. A host without the default library, or without the kernel driver, gives
     /// [`Discovery::NoDriver`], not an error; a named `lib` that cannot be loaded is
     /// [`DiscoveryError::Load`].
-    #[tracing::instrument(skip_all, fields(lib = %lib.map_or(Path::new(DEFAULT_NVML_LIB), |p| p).display()))]
+    /// MIG capability files are read under [`DEFAULT_PROC_ROOT`].
     pub fn open(lib: Option<&Path>) -> Result<Discovery, DiscoveryError> {
+        GpuDriver::open_at(lib, Path::new(DEFAULT_PROC_ROOT))
+    }
+
+    /// [`GpuDriver::open`] reading the driver's `/proc` files (MIG capabilities) under
+    /// `proc_root`.
+    #[tracing::instrument(skip_all, fields(lib = %lib.map_or(Path::new(DEFAULT_NVML_LIB), |p| p).display()))]
+    pub fn open_at(lib: Option<&Path>, proc_root: &Path) -> Result<Discovery, DiscoveryError> {
         let named = lib.is_some();
         let lib = lib.map_or_else(|| PathBuf::from(DEFAULT_NVML_LIB), Path::to_path_buf);
         let nvml = match init(&lib) {
@@ -209,11 +253,13 @@ impl GpuDriver {
                 }));
             }
         };
-        let (inventory, (cpu_affinity, memory_affinity)) = read_inventory(&nvml)?;
+        let (inventory, (cpu_affinity, memory_affinity)) = read_inventory(&nvml, proc_root)?;
         tracing::info!(
             gpus = inventory.gpus.len(),
             driver = inventory.driver.as_ref().map_or("", |d| d.version.as_str()),
             unhealthy = inventory.gpus.iter().filter(|g| !g.healthy).count(),
+            mig_gpus = inventory.mig.enabled.len(),
+            mig_devices = inventory.mig.devices.len(),
             "discovered GPUs"
         );
         Ok(Discovery::Driver(Box::new(GpuDriver {
@@ -319,7 +365,10 @@ fn absent_reason(lib: &Path, err: &NvmlError) -> Option<String> {
 /// Per GPU position: its CPU affinity and its memory-node affinity.
 type Affinities = (Vec<Option<Vec<u32>>>, Vec<Option<Vec<u32>>>);
 
-fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError> {
+fn read_inventory(
+    nvml: &Nvml,
+    proc_root: &Path,
+) -> Result<(Inventory, Affinities), DiscoveryError> {
     let version = nvml
         .sys_driver_version()
         .map_err(|source| DiscoveryError::System {
@@ -356,6 +405,7 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
         memory.push(mems);
         devices.push(device);
     }
+    let mig = read_mig(nvml, &gpus, &devices, proc_root)?;
     let topology = if gpus.is_empty() {
         Topology::unknown(0)
     } else {
@@ -374,9 +424,40 @@ fn read_inventory(nvml: &Nvml) -> Result<(Inventory, Affinities), DiscoveryError
             gpus,
             topology,
             absent_reason,
+            mig,
         },
         (affinities, memory),
     ))
+}
+
+/// The MIG layout of the usable GPUs.
+fn read_mig(
+    nvml: &Nvml,
+    gpus: &[Gpu],
+    devices: &[Option<nvml_wrapper::Device<'_>>],
+    proc_root: &Path,
+) -> Result<MigLayout, DiscoveryError> {
+    let mut layout = MigLayout::default();
+    if gpus.is_empty() {
+        return Ok(layout);
+    }
+    let caps =
+        caps::CapsTable::read(proc_root).map_err(|source| DiscoveryError::Caps { source })?;
+    for (gpu, device) in gpus.iter().zip(devices) {
+        let Some(device) = device else { continue };
+        let found = mig::read_gpu(nvml, gpu, device, &caps)?;
+        if found.enabled {
+            layout.enabled.push(gpu.index);
+            layout.devices.extend(found.devices);
+        }
+    }
+    if !layout.enabled.is_empty() {
+        layout.caps_major = caps.major();
+        if layout.caps_major.is_none() {
+            tracing::warn!(proc_root = %proc_root.display(), "GPUs are in MIG mode but /proc/devices lists no nvidia-caps major: their MIG devices cannot be isolated");
+        }
+    }
+    Ok(layout)
 }
 
 /// Errors that mean the GPU is there but unusable: listed with `healthy: false`.

@@ -111,7 +111,7 @@ impl Isolator {
         let devices = config
             .devices
             .clone()
-            .unwrap_or_else(|| inventory.gpus.iter().map(|g| g.index).collect());
+            .unwrap_or_else(|| inventory.whole_gpus().map(|g| g.index).collect());
         let allocator = Allocator::with_devices(&inventory, &devices, config.policy)
             .map_err(|source| LifecycleError::SetupAllocator { source })?;
         let store = Store::open(&config.work_dir).map_err(|source| LifecycleError::Checkpoint {

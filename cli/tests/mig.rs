@@ -1,0 +1,253 @@
+//! Issue 16: `mesos-gpu info` on the MIG nodes, and NVIDIA's own Python binding (nvidia-ml-py,
+//! module `pynvml`) reading the same MIG layout from the same simulated driver.
+//!
+//! The pynvml trials need `python3` with `pynvml` (`scripts/test.sh` installs nvidia-ml-py): they
+//! are ignored without it and fail when `MESOS_GPU_REQUIRE` lists `pynvml`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use serde_json::{Value, json};
+
+/// The MIG devices as pynvml sees them, one JSON list, sorted by (parent, MIG index).
+const READ_MIG: &str = r#"
+import json
+import pynvml as n
+
+n.nvmlInit()
+out = []
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    try:
+        cur, _ = n.nvmlDeviceGetMigMode(h)
+    except n.NVMLError_NotSupported:
+        continue
+    if not cur:
+        continue
+    for mi in range(n.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, mi)
+        except n.NVMLError_NotFound:
+            continue
+        gi_id = n.nvmlDeviceGetGpuInstanceId(m)
+        info = n.nvmlGpuInstanceGetInfo(n.nvmlDeviceGetGpuInstanceById(h, gi_id))
+        attrs = n.nvmlDeviceGetAttributes(m)
+        out.append({
+            "parent": i,
+            "index": mi,
+            "uuid": n.nvmlDeviceGetUUID(m),
+            "gpu_instance": gi_id,
+            "compute_instance": n.nvmlDeviceGetComputeInstanceId(m),
+            "profile": info.profileId,
+            "profile_name": n.nvmlDeviceGetName(m).split(" MIG ")[1],
+            "memory_total": n.nvmlDeviceGetMemoryInfo(m).total,
+            "multiprocessors": attrs.multiprocessorCount,
+        })
+print(json.dumps(out))
+n.nvmlShutdown()
+"#;
+
+fn mesos_gpu(args: &[&str]) -> Result<std::process::Output, Failed> {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(args)
+        .env_remove("NVML_SIM_CONFIG")
+        .env_remove("MESOS_GPU_NVML_LIB")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| format!("run mesos-gpu: {e}").into())
+}
+
+fn info_json(node: &str) -> Result<Value, Failed> {
+    let out = mesos_gpu(&["info", "--json", "--simulate", node])?;
+    if !out.status.success() {
+        return Err(format!("info failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("info JSON: {e}").into())
+}
+
+fn pynvml_agrees_with_info(node: &str) -> Result<(), Failed> {
+    let sim = SimNode::shipped(node);
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(READ_MIG)
+        .env("LD_LIBRARY_PATH", sim.dir())
+        .env_remove("NVML_SIM_CONFIG")
+        .output()
+        .map_err(|e| format!("run python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("python3: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let seen: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("python3 output: {e}"))?;
+    let info = info_json(node)?;
+    let fields = [
+        "parent",
+        "index",
+        "uuid",
+        "gpu_instance",
+        "compute_instance",
+        "profile",
+        "profile_name",
+        "memory_total",
+        "multiprocessors",
+    ];
+    let ours: Vec<Value> = info["mig"]["devices"]
+        .as_array()
+        .ok_or("info has no mig.devices")?
+        .iter()
+        .map(|d| {
+            Value::Object(
+                fields
+                    .iter()
+                    .map(|&f| (f.to_owned(), d[f].clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    let theirs = seen.as_array().ok_or("pynvml printed no list")?;
+    if theirs.is_empty() {
+        return Err(format!("{node}: pynvml sees no MIG device").into());
+    }
+    if ours != *theirs {
+        return Err(format!("{node}: mesos-gpu info {}\npynvml {}", json!(ours), seen).into());
+    }
+    Ok(())
+}
+
+/// The text `info` prints: one `nvidia-smi -L` line per MIG device under its parent, with its
+/// instance ids and the two capability nodes.
+fn info_lists_mig_devices_like_nvidia_smi() -> Result<(), Failed> {
+    let out = mesos_gpu(&["info", "--simulate", "dgx-a100-mixed"])?;
+    let text = String::from_utf8(out.stdout).map_err(|e| e.to_string())?;
+    let info = info_json("dgx-a100-mixed")?;
+    let want_header = "MIG: GPU 4, 5, 6, 7 in MIG mode (never given whole; their MIG devices are the units), nvidia-caps major 235";
+    if !text.contains(want_header) {
+        return Err(format!("no MIG header in:\n{text}").into());
+    }
+    for d in info["mig"]["devices"].as_array().unwrap() {
+        let line = format!(
+            "  MIG {:<12}Device {:>2}: (UUID: {})\n      GI {} CI {}, profile {}, {} SMs, {} MiB, caps /dev/nvidia-caps/nvidia-cap{gi} (235:{gi}), /dev/nvidia-caps/nvidia-cap{ci} (235:{ci})\n",
+            d["profile_name"].as_str().unwrap(),
+            d["index"].as_u64().unwrap(),
+            d["uuid"].as_str().unwrap(),
+            d["gpu_instance"],
+            d["compute_instance"],
+            d["profile"],
+            d["multiprocessors"],
+            d["memory_total"].as_u64().unwrap() >> 20,
+            gi = d["caps"]["gpu_instance"]["minor"],
+            ci = d["caps"]["compute_instance"]["minor"],
+        );
+        if !text.contains(&line) {
+            return Err(format!("missing\n{line}in\n{text}").into());
+        }
+    }
+    let plain = info_json("dgx-a100")?;
+    if plain.get("mig").is_some() {
+        return Err(format!("a node without MIG shows mig: {}", plain["mig"]).into());
+    }
+    Ok(())
+}
+
+fn agent_flags(
+    node: &str,
+    strategy: &str,
+    isolation: &str,
+) -> Result<(bool, String, String), Failed> {
+    let out = mesos_gpu(&[
+        "agent-flags",
+        "--simulate",
+        node,
+        "--mig-strategy",
+        strategy,
+        "--isolation",
+        isolation,
+        "--resources",
+        "cpus:32;mem:245760",
+    ])?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// `agent-flags` on the MIG nodes: single counts every MIG device as a `gpus` unit, mixed keeps
+/// `gpus` for whole GPUs and offers one `mig-<profile>` scalar per profile (never a name with
+/// `gpus` in it) with attributes naming the profile ids; Mesos's own `gpu/nvidia` is refused.
+fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
+    const MODULE: &str = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    const A100: &str = "gpu_model:NVIDIA-A100-SXM4-40GB;gpu_memory_mib:40960;gpu_compute_capability:8.0;nvidia_driver:550.54.14;cuda_version:12.4";
+    let cases = [
+        (
+            "dgx-a100-mig",
+            "single",
+            "--resources='cpus:32;mem:245760;gpus:56'\n--attributes=mig_strategy:single\n"
+                .to_owned(),
+        ),
+        (
+            "dgx-a100-mixed",
+            "single",
+            format!(
+                "--resources='cpus:32;mem:245760;gpus:20'\n--attributes='{A100};mig_strategy:single'\n"
+            ),
+        ),
+        (
+            "dgx-a100-mixed",
+            "mixed",
+            format!(
+                "--resources='cpus:32;mem:245760;gpus:4;mig-1g.5gb:8;mig-2g.10gb:4;mig-3g.20gb:4'\n\
+                 --attributes='{A100};mig_strategy:mixed;mig-1g.5gb:19;mig-2g.10gb:14;mig-3g.20gb:9'\n"
+            ),
+        ),
+    ];
+    for (node, strategy, want) in cases {
+        let (ok, out, err) = agent_flags(node, strategy, MODULE)?;
+        if !ok || out != want {
+            return Err(format!("{node} {strategy}: got\n{out}{err}expected\n{want}").into());
+        }
+        let resources = out.lines().next().unwrap_or_default();
+        if resources.matches("gpus").count() > 1 {
+            return Err(format!("a MIG scalar contains `gpus`: {resources}").into());
+        }
+    }
+    let (ok, out, err) = agent_flags(
+        "dgx-a100-mixed",
+        "mixed",
+        "filesystem/linux,cgroups/devices,gpu/nvidia",
+    )?;
+    let want = "mesos-gpu: error: GPUs [4, 5, 6, 7] are in MIG mode: Mesos's built-in gpu/nvidia would give them to tasks whole, where CUDA sees only their MIG devices; use mesos-gpu's module isolator (org_apache_mesos_gpu_MesosGpuIsolator) without gpu/nvidia, or disable MIG\n";
+    if ok || !out.is_empty() || err != want {
+        return Err(format!("gpu/nvidia on a MIG node: ok={ok} out={out:?} err={err:?}").into());
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let host = Host::probe();
+    let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
+        .into_iter()
+        .map(|node| {
+            needs(
+                &host,
+                &[Need::Pynvml],
+                Trial::test(
+                    format!("issue_16_pynvml_reads_the_mig_layout_info_shows_on_{node}"),
+                    move || pynvml_agrees_with_info(node),
+                ),
+            )
+        })
+        .collect();
+    trials.push(Trial::test(
+        "issue_16_info_lists_mig_devices_like_nvidia_smi_with_caps",
+        info_lists_mig_devices_like_nvidia_smi,
+    ));
+    trials.push(Trial::test(
+        "issue_16_agent_flags_offer_mig_devices_by_strategy",
+        agent_flags_offer_both_strategies,
+    ));
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}

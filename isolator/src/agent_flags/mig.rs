@@ -1,0 +1,180 @@
+//! What a node with MIG devices offers, by strategy, as NVIDIA's Kubernetes device plugin names
+//! them (`shared/reference/mig_cdi_sharing.md` §1):
+//! - `single`: every MIG device is one `gpus` unit, as are the GPUs not in MIG mode (Marathon
+//!   and any framework asking for `gpus` work unchanged; Mesos PR #454 does the same);
+//! - `mixed`: GPUs not in MIG mode stay `gpus`, and each MIG profile is its own scalar,
+//!   `mig-<profile>` (`mig-1g.5gb`), plus an attribute of the same name holding the profile id.
+//!
+//! A MIG scalar's name never contains `gpus`: Mesos's built-in code treats any `--resources`
+//! entry whose name contains it as a GPU request. MIG devices the driver gives no capability
+//! nodes for, or that are unhealthy, are not offered.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use super::attributes::{Attribute, safe_text};
+use crate::inventory::Inventory;
+
+/// The prefix of a MIG profile's scalar resource and attribute.
+pub const MIG_RESOURCE_PREFIX: &str = "mig-";
+
+/// The attribute naming the strategy.
+pub const ATTR_MIG_STRATEGY: &str = "mig_strategy";
+
+/// How MIG devices are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigStrategy {
+    /// Every MIG device is one `gpus` unit.
+    #[default]
+    Single,
+    /// Each MIG profile is its own scalar resource.
+    Mixed,
+}
+
+impl fmt::Display for MigStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MigStrategy::Single => "single",
+            MigStrategy::Mixed => "mixed",
+        })
+    }
+}
+
+/// A MIG strategy that is neither `single` nor `mixed`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MIG strategy {got:?}: expected single or mixed")]
+pub struct MigStrategyError {
+    /// The value as given.
+    pub got: String,
+}
+
+impl FromStr for MigStrategy {
+    type Err = MigStrategyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "single" => Ok(MigStrategy::Single),
+            "mixed" => Ok(MigStrategy::Mixed),
+            other => Err(MigStrategyError {
+                got: other.to_owned(),
+            }),
+        }
+    }
+}
+
+/// One MIG profile offered as its own scalar (mixed strategy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileOffer {
+    /// The scalar's name, `mig-<profile name>`.
+    pub resource: String,
+    /// The GPU instance profile id, when known.
+    pub profile: Option<u32>,
+    /// How many MIG devices of the profile are offered.
+    pub count: u32,
+}
+
+/// What a node offers with a MIG strategy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigOffer {
+    /// The strategy.
+    pub strategy: MigStrategy,
+    /// `gpus` units: healthy GPUs not in MIG mode, plus (single) every offered MIG device.
+    pub gpus: u32,
+    /// (mixed) one scalar per profile, by name.
+    pub profiles: Vec<ProfileOffer>,
+}
+
+impl MigOffer {
+    /// The offer of `inventory` with `strategy`.
+    pub fn of(inventory: &Inventory, strategy: MigStrategy) -> MigOffer {
+        let whole = inventory.whole_gpus().filter(|g| g.healthy).count();
+        let offered: Vec<_> = inventory
+            .mig
+            .devices
+            .iter()
+            .filter(|d| d.healthy && d.caps.is_some())
+            .collect();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        match strategy {
+            MigStrategy::Single => MigOffer {
+                strategy,
+                gpus: count(whole + offered.len()),
+                profiles: Vec::new(),
+            },
+            MigStrategy::Mixed => {
+                let mut by_name: BTreeMap<String, ProfileOffer> = BTreeMap::new();
+                for d in offered {
+                    let resource = format!("{MIG_RESOURCE_PREFIX}{}", safe_text(&d.profile_name));
+                    by_name
+                        .entry(resource.clone())
+                        .or_insert(ProfileOffer {
+                            resource,
+                            profile: d.profile,
+                            count: 0,
+                        })
+                        .count += 1;
+                }
+                MigOffer {
+                    strategy,
+                    gpus: count(whole),
+                    profiles: by_name.into_values().collect(),
+                }
+            }
+        }
+    }
+
+    /// The `--resources` entries: `gpus:N` (when N > 0), then each profile's scalar.
+    pub fn resources(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.gpus > 0 {
+            out.push(format!("{}:{}", super::GPUS, self.gpus));
+        }
+        out.extend(
+            self.profiles
+                .iter()
+                .map(|p| format!("{}:{}", p.resource, p.count)),
+        );
+        out
+    }
+
+    /// The attributes: the strategy, and (mixed) each profile's scalar name with its id.
+    pub fn attributes(&self) -> Vec<Attribute> {
+        let mut out = vec![Attribute {
+            name: ATTR_MIG_STRATEGY.to_owned(),
+            value: self.strategy.to_string(),
+        }];
+        out.extend(self.profiles.iter().filter_map(|p| {
+            Some(Attribute {
+                name: p.resource.clone(),
+                value: p.profile?.to_string(),
+            })
+        }));
+        out
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_and_name_the_accepted_values() {
+        assert_eq!("single".parse::<MigStrategy>(), Ok(MigStrategy::Single));
+        assert_eq!(" mixed".parse::<MigStrategy>(), Ok(MigStrategy::Mixed));
+        assert_eq!(
+            "none".parse::<MigStrategy>().unwrap_err().to_string(),
+            "MIG strategy \"none\": expected single or mixed"
+        );
+    }
+
+    #[test]
+    fn a_node_without_mig_offers_its_gpus_in_both_strategies() {
+        let inventory = crate::allocator::nodes::dgx1_v100().inventory();
+        for strategy in [MigStrategy::Single, MigStrategy::Mixed] {
+            let offer = MigOffer::of(&inventory, strategy);
+            assert_eq!(offer.resources(), ["gpus:8"]);
+        }
+    }
+}

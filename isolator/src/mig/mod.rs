@@ -1,0 +1,72 @@
+//! MIG devices as allocation units, and what a container holding one needs.
+//!
+//! A unit is a whole GPU (the [`crate::allocator`]) or one MIG device (here, keyed by its
+//! `MIG-…` UUID, as the node pool keys reservations). A GPU in MIG mode is never a whole-GPU
+//! unit ([`crate::inventory::Inventory::whole_gpus`]), so a MIG device and its parent are never
+//! held together.
+//!
+//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §1.2-1.3):
+//! - CUDA uses only one MIG device per process (klueska, k8s-device-plugin #728): a task asking
+//!   for two gets nothing from the second, so more than one is refused unless the operator
+//!   allows it.
+//! - A container with one MIG device needs the control nodes, the parent's `/dev/nvidia<minor>`,
+//!   and the GPU instance's and compute instance's `access` capability nodes
+//!   (`/dev/nvidia-caps/nvidia-cap<N>`, the nvidia-caps major); NVIDIA's device plugin grants
+//!   them `rw` in the device cgroup. libnvidia-container also bind-mounts the two
+//!   `/proc/driver/nvidia/capabilities/…/access` files read-only.
+//! - `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name the device as `MIG-<uuid>`.
+//! - CAP_SYS_ADMIN implicitly grants every NVIDIA capability (MIG user guide, "Device Nodes and
+//!   Capabilities"): only the device cgroup then stops the task, so such a task is refused
+//!   unless the operator allows it.
+
+mod access;
+mod units;
+
+pub use access::{MigAccess, allow_list, check_capabilities, environment};
+pub use units::{MigUnits, UnitState};
+
+/// Why a MIG request or a MIG container's set-up was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MigError {
+    /// More than one MIG device asked for while the operator has not allowed it.
+    #[error(
+        "{owner} asks for {requested} MIG devices; CUDA uses only one MIG device per process, so \
+         more than one is refused unless the agent's operator allows it"
+    )]
+    TooMany {
+        /// Who asked.
+        owner: String,
+        /// How many were asked for.
+        requested: u32,
+    },
+    /// Fewer free, healthy, isolatable MIG devices of the kind asked for than requested.
+    #[error("cannot allocate {requested} MIG devices{} to {owner}: {free} free", profile.as_ref().map_or_else(String::new, |p| format!(" of profile {p}")))]
+    NotEnough {
+        /// Who asked.
+        owner: String,
+        /// How many were asked for.
+        requested: u32,
+        /// The profile asked for (its name), when one was.
+        profile: Option<String>,
+        /// How many of that kind are free and healthy.
+        free: u32,
+    },
+    /// A MIG device whose capability nodes the driver does not number: it cannot be isolated.
+    #[error(
+        "MIG device {uuid} cannot be isolated: the driver's /proc files do not number its \
+         capability nodes (driver/nvidia-caps/mig-minors, driver/nvidia/capabilities)"
+    )]
+    NoCaps {
+        /// The device.
+        uuid: String,
+    },
+    /// A task holding MIG devices would run with CAP_SYS_ADMIN.
+    #[error(
+        "{owner} would run with CAP_SYS_ADMIN, which grants every MIG capability whatever its \
+         device files; drop the capability, or have the agent's operator allow it"
+    )]
+    SysAdmin {
+        /// Who asked.
+        owner: String,
+    },
+}

@@ -1,0 +1,327 @@
+//! [`MigUnits`]: the node's MIG devices, who holds which, and which are unhealthy.
+
+use std::collections::BTreeMap;
+
+use super::MigError;
+use crate::inventory::MigLayout;
+
+/// The state of one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitState {
+    /// Free and usable.
+    Free,
+    /// Held by this owner.
+    Held(String),
+    /// Out of service (an XID on it or its parent, or its capability nodes are unknown); the
+    /// holder, if any, keeps it until it gives it back.
+    Unhealthy(Option<String>),
+}
+
+#[derive(Debug, Clone)]
+struct Unit {
+    uuid: String,
+    parent: u32,
+    profile: Option<u32>,
+    profile_name: String,
+    isolatable: bool,
+    healthy: bool,
+    holder: Option<String>,
+}
+
+/// The MIG devices of a node as allocation units, keyed by UUID, in (parent, MIG index) order.
+#[derive(Debug, Clone)]
+pub struct MigUnits {
+    units: Vec<Unit>,
+    allow_multiple: bool,
+}
+
+impl MigUnits {
+    /// Every MIG device of `layout`; one without capability nodes is never handed out. With
+    /// `allow_multiple`, a request may take more than one MIG device.
+    pub fn new(layout: &MigLayout, allow_multiple: bool) -> MigUnits {
+        let units = layout
+            .devices
+            .iter()
+            .map(|d| Unit {
+                uuid: d.uuid.clone(),
+                parent: d.parent,
+                profile: d.profile,
+                profile_name: d.profile_name.clone(),
+                isolatable: d.caps.is_some(),
+                healthy: d.healthy,
+                holder: None,
+            })
+            .collect();
+        MigUnits {
+            units,
+            allow_multiple,
+        }
+    }
+
+    /// How many MIG devices there are.
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    /// True when the node has no MIG device.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    fn usable(u: &Unit, profile: Option<u32>) -> bool {
+        u.holder.is_none()
+            && u.healthy
+            && u.isolatable
+            && profile.is_none_or(|p| u.profile == Some(p))
+    }
+
+    /// Free, healthy, isolatable MIG devices of `profile` (any profile with `None`).
+    pub fn free(&self, profile: Option<u32>) -> u32 {
+        u32::try_from(
+            self.units
+                .iter()
+                .filter(|u| Self::usable(u, profile))
+                .count(),
+        )
+        .unwrap_or(u32::MAX)
+    }
+
+    /// Free MIG devices by profile id, for offers.
+    pub fn free_by_profile(&self) -> BTreeMap<Option<u32>, u32> {
+        let mut out = BTreeMap::new();
+        for u in self.units.iter().filter(|u| Self::usable(u, None)) {
+            *out.entry(u.profile).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Gives `owner` `count` free MIG devices of `profile` (any with `None`), in (parent, MIG
+    /// index) order; nothing changes when it is refused.
+    pub fn allocate(
+        &mut self,
+        owner: &str,
+        count: u32,
+        profile: Option<u32>,
+    ) -> Result<Vec<String>, MigError> {
+        if count > 1 && !self.allow_multiple {
+            return Err(MigError::TooMany {
+                owner: owner.to_owned(),
+                requested: count,
+            });
+        }
+        let picked: Vec<usize> = (0..self.units.len())
+            .filter(|&i| Self::usable(&self.units[i], profile))
+            .take(count as usize)
+            .collect();
+        if picked.len() < count as usize {
+            return Err(MigError::NotEnough {
+                owner: owner.to_owned(),
+                requested: count,
+                profile: profile.map(|p| self.profile_label(p)),
+                free: self.free(profile),
+            });
+        }
+        Ok(picked
+            .into_iter()
+            .map(|i| {
+                self.units[i].holder = Some(owner.to_owned());
+                self.units[i].uuid.clone()
+            })
+            .collect())
+    }
+
+    fn profile_label(&self, profile: u32) -> String {
+        self.units
+            .iter()
+            .find(|u| u.profile == Some(profile) && !u.profile_name.is_empty())
+            .map_or_else(
+                || format!("id {profile}"),
+                |u| format!("{} (id {profile})", u.profile_name),
+            )
+    }
+
+    /// Takes back everything `owner` holds; returns the UUIDs.
+    pub fn release(&mut self, owner: &str) -> Vec<String> {
+        self.units
+            .iter_mut()
+            .filter(|u| u.holder.as_deref() == Some(owner))
+            .map(|u| {
+                u.holder = None;
+                u.uuid.clone()
+            })
+            .collect()
+    }
+
+    /// The UUIDs `owner` holds.
+    pub fn held_by(&self, owner: &str) -> Vec<&str> {
+        self.units
+            .iter()
+            .filter(|u| u.holder.as_deref() == Some(owner))
+            .map(|u| u.uuid.as_str())
+            .collect()
+    }
+
+    /// The state of the MIG device `uuid`, `None` when the node has no such device.
+    pub fn state(&self, uuid: &str) -> Option<UnitState> {
+        let u = self.units.iter().find(|u| u.uuid == uuid)?;
+        Some(match (&u.holder, u.healthy && u.isolatable) {
+            (holder, false) => UnitState::Unhealthy(holder.clone()),
+            (Some(h), true) => UnitState::Held(h.clone()),
+            (None, true) => UnitState::Free,
+        })
+    }
+
+    /// Takes the MIG device `uuid` out of service (an XID attributed to it); returns its
+    /// holder, whose `watch` should name the device.
+    pub fn mark_unhealthy(&mut self, uuid: &str) -> Option<(String, Option<String>)> {
+        let u = self.units.iter_mut().find(|u| u.uuid == uuid)?;
+        u.healthy = false;
+        Some((u.uuid.clone(), u.holder.clone()))
+    }
+
+    /// Takes every MIG device of the GPU with NVML index `parent` out of service (an XID on the
+    /// parent); returns each device with its holder.
+    pub fn mark_parent_unhealthy(&mut self, parent: u32) -> Vec<(String, Option<String>)> {
+        self.units
+            .iter_mut()
+            .filter(|u| u.parent == parent)
+            .map(|u| {
+                u.healthy = false;
+                (u.uuid.clone(), u.holder.clone())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+    use crate::inventory::{DevNum, MigCaps, MigDevice};
+
+    fn device(parent: u32, index: u32, gi: u32, profile: u32, name: &str) -> MigDevice {
+        MigDevice {
+            parent,
+            parent_minor: parent,
+            index,
+            uuid: format!("MIG-{parent}-{index}"),
+            gpu_instance: gi,
+            compute_instance: 0,
+            profile: Some(profile),
+            profile_name: name.to_owned(),
+            memory_total: 5 << 30,
+            multiprocessors: 14,
+            gpu_instance_slices: 1,
+            compute_instance_slices: 1,
+            caps: Some(MigCaps {
+                gpu_instance: DevNum {
+                    major: 235,
+                    minor: 3 + 9 * gi,
+                },
+                compute_instance: DevNum {
+                    major: 235,
+                    minor: 4 + 9 * gi,
+                },
+                gpu_instance_file: String::new(),
+                compute_instance_file: String::new(),
+            }),
+            healthy: true,
+        }
+    }
+
+    /// GPU 4 split 3g+2g+1g+1g, GPU 5 the same: the mixed node's layout.
+    fn mixed() -> MigLayout {
+        let mut devices = Vec::new();
+        for parent in [4, 5] {
+            devices.push(device(parent, 0, 2, 9, "3g.20gb"));
+            devices.push(device(parent, 1, 3, 14, "2g.10gb"));
+            devices.push(device(parent, 2, 9, 19, "1g.5gb"));
+            devices.push(device(parent, 3, 10, 19, "1g.5gb"));
+        }
+        MigLayout {
+            enabled: vec![4, 5],
+            devices,
+            caps_major: Some(235),
+        }
+    }
+
+    #[test]
+    fn issue_16_one_mig_device_per_request_unless_allowed() {
+        let mut units = MigUnits::new(&mixed(), false);
+        let err = units.allocate("task-a", 2, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "task-a asks for 2 MIG devices; CUDA uses only one MIG device per process, so more \
+             than one is refused unless the agent's operator allows it"
+        );
+        assert!(units.held_by("task-a").is_empty(), "nothing half-applied");
+        assert_eq!(units.allocate("task-a", 1, None).unwrap(), ["MIG-4-0"]);
+        let mut allowed = MigUnits::new(&mixed(), true);
+        assert_eq!(
+            allowed.allocate("task-b", 2, None).unwrap(),
+            ["MIG-4-0", "MIG-4-1"]
+        );
+    }
+
+    #[test]
+    fn issue_16_profiles_are_allocated_by_id_and_never_twice() {
+        let mut units = MigUnits::new(&mixed(), false);
+        assert_eq!(
+            units.free_by_profile(),
+            BTreeMap::from([(Some(9), 2), (Some(14), 2), (Some(19), 4)])
+        );
+        let mut held = Vec::new();
+        for n in 0..4 {
+            held.extend(units.allocate(&format!("t{n}"), 1, Some(19)).unwrap());
+        }
+        assert_eq!(held, ["MIG-4-2", "MIG-4-3", "MIG-5-2", "MIG-5-3"]);
+        let err = units.allocate("t9", 1, Some(19)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot allocate 1 MIG devices of profile 1g.5gb (id 19) to t9: 0 free"
+        );
+        assert_eq!(units.free(None), 4);
+        assert_eq!(units.release("t1"), ["MIG-4-3"]);
+        assert_eq!(units.allocate("t9", 1, Some(19)).unwrap(), ["MIG-4-3"]);
+        assert_eq!(units.state("MIG-4-3"), Some(UnitState::Held("t9".into())));
+    }
+
+    #[test]
+    fn issue_16_an_xid_takes_out_an_instance_or_all_of_a_parent() {
+        let mut units = MigUnits::new(&mixed(), false);
+        units.allocate("a", 1, Some(9)).unwrap();
+        units.allocate("b", 1, Some(9)).unwrap();
+        assert_eq!(
+            units.mark_unhealthy("MIG-4-0"),
+            Some(("MIG-4-0".into(), Some("a".into())))
+        );
+        assert_eq!(
+            units.state("MIG-4-0"),
+            Some(UnitState::Unhealthy(Some("a".into())))
+        );
+        assert_eq!(units.state("MIG-4-1"), Some(UnitState::Free));
+        let hit = units.mark_parent_unhealthy(5);
+        assert_eq!(hit.len(), 4);
+        assert_eq!(hit[0], ("MIG-5-0".into(), Some("b".into())));
+        assert!(hit[1..].iter().all(|(_, holder)| holder.is_none()));
+        assert_eq!(units.free(None), 3, "GPU 4's 2g and two 1g remain");
+        units.release("a");
+        assert_eq!(units.state("MIG-4-0"), Some(UnitState::Unhealthy(None)));
+    }
+
+    #[test]
+    fn issue_16_a_device_without_caps_is_never_handed_out() {
+        let mut layout = mixed();
+        for d in &mut layout.devices {
+            d.caps = None;
+        }
+        layout.devices[0].caps = Some(mixed().devices[0].caps.clone().unwrap());
+        let mut units = MigUnits::new(&layout, false);
+        assert_eq!(units.allocate("a", 1, None).unwrap(), ["MIG-4-0"]);
+        assert!(matches!(
+            units.allocate("b", 1, None),
+            Err(MigError::NotEnough { free: 0, .. })
+        ));
+        assert_eq!(units.state("MIG-4-1"), Some(UnitState::Unhealthy(None)));
+    }
+}
