@@ -15,5 +15,6 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod numa;
 pub mod pool;
+pub mod sharing;
 mod sys;
 pub mod usage;

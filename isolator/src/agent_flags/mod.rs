@@ -22,6 +22,7 @@ mod resources;
 
 use std::collections::BTreeSet;
 
+pub(crate) use attributes::merge as merge_attributes;
 pub use attributes::{
     ATTR_COMPUTE_CAPABILITY, ATTR_CUDA, ATTR_DRIVER, ATTR_MEMORY_MIB, ATTR_MODEL, Attribute,
     AttributesError, gpu_attributes, safe_text,
