@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION};
 use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_isolator::sharing::{self, SharingMode, SharingSpec};
 
 use crate::ctx::Ctx;
 use crate::simulate;
@@ -21,7 +22,10 @@ use crate::simulate;
 #[command(after_help = "Examples:\n  \
     mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources 'cpus:32'\n  \
     mesos-gpu agent-flags --isolation gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n\n\
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n\n\
+    With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's gpus:k is a k/R share of one GPU)\n\
+    and the split is written in the attributes gpu_sharing, gpu_shared, gpu_whole and gpu_replicas.\n\n\
     Values may also be given as file:///path, as mesos-agent accepts them.")]
 pub(crate) struct Args {
     /// The agent's --isolation (comma-separated); GPUs are discovered only with gpu/nvidia.
@@ -39,6 +43,20 @@ pub(crate) struct Args {
     /// The agent's own --attributes, kept ahead of the GPU attributes (`rack:r1;zone:a`).
     #[arg(long, value_name = "ATTRIBUTES")]
     attributes: Option<String>,
+
+    /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
+    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`.
+    #[arg(long, value_name = "SPEC")]
+    gpu_replicas: Option<String>,
+
+    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "time-slicing",
+        requires = "gpu_replicas"
+    )]
+    gpu_sharing: SharingMode,
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -73,6 +91,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Err(err) => return Err(err),
     };
     let resolved = flags.resolve(inventory)?;
+    let resolved = match &args.gpu_replicas {
+        Some(spec) => {
+            let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
+            sharing::offer::advertise(&resolved, inventory, &spec)?.0
+        }
+        None => resolved,
+    };
     let lines = resolved.flags();
     if lines.is_empty() {
         // Not a log line: the answer to the command, for whoever reads an empty stdout.
