@@ -314,3 +314,68 @@ fn simulate_list_and_unknown_names() {
     );
     fails(&["--simulate", "nope"], "unknown simulated node");
 }
+
+#[test]
+fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
+    let got = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--isolation",
+        ISO,
+        "--resources",
+        "cpus:32",
+        "--gpu-replicas",
+        "4,6=1,7=1",
+        "--gpu-sharing",
+        "mps",
+    ]);
+    assert_eq!(
+        got,
+        [
+            "--resources='cpus:32;gpus:26'",
+            "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
+             nvidia_driver:550.54.14;cuda_version:12.4;gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4'",
+            "--nvidia_gpu_devices=0,1,2,3,4,5,6,7",
+        ]
+    );
+    let sim = ["--simulate", "dgx1-v100", "--isolation", ISO];
+    fails(
+        &[&sim[..], &["--gpu-replicas", "4,9=2"]].concat(),
+        "names GPU \"9\", which is not advertised",
+    );
+    fails(
+        &[&sim[..], &["--gpu-replicas", "0"]].concat(),
+        "GPU replica entry \"0\"",
+    );
+    fails(
+        &[
+            "--simulate",
+            "k80",
+            "--isolation",
+            ISO,
+            "--gpu-replicas",
+            "2",
+            "--gpu-sharing",
+            "mps",
+        ],
+        "MPS sharing needs 7.0 (Volta) or later",
+    );
+    fails(
+        &[
+            "--simulate",
+            "dgx-a100-mixed",
+            "--isolation",
+            "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator",
+            "--gpu-replicas",
+            "2",
+        ],
+        "--gpu-replicas 2: sharing GPUs of a node with MIG devices is not supported",
+    );
+    let out = mesos_gpu(&[&sim[..], &["--gpu-replicas", "2", "--gpu-sharing", "hami"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not one of: time-slicing, mps"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -17,5 +17,6 @@ pub mod lifecycle;
 pub mod mig;
 pub mod numa;
 pub mod pool;
+pub mod sharing;
 mod sys;
 pub mod usage;

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION, MigStrategy};
 use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_isolator::sharing::{self, SharingMode, SharingSpec};
 
 use crate::ctx::Ctx;
 use crate::simulate;
@@ -23,7 +24,10 @@ use crate::simulate;
     mesos-gpu agent-flags --isolation gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n  \
     mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n  \
     mesos-gpu agent-flags --simulate dgx-a100-mixed --mig-strategy mixed \\\n      \
-      --isolation filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator\n\n\
+      --isolation filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n\n\
+    With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's gpus:k is a k/R share of one GPU)\n\
+    and the split is written in the attributes gpu_sharing, gpu_shared, gpu_whole and gpu_replicas.\n\n\
     Values may also be given as file:///path, as mesos-agent accepts them.")]
 pub(crate) struct Args {
     /// The agent's --isolation (comma-separated); GPUs are discovered only with gpu/nvidia.
@@ -47,6 +51,20 @@ pub(crate) struct Args {
     /// The agent's own --attributes, kept ahead of the GPU attributes (`rack:r1;zone:a`).
     #[arg(long, value_name = "ATTRIBUTES")]
     attributes: Option<String>,
+
+    /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
+    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`.
+    #[arg(long, value_name = "SPEC")]
+    gpu_replicas: Option<String>,
+
+    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "time-slicing",
+        requires = "gpu_replicas"
+    )]
+    gpu_sharing: SharingMode,
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -84,6 +102,17 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         flags.resolve(inventory)?
     } else {
         flags.resolve_mig(inventory, args.mig_strategy)?
+    };
+    let resolved = match &args.gpu_replicas {
+        Some(spec) if !inventory.mig.is_empty() => anyhow::bail!(
+            "--gpu-replicas {spec}: sharing GPUs of a node with MIG devices is not supported; \
+             give MIG devices whole or turn MIG mode off"
+        ),
+        Some(spec) => {
+            let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
+            sharing::offer::advertise(&resolved, inventory, &spec)?.0
+        }
+        None => resolved,
     };
     let lines = resolved.flags();
     if lines.is_empty() {

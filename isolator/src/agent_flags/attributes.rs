@@ -115,7 +115,7 @@ pub(crate) fn safe_text(raw: &str) -> String {
 }
 
 /// Appends `ours` to the user's `--attributes` (if any), refusing to override a user's value.
-pub(super) fn merge(user: Option<&str>, ours: &[Attribute]) -> Result<String, AttributesError> {
+pub(crate) fn merge(user: Option<&str>, ours: &[Attribute]) -> Result<String, AttributesError> {
     let mut tokens = Vec::new();
     for token in user
         .unwrap_or("")

@@ -23,8 +23,8 @@ mod resources;
 
 use std::collections::BTreeSet;
 
-pub(crate) use attributes::gpu_attributes;
 pub use attributes::{Attribute, AttributesError};
+pub(crate) use attributes::{gpu_attributes, merge as merge_attributes};
 pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
 pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use mesos_gpu_os::{LockFile, durable};
 
 use crate::health::HealthStore;
+use crate::sharing::store::ShareReservation;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
@@ -140,6 +141,9 @@ pub struct PoolState {
     /// allocation honours.
     #[serde(default)]
     pub health_dirs: BTreeSet<PathBuf>,
+    /// Shares of shared GPUs by owner id ([`crate::sharing::store`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shares: BTreeMap<String, ShareReservation>,
 }
 
 impl Default for PoolState {
@@ -148,17 +152,19 @@ impl Default for PoolState {
             version: SCHEMA_VERSION,
             reservations: BTreeMap::new(),
             health_dirs: BTreeSet::new(),
+            shares: BTreeMap::new(),
         }
     }
 }
 
 impl PoolState {
-    /// UUIDs held by reservations of holders other than `holder`.
+    /// UUIDs held by reservations of holders other than `holder`, and GPUs with a share.
     pub(crate) fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
             .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .chain(self.shares.values().map(|s| s.grant.uuid.as_str()))
             .collect()
     }
 

@@ -1,0 +1,26 @@
+//! Sharing a GPU between tasks: replicas offered as whole `gpus` units.
+//!
+//! Facts this relies on (`/work/shared/reference/mig_cdi_sharing.md` §3):
+//! - The Mesos master refuses fractional `gpus` (`src/common/validation.cpp` 325-330), so a
+//!   shared GPU is offered as R whole units (R = its replica count): the agent advertises
+//!   `gpus` = Σ R over shared GPUs + the whole GPUs, and every `gpus:1` is a 1/R share. This is
+//!   NVIDIA's k8s device plugin `replicas` model; Marathon and Metronome work unchanged.
+//! - The count check between `gpus` and `--nvidia_gpu_devices` lives only in Mesos's built-in
+//!   `gpu/nvidia` allocator (`isolators/gpu/allocator.cpp` 197-228), which this module replaces.
+//! - A task asking k units of a shared GPU gets a k/R share of ONE GPU (k ≤ R); a request that
+//!   fits no single GPU is refused with the reason, never spread across GPUs.
+//! - MPS (`nvidia-cuda-mps-control`) needs Volta (compute capability 7.0) or later for its
+//!   per-client limits and cannot run on a MIG device; `mps` is refused there.
+//!
+//! Modules: [`plan`] (which GPUs are shared, with which R, parsed from the operator's spec and
+//! checked against the inventory), [`offer`] (the agent flags and attributes that advertise the
+//! split), [`placement`] (where a share goes: pack onto partly used GPUs first), [`store`] (share
+//! reservations in the node's GPU pool, under the pool's transactions).
+
+pub mod offer;
+pub mod placement;
+pub mod plan;
+pub mod store;
+
+pub use placement::{Placement, PlacementError, ShareBook, ShareGrant, ShareLimits};
+pub use plan::{SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec};

@@ -1,0 +1,152 @@
+//! The agent flags that advertise a node's split into shared and whole GPUs: `gpus` in
+//! `--resources` becomes Σ R over shared GPUs + the whole GPUs, and `--attributes` says how
+//! (so frameworks can constrain on it). `--nvidia_gpu_devices` still lists physical GPUs.
+
+use super::plan::{SharingError, SharingPlan, SharingSpec};
+use crate::agent_flags::{
+    AgentGpus, Attribute, AttributesError, Resources, ResourcesError, merge_attributes,
+};
+use crate::inventory::Inventory;
+
+/// Attribute: the sharing mode of the shared GPUs (`time-slicing` or `mps`).
+pub const ATTR_SHARING: &str = "gpu_sharing";
+/// Attribute: how many physical GPUs are shared (scalar).
+pub const ATTR_SHARED: &str = "gpu_shared";
+/// Attribute: the replica count R of the shared GPUs (scalar; `+`-joined text when they differ).
+pub const ATTR_REPLICAS: &str = "gpu_replicas";
+/// Attribute: how many physical GPUs stay whole (scalar).
+pub const ATTR_WHOLE: &str = "gpu_whole";
+
+/// Why the sharing flags cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum OfferError {
+    /// The spec does not fit the node.
+    #[error(transparent)]
+    Sharing(#[from] SharingError),
+    /// The flags have no GPU list to share: GPUs are not isolated by `gpu/nvidia` with NVML.
+    #[error(
+        "GPU sharing needs the gpu/nvidia isolator and NVML (the agent advertises {gpus} gpus unchecked, so no GPU can be shared)"
+    )]
+    NotIsolated {
+        /// The `gpus` passed through.
+        gpus: f64,
+    },
+    /// `--attributes` already sets a sharing attribute.
+    #[error(transparent)]
+    Attributes(#[from] AttributesError),
+    /// The resolved `--resources` does not parse again (a bug).
+    #[error(transparent)]
+    Resources(#[from] ResourcesError),
+}
+
+/// Rewrites `resolved` (the node's flags by Mesos's rules) so that it advertises the split
+/// `spec` asks for; returns the flags and the plan.
+pub fn advertise(
+    resolved: &AgentGpus,
+    inventory: &Inventory,
+    spec: &SharingSpec,
+) -> Result<(AgentGpus, SharingPlan), OfferError> {
+    let Some(devices) = &resolved.devices else {
+        return Err(OfferError::NotIsolated {
+            gpus: resolved.gpus,
+        });
+    };
+    let plan = spec.resolve(inventory, devices)?;
+    let units = plan.units();
+    let mut out = resolved.clone();
+    out.gpus = f64::from(units);
+    out.resources = Resources::parse(&resolved.resources)?.render_with_gpus(Some(units));
+    out.attributes = merge_attributes(Some(&resolved.attributes), &attributes(&plan))?;
+    tracing::info!(
+        mode = %plan.mode,
+        shared = plan.shared.len(),
+        whole = plan.whole.len(),
+        units,
+        "advertising shared GPUs as replicas"
+    );
+    Ok((out, plan))
+}
+
+fn attributes(plan: &SharingPlan) -> Vec<Attribute> {
+    let mut replicas: Vec<u32> = plan.shared.iter().map(|g| g.replicas).collect();
+    replicas.sort_unstable_by(|a, b| b.cmp(a));
+    replicas.dedup();
+    let attr = |name: &str, value: String| Attribute {
+        name: name.to_owned(),
+        value,
+    };
+    let mut out = vec![
+        attr(ATTR_SHARING, plan.mode.to_string()),
+        attr(ATTR_SHARED, plan.shared.len().to_string()),
+        attr(ATTR_WHOLE, plan.whole.len().to_string()),
+    ];
+    if !replicas.is_empty() {
+        let text: Vec<String> = replicas.iter().map(u32::to_string).collect();
+        out.push(attr(ATTR_REPLICAS, text.join("+")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::agent_flags::AgentGpuFlags;
+    use crate::allocator::nodes::dgx1_v100;
+    use crate::inventory::DriverInfo;
+    use crate::sharing::plan::SharingMode;
+
+    fn node() -> Inventory {
+        let mut inv = dgx1_v100().inventory();
+        inv.driver = Some(DriverInfo {
+            version: "550.54.14".into(),
+            cuda_version: Some((12, 4)),
+        });
+        inv
+    }
+
+    fn flags(isolation: &str, resources: &str, attributes: Option<&str>) -> AgentGpus {
+        AgentGpuFlags::parse(isolation, Some(resources), None, attributes)
+            .unwrap()
+            .resolve(&node())
+            .unwrap()
+    }
+
+    #[test]
+    fn issue_17_r4_node_advertises_shared_times_r_plus_whole() {
+        let inv = node();
+        let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", Some("rack:r1"));
+        let spec = SharingSpec::parse("4,6=1,7=1", SharingMode::Mps).unwrap();
+        let (out, plan) = advertise(&resolved, &inv, &spec).unwrap();
+        assert_eq!(out.gpus, 26.0);
+        assert_eq!(out.resources, "cpus:8;gpus:26");
+        assert_eq!(out.devices, resolved.devices, "physical GPUs stay listed");
+        assert!(
+            out.attributes
+                .starts_with("rack:r1;gpu_model:Tesla-V100-SXM2-16GB;"),
+            "{}",
+            out.attributes
+        );
+        assert!(
+            out.attributes
+                .ends_with(";gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4"),
+            "{}",
+            out.attributes
+        );
+        assert_eq!(plan.whole, vec![6, 7]);
+        let flags = out.flags();
+        assert_eq!(flags[0], "--resources=cpus:8;gpus:26");
+    }
+
+    #[test]
+    fn issue_17_sharing_needs_the_isolator_and_owns_its_attributes() {
+        let inv = node();
+        let spec = SharingSpec::parse("4", SharingMode::TimeSlicing).unwrap();
+        let passthrough = flags("cgroups/devices", "gpus:2", None);
+        let err = advertise(&passthrough, &inv, &spec).unwrap_err();
+        assert!(matches!(err, OfferError::NotIsolated { .. }), "{err}");
+        let taken = flags("gpu/nvidia", "cpus:1", Some("gpu_sharing:yes"));
+        let err = advertise(&taken, &inv, &spec).unwrap_err();
+        assert!(err.to_string().contains("gpu_sharing"), "{err}");
+    }
+}
