@@ -379,3 +379,35 @@ fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn issue_16_17_offers_the_module_cannot_serve_yet_are_flagged() {
+    let module = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    let mig = mesos_gpu(&["--simulate", "dgx-a100-mixed", "--isolation", module]);
+    assert!(mig.status.success());
+    let err = String::from_utf8_lossy(&mig.stderr);
+    assert!(
+        err.contains("the module does not hand out MIG devices yet"),
+        "{err}"
+    );
+    let shared = mesos_gpu(&[
+        "--simulate",
+        "dgx1-v100",
+        "--isolation",
+        ISO,
+        "--gpu-replicas",
+        "4",
+    ]);
+    assert!(shared.status.success());
+    let err = String::from_utf8_lossy(&shared.stderr);
+    assert!(
+        err.contains("the module does not hand out shares yet"),
+        "{err}"
+    );
+    let whole = mesos_gpu(&["--simulate", "dgx1-v100", "--isolation", ISO]);
+    assert!(
+        whole.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&whole.stderr)
+    );
+}

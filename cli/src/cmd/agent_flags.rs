@@ -44,7 +44,8 @@ pub(crate) struct Args {
 
     /// On a node with GPUs in MIG mode: `single` offers every MIG device as one `gpus` unit,
     /// `mixed` keeps `gpus` for whole GPUs and offers each MIG profile as its own scalar
-    /// (`mig-1g.5gb`). Ignored on a node without MIG.
+    /// (`mig-1g.5gb`). Ignored on a node without MIG. Offers only, for planning: the module does
+    /// not hand out MIG devices yet.
     #[arg(long, value_name = "single|mixed", default_value = "single")]
     mig_strategy: MigStrategy,
 
@@ -53,7 +54,9 @@ pub(crate) struct Args {
     attributes: Option<String>,
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
-    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`.
+    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. Offers only, for
+    /// planning: the module does not hand out shares yet, so an agent started with these flags
+    /// offers more `gpus` than it can serve.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
@@ -101,7 +104,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let resolved = if inventory.mig.is_empty() {
         flags.resolve(inventory)?
     } else {
-        flags.resolve_mig(inventory, args.mig_strategy)?
+        let resolved = flags.resolve_mig(inventory, args.mig_strategy)?;
+        eprintln!(
+            "mesos-gpu: warning: this node has MIG devices; the offers below are for planning: \
+             the module does not hand out MIG devices yet (only whole GPUs not in MIG mode), so \
+             do not start an agent with them"
+        );
+        resolved
     };
     let resolved = match &args.gpu_replicas {
         Some(spec) if !inventory.mig.is_empty() => anyhow::bail!(
@@ -110,7 +119,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ),
         Some(spec) => {
             let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
-            sharing::offer::advertise(&resolved, inventory, &spec)?.0
+            let shared = sharing::offer::advertise(&resolved, inventory, &spec)?.0;
+            eprintln!(
+                "mesos-gpu: warning: --gpu-replicas prints the offers of a shared node for planning; \
+                 the module does not hand out shares yet, so do not start an agent with them"
+            );
+            shared
         }
         None => resolved,
     };
