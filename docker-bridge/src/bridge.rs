@@ -26,7 +26,8 @@ use std::sync::Arc;
 
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
-    ContainerId, ContainerKind, Isolator, LifecycleError, RecoveryReport,
+    ContainerId, ContainerKind, DockerReservation, DockerStart, Isolator, LifecycleError,
+    RecoveryReport,
 };
 
 use crate::args::{ArgsError, DriverSpec, HostDevices, ImageInfo, LaunchPlan};
@@ -219,20 +220,20 @@ impl DockerBridge {
         };
         // Everything but the GPUs themselves, checked before anything is reserved.
         LaunchPlan::new(&[], &self.host, &info, self.driver.as_ref()).map_err(plan_err)?;
-        let reserved = self.reserve(id, gpus).await?;
+        let reservation = self.reserve(id, gpus).await?;
         let created = self
-            .create_reserved(id, &name, &reserved, &info, image, cmd)
+            .create_reserved(id, &name, reservation.gpus(), &info, image, cmd)
             .await;
         match created {
             Ok((docker_id, plan)) => Ok(BridgedContainer {
                 id: id.clone(),
                 docker_id,
                 name,
-                gpus: reserved,
+                gpus: reservation.keep(),
                 plan,
             }),
             Err(e) => {
-                self.release_or_log(id).await;
+                self.give_back_or_log(reservation).await;
                 Err(e)
             }
         }
@@ -370,13 +371,26 @@ impl DockerBridge {
         Ok(recovery)
     }
 
-    async fn reserve(&self, id: &ContainerId, gpus: f64) -> Result<Vec<Gpu>, BridgeError> {
+    async fn reserve(
+        &self,
+        id: &ContainerId,
+        gpus: f64,
+    ) -> Result<DockerReservation<Arc<Isolator>>, BridgeError> {
         let isolator = Arc::clone(&self.isolator);
         let owned = id.clone();
-        tokio::task::spawn_blocking(move || isolator.reserve_docker(&owned, gpus))
-            .await
-            .map_err(|source| BridgeError::Panicked { source })?
-            .map_err(|source| BridgeError::Pool { source })
+        tokio::task::spawn_blocking(move || {
+            DockerReservation::reserve(isolator, &owned, gpus, DockerStart::default())
+        })
+        .await
+        .map_err(|source| BridgeError::Panicked { source })?
+        .map_err(|source| BridgeError::Pool { source })
+    }
+
+    /// Gives a failed launch's GPUs back off the async threads (the pool's file lock).
+    async fn give_back_or_log(&self, reservation: DockerReservation<Arc<Isolator>>) {
+        if let Err(e) = tokio::task::spawn_blocking(move || drop(reservation)).await {
+            tracing::error!(error = %e, "giving back the GPUs of a failed launch panicked");
+        }
     }
 
     async fn create_reserved(

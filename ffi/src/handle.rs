@@ -20,7 +20,7 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
-use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
+use mesos_gpu_isolator::lifecycle::{ContainerId, DockerReservation, DockerStart, Isolator};
 use mesos_gpu_isolator::usage::UsageReader;
 use prost::Message;
 
@@ -319,8 +319,9 @@ impl MgpuIsolator {
                 labels: c.labels.clone(),
                 env: c.env.clone(),
             });
-        let held = self.isolator.reserve_docker(&cid, gpus)?;
-        let refs: Vec<&Gpu> = held.iter().collect();
+        let reservation =
+            DockerReservation::reserve(&*self.isolator, &cid, gpus, DockerStart::default())?;
+        let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
         let host = HostDevices::from_nodes(&self.dev_root, &self.nodes);
         let driver = self
             .inventory
@@ -331,22 +332,18 @@ impl MgpuIsolator {
                 info,
                 volume: VolumeSource::Bind { host_path },
             });
-        match LaunchPlan::new(&refs, &host, &image, driver.as_ref()) {
-            Ok(plan) => Ok(plan
-                .cli_args()
-                .iter()
-                .flat_map(|a| a.bytes().chain([0]))
-                .collect()),
-            Err(source) => {
-                if let Err(e) = self.isolator.release_docker(&cid) {
-                    tracing::error!(container = %cid, error = %e, "cannot release the GPUs of a refused Docker container");
-                }
-                Err(FfiError::DockerArgs {
-                    container: cid.to_string(),
-                    source,
-                })
+        let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref()).map_err(|source| {
+            FfiError::DockerArgs {
+                container: cid.to_string(),
+                source,
             }
-        }
+        })?;
+        reservation.keep();
+        Ok(plan
+            .cli_args()
+            .iter()
+            .flat_map(|a| a.bytes().chain([0]))
+            .collect())
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.

@@ -18,8 +18,8 @@ use lifecycle_common::{Node, Setup, TestResult, check, trial};
 use mesos_gpu_isolator::allocator::Policy;
 use mesos_gpu_isolator::cgroup::CgroupVersion;
 use mesos_gpu_isolator::lifecycle::{
-    ContainerId, Isolator, LaunchInfo, MountKind, PrepareConfig, QUARANTINE_OWNER, RecoverState,
-    RecoveryIssue,
+    ContainerId, DockerReservation, DockerStart, Isolator, LaunchInfo, MountKind, PrepareConfig,
+    QUARANTINE_OWNER, RecoverState, RecoveryIssue,
 };
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
@@ -64,6 +64,10 @@ fn main() -> ExitCode {
         add("recover_without_checkpoint", recover_without_checkpoint);
         add("recover_gpu_claimed_twice", recover_gpu_claimed_twice);
         add("docker_shares_the_pool", docker_shares_the_pool);
+        add(
+            "issue_13_docker_reservation_rolls_back_unless_kept",
+            docker_reservation_rolls_back_unless_kept,
+        );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -727,4 +731,35 @@ fn docker_shares_the_pool(version: CgroupVersion) -> TestResult {
     iso.release_docker(&d)?;
     iso.release_docker(&d)?;
     all_free(&iso, &node)
+}
+
+/// Issue 13: the one reserve → plan → roll back sequence. A reservation dropped without
+/// `keep` (the plan or the launch failed) gives its GPUs back; `give_back` does so and says
+/// whether it worked; a kept one holds them until released, from `&Isolator` or `Arc<Isolator>`.
+fn docker_reservation_rolls_back_unless_kept(version: CgroupVersion) -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let setup = Setup::new(version)?;
+    let iso = isolator(&setup, &node)?;
+    let d = id("docker-guard");
+    let held = |iso: &Isolator| -> TestResult<usize> {
+        Ok(node.inventory.gpus.len() - iso.allocations()?.free.len())
+    };
+    {
+        let failed = DockerReservation::reserve(&iso, &d, 3.0, DockerStart::default())?;
+        check(failed.gpus().len() == 3, "three reserved")?;
+        check(held(&iso)? == 3, "held while planning")?;
+    }
+    all_free(&iso, &node)?;
+    let failed = DockerReservation::reserve(&iso, &d, 2.0, DockerStart::default())?;
+    failed.give_back()?;
+    all_free(&iso, &node)?;
+    let shared = Arc::new(iso);
+    let kept =
+        DockerReservation::reserve(Arc::clone(&shared), &d, 2.0, DockerStart::default())?.keep();
+    check(
+        kept.len() == 2 && held(&shared)? == 2,
+        "kept past the guard",
+    )?;
+    shared.release_docker(&d)?;
+    all_free(&shared, &node)
 }

@@ -27,7 +27,8 @@ use mesos_gpu_isolator::cgroup::{CgroupLayout, DeviceRule, default_whitelist};
 use mesos_gpu_isolator::devices::{DeviceNode, DeviceNodes, GpuNode, NVIDIA_UVM, NVIDIACTL};
 use mesos_gpu_isolator::inventory::{DevNum, Gpu, Inventory, NVIDIA_GPU_MAJOR};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PrepareConfig, plan_launch,
+    CgroupChoice, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
+    LaunchInfo, PrepareConfig, plan_launch,
 };
 use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
@@ -658,16 +659,14 @@ impl Agent for LiveAgent {
             check_same(id, &reserved, gpus)?;
             return Ok(plan);
         }
-        let reserved = self.isolator.reserve_docker(id, requested)?;
+        let reservation =
+            DockerReservation::reserve(&*self.isolator, id, requested, DockerStart::default())?;
+        check_same(id, reservation.gpus(), gpus)?;
+        let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
+        let plan = LaunchPlan::new(&refs, &self.host, image, self.driver.as_ref())?;
+        reservation.keep();
         self.live.push((id.clone(), ContainerType::Docker));
-        check_same(id, &reserved, gpus)?;
-        let refs: Vec<&Gpu> = reserved.iter().collect();
-        Ok(LaunchPlan::new(
-            &refs,
-            &self.host,
-            image,
-            self.driver.as_ref(),
-        )?)
+        Ok(plan)
     }
 
     fn finish(&mut self, id: &ContainerId, kind: ContainerType) -> anyhow::Result<()> {

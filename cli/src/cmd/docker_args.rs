@@ -27,8 +27,8 @@ use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
-    CheckpointError, ContainerId, DockerStart, Isolator, IsolatorConfig, LifecycleError,
-    PoolConfig, PoolRole,
+    CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
+    LifecycleError, PoolConfig, PoolRole,
 };
 use mesos_gpu_isolator::pool::Host;
 use mesos_gpu_volume::VolumeManager;
@@ -304,28 +304,16 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         starter: Some(starter),
     };
     let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
-    let reserved = pool.reserve_docker_started(&id, f64::from(gpus), start)?;
-    let refs: Vec<&Gpu> = reserved.iter().collect();
-    let planned = LaunchPlan::new(&refs, &host, &image, driver.as_ref())
-        .map_err(anyhow::Error::from)
-        .and_then(|plan| {
-            let pinning = if args.numa_pinning {
-                let indices: Vec<u32> = reserved.iter().map(|g| g.index).collect();
-                crate::numa::docker_pinning(ctx, &indices, args.cpus)?
-            } else {
-                None
-            };
-            Ok((plan, pinning))
-        });
-    let (plan, pinning) = match planned {
-        Ok(planned) => planned,
-        Err(e) => {
-            if let Err(undo) = pool.release_docker(&id) {
-                tracing::error!(error = %undo, "cannot give back the GPUs of a failed plan");
-            }
-            return Err(e);
-        }
+    let reservation = DockerReservation::reserve(&pool, &id, f64::from(gpus), start)?;
+    let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
+    let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref())?;
+    let pinning = if args.numa_pinning {
+        let indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
+        crate::numa::docker_pinning(ctx, &indices, args.cpus)?
+    } else {
+        None
     };
+    reservation.keep();
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
     line.extend(plan.cli_args());

@@ -7,6 +7,8 @@
 //! [`crate::pool::owner`]). The container is named `mesos-<container id>`, as Mesos's Docker
 //! containerizer names its containers (`src/slave/containerizer/docker.cpp`, `DOCKER_NAME_PREFIX`).
 
+use std::ops::Deref;
+
 use serde::{Deserialize, Serialize};
 
 use super::state::State;
@@ -21,6 +23,73 @@ pub struct DockerStart {
     pub daemon: Option<String>,
     /// The process that starts the container: the reservation is alive while it runs.
     pub starter: Option<ProcessStamp>,
+}
+
+/// GPUs reserved for a Docker container that is not running yet: the one reserve → plan →
+/// roll back sequence of every entry point (the module's hook, `docker-args`, the bridge, the
+/// demo). Dropped without [`DockerReservation::keep`], it gives the GPUs back (a failed give-back
+/// is logged); [`DockerReservation::give_back`] does the same and returns the error. `D` is
+/// whatever reaches the isolator: `&Isolator`, or `Arc<Isolator>` to carry it across threads.
+#[derive(Debug)]
+#[must_use = "a reservation dropped without `keep` gives its GPUs back"]
+pub struct DockerReservation<D: Deref<Target = Isolator>> {
+    isolator: D,
+    id: ContainerId,
+    gpus: Vec<Gpu>,
+    kept: bool,
+}
+
+impl<D: Deref<Target = Isolator>> DockerReservation<D> {
+    /// Reserves `gpus` GPUs for Docker container `id`, recording `start` in its owner.
+    pub fn reserve(
+        isolator: D,
+        id: &ContainerId,
+        gpus: f64,
+        start: DockerStart,
+    ) -> Result<Self, LifecycleError> {
+        let gpus = isolator.reserve_docker_started(id, gpus, start)?;
+        Ok(DockerReservation {
+            isolator,
+            id: id.clone(),
+            gpus,
+            kept: false,
+        })
+    }
+
+    /// The reserved GPUs.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// The container launches: the GPUs stay reserved until it is released.
+    pub fn keep(mut self) -> Vec<Gpu> {
+        self.kept = true;
+        std::mem::take(&mut self.gpus)
+    }
+
+    /// The launch failed: gives the GPUs back now.
+    pub fn give_back(mut self) -> Result<(), LifecycleError> {
+        self.kept = true;
+        self.isolator.release_docker(&self.id)
+    }
+}
+
+impl<D: Deref<Target = Isolator>> Drop for DockerReservation<D> {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        match self.isolator.release_docker(&self.id) {
+            Ok(()) => {
+                tracing::info!(container = %self.id, "launch failed; its GPUs are given back")
+            }
+            Err(e) => tracing::error!(
+                container = %self.id,
+                error = %mesos_gpu_os::error_chain(&e),
+                "cannot give back the GPUs of a Docker container whose launch failed"
+            ),
+        }
+    }
 }
 
 /// The Docker name of the container with Mesos id `id`.

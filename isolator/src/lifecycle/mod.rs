@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
-pub use docker::DockerStart;
+pub use docker::{DockerReservation, DockerStart};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use pinning::PinOutcome;
