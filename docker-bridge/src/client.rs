@@ -16,16 +16,17 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, DeviceMapping as BollardDevice, HostConfig};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, InspectContainerOptions,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
     WaitContainerOptions,
 };
 use bollard::{ClientVersion, Docker};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::numa::Pinning;
 
@@ -351,29 +352,25 @@ impl DockerClient {
         }
     }
 
-    /// Streams a container's stdout and stderr from its start until it ends, calling `out` with
-    /// each chunk (`true` for stderr).
-    pub async fn follow_output(
-        &self,
-        container: &str,
-        mut out: impl FnMut(bool, &[u8]),
-    ) -> Result<(), DockerError> {
-        let options = LogsOptionsBuilder::default()
-            .follow(true)
+    /// Attaches to a created container's stdout and stderr *before* it is started, as
+    /// `docker run` does, so that nothing a short-lived container prints is lost (following
+    /// its logs after the start races with its exit). [`ContainerOutput::forward`] copies it.
+    pub async fn attach_output(&self, container: &str) -> Result<ContainerOutput, DockerError> {
+        let options = AttachContainerOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
+            .stream(true)
+            .logs(true)
             .build();
-        let mut stream = self.docker.logs(container, Some(options));
-        while let Some(chunk) = stream.next().await {
-            match chunk.map_err(call("follow the output of container", container))? {
-                LogOutput::StdErr { message } => out(true, &message),
-                LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                    out(false, &message)
-                }
-                LogOutput::StdIn { .. } => {}
-            }
-        }
-        Ok(())
+        let attached = self
+            .docker
+            .attach_container(container, Some(options))
+            .await
+            .map_err(call("attach to container", container))?;
+        Ok(ContainerOutput {
+            container: container.to_owned(),
+            stream: attached.output,
+        })
     }
 
     /// Removes a container, killing it first when `force`.
@@ -487,6 +484,38 @@ impl DockerClient {
         }
         found.sort_by(|a, b| a.docker_name.cmp(&b.docker_name));
         Ok(found)
+    }
+}
+
+/// A container's stdout and stderr, attached before its start
+/// ([`DockerClient::attach_output`]).
+pub struct ContainerOutput {
+    container: String,
+    stream: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+}
+
+impl std::fmt::Debug for ContainerOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContainerOutput")
+            .field("container", &self.container)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ContainerOutput {
+    /// Copies the output until the container ends, calling `out` with each chunk (`true` for
+    /// stderr).
+    pub async fn forward(mut self, mut out: impl FnMut(bool, &[u8])) -> Result<(), DockerError> {
+        while let Some(chunk) = self.stream.next().await {
+            match chunk.map_err(call("read the output of container", &self.container))? {
+                LogOutput::StdErr { message } => out(true, &message),
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    out(false, &message)
+                }
+                LogOutput::StdIn { .. } => {}
+            }
+        }
+        Ok(())
     }
 }
 

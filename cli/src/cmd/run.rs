@@ -145,8 +145,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     client.set_cpuset(&container.docker_id, &pinning).await?;
                 }
             }
+            let attached = client.attach_output(&container.docker_id).await?;
             client.start(&container.docker_id).await?;
-            let output = client.follow_output(&container.docker_id, |stderr, bytes| {
+            let output = attached.forward(|stderr, bytes| {
                 // A closed stdout or stderr must not stop the container.
                 let _ = if stderr {
                     std::io::stderr().write_all(bytes)
