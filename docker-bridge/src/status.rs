@@ -19,12 +19,7 @@ use std::sync::Arc;
 
 use mesos_gpu_isolator::discovery::GpuDriver;
 use mesos_gpu_isolator::inventory::Gpu;
-use mesos_gpu_isolator::usage::GpuReadings;
-use nvml_wrapper::Device;
-use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter,
-};
-use nvml_wrapper::error::NvmlError;
+use mesos_gpu_isolator::usage::{GpuDetailReadings, GpuReadings};
 
 use crate::rest::status::{
     EccErrors, GpuDetails, GpuProcess, GpuStatus, GpuStatusSource, Utilization,
@@ -58,28 +53,13 @@ impl NvmlStatus {
         }
     }
 
-    fn device(&self, gpu: &Gpu) -> Option<Device<'_>> {
-        known(gpu, "handle", self.driver.nvml().device_by_index(gpu.index))
-    }
-
     fn process_name(&self, pid: u32) -> Option<String> {
-        match self.driver.nvml().sys_process_name(pid, PROCESS_NAME_LEN) {
-            Ok(name) if !name.is_empty() => Some(name),
-            _ => std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("comm"))
+        self.driver.process_name(pid, PROCESS_NAME_LEN).or_else(|| {
+            std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("comm"))
                 .ok()
                 .map(|s| s.trim_end().to_owned())
-                .filter(|s| !s.is_empty()),
-        }
-    }
-}
-
-fn known<T>(gpu: &Gpu, what: &'static str, result: Result<T, NvmlError>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(error) => {
-            tracing::trace!(gpu = gpu.index, what, %error, "GPU figure unknown");
-            None
-        }
+                .filter(|s| !s.is_empty())
+        })
     }
 }
 
@@ -89,70 +69,40 @@ fn watts(milliwatts: u32) -> u32 {
 
 impl GpuStatusSource for NvmlStatus {
     fn details(&self, gpu: &Gpu) -> GpuDetails {
-        let Some(device) = self.device(gpu) else {
-            return GpuDetails::default();
-        };
+        let d = GpuDetailReadings::read(&self.driver, gpu);
         GpuDetails {
-            power_limit_w: known(gpu, "power limit", device.power_management_limit()).map(watts),
-            bar1_mib: known(gpu, "BAR1", device.bar1_memory_info()).map(|b| b.total / MIB),
+            power_limit_w: d.power_limit_mw.map(watts),
+            bar1_mib: d.bar1_total.map(|b| b / MIB),
             pci_bandwidth_mbs: None,
-            max_core_clock_mhz: known(gpu, "max clock", device.max_clock_info(Clock::Graphics)),
-            max_memory_clock_mhz: known(gpu, "max mem clock", device.max_clock_info(Clock::Memory)),
-            ecc_enabled: known(gpu, "ECC mode", device.is_ecc_enabled())
-                .map(|m| m.currently_enabled),
+            max_core_clock_mhz: d.max_graphics_clock_mhz,
+            max_memory_clock_mhz: d.max_memory_clock_mhz,
+            ecc_enabled: d.ecc_enabled,
         }
     }
 
     fn status(&self, gpu: &Gpu) -> GpuStatus {
         let readings = GpuReadings::read(&self.driver, gpu);
-        let device = self.device(gpu);
-        let read = |f: &dyn Fn(&Device<'_>) -> Result<u32, NvmlError>, what| {
-            device.as_ref().and_then(|d| known(gpu, what, f(d)))
-        };
-        let ecc = |location| {
-            device.as_ref().and_then(|d| {
-                known(
-                    gpu,
-                    "ECC errors",
-                    d.memory_error_counter(
-                        MemoryError::Uncorrected,
-                        EccCounter::Volatile,
-                        location,
-                    ),
-                )
-            })
-        };
+        let d = GpuDetailReadings::read(&self.driver, gpu);
         GpuStatus {
             power_w: readings.power_mw.map(watts),
             temperature_c: readings.temperature_c,
             utilization: Utilization {
                 gpu: readings.utilization_gpu,
                 memory: readings.utilization_memory,
-                encoder: read(
-                    &|d| d.encoder_utilization().map(|u| u.utilization),
-                    "encoder",
-                ),
-                decoder: read(
-                    &|d| d.decoder_utilization().map(|u| u.utilization),
-                    "decoder",
-                ),
+                encoder: d.encoder_percent,
+                decoder: d.decoder_percent,
             },
             memory_used_mib: readings.memory_used.map(|b| b / MIB),
             ecc_errors: EccErrors {
-                l1_cache: ecc(MemoryLocation::L1Cache),
-                l2_cache: ecc(MemoryLocation::L2Cache),
-                global: ecc(MemoryLocation::Device),
+                l1_cache: d.ecc_uncorrected_l1,
+                l2_cache: d.ecc_uncorrected_l2,
+                global: d.ecc_uncorrected_device,
             },
-            core_clock_mhz: read(&|d| d.clock_info(Clock::Graphics), "clock"),
-            memory_clock_mhz: read(&|d| d.clock_info(Clock::Memory), "mem clock"),
-            bar1_used_mib: device
-                .as_ref()
-                .and_then(|d| known(gpu, "BAR1", d.bar1_memory_info()))
-                .map(|b| b.used / MIB),
-            pci_rx_mbs: read(&|d| d.pcie_throughput(PcieUtilCounter::Receive), "PCIe rx")
-                .map(|kb| kb / 1000),
-            pci_tx_mbs: read(&|d| d.pcie_throughput(PcieUtilCounter::Send), "PCIe tx")
-                .map(|kb| kb / 1000),
+            core_clock_mhz: d.graphics_clock_mhz,
+            memory_clock_mhz: d.memory_clock_mhz,
+            bar1_used_mib: d.bar1_used.map(|b| b / MIB),
+            pci_rx_mbs: d.pcie_rx_kbs.map(|kb| kb / 1000),
+            pci_tx_mbs: d.pcie_tx_kbs.map(|kb| kb / 1000),
             processes: readings.processes.map(|list| {
                 list.into_iter()
                     .map(|p| GpuProcess {

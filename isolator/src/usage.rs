@@ -19,7 +19,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, MemoryLocation, PcieUtilCounter, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
@@ -160,6 +162,102 @@ impl GpuReadings {
         });
         readings.lost = lost;
         readings
+    }
+}
+
+/// The rest of a GPU's figures, those nvidia-docker's `/gpu/info` and `/gpu/status` pages show
+/// (NVML API reference for the units); each `None` when NVML does not have it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GpuDetailReadings {
+    /// Power management limit, mW.
+    pub power_limit_mw: Option<u32>,
+    /// BAR1 bytes in all.
+    pub bar1_total: Option<u64>,
+    /// BAR1 bytes in use.
+    pub bar1_used: Option<u64>,
+    /// Graphics clock now, MHz.
+    pub graphics_clock_mhz: Option<u32>,
+    /// Memory clock now, MHz.
+    pub memory_clock_mhz: Option<u32>,
+    /// Highest graphics clock, MHz.
+    pub max_graphics_clock_mhz: Option<u32>,
+    /// Highest memory clock, MHz.
+    pub max_memory_clock_mhz: Option<u32>,
+    /// ECC mode now.
+    pub ecc_enabled: Option<bool>,
+    /// Volatile uncorrected ECC errors in the L1 caches.
+    pub ecc_uncorrected_l1: Option<u64>,
+    /// Volatile uncorrected ECC errors in the L2 cache.
+    pub ecc_uncorrected_l2: Option<u64>,
+    /// Volatile uncorrected ECC errors in device memory.
+    pub ecc_uncorrected_device: Option<u64>,
+    /// Encoder utilisation, percent.
+    pub encoder_percent: Option<u32>,
+    /// Decoder utilisation, percent.
+    pub decoder_percent: Option<u32>,
+    /// PCIe receive throughput, KB/s.
+    pub pcie_rx_kbs: Option<u32>,
+    /// PCIe send throughput, KB/s.
+    pub pcie_tx_kbs: Option<u32>,
+}
+
+impl GpuDetailReadings {
+    /// Reads `gpu`'s detail figures now, through `driver`'s NVML session.
+    pub fn read(driver: &GpuDriver, gpu: &Gpu) -> GpuDetailReadings {
+        let mut lost = false;
+        let i = gpu.index;
+        let Some(d) = known(i, "handle", driver.nvml().device_by_index(i), &mut lost) else {
+            return GpuDetailReadings::default();
+        };
+        let bar1 = known(i, "BAR1", d.bar1_memory_info(), &mut lost);
+        let ecc = |location| {
+            known(
+                i,
+                "ECC errors",
+                d.memory_error_counter(MemoryError::Uncorrected, EccCounter::Volatile, location),
+                &mut false,
+            )
+        };
+        GpuDetailReadings {
+            power_limit_mw: known(i, "power limit", d.power_management_limit(), &mut lost),
+            bar1_total: bar1.as_ref().map(|b| b.total),
+            bar1_used: bar1.as_ref().map(|b| b.used),
+            graphics_clock_mhz: known(i, "clock", d.clock_info(Clock::Graphics), &mut lost),
+            memory_clock_mhz: known(i, "mem clock", d.clock_info(Clock::Memory), &mut lost),
+            max_graphics_clock_mhz: known(
+                i,
+                "max clock",
+                d.max_clock_info(Clock::Graphics),
+                &mut lost,
+            ),
+            max_memory_clock_mhz: known(
+                i,
+                "max mem clock",
+                d.max_clock_info(Clock::Memory),
+                &mut lost,
+            ),
+            ecc_enabled: known(i, "ECC mode", d.is_ecc_enabled(), &mut lost)
+                .map(|m| m.currently_enabled),
+            ecc_uncorrected_l1: ecc(MemoryLocation::L1Cache),
+            ecc_uncorrected_l2: ecc(MemoryLocation::L2Cache),
+            ecc_uncorrected_device: ecc(MemoryLocation::Device),
+            encoder_percent: known(i, "encoder", d.encoder_utilization(), &mut lost)
+                .map(|u| u.utilization),
+            decoder_percent: known(i, "decoder", d.decoder_utilization(), &mut lost)
+                .map(|u| u.utilization),
+            pcie_rx_kbs: known(
+                i,
+                "PCIe rx",
+                d.pcie_throughput(PcieUtilCounter::Receive),
+                &mut lost,
+            ),
+            pcie_tx_kbs: known(
+                i,
+                "PCIe tx",
+                d.pcie_throughput(PcieUtilCounter::Send),
+                &mut lost,
+            ),
+        }
     }
 }
 

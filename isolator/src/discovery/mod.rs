@@ -276,11 +276,18 @@ impl GpuDriver {
         &self.inventory
     }
 
-    /// The NVML session. Inside this crate it serves health events and usage; it is public only
-    /// for `mesos-gpu-docker`'s nvidia-docker `/gpu/status`, which reads device figures (clocks,
-    /// ECC, PCIe, BAR1) over this same session.
-    pub fn nvml(&self) -> &Nvml {
+    /// The NVML session (health events, usage and status figures).
+    pub(crate) fn nvml(&self) -> &Nvml {
         &self.nvml
+    }
+
+    /// The name of process `pid` as NVML reports it (`nvmlSystemGetProcessName`, at most
+    /// `max_len` bytes); `None` when NVML cannot say or says nothing.
+    pub fn process_name(&self, pid: u32, max_len: usize) -> Option<String> {
+        self.nvml
+            .sys_process_name(pid, max_len)
+            .ok()
+            .filter(|name| !name.is_empty())
     }
 
     /// The library path NVML was loaded from.
