@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use mesos_gpu_isolator::allocator::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
+use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 
 /// An allocator over `builder`'s node with `taken` already held by another container.
 fn allocator(builder: &NodeBuilder, policy: Policy, taken: &[u32]) -> Allocator {

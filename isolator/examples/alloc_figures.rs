@@ -16,10 +16,10 @@ mod besteffort;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::allocator::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_isolator::allocator::{AllocError, Allocator, GpuSet, Policy};
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::mig::MigUnits;
+use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 /// One starting state: a node, and the GPUs some other container holds already.

@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn issue_15_topology_never_scores_below_best_effort_on_dgx1() {
         use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
-        let node = mesos_gpu_isolator::allocator::nodes::dgx1_v100().inventory();
+        let node = mesos_gpu_testkit::nodes::dgx1_v100().inventory();
         let pair = |a: u32, b: u32| u64::from(node.topology.pair_score(a as usize, b as usize));
         let to_set = |m: u64| GpuSet::from_indices((0..8).filter(|&i| m & 1 << i != 0)).unwrap();
         let mut higher = 0;
@@ -310,7 +310,7 @@ mod tests {
     fn nvidias_published_dgx1_cases() {
         // go-gpuallocator's TestBestEffortAllocate on its DGX-1 Volta node (same links as
         // `nodes::dgx1_v100`): free GPUs, size 2 → the pair NVIDIA's test expects.
-        let node = mesos_gpu_isolator::allocator::nodes::dgx1_v100().inventory();
+        let node = mesos_gpu_testkit::nodes::dgx1_v100().inventory();
         let pair = |a: u32, b: u32| u64::from(node.topology.pair_score(a as usize, b as usize));
         let bits = |gpus: &[u32]| gpus.iter().fold(0u64, |acc, &g| acc | 1 << g);
         for (free, want) in [

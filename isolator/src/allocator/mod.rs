@@ -26,6 +26,7 @@ mod request;
 mod search;
 mod set;
 
+#[cfg(any(test, feature = "fixtures"))]
 pub mod nodes;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! Nodes built in code from an NVLink table and PCIe groups, and the reference nodes of
-//! `shared/reference/topologies.md`, for tests, benchmarks and simulation.
+//! `shared/reference/topologies.md`, for tests, benchmarks and examples (`mesos_gpu_testkit::nodes`).
 //!
 //! Every pair gets a PCIe level and, when joined by NVLink, its NVLink count as well, as NVML
 //! reports both. GPU `i` gets NVML index `i` and minor `i`.
