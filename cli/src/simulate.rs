@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, bail};
 use mesos_gpu_isolator::discovery::MAX_GPUS;
@@ -70,6 +71,9 @@ impl Simulation {
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
             .context("cannot create a temporary directory")?;
+        // A signal during the set-up waits for it: otherwise the clean-up could remove the
+        // directory while it is being filled, and a `create_dir_all` below would make it again.
+        let _setup = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
         if !command_handles_signals {
             remove_on_signal(dir.path().to_owned())
                 .context("cannot watch for signals to clean up the simulated node")?;
@@ -113,6 +117,10 @@ impl Simulation {
     }
 }
 
+/// Held while a simulated node's directory is being filled, and by the clean-up before it
+/// removes the directory.
+static SETUP: Mutex<()> = Mutex::new(());
+
 /// Set by the clean-up thread when a signal arrived: the process is about to exit with 128+N.
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
@@ -153,6 +161,7 @@ fn remove_on_signal(dir: PathBuf) -> anyhow::Result<()> {
                 }
             });
             SIGNALLED.store(true, Ordering::SeqCst);
+            let _setup = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
             let _ = std::fs::remove_dir_all(&dir);
             std::process::exit(128 + i32::from(number));
         })?;
