@@ -41,6 +41,8 @@ const MIN_API: ClientVersion = ClientVersion {
 };
 /// Seconds before a Docker API call is abandoned.
 const TIMEOUT_SECS: u64 = 120;
+/// How long a container's output may lag behind its end.
+pub const OUTPUT_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A failed Docker operation, with what was being done to what.
 #[derive(Debug, thiserror::Error)]
@@ -350,6 +352,57 @@ impl DockerClient {
             }) => Ok(()),
             other => other.map_err(call("stop container", container)),
         }
+    }
+
+    /// Runs a created container in the foreground, as `docker run` does: narrows it to
+    /// `pinning`, attaches to its output before starting it (so nothing a short-lived container
+    /// prints is lost), starts it, passes its output to `out` (`true` for stderr), stops it
+    /// (`docker stop -t grace_secs`) each time `stops` yields, and returns its exit code once it
+    /// has ended and its output is drained (at most [`OUTPUT_DRAIN`] after its end).
+    pub async fn run_foreground(
+        &self,
+        container: &str,
+        pinning: Option<&Pinning>,
+        grace_secs: i32,
+        stops: impl Stream<Item = ()>,
+        out: impl FnMut(bool, &[u8]),
+    ) -> Result<i64, DockerError> {
+        if let Some(pinning) = pinning {
+            self.set_cpuset(container, pinning).await?;
+        }
+        let attached = self.attach_output(container).await?;
+        self.start(container).await?;
+        let output = attached.forward(out);
+        tokio::pin!(output);
+        let wait = self.wait(container);
+        tokio::pin!(wait);
+        tokio::pin!(stops);
+        let mut output_done = false;
+        let mut stops_done = false;
+        let code = loop {
+            tokio::select! {
+                code = &mut wait => break code?,
+                result = &mut output, if !output_done => {
+                    output_done = true;
+                    if let Err(e) = result {
+                        tracing::warn!(container, error = %e, "lost the container's output");
+                    }
+                }
+                stop = stops.next(), if !stops_done => match stop {
+                    Some(()) => {
+                        tracing::info!(container, grace_secs, "stopping the container");
+                        if let Err(e) = self.stop(container, grace_secs).await {
+                            tracing::error!(container, error = %e, "cannot stop the container");
+                        }
+                    }
+                    None => stops_done = true,
+                },
+            }
+        };
+        if !output_done && tokio::time::timeout(OUTPUT_DRAIN, output).await.is_err() {
+            tracing::warn!(container, "the container's output did not end with it");
+        }
+        Ok(code)
     }
 
     /// Attaches to a created container's stdout and stderr *before* it is started, as

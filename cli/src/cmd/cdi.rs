@@ -19,7 +19,6 @@ use mesos_gpu_docker::cdi::{
     Outcome, SpecFile, sync_node,
 };
 use mesos_gpu_volume::VolumeManager;
-use mesos_gpu_volume::volume::DEFAULT_ROOT;
 
 use crate::ctx::Ctx;
 
@@ -57,9 +56,8 @@ pub(crate) struct GenerateArgs {
     #[arg(long, value_name = "DIRS", value_delimiter = ',', default_values = DEFAULT_SPEC_DIRS)]
     spec_dirs: Vec<PathBuf>,
 
-    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_ROOT)]
-    volume_root: PathBuf,
+    #[command(flatten)]
+    volume: super::VolumeRootArgs,
 
     /// Print what was done as JSON instead of text.
     #[arg(long)]
@@ -96,7 +94,7 @@ pub(crate) fn spec_path<'a>(given: Option<&'a Path>, ctx: &Ctx) -> Option<&'a Pa
 fn generate(args: &GenerateArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let inventory = ctx.inventory()?;
     let numbers = device_numbers(ctx);
-    let volumes = VolumeManager::at(&args.volume_root);
+    let volumes = VolumeManager::at(&args.volume.volume_root);
     let mut out = std::io::stdout().lock();
     let output = spec_path(args.output.as_deref(), ctx).unwrap_or(Path::new("-"));
     if output == Path::new("-") {

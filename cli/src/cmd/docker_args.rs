@@ -12,7 +12,7 @@
 //! container of that name (`mesos-gpu serve` at start also releases containers not running).
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,22 +94,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
 
-    /// Name the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
-    /// directory.
-    #[arg(long)]
-    plugin: bool,
-
-    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
-    /// --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
+    #[command(flatten)]
+    volume: super::DriverVolumeArgs,
 
     #[command(flatten)]
-    pool: super::PoolArgs,
-
-    /// Directory holding the `nvidia_<driver version>` volumes (bind mode).
-    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
-    volume_root: PathBuf,
+    reservations: super::DockerPoolArgs,
 
     /// With --image: an image the daemon does not have yet is taken to ask for the driver
     /// volume instead of being an error (the agent's hook reserves before the agent pulls the
@@ -117,10 +106,8 @@ pub(crate) struct Args {
     #[arg(long, requires = "image")]
     unpulled_image_ok: bool,
 
-    /// Docker daemon socket: for --image, and recorded as the container's daemon, which the
-    /// pool asks whether the container still runs.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
-    docker_socket: PathBuf,
+    #[command(flatten)]
+    daemon: super::DockerSocketArgs,
 
     /// The process that starts the container: the reservation stays while it runs, even
     /// before the container exists (default: the parent process, e.g. the agent whose hook runs
@@ -128,28 +115,19 @@ pub(crate) struct Args {
     #[arg(long, value_name = "PID")]
     starter_pid: Option<u32>,
 
-    /// Add --cpuset-cpus/--cpuset-mems narrowing the container to its GPUs' local CPUs and
-    /// memory nodes (NUMA pinning; within the machine's online CPUs), unless that leaves fewer
-    /// CPUs than --cpus.
-    #[arg(long)]
-    numa_pinning: bool,
-
-    /// The CPUs the container needs (as `docker run --cpus`): NUMA pinning never leaves it fewer.
-    #[arg(long, value_name = "N", requires = "numa_pinning", value_parser = crate::numa::parse_cpus)]
-    cpus: Option<f64>,
+    #[command(flatten)]
+    numa: super::NumaArgs,
 
     /// Print a JSON array of arguments instead of one line.
     #[arg(long)]
     json: bool,
 }
 
-/// Opens the shared pool in `work_dir` and recovers it from its checkpoint, waiting up to
-/// [`LOCK_WAIT`] while another process holds the directory. Drop it to let others in.
-pub(crate) fn open_pool(
-    ctx: &Ctx,
-    work_dir: &Path,
-    pool: &super::PoolArgs,
-) -> anyhow::Result<Isolator> {
+/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
+/// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
+/// directory. Drop it to let others in.
+pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
+    let work_dir = &args.work_dir;
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
         Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
@@ -164,7 +142,7 @@ pub(crate) fn open_pool(
     let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
         config.pool = Some(PoolConfig {
-            dir: pool.pool_dir.clone(),
+            dir: args.pool.pool_dir.clone(),
             role: PoolRole::Docker,
         });
         match Isolator::new(config, inventory.clone(), nodes.clone()) {
@@ -217,14 +195,13 @@ pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
 /// directory it creates).
 pub(crate) fn driver_spec(
     ctx: &Ctx,
-    plugin: bool,
-    volume_root: &Path,
+    choice: &super::DriverVolumeArgs,
     needed: bool,
 ) -> anyhow::Result<Option<DriverSpec>> {
     let Some(info) = ctx.inventory()?.driver.as_ref() else {
         return Ok(None);
     };
-    let volume = if plugin {
+    let volume = if choice.plugin {
         VolumeSource::Plugin {
             plugin: DEFAULT_PLUGIN_NAME.to_owned(),
         }
@@ -233,7 +210,7 @@ pub(crate) fn driver_spec(
             .version
             .parse()
             .with_context(|| format!("driver version {:?}", info.version))?;
-        let path = VolumeManager::at(volume_root).volume_path(&version);
+        let path = VolumeManager::at(&choice.root.volume_root).volume_path(&version);
         anyhow::ensure!(
             !needed || path.is_dir(),
             "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",
@@ -249,7 +226,7 @@ pub(crate) fn driver_spec(
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
-        let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
+        let pool = open_pool(ctx, &args.reservations)?;
         let kept = if args.force {
             pool.release_docker(id).map(|()| None)
         } else {
@@ -275,7 +252,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let runtime =
                 tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             let found = runtime.block_on(async {
-                let client = DockerClient::connect(&args.docker_socket).await?;
+                let client = DockerClient::connect(&args.daemon.docker_socket).await?;
                 client.image_info(name).await
             });
             match found {
@@ -289,7 +266,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         None => assumed(),
     };
-    let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
+    let driver = driver_spec(ctx, &args.volume, image.wants_driver())?;
     let host = super::serve::host_devices(ctx)?;
     // Everything but the GPUs is checked before anything is reserved.
     LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
@@ -300,16 +277,16 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .stamp(starter_pid)
         .with_context(|| format!("--starter-pid {starter_pid}: no such process"))?;
     let start = DockerStart {
-        daemon: Some(daemon_endpoint(&args.docker_socket)),
+        daemon: Some(daemon_endpoint(&args.daemon.docker_socket)),
         starter: Some(starter),
     };
-    let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
+    let pool = open_pool(ctx, &args.reservations)?;
     let reservation = DockerReservation::reserve(&pool, &id, f64::from(gpus), start)?;
     let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
     let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref())?;
-    let pinning = if args.numa_pinning {
+    let pinning = if args.numa.numa_pinning {
         let indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
-        crate::numa::docker_pinning(ctx, &indices, args.cpus)?
+        crate::numa::docker_pinning(ctx, &indices, args.numa.cpus)?
     } else {
         None
     };

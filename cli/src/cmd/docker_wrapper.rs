@@ -93,12 +93,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/docker")]
     docker: PathBuf,
 
-    /// Where `docker-args` checkpoints the Docker containers' reservations (its --work-dir).
-    #[arg(long, value_name = "DIR", default_value = super::docker_args::DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
-
+    /// The reservations `docker-args` made (its --work-dir and --pool-dir).
     #[command(flatten)]
-    pool: super::PoolArgs,
+    reservations: super::DockerPoolArgs,
 
     /// The docker command line, as the agent gives it.
     #[arg(last = true, value_name = "DOCKER ARGS", allow_hyphen_values = true)]
@@ -279,7 +276,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
 fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
-    let released = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)
+    let released = super::docker_args::open_pool(ctx, &args.reservations)
         .and_then(|pool| Ok(pool.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
@@ -298,7 +295,7 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         daemon: Some(super::docker_args::daemon_endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_args::open_pool(ctx, &args.work_dir, &args.pool)?;
+    let pool = super::docker_args::open_pool(ctx, &args.reservations)?;
     match pool.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(

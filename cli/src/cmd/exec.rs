@@ -83,15 +83,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME", default_value = "mesos")]
     cgroups_root: String,
 
-    /// Narrow the command to its GPUs' local CPUs and memory nodes (NUMA pinning: the cpuset
-    /// cgroup `<cpuset>/<cgroups root>/<id>` on v1, the container cgroup on v2), unless that
-    /// leaves fewer CPUs than --cpus.
-    #[arg(long)]
-    numa_pinning: bool,
-
-    /// The CPUs the command needs (as a task's `cpus`): NUMA pinning never leaves it fewer.
-    #[arg(long, value_name = "N", requires = "numa_pinning", value_parser = crate::numa::parse_cpus)]
-    cpus: Option<f64>,
+    /// NUMA pinning: the cpuset cgroup `<cpuset>/<cgroups root>/<id>` on v1, the container
+    /// cgroup on v2.
+    #[command(flatten)]
+    numa: super::NumaArgs,
 
     /// Internal: run as the launcher that waits on this socket, then execs the command.
     #[arg(long, hide = true, value_name = "PATH")]
@@ -146,7 +141,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     config.policy = args.policy;
     config.cgroup_version = args.cgroup_version;
     config.cgroups_root.clone_from(&args.cgroups_root);
-    if args.numa_pinning {
+    if args.numa.numa_pinning {
         config.pinning.enabled = true;
         config.pinning.affinities = crate::numa::affinities(ctx)?;
     }
@@ -177,9 +172,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         )
         .context("cannot prepare the container")?;
     print_allocation(&id, &info);
-    match isolator.pin(&id, args.cpus) {
+    match isolator.pin(&id, args.numa.cpus) {
         Ok(outcome) => {
-            if args.numa_pinning {
+            if args.numa.numa_pinning {
                 let _ = writeln!(
                     std::io::stderr(),
                     "  NUMA pinning: {}",

@@ -70,6 +70,63 @@ pub(crate) struct PoolArgs {
     pub(crate) pool_dir: PathBuf,
 }
 
+/// The Docker containers' reservations (their checkpoint) and the pool they draw from:
+/// `docker-args`, `docker-wrapper`, `run` and `serve` must agree on both.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct DockerPoolArgs {
+    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
+    /// --pool-dir).
+    #[arg(long, value_name = "DIR", default_value = docker_args::DEFAULT_WORK_DIR)]
+    pub(crate) work_dir: PathBuf,
+
+    #[command(flatten)]
+    pub(crate) pool: PoolArgs,
+}
+
+/// The Docker daemon the command talks to.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct DockerSocketArgs {
+    /// Docker daemon socket: images are read there, and it is recorded as the containers'
+    /// daemon, which the pool asks whether a container still runs.
+    #[arg(long, value_name = "PATH", default_value = docker_args::DEFAULT_DOCKER_SOCKET)]
+    pub(crate) docker_socket: PathBuf,
+}
+
+/// Where the driver volumes are.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct VolumeRootArgs {
+    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia).
+    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
+    pub(crate) volume_root: PathBuf,
+}
+
+/// How a Docker container that asks for the driver gets its volume.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct DriverVolumeArgs {
+    /// Name the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
+    /// directory.
+    #[arg(long)]
+    pub(crate) plugin: bool,
+
+    #[command(flatten)]
+    pub(crate) root: VolumeRootArgs,
+}
+
+/// NUMA pinning of what the command starts.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct NumaArgs {
+    /// Narrow the container to its GPUs' local CPUs and memory nodes (NUMA pinning, within the
+    /// machine's online CPUs; the cpuset cgroup for `exec`, `--cpuset-cpus/--cpuset-mems` for
+    /// Docker), unless that leaves fewer CPUs than --cpus.
+    #[arg(long)]
+    pub(crate) numa_pinning: bool,
+
+    /// The CPUs the container needs (as a task's `cpus` or `docker run --cpus`): NUMA pinning
+    /// never leaves it fewer.
+    #[arg(long, value_name = "N", requires = "numa_pinning", value_parser = crate::numa::parse_cpus)]
+    pub(crate) cpus: Option<f64>,
+}
+
 /// Parses `--gpus`: a whole number of GPUs. Anything else is a usage error (exit 2), reported
 /// by clap before anything is done; a count above what the node has is found later (exit 1).
 pub(crate) fn parse_gpus(value: &str) -> Result<u32, String> {

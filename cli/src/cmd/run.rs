@@ -10,10 +10,8 @@
 //! `docker-args --release ID` gives them back.
 
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use mesos_gpu_docker::bridge::DockerBridge;
@@ -21,13 +19,8 @@ use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::docker_args::{
-    DEFAULT_DOCKER_SOCKET, DEFAULT_WORK_DIR, driver_spec, new_container_id, open_pool,
-};
+use super::docker_args::{driver_spec, new_container_id, open_pool};
 use crate::ctx::Ctx;
-
-/// How long the output stream may lag behind the container's end.
-const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args)]
 #[command(
@@ -54,32 +47,17 @@ pub(crate) struct Args {
     )]
     gpus: u32,
 
-    /// Narrow the container to its GPUs' local CPUs and memory nodes (NUMA pinning, as
-    /// `docker update --cpuset-cpus/--cpuset-mems` before it starts; within the machine's online
-    /// CPUs).
-    #[arg(long)]
-    numa_pinning: bool,
-
-    /// Mount the plugin-served volume `nvidia_driver_<version>` instead of binding the volume
-    /// directory.
-    #[arg(long)]
-    plugin: bool,
-
-    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
-    /// --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
+    #[command(flatten)]
+    numa: super::NumaArgs,
 
     #[command(flatten)]
-    pool: super::PoolArgs,
+    volume: super::DriverVolumeArgs,
 
-    /// Directory holding the `nvidia_<driver version>` volumes (bind mode).
-    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
-    volume_root: PathBuf,
+    #[command(flatten)]
+    reservations: super::DockerPoolArgs,
 
-    /// Docker daemon socket.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
-    docker_socket: PathBuf,
+    #[command(flatten)]
+    daemon: super::DockerSocketArgs,
 
     /// Seconds `docker stop` waits after SIGTERM before SIGKILL, on SIGINT/SIGTERM.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
@@ -108,7 +86,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     // Handlers first: from here on SIGINT/SIGTERM stop the container instead of killing us.
-    let (mut sigint, mut sigterm) = {
+    let (sigint, sigterm) = {
         let _enter = runtime.enter();
         (
             signal(SignalKind::interrupt())?,
@@ -120,14 +98,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let host = super::serve::host_devices(ctx)?;
     let gpus = ctx.inventory()?.gpus.clone();
     runtime.block_on(async {
-        let client = DockerClient::connect(&args.docker_socket).await?;
+        let client = DockerClient::connect(&args.daemon.docker_socket).await?;
         let image = client.image_info(&args.image).await.with_context(|| {
             format!("image {} (it must be present locally: docker pull it first)", args.image)
         })?;
-        let driver = driver_spec(ctx, args.plugin, &args.volume_root, image.wants_driver())?;
+        let driver = driver_spec(ctx, &args.volume, image.wants_driver())?;
         // Reserve and create with the pool open; it is closed again while the container runs.
         let container = {
-            let pool = Arc::new(open_pool(ctx, &args.work_dir, &args.pool)?);
+            let pool = Arc::new(open_pool(ctx, &args.reservations)?);
             let bridge = DockerBridge::new(pool, client.clone(), host, driver, gpus);
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)
@@ -138,47 +116,37 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             gpus = ?container.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
             "created"
         );
+        let stops = futures_util::stream::select(
+            futures_util::stream::unfold(sigint, |mut s| async { s.recv().await.map(|()| ((), s)) }),
+            futures_util::stream::unfold(sigterm, |mut s| async { s.recv().await.map(|()| ((), s)) }),
+        );
         let outcome = async {
-            if args.numa_pinning {
+            let pinning = if args.numa.numa_pinning {
                 let indices: Vec<u32> = container.gpus.iter().map(|g| g.index).collect();
-                if let Some(pinning) = crate::numa::docker_pinning(ctx, &indices, None)? {
-                    client.set_cpuset(&container.docker_id, &pinning).await?;
-                }
-            }
-            let attached = client.attach_output(&container.docker_id).await?;
-            client.start(&container.docker_id).await?;
-            let output = attached.forward(|stderr, bytes| {
-                // A closed stdout or stderr must not stop the container.
-                let _ = if stderr {
-                    std::io::stderr().write_all(bytes)
-                } else {
-                    std::io::stdout().write_all(bytes)
-                };
-            });
-            tokio::pin!(output);
-            let wait = client.wait(&container.docker_id);
-            tokio::pin!(wait);
-            let mut output_done = false;
-            let code = loop {
-                tokio::select! {
-                    code = &mut wait => break code?,
-                    result = &mut output, if !output_done => {
-                        output_done = true;
-                        if let Err(e) = result {
-                            tracing::warn!(error = %e, "lost the container's output");
-                        }
-                    }
-                    _ = sigint.recv() => stop(&client, &container.docker_id, args.stop_timeout).await,
-                    _ = sigterm.recv() => stop(&client, &container.docker_id, args.stop_timeout).await,
-                }
+                crate::numa::docker_pinning(ctx, &indices, args.numa.cpus)?
+            } else {
+                None
             };
-            if !output_done && tokio::time::timeout(OUTPUT_DRAIN, output).await.is_err() {
-                tracing::warn!("the container's output did not end with it");
-            }
-            let _ = std::io::stdout().flush();
+            let code = client
+                .run_foreground(
+                    &container.docker_id,
+                    pinning.as_ref(),
+                    i32::from(args.stop_timeout),
+                    stops,
+                    |stderr, bytes| {
+                        // A closed stdout or stderr must not stop the container.
+                        let _ = if stderr {
+                            std::io::stderr().write_all(bytes)
+                        } else {
+                            std::io::stdout().write_all(bytes)
+                        };
+                    },
+                )
+                .await?;
             anyhow::Ok(code)
         }
         .await;
+        let _ = std::io::stdout().flush();
         // The GPUs go back only once the container is known to have ended or is removed.
         let ended = match (&outcome, args.keep) {
             (Ok(_), true) => true,
@@ -205,15 +173,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn stop(client: &DockerClient, container: &str, grace: u16) {
-    tracing::info!(grace, "stopping the container");
-    if let Err(e) = client.stop(container, i32::from(grace)).await {
-        tracing::error!(error = %e, "cannot stop the container");
-    }
-}
-
 fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_pool(ctx, &args.work_dir, &args.pool)?;
+    let pool = open_pool(ctx, &args.reservations)?;
     pool.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })

@@ -49,7 +49,7 @@ use mesos_gpu_isolator::health::HealthStore;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
 use mesos_gpu_volume::VolumeManager;
 
-use super::docker_args::{DEFAULT_DOCKER_SOCKET, DEFAULT_WORK_DIR, open_pool};
+use super::docker_args::open_pool;
 use crate::ctx::Ctx;
 
 /// Where `/gpu/status` reads process names NVML does not give.
@@ -70,9 +70,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     plugin_socket: PathBuf,
 
-    /// Directory holding the `nvidia_<driver version>` volumes.
-    #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
-    volume_root: PathBuf,
+    #[command(flatten)]
+    volume: super::VolumeRootArgs,
 
     /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries).
     #[arg(long, value_name = "DIR", default_value = "/")]
@@ -87,17 +86,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     driver_poll: u64,
 
-    /// The Docker containers' reservations to reconcile with the Docker daemon at start (the
-    /// GPUs come from --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
+    /// The Docker containers' reservations, reconciled with the Docker daemon at start.
+    #[command(flatten)]
+    reservations: super::DockerPoolArgs,
 
     #[command(flatten)]
-    pool: super::PoolArgs,
-
-    /// Docker daemon socket, for the start-up reconciliation.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_DOCKER_SOCKET)]
-    docker_socket: PathBuf,
+    daemon: super::DockerSocketArgs,
 
     /// The CDI spec kept current at start and at each driver poll (see `mesos-gpu cdi generate`)
     /// [default: /var/run/cdi/nvidia.com-gpu.json; with --simulate, none unless named].
@@ -154,7 +148,7 @@ pub(crate) fn host_devices(ctx: &Ctx) -> anyhow::Result<HostDevices> {
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let inventory = Arc::new(ctx.inventory()?.clone());
     let host = host_devices(ctx)?;
-    let manager = VolumeManager::at(&args.volume_root);
+    let manager = VolumeManager::at(&args.volume.volume_root);
     let plugin_name = args
         .plugin_socket
         .file_stem()
@@ -181,7 +175,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             }
         }
         (VolumeMode::Bind, None) => VolumeSource::Bind {
-            host_path: args.volume_root.join("no-driver"),
+            host_path: args.volume.volume_root.join("no-driver"),
         },
     };
     let lib = ctx.driver()?.map(|d| d.lib_path().to_owned());
@@ -193,7 +187,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Arc::new(SpecKeeper::new(
             SpecFile::new(path, args.cdi_spec_dirs.clone()),
             super::cdi::device_numbers(ctx),
-            VolumeManager::at(&args.volume_root),
+            VolumeManager::at(&args.volume.volume_root),
         ))
     });
     if let Some(cdi) = &cdi {
@@ -263,7 +257,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome
 /// is logged, none stops the service.
 async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
-    let socket = &args.docker_socket;
+    let socket = &args.daemon.docker_socket;
     let client = match DockerClient::connect(socket).await {
         Ok(client) => client,
         Err(e) => {
@@ -271,10 +265,10 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
             return;
         }
     };
-    let pool = match open_pool(ctx, &args.work_dir, &args.pool) {
+    let pool = match open_pool(ctx, &args.reservations) {
         Ok(pool) => pool,
         Err(e) if is_locked(&e) => {
-            tracing::warn!(work_dir = %args.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
+            tracing::warn!(work_dir = %args.reservations.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
             return;
         }
         Err(e) => {
