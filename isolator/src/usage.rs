@@ -204,61 +204,42 @@ pub struct GpuDetailReadings {
 impl GpuDetailReadings {
     /// Reads `gpu`'s detail figures now, through `driver`'s NVML session.
     pub fn read(driver: &GpuDriver, gpu: &Gpu) -> GpuDetailReadings {
-        let mut lost = false;
         let i = gpu.index;
-        let Some(d) = known(i, "handle", driver.nvml().device_by_index(i), &mut lost) else {
+        let Some(d) = detail(i, "handle", driver.nvml().device_by_index(i)) else {
             return GpuDetailReadings::default();
         };
-        let bar1 = known(i, "BAR1", d.bar1_memory_info(), &mut lost);
-        let ecc = |location| {
-            known(
+        let bar1 = detail(i, "BAR1", d.bar1_memory_info());
+        let ecc = |at| {
+            let counter = MemoryError::Uncorrected;
+            detail(
                 i,
                 "ECC errors",
-                d.memory_error_counter(MemoryError::Uncorrected, EccCounter::Volatile, location),
-                &mut false,
+                d.memory_error_counter(counter, EccCounter::Volatile, at),
             )
         };
         GpuDetailReadings {
-            power_limit_mw: known(i, "power limit", d.power_management_limit(), &mut lost),
+            power_limit_mw: detail(i, "power limit", d.power_management_limit()),
             bar1_total: bar1.as_ref().map(|b| b.total),
             bar1_used: bar1.as_ref().map(|b| b.used),
-            graphics_clock_mhz: known(i, "clock", d.clock_info(Clock::Graphics), &mut lost),
-            memory_clock_mhz: known(i, "mem clock", d.clock_info(Clock::Memory), &mut lost),
-            max_graphics_clock_mhz: known(
-                i,
-                "max clock",
-                d.max_clock_info(Clock::Graphics),
-                &mut lost,
-            ),
-            max_memory_clock_mhz: known(
-                i,
-                "max mem clock",
-                d.max_clock_info(Clock::Memory),
-                &mut lost,
-            ),
-            ecc_enabled: known(i, "ECC mode", d.is_ecc_enabled(), &mut lost)
-                .map(|m| m.currently_enabled),
+            graphics_clock_mhz: detail(i, "clock", d.clock_info(Clock::Graphics)),
+            memory_clock_mhz: detail(i, "mem clock", d.clock_info(Clock::Memory)),
+            max_graphics_clock_mhz: detail(i, "max clock", d.max_clock_info(Clock::Graphics)),
+            max_memory_clock_mhz: detail(i, "max mem clock", d.max_clock_info(Clock::Memory)),
+            ecc_enabled: detail(i, "ECC mode", d.is_ecc_enabled()).map(|m| m.currently_enabled),
             ecc_uncorrected_l1: ecc(MemoryLocation::L1Cache),
             ecc_uncorrected_l2: ecc(MemoryLocation::L2Cache),
             ecc_uncorrected_device: ecc(MemoryLocation::Device),
-            encoder_percent: known(i, "encoder", d.encoder_utilization(), &mut lost)
-                .map(|u| u.utilization),
-            decoder_percent: known(i, "decoder", d.decoder_utilization(), &mut lost)
-                .map(|u| u.utilization),
-            pcie_rx_kbs: known(
-                i,
-                "PCIe rx",
-                d.pcie_throughput(PcieUtilCounter::Receive),
-                &mut lost,
-            ),
-            pcie_tx_kbs: known(
-                i,
-                "PCIe tx",
-                d.pcie_throughput(PcieUtilCounter::Send),
-                &mut lost,
-            ),
+            encoder_percent: detail(i, "encoder", d.encoder_utilization()).map(|u| u.utilization),
+            decoder_percent: detail(i, "decoder", d.decoder_utilization()).map(|u| u.utilization),
+            pcie_rx_kbs: detail(i, "PCIe rx", d.pcie_throughput(PcieUtilCounter::Receive)),
+            pcie_tx_kbs: detail(i, "PCIe tx", d.pcie_throughput(PcieUtilCounter::Send)),
         }
     }
+}
+
+/// A detail figure, `None` (logged) when NVML does not have it.
+fn detail<T>(gpu: u32, what: &'static str, result: Result<T, NvmlError>) -> Option<T> {
+    known(gpu, what, result, &mut false)
 }
 
 /// One GPU of a container and what the container does with it.
