@@ -22,7 +22,7 @@ use nvml_wrapper::struct_wrappers::device::{DeviceAttributes, ProfileInfo};
 use nvml_wrapper::{Device, Nvml};
 
 use super::caps::CapsTable;
-use super::{DiscoveryError, is_unsupported};
+use super::{DiscoveryError, NvmlFailure, is_unsupported};
 use crate::inventory::{Gpu, MigDevice};
 use crate::sys::nvml::{InstanceId, instance_id};
 
@@ -185,6 +185,6 @@ fn mig_error(
         index,
         mig_index,
         what,
-        source,
+        source: NvmlFailure(source),
     }
 }

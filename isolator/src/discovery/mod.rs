@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::error::NvmlError;
 
 use crate::inventory::{DriverInfo, Gpu, Inventory, MigLayout, Topology};
@@ -133,7 +134,7 @@ pub enum DiscoveryError {
         what: &'static str,
         /// NVML's error.
         #[source]
-        source: NvmlError,
+        source: NvmlFailure,
     },
     /// The driver's MIG capability files cannot be used for a MIG device.
     #[error("cannot find the capability device nodes of MIG device {uuid}")]
@@ -150,6 +151,19 @@ pub enum DiscoveryError {
         /// What was wrong.
         #[source]
         source: CapsError,
+    },
+    /// A GPU's setting cannot be read or changed.
+    #[error("cannot {action} the {what} of GPU {uuid}")]
+    Setting {
+        /// The GPU's UUID.
+        uuid: String,
+        /// `read` or `set`.
+        action: &'static str,
+        /// The setting.
+        what: &'static str,
+        /// NVML's error.
+        #[source]
+        source: NvmlFailure,
     },
     /// A GPU cannot be enumerated.
     #[error("cannot read the {what} of GPU {index}")]
@@ -168,7 +182,7 @@ pub enum DiscoveryError {
 /// The NVML binding's own type stays out of this crate's API.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct NvmlFailure(NvmlError);
+pub struct NvmlFailure(pub(crate) NvmlError);
 
 /// What opening NVML found.
 #[derive(Debug)]
@@ -288,6 +302,43 @@ impl GpuDriver {
             .sys_process_name(pid, max_len)
             .ok()
             .filter(|name| !name.is_empty())
+    }
+
+    /// Sets GPU `uuid`'s compute mode to EXCLUSIVE_PROCESS (`exclusive`: one process, the MPS
+    /// server, may hold a context on it) or back to DEFAULT, as `nvidia-smi -i <uuid> -c …` does.
+    pub fn set_exclusive_process(&self, uuid: &str, exclusive: bool) -> Result<(), DiscoveryError> {
+        let setting = |action, source| DiscoveryError::Setting {
+            uuid: uuid.to_owned(),
+            action,
+            what: "compute mode",
+            source: NvmlFailure(source),
+        };
+        let mode = if exclusive {
+            ComputeMode::ExclusiveProcess
+        } else {
+            ComputeMode::Default
+        };
+        let mut device = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(|e| setting("set", e))?;
+        device.set_compute_mode(mode).map_err(|e| setting("set", e))
+    }
+
+    /// True when GPU `uuid` is in compute mode EXCLUSIVE_PROCESS.
+    pub fn is_exclusive_process(&self, uuid: &str) -> Result<bool, DiscoveryError> {
+        let read = |source| DiscoveryError::Setting {
+            uuid: uuid.to_owned(),
+            action: "read",
+            what: "compute mode",
+            source: NvmlFailure(source),
+        };
+        let mode = self
+            .nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.compute_mode())
+            .map_err(read)?;
+        Ok(matches!(mode, ComputeMode::ExclusiveProcess))
     }
 
     /// The library path NVML was loaded from.

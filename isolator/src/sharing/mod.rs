@@ -15,8 +15,10 @@
 //! Modules: [`plan`] (which GPUs are shared, with which R, parsed from the operator's spec and
 //! checked against the inventory), [`offer`] (the agent flags and attributes that advertise the
 //! split), [`placement`] (where a share goes: pack onto partly used GPUs first), [`store`] (share
-//! reservations in the node's GPU pool, under the pool's transactions).
+//! reservations in the node's GPU pool, under the pool's transactions), [`mps`] (one MPS control
+//! daemon per shared GPU, started, told its limits, supervised and stopped).
 
+pub mod mps;
 pub mod offer;
 pub mod placement;
 pub mod plan;
