@@ -16,8 +16,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use mesos_gpu_testkit::nodes::dgx1_v100;
 use mesos_gpu_isolator::sharing::{Placement, ShareBook, SharingMode, SharingSpec};
+use mesos_gpu_testkit::nodes::dgx1_v100;
 
 /// Mean time a share is held, in hours.
 const MEAN_HOLD_HOURS: f64 = 0.1;
