@@ -401,7 +401,9 @@ fn issue_16_17_offers_the_module_cannot_serve_yet_are_flagged() {
     assert!(shared.status.success());
     let err = String::from_utf8_lossy(&shared.stderr);
     assert!(
-        err.contains("the module does not hand out shares yet"),
+        err.contains(
+            "give the module the same parameters (gpu_replicas=4, gpu_sharing=time-slicing)"
+        ) && err.contains("Docker-containerizer tasks cannot hold shares yet"),
         "{err}"
     );
     let whole = mesos_gpu(&["--simulate", "dgx1-v100", "--isolation", ISO]);

@@ -72,6 +72,10 @@ fn main() -> ExitCode {
             "issue_13_exec_refuses_an_unhealthy_gpu",
             exec_refuses_an_unhealthy_gpu,
         ));
+        trials.push(add(
+            "issue_17_execs_share_a_gpu_and_refuse_what_fits_none",
+            execs_share_a_gpu,
+        ));
     }
     trials.push(needs(
         &host,
@@ -734,4 +738,62 @@ fn numa_pinning() -> TestResult {
     })();
     let _ = std::fs::remove_dir(&cpuset);
     result
+}
+
+/// Issue 17: with every GPU shared four ways (`MESOS_GPU_REPLICAS=4`), a running 1-unit exec
+/// and a 2-unit exec share GPU 0 (packed), each command opens that GPU only; 5 units fit no
+/// GPU and the node has no whole GPU, so it is refused saying both.
+fn execs_share_a_gpu(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let shared = |gpus: &str, cmd: &[&str]| {
+        let mut c = env.command(gpus, cmd);
+        c.env("MESOS_GPU_REPLICAS", "4");
+        c
+    };
+    let mut first = shared("1", &["busybox", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut first)?;
+    let me = std::env::current_exe().unwrap();
+    let second = shared("2", &[me.to_str().unwrap()])
+        .env(OPENER_ENV, env.dev.path())
+        .output()
+        .unwrap();
+    let too_big = shared("5", &["busybox", "true"]).output().unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status();
+    let first = first.wait_with_output().unwrap();
+    check(second.status.success(), text(&second))?;
+    let (a, b) = (
+        String::from_utf8_lossy(&first.stderr).into_owned(),
+        String::from_utf8_lossy(&second.stderr).into_owned(),
+    );
+    check(
+        granted(&a) == BTreeSet::from([0])
+            && granted(&b) == BTreeSet::from([0])
+            && a.contains("share: 1/4 of the GPU (time-slicing)")
+            && b.contains("share: 2/4 of the GPU (time-slicing)"),
+        format!("first:\n{a}\nsecond:\n{b}"),
+    )?;
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    let allowed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("nvidia") && l.ends_with(&format!(" {}", libc_enxio())))
+        .collect();
+    check(
+        allowed == ["nvidia-uvm 6", "nvidia0 6", "nvidiactl 6"],
+        format!("the share holder opens: {allowed:?}\n{stdout}"),
+    )?;
+    let refused = String::from_utf8_lossy(&too_big.stderr);
+    check(
+        too_big.status.code() == Some(1)
+            && refused
+                .contains("asks 5 GPU units, more than one shared GPU holds (at most 4 replicas)")
+            && refused.contains("whole GPUs: 5 asked; 0 free"),
+        text(&too_big),
+    )?;
+    env.check_clean()
 }

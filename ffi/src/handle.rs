@@ -21,6 +21,7 @@ use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{ContainerId, DockerReservation, DockerStart, Isolator};
+use mesos_gpu_isolator::sharing::mps::ComputeModes;
 use mesos_gpu_isolator::usage::UsageReader;
 use prost::Message;
 
@@ -108,6 +109,10 @@ impl MgpuIsolator {
         config.driver_volume.clone_from(&driver_volume);
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
+        }
+        if let Some(sharing) = &mut config.sharing {
+            // Shared GPUs go to EXCLUSIVE_PROCESS while their MPS daemon runs.
+            sharing.mps.compute_modes = Some(Arc::clone(&driver) as Arc<dyn ComputeModes>);
         }
         let mut isolator = Isolator::new(config, inventory.clone(), nodes.clone())
             .map_err(|source| ParamError::Isolator { source })?;

@@ -19,9 +19,13 @@ use mesos_gpu_isolator::devices::DevicesError;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
 use mesos_gpu_isolator::health::{HealthPolicy, PolicyError};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole,
+    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
 };
 use mesos_gpu_isolator::pool::DEFAULT_POOL_DIR;
+use mesos_gpu_isolator::sharing::mps::{
+    DEFAULT_ROOT as DEFAULT_MPS_ROOT, MpsConfig, PROGRAM as MPS_CONTROL,
+};
+use mesos_gpu_isolator::sharing::{SharingError, SharingMode, SharingSpec};
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -44,6 +48,10 @@ pub const KEYS: &[&str] = &[
     "driver_volume",
     "health_checks",
     "numa_pinning",
+    "gpu_replicas",
+    "gpu_sharing",
+    "mps_root",
+    "mps_control",
     #[cfg(feature = "testing")]
     "debug_panic_on",
 ];
@@ -85,6 +93,13 @@ pub enum ParamError {
         /// Why.
         #[source]
         source: AllocError,
+    },
+    /// The GPU sharing parameters are refused.
+    #[error("module parameters gpu_replicas/gpu_sharing")]
+    Sharing {
+        /// Why (names the value and the accepted forms).
+        #[source]
+        source: SharingError,
     },
     /// The health-check specification is refused.
     #[error("module parameter health_checks")]
@@ -173,6 +188,7 @@ impl ParamError {
                 | ParamError::BadValue { .. }
                 | ParamError::Policy { .. }
                 | ParamError::HealthChecks { .. }
+                | ParamError::Sharing { .. }
                 | ParamError::Agent { .. }
                 | ParamError::ContradictsAgent { .. }
         )
@@ -309,6 +325,26 @@ impl ModuleParams {
                 });
             }
         };
+        if let Some(spec) = get("gpu_replicas") {
+            let mode = get("gpu_sharing")
+                .unwrap_or("time-slicing")
+                .parse::<SharingMode>()
+                .map_err(|source| ParamError::Sharing { source })?;
+            let spec =
+                SharingSpec::parse(spec, mode).map_err(|source| ParamError::Sharing { source })?;
+            let mut mps = MpsConfig::new(path("mps_root", DEFAULT_MPS_ROOT));
+            mps.program = path("mps_control", MPS_CONTROL);
+            isolator.sharing = Some(SharingConfig { spec, mps });
+        } else if let Some(key) = ["gpu_sharing", "mps_root", "mps_control"]
+            .into_iter()
+            .find(|k| get(k).is_some())
+        {
+            return Err(ParamError::BadValue {
+                key,
+                got: get(key).unwrap_or_default().to_owned(),
+                expected: "to be given only with gpu_replicas",
+            });
+        }
         let health_checks = get("health_checks")
             .map(HealthPolicy::parse)
             .transpose()
@@ -713,6 +749,46 @@ mod tests {
             p.resolve_volume("550.54.14").unwrap(),
             Some(dir.path().join("nvidia_550.54.14"))
         );
+    }
+
+    #[test]
+    fn issue_17_sharing_parameters() {
+        let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        assert!(p.isolator.sharing.is_none(), "whole GPUs by default");
+        let p = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("gpu_replicas", "4,3=1"),
+            ("gpu_sharing", "mps"),
+            ("mps_root", "/run/mps"),
+        ]))
+        .unwrap();
+        let sharing = p.isolator.sharing.unwrap();
+        assert_eq!(sharing.spec.mode(), SharingMode::Mps);
+        assert_eq!(sharing.mps.root, Path::new("/run/mps"));
+        assert_eq!(sharing.mps.program, Path::new("nvidia-cuda-mps-control"));
+        let p = ModuleParams::parse(&params(&[("work_dir", "/w"), ("gpu_replicas", "2")])).unwrap();
+        assert_eq!(
+            p.isolator.sharing.unwrap().spec.mode(),
+            SharingMode::TimeSlicing
+        );
+        let err = ModuleParams::parse(&params(&[("work_dir", "/w"), ("gpu_sharing", "mps")]))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "module parameter gpu_sharing=\"mps\": expected to be given only with gpu_replicas"
+        );
+        for (key, value, says) in [
+            ("gpu_sharing", "slices", "GPU sharing mode \"slices\""),
+            ("gpu_replicas", "4,x", "GPU replica entry \"x\""),
+        ] {
+            let mut given = vec![("work_dir", "/w"), ("gpu_replicas", "4")];
+            given.retain(|(k, _)| *k != key);
+            given.push((key, value));
+            let err = ModuleParams::parse(&params(&given)).unwrap_err();
+            assert!(err.is_bad_value());
+            let chain = mesos_gpu_os::error_chain(&err);
+            assert!(chain.contains(says), "{chain}");
+        }
     }
 
     #[test]

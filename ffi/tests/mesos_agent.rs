@@ -15,7 +15,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::OnceLock;
@@ -28,6 +28,7 @@ use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
     build_module, build_probe, http_get, http_post_json, wait_for,
 };
+use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{Handle, TestResult, cdylib, check, config, trial};
@@ -61,7 +62,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 26] = [
+    let tests: [(&str, &[Need], Test); 28] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -155,6 +156,8 @@ fn main() -> ExitCode {
             v1_docker_image_needing_newer_cuda_fails_saying_so,
         ),
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        ("v1_shared_gpus", v1, || shared_gpus(false)),
+        ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         (
             "v2_docker_containerizer_refused_by_mesos",
             docker_v2,
@@ -178,6 +181,8 @@ fn main() -> ExitCode {
         .map(|(name, need, f)| {
             let issue = if name.contains("docker") {
                 12
+            } else if name.contains("shared_gpus") {
+                17
             } else if name.contains("metrics") || name.contains("shared") {
                 14
             } else if name.contains("beside") {
@@ -522,6 +527,143 @@ fn v1_gpus_on_mesos_devices_cgroup() -> TestResult {
         )?;
     }
     c.wait_all_released()
+}
+
+/// Issue 17: a real agent whose module shares GPUs 0 and 1 four ways and keeps 2-7 whole
+/// (`gpu_replicas=4,2=1,…,7=1`, offered as `gpus:14`). Four tasks at once: `gpus:1` and `gpus:2`
+/// pack onto GPU 0, `gpus:4` takes all of GPU 1, `gpus:5` five whole GPUs; each opens exactly
+/// its GPUs and is told its share; the pool records the shares while they run and none after.
+/// With `mps`, the module starts one MPS daemon per shared GPU (nvml-sim's stand-in, run by
+/// the agent's module itself) and each share holder gets its k/4 limits.
+fn shared_gpus(mps: bool) -> TestResult {
+    let control = MpsControl::install("{}");
+    let program = control.program().display().to_string();
+    let scratch_mps = tempfile::Builder::new().prefix("mgpu-mps").tempdir()?;
+    let mps_root = scratch_mps.path().display().to_string();
+    let mut extra = vec![("gpu_replicas", "4,2=1,3=1,4=1,5=1,6=1,7=1")];
+    if mps {
+        extra.extend([
+            ("gpu_sharing", "mps"),
+            ("mps_control", program.as_str()),
+            ("mps_root", mps_root.as_str()),
+        ]);
+    }
+    let setup = ModuleSetup {
+        explicit_root: true,
+        extra: &extra,
+    };
+    let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
+    let ((install, sim, dev, scratch, master), mut spec) =
+        Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
+    spec.resources = "cpus:4;mem:4096;gpus:14".into();
+    let agent = Agent::start(&install, &master, spec)?;
+    let c = Cluster {
+        install,
+        sim,
+        dev,
+        scratch,
+        master,
+        agent,
+    };
+    // (task, gpus, share, MPS thread percentage, MPS memory limit of a 16 GiB V100)
+    let asks = [
+        ("one", 1, "1/4", "25", "0=4040M"),
+        ("two", 2, "2/4", "50", "0=8080M"),
+        ("four", 4, "4/4", "100", "0=16160M"),
+        ("five", 5, "(unset)", "(unset)", "(unset)"),
+    ];
+    let mut tasks = Vec::new();
+    for (name, gpus, ..) in asks {
+        tasks.push(c.launch(name, gpus, true)?);
+    }
+    let mut held = BTreeMap::new();
+    for (name, _, share, threads, memory) in asks {
+        let text = c
+            .agent
+            .wait_stdout(name, "env CUDA_VISIBLE_DEVICES", TASK_TIMEOUT)?;
+        println!("task {name} printed:\n{}", text.trim_end());
+        let report = ProbeReport::parse(&text);
+        let minors = report.gpus(false);
+        expect_exactly(&report, &minors, false)?;
+        let var = |k: &str| report.env.get(k).map_or("missing", String::as_str);
+        let (threads, memory) = if mps {
+            (threads, memory)
+        } else {
+            ("(unset)", "(unset)")
+        };
+        check(
+            var("MESOS_GPU_SHARE") == share
+                && var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == threads
+                && var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == memory,
+            format!(
+                "task {name}: {:?}, expected share {share}, {threads} %, {memory}",
+                report.env
+            ),
+        )?;
+        held.insert(name, minors);
+    }
+    check(
+        held["one"] == [0]
+            && held["two"] == [0]
+            && held["four"] == [1]
+            && held["five"].len() == 5
+            && held["five"].iter().all(|&m| m >= 2),
+        format!("placement: {held:?}"),
+    )?;
+    let pool_path = c.scratch.path().join("pool/gpu/pool.json");
+    let pool: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pool_path)?)?;
+    let mut units: Vec<u64> = pool["shares"]
+        .as_object()
+        .map(|m| {
+            m.values()
+                .filter_map(|s| s["grant"]["units"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    units.sort_unstable();
+    check(units == [1, 2, 4], format!("the pool's shares: {pool}"))?;
+    let daemons: Vec<u64> = pool["mps"]
+        .as_object()
+        .map(|m| {
+            m.values()
+                .filter_map(|d| d["daemon"]["process"]["pid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let starts: Vec<String> = control
+        .records()
+        .iter()
+        .filter(|r| r["event"] == "start")
+        .map(|r| {
+            r["env"]["CUDA_VISIBLE_DEVICES"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let want_starts: Vec<String> = if mps { c.uuids(&[0, 1])? } else { Vec::new() };
+    let mut sorted = starts.clone();
+    sorted.sort();
+    let result = check(
+        sorted == want_starts && daemons.len() == want_starts.len(),
+        format!(
+            "MPS daemons started for {starts:?}, recorded {daemons:?}; expected {want_starts:?}"
+        ),
+    );
+    // The daemons outlive the agent: stop them before anything else can fail.
+    for pid in &daemons {
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+    }
+    result?;
+    for ((name, ..), task) in asks.iter().zip(tasks.iter_mut()) {
+        c.release(name)?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    c.wait_all_released()?;
+    let pool = std::fs::read_to_string(&pool_path)?;
+    check(!pool.contains("\"shares\""), format!("shares left: {pool}"))
 }
 
 /// Three tasks at once (4 + 3 + 1 GPUs of 8) get disjoint GPUs covering the node, each exactly

@@ -54,9 +54,9 @@ pub(crate) struct Args {
     attributes: Option<String>,
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
-    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. Offers only, for
-    /// planning: the module does not hand out shares yet, so an agent started with these flags
-    /// offers more `gpus` than it can serve.
+    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. Give the module
+    /// the same spec (parameter `gpu_replicas`); Docker-containerizer tasks cannot hold shares
+    /// yet.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
@@ -121,8 +121,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
             let shared = sharing::offer::advertise(&resolved, inventory, &spec)?.0;
             eprintln!(
-                "mesos-gpu: warning: --gpu-replicas prints the offers of a shared node for planning; \
-                 the module does not hand out shares yet, so do not start an agent with them"
+                "mesos-gpu: note: give the module the same parameters (gpu_replicas={}, \
+                 gpu_sharing={}); Docker-containerizer tasks cannot hold shares yet",
+                args.gpu_replicas.as_deref().unwrap_or_default(),
+                args.gpu_sharing
             );
             shared
         }

@@ -55,7 +55,8 @@ const GO: &[u8] = b"go";
     mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
     mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
     mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'\n  \
-    mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status"
+    mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status\n  \
+    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python infer.py   # a 1/4 share under MPS"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
@@ -78,6 +79,9 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     pool: super::PoolArgs,
+
+    #[command(flatten)]
+    sharing: super::SharingArgs,
 
     /// Parent of the container cgroups (Mesos `--cgroups_root`).
     #[arg(long, value_name = "NAME", default_value = "mesos")]
@@ -139,6 +143,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         },
     });
     config.policy = args.policy;
+    config.sharing = args.sharing.config(ctx)?;
     config.cgroup_version = args.cgroup_version;
     config.cgroups_root.clone_from(&args.cgroups_root);
     if args.numa.numa_pinning {
@@ -359,6 +364,15 @@ fn print_allocation(id: &ContainerId, info: &LaunchInfo) {
             gpus.join(", ")
         }
     );
+    let env = |key: &str| {
+        info.environment
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    };
+    if let (Some(share), Some(mode)) = (env("MESOS_GPU_SHARE"), env("MESOS_GPU_SHARING")) {
+        let _ = writeln!(err, "  share: {share} of the GPU ({mode})");
+    }
     if let Some(cgroup) = &info.cgroup {
         let _ = writeln!(err, "  cgroup: {}", cgroup.display());
     }

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use mesos_gpu_isolator::lifecycle::SharingConfig;
 use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
+use mesos_gpu_isolator::sharing::mps::{self, ComputeModes, MpsConfig};
+use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
 
 use crate::ctx::Ctx;
 
@@ -58,6 +61,51 @@ impl Command {
     /// True for the commands that stop cleanly on SIGINT/SIGTERM by themselves.
     pub(crate) fn handles_signals(&self) -> bool {
         matches!(self, Command::Serve(_) | Command::Run(_) | Command::Exec(_))
+    }
+}
+
+/// GPU sharing: the node's replica spec and how shares are enforced. Every process handing out
+/// shares on a node (the agent's module, `exec`) must be given the same values.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct SharingArgs {
+    /// Share GPUs: `R` shares every GPU R ways (1-48); `SEL=R` (SEL an NVML index or UUID) sets
+    /// one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`. A request of k ≤ R units is a k/R
+    /// share of one shared GPU.
+    #[arg(long, value_name = "SPEC", env = "MESOS_GPU_REPLICAS")]
+    pub(crate) gpu_replicas: Option<String>,
+
+    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    #[arg(
+        long,
+        value_name = "MODE",
+        env = "MESOS_GPU_SHARING",
+        default_value = "time-slicing"
+    )]
+    pub(crate) gpu_sharing: SharingMode,
+
+    /// Under mps: where each shared GPU's daemon gets its `<uuid>/pipe` and `<uuid>/log`.
+    #[arg(long, value_name = "DIR", default_value = mps::DEFAULT_ROOT)]
+    pub(crate) mps_root: PathBuf,
+
+    /// Under mps: the MPS control program (a bare name is looked up on PATH).
+    #[arg(long, value_name = "PROGRAM", default_value = mps::PROGRAM)]
+    pub(crate) mps_control: PathBuf,
+}
+
+impl SharingArgs {
+    /// The isolator's sharing configuration; `None` without `--gpu-replicas`. Under mps the
+    /// GPUs' compute modes are set through NVML when a driver is loaded.
+    pub(crate) fn config(&self, ctx: &Ctx) -> anyhow::Result<Option<SharingConfig>> {
+        let Some(spec) = &self.gpu_replicas else {
+            return Ok(None);
+        };
+        let spec = SharingSpec::parse(spec, self.gpu_sharing)?;
+        let mut mps = MpsConfig::new(&self.mps_root);
+        mps.program.clone_from(&self.mps_control);
+        mps.compute_modes = ctx
+            .shared_driver()?
+            .map(|d| std::sync::Arc::clone(d) as std::sync::Arc<dyn ComputeModes>);
+        Ok(Some(SharingConfig { spec, mps }))
     }
 }
 

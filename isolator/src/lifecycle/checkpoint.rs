@@ -85,6 +85,9 @@ pub(crate) struct ContainerRecord {
     pub(crate) gpus: Vec<GpuRecord>,
     /// Rules in `devices.list` syntax, normalized.
     pub(crate) rules: Vec<String>,
+    /// Its share of a shared GPU (absent for whole GPUs and in older checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) share: Option<crate::sharing::ShareGrant>,
 }
 
 /// Everything the isolator must remember across a restart.
@@ -217,6 +220,7 @@ mod tests {
                 ContainerRecord {
                     gpus: vec![gpu.clone()],
                     rules: vec!["c 195:1 rw".into()],
+                    share: None,
                 },
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),

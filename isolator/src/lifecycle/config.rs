@@ -84,7 +84,7 @@ impl FromStr for CgroupOwner {
 }
 
 /// How the isolator is set up.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct IsolatorConfig {
     /// How GPUs are chosen.
     pub policy: Policy,
@@ -111,6 +111,8 @@ pub struct IsolatorConfig {
     /// The node's GPU pool to draw from; `None` keeps every reservation in this isolator's
     /// own checkpoint (a pool of its own).
     pub pool: Option<super::PoolConfig>,
+    /// GPU sharing (replicas); `None` hands out whole GPUs only. Needs `pool`.
+    pub sharing: Option<super::SharingConfig>,
 }
 
 impl IsolatorConfig {
@@ -130,6 +132,7 @@ impl IsolatorConfig {
             allowed_devices: default_whitelist(),
             pinning: super::PinningConfig::default(),
             pool: None,
+            sharing: None,
         }
     }
 }

@@ -31,6 +31,51 @@ pub enum LifecycleError {
         /// What the pool holds.
         shortage: crate::pool::Shortage,
     },
+    /// A share request that no shared GPU has room for, and that whole GPUs cannot serve either.
+    #[error("cannot prepare container {container}: {placement}; whole GPUs: {whole}")]
+    ShareRefused {
+        /// The container.
+        container: ContainerId,
+        /// Why no shared GPU takes it.
+        placement: crate::sharing::PlacementError,
+        /// What the whole GPUs are doing.
+        whole: crate::pool::Shortage,
+    },
+    /// A container holding a GPU share asked for another number of units.
+    #[error(
+        "cannot update container {container}: it holds a share of {units}/{replicas} of GPU {gpu}, and a share cannot be resized (asked gpus:{asked}); relaunch the task with the new size"
+    )]
+    ShareResize {
+        /// The container.
+        container: ContainerId,
+        /// Its GPU.
+        gpu: String,
+        /// Units it holds.
+        units: u32,
+        /// The GPU's replica count.
+        replicas: u32,
+        /// The `gpus` value asked.
+        asked: f64,
+    },
+    /// GPU sharing is misconfigured.
+    #[error("GPU sharing: {why}")]
+    SharingSetup {
+        /// What is wrong.
+        why: String,
+    },
+    /// The MPS control daemon of a shared GPU could not be started.
+    #[error(
+        "cannot prepare container {container}: the MPS control daemon of GPU {gpu} is not running"
+    )]
+    Mps {
+        /// The container.
+        container: ContainerId,
+        /// The GPU.
+        gpu: String,
+        /// Why.
+        #[source]
+        source: Box<crate::sharing::mps::MpsError>,
+    },
     /// The node's GPU pool could not be read or written.
     #[error("cannot {step}: the node's GPU pool failed")]
     Pool {
@@ -240,6 +285,7 @@ impl LifecycleError {
                 source: AllocError::NotEnough { .. },
                 ..
             } | LifecycleError::Refused { .. }
+                | LifecycleError::ShareRefused { .. }
         )
     }
 

@@ -38,20 +38,39 @@ pub(crate) struct HealthLink {
     driver: Arc<GpuDriver>,
 }
 
-/// Applies one change to the state; the limitation for its holder, if a container holds it.
-fn apply(state: &mut State, change: &HealthChange) -> Option<Limitation> {
+/// Applies one change to the state; the limitations of the containers holding the GPU: its
+/// holder in the allocator, or every holder of a share of it.
+fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     if change.health.is_healthy() {
         state.failed.remove(&change.index);
     } else {
         state.failed.insert(change.index, change.clone());
     }
-    match apply_to_allocator(&mut state.allocator, change) {
-        Ok(limitation) => limitation.filter(|l| l.container != QUARANTINE_OWNER),
+    let mut limited: Vec<Limitation> = match apply_to_allocator(&mut state.allocator, change) {
+        Ok(limitation) => limitation
+            .filter(|l| l.container != QUARANTINE_OWNER)
+            .into_iter()
+            .collect(),
         Err(error) => {
-            tracing::debug!(gpu = change.index, %error, "health change of a GPU this isolator does not offer");
-            None
+            tracing::debug!(gpu = change.index, %error, "health change of a GPU the allocator does not manage");
+            Vec::new()
         }
+    };
+    if let Some(message) = change.limitation() {
+        limited.extend(
+            state
+                .containers
+                .iter()
+                .filter(|(_, c)| c.share.as_ref().is_some_and(|g| g.index == change.index))
+                .map(|(id, _)| Limitation {
+                    container: id.to_string(),
+                    gpu: change.index,
+                    uuid: change.uuid.clone(),
+                    message: message.clone(),
+                }),
+        );
     }
+    limited
 }
 
 /// Marks `failed` again in a rebuilt state and resolves the limitations of their holders.
@@ -61,7 +80,7 @@ pub(crate) fn reapply(
     limitations: &Limitations,
 ) {
     for change in failed.values() {
-        if let Some(limitation) = apply(state, change) {
+        for limitation in apply(state, change) {
             limitations.resolve(limitation);
         }
     }
@@ -169,7 +188,7 @@ fn on_change(state: &Mutex<State>, limitations: &Limitations, change: &HealthCha
         );
         return;
     };
-    if let Some(limitation) = apply(&mut state, change) {
+    for limitation in apply(&mut state, change) {
         // The monitor logged the failure at WARN; this says which container pays for it.
         tracing::info!(container = %limitation.container, gpu = change.index, "container limited: its GPU failed");
         limitations.resolve(limitation);
@@ -211,9 +230,9 @@ mod tests {
         s.allocator
             .recover(QUARANTINE_OWNER, GpuSet::from_indices([2]).unwrap())
             .unwrap();
-        assert_eq!(apply(&mut s, &change(1, false)).unwrap().container, "c1");
-        assert_eq!(apply(&mut s, &change(2, false)), None, "quarantine: nobody");
-        assert_eq!(apply(&mut s, &change(3, false)), None, "not offered");
+        assert_eq!(apply(&mut s, &change(1, false))[0].container, "c1");
+        assert_eq!(apply(&mut s, &change(2, false)), [], "quarantine: nobody");
+        assert_eq!(apply(&mut s, &change(3, false)), [], "not offered");
         assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
         apply(&mut s, &change(2, true));
         assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 3]);

@@ -62,6 +62,8 @@ pub enum MountKind {
     Device,
     /// The driver volume at `/usr/local/nvidia`.
     DriverVolume,
+    /// An MPS daemon's pipe directory, or its shared memory at `/dev/shm` (a GPU share).
+    Mps,
 }
 
 /// One bind mount into the container's rootfs.

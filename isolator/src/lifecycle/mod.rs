@@ -47,6 +47,7 @@ mod pinning;
 mod placement;
 mod recover;
 mod shared_pool;
+mod shares;
 mod state;
 mod status;
 
@@ -62,6 +63,7 @@ pub use pinning::PinOutcome;
 pub use pinning::PinningConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
 pub use shared_pool::{PoolConfig, PoolRole};
+pub use shares::SharingConfig;
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
@@ -97,6 +99,10 @@ pub struct Isolator {
     pinning: Pinner,
     /// The node's pool, when this isolator draws from one.
     pool: Option<shared_pool::PoolLink>,
+    /// GPU sharing, when the operator declared replicas.
+    sharing: Option<shares::Sharing>,
+    /// The GPUs the allocator manages: the offered ones that are not shared.
+    whole: Vec<u32>,
 }
 
 impl Isolator {
@@ -112,7 +118,21 @@ impl Isolator {
             .devices
             .clone()
             .unwrap_or_else(|| inventory.whole_gpus().map(|g| g.index).collect());
-        let allocator = Allocator::with_devices(&inventory, &devices, config.policy)
+        let sharing = match &config.sharing {
+            Some(c) => Some(shares::Sharing::new(
+                c,
+                &inventory,
+                &devices,
+                config.pool.is_some(),
+            )?),
+            None => None,
+        };
+        let whole: Vec<u32> = devices
+            .iter()
+            .copied()
+            .filter(|&i| !sharing.as_ref().is_some_and(|s| s.is_shared(i)))
+            .collect();
+        let allocator = Allocator::with_devices(&inventory, &whole, config.policy)
             .map_err(|source| LifecycleError::SetupAllocator { source })?;
         let store = Store::open(&config.work_dir).map_err(|source| LifecycleError::Checkpoint {
             step: "set up",
@@ -144,6 +164,8 @@ impl Isolator {
             health: OnceLock::new(),
             pinning,
             pool,
+            sharing,
+            whole,
         })
     }
 
@@ -186,24 +208,41 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
-        let alloc = |source| LifecycleError::Allocation {
-            container: id.clone(),
-            step: STEP,
-            source,
+        let (gpus, share) = match self.request_kind(&mut state, id, config.gpus)? {
+            shares::Kind::Whole(count) => {
+                (self.allocate_shared(&mut state, id, count, STEP)?, None)
+            }
+            shares::Kind::Share(k) => match self.place_share(&mut state, id, k)? {
+                Ok(grant) => (GpuSet::EMPTY, Some(grant)),
+                // No shared GPU has room: k whole GPUs serve it too, when that many are free.
+                Err(placement) => match self.allocate_shared(&mut state, id, k, STEP) {
+                    Ok(set) => (set, None),
+                    Err(LifecycleError::Refused { shortage, .. }) => {
+                        return Err(LifecycleError::ShareRefused {
+                            container: id.clone(),
+                            placement,
+                            whole: shortage,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                },
+            },
         };
-        let count = state.allocator.request(config.gpus).map_err(alloc)?.count();
-        let gpus = self.allocate_shared(&mut state, id, count, STEP)?;
         fault::point("prepare.allocated");
-        let rules = allow_list(&self.base, &self.nodes, self.minors(&state, gpus));
+        let visible = match &share {
+            Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),
+            None => gpus,
+        };
+        let rules = allow_list(&self.base, &self.nodes, self.minors(visible));
         let info = launch_info(
             &config,
-            &self.gpus_of(gpus),
+            &self.gpus_of(visible),
             &self.nodes,
             self.driver_volume.as_deref(),
             rules.clone(),
             Some(self.layout.container_dir(id)),
         );
-        let info = match info {
+        let mut info = match info {
             Ok(info) => info,
             Err(missing) => {
                 state.allocator.release_all(id.as_str());
@@ -213,12 +252,28 @@ impl Isolator {
                 });
             }
         };
+        if let Some(grant) = &share {
+            let launch = match self.share_launch(&state, id, grant) {
+                Ok(launch) => launch,
+                Err(e) => {
+                    state.allocator.release_all(id.as_str());
+                    return Err(e);
+                }
+            };
+            shares::add_share(
+                &mut info,
+                launch,
+                config.rootfs.as_deref(),
+                config.has_task_info,
+            );
+        }
         state.containers.insert(
             id.clone(),
             Container {
                 gpus,
                 rules: rules.clone(),
                 cgroup: None,
+                share: share.clone(),
             },
         );
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
@@ -252,7 +307,14 @@ impl Isolator {
         if let Some(entry) = state.containers.get_mut(id) {
             entry.cgroup = Some(cgroup);
         }
-        tracing::info!(gpus = %gpus, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container");
+        match &share {
+            Some(grant) => {
+                tracing::info!(gpu = %grant.uuid, units = grant.units, replicas = grant.replicas, mode = %grant.mode, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container with a GPU share")
+            }
+            None => {
+                tracing::info!(gpus = %gpus, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container")
+            }
+        }
         Ok(info)
     }
 
@@ -272,7 +334,7 @@ impl Isolator {
             return Ok(PinOutcome::Skipped(crate::numa::SkipReason::Nested));
         }
         let gpus: Vec<u32> = match state.containers.get(id) {
-            Some(entry) => entry.gpus.iter().collect(),
+            Some(entry) => entry.visible().iter().collect(),
             None => {
                 return Err(LifecycleError::UnknownContainer {
                     container: id.clone(),
@@ -335,6 +397,9 @@ impl Isolator {
         let mut guard = self.lock()?;
         let state = &mut *guard;
         self.cgroup_of(state, id, STEP)?;
+        if let Some(grant) = state.containers.get(id).and_then(|c| c.share.as_ref()) {
+            return self.update_share(id, grant, gpus);
+        }
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
             step: STEP,
@@ -367,7 +432,7 @@ impl Isolator {
         };
         let (old_gpus, old_rules) = (entry.gpus, entry.rules.clone());
         let new_gpus = old_gpus.union(resize.added).difference(resize.released);
-        let new_rules = allow_list(&self.base, &self.nodes, self.minors(state, new_gpus));
+        let new_rules = allow_list(&self.base, &self.nodes, self.minors(new_gpus));
         let undo_alloc = |state: &mut State| {
             let undone = if resize.added.is_empty() {
                 state.allocator.recover(id.as_str(), resize.released)
@@ -587,9 +652,9 @@ impl Isolator {
         }
     }
 
-    fn minors(&self, state: &State, set: GpuSet) -> Vec<u32> {
+    fn minors(&self, set: GpuSet) -> Vec<u32> {
         set.iter()
-            .filter_map(|i| state.allocator.minor(i))
+            .filter_map(|i| self.inventory.by_index(i).map(|g| g.minor))
             .collect()
     }
 

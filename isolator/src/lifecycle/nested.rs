@@ -36,7 +36,7 @@ impl Isolator {
             .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
         let info = launch_info(
             config,
-            &self.gpus_of(entry.gpus),
+            &self.gpus_of(entry.visible()),
             &self.nodes,
             self.driver_volume.as_deref(),
             entry.rules.clone(),

@@ -37,6 +37,7 @@ use crate::cgroup::CgroupVersion;
 use crate::cgroup::{DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
 use crate::container_id::ContainerId;
 use crate::pool::Liveness;
+use crate::sharing::ShareGrant;
 
 /// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +162,7 @@ impl Isolator {
             .map_err(|source| LifecycleError::Checkpoint { step: STEP, source })?;
         let mut report = RecoveryReport::default();
         let mut found: BTreeMap<ContainerId, Found> = BTreeMap::new();
+        let mut shares: BTreeMap<ContainerId, ShareGrant> = BTreeMap::new();
         let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
 
@@ -201,13 +203,30 @@ impl Isolator {
             .unwrap_or_default()
         };
         for id in self.candidates(&ckpt, &elsewhere) {
-            let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
+            let mut gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
             match ckpt.containers.get(id.as_str()) {
                 Some(record) => {
                     let rules: Vec<DeviceRule> =
                         record.rules.iter().filter_map(|r| r.parse().ok()).collect();
-                    match self.recover_cgroup(&id, gpus, &rules, &mut report) {
-                        Ok(entry) => {
+                    // A share is recovered as a share while its GPU is still shared; otherwise
+                    // the GPU is held whole by the container, so nothing is double-booked.
+                    let share = record.share.clone().and_then(|grant| {
+                        let shared = self.sharing.as_ref().is_some_and(|s| s.is_shared(grant.index));
+                        if !shared {
+                            tracing::warn!(container = %id, gpu = %grant.uuid, "a checkpointed share is on a GPU that is no longer shared; the container holds it whole until it ends");
+                            gpus = gpus.union(GpuSet::from_indices([grant.index]).unwrap_or_default());
+                        }
+                        shared.then_some(grant)
+                    });
+                    let share_set = share.as_ref().map_or(GpuSet::EMPTY, |g| {
+                        GpuSet::from_indices([g.index]).unwrap_or_default()
+                    });
+                    match self.recover_cgroup(&id, gpus.union(share_set), &rules, &mut report) {
+                        Ok(mut entry) => {
+                            entry.gpus = entry.gpus.difference(share_set);
+                            if let Some(grant) = share {
+                                shares.insert(id.clone(), grant);
+                            }
                             for i in entry.gpus.iter() {
                                 claims.entry(i).or_default().insert(id.clone());
                             }
@@ -283,7 +302,7 @@ impl Isolator {
                 }
             }
         }
-        let mut state = self.rebuild(found, docker, quarantine)?;
+        let mut state = self.rebuild(found, shares, docker, quarantine)?;
         state.docker_starts = docker_starts;
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
         let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
@@ -618,10 +637,11 @@ impl Isolator {
     fn rebuild(
         &self,
         found: BTreeMap<ContainerId, Found>,
+        mut shares: BTreeMap<ContainerId, ShareGrant>,
         docker: BTreeMap<ContainerId, GpuSet>,
         quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
     ) -> Result<State, LifecycleError> {
-        let allocator = Allocator::with_devices(&self.inventory, &self.devices, self.policy)
+        let allocator = Allocator::with_devices(&self.inventory, &self.whole, self.policy)
             .map_err(|source| LifecycleError::SetupAllocator { source })?;
         let mut state = State::new(allocator);
         let quarantined = GpuSet::from_indices(quarantine.keys().copied()).unwrap_or_default();
@@ -634,12 +654,14 @@ impl Isolator {
         for (id, f) in found {
             let own = f.gpus.difference(quarantined);
             take(&mut state, id.as_str(), own);
+            let share = shares.remove(&id);
             state.containers.insert(
                 id,
                 Container {
                     gpus: own,
                     rules: f.rules,
                     cgroup: f.cgroup,
+                    share,
                 },
             );
         }

@@ -17,6 +17,7 @@ use super::state::{QUARANTINE_OWNER, State};
 use super::{ContainerId, Isolator, LifecycleError};
 use crate::allocator::{AllocError, GpuSet};
 use crate::pool::{self, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
+use crate::sharing::store::ShareReservation;
 
 /// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
@@ -233,6 +234,23 @@ impl Isolator {
             ));
         }
         tx.state.publish(&link.holder, entries);
+        let shares = state
+            .containers
+            .iter()
+            .filter_map(|(id, c)| {
+                let grant = c.share.clone()?;
+                Some((
+                    id.to_string(),
+                    ShareReservation {
+                        holder: link.holder.clone(),
+                        owner: self.owner_of(link, id),
+                        grant,
+                        since: pool::now(),
+                    },
+                ))
+            })
+            .collect();
+        tx.state.publish_shares(&link.holder, shares);
         if self.health.get().is_some() {
             tx.state.health_dirs.insert(self.work_dir.clone());
         }

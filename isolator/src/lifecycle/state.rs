@@ -14,6 +14,7 @@ use crate::cgroup::DeviceRule;
 use crate::container_id::ContainerId;
 use crate::health::HealthChange;
 use crate::inventory::Inventory;
+use crate::sharing::ShareGrant;
 
 /// The allocator owner of GPUs whose owner is uncertain after a recovery.
 pub const QUARANTINE_OWNER: &str = "!quarantine";
@@ -27,6 +28,20 @@ pub(crate) struct Container {
     pub(crate) rules: Vec<DeviceRule>,
     /// Its device cgroup; `None` when recovery found it gone.
     pub(crate) cgroup: Option<PlacedCgroup>,
+    /// Its share of a shared GPU (then `gpus` is empty), recorded in the node's pool.
+    pub(crate) share: Option<ShareGrant>,
+}
+
+impl Container {
+    /// Every GPU it may open: its whole GPUs and the GPU of its share.
+    pub(crate) fn visible(&self) -> GpuSet {
+        match &self.share {
+            Some(share) => self
+                .gpus
+                .union(GpuSet::from_indices([share.index]).unwrap_or_default()),
+            None => self.gpus,
+        }
+    }
 }
 
 /// Everything behind the isolator's mutex.
@@ -126,6 +141,7 @@ impl State {
                         ContainerRecord {
                             gpus: records(c.gpus),
                             rules,
+                            share: c.share.clone(),
                         },
                     )
                 })

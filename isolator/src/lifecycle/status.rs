@@ -66,6 +66,8 @@ pub struct ContainerStatus {
     pub gpus: Vec<u32>,
     /// Its device cgroup directory, if it has one.
     pub cgroup: Option<PathBuf>,
+    /// Its share of a shared GPU (the GPU is in `gpus`), when it holds one.
+    pub share: Option<crate::sharing::ShareGrant>,
 }
 
 impl Isolator {
@@ -114,8 +116,9 @@ impl Isolator {
             let cgroup = entry.cgroup.as_ref().map(|c| c.path().to_owned());
             return Ok(ContainerStatus {
                 kind,
-                gpus: entry.gpus.to_vec(),
+                gpus: entry.visible().to_vec(),
                 cgroup,
+                share: entry.share.clone(),
             });
         }
         match state.docker.get(id) {
@@ -123,6 +126,7 @@ impl Isolator {
                 kind: ContainerKind::Docker,
                 gpus: set.to_vec(),
                 cgroup: None,
+                share: None,
             }),
             None => Err(LifecycleError::UnknownContainer {
                 container: id.clone(),

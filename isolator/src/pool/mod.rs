@@ -144,6 +144,19 @@ pub struct PoolState {
     /// Shares of shared GPUs by owner id ([`crate::sharing::store`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shares: BTreeMap<String, ShareReservation>,
+    /// The MPS control daemon of each shared GPU, by UUID: one per GPU for the whole node, so
+    /// a process that finds one here adopts it instead of starting another.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mps: BTreeMap<String, MpsRecord>,
+}
+
+/// A shared GPU's MPS control daemon as the pool records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsRecord {
+    /// The daemon: its directories and process.
+    pub daemon: crate::sharing::mps::MpsDaemon,
+    /// The default limits it was told (those of one unit).
+    pub per_replica: crate::sharing::ShareLimits,
 }
 
 impl Default for PoolState {
@@ -153,6 +166,7 @@ impl Default for PoolState {
             reservations: BTreeMap::new(),
             health_dirs: BTreeSet::new(),
             shares: BTreeMap::new(),
+            mps: BTreeMap::new(),
         }
     }
 }
@@ -211,6 +225,26 @@ impl PoolState {
                     since,
                 },
             );
+        }
+    }
+
+    /// Replaces every share of `holder` with `entries` (id, share); an entry that was there
+    /// already keeps its `since`.
+    pub fn publish_shares(&mut self, holder: &str, entries: Vec<(String, ShareReservation)>) {
+        let mut old: BTreeMap<String, u64> = BTreeMap::new();
+        self.shares.retain(|id, s| {
+            if s.holder == holder {
+                old.insert(id.clone(), s.since);
+                false
+            } else {
+                true
+            }
+        });
+        for (id, mut share) in entries {
+            if let Some(&since) = old.get(&id) {
+                share.since = since;
+            }
+            self.shares.insert(id, share);
         }
     }
 
@@ -296,15 +330,21 @@ pub struct Listing {
 /// Removes what a dead `exec` left (its empty cgroup, its private directory) and the
 /// reservation; a cgroup that cannot be removed keeps the reservation (the error says why).
 fn free_reservation(state: &mut PoolState, id: &str) -> io::Result<()> {
-    if let Some(Reservation {
-        owner:
-            Owner::Process {
-                cgroup,
-                private_dir,
-                ..
-            },
+    if let Some(r) = state.reservations.get(id) {
+        remove_leftovers(&r.owner)?;
+    }
+    state.reservations.remove(id);
+    Ok(())
+}
+
+/// Removes what a dead `exec` leaves: its empty cgroup (an error when that fails) and its
+/// private directory.
+fn remove_leftovers(owner: &Owner) -> io::Result<()> {
+    if let Owner::Process {
+        cgroup,
+        private_dir,
         ..
-    }) = state.reservations.get(id)
+    } = owner
     {
         if let Some(cgroup) = cgroup {
             remove_dir_if_present(cgroup).map_err(|e| {
@@ -318,12 +358,11 @@ fn free_reservation(state: &mut PoolState, id: &str) -> io::Result<()> {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a dead exec's directory");
         }
     }
-    state.reservations.remove(id);
     Ok(())
 }
 
-/// Frees every reservation (of a holder other than `keep`) whose owner is dead; before freeing
-/// a dead `exec`'s reservation its empty cgroup and private directory are removed (a cgroup
+/// Frees every reservation and GPU share (of a holder other than `keep`) whose owner is dead;
+/// before freeing a dead `exec`'s its empty cgroup and private directory are removed (a cgroup
 /// that cannot be removed keeps the reservation).
 pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reconciled {
     let mut done = Reconciled::default();
@@ -348,6 +387,29 @@ pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reco
                     Err(e) => done.uncertain.push((id, format!("{why}; {e}"))),
                 }
             }
+            Liveness::Uncertain(why) => done.uncertain.push((id, why)),
+            Liveness::Alive(_) => {}
+        }
+    }
+    let shares: Vec<String> = state
+        .shares
+        .iter()
+        .filter(|(_, s)| Some(s.holder.as_str()) != keep)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in shares {
+        let Some(share) = state.shares.get(&id) else {
+            continue;
+        };
+        match host.liveness(&share.owner) {
+            Liveness::Dead(why) => match remove_leftovers(&share.owner) {
+                Ok(()) => {
+                    tracing::info!(owner = %id, gpu = %share.grant.uuid, units = share.grant.units, why, "freed the GPU share of a dead owner");
+                    state.shares.remove(&id);
+                    done.freed.push((id, why));
+                }
+                Err(e) => done.uncertain.push((id, format!("{why}; {e}"))),
+            },
             Liveness::Uncertain(why) => done.uncertain.push((id, why)),
             Liveness::Alive(_) => {}
         }
@@ -583,6 +645,55 @@ mod tests {
             cgroup: None,
             private_dir: None,
         }
+    }
+
+    fn share(holder: &str, owner: Owner, uuid: &str) -> ShareReservation {
+        ShareReservation {
+            holder: holder.into(),
+            owner,
+            grant: crate::sharing::ShareGrant {
+                uuid: uuid.into(),
+                index: 0,
+                units: 1,
+                replicas: 4,
+                mode: crate::sharing::SharingMode::TimeSlicing,
+                limits: crate::sharing::ShareLimits::of(1, 4, 1 << 30),
+            },
+            since: 7,
+        }
+    }
+
+    #[test]
+    fn issue_17_shares_are_published_per_holder_and_dead_ones_freed() {
+        let host = Host::default();
+        let alive = Owner::Process {
+            process: host.this_process().unwrap(),
+            cgroup: None,
+            private_dir: None,
+        };
+        let mut state = PoolState::default();
+        state.publish_shares(
+            "h1",
+            vec![
+                ("a".into(), share("h1", alive.clone(), "GPU-0")),
+                ("dead".into(), share("h1", process(1), "GPU-0")),
+            ],
+        );
+        state.publish_shares("h2", vec![("b".into(), share("h2", process(2), "GPU-1"))]);
+        // A holder's publish replaces its own shares only, keeping `since` of those it keeps.
+        let mut again = share("h1", alive, "GPU-0");
+        again.since = 99;
+        state.publish_shares("h1", vec![("a".into(), again)]);
+        assert_eq!(state.shares.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(state.shares["a"].since, 7);
+        assert!(state.held_by_others("h9").contains("GPU-1"));
+        // Dead owners' shares are freed, except the keeping holder's own.
+        let done = reconcile(&mut state.clone(), &host, Some("h2"));
+        assert!(done.freed.is_empty(), "{done:?}");
+        let done = reconcile(&mut state, &host, None);
+        assert_eq!(done.freed.len(), 1, "{done:?}");
+        assert_eq!(done.freed[0].0, "b");
+        assert_eq!(state.shares.keys().collect::<Vec<_>>(), ["a"]);
     }
 
     #[test]

@@ -36,6 +36,8 @@ use crate::pool::{Host, Liveness, ProcessStamp};
 
 /// The program's name, as NVIDIA ships it.
 pub const PROGRAM: &str = "nvidia-cuda-mps-control";
+/// Where the daemons' per-GPU `pipe` and `log` directories go by default.
+pub const DEFAULT_ROOT: &str = "/var/run/mesos-gpu/mps";
 /// The pid file the daemon writes into its pipe directory.
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 

@@ -58,7 +58,7 @@ pub fn reserve(
     owner: Owner,
     units: u32,
 ) -> Result<ShareGrant, PlacementError> {
-    reconcile(&mut tx.state, host);
+    crate::pool::reconcile(&mut tx.state, host, None);
     let mut book = book(&tx.state, plan);
     let grant = book.place(id, units, Placement::Pack)?;
     tx.state.shares.insert(
@@ -79,20 +79,6 @@ pub fn release(tx: &mut Transaction, id: &str) -> Option<ShareReservation> {
     let share = tx.state.shares.remove(id)?;
     tracing::info!(owner = id, gpu = %share.grant.uuid, units = share.grant.units, "released a GPU share");
     Some(share)
-}
-
-/// Frees the shares whose owner is dead; returns `(owner id, why)` of each.
-pub fn reconcile(state: &mut PoolState, host: &Host) -> Vec<(String, String)> {
-    let mut freed = Vec::new();
-    state.shares.retain(|id, share| match host.liveness(&share.owner) {
-        crate::pool::Liveness::Dead(why) => {
-            tracing::info!(owner = %id, gpu = %share.grant.uuid, why, "freed the GPU share of a dead owner");
-            freed.push((id.clone(), why));
-            false
-        }
-        _ => true,
-    });
-    freed
 }
 
 #[cfg(test)]

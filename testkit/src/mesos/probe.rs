@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
   if (argc < 2) { fprintf(stderr, "usage: probe DEV_DIR [GO_FILE]\n"); return 2; }
   probe(argv[1], "before");
   env("NVIDIA_VISIBLE_DEVICES");
+  env("MESOS_GPU_SHARE");
+  env("MESOS_GPU_SHARING");
+  env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
   env("CUDA_VISIBLE_DEVICES");
   FILE* f = fopen("/proc/self/cgroup", "r");
   char line[4096];

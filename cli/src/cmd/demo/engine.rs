@@ -371,6 +371,7 @@ fn launch(
                         kind: match m.kind {
                             MountKind::Device => "device",
                             MountKind::DriverVolume => "driver_volume",
+                            MountKind::Mps => "mps",
                         },
                     })
                     .collect(),

@@ -1,0 +1,309 @@
+//! GPU shares in the container lifecycle (issue 17): a node whose operator declared replicas
+//! ([`SharingConfig`]) splits its advertised GPUs statically into shared GPUs (R units each)
+//! and whole GPUs ([`crate::sharing::SharingPlan`]). The allocator manages the whole GPUs only;
+//! the shared ones are handed out as shares, recorded in the node's pool (which every process
+//! on the node reads, so two processes never over-commit a GPU) and in the container's
+//! checkpoint entry.
+//!
+//! Which kind a request gets: `gpus:k` with k at most the largest R is a k/R share of one shared
+//! GPU (packed onto partly used GPUs first); when no shared GPU has k free units it is served
+//! with k whole GPUs if there are that many free, else refused with both reasons. A larger k
+//! takes whole GPUs only. A share is never spread across GPUs.
+//!
+//! Under `mps`, the GPU's control daemon is made sure of before the share is handed out (one
+//! per GPU for the whole node: its record lives in the pool, so another process adopts it
+//! instead of starting a second), and the container gets the client environment with its k/R
+//! limits; a container with an image also gets the pipe directory bind-mounted at the same path
+//! and the daemon's shared memory (the host's `/dev/shm`) at `/dev/shm`.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::launch::{LaunchInfo, Mount, MountKind};
+use super::{ContainerId, Isolator, LifecycleError};
+use crate::pool::PoolState;
+use crate::sharing::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError};
+use crate::sharing::{
+    Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan, SharingSpec,
+};
+
+/// Where MPS clients find the daemon's shared memory.
+const SHM: &str = "/dev/shm";
+
+/// How a node shares GPUs.
+#[derive(Debug, Clone)]
+pub struct SharingConfig {
+    /// Which GPUs are shared, how many ways, and the enforcement mode.
+    pub spec: SharingSpec,
+    /// The MPS daemons' program and directories (used under `mps`).
+    pub mps: MpsConfig,
+}
+
+/// The resolved split, and the MPS daemons this process knows.
+#[derive(Debug)]
+pub(crate) struct Sharing {
+    pub(crate) plan: SharingPlan,
+    daemons: Option<Mutex<MpsDaemons>>,
+}
+
+impl Sharing {
+    /// Resolves `config` against the advertised GPUs. Sharing needs the node's pool: shares of
+    /// one GPU are handed out by several processes.
+    pub(crate) fn new(
+        config: &SharingConfig,
+        inventory: &crate::inventory::Inventory,
+        advertised: &[u32],
+        has_pool: bool,
+    ) -> Result<Sharing, LifecycleError> {
+        if !has_pool {
+            return Err(LifecycleError::SharingSetup {
+                why: "GPU sharing needs the node's GPU pool (a pool directory)".into(),
+            });
+        }
+        let plan = config
+            .spec
+            .resolve(inventory, advertised)
+            .map_err(|e| LifecycleError::SharingSetup { why: e.to_string() })?;
+        let daemons = (plan.mode == SharingMode::Mps)
+            .then(|| Mutex::new(MpsDaemons::new(config.mps.clone())));
+        tracing::info!(
+            mode = %plan.mode,
+            shared = ?plan.shared.iter().map(|g| (g.index, g.replicas)).collect::<Vec<_>>(),
+            whole = ?plan.whole,
+            units = plan.units(),
+            "GPU sharing"
+        );
+        Ok(Sharing { plan, daemons })
+    }
+
+    /// The largest replica count: requests up to it are shares.
+    pub(crate) fn largest(&self) -> u32 {
+        self.plan
+            .shared
+            .iter()
+            .map(|g| g.replicas)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// True when GPU `index` is shared (the allocator does not manage it).
+    pub(crate) fn is_shared(&self, index: u32) -> bool {
+        self.plan.shared.iter().any(|g| g.index == index)
+    }
+
+    /// Makes sure the daemon of `grant`'s GPU runs (under `mps`), adopting the pool's record
+    /// of it first; records it back in `pool`. `None` under time-slicing.
+    fn daemon(
+        &self,
+        grant: &ShareGrant,
+        pool: &mut PoolState,
+    ) -> Result<Option<MpsDaemon>, MpsError> {
+        let Some(daemons) = &self.daemons else {
+            return Ok(None);
+        };
+        let mut daemons = daemons.lock().unwrap_or_else(|p| p.into_inner());
+        if daemons.get(&grant.uuid).is_none()
+            && let Some(record) = pool.mps.get(&grant.uuid)
+        {
+            for restart in daemons.adopt([(record.daemon.clone(), record.per_replica)]) {
+                restart.outcome?;
+            }
+        }
+        let gpu = self.plan.shared_gpu(&grant.uuid);
+        let per_replica = ShareLimits::of(1, grant.replicas, gpu.map_or(0, |g| g.memory_total));
+        let daemon = daemons.ensure(&grant.uuid, per_replica)?.clone();
+        pool.mps.insert(
+            grant.uuid.clone(),
+            crate::pool::MpsRecord {
+                daemon: daemon.clone(),
+                per_replica,
+            },
+        );
+        Ok(Some(daemon))
+    }
+}
+
+/// Why a request is a share, whole GPUs, or refused before anything is reserved.
+pub(crate) enum Kind {
+    /// k whole GPUs from the allocator.
+    Whole(u32),
+    /// A share of `k` units of one shared GPU.
+    Share(u32),
+}
+
+impl Isolator {
+    /// What a top-level container asking `gpus` gets: whole GPUs without sharing; with it, a
+    /// share for 1 ≤ k ≤ the largest R, whole GPUs above (refused when the node has fewer).
+    pub(crate) fn request_kind(
+        &self,
+        state: &mut super::state::State,
+        id: &ContainerId,
+        gpus: f64,
+    ) -> Result<Kind, LifecycleError> {
+        let alloc = |source| LifecycleError::Allocation {
+            container: id.clone(),
+            step: "prepare",
+            source,
+        };
+        let Some(sharing) = &self.sharing else {
+            return Ok(Kind::Whole(
+                state.allocator.request(gpus).map_err(alloc)?.count(),
+            ));
+        };
+        let k = crate::allocator::GpuRequest::from_scalar(gpus, sharing.plan.units())
+            .map_err(alloc)?
+            .count();
+        if k >= 1 && k <= sharing.largest() {
+            return Ok(Kind::Share(k));
+        }
+        // Valid in units, but more than one GPU's share and more than the whole GPUs.
+        if k > state.allocator.offered() {
+            return Err(LifecycleError::ShareRefused {
+                container: id.clone(),
+                placement: PlacementError::TooLarge {
+                    owner: id.to_string(),
+                    asked: k,
+                    largest: sharing.largest(),
+                },
+                whole: self.shortage(state, k),
+            });
+        }
+        Ok(Kind::Whole(k))
+    }
+
+    /// Places a share of `k` units for `id` among the shares the pool records (and this
+    /// isolator's own, published at its next save); the placement's refusal when no shared GPU
+    /// has room (the caller then tries whole GPUs).
+    pub(crate) fn place_share(
+        &self,
+        state: &mut super::state::State,
+        id: &ContainerId,
+        k: u32,
+    ) -> Result<Result<ShareGrant, PlacementError>, LifecycleError> {
+        let Some(sharing) = &self.sharing else {
+            return Err(LifecycleError::SharingSetup {
+                why: "no GPU is shared on this node".into(),
+            });
+        };
+        let slot = state.tx.borrow();
+        let Some(tx) = slot.as_ref() else {
+            return Err(LifecycleError::SharingSetup {
+                why: "the node's GPU pool is not locked".into(),
+            });
+        };
+        let mut book = crate::sharing::store::book(&tx.state, &sharing.plan);
+        // Shares this isolator holds are published at its next save; count them now.
+        for (other, c) in &state.containers {
+            if let Some(grant) = &c.share {
+                book.record(other.as_str(), &grant.uuid, grant.units);
+            }
+        }
+        Ok(book.place(id.as_str(), k, Placement::Pack))
+    }
+
+    /// What a holder of `grant` is launched with: the share's variables, and under `mps` the
+    /// daemon of its GPU (made sure of) and the client environment for its limits.
+    pub(crate) fn share_launch(
+        &self,
+        state: &super::state::State,
+        id: &ContainerId,
+        grant: &ShareGrant,
+    ) -> Result<ShareLaunch, LifecycleError> {
+        let mut slot = state.tx.borrow_mut();
+        let (Some(sharing), Some(tx)) = (&self.sharing, slot.as_mut()) else {
+            return Err(LifecycleError::SharingSetup {
+                why: "a share outside a sharing node's pool transaction".into(),
+            });
+        };
+        let daemon =
+            sharing
+                .daemon(grant, &mut tx.state)
+                .map_err(|source| LifecycleError::Mps {
+                    container: id.clone(),
+                    gpu: grant.uuid.clone(),
+                    source: Box::new(source),
+                })?;
+        let mut env = vec![
+            (
+                "MESOS_GPU_SHARE".to_owned(),
+                format!("{}/{}", grant.units, grant.replicas),
+            ),
+            ("MESOS_GPU_SHARING".to_owned(), grant.mode.to_string()),
+        ];
+        if let Some(d) = &daemon {
+            env.extend(d.client_env(&grant.limits));
+        }
+        Ok(ShareLaunch { env, daemon })
+    }
+}
+
+/// What a share adds to a container's launch.
+pub(crate) struct ShareLaunch {
+    /// `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under `mps`, the client variables.
+    env: Vec<(String, String)>,
+    /// The GPU's MPS daemon, under `mps`.
+    daemon: Option<MpsDaemon>,
+}
+
+/// Adds a share's environment and, for a container with an image under `mps`, the pipe
+/// directory (same path) and the daemon's shared memory at `/dev/shm`.
+pub(crate) fn add_share(
+    info: &mut LaunchInfo,
+    share: ShareLaunch,
+    rootfs: Option<&Path>,
+    has_task_info: bool,
+) {
+    let target = if has_task_info {
+        &mut info.task_environment
+    } else {
+        &mut info.environment
+    };
+    target.extend(share.env);
+    let (Some(daemon), Some(rootfs)) = (share.daemon, rootfs) else {
+        return;
+    };
+    info.mounts.push(Mount {
+        source: daemon.pipe_dir.clone(),
+        target: rootfs.join(
+            daemon
+                .pipe_dir
+                .strip_prefix("/")
+                .unwrap_or(&daemon.pipe_dir),
+        ),
+        read_only: false,
+        kind: MountKind::Mps,
+    });
+    info.mounts.push(Mount {
+        source: SHM.into(),
+        target: rootfs.join("dev/shm"),
+        read_only: false,
+        kind: MountKind::Mps,
+    });
+}
+
+impl Isolator {
+    /// `update` of a container holding a share: the same number of units changes nothing (Mesos
+    /// calls `update` whenever any resource of the container changes); another is refused.
+    pub(crate) fn update_share(
+        &self,
+        id: &ContainerId,
+        grant: &ShareGrant,
+        gpus: f64,
+    ) -> Result<(), LifecycleError> {
+        let units = self
+            .sharing
+            .as_ref()
+            .map_or(grant.replicas, |s| s.plan.units());
+        let asked = crate::allocator::GpuRequest::from_scalar(gpus, units).map(|r| r.count());
+        if asked.as_ref().ok() == Some(&grant.units) {
+            return Ok(());
+        }
+        Err(LifecycleError::ShareResize {
+            container: id.clone(),
+            gpu: grant.uuid.clone(),
+            units: grant.units,
+            replicas: grant.replicas,
+            asked: gpus,
+        })
+    }
+}
