@@ -67,6 +67,8 @@ pub struct MgpuIsolator {
     driver_volume: Option<PathBuf>,
     pending: Mutex<HashMap<(Replayable, String), Pending>>,
     poisoned: AtomicBool,
+    /// Starts the MPS daemons' supervisor once (at the first `recover`).
+    mps_supervisor: std::sync::Once,
     #[cfg(feature = "testing")]
     debug_panic_on: Option<String>,
 }
@@ -142,6 +144,7 @@ impl MgpuIsolator {
             driver_volume,
             pending: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
+            mps_supervisor: std::sync::Once::new(),
             #[cfg(feature = "testing")]
             debug_panic_on: params.debug_panic_on.clone(),
         })
@@ -182,6 +185,10 @@ impl MgpuIsolator {
         let report = self.isolator.recover(&states, &orphans)?;
         for issue in &report.issues {
             tracing::warn!(?issue, "recovery found an inconsistency");
+        }
+        if self.isolator.supervises_mps() {
+            self.mps_supervisor
+                .call_once(|| supervise_mps(Arc::downgrade(&self.isolator)));
         }
         tracing::info!(
             recovered = report.recovered.len(),
@@ -451,5 +458,32 @@ impl MgpuIsolator {
     fn pending(&self) -> MutexGuard<'_, HashMap<(Replayable, String), Pending>> {
         // The map is only inserted into or removed from; a panic cannot leave an entry half made.
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How often the MPS daemons of shared GPUs are checked.
+const MPS_SUPERVISION: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Checks the MPS daemons now (restoring those recorded before an agent restart) and every
+/// [`MPS_SUPERVISION`] on a thread of its own, until the isolator is gone.
+fn supervise_mps(isolator: std::sync::Weak<Isolator>) {
+    let spawned = std::thread::Builder::new()
+        .name("mesos-gpu-mps".into())
+        .spawn(move || {
+            while let Some(isolator) = isolator.upgrade() {
+                match isolator.supervise_mps() {
+                    Ok(restarts) => {
+                        for r in restarts {
+                            tracing::warn!(gpu = %r.gpu, why = %r.why, failed = ?r.failed, holders = ?r.holders, "MPS control daemon found dead");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %mesos_gpu_os::error_chain(&e), "cannot supervise the MPS daemons"),
+                }
+                drop(isolator);
+                std::thread::sleep(MPS_SUPERVISION);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the MPS daemons' supervisor; dead daemons are started again at the next share of their GPU");
     }
 }

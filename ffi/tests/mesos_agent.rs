@@ -534,7 +534,9 @@ fn v1_gpus_on_mesos_devices_cgroup() -> TestResult {
 /// pack onto GPU 0, `gpus:4` takes all of GPU 1, `gpus:5` five whole GPUs; each opens exactly
 /// its GPUs and is told its share; the pool records the shares while they run and none after.
 /// With `mps`, the module starts one MPS daemon per shared GPU (nvml-sim's stand-in, run by
-/// the agent's module itself) and each share holder gets its k/4 limits.
+/// the agent's module itself) and each share holder gets its k/4 limits; after an agent
+/// SIGKILL and restart the tasks keep their shares and the daemons are adopted; when GPU 0's
+/// daemon is killed the module starts it again and its two holders fail saying why.
 fn shared_gpus(mps: bool) -> TestResult {
     let control = MpsControl::install("{}");
     let program = control.program().display().to_string();
@@ -557,7 +559,7 @@ fn shared_gpus(mps: bool) -> TestResult {
         Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
     spec.resources = "cpus:4;mem:4096;gpus:14".into();
     let agent = Agent::start(&install, &master, spec)?;
-    let c = Cluster {
+    let mut c = Cluster {
         install,
         sim,
         dev,
@@ -622,44 +624,104 @@ fn shared_gpus(mps: bool) -> TestResult {
         .unwrap_or_default();
     units.sort_unstable();
     check(units == [1, 2, 4], format!("the pool's shares: {pool}"))?;
-    let daemons: Vec<u64> = pool["mps"]
-        .as_object()
-        .map(|m| {
-            m.values()
-                .filter_map(|d| d["daemon"]["process"]["pid"].as_u64())
-                .collect()
-        })
-        .unwrap_or_default();
-    let starts: Vec<String> = control
-        .records()
-        .iter()
-        .filter(|r| r["event"] == "start")
-        .map(|r| {
-            r["env"]["CUDA_VISIBLE_DEVICES"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned()
-        })
-        .collect();
-    let want_starts: Vec<String> = if mps { c.uuids(&[0, 1])? } else { Vec::new() };
-    let mut sorted = starts.clone();
-    sorted.sort();
-    let result = check(
-        sorted == want_starts && daemons.len() == want_starts.len(),
-        format!(
-            "MPS daemons started for {starts:?}, recorded {daemons:?}; expected {want_starts:?}"
-        ),
-    );
-    // The daemons outlive the agent: stop them before anything else can fail.
-    for pid in &daemons {
-        let _ = std::process::Command::new("kill")
-            .arg(pid.to_string())
-            .status();
-    }
+    let starts = |control: &MpsControl| -> Vec<String> {
+        control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .map(|r| {
+                r["env"]["CUDA_VISIBLE_DEVICES"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let daemons = |path: &Path| -> TestResult<BTreeMap<String, u64>> {
+        let pool: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        Ok(pool["mps"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(gpu, d)| {
+                        Some((gpu.clone(), d["daemon"]["process"]["pid"].as_u64()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    // The daemons outlive the agent: stop them whatever happens below.
+    let stop_daemons = || {
+        for pid in daemons(&pool_path).unwrap_or_default().values() {
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
+        }
+    };
+    let result = (|| -> TestResult {
+        let want: Vec<String> = if mps { c.uuids(&[0, 1])? } else { Vec::new() };
+        let mut started = starts(&control);
+        started.sort();
+        let recorded = daemons(&pool_path)?;
+        check(
+            started == want && recorded.keys().cloned().collect::<Vec<_>>() == want,
+            format!(
+                "MPS daemons started for {started:?}, recorded {recorded:?}; expected {want:?}"
+            ),
+        )?;
+        if !mps {
+            return Ok(());
+        }
+        // Agent SIGKILL and restart: the tasks run on, the module recovers their shares and
+        // adopts the running daemons (no new start).
+        c.agent.kill()?;
+        c.agent.restart()?;
+        c.agent.wait_log("recovered GPU", TASK_TIMEOUT)?;
+        let after: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pool_path)?)?;
+        check(
+            after["shares"].as_object().map(serde_json::Map::len) == Some(3)
+                && starts(&control).len() == 2,
+            format!(
+                "after the agent's restart: {after}, starts {:?}",
+                starts(&control)
+            ),
+        )?;
+        // GPU 0's daemon dies: the module's supervisor starts it again and the holders of its
+        // shares fail saying why; GPU 1's holder runs on.
+        let gpu0 = want[0].clone();
+        let old = recorded[&gpu0];
+        std::process::Command::new("kill")
+            .args(["-KILL", &old.to_string()])
+            .status()?;
+        for i in [0, 1] {
+            tasks[i].wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+            let out = tasks[i].output();
+            println!(
+                "mesos-execute for {} printed:\n{}",
+                asks[i].0,
+                mesos_gpu_testkit::mesos::tail(&out, 4)
+            );
+            check(
+                out.contains("MPS control daemon of GPU 0") && out.contains("died"),
+                format!("task {} was not told why: {out}", asks[i].0),
+            )?;
+        }
+        check(
+            starts(&control).iter().filter(|g| **g == gpu0).count() == 2
+                && daemons(&pool_path)?.get(&gpu0).is_some_and(|&p| p != old),
+            format!("GPU 0's daemon restarted: {:?}", starts(&control)),
+        )?;
+        check(
+            !tasks[2].states().iter().any(|s| s == "TASK_FAILED"),
+            "GPU 1's holder runs on",
+        )
+    })();
+    stop_daemons();
     result?;
-    for ((name, ..), task) in asks.iter().zip(tasks.iter_mut()) {
-        c.release(name)?;
-        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let running: &[usize] = if mps { &[2, 3] } else { &[0, 1, 2, 3] };
+    for &i in running {
+        c.release(asks[i].0)?;
+        tasks[i].wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     }
     c.wait_all_released()?;
     let pool = std::fs::read_to_string(&pool_path)?;

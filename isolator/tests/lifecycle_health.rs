@@ -21,8 +21,11 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, HealthPolicy, MonitorConfig};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupOwner, ContainerId, Isolator, PrepareConfig, RecoverState,
+    CgroupOwner, ContainerId, Isolator, PoolConfig, PoolRole, PrepareConfig, RecoverState,
+    SharingConfig,
 };
+use mesos_gpu_isolator::sharing::mps::MpsConfig;
+use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use serde_json::{Value, json};
@@ -55,6 +58,10 @@ fn main() -> ExitCode {
         add(
             "issue_11_usage_and_watch_in_mesos_cgroups",
             usage_and_watch_in_mesos_cgroups,
+        );
+        add(
+            "issue_17_share_holders_usage_and_a_failed_shared_gpu",
+            share_holders_usage_and_failure,
         );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -102,16 +109,23 @@ impl Drop for Sleeper {
 
 /// `dgx1-v100` where `pid` uses [`MINE`] bytes and a stranger 9 bytes on every GPU.
 fn node(pid: u32) -> TestResult<Node> {
+    node_with(&[(pid, MINE)])
+}
+
+/// `dgx1-v100` where each `(pid, bytes)` and a stranger (9 bytes) use every GPU.
+fn node_with(processes: &[(u32, u64)]) -> TestResult<Node> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../nvml-sim/topologies/dgx1-v100.json"
     );
     let mut value: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut list: Vec<Value> = processes
+        .iter()
+        .map(|(pid, used)| json!({"pid": pid, "used_memory": used}))
+        .collect();
+    list.push(json!({"pid": 4_000_000, "used_memory": 9}));
     for gpu in value["gpus"].as_array_mut().ok_or("no gpus")? {
-        gpu["processes"] = json!([
-            {"pid": pid, "used_memory": MINE},
-            {"pid": 4_000_000, "used_memory": 9},
-        ]);
+        gpu["processes"] = Value::Array(list.clone());
         gpu["utilization"] = json!({"gpu": 42, "memory": 7});
     }
     let sim = SimNode::from_json(&value.to_string());
@@ -441,5 +455,59 @@ fn health_changes_never_deadlock_the_lifecycle(version: CgroupVersion) -> TestRe
         iso.allocations().is_ok_and(|a| a.free.len() == 8)
     })?;
     drop(child);
+    Ok(())
+}
+
+/// Issue 17: two tasks holding shares of GPU 0 (shared two ways) each see in `usage` only their
+/// own process and its memory on that GPU; an XID on it limits both holders.
+fn share_holders_usage_and_failure(version: CgroupVersion) -> TestResult {
+    let (a_proc, b_proc) = (Sleeper::spawn()?, Sleeper::spawn()?);
+    let node = node_with(&[(a_proc.pid(), 1000), (b_proc.pid(), 2000)])?;
+    let mut setup = Setup::new(version)?;
+    setup.config.pool = Some(PoolConfig {
+        dir: setup.work.path().join("pool"),
+        role: PoolRole::Agent,
+    });
+    setup.config.sharing = Some(SharingConfig {
+        spec: SharingSpec::parse("1,0=2", SharingMode::TimeSlicing)?,
+        mps: MpsConfig::new(setup.work.path().join("mps")),
+    });
+    let iso = isolator(&node, &setup, &[])?;
+    let (a, b) = (id("share-a"), id("share-b"));
+    for (c, p) in [(&a, &a_proc), (&b, &b_proc)] {
+        iso.prepare(c, gpus(1.0))?;
+        iso.isolate(c, p.pid())?;
+        check(held(&iso, c)? == [0], format!("{c} holds a share of GPU 0"))?;
+    }
+    for (c, pid, used) in [(&a, a_proc.pid(), 1000), (&b, b_proc.pid(), 2000)] {
+        let usage = iso.usage(c)?;
+        let nvml = usage
+            .gpus
+            .first()
+            .and_then(|g| g.nvml.as_ref())
+            .ok_or(format!("{c}: no NVML figures: {usage:?}"))?;
+        check(
+            usage.gpus.len() == 1
+                && nvml.index == 0
+                && nvml.memory_used == Some(used)
+                && nvml.pids.as_ref() == Some(&vec![pid]),
+            format!("{c}: {nvml:?}"),
+        )?;
+    }
+    node.sim.append_event("xid 0 79");
+    for c in [&a, &b] {
+        let limitation = iso
+            .watch(c, Some(PATIENCE))?
+            .ok_or(format!("{c} was not told"))?;
+        check(
+            limitation.gpu == 0 && limitation.message.contains("XID 79"),
+            format!("{c}: {limitation:?}"),
+        )?;
+    }
+    drop((a_proc, b_proc));
+    for c in [&a, &b] {
+        lifecycle_common::kill_cgroup(&iso.cgroup_path(c));
+        iso.cleanup(c)?;
+    }
     Ok(())
 }

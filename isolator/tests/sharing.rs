@@ -8,9 +8,10 @@
 //!   under its owner; `update` keeps a share's size and refuses another; cleanup frees it.
 //! - Two isolators on one pool (the agent's module and an `exec`) never over-commit a GPU.
 //! - Under `mps` (nvml-sim's `nvidia-cuda-mps-control` stand-in, started for real): one daemon
-//!   per GPU for the whole node, adopted by a second process, restarted when dead; each holder
-//!   gets its k/R limits in its environment, and a container with an image the pipe directory
-//!   and `/dev/shm`.
+//!   per GPU for the whole node, adopted by a second process; killed, it is started again by
+//!   supervision and every holder (in both processes) is told through `watch`; each holder gets
+//!   its k/R limits in its environment, and a container with an image the pipe directory and
+//!   `/dev/shm`.
 //! - A restarted isolator recovers its shares from its checkpoint.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -447,6 +448,38 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
         )?;
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // Supervision starts it again and limits the holders: the agent's `one` here, and the
+    // exec's `exec-2-two` when the exec supervises (another process restarted it).
+    let restarts = agent.supervise_mps()?;
+    check(
+        restarts.len() == 1
+            && restarts[0].gpu == gpu0.uuid
+            && restarts[0].failed.is_none()
+            && restarts[0].holders == [id("one")],
+        format!("agent's supervision: {restarts:?}"),
+    )?;
+    let told = agent
+        .watch(&id("one"), Some(std::time::Duration::from_secs(5)))?
+        .ok_or("the holder was not told")?;
+    check(
+        told.uuid == gpu0.uuid
+            && told.message.contains("MPS control daemon of GPU 0")
+            && told.message.contains("died"),
+        format!("limitation: {told:?}"),
+    )?;
+    let exec_restarts = exec.supervise_mps()?;
+    check(
+        exec_restarts.len() == 1
+            && exec_restarts[0].holders == [id("exec-2-two")]
+            && exec_restarts[0]
+                .why
+                .contains("another process started it again"),
+        format!("exec's supervision: {exec_restarts:?}"),
+    )?;
+    check(
+        agent.supervise_mps()?.is_empty() && exec.supervise_mps()?.is_empty(),
+        "a running daemon is left alone",
+    )?;
     let three = agent.prepare(&id("three"), gpus(1.0))?;
     check(indices(&three) == [0], "GPU 0 again")?;
     let starts = control

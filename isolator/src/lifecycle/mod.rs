@@ -63,7 +63,7 @@ pub use pinning::PinOutcome;
 pub use pinning::PinningConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
 pub use shared_pool::{PoolConfig, PoolRole};
-pub use shares::SharingConfig;
+pub use shares::{MpsRestart, SharingConfig};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 

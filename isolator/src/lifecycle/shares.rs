@@ -21,8 +21,9 @@ use std::sync::Mutex;
 
 use super::launch::{LaunchInfo, Mount, MountKind};
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::pool::PoolState;
-use crate::sharing::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError};
+use crate::health::Limitation;
+use crate::pool::{Liveness, PoolState};
+use crate::sharing::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
 use crate::sharing::{
     Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan, SharingSpec,
 };
@@ -89,6 +90,51 @@ impl Sharing {
     /// True when GPU `index` is shared (the allocator does not manage it).
     pub(crate) fn is_shared(&self, index: u32) -> bool {
         self.plan.shared.iter().any(|g| g.index == index)
+    }
+
+    /// Takes over the daemons the pool records for this node's shared GPUs (after a restart,
+    /// or those another process started), restarts the dead ones, and records them back;
+    /// returns what was restarted. Nothing under time-slicing.
+    fn supervise(&self, pool: &mut PoolState) -> Vec<Restart> {
+        let Some(daemons) = &self.daemons else {
+            return Vec::new();
+        };
+        let mut daemons = daemons.lock().unwrap_or_else(|p| p.into_inner());
+        let recorded: Vec<(MpsDaemon, ShareLimits)> = pool
+            .mps
+            .values()
+            .filter(|r| self.plan.shared_gpu(&r.daemon.gpu).is_some())
+            .filter(|r| {
+                daemons
+                    .get(&r.daemon.gpu)
+                    .is_none_or(|known| known.process != r.daemon.process)
+            })
+            .map(|r| (r.daemon.clone(), r.per_replica))
+            .collect();
+        // A daemon this process knew died and another process already started the GPU's next
+        // one: the holders here lost their server all the same.
+        let mut replaced = Vec::new();
+        for (daemon, _) in &recorded {
+            if let Some(known) = daemons.get(&daemon.gpu)
+                && let Liveness::Dead(why) = daemons.liveness(known)
+            {
+                replaced.push(Restart {
+                    gpu: daemon.gpu.clone(),
+                    why: format!("{why}; another process started it again"),
+                    outcome: Ok(daemon.clone()),
+                });
+            }
+        }
+        let mut restarts = daemons.adopt(recorded);
+        restarts.extend(replaced);
+        for restart in &restarts {
+            if let Ok(daemon) = &restart.outcome
+                && let Some(record) = pool.mps.get_mut(&restart.gpu)
+            {
+                record.daemon = daemon.clone();
+            }
+        }
+        restarts
     }
 
     /// Makes sure the daemon of `grant`'s GPU runs (under `mps`), adopting the pool's record
@@ -305,5 +351,93 @@ impl Isolator {
             replicas: grant.replicas,
             asked: gpus,
         })
+    }
+}
+
+/// A shared GPU whose MPS daemon was found dead and started again (or could not be).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsRestart {
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// Why the old daemon was taken for dead.
+    pub why: String,
+    /// `None` when the new daemon runs; else why it could not be started.
+    pub failed: Option<String>,
+    /// The containers holding a share of the GPU, now limited: their clients lost their
+    /// server.
+    pub holders: Vec<ContainerId>,
+}
+
+impl Isolator {
+    /// True when shares are enforced with MPS daemons, which [`Isolator::supervise_mps`] keeps
+    /// running.
+    pub fn supervises_mps(&self) -> bool {
+        self.sharing.as_ref().is_some_and(|s| s.daemons.is_some())
+    }
+
+    /// Under `mps`: restarts every shared GPU's daemon found dead (those the pool records for
+    /// the node included) and limits the holders of its shares (their `watch` resolves naming
+    /// the GPU and the cause: a client's CUDA context does not survive its server). Call it
+    /// periodically (the module does, every few seconds) and after `recover`.
+    pub fn supervise_mps(&self) -> Result<Vec<MpsRestart>, LifecycleError> {
+        let Some(sharing) = self.sharing.as_ref().filter(|s| s.daemons.is_some()) else {
+            return Ok(Vec::new());
+        };
+        let state = self.lock()?;
+        let restarts = {
+            let mut slot = state.tx.borrow_mut();
+            let Some(tx) = slot.as_mut() else {
+                return Ok(Vec::new());
+            };
+            let restarts = sharing.supervise(&mut tx.state);
+            if !restarts.is_empty() {
+                tx.commit().map_err(|source| LifecycleError::Pool {
+                    step: "supervise the MPS daemons",
+                    source,
+                })?;
+            }
+            restarts
+        };
+        let mut out = Vec::new();
+        for restart in restarts {
+            let holders: Vec<ContainerId> = state
+                .containers
+                .iter()
+                .filter(|(_, c)| c.share.as_ref().is_some_and(|g| g.uuid == restart.gpu))
+                .map(|(id, _)| id.clone())
+                .collect();
+            let failed = restart.outcome.as_ref().err().map(ToString::to_string);
+            let index = self
+                .inventory
+                .gpus
+                .iter()
+                .find(|g| g.uuid == restart.gpu)
+                .map_or(0, |g| g.index);
+            let message = format!(
+                "the MPS control daemon of GPU {index} ({}) died ({}); {}: the task's CUDA clients lost their server",
+                restart.gpu,
+                restart.why,
+                failed.as_deref().map_or_else(
+                    || "it was started again".to_owned(),
+                    |e| format!("it could not be started again: {e}")
+                ),
+            );
+            for holder in &holders {
+                tracing::warn!(container = %holder, gpu = %restart.gpu, why = %restart.why, "container limited: its GPU's MPS daemon died");
+                self.limitations.resolve(Limitation {
+                    container: holder.to_string(),
+                    gpu: index,
+                    uuid: restart.gpu.clone(),
+                    message: message.clone(),
+                });
+            }
+            out.push(MpsRestart {
+                gpu: restart.gpu,
+                why: restart.why,
+                failed,
+                holders,
+            });
+        }
+        Ok(out)
     }
 }

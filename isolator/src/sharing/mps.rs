@@ -214,6 +214,11 @@ impl MpsDaemons {
         self.daemons.get(gpu).map(|(d, _)| d)
     }
 
+    /// Whether `daemon` still runs, as this node's `/proc` tells.
+    pub fn liveness(&self, daemon: &MpsDaemon) -> Liveness {
+        self.config.host.process(&daemon.process)
+    }
+
     /// Every daemon, by GPU.
     pub fn all(&self) -> impl Iterator<Item = &MpsDaemon> {
         self.daemons.values().map(|(d, _)| d)
