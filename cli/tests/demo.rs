@@ -304,3 +304,74 @@ fn issue_14_docker_run_lines_wrap_between_arguments() {
         }
     }
 }
+
+/// Issue 17: `demo --gpu-replicas` replays the shipped sharing stream: 1-unit tasks pack onto
+/// GPU 0 first, a 2-unit task shares GPU 1, each share allows its GPU only and carries its MPS
+/// limits, DOCKER apps take whole GPUs, and the node without sharing refuses far more.
+#[test]
+fn issue_17_sharing_scenario_packs_limits_and_compares() {
+    let spec = "4,4=1,5=1,6=1,7=1";
+    let report = json(&[
+        "demo",
+        "--gpu-replicas",
+        spec,
+        "--gpu-sharing",
+        "mps",
+        "--json",
+    ]);
+    assert_eq!(report["units"], 20, "{report}");
+    let tasks = report["tasks"].as_array().unwrap();
+    let find = |name: &str| {
+        tasks
+            .iter()
+            .find(|t| t["task"] == name)
+            .unwrap_or_else(|| panic!("no task {name}"))
+    };
+    for i in 1..=4 {
+        let t = find(&format!("serving_inference-small.{i}"));
+        assert_eq!(
+            (&t["outcome"], &t["gpu"], &t["units"]),
+            (&Value::from("share"), &Value::from(0), &Value::from(1)),
+            "{t}"
+        );
+    }
+    let one = find("serving_inference-small.1");
+    assert_eq!(one["device_rules"][0], "c 195:0 rw", "{one}");
+    let env: Vec<&str> = one["environment"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "MESOS_GPU_SHARE=1/4",
+        "MESOS_GPU_SHARING=mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4040M",
+    ] {
+        assert!(env.contains(&want), "{want} not in {env:?}");
+    }
+    let resnet = find("ml_resnet50-train.7");
+    assert_eq!(
+        (&resnet["gpu"], &resnet["units"]),
+        (&Value::from(1), &Value::from(2))
+    );
+    let bert = find("ml_bert-finetune.15");
+    assert_eq!(bert["outcome"], "whole", "{bert}");
+    assert_eq!(bert["gpus"], serde_json::json!([4, 5, 6, 7]));
+    assert_eq!(report["refused"], 1, "{report}");
+    assert_eq!(report["refused_without_sharing"], 11, "{report}");
+    let text = ok(&["demo", "--gpu-replicas", spec]);
+    assert!(
+        text.contains("share 1/4 of GPU 0")
+            && text.contains("The same stream without sharing: 11 refused."),
+        "{text}"
+    );
+    let live = mesos_gpu(&["demo", "--gpu-replicas", spec, "--live"]);
+    assert!(!live.status.success());
+    let err = String::from_utf8_lossy(&live.stderr);
+    assert!(
+        err.contains("--gpu-replicas") || err.contains("needs root"),
+        "{err}"
+    );
+}

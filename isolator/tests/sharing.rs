@@ -492,6 +492,40 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
         iso.cleanup(&id(c_id))?;
     }
     check(pool_shares(&pool)?.is_empty(), "every share freed")?;
+    // The operator keeps GPU 0 whole from now on: its daemon is stopped with `quit`.
+    drop((agent, exec));
+    let whole0 = isolator(
+        {
+            let mut c = shared(
+                &setup,
+                &setup.work.path().join("agent"),
+                &pool,
+                PoolRole::Agent,
+                SharingMode::Mps,
+                mps(),
+            )?;
+            c.sharing = Some(SharingConfig {
+                spec: SharingSpec::parse("4,0=1,2=1,3=1,4=1,5=1,6=1,7=1", SharingMode::Mps)?,
+                mps: mps(),
+            });
+            c
+        },
+        &node,
+    )?;
+    check(whole0.supervise_mps()?.is_empty(), "nothing to restart")?;
+    let quits = control
+        .records()
+        .into_iter()
+        .filter(|r| r["event"] == "command" && r["command"] == "quit")
+        .count();
+    check(
+        quits == 1 && !Pool::at(&pool).read()?.mps.contains_key(&gpu0.uuid),
+        format!(
+            "GPU 0 left sharing: {quits} quit, pool {:?}",
+            Pool::at(&pool).read()?.mps
+        ),
+    )?;
+    drop(whole0);
     // The stand-in's daemons exit with the test's scratch directory; stop it now all the same.
     for record in Pool::at(&pool).read()?.mps.values() {
         let _ = std::process::Command::new("kill")

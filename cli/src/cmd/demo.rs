@@ -12,6 +12,7 @@ mod driver;
 mod engine;
 mod live_docker;
 mod render;
+mod sharing;
 mod stream;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -68,6 +69,7 @@ const ROOTFS_BASE: &str = "/var/lib/mesos/provisioner/rootfs";
     mesos-gpu demo --policy first-fit\n  \
     mesos-gpu --simulate hgx16 demo --json | jq '.run.tasks[] | {task, outcome, gpus: .chosen.gpus}'\n  \
     mesos-gpu demo --stream my-apps/stream.json --pace 600\n  \
+    mesos-gpu demo --gpu-replicas 4,4=1,5=1,6=1,7=1 --gpu-sharing mps\n  \
     sudo mesos-gpu demo --live"
 )]
 pub(crate) struct Args {
@@ -93,6 +95,12 @@ pub(crate) struct Args {
     /// through it; DOCKER apps become real containers when a Docker daemon answers.
     #[arg(long)]
     live: bool,
+
+    /// Replay the stream on a node that shares GPUs (the module's `gpu_replicas`): which tasks
+    /// get shares, where they are packed, their limits, and what the same node refuses without
+    /// sharing. A dry run only.
+    #[command(flatten)]
+    sharing: super::SharingArgs,
 
     /// Local image the live DOCKER containers run (built FROM scratch with /bin/busybox when
     /// missing, and then removed at exit).
@@ -184,6 +192,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
     let stream = match &args.stream {
         Some(path) => Stream::load(path)?,
+        None if args.sharing.gpu_replicas.is_some() => Stream::shipped_sharing()?,
         None => Stream::shipped()?,
     };
     // The demo runs on a simulated DGX-1 unless told otherwise.
@@ -206,6 +215,25 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| "this node".to_owned());
     let inventory = ctx.inventory()?.clone();
+    if let Some(config) = args.sharing.config(ctx)? {
+        ensure!(
+            !args.live,
+            "--live with --gpu-replicas: the sharing scenario is a dry run; run shares for real with `mesos-gpu exec --gpu-replicas`"
+        );
+        let indices: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
+        let plan = config
+            .spec
+            .resolve(&inventory, &indices)
+            .context("cannot share this node's GPUs")?;
+        let report = sharing::run(&stream, &inventory, &plan, args.policy, &config.mps)?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        } else {
+            write!(out, "{}", sharing::text(&report, &node))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let scratch = tempfile::Builder::new()
         .prefix("mesos-gpu-demo-")
         .tempdir()

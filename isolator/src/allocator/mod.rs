@@ -106,7 +106,7 @@ impl Allocator {
     /// An allocator over the GPUs of `inventory` with these NVML indices only (the agent's
     /// `--nvidia_gpu_devices`); an index that is unknown, repeated, above 63 or of a GPU in MIG
     /// mode is refused.
-    pub(crate) fn with_devices(
+    pub fn with_devices(
         inventory: &Inventory,
         devices: &[u32],
         policy: Policy,

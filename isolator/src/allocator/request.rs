@@ -18,7 +18,7 @@ pub struct GpuRequest {
 impl GpuRequest {
     /// Validates the `gpus` scalar `value` against the `offered` GPUs; the lifecycle and the Docker
     /// bridge both call this, so both refuse the same values with the same message.
-    pub(crate) fn from_scalar(value: f64, offered: u32) -> Result<GpuRequest, AllocError> {
+    pub fn from_scalar(value: f64, offered: u32) -> Result<GpuRequest, AllocError> {
         let bad = || AllocError::BadRequest {
             got: value,
             max: offered,

@@ -77,29 +77,41 @@ impl Sharing {
         Ok(Sharing { plan, daemons })
     }
 
-    /// The largest replica count: requests up to it are shares.
-    pub(crate) fn largest(&self) -> u32 {
-        self.plan
-            .shared
-            .iter()
-            .map(|g| g.replicas)
-            .max()
-            .unwrap_or(0)
-    }
-
     /// True when GPU `index` is shared (the allocator does not manage it).
     pub(crate) fn is_shared(&self, index: u32) -> bool {
         self.plan.shared.iter().any(|g| g.index == index)
     }
 
-    /// Takes over the daemons the pool records for this node's shared GPUs (after a restart,
-    /// or those another process started), restarts the dead ones, and records them back;
-    /// returns what was restarted. Nothing under time-slicing.
+    /// Stops the recorded daemons of GPUs that left sharing (the operator's spec changed) and
+    /// no share holds; takes over the daemons the pool records for this node's shared GPUs
+    /// (after a restart, or those another process started), restarts the dead ones, and records
+    /// them back; returns what was restarted. Nothing under time-slicing.
     fn supervise(&self, pool: &mut PoolState) -> Vec<Restart> {
         let Some(daemons) = &self.daemons else {
             return Vec::new();
         };
         let mut daemons = daemons.lock().unwrap_or_else(|p| p.into_inner());
+        // Daemons of GPUs this node no longer shares, that no share holds: stopped.
+        let leaving: Vec<String> = pool
+            .mps
+            .keys()
+            .filter(|gpu| self.plan.shared_gpu(gpu).is_none())
+            .filter(|gpu| !pool.shares.values().any(|s| &s.grant.uuid == *gpu))
+            .cloned()
+            .collect();
+        for gpu in leaving {
+            let Some(record) = pool.mps.remove(&gpu) else {
+                continue;
+            };
+            match daemons.retire(record.daemon, record.per_replica) {
+                Ok(()) => {
+                    tracing::info!(gpu = %gpu, "the GPU left sharing; its MPS daemon is stopped")
+                }
+                Err(e) => {
+                    tracing::error!(gpu = %gpu, error = %e, "the GPU left sharing, but its MPS daemon could not be stopped")
+                }
+            }
+        }
         let recorded: Vec<(MpsDaemon, ShareLimits)> = pool
             .mps
             .values()
@@ -199,7 +211,7 @@ impl Isolator {
         let k = crate::allocator::GpuRequest::from_scalar(gpus, sharing.plan.units())
             .map_err(alloc)?
             .count();
-        if k >= 1 && k <= sharing.largest() {
+        if sharing.plan.takes_as_share(k) {
             return Ok(Kind::Share(k));
         }
         // Valid in units, but more than one GPU's share and more than the whole GPUs.
@@ -209,7 +221,7 @@ impl Isolator {
                 placement: PlacementError::TooLarge {
                     owner: id.to_string(),
                     asked: k,
-                    largest: sharing.largest(),
+                    largest: sharing.plan.largest(),
                 },
                 whole: self.shortage(state, k),
             });
@@ -269,13 +281,7 @@ impl Isolator {
                     gpu: grant.uuid.clone(),
                     source: Box::new(source),
                 })?;
-        let mut env = vec![
-            (
-                "MESOS_GPU_SHARE".to_owned(),
-                format!("{}/{}", grant.units, grant.replicas),
-            ),
-            ("MESOS_GPU_SHARING".to_owned(), grant.mode.to_string()),
-        ];
+        let mut env = grant.env();
         if let Some(d) = &daemon {
             env.extend(d.client_env(&grant.limits));
         }
@@ -389,8 +395,9 @@ impl Isolator {
             let Some(tx) = slot.as_mut() else {
                 return Ok(Vec::new());
             };
+            let before = tx.state.mps.len();
             let restarts = sharing.supervise(&mut tx.state);
-            if !restarts.is_empty() {
+            if !restarts.is_empty() || tx.state.mps.len() != before {
                 tx.commit().map_err(|source| LifecycleError::Pool {
                     step: "supervise the MPS daemons",
                     source,

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
@@ -136,6 +136,11 @@ pub struct MpsConfig {
 }
 
 impl MpsConfig {
+    /// `CUDA_MPS_PIPE_DIRECTORY` of `gpu`'s daemon: `<root>/<uuid>/pipe`.
+    pub fn pipe_dir(&self, gpu: &str) -> PathBuf {
+        self.root.join(gpu).join("pipe")
+    }
+
     /// `program` on PATH, directories under `root`, liveness from `/proc`.
     pub fn new(root: impl Into<PathBuf>) -> MpsConfig {
         MpsConfig {
@@ -165,21 +170,28 @@ impl MpsDaemon {
     /// (mounted at the same path) and its limits, set before its CUDA context exists. Inside the
     /// container the GPU is the only one visible, so its ordinal is 0.
     pub fn client_env(&self, limits: &ShareLimits) -> Vec<(String, String)> {
-        vec![
-            (
-                "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
-                self.pipe_dir.display().to_string(),
-            ),
-            (
-                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(),
-                limits.active_thread_percentage.to_string(),
-            ),
-            (
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
-                format!("0={}M", limits.pinned_mem_limit_mib),
-            ),
-        ]
+        client_env(&self.pipe_dir, limits)
     }
+}
+
+/// What an MPS client holding `limits` needs in its environment: the daemon's pipe directory
+/// (mounted at the same path) and its limits, set before its CUDA context exists. Inside the
+/// container the GPU is the only one visible, so its ordinal is 0.
+pub fn client_env(pipe_dir: &Path, limits: &ShareLimits) -> Vec<(String, String)> {
+    vec![
+        (
+            "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
+            pipe_dir.display().to_string(),
+        ),
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(),
+            limits.active_thread_percentage.to_string(),
+        ),
+        (
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
+            format!("0={}M", limits.pinned_mem_limit_mib),
+        ),
+    ]
 }
 
 /// What [`MpsDaemons::supervise`] did about one daemon found dead.
@@ -305,6 +317,19 @@ impl MpsDaemons {
         self.set_mode(gpu, false)
     }
 
+    /// Stops a daemon another process recorded, whose GPU left sharing: `quit` when it runs,
+    /// and the GPU back to compute mode DEFAULT either way.
+    pub fn retire(&mut self, daemon: MpsDaemon, per_replica: ShareLimits) -> Result<(), MpsError> {
+        let gpu = daemon.gpu.clone();
+        let alive = matches!(self.liveness(&daemon), Liveness::Alive(_));
+        self.daemons.insert(gpu.clone(), (daemon, per_replica));
+        self.stop(&gpu)?;
+        if !alive {
+            self.set_mode(&gpu, false)?;
+        }
+        Ok(())
+    }
+
     /// Sends `command` to `gpu`'s daemon and returns its reply.
     pub fn ask(&self, gpu: &str, command: &str) -> Result<String, MpsError> {
         let (daemon, _) = self.daemons.get(gpu).ok_or_else(|| MpsError::Unknown {
@@ -325,8 +350,8 @@ impl MpsDaemons {
     }
 
     fn launch(&self, gpu: &str, per_replica: ShareLimits) -> Result<MpsDaemon, MpsError> {
-        let dir = self.config.root.join(gpu);
-        let (pipe_dir, log_dir) = (dir.join("pipe"), dir.join("log"));
+        let pipe_dir = self.config.pipe_dir(gpu);
+        let log_dir = self.config.root.join(gpu).join("log");
         for path in [&pipe_dir, &log_dir] {
             std::fs::create_dir_all(path).map_err(|source| MpsError::Dir {
                 gpu: gpu.to_owned(),

@@ -100,6 +100,19 @@ pub struct ShareGrant {
     pub limits: ShareLimits,
 }
 
+impl ShareGrant {
+    /// What every holder is told: `MESOS_GPU_SHARE=k/R` and `MESOS_GPU_SHARING=<mode>`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "MESOS_GPU_SHARE".to_owned(),
+                format!("{}/{}", self.units, self.replicas),
+            ),
+            ("MESOS_GPU_SHARING".to_owned(), self.mode.to_string()),
+        ]
+    }
+}
+
 impl ShareLimits {
     /// The limits of k units out of R on a GPU of `memory_total` bytes.
     pub fn of(units: u32, replicas: u32, memory_total: u64) -> ShareLimits {
@@ -201,7 +214,7 @@ impl ShareBook {
                 uuid: slot.uuid.clone(),
             });
         }
-        let largest = self.slots.iter().map(|s| s.replicas).max().unwrap_or(0);
+        let largest = self.largest();
         if units > largest {
             return Err(PlacementError::TooLarge {
                 owner: owner.to_owned(),
@@ -242,6 +255,11 @@ impl ShareBook {
             mode: self.mode,
             limits: ShareLimits::of(units, slot.replicas, slot.memory_total),
         })
+    }
+
+    /// The largest replica count (0 when no GPU is shared).
+    pub fn largest(&self) -> u32 {
+        self.slots.iter().map(|s| s.replicas).max().unwrap_or(0)
     }
 
     /// Frees `owner`'s share; returns the GPU's UUID and the units it held.

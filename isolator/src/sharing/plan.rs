@@ -307,6 +307,17 @@ impl SharingPlan {
             + u32::try_from(self.whole.len()).unwrap_or(u32::MAX)
     }
 
+    /// The largest replica count (0 when no GPU is shared).
+    pub fn largest(&self) -> u32 {
+        self.shared.iter().map(|g| g.replicas).max().unwrap_or(0)
+    }
+
+    /// True when a request of `units` is served as a share of one shared GPU (1 to the
+    /// largest R); larger requests take whole GPUs.
+    pub fn takes_as_share(&self, units: u32) -> bool {
+        units >= 1 && units <= self.largest()
+    }
+
     /// The shared GPU with this UUID.
     pub fn shared_gpu(&self, uuid: &str) -> Option<&SharedGpu> {
         self.shared.iter().find(|g| g.uuid == uuid)

@@ -20,7 +20,11 @@ use serde::{Deserialize, Serialize};
 /// The shipped stream, built in so that `mesos-gpu demo` works from any directory.
 const SHIPPED_STREAM: &str = include_str!("../../../../examples/marathon/stream.json");
 
-/// The shipped app files, by the name the shipped stream uses.
+/// The shipped stream of small work for a node that shares GPUs (`demo --gpu-replicas`).
+const SHIPPED_SHARING_STREAM: &str =
+    include_str!("../../../../examples/marathon/sharing-stream.json");
+
+/// The shipped app files, by the name the shipped streams use.
 const SHIPPED_APPS: &[(&str, &str)] = &[
     (
         "resnet50-train.json",
@@ -53,6 +57,14 @@ const SHIPPED_APPS: &[(&str, &str)] = &[
     (
         "triton-inference.json",
         include_str!("../../../../examples/marathon/triton-inference.json"),
+    ),
+    (
+        "inference-small.json",
+        include_str!("../../../../examples/marathon/inference-small.json"),
+    ),
+    (
+        "notebook-small.json",
+        include_str!("../../../../examples/marathon/notebook-small.json"),
     ),
 ];
 
@@ -214,10 +226,19 @@ pub(crate) struct Stream {
 impl Stream {
     /// The stream shipped in `examples/marathon/`.
     pub(crate) fn shipped() -> anyhow::Result<Stream> {
+        Stream::built_in("stream.json", SHIPPED_STREAM)
+    }
+
+    /// The sharing stream shipped in `examples/marathon/`.
+    pub(crate) fn shipped_sharing() -> anyhow::Result<Stream> {
+        Stream::built_in("sharing-stream.json", SHIPPED_SHARING_STREAM)
+    }
+
+    fn built_in(name: &str, text: &str) -> anyhow::Result<Stream> {
         let apps: BTreeMap<&str, &str> = SHIPPED_APPS.iter().copied().collect();
         Stream::build(
-            "built-in examples/marathon/stream.json",
-            SHIPPED_STREAM,
+            &format!("built-in examples/marathon/{name}"),
+            text,
             |name| {
                 apps.get(name)
                     .map(|text| (*text).to_owned())
@@ -283,7 +304,7 @@ mod tests {
         for entry in std::fs::read_dir(marathon_dir()).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if name == "stream.json" || path.extension().is_none_or(|e| e != "json") {
+            if name.ends_with("stream.json") || path.extension().is_none_or(|e| e != "json") {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();

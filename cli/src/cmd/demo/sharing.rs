@@ -1,0 +1,357 @@
+//! `mesos-gpu demo --gpu-replicas SPEC`: the stream replayed on a node that shares GPUs.
+//!
+//! Every decision is the isolator's own: the node's split ([`SharingPlan`]), which requests are
+//! shares ([`SharingPlan::takes_as_share`]), where a share goes ([`ShareBook::place`], packed),
+//! whole GPUs for the rest and for shares no shared GPU has room for (the allocator over the
+//! whole GPUs, as the lifecycle does), each holder's limits ([`ShareLimits`]) and what it is
+//! launched with (its device rules from [`plan_launch`], [`ShareGrant::env`] and, under `mps`,
+//! [`client_env`] with the daemon's pipe directory). DOCKER apps take whole GPUs: Docker tasks
+//! cannot hold shares yet. The same stream on the same node without sharing is counted for
+//! comparison. Nothing is started: no cgroup, no MPS daemon.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use mesos_gpu_isolator::allocator::{Allocator, GpuRequest, Policy};
+use mesos_gpu_isolator::cgroup::default_whitelist;
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_isolator::lifecycle::{ContainerId, PrepareConfig, plan_launch};
+use mesos_gpu_isolator::sharing::mps::{MpsConfig, client_env};
+use mesos_gpu_isolator::sharing::{Placement, ShareBook, SharingMode, SharingPlan};
+use serde::Serialize;
+
+use super::stream::{ContainerType, Stream};
+
+/// What one task got.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub(crate) enum Got {
+    /// k of R units of one GPU.
+    Share {
+        /// The GPU's NVML index.
+        gpu: u32,
+        /// Units held.
+        units: u32,
+        /// The GPU's replica count.
+        replicas: u32,
+        /// Its device rules beyond the base whitelist.
+        device_rules: Vec<String>,
+        /// What it is told (`MESOS_GPU_SHARE`, and under mps its limits and pipe directory).
+        environment: Vec<String>,
+    },
+    /// Whole GPUs.
+    Whole {
+        /// NVML indices.
+        gpus: Vec<u32>,
+        /// Why whole: more units than a GPU holds, no shared GPU had room, or a DOCKER app.
+        why: String,
+    },
+    /// Refused, with the reason.
+    Refused {
+        /// Why.
+        error: String,
+    },
+}
+
+/// One task of the stream.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SharedTask {
+    /// Container id.
+    pub(crate) task: String,
+    /// `MESOS` or `DOCKER`.
+    pub(crate) container: ContainerType,
+    /// Arrival, simulated seconds.
+    pub(crate) arrival: u64,
+    /// The `gpus` value asked for.
+    pub(crate) requested: f64,
+    /// What it got.
+    #[serde(flatten)]
+    pub(crate) got: Got,
+}
+
+/// The sharing scenario's report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SharingReport {
+    /// `time-slicing` or `mps`.
+    pub(crate) mode: SharingMode,
+    /// Shared GPUs: (index, replicas).
+    pub(crate) shared: Vec<(u32, u32)>,
+    /// GPUs kept whole.
+    pub(crate) whole: Vec<u32>,
+    /// `gpus` units the agent offers.
+    pub(crate) units: u32,
+    /// Tasks in arrival order.
+    pub(crate) tasks: Vec<SharedTask>,
+    /// Most units held at once, shares and whole GPUs together.
+    pub(crate) peak_units: u32,
+    /// Tasks refused with sharing.
+    pub(crate) refused: u32,
+    /// Tasks refused by the same node without sharing (whole GPUs only).
+    pub(crate) refused_without_sharing: u32,
+}
+
+/// Replays `stream` on `inventory` split by `plan`.
+pub(crate) fn run(
+    stream: &Stream,
+    inventory: &Inventory,
+    plan: &SharingPlan,
+    policy: Policy,
+    mps: &MpsConfig,
+) -> anyhow::Result<SharingReport> {
+    let mut book = ShareBook::new(plan);
+    let mut whole = Allocator::with_devices(inventory, &plan.whole, policy)
+        .context("cannot build the allocator of the whole GPUs")?;
+    let mut plain = Allocator::new(inventory, policy)?;
+    let nodes = super::simulated_nodes(std::path::Path::new("/dev"), inventory);
+    let base = default_whitelist();
+    // (end, id, units held) of running tasks; units for the peak.
+    let mut running: Vec<(u64, String, u32)> = Vec::new();
+    let mut plain_running: Vec<(u64, String)> = Vec::new();
+    let mut report = SharingReport {
+        mode: plan.mode,
+        shared: plan.shared.iter().map(|g| (g.index, g.replicas)).collect(),
+        whole: plan.whole.clone(),
+        units: plan.units(),
+        tasks: Vec::new(),
+        peak_units: 0,
+        refused: 0,
+        refused_without_sharing: 0,
+    };
+    let mut seq = 0u32;
+    for (arrival, app) in &stream.arrivals {
+        running.retain(|(end, id, _)| {
+            let over = *end <= arrival.at;
+            if over {
+                book.release(id);
+                whole.release_all(id);
+            }
+            !over
+        });
+        plain_running.retain(|(end, id)| {
+            let over = *end <= arrival.at;
+            if over {
+                plain.release_all(id);
+            }
+            !over
+        });
+        for _ in 0..app.instances {
+            seq += 1;
+            let id = ContainerId::new(format!(
+                "{}.{seq}",
+                app.id.trim_start_matches('/').replace('/', "_")
+            ))?;
+            let end = arrival.at + arrival.runs_for;
+            if plain
+                .request(app.gpus)
+                .and_then(|r| plain.allocate(id.as_str(), r.count()))
+                .is_ok()
+            {
+                plain_running.push((end, id.to_string()));
+            } else {
+                report.refused_without_sharing += 1;
+            }
+            let got = serve(
+                &mut book,
+                &mut whole,
+                plan,
+                inventory,
+                &nodes,
+                &base,
+                mps,
+                &id,
+                app.gpus,
+                app.container_type(),
+            );
+            match &got {
+                Got::Share { units, .. } => running.push((end, id.to_string(), *units)),
+                Got::Whole { gpus, .. } => {
+                    // A whole GPU is as many units as the GPU would have as a share: one.
+                    running.push((end, id.to_string(), u32::try_from(gpus.len()).unwrap_or(0)));
+                }
+                Got::Refused { .. } => report.refused += 1,
+            }
+            let held: u32 = running.iter().map(|(_, _, u)| u).sum();
+            report.peak_units = report.peak_units.max(held);
+            report.tasks.push(SharedTask {
+                task: id.to_string(),
+                container: app.container_type(),
+                arrival: arrival.at,
+                requested: app.gpus,
+                got,
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// One request, decided as the lifecycle decides it.
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    book: &mut ShareBook,
+    whole: &mut Allocator,
+    plan: &SharingPlan,
+    inventory: &Inventory,
+    nodes: &DeviceNodes,
+    base: &[mesos_gpu_isolator::cgroup::DeviceRule],
+    mps: &MpsConfig,
+    id: &ContainerId,
+    gpus: f64,
+    kind: ContainerType,
+) -> Got {
+    let units = match GpuRequest::from_scalar(gpus, plan.units()) {
+        Ok(request) => request.count(),
+        Err(e) => {
+            return Got::Refused {
+                error: e.to_string(),
+            };
+        }
+    };
+    let mut why_whole = if kind == ContainerType::Docker {
+        "Docker tasks cannot hold shares yet".to_owned()
+    } else {
+        format!(
+            "{units} units: more than one shared GPU holds (at most {})",
+            plan.largest()
+        )
+    };
+    if kind == ContainerType::Mesos && plan.takes_as_share(units) {
+        match book.place(id.as_str(), units, Placement::Pack) {
+            Ok(grant) => {
+                let gpu: Vec<Gpu> = inventory
+                    .by_index(grant.index)
+                    .cloned()
+                    .into_iter()
+                    .collect();
+                let config = PrepareConfig {
+                    gpus,
+                    has_task_info: true,
+                    ..PrepareConfig::default()
+                };
+                let mut environment = grant.env();
+                if grant.mode == SharingMode::Mps {
+                    environment.extend(client_env(&mps.pipe_dir(&grant.uuid), &grant.limits));
+                }
+                let device_rules = match plan_launch(id, &config, base, nodes, &gpu, None, None) {
+                    Ok(info) => info
+                        .device_rules
+                        .iter()
+                        .filter(|r| !base.contains(r))
+                        .map(ToString::to_string)
+                        .collect(),
+                    Err(e) => vec![format!("(no launch plan: {e})")],
+                };
+                return Got::Share {
+                    gpu: grant.index,
+                    units: grant.units,
+                    replicas: grant.replicas,
+                    device_rules,
+                    environment: environment
+                        .into_iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect(),
+                };
+            }
+            Err(e) => why_whole = e.to_string(),
+        }
+    }
+    match whole.allocate(id.as_str(), units) {
+        Ok(set) => Got::Whole {
+            gpus: set.to_vec(),
+            why: why_whole,
+        },
+        Err(_) => Got::Refused {
+            error: format!(
+                "{why_whole}; whole GPUs: {units} asked; {} free of {}",
+                whole.free().len(),
+                whole.offered()
+            ),
+        },
+    }
+}
+
+/// The report as text.
+pub(crate) fn text(report: &SharingReport, node: &str) -> String {
+    let mut out = String::new();
+    let shared: Vec<String> = report
+        .shared
+        .iter()
+        .map(|(i, r)| format!("{i}×{r}"))
+        .collect();
+    out.push_str(&format!(
+        "GPU sharing on {node} ({}): shared GPUs {} (index×replicas), whole GPUs {:?}; the agent offers gpus:{}\n\n",
+        report.mode,
+        shared.join(" "),
+        report.whole,
+        report.units
+    ));
+    out.push_str(&format!(
+        "{:>6}  {:<28} {:<6} {:>5}  got\n",
+        "t(s)", "task", "type", "asks"
+    ));
+    for t in &report.tasks {
+        let got = match &t.got {
+            Got::Share {
+                gpu,
+                units,
+                replicas,
+                environment,
+                ..
+            } => {
+                let limit = |key: &str| {
+                    environment
+                        .iter()
+                        .find_map(|e| e.strip_prefix(key))
+                        .map(str::to_owned)
+                };
+                match (
+                    limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
+                    limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
+                ) {
+                    (Some(threads), Some(memory)) => {
+                        format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")
+                    }
+                    _ => format!("share {units}/{replicas} of GPU {gpu}"),
+                }
+            }
+            Got::Whole { gpus, why } => format!("whole GPUs {gpus:?} ({why})"),
+            Got::Refused { error } => format!("refused: {error}"),
+        };
+        out.push_str(&format!(
+            "{:>6}  {:<28} {:<6} {:>5}  {got}\n",
+            t.arrival,
+            t.task,
+            format!("{:?}", t.container).to_uppercase(),
+            t.requested
+        ));
+    }
+    let by_gpu: BTreeMap<u32, u32> = report
+        .tasks
+        .iter()
+        .filter_map(|t| match t.got {
+            Got::Share { gpu, .. } => Some(gpu),
+            _ => None,
+        })
+        .fold(BTreeMap::new(), |mut m, g| {
+            *m.entry(g).or_default() += 1;
+            m
+        });
+    out.push_str(
+        "\nEach holder's device cgroup allows its GPU's node only (--json shows the rules and the environment).\n",
+    );
+    out.push_str(&format!(
+        "{} tasks: {} as shares (placed per GPU: {by_gpu:?}), {} on whole GPUs, {} refused; at most {} of {} units held at once.\nThe same stream without sharing: {} refused.\n",
+        report.tasks.len(),
+        by_gpu.values().sum::<u32>(),
+        report
+            .tasks
+            .iter()
+            .filter(|t| matches!(t.got, Got::Whole { .. }))
+            .count(),
+        report.refused,
+        report.peak_units,
+        report.units,
+        report.refused_without_sharing
+    ));
+    out
+}
