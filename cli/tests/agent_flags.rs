@@ -403,7 +403,7 @@ fn issue_16_17_offers_the_module_cannot_serve_yet_are_flagged() {
     assert!(
         err.contains(
             "give the module the same parameters (gpu_replicas=4, gpu_sharing=time-slicing)"
-        ) && err.contains("Docker-containerizer tasks cannot hold shares yet"),
+        ) && err.contains("start the agent with --containerizers=mesos"),
         "{err}"
     );
     let whole = mesos_gpu(&["--simulate", "dgx1-v100", "--isolation", ISO]);

@@ -356,15 +356,25 @@ fn issue_17_sharing_scenario_packs_limits_and_compares() {
         (&resnet["gpu"], &resnet["units"]),
         (&Value::from(1), &Value::from(2))
     );
-    let bert = find("ml_bert-finetune.15");
-    assert_eq!(bert["outcome"], "whole", "{bert}");
-    assert_eq!(bert["gpus"], serde_json::json!([4, 5, 6, 7]));
+    // The shared GPUs are full (16 units) when the second batch of notebooks arrives: each takes
+    // one of the whole GPUs 4-7.
+    let mut fallback: Vec<u64> = (16..=19)
+        .map(|i| {
+            let t = find(&format!("research_notebook-small.{i}"));
+            assert_eq!(t["outcome"], "whole", "{t}");
+            t["gpus"][0].as_u64().unwrap()
+        })
+        .collect();
+    fallback.sort_unstable();
+    assert_eq!(fallback, [4, 5, 6, 7]);
+    let docker = find("serving_triton-inference.20");
+    assert_eq!(docker["outcome"], "refused", "{docker}");
     assert_eq!(report["refused"], 1, "{report}");
-    assert_eq!(report["refused_without_sharing"], 11, "{report}");
+    assert_eq!(report["refused_without_sharing"], 13, "{report}");
     let text = ok(&["demo", "--gpu-replicas", spec]);
     assert!(
         text.contains("share 1/4 of GPU 0")
-            && text.contains("The same stream without sharing: 11 refused."),
+            && text.contains("The same stream without sharing: 13 refused."),
         "{text}"
     );
     let live = mesos_gpu(&["demo", "--gpu-replicas", spec, "--live"]);

@@ -317,6 +317,14 @@ fn main() -> ExitCode {
         &[Need::Root, Need::Dockerd],
         Trial::test("issue_18_numa_pinning", numa_pinning),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Dockerd],
+        Trial::test(
+            "issue_17_docker_args_shares_run_in_real_containers",
+            docker_shares,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -352,4 +360,129 @@ fn numa_pinning() -> TestResult {
         return Err(format!("expected CPU {cpu} only: {}", text(&out)).into());
     }
     env.all_clean(&image)
+}
+
+/// Issue 17: on a node sharing every GPU four ways under MPS (nvml-sim's
+/// `nvidia-cuda-mps-control` stand-in), two `docker-args --gpus 1` reservations share GPU 0;
+/// each real container sees only `/dev/nvidia0`, its share and limits in its environment, the
+/// daemon's pipe directory and the host's `/dev/shm`; `--release` frees the shares, and one
+/// daemon served both.
+fn docker_shares() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let control = mesos_gpu_testkit::mps::MpsControl::install("{}");
+    let mps_root = env.work.path().join("mps");
+    let marker = format!("/dev/shm/{}", unique_name("mgpu-shm"));
+    std::fs::write(&marker, b"host").map_err(|e| e.to_string())?;
+    let reserve = |env: &Env| -> Result<Vec<String>, Failed> {
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx1-v100", "--dev-root"])
+            .arg(env.dev.path())
+            .args([
+                "docker-args",
+                "--gpus",
+                "1",
+                "--json",
+                "--gpu-replicas",
+                "4",
+            ])
+            .args(["--gpu-sharing", "mps", "--mps-control"])
+            .arg(control.program())
+            .arg("--mps-root")
+            .arg(&mps_root)
+            .arg("--work-dir")
+            .arg(env.work.path())
+            .arg("--pool-dir")
+            .arg(env.work.path().join("pool"))
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("docker-args: {}", text(&out)).into());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string().into())
+    };
+    let result = (|| -> TestResult {
+        let mut names = Vec::new();
+        for _ in 0..2 {
+            let args = reserve(&env)?;
+            let name = args
+                .iter()
+                .find_map(|a| a.strip_prefix("--name="))
+                .ok_or(format!("no --name in {args:?}"))?
+                .to_owned();
+            let out = Command::new("docker")
+                .arg("run")
+                .arg("--rm")
+                .args(args.iter().filter(|a| !a.starts_with("--name=")))
+                .arg(&image)
+                .args([
+                    "sh",
+                    "-c",
+                    &format!("ls /dev; env; cat /proc/mounts; cat {marker}"),
+                ])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            println!("{name} printed:\n{stdout}");
+            let pipe_line = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+                .unwrap_or_default()
+                .to_owned();
+            let ok = out.status.success()
+                && gpu_nodes(&stdout) == BTreeSet::from([0])
+                && stdout.contains("MESOS_GPU_SHARE=1/4")
+                && stdout.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")
+                && stdout.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4040M")
+                && pipe_line.starts_with(mps_root.to_str().unwrap_or("?"))
+                && stdout
+                    .lines()
+                    .any(|l| l.split_whitespace().nth(1) == Some(pipe_line.as_str()))
+                && stdout.lines().last() == Some("host");
+            if !ok {
+                return Err(format!("container {name}: {}", text(&out)).into());
+            }
+            names.push(name);
+        }
+        let starts = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .count();
+        if starts != 1 {
+            return Err(format!("{starts} MPS daemons started, expected one for GPU 0").into());
+        }
+        for name in &names {
+            let id = name.trim_start_matches("mesos-");
+            let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+                .args(["--simulate", "dgx1-v100", "docker-args", "--release", id])
+                .arg("--work-dir")
+                .arg(env.work.path())
+                .arg("--pool-dir")
+                .arg(env.work.path().join("pool"))
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("release {id}: {}", text(&out)).into());
+            }
+        }
+        let pool = std::fs::read_to_string(env.work.path().join("pool/gpu/pool.json"))
+            .map_err(|e| e.to_string())?;
+        if pool.contains("\"shares\"") {
+            return Err(format!("shares left: {pool}").into());
+        }
+        env.all_clean(&image)
+    })();
+    let _ = std::fs::remove_file(&marker);
+    if let Ok(pool) = std::fs::read_to_string(env.work.path().join("pool/gpu/pool.json"))
+        && let Ok(json) = serde_json::from_str::<serde_json::Value>(&pool)
+    {
+        for d in json["mps"].as_object().into_iter().flat_map(|m| m.values()) {
+            if let Some(pid) = d["daemon"]["process"]["pid"].as_u64() {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+            }
+        }
+    }
+    result
 }

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
 use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
+use mesos_gpu_isolator::lifecycle::DockerShare;
 use mesos_gpu_isolator::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
@@ -427,6 +428,26 @@ pub fn cpuset_args(pinning: &Pinning) -> Vec<String> {
     }
     args
 }
+
+/// `docker run` arguments of a GPU share (issue 17): `--env=K=V` for its variables and, under
+/// MPS, the daemon's pipe directory bound at the same path and the host's `/dev/shm` at
+/// `/dev/shm` (the daemon's shared memory; without it clients find no server or run unlimited).
+pub fn share_args(share: &DockerShare) -> Result<Vec<String>, ArgsError> {
+    let mut args: Vec<String> = share
+        .env
+        .iter()
+        .map(|(k, v)| format!("--env={k}={v}"))
+        .collect();
+    if let Some(pipe) = &share.pipe_dir {
+        check_path(pipe)?;
+        args.push(format!("--volume={0}:{0}", pipe.display()));
+        args.push(format!("--volume={SHM}:{SHM}"));
+    }
+    Ok(args)
+}
+
+/// Where MPS clients find the daemon's shared memory.
+const SHM: &str = "/dev/shm";
 
 /// Refuses an image whose `com.nvidia.cuda.version` is newer than the driver's CUDA version
 /// (nvidia-docker's check; [`LaunchPlan::new`] applies it to images that ask for the driver).

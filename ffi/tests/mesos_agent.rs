@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 28] = [
+    let tests: [(&str, &[Need], Test); 29] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -159,6 +159,11 @@ fn main() -> ExitCode {
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         (
+            "v1_docker_containerizer_cannot_offer_shares",
+            docker,
+            v1_docker_containerizer_cannot_offer_shares,
+        ),
+        (
             "v2_docker_containerizer_refused_by_mesos",
             docker_v2,
             v2_docker_containerizer_refused_by_mesos,
@@ -179,10 +184,10 @@ fn main() -> ExitCode {
     let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, need, f)| {
-            let issue = if name.contains("docker") {
-                12
-            } else if name.contains("shared_gpus") {
+            let issue = if name.contains("shared_gpus") || name.contains("offer_shares") {
                 17
+            } else if name.contains("docker") {
+                12
             } else if name.contains("metrics") || name.contains("shared") {
                 14
             } else if name.contains("beside") {
@@ -726,6 +731,34 @@ fn shared_gpus(mps: bool) -> TestResult {
     c.wait_all_released()?;
     let pool = std::fs::read_to_string(&pool_path)?;
     check(!pool.contains("\"shares\""), format!("shares left: {pool}"))
+}
+
+/// Issue 17: Mesos's Docker containerizer cannot run on an agent that offers shares: it builds
+/// its own GPU allocator from `--resources` and looks up NVML indices 0 to gpus-1
+/// (`isolators/gpu/allocator.cpp`, `enumerateGpus`), so `gpus:14` on 8 GPUs stops the agent at
+/// start. The operator guide tells operators to run sharing agents with `--containerizers=mesos`.
+fn v1_docker_containerizer_cannot_offer_shares() -> TestResult {
+    let setup = ModuleSetup {
+        explicit_root: true,
+        extra: &[("gpu_replicas", "4,2=1,3=1,4=1,5=1,6=1,7=1")],
+    };
+    let Err(e) = DockerCluster::start_with(
+        None,
+        AgentCgroups::V1,
+        &setup,
+        Some("cpus:4;mem:4096;gpus:14"),
+    ) else {
+        return Err(
+            "an agent with the Docker containerizer started offering gpus:14 on 8 GPUs".into(),
+        );
+    };
+    let text = e.to_string();
+    println!("{}", mesos_gpu_testkit::mesos::tail(&text, 3));
+    check(
+        text.contains("Failed to create a containerizer")
+            && text.contains("deviceGetHandleByIndex"),
+        format!("the agent did not fail as expected: {text}"),
+    )
 }
 
 /// Three tasks at once (4 + 3 + 1 GPUs of 8) get disjoint GPUs covering the node, each exactly
@@ -1423,12 +1456,26 @@ impl DockerCluster {
     /// A Docker cluster on the daemon at `socket` (the machine's when `None`), its agent on
     /// `cgroups`.
     fn start_on(socket: Option<&Path>, cgroups: AgentCgroups) -> TestResult<DockerCluster> {
+        DockerCluster::start_with(socket, cgroups, &EXPLICIT_ROOT, None)
+    }
+
+    /// [`DockerCluster::start_on`] with the isolator module set up as `setup` and the agent's
+    /// `--resources` replaced by `resources`.
+    fn start_with(
+        socket: Option<&Path>,
+        cgroups: AgentCgroups,
+        setup: &ModuleSetup<'_>,
+        resources: Option<&str>,
+    ) -> TestResult<DockerCluster> {
         let isolation = match cgroups {
             AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
             AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
         };
         let ((install, sim, dev, scratch, master), mut spec) =
-            Cluster::prepare(cgroups, &isolation, &EXPLICIT_ROOT)?;
+            Cluster::prepare(cgroups, &isolation, setup)?;
+        if let Some(resources) = resources {
+            spec.resources = resources.to_owned();
+        }
         let exe = mesos_gpu_exe()?;
         let s = scratch.path();
         let volumes = s.join("volumes");

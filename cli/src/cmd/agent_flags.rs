@@ -55,8 +55,8 @@ pub(crate) struct Args {
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
     /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. Give the module
-    /// the same spec (parameter `gpu_replicas`); Docker-containerizer tasks cannot hold shares
-    /// yet.
+    /// the same spec (parameter `gpu_replicas`); only with `--containerizers=mesos`: Mesos's
+    /// Docker containerizer cannot start with more `gpus` than the node has GPUs.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
@@ -122,7 +122,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let shared = sharing::offer::advertise(&resolved, inventory, &spec)?.0;
             eprintln!(
                 "mesos-gpu: note: give the module the same parameters (gpu_replicas={}, \
-                 gpu_sharing={}); Docker-containerizer tasks cannot hold shares yet",
+                 gpu_sharing={}), and start the agent with --containerizers=mesos: Mesos's Docker \
+                 containerizer cannot start with more gpus than the node has GPUs",
                 args.gpu_replicas.as_deref().unwrap_or_default(),
                 args.gpu_sharing
             );

@@ -58,7 +58,8 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool\n  \
-    docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status"
+    docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status\n  \
+    docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
     /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
@@ -118,6 +119,9 @@ pub(crate) struct Args {
     #[command(flatten)]
     numa: super::NumaArgs,
 
+    #[command(flatten)]
+    sharing: super::SharingArgs,
+
     /// Print a JSON array of arguments instead of one line.
     #[arg(long)]
     json: bool,
@@ -127,6 +131,16 @@ pub(crate) struct Args {
 /// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
 /// directory. Drop it to let others in.
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
+    open_pool_sharing(ctx, args, None)
+}
+
+/// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
+/// share of one GPU.
+pub(crate) fn open_pool_sharing(
+    ctx: &Ctx,
+    args: &super::DockerPoolArgs,
+    sharing: Option<mesos_gpu_isolator::lifecycle::SharingConfig>,
+) -> anyhow::Result<Isolator> {
     let work_dir = &args.work_dir;
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
@@ -145,6 +159,7 @@ pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Resu
             dir: args.pool.pool_dir.clone(),
             role: PoolRole::Docker,
         });
+        config.sharing.clone_from(&sharing);
         match Isolator::new(config, inventory.clone(), nodes.clone()) {
             Err(LifecycleError::Checkpoint {
                 source: CheckpointError::Locked { .. },
@@ -280,8 +295,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         daemon: Some(daemon_endpoint(&args.daemon.docker_socket)),
         starter: Some(starter),
     };
-    let pool = open_pool(ctx, &args.reservations)?;
+    let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?)?;
     let reservation = DockerReservation::reserve(&pool, &id, f64::from(gpus), start)?;
+    let share = reservation
+        .share()
+        .map(mesos_gpu_docker::args::share_args)
+        .transpose()?;
     let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
     let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref())?;
     let pinning = if args.numa.numa_pinning {
@@ -297,6 +316,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(pinning) = &pinning {
         line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
     }
+    line.extend(share.into_iter().flatten());
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

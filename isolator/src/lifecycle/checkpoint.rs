@@ -98,6 +98,9 @@ pub(crate) struct Checkpoint {
     pub(crate) containers: BTreeMap<String, ContainerRecord>,
     /// Docker containerizer containers by id.
     pub(crate) docker: BTreeMap<String, Vec<GpuRecord>>,
+    /// The shares of Docker containers holding one, by id (their `docker` entry is empty).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) docker_shares: BTreeMap<String, crate::sharing::ShareGrant>,
     /// The daemon and starter of Docker containers by id (absent in older checkpoints).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) docker_starts: BTreeMap<String, super::DockerStart>,
@@ -224,6 +227,7 @@ mod tests {
                 },
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),
+            docker_shares: BTreeMap::new(),
             docker_starts: BTreeMap::from([(
                 "d1".into(),
                 super::super::DockerStart {

@@ -25,6 +25,18 @@ pub struct DockerStart {
     pub starter: Option<ProcessStamp>,
 }
 
+/// A Docker container's share of a shared GPU (issue 17), with what its `docker run` adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerShare {
+    /// The share: GPU, k of R units, mode, limits.
+    pub grant: crate::sharing::ShareGrant,
+    /// `-e` variables: `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under mps, the client's.
+    pub env: Vec<(String, String)>,
+    /// Under mps: the daemon's pipe directory, bound at the same path, with the host's
+    /// `/dev/shm` at `/dev/shm` (the daemon's shared memory).
+    pub pipe_dir: Option<std::path::PathBuf>,
+}
+
 /// GPUs reserved for a Docker container that is not running yet: the one reserve → plan →
 /// roll back sequence of every entry point (the module's hook, `docker-args`, the bridge, the
 /// demo). Dropped without [`DockerReservation::keep`], it gives the GPUs back (a failed give-back
@@ -36,6 +48,7 @@ pub struct DockerReservation<D: Deref<Target = Isolator>> {
     isolator: D,
     id: ContainerId,
     gpus: Vec<Gpu>,
+    share: Option<DockerShare>,
     kept: bool,
 }
 
@@ -47,18 +60,24 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
         gpus: f64,
         start: DockerStart,
     ) -> Result<Self, LifecycleError> {
-        let gpus = isolator.reserve_docker_started(id, gpus, start)?;
+        let (gpus, share) = isolator.reserve_docker_units(id, gpus, start)?;
         Ok(DockerReservation {
             isolator,
             id: id.clone(),
             gpus,
+            share,
             kept: false,
         })
     }
 
-    /// The reserved GPUs.
+    /// The reserved GPUs (for a share, its one GPU).
     pub fn gpus(&self) -> &[Gpu] {
         &self.gpus
+    }
+
+    /// The share, when the node shares GPUs and the request was served with one.
+    pub fn share(&self) -> Option<&DockerShare> {
+        self.share.as_ref()
     }
 
     /// The container launches: the GPUs stay reserved until it is released.
@@ -139,13 +158,24 @@ impl Isolator {
 
     /// Reserves GPUs for Docker container `id`, recording the daemon that will run it and the
     /// process that starts it.
-    #[tracing::instrument(skip_all, fields(container = %id, requested = gpus, daemon = ?start.daemon))]
     pub fn reserve_docker_started(
         &self,
         id: &ContainerId,
         gpus: f64,
         start: DockerStart,
     ) -> Result<Vec<Gpu>, LifecycleError> {
+        Ok(self.reserve_docker_units(id, gpus, start)?.0)
+    }
+
+    /// Reserves `gpus` for Docker container `id`: whole GPUs, or on a sharing node a share of
+    /// one GPU (issue 17), as [`Isolator::prepare`] decides.
+    #[tracing::instrument(skip_all, fields(container = %id, requested = gpus, daemon = ?start.daemon))]
+    fn reserve_docker_units(
+        &self,
+        id: &ContainerId,
+        gpus: f64,
+        start: DockerStart,
+    ) -> Result<(Vec<Gpu>, Option<DockerShare>), LifecycleError> {
         const STEP: &str = "reserve GPUs for";
         let mut state = self.lock()?;
         if state.knows(id) {
@@ -154,23 +184,40 @@ impl Isolator {
                 step: STEP,
             });
         }
-        let alloc = |source| LifecycleError::Allocation {
-            container: id.clone(),
-            step: STEP,
-            source,
+        let (set, grant) = self.take_units(&mut state, id, gpus, STEP)?;
+        let share = match &grant {
+            Some(grant) => match self.share_launch(&state, id, grant) {
+                Ok(launch) => Some(launch.into_docker(grant.clone())),
+                Err(e) => {
+                    state.allocator.release_all(id.as_str());
+                    return Err(e);
+                }
+            },
+            None => None,
         };
-        let count = state.allocator.request(gpus).map_err(alloc)?.count();
-        let set = self.allocate_shared(&mut state, id, count, STEP)?;
         state.docker.insert(id.clone(), set);
+        if let Some(grant) = &grant {
+            state.docker_shares.insert(id.clone(), grant.clone());
+        }
         state.docker_starts.insert(id.clone(), start);
         if let Err(e) = self.save(&state, STEP) {
             state.docker.remove(id);
+            state.docker_shares.remove(id);
             state.docker_starts.remove(id);
             state.allocator.release_all(id.as_str());
             return Err(e);
         }
-        tracing::info!(gpus = %set, "reserved GPUs for a Docker container");
-        Ok(self.gpus_of(set))
+        match &grant {
+            Some(g) => {
+                tracing::info!(gpu = %g.uuid, units = g.units, replicas = g.replicas, mode = %g.mode, "reserved a GPU share for a Docker container")
+            }
+            None => tracing::info!(gpus = %set, "reserved GPUs for a Docker container"),
+        }
+        let visible = match &grant {
+            Some(g) => crate::allocator::GpuSet::from_indices([g.index]).unwrap_or_default(),
+            None => set,
+        };
+        Ok((self.gpus_of(visible), share))
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.
@@ -186,6 +233,7 @@ impl Isolator {
             });
         }
         state.docker_starts.remove(id);
+        state.docker_shares.remove(id);
         if state.docker.remove(id).is_none() {
             tracing::debug!("release of an unknown Docker container");
             return Ok(());
@@ -224,7 +272,9 @@ impl Isolator {
             return Err(e);
         }
         tracing::info!(gpus = %set, "the Docker container's starter is recorded");
-        Ok(self.gpus_of(set))
+        let shared = state.docker_shares.get(id).map(|g| g.index);
+        let visible = set.union(crate::allocator::GpuSet::from_indices(shared).unwrap_or_default());
+        Ok(self.gpus_of(visible))
     }
 
     /// Releases Docker container `id`'s GPUs unless its daemon says the container still runs,

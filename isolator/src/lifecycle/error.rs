@@ -32,12 +32,14 @@ pub enum LifecycleError {
         shortage: crate::pool::Shortage,
     },
     /// A share request that no shared GPU has room for, and that whole GPUs cannot serve either.
-    #[error("cannot prepare container {container}: {placement}; whole GPUs: {whole}")]
+    #[error("cannot {step} container {container}: {placement}; whole GPUs: {whole}")]
     ShareRefused {
         /// The container.
         container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
         /// Why no shared GPU takes it.
-        placement: crate::sharing::PlacementError,
+        placement: Box<crate::sharing::PlacementError>,
         /// What the whole GPUs are doing.
         whole: crate::pool::Shortage,
     },

@@ -61,7 +61,9 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
             state
                 .containers
                 .iter()
-                .filter(|(_, c)| c.share.as_ref().is_some_and(|g| g.index == change.index))
+                .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
+                .chain(state.docker_shares.iter())
+                .filter(|(_, g)| g.index == change.index)
                 .map(|(id, _)| Limitation {
                     container: id.to_string(),
                     gpu: change.index,

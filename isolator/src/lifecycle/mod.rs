@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
-pub use docker::{DockerReservation, DockerStart};
+pub use docker::{DockerReservation, DockerShare, DockerStart};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use pinning::PinOutcome;
@@ -208,26 +208,7 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
-        let (gpus, share) = match self.request_kind(&mut state, id, config.gpus)? {
-            shares::Kind::Whole(count) => {
-                (self.allocate_shared(&mut state, id, count, STEP)?, None)
-            }
-            shares::Kind::Share(k) => match self.place_share(&mut state, id, k)? {
-                Ok(grant) => (GpuSet::EMPTY, Some(grant)),
-                // No shared GPU has room: k whole GPUs serve it too, when that many are free.
-                Err(placement) => match self.allocate_shared(&mut state, id, k, STEP) {
-                    Ok(set) => (set, None),
-                    Err(LifecycleError::Refused { shortage, .. }) => {
-                        return Err(LifecycleError::ShareRefused {
-                            container: id.clone(),
-                            placement,
-                            whole: shortage,
-                        });
-                    }
-                    Err(e) => return Err(e),
-                },
-            },
-        };
+        let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
         fault::point("prepare.allocated");
         let visible = match &share {
             Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),

@@ -203,21 +203,14 @@ impl Isolator {
             .unwrap_or_default()
         };
         for id in self.candidates(&ckpt, &elsewhere) {
-            let mut gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
+            let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
             match ckpt.containers.get(id.as_str()) {
                 Some(record) => {
                     let rules: Vec<DeviceRule> =
                         record.rules.iter().filter_map(|r| r.parse().ok()).collect();
-                    // A share is recovered as a share while its GPU is still shared; otherwise
-                    // the GPU is held whole by the container, so nothing is double-booked.
-                    let share = record.share.clone().and_then(|grant| {
-                        let shared = self.sharing.as_ref().is_some_and(|s| s.is_shared(grant.index));
-                        if !shared {
-                            tracing::warn!(container = %id, gpu = %grant.uuid, "a checkpointed share is on a GPU that is no longer shared; the container holds it whole until it ends");
-                            gpus = gpus.union(GpuSet::from_indices([grant.index]).unwrap_or_default());
-                        }
-                        shared.then_some(grant)
-                    });
+                    // A share stays a share, whatever this process's sharing plan: it is a
+                    // fact about a running container, and the pool counts it as such.
+                    let share = record.share.clone();
                     let share_set = share.as_ref().map_or(GpuSet::EMPTY, |g| {
                         GpuSet::from_indices([g.index]).unwrap_or_default()
                     });
@@ -261,6 +254,7 @@ impl Isolator {
         }
         let mut docker = BTreeMap::new();
         let mut docker_starts = BTreeMap::new();
+        let mut docker_shares = BTreeMap::new();
         for (name, records) in &ckpt.docker {
             let Ok(id) = ContainerId::new(name.as_str()) else {
                 continue;
@@ -280,6 +274,9 @@ impl Isolator {
                 claims.entry(i).or_default().insert(id.clone());
             }
             report.docker.push(id.clone());
+            if let Some(grant) = ckpt.docker_shares.get(name) {
+                docker_shares.insert(id.clone(), grant.clone());
+            }
             docker.insert(id, set);
         }
         for (&index, names) in &ckpt.quarantine {
@@ -304,6 +301,7 @@ impl Isolator {
         }
         let mut state = self.rebuild(found, shares, docker, quarantine)?;
         state.docker_starts = docker_starts;
+        state.docker_shares = docker_shares;
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
         let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
         for id in state.containers.keys() {
@@ -367,6 +365,7 @@ impl Isolator {
         for id in gone {
             state.docker.remove(&id);
             state.docker_starts.remove(&id);
+            state.docker_shares.remove(&id);
             let released = state.allocator.release_all(id.as_str());
             tracing::info!(container = %id, gpus = %released, "Docker container is gone; released its GPUs");
         }

@@ -234,21 +234,25 @@ impl Isolator {
             ));
         }
         tx.state.publish(&link.holder, entries);
+        let share = |id: &ContainerId, owner: Owner, grant: &crate::sharing::ShareGrant| {
+            (
+                id.to_string(),
+                ShareReservation {
+                    holder: link.holder.clone(),
+                    owner,
+                    grant: grant.clone(),
+                    since: pool::now(),
+                },
+            )
+        };
         let shares = state
             .containers
             .iter()
-            .filter_map(|(id, c)| {
-                let grant = c.share.clone()?;
-                Some((
-                    id.to_string(),
-                    ShareReservation {
-                        holder: link.holder.clone(),
-                        owner: self.owner_of(link, id),
-                        grant,
-                        since: pool::now(),
-                    },
-                ))
-            })
+            .filter_map(|(id, c)| Some(share(id, self.owner_of(link, id), c.share.as_ref()?)))
+            .chain(state.docker_shares.iter().map(|(id, grant)| {
+                let owner = super::docker::docker_owner(id, state.docker_starts.get(id));
+                share(id, owner, grant)
+            }))
             .collect();
         tx.state.publish_shares(&link.holder, shares);
         if self.health.get().is_some() {

@@ -181,8 +181,8 @@ impl Sharing {
     }
 }
 
-/// Why a request is a share, whole GPUs, or refused before anything is reserved.
-pub(crate) enum Kind {
+/// Whether a request is served with whole GPUs or a share.
+enum Kind {
     /// k whole GPUs from the allocator.
     Whole(u32),
     /// A share of `k` units of one shared GPU.
@@ -192,15 +192,16 @@ pub(crate) enum Kind {
 impl Isolator {
     /// What a top-level container asking `gpus` gets: whole GPUs without sharing; with it, a
     /// share for 1 ≤ k ≤ the largest R, whole GPUs above (refused when the node has fewer).
-    pub(crate) fn request_kind(
+    fn request_kind(
         &self,
         state: &mut super::state::State,
         id: &ContainerId,
         gpus: f64,
+        step: &'static str,
     ) -> Result<Kind, LifecycleError> {
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
-            step: "prepare",
+            step,
             source,
         };
         let Some(sharing) = &self.sharing else {
@@ -218,21 +219,52 @@ impl Isolator {
         if k > state.allocator.offered() {
             return Err(LifecycleError::ShareRefused {
                 container: id.clone(),
-                placement: PlacementError::TooLarge {
+                step,
+                placement: Box::new(PlacementError::TooLarge {
                     owner: id.to_string(),
                     asked: k,
                     largest: sharing.plan.largest(),
-                },
+                }),
                 whole: self.shortage(state, k),
             });
         }
         Ok(Kind::Whole(k))
     }
 
+    /// What `id` asking `gpus` takes: whole GPUs from the allocator, or a share of one shared
+    /// GPU (then the set is empty); a share no shared GPU has room for takes whole GPUs when
+    /// that many are free, and is refused with both reasons when not.
+    pub(crate) fn take_units(
+        &self,
+        state: &mut super::state::State,
+        id: &ContainerId,
+        gpus: f64,
+        step: &'static str,
+    ) -> Result<(crate::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
+        match self.request_kind(state, id, gpus, step)? {
+            Kind::Whole(count) => Ok((self.allocate_shared(state, id, count, step)?, None)),
+            Kind::Share(k) => match self.place_share(state, id, k)? {
+                Ok(grant) => Ok((crate::allocator::GpuSet::EMPTY, Some(grant))),
+                Err(placement) => match self.allocate_shared(state, id, k, step) {
+                    Ok(set) => Ok((set, None)),
+                    Err(LifecycleError::Refused { shortage, .. }) => {
+                        Err(LifecycleError::ShareRefused {
+                            container: id.clone(),
+                            step,
+                            placement: Box::new(placement),
+                            whole: shortage,
+                        })
+                    }
+                    Err(e) => Err(e),
+                },
+            },
+        }
+    }
+
     /// Places a share of `k` units for `id` among the shares the pool records (and this
     /// isolator's own, published at its next save); the placement's refusal when no shared GPU
     /// has room (the caller then tries whole GPUs).
-    pub(crate) fn place_share(
+    fn place_share(
         &self,
         state: &mut super::state::State,
         id: &ContainerId,
@@ -251,10 +283,13 @@ impl Isolator {
         };
         let mut book = crate::sharing::store::book(&tx.state, &sharing.plan);
         // Shares this isolator holds are published at its next save; count them now.
-        for (other, c) in &state.containers {
-            if let Some(grant) = &c.share {
-                book.record(other.as_str(), &grant.uuid, grant.units);
-            }
+        let mine = state
+            .containers
+            .iter()
+            .filter_map(|(other, c)| Some((other, c.share.as_ref()?)))
+            .chain(state.docker_shares.iter());
+        for (other, grant) in mine {
+            book.record(other.as_str(), &grant.uuid, grant.units);
         }
         Ok(book.place(id.as_str(), k, Placement::Pack))
     }
@@ -446,5 +481,17 @@ impl Isolator {
             });
         }
         Ok(out)
+    }
+}
+
+impl ShareLaunch {
+    /// The same for a Docker container: its `-e` variables and, under `mps`, the pipe
+    /// directory to bind (with the host's `/dev/shm`).
+    pub(crate) fn into_docker(self, grant: ShareGrant) -> super::DockerShare {
+        super::DockerShare {
+            grant,
+            env: self.env,
+            pipe_dir: self.daemon.map(|d| d.pipe_dir),
+        }
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct State {
     /// `share_cgroups=false`), which get their ancestor's entries too.
     pub(crate) nested_cgroups: BTreeMap<ContainerId, PlacedCgroup>,
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
+    /// Docker containers holding a share of a shared GPU (their `docker` entry is empty).
+    pub(crate) docker_shares: BTreeMap<ContainerId, ShareGrant>,
     /// Where each Docker container runs and who starts it (for its owner record).
     pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
@@ -73,6 +75,7 @@ impl State {
             nested: BTreeMap::new(),
             nested_cgroups: BTreeMap::new(),
             docker: BTreeMap::new(),
+            docker_shares: BTreeMap::new(),
             docker_starts: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -150,6 +153,11 @@ impl State {
                 .docker
                 .iter()
                 .map(|(id, &set)| (id.to_string(), records(set)))
+                .collect(),
+            docker_shares: self
+                .docker_shares
+                .iter()
+                .map(|(id, grant)| (id.to_string(), grant.clone()))
                 .collect(),
             docker_starts: self
                 .docker_starts

@@ -122,12 +122,18 @@ impl Isolator {
             });
         }
         match state.docker.get(id) {
-            Some(set) => Ok(ContainerStatus {
-                kind: ContainerKind::Docker,
-                gpus: set.to_vec(),
-                cgroup: None,
-                share: None,
-            }),
+            Some(set) => {
+                let share = state.docker_shares.get(id).cloned();
+                let shared = share.as_ref().map(|g| g.index);
+                let mut gpus = set.to_vec();
+                gpus.extend(shared);
+                Ok(ContainerStatus {
+                    kind: ContainerKind::Docker,
+                    gpus,
+                    cgroup: None,
+                    share,
+                })
+            }
             None => Err(LifecycleError::UnknownContainer {
                 container: id.clone(),
                 step: "report",

@@ -5,8 +5,8 @@
 //! whole GPUs for the rest and for shares no shared GPU has room for (the allocator over the
 //! whole GPUs, as the lifecycle does), each holder's limits ([`ShareLimits`]) and what it is
 //! launched with (its device rules from [`plan_launch`], [`ShareGrant::env`] and, under `mps`,
-//! [`client_env`] with the daemon's pipe directory). DOCKER apps take whole GPUs: Docker tasks
-//! cannot hold shares yet. The same stream on the same node without sharing is counted for
+//! [`client_env`] with the daemon's pipe directory). DOCKER apps are refused: Mesos's Docker
+//! containerizer cannot run on an agent that offers shares (see the operator guide). The same stream on the same node without sharing is counted for
 //! comparison. Nothing is started: no cgroup, no MPS daemon.
 
 use std::collections::BTreeMap;
@@ -44,7 +44,7 @@ pub(crate) enum Got {
     Whole {
         /// NVML indices.
         gpus: Vec<u32>,
-        /// Why whole: more units than a GPU holds, no shared GPU had room, or a DOCKER app.
+        /// Why whole: more units than a GPU holds, or no shared GPU had room.
         why: String,
     },
     /// Refused, with the reason.
@@ -207,15 +207,16 @@ fn serve(
             };
         }
     };
-    let mut why_whole = if kind == ContainerType::Docker {
-        "Docker tasks cannot hold shares yet".to_owned()
-    } else {
-        format!(
-            "{units} units: more than one shared GPU holds (at most {})",
-            plan.largest()
-        )
-    };
-    if kind == ContainerType::Mesos && plan.takes_as_share(units) {
+    if kind == ContainerType::Docker {
+        return Got::Refused {
+            error: "an agent that offers shares runs --containerizers=mesos only (Mesos's Docker containerizer cannot start with more gpus than GPUs)".to_owned(),
+        };
+    }
+    let mut why_whole = format!(
+        "{units} units: more than one shared GPU holds (at most {})",
+        plan.largest()
+    );
+    if plan.takes_as_share(units) {
         match book.place(id.as_str(), units, Placement::Pack) {
             Ok(grant) => {
                 let gpu: Vec<Gpu> = inventory
