@@ -756,6 +756,25 @@ fn execs_share_a_gpu(version: &'static str) -> TestResult {
         .spawn()
         .unwrap();
     wait_running(&env, 1, &mut first)?;
+    // The operator sees the share, and cannot release it while its owner runs.
+    let listed: serde_json::Value = serde_json::from_slice(&gpu(&env, &["list", "--json"]).stdout)
+        .map_err(|e| e.to_string())?;
+    let share = &listed["shares"][0];
+    check(
+        share["grant"]["units"] == 1
+            && share["grant"]["replicas"] == 4
+            && share["liveness"]["state"] == "alive",
+        format!("gpu list: {listed}"),
+    )?;
+    let id = share["id"].as_str().unwrap_or_default().to_owned();
+    let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
+    check(table.contains(&id) && table.contains("1/4"), table)?;
+    let refused = gpu(&env, &["release", &id]);
+    check(
+        refused.status.code() == Some(1)
+            && String::from_utf8_lossy(&refused.stderr).contains("alive"),
+        text(&refused),
+    )?;
     let me = std::env::current_exe().unwrap();
     let second = shared("2", &[me.to_str().unwrap()])
         .env(OPENER_ENV, env.dev.path())

@@ -536,12 +536,13 @@ fn v1_gpus_on_mesos_devices_cgroup() -> TestResult {
 
 /// Issue 17: a real agent whose module shares GPUs 0 and 1 four ways and keeps 2-7 whole
 /// (`gpu_replicas=4,2=1,…,7=1`, offered as `gpus:14`). Four tasks at once: `gpus:1` and `gpus:2`
-/// pack onto GPU 0, `gpus:4` takes all of GPU 1, `gpus:5` five whole GPUs; each opens exactly
+/// pack onto one shared GPU, `gpus:4` takes all of the other, `gpus:5` five whole GPUs; each opens exactly
 /// its GPUs and is told its share; the pool records the shares while they run and none after.
 /// With `mps`, the module starts one MPS daemon per shared GPU (nvml-sim's stand-in, run by
 /// the agent's module itself) and each share holder gets its k/4 limits; after an agent
-/// SIGKILL and restart the tasks keep their shares and the daemons are adopted; when GPU 0's
-/// daemon is killed the module starts it again and its two holders fail saying why.
+/// SIGKILL and restart the tasks keep their shares and the daemons are adopted; when the daemon
+/// of the 1- and 2-unit shares' GPU is killed, the module starts it again and those two holders
+/// fail saying why.
 fn shared_gpus(mps: bool) -> TestResult {
     let control = MpsControl::install("{}");
     let program = control.program().display().to_string();
@@ -609,10 +610,14 @@ fn shared_gpus(mps: bool) -> TestResult {
         )?;
         held.insert(name, minors);
     }
+    // Mesos prepares concurrent tasks in any order; packing always puts the 1- and 2-unit
+    // shares on one shared GPU and the 4-unit share alone on the other.
+    let pair = held["one"].first().copied().unwrap_or(u32::MAX);
     check(
-        held["one"] == [0]
-            && held["two"] == [0]
-            && held["four"] == [1]
+        pair < 2
+            && held["one"] == [pair]
+            && held["two"] == [pair]
+            && held["four"] == [1 - pair]
             && held["five"].len() == 5
             && held["five"].iter().all(|&m| m >= 2),
         format!("placement: {held:?}"),
@@ -693,8 +698,9 @@ fn shared_gpus(mps: bool) -> TestResult {
         )?;
         // GPU 0's daemon dies: the module's supervisor starts it again and the holders of its
         // shares fail saying why; GPU 1's holder runs on.
-        let gpu0 = want[0].clone();
-        let old = recorded[&gpu0];
+        // The daemon of the GPU the 1- and 2-unit shares are on.
+        let gpu0 = c.uuids(&[pair])?.concat();
+        let old = *recorded.get(&gpu0).ok_or(format!("no daemon for {gpu0}"))?;
         std::process::Command::new("kill")
             .args(["-KILL", &old.to_string()])
             .status()?;
@@ -707,18 +713,18 @@ fn shared_gpus(mps: bool) -> TestResult {
                 mesos_gpu_testkit::mesos::tail(&out, 4)
             );
             check(
-                out.contains("MPS control daemon of GPU 0") && out.contains("died"),
+                out.contains(&format!("MPS control daemon of GPU {pair}")) && out.contains("died"),
                 format!("task {} was not told why: {out}", asks[i].0),
             )?;
         }
         check(
             starts(&control).iter().filter(|g| **g == gpu0).count() == 2
                 && daemons(&pool_path)?.get(&gpu0).is_some_and(|&p| p != old),
-            format!("GPU 0's daemon restarted: {:?}", starts(&control)),
+            format!("GPU {pair}'s daemon restarted: {:?}", starts(&control)),
         )?;
         check(
             !tasks[2].states().iter().any(|s| s == "TASK_FAILED"),
-            "GPU 1's holder runs on",
+            "the other shared GPU's holder runs on",
         )
     })();
     stop_daemons();

@@ -134,7 +134,7 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("GPU pool {}", listing.path.display());
-    if listing.reservations.is_empty() {
+    if listing.reservations.is_empty() && listing.shares.is_empty() {
         println!("no reservations");
     } else {
         println!(
@@ -157,6 +157,26 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
             println!("{:>80} quarantined: {reason}", "");
         }
+    }
+    if !listing.shares.is_empty() {
+        println!(
+            "{:<40} {:<10} {:<8} {:<10} {:<9} GPU / WHY",
+            "SHARE OWNER", "KIND", "UNITS", "SINCE", "STATE"
+        );
+    }
+    for s in &listing.shares {
+        let (state, why) = s.liveness.describe();
+        println!(
+            "{:<40} {:<10} {:<8} {:<10} {:<9} {} ({})",
+            s.id,
+            s.share.owner.kind(),
+            format!("{}/{}", s.share.grant.units, s.share.grant.replicas),
+            age(s.share.since.saturating_mul(1000)),
+            state,
+            s.share.grant.uuid,
+            s.share.grant.mode
+        );
+        println!("{:>80} {why}", "");
     }
     for (uuid, reason) in &listing.unhealthy {
         println!("unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)");

@@ -316,6 +316,18 @@ pub struct Listed {
     pub liveness: Liveness,
 }
 
+/// One share of a shared GPU as `gpu list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedShare {
+    /// The owner id.
+    pub id: String,
+    /// The share.
+    #[serde(flatten)]
+    pub share: ShareReservation,
+    /// Whether its owner is still there.
+    pub liveness: Liveness,
+}
+
 /// What the pool holds, as `gpu list` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Listing {
@@ -323,6 +335,9 @@ pub struct Listing {
     pub path: PathBuf,
     /// Every reservation, with its owner's liveness.
     pub reservations: Vec<Listed>,
+    /// Every share of a shared GPU, with its owner's liveness.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ListedShare>,
     /// GPUs the registered health checkpoints mark unhealthy (UUID: reason).
     pub unhealthy: BTreeMap<String, String>,
 }
@@ -497,27 +512,52 @@ impl Pool {
                     reservation,
                 })
                 .collect(),
+            shares: state
+                .shares
+                .into_iter()
+                .map(|(id, share)| ListedShare {
+                    liveness: host.liveness(&share.owner),
+                    id,
+                    share,
+                })
+                .collect(),
         })
     }
 
-    /// Releases the reservation of owner `id`, refused unless its owner is dead or `force`;
-    /// returns the freed reservation. The holder of a live owner records it again at its next
-    /// change, so `force` is for owners the operator knows are gone.
+    /// Releases the reservation (or GPU share) of owner `id`, refused unless its owner is dead
+    /// or `force`; returns the freed reservation (a share as a reservation of its one GPU). The
+    /// holder of a live owner records it again at its next change, so `force` is for owners the
+    /// operator knows are gone.
     pub fn release(&self, id: &str, force: bool, host: &Host) -> Result<Reservation, PoolError> {
         let mut tx = self.begin()?;
-        let Some(reservation) = tx.state.reservations.get(id).cloned() else {
-            let known: Vec<&str> = tx.state.reservations.keys().map(String::as_str).collect();
-            return Err(PoolError::UnknownOwner {
-                path: self.state_path(),
-                id: id.to_owned(),
-                known: if known.is_empty() {
-                    "none".to_owned()
-                } else {
-                    known.join(", ")
-                },
-            });
+        let freed = match (tx.state.reservations.get(id), tx.state.shares.get(id)) {
+            (Some(r), _) => r.clone(),
+            (None, Some(share)) => Reservation {
+                holder: share.holder.clone(),
+                owner: share.owner.clone(),
+                gpus: vec![share.grant.uuid.clone()],
+                since: share.since,
+            },
+            (None, None) => {
+                let known: Vec<&str> = tx
+                    .state
+                    .reservations
+                    .keys()
+                    .chain(tx.state.shares.keys())
+                    .map(String::as_str)
+                    .collect();
+                return Err(PoolError::UnknownOwner {
+                    path: self.state_path(),
+                    id: id.to_owned(),
+                    known: if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    },
+                });
+            }
         };
-        match host.liveness(&reservation.owner) {
+        match host.liveness(&freed.owner) {
             Liveness::Dead(_) => {}
             Liveness::Alive(why) if !force => {
                 return Err(PoolError::NotDead {
@@ -535,19 +575,20 @@ impl Pool {
             }
             Liveness::Alive(_) | Liveness::Uncertain(_) => {}
         }
-        if let Err(e) = free_reservation(&mut tx.state, id) {
-            if !force {
-                return Err(PoolError::Io {
-                    op: "free the reservation of",
-                    path: PathBuf::from(id),
-                    source: e,
-                });
-            }
-            tx.state.reservations.remove(id);
+        if let Err(e) = remove_leftovers(&freed.owner)
+            && !force
+        {
+            return Err(PoolError::Io {
+                op: "free the reservation of",
+                path: PathBuf::from(id),
+                source: e,
+            });
         }
+        tx.state.reservations.remove(id);
+        tx.state.shares.remove(id);
         tx.commit()?;
-        tracing::info!(owner = id, gpus = ?reservation.gpus, force, "released a reservation of the GPU pool");
-        Ok(reservation)
+        tracing::info!(owner = id, gpus = ?freed.gpus, force, "released a reservation of the GPU pool");
+        Ok(freed)
     }
 
     /// Frees every dead owner's reservation (one reconciliation).
