@@ -156,6 +156,7 @@ pub fn prepare_config(
         has_task_info: config.task_info.is_some(),
         parent: id.parent.as_deref().map(container_id).transpose()?,
         nested_cgroup: nested_cgroup(id)?,
+        ..PrepareConfig::default()
     })
 }
 

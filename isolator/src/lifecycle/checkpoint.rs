@@ -88,6 +88,9 @@ pub(crate) struct ContainerRecord {
     /// Its share of a shared GPU (absent for whole GPUs and in older checkpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) share: Option<crate::sharing::ShareGrant>,
+    /// Its MIG devices by `MIG-…` UUID (absent without and in older checkpoints).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) mig: Vec<String>,
 }
 
 /// Everything the isolator must remember across a restart.
@@ -224,6 +227,7 @@ mod tests {
                     gpus: vec![gpu.clone()],
                     rules: vec!["c 195:1 rw".into()],
                     share: None,
+                    mig: Vec::new(),
                 },
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),

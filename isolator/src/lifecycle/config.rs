@@ -113,6 +113,8 @@ pub struct IsolatorConfig {
     pub pool: Option<super::PoolConfig>,
     /// GPU sharing (replicas); `None` hands out whole GPUs only. Needs `pool`.
     pub sharing: Option<super::SharingConfig>,
+    /// How MIG devices are handed out (on a node with GPUs in MIG mode).
+    pub mig: super::MigConfig,
 }
 
 impl IsolatorConfig {
@@ -133,6 +135,7 @@ impl IsolatorConfig {
             pinning: super::PinningConfig::default(),
             pool: None,
             sharing: None,
+            mig: super::MigConfig::default(),
         }
     }
 }

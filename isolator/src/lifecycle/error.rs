@@ -43,6 +43,49 @@ pub enum LifecycleError {
         /// What the whole GPUs are doing.
         whole: crate::pool::Shortage,
     },
+    /// A MIG request that cannot be served.
+    #[error("cannot {step} container {container}")]
+    Mig {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Box<crate::mig::MigError>,
+    },
+    /// A `gpus` request neither MIG devices nor whole GPUs can serve (single strategy).
+    #[error("cannot {step} container {container}: {mig}; whole GPUs: {whole}")]
+    MigRefused {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// Why no MIG devices.
+        mig: Box<crate::mig::MigError>,
+        /// What the whole GPUs are doing.
+        whole: crate::pool::Shortage,
+    },
+    /// A request that does not fit the MIG strategy.
+    #[error("cannot prepare container {container}: {why}")]
+    MigStrategy {
+        /// The container.
+        container: ContainerId,
+        /// Why.
+        why: String,
+    },
+    /// A container holding MIG devices asked for another number of them.
+    #[error(
+        "cannot update container {container}: it holds MIG devices {devices}, which cannot be resized (asked gpus:{asked}); relaunch the task"
+    )]
+    MigResize {
+        /// The container.
+        container: ContainerId,
+        /// Its MIG devices.
+        devices: String,
+        /// The `gpus` value asked.
+        asked: f64,
+    },
     /// A container holding a GPU share asked for another number of units.
     #[error(
         "cannot update container {container}: it holds a share of {units}/{replicas} of GPU {gpu}, and a share cannot be resized (asked gpus:{asked}); relaunch the task with the new size"
@@ -288,7 +331,9 @@ impl LifecycleError {
                 ..
             } | LifecycleError::Refused { .. }
                 | LifecycleError::ShareRefused { .. }
-        )
+                | LifecycleError::MigRefused { .. }
+        ) || matches!(self, LifecycleError::Mig { source, .. }
+            if matches!(**source, crate::mig::MigError::NotEnough { .. }))
     }
 
     /// True when a health call named a GPU the node does not have, or text that is no GPU.

@@ -217,7 +217,10 @@ mod tests {
 
     fn state() -> State {
         let inventory = NodeBuilder::new(4, PcieLevel::CrossSocket).inventory();
-        State::new(Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap())
+        State::new(
+            Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap(),
+            crate::mig::MigUnits::new(&inventory.mig, false),
+        )
     }
 
     fn change(index: u32, healthy: bool) -> HealthChange {

@@ -53,6 +53,10 @@ pub struct PrepareConfig {
     /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
     /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
     pub nested_cgroup: Option<PathBuf>,
+    /// MIG devices asked for by profile id (the `mig-<profile>` scalars of the mixed strategy).
+    pub mig: std::collections::BTreeMap<u32, u32>,
+    /// The capabilities the task runs with (CAP_SYS_ADMIN is refused with MIG devices).
+    pub capabilities: Vec<String>,
 }
 
 /// Why a bind mount is there.
@@ -64,6 +68,8 @@ pub enum MountKind {
     DriverVolume,
     /// An MPS daemon's pipe directory, or its shared memory at `/dev/shm` (a GPU share).
     Mps,
+    /// A MIG device's `access` capability file under `/proc/driver/nvidia/capabilities`.
+    MigAccessFile,
 }
 
 /// One bind mount into the container's rootfs.

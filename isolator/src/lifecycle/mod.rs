@@ -42,6 +42,7 @@ mod error;
 pub mod fault;
 mod health;
 mod launch;
+mod mig;
 mod nested;
 mod pinning;
 mod placement;
@@ -59,6 +60,7 @@ pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
 pub use docker::{DockerReservation, DockerShare, DockerStart};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
+pub use mig::MigConfig;
 pub use pinning::PinOutcome;
 pub use pinning::PinningConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
@@ -103,6 +105,8 @@ pub struct Isolator {
     sharing: Option<shares::Sharing>,
     /// The GPUs the allocator manages: the offered ones that are not shared.
     whole: Vec<u32>,
+    /// How MIG devices are handed out.
+    mig: MigConfig,
 }
 
 impl Isolator {
@@ -118,6 +122,11 @@ impl Isolator {
             .devices
             .clone()
             .unwrap_or_else(|| inventory.whole_gpus().map(|g| g.index).collect());
+        if config.sharing.is_some() && !inventory.mig.devices.is_empty() {
+            return Err(LifecycleError::SharingSetup {
+                why: "sharing GPUs of a node with MIG devices is not supported; give MIG devices whole or turn MIG mode off".into(),
+            });
+        }
         let sharing = match &config.sharing {
             Some(c) => Some(shares::Sharing::new(
                 c,
@@ -148,6 +157,7 @@ impl Isolator {
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
+        let mig_units = crate::mig::MigUnits::new(&inventory.mig, config.mig.allow_multiple);
         Ok(Isolator {
             layout,
             owner: config.owner,
@@ -159,13 +169,14 @@ impl Isolator {
             devices,
             store,
             work_dir: config.work_dir,
-            state: Arc::new(Mutex::new(State::new(allocator))),
+            state: Arc::new(Mutex::new(State::new(allocator, mig_units))),
             limitations: Arc::new(Limitations::new()),
             health: OnceLock::new(),
             pinning,
             pool,
             sharing,
             whole,
+            mig: config.mig,
         })
     }
 
@@ -208,13 +219,30 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
-        let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
+        let (gpus, share, mig) = if self.inventory.mig.devices.is_empty() {
+            let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
+            (gpus, share, Vec::new())
+        } else {
+            let (gpus, mig) = self.take_with_mig(&mut state, id, &config, STEP)?;
+            (gpus, None, mig)
+        };
         fault::point("prepare.allocated");
         let visible = match &share {
             Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),
             None => gpus,
         };
-        let rules = allow_list(&self.base, &self.nodes, self.minors(visible));
+        let accesses = match self.mig_accesses(id, &mig) {
+            Ok(accesses) => accesses,
+            Err(e) => {
+                state.mig.release(id.as_str());
+                state.allocator.release_all(id.as_str());
+                return Err(e);
+            }
+        };
+        let rules = self.with_mig_rules(
+            allow_list(&self.base, &self.nodes, self.minors(visible)),
+            &accesses,
+        );
         let info = launch_info(
             &config,
             &self.gpus_of(visible),
@@ -226,6 +254,7 @@ impl Isolator {
         let mut info = match info {
             Ok(info) => info,
             Err(missing) => {
+                state.mig.release(id.as_str());
                 state.allocator.release_all(id.as_str());
                 return Err(LifecycleError::MissingNode {
                     container: id.clone(),
@@ -233,6 +262,7 @@ impl Isolator {
                 });
             }
         };
+        mig::add_mig(&mut info, &accesses, &config, &self.nodes);
         if let Some(grant) = &share {
             let launch = match self.share_launch(&state, id, grant) {
                 Ok(launch) => launch,
@@ -255,11 +285,13 @@ impl Isolator {
                 rules: rules.clone(),
                 cgroup: None,
                 share: share.clone(),
+                mig: mig.clone(),
             },
         );
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
         if let Err(e) = self.save(&state, STEP) {
             state.containers.remove(id);
+            state.mig.release(id.as_str());
             state.allocator.release_all(id.as_str());
             return Err(e);
         }
@@ -279,6 +311,7 @@ impl Isolator {
             Ok(cgroup) => cgroup,
             Err(e) => {
                 state.containers.remove(id);
+                state.mig.release(id.as_str());
                 state.allocator.release_all(id.as_str());
                 self.save_or_log(&state, STEP);
                 return Err(e);
@@ -380,6 +413,9 @@ impl Isolator {
         self.cgroup_of(state, id, STEP)?;
         if let Some(grant) = state.containers.get(id).and_then(|c| c.share.as_ref()) {
             return self.update_share(id, grant, gpus);
+        }
+        if let Some(entry) = state.containers.get(id).filter(|c| !c.mig.is_empty()) {
+            return self.update_mig(id, entry, gpus);
         }
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
@@ -555,6 +591,7 @@ impl Isolator {
         }
         fault::point("cleanup.cgroup_removed");
         let released = state.allocator.release_all(id.as_str());
+        let released_mig = state.mig.release(id.as_str());
         state.containers.remove(id);
         let children: Vec<ContainerId> = state
             .nested
@@ -574,7 +611,7 @@ impl Isolator {
         // memory, which recovery handles.
         self.save(state, STEP)?;
         fault::point("cleanup.checkpointed");
-        tracing::info!(released = %released, quarantine_freed = %freed, "cleaned up container");
+        tracing::info!(released = %released, mig = ?released_mig, quarantine_freed = %freed, "cleaned up container");
         Ok(())
     }
 

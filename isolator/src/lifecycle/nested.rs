@@ -34,7 +34,8 @@ impl Isolator {
         let cgroup = own_dir
             .clone()
             .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
-        let info = launch_info(
+        let accesses = self.mig_accesses(id, &entry.mig)?;
+        let mut info = launch_info(
             config,
             &self.gpus_of(entry.visible()),
             &self.nodes,
@@ -46,6 +47,7 @@ impl Isolator {
             container: id.clone(),
             index: m.index,
         })?;
+        super::mig::add_mig(&mut info, &accesses, config, &self.nodes);
         if let Some(dir) = own_dir {
             let rules = entry.rules.clone();
             if let Some(top) = entry.cgroup.as_ref().map(|c| c.path().to_owned()) {

@@ -91,6 +91,13 @@ pub enum RecoveryIssue {
         /// The container.
         container: ContainerId,
     },
+    /// A checkpointed MIG device the node no longer has (MIG reconfigured under running tasks).
+    MigChanged {
+        /// The container.
+        container: ContainerId,
+        /// The device's `MIG-…` UUID.
+        uuid: String,
+    },
     /// v2: our device program was not attached; the checkpointed list was attached again.
     ProgramMissing {
         /// The container.
@@ -163,6 +170,7 @@ impl Isolator {
         let mut report = RecoveryReport::default();
         let mut found: BTreeMap<ContainerId, Found> = BTreeMap::new();
         let mut shares: BTreeMap<ContainerId, ShareGrant> = BTreeMap::new();
+        let mut migs: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
         let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
 
@@ -211,6 +219,24 @@ impl Isolator {
                     // A share stays a share, whatever this process's sharing plan: it is a
                     // fact about a running container, and the pool counts it as such.
                     let share = record.share.clone();
+                    let known_mig: Vec<String> = record
+                        .mig
+                        .iter()
+                        .filter(|uuid| {
+                            let known = self.inventory.mig.by_uuid(uuid).is_some();
+                            if !known {
+                                report.issues.push(RecoveryIssue::MigChanged {
+                                    container: id.clone(),
+                                    uuid: (*uuid).clone(),
+                                });
+                            }
+                            known
+                        })
+                        .cloned()
+                        .collect();
+                    if !known_mig.is_empty() {
+                        migs.insert(id.clone(), known_mig);
+                    }
                     let share_set = share.as_ref().map_or(GpuSet::EMPTY, |g| {
                         GpuSet::from_indices([g.index]).unwrap_or_default()
                     });
@@ -299,7 +325,7 @@ impl Isolator {
                 }
             }
         }
-        let mut state = self.rebuild(found, shares, docker, quarantine)?;
+        let mut state = self.rebuild(found, shares, migs, docker, quarantine)?;
         state.docker_starts = docker_starts;
         state.docker_shares = docker_shares;
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
@@ -637,12 +663,13 @@ impl Isolator {
         &self,
         found: BTreeMap<ContainerId, Found>,
         mut shares: BTreeMap<ContainerId, ShareGrant>,
+        mut migs: BTreeMap<ContainerId, Vec<String>>,
         docker: BTreeMap<ContainerId, GpuSet>,
         quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
     ) -> Result<State, LifecycleError> {
         let allocator = Allocator::with_devices(&self.inventory, &self.whole, self.policy)
             .map_err(|source| LifecycleError::SetupAllocator { source })?;
-        let mut state = State::new(allocator);
+        let mut state = State::new(allocator, self.mig_units());
         let quarantined = GpuSet::from_indices(quarantine.keys().copied()).unwrap_or_default();
         let take = |state: &mut State, owner: &str, set: GpuSet| {
             if let Err(e) = state.allocator.recover(owner, set) {
@@ -654,13 +681,28 @@ impl Isolator {
             let own = f.gpus.difference(quarantined);
             take(&mut state, id.as_str(), own);
             let share = shares.remove(&id);
+            let mig = migs.remove(&id).unwrap_or_default();
+            for uuid in &mig {
+                if !state.mig.hold(id.as_str(), uuid) {
+                    tracing::error!(container = %id, mig = %uuid, "a checkpointed MIG device is held twice");
+                }
+            }
+            // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices': add them.
+            let rules = match self.mig_accesses(&id, &mig) {
+                Ok(accesses) => self.with_mig_rules(f.rules, &accesses),
+                Err(e) => {
+                    tracing::error!(container = %id, error = %e, "cannot tell what the container's MIG devices need");
+                    f.rules
+                }
+            };
             state.containers.insert(
                 id,
                 Container {
                     gpus: own,
-                    rules: f.rules,
+                    rules,
                     cgroup: f.cgroup,
                     share,
+                    mig,
                 },
             );
         }

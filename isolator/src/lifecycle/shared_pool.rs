@@ -187,6 +187,7 @@ impl Isolator {
             tracing::error!(gpus = ?clash, pool = %link.pool.state_path().display(), "GPUs this isolator holds are reserved by another holder of the pool too (run `mesos-gpu gpu list`)");
         }
         state.allocator.hold_elsewhere(ELSEWHERE_OWNER, wanted);
+        state.mig.hold_only(ELSEWHERE_OWNER, &others);
     }
 
     /// Publishes this isolator's reservations into the pool and commits (no-op without one).
@@ -202,7 +203,9 @@ impl Isolator {
             |set: GpuSet| -> Vec<String> { set.iter().map(|i| self.uuid(i).to_owned()).collect() };
         let mut entries = Vec::new();
         for (id, c) in &state.containers {
-            entries.push((id.to_string(), self.owner_of(link, id), uuids(c.gpus)));
+            let mut held = uuids(c.gpus);
+            held.extend(c.mig.iter().cloned());
+            entries.push((id.to_string(), self.owner_of(link, id), held));
         }
         for (id, &set) in &state.docker {
             entries.push((

@@ -30,6 +30,8 @@ pub(crate) struct Container {
     pub(crate) cgroup: Option<PlacedCgroup>,
     /// Its share of a shared GPU (then `gpus` is empty), recorded in the node's pool.
     pub(crate) share: Option<ShareGrant>,
+    /// Its MIG devices, by `MIG-…` UUID.
+    pub(crate) mig: Vec<String>,
 }
 
 impl Container {
@@ -48,6 +50,8 @@ impl Container {
 #[derive(Debug)]
 pub(crate) struct State {
     pub(crate) allocator: Allocator,
+    /// The node's MIG devices and who holds them (the allocator never manages their parents).
+    pub(crate) mig: crate::mig::MigUnits,
     pub(crate) containers: BTreeMap<ContainerId, Container>,
     /// Nested containers and their top-level ancestor (they share its GPUs and cgroup).
     pub(crate) nested: BTreeMap<ContainerId, ContainerId>,
@@ -68,9 +72,10 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(allocator: Allocator) -> State {
+    pub(crate) fn new(allocator: Allocator, mig: crate::mig::MigUnits) -> State {
         State {
             allocator,
+            mig,
             containers: BTreeMap::new(),
             nested: BTreeMap::new(),
             nested_cgroups: BTreeMap::new(),
@@ -145,6 +150,7 @@ impl State {
                             gpus: records(c.gpus),
                             rules,
                             share: c.share.clone(),
+                            mig: c.mig.clone(),
                         },
                     )
                 })

@@ -68,6 +68,8 @@ pub struct ContainerStatus {
     pub cgroup: Option<PathBuf>,
     /// Its share of a shared GPU (the GPU is in `gpus`), when it holds one.
     pub share: Option<crate::sharing::ShareGrant>,
+    /// Its MIG devices, by `MIG-…` UUID.
+    pub mig: Vec<String>,
 }
 
 impl Isolator {
@@ -119,6 +121,7 @@ impl Isolator {
                 gpus: entry.visible().to_vec(),
                 cgroup,
                 share: entry.share.clone(),
+                mig: entry.mig.clone(),
             });
         }
         match state.docker.get(id) {
@@ -132,6 +135,7 @@ impl Isolator {
                     gpus,
                     cgroup: None,
                     share,
+                    mig: Vec::new(),
                 })
             }
             None => Err(LifecycleError::UnknownContainer {

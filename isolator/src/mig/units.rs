@@ -140,6 +140,31 @@ impl MigUnits {
             )
     }
 
+    /// Records that `owner` holds `uuid` (recovery); false when the node has no such device or
+    /// another owner holds it.
+    pub fn hold(&mut self, owner: &str, uuid: &str) -> bool {
+        match self.units.iter_mut().find(|u| u.uuid == uuid) {
+            Some(u) if u.holder.as_deref().is_none_or(|h| h == owner) => {
+                u.holder = Some(owner.to_owned());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Makes `owner` hold exactly the devices of `uuids` nobody else holds (what other holders
+    /// of the node's pool reserve).
+    pub fn hold_only(&mut self, owner: &str, uuids: &std::collections::BTreeSet<&str>) {
+        for u in &mut self.units {
+            let wanted = uuids.contains(u.uuid.as_str());
+            match u.holder.as_deref() {
+                Some(h) if h == owner && !wanted => u.holder = None,
+                None if wanted => u.holder = Some(owner.to_owned()),
+                _ => {}
+            }
+        }
+    }
+
     /// Takes back everything `owner` holds; returns the UUIDs.
     pub fn release(&mut self, owner: &str) -> Vec<String> {
         self.units

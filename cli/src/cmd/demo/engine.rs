@@ -350,8 +350,7 @@ fn launch(
                 image_env: image.env.clone(),
                 image_labels: image.labels.keys().cloned().collect(),
                 has_task_info: true,
-                parent: None,
-                nested_cgroup: None,
+                ..PrepareConfig::default()
             };
             let info = agent.launch_mesos(id, config, gpus)?;
             let base = mesos_gpu_isolator::cgroup::default_whitelist().len();
@@ -372,6 +371,7 @@ fn launch(
                             MountKind::Device => "device",
                             MountKind::DriverVolume => "driver_volume",
                             MountKind::Mps => "mps",
+                            MountKind::MigAccessFile => "mig_access_file",
                         },
                     })
                     .collect(),

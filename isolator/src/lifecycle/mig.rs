@@ -1,0 +1,298 @@
+//! MIG devices in the container lifecycle (issue 16): a container may hold MIG devices (by
+//! `MIG-…` UUID, from [`crate::mig::MigUnits`]) beside whole GPUs (from the allocator, which
+//! never manages a GPU in MIG mode).
+//!
+//! What a request takes, by [`MigStrategy`] (as `agent-flags --mig-strategy` offers them):
+//! - `single`: `gpus:k` counts MIG devices and whole GPUs alike; it takes k MIG devices when
+//!   that many are free (more than one only when the operator allows it: CUDA uses one MIG
+//!   device per process), else k whole GPUs, else it is refused with both reasons;
+//! - `mixed`: `gpus` takes whole GPUs, and each `mig-<profile>` scalar that many MIG devices of
+//!   that profile ([`super::PrepareConfig::mig`], keyed by profile id).
+//!
+//! A container holding MIG devices gets, for each, its parent's `/dev/nvidia<minor>` and its two
+//! capability nodes in the device cgroup (nothing of any other GPU or capability), the control
+//! nodes, and `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` naming the `MIG-…` UUIDs (after any
+//! whole GPUs'); with an image, those nodes and the two `access` files (read-only) are mounted.
+//! A task whose capabilities include CAP_SYS_ADMIN is refused unless the operator allows it
+//! (it grants every MIG capability whatever its device files).
+
+use std::path::{Path, PathBuf};
+
+use super::launch::{LaunchInfo, Mount, MountKind, PrepareConfig};
+use super::state::State;
+use super::{ContainerId, Isolator, LifecycleError};
+use crate::agent_flags::MigStrategy;
+use crate::allocator::{GpuRequest, GpuSet};
+use crate::cgroup::{DeviceRule, normalize};
+use crate::devices::DeviceNodes;
+use crate::mig::{MigAccess, MigError, check_capabilities};
+
+/// How MIG devices are handed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigConfig {
+    /// How `gpus` and `mig-<profile>` requests map to MIG devices.
+    pub strategy: MigStrategy,
+    /// A task may hold more than one MIG device (CUDA uses only one per process).
+    pub allow_multiple: bool,
+    /// A task holding MIG devices may run with CAP_SYS_ADMIN.
+    pub allow_sys_admin: bool,
+    /// Where `nvidia-caps/nvidia-cap<N>` are (the device root).
+    pub dev_root: PathBuf,
+    /// Where the driver's `driver/nvidia/capabilities/…/access` files are (the proc root).
+    pub proc_root: PathBuf,
+}
+
+impl Default for MigConfig {
+    fn default() -> MigConfig {
+        MigConfig {
+            strategy: MigStrategy::Single,
+            allow_multiple: false,
+            allow_sys_admin: false,
+            dev_root: PathBuf::from("/dev"),
+            proc_root: PathBuf::from(crate::discovery::DEFAULT_PROC_ROOT),
+        }
+    }
+}
+
+impl Isolator {
+    /// What `id` takes for `config`: whole GPUs and MIG devices (nothing is held when refused).
+    pub(crate) fn take_with_mig(
+        &self,
+        state: &mut State,
+        id: &ContainerId,
+        config: &PrepareConfig,
+        step: &'static str,
+    ) -> Result<(GpuSet, Vec<String>), LifecycleError> {
+        let mig_err = |source| LifecycleError::Mig {
+            container: id.clone(),
+            step,
+            source: Box::new(source),
+        };
+        let taken = match self.mig.strategy {
+            MigStrategy::Single => {
+                if !config.mig.is_empty() {
+                    return Err(LifecycleError::MigStrategy {
+                        container: id.clone(),
+                        why: "mig-<profile> resources are offered by the mixed strategy; this agent's module uses single (ask for gpus)".into(),
+                    });
+                }
+                let devices = u32::try_from(self.inventory.mig.devices.len()).unwrap_or(u32::MAX);
+                let offered = state.allocator.offered().saturating_add(devices);
+                let k = GpuRequest::from_scalar(config.gpus, offered)
+                    .map_err(|source| LifecycleError::Allocation {
+                        container: id.clone(),
+                        step,
+                        source,
+                    })?
+                    .count();
+                if k == 0 {
+                    return Ok((GpuSet::EMPTY, Vec::new()));
+                }
+                match state.mig.allocate(id.as_str(), k, None) {
+                    Ok(uuids) => (GpuSet::EMPTY, uuids),
+                    Err(mig) => match self.allocate_shared(state, id, k, step) {
+                        Ok(set) => (set, Vec::new()),
+                        Err(LifecycleError::Refused { shortage, .. }) => {
+                            return Err(LifecycleError::MigRefused {
+                                container: id.clone(),
+                                step,
+                                mig: Box::new(mig),
+                                whole: shortage,
+                            });
+                        }
+                        Err(LifecycleError::Allocation { .. }) => return Err(mig_err(mig)),
+                        Err(e) => return Err(e),
+                    },
+                }
+            }
+            MigStrategy::Mixed => {
+                let count = state
+                    .allocator
+                    .request(config.gpus)
+                    .map_err(|source| LifecycleError::Allocation {
+                        container: id.clone(),
+                        step,
+                        source,
+                    })?
+                    .count();
+                let asked: u32 = config.mig.values().sum();
+                if asked > 1 && !self.mig.allow_multiple {
+                    return Err(mig_err(MigError::TooMany {
+                        owner: id.to_string(),
+                        requested: asked,
+                    }));
+                }
+                let mut uuids = Vec::new();
+                for (&profile, &n) in &config.mig {
+                    match state.mig.allocate(id.as_str(), n, Some(profile)) {
+                        Ok(got) => uuids.extend(got),
+                        Err(e) => {
+                            state.mig.release(id.as_str());
+                            return Err(mig_err(e));
+                        }
+                    }
+                }
+                match self.allocate_shared(state, id, count, step) {
+                    Ok(set) => (set, uuids),
+                    Err(e) => {
+                        state.mig.release(id.as_str());
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        if !taken.1.is_empty()
+            && let Err(e) =
+                check_capabilities(id.as_str(), &config.capabilities, self.mig.allow_sys_admin)
+        {
+            state.mig.release(id.as_str());
+            state.allocator.release_all(id.as_str());
+            return Err(mig_err(e));
+        }
+        Ok(taken)
+    }
+
+    /// The node's MIG devices as allocation units, none held.
+    pub(crate) fn mig_units(&self) -> crate::mig::MigUnits {
+        crate::mig::MigUnits::new(&self.inventory.mig, self.mig.allow_multiple)
+    }
+
+    /// `update` of a container holding MIG devices: the same request changes nothing (Mesos
+    /// calls `update` whenever any resource changes); another is refused.
+    pub(crate) fn update_mig(
+        &self,
+        id: &ContainerId,
+        entry: &super::state::Container,
+        gpus: f64,
+    ) -> Result<(), LifecycleError> {
+        let held = entry.gpus.len()
+            + match self.mig.strategy {
+                MigStrategy::Single => u32::try_from(entry.mig.len()).unwrap_or(u32::MAX),
+                MigStrategy::Mixed => 0,
+            };
+        let asked = GpuRequest::from_scalar(gpus, u32::MAX).map(|r| r.count());
+        if asked.as_ref().ok() == Some(&held) {
+            return Ok(());
+        }
+        Err(LifecycleError::MigResize {
+            container: id.clone(),
+            devices: entry.mig.join(","),
+            asked: gpus,
+        })
+    }
+
+    /// What the MIG devices `uuids` need in a container.
+    pub(crate) fn mig_accesses(
+        &self,
+        id: &ContainerId,
+        uuids: &[String],
+    ) -> Result<Vec<MigAccess>, LifecycleError> {
+        uuids
+            .iter()
+            .map(|uuid| {
+                let device =
+                    self.inventory
+                        .mig
+                        .by_uuid(uuid)
+                        .ok_or_else(|| LifecycleError::Mig {
+                            container: id.clone(),
+                            step: "isolate",
+                            source: Box::new(MigError::NoCaps { uuid: uuid.clone() }),
+                        })?;
+                MigAccess::of(device, &self.mig.dev_root, &self.mig.proc_root).map_err(|source| {
+                    LifecycleError::Mig {
+                        container: id.clone(),
+                        step: "isolate",
+                        source: Box::new(source),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// `rules` (a whole-GPU allow list) with what `accesses` need added.
+    pub(crate) fn with_mig_rules(
+        &self,
+        rules: Vec<DeviceRule>,
+        accesses: &[MigAccess],
+    ) -> Vec<DeviceRule> {
+        if accesses.is_empty() {
+            return rules;
+        }
+        let mut all = rules;
+        all.extend(crate::mig::allow_list(&self.base, &self.nodes, accesses));
+        normalize(&all)
+    }
+}
+
+/// Adds to `info` what a container holding `accesses` needs: `NVIDIA_VISIBLE_DEVICES` and
+/// `CUDA_VISIBLE_DEVICES` naming its whole GPUs then its MIG devices, and with an image the
+/// control nodes, each parent GPU node and capability node, and the `access` files read-only.
+pub(crate) fn add_mig(
+    info: &mut LaunchInfo,
+    accesses: &[MigAccess],
+    config: &PrepareConfig,
+    nodes: &DeviceNodes,
+) {
+    if accesses.is_empty() {
+        return;
+    }
+    let mut names: Vec<String> = info.gpus.iter().map(|g| g.uuid.clone()).collect();
+    names.extend(accesses.iter().map(|a| a.uuid.clone()));
+    let visible = names.join(",");
+    for key in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"] {
+        info.environment.retain(|(k, _)| k != key);
+        info.task_environment.retain(|(k, _)| k != key);
+    }
+    let env = if config.has_task_info {
+        &mut info.task_environment
+    } else {
+        &mut info.environment
+    };
+    env.push(("NVIDIA_VISIBLE_DEVICES".to_owned(), visible.clone()));
+    env.push(("CUDA_VISIBLE_DEVICES".to_owned(), visible));
+    let Some(rootfs) = &config.rootfs else {
+        return;
+    };
+    let mut bind = |source: &Path, target: PathBuf, read_only: bool, kind: MountKind| {
+        if !info.mounts.iter().any(|m| m.target == target) {
+            info.mounts.push(Mount {
+                source: source.to_owned(),
+                target,
+                read_only,
+                kind,
+            });
+        }
+    };
+    let in_dev = |path: &Path, dir: &str| {
+        rootfs
+            .join(dir)
+            .join(path.file_name().unwrap_or(path.as_os_str()))
+    };
+    for node in &nodes.control {
+        bind(
+            &node.path,
+            in_dev(&node.path, "dev"),
+            false,
+            MountKind::Device,
+        );
+    }
+    for access in accesses {
+        if let Some(parent) = nodes.gpus.iter().find(|g| g.node.dev == access.parent) {
+            let path = &parent.node.path;
+            bind(path, in_dev(path, "dev"), false, MountKind::Device);
+        }
+        for node in &access.cap_nodes {
+            bind(
+                node,
+                in_dev(node, "dev/nvidia-caps"),
+                false,
+                MountKind::Device,
+            );
+        }
+        for (host, container) in &access.proc_files {
+            let target = rootfs.join(container.strip_prefix("/").unwrap_or(container));
+            bind(host, target, true, MountKind::MigAccessFile);
+        }
+    }
+}

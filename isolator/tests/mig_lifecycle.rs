@@ -1,0 +1,413 @@
+//! Issue 16: MIG devices through the container lifecycle, on real cgroups (v1 and v2), nvml-sim's
+//! MIG nodes (their driver `/proc` files) and `mknod`ed GPU, control and capability nodes.
+//!
+//! - `mixed` strategy (`dgx-a100-mixed`): a `mig-<profile>` request gets one MIG device; its
+//!   process opens the parent GPU, the control nodes and the device's two capability nodes
+//!   (ENXIO) and gets EPERM on every other GPU and capability node; `gpus` still takes whole
+//!   GPUs; two MIG devices and CAP_SYS_ADMIN are refused with the reason and nothing held; a
+//!   container with an image gets the nodes and the `access` files (read-only) mounted; the
+//!   checkpoint records the device and a restarted isolator keeps it held; update keeps it.
+//! - `single` strategy (`dgx-a100-mig`, every GPU split): `gpus:1` is one MIG device, `gpus:2`
+//!   is refused (CUDA uses one MIG device per process).
+#![allow(clippy::unwrap_used)]
+
+mod lifecycle_common;
+#[allow(dead_code)]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use libtest_mimic::{Arguments, Trial};
+use lifecycle_common::{Setup, TestResult, check, trial};
+use mesos_gpu_isolator::agent_flags::MigStrategy;
+use mesos_gpu_isolator::cgroup::CgroupVersion;
+use mesos_gpu_isolator::devices::DeviceNodes;
+use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::inventory::{DevNum, Inventory};
+use mesos_gpu_isolator::lifecycle::{
+    ContainerId, Isolator, IsolatorConfig, LaunchInfo, MigConfig, MountKind, PrepareConfig,
+    RecoverState,
+};
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use support::{ALLOWED, DENIED, Mode, Probe};
+
+/// The 1g.5gb GPU instance profile (A100 40GB).
+const P_1G: u32 = 19;
+
+fn main() -> ExitCode {
+    if let Some(code) = support::probe_main() {
+        return code;
+    }
+    let host = Host::probe();
+    let mut trials: Vec<Trial> = Vec::new();
+    for (version, need, tag) in [
+        (CgroupVersion::V1, Need::Cgroup1, "v1"),
+        (CgroupVersion::V2, Need::Cgroup2, "v2"),
+    ] {
+        let mut add = |name: &str, f: fn(CgroupVersion) -> TestResult| {
+            let t = trial(format!("{tag}_issue_16_{name}"), move || f(version));
+            trials.push(needs(&host, &[Need::Root, need], t));
+        };
+        add(
+            "mixed_mig_tasks_isolated_refused_mounted_and_recovered",
+            mixed,
+        );
+        add("single_gpus_are_mig_devices", single);
+    }
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// A MIG node: nvml-sim, its inventory with capability nodes, and every node mknod'ed.
+struct MigNode {
+    sim: SimNode,
+    inventory: Inventory,
+    dev: tempfile::TempDir,
+    nodes: DeviceNodes,
+    /// Every GPU and capability node made (not the control nodes).
+    all: Vec<PathBuf>,
+}
+
+fn mknod(path: &Path, dev: DevNum) -> TestResult {
+    let out = Command::new("mknod")
+        .arg(path)
+        .args(["c", &dev.major.to_string(), &dev.minor.to_string()])
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "mknod {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn mig_node(name: &str) -> TestResult<MigNode> {
+    let sim = SimNode::shipped(name);
+    let inventory = match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())? {
+        Discovery::Driver(d) => d.inventory().clone(),
+        Discovery::NoDriver(_) => return Err("no driver".into()),
+    };
+    let dev = tempfile::Builder::new().prefix("mgpu-test-mig").tempdir()?;
+    check(inventory.mig.caps_major.is_some(), "no nvidia-caps major")?;
+    std::fs::create_dir(dev.path().join("nvidia-caps"))?;
+    let mut all = Vec::new();
+    for g in &inventory.gpus {
+        let path = dev.path().join(format!("nvidia{}", g.minor));
+        mknod(
+            &path,
+            DevNum {
+                major: 195,
+                minor: g.minor,
+            },
+        )?;
+        all.push(path);
+    }
+    mknod(
+        &dev.path().join("nvidiactl"),
+        DevNum {
+            major: 195,
+            minor: 255,
+        },
+    )?;
+    mknod(
+        &dev.path().join("nvidia-uvm"),
+        DevNum {
+            major: lifecycle_common::UVM_MAJOR,
+            minor: 0,
+        },
+    )?;
+    for d in &inventory.mig.devices {
+        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
+        for cap in [caps.gpu_instance, caps.compute_instance] {
+            let path = dev
+                .path()
+                .join(format!("nvidia-caps/nvidia-cap{}", cap.minor));
+            if !all.contains(&path) {
+                mknod(&path, cap)?;
+                all.push(path);
+            }
+        }
+    }
+    let nodes = DeviceNodes::scan(dev.path(), &inventory)?;
+    Ok(MigNode {
+        sim,
+        inventory,
+        dev,
+        nodes,
+        all,
+    })
+}
+
+fn config(setup: &Setup, node: &MigNode, strategy: MigStrategy) -> IsolatorConfig {
+    let mut config = setup.config.clone();
+    config.mig = MigConfig {
+        strategy,
+        dev_root: node.dev.path().to_owned(),
+        proc_root: node.sim.proc_root(),
+        ..MigConfig::default()
+    };
+    config
+}
+
+fn isolator(config: IsolatorConfig, node: &MigNode) -> TestResult<Isolator> {
+    let iso = Isolator::new(config, node.inventory.clone(), node.nodes.clone())?;
+    iso.recover(&[], &[])?;
+    Ok(iso)
+}
+
+fn id(s: &str) -> ContainerId {
+    ContainerId::new(s).unwrap()
+}
+
+fn mig(profile: u32, n: u32) -> PrepareConfig {
+    PrepareConfig {
+        mig: BTreeMap::from([(profile, n)]),
+        ..PrepareConfig::default()
+    }
+}
+
+fn env<'a>(info: &'a LaunchInfo, key: &str) -> Option<&'a str> {
+    info.environment
+        .iter()
+        .chain(&info.task_environment)
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The nodes a holder of MIG device `uuid` may open: its parent and its two capability nodes.
+fn nodes_of(node: &MigNode, uuid: &str) -> TestResult<Vec<PathBuf>> {
+    let d = node
+        .inventory
+        .mig
+        .by_uuid(uuid)
+        .ok_or("unknown MIG device")?;
+    let caps = d.caps.as_ref().ok_or("no caps")?;
+    Ok(vec![
+        node.dev.path().join(format!("nvidia{}", d.parent_minor)),
+        node.dev
+            .path()
+            .join(format!("nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor)),
+        node.dev.path().join(format!(
+            "nvidia-caps/nvidia-cap{}",
+            caps.compute_instance.minor
+        )),
+    ])
+}
+
+/// A probe in `c`'s cgroup opens exactly `allowed` of the node's GPU and capability nodes, and
+/// the control nodes.
+fn opens_exactly(
+    iso: &Isolator,
+    c: &ContainerId,
+    node: &MigNode,
+    allowed: &[PathBuf],
+) -> TestResult {
+    let mut probe = Probe::spawn()?;
+    iso.isolate(c, probe.pid())?;
+    let mut wrong = Vec::new();
+    for path in &node.all {
+        let want = if allowed.contains(path) {
+            ALLOWED
+        } else {
+            DENIED
+        };
+        let got = probe.open(path, Mode::Write)?;
+        if got != want {
+            wrong.push(format!("{}: got {got}, expected {want}", path.display()));
+        }
+    }
+    let got = probe.open(&node.dev.path().join("nvidiactl"), Mode::Write)?;
+    if got != ALLOWED {
+        wrong.push(format!("nvidiactl: got {got}"));
+    }
+    drop(probe);
+    lifecycle_common::kill_cgroup(&iso.cgroup_path(c));
+    check(wrong.is_empty(), format!("{c}: {}", wrong.join("; ")))
+}
+
+fn mixed(version: CgroupVersion) -> TestResult {
+    let node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let iso = isolator(config(&setup, &node, MigStrategy::Mixed), &node)?;
+
+    let a = iso.prepare(&id("mig-a"), mig(P_1G, 1))?;
+    let status = iso.status(&id("mig-a"))?;
+    check(
+        status.mig.len() == 1 && a.gpus.is_empty(),
+        format!("one MIG device and no whole GPU: {status:?}"),
+    )?;
+    let uuid = status.mig[0].clone();
+    check(
+        env(&a, "NVIDIA_VISIBLE_DEVICES") == Some(uuid.as_str())
+            && env(&a, "CUDA_VISIBLE_DEVICES") == Some(uuid.as_str())
+            && uuid.starts_with("MIG-"),
+        format!("environment: {:?}", a.environment),
+    )?;
+    opens_exactly(&iso, &id("mig-a"), &node, &nodes_of(&node, &uuid)?)?;
+    let ckpt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.checkpoint())?)?;
+    check(
+        ckpt["containers"]["mig-a"]["mig"][0] == uuid.as_str(),
+        format!("checkpoint: {ckpt}"),
+    )?;
+
+    // `gpus` still takes whole GPUs (those not in MIG mode).
+    let b = iso.prepare(
+        &id("whole-b"),
+        PrepareConfig {
+            gpus: 2.0,
+            ..PrepareConfig::default()
+        },
+    )?;
+    check(
+        b.gpus.len() == 2
+            && b.gpus
+                .iter()
+                .all(|g| !node.inventory.mig.is_enabled(g.index)),
+        format!("whole GPUs: {:?}", b.gpus),
+    )?;
+
+    // Two MIG devices, and CAP_SYS_ADMIN, are refused with the reason; nothing is held.
+    let two = iso.prepare(&id("mig-two"), mig(P_1G, 2)).unwrap_err();
+    check(
+        mesos_gpu_os::error_chain(&two).contains("CUDA uses only one MIG device per process"),
+        format!("two: {}", mesos_gpu_os::error_chain(&two)),
+    )?;
+    let admin = iso
+        .prepare(
+            &id("mig-admin"),
+            PrepareConfig {
+                capabilities: vec!["CAP_SYS_ADMIN".into()],
+                ..mig(P_1G, 1)
+            },
+        )
+        .unwrap_err();
+    check(
+        mesos_gpu_os::error_chain(&admin).contains("CAP_SYS_ADMIN"),
+        format!("sys admin: {}", mesos_gpu_os::error_chain(&admin)),
+    )?;
+    check(
+        iso.status(&id("mig-admin")).is_err() && !iso.cgroup_path(&id("mig-admin")).exists(),
+        "a refused MIG task holds nothing",
+    )?;
+
+    // With an image: the nodes and the access files (read-only) are mounted.
+    let rootfs = tempfile::tempdir()?;
+    let e = iso.prepare(
+        &id("mig-image"),
+        PrepareConfig {
+            rootfs: Some(rootfs.path().to_owned()),
+            has_task_info: true,
+            ..mig(P_1G, 1)
+        },
+    )?;
+    let e_uuid = iso.status(&id("mig-image"))?.mig[0].clone();
+    check(e_uuid != uuid, "another device")?;
+    let access: Vec<&Path> = e
+        .mounts
+        .iter()
+        .filter(|m| m.kind == MountKind::MigAccessFile && m.read_only)
+        .map(|m| m.target.as_path())
+        .collect();
+    let devices: Vec<PathBuf> = e
+        .mounts
+        .iter()
+        .filter(|m| m.kind == MountKind::Device)
+        .map(|m| m.source.clone())
+        .collect();
+    check(
+        access.len() == 2
+            && access
+                .iter()
+                .all(|t| t.starts_with(rootfs.path().join("proc/driver/nvidia/capabilities")))
+            && nodes_of(&node, &e_uuid)?
+                .iter()
+                .all(|n| devices.contains(n))
+            && devices.contains(&node.dev.path().join("nvidiactl")),
+        format!("mounts: {:?}", e.mounts),
+    )?;
+    iso.cleanup(&id("mig-image"))?;
+
+    // update with the same resources keeps the device; another size is refused.
+    iso.update(&id("mig-a"), 0.0)?;
+    check(
+        iso.update(&id("mig-a"), 1.0).is_err(),
+        "resizing a MIG task",
+    )?;
+
+    // A restarted isolator keeps the device held.
+    drop(iso);
+    let iso = Isolator::new(
+        config(&setup, &node, MigStrategy::Mixed),
+        node.inventory.clone(),
+        node.nodes.clone(),
+    )?;
+    let states: Vec<RecoverState> = ["mig-a", "whole-b"]
+        .into_iter()
+        .map(|c| RecoverState {
+            id: id(c),
+            parent: None,
+            nested_cgroup: None,
+        })
+        .collect();
+    let report = iso.recover(&states, &[])?;
+    check(report.is_clean(), format!("recovery: {report:?}"))?;
+    check(iso.status(&id("mig-a"))?.mig == [uuid.clone()], "recovered")?;
+    let f = iso.prepare(&id("mig-f"), mig(P_1G, 1))?;
+    let f_uuid = iso.status(&id("mig-f"))?.mig[0].clone();
+    check(
+        f_uuid != uuid,
+        format!("a held device was given again: {f_uuid}"),
+    )?;
+    check(
+        env(&f, "NVIDIA_VISIBLE_DEVICES") == Some(f_uuid.as_str()),
+        "f env",
+    )?;
+    for c in ["mig-a", "whole-b", "mig-f"] {
+        iso.cleanup(&id(c))?;
+    }
+    Ok(())
+}
+
+fn single(version: CgroupVersion) -> TestResult {
+    let node = mig_node("dgx-a100-mig")?;
+    let setup = Setup::new(version)?;
+    let iso = isolator(config(&setup, &node, MigStrategy::Single), &node)?;
+    let one = iso.prepare(
+        &id("single-one"),
+        PrepareConfig {
+            gpus: 1.0,
+            ..PrepareConfig::default()
+        },
+    )?;
+    let uuid = iso
+        .status(&id("single-one"))?
+        .mig
+        .first()
+        .cloned()
+        .ok_or("no MIG device")?;
+    check(
+        one.gpus.is_empty() && env(&one, "CUDA_VISIBLE_DEVICES") == Some(uuid.as_str()),
+        format!("{one:?}"),
+    )?;
+    opens_exactly(&iso, &id("single-one"), &node, &nodes_of(&node, &uuid)?)?;
+    let two = iso
+        .prepare(
+            &id("single-two"),
+            PrepareConfig {
+                gpus: 2.0,
+                ..PrepareConfig::default()
+            },
+        )
+        .unwrap_err();
+    check(
+        mesos_gpu_os::error_chain(&two).contains("CUDA uses only one MIG device per process"),
+        format!("two: {}", mesos_gpu_os::error_chain(&two)),
+    )?;
+    iso.cleanup(&id("single-one"))?;
+    Ok(())
+}
