@@ -381,13 +381,13 @@ fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
 }
 
 #[test]
-fn issue_16_17_offers_the_module_cannot_serve_yet_are_flagged() {
+fn issue_16_17_offers_say_what_the_module_needs() {
     let module = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
     let mig = mesos_gpu(&["--simulate", "dgx-a100-mixed", "--isolation", module]);
     assert!(mig.status.success());
     let err = String::from_utf8_lossy(&mig.stderr);
     assert!(
-        err.contains("the module does not hand out MIG devices yet"),
+        err.contains("give the module the same strategy (mig_strategy=single)"),
         "{err}"
     );
     let shared = mesos_gpu(&[

@@ -125,6 +125,22 @@ pub fn requested_gpus(
     Ok(total)
 }
 
+/// The scalars of `resources` whose name starts with `prefix`, summed by name.
+pub fn requested_scalars(resources: &[Resource], prefix: &str) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for r in resources
+        .iter()
+        .filter(|r| r.name.starts_with(prefix) && r.r#type == value::Type::Scalar as i32)
+    {
+        let v = r.scalar.as_ref().map_or(0.0, |s| s.value);
+        match out.iter_mut().find(|(n, _)| *n == r.name) {
+            Some((_, total)) => *total += v,
+            None => out.push((r.name.clone(), v)),
+        }
+    }
+    out
+}
+
 /// The `cpus` asked for in `resources` (the sum of the `cpus` scalars), `None` when there is
 /// none; NUMA pinning never leaves a container fewer CPUs than this.
 pub fn requested_cpus(resources: &[Resource]) -> Option<f64> {

@@ -15,7 +15,9 @@ use std::time::{Duration, SystemTime};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
-use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, GPU_ISOLATOR};
+use mesos_gpu_isolator::agent_flags::{
+    AgentGpuFlags, GPU_ISOLATOR, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy,
+};
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
 use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
@@ -84,7 +86,7 @@ impl MgpuIsolator {
         // The default library goes through the loader's search, and its absence means "no
         // driver"; a library named in `nvml_lib` that cannot be loaded is an error of its own.
         let named = (params.nvml_lib != Path::new(DEFAULT_NVML_LIB)).then_some(&params.nvml_lib);
-        let driver = match GpuDriver::open(named.map(PathBuf::as_path))
+        let driver = match GpuDriver::open_at(named.map(PathBuf::as_path), &params.proc_root)
             .map_err(|source| ParamError::Discovery { source })?
         {
             Discovery::Driver(driver) => driver,
@@ -112,6 +114,9 @@ impl MgpuIsolator {
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
         }
+        // MIG capability nodes live under the same device root as the GPU nodes.
+        config.mig.dev_root.clone_from(&params.dev_root);
+        config.mig.proc_root.clone_from(&params.proc_root);
         if let Some(sharing) = &mut config.sharing {
             // Shared GPUs go to EXCLUSIVE_PROCESS while their MPS daemon runs.
             sharing.mps.compute_modes = Some(Arc::clone(&driver) as Arc<dyn ComputeModes>);
@@ -210,7 +215,8 @@ impl MgpuIsolator {
     ) -> Result<Vec<u8>, FfiError> {
         self.panic_point("prepare");
         let cid = convert::container_id(id)?;
-        let prepare = convert::prepare_config(id, config)?;
+        let mut prepare = convert::prepare_config(id, config)?;
+        prepare.mig = self.mig_request(id, &config.resources)?;
         let info = self.isolator.prepare(&cid, prepare)?;
         self.isolator
             .pin(&cid, convert::requested_cpus(&config.resources))?;
@@ -218,6 +224,45 @@ impl MgpuIsolator {
             return Ok(Vec::new());
         }
         Ok(convert::launch_info(&info).encode_to_vec())
+    }
+
+    /// The MIG devices `resources` ask for by profile id: each `mig-<profile>` scalar the agent
+    /// offers with the mixed strategy (`agent-flags --mig-strategy mixed`), a whole number.
+    fn mig_request(
+        &self,
+        id: &mesos::ContainerId,
+        resources: &[crate::proto::mesos::Resource],
+    ) -> Result<std::collections::BTreeMap<u32, u32>, FfiError> {
+        let offer = MigOffer::of(&self.inventory, MigStrategy::Mixed);
+        let mut out = std::collections::BTreeMap::new();
+        for (name, value) in convert::requested_scalars(resources, MIG_RESOURCE_PREFIX) {
+            let known: Vec<&str> = offer.profiles.iter().map(|p| p.resource.as_str()).collect();
+            let Some(profile) = offer
+                .profiles
+                .iter()
+                .find(|p| p.resource == name)
+                .and_then(|p| p.profile)
+            else {
+                return Err(FfiError::MigResource {
+                    container: id.to_string(),
+                    name,
+                    known: if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    },
+                });
+            };
+            let count = mesos_gpu_isolator::allocator::GpuRequest::from_scalar(value, u32::MAX)
+                .map_err(|_| FfiError::MigCount {
+                    container: id.to_string(),
+                    name: name.clone(),
+                    got: value,
+                })?
+                .count();
+            *out.entry(profile).or_insert(0) += count;
+        }
+        Ok(out)
     }
 
     /// Moves `pid` into the container's cgroup.

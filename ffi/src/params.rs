@@ -52,6 +52,10 @@ pub const KEYS: &[&str] = &[
     "gpu_sharing",
     "mps_root",
     "mps_control",
+    "mig_strategy",
+    "mig_allow_multiple",
+    "mig_allow_sys_admin",
+    "proc_root",
     #[cfg(feature = "testing")]
     "debug_panic_on",
 ];
@@ -215,6 +219,8 @@ pub struct ModuleParams {
     pub nvml_lib: PathBuf,
     /// Where the NVIDIA device nodes are.
     pub dev_root: PathBuf,
+    /// Where the driver's `/proc` files are (`devices`, `driver/nvidia-caps`, capabilities).
+    pub proc_root: PathBuf,
     /// Where driver volumes live.
     pub volume_root: PathBuf,
     /// The root of the driver's files, for building the volume.
@@ -345,6 +351,29 @@ impl ModuleParams {
                 expected: "to be given only with gpu_replicas",
             });
         }
+        if let Some(strategy) = get("mig_strategy") {
+            isolator.mig.strategy = strategy.parse().map_err(|_| ParamError::BadValue {
+                key: "mig_strategy",
+                got: strategy.to_owned(),
+                expected: "one of single, mixed",
+            })?;
+        }
+        for (key, slot) in [
+            ("mig_allow_multiple", &mut isolator.mig.allow_multiple),
+            ("mig_allow_sys_admin", &mut isolator.mig.allow_sys_admin),
+        ] {
+            *slot = match get(key).unwrap_or("off") {
+                "off" => false,
+                "on" => true,
+                other => {
+                    return Err(ParamError::BadValue {
+                        key,
+                        got: other.to_owned(),
+                        expected: "one of off, on",
+                    });
+                }
+            };
+        }
         let health_checks = get("health_checks")
             .map(HealthPolicy::parse)
             .transpose()
@@ -354,6 +383,10 @@ impl ModuleParams {
             isolator,
             nvml_lib: path("nvml_lib", DEFAULT_NVML_LIB),
             dev_root: path("dev_root", "/dev"),
+            proc_root: path(
+                "proc_root",
+                mesos_gpu_isolator::discovery::DEFAULT_PROC_ROOT,
+            ),
             volume_root: path("volume_root", mesos_gpu_volume::volume::DEFAULT_ROOT),
             driver_root: path("driver_root", "/"),
             driver_volume,
@@ -526,6 +559,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::proto::mesos::Parameter;
+    use mesos_gpu_isolator::agent_flags::MigStrategy;
 
     fn params(pairs: &[(&str, &str)]) -> Parameters {
         Parameters {
@@ -749,6 +783,35 @@ mod tests {
             p.resolve_volume("550.54.14").unwrap(),
             Some(dir.path().join("nvidia_550.54.14"))
         );
+    }
+
+    #[test]
+    fn issue_16_mig_parameters() {
+        let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        assert_eq!(p.isolator.mig.strategy, MigStrategy::Single);
+        assert!(!p.isolator.mig.allow_multiple && !p.isolator.mig.allow_sys_admin);
+        assert_eq!(p.proc_root, Path::new("/proc"));
+        let p = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("mig_strategy", "mixed"),
+            ("mig_allow_multiple", "on"),
+            ("proc_root", "/sim/proc"),
+        ]))
+        .unwrap();
+        assert_eq!(p.isolator.mig.strategy, MigStrategy::Mixed);
+        assert!(p.isolator.mig.allow_multiple);
+        assert_eq!(p.proc_root, Path::new("/sim/proc"));
+        for (key, value, expected) in [
+            ("mig_strategy", "split", "one of single, mixed"),
+            ("mig_allow_sys_admin", "yes", "one of off, on"),
+        ] {
+            let err =
+                ModuleParams::parse(&params(&[("work_dir", "/w"), (key, value)])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("module parameter {key}=\"{value}\": expected {expected}")
+            );
+        }
     }
 
     #[test]

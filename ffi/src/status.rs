@@ -120,6 +120,28 @@ impl TryFrom<u32> for MgpuStatus {
 /// Why a C ABI call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FfiError {
+    /// A `mig-…` resource this agent does not offer.
+    #[error(
+        "container {container} asks for {name}, which this agent does not offer (MIG profiles offered: {known})"
+    )]
+    MigResource {
+        /// The container.
+        container: String,
+        /// The resource's name.
+        name: String,
+        /// The `mig-…` resources offered.
+        known: String,
+    },
+    /// A `mig-…` resource that is not a whole number.
+    #[error("container {container} asks for {name}:{got}; expected a whole number of MIG devices")]
+    MigCount {
+        /// The container.
+        container: String,
+        /// The resource's name.
+        name: String,
+        /// The value.
+        got: f64,
+    },
     /// A pointer argument was NULL.
     #[error("argument `{what}` is NULL")]
     Null {
@@ -273,7 +295,10 @@ impl FfiError {
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
             FfiError::Params(_) | FfiError::Metrics => MgpuStatus::MgpuInternal,
             FfiError::Lifecycle(e) => lifecycle_status(e),
-            FfiError::DockerArgs { .. } | FfiError::AgentFlags { .. } => MgpuStatus::MgpuBadRequest,
+            FfiError::DockerArgs { .. }
+            | FfiError::AgentFlags { .. }
+            | FfiError::MigResource { .. }
+            | FfiError::MigCount { .. } => MgpuStatus::MgpuBadRequest,
             FfiError::TimedOut { .. } => MgpuStatus::MgpuTimedOut,
             FfiError::Poisoned => MgpuStatus::MgpuPoisoned,
         }

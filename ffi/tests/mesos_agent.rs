@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 29] = [
+    let tests: [(&str, &[Need], Test); 30] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -158,6 +158,7 @@ fn main() -> ExitCode {
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
+        ("v1_mig_tasks", v1, v1_mig_tasks),
         (
             "v1_docker_containerizer_cannot_offer_shares",
             docker,
@@ -186,6 +187,8 @@ fn main() -> ExitCode {
         .map(|(name, need, f)| {
             let issue = if name.contains("shared_gpus") || name.contains("offer_shares") {
                 17
+            } else if name.contains("mig") {
+                16
             } else if name.contains("docker") {
                 12
             } else if name.contains("metrics") || name.contains("shared") {
@@ -737,6 +740,186 @@ fn shared_gpus(mps: bool) -> TestResult {
     c.wait_all_released()?;
     let pool = std::fs::read_to_string(&pool_path)?;
     check(!pool.contains("\"shares\""), format!("shares left: {pool}"))
+}
+
+/// Issue 16: a real agent on nvml-sim's `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split), the
+/// module with `mig_strategy=mixed`, offering what `agent-flags --mig-strategy mixed` prints. A
+/// `mig-1g.5gb:1` task opens its parent GPU and its two capability nodes (ENXIO) and gets EPERM
+/// on every other GPU and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking
+/// for two MIG devices fails saying why; a `gpus:2` task gets two whole GPUs; everything is
+/// given back.
+fn v1_mig_tasks() -> TestResult {
+    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    let install = install()?;
+    let module = module()?;
+    let sim = SimNode::shipped("dgx-a100-mixed");
+    let inventory = match mesos_gpu_isolator::discovery::GpuDriver::open_at(
+        Some(&sim.lib_path()),
+        &sim.proc_root(),
+    )? {
+        mesos_gpu_isolator::discovery::Discovery::Driver(d) => d.inventory().clone(),
+        mesos_gpu_isolator::discovery::Discovery::NoDriver(_) => return Err("no driver".into()),
+    };
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    let caps_dir = dev.path().join("nvidia-caps");
+    std::fs::create_dir(&caps_dir)?;
+    for d in &inventory.mig.devices {
+        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
+        for cap in [caps.gpu_instance, caps.compute_instance] {
+            let path = caps_dir.join(format!("nvidia-cap{}", cap.minor));
+            if !path.exists() {
+                let out = std::process::Command::new("mknod")
+                    .arg(&path)
+                    .args(["c", &cap.major.to_string(), &cap.minor.to_string()])
+                    .output()?;
+                check(out.status.success(), format!("mknod {}", path.display()))?;
+            }
+        }
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-mesos-mig")
+        .tempdir()?;
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::new(
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        AgentCgroups::V1,
+        0,
+    );
+    let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
+    spec.resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
+    let params: Vec<(String, String)> = vec![
+        (
+            "work_dir".into(),
+            scratch.path().join("module-work").display().to_string(),
+        ),
+        (
+            "pool_dir".into(),
+            scratch.path().join("pool").display().to_string(),
+        ),
+        ("dev_root".into(), dev.path().display().to_string()),
+        ("proc_root".into(), sim.proc_root().display().to_string()),
+        ("driver_volume".into(), "off".into()),
+        ("cgroups_root".into(), spec.cgroups_root.clone()),
+        ("mig_strategy".into(), "mixed".into()),
+    ];
+    let modules = scratch.path().join("modules.json");
+    std::fs::write(&modules, modules_json(&module, &params).to_string())?;
+    spec.modules = Some(modules);
+    spec.env
+        .push(("LD_LIBRARY_PATH".into(), sim.dir().display().to_string()));
+    let agent = Agent::start(&install, &master, spec)?;
+    let probe = probe()?;
+    let command = format!(
+        "{0} {1}; {0} {1}/nvidia-caps",
+        probe.display(),
+        dev.path().display()
+    );
+    let mut one = Task::launch(
+        &install,
+        &master,
+        "mig-one",
+        "cpus:0.1;mem:32;mig-1g.5gb:1",
+        &command,
+    )?;
+    one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let out = agent.wait_stdout("mig-one", "nvidia-cap", TASK_TIMEOUT)?;
+    println!("mig-one printed:\n{}", out.trim_end());
+    let opened: Vec<&str> = out
+        .lines()
+        .filter(|l| l.ends_with(" ENXIO"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let gpus: Vec<&&str> = opened
+        .iter()
+        .filter(|n| {
+            n.strip_prefix("nvidia")
+                .is_some_and(|m| m.parse::<u32>().is_ok())
+        })
+        .collect();
+    let caps: Vec<&&str> = opened
+        .iter()
+        .filter(|n| n.starts_with("nvidia-cap"))
+        .collect();
+    let visible = out
+        .lines()
+        .find_map(|l| l.strip_prefix("env NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_default();
+    let device = inventory
+        .mig
+        .by_uuid(visible)
+        .ok_or(format!("not a MIG device: {visible:?}"))?;
+    let dcaps = device.caps.as_ref().ok_or("no caps")?;
+    let want_caps = [
+        format!("nvidia-cap{}", dcaps.gpu_instance.minor),
+        format!("nvidia-cap{}", dcaps.compute_instance.minor),
+    ];
+    check(
+        gpus == [&format!("nvidia{}", device.parent_minor).as_str()]
+            && caps.len() == 2
+            && caps.iter().all(|c| want_caps.iter().any(|w| w == **c))
+            && opened.contains(&"nvidiactl")
+            && device.profile == Some(19),
+        format!("mig-one opened {opened:?} holding {visible}: {out}"),
+    )?;
+    check(
+        out.lines().filter(|l| l.ends_with(" EPERM")).count()
+            == minors.len() - 1 + 2 * inventory.mig.devices.len() - 2,
+        format!("every other GPU and capability node must be EPERM: {out}"),
+    )?;
+    let mut two = Task::launch(
+        &install,
+        &master,
+        "mig-two",
+        "cpus:0.1;mem:32;mig-1g.5gb:2",
+        &command,
+    )?;
+    two.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let failed = two.output();
+    println!("mig-two: {}", mesos_gpu_testkit::mesos::tail(&failed, 4));
+    check(
+        failed.contains("CUDA uses only one MIG device per process"),
+        format!("the refusal does not say why: {failed}"),
+    )?;
+    let mut whole = Task::launch(
+        &install,
+        &master,
+        "whole-two",
+        "cpus:0.1;mem:32;gpus:2",
+        &command,
+    )?;
+    whole.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let out = agent.wait_stdout("whole-two", "nvidia-cap", TASK_TIMEOUT)?;
+    let whole_gpus: Vec<u32> = out
+        .lines()
+        .filter(|l| l.ends_with(" ENXIO"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(1)?
+                .strip_prefix("nvidia")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    check(
+        whole_gpus.len() == 2 && whole_gpus.iter().all(|&m| !inventory.mig.is_enabled(m)),
+        format!("whole-two opened {whole_gpus:?}: {out}"),
+    )?;
+    wait_for(
+        TASK_TIMEOUT,
+        || "the module's checkpoint to be empty".to_owned(),
+        || {
+            let text =
+                std::fs::read_to_string(scratch.path().join("module-work/gpu/allocations.json"))
+                    .ok()?;
+            let c: serde_json::Value = serde_json::from_str(&text).ok()?;
+            c["containers"]
+                .as_object()
+                .is_some_and(serde_json::Map::is_empty)
+                .then_some(())
+        },
+    )?;
+    Ok(())
 }
 
 /// Issue 17: Mesos's Docker containerizer cannot run on an agent that offers shares: it builds

@@ -44,8 +44,8 @@ pub(crate) struct Args {
 
     /// On a node with GPUs in MIG mode: `single` offers every MIG device as one `gpus` unit,
     /// `mixed` keeps `gpus` for whole GPUs and offers each MIG profile as its own scalar
-    /// (`mig-1g.5gb`). Ignored on a node without MIG. Offers only, for planning: the module does
-    /// not hand out MIG devices yet.
+    /// (`mig-1g.5gb`). Ignored on a node without MIG. Give the module the same strategy
+    /// (parameter `mig_strategy`).
     #[arg(long, value_name = "single|mixed", default_value = "single")]
     mig_strategy: MigStrategy,
 
@@ -106,9 +106,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     } else {
         let resolved = flags.resolve_mig(inventory, args.mig_strategy)?;
         eprintln!(
-            "mesos-gpu: warning: this node has MIG devices; the offers below are for planning: \
-             the module does not hand out MIG devices yet (only whole GPUs not in MIG mode), so \
-             do not start an agent with them"
+            "mesos-gpu: note: this node has MIG devices; give the module the same strategy \
+             (mig_strategy={}); Docker-containerizer tasks get whole GPUs only",
+            args.mig_strategy
         );
         resolved
     };

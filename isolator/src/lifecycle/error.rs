@@ -318,8 +318,11 @@ impl LifecycleError {
             LifecycleError::Allocation {
                 source: AllocError::BadRequest { .. },
                 ..
-            }
-        )
+            } | LifecycleError::MigStrategy { .. }
+                | LifecycleError::MigResize { .. }
+                | LifecycleError::ShareResize { .. }
+        ) || matches!(self, LifecycleError::Mig { source, .. }
+            if !matches!(**source, crate::mig::MigError::NotEnough { .. }))
     }
 
     /// True when there were not enough free GPUs.
