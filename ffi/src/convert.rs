@@ -172,8 +172,37 @@ pub fn prepare_config(
         has_task_info: config.task_info.is_some(),
         parent: id.parent.as_deref().map(container_id).transpose()?,
         nested_cgroup: nested_cgroup(id)?,
+        capabilities: task_capabilities(config),
         ..PrepareConfig::default()
     })
+}
+
+/// The capabilities the container's task runs with, as far as its `ContainerConfig` tells: the
+/// effective set of its `LinuxInfo` (or the deprecated `capability_info`) when one is given;
+/// otherwise every capability when it runs as root (no `user`, or `root`: Mesos then starts it
+/// with the agent's own, CAP_SYS_ADMIN included), and none as another user. Only SYS_ADMIN is
+/// named; other capabilities are given by number.
+pub fn task_capabilities(config: &ContainerConfig) -> Vec<String> {
+    let linux = config
+        .container_info
+        .as_ref()
+        .and_then(|c| c.linux_info.as_ref());
+    let given = linux.and_then(|l| {
+        l.effective_capabilities
+            .as_ref()
+            .or(l.capability_info.as_ref())
+    });
+    let name = |c: i32| match mesos::capability_info::Capability::try_from(c) {
+        Ok(mesos::capability_info::Capability::SysAdmin) => "SYS_ADMIN".to_owned(),
+        _ => format!("capability {c}"),
+    };
+    match given {
+        Some(info) => info.capabilities.iter().map(|&c| name(c)).collect(),
+        None if config.user.as_deref().is_none_or(|u| u == "root") => {
+            vec!["SYS_ADMIN".to_owned()]
+        }
+        None => Vec::new(),
+    }
 }
 
 /// `LaunchInfo` → `ContainerLaunchInfo`: the mounts and the environment.
@@ -293,6 +322,38 @@ pub fn gpus_resource(count: f64) -> Resource {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::path::PathBuf;
+
+    #[test]
+    fn issue_16_task_capabilities_as_the_task_runs() {
+        use crate::proto::mesos::{CapabilityInfo, ContainerInfo, LinuxInfo, capability_info};
+        let with = |caps: Option<Vec<i32>>, user: Option<&str>| ContainerConfig {
+            user: user.map(str::to_owned),
+            container_info: caps.map(|c| ContainerInfo {
+                linux_info: Some(LinuxInfo {
+                    effective_capabilities: Some(CapabilityInfo { capabilities: c }),
+                    ..LinuxInfo::default()
+                }),
+                ..ContainerInfo::default()
+            }),
+            ..ContainerConfig::default()
+        };
+        let admin = capability_info::Capability::SysAdmin as i32;
+        assert_eq!(
+            task_capabilities(&with(None, None)),
+            ["SYS_ADMIN"],
+            "root, the agent's"
+        );
+        assert_eq!(task_capabilities(&with(None, Some("root"))), ["SYS_ADMIN"]);
+        assert!(task_capabilities(&with(None, Some("alice"))).is_empty());
+        assert_eq!(
+            task_capabilities(&with(Some(vec![1000, admin]), None)),
+            ["capability 1000", "SYS_ADMIN"]
+        );
+        assert_eq!(
+            task_capabilities(&with(Some(vec![1000]), None)),
+            ["capability 1000"]
+        );
+    }
 
     use mesos_gpu_isolator::lifecycle::{Mount, MountKind};
 

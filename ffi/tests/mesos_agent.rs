@@ -744,10 +744,11 @@ fn shared_gpus(mps: bool) -> TestResult {
 
 /// Issue 16: a real agent on nvml-sim's `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split), the
 /// module with `mig_strategy=mixed`, offering what `agent-flags --mig-strategy mixed` prints. A
-/// `mig-1g.5gb:1` task opens its parent GPU and its two capability nodes (ENXIO) and gets EPERM
-/// on every other GPU and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking
-/// for two MIG devices fails saying why; a `gpus:2` task gets two whole GPUs; everything is
-/// given back.
+/// `mig-1g.5gb:1` task without CAP_SYS_ADMIN (`linux/capabilities`, effective capabilities set)
+/// opens its parent GPU and its two capability nodes (ENXIO) and gets EPERM on every other GPU
+/// and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking for two MIG devices,
+/// and a root task with the agent's capabilities, fail saying why; a `gpus:2` task gets two
+/// whole GPUs; everything is given back.
 fn v1_mig_tasks() -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
     let install = install()?;
@@ -782,7 +783,7 @@ fn v1_mig_tasks() -> TestResult {
         .tempdir()?;
     let master = Master::start(&install)?;
     let mut spec = AgentSpec::new(
-        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &format!("filesystem/linux,linux/capabilities,cgroups/devices,{MODULE}"),
         AgentCgroups::V1,
         0,
     );
@@ -815,12 +816,18 @@ fn v1_mig_tasks() -> TestResult {
         probe.display(),
         dev.path().display()
     );
-    let mut one = Task::launch(
+    // Without CAP_SYS_ADMIN (which grants every MIG capability whatever the device files).
+    let no_admin: &[&str] = &[
+        "--framework_capabilities=GPU_RESOURCES",
+        r#"--effective_capabilities={"capabilities":["CHOWN","DAC_OVERRIDE"]}"#,
+    ];
+    let mut one = Task::launch_with(
         &install,
         &master,
         "mig-one",
         "cpus:0.1;mem:32;mig-1g.5gb:1",
         &command,
+        no_admin,
     )?;
     one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     let out = agent.wait_stdout("mig-one", "nvidia-cap", TASK_TIMEOUT)?;
@@ -867,12 +874,13 @@ fn v1_mig_tasks() -> TestResult {
             == minors.len() - 1 + 2 * inventory.mig.devices.len() - 2,
         format!("every other GPU and capability node must be EPERM: {out}"),
     )?;
-    let mut two = Task::launch(
+    let mut two = Task::launch_with(
         &install,
         &master,
         "mig-two",
         "cpus:0.1;mem:32;mig-1g.5gb:2",
         &command,
+        no_admin,
     )?;
     two.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
     let failed = two.output();
@@ -880,6 +888,21 @@ fn v1_mig_tasks() -> TestResult {
     check(
         failed.contains("CUDA uses only one MIG device per process"),
         format!("the refusal does not say why: {failed}"),
+    )?;
+    // A root task with the agent's capabilities (CAP_SYS_ADMIN among them) gets no MIG device.
+    let mut root = Task::launch(
+        &install,
+        &master,
+        "mig-root",
+        "cpus:0.1;mem:32;mig-1g.5gb:1",
+        &command,
+    )?;
+    root.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let refused = root.output();
+    println!("mig-root: {}", mesos_gpu_testkit::mesos::tail(&refused, 4));
+    check(
+        refused.contains("would run with CAP_SYS_ADMIN"),
+        format!("the CAP_SYS_ADMIN refusal does not say why: {refused}"),
     )?;
     let mut whole = Task::launch(
         &install,

@@ -810,6 +810,8 @@ fn container_info() -> impl Strategy<Value = ContainerInfo> {
                     ipc_mode: Some(ipc),
                     shm_size: Some(shm),
                     share_cgroups: None,
+                    capability_info: None,
+                    effective_capabilities: None,
                 }),
             },
         )

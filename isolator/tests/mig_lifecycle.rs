@@ -9,6 +9,8 @@
 //!   checkpoint records the device and a restarted isolator keeps it held; update keeps it.
 //! - `single` strategy (`dgx-a100-mig`, every GPU split): `gpus:1` is one MIG device, `gpus:2`
 //!   is refused (CUDA uses one MIG device per process).
+//! - An XID 79 on a GPU in MIG mode limits the holder of its MIG device (`watch` names it), and
+//!   its other MIG devices are no longer handed out.
 #![allow(clippy::unwrap_used)]
 
 mod lifecycle_common;
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
             mixed,
         );
         add("single_gpus_are_mig_devices", single);
+        add("an_xid_on_the_parent_limits_its_mig_holders", parent_xid);
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -409,5 +412,67 @@ fn single(version: CgroupVersion) -> TestResult {
         format!("two: {}", mesos_gpu_os::error_chain(&two)),
     )?;
     iso.cleanup(&id("single-one"))?;
+    Ok(())
+}
+
+/// An XID 79 on a GPU in MIG mode takes its MIG devices out of service and resolves the `watch`
+/// of the task holding one of them, naming the device; the next MIG request gets a device of
+/// another GPU.
+fn parent_xid(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_isolator::health::{HealthPolicy, MonitorConfig};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let iso = Isolator::new(
+        config(&setup, &node, MigStrategy::Mixed),
+        node.inventory.clone(),
+        node.nodes.clone(),
+    )?;
+    let driver = match GpuDriver::open_at(Some(&node.sim.lib_path()), &node.sim.proc_root())? {
+        Discovery::Driver(d) => Arc::new(*d),
+        Discovery::NoDriver(_) => return Err("no driver".into()),
+    };
+    iso.attach_health(
+        driver,
+        MonitorConfig {
+            policy: HealthPolicy::default(),
+            wait_timeout: Duration::from_millis(20),
+            retry_min: Duration::from_millis(10),
+            retry_max: Duration::from_millis(40),
+            ..MonitorConfig::default()
+        },
+    )?;
+    let monitor = iso.health_monitor().ok_or("no monitor")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while monitor.stats().registrations < 1 {
+        check(
+            std::time::Instant::now() < deadline,
+            "events never registered",
+        )?;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    iso.recover(&[], &[])?;
+    iso.prepare(&id("mig-held"), mig(P_1G, 1))?;
+    let uuid = iso.status(&id("mig-held"))?.mig[0].clone();
+    let parent = node.inventory.mig.by_uuid(&uuid).ok_or("unknown")?.parent;
+    node.sim.append_event(&format!("xid {parent} 79"));
+    let told = iso
+        .watch(&id("mig-held"), Some(Duration::from_secs(10)))?
+        .ok_or("the MIG holder was not told")?;
+    check(
+        told.uuid == uuid && told.gpu == parent && told.message.contains("XID 79"),
+        format!("limitation: {told:?}"),
+    )?;
+    iso.prepare(&id("mig-next"), mig(P_1G, 1))?;
+    let next = iso.status(&id("mig-next"))?.mig[0].clone();
+    let next_parent = node.inventory.mig.by_uuid(&next).ok_or("unknown")?.parent;
+    check(
+        next_parent != parent,
+        format!("a MIG device of the failed GPU {parent} was handed out: {next}"),
+    )?;
+    for c in ["mig-held", "mig-next"] {
+        iso.cleanup(&id(c))?;
+    }
     Ok(())
 }

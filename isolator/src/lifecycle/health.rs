@@ -56,6 +56,21 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
             Vec::new()
         }
     };
+    // A GPU in MIG mode: its MIG devices share its fate, and their holders are told.
+    if change.health.is_healthy() {
+        state.mig.mark_parent_healthy(change.index);
+    } else if let Some(message) = change.limitation() {
+        for (uuid, holder) in state.mig.mark_parent_unhealthy(change.index) {
+            if let Some(holder) = holder.filter(|h| !h.starts_with('!')) {
+                limited.push(Limitation {
+                    container: holder,
+                    gpu: change.index,
+                    uuid: uuid.clone(),
+                    message: format!("{message}; its MIG device {uuid} is lost with it"),
+                });
+            }
+        }
+    }
     if let Some(message) = change.limitation() {
         limited.extend(
             state

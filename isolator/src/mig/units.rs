@@ -204,6 +204,14 @@ impl MigUnits {
         Some((u.uuid.clone(), u.holder.clone()))
     }
 
+    /// Puts every MIG device of the GPU with NVML index `parent` back in service (the operator
+    /// marked the parent healthy).
+    pub fn mark_parent_healthy(&mut self, parent: u32) {
+        for u in self.units.iter_mut().filter(|u| u.parent == parent) {
+            u.healthy = true;
+        }
+    }
+
     /// Takes every MIG device of the GPU with NVML index `parent` out of service (an XID on the
     /// parent); returns each device with its holder.
     pub fn mark_parent_unhealthy(&mut self, parent: u32) -> Vec<(String, Option<String>)> {
