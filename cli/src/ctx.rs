@@ -114,6 +114,14 @@ impl Ctx {
         Ok(self.discovery.get_or_init(|| found))
     }
 
+    /// Where the driver's `/proc` files are: the simulation's, else `/proc`.
+    pub(crate) fn proc_root(&self) -> anyhow::Result<PathBuf> {
+        Ok(match self.simulation()? {
+            Some(sim) => sim.proc_root().to_path_buf(),
+            None => PathBuf::from(DEFAULT_PROC_ROOT),
+        })
+    }
+
     /// The node's inventory (empty, with the reason, when there is no driver).
     pub(crate) fn inventory(&self) -> anyhow::Result<&Inventory> {
         Ok(match self.discovery()? {

@@ -325,6 +325,14 @@ fn main() -> ExitCode {
             docker_shares,
         ),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Dockerd],
+        Trial::test(
+            "issue_16_docker_args_mig_device_in_a_real_container",
+            docker_mig,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -485,4 +493,148 @@ fn docker_shares() -> TestResult {
         }
     }
     result
+}
+
+/// Issue 16: on nvml-sim's `dgx-a100-mixed` (GPUs 4-7 in MIG mode), `docker-args
+/// --mig-strategy mixed --mig 19:1` reserves one 1g.5gb MIG device; a real container started
+/// with its arguments has exactly its parent's node and its two capability nodes (and the
+/// control nodes), each opening with ENXIO, and names the device in `NVIDIA_VISIBLE_DEVICES`;
+/// two MIG devices are refused saying why; `--release` gives it back.
+fn docker_mig() -> TestResult {
+    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let sim = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed");
+    let inventory = match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())
+        .map_err(|e| e.to_string())?
+    {
+        Discovery::Driver(d) => d.inventory().clone(),
+        Discovery::NoDriver(_) => return Err("no driver".into()),
+    };
+    let caps_dir = env.dev.path().join("nvidia-caps");
+    std::fs::create_dir(&caps_dir).map_err(|e| e.to_string())?;
+    for d in &inventory.mig.devices {
+        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
+        for cap in [caps.gpu_instance, caps.compute_instance] {
+            let path = caps_dir.join(format!("nvidia-cap{}", cap.minor));
+            if !path.exists() {
+                check(Command::new("mknod").arg(&path).args([
+                    "c",
+                    &cap.major.to_string(),
+                    &cap.minor.to_string(),
+                ]))?;
+            }
+        }
+    }
+    let docker_args = |env: &Env, extra: &[&str]| -> Output {
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
+            .arg(env.dev.path())
+            .args([
+                "docker-args",
+                "--mig-strategy",
+                "mixed",
+                "--json",
+                "--image",
+                &image,
+            ])
+            .args(extra)
+            .arg("--work-dir")
+            .arg(env.work.path())
+            .arg("--pool-dir")
+            .arg(env.work.path().join("pool"))
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = docker_args(&env, &["--gpus", "0", "--mig", "19:1"]);
+    if !out.status.success() {
+        return Err(format!("docker-args: {}", text(&out)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let visible = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?
+        .to_owned();
+    let device = inventory
+        .mig
+        .by_uuid(&visible)
+        .ok_or(format!("not a MIG device: {visible}"))?;
+    let caps = device.caps.as_ref().ok_or("no caps")?;
+    let name = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--name="))
+        .ok_or("no --name")?
+        .to_owned();
+    let script = "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; env";
+    let run = Command::new("docker")
+        .arg("run")
+        .arg("--rm")
+        .args(args.iter().filter(|a| !a.starts_with("--name=")))
+        .arg(&image)
+        .args(["sh", "-c", script])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    println!("{name} printed:\n{stdout}");
+    let nodes: BTreeSet<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with("/dev/nvidia"))
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect();
+    let want: BTreeSet<String> = [
+        format!("/dev/nvidia{}", device.parent_minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
+        "/dev/nvidiactl".to_owned(),
+        "/dev/nvidia-uvm".to_owned(),
+    ]
+    .into();
+    let all_enxio = stdout
+        .lines()
+        .filter(|l| l.starts_with("/dev/nvidia"))
+        .all(|l| l.contains("No such device or address"));
+    if !run.status.success()
+        || nodes != want
+        || !all_enxio
+        || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
+    {
+        return Err(format!(
+            "container {name}: nodes {nodes:?}, expected {want:?}: {}",
+            text(&run)
+        )
+        .into());
+    }
+    let two = docker_args(&env, &["--gpus", "0", "--mig", "19:2"]);
+    let refused = String::from_utf8_lossy(&two.stderr);
+    if two.status.code() != Some(1)
+        || !refused.contains("CUDA uses only one MIG device per process")
+    {
+        return Err(format!("two MIG devices: {}", text(&two)).into());
+    }
+    let id = name.trim_start_matches("mesos-");
+    let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args([
+            "--simulate",
+            "dgx-a100-mixed",
+            "docker-args",
+            "--release",
+            id,
+        ])
+        .arg("--work-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !released.status.success() {
+        return Err(format!("release: {}", text(&released)).into());
+    }
+    let pool = std::fs::read_to_string(env.work.path().join("pool/gpu/pool.json"))
+        .map_err(|e| e.to_string())?;
+    if pool.contains("MIG-") {
+        return Err(format!("the MIG device is still reserved: {pool}").into());
+    }
+    env.all_clean(&image)
 }

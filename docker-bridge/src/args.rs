@@ -33,6 +33,7 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
 use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
 use mesos_gpu_isolator::lifecycle::DockerShare;
+use mesos_gpu_isolator::mig::MigAccess;
 use mesos_gpu_isolator::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
@@ -443,6 +444,51 @@ pub fn share_args(share: &DockerShare) -> Result<Vec<String>, ArgsError> {
         args.push(format!("--volume={0}:{0}", pipe.display()));
         args.push(format!("--volume={SHM}:{SHM}"));
     }
+    Ok(args)
+}
+
+/// `docker run` arguments for MIG devices (issue 16): each device's parent GPU node and its two
+/// capability nodes as `--device` (at `/dev/nvidia<minor>` and `/dev/nvidia-caps/…` in the
+/// container), and `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` naming the `MIG-…` UUIDs
+/// after any whole GPUs' (`gpus`). Nothing for no MIG device. The `access` files are not
+/// mounted: runc refuses any bind mount inside `/proc` ("cannot be mounted because it is inside
+/// /proc"; NVIDIA's runtime hook mounts them from outside runc).
+pub fn mig_args(
+    accesses: &[MigAccess],
+    host: &HostDevices,
+    gpus: &[Gpu],
+) -> Result<Vec<String>, ArgsError> {
+    if accesses.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut args = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for access in accesses {
+        let parent = DeviceMapping::for_node(host.gpu_node(access.parent.minor))?;
+        let mut mappings = vec![parent];
+        for node in &access.cap_nodes {
+            check_path(node)?;
+            let name = node
+                .file_name()
+                .map(PathBuf::from)
+                .ok_or_else(|| ArgsError::UnusablePath { path: node.clone() })?;
+            mappings.push(DeviceMapping {
+                host: node.clone(),
+                container: Path::new("/dev/nvidia-caps").join(name),
+            });
+        }
+        for m in mappings {
+            let value = format!("--device={}", m.cli_value());
+            if seen.insert(value.clone()) {
+                args.push(value);
+            }
+        }
+    }
+    let mut names: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    names.extend(accesses.iter().map(|a| a.uuid.as_str()));
+    let visible = names.join(",");
+    args.push(format!("--env={VISIBLE_DEVICES_ENV}={visible}"));
+    args.push(format!("--env=CUDA_VISIBLE_DEVICES={visible}"));
     Ok(args)
 }
 

@@ -395,11 +395,17 @@ impl MgpuIsolator {
                 source,
             }
         })?;
+        let mig = mesos_gpu_docker::args::mig_args(reservation.mig(), &host, reservation.gpus())
+            .map_err(|source| FfiError::DockerArgs {
+                container: cid.to_string(),
+                source,
+            })?;
         reservation.keep();
         Ok(plan
             .cli_args()
-            .iter()
-            .flat_map(|a| a.bytes().chain([0]))
+            .into_iter()
+            .chain(mig)
+            .flat_map(|a| a.into_bytes().into_iter().chain([0]))
             .collect())
     }
 

@@ -12,7 +12,7 @@
 //! container of that name (`mesos-gpu serve` at start also releases containers not running).
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::Gpu;
 use mesos_gpu_isolator::lifecycle::{
     CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
-    LifecycleError, PoolConfig, PoolRole,
+    LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig,
 };
 use mesos_gpu_isolator::pool::Host;
 use mesos_gpu_volume::VolumeManager;
@@ -122,16 +122,41 @@ pub(crate) struct Args {
     #[command(flatten)]
     sharing: super::SharingArgs,
 
+    /// On a node with GPUs in MIG mode: `single` (`--gpus` counts MIG devices and whole GPUs) or
+    /// `mixed` (`--gpus` for whole GPUs, `--mig` for MIG devices), as the agent offers them.
+    #[arg(long, value_name = "single|mixed", default_value = "single")]
+    mig_strategy: mesos_gpu_isolator::agent_flags::MigStrategy,
+
+    /// With `--mig-strategy mixed`: MIG devices of a GPU instance profile, `ID:N` (the profile
+    /// id `mesos-gpu info` shows, e.g. `19:1` for one 1g.5gb); repeatable.
+    #[arg(long, value_name = "ID:N", value_parser = parse_mig)]
+    mig: Vec<(u32, u32)>,
+
     /// Print a JSON array of arguments instead of one line.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_mig(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--mig {s:?}: expected PROFILE_ID:COUNT, e.g. 19:1");
+    let (id, n) = s.split_once(':').ok_or_else(bad)?;
+    Ok((
+        id.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    ))
 }
 
 /// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
 /// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
 /// directory. Drop it to let others in.
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
-    open_pool_sharing(ctx, args, None)
+    // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
+    // devices.
+    let whole = MigConfig {
+        strategy: mesos_gpu_isolator::agent_flags::MigStrategy::Mixed,
+        ..MigConfig::default()
+    };
+    open_pool_sharing(ctx, args, None, whole)
 }
 
 /// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
@@ -140,7 +165,12 @@ pub(crate) fn open_pool_sharing(
     ctx: &Ctx,
     args: &super::DockerPoolArgs,
     sharing: Option<mesos_gpu_isolator::lifecycle::SharingConfig>,
+    mut mig: MigConfig,
 ) -> anyhow::Result<Isolator> {
+    mig.dev_root = ctx
+        .dev_root()
+        .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
+    mig.proc_root = ctx.proc_root()?;
     let work_dir = &args.work_dir;
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
@@ -160,6 +190,7 @@ pub(crate) fn open_pool_sharing(
             role: PoolRole::Docker,
         });
         config.sharing.clone_from(&sharing);
+        config.mig = mig.clone();
         match Isolator::new(config, inventory.clone(), nodes.clone()) {
             Err(LifecycleError::Checkpoint {
                 source: CheckpointError::Locked { .. },
@@ -295,8 +326,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         daemon: Some(daemon_endpoint(&args.daemon.docker_socket)),
         starter: Some(starter),
     };
-    let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?)?;
-    let reservation = DockerReservation::reserve(&pool, &id, f64::from(gpus), start)?;
+    let mig = MigConfig {
+        strategy: args.mig_strategy,
+        ..MigConfig::default()
+    };
+    let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
+    let request = PrepareConfig {
+        gpus: f64::from(gpus),
+        mig: args.mig.iter().copied().collect(),
+        ..PrepareConfig::default()
+    };
+    let reservation = DockerReservation::reserve_request(&pool, &id, &request, start)?;
+    let mig_args = mesos_gpu_docker::args::mig_args(reservation.mig(), &host, reservation.gpus())?;
     let share = reservation
         .share()
         .map(mesos_gpu_docker::args::share_args)
@@ -317,6 +358,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
     }
     line.extend(share.into_iter().flatten());
+    line.extend(mig_args);
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

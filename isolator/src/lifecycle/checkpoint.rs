@@ -104,6 +104,9 @@ pub(crate) struct Checkpoint {
     /// The shares of Docker containers holding one, by id (their `docker` entry is empty).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) docker_shares: BTreeMap<String, crate::sharing::ShareGrant>,
+    /// The MIG devices of Docker containers holding some, by id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) docker_mig: BTreeMap<String, Vec<String>>,
     /// The daemon and starter of Docker containers by id (absent in older checkpoints).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) docker_starts: BTreeMap<String, super::DockerStart>,
@@ -232,6 +235,7 @@ mod tests {
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),
             docker_shares: BTreeMap::new(),
+            docker_mig: BTreeMap::new(),
             docker_starts: BTreeMap::from([(
                 "d1".into(),
                 super::super::DockerStart {

@@ -49,6 +49,7 @@ pub struct DockerReservation<D: Deref<Target = Isolator>> {
     id: ContainerId,
     gpus: Vec<Gpu>,
     share: Option<DockerShare>,
+    mig: Vec<crate::mig::MigAccess>,
     kept: bool,
 }
 
@@ -60,14 +61,35 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
         gpus: f64,
         start: DockerStart,
     ) -> Result<Self, LifecycleError> {
-        let (gpus, share) = isolator.reserve_docker_units(id, gpus, start)?;
+        let request = super::PrepareConfig {
+            gpus,
+            ..super::PrepareConfig::default()
+        };
+        Self::reserve_request(isolator, id, &request, start)
+    }
+
+    /// Reserves what `request` asks (`gpus`, and on a MIG node `mig` profiles) for Docker
+    /// container `id`, recording `start` in its owner.
+    pub fn reserve_request(
+        isolator: D,
+        id: &ContainerId,
+        request: &super::PrepareConfig,
+        start: DockerStart,
+    ) -> Result<Self, LifecycleError> {
+        let (gpus, share, mig) = isolator.reserve_docker_units(id, request, start)?;
         Ok(DockerReservation {
             isolator,
             id: id.clone(),
             gpus,
             share,
+            mig,
             kept: false,
         })
+    }
+
+    /// The MIG devices reserved, with what each needs in the container.
+    pub fn mig(&self) -> &[crate::mig::MigAccess] {
+        &self.mig
     }
 
     /// The reserved GPUs (for a share, its one GPU).
@@ -164,18 +186,23 @@ impl Isolator {
         gpus: f64,
         start: DockerStart,
     ) -> Result<Vec<Gpu>, LifecycleError> {
-        Ok(self.reserve_docker_units(id, gpus, start)?.0)
+        let request = super::PrepareConfig {
+            gpus,
+            ..super::PrepareConfig::default()
+        };
+        Ok(self.reserve_docker_units(id, &request, start)?.0)
     }
 
     /// Reserves `gpus` for Docker container `id`: whole GPUs, or on a sharing node a share of
     /// one GPU (issue 17), as [`Isolator::prepare`] decides.
-    #[tracing::instrument(skip_all, fields(container = %id, requested = gpus, daemon = ?start.daemon))]
+    #[tracing::instrument(skip_all, fields(container = %id, requested = request.gpus, daemon = ?start.daemon))]
+    #[allow(clippy::type_complexity)]
     fn reserve_docker_units(
         &self,
         id: &ContainerId,
-        gpus: f64,
+        request: &super::PrepareConfig,
         start: DockerStart,
-    ) -> Result<(Vec<Gpu>, Option<DockerShare>), LifecycleError> {
+    ) -> Result<(Vec<Gpu>, Option<DockerShare>, Vec<crate::mig::MigAccess>), LifecycleError> {
         const STEP: &str = "reserve GPUs for";
         let mut state = self.lock()?;
         if state.knows(id) {
@@ -184,7 +211,21 @@ impl Isolator {
                 step: STEP,
             });
         }
-        let (set, grant) = self.take_units(&mut state, id, gpus, STEP)?;
+        let (set, grant, mig) = if self.inventory.mig.devices.is_empty() {
+            let (set, grant) = self.take_units(&mut state, id, request.gpus, STEP)?;
+            (set, grant, Vec::new())
+        } else {
+            let (set, mig) = self.take_with_mig(&mut state, id, request, STEP)?;
+            (set, None, mig)
+        };
+        let accesses = match self.mig_accesses(id, &mig) {
+            Ok(accesses) => accesses,
+            Err(e) => {
+                state.mig.release(id.as_str());
+                state.allocator.release_all(id.as_str());
+                return Err(e);
+            }
+        };
         let share = match &grant {
             Some(grant) => match self.share_launch(&state, id, grant) {
                 Ok(launch) => Some(launch.into_docker(grant.clone())),
@@ -199,11 +240,16 @@ impl Isolator {
         if let Some(grant) = &grant {
             state.docker_shares.insert(id.clone(), grant.clone());
         }
+        if !mig.is_empty() {
+            state.docker_mig.insert(id.clone(), mig.clone());
+        }
         state.docker_starts.insert(id.clone(), start);
         if let Err(e) = self.save(&state, STEP) {
             state.docker.remove(id);
             state.docker_shares.remove(id);
+            state.docker_mig.remove(id);
             state.docker_starts.remove(id);
+            state.mig.release(id.as_str());
             state.allocator.release_all(id.as_str());
             return Err(e);
         }
@@ -217,7 +263,7 @@ impl Isolator {
             Some(g) => crate::allocator::GpuSet::from_indices([g.index]).unwrap_or_default(),
             None => set,
         };
-        Ok((self.gpus_of(visible), share))
+        Ok((self.gpus_of(visible), share, accesses))
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.
@@ -234,6 +280,8 @@ impl Isolator {
         }
         state.docker_starts.remove(id);
         state.docker_shares.remove(id);
+        state.docker_mig.remove(id);
+        state.mig.release(id.as_str());
         if state.docker.remove(id).is_none() {
             tracing::debug!("release of an unknown Docker container");
             return Ok(());

@@ -281,6 +281,7 @@ impl Isolator {
         let mut docker = BTreeMap::new();
         let mut docker_starts = BTreeMap::new();
         let mut docker_shares = BTreeMap::new();
+        let mut docker_mig: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
         for (name, records) in &ckpt.docker {
             let Ok(id) = ContainerId::new(name.as_str()) else {
                 continue;
@@ -302,6 +303,9 @@ impl Isolator {
             report.docker.push(id.clone());
             if let Some(grant) = ckpt.docker_shares.get(name) {
                 docker_shares.insert(id.clone(), grant.clone());
+            }
+            if let Some(uuids) = ckpt.docker_mig.get(name) {
+                docker_mig.insert(id.clone(), uuids.clone());
             }
             docker.insert(id, set);
         }
@@ -328,6 +332,17 @@ impl Isolator {
         let mut state = self.rebuild(found, shares, migs, docker, quarantine)?;
         state.docker_starts = docker_starts;
         state.docker_shares = docker_shares;
+        for (id, uuids) in &docker_mig {
+            for uuid in uuids {
+                if !state.mig.hold(id.as_str(), uuid) {
+                    report.issues.push(RecoveryIssue::MigChanged {
+                        container: id.clone(),
+                        uuid: uuid.clone(),
+                    });
+                }
+            }
+        }
+        state.docker_mig = docker_mig;
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
         let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
         for id in state.containers.keys() {
@@ -392,6 +407,8 @@ impl Isolator {
             state.docker.remove(&id);
             state.docker_starts.remove(&id);
             state.docker_shares.remove(&id);
+            state.docker_mig.remove(&id);
+            state.mig.release(id.as_str());
             let released = state.allocator.release_all(id.as_str());
             tracing::info!(container = %id, gpus = %released, "Docker container is gone; released its GPUs");
         }

@@ -208,10 +208,12 @@ impl Isolator {
             entries.push((id.to_string(), self.owner_of(link, id), held));
         }
         for (id, &set) in &state.docker {
+            let mut held = uuids(set);
+            held.extend(state.docker_mig.get(id).into_iter().flatten().cloned());
             entries.push((
                 id.to_string(),
                 super::docker::docker_owner(id, state.docker_starts.get(id)),
-                uuids(set),
+                held,
             ));
         }
         let quarantined = state.allocator.held_by(QUARANTINE_OWNER);

@@ -61,6 +61,8 @@ pub(crate) struct State {
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
     /// Docker containers holding a share of a shared GPU (their `docker` entry is empty).
     pub(crate) docker_shares: BTreeMap<ContainerId, ShareGrant>,
+    /// Docker containers' MIG devices by `MIG-…` UUID.
+    pub(crate) docker_mig: BTreeMap<ContainerId, Vec<String>>,
     /// Where each Docker container runs and who starts it (for its owner record).
     pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
@@ -81,6 +83,7 @@ impl State {
             nested_cgroups: BTreeMap::new(),
             docker: BTreeMap::new(),
             docker_shares: BTreeMap::new(),
+            docker_mig: BTreeMap::new(),
             docker_starts: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -164,6 +167,11 @@ impl State {
                 .docker_shares
                 .iter()
                 .map(|(id, grant)| (id.to_string(), grant.clone()))
+                .collect(),
+            docker_mig: self
+                .docker_mig
+                .iter()
+                .map(|(id, uuids)| (id.to_string(), uuids.clone()))
                 .collect(),
             docker_starts: self
                 .docker_starts

@@ -135,7 +135,7 @@ impl Isolator {
                     gpus,
                     cgroup: None,
                     share,
-                    mig: Vec::new(),
+                    mig: state.docker_mig.get(id).cloned().unwrap_or_default(),
                 })
             }
             None => Err(LifecycleError::UnknownContainer {
