@@ -385,3 +385,54 @@ fn issue_17_sharing_scenario_packs_limits_and_compares() {
         "{err}"
     );
 }
+
+/// Issue 16: on a node whose GPUs are all split (`dgx-a100-mig`, 56 MIG devices), the demo
+/// replays the small-work stream with the single strategy: every 1-GPU task gets one MIG
+/// device (its parent and two capability nodes `rw`, `MIG-…` in its environment), a 2-GPU
+/// task is refused because CUDA uses one MIG device per process, and the same GPUs without MIG
+/// refuse far more.
+#[test]
+fn issue_16_mig_scenario_single_strategy() {
+    let report = json(&["--simulate", "dgx-a100-mig", "demo", "--json"]);
+    let tasks = report["tasks"].as_array().unwrap();
+    let first = tasks
+        .iter()
+        .find(|t| t["task"] == "serving_inference-small.1")
+        .unwrap();
+    assert_eq!(first["outcome"], "mig", "{first}");
+    let rw: Vec<&str> = first["device_rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|r| r.ends_with(" rw"))
+        .collect();
+    assert_eq!(rw.len(), 3, "parent and two capability nodes: {first}");
+    assert!(
+        first["environment"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIA_VISIBLE_DEVICES=MIG-"),
+        "{first}"
+    );
+    let resnet = tasks
+        .iter()
+        .find(|t| t["task"] == "ml_resnet50-train.7")
+        .unwrap();
+    assert_eq!(resnet["outcome"], "refused", "{resnet}");
+    assert!(
+        resnet["error"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA uses only one MIG device per process"),
+        "{resnet}"
+    );
+    assert_eq!(report["refused"], 2, "{report}");
+    assert_eq!(report["refused_without_mig"], 13, "{report}");
+    let text = ok(&["--simulate", "dgx-a100-mig", "demo"]);
+    assert!(
+        text.contains("MIG 1g.5gb on GPU 0")
+            && text.contains("The same GPUs without MIG: 13 refused."),
+        "{text}"
+    );
+}

@@ -11,6 +11,7 @@
 mod driver;
 mod engine;
 mod live_docker;
+mod mig;
 mod render;
 mod sharing;
 mod stream;
@@ -70,6 +71,7 @@ const ROOTFS_BASE: &str = "/var/lib/mesos/provisioner/rootfs";
     mesos-gpu --simulate hgx16 demo --json | jq '.run.tasks[] | {task, outcome, gpus: .chosen.gpus}'\n  \
     mesos-gpu demo --stream my-apps/stream.json --pace 600\n  \
     mesos-gpu demo --gpu-replicas 4,4=1,5=1,6=1,7=1 --gpu-sharing mps\n  \
+    mesos-gpu --simulate dgx-a100-mig demo\n  \
     sudo mesos-gpu demo --live"
 )]
 pub(crate) struct Args {
@@ -190,11 +192,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "--live creates device cgroups and device nodes and needs root; run it with sudo, or drop --live for the dry run (which changes nothing)"
         );
     }
-    let stream = match &args.stream {
-        Some(path) => Stream::load(path)?,
-        None if args.sharing.gpu_replicas.is_some() => Stream::shipped_sharing()?,
-        None => Stream::shipped()?,
-    };
+
     // The demo runs on a simulated DGX-1 unless told otherwise.
     let default_ctx;
     let ctx = if ctx.global.simulate.is_none() && ctx.global.nvml_lib.is_none() {
@@ -215,6 +213,27 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| "this node".to_owned());
     let inventory = ctx.inventory()?.clone();
+    // Nodes that share GPUs or split them with MIG get the stream of small work.
+    let small_work = args.sharing.gpu_replicas.is_some() || !inventory.mig.devices.is_empty();
+    let stream = match &args.stream {
+        Some(path) => Stream::load(path)?,
+        None if small_work => Stream::shipped_sharing()?,
+        None => Stream::shipped()?,
+    };
+    if !inventory.mig.devices.is_empty() && args.sharing.gpu_replicas.is_none() {
+        ensure!(
+            !args.live,
+            "--live on a node with MIG devices: the MIG scenario is a dry run; run MIG tasks for real with the module or `mesos-gpu docker-args --mig-strategy`"
+        );
+        let report = mig::run(&stream, &inventory, args.policy, &ctx.proc_root()?)?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        } else {
+            write!(out, "{}", mig::text(&report, &node))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(config) = args.sharing.config(ctx)? {
         ensure!(
             !args.live,
