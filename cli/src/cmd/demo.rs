@@ -110,6 +110,21 @@ pub(crate) struct Args {
     live_image: String,
 }
 
+/// Prints a scenario's report: JSON, or its text.
+fn print_scenario(
+    json: bool,
+    report: &impl Serialize,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(report)?)?;
+    } else {
+        write!(out, "{}", text())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn parse_policy(value: &str) -> Result<Policy, String> {
     value.parse().map_err(|e| format!("{e}"))
 }
@@ -226,13 +241,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "--live on a node with MIG devices: the MIG scenario is a dry run; run MIG tasks for real with the module or `mesos-gpu docker-args --mig-strategy`"
         );
         let report = mig::run(&stream, &inventory, args.policy, &ctx.proc_root()?)?;
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-        } else {
-            write!(out, "{}", mig::text(&report, &node))?;
-        }
-        return Ok(ExitCode::SUCCESS);
+        return print_scenario(args.json, &report, || mig::text(&report, &node));
     }
     if let Some(config) = args.sharing.config(ctx)? {
         ensure!(
@@ -245,13 +254,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             .resolve(&inventory, &indices)
             .context("cannot share this node's GPUs")?;
         let report = sharing::run(&stream, &inventory, &plan, args.policy, &config.mps)?;
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-        } else {
-            write!(out, "{}", sharing::text(&report, &node))?;
-        }
-        return Ok(ExitCode::SUCCESS);
+        return print_scenario(args.json, &report, || sharing::text(&report, &node));
     }
     let scratch = tempfile::Builder::new()
         .prefix("mesos-gpu-demo-")

@@ -218,14 +218,7 @@ impl Isolator {
             let (set, mig) = self.take_with_mig(&mut state, id, request, STEP)?;
             (set, None, mig)
         };
-        let accesses = match self.mig_accesses(id, &mig) {
-            Ok(accesses) => accesses,
-            Err(e) => {
-                state.mig.release(id.as_str());
-                state.allocator.release_all(id.as_str());
-                return Err(e);
-            }
-        };
+        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
         let share = match &grant {
             Some(grant) => match self.share_launch(&state, id, grant) {
                 Ok(launch) => Some(launch.into_docker(grant.clone())),

@@ -68,6 +68,11 @@ impl Isolator {
             step,
             source: Box::new(source),
         };
+        let alloc_err = |source| LifecycleError::Allocation {
+            container: id.clone(),
+            step,
+            source,
+        };
         let taken = match self.mig.strategy {
             MigStrategy::Single => {
                 if !config.mig.is_empty() {
@@ -79,11 +84,7 @@ impl Isolator {
                 let devices = u32::try_from(self.inventory.mig.devices.len()).unwrap_or(u32::MAX);
                 let offered = state.allocator.offered().saturating_add(devices);
                 let k = GpuRequest::from_scalar(config.gpus, offered)
-                    .map_err(|source| LifecycleError::Allocation {
-                        container: id.clone(),
-                        step,
-                        source,
-                    })?
+                    .map_err(alloc_err)?
                     .count();
                 if k == 0 {
                     return Ok((GpuSet::EMPTY, Vec::new()));
@@ -109,11 +110,7 @@ impl Isolator {
                 let count = state
                     .allocator
                     .request(config.gpus)
-                    .map_err(|source| LifecycleError::Allocation {
-                        container: id.clone(),
-                        step,
-                        source,
-                    })?
+                    .map_err(alloc_err)?
                     .count();
                 let asked: u32 = config.mig.values().sum();
                 if asked > 1 && !self.mig.allow_multiple {
@@ -178,6 +175,20 @@ impl Isolator {
             container: id.clone(),
             devices: entry.mig.join(","),
             asked: gpus,
+        })
+    }
+
+    /// What the MIG devices `uuids` just taken for `id` need; when that cannot be told,
+    /// everything `id` took is given back.
+    pub(crate) fn mig_accesses_or_release(
+        &self,
+        state: &mut State,
+        id: &ContainerId,
+        uuids: &[String],
+    ) -> Result<Vec<MigAccess>, LifecycleError> {
+        self.mig_accesses(id, uuids).inspect_err(|_| {
+            state.mig.release(id.as_str());
+            state.allocator.release_all(id.as_str());
         })
     }
 

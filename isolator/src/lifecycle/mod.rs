@@ -231,14 +231,7 @@ impl Isolator {
             Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),
             None => gpus,
         };
-        let accesses = match self.mig_accesses(id, &mig) {
-            Ok(accesses) => accesses,
-            Err(e) => {
-                state.mig.release(id.as_str());
-                state.allocator.release_all(id.as_str());
-                return Err(e);
-            }
-        };
+        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
         let rules = self.with_mig_rules(
             allow_list(&self.base, &self.nodes, self.minors(visible)),
             &accesses,

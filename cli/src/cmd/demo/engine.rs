@@ -244,8 +244,7 @@ pub(crate) fn run(
         )?;
         for _ in 0..app.instances {
             seq += 1;
-            let name = format!("{}.{seq}", app.id.trim_start_matches('/').replace('/', "_"));
-            let id = ContainerId::new(name)?;
+            let id = app.task_id(seq)?;
             let outcome = match grant(&mut alloc, &shadow, inventory, &id, app.gpus) {
                 Err(err) => Outcome::Refused {
                     reason: refusal_kind(&err),

@@ -125,10 +125,7 @@ pub(crate) fn run(
         });
         for _ in 0..app.instances {
             seq += 1;
-            let id = ContainerId::new(format!(
-                "{}.{seq}",
-                app.id.trim_start_matches('/').replace('/', "_")
-            ))?;
+            let id = app.task_id(seq)?;
             if plain
                 .request(app.gpus)
                 .and_then(|r| plain.allocate(id.as_str(), r.count()))

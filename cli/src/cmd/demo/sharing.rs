@@ -137,10 +137,7 @@ pub(crate) fn run(
         });
         for _ in 0..app.instances {
             seq += 1;
-            let id = ContainerId::new(format!(
-                "{}.{seq}",
-                app.id.trim_start_matches('/').replace('/', "_")
-            ))?;
+            let id = app.task_id(seq)?;
             let end = arrival.at + arrival.runs_for;
             if plain
                 .request(app.gpus)

@@ -172,6 +172,18 @@ impl MarathonApp {
         Ok(())
     }
 
+    /// The container id of this app's `seq`-th task in a run: `<app id with / as _>.<seq>`.
+    pub(crate) fn task_id(
+        &self,
+        seq: u32,
+    ) -> anyhow::Result<mesos_gpu_isolator::lifecycle::ContainerId> {
+        let name = format!(
+            "{}.{seq}",
+            self.id.trim_start_matches('/').replace('/', "_")
+        );
+        Ok(mesos_gpu_isolator::lifecycle::ContainerId::new(name)?)
+    }
+
     /// The containerizer.
     pub(crate) fn container_type(&self) -> ContainerType {
         self.container
