@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 30] = [
+    let tests: [(&str, &[Need], Test); 31] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -158,7 +158,8 @@ fn main() -> ExitCode {
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
-        ("v1_mig_tasks", v1, v1_mig_tasks),
+        ("v1_mig_tasks", v1, || mig_tasks(AgentCgroups::V1)),
+        ("v2_mig_tasks", v2, || mig_tasks(AgentCgroups::V2)),
         (
             "v1_docker_containerizer_cannot_offer_shares",
             docker,
@@ -742,14 +743,14 @@ fn shared_gpus(mps: bool) -> TestResult {
     check(!pool.contains("\"shares\""), format!("shares left: {pool}"))
 }
 
-/// Issue 16: a real agent on nvml-sim's `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split), the
+/// Issue 16, on cgroups v1 and v2: a real agent on nvml-sim's `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split), the
 /// module with `mig_strategy=mixed`, offering what `agent-flags --mig-strategy mixed` prints. A
 /// `mig-1g.5gb:1` task without CAP_SYS_ADMIN (`linux/capabilities`, effective capabilities set)
 /// opens its parent GPU and its two capability nodes (ENXIO) and gets EPERM on every other GPU
 /// and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking for two MIG devices,
 /// and a root task with the agent's capabilities, fail saying why; a `gpus:2` task gets two
 /// whole GPUs; everything is given back.
-fn v1_mig_tasks() -> TestResult {
+fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
     let install = install()?;
     let module = module()?;
@@ -782,11 +783,13 @@ fn v1_mig_tasks() -> TestResult {
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
     let master = Master::start(&install)?;
-    let mut spec = AgentSpec::new(
-        &format!("filesystem/linux,linux/capabilities,cgroups/devices,{MODULE}"),
-        AgentCgroups::V1,
-        0,
-    );
+    // On v2 the module attaches its device program to Mesos's container cgroup (no
+    // `cgroups/devices` there).
+    let isolation = match cgroups {
+        AgentCgroups::V1 => format!("filesystem/linux,linux/capabilities,cgroups/devices,{MODULE}"),
+        AgentCgroups::V2 => format!("filesystem/linux,linux/capabilities,{MODULE}"),
+    };
+    let mut spec = AgentSpec::new(&isolation, cgroups, 0);
     let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
     spec.resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
     let params: Vec<(String, String)> = vec![
