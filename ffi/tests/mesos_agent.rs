@@ -1634,7 +1634,15 @@ struct DockerCluster {
     images: Vec<String>,
     /// `-H unix://<socket>` of a private daemon, empty for the machine's.
     host: Vec<String>,
+    /// Held for the cluster's life, after its agent is gone (the last field drops last).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One Docker-containerizer agent at a time: at start (and restart) Mesos's Docker
+/// containerizer lists every `mesos-…` container of the daemon and inspects each one, and an
+/// inspect of another trial's container that is removed meanwhile fails the agent's recovery
+/// (`Docker ps batch failed … Failed to run '… inspect …'`).
+static DOCKER_AGENTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The image name the Docker cluster's `docker` program stalls on (every command naming it
 /// sleeps, writing its pid to `<scratch>/stalled.pid`): the agent's pull never ends.
@@ -1686,6 +1694,9 @@ impl DockerCluster {
             AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
             AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
         };
+        let serial = DOCKER_AGENTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ((install, sim, dev, scratch, master), mut spec) =
             Cluster::prepare(cgroups, &isolation, setup)?;
         if let Some(resources) = resources {
@@ -1765,6 +1776,7 @@ impl DockerCluster {
             host: socket
                 .map(|p| vec!["-H".to_owned(), format!("unix://{}", p.display())])
                 .unwrap_or_default(),
+            _serial: serial,
         })
     }
 
