@@ -64,6 +64,8 @@ pub struct MgpuIsolator {
     isolator: Arc<Isolator>,
     metrics: Metrics,
     inventory: Inventory,
+    /// The `mig-<profile>` resources the node offers (mixed strategy), by name: profile ids.
+    mig_profiles: std::collections::BTreeMap<String, Option<u32>>,
     nodes: DeviceNodes,
     dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
@@ -143,6 +145,11 @@ impl MgpuIsolator {
         Ok(MgpuIsolator {
             metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
             isolator,
+            mig_profiles: MigOffer::of(&inventory, MigStrategy::Mixed)
+                .profiles
+                .into_iter()
+                .map(|p| (p.resource, p.profile))
+                .collect(),
             inventory,
             nodes,
             dev_root: params.dev_root.clone(),
@@ -233,16 +240,10 @@ impl MgpuIsolator {
         id: &mesos::ContainerId,
         resources: &[crate::proto::mesos::Resource],
     ) -> Result<std::collections::BTreeMap<u32, u32>, FfiError> {
-        let offer = MigOffer::of(&self.inventory, MigStrategy::Mixed);
         let mut out = std::collections::BTreeMap::new();
         for (name, value) in convert::requested_scalars(resources, MIG_RESOURCE_PREFIX) {
-            let known: Vec<&str> = offer.profiles.iter().map(|p| p.resource.as_str()).collect();
-            let Some(profile) = offer
-                .profiles
-                .iter()
-                .find(|p| p.resource == name)
-                .and_then(|p| p.profile)
-            else {
+            let Some(&Some(profile)) = self.mig_profiles.get(&name) else {
+                let known: Vec<&str> = self.mig_profiles.keys().map(String::as_str).collect();
                 return Err(FfiError::MigResource {
                     container: id.to_string(),
                     name,
