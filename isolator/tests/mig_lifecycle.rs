@@ -11,6 +11,13 @@
 //!   is refused (CUDA uses one MIG device per process).
 //! - An XID 79 on a GPU in MIG mode limits the holder of its MIG device (`watch` names it), and
 //!   its other MIG devices are no longer handed out.
+//! - An XID NVML attributes to one MIG instance (`gi`/`ci` in the event data) limits that
+//!   device's holder only; the GPU's other MIG devices are still handed out, by this isolator and
+//!   by another holder of the node's pool, the failed one by neither until the operator marks it
+//!   healthy.
+//! - A MIG layout changed under a running task (the agent restarts after a reconfiguration
+//!   reused its GPU instance id): recovery reports the task's device gone and holds the new
+//!   device its cgroup can open out of service, across a further restart, until its cleanup.
 #![allow(clippy::unwrap_used)]
 
 mod lifecycle_common;
@@ -20,6 +27,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Setup, TestResult, check, trial};
@@ -27,10 +35,11 @@ use mesos_gpu_isolator::agent_flags::MigStrategy;
 use mesos_gpu_isolator::cgroup::CgroupVersion;
 use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::health::GpuRef;
 use mesos_gpu_isolator::inventory::{DevNum, Inventory};
 use mesos_gpu_isolator::lifecycle::{
-    ContainerId, Isolator, IsolatorConfig, LaunchInfo, MigConfig, MountKind, PrepareConfig,
-    RecoverState,
+    ContainerId, Isolator, IsolatorConfig, LaunchInfo, MigConfig, MountKind, PoolConfig, PoolRole,
+    PrepareConfig, RecoverState,
 };
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
@@ -38,6 +47,8 @@ use support::{ALLOWED, DENIED, Mode, Probe};
 
 /// The 1g.5gb GPU instance profile (A100 40GB).
 const P_1G: u32 = 19;
+/// The 3g.20gb GPU instance profile (A100 40GB).
+const P_3G: u32 = 9;
 
 fn main() -> ExitCode {
     if let Some(code) = support::probe_main() {
@@ -59,6 +70,14 @@ fn main() -> ExitCode {
         );
         add("single_gpus_are_mig_devices", single);
         add("an_xid_on_the_parent_limits_its_mig_holders", parent_xid);
+        add(
+            "an_xid_on_a_mig_instance_takes_out_that_device_only",
+            instance_xid,
+        );
+        add(
+            "a_layout_changed_under_a_task_is_reported_and_quarantined",
+            layout_changed,
+        );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -419,9 +438,6 @@ fn single(version: CgroupVersion) -> TestResult {
 /// of the task holding one of them, naming the device; the next MIG request gets a device of
 /// another GPU.
 fn parent_xid(version: CgroupVersion) -> TestResult {
-    use mesos_gpu_isolator::health::{HealthPolicy, MonitorConfig};
-    use std::sync::Arc;
-    use std::time::Duration;
     let node = mig_node("dgx-a100-mixed")?;
     let setup = Setup::new(version)?;
     let iso = Isolator::new(
@@ -429,6 +445,250 @@ fn parent_xid(version: CgroupVersion) -> TestResult {
         node.inventory.clone(),
         node.nodes.clone(),
     )?;
+    attach_health(&iso, &node)?;
+    iso.recover(&[], &[])?;
+    iso.prepare(&id("mig-held"), mig(P_1G, 1))?;
+    let uuid = iso.status(&id("mig-held"))?.mig[0].clone();
+    let parent = node.inventory.mig.by_uuid(&uuid).ok_or("unknown")?.parent;
+    node.sim.append_event(&format!("xid {parent} 79"));
+    let told = iso
+        .watch(&id("mig-held"), Some(Duration::from_secs(10)))?
+        .ok_or("the MIG holder was not told")?;
+    check(
+        told.uuid == uuid && told.gpu == parent && told.message.contains("XID 79"),
+        format!("limitation: {told:?}"),
+    )?;
+    iso.prepare(&id("mig-next"), mig(P_1G, 1))?;
+    let next = iso.status(&id("mig-next"))?.mig[0].clone();
+    let next_parent = node.inventory.mig.by_uuid(&next).ok_or("unknown")?.parent;
+    check(
+        next_parent != parent,
+        format!("a MIG device of the failed GPU {parent} was handed out: {next}"),
+    )?;
+    for c in ["mig-held", "mig-next"] {
+        iso.cleanup(&id(c))?;
+    }
+    Ok(())
+}
+
+/// An XID 94 (contained ECC error) NVML attributes to the GPU and compute instance of one 1g device: its holder is
+/// told, naming the device; the holder of the 3g device of the same GPU is not. Once the
+/// holder is gone, another holder of the node's pool (an `exec`) gets the GPU's other 1g device,
+/// not the failed one (which comes first); this isolator does not hand it out either, until the
+/// operator marks it healthy.
+fn instance_xid(version: CgroupVersion) -> TestResult {
+    let node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let pool = setup.work.path().join("pool");
+    let mut agent_config = config(&setup, &node, MigStrategy::Mixed);
+    agent_config.pool = Some(PoolConfig {
+        dir: pool.clone(),
+        role: PoolRole::Agent,
+    });
+    let iso = Isolator::new(
+        agent_config.clone(),
+        node.inventory.clone(),
+        node.nodes.clone(),
+    )?;
+    attach_health(&iso, &node)?;
+    iso.recover(&[], &[])?;
+    let (a, b) = (id("mig-small"), id("mig-big"));
+    iso.prepare(&a, mig(P_1G, 1))?;
+    iso.prepare(&b, mig(P_3G, 1))?;
+    let ua = iso.status(&a)?.mig[0].clone();
+    let ub = iso.status(&b)?.mig[0].clone();
+    let da = node.inventory.mig.by_uuid(&ua).ok_or("unknown")?;
+    let db = node.inventory.mig.by_uuid(&ub).ok_or("unknown")?;
+    check(
+        da.parent == db.parent,
+        format!(
+            "both on one GPU: {ua} on {}, {ub} on {}",
+            da.parent, db.parent
+        ),
+    )?;
+    node.sim.append_event(&format!(
+        "xid {} 94 gi {} ci {}",
+        da.parent, da.gpu_instance, da.compute_instance
+    ));
+    let told = iso
+        .watch(&a, Some(Duration::from_secs(10)))?
+        .ok_or("the holder of the failed MIG device was not told")?;
+    check(
+        told.uuid == ua
+            && told.gpu == da.parent
+            && told.message.contains(&format!("MIG device {ua}"))
+            && told.message.contains("XID 94"),
+        format!("limitation: {told:?}"),
+    )?;
+    check(
+        iso.watch(&b, Some(Duration::from_millis(300)))?.is_none(),
+        "the 3g holder was told, though only the 1g instance failed",
+    )?;
+    let exec_dir = tempfile::tempdir()?;
+    let mut exec_config = agent_config.clone();
+    exec_config.work_dir = exec_dir.path().to_owned();
+    exec_config.pool = Some(PoolConfig {
+        dir: pool,
+        role: PoolRole::Exec {
+            private_dir: exec_dir.path().to_owned(),
+        },
+    });
+    iso.cleanup(&a)?;
+    let exec = isolator(exec_config, &node)?;
+    let e = id("exec-1g");
+    exec.prepare(&e, mig(P_1G, 1))?;
+    let ue = exec.status(&e)?.mig[0].clone();
+    let de = node.inventory.mig.by_uuid(&ue).ok_or("unknown")?;
+    check(
+        ue != ua && de.parent == da.parent,
+        format!(
+            "the exec got {ue} on GPU {}: the other 1g of GPU {} was expected",
+            de.parent, da.parent
+        ),
+    )?;
+    let c = id("mig-after");
+    iso.prepare(&c, mig(P_1G, 1))?;
+    let uc = iso.status(&c)?.mig[0].clone();
+    check(
+        uc != ua,
+        format!("the failed MIG device {ua} was handed out again"),
+    )?;
+    iso.mark_healthy(&GpuRef::parse(&ua)?)?;
+    iso.cleanup(&c)?;
+    let d = id("mig-healed");
+    iso.prepare(&d, mig(P_1G, 1))?;
+    let ud = iso.status(&d)?.mig[0].clone();
+    check(
+        ud == ua,
+        format!("after mark-healthy, {ua} was expected; got {ud}"),
+    )?;
+    for c in [&b, &d] {
+        iso.cleanup(c)?;
+    }
+    exec.cleanup(&e)?;
+    Ok(())
+}
+
+/// The 2g.10gb GPU instance profile (A100 40GB).
+const P_2G: u32 = 14;
+/// The UUID the reconfigured layout gives its new 2g device.
+const NEW_2G: &str = "MIG-0b1e5c2a-7d3f-5a4e-9c8b-1f2e3d4c5b6a";
+
+/// Task `a` holds a 1g device (GPU instance 9 or 10 of GPU 4); while it runs, GPU 4's two 1g
+/// instances are destroyed and a 2g made in their place that reuses `a`'s GPU instance id (so
+/// its capability node's minor). A restarted isolator reports `a`'s device gone and holds the 2g
+/// out of service (`a`'s cgroup can open it); a further restart still does; `a`'s cleanup frees it.
+fn layout_changed(version: CgroupVersion) -> TestResult {
+    let mut node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let iso = isolator(config(&setup, &node, MigStrategy::Mixed), &node)?;
+    let a = id("mig-old-layout");
+    iso.prepare(&a, mig(P_1G, 1))?;
+    let ua = iso.status(&a)?.mig[0].clone();
+    let da = node.inventory.mig.by_uuid(&ua).ok_or("unknown")?.clone();
+    drop(iso);
+
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-sim/topologies/dgx-a100-mixed.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let gpu = &mut json["gpus"][da.parent as usize]["mig"]["gpu_instances"];
+    let kept: Vec<serde_json::Value> = gpu
+        .as_array()
+        .ok_or("no gpu_instances")?
+        .iter()
+        .filter(|gi| gi["profile"] != P_1G)
+        .cloned()
+        .chain([serde_json::json!({
+            "id": da.gpu_instance, "profile": P_2G, "start": 2,
+            "compute_instances": [{"id": 0, "uuid": NEW_2G}],
+        })])
+        .collect();
+    *gpu = serde_json::Value::Array(kept);
+    node.sim.set_description(&json.to_string());
+    let inventory = match GpuDriver::open_at(Some(&node.sim.lib_path()), &node.sim.proc_root())? {
+        Discovery::Driver(d) => d.inventory().clone(),
+        Discovery::NoDriver(_) => return Err("no driver".into()),
+    };
+    let new = inventory
+        .mig
+        .by_uuid(NEW_2G)
+        .ok_or("the new layout has no 2g device")?;
+    check(
+        new.parent == da.parent
+            && new.gpu_instance == da.gpu_instance
+            && inventory.mig.by_uuid(&ua).is_none(),
+        format!("new layout: {new:?}"),
+    )?;
+    node.nodes = DeviceNodes::scan(node.dev.path(), &inventory)?;
+    node.inventory = inventory;
+    let restart = |states: &[&ContainerId]| -> TestResult<(Isolator, String)> {
+        let iso = Isolator::new(
+            config(&setup, &node, MigStrategy::Mixed),
+            node.inventory.clone(),
+            node.nodes.clone(),
+        )?;
+        let states: Vec<RecoverState> = states
+            .iter()
+            .map(|c| RecoverState {
+                id: (*c).clone(),
+                parent: None,
+                nested_cgroup: None,
+            })
+            .collect();
+        let report = iso.recover(&states, &[])?;
+        Ok((iso, format!("{report:?}")))
+    };
+    let (iso, report) = restart(&[&a])?;
+    check(
+        report.contains(&format!("MigChanged {{ container: ContainerId(\"{a}\"), uuid: \"{ua}\", quarantined: [\"{NEW_2G}\"] }}")),
+        format!("recovery report: {report}"),
+    )?;
+    let ckpt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.checkpoint())?)?;
+    check(
+        ckpt["containers"][a.as_str()]["mig_quarantine"][0] == NEW_2G,
+        format!("checkpoint: {ckpt}"),
+    )?;
+    // GPU 4's other 2g first, then the next GPU's: never the quarantined one.
+    let (b, c) = (id("mig-2g-b"), id("mig-2g-c"));
+    for x in [&b, &c] {
+        iso.prepare(x, mig(P_2G, 1))?;
+        let got = iso.status(x)?.mig[0].clone();
+        check(got != NEW_2G, format!("{x} got the quarantined {got}"))?;
+    }
+    drop(iso);
+    let (iso, report) = restart(&[&a, &b, &c])?;
+    check(
+        !report.contains("MigChanged"),
+        format!("second recovery: {report}"),
+    )?;
+    let e = id("mig-2g-e");
+    iso.prepare(&e, mig(P_2G, 1))?;
+    let ue = iso.status(&e)?.mig[0].clone();
+    check(
+        ue != NEW_2G,
+        format!("after a second restart {e} got the quarantined {ue}"),
+    )?;
+    iso.cleanup(&e)?;
+    iso.cleanup(&a)?;
+    let d = id("mig-2g-d");
+    iso.prepare(&d, mig(P_2G, 1))?;
+    let ud = iso.status(&d)?.mig[0].clone();
+    check(
+        ud == NEW_2G,
+        format!("after the cleanup of {a}, {NEW_2G} was expected; got {ud}"),
+    )?;
+    for x in [&b, &c, &d] {
+        iso.cleanup(x)?;
+    }
+    Ok(())
+}
+
+/// Starts the isolator's health monitor on the node's nvml-sim and waits for its events to be
+/// registered.
+fn attach_health(iso: &Isolator, node: &MigNode) -> TestResult {
+    use mesos_gpu_isolator::health::{HealthPolicy, MonitorConfig};
+    use std::sync::Arc;
     let driver = match GpuDriver::open_at(Some(&node.sim.lib_path()), &node.sim.proc_root())? {
         Discovery::Driver(d) => Arc::new(*d),
         Discovery::NoDriver(_) => return Err("no driver".into()),
@@ -451,28 +711,6 @@ fn parent_xid(version: CgroupVersion) -> TestResult {
             "events never registered",
         )?;
         std::thread::sleep(Duration::from_millis(5));
-    }
-    iso.recover(&[], &[])?;
-    iso.prepare(&id("mig-held"), mig(P_1G, 1))?;
-    let uuid = iso.status(&id("mig-held"))?.mig[0].clone();
-    let parent = node.inventory.mig.by_uuid(&uuid).ok_or("unknown")?.parent;
-    node.sim.append_event(&format!("xid {parent} 79"));
-    let told = iso
-        .watch(&id("mig-held"), Some(Duration::from_secs(10)))?
-        .ok_or("the MIG holder was not told")?;
-    check(
-        told.uuid == uuid && told.gpu == parent && told.message.contains("XID 79"),
-        format!("limitation: {told:?}"),
-    )?;
-    iso.prepare(&id("mig-next"), mig(P_1G, 1))?;
-    let next = iso.status(&id("mig-next"))?.mig[0].clone();
-    let next_parent = node.inventory.mig.by_uuid(&next).ok_or("unknown")?.parent;
-    check(
-        next_parent != parent,
-        format!("a MIG device of the failed GPU {parent} was handed out: {next}"),
-    )?;
-    for c in ["mig-held", "mig-next"] {
-        iso.cleanup(&id(c))?;
     }
     Ok(())
 }

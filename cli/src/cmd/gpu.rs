@@ -375,12 +375,14 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
 
 fn unknown_gpu(gpu: &GpuRef, snapshot: &HealthSnapshot, path: &std::path::Path) -> anyhow::Error {
     let known: Vec<String> = snapshot
-        .gpus
-        .iter()
-        .map(|g| format!("{} {}", g.index, g.uuid))
+        .records()
+        .map(|g| match g.mig {
+            None => format!("{} {}", g.index, g.uuid),
+            Some(_) => g.uuid.clone(),
+        })
         .collect();
     anyhow::anyhow!(
-        "GPU {gpu} is not in the health checkpoint {} (GPUs: {})",
+        "GPU {gpu} is not in the health checkpoint {} (GPUs and MIG devices: {})",
         path.display(),
         known.join(", ")
     )

@@ -41,6 +41,7 @@ use super::state::{
 use super::store::{HealthStore, RequestAnswer, StoreLock};
 use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
+use crate::sys::nvml::EventInstance;
 
 /// How long a starting monitor waits for the health lock to be let go.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -350,12 +351,12 @@ fn watch(
     shared.registrations.fetch_add(1, Ordering::Relaxed);
     probe_lost(nvml, gpus, shared, None);
     while !shared.stop.load(Ordering::Relaxed) {
-        match set.wait(timeout) {
-            Ok(event) => {
+        match crate::sys::nvml::wait_event(nvml, &set, timeout) {
+            Ok((event, instance)) => {
                 *backoff = config.retry_min;
                 shared.waits.fetch_add(1, Ordering::Relaxed);
                 shared.events.fetch_add(1, Ordering::Relaxed);
-                handle(nvml, gpus, shared, event);
+                handle(nvml, gpus, shared, event, instance);
             }
             Err(NvmlError::Timeout) => {
                 *backoff = config.retry_min;
@@ -447,8 +448,15 @@ fn registration_failed(shared: &Shared, gpu: &Gpu, error: &NvmlError) {
     publish(shared, change.into_iter().collect());
 }
 
-/// Acts on one event.
-fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
+/// Acts on one event; an XID NVML attributes to a MIG `instance` of a GPU with MIG devices
+/// there counts against those devices only.
+fn handle(
+    nvml: &Nvml,
+    gpus: &[Gpu],
+    shared: &Shared,
+    event: EventData<'_>,
+    instance: Option<EventInstance>,
+) {
     let xid = match event.event_data {
         Some(XidError::Value(xid)) => Some(xid),
         Some(XidError::Unknown) | None => None,
@@ -469,10 +477,27 @@ fn handle(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, event: EventData<'_>) {
         match xid {
             Some(xid) => {
                 state.count_xid(index, xid);
-                if shared.policy.counts_xid(xid) {
-                    changes.extend(state.record(index, Failure::Xid { xid }, now));
+                let counted = shared.policy.counts_xid(xid);
+                let on_mig = instance.and_then(|i| {
+                    state.record_mig(index, i.gpu_instance, i.compute_instance, xid, counted, now)
+                });
+                if !counted {
+                    tracing::info!(
+                        gpu = index,
+                        xid,
+                        ?instance,
+                        "XID ignored by the health policy"
+                    );
+                } else if let Some(mig_changes) = on_mig {
+                    tracing::warn!(
+                        gpu = index,
+                        xid,
+                        ?instance,
+                        "XID on a MIG instance: its MIG devices leave the pool, the rest of the GPU stays"
+                    );
+                    changes.extend(mig_changes);
                 } else {
-                    tracing::info!(gpu = index, xid, "XID ignored by the health policy");
+                    changes.extend(state.record(index, Failure::Xid { xid }, now));
                 }
             }
             None => tracing::warn!(gpu = index, "XID event without an XID number"),

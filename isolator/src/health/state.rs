@@ -10,6 +10,11 @@
 //! - a lost GPU (fallen off the bus), or one whose events could not be registered, never
 //!   recovers by itself: nothing could show that it works again;
 //! - the operator may declare any GPU healthy ([`HealthState::mark_healthy`]).
+//!
+//! A MIG device has a record of its own beside its parent's: an XID NVML attributes to a MIG
+//! instance (`gpuInstanceId`/`computeInstanceId` in the event data) takes out the MIG devices
+//! of that instance only ([`HealthState::record_mig`]); anything on the parent takes out all of
+//! them, through the parent's record.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -119,13 +124,15 @@ pub enum GpuRef {
 }
 
 impl GpuRef {
-    /// Parses `3` or `GPU-8a2d…`.
+    /// Parses `3`, `GPU-8a2d…` or a MIG device's `MIG-1b3c…`.
     pub fn parse(text: &str) -> Result<GpuRef, HealthError> {
         let text = text.trim();
         if let Ok(index) = text.parse::<u32>() {
             return Ok(GpuRef::Index(index));
         }
-        if text.len() > 4 && text[..4].eq_ignore_ascii_case("GPU-") {
+        if text.len() > 4
+            && (text[..4].eq_ignore_ascii_case("GPU-") || text[..4].eq_ignore_ascii_case("MIG-"))
+        {
             return Ok(GpuRef::Uuid(text.to_owned()));
         }
         Err(HealthError::BadGpuRef {
@@ -143,36 +150,58 @@ impl fmt::Display for GpuRef {
     }
 }
 
-/// A GPU's health moved between healthy and unhealthy.
+/// Where a MIG device is on its parent GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    /// The parent GPU's UUID.
+    pub parent_uuid: String,
+    /// GPU instance id.
+    pub gpu_instance: u32,
+    /// Compute instance id.
+    pub compute_instance: u32,
+}
+
+/// A GPU's (or one MIG device's) health moved between healthy and unhealthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthChange {
-    /// NVML index.
+    /// NVML index (of the parent, for a MIG device).
     pub index: u32,
-    /// UUID.
+    /// UUID (`MIG-…` for a MIG device).
     pub uuid: String,
     /// The new health.
     pub health: GpuHealth,
     /// True when the change was read back from a checkpoint at start, not observed now.
     pub restored: bool,
+    /// Set when the change is about one MIG device of GPU `index`, not the whole GPU.
+    pub mig: Option<MigInstance>,
 }
 
 impl HealthChange {
     /// For a GPU turning unhealthy, the limitation its holder is told, e.g.
-    /// `GPU 3 (GPU-…) failed: XID 79 (GPU has fallen off the bus)`.
+    /// `GPU 3 (GPU-…) failed: XID 79 (GPU has fallen off the bus)` or
+    /// `MIG device MIG-… (GPU 3, GPU instance 1, compute instance 0) failed: XID 43 (…)`.
     pub fn limitation(&self) -> Option<String> {
-        self.health
-            .failure()
-            .map(|reason| format!("GPU {} ({}) failed: {reason}", self.index, self.uuid))
+        let reason = self.health.failure()?;
+        Some(match &self.mig {
+            None => format!("GPU {} ({}) failed: {reason}", self.index, self.uuid),
+            Some(m) => format!(
+                "MIG device {} (GPU {}, GPU instance {}, compute instance {}) failed: {reason}",
+                self.uuid, self.index, m.gpu_instance, m.compute_instance
+            ),
+        })
     }
 }
 
-/// One GPU's record.
+/// One GPU's (or one MIG device's) record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuRecord {
-    /// NVML index.
+    /// NVML index (of the parent, for a MIG device).
     pub index: u32,
-    /// UUID.
+    /// UUID (`MIG-…` for a MIG device).
     pub uuid: String,
+    /// Set for a MIG device's record: where it is on GPU `index`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigInstance>,
     /// Current health.
     pub health: GpuHealth,
     /// Every XID seen on the GPU since start, counted or ignored, by XID.
@@ -190,36 +219,34 @@ pub struct HealthSnapshot {
     pub version: u32,
     /// Every GPU's record.
     pub gpus: Vec<GpuRecord>,
+    /// Every MIG device's record (none on a node without MIG, or in a checkpoint from before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<GpuRecord>,
 }
 
 impl HealthSnapshot {
     /// The schema version written.
     pub const VERSION: u32 = 1;
 
-    /// The record of `gpu`, by index or UUID.
+    /// The record of `gpu`: a GPU by index or UUID, or a MIG device by UUID.
     pub fn find(&self, gpu: &GpuRef) -> Option<&GpuRecord> {
-        self.gpus.iter().find(|g| match gpu {
-            GpuRef::Index(i) => g.index == *i,
-            GpuRef::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-        })
+        self.gpus.iter().chain(&self.mig).find(|g| g.is(gpu))
+    }
+
+    /// Every GPU's and MIG device's record.
+    pub fn records(&self) -> impl Iterator<Item = &GpuRecord> {
+        self.gpus.iter().chain(&self.mig)
     }
 
     /// Marks `gpu` healthy in the checkpoint itself (when no monitor runs); returns whether it
     /// was unhealthy.
     pub fn mark_healthy(&mut self, gpu: &GpuRef) -> Result<bool, HealthError> {
-        let known = self
-            .gpus
-            .iter()
-            .map(|g| format!("{} {}", g.index, g.uuid))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let known = known(self.gpus.iter().chain(&self.mig));
         let record = self
             .gpus
             .iter_mut()
-            .find(|g| match gpu {
-                GpuRef::Index(i) => g.index == *i,
-                GpuRef::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-            })
+            .chain(&mut self.mig)
+            .find(|g| g.is(gpu))
             .ok_or_else(|| HealthError::UnknownGpu {
                 gpu: gpu.to_string(),
                 known,
@@ -230,10 +257,61 @@ impl HealthSnapshot {
     }
 }
 
-/// The health of every GPU of a node.
+impl GpuRecord {
+    /// True when `gpu` names this record: a GPU by index or UUID, a MIG device by UUID only.
+    fn is(&self, gpu: &GpuRef) -> bool {
+        match gpu {
+            GpuRef::Index(i) => self.mig.is_none() && self.index == *i,
+            GpuRef::Uuid(u) => self.uuid.eq_ignore_ascii_case(u),
+        }
+    }
+}
+
+/// `0 GPU-…, 1 GPU-…, MIG-…` for an unknown-GPU error.
+fn known<'a>(records: impl Iterator<Item = &'a GpuRecord>) -> String {
+    records
+        .map(|g| match g.mig {
+            None => format!("{} {}", g.index, g.uuid),
+            Some(_) => g.uuid.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Records `failure` on `g`; the change when it was healthy. A further failure of an unhealthy
+/// record restarts its quiet period, and `Lost` replaces a lesser reason.
+fn fail(g: &mut GpuRecord, failure: Failure, now_ms: u64) -> Option<HealthChange> {
+    match &mut g.health {
+        GpuHealth::Healthy => {
+            g.health = GpuHealth::Unhealthy {
+                reason: failure,
+                since_ms: now_ms,
+                last_error_ms: now_ms,
+                errors: 1,
+            };
+            Some(change(g, false))
+        }
+        GpuHealth::Unhealthy {
+            reason,
+            last_error_ms,
+            errors,
+            ..
+        } => {
+            if failure == Failure::Lost {
+                *reason = Failure::Lost;
+            }
+            *last_error_ms = now_ms.max(*last_error_ms);
+            *errors += 1;
+            None
+        }
+    }
+}
+
+/// The health of every GPU and MIG device of a node.
 #[derive(Debug, Clone)]
 pub(crate) struct HealthState {
     gpus: Vec<GpuRecord>,
+    mig: Vec<GpuRecord>,
     quiet_period: Option<Duration>,
 }
 
@@ -251,6 +329,7 @@ impl HealthState {
             .map(|g| GpuRecord {
                 index: g.index,
                 uuid: g.uuid.clone(),
+                mig: None,
                 health: if g.healthy {
                     GpuHealth::Healthy
                 } else {
@@ -266,7 +345,34 @@ impl HealthState {
                 ecc_double_bit: 0,
             })
             .collect();
-        HealthState { gpus, quiet_period }
+        let mig = inventory
+            .mig
+            .devices
+            .iter()
+            .map(|d| GpuRecord {
+                index: d.parent,
+                uuid: d.uuid.clone(),
+                mig: Some(MigInstance {
+                    parent_uuid: inventory
+                        .gpus
+                        .iter()
+                        .find(|g| g.index == d.parent)
+                        .map(|g| g.uuid.clone())
+                        .unwrap_or_default(),
+                    gpu_instance: d.gpu_instance,
+                    compute_instance: d.compute_instance,
+                }),
+                health: GpuHealth::Healthy,
+                xids: BTreeMap::new(),
+                ecc_single_bit: 0,
+                ecc_double_bit: 0,
+            })
+            .collect();
+        HealthState {
+            gpus,
+            mig,
+            quiet_period,
+        }
     }
 
     /// Every GPU's record, by NVML index.
@@ -285,18 +391,11 @@ impl HealthState {
     }
 
     fn find(&mut self, gpu: &GpuRef) -> Result<&mut GpuRecord, HealthError> {
-        let known = self
-            .gpus
-            .iter()
-            .map(|g| format!("{} {}", g.index, g.uuid))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let known = known(self.gpus.iter().chain(&self.mig));
         self.gpus
             .iter_mut()
-            .find(|g| match gpu {
-                GpuRef::Index(i) => g.index == *i,
-                GpuRef::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-            })
+            .chain(&mut self.mig)
+            .find(|g| g.is(gpu))
             .ok_or_else(|| HealthError::UnknownGpu {
                 gpu: gpu.to_string(),
                 known,
@@ -331,30 +430,39 @@ impl HealthState {
         now_ms: u64,
     ) -> Option<HealthChange> {
         let g = self.find(&GpuRef::Index(index)).ok()?;
-        match &mut g.health {
-            GpuHealth::Healthy => {
-                g.health = GpuHealth::Unhealthy {
-                    reason: failure,
-                    since_ms: now_ms,
-                    last_error_ms: now_ms,
-                    errors: 1,
-                };
-                Some(change(g, false))
+        fail(g, failure, now_ms)
+    }
+
+    /// Records an XID NVML attributed to GPU instance `gpu_instance` (and compute instance
+    /// `compute_instance`, when named) of GPU `index` on the MIG devices there; the changes of
+    /// those that were healthy. `None` when no MIG device of this node is there: the caller
+    /// then counts it against the whole GPU.
+    pub(crate) fn record_mig(
+        &mut self,
+        index: u32,
+        gpu_instance: u32,
+        compute_instance: Option<u32>,
+        xid: u64,
+        counted: bool,
+        now_ms: u64,
+    ) -> Option<Vec<HealthChange>> {
+        let mut hit = false;
+        let mut changes = Vec::new();
+        for g in &mut self.mig {
+            let Some(m) = &g.mig else { continue };
+            if g.index != index
+                || m.gpu_instance != gpu_instance
+                || compute_instance.is_some_and(|c| c != m.compute_instance)
+            {
+                continue;
             }
-            GpuHealth::Unhealthy {
-                reason,
-                last_error_ms,
-                errors,
-                ..
-            } => {
-                if failure == Failure::Lost {
-                    *reason = Failure::Lost;
-                }
-                *last_error_ms = now_ms.max(*last_error_ms);
-                *errors += 1;
-                None
+            hit = true;
+            *g.xids.entry(xid).or_default() += 1;
+            if counted {
+                changes.extend(fail(g, Failure::Xid { xid }, now_ms));
             }
         }
+        hit.then_some(changes)
     }
 
     /// GPUs whose quiet period has passed, now healthy again.
@@ -364,7 +472,7 @@ impl HealthState {
         };
         let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
         let mut changes = Vec::new();
-        for g in &mut self.gpus {
+        for g in self.gpus.iter_mut().chain(&mut self.mig) {
             if let GpuHealth::Unhealthy {
                 reason,
                 last_error_ms,
@@ -398,6 +506,7 @@ impl HealthState {
         HealthSnapshot {
             version: HealthSnapshot::VERSION,
             gpus: self.gpus.clone(),
+            mig: self.mig.clone(),
         }
     }
 
@@ -416,8 +525,13 @@ impl HealthState {
             });
         }
         let mut changes = Vec::new();
-        for saved in &snapshot.gpus {
-            let Some(g) = self.gpus.iter_mut().find(|g| g.uuid == saved.uuid) else {
+        for saved in snapshot.gpus.iter().chain(&snapshot.mig) {
+            let Some(g) = self
+                .gpus
+                .iter_mut()
+                .chain(&mut self.mig)
+                .find(|g| g.uuid == saved.uuid)
+            else {
                 tracing::warn!(uuid = %saved.uuid, health = ?saved.health, "checkpointed GPU is gone; dropping its health");
                 continue;
             };
@@ -439,6 +553,7 @@ fn change(g: &GpuRecord, restored: bool) -> HealthChange {
         uuid: g.uuid.clone(),
         health: g.health.clone(),
         restored,
+        mig: g.mig.clone(),
     }
 }
 
@@ -460,6 +575,7 @@ impl HealthChange {
                 }
             },
             restored: false,
+            mig: None,
         }
     }
 }
@@ -592,8 +708,83 @@ mod tests {
             .restore(&HealthSnapshot {
                 version: 9,
                 gpus: vec![],
+                mig: vec![],
             })
             .unwrap_err();
         assert!(err.to_string().contains("version 9"), "{err}");
+    }
+
+    /// GPU 1 in MIG mode: GPU instance 1 with compute instances 0 and 1, GPU instance 2 with 0.
+    fn mig_inventory() -> Inventory {
+        let mut inv = inventory(2);
+        let device = |index: u32, gi: u32, ci: u32| crate::inventory::MigDevice {
+            parent: 1,
+            parent_minor: 1,
+            index,
+            uuid: format!("MIG-{gi}-{ci}"),
+            gpu_instance: gi,
+            compute_instance: ci,
+            profile: Some(19),
+            profile_name: "1g.5gb".to_owned(),
+            memory_total: 5 << 30,
+            multiprocessors: 14,
+            gpu_instance_slices: 1,
+            compute_instance_slices: 1,
+            caps: None,
+            healthy: true,
+        };
+        inv.mig.enabled = vec![1];
+        inv.mig.devices = vec![device(0, 1, 0), device(1, 1, 1), device(2, 2, 0)];
+        inv
+    }
+
+    #[test]
+    fn an_xid_on_a_mig_instance_fails_that_instance_only() {
+        let mut s = HealthState::new(&mig_inventory(), Some(Duration::from_secs(10)), 0);
+        let changes = s.record_mig(1, 1, Some(1), 94, true, 1_000).unwrap();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].uuid, "MIG-1-1");
+        assert_eq!(
+            changes[0].limitation().unwrap(),
+            "MIG device MIG-1-1 (GPU 1, GPU instance 1, compute instance 1) failed: XID 94 (contained ECC error)"
+        );
+        assert!(s.get(1).unwrap().health.is_healthy(), "the parent stays");
+        // A GPU instance without a compute instance: every compute instance in it.
+        let gi = s.record_mig(1, 1, None, 94, true, 2_000).unwrap();
+        assert_eq!(
+            gi.iter().map(|c| c.uuid.as_str()).collect::<Vec<_>>(),
+            ["MIG-1-0"]
+        );
+        // Ignored by the policy: counted, nothing fails.
+        assert_eq!(s.record_mig(1, 2, Some(0), 13, false, 2_000), Some(vec![]));
+        // No MIG device there: the caller counts it against the GPU.
+        assert_eq!(s.record_mig(1, 7, None, 94, true, 2_000), None);
+        assert_eq!(s.record_mig(0, 1, Some(0), 94, true, 2_000), None);
+        let snap = s.snapshot();
+        let unhealthy: Vec<&str> = snap
+            .records()
+            .filter(|r| !r.health.is_healthy())
+            .map(|r| r.uuid.as_str())
+            .collect();
+        assert_eq!(unhealthy, ["MIG-1-0", "MIG-1-1"]);
+        assert_eq!(
+            snap.find(&GpuRef::Uuid("MIG-2-0".into())).unwrap().xids[&13],
+            1
+        );
+        // The quiet period, the operator and a restart treat MIG records as GPU records.
+        let mig_ref = GpuRef::parse("MIG-1-0").unwrap();
+        assert_eq!(s.mark_healthy(&mig_ref).unwrap().unwrap().uuid, "MIG-1-0");
+        assert_eq!(
+            s.expire(11_999),
+            [],
+            "GI 1's second XID restarted MIG-1-1's quiet period"
+        );
+        assert_eq!(s.expire(12_000)[0].uuid, "MIG-1-1");
+        let mut fresh = HealthState::new(&mig_inventory(), None, 0);
+        let restored = fresh.restore(&snap).unwrap();
+        assert_eq!(restored.len(), 2);
+        assert!(restored.iter().all(|c| c.restored && c.mig.is_some()));
+        assert!(GpuRef::Index(1) != mig_ref);
+        assert_eq!(fresh.index_of(&mig_ref).unwrap(), 1);
     }
 }

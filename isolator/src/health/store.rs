@@ -259,6 +259,7 @@ mod tests {
         let snap = HealthSnapshot {
             version: HealthSnapshot::VERSION,
             gpus: vec![],
+            mig: vec![],
         };
         store.save(&snap).unwrap();
         assert_eq!(store.load().unwrap(), Some(snap));

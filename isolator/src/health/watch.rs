@@ -28,11 +28,15 @@ pub struct Limitation {
 
 /// Applies a health change to the pool: an unhealthy GPU leaves the free pool at once (and
 /// stays with its holder until released), a healthy one may be granted again once free.
-/// Returns the limitation for the container holding a GPU that just failed.
+/// Returns the limitation for the container holding a GPU that just failed. A change of one
+/// MIG device ([`HealthChange::mig`]) is not the allocator's: it changes nothing here.
 pub fn apply_to_allocator(
     allocator: &mut Allocator,
     change: &HealthChange,
 ) -> Result<Option<Limitation>, AllocError> {
+    if change.mig.is_some() {
+        return Ok(None);
+    }
     let Some(message) = change.limitation() else {
         allocator.mark_healthy(change.index)?;
         return Ok(None);

@@ -91,6 +91,9 @@ pub(crate) struct ContainerRecord {
     /// Its MIG devices by `MIG-…` UUID (absent without and in older checkpoints).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) mig: Vec<String>,
+    /// MIG devices held out of service for it after a layout change (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) mig_quarantine: Vec<String>,
 }
 
 /// Everything the isolator must remember across a restart.
@@ -231,6 +234,7 @@ mod tests {
                     rules: vec!["c 195:1 rw".into()],
                     share: None,
                     mig: Vec::new(),
+                    mig_quarantine: Vec::new(),
                 },
             )]),
             docker: BTreeMap::from([("d1".into(), vec![gpu])]),

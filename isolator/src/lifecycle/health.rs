@@ -42,9 +42,12 @@ pub(crate) struct HealthLink {
 /// holder in the allocator, or every holder of a share of it.
 fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     if change.health.is_healthy() {
-        state.failed.remove(&change.index);
+        state.failed.remove(&change.uuid);
     } else {
-        state.failed.insert(change.index, change.clone());
+        state.failed.insert(change.uuid.clone(), change.clone());
+    }
+    if change.mig.is_some() {
+        return apply_mig(state, change);
     }
     let mut limited: Vec<Limitation> = match apply_to_allocator(&mut state.allocator, change) {
         Ok(limitation) => limitation
@@ -59,6 +62,9 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     // A GPU in MIG mode: its MIG devices share its fate, and their holders are told.
     if change.health.is_healthy() {
         state.mig.mark_parent_healthy(change.index);
+        for own in state.failed.values().filter(|f| f.mig.is_some()) {
+            state.mig.mark_unhealthy(&own.uuid);
+        }
     } else if let Some(message) = change.limitation() {
         for (uuid, holder) in state.mig.mark_parent_unhealthy(change.index) {
             if let Some(holder) = holder.filter(|h| !h.starts_with('!')) {
@@ -90,10 +96,38 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     limited
 }
 
+/// Applies a change of one MIG device (an XID NVML attributed to its instance): it leaves or
+/// rejoins the pool (not while its parent is out), and its holder is told.
+fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
+    let Some(message) = change.limitation() else {
+        let parent_out = state
+            .failed
+            .values()
+            .any(|f| f.mig.is_none() && f.index == change.index);
+        if !parent_out {
+            state.mig.mark_healthy(&change.uuid);
+        }
+        return Vec::new();
+    };
+    state
+        .mig
+        .mark_unhealthy(&change.uuid)
+        .and_then(|(uuid, holder)| {
+            Some(Limitation {
+                container: holder.filter(|h| !h.starts_with('!'))?,
+                gpu: change.index,
+                uuid,
+                message,
+            })
+        })
+        .into_iter()
+        .collect()
+}
+
 /// Marks `failed` again in a rebuilt state and resolves the limitations of their holders.
 pub(crate) fn reapply(
     state: &mut State,
-    failed: std::collections::BTreeMap<u32, HealthChange>,
+    failed: std::collections::BTreeMap<String, HealthChange>,
     limitations: &Limitations,
 ) {
     for change in failed.values() {
@@ -253,9 +287,10 @@ mod tests {
         assert_eq!(apply(&mut s, &change(1, false))[0].container, "c1");
         assert_eq!(apply(&mut s, &change(2, false)), [], "quarantine: nobody");
         assert_eq!(apply(&mut s, &change(3, false)), [], "not offered");
-        assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        let failed = |s: &State| s.failed.values().map(|c| c.index).collect::<Vec<_>>();
+        assert_eq!(failed(&s), [1, 2, 3]);
         apply(&mut s, &change(2, true));
-        assert_eq!(s.failed.keys().copied().collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(failed(&s), [1, 3]);
         assert_eq!(s.allocator.unhealthy().to_vec(), [1]);
     }
 
@@ -272,7 +307,7 @@ mod tests {
         reapply(&mut rebuilt, std::mem::take(&mut old.failed), &limitations);
         assert_eq!(rebuilt.allocator.unhealthy().to_vec(), [0]);
         assert_eq!(limitations.get("c9").unwrap().gpu, 0);
-        assert!(rebuilt.failed.contains_key(&0));
+        assert!(rebuilt.failed.contains_key("GPU-0"));
     }
 
     #[test]

@@ -279,6 +279,7 @@ impl Isolator {
                 cgroup: None,
                 share: share.clone(),
                 mig: mig.clone(),
+                mig_quarantine: Vec::new(),
             },
         );
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.

@@ -27,15 +27,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use mesos_gpu_os::error_chain;
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, ContainerRecord};
 use super::launch::{allow_list, allowed_minors};
 use super::placement::PlacedCgroup;
 use super::state::{Container, QUARANTINE_OWNER, State};
 use super::{CgroupOwner, Isolator, LifecycleError, health};
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::CgroupVersion;
-use crate::cgroup::{DeviceCgroup, DeviceRule, V2DeviceCgroup, read_procs};
+use crate::cgroup::{Access, DeviceCgroup, DeviceKind, DeviceRule, V2DeviceCgroup, read_procs};
 use crate::container_id::ContainerId;
+use crate::inventory::DevNum;
 use crate::pool::Liveness;
 use crate::sharing::ShareGrant;
 
@@ -97,6 +98,9 @@ pub enum RecoveryIssue {
         container: ContainerId,
         /// The device's `MIG-…` UUID.
         uuid: String,
+        /// MIG devices of the new layout the container's cgroup can open (it allows their
+        /// capability nodes), held out of service until its cleanup.
+        quarantined: Vec<String>,
     },
     /// v2: our device program was not attached; the checkpointed list was attached again.
     ProgramMissing {
@@ -188,28 +192,28 @@ impl Isolator {
                     .collect()
             })
             .unwrap_or_default();
-        let reserved_elsewhere = {
+        let mut mig_quarantine: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
+        let others: BTreeSet<String> = {
             let slot = guard.tx.borrow();
-            let uuids = slot
-                .as_ref()
+            slot.as_ref()
                 .zip(self.pool_holder())
                 .map(|(tx, holder)| {
                     tx.state
                         .held_by_others(holder)
                         .into_iter()
                         .map(str::to_owned)
-                        .collect::<BTreeSet<String>>()
+                        .collect()
                 })
-                .unwrap_or_default();
-            GpuSet::from_indices(
-                self.inventory
-                    .gpus
-                    .iter()
-                    .filter(|g| uuids.contains(&g.uuid))
-                    .map(|g| g.index),
-            )
-            .unwrap_or_default()
+                .unwrap_or_default()
         };
+        let reserved_elsewhere = GpuSet::from_indices(
+            self.inventory
+                .gpus
+                .iter()
+                .filter(|g| others.contains(&g.uuid))
+                .map(|g| g.index),
+        )
+        .unwrap_or_default();
         for id in self.candidates(&ckpt, &elsewhere) {
             let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
             match ckpt.containers.get(id.as_str()) {
@@ -219,21 +223,23 @@ impl Isolator {
                     // A share stays a share, whatever this process's sharing plan: it is a
                     // fact about a running container, and the pool counts it as such.
                     let share = record.share.clone();
-                    let known_mig: Vec<String> = record
+                    let (known_mig, gone): (Vec<String>, Vec<String>) = record
                         .mig
                         .iter()
-                        .filter(|uuid| {
-                            let known = self.inventory.mig.by_uuid(uuid).is_some();
-                            if !known {
-                                report.issues.push(RecoveryIssue::MigChanged {
-                                    container: id.clone(),
-                                    uuid: (*uuid).clone(),
-                                });
-                            }
-                            known
-                        })
                         .cloned()
-                        .collect();
+                        .partition(|uuid| self.inventory.mig.by_uuid(uuid).is_some());
+                    let held_out =
+                        self.mig_held_out(record, &rules, &known_mig, !gone.is_empty(), &others);
+                    for uuid in gone {
+                        report.issues.push(RecoveryIssue::MigChanged {
+                            container: id.clone(),
+                            uuid,
+                            quarantined: held_out.clone(),
+                        });
+                    }
+                    if !held_out.is_empty() {
+                        mig_quarantine.insert(id.clone(), held_out);
+                    }
                     if !known_mig.is_empty() {
                         migs.insert(id.clone(), known_mig);
                     }
@@ -338,11 +344,25 @@ impl Isolator {
                     report.issues.push(RecoveryIssue::MigChanged {
                         container: id.clone(),
                         uuid: uuid.clone(),
+                        quarantined: Vec::new(),
                     });
                 }
             }
         }
         state.docker_mig = docker_mig;
+        for (id, uuids) in mig_quarantine {
+            let Some(container) = state.containers.get_mut(&id) else {
+                continue;
+            };
+            for uuid in uuids {
+                if state.mig.hold(id.as_str(), &uuid) {
+                    tracing::warn!(container = %id, mig = %uuid, "MIG device of a new layout held out of service: the container's cgroup can open it");
+                    container.mig_quarantine.push(uuid);
+                } else {
+                    tracing::error!(container = %id, mig = %uuid, "a MIG device this container's cgroup can open is held by another container; run `mesos-gpu gpu list`");
+                }
+            }
+        }
         let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
         let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
         for id in state.containers.keys() {
@@ -473,6 +493,52 @@ impl Isolator {
     }
 
     /// Every container id in the checkpoint or with a cgroup under our parent.
+    /// The MIG devices to hold out of service for a container recovered from `record`: those
+    /// already held out that the node still has and, when one of its own MIG devices is gone
+    /// (`layout_changed`), every other MIG device whose capability node its `rules` let it open
+    /// (read or write): a new layout reuses GPU and compute instance ids, and their nodes' minors
+    /// with them. Devices another holder of the pool (`others`) reserves are its own and only
+    /// reported.
+    fn mig_held_out(
+        &self,
+        record: &ContainerRecord,
+        rules: &[DeviceRule],
+        own: &[String],
+        layout_changed: bool,
+        others: &BTreeSet<String>,
+    ) -> Vec<String> {
+        let opens = |dev: DevNum| {
+            rules.iter().any(|r| {
+                r.covers(DeviceKind::Char, dev)
+                    && (r.access.contains(Access::READ) || r.access.contains(Access::WRITE))
+            })
+        };
+        let mut out: Vec<String> = record
+            .mig_quarantine
+            .iter()
+            .filter(|u| self.inventory.mig.by_uuid(u).is_some())
+            .cloned()
+            .collect();
+        if !layout_changed {
+            return out;
+        }
+        for d in &self.inventory.mig.devices {
+            let Some(caps) = &d.caps else { continue };
+            if own.contains(&d.uuid)
+                || out.contains(&d.uuid)
+                || !(opens(caps.gpu_instance) || opens(caps.compute_instance))
+            {
+                continue;
+            }
+            if others.contains(&d.uuid) {
+                tracing::error!(mig = %d.uuid, "a MIG device a recovered container's cgroup can open is reserved by another holder of the pool; run `mesos-gpu gpu list`");
+                continue;
+            }
+            out.push(d.uuid.clone());
+        }
+        out
+    }
+
     fn candidates(&self, ckpt: &Checkpoint, elsewhere: &BTreeSet<String>) -> BTreeSet<ContainerId> {
         let mut ids: BTreeSet<ContainerId> = ckpt
             .containers
@@ -720,6 +786,7 @@ impl Isolator {
                     cgroup: f.cgroup,
                     share,
                     mig,
+                    mig_quarantine: Vec::new(),
                 },
             );
         }

@@ -188,6 +188,15 @@ impl Isolator {
         }
         state.allocator.hold_elsewhere(ELSEWHERE_OWNER, wanted);
         state.mig.hold_only(ELSEWHERE_OWNER, &others);
+        let parents = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| unhealthy.contains_key(&g.uuid))
+            .map(|g| g.index)
+            .collect();
+        let unhealthy = unhealthy.keys().map(String::as_str).collect();
+        state.mig.mark_out_elsewhere(&unhealthy, &parents);
     }
 
     /// Publishes this isolator's reservations into the pool and commits (no-op without one).
@@ -204,7 +213,7 @@ impl Isolator {
         let mut entries = Vec::new();
         for (id, c) in &state.containers {
             let mut held = uuids(c.gpus);
-            held.extend(c.mig.iter().cloned());
+            held.extend(c.mig.iter().chain(&c.mig_quarantine).cloned());
             entries.push((id.to_string(), self.owner_of(link, id), held));
         }
         for (id, &set) in &state.docker {

@@ -32,6 +32,9 @@ pub(crate) struct Container {
     pub(crate) share: Option<ShareGrant>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub(crate) mig: Vec<String>,
+    /// MIG devices of a layout made after it started that its cgroup can reach (recovery found
+    /// its own MIG device gone): held out of service until its cleanup, never granted to it.
+    pub(crate) mig_quarantine: Vec<String>,
 }
 
 impl Container {
@@ -67,8 +70,9 @@ pub(crate) struct State {
     pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
-    /// GPUs the health monitor reported unhealthy, with the report (marked in the allocator).
-    pub(crate) failed: BTreeMap<u32, HealthChange>,
+    /// GPUs and MIG devices the health monitor reported unhealthy, by UUID, with the report
+    /// (marked in the allocator or the MIG units).
+    pub(crate) failed: BTreeMap<String, HealthChange>,
     /// The node pool's transaction while a call holds the lock ([`super::shared_pool`]).
     pub(crate) tx: super::shared_pool::TxSlot,
 }
@@ -154,6 +158,7 @@ impl State {
                             rules,
                             share: c.share.clone(),
                             mig: c.mig.clone(),
+                            mig_quarantine: c.mig_quarantine.clone(),
                         },
                     )
                 })

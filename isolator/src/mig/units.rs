@@ -25,6 +25,9 @@ struct Unit {
     profile_name: String,
     isolatable: bool,
     healthy: bool,
+    /// A health checkpoint of another holder of the node's pool marks it (or its parent)
+    /// unhealthy.
+    out_elsewhere: bool,
     holder: Option<String>,
 }
 
@@ -49,6 +52,7 @@ impl MigUnits {
                 profile_name: d.profile_name.clone(),
                 isolatable: d.caps.is_some(),
                 healthy: d.healthy,
+                out_elsewhere: false,
                 holder: None,
             })
             .collect();
@@ -71,6 +75,7 @@ impl MigUnits {
     fn usable(u: &Unit, profile: Option<u32>) -> bool {
         u.holder.is_none()
             && u.healthy
+            && !u.out_elsewhere
             && u.isolatable
             && profile.is_none_or(|p| u.profile == Some(p))
     }
@@ -165,6 +170,18 @@ impl MigUnits {
         }
     }
 
+    /// Takes out of service exactly the MIG devices whose UUID is in `unhealthy` or whose
+    /// parent's NVML index is in `parents` (what the pool's health checkpoints say).
+    pub fn mark_out_elsewhere(
+        &mut self,
+        unhealthy: &std::collections::BTreeSet<&str>,
+        parents: &std::collections::BTreeSet<u32>,
+    ) {
+        for u in &mut self.units {
+            u.out_elsewhere = unhealthy.contains(u.uuid.as_str()) || parents.contains(&u.parent);
+        }
+    }
+
     /// Takes back everything `owner` holds; returns the UUIDs.
     pub fn release(&mut self, owner: &str) -> Vec<String> {
         self.units
@@ -189,11 +206,13 @@ impl MigUnits {
     /// The state of the MIG device `uuid`, `None` when the node has no such device.
     pub fn state(&self, uuid: &str) -> Option<UnitState> {
         let u = self.units.iter().find(|u| u.uuid == uuid)?;
-        Some(match (&u.holder, u.healthy && u.isolatable) {
-            (holder, false) => UnitState::Unhealthy(holder.clone()),
-            (Some(h), true) => UnitState::Held(h.clone()),
-            (None, true) => UnitState::Free,
-        })
+        Some(
+            match (&u.holder, u.healthy && !u.out_elsewhere && u.isolatable) {
+                (holder, false) => UnitState::Unhealthy(holder.clone()),
+                (Some(h), true) => UnitState::Held(h.clone()),
+                (None, true) => UnitState::Free,
+            },
+        )
     }
 
     /// Takes the MIG device `uuid` out of service (an XID attributed to it); returns its
@@ -202,6 +221,14 @@ impl MigUnits {
         let u = self.units.iter_mut().find(|u| u.uuid == uuid)?;
         u.healthy = false;
         Some((u.uuid.clone(), u.holder.clone()))
+    }
+
+    /// Puts the MIG device `uuid` back in service (its quiet period passed, or the operator
+    /// marked it healthy).
+    pub fn mark_healthy(&mut self, uuid: &str) {
+        if let Some(u) = self.units.iter_mut().find(|u| u.uuid == uuid) {
+            u.healthy = true;
+        }
     }
 
     /// Puts every MIG device of the GPU with NVML index `parent` back in service (the operator

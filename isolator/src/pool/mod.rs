@@ -248,13 +248,14 @@ impl PoolState {
         }
     }
 
-    /// UUIDs of GPUs that a registered health checkpoint marks unhealthy, with the reason.
+    /// UUIDs of GPUs and MIG devices that a registered health checkpoint marks unhealthy,
+    /// with the reason.
     pub fn unhealthy(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         for dir in &self.health_dirs {
             match HealthStore::at(dir).load() {
                 Ok(Some(snapshot)) => {
-                    for gpu in snapshot.gpus {
+                    for gpu in snapshot.records() {
                         if let crate::health::GpuHealth::Unhealthy { reason, .. } = &gpu.health {
                             out.insert(gpu.uuid.clone(), reason.to_string());
                         }

@@ -1,6 +1,7 @@
-//! The two NVML calls nvml-wrapper 0.13 has no safe wrapper for: a MIG device's GPU instance id
+//! The NVML calls nvml-wrapper 0.13 has no safe wrapper for: a MIG device's GPU instance id
 //! and compute instance id (`nvmlDeviceGetGpuInstanceId`, `nvmlDeviceGetComputeInstanceId`,
-//! `nvml.h` 13398 and 13419; `shared/reference/mig_cdi_sharing.md` §1.1).
+//! `nvml.h` 13398 and 13419; `shared/reference/mig_cdi_sharing.md` §1.1), and an event wait
+//! that keeps the MIG instance the event names (nvml-wrapper's `EventData` drops it).
 //!
 //! nvml-wrapper loads every symbol at init and keeps each as a `Result`; its raw
 //! `NvmlLib::nvmlDevice…` methods `expect` the symbol, so a driver without it would panic. The
@@ -13,6 +14,9 @@ use std::os::raw::c_uint;
 use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::event::EventSet;
+use nvml_wrapper::struct_wrappers::event::EventData;
+use nvml_wrapper_sys::bindings::nvmlEventData_t;
 
 /// Which id of a MIG device to read.
 #[derive(Debug, Clone, Copy)]
@@ -43,4 +47,47 @@ pub(crate) fn instance_id(
     // valid, aligned `unsigned int` the callee writes once and does not keep.
     nvml_try(unsafe { sym(device.handle(), &mut id) })?;
     Ok(id)
+}
+
+/// The MIG instance an event is attributed to (`nvmlEventData_t`'s `gpuInstanceId` and
+/// `computeInstanceId`, `nvml.h` 3243-3255): the GPU instance, and the compute instance when
+/// NVML names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventInstance {
+    pub(crate) gpu_instance: u32,
+    pub(crate) compute_instance: Option<u32>,
+}
+
+/// `nvmlEventData_t`'s value for "no instance".
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// `nvmlEventSetWait_v2` on `set`, keeping what nvml-wrapper's `EventSet::wait` drops: the MIG
+/// instance the event is attributed to (`None` when NVML attributes it to the whole GPU).
+pub(crate) fn wait_event<'n>(
+    nvml: &'n Nvml,
+    set: &EventSet<'n>,
+    timeout_ms: u32,
+) -> Result<(EventData<'n>, Option<EventInstance>), NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlEventSetWait_v2.as_ref())?;
+    let mut data = nvmlEventData_t {
+        device: std::ptr::null_mut(),
+        eventType: 0,
+        eventData: 0,
+        gpuInstanceId: NO_INSTANCE,
+        computeInstanceId: NO_INSTANCE,
+    };
+    // SAFETY: `sym` is the driver's `nvmlReturn_t f(nvmlEventSet_t, nvmlEventData_t *,
+    // unsigned int)`, loaded from the library `nvml` was initialised from and kept loaded while
+    // `nvml` lives (borrowed for 'n). `set.handle()` is a live event set of that session (the
+    // `EventSet` is borrowed, so it is neither freed nor duplicated here), and `&mut data` is a
+    // valid, aligned `nvmlEventData_t` the callee fills and does not keep.
+    nvml_try(unsafe { sym(set.handle(), &mut data, timeout_ms) })?;
+    let instance = (data.gpuInstanceId != NO_INSTANCE).then(|| EventInstance {
+        gpu_instance: data.gpuInstanceId,
+        compute_instance: (data.computeInstanceId != NO_INSTANCE).then_some(data.computeInstanceId),
+    });
+    // SAFETY: `data` was filled by a successful `nvmlEventSetWait_v2` of this session, so its
+    // `device` is a handle NVML gave for `nvml`, which outlives the returned `EventData<'n>`.
+    let event = unsafe { EventData::new(data, nvml) };
+    Ok((event, instance))
 }
