@@ -499,7 +499,9 @@ fn docker_shares() -> TestResult {
 /// --mig-strategy mixed --mig 19:1` reserves one 1g.5gb MIG device; a real container started
 /// with its arguments has exactly its parent's node and its two capability nodes (and the
 /// control nodes), each opening with ENXIO, and names the device in `NVIDIA_VISIBLE_DEVICES`;
-/// two MIG devices are refused saying why; `--release` gives it back.
+/// two MIG devices are refused saying why; `--release` gives it back. `--mig mig-2g.10gb:1`
+/// (the scalar the agent offers) reserves a 2g.10gb device; a profile the node does not offer
+/// is refused naming those it does.
 fn docker_mig() -> TestResult {
     use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
     let mut env = Env::new()?;
@@ -635,6 +637,50 @@ fn docker_mig() -> TestResult {
         .map_err(|e| e.to_string())?;
     if pool.contains("MIG-") {
         return Err(format!("the MIG device is still reserved: {pool}").into());
+    }
+    // The scalar the agent offers (what the Docker hook passes) names the profile too.
+    let by_name = docker_args(&env, &["--gpus", "0", "--mig", "mig-2g.10gb:1"]);
+    if !by_name.status.success() {
+        return Err(format!("--mig mig-2g.10gb:1: {}", text(&by_name)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&by_name.stdout).map_err(|e| e.to_string())?;
+    let got = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+        .and_then(|uuid| inventory.mig.by_uuid(uuid))
+        .map(|d| d.profile);
+    if got != Some(Some(14)) {
+        return Err(format!("--mig mig-2g.10gb:1 gave {args:?}").into());
+    }
+    let name = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--name=mesos-"))
+        .ok_or("no --name")?
+        .to_owned();
+    let unknown = docker_args(&env, &["--gpus", "0", "--mig", "mig-9g.99gb:1"]);
+    if unknown.status.code() != Some(1)
+        || !String::from_utf8_lossy(&unknown.stderr).contains(
+            "--mig mig-9g.99gb:1: this node offers no MIG profile mig-9g.99gb (offered: mig-1g.5gb, mig-2g.10gb, mig-3g.20gb)",
+        )
+    {
+        return Err(format!("an unknown profile: {}", text(&unknown)).into());
+    }
+    let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args([
+            "--simulate",
+            "dgx-a100-mixed",
+            "docker-args",
+            "--release",
+            &name,
+        ])
+        .arg("--work-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !released.status.success() {
+        return Err(format!("release: {}", text(&released)).into());
     }
     env.all_clean(&image)
 }

@@ -2,9 +2,11 @@
 //
 // Mesos's Docker containerizer never calls isolator modules, so GPUs for Docker tasks are
 // reserved here, in `slavePreLaunchDockerTaskExecutorDecorator`, which the agent runs before
-// it starts the container `mesos-<container id>` of a task. For a task with `gpus` > 0 the hook
+// it starts the container `mesos-<container id>` of a task. For a task with `gpus` > 0, or with
+// `mig-<profile>` scalars (the MIG devices an agent offers with the mixed strategy), the hook
 // runs the operator's `docker_args` command line (module parameter, e.g. `/usr/bin/mesos-gpu
-// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N --container-id ID --json` appended:
+// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N [--mig=mig-<profile>:N…]
+// --container-id ID --json` appended:
 // `mesos-gpu docker-args` reserves the GPUs from the node's pool for that container name and
 // prints the `docker run` arguments that give them, the driver volume included. The hook runs
 // before the agent pulls the image, so the task's image is given with `--unpulled-image-ok`:
@@ -57,6 +59,7 @@
 #include <stout/foreach.hpp>
 #include <stout/nothing.hpp>
 #include <stout/option.hpp>
+#include <stout/stringify.hpp>
 #include <stout/strings.hpp>
 #include <stout/try.hpp>
 
@@ -83,6 +86,8 @@ namespace {
 
 // The task environment variable that carries the `docker run` arguments to the wrapper.
 const char kArgsVariable[] = "MESOS_GPU_DOCKER_ARGS";
+// The scalar resources of MIG devices (`mesos-gpu agent-flags --mig-strategy mixed`).
+const char kMigPrefix[] = "mig-";
 // Docker containerizer containers are named this prefix and the Mesos container id.
 const char kNamePrefix[] = "mesos-";
 
@@ -97,7 +102,24 @@ class MesosGpuDockerHook : public Hook {
     Resources resources =
         taskInfo.isSome() ? Resources(taskInfo->resources()) : Resources(executorInfo.resources());
     Option<double> gpus = resources.gpus();
-    if (gpus.isNone() || gpus.get() <= 0) {
+    // `mig-<profile>:N` for each MIG profile scalar the task asks for, a whole number.
+    std::vector<std::string> mig;
+    foreach (const std::string& name, resources.names()) {
+      if (!strings::startsWith(name, kMigPrefix)) {
+        continue;
+      }
+      Option<mesos::Value::Scalar> scalar = resources.get<mesos::Value::Scalar>(name);
+      if (scalar.isNone() || scalar->value() <= 0) {
+        continue;
+      }
+      const double count = scalar->value();
+      if (count != static_cast<double>(static_cast<long long>(count))) {
+        return Failure("GPU docker hook: " + name + ":" + stringify(count) +
+                       " is not a whole number of MIG devices");
+      }
+      mig.push_back("--mig=" + name + ":" + std::to_string(static_cast<long long>(count)));
+    }
+    if ((gpus.isNone() || gpus.get() <= 0) && mig.empty()) {
       return None();
     }
     if (!strings::startsWith(containerName, kNamePrefix)) {
@@ -110,7 +132,9 @@ class MesosGpuDockerHook : public Hook {
       containers_[key(executorInfo)] = id;
     }
     std::vector<std::string> argv = command_;
-    argv.push_back("--gpus=" + std::to_string(static_cast<long long>(gpus.get())));
+    argv.push_back("--gpus=" +
+                   std::to_string(static_cast<long long>(gpus.isSome() ? gpus.get() : 0)));
+    argv.insert(argv.end(), mig.begin(), mig.end());
     argv.push_back("--container-id=" + id);
     argv.push_back("--json");
     const std::string image = taskInfo.isSome() && taskInfo->has_container()

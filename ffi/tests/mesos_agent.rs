@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 31] = [
+    let tests: [(&str, &[Need], Test); 32] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -160,6 +160,11 @@ fn main() -> ExitCode {
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         ("v1_mig_tasks", v1, || mig_tasks(AgentCgroups::V1)),
         ("v2_mig_tasks", v2, || mig_tasks(AgentCgroups::V2)),
+        (
+            "v1_docker_task_gets_its_mig_device",
+            docker,
+            v1_docker_task_gets_its_mig_device,
+        ),
         (
             "v1_docker_containerizer_cannot_offer_shares",
             docker,
@@ -280,11 +285,18 @@ struct ModuleSetup<'a> {
     explicit_root: bool,
     /// More parameters.
     extra: &'a [(&'a str, &'a str)],
+    /// The shipped nvml-sim node (default [`NODE`]); one with MIG devices gets their
+    /// capability nodes made and the module its `/proc` files (`proc_root`).
+    node: Option<&'a str>,
+    /// More arguments for the Docker hook's `docker-args` command line.
+    docker_args: &'a [&'a str],
 }
 
 const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
     explicit_root: true,
     extra: &[],
+    node: None,
+    docker_args: &[],
 };
 
 impl Cluster {
@@ -317,8 +329,11 @@ impl Cluster {
     )> {
         let install = install()?;
         let module = module()?;
-        let sim = SimNode::shipped(NODE);
-        let dev = DevNodes::nvidia(&MINORS)?;
+        let sim = SimNode::shipped(setup.node.unwrap_or(NODE));
+        let inventory = sim_inventory(&sim)?;
+        let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+        let dev = DevNodes::nvidia(&minors)?;
+        mknod_caps(&dev, &inventory)?;
         let scratch = tempfile::Builder::new()
             .prefix("mgpu-mesos-e2e")
             .tempdir()?;
@@ -337,6 +352,9 @@ impl Cluster {
         ];
         if setup.explicit_root {
             params.push(("cgroups_root".into(), spec.cgroups_root.clone()));
+        }
+        if setup.node.is_some() {
+            params.push(("proc_root".into(), sim.proc_root().display().to_string()));
         }
         params.extend(
             setup
@@ -563,6 +581,7 @@ fn shared_gpus(mps: bool) -> TestResult {
     let setup = ModuleSetup {
         explicit_root: true,
         extra: &extra,
+        ..EXPLICIT_ROOT
     };
     let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
     let ((install, sim, dev, scratch, master), mut spec) =
@@ -750,22 +769,25 @@ fn shared_gpus(mps: bool) -> TestResult {
 /// and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking for two MIG devices,
 /// and a root task with the agent's capabilities, fail saying why; a `gpus:2` task gets two
 /// whole GPUs; everything is given back.
-fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
-    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
-    let install = install()?;
-    let module = module()?;
-    let sim = SimNode::shipped("dgx-a100-mixed");
-    let inventory = match mesos_gpu_isolator::discovery::GpuDriver::open_at(
-        Some(&sim.lib_path()),
-        &sim.proc_root(),
-    )? {
-        mesos_gpu_isolator::discovery::Discovery::Driver(d) => d.inventory().clone(),
-        mesos_gpu_isolator::discovery::Discovery::NoDriver(_) => return Err("no driver".into()),
-    };
-    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-    let dev = DevNodes::nvidia(&minors)?;
+/// nvml-sim's node with whole GPUs (0-3) and GPUs in MIG mode (4-7, 3g+2g+1g+1g each).
+const MIG_NODE: &str = "dgx-a100-mixed";
+
+/// What `sim` reports, discovered as the module does.
+fn sim_inventory(sim: &SimNode) -> TestResult<mesos_gpu_isolator::inventory::Inventory> {
+    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+    match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())? {
+        Discovery::Driver(d) => Ok(d.inventory().clone()),
+        Discovery::NoDriver(_) => Err("nvml-sim did not load".into()),
+    }
+}
+
+/// Makes the capability nodes of every MIG device of `inventory` under `<dev>/nvidia-caps`.
+fn mknod_caps(dev: &DevNodes, inventory: &mesos_gpu_isolator::inventory::Inventory) -> TestResult {
+    if inventory.mig.devices.is_empty() {
+        return Ok(());
+    }
     let caps_dir = dev.path().join("nvidia-caps");
-    std::fs::create_dir(&caps_dir)?;
+    std::fs::create_dir_all(&caps_dir)?;
     for d in &inventory.mig.devices {
         let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
         for cap in [caps.gpu_instance, caps.compute_instance] {
@@ -779,6 +801,18 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
             }
         }
     }
+    Ok(())
+}
+
+fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
+    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    let install = install()?;
+    let module = module()?;
+    let sim = SimNode::shipped(MIG_NODE);
+    let inventory = sim_inventory(&sim)?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    mknod_caps(&dev, &inventory)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
@@ -956,6 +990,7 @@ fn v1_docker_containerizer_cannot_offer_shares() -> TestResult {
     let setup = ModuleSetup {
         explicit_root: true,
         extra: &[("gpu_replicas", "4,2=1,3=1,4=1,5=1,6=1,7=1")],
+        ..EXPLICIT_ROOT
     };
     let Err(e) = DockerCluster::start_with(
         None,
@@ -1204,6 +1239,7 @@ fn v1_own_devices_cgroup() -> TestResult {
     let setup = ModuleSetup {
         explicit_root: false,
         extra: &[],
+        ..EXPLICIT_ROOT
     };
     let c = Cluster::start(
         AgentCgroups::V1,
@@ -1242,6 +1278,7 @@ fn v1_unsupported_refused() -> TestResult {
             ModuleSetup {
                 explicit_root: false,
                 extra: &[("cgroups_root", "mesos_gpu_elsewhere")],
+                ..EXPLICIT_ROOT
             },
             "module parameter cgroups_root=\"mesos_gpu_elsewhere\" contradicts the agent's --cgroups_root",
         ),
@@ -1249,6 +1286,7 @@ fn v1_unsupported_refused() -> TestResult {
             ModuleSetup {
                 explicit_root: false,
                 extra: &[("container_cgroups", "own")],
+                ..EXPLICIT_ROOT
             },
             "module parameter container_cgroups=\"own\" contradicts the agent's --isolation",
         ),
@@ -1708,10 +1746,15 @@ impl DockerCluster {
         let volume = volumes.join(format!("nvidia_{DRIVER_VERSION}"));
         std::fs::create_dir_all(volume.join("bin"))?;
         std::fs::write(volume.join("bin/driver-volume-marker"), b"")?;
+        // A MIG node's capability nodes are found through the driver's `/proc` files, which
+        // only a simulation of the node (not its library alone) gives `mesos-gpu`.
+        let nvml = match setup.node {
+            Some(node) => format!("--simulate {node}"),
+            None => format!("--nvml-lib {}", sim.lib_path().display()),
+        };
         let global = format!(
-            "{} --nvml-lib {} --dev-root {}",
+            "{} {nvml} --dev-root {}",
             exe.display(),
-            sim.lib_path().display(),
             dev.path().display()
         );
         let pool = s.join("pool");
@@ -1722,6 +1765,9 @@ impl DockerCluster {
             docker_work.display(),
             volumes.display()
         );
+        for arg in setup.docker_args {
+            docker_args.push_str(&format!(" {arg}"));
+        }
         if let Some(socket) = socket {
             docker_args.push_str(&format!(" --docker-socket {}", socket.display()));
             spec.flags
@@ -1867,7 +1913,19 @@ impl DockerCluster {
     /// the mounts at /usr/local/nvidia and the volume's files, waits for its go file (in the
     /// sandbox, `touch`ed by [`DockerCluster::release`]) when `wait`, and prints `done`.
     fn launch(&self, name: &str, image: &str, gpus: u32, wait: bool) -> TestResult<Task> {
-        let mut command = "/probe /dev; grep ' /usr/local/nvidia ' /proc/mounts | sed 's/^/mount /'; ls /usr/local/nvidia/bin 2>/dev/null | sed 's/^/volume /'".to_owned();
+        self.launch_asking(name, image, &format!("cpus:0.1;mem:32;gpus:{gpus}"), wait)
+    }
+
+    /// [`DockerCluster::launch`] asking for `resources`; the probe also looks at
+    /// `/dev/nvidia-caps` when the container has it.
+    fn launch_asking(
+        &self,
+        name: &str,
+        image: &str,
+        resources: &str,
+        wait: bool,
+    ) -> TestResult<Task> {
+        let mut command = "/probe /dev; if [ -d /dev/nvidia-caps ]; then /probe /dev/nvidia-caps; fi; grep ' /usr/local/nvidia ' /proc/mounts | sed 's/^/mount /'; ls /usr/local/nvidia/bin 2>/dev/null | sed 's/^/volume /'".to_owned();
         if wait {
             command
                 .push_str("; echo waiting; while [ ! -e $MESOS_SANDBOX/go ]; do sleep 0.1; done");
@@ -1878,7 +1936,7 @@ impl DockerCluster {
             &self.c.install,
             &self.c.master,
             name,
-            &format!("cpus:0.1;mem:32;gpus:{gpus}"),
+            resources,
             &command,
             &[
                 "--framework_capabilities=GPU_RESOURCES",
@@ -1997,6 +2055,86 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     d.release("dtwo")?;
     two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.wait_released("the Docker tasks' GPUs")?;
+    Ok(())
+}
+
+/// Issue 16: an agent on `dgx-a100-mixed` offering the mixed strategy (`gpus:4` for GPUs 0-3,
+/// `mig-<profile>` scalars for GPUs 4-7's MIG devices), with the Docker hook's `docker-args`
+/// on `--mig-strategy mixed`: a Docker task asking for `mig-1g.5gb:1` gets one 1g.5gb MIG
+/// device: its container has the parent GPU's node and the device's two capability nodes
+/// (ENXIO: allowed, no driver), the control nodes and nothing else, and NVIDIA_VISIBLE_DEVICES
+/// names the device; the pool records it for the container meanwhile; a `gpus:1` Docker task
+/// beside it gets a whole GPU; `mig-1g.5gb:0.5` fails saying why; all go back to the pool.
+fn v1_docker_task_gets_its_mig_device() -> TestResult {
+    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    let inventory = sim_inventory(&SimNode::shipped(MIG_NODE))?;
+    let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
+    let resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
+    let setup = ModuleSetup {
+        extra: &[("mig_strategy", "mixed")],
+        node: Some(MIG_NODE),
+        docker_args: &["--mig-strategy", "mixed"],
+        ..EXPLICIT_ROOT
+    };
+    let mut d = DockerCluster::start_with(None, AgentCgroups::V1, &setup, Some(&resources))?;
+    // Labelled: the wrapper keeps NVIDIA_VISIBLE_DEVICES for images that ask for the driver.
+    let image = d.image(true)?;
+    let mut mig = d.launch_asking("dmig", &image, "cpus:0.1;mem:32;mig-1g.5gb:1", true)?;
+    let out = d.c.agent.wait_stdout("dmig", "waiting", TASK_TIMEOUT)?;
+    println!("dmig printed:\n{out}");
+    let report = ProbeReport::parse(&out);
+    let visible = report
+        .env
+        .get("NVIDIA_VISIBLE_DEVICES")
+        .cloned()
+        .unwrap_or_default();
+    let device = inventory.mig.by_uuid(&visible).ok_or(format!(
+        "NVIDIA_VISIBLE_DEVICES is not a MIG device: {visible:?}: {out}"
+    ))?;
+    let caps = device.caps.as_ref().ok_or("no caps")?;
+    let mut want: BTreeSet<String> = CONTROL.iter().map(|c| (*c).to_owned()).collect();
+    want.insert(format!("nvidia{}", device.parent_minor));
+    want.insert(format!("nvidia-cap{}", caps.gpu_instance.minor));
+    want.insert(format!("nvidia-cap{}", caps.compute_instance.minor));
+    // The probe of `/dev` opens the `nvidia-caps` directory too.
+    let nodes: BTreeMap<&String, &String> = report
+        .before
+        .iter()
+        .filter(|(n, _)| *n != "nvidia-caps")
+        .collect();
+    let seen: BTreeSet<String> = nodes.keys().map(|n| (*n).clone()).collect();
+    check(
+        seen == want && nodes.values().all(|o| *o == "ENXIO") && device.profile == Some(19),
+        format!(
+            "dmig saw {:?} holding {visible}; expected {want:?} opening with ENXIO: {out}",
+            report.before
+        ),
+    )?;
+    let pool = std::fs::read_to_string(d.c.scratch.path().join("pool/gpu/pool.json"))?;
+    check(
+        pool.contains(&visible),
+        format!("the pool does not record {visible}: {pool}"),
+    )?;
+    let mut whole = d.launch("dwhole", &image, 1, false)?;
+    let out1 = d.c.agent.wait_stdout("dwhole", "done", TASK_TIMEOUT)?;
+    println!("dwhole printed:\n{out1}");
+    let held = docker_nodes(&ProbeReport::parse(&out1), 1, &out1)?;
+    check(
+        held.iter().all(|&m| !inventory.mig.is_enabled(m)),
+        format!("dwhole got a GPU in MIG mode: {held:?}"),
+    )?;
+    whole.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let mut half = d.launch_asking("dhalf", &image, "cpus:0.1;mem:32;mig-1g.5gb:0.5", false)?;
+    half.wait_state("TASK_FAILED", TASK_TIMEOUT)?;
+    let failed = half.output();
+    println!("dhalf: {}", mesos_gpu_testkit::mesos::tail(&failed, 4));
+    check(
+        failed.contains("mig-1g.5gb:0.5 is not a whole number of MIG devices"),
+        format!("the fractional request does not fail saying why: {failed}"),
+    )?;
+    d.release("dmig")?;
+    mig.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.wait_released("the Docker tasks' GPU and MIG device")?;
     Ok(())
 }
 

@@ -105,9 +105,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         flags.resolve(inventory)?
     } else {
         let resolved = flags.resolve_mig(inventory, args.mig_strategy)?;
+        let docker = match args.mig_strategy {
+            MigStrategy::Mixed => {
+                "Docker-containerizer tasks get MIG devices through the Docker hook when its \
+                 docker_args line has --mig-strategy mixed"
+            }
+            MigStrategy::Single => {
+                "with single, gpus counts MIG devices, more than Mesos's Docker containerizer \
+                 can enumerate: run the agent with --containerizers=mesos, or use mixed"
+            }
+        };
         eprintln!(
             "mesos-gpu: note: this node has MIG devices; give the module the same strategy \
-             (mig_strategy={}); Docker-containerizer tasks get whole GPUs only",
+             (mig_strategy={}); {docker}",
             args.mig_strategy
         );
         resolved

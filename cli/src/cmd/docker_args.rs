@@ -11,6 +11,7 @@
 //! parent); the pool frees it once that process has ended and the daemon has no running
 //! container of that name (`mesos-gpu serve` at start also releases containers not running).
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,8 +25,9 @@ use mesos_gpu_docker::args::{
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
 use mesos_gpu_docker::daemons::EngineDaemons;
+use mesos_gpu_isolator::agent_flags::{MIG_RESOURCE_PREFIX, MigOffer, MigStrategy};
 use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::inventory::Gpu;
+use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{
     CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
     LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig,
@@ -125,25 +127,82 @@ pub(crate) struct Args {
     /// On a node with GPUs in MIG mode: `single` (`--gpus` counts MIG devices and whole GPUs) or
     /// `mixed` (`--gpus` for whole GPUs, `--mig` for MIG devices), as the agent offers them.
     #[arg(long, value_name = "single|mixed", default_value = "single")]
-    mig_strategy: mesos_gpu_isolator::agent_flags::MigStrategy,
+    mig_strategy: MigStrategy,
 
-    /// With `--mig-strategy mixed`: MIG devices of a GPU instance profile, `ID:N` (the profile
-    /// id `mesos-gpu info` shows, e.g. `19:1` for one 1g.5gb); repeatable.
-    #[arg(long, value_name = "ID:N", value_parser = parse_mig)]
-    mig: Vec<(u32, u32)>,
+    /// With `--mig-strategy mixed`: MIG devices of a GPU instance profile, `PROFILE:N`, the
+    /// profile by the id `mesos-gpu info` shows (`19:1` for one 1g.5gb) or by the scalar
+    /// `agent-flags` offers (`mig-1g.5gb:1`, what the agent's Docker hook passes); repeatable.
+    #[arg(long, value_name = "PROFILE:N", value_parser = parse_mig)]
+    mig: Vec<(MigProfile, u32)>,
 
     /// Print a JSON array of arguments instead of one line.
     #[arg(long)]
     json: bool,
 }
 
-fn parse_mig(s: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("--mig {s:?}: expected PROFILE_ID:COUNT, e.g. 19:1");
-    let (id, n) = s.split_once(':').ok_or_else(bad)?;
-    Ok((
-        id.trim().parse().map_err(|_| bad())?,
-        n.trim().parse().map_err(|_| bad())?,
-    ))
+/// A GPU instance profile as `--mig` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MigProfile {
+    /// By id (`19`).
+    Id(u32),
+    /// By the scalar resource the agent offers (`mig-1g.5gb`).
+    Resource(String),
+}
+
+fn parse_mig(s: &str) -> Result<(MigProfile, u32), String> {
+    let bad = || {
+        format!(
+            "--mig {s:?}: expected PROFILE:COUNT, PROFILE a profile id (19:1) or the scalar the agent offers (mig-1g.5gb:1)"
+        )
+    };
+    let (profile, n) = s.rsplit_once(':').ok_or_else(bad)?;
+    let n = n.trim().parse().map_err(|_| bad())?;
+    let profile = profile.trim();
+    let profile = match profile.parse() {
+        Ok(id) => MigProfile::Id(id),
+        Err(_)
+            if profile.len() > MIG_RESOURCE_PREFIX.len()
+                && profile.starts_with(MIG_RESOURCE_PREFIX) =>
+        {
+            MigProfile::Resource(profile.to_owned())
+        }
+        Err(_) => return Err(bad()),
+    };
+    Ok((profile, n))
+}
+
+/// The `--mig` arguments as counts by profile id; a scalar name is looked up in what this
+/// node offers with the mixed strategy, as the module does.
+fn mig_request(
+    inventory: &Inventory,
+    asked: &[(MigProfile, u32)],
+) -> anyhow::Result<BTreeMap<u32, u32>> {
+    let offer = MigOffer::of(inventory, MigStrategy::Mixed);
+    let mut out = BTreeMap::new();
+    for (profile, n) in asked {
+        let id = match profile {
+            MigProfile::Id(id) => *id,
+            MigProfile::Resource(name) => offer
+                .profiles
+                .iter()
+                .find(|p| &p.resource == name)
+                .and_then(|p| p.profile)
+                .with_context(|| {
+                    let known: Vec<&str> =
+                        offer.profiles.iter().map(|p| p.resource.as_str()).collect();
+                    format!(
+                        "--mig {name}:{n}: this node offers no MIG profile {name} (offered: {})",
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    )
+                })?,
+        };
+        *out.entry(id).or_insert(0) += n;
+    }
+    Ok(out)
 }
 
 /// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
@@ -153,7 +212,7 @@ pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Resu
     // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
     // devices.
     let whole = MigConfig {
-        strategy: mesos_gpu_isolator::agent_flags::MigStrategy::Mixed,
+        strategy: MigStrategy::Mixed,
         ..MigConfig::default()
     };
     open_pool_sharing(ctx, args, None, whole)
@@ -333,7 +392,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
     let request = PrepareConfig {
         gpus: f64::from(gpus),
-        mig: args.mig.iter().copied().collect(),
+        mig: mig_request(ctx.inventory()?, &args.mig)?,
         ..PrepareConfig::default()
     };
     let reservation = DockerReservation::reserve_request(&pool, &id, &request, start)?;

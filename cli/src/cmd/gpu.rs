@@ -374,17 +374,21 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
 }
 
 fn unknown_gpu(gpu: &GpuRef, snapshot: &HealthSnapshot, path: &std::path::Path) -> anyhow::Error {
-    let known: Vec<String> = snapshot
-        .records()
-        .map(|g| match g.mig {
-            None => format!("{} {}", g.index, g.uuid),
-            Some(_) => g.uuid.clone(),
-        })
+    let gpus: Vec<String> = snapshot
+        .gpus
+        .iter()
+        .map(|g| format!("{} {}", g.index, g.uuid))
         .collect();
+    let mig: Vec<&str> = snapshot.mig.iter().map(|g| g.uuid.as_str()).collect();
+    let mig = if mig.is_empty() {
+        String::new()
+    } else {
+        format!("; MIG devices: {}", mig.join(", "))
+    };
     anyhow::anyhow!(
-        "GPU {gpu} is not in the health checkpoint {} (GPUs and MIG devices: {})",
+        "GPU {gpu} is not in the health checkpoint {} (GPUs: {}{mig})",
         path.display(),
-        known.join(", ")
+        gpus.join(", ")
     )
 }
 
