@@ -549,6 +549,26 @@ fn docker_mig() -> TestResult {
             .output()
             .unwrap()
     };
+    let release = |env: &Env, id: &str| -> TestResult {
+        let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args([
+                "--simulate",
+                "dgx-a100-mixed",
+                "docker-args",
+                "--release",
+                id,
+            ])
+            .arg("--work-dir")
+            .arg(env.work.path())
+            .arg("--pool-dir")
+            .arg(env.work.path().join("pool"))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !released.status.success() {
+            return Err(format!("release {id}: {}", text(&released)).into());
+        }
+        Ok(())
+    };
     let out = docker_args(&env, &["--gpus", "0", "--mig", "19:1"]);
     if !out.status.success() {
         return Err(format!("docker-args: {}", text(&out)).into());
@@ -615,24 +635,7 @@ fn docker_mig() -> TestResult {
     {
         return Err(format!("two MIG devices: {}", text(&two)).into());
     }
-    let id = name.trim_start_matches("mesos-");
-    let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-        .args([
-            "--simulate",
-            "dgx-a100-mixed",
-            "docker-args",
-            "--release",
-            id,
-        ])
-        .arg("--work-dir")
-        .arg(env.work.path())
-        .arg("--pool-dir")
-        .arg(env.work.path().join("pool"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !released.status.success() {
-        return Err(format!("release: {}", text(&released)).into());
-    }
+    release(&env, name.trim_start_matches("mesos-"))?;
     let pool = std::fs::read_to_string(env.work.path().join("pool/gpu/pool.json"))
         .map_err(|e| e.to_string())?;
     if pool.contains("MIG-") {
@@ -665,22 +668,6 @@ fn docker_mig() -> TestResult {
     {
         return Err(format!("an unknown profile: {}", text(&unknown)).into());
     }
-    let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-        .args([
-            "--simulate",
-            "dgx-a100-mixed",
-            "docker-args",
-            "--release",
-            &name,
-        ])
-        .arg("--work-dir")
-        .arg(env.work.path())
-        .arg("--pool-dir")
-        .arg(env.work.path().join("pool"))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !released.status.success() {
-        return Err(format!("release: {}", text(&released)).into());
-    }
+    release(&env, &name)?;
     env.all_clean(&image)
 }

@@ -64,8 +64,9 @@ pub struct MgpuIsolator {
     isolator: Arc<Isolator>,
     metrics: Metrics,
     inventory: Inventory,
-    /// The `mig-<profile>` resources the node offers (mixed strategy), by name: profile ids.
-    mig_profiles: std::collections::BTreeMap<String, Option<u32>>,
+    /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
+    /// MIG device each stands for.
+    mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_isolator::mig::MigKind>>,
     nodes: DeviceNodes,
     dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
@@ -148,7 +149,7 @@ impl MgpuIsolator {
             mig_profiles: MigOffer::of(&inventory, MigStrategy::Mixed)
                 .profiles
                 .into_iter()
-                .map(|p| (p.resource, p.profile))
+                .map(|p| (p.resource, p.kind))
                 .collect(),
             inventory,
             nodes,
@@ -233,16 +234,16 @@ impl MgpuIsolator {
         Ok(convert::launch_info(&info).encode_to_vec())
     }
 
-    /// The MIG devices `resources` ask for by profile id: each `mig-<profile>` scalar the agent
+    /// The MIG devices `resources` ask for by kind: each `mig-<profile>` scalar the agent
     /// offers with the mixed strategy (`agent-flags --mig-strategy mixed`), a whole number.
     fn mig_request(
         &self,
         id: &mesos::ContainerId,
         resources: &[crate::proto::mesos::Resource],
-    ) -> Result<std::collections::BTreeMap<u32, u32>, FfiError> {
+    ) -> Result<std::collections::BTreeMap<mesos_gpu_isolator::mig::MigKind, u32>, FfiError> {
         let mut out = std::collections::BTreeMap::new();
         for (name, value) in convert::requested_scalars(resources, MIG_RESOURCE_PREFIX) {
-            let Some(&Some(profile)) = self.mig_profiles.get(&name) else {
+            let Some(&Some(kind)) = self.mig_profiles.get(&name) else {
                 let known: Vec<&str> = self.mig_profiles.keys().map(String::as_str).collect();
                 return Err(FfiError::MigResource {
                     container: id.to_string(),
@@ -261,7 +262,7 @@ impl MgpuIsolator {
                     got: value,
                 })?
                 .count();
-            *out.entry(profile).or_insert(0) += count;
+            *out.entry(kind).or_insert(0) += count;
         }
         Ok(out)
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use mesos_gpu_isolator::allocator::{AllocError, Allocator, GpuSet, Policy};
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::mig::MigUnits;
+use mesos_gpu_isolator::mig::{MigKind, MigUnits};
 use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
@@ -137,7 +137,7 @@ fn mig_latency_table(rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
         "held", "profile", "p50", "p99", "max"
     );
     for held in [0, 28, 55] {
-        for profile in [None, Some(19)] {
+        for profile in [None, Some(MigKind::whole(19))] {
             let mut units = MigUnits::new(&inventory.mig, false);
             for n in 0..held {
                 units.allocate(&format!("holder-{n}"), 1, None)?;
@@ -154,7 +154,7 @@ fn mig_latency_table(rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "{:<6} {:<8} {:>9.2?} {:>9.2?} {:>9.2?}",
                 held,
-                profile.map_or_else(|| "any".to_owned(), |p| p.to_string()),
+                profile.map_or_else(|| "any".to_owned(), |p| p.profile.to_string()),
                 percentile(&times, 50),
                 percentile(&times, 99),
                 times[times.len() - 1]

@@ -20,7 +20,7 @@ use mesos_gpu_isolator::container_id::ContainerId;
 use mesos_gpu_isolator::devices::{DeviceNode, DeviceNodes};
 use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
 use mesos_gpu_isolator::inventory::{DevNum, Inventory};
-use mesos_gpu_isolator::mig::{MigAccess, MigUnits, allow_list};
+use mesos_gpu_isolator::mig::{MigAccess, MigKind, MigUnits, allow_list};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, cgroup2_root, needs, unique_name};
 use support::{ALLOWED, Cleanup, DENIED, Mode, Outcome, Probe, TestResult, check};
@@ -134,8 +134,10 @@ fn isolate(hierarchy: Hierarchy) -> TestResult {
     };
     // One 1g.5gb (profile 19) from the unit allocator: on GPU 4, the second of its kind there.
     let mut units = MigUnits::new(&inv.mig, false);
-    units.allocate("other", 1, Some(19))?;
-    let uuid = units.allocate("task", 1, Some(19))?.remove(0);
+    units.allocate("other", 1, Some(MigKind::whole(19)))?;
+    let uuid = units
+        .allocate("task", 1, Some(MigKind::whole(19)))?
+        .remove(0);
     let device = inv.mig.by_uuid(&uuid).ok_or("allocated UUID unknown")?;
     check(
         device.parent == 4 && device.gpu_instance == 10,

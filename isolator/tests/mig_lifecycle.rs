@@ -15,6 +15,8 @@
 //!   device's holder only; the GPU's other MIG devices are still handed out, by this isolator and
 //!   by another holder of the node's pool, the failed one by neither until the operator marks it
 //!   healthy.
+//! - `hgx-h100`: `mig-1c.3g.40gb` and `mig-3g.40gb` are both GPU instance profile 9, yet each
+//!   scalar is served from its own kind of device only.
 //! - A MIG layout changed under a running task (the agent restarts after a reconfiguration
 //!   reused its GPU instance id): recovery reports the task's device gone and holds the new
 //!   device its cgroup can open out of service, across a further restart, until its cleanup.
@@ -41,6 +43,7 @@ use mesos_gpu_isolator::lifecycle::{
     ContainerId, Isolator, IsolatorConfig, LaunchInfo, MigConfig, MountKind, PoolConfig, PoolRole,
     PrepareConfig, RecoverState,
 };
+use mesos_gpu_isolator::mig::MigKind;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
@@ -77,6 +80,10 @@ fn main() -> ExitCode {
         add(
             "a_layout_changed_under_a_task_is_reported_and_quarantined",
             layout_changed,
+        );
+        add(
+            "h100_compute_instance_devices_are_their_own_kind",
+            h100_kinds,
         );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -187,7 +194,7 @@ fn id(s: &str) -> ContainerId {
 
 fn mig(profile: u32, n: u32) -> PrepareConfig {
     PrepareConfig {
-        mig: BTreeMap::from([(profile, n)]),
+        mig: BTreeMap::from([(MigKind::whole(profile), n)]),
         ..PrepareConfig::default()
     }
 }
@@ -680,6 +687,63 @@ fn layout_changed(version: CgroupVersion) -> TestResult {
     )?;
     for x in [&b, &c, &d] {
         iso.cleanup(x)?;
+    }
+    Ok(())
+}
+
+/// On `hgx-h100` one 3g.40gb GPU instance is split in three 1-slice compute instances: the
+/// mixed offer names `mig-1c.3g.40gb` apart from `mig-3g.40gb` though both are profile 9; three
+/// `mig-1c.3g.40gb` requests get the three 1c devices and a fourth is refused while 3g.40gb
+/// devices are free; a `mig-3g.40gb` request gets a device spanning its GPU instance.
+fn h100_kinds(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_isolator::agent_flags::MigOffer;
+    let node = mig_node("hgx-h100")?;
+    let setup = Setup::new(version)?;
+    let iso = isolator(config(&setup, &node, MigStrategy::Mixed), &node)?;
+    let offer = MigOffer::of(&node.inventory, MigStrategy::Mixed);
+    let kind = |name: &str| -> TestResult<MigKind> {
+        Ok(offer
+            .profiles
+            .iter()
+            .find(|p| p.resource == name)
+            .and_then(|p| p.kind)
+            .ok_or(format!("no {name} in {offer:?}"))?)
+    };
+    let (one_c, three_g) = (kind("mig-1c.3g.40gb")?, kind("mig-3g.40gb")?);
+    check(
+        one_c.profile == 9 && three_g.profile == 9 && one_c != three_g,
+        format!("{one_c:?} {three_g:?}"),
+    )?;
+    let ask = |k: MigKind| PrepareConfig {
+        mig: BTreeMap::from([(k, 1)]),
+        ..PrepareConfig::default()
+    };
+    let slices_of = |task: &ContainerId| -> TestResult<(u32, u32)> {
+        let uuid = iso.status(task)?.mig[0].clone();
+        let d = node.inventory.mig.by_uuid(&uuid).ok_or("unknown")?;
+        Ok((d.compute_instance_slices, d.gpu_instance_slices))
+    };
+    let tasks: Vec<ContainerId> = (0..3).map(|n| id(&format!("h100-1c-{n}"))).collect();
+    for task in &tasks {
+        iso.prepare(task, ask(one_c))?;
+        check(
+            slices_of(task)? == (1, 3),
+            format!("{task} is not a 1c.3g device"),
+        )?;
+    }
+    let fourth = iso.prepare(&id("h100-1c-3"), ask(one_c)).unwrap_err();
+    check(
+        mesos_gpu_os::error_chain(&fourth).contains("of profile 1c.3g.40gb"),
+        format!("fourth: {}", mesos_gpu_os::error_chain(&fourth)),
+    )?;
+    let whole = id("h100-3g");
+    iso.prepare(&whole, ask(three_g))?;
+    check(
+        slices_of(&whole)? == (3, 3),
+        "the 3g.40gb request got a compute instance",
+    )?;
+    for task in tasks.iter().chain([&whole]) {
+        iso.cleanup(task)?;
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ use mesos_gpu_isolator::lifecycle::{
     CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
     LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig,
 };
+use mesos_gpu_isolator::mig::MigKind;
 use mesos_gpu_isolator::pool::Host;
 use mesos_gpu_volume::VolumeManager;
 
@@ -171,22 +172,23 @@ fn parse_mig(s: &str) -> Result<(MigProfile, u32), String> {
     Ok((profile, n))
 }
 
-/// The `--mig` arguments as counts by profile id; a scalar name is looked up in what this
-/// node offers with the mixed strategy, as the module does.
+/// The `--mig` arguments as counts by kind (a profile id: a MIG device spanning its GPU
+/// instance); a scalar name is looked up in what this node offers with the mixed strategy, as
+/// the module does.
 fn mig_request(
     inventory: &Inventory,
     asked: &[(MigProfile, u32)],
-) -> anyhow::Result<BTreeMap<u32, u32>> {
+) -> anyhow::Result<BTreeMap<MigKind, u32>> {
     let offer = MigOffer::of(inventory, MigStrategy::Mixed);
     let mut out = BTreeMap::new();
     for (profile, n) in asked {
-        let id = match profile {
-            MigProfile::Id(id) => *id,
+        let kind = match profile {
+            MigProfile::Id(id) => MigKind::whole(*id),
             MigProfile::Resource(name) => offer
                 .profiles
                 .iter()
                 .find(|p| &p.resource == name)
-                .and_then(|p| p.profile)
+                .and_then(|p| p.kind)
                 .with_context(|| {
                     let known: Vec<&str> =
                         offer.profiles.iter().map(|p| p.resource.as_str()).collect();
@@ -200,7 +202,7 @@ fn mig_request(
                     )
                 })?,
         };
-        *out.entry(id).or_insert(0) += n;
+        *out.entry(kind).or_insert(0) += n;
     }
     Ok(out)
 }

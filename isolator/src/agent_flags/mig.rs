@@ -70,6 +70,8 @@ pub struct ProfileOffer {
     pub resource: String,
     /// The GPU instance profile id, when known.
     pub profile: Option<u32>,
+    /// The kind of MIG device the scalar stands for, what a request of it is served from.
+    pub kind: Option<crate::mig::MigKind>,
     /// How many MIG devices of the profile are offered.
     pub count: u32,
 }
@@ -111,6 +113,7 @@ impl MigOffer {
                         .or_insert(ProfileOffer {
                             resource,
                             profile: d.profile,
+                            kind: crate::mig::MigKind::of(d),
                             count: 0,
                         })
                         .count += 1;

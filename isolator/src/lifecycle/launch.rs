@@ -53,8 +53,8 @@ pub struct PrepareConfig {
     /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
     /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
     pub nested_cgroup: Option<PathBuf>,
-    /// MIG devices asked for by profile id (the `mig-<profile>` scalars of the mixed strategy).
-    pub mig: std::collections::BTreeMap<u32, u32>,
+    /// MIG devices asked for by kind (the `mig-<profile>` scalars of the mixed strategy).
+    pub mig: std::collections::BTreeMap<crate::mig::MigKind, u32>,
     /// The capabilities the task runs with (CAP_SYS_ADMIN is refused with MIG devices).
     pub capabilities: Vec<String>,
 }

@@ -120,8 +120,8 @@ impl Isolator {
                     }));
                 }
                 let mut uuids = Vec::new();
-                for (&profile, &n) in &config.mig {
-                    match state.mig.allocate(id.as_str(), n, Some(profile)) {
+                for (&kind, &n) in &config.mig {
+                    match state.mig.allocate(id.as_str(), n, Some(kind)) {
                         Ok(got) => uuids.extend(got),
                         Err(e) => {
                             state.mig.release(id.as_str());

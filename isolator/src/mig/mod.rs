@@ -25,6 +25,49 @@ mod units;
 pub use access::{MigAccess, allow_list, check_capabilities, environment};
 pub use units::{MigUnits, UnitState};
 
+use crate::inventory::MigDevice;
+
+/// A kind of MIG device, what a request names: the GPU instance profile id and, for a compute
+/// instance smaller than its GPU instance, its compute slices. A 3g.40gb GPU instance split in
+/// three compute instances gives three `1c.3g.40gb` devices of profile 9, which are not
+/// `3g.40gb` devices (profile 9 too): NVIDIA's device plugin offers them as other resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MigKind {
+    /// The GPU instance profile id (`NVML_GPU_INSTANCE_PROFILE_*`).
+    pub profile: u32,
+    /// The compute instance's slices when it spans less than its GPU instance; `None` for a
+    /// compute instance spanning it (what `nvidia-smi mig -cgi … -C` makes).
+    pub compute_slices: Option<u32>,
+}
+
+impl MigKind {
+    /// A device spanning its whole GPU instance of `profile` (`--mig 19:1`).
+    pub fn whole(profile: u32) -> MigKind {
+        MigKind {
+            profile,
+            compute_slices: None,
+        }
+    }
+
+    /// The kind of `device`; `None` when NVML did not say its profile.
+    pub fn of(device: &MigDevice) -> Option<MigKind> {
+        Some(MigKind {
+            profile: device.profile?,
+            compute_slices: (device.compute_instance_slices < device.gpu_instance_slices)
+                .then_some(device.compute_instance_slices),
+        })
+    }
+}
+
+impl std::fmt::Display for MigKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.compute_slices {
+            None => write!(f, "id {}", self.profile),
+            Some(c) => write!(f, "id {}, compute instances of {c} slices", self.profile),
+        }
+    }
+}
+
 /// Why a MIG request or a MIG container's set-up was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MigError {

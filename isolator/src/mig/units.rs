@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::MigError;
+use super::{MigError, MigKind};
 use crate::inventory::MigLayout;
 
 /// The state of one MIG device.
@@ -21,7 +21,7 @@ pub enum UnitState {
 struct Unit {
     uuid: String,
     parent: u32,
-    profile: Option<u32>,
+    kind: Option<MigKind>,
     profile_name: String,
     isolatable: bool,
     healthy: bool,
@@ -48,7 +48,7 @@ impl MigUnits {
             .map(|d| Unit {
                 uuid: d.uuid.clone(),
                 parent: d.parent,
-                profile: d.profile,
+                kind: MigKind::of(d),
                 profile_name: d.profile_name.clone(),
                 isolatable: d.caps.is_some(),
                 healthy: d.healthy,
@@ -72,41 +72,36 @@ impl MigUnits {
         self.units.is_empty()
     }
 
-    fn usable(u: &Unit, profile: Option<u32>) -> bool {
+    fn usable(u: &Unit, kind: Option<MigKind>) -> bool {
         u.holder.is_none()
             && u.healthy
             && !u.out_elsewhere
             && u.isolatable
-            && profile.is_none_or(|p| u.profile == Some(p))
+            && kind.is_none_or(|k| u.kind == Some(k))
     }
 
-    /// Free, healthy, isolatable MIG devices of `profile` (any profile with `None`).
-    pub fn free(&self, profile: Option<u32>) -> u32 {
-        u32::try_from(
-            self.units
-                .iter()
-                .filter(|u| Self::usable(u, profile))
-                .count(),
-        )
-        .unwrap_or(u32::MAX)
+    /// Free, healthy, isolatable MIG devices of `kind` (any kind with `None`).
+    pub fn free(&self, kind: Option<MigKind>) -> u32 {
+        u32::try_from(self.units.iter().filter(|u| Self::usable(u, kind)).count())
+            .unwrap_or(u32::MAX)
     }
 
-    /// Free MIG devices by profile id, for offers.
-    pub fn free_by_profile(&self) -> BTreeMap<Option<u32>, u32> {
+    /// Free MIG devices by kind, for offers.
+    pub fn free_by_kind(&self) -> BTreeMap<Option<MigKind>, u32> {
         let mut out = BTreeMap::new();
         for u in self.units.iter().filter(|u| Self::usable(u, None)) {
-            *out.entry(u.profile).or_insert(0) += 1;
+            *out.entry(u.kind).or_insert(0) += 1;
         }
         out
     }
 
-    /// Gives `owner` `count` free MIG devices of `profile` (any with `None`), in (parent, MIG
+    /// Gives `owner` `count` free MIG devices of `kind` (any with `None`), in (parent, MIG
     /// index) order; nothing changes when it is refused.
     pub fn allocate(
         &mut self,
         owner: &str,
         count: u32,
-        profile: Option<u32>,
+        kind: Option<MigKind>,
     ) -> Result<Vec<String>, MigError> {
         if count > 1 && !self.allow_multiple {
             return Err(MigError::TooMany {
@@ -115,15 +110,15 @@ impl MigUnits {
             });
         }
         let picked: Vec<usize> = (0..self.units.len())
-            .filter(|&i| Self::usable(&self.units[i], profile))
+            .filter(|&i| Self::usable(&self.units[i], kind))
             .take(count as usize)
             .collect();
         if picked.len() < count as usize {
             return Err(MigError::NotEnough {
                 owner: owner.to_owned(),
                 requested: count,
-                profile: profile.map(|p| self.profile_label(p)),
-                free: self.free(profile),
+                profile: kind.map(|k| self.kind_label(k)),
+                free: self.free(kind),
             });
         }
         Ok(picked
@@ -135,13 +130,13 @@ impl MigUnits {
             .collect())
     }
 
-    fn profile_label(&self, profile: u32) -> String {
+    fn kind_label(&self, kind: MigKind) -> String {
         self.units
             .iter()
-            .find(|u| u.profile == Some(profile) && !u.profile_name.is_empty())
+            .find(|u| u.kind == Some(kind) && !u.profile_name.is_empty())
             .map_or_else(
-                || format!("id {profile}"),
-                |u| format!("{} (id {profile})", u.profile_name),
+                || kind.to_string(),
+                |u| format!("{} ({kind})", u.profile_name),
             )
     }
 
@@ -327,30 +322,94 @@ mod tests {
     fn issue_16_profiles_are_allocated_by_id_and_never_twice() {
         let mut units = MigUnits::new(&mixed(), false);
         assert_eq!(
-            units.free_by_profile(),
-            BTreeMap::from([(Some(9), 2), (Some(14), 2), (Some(19), 4)])
+            units.free_by_kind(),
+            BTreeMap::from([
+                (Some(MigKind::whole(9)), 2),
+                (Some(MigKind::whole(14)), 2),
+                (Some(MigKind::whole(19)), 4)
+            ])
         );
         let mut held = Vec::new();
         for n in 0..4 {
-            held.extend(units.allocate(&format!("t{n}"), 1, Some(19)).unwrap());
+            held.extend(
+                units
+                    .allocate(&format!("t{n}"), 1, Some(MigKind::whole(19)))
+                    .unwrap(),
+            );
         }
         assert_eq!(held, ["MIG-4-2", "MIG-4-3", "MIG-5-2", "MIG-5-3"]);
-        let err = units.allocate("t9", 1, Some(19)).unwrap_err();
+        let err = units
+            .allocate("t9", 1, Some(MigKind::whole(19)))
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "cannot allocate 1 MIG devices of profile 1g.5gb (id 19) to t9: 0 free"
         );
         assert_eq!(units.free(None), 4);
         assert_eq!(units.release("t1"), ["MIG-4-3"]);
-        assert_eq!(units.allocate("t9", 1, Some(19)).unwrap(), ["MIG-4-3"]);
+        assert_eq!(
+            units.allocate("t9", 1, Some(MigKind::whole(19))).unwrap(),
+            ["MIG-4-3"]
+        );
         assert_eq!(units.state("MIG-4-3"), Some(UnitState::Held("t9".into())));
+    }
+
+    /// H100: a 3g.40gb GPU instance (profile 9) split in three 1-slice compute instances gives
+    /// `1c.3g.40gb` devices, another kind than a whole 3g.40gb of the same profile.
+    #[test]
+    fn issue_16_compute_instance_kinds_are_not_their_gpu_instance_profile() {
+        let mut whole = device(0, 0, 1, 9, "3g.40gb");
+        whole.gpu_instance_slices = 3;
+        whole.compute_instance_slices = 3;
+        let mut split: Vec<MigDevice> = (0..3)
+            .map(|ci| {
+                let mut d = device(0, 1 + ci, 2, 9, "1c.3g.40gb");
+                d.compute_instance = ci;
+                d.uuid = format!("MIG-0-c{ci}");
+                d.gpu_instance_slices = 3;
+                d.compute_instance_slices = 1;
+                d
+            })
+            .collect();
+        split.insert(0, whole);
+        let layout = MigLayout {
+            enabled: vec![0],
+            devices: split,
+            caps_major: Some(235),
+        };
+        let one_c = MigKind {
+            profile: 9,
+            compute_slices: Some(1),
+        };
+        let mut units = MigUnits::new(&layout, false);
+        assert_eq!(
+            units.free_by_kind(),
+            BTreeMap::from([(Some(MigKind::whole(9)), 1), (Some(one_c), 3)])
+        );
+        assert_eq!(units.allocate("c", 1, Some(one_c)).unwrap(), ["MIG-0-c0"]);
+        assert_eq!(
+            units.allocate("w", 1, Some(MigKind::whole(9))).unwrap(),
+            ["MIG-0-0"]
+        );
+        let err = units
+            .allocate("w2", 1, Some(MigKind::whole(9)))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot allocate 1 MIG devices of profile 3g.40gb (id 9) to w2: 0 free"
+        );
+        assert_eq!(
+            MigKind::of(&layout.devices[1]),
+            Some(one_c),
+            "a compute instance smaller than its GPU instance"
+        );
     }
 
     #[test]
     fn issue_16_an_xid_takes_out_an_instance_or_all_of_a_parent() {
         let mut units = MigUnits::new(&mixed(), false);
-        units.allocate("a", 1, Some(9)).unwrap();
-        units.allocate("b", 1, Some(9)).unwrap();
+        units.allocate("a", 1, Some(MigKind::whole(9))).unwrap();
+        units.allocate("b", 1, Some(MigKind::whole(9))).unwrap();
         assert_eq!(
             units.mark_unhealthy("MIG-4-0"),
             Some(("MIG-4-0".into(), Some("a".into())))
