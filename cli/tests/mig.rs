@@ -226,6 +226,50 @@ fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A health checkpoint holding one MIG device unhealthy (as the module's monitor writes it after
+/// an XID on its instance): `info` says so, naming the device and how to clear it.
+fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let info = info_json("dgx-a100-mixed")?;
+    let device = &info["mig"]["devices"][2];
+    let uuid = device["uuid"].as_str().ok_or("no MIG device")?;
+    let parent = &info["gpus"][device["parent"].as_u64().ok_or("no parent")? as usize];
+    let checkpoint = serde_json::json!({
+        "version": 1,
+        "gpus": [],
+        "mig": [{
+            "index": device["parent"], "uuid": uuid,
+            "mig": {
+                "parent_uuid": parent["uuid"],
+                "gpu_instance": device["gpu_instance"],
+                "compute_instance": device["compute_instance"],
+            },
+            "health": {"state": "unhealthy", "reason": {"kind": "xid", "xid": 94},
+                       "since_ms": 1, "last_error_ms": 1, "errors": 1},
+            "xids": {"94": 1}, "ecc_single_bit": 0, "ecc_double_bit": 0,
+        }],
+    });
+    std::fs::create_dir(work.path().join("gpu")).map_err(|e| e.to_string())?;
+    std::fs::write(work.path().join("gpu/health.json"), checkpoint.to_string())
+        .map_err(|e| e.to_string())?;
+    let out = mesos_gpu(&[
+        "info",
+        "--simulate",
+        "dgx-a100-mixed",
+        "--work-dir",
+        work.path().to_str().ok_or("path")?,
+    ])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = format!(
+        "MIG device {uuid} (GPU 4, GPU instance 9, compute instance 0) is checkpointed unhealthy in {}/gpu/health.json: XID 94 (contained ECC error); `mesos-gpu gpu mark-healthy {uuid}` clears it",
+        work.path().display()
+    );
+    if !out.status.success() || !text.contains(&want) {
+        return Err(format!("info does not say {want:?}: {text}").into());
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -248,6 +292,10 @@ fn main() -> std::process::ExitCode {
     trials.push(Trial::test(
         "issue_16_agent_flags_offer_mig_devices_by_strategy",
         agent_flags_offer_both_strategies,
+    ));
+    trials.push(Trial::test(
+        "issue_16_info_notes_a_mig_device_checkpointed_unhealthy",
+        info_notes_an_unhealthy_mig_device,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

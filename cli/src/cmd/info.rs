@@ -153,14 +153,14 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         },
     };
     let store = HealthStore::at(work_dir);
-    let records = match store.load() {
-        Ok(snapshot) => snapshot.map(|s| s.gpus).unwrap_or_default(),
+    let (records, mig_records) = match store.load() {
+        Ok(snapshot) => snapshot.map(|s| (s.gpus, s.mig)).unwrap_or_default(),
         Err(err) => {
             notes.push(format!(
                 "GPU health checkpoint not shown: {:#}",
                 anyhow::Error::new(err)
             ));
-            Vec::new()
+            (Vec::new(), Vec::new())
         }
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
@@ -190,6 +190,20 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
                 g.uuid,
                 store.checkpoint_path().display(),
                 g.index
+            ));
+        }
+    }
+    for r in &mig_records {
+        if let (Some(m), GpuHealth::Unhealthy { reason, .. }) = (&r.mig, &r.health) {
+            notes.push(format!(
+                "MIG device {} (GPU {}, GPU instance {}, compute instance {}) is checkpointed \
+                 unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
+                r.uuid,
+                r.index,
+                m.gpu_instance,
+                m.compute_instance,
+                store.checkpoint_path().display(),
+                r.uuid
             ));
         }
     }
