@@ -233,7 +233,12 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     let info = info_json("dgx-a100-mixed")?;
     let device = &info["mig"]["devices"][2];
     let uuid = device["uuid"].as_str().ok_or("no MIG device")?;
-    let parent = &info["gpus"][device["parent"].as_u64().ok_or("no parent")? as usize];
+    let parent = info["gpus"]
+        .as_array()
+        .ok_or("no gpus")?
+        .iter()
+        .find(|g| g["index"] == device["parent"])
+        .ok_or("no parent")?;
     let checkpoint = serde_json::json!({
         "version": 1,
         "gpus": [],
