@@ -492,7 +492,6 @@ impl Isolator {
         Ok(report)
     }
 
-    /// Every container id in the checkpoint or with a cgroup under our parent.
     /// The MIG devices to hold out of service for a container recovered from `record`: those
     /// already held out that the node still has and, when one of its own MIG devices is gone
     /// (`layout_changed`), every other MIG device whose capability node its `rules` let it open
@@ -539,6 +538,7 @@ impl Isolator {
         out
     }
 
+    /// Every container id in the checkpoint or with a cgroup under our parent.
     fn candidates(&self, ckpt: &Checkpoint, elsewhere: &BTreeSet<String>) -> BTreeSet<ContainerId> {
         let mut ids: BTreeSet<ContainerId> = ckpt
             .containers
