@@ -503,31 +503,10 @@ fn docker_shares() -> TestResult {
 /// (the scalar the agent offers) reserves a 2g.10gb device; a profile the node does not offer
 /// is refused naming those it does.
 fn docker_mig() -> TestResult {
-    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
     let mut env = Env::new()?;
     let image = env.image(&[])?;
-    let sim = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed");
-    let inventory = match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())
-        .map_err(|e| e.to_string())?
-    {
-        Discovery::Driver(d) => d.inventory().clone(),
-        Discovery::NoDriver(_) => return Err("no driver".into()),
-    };
-    let caps_dir = env.dev.path().join("nvidia-caps");
-    std::fs::create_dir(&caps_dir).map_err(|e| e.to_string())?;
-    for d in &inventory.mig.devices {
-        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
-        for cap in [caps.gpu_instance, caps.compute_instance] {
-            let path = caps_dir.join(format!("nvidia-cap{}", cap.minor));
-            if !path.exists() {
-                check(Command::new("mknod").arg(&path).args([
-                    "c",
-                    &cap.major.to_string(),
-                    &cap.minor.to_string(),
-                ]))?;
-            }
-        }
-    }
+    let inventory = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed").inventory()?;
+    mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
     let docker_args = |env: &Env, extra: &[&str]| -> Output {
         Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
             .args(["--simulate", "dgx-a100-mixed", "--dev-root"])

@@ -29,7 +29,7 @@ use mesos_gpu_testkit::mesos::{
     build_module, build_probe, http_get, http_post_json, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
-use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{Handle, TestResult, cdylib, check, config, trial};
 
@@ -330,10 +330,10 @@ impl Cluster {
         let install = install()?;
         let module = module()?;
         let sim = SimNode::shipped(setup.node.unwrap_or(NODE));
-        let inventory = sim_inventory(&sim)?;
+        let inventory = sim.inventory()?;
         let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
         let dev = DevNodes::nvidia(&minors)?;
-        mknod_caps(&dev, &inventory)?;
+        mknod_mig_caps(dev.path(), &inventory)?;
         let scratch = tempfile::Builder::new()
             .prefix("mgpu-mesos-e2e")
             .tempdir()?;
@@ -762,6 +762,9 @@ fn shared_gpus(mps: bool) -> TestResult {
     check(!pool.contains("\"shares\""), format!("shares left: {pool}"))
 }
 
+/// nvml-sim's node with whole GPUs (0-3) and GPUs in MIG mode (4-7, 3g+2g+1g+1g each).
+const MIG_NODE: &str = "dgx-a100-mixed";
+
 /// Issue 16, on cgroups v1 and v2: a real agent on nvml-sim's `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split), the
 /// module with `mig_strategy=mixed`, offering what `agent-flags --mig-strategy mixed` prints. A
 /// `mig-1g.5gb:1` task without CAP_SYS_ADMIN (`linux/capabilities`, effective capabilities set)
@@ -769,50 +772,15 @@ fn shared_gpus(mps: bool) -> TestResult {
 /// and capability node, with `NVIDIA_VISIBLE_DEVICES=MIG-…`; a task asking for two MIG devices,
 /// and a root task with the agent's capabilities, fail saying why; a `gpus:2` task gets two
 /// whole GPUs; everything is given back.
-/// nvml-sim's node with whole GPUs (0-3) and GPUs in MIG mode (4-7, 3g+2g+1g+1g each).
-const MIG_NODE: &str = "dgx-a100-mixed";
-
-/// What `sim` reports, discovered as the module does.
-fn sim_inventory(sim: &SimNode) -> TestResult<mesos_gpu_isolator::inventory::Inventory> {
-    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-    match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())? {
-        Discovery::Driver(d) => Ok(d.inventory().clone()),
-        Discovery::NoDriver(_) => Err("nvml-sim did not load".into()),
-    }
-}
-
-/// Makes the capability nodes of every MIG device of `inventory` under `<dev>/nvidia-caps`.
-fn mknod_caps(dev: &DevNodes, inventory: &mesos_gpu_isolator::inventory::Inventory) -> TestResult {
-    if inventory.mig.devices.is_empty() {
-        return Ok(());
-    }
-    let caps_dir = dev.path().join("nvidia-caps");
-    std::fs::create_dir_all(&caps_dir)?;
-    for d in &inventory.mig.devices {
-        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
-        for cap in [caps.gpu_instance, caps.compute_instance] {
-            let path = caps_dir.join(format!("nvidia-cap{}", cap.minor));
-            if !path.exists() {
-                let out = std::process::Command::new("mknod")
-                    .arg(&path)
-                    .args(["c", &cap.major.to_string(), &cap.minor.to_string()])
-                    .output()?;
-                check(out.status.success(), format!("mknod {}", path.display()))?;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
     let install = install()?;
     let module = module()?;
     let sim = SimNode::shipped(MIG_NODE);
-    let inventory = sim_inventory(&sim)?;
+    let inventory = sim.inventory()?;
     let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
     let dev = DevNodes::nvidia(&minors)?;
-    mknod_caps(&dev, &inventory)?;
+    mknod_mig_caps(dev.path(), &inventory)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
@@ -2067,7 +2035,7 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
 /// beside it gets a whole GPU; `mig-1g.5gb:0.5` fails saying why; all go back to the pool.
 fn v1_docker_task_gets_its_mig_device() -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
-    let inventory = sim_inventory(&SimNode::shipped(MIG_NODE))?;
+    let inventory = SimNode::shipped(MIG_NODE).inventory()?;
     let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
     let resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
     let setup = ModuleSetup {

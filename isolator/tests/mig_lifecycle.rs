@@ -44,7 +44,7 @@ use mesos_gpu_isolator::lifecycle::{
     PrepareConfig, RecoverState,
 };
 use mesos_gpu_isolator::mig::MigKind;
-use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
 
@@ -116,13 +116,9 @@ fn mknod(path: &Path, dev: DevNum) -> TestResult {
 
 fn mig_node(name: &str) -> TestResult<MigNode> {
     let sim = SimNode::shipped(name);
-    let inventory = match GpuDriver::open_at(Some(&sim.lib_path()), &sim.proc_root())? {
-        Discovery::Driver(d) => d.inventory().clone(),
-        Discovery::NoDriver(_) => return Err("no driver".into()),
-    };
+    let inventory = sim.inventory()?;
     let dev = tempfile::Builder::new().prefix("mgpu-test-mig").tempdir()?;
     check(inventory.mig.caps_major.is_some(), "no nvidia-caps major")?;
-    std::fs::create_dir(dev.path().join("nvidia-caps"))?;
     let mut all = Vec::new();
     for g in &inventory.gpus {
         let path = dev.path().join(format!("nvidia{}", g.minor));
@@ -149,18 +145,7 @@ fn mig_node(name: &str) -> TestResult<MigNode> {
             minor: 0,
         },
     )?;
-    for d in &inventory.mig.devices {
-        let caps = d.caps.as_ref().ok_or("a MIG device without caps")?;
-        for cap in [caps.gpu_instance, caps.compute_instance] {
-            let path = dev
-                .path()
-                .join(format!("nvidia-caps/nvidia-cap{}", cap.minor));
-            if !all.contains(&path) {
-                mknod(&path, cap)?;
-                all.push(path);
-            }
-        }
-    }
+    all.extend(mknod_mig_caps(dev.path(), &inventory)?);
     let nodes = DeviceNodes::scan(dev.path(), &inventory)?;
     Ok(MigNode {
         sim,
@@ -612,10 +597,7 @@ fn layout_changed(version: CgroupVersion) -> TestResult {
         .collect();
     *gpu = serde_json::Value::Array(kept);
     node.sim.set_description(&json.to_string());
-    let inventory = match GpuDriver::open_at(Some(&node.sim.lib_path()), &node.sim.proc_root())? {
-        Discovery::Driver(d) => d.inventory().clone(),
-        Discovery::NoDriver(_) => return Err("no driver".into()),
-    };
+    let inventory = node.sim.inventory()?;
     let new = inventory
         .mig
         .by_uuid(NEW_2G)

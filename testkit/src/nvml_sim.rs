@@ -11,7 +11,10 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
+use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
+use mesos_gpu_isolator::inventory::Inventory;
 use tempfile::TempDir;
 
 /// The environment variable naming the built `libnvml_sim.so` to use.
@@ -138,6 +141,56 @@ impl SimNode {
         file.write_all(text.as_bytes())
             .unwrap_or_else(|e| panic!("SimNode: cannot append to {}: {e}", self.events.display()));
     }
+
+    /// What the node reports, discovered as the module does: through its library and its
+    /// driver `/proc` files (so MIG devices come with their capability nodes).
+    pub fn inventory(&self) -> Result<Inventory, String> {
+        match GpuDriver::open_at(Some(&self.lib_path()), &self.proc_root()) {
+            Ok(Discovery::Driver(driver)) => Ok(driver.inventory().clone()),
+            Ok(Discovery::NoDriver(_)) => Err(format!(
+                "nvml-sim did not load from {}",
+                self.lib_path().display()
+            )),
+            Err(e) => Err(format!("discovery on {}: {e}", self.dir().display())),
+        }
+    }
+}
+
+/// Makes both capability nodes of every MIG device of `inventory` under `<dev>/nvidia-caps`
+/// (`mknod <node> c <nvidia-caps major> <minor>`, root only); returns each node's path once.
+pub fn mknod_mig_caps(dev: &Path, inventory: &Inventory) -> Result<Vec<PathBuf>, String> {
+    let mut made = Vec::new();
+    if inventory.mig.devices.is_empty() {
+        return Ok(made);
+    }
+    let dir = dev.join("nvidia-caps");
+    fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    for d in &inventory.mig.devices {
+        let caps = d
+            .caps
+            .as_ref()
+            .ok_or_else(|| format!("MIG device {} has no capability nodes", d.uuid))?;
+        for cap in [caps.gpu_instance, caps.compute_instance] {
+            let path = dir.join(format!("nvidia-cap{}", cap.minor));
+            if made.contains(&path) {
+                continue;
+            }
+            let out = Command::new("mknod")
+                .arg(&path)
+                .args(["c", &cap.major.to_string(), &cap.minor.to_string()])
+                .output()
+                .map_err(|e| format!("run mknod: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "mknod {}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            made.push(path);
+        }
+    }
+    Ok(made)
 }
 
 /// Writes `nvml-sim.json` (with events and state files added when absent) and the driver
