@@ -2,19 +2,18 @@
 //! loading the same node must see, as on a real host where it lives in the kernel driver.
 //!
 //! The file is JSON (`nvml-sim/README.md`, "Runtime state file"):
-//! `{"compute_modes": {"<UUID>": "exclusive_process"}, "processes": {"<UUID>": [{"pid": 1,
-//! "used_memory": 1048576}]}}`, keyed by GPU or MIG UUID. `nvmlDeviceSetComputeMode` writes
+//! `{"version": 1, "compute_modes": {"<UUID>": "exclusive_process"}, "processes": {"<UUID>":
+//! [{"pid": 1, "used_memory": 1048576}]}}`, keyed by GPU or MIG UUID; a file without `version`
+//! (written before it had one, or by hand) is read as version 1. `nvmlDeviceSetComputeMode` writes
 //! `compute_modes`; tests write `processes` (a list replaces the description's for that device).
 //! Writers hold an exclusive `flock` on `<file>.lock` while they read, change and atomically
 //! replace the file ([`mesos_gpu_os::durable`]); readers read the file without locking.
 //! A missing file is an empty state.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
+use mesos_gpu_os::{Document, JsonFile, LockError, LockFile, StoreError};
 use serde::{Deserialize, Serialize};
 
 /// What the runtime state file holds.
@@ -39,33 +38,25 @@ pub struct RuntimeProcess {
     pub used_memory: u64,
 }
 
+impl Document for RuntimeState {
+    const VERSION: u32 = 1;
+    const WHAT: &'static str = "runtime state file";
+
+    /// Files from before the version member hold the same document.
+    fn migrate(version: u32, doc: serde_json::Value) -> Option<serde_json::Value> {
+        (version == 0).then_some(doc)
+    }
+}
+
 /// Why the runtime state file cannot be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeStateError {
-    /// Reading, locking or replacing the file failed.
-    #[error("runtime state file {path}")]
-    Io {
-        /// The file involved.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// The file is not a runtime state.
-    #[error("runtime state file {path} is not valid")]
-    Json {
-        /// The state file.
-        path: PathBuf,
-        /// serde's error, with line and column.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// Reading, parsing or replacing the file failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// The lock file could not be opened or locked.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// The file could not be replaced.
-    #[error(transparent)]
-    Write(#[from] DurableError),
 }
 
 /// The compute mode names the file uses, by `nvmlComputeMode_t` value.
@@ -81,27 +72,17 @@ pub(crate) fn mode_value(name: &str) -> Option<u32> {
     MODE_NAMES.iter().find(|(_, n)| *n == name).map(|(m, _)| *m)
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RuntimeStateError + '_ {
-    move |source| RuntimeStateError::Io {
-        path: path.to_owned(),
-        source,
-    }
+fn file(path: &Path) -> JsonFile {
+    JsonFile::at(path, 0o644)
 }
 
-/// Reads the state file; a missing file is an empty state.
+/// Reads the state file; a missing or empty file is an empty state.
 pub fn read(path: &Path) -> Result<RuntimeState, RuntimeStateError> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(RuntimeState::default()),
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    if text.trim().is_empty() {
-        return Ok(RuntimeState::default());
+    let file = file(path);
+    match file.bytes()? {
+        Some(bytes) if !bytes.trim_ascii().is_empty() => Ok(file.parse(&bytes)?),
+        _ => Ok(RuntimeState::default()),
     }
-    serde_json::from_str(&text).map_err(|source| RuntimeStateError::Json {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// Changes the state file under its lock: reads it, applies `change`, replaces it atomically.
@@ -113,11 +94,7 @@ pub fn update(
     lock.lock()?;
     let mut state = read(path)?;
     change(&mut state);
-    let text = serde_json::to_string_pretty(&state).map_err(|source| RuntimeStateError::Json {
-        path: path.to_owned(),
-        source,
-    })?;
-    durable::replace(path, format!("{text}\n").as_bytes(), 0o644)?;
+    file(path).save(&state)?;
     drop(lock);
     Ok(())
 }
@@ -167,9 +144,17 @@ mod tests {
         let s = read(&path).unwrap();
         assert_eq!(s.compute_modes["GPU-x"], "exclusive_process");
         assert_eq!(s.processes["MIG-y"][0].pid, 7);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("{\n  \"version\": 1,"), "{text}");
+        // A file written before the version member, or by hand, reads the same.
+        std::fs::write(&path, "{\"compute_modes\": {\"GPU-z\": \"prohibited\"}}").unwrap();
+        assert_eq!(read(&path).unwrap().compute_modes["GPU-z"], "prohibited");
         std::fs::write(&path, "{\"compute_mode\": {}}").unwrap();
         let err = read(&path).unwrap_err();
-        assert!(matches!(err, RuntimeStateError::Json { .. }), "{err}");
+        assert!(
+            matches!(err, RuntimeStateError::Store(StoreError::Parse { .. })),
+            "{err}"
+        );
         assert_eq!(mode_value(mode_name(3).unwrap()), Some(3));
         assert_eq!(mode_name(1), None);
     }

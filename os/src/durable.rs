@@ -12,20 +12,14 @@ use std::io::{self, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use crate::io::IoError;
+
 /// A step of a replace that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
-    /// A file-system call failed; `op` names the step, `path` the file it worked on.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// The step: `create`, `write`, `fsync`, `rename`, …
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// A file-system call failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// The path names no file in a directory (`/`, `..`, empty).
     #[error("{path} names no file to replace")]
     NoFileName {
@@ -38,7 +32,7 @@ impl DurableError {
     /// The file-system error underneath, if any.
     pub fn io(&self) -> Option<&io::Error> {
         match self {
-            DurableError::Io { source, .. } => Some(source),
+            DurableError::Io(e) => Some(&e.source),
             DurableError::NoFileName { .. } => None,
         }
     }
@@ -46,7 +40,7 @@ impl DurableError {
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DurableError {
     let path = path.to_owned();
-    move |source| DurableError::Io { op, path, source }
+    move |source| DurableError::Io(IoError::new(op, path, source))
 }
 
 /// Replaces `path` with `bytes` (permissions `mode`) crash-safely: temp file, `fsync`, `rename`,

@@ -28,16 +28,8 @@ pub(crate) const CHUNK: usize = 256 << 10;
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// Opening, reading or writing failed.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The manifest path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] mesos_gpu_os::IoError),
     /// It is not a regular file, or is too large.
     #[error("{path} is not a regular file of at most {MAX_MANIFEST} bytes")]
     NotAFile {
@@ -223,7 +215,7 @@ impl Manifest {
         let path = volume.join(MANIFEST_NAME);
         let io_err = |op| {
             let path = path.clone();
-            move |source| ManifestError::Io { op, path, source }
+            move |source| ManifestError::Io(mesos_gpu_os::IoError::new(op, path, source))
         };
         let file = open_nofollow(&path).map_err(io_err("open"))?;
         let meta = file.metadata().map_err(io_err("stat"))?;
@@ -253,7 +245,7 @@ impl Manifest {
         let path = volume.join(MANIFEST_NAME);
         let io_err = |op| {
             let path = path.clone();
-            move |source| ManifestError::Io { op, path, source }
+            move |source| ManifestError::Io(mesos_gpu_os::IoError::new(op, path, source))
         };
         let mut bytes = serde_json::to_vec_pretty(self).map_err(|source| ManifestError::Parse {
             path: path.clone(),
@@ -364,7 +356,7 @@ mod tests {
         .expect("ln");
         assert!(matches!(
             Manifest::read(other.path()),
-            Err(ManifestError::Io { op: "open", .. })
+            Err(ManifestError::Io(mesos_gpu_os::IoError { op: "open", .. }))
         ));
 
         std::fs::write(dir.path().join("x.json"), b"{").expect("write");

@@ -52,16 +52,8 @@ pub const DEFAULT_ROOT: &str = "/var/run/mesos/isolators/gpu";
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     /// A file-system operation failed.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On what.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] mesos_gpu_os::IoError),
     /// The volume root is writable by group or others.
     #[error(
         "volume root {path} has mode {mode:o}, writable by group or others; make it 0755 (or \
@@ -146,11 +138,7 @@ pub(crate) trait IoContext<T> {
 
 impl<T> IoContext<T> for io::Result<T> {
     fn at(self, op: &'static str, path: &Path) -> Result<T, VolumeError> {
-        self.map_err(|source| VolumeError::Io {
-            op,
-            path: path.to_owned(),
-            source,
-        })
+        mesos_gpu_os::IoContext::at(self, op, path).map_err(VolumeError::Io)
     }
 }
 

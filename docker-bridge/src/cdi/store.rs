@@ -20,7 +20,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, durable};
+use mesos_gpu_os::{JsonFile, StoreError, Written, durable};
 use serde::{Deserialize, Serialize};
 
 use super::node::KIND;
@@ -41,19 +41,11 @@ const MAX_OTHER_SPEC_BYTES: u64 = 4 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum SpecFileError {
     /// A file-system operation failed.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The spec file could not be replaced.
     #[error(transparent)]
-    Write(#[from] DurableError),
+    Io(#[from] mesos_gpu_os::IoError),
+    /// The spec file could not be read or replaced.
+    #[error(transparent)]
+    Write(#[from] StoreError),
     /// Another spec in the same directory declares some of the same devices.
     #[error(
         "{other} also declares {KIND} device(s) {names} at the same priority as {ours}; runtimes \
@@ -208,18 +200,9 @@ impl SpecFile {
                 ours_wins: o.ours_wins,
             })
             .collect();
-        let bytes = spec.to_json();
-        let outcome = match fs::read(&self.path) {
-            Ok(current) if current == bytes => Outcome::Unchanged,
-            Ok(_) => {
-                self.write(&bytes)?;
-                Outcome::Written
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.write(&bytes)?;
-                Outcome::Written
-            }
-            Err(source) => return Err(io_err("read", &self.path, source)),
+        let outcome = match self.write(spec)? {
+            Written::Replaced => Outcome::Written,
+            Written::Unchanged => Outcome::Unchanged,
         };
         Ok(self.report(outcome, overlaps, others.unreadable))
     }
@@ -245,13 +228,16 @@ impl SpecFile {
         }
     }
 
-    /// Replaces the file with `bytes`: temporary file, fsync, rename, fsync of the directory.
-    fn write(&self, bytes: &[u8]) -> Result<(), SpecFileError> {
+    /// Makes the file hold `spec` (the same bytes as [`Spec::to_json`]), unless it does
+    /// already: temporary file, fsync, rename, fsync of the directory.
+    fn write(&self, spec: &Spec) -> Result<Written, SpecFileError> {
         let dir = self.dir();
         fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
-        durable::replace(&self.path, bytes, SPEC_MODE)?;
-        tracing::debug!(path = %self.path.display(), bytes = bytes.len(), "wrote CDI spec");
-        Ok(())
+        let written = JsonFile::at(&self.path, SPEC_MODE).write(spec)?;
+        if written == Written::Replaced {
+            tracing::debug!(path = %self.path.display(), "wrote CDI spec");
+        }
+        Ok(written)
     }
 
     /// Every other spec file of the spec directories (and ours) that declares one of `names`.
@@ -348,15 +334,11 @@ fn canonical(path: &Path) -> PathBuf {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SpecFileError> {
-    Ok(durable::sync_dir(dir)?)
+    Ok(durable::sync_dir(dir).map_err(StoreError::from)?)
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> SpecFileError {
-    SpecFileError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
+    SpecFileError::Io(mesos_gpu_os::IoError::new(op, path, source))
 }
 
 #[cfg(test)]

@@ -55,16 +55,8 @@ pub enum HealthError {
         got: String,
     },
     /// A file operation on the health store failed.
-    #[error("cannot {what} {path}")]
-    Io {
-        /// The operation.
-        what: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] mesos_gpu_os::IoError),
     /// The checkpoint is not valid JSON of the expected shape.
     #[error("GPU health checkpoint {path} is damaged; fix or remove it")]
     CheckpointParse {
@@ -74,16 +66,9 @@ pub enum HealthError {
         #[source]
         source: serde_json::Error,
     },
-    /// The checkpoint has a schema version this build cannot read.
-    #[error(
-        "GPU health checkpoint has schema version {found}; this build reads version {expected}"
-    )]
-    CheckpointVersion {
-        /// The version found.
-        found: u32,
-        /// The version understood.
-        expected: u32,
-    },
+    /// The checkpoint could not be read or written (another schema version, a failed write).
+    #[error(transparent)]
+    Checkpoint(#[from] mesos_gpu_os::StoreError),
     /// Another monitor holds the store.
     #[error("another GPU health monitor is running on {path}")]
     InUse {

@@ -212,11 +212,9 @@ pub struct GpuRecord {
     pub ecc_double_bit: u64,
 }
 
-/// The checkpointed form of `HealthState`.
+/// The checkpointed form of `HealthState` (schema [`HealthSnapshot::VERSION`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthSnapshot {
-    /// Schema version, [`HealthSnapshot::VERSION`].
-    pub version: u32,
     /// Every GPU's record.
     pub gpus: Vec<GpuRecord>,
     /// Every MIG device's record (none on a node without MIG, or in a checkpoint from before).
@@ -224,10 +222,12 @@ pub struct HealthSnapshot {
     pub mig: Vec<GpuRecord>,
 }
 
-impl HealthSnapshot {
-    /// The schema version written.
-    pub const VERSION: u32 = 1;
+impl mesos_gpu_os::Document for HealthSnapshot {
+    const VERSION: u32 = 1;
+    const WHAT: &'static str = "GPU health checkpoint";
+}
 
+impl HealthSnapshot {
     /// The record of `gpu`: a GPU by index or UUID, or a MIG device by UUID.
     pub fn find(&self, gpu: &GpuRef) -> Option<&GpuRecord> {
         self.gpus.iter().chain(&self.mig).find(|g| g.is(gpu))
@@ -504,7 +504,6 @@ impl HealthState {
     /// The state to checkpoint.
     pub(crate) fn snapshot(&self) -> HealthSnapshot {
         HealthSnapshot {
-            version: HealthSnapshot::VERSION,
             gpus: self.gpus.clone(),
             mig: self.mig.clone(),
         }
@@ -518,12 +517,6 @@ impl HealthState {
         &mut self,
         snapshot: &HealthSnapshot,
     ) -> Result<Vec<HealthChange>, HealthError> {
-        if snapshot.version != HealthSnapshot::VERSION {
-            return Err(HealthError::CheckpointVersion {
-                found: snapshot.version,
-                expected: HealthSnapshot::VERSION,
-            });
-        }
         let mut changes = Vec::new();
         for saved in snapshot.gpus.iter().chain(&snapshot.mig) {
             let Some(g) = self
@@ -703,15 +696,6 @@ mod tests {
                 .unwrap_err()
                 .is_unknown_gpu()
         );
-
-        let err = fresh
-            .restore(&HealthSnapshot {
-                version: 9,
-                gpus: vec![],
-                mig: vec![],
-            })
-            .unwrap_err();
-        assert!(err.to_string().contains("version 9"), "{err}");
     }
 
     /// GPU 1 in MIG mode: GPU instance 1 with compute instances 0 and 1, GPU instance 2 with 0.

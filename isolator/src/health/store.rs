@@ -22,7 +22,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mesos_gpu_os::{LockFile, durable};
+use mesos_gpu_os::{JsonFile, LockFile, StoreError, durable};
 
 use super::HealthError;
 use super::state::{GpuRef, HealthSnapshot};
@@ -69,11 +69,7 @@ fn io_err<'p>(
     what: &'static str,
     path: &'p Path,
 ) -> impl FnOnce(io::Error) -> HealthError + use<'p> {
-    move |source| HealthError::Io {
-        what,
-        path: path.to_owned(),
-        source,
-    }
+    move |source| HealthError::Io(mesos_gpu_os::IoError::new(what, path, source))
 }
 
 impl HealthStore {
@@ -91,27 +87,20 @@ impl HealthStore {
 
     /// The checkpointed state; `None` when none was written yet.
     pub fn load(&self) -> Result<Option<HealthSnapshot>, HealthError> {
-        let path = self.checkpoint_path();
-        let text = match fs::read(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err("read", &path)(e)),
-        };
-        serde_json::from_slice(&text)
-            .map(Some)
-            .map_err(|source| HealthError::CheckpointParse { path, source })
+        self.file().load().map_err(|e| match e {
+            StoreError::Parse { path, source, .. } => HealthError::CheckpointParse { path, source },
+            other => HealthError::Checkpoint(other),
+        })
+    }
+
+    fn file(&self) -> JsonFile {
+        JsonFile::at(self.checkpoint_path(), 0o644)
     }
 
     /// Replaces the checkpoint crash-safely.
     pub fn save(&self, snapshot: &HealthSnapshot) -> Result<(), HealthError> {
         fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
-        let path = self.checkpoint_path();
-        let bytes =
-            serde_json::to_vec_pretty(snapshot).map_err(|source| HealthError::CheckpointParse {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(durable::replace(&path, &bytes, 0o644)?)
+        Ok(self.file().save(snapshot)?)
     }
 
     /// True when a monitor holds the lock. Creates nothing: a missing lock file means no monitor
@@ -257,12 +246,20 @@ mod tests {
         let store = HealthStore::at(work.path());
         assert!(store.load().unwrap().is_none());
         let snap = HealthSnapshot {
-            version: HealthSnapshot::VERSION,
             gpus: vec![],
             mig: vec![],
         };
         store.save(&snap).unwrap();
-        assert_eq!(store.load().unwrap(), Some(snap));
+        assert_eq!(store.load().unwrap(), Some(snap.clone()));
+        let text = fs::read_to_string(store.checkpoint_path()).unwrap();
+        fs::write(
+            store.checkpoint_path(),
+            text.replace("\"version\": 1", "\"version\": 9"),
+        )
+        .unwrap();
+        let err = store.load().unwrap_err();
+        assert!(err.to_string().contains("version 9"), "{err}");
+        store.save(&snap).unwrap();
 
         let a = store.request_mark_healthy(&GpuRef::Index(3)).unwrap();
         store

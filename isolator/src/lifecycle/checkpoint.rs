@@ -12,7 +12,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
+use mesos_gpu_os::{Document, JsonFile, LockError, LockFile, StoreError};
 use serde::{Deserialize, Serialize};
 
 use super::fault;
@@ -30,33 +30,12 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// A file operation failed.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// What was being done (`write`, `rename`, …).
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The file is not a checkpoint of ours.
-    #[error("{path} is not a valid checkpoint")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The file has a schema version this code does not know.
-    #[error("{path} has schema version {found}; this mesos-gpu reads version {SCHEMA_VERSION}")]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// The version found.
-        found: u32,
-    },
+    #[error(transparent)]
+    Io(#[from] mesos_gpu_os::IoError),
+    /// The file could not be read or replaced (not a checkpoint of ours, another schema
+    /// version, a failed write).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// Another isolator holds the work directory.
     #[error("{path} is locked by another mesos-gpu isolator using the same work directory")]
     Locked {
@@ -66,9 +45,6 @@ pub enum CheckpointError {
     /// The lock file could not be opened or locked.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// The checkpoint could not be replaced.
-    #[error(transparent)]
-    Write(#[from] DurableError),
 }
 
 /// One GPU as recorded.
@@ -96,10 +72,9 @@ pub(crate) struct ContainerRecord {
     pub(crate) mig_quarantine: Vec<String>,
 }
 
-/// Everything the isolator must remember across a restart.
+/// Everything the isolator must remember across a restart (schema [`SCHEMA_VERSION`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub(crate) struct Checkpoint {
-    pub(crate) version: u32,
     /// Mesos containerizer containers by id.
     pub(crate) containers: BTreeMap<String, ContainerRecord>,
     /// Docker containerizer containers by id.
@@ -117,10 +92,15 @@ pub(crate) struct Checkpoint {
     pub(crate) quarantine: BTreeMap<u32, Vec<String>>,
 }
 
+impl Document for Checkpoint {
+    const VERSION: u32 = SCHEMA_VERSION;
+    const WHAT: &'static str = "checkpoint";
+}
+
 /// The checkpoint file of one work directory, locked for this process.
 #[derive(Debug)]
 pub(crate) struct Store {
-    path: PathBuf,
+    file: JsonFile,
     /// Held open for its `flock`; released when the store is dropped.
     _lock: LockFile,
 }
@@ -140,78 +120,33 @@ impl Store {
             });
         }
         Ok(Store {
-            path: dir.join(FILE_NAME),
+            file: JsonFile::at(dir.join(FILE_NAME), 0o644),
             _lock: lock,
         })
     }
 
     /// The checkpoint file.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// The checkpoint, or an empty one when there is no file yet.
     pub(crate) fn load(&self) -> Result<Checkpoint, CheckpointError> {
-        let bytes = match fs::read(&self.path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(Checkpoint {
-                    version: SCHEMA_VERSION,
-                    ..Checkpoint::default()
-                });
-            }
-            Err(source) => return Err(io_err("read", &self.path, source)),
-        };
-        parse(&bytes).map_err(|e| match e {
-            ParseFailure::Json(source) => CheckpointError::Parse {
-                path: self.path.clone(),
-                source,
-            },
-            ParseFailure::Version(found) => CheckpointError::Version {
-                path: self.path.clone(),
-                found,
-            },
-        })
+        Ok(self.file.load()?.unwrap_or_default())
     }
 
     /// Replaces the checkpoint with `ckpt`: temp file, fsync, rename, fsync of the directory.
     pub(crate) fn save(&self, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
-        let bytes = serde_json::to_vec_pretty(ckpt).map_err(|source| CheckpointError::Parse {
-            path: self.path.clone(),
-            source,
-        })?;
-        let staged = durable::stage(&self.path, &bytes, 0o644)?;
+        let staged = self.file.stage(ckpt)?;
         fault::point("checkpoint.temp_written");
-        staged.commit()?;
-        tracing::trace!(path = %self.path.display(), bytes = bytes.len(), "wrote checkpoint");
+        staged.commit().map_err(StoreError::from)?;
+        tracing::trace!(path = %self.path().display(), "wrote checkpoint");
         Ok(())
     }
 }
 
-enum ParseFailure {
-    Json(serde_json::Error),
-    Version(u32),
-}
-
-/// Parses checkpoint bytes, checking the schema version before the rest.
-fn parse(bytes: &[u8]) -> Result<Checkpoint, ParseFailure> {
-    #[derive(Deserialize)]
-    struct Header {
-        version: u32,
-    }
-    let header: Header = serde_json::from_slice(bytes).map_err(ParseFailure::Json)?;
-    if header.version != SCHEMA_VERSION {
-        return Err(ParseFailure::Version(header.version));
-    }
-    serde_json::from_slice(bytes).map_err(ParseFailure::Json)
-}
-
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> CheckpointError {
-    CheckpointError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
+    CheckpointError::Io(mesos_gpu_os::IoError::new(op, path, source))
 }
 
 #[cfg(test)]
@@ -226,7 +161,6 @@ mod tests {
             uuid: "GPU-1".into(),
         };
         Checkpoint {
-            version: SCHEMA_VERSION,
             containers: BTreeMap::from([(
                 "c1".into(),
                 ContainerRecord {
@@ -255,13 +189,7 @@ mod tests {
     fn round_trip_and_empty() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(
-            store.load().unwrap(),
-            Checkpoint {
-                version: SCHEMA_VERSION,
-                ..Default::default()
-            }
-        );
+        assert_eq!(store.load().unwrap(), Checkpoint::default());
         store.save(&sample()).unwrap();
         assert_eq!(store.load().unwrap(), sample());
         let temps = fs::read_dir(dir.path().join("gpu"))
@@ -286,14 +214,17 @@ mod tests {
         fs::write(store.path(), br#"{"version": 7, "future": true}"#).unwrap();
         let err = store.load().unwrap_err();
         assert!(
-            matches!(err, CheckpointError::Version { found: 7, .. }),
+            matches!(
+                err,
+                CheckpointError::Store(StoreError::Version { found: 7, .. })
+            ),
             "{err}"
         );
         assert!(err.to_string().contains("schema version 7"), "{err}");
         fs::write(store.path(), b"{not json").unwrap();
         assert!(matches!(
             store.load().unwrap_err(),
-            CheckpointError::Parse { .. }
+            CheckpointError::Store(StoreError::Parse { .. })
         ));
     }
 }

@@ -64,11 +64,11 @@ impl PoolLink {
         let host = Host::default();
         let me = host.this_process().map_err(|source| LifecycleError::Pool {
             step: "set up",
-            source: pool::PoolError::Io {
-                op: "read the stamp of",
-                path: PathBuf::from("/proc/self/stat"),
+            source: pool::PoolError::Io(mesos_gpu_os::IoError::new(
+                "read the stamp of",
+                "/proc/self/stat",
                 source,
-            },
+            )),
         })?;
         Ok(PoolLink {
             pool: Pool::at(&config.dir),

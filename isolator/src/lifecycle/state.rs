@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord, SCHEMA_VERSION};
+use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord};
 use super::placement::PlacedCgroup;
 use crate::allocator::{Allocator, GpuSet};
 use crate::cgroup::DeviceRule;
@@ -145,7 +145,6 @@ impl State {
                 .collect()
         };
         Checkpoint {
-            version: SCHEMA_VERSION,
             containers: self
                 .containers
                 .iter()

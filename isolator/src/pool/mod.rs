@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use mesos_gpu_os::{LockFile, durable};
+use mesos_gpu_os::{IoContext as _, IoError, JsonFile, LockFile};
 
 use crate::health::HealthStore;
 use crate::sharing::store::ShareReservation;
@@ -52,33 +52,12 @@ const LOCK_FILE: &str = "pool.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     /// A file operation failed.
-    #[error("cannot {op} {path}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The state file is not a pool of ours.
-    #[error("{path} is not a valid GPU pool file")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The state file has a schema version this code does not know.
-    #[error("{path} has schema version {found}; this mesos-gpu reads version {SCHEMA_VERSION}")]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// The version found.
-        found: u32,
-    },
+    #[error(transparent)]
+    Io(#[from] mesos_gpu_os::IoError),
+    /// The state file could not be read or replaced (not a pool of ours, another schema
+    /// version, a failed write).
+    #[error(transparent)]
+    Store(#[from] mesos_gpu_os::StoreError),
     /// No reservation has that owner id.
     #[error("no reservation of the GPU pool {path} is owned by {id:?} (owners: {known})")]
     UnknownOwner {
@@ -112,9 +91,6 @@ pub enum PoolError {
     /// The lock file could not be opened or locked.
     #[error(transparent)]
     Lock(#[from] mesos_gpu_os::LockError),
-    /// The state file could not be replaced.
-    #[error(transparent)]
-    Write(#[from] mesos_gpu_os::DurableError),
 }
 
 /// One reservation: an owner's GPUs.
@@ -130,11 +106,9 @@ pub struct Reservation {
     pub since: u64,
 }
 
-/// The pool's durable state.
+/// The pool's durable state (schema [`SCHEMA_VERSION`], kept by [`mesos_gpu_os::store`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
-    /// `SCHEMA_VERSION`.
-    pub version: u32,
     /// Reservations by owner id.
     pub reservations: BTreeMap<String, Reservation>,
     /// Work directories whose `gpu/health.json` (a health monitor's checkpoint) every
@@ -162,13 +136,17 @@ pub struct MpsRecord {
 impl Default for PoolState {
     fn default() -> PoolState {
         PoolState {
-            version: SCHEMA_VERSION,
             reservations: BTreeMap::new(),
             health_dirs: BTreeSet::new(),
             shares: BTreeMap::new(),
             mps: BTreeMap::new(),
         }
     }
+}
+
+impl mesos_gpu_os::Document for PoolState {
+    const VERSION: u32 = SCHEMA_VERSION;
+    const WHAT: &'static str = "GPU pool file";
 }
 
 impl PoolState {
@@ -469,33 +447,11 @@ impl Pool {
 
     /// The state as last committed, read without the lock (empty when there is none).
     pub fn read(&self) -> Result<PoolState, PoolError> {
-        let path = self.state_path();
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(PoolState::default()),
-            Err(source) => {
-                return Err(PoolError::Io {
-                    op: "read",
-                    path,
-                    source,
-                });
-            }
-        };
-        #[derive(Deserialize)]
-        struct Header {
-            version: u32,
-        }
-        let header: Header = serde_json::from_slice(&bytes).map_err(|source| PoolError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        if header.version != SCHEMA_VERSION {
-            return Err(PoolError::Version {
-                path,
-                found: header.version,
-            });
-        }
-        serde_json::from_slice(&bytes).map_err(|source| PoolError::Parse { path, source })
+        Ok(self.file().load()?.unwrap_or_default())
+    }
+
+    fn file(&self) -> JsonFile {
+        JsonFile::at(self.state_path(), 0o644)
     }
 
     /// Every reservation with its owner's liveness, read without the lock (nothing is written).
@@ -579,11 +535,11 @@ impl Pool {
         if let Err(e) = remove_leftovers(&freed.owner)
             && !force
         {
-            return Err(PoolError::Io {
-                op: "free the reservation of",
-                path: PathBuf::from(id),
-                source: e,
-            });
+            return Err(PoolError::Io(IoError::new(
+                "free the reservation of",
+                id,
+                e,
+            )));
         }
         tx.state.reservations.remove(id);
         tx.state.shares.remove(id);
@@ -607,11 +563,7 @@ impl Pool {
 
     /// [`Pool::begin`] with another bound on the wait.
     pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
-        fs::create_dir_all(&self.dir).map_err(|source| PoolError::Io {
-            op: "create",
-            path: self.dir.clone(),
-            source,
-        })?;
+        fs::create_dir_all(&self.dir).at("create", &self.dir)?;
         let lock = LockFile::create(&self.dir.join(LOCK_FILE), 0o644)?;
         let start = Instant::now();
         if !lock.lock_within(wait)? {
@@ -661,12 +613,7 @@ impl Transaction {
         if self.state == self.before {
             return Ok(());
         }
-        let path = self.pool.state_path();
-        let bytes = serde_json::to_vec_pretty(&self.state).map_err(|source| PoolError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        durable::replace(&path, &bytes, 0o644)?;
+        self.pool.file().save(&self.state)?;
         self.before = self.state.clone();
         Ok(())
     }
@@ -787,7 +734,7 @@ mod tests {
         fs::write(pool.state_path(), br#"{"version": 9}"#).unwrap();
         assert!(matches!(
             pool.read().unwrap_err(),
-            PoolError::Version { found: 9, .. }
+            PoolError::Store(mesos_gpu_os::StoreError::Version { found: 9, .. })
         ));
     }
 

@@ -1,14 +1,7 @@
 //! Who holds a reservation, and whether that holder is still there.
 //!
-//! Facts relied on (proc(5), Linux `random(4)`):
-//! - field 22 of `/proc/<pid>/stat` is the process's start time in clock ticks since boot; a
-//!   reused pid has another start time, so `{pid, start time}` names one process of one boot;
-//! - `/proc/sys/kernel/random/boot_id` is a random UUID made at every boot, so a stamp of a
-//!   previous boot is never taken for a live process (the pool lives on persistent storage);
-//! - field 3 is the state; a zombie (`Z`) or dead (`X`) process runs no code and holds no
-//!   device open;
-//! - a cgroup's `cgroup.procs` lists the processes in it; once empty, nothing in it can open a
-//!   device, whoever made it.
+//! A process owner (a Mesos agent, `mesos-gpu exec`) is checked through
+//! [`mesos_gpu_os::liveness`]: its pid, start time and boot id, and its cgroup's processes.
 //!
 //! A Docker container's reservation is made before the container exists (the agent's hook
 //! reserves, the agent pulls the image, then `docker run` creates the container), so it names
@@ -24,24 +17,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use mesos_gpu_os::Processes;
+pub use mesos_gpu_os::{Liveness, ProcessStamp};
 use serde::{Deserialize, Serialize};
-
-/// One process of one boot: pid reuse and reboots cannot fool it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessStamp {
-    /// The pid.
-    pub pid: u32,
-    /// Its start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
-    pub start_time: u64,
-    /// The boot it ran in (`/proc/sys/kernel/random/boot_id`).
-    pub boot_id: String,
-}
-
-impl fmt::Display for ProcessStamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} (started at tick {})", self.pid, self.start_time)
-    }
-}
 
 /// Who a reservation belongs to, with what it takes to check that it is still there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,35 +83,6 @@ impl Owner {
     }
 }
 
-/// Whether an owner is still there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", content = "why", rename_all = "snake_case")]
-pub enum Liveness {
-    /// It is there (why we know).
-    Alive(String),
-    /// It is gone: its GPUs can be freed (why we know).
-    Dead(String),
-    /// It cannot be told: its GPUs stay reserved (why).
-    Uncertain(String),
-}
-
-impl Liveness {
-    #[cfg(test)]
-    /// True for [`Liveness::Dead`].
-    pub(crate) fn is_dead(&self) -> bool {
-        matches!(self, Liveness::Dead(_))
-    }
-
-    /// The word and the reason, for listings.
-    pub fn describe(&self) -> (&'static str, &str) {
-        match self {
-            Liveness::Alive(why) => ("alive", why),
-            Liveness::Dead(why) => ("dead", why),
-            Liveness::Uncertain(why) => ("uncertain", why),
-        }
-    }
-}
-
 /// What a Docker daemon says of a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DaemonAnswer {
@@ -157,7 +106,7 @@ pub trait DockerDaemons: fmt::Debug + Send + Sync {
 /// is plugged in.
 #[derive(Debug, Clone)]
 pub struct Host {
-    proc_root: PathBuf,
+    procs: Processes,
     docker: Option<Arc<dyn DockerDaemons>>,
 }
 
@@ -171,7 +120,7 @@ impl Host {
     /// Reads processes under `proc_root` (normally `/proc`).
     pub fn at(proc_root: impl Into<PathBuf>) -> Host {
         Host {
-            proc_root: proc_root.into(),
+            procs: Processes::at(proc_root),
             docker: None,
         }
     }
@@ -218,47 +167,17 @@ impl Host {
 
     /// The stamp of this process.
     pub fn this_process(&self) -> io::Result<ProcessStamp> {
-        self.stamp(std::process::id())
+        self.procs.this_process()
     }
 
     /// The stamp of process `pid`.
     pub fn stamp(&self, pid: u32) -> io::Result<ProcessStamp> {
-        let stat = self.stat(pid)?;
-        Ok(ProcessStamp {
-            pid,
-            start_time: stat.start_time,
-            boot_id: self.boot_id()?,
-        })
-    }
-
-    /// This boot's id.
-    pub(crate) fn boot_id(&self) -> io::Result<String> {
-        let path = self.proc_root.join("sys/kernel/random/boot_id");
-        Ok(std::fs::read_to_string(path)?.trim().to_owned())
+        self.procs.stamp(pid)
     }
 
     /// Whether the stamped process still runs.
     pub fn process(&self, stamp: &ProcessStamp) -> Liveness {
-        match self.boot_id() {
-            Ok(boot) if boot != stamp.boot_id => {
-                return Liveness::Dead(format!("{stamp} ran in an earlier boot"));
-            }
-            Ok(_) => {}
-            Err(e) => return Liveness::Uncertain(format!("cannot read the boot id: {e}")),
-        }
-        match self.stat(stamp.pid) {
-            Ok(stat) if stat.start_time != stamp.start_time => Liveness::Dead(format!(
-                "{stamp} has exited (its pid now names another process)"
-            )),
-            Ok(stat) if matches!(stat.state, 'Z' | 'X') => {
-                Liveness::Dead(format!("{stamp} has exited (zombie)"))
-            }
-            Ok(_) => Liveness::Alive(format!("{stamp} runs")),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Liveness::Dead(format!("{stamp} has exited"))
-            }
-            Err(e) => Liveness::Uncertain(format!("cannot read /proc/{}/stat: {e}", stamp.pid)),
-        }
+        self.procs.process(stamp)
     }
 
     /// Whether `owner` is still there. A process owner (a Mesos agent, `exec`) is dead only
@@ -290,61 +209,8 @@ impl Host {
             }
             Owner::Quarantine { reason } => return Liveness::Uncertain(reason.clone()),
         };
-        let proc_state = self.process(process);
-        let Liveness::Dead(gone) = proc_state else {
-            return proc_state;
-        };
-        let Some(cgroup) = cgroup else {
-            return Liveness::Dead(gone);
-        };
-        match cgroup_pids(cgroup) {
-            Ok(0) => Liveness::Dead(format!("{gone}; its cgroup {} is empty", cgroup.display())),
-            Ok(n) => Liveness::Alive(format!(
-                "{gone}, but its cgroup {} still runs {n} process(es)",
-                cgroup.display()
-            )),
-            Err(e) => Liveness::Uncertain(format!(
-                "{gone}; cannot read {}/cgroup.procs: {e}",
-                cgroup.display()
-            )),
-        }
+        self.procs.process_or_cgroup(process, cgroup.as_deref())
     }
-
-    fn stat(&self, pid: u32) -> io::Result<Stat> {
-        let path = self.proc_root.join(pid.to_string()).join("stat");
-        let text = std::fs::read_to_string(&path)?;
-        parse_stat(&text).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: unexpected format", path.display()),
-            )
-        })
-    }
-}
-
-/// The number of processes in the cgroup at `dir`; 0 when it does not exist.
-pub(crate) fn cgroup_pids(dir: &Path) -> io::Result<usize> {
-    match std::fs::read_to_string(dir.join("cgroup.procs")) {
-        Ok(text) => Ok(text.split_whitespace().count()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
-}
-
-struct Stat {
-    state: char,
-    start_time: u64,
-}
-
-/// Fields 3 and 22 of `/proc/<pid>/stat`; the command (field 2) may hold spaces and
-/// parentheses, so fields are counted after its last `)`.
-fn parse_stat(text: &str) -> Option<Stat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // `rest` starts at field 3 (state); field 22 is 19 further on.
-    let start_time = fields.nth(18)?.parse().ok()?;
-    Some(Stat { state, start_time })
 }
 
 #[cfg(test)]
@@ -377,36 +243,6 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_stat_parsing_counts_after_the_command() {
-        let s =
-            parse_stat("42 (we ird) name) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20")
-                .unwrap();
-        assert_eq!((s.state, s.start_time), ('S', 999));
-        assert!(parse_stat("garbage").is_none());
-    }
-
-    #[test]
-    fn issue_13_pid_reuse_and_reboot_are_dead() {
-        let proc = fake_proc(7, 'S', 500);
-        let host = Host::at(proc.path());
-        assert!(matches!(
-            host.process(&stamp(7, 500, "boot-a")),
-            Liveness::Alive(_)
-        ));
-        let reused = host.process(&stamp(7, 400, "boot-a"));
-        assert!(reused.is_dead(), "{reused:?}");
-        let earlier = host.process(&stamp(7, 500, "boot-b"));
-        assert!(earlier.is_dead() && earlier.describe().1.contains("earlier boot"));
-        assert!(host.process(&stamp(8, 500, "boot-a")).is_dead());
-        let zombie = fake_proc(7, 'Z', 500);
-        assert!(
-            Host::at(zombie.path())
-                .process(&stamp(7, 500, "boot-a"))
-                .is_dead()
-        );
-    }
-
-    #[test]
     fn issue_13_a_dead_process_with_a_busy_cgroup_is_alive() {
         let proc = fake_proc(7, 'S', 500);
         let host = Host::at(proc.path());
@@ -426,12 +262,5 @@ mod tests {
             starter: None,
         };
         assert!(matches!(host.liveness(&docker), Liveness::Uncertain(_)));
-    }
-
-    #[test]
-    fn issue_13_this_process_is_alive() {
-        let host = Host::default();
-        let me = host.this_process().unwrap();
-        assert!(matches!(host.process(&me), Liveness::Alive(_)));
     }
 }
