@@ -107,7 +107,7 @@ pub struct Reservation {
 }
 
 /// The pool's durable state (schema [`SCHEMA_VERSION`], kept by [`mesos_gpu_os::store`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolState {
     /// Reservations by owner id.
     pub reservations: BTreeMap<String, Reservation>,
@@ -131,17 +131,6 @@ pub struct MpsRecord {
     pub daemon: crate::sharing::mps::MpsDaemon,
     /// The default limits it was told (those of one unit).
     pub per_replica: crate::sharing::ShareLimits,
-}
-
-impl Default for PoolState {
-    fn default() -> PoolState {
-        PoolState {
-            reservations: BTreeMap::new(),
-            health_dirs: BTreeSet::new(),
-            shares: BTreeMap::new(),
-            mps: BTreeMap::new(),
-        }
-    }
 }
 
 impl mesos_gpu_os::Document for PoolState {
