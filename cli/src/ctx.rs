@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::discovery::{DEFAULT_PROC_ROOT, Discovery, GpuDriver};
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::{discovery::DEFAULT_PROC_ROOT, discovery::Discovery, discovery::GpuDriver};
 use tracing_subscriber::EnvFilter;
 
 use crate::simulate::Simulation;

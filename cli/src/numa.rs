@@ -7,7 +7,8 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use mesos_gpu_isolator::lifecycle::PinOutcome;
-use mesos_gpu_isolator::numa::{self, Affinities, Decision, Pinning};
+use mesos_gpu_node::numa::Affinities;
+use mesos_gpu_placement::{numa, numa::Decision, numa::Pinning};
 
 use crate::ctx::Ctx;
 
@@ -40,7 +41,8 @@ pub(crate) fn docker_pinning(
     gpus: &[u32],
     cpus: Option<f64>,
 ) -> anyhow::Result<Option<Pinning>> {
-    let allowed = numa::online(Path::new(SYS)).context("cannot read the online CPUs")?;
+    let allowed =
+        mesos_gpu_node::numa::online(Path::new(SYS)).context("cannot read the online CPUs")?;
     match numa::plan(gpus, &affinities(ctx)?, &allowed, cpus) {
         Decision::Pin(pinning) => Ok(Some(pinning)),
         Decision::Skip(reason) => {
@@ -76,7 +78,12 @@ pub(crate) fn summary(affinities: &Affinities, gpus: &[u32]) -> Option<String> {
     }
     let parts: Vec<String> = groups
         .into_iter()
-        .map(|(local, members)| format!("GPU {} → {local}", numa::CpuList::from_ids(members)))
+        .map(|(local, members)| {
+            format!(
+                "GPU {} → {local}",
+                mesos_gpu_node::numa::CpuList::from_ids(members)
+            )
+        })
         .collect();
     Some(format!(
         "NUMA pinning (module parameter numa_pinning=on, --numa-pinning) narrows a task to its GPUs' local CPUs and memory nodes, the union for several GPUs, never fewer CPUs than it asks for: {}",
@@ -109,7 +116,7 @@ mod tests {
         for (index, cpus, mems) in [(0, "0-3", "0"), (1, "0-3", "0"), (2, "4-7", "1")] {
             a.insert(
                 index,
-                numa::GpuAffinity {
+                mesos_gpu_node::numa::GpuAffinity {
                     cpus: cpus.parse().expect("list"),
                     mems: Some(mems.parse().expect("list")),
                 },

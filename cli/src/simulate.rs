@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_isolator::discovery::MAX_GPUS;
+use mesos_gpu_node::discovery::MAX_GPUS;
 
 /// The `--simulate` value that lists the shipped nodes.
 pub(crate) const LIST: &str = "list";

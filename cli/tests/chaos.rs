@@ -19,11 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig,
 };
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 

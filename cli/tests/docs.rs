@@ -267,21 +267,30 @@ fn every_documented_command_and_flag_exists() {
 fn source_literals() -> Vec<String> {
     let root = workspace();
     let mut files = Vec::new();
-    for krate in [
-        "isolator",
-        "volume-manager",
-        "docker-bridge",
-        "ffi",
-        "cli",
-        "nvml-sim",
-    ] {
-        collect_rs(&root.join(krate).join("src"), &mut files);
+    for krate in members() {
+        if krate != "testkit" && krate != "examples" {
+            collect_rs(&root.join(krate).join("src"), &mut files);
+        }
     }
     assert!(files.len() > 20, "found only {} source files", files.len());
     files
         .iter()
         .flat_map(|f| string_literals(&std::fs::read_to_string(f).expect("read source")))
         .map(|lit| placeholders_to_holes(&lit))
+        .collect()
+}
+
+/// The workspace's member directories, as the root `Cargo.toml` lists them.
+fn members() -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).expect("Cargo.toml");
+    let list = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .expect("a members list");
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty())
         .collect()
 }
 
@@ -692,9 +701,17 @@ fn issue_14_documented_metrics_are_the_registered_ones() {
     };
     let crates = [
         "mesos_gpu_docker",
+        "mesos_gpu_enforce",
+        "mesos_gpu_grant",
+        "mesos_gpu_health",
         "mesos_gpu_isolator",
-        "mesos_gpu_volume",
         "mesos_gpu_module",
+        "mesos_gpu_node",
+        "mesos_gpu_os",
+        "mesos_gpu_placement",
+        "mesos_gpu_pool",
+        "mesos_gpu_testkit",
+        "mesos_gpu_volume",
     ];
     let mut unknown = Vec::new();
     for (name, text) in shipped_docs() {

@@ -123,7 +123,7 @@ fn issue_14_serve_opens_nvml_once() {
             .arg(dir.path().join("work").join("pool"))
             .arg("--docker-socket")
             .arg(dir.path().join("no-docker.sock"))
-            .env("MESOS_GPU_LOG", "mesos_gpu_isolator::discovery=info")
+            .env("MESOS_GPU_LOG", "mesos_gpu_node::discovery=info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -11,7 +11,9 @@ use mesos_gpu_docker::args::{
 use mesos_gpu_docker::client::host_config;
 use mesos_gpu_docker::rest::RestApi;
 use mesos_gpu_docker::rest::status::NoStatus;
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Inventory, Topology};
+use mesos_gpu_node::{
+    inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
+};
 
 fn inventory() -> Inventory {
     let gpus = (0..8u32)

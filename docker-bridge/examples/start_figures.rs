@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 use mesos_gpu_docker::args::{HostDevices, LaunchPlan};
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{ContainerSpec, DockerClient};
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::inventory::{Gpu, Inventory, Topology};
-use mesos_gpu_isolator::lifecycle::{CgroupChoice, ContainerId, Isolator, IsolatorConfig};
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig,
+};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::Topology};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 

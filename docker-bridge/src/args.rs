@@ -29,12 +29,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
+use mesos_gpu_grant::mig::MigAccess;
 use mesos_gpu_isolator::lifecycle::DockerShare;
-use mesos_gpu_isolator::mig::MigAccess;
-use mesos_gpu_isolator::numa::Pinning;
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::discovery::UNKNOWN_MINOR;
+use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu};
+use mesos_gpu_placement::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
     CONTAINER_PATH as DRIVER_VOLUME_TARGET, VISIBLE_DEVICES_ENV, VOLUMES_NEEDED_LABEL,

@@ -24,11 +24,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use mesos_gpu_isolator::inventory::Gpu;
-use mesos_gpu_isolator::lifecycle::{
-    ContainerId, ContainerKind, DockerReservation, DockerStart, Isolator, LifecycleError,
-    RecoveryReport,
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::ContainerKind, lifecycle::DockerReservation,
+    lifecycle::DockerStart, lifecycle::Isolator, lifecycle::LifecycleError,
+    lifecycle::RecoveryReport,
 };
+use mesos_gpu_node::inventory::Gpu;
 
 use crate::args::{ArgsError, DriverSpec, HostDevices, ImageInfo, LaunchPlan};
 use crate::client::{

@@ -27,8 +27,8 @@ use bollard::query_parameters::{
 };
 use bollard::{ClientVersion, Docker};
 use futures_util::{Stream, StreamExt};
-use mesos_gpu_isolator::inventory::Gpu;
-use mesos_gpu_isolator::numa::Pinning;
+use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_placement::numa::Pinning;
 
 use crate::args::{DeviceMapping, ImageInfo, LaunchPlan};
 

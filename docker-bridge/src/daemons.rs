@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::pool::{DaemonAnswer, DockerDaemons};
+use mesos_gpu_pool::{DaemonAnswer, DockerDaemons};
 
 use crate::client::DockerClient;
 

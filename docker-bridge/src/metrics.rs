@@ -25,11 +25,13 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use mesos_gpu_isolator::allocator::{Allocator, Counters, Fragmentation};
-use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::health::{Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats};
-use mesos_gpu_isolator::lifecycle::{Isolator, QUARANTINE_OWNER};
-use mesos_gpu_isolator::usage::{ContainerCgroup, GpuReadings, GpuUsage, UsageReader};
+use mesos_gpu_health::{Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats};
+use mesos_gpu_isolator::{lifecycle::Isolator, lifecycle::QUARANTINE_OWNER};
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::{
+    usage::ContainerCgroup, usage::GpuReadings, usage::GpuUsage, usage::UsageReader,
+};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Counters, allocator::Fragmentation};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

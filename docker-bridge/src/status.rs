@@ -17,9 +17,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::inventory::Gpu;
-use mesos_gpu_isolator::usage::{GpuDetailReadings, GpuReadings};
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_node::{usage::GpuDetailReadings, usage::GpuReadings};
 
 use crate::rest::status::{
     EccErrors, GpuDetails, GpuProcess, GpuStatus, GpuStatusSource, Utilization,
@@ -119,7 +119,7 @@ impl GpuStatusSource for NvmlStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mesos_gpu_isolator::discovery::Discovery;
+    use mesos_gpu_node::discovery::Discovery;
     use mesos_gpu_testkit::nvml_sim::SimNode;
 
     const NODE: &str = r#"{

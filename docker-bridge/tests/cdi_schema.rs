@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use mesos_gpu_docker::args::{HostDevices, ImageInfo, LaunchPlan};
 use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
-use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_volume::VolumeManager;

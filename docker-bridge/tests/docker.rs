@@ -24,7 +24,9 @@ use mesos_gpu_docker::plugin::{DEFAULT_BUILD_WAIT, DriverVolumes, PluginApi};
 use mesos_gpu_docker::rest::RestApi;
 use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::server::{Server, ServerConfig};
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Inventory, Topology};
+use mesos_gpu_node::{
+    inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
+};
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 
 const SOCKET: &str = "/var/run/docker.sock";

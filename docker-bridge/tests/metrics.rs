@@ -10,10 +10,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use mesos_gpu_docker::metrics::{FigureSource, Metrics, NvmlFigures};
-use mesos_gpu_isolator::allocator::{Allocator, Policy};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::{HealthMonitor, MonitorConfig};
-use mesos_gpu_isolator::usage::UsageReader;
+use mesos_gpu_health::{HealthMonitor, MonitorConfig};
+use mesos_gpu_node::usage::UsageReader;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use serde_json::{Value, json};
 

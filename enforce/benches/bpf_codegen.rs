@@ -2,8 +2,10 @@
 //! allow-list change (cgroups v2), for Mesos's base list plus 8 GPUs and for a 512-rule list.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use mesos_gpu_isolator::cgroup::{Access, DeviceProgram, DeviceRule, default_whitelist};
-use mesos_gpu_isolator::inventory::{DevNum, NVIDIA_GPU_MAJOR};
+use mesos_gpu_enforce::{
+    cgroup::Access, cgroup::DeviceProgram, cgroup::DeviceRule, cgroup::default_whitelist,
+};
+use mesos_gpu_node::{inventory::DevNum, inventory::NVIDIA_GPU_MAJOR};
 
 fn gpu_list(gpus: u32) -> Vec<DeviceRule> {
     let mut rules = default_whitelist();

@@ -30,9 +30,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::ShareLimits;
-use crate::discovery::{DiscoveryError, GpuDriver};
-use crate::pool::{Host, Liveness, ProcessStamp};
+use mesos_gpu_node::{discovery::DiscoveryError, discovery::GpuDriver};
+use mesos_gpu_os::{Liveness, ProcessStamp, Processes};
+use mesos_gpu_placement::sharing::ShareLimits;
 
 /// The program's name, as NVIDIA ships it.
 pub const PROGRAM: &str = "nvidia-cuda-mps-control";
@@ -130,7 +130,7 @@ pub struct MpsConfig {
     /// Root of the per-GPU `pipe` and `log` directories.
     pub root: PathBuf,
     /// Where liveness is read from (`/proc`).
-    pub host: Host,
+    pub host: Processes,
     /// Who sets the GPUs' compute modes; `None` leaves them as they are.
     pub compute_modes: Option<Arc<dyn ComputeModes>>,
 }
@@ -146,7 +146,7 @@ impl MpsConfig {
         MpsConfig {
             program: PathBuf::from(PROGRAM),
             root: root.into(),
-            host: Host::default(),
+            host: Processes::default(),
             compute_modes: None,
         }
     }

@@ -1,5 +1,5 @@
 //! NUMA pinning of a container's cgroup (opt-in): narrow its `cpuset.cpus`/`cpuset.mems` to its
-//! GPUs' local CPUs and memory nodes ([`crate::numa::plan`]), never below its `cpus`.
+//! GPUs' local CPUs and memory nodes ([`mesos_gpu_placement::numa::plan`]), never below its `cpus`.
 //!
 //! Whose cpuset cgroup (Mesos 1.12, HEAD c1b42f79; `shared/reference/mig_cdi_sharing.md` §4):
 //! - **v1**: Mesos makes `<cpuset hierarchy>/<cgroups_root>/<id>` only when its `cgroups/cpuset`
@@ -17,9 +17,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cgroup::{CgroupError, CgroupLayout, CgroupVersion, cpuset};
 use crate::container_id::ContainerId;
-use crate::numa::{Affinities, Decision, Pinning, SkipReason, plan};
+use crate::{cgroup::CgroupError, cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::cpuset};
+use mesos_gpu_node::numa::Affinities;
+use mesos_gpu_placement::{numa::Decision, numa::Pinning, numa::SkipReason, numa::plan};
 
 /// How NUMA pinning is set up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,7 +65,7 @@ enum Target {
 
 /// Pins containers as [`PinningConfig`] says.
 #[derive(Debug)]
-pub(crate) struct Pinner {
+pub struct Pinner {
     config: PinningConfig,
     target: Target,
 }
@@ -72,7 +73,7 @@ pub(crate) struct Pinner {
 impl Pinner {
     /// The pinner for containers laid out as `layout` (v1: in the cpuset hierarchy under
     /// `v1_root`).
-    pub(crate) fn new(config: PinningConfig, layout: &CgroupLayout, v1_root: &Path) -> Pinner {
+    pub fn new(config: PinningConfig, layout: &CgroupLayout, v1_root: &Path) -> Pinner {
         let parent = layout
             .parent_dir()
             .strip_prefix(layout.mount())
@@ -93,17 +94,17 @@ impl Pinner {
     }
 
     /// True when pinning is on.
-    pub(crate) fn enabled(&self) -> bool {
+    pub fn enabled(&self) -> bool {
         self.config.enabled
     }
 
     /// The affinities pinning uses.
-    pub(crate) fn affinities(&self) -> &Affinities {
+    pub fn affinities(&self) -> &Affinities {
         &self.config.affinities
     }
 
     /// The cpuset cgroup of container `id`.
-    pub(crate) fn cpuset_dir(&self, id: &ContainerId) -> PathBuf {
+    pub fn cpuset_dir(&self, id: &ContainerId) -> PathBuf {
         match &self.target {
             Target::V1 { mount, parent, .. } | Target::V2 { mount, parent } => {
                 mount.join(parent).join(id.as_str())
@@ -113,7 +114,7 @@ impl Pinner {
 
     /// Narrows container `id`, holding `gpus` and asking for `requested` CPUs, to its GPUs'
     /// local CPUs and memory nodes; all or nothing.
-    pub(crate) fn pin(
+    pub fn pin(
         &self,
         id: &ContainerId,
         gpus: &[u32],
@@ -183,7 +184,7 @@ impl Pinner {
     }
 
     /// Moves `pid` into the cpuset cgroup of `id` when the isolator made it (v1, pinned).
-    pub(crate) fn isolate(&self, id: &ContainerId, pid: u32) -> Result<(), CgroupError> {
+    pub fn isolate(&self, id: &ContainerId, pid: u32) -> Result<(), CgroupError> {
         if !self.config.enabled || !self.owns_cpusets() {
             return Ok(());
         }
@@ -198,7 +199,7 @@ impl Pinner {
 
     /// Removes the cpuset cgroup of `id` when the isolator made it (v1); success when there is
     /// none. It needs no memory of the pinning, so it also works after an agent restart.
-    pub(crate) fn release(&self, id: &ContainerId) -> Result<(), CgroupError> {
+    pub fn release(&self, id: &ContainerId) -> Result<(), CgroupError> {
         if !self.config.enabled || !self.owns_cpusets() {
             return Ok(());
         }
@@ -227,7 +228,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::cgroup::Hierarchy;
-    use crate::numa::{CpuList, GpuAffinity};
+    use mesos_gpu_node::{numa::CpuList, numa::GpuAffinity};
 
     fn config() -> PinningConfig {
         let mut affinities = Affinities::new();

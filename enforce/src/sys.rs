@@ -1,6 +1,5 @@
-//! Thin wrappers for the `bpf(2)` commands the cgroup v2 device isolation needs, and in [`nvml`]
-//! the NVML calls nvml-wrapper has no safe form for. This module is the only one of the crate
-//! with `unsafe`.
+//! Thin wrappers for the `bpf(2)` commands the cgroup v2 device isolation needs. This module is
+//! the only one of the crate with `unsafe`.
 //!
 //! Facts relied on (include/uapi/linux/bpf.h, kernel/bpf/syscall.c, kernel/bpf/cgroup.c as of
 //! Linux 6.18):
@@ -17,8 +16,6 @@
 //! - Since Linux 5.11 BPF memory is charged to the memory cgroup, not `RLIMIT_MEMLOCK`, so no
 //!   rlimit is raised here.
 #![allow(unsafe_code)]
-
-pub(crate) mod nvml;
 
 use std::ffi::CStr;
 use std::io;

@@ -9,9 +9,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::sharing::ShareLimits;
-use mesos_gpu_isolator::sharing::mps::{MpsConfig, MpsDaemons, MpsError};
+use mesos_gpu_enforce::{mps::MpsConfig, mps::MpsDaemons, mps::MpsError};
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::sharing::ShareLimits;
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use serde_json::Value;

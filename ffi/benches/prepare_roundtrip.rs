@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::proto::mesos::slave::{ContainerConfig, ContainerLaunchInfo};
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId as Cid, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId as Cid, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig,
 };
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use prost::Message;
 use support::{Cg, Fixture, Handle, call_plain, cid, config};
 

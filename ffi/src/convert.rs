@@ -16,8 +16,11 @@
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use mesos_gpu_isolator::health::Limitation;
-use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, PrepareConfig, RecoverState, Usage};
+use mesos_gpu_health::Limitation;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::LaunchInfo, lifecycle::PrepareConfig,
+    lifecycle::RecoverState, lifecycle::Usage,
+};
 
 use crate::proto::mesos::slave::{
     ContainerClass, ContainerConfig, ContainerLaunchInfo, ContainerLimitation, ContainerMountInfo,
@@ -49,7 +52,7 @@ pub enum ConvertError {
         id: String,
         /// Why.
         #[source]
-        source: mesos_gpu_isolator::container_id::ContainerIdError,
+        source: mesos_gpu_enforce::container_id::ContainerIdError,
     },
     /// A `gpus` resource that is not a scalar.
     #[error("resource `gpus` of container {container} has type {got}: expected SCALAR")]
@@ -355,7 +358,7 @@ mod tests {
         );
     }
 
-    use mesos_gpu_isolator::lifecycle::{Mount, MountKind};
+    use mesos_gpu_isolator::{lifecycle::Mount, lifecycle::MountKind};
 
     use super::*;
     use crate::proto::docker::spec::v1::{ImageManifest, image_manifest};

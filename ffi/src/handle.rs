@@ -15,16 +15,20 @@ use std::time::{Duration, SystemTime};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
-use mesos_gpu_isolator::agent_flags::{
-    AgentGpuFlags, GPU_ISOLATOR, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy,
+use mesos_gpu_enforce::mps::ComputeModes;
+use mesos_gpu_health::{GpuRef, MonitorConfig};
+use mesos_gpu_isolator::{
+    agent_flags::AgentGpuFlags, agent_flags::GPU_ISOLATOR, agent_flags::MIG_RESOURCE_PREFIX,
+    agent_flags::MigOffer, agent_flags::MigStrategy,
 };
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, Discovery, GpuDriver};
-use mesos_gpu_isolator::health::{GpuRef, MonitorConfig};
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
-use mesos_gpu_isolator::lifecycle::{ContainerId, DockerReservation, DockerStart, Isolator};
-use mesos_gpu_isolator::sharing::mps::ComputeModes;
-use mesos_gpu_isolator::usage::UsageReader;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::DockerReservation, lifecycle::DockerStart,
+    lifecycle::Isolator,
+};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::usage::UsageReader;
+use mesos_gpu_node::{discovery::DEFAULT_NVML_LIB, discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 use prost::Message;
 
 use crate::convert;
@@ -66,7 +70,7 @@ pub struct MgpuIsolator {
     inventory: Inventory,
     /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
     /// MIG device each stands for.
-    mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_isolator::mig::MigKind>>,
+    mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_placement::mig::MigKind>>,
     nodes: DeviceNodes,
     dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
@@ -240,7 +244,7 @@ impl MgpuIsolator {
         &self,
         id: &mesos::ContainerId,
         resources: &[crate::proto::mesos::Resource],
-    ) -> Result<std::collections::BTreeMap<mesos_gpu_isolator::mig::MigKind, u32>, FfiError> {
+    ) -> Result<std::collections::BTreeMap<mesos_gpu_placement::mig::MigKind, u32>, FfiError> {
         let mut out = std::collections::BTreeMap::new();
         for (name, value) in convert::requested_scalars(resources, MIG_RESOURCE_PREFIX) {
             let Some(&Some(kind)) = self.mig_profiles.get(&name) else {
@@ -255,7 +259,7 @@ impl MgpuIsolator {
                     },
                 });
             };
-            let count = mesos_gpu_isolator::allocator::GpuRequest::from_scalar(value, u32::MAX)
+            let count = mesos_gpu_placement::allocator::GpuRequest::from_scalar(value, u32::MAX)
                 .map_err(|_| FfiError::MigCount {
                     container: id.to_string(),
                     name: name.clone(),

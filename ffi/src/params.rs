@@ -12,20 +12,22 @@
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_isolator::agent_flags::{ContainerizerFlags, ContainerizerFlagsError};
-use mesos_gpu_isolator::allocator::{AllocError, Policy};
-use mesos_gpu_isolator::cgroup::{CgroupError, CgroupVersion};
-use mesos_gpu_isolator::devices::DevicesError;
-use mesos_gpu_isolator::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
-use mesos_gpu_isolator::health::{HealthPolicy, PolicyError};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
+use mesos_gpu_enforce::{cgroup::CgroupError, cgroup::CgroupVersion};
+use mesos_gpu_enforce::{
+    mps::DEFAULT_ROOT as DEFAULT_MPS_ROOT, mps::MpsConfig, mps::PROGRAM as MPS_CONTROL,
 };
-use mesos_gpu_isolator::pool::DEFAULT_POOL_DIR;
-use mesos_gpu_isolator::sharing::mps::{
-    DEFAULT_ROOT as DEFAULT_MPS_ROOT, MpsConfig, PROGRAM as MPS_CONTROL,
+use mesos_gpu_health::{HealthPolicy, PolicyError};
+use mesos_gpu_isolator::{agent_flags::ContainerizerFlags, agent_flags::ContainerizerFlagsError};
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::CgroupOwner, lifecycle::IsolatorConfig,
+    lifecycle::LifecycleError, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::SharingConfig,
 };
-use mesos_gpu_isolator::sharing::{SharingError, SharingMode, SharingSpec};
+use mesos_gpu_node::devices::DevicesError;
+use mesos_gpu_node::{discovery::DEFAULT_NVML_LIB, discovery::DiscoveryError};
+use mesos_gpu_placement::{allocator::AllocError, allocator::Policy};
+use mesos_gpu_placement::{sharing::SharingError, sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_pool::DEFAULT_POOL_DIR;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -383,10 +385,7 @@ impl ModuleParams {
             isolator,
             nvml_lib: path("nvml_lib", DEFAULT_NVML_LIB),
             dev_root: path("dev_root", "/dev"),
-            proc_root: path(
-                "proc_root",
-                mesos_gpu_isolator::discovery::DEFAULT_PROC_ROOT,
-            ),
+            proc_root: path("proc_root", mesos_gpu_node::discovery::DEFAULT_PROC_ROOT),
             volume_root: path("volume_root", mesos_gpu_volume::volume::DEFAULT_ROOT),
             driver_root: path("driver_root", "/"),
             driver_volume,

@@ -7,9 +7,9 @@
 
 use std::ffi::CStr;
 
-use mesos_gpu_isolator::allocator::AllocError;
-use mesos_gpu_isolator::health::HealthError;
+use mesos_gpu_health::HealthError;
 use mesos_gpu_isolator::lifecycle::LifecycleError;
+use mesos_gpu_placement::allocator::AllocError;
 
 use crate::convert::ConvertError;
 use crate::params::ParamError;

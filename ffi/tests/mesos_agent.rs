@@ -773,7 +773,7 @@ const MIG_NODE: &str = "dgx-a100-mixed";
 /// and a root task with the agent's capabilities, fail saying why; a `gpus:2` task gets two
 /// whole GPUs; everything is given back.
 fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
-    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    use mesos_gpu_isolator::{agent_flags::MigOffer, agent_flags::MigStrategy};
     let install = install()?;
     let module = module()?;
     let sim = SimNode::shipped(MIG_NODE);
@@ -1020,12 +1020,13 @@ fn v1_concurrent_tasks_get_disjoint_gpus() -> TestResult {
 /// `gpus:5` task runs, an exec isolator (the code `mesos-gpu exec` runs, in this process) on the
 /// same pool directory is refused 4 GPUs with the pool's counts and gets the other 3.
 fn v1_exec_beside_the_agent() -> TestResult {
-    use mesos_gpu_isolator::devices::DeviceNodes;
-    use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-    use mesos_gpu_isolator::lifecycle::{
-        CgroupChoice, ContainerId as Cid, Isolator, IsolatorConfig, PoolConfig, PoolRole,
-        PrepareConfig,
+    use mesos_gpu_isolator::{
+        lifecycle::CgroupChoice, lifecycle::ContainerId as Cid, lifecycle::Isolator,
+        lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
+        lifecycle::PrepareConfig,
     };
+    use mesos_gpu_node::devices::DeviceNodes;
+    use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
     let c = Cluster::start(
         AgentCgroups::V1,
         &format!("filesystem/linux,cgroups/devices,{MODULE}"),
@@ -1135,8 +1136,8 @@ fn v1_prepare_waits_for_gpus() -> TestResult {
         all.states().is_empty(),
         format!("no status while waiting: {:?}", all.states()),
     )?;
-    let health = mesos_gpu_isolator::health::HealthStore::at(&c.scratch.path().join("module-work"));
-    health.request_mark_healthy(&mesos_gpu_isolator::health::GpuRef::Index(7))?;
+    let health = mesos_gpu_health::HealthStore::at(&c.scratch.path().join("module-work"));
+    health.request_mark_healthy(&mesos_gpu_health::GpuRef::Index(7))?;
     all.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     expect_exactly(&c.report("all")?, &MINORS, false)?;
     c.wait_all_released()
@@ -2034,7 +2035,7 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
 /// names the device; the pool records it for the container meanwhile; a `gpus:1` Docker task
 /// beside it gets a whole GPU; `mig-1g.5gb:0.5` fails saying why; all go back to the pool.
 fn v1_docker_task_gets_its_mig_device() -> TestResult {
-    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    use mesos_gpu_isolator::{agent_flags::MigOffer, agent_flags::MigStrategy};
     let inventory = SimNode::shipped(MIG_NODE).inventory()?;
     let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
     let resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));

@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::MigError;
-use crate::cgroup::{Access, DeviceRule, normalize};
-use crate::devices::DeviceNodes;
-use crate::inventory::{DevNum, MigDevice, NVIDIA_GPU_MAJOR};
+use mesos_gpu_enforce::{cgroup::Access, cgroup::DeviceRule, cgroup::normalize};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::DevNum, inventory::MigDevice, inventory::NVIDIA_GPU_MAJOR};
+use mesos_gpu_placement::mig::MigError;
 
 /// Where the capability nodes live, relative to the device root.
 const CAPS_DIR: &str = "nvidia-caps";
@@ -137,7 +137,7 @@ pub fn check_capabilities(
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-    use crate::inventory::MigCaps;
+    use mesos_gpu_node::inventory::MigCaps;
 
     fn device() -> MigDevice {
         MigDevice {

@@ -2,7 +2,7 @@
 //! the allocator's free pool and a channel subscriber notified, p50/p99 over many injections,
 //! on a simulated DGX-1 (8 GPUs) with the monitor's production defaults and no checkpoint.
 //!
-//! Run: `cargo build --release -p mesos-gpu-isolator --example health_figures && \
+//! Run: `cargo build --release -p mesos-gpu-health --example health_figures && \
 //! NVML_SIM_LIB=$CARGO_TARGET_DIR/release/deps/libnvml_sim.so \
 //! $CARGO_TARGET_DIR/release/examples/health_figures [ROUNDS]` (examples run from
 //! `release/examples/`, where testkit does not look for the simulator library).
@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use mesos_gpu_isolator::allocator::{Allocator, Policy};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::{
+use mesos_gpu_health::{
     ChangeCallback, GpuRef, HealthChange, HealthMonitor, MonitorConfig, apply_to_allocator,
 };
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 /// Nearest-rank percentile, `per_mille` of 1000.

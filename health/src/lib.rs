@@ -9,6 +9,8 @@
 //! Wiring, for the lifecycle: start one [`HealthMonitor`] per agent with a callback that, under
 //! the allocator's lock, calls [`apply_to_allocator`] and resolves the returned
 //! [`Limitation`] in a [`Limitations`] registry that `watch(container)` waits on.
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 mod monitor;
 mod policy;

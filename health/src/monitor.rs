@@ -39,9 +39,9 @@ use super::state::{
     Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState,
 };
 use super::store::{HealthStore, RequestAnswer, StoreLock};
-use crate::discovery::GpuDriver;
-use crate::inventory::Gpu;
-use crate::sys::nvml::EventInstance;
+use mesos_gpu_node::discovery::EventInstance;
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::inventory::Gpu;
 
 /// How long a starting monitor waits for the health lock to be let go.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -351,7 +351,7 @@ fn watch(
     shared.registrations.fetch_add(1, Ordering::Relaxed);
     probe_lost(nvml, gpus, shared, None);
     while !shared.stop.load(Ordering::Relaxed) {
-        match crate::sys::nvml::wait_event(nvml, &set, timeout) {
+        match mesos_gpu_node::discovery::wait_event(nvml, &set, timeout) {
             Ok((event, instance)) => {
                 *backoff = config.retry_min;
                 shared.waits.fetch_add(1, Ordering::Relaxed);

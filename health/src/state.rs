@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::HealthError;
 use super::xid::xid_meaning;
-use crate::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 
 /// Why a GPU was marked unhealthy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -577,7 +577,7 @@ impl HealthChange {
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-    use crate::inventory::Gpu;
+    use mesos_gpu_node::inventory::Gpu;
 
     fn inventory(n: u32) -> Inventory {
         Inventory {
@@ -701,7 +701,7 @@ mod tests {
     /// GPU 1 in MIG mode: GPU instance 1 with compute instances 0 and 1, GPU instance 2 with 0.
     fn mig_inventory() -> Inventory {
         let mut inv = inventory(2);
-        let device = |index: u32, gi: u32, ci: u32| crate::inventory::MigDevice {
+        let device = |index: u32, gi: u32, ci: u32| mesos_gpu_node::inventory::MigDevice {
             parent: 1,
             parent_minor: 1,
             index,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::allocator::{AllocError, Allocator};
+use mesos_gpu_placement::{allocator::AllocError, allocator::Allocator};
 
 use super::state::HealthChange;
 
@@ -99,11 +99,7 @@ impl Limitations {
 
     /// Like [`Limitations::wait`], but `None` at once when the container has no slot (never
     /// watched, or forgotten since): a waiter can then not outlive its container's cleanup.
-    pub(crate) fn wait_watched(
-        &self,
-        container: &str,
-        timeout: Option<Duration>,
-    ) -> Option<Limitation> {
+    pub fn wait_watched(&self, container: &str, timeout: Option<Duration>) -> Option<Limitation> {
         self.wait_slot(self.slots(), container, timeout)
     }
 
@@ -153,9 +149,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::allocator::Policy;
-    use crate::allocator::nodes::NodeBuilder;
-    use crate::inventory::PcieLevel;
+    use mesos_gpu_node::inventory::PcieLevel;
+    use mesos_gpu_node::nodes::NodeBuilder;
+    use mesos_gpu_placement::allocator::Policy;
 
     fn allocator() -> Allocator {
         let inventory = NodeBuilder::new(4, PcieLevel::CrossSocket).inventory();

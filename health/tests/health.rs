@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::{
+use mesos_gpu_health::{
     ChangeCallback, Failure, GpuRef, HealthChange, HealthError, HealthMonitor, HealthPolicy,
     HealthStore, Limitations, MonitorConfig, apply_to_allocator,
 };
-use mesos_gpu_isolator::usage::{ContainerCgroup, UsageReader};
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_node::{usage::ContainerCgroup, usage::UsageReader};
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet, allocator::Policy};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 use serde_json::{Value, json};

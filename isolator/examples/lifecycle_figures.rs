@@ -16,11 +16,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig,
 };
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;

@@ -1,22 +1,9 @@
-//! The `gpu/nvidia` isolator of the Mesos unified containerizer: GPU discovery, allocation,
-//! device cgroups (v1 and v2) and the container lifecycle.
-//!
-//! `unsafe` is denied everywhere but in [`sys`], which wraps the raw `bpf(2)` system call
-//! and the NVML calls nvml-wrapper has no safe form for.
-#![deny(unsafe_code)]
+//! The Mesos side of mesos-gpu: the `gpu/nvidia` isolator's container lifecycle
+//! ([`lifecycle`]: recover, prepare, isolate, update, watch, usage, status, cleanup), composed of
+//! the node ([`mesos_gpu_node`]), placement ([`mesos_gpu_placement`]), the node's pool
+//! ([`mesos_gpu_pool`]), enforcement ([`mesos_gpu_enforce`]) and health ([`mesos_gpu_health`]);
+//! and Mesos's agent-flag rules for what a node offers ([`agent_flags`]).
+#![forbid(unsafe_code)]
 
 pub mod agent_flags;
-pub mod allocator;
-pub mod cgroup;
-pub mod container_id;
-pub mod devices;
-pub mod discovery;
-pub mod health;
-pub mod inventory;
 pub mod lifecycle;
-pub mod mig;
-pub mod numa;
-pub mod pool;
-pub mod sharing;
-mod sys;
-pub mod usage;

@@ -15,12 +15,13 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::lifecycle::{
-    ContainerId, DockerReservation, DockerStart, Isolator, LaunchInfo, MountKind, PrepareConfig,
-    QUARANTINE_OWNER, RecoverState, RecoveryIssue,
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::DockerReservation, lifecycle::DockerStart,
+    lifecycle::Isolator, lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
+    lifecycle::QUARANTINE_OWNER, lifecycle::RecoverState, lifecycle::RecoveryIssue,
 };
+use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
 

@@ -16,12 +16,14 @@ use std::process::{Command, ExitCode, Stdio};
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PrepareConfig, RecoveryIssue, fault,
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::PrepareConfig, lifecycle::RecoveryIssue,
+    lifecycle::fault,
 };
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, Mode, Probe};
 

@@ -15,17 +15,18 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, make_nodes, trial};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::{GpuRef, HealthPolicy, MonitorConfig};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupOwner, ContainerId, Isolator, PoolConfig, PoolRole, PrepareConfig, RecoverState,
-    SharingConfig,
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_enforce::mps::MpsConfig;
+use mesos_gpu_health::{GpuRef, HealthPolicy, MonitorConfig};
+use mesos_gpu_isolator::{
+    lifecycle::CgroupOwner, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::PoolConfig,
+    lifecycle::PoolRole, lifecycle::PrepareConfig, lifecycle::RecoverState,
+    lifecycle::SharingConfig,
 };
-use mesos_gpu_isolator::sharing::mps::MpsConfig;
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::allocator::Policy;
+use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use serde_json::{Value, json};

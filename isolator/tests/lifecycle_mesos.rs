@@ -23,11 +23,12 @@ use std::process::ExitCode;
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, kill_cgroup, trial};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::cgroup::{CgroupVersion, default_whitelist};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupOwner, ContainerId, Isolator, LifecycleError, PrepareConfig, RecoverState, RecoveryIssue,
+use mesos_gpu_enforce::{cgroup::CgroupVersion, cgroup::default_whitelist};
+use mesos_gpu_isolator::{
+    lifecycle::CgroupOwner, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::LifecycleError,
+    lifecycle::PrepareConfig, lifecycle::RecoverState, lifecycle::RecoveryIssue,
 };
+use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
 

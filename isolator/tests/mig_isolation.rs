@@ -13,14 +13,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use libtest_mimic::Arguments;
-use mesos_gpu_isolator::cgroup::{
-    CgroupLayout, CgroupVersion, DeviceCgroup, Hierarchy, default_whitelist,
+use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_enforce::{
+    cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceCgroup, cgroup::Hierarchy,
+    cgroup::default_whitelist,
 };
-use mesos_gpu_isolator::container_id::ContainerId;
-use mesos_gpu_isolator::devices::{DeviceNode, DeviceNodes};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::inventory::{DevNum, Inventory};
-use mesos_gpu_isolator::mig::{MigAccess, MigKind, MigUnits, allow_list};
+use mesos_gpu_grant::{mig::MigAccess, mig::allow_list};
+use mesos_gpu_node::{devices::DeviceNode, devices::DeviceNodes};
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_node::{inventory::DevNum, inventory::Inventory};
+use mesos_gpu_placement::{mig::MigKind, mig::MigUnits};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, cgroup2_root, needs, unique_name};
 use support::{ALLOWED, Cleanup, DENIED, Mode, Outcome, Probe, TestResult, check};

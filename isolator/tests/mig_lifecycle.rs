@@ -33,17 +33,18 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Setup, TestResult, check, trial};
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_health::GpuRef;
 use mesos_gpu_isolator::agent_flags::MigStrategy;
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::health::GpuRef;
-use mesos_gpu_isolator::inventory::{DevNum, Inventory};
-use mesos_gpu_isolator::lifecycle::{
-    ContainerId, Isolator, IsolatorConfig, LaunchInfo, MigConfig, MountKind, PoolConfig, PoolRole,
-    PrepareConfig, RecoverState,
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
+    lifecycle::MigConfig, lifecycle::MountKind, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig, lifecycle::RecoverState,
 };
-use mesos_gpu_isolator::mig::MigKind;
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_node::{inventory::DevNum, inventory::Inventory};
+use mesos_gpu_placement::mig::MigKind;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
@@ -733,7 +734,7 @@ fn h100_kinds(version: CgroupVersion) -> TestResult {
 /// Starts the isolator's health monitor on the node's nvml-sim and waits for its events to be
 /// registered.
 fn attach_health(iso: &Isolator, node: &MigNode) -> TestResult {
-    use mesos_gpu_isolator::health::{HealthPolicy, MonitorConfig};
+    use mesos_gpu_health::{HealthPolicy, MonitorConfig};
     use std::sync::Arc;
     let driver = match GpuDriver::open_at(Some(&node.sim.lib_path()), &node.sim.proc_root())? {
         Discovery::Driver(d) => Arc::new(*d),

@@ -13,11 +13,14 @@ use std::process::{Command, ExitCode, Stdio};
 
 use libtest_mimic::Arguments;
 use lifecycle_common::{CgroupRoot, Node, Setup, TestResult, check, trial};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator, PinOutcome, PrepareConfig};
-use mesos_gpu_isolator::numa::{Affinities, CpuList, SkipReason};
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::Isolator, lifecycle::PinOutcome, lifecycle::PrepareConfig,
+};
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_node::{numa::Affinities, numa::CpuList};
+use mesos_gpu_placement::allocator::Policy;
+use mesos_gpu_placement::numa::SkipReason;
 use mesos_gpu_testkit::{Host, Need, needs};
 
 fn main() -> ExitCode {

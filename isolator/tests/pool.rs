@@ -18,12 +18,14 @@ use std::process::{Child, Command, ExitCode};
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::lifecycle::{
-    ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::PoolConfig,
+    lifecycle::PoolRole, lifecycle::PrepareConfig,
 };
-use mesos_gpu_isolator::lifecycle::{DockerStart, LifecycleError};
-use mesos_gpu_isolator::pool::{self, DaemonAnswer, DockerDaemons, Liveness, Pool};
+use mesos_gpu_isolator::{lifecycle::DockerStart, lifecycle::LifecycleError};
+use mesos_gpu_pool as pool;
+use mesos_gpu_pool::{DaemonAnswer, DockerDaemons, Liveness, Pool};
 use mesos_gpu_testkit::{Host, Need, needs};
 
 fn main() -> ExitCode {

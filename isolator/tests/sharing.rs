@@ -24,14 +24,15 @@ use std::process::ExitCode;
 
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::lifecycle::{
-    ContainerId, Isolator, IsolatorConfig, LaunchInfo, LifecycleError, MountKind, PoolConfig,
-    PoolRole, PrepareConfig, SharingConfig,
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_enforce::mps::MpsConfig;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
+    lifecycle::LifecycleError, lifecycle::MountKind, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig, lifecycle::SharingConfig,
 };
-use mesos_gpu_isolator::pool::Pool;
-use mesos_gpu_isolator::sharing::mps::MpsConfig;
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_pool::Pool;
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};

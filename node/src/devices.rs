@@ -16,7 +16,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::inventory::{DevNum, Inventory, NVIDIA_GPU_MAJOR};
+use crate::{inventory::DevNum, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR};
 
 /// `nvidiactl`, relative to the device root.
 pub const NVIDIACTL: &str = "nvidiactl";
@@ -183,7 +183,7 @@ pub(crate) fn split_rdev(rdev: u64) -> DevNum {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{DriverInfo, Gpu, Topology};
+    use crate::{inventory::DriverInfo, inventory::Gpu, inventory::Topology};
 
     fn inventory(minors: &[u32]) -> Inventory {
         let gpus: Vec<Gpu> = (0u32..)

@@ -125,7 +125,7 @@ impl Link {
 
     /// Most NVLinks one pair is scored for: go-gpuallocator's `EighteenNVLINKLinks` (NVML's
     /// `NVML_NVLINK_MAX_LINKS`); more count as this many.
-    pub(crate) const MAX_SCORED_NVLINKS: u32 = 18;
+    pub const MAX_SCORED_NVLINKS: u32 = 18;
 
     /// A pair joined over PCIe at `level` only.
     pub const fn pcie(level: PcieLevel) -> Link {

@@ -4,7 +4,10 @@
 //! Every pair gets a PCIe level and, when joined by NVLink, its NVLink count as well, as NVML
 //! reports both. GPU `i` gets NVML index `i` and minor `i`.
 
-use crate::inventory::{Gpu, Inventory, Link, PcieLevel, Topology};
+use crate::{
+    inventory::Gpu, inventory::Inventory, inventory::Link, inventory::PcieLevel,
+    inventory::Topology,
+};
 
 /// Builds a [`Topology`] (and a matching [`Inventory`]) pair by pair.
 #[derive(Debug, Clone)]

@@ -53,9 +53,11 @@ pub(crate) fn instance_id(
 /// `computeInstanceId`, `nvml.h` 3243-3255): the GPU instance, and the compute instance when
 /// NVML names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EventInstance {
-    pub(crate) gpu_instance: u32,
-    pub(crate) compute_instance: Option<u32>,
+pub struct EventInstance {
+    /// The GPU instance id.
+    pub gpu_instance: u32,
+    /// The compute instance id, when NVML names one.
+    pub compute_instance: Option<u32>,
 }
 
 /// `nvmlEventData_t`'s value for "no instance".
@@ -63,7 +65,7 @@ const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
 /// `nvmlEventSetWait_v2` on `set`, keeping what nvml-wrapper's `EventSet::wait` drops: the MIG
 /// instance the event is attributed to (`None` when NVML attributes it to the whole GPU).
-pub(crate) fn wait_event<'n>(
+pub fn wait_event<'n>(
     nvml: &'n Nvml,
     set: &EventSet<'n>,
     timeout_ms: u32,

@@ -6,8 +6,11 @@ use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_isolator::devices::{DeviceNodes, DevicesError};
-use mesos_gpu_isolator::inventory::{DevNum, DriverInfo, Gpu, Inventory, Topology};
+use mesos_gpu_node::{devices::DeviceNodes, devices::DevicesError};
+use mesos_gpu_node::{
+    inventory::DevNum, inventory::DriverInfo, inventory::Gpu, inventory::Inventory,
+    inventory::Topology,
+};
 use mesos_gpu_testkit::{Host, Need, needs};
 
 fn mknod(dir: &Path, name: &str, major: u32, minor: u32) -> Result<(), Failed> {

@@ -5,9 +5,11 @@
 
 use std::path::Path;
 
-use mesos_gpu_isolator::discovery::{Discovery, DiscoveryError, GpuDriver, UNKNOWN_MINOR};
-use mesos_gpu_isolator::inventory::{Inventory, Link, PcieLevel};
-use mesos_gpu_isolator::usage::GpuReadings;
+use mesos_gpu_node::usage::GpuReadings;
+use mesos_gpu_node::{
+    discovery::Discovery, discovery::DiscoveryError, discovery::GpuDriver, discovery::UNKNOWN_MINOR,
+};
+use mesos_gpu_node::{inventory::Inventory, inventory::Link, inventory::PcieLevel};
 use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use serde_json::{Value, json};

@@ -2,8 +2,8 @@
 //! a real driver uses and the `/proc` files the sim writes as NVIDIA's driver does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use mesos_gpu_isolator::discovery::{Discovery, DiscoveryError, GpuDriver};
-use mesos_gpu_isolator::inventory::{DevNum, Inventory, MigDevice};
+use mesos_gpu_node::{discovery::Discovery, discovery::DiscoveryError, discovery::GpuDriver};
+use mesos_gpu_node::{inventory::DevNum, inventory::Inventory, inventory::MigDevice};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use serde_json::Value;
 

@@ -3,12 +3,12 @@
 //! a fresh copy of the allocator (the copy is made outside the timed part).
 //!
 //! p50/p99 over 10 000 allocations and the score check against brute force are printed by
-//! `cargo run --release -p mesos-gpu-isolator --example alloc_figures`.
+//! `cargo run --release -p mesos-gpu-placement --example alloc_figures`.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet, allocator::Policy};
 use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 
 /// An allocator over `builder`'s node with `taken` already held by another container.

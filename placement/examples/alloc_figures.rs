@@ -7,7 +7,7 @@
 //! Then the MIG unit allocator (issue 16) on nvml-sim's `dgx-a100-mig` (56 1g.5gb MIG devices,
 //! discovered through the simulated driver) with 0, 28 and 55 units already held.
 //!
-//! Run: `cargo run --release -p mesos-gpu-isolator --example alloc_figures [-- ROUNDS]`.
+//! Run: `cargo run --release -p mesos-gpu-placement --example alloc_figures [-- ROUNDS]`.
 //! Exits non-zero if any chosen set scores below the brute-force best or below best-effort's.
 
 #[path = "support/besteffort.rs"]
@@ -16,9 +16,11 @@ mod besteffort;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::allocator::{AllocError, Allocator, GpuSet, Policy};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::mig::{MigKind, MigUnits};
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::{
+    allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,
+};
+use mesos_gpu_placement::{mig::MigKind, mig::MigUnits};
 use mesos_gpu_testkit::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 

@@ -2,7 +2,7 @@
 //! policy and a re-implementation of NVIDIA go-gpuallocator's best-effort policy
 //! (`support/besteffort.rs`), printing one table row per node and policy.
 //!
-//! Run: `cargo run --release -p mesos-gpu-isolator --example alloc_stream [-- SEED [LOAD]]`
+//! Run: `cargo run --release -p mesos-gpu-placement --example alloc_stream [-- SEED [LOAD]]`
 //! (defaults: seed 15, load 1.0). The committed output is `docs/benchmarks/allocator-stream.txt`.
 //!
 //! # The day
@@ -36,9 +36,9 @@ use std::collections::BinaryHeap;
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet, allocator::Policy};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;

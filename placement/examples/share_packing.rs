@@ -2,7 +2,7 @@
 //! ways, placed by packing (`Placement::Pack`, what the node does) and by spreading
 //! (`Placement::Spread`, least used GPU first), printing one row per R, load and policy.
 //!
-//! Run: `cargo run --release -p mesos-gpu-isolator --example share_packing [-- SEED]`
+//! Run: `cargo run --release -p mesos-gpu-placement --example share_packing [-- SEED]`
 //! (default seed 17). The committed output is `docs/benchmarks/share-packing.txt`.
 //!
 //! Requests arrive as a Poisson process for 24 hours; each asks k units of one GPU (k from 1
@@ -16,7 +16,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use mesos_gpu_isolator::sharing::{Placement, ShareBook, SharingMode, SharingSpec};
+use mesos_gpu_placement::{
+    sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingSpec,
+};
 use mesos_gpu_testkit::nodes::dgx1_v100;
 
 /// Mean time a share is held, in hours.

@@ -12,78 +12,9 @@
 //! - The set written must lie within what the parent cgroup allows (v1 `cpuset.effective_cpus`,
 //!   v2 `cpuset.cpus.effective`), or the kernel refuses it (v1) or ignores the rest (v2).
 
-mod cpulist;
-mod online;
-
-use std::collections::BTreeMap;
 use std::fmt;
 
-pub use cpulist::CpuList;
-
-pub use cpulist::CpuListError;
-pub use online::online;
-
-/// Where one GPU's nearest CPUs and memory nodes are (NVML scope `NODE`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GpuAffinity {
-    /// Its local CPUs.
-    pub cpus: CpuList,
-    /// Its local memory nodes; `None` when NVML does not say.
-    pub mems: Option<CpuList>,
-}
-
-/// Every GPU's affinity, by NVML index; a GPU NVML says nothing about is absent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Affinities(BTreeMap<u32, GpuAffinity>);
-
-impl Affinities {
-    /// No affinities.
-    pub fn new() -> Affinities {
-        Affinities::default()
-    }
-
-    /// Records GPU `index`'s affinity.
-    pub fn insert(&mut self, index: u32, affinity: GpuAffinity) {
-        self.0.insert(index, affinity);
-    }
-
-    /// GPU `index`'s affinity, when known.
-    pub fn get(&self, index: u32) -> Option<&GpuAffinity> {
-        self.0.get(&index)
-    }
-
-    /// True when no GPU's affinity is known.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The union of `gpus`' local CPUs and memory nodes (memory `None` when a GPU's is unknown);
-    /// `Err(index)` names the first GPU whose CPUs are unknown or empty.
-    pub(crate) fn local_to(&self, gpus: &[u32]) -> Result<GpuAffinity, u32> {
-        let mut cpus = CpuList::default();
-        let mut mems = Some(CpuList::default());
-        for &index in gpus {
-            let Some(a) = self.get(index).filter(|a| !a.cpus.is_empty()) else {
-                return Err(index);
-            };
-            cpus = cpus.union(&a.cpus);
-            mems = match (mems, &a.mems) {
-                (Some(all), Some(m)) => Some(all.union(m)),
-                _ => None,
-            };
-        }
-        Ok(GpuAffinity { cpus, mems })
-    }
-}
-
-/// The CPUs and memory nodes the container's cgroup may use now.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allowed {
-    /// The parent's effective CPUs.
-    pub cpus: CpuList,
-    /// The parent's effective memory nodes.
-    pub mems: CpuList,
-}
+pub use mesos_gpu_node::numa::{Affinities, Allowed, CpuList};
 
 /// What a container is narrowed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +128,7 @@ pub fn plan(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use mesos_gpu_node::numa::GpuAffinity;
 
     fn list(s: &str) -> CpuList {
         s.parse().unwrap()

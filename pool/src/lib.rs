@@ -20,8 +20,11 @@
 //! - **Health:** holders that run a health monitor register its work directory
 //!   ([`PoolState::health_dirs`]); every allocation reads those checkpoints, so every path
 //!   honours the same health state.
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod owner;
+pub mod shares;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -33,8 +36,8 @@ use serde::{Deserialize, Serialize};
 
 use mesos_gpu_os::{IoContext as _, IoError, JsonFile, LockFile};
 
-use crate::health::HealthStore;
-use crate::sharing::store::ShareReservation;
+use crate::shares::ShareReservation;
+use mesos_gpu_health::HealthStore;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 
 /// Where the pool lives unless told otherwise.
@@ -115,7 +118,7 @@ pub struct PoolState {
     /// allocation honours.
     #[serde(default)]
     pub health_dirs: BTreeSet<PathBuf>,
-    /// Shares of shared GPUs by owner id ([`crate::sharing::store`]).
+    /// Shares of shared GPUs by owner id ([`crate::shares`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shares: BTreeMap<String, ShareReservation>,
     /// The MPS control daemon of each shared GPU, by UUID: one per GPU for the whole node, so
@@ -128,9 +131,9 @@ pub struct PoolState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MpsRecord {
     /// The daemon: its directories and process.
-    pub daemon: crate::sharing::mps::MpsDaemon,
+    pub daemon: mesos_gpu_enforce::mps::MpsDaemon,
     /// The default limits it was told (those of one unit).
-    pub per_replica: crate::sharing::ShareLimits,
+    pub per_replica: mesos_gpu_placement::sharing::ShareLimits,
 }
 
 impl mesos_gpu_os::Document for PoolState {
@@ -140,7 +143,7 @@ impl mesos_gpu_os::Document for PoolState {
 
 impl PoolState {
     /// UUIDs held by reservations of holders other than `holder`, and GPUs with a share.
-    pub(crate) fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
+    pub fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
@@ -223,7 +226,7 @@ impl PoolState {
             match HealthStore::at(dir).load() {
                 Ok(Some(snapshot)) => {
                     for gpu in snapshot.records() {
-                        if let crate::health::GpuHealth::Unhealthy { reason, .. } = &gpu.health {
+                        if let mesos_gpu_health::GpuHealth::Unhealthy { reason, .. } = &gpu.health {
                             out.insert(gpu.uuid.clone(), reason.to_string());
                         }
                     }
@@ -408,7 +411,7 @@ fn remove_dir_if_present(dir: &Path) -> io::Result<()> {
 }
 
 /// Seconds since the Unix epoch.
-pub(crate) fn now() -> u64 {
+pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -598,7 +601,7 @@ pub struct Transaction {
 impl Transaction {
     /// Writes the state back crash-safely if it changed; the lock stays held until the
     /// transaction is dropped.
-    pub(crate) fn commit(&mut self) -> Result<(), PoolError> {
+    pub fn commit(&mut self) -> Result<(), PoolError> {
         if self.state == self.before {
             return Ok(());
         }
@@ -629,13 +632,13 @@ mod tests {
         ShareReservation {
             holder: holder.into(),
             owner,
-            grant: crate::sharing::ShareGrant {
+            grant: mesos_gpu_placement::sharing::ShareGrant {
                 uuid: uuid.into(),
                 index: 0,
                 units: 1,
                 replicas: 4,
-                mode: crate::sharing::SharingMode::TimeSlicing,
-                limits: crate::sharing::ShareLimits::of(1, 4, 1 << 30),
+                mode: mesos_gpu_placement::sharing::SharingMode::TimeSlicing,
+                limits: mesos_gpu_placement::sharing::ShareLimits::of(1, 4, 1 << 30),
             },
             since: 7,
         }

@@ -1,4 +1,4 @@
-//! Share reservations in the node's GPU pool ([`crate::pool`]): each share is recorded under
+//! Share reservations in the node's GPU pool ([`crate`]): each share is recorded under
 //! its owner's id in [`PoolState::shares`] inside the pool's transaction, so concurrent
 //! processes (module, `run`, `exec`, `docker-args`) never over-commit a GPU: a GPU with a share
 //! is held for whole-GPU reservations ([`PoolState::held_by_others`]), and a GPU reserved whole,
@@ -6,9 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::{Placement, PlacementError, ShareBook, ShareGrant};
-use super::plan::SharingPlan;
-use crate::pool::{Host, Owner, PoolState, Transaction};
+use crate::{Host, Owner, PoolState, Transaction};
+use mesos_gpu_placement::sharing::SharingPlan;
+use mesos_gpu_placement::sharing::{Placement, PlacementError, ShareBook, ShareGrant};
 
 /// A share as the pool records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +58,7 @@ pub fn reserve(
     owner: Owner,
     units: u32,
 ) -> Result<ShareGrant, PlacementError> {
-    crate::pool::reconcile(&mut tx.state, host, None);
+    crate::reconcile(&mut tx.state, host, None);
     let mut book = book(&tx.state, plan);
     let grant = book.place(id, units, Placement::Pack)?;
     tx.state.shares.insert(
@@ -67,7 +67,7 @@ pub fn reserve(
             holder: holder.to_owned(),
             owner,
             grant: grant.clone(),
-            since: crate::pool::now(),
+            since: crate::now(),
         },
     );
     tracing::info!(owner = id, gpu = %grant.uuid, units, replicas = grant.replicas, mode = %grant.mode, "reserved a GPU share");
@@ -85,9 +85,9 @@ pub fn release(tx: &mut Transaction, id: &str) -> Option<ShareReservation> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::allocator::nodes::dgx1_v100;
-    use crate::pool::{Pool, Reservation};
-    use crate::sharing::plan::{SharingMode, SharingSpec};
+    use crate::{Pool, Reservation};
+    use mesos_gpu_node::nodes::dgx1_v100;
+    use mesos_gpu_placement::{sharing::plan::SharingMode, sharing::plan::SharingSpec};
 
     fn plan() -> SharingPlan {
         SharingSpec::parse("2", SharingMode::TimeSlicing)
@@ -106,7 +106,7 @@ mod tests {
 
     fn dead() -> Owner {
         Owner::Process {
-            process: crate::pool::ProcessStamp {
+            process: crate::ProcessStamp {
                 pid: u32::MAX,
                 start_time: 1,
                 boot_id: "no-such-boot".into(),

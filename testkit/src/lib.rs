@@ -14,7 +14,7 @@ pub mod nvml_sim;
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
 /// `shared/reference/topologies.md`: the isolator's test fixtures, compiled into it only for its
 /// own unit tests and through this crate (feature `fixtures`), never into a release build.
-pub use mesos_gpu_isolator::allocator::nodes;
+pub use mesos_gpu_node::nodes;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -13,8 +13,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use tempfile::TempDir;
 
 /// The environment variable naming the built `libnvml_sim.so` to use.

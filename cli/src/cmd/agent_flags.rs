@@ -11,9 +11,11 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION, MigStrategy};
-use mesos_gpu_isolator::inventory::Inventory;
-use mesos_gpu_isolator::sharing::{self, SharingMode, SharingSpec};
+use mesos_gpu_isolator::{
+    agent_flags::AgentGpuFlags, agent_flags::DEFAULT_ISOLATION, agent_flags::MigStrategy,
+};
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
 
 use crate::ctx::Ctx;
 use crate::simulate;
@@ -129,7 +131,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ),
         Some(spec) => {
             let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
-            let shared = sharing::offer::advertise(&resolved, inventory, &spec)?.0;
+            let shared =
+                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &spec)?.0;
             eprintln!(
                 "mesos-gpu: note: give the module the same parameters (gpu_replicas={}, \
                  gpu_sharing={}), and start the agent with --containerizers=mesos: Mesos's Docker \

@@ -24,14 +24,20 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::cgroup::{CgroupLayout, DeviceRule, default_whitelist};
-use mesos_gpu_isolator::devices::{DeviceNode, DeviceNodes, GpuNode, NVIDIA_UVM, NVIDIACTL};
-use mesos_gpu_isolator::inventory::{DevNum, Gpu, Inventory, NVIDIA_GPU_MAJOR};
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
-    LaunchInfo, PrepareConfig, plan_launch,
+use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::DeviceRule, cgroup::default_whitelist};
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerReservation,
+    lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
+    lifecycle::PrepareConfig, lifecycle::plan_launch,
 };
+use mesos_gpu_node::{
+    devices::DeviceNode, devices::DeviceNodes, devices::GpuNode, devices::NVIDIA_UVM,
+    devices::NVIDIACTL,
+};
+use mesos_gpu_node::{
+    inventory::DevNum, inventory::Gpu, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR,
+};
+use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
 

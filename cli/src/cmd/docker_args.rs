@@ -25,15 +25,19 @@ use mesos_gpu_docker::args::{
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_isolator::agent_flags::{MIG_RESOURCE_PREFIX, MigOffer, MigStrategy};
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
-use mesos_gpu_isolator::lifecycle::{
-    CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
-    LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig,
+use mesos_gpu_isolator::{
+    agent_flags::MIG_RESOURCE_PREFIX, agent_flags::MigOffer, agent_flags::MigStrategy,
 };
-use mesos_gpu_isolator::mig::MigKind;
-use mesos_gpu_isolator::pool::Host;
+use mesos_gpu_isolator::{
+    lifecycle::CheckpointError, lifecycle::ContainerId, lifecycle::DockerReservation,
+    lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig,
+    lifecycle::LifecycleError, lifecycle::MigConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig,
+};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_placement::mig::MigKind;
+use mesos_gpu_pool::Host;
 use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;

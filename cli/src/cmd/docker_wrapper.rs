@@ -19,8 +19,10 @@ use std::process::{Command, ExitCode};
 use anyhow::Context as _;
 use mesos_gpu_docker::args::check_cuda;
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
-use mesos_gpu_isolator::lifecycle::{ContainerId, DockerStart, LifecycleError};
-use mesos_gpu_isolator::pool::Host;
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::DockerStart, lifecycle::LifecycleError,
+};
+use mesos_gpu_pool::Host;
 
 use crate::ctx::Ctx;
 

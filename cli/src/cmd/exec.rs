@@ -28,12 +28,13 @@ use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_isolator::allocator::Policy;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PoolConfig, PoolRole,
-    PrepareConfig,
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::LaunchInfo, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::PrepareConfig,
 };
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_placement::allocator::Policy;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 

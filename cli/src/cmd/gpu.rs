@@ -4,7 +4,7 @@
 //!
 //! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
 //! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
-//! (`mesos_gpu_isolator::health::HealthStore`). `mark-healthy` therefore:
+//! (`mesos_gpu_health::HealthStore`). `mark-healthy` therefore:
 //! - when no monitor runs (the lock is free): edits the checkpoint itself, under the lock, so
 //!   the next agent start reads the GPU back healthy;
 //! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
@@ -20,12 +20,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_isolator::health::{
-    GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore,
-};
+use mesos_gpu_health::{GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore};
 
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_isolator::pool::{Host, Pool};
+use mesos_gpu_pool::{Host, Pool};
 
 use crate::ctx::Ctx;
 
@@ -154,7 +152,7 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             r.reservation.gpus.join(",")
         );
         println!("{:>80} {why}", "");
-        if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
+        if let mesos_gpu_pool::Owner::Quarantine { reason } = &r.reservation.owner {
             println!("{:>80} quarantined: {reason}", "");
         }
     }

@@ -39,11 +39,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{GpuDriver, UNKNOWN_MINOR};
-use mesos_gpu_isolator::health::{Failure, GpuHealth, GpuRecord, HealthStore};
-use mesos_gpu_isolator::inventory::{Gpu, Inventory, MigLayout};
-use mesos_gpu_isolator::numa;
+use mesos_gpu_health::{Failure, GpuHealth, GpuRecord, HealthStore};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{discovery::GpuDriver, discovery::UNKNOWN_MINOR};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::MigLayout};
+use mesos_gpu_placement::numa;
 use serde::Serialize;
 
 use crate::ctx::Ctx;
@@ -165,7 +165,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
     let affinities = driver.map(GpuDriver::affinities).unwrap_or_default();
-    let online = match numa::online(Path::new("/sys")) {
+    let online = match mesos_gpu_node::numa::online(Path::new("/sys")) {
         Ok(online) => Some(online),
         Err(err) => {
             notes.push(format!(

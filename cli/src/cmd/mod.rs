@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use mesos_gpu_enforce::{mps, mps::ComputeModes, mps::MpsConfig};
 use mesos_gpu_isolator::lifecycle::SharingConfig;
-use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
-use mesos_gpu_isolator::sharing::mps::{self, ComputeModes, MpsConfig};
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 
 use crate::ctx::Ctx;
 

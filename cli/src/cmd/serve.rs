@@ -43,10 +43,10 @@ use mesos_gpu_docker::rest::status::{GpuStatusSource, NoStatus};
 use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
 use mesos_gpu_docker::status::NvmlStatus;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::health::HealthStore;
+use mesos_gpu_health::HealthStore;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_volume::VolumeManager;
 
 use super::docker_args::open_pool;

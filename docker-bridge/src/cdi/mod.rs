@@ -17,7 +17,7 @@ pub mod store;
 
 use std::sync::Mutex;
 
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_volume::VolumeManager;
 use serde::Serialize;
 
@@ -156,7 +156,7 @@ impl SpecKeeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mesos_gpu_isolator::inventory::{DriverInfo, Gpu};
+    use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu};
 
     fn inventory(driver: &str, gpus: u32) -> Inventory {
         Inventory {

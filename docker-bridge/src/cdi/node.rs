@@ -30,9 +30,11 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_isolator::devices::{DeviceNodes, DevicesError, NVIDIA_UVM, NVIDIACTL};
-use mesos_gpu_isolator::discovery::UNKNOWN_MINOR;
-use mesos_gpu_isolator::inventory::{DevNum, Inventory, NVIDIA_GPU_MAJOR};
+use mesos_gpu_node::discovery::UNKNOWN_MINOR;
+use mesos_gpu_node::{
+    devices::DeviceNodes, devices::DevicesError, devices::NVIDIA_UVM, devices::NVIDIACTL,
+};
+use mesos_gpu_node::{inventory::DevNum, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR};
 use mesos_gpu_volume::version::VersionError;
 use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
@@ -349,7 +351,7 @@ fn scanned(dev_root: &Path, inventory: &Inventory) -> Result<ControlAndGpus, Cdi
         dev_root: dev_root.to_owned(),
         source,
     })?;
-    let entry = |node: &mesos_gpu_isolator::devices::DeviceNode| {
+    let entry = |node: &mesos_gpu_node::devices::DeviceNode| {
         let name = node
             .path
             .strip_prefix(dev_root)
@@ -371,7 +373,7 @@ fn scanned(dev_root: &Path, inventory: &Inventory) -> Result<ControlAndGpus, Cdi
 }
 
 /// Nodes at `/dev` with the numbers the NVIDIA driver gives them (see the module docs).
-fn computed(healthy: &[&mesos_gpu_isolator::inventory::Gpu]) -> Result<ControlAndGpus, CdiError> {
+fn computed(healthy: &[&mesos_gpu_node::inventory::Gpu]) -> Result<ControlAndGpus, CdiError> {
     let dev = Path::new("/dev");
     let control = vec![
         NodeEntry::under(

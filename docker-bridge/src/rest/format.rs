@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use base64::Engine as _;
-use mesos_gpu_isolator::inventory::{Gpu, Inventory, Link, PcieLevel};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::Link, inventory::PcieLevel};
 use serde::Serialize;
 
 use super::status::{GpuDetails, GpuStatus, GpuStatusSource};

@@ -26,7 +26,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 
 use self::format::{DockerCli, Node};
 use self::status::GpuStatusSource;

@@ -9,7 +9,7 @@
 //! Two deliberate differences: an ambiguous UUID prefix is refused (nvidia-docker took the first
 //! match), and repeated spaces are tolerated.
 
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 
 use crate::args::DRIVER_VOLUME_BASE;
 

@@ -5,7 +5,7 @@
 //!
 //! Units follow nvidia-docker 1.0 (`src/nvml/nvml.go`): W, °C, %, MiB, MB/s, MHz.
 
-use mesos_gpu_isolator::inventory::Gpu;
+use mesos_gpu_node::inventory::Gpu;
 
 /// Where live GPU facts come from (NVML in production).
 pub trait GpuStatusSource: Send + Sync {

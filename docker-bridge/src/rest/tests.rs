@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Link, PcieLevel, Topology};
+use mesos_gpu_node::{
+    inventory::DriverInfo, inventory::Gpu, inventory::Link, inventory::PcieLevel,
+    inventory::Topology,
+};
 
 use super::status::{GpuDetails, GpuProcess, GpuStatus, NoStatus, Utilization};
 use super::*;

@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
-use mesos_gpu_isolator::inventory::{DriverInfo, Gpu, Topology};
+use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu, inventory::Topology};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, ContainerId, Isolator, IsolatorConfig, PrepareConfig,
+use mesos_gpu_isolator::{
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::PrepareConfig,
 };
+use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_os::error_chain;
 
 use super::*;

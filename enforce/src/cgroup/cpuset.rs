@@ -18,7 +18,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{CgroupError, IoResultExt, remove_cgroup_dir};
-use crate::numa::{Allowed, CpuList, Pinning};
+use mesos_gpu_node::{numa::Allowed, numa::CpuList};
+use mesos_gpu_placement::numa::Pinning;
 
 const CONTROLLER: &str = "cpuset";
 

@@ -28,7 +28,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use crate::container_id::ContainerId;
-pub(crate) use mount::CgroupMounts;
+pub use mount::CgroupMounts;
 pub use mount::Hierarchy;
 pub use rule::DeviceKind;
 pub use rule::RuleError;
@@ -38,11 +38,11 @@ pub use v2::V2DeviceCgroup;
 pub use v2::program::DeviceProgram;
 
 /// Mesos's default parent of container cgroups (`--cgroups_root`).
-pub(crate) const DEFAULT_PARENT: &str = "mesos";
+pub const DEFAULT_PARENT: &str = "mesos";
 
 /// Where Mesos wants cgroup2 for running cgroup v2 (`cgroups2::MOUNT_POINT`,
 /// `src/linux/cgroups2.cpp` 71): see [`CgroupMounts::hierarchy`].
-pub(crate) const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
+pub const MESOS_CGROUP2_MOUNT: &str = "/sys/fs/cgroup";
 
 /// Which cgroup interface controls device access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -421,7 +421,7 @@ impl DeviceCgroup {
 
     /// Opens the existing cgroup directory `path` of `layout`'s hierarchy as `container`'s,
     /// touching nothing in it (the cgroup someone else made, e.g. Mesos).
-    pub(crate) fn open_at(
+    pub fn open_at(
         layout: &CgroupLayout,
         path: PathBuf,
         container: &ContainerId,
@@ -516,7 +516,7 @@ pub(crate) fn check_pid(pid: u32) -> Result<(), CgroupError> {
 }
 
 /// The pids listed in `<dir>/cgroup.procs`.
-pub(crate) fn read_procs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
+pub fn read_procs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
     let path = dir.join("cgroup.procs");
     let text = std::fs::read_to_string(&path).wrap_read(&path)?;
     text.split_whitespace()
@@ -553,7 +553,7 @@ pub(crate) fn create_container_dir(
 
 /// `rmdir` of a cgroup: [`CgroupError::Busy`] with the remaining pids on `EBUSY`; success when
 /// it is already gone.
-pub(crate) fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
+pub fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
     match std::fs::remove_dir(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

@@ -30,7 +30,7 @@ use super::{CgroupError, CgroupVersion};
 
 /// The cgroup hierarchies that can control device access, as found in a mount table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct CgroupMounts {
+pub struct CgroupMounts {
     /// Where the cgroup v1 `devices` controller is mounted (first such mount).
     pub v1_devices: Option<PathBuf>,
     /// Where the cgroup2 unified hierarchy is mounted (first such mount).
@@ -50,7 +50,7 @@ pub struct Hierarchy {
 
 impl CgroupMounts {
     /// Reads `/proc/self/mountinfo`.
-    pub(crate) fn read() -> Result<CgroupMounts, CgroupError> {
+    pub fn read() -> Result<CgroupMounts, CgroupError> {
         CgroupMounts::read_from(Path::new("/proc/self/mountinfo"))
     }
 
@@ -91,7 +91,7 @@ impl CgroupMounts {
     /// The hierarchy Mesos uses (see the module docs): cgroup2 when it is mounted at
     /// `mesos_cgroup2` (Mesos's `/sys/fs/cgroup`, [`super::MESOS_CGROUP2_MOUNT`]), else v1
     /// `devices`, else the first cgroup2 mount.
-    pub(crate) fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
+    pub fn hierarchy(&self, mesos_cgroup2: &Path) -> Result<Hierarchy, CgroupError> {
         if self.cgroup2.iter().any(|m| m == mesos_cgroup2) {
             return Ok(Hierarchy {
                 version: CgroupVersion::V2,

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::inventory::DevNum;
+use mesos_gpu_node::inventory::DevNum;
 
 /// The shape of a rule, quoted in every parse error.
 const SYNTAX: &str = "`<a|b|c> <major|*>:<minor|*> <one or more of r, w, m>`, e.g. `c 195:3 rwm`";

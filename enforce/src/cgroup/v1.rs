@@ -111,7 +111,7 @@ impl V1DeviceCgroup {
 
     /// True when the cgroup allows every device (`a *:* rwm`, a new cgroup's state when its
     /// parent allows everything): nobody made it deny-by-default.
-    pub(crate) fn allows_all(&self) -> Result<bool, CgroupError> {
+    pub fn allows_all(&self) -> Result<bool, CgroupError> {
         Ok(self.allowed()?.iter().any(DeviceRule::is_allow_all))
     }
 
@@ -415,9 +415,11 @@ fn io_cause(err: cgroups_rs::fs::error::Error) -> io::Error {
 mod tests {
     use super::*;
     use crate::cgroup::rule::tests::arb_rule;
-    use crate::cgroup::rule::{default_whitelist, is_allowed, parse_list};
-    use crate::cgroup::{CgroupVersion, Hierarchy};
-    use crate::inventory::DevNum;
+    use crate::{cgroup::CgroupVersion, cgroup::Hierarchy};
+    use crate::{
+        cgroup::rule::default_whitelist, cgroup::rule::is_allowed, cgroup::rule::parse_list,
+    };
+    use mesos_gpu_node::inventory::DevNum;
     use proptest::prelude::*;
 
     fn rules(text: &str) -> Vec<DeviceRule> {

@@ -14,8 +14,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_isolator::allocator::{Allocator, Policy};
-use mesos_gpu_isolator::discovery::GpuDriver;
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 
 fn main() -> anyhow::Result<()> {
     let mut lib: Option<PathBuf> = None;

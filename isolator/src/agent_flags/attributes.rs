@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 
 /// Attribute: the GPU product name(s), `+`-joined when the advertised GPUs differ.
 pub(crate) const ATTR_MODEL: &str = "gpu_model";
@@ -149,7 +149,7 @@ pub(crate) fn merge(user: Option<&str>, ours: &[Attribute]) -> Result<String, At
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{DriverInfo, Gpu, Topology};
+    use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu, inventory::Topology};
     use proptest::prelude::*;
 
     fn gpu(index: u32, name: &str, mib: u64, cc: Option<(u32, u32)>) -> Gpu {

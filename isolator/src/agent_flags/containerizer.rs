@@ -25,8 +25,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::cgroup::{CgroupVersion, DEFAULT_PARENT};
 use crate::lifecycle::CgroupOwner;
+use mesos_gpu_enforce::{cgroup::CgroupVersion, cgroup::DEFAULT_PARENT};
 
 /// The environment prefix of Mesos agent flags.
 const ENV_PREFIX: &str = "MESOS_";

@@ -14,7 +14,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::attributes::{Attribute, safe_text};
-use crate::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 
 /// The prefix of a MIG profile's scalar resource and attribute.
 pub const MIG_RESOURCE_PREFIX: &str = "mig-";
@@ -71,7 +71,7 @@ pub struct ProfileOffer {
     /// The GPU instance profile id, when known.
     pub profile: Option<u32>,
     /// The kind of MIG device the scalar stands for, what a request of it is served from.
-    pub kind: Option<crate::mig::MigKind>,
+    pub kind: Option<mesos_gpu_placement::mig::MigKind>,
     /// How many MIG devices of the profile are offered.
     pub count: u32,
 }
@@ -113,7 +113,7 @@ impl MigOffer {
                         .or_insert(ProfileOffer {
                             resource,
                             profile: d.profile,
-                            kind: crate::mig::MigKind::of(d),
+                            kind: mesos_gpu_placement::mig::MigKind::of(d),
                             count: 0,
                         })
                         .count += 1;
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_node_without_mig_offers_its_gpus_in_both_strategies() {
-        let inventory = crate::allocator::nodes::dgx1_v100().inventory();
+        let inventory = mesos_gpu_node::nodes::dgx1_v100().inventory();
         for strategy in [MigStrategy::Single, MigStrategy::Mixed] {
             let offer = MigOffer::of(&inventory, strategy);
             assert_eq!(offer.resources(), ["gpus:8"]);

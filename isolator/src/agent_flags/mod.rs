@@ -20,6 +20,7 @@ mod attributes;
 mod containerizer;
 mod mig;
 mod resources;
+mod sharing;
 
 use std::collections::BTreeSet;
 
@@ -30,8 +31,12 @@ pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
 };
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
+pub use sharing::{
+    ATTR_REPLICAS, ATTR_SHARED, ATTR_SHARING, ATTR_WHOLE, OfferError,
+    advertise as advertise_sharing,
+};
 
-use crate::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
 
 /// The `--isolation` token that turns on GPU isolation.
 pub const GPU_ISOLATOR: &str = "gpu/nvidia";
@@ -462,7 +467,7 @@ fn duplicates(devices: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{DriverInfo, Gpu, Topology};
+    use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu, inventory::Topology};
 
     const ISO: &str = "filesystem/linux,cgroups/devices,gpu/nvidia";
 

@@ -2,11 +2,12 @@
 //! `--resources` becomes Σ R over shared GPUs + the whole GPUs, and `--attributes` says how
 //! (so frameworks can constrain on it). `--nvidia_gpu_devices` still lists physical GPUs.
 
-use super::plan::{SharingError, SharingPlan, SharingSpec};
-use crate::agent_flags::{
-    AgentGpus, Attribute, AttributesError, Resources, ResourcesError, merge_attributes,
+use crate::{
+    agent_flags::AgentGpus, agent_flags::Attribute, agent_flags::AttributesError,
+    agent_flags::Resources, agent_flags::ResourcesError, agent_flags::merge_attributes,
 };
-use crate::inventory::Inventory;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_placement::sharing::{SharingError, SharingPlan, SharingSpec};
 
 /// Attribute: the sharing mode of the shared GPUs (`time-slicing` or `mps`).
 pub const ATTR_SHARING: &str = "gpu_sharing";
@@ -92,9 +93,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::agent_flags::AgentGpuFlags;
-    use crate::allocator::nodes::dgx1_v100;
-    use crate::inventory::DriverInfo;
-    use crate::sharing::plan::SharingMode;
+    use mesos_gpu_node::inventory::DriverInfo;
+    use mesos_gpu_node::nodes::dgx1_v100;
+    use mesos_gpu_placement::sharing::plan::SharingMode;
 
     fn node() -> Inventory {
         let mut inv = dgx1_v100().inventory();

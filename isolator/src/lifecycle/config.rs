@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::LifecycleError;
-use crate::allocator::Policy;
-use crate::cgroup::{
-    CgroupError, CgroupLayout, CgroupMounts, CgroupVersion, DeviceRule, Hierarchy,
-    MESOS_CGROUP2_MOUNT, default_whitelist,
+use mesos_gpu_enforce::{
+    cgroup::CgroupError, cgroup::CgroupLayout, cgroup::CgroupMounts, cgroup::CgroupVersion,
+    cgroup::DeviceRule, cgroup::Hierarchy, cgroup::MESOS_CGROUP2_MOUNT, cgroup::default_whitelist,
 };
+use mesos_gpu_placement::allocator::Policy;
 
 /// Who makes each container's device cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,7 +127,7 @@ impl IsolatorConfig {
             cgroup_version: CgroupChoice::Auto,
             v1_root: PathBuf::from("/sys/fs/cgroup"),
             v2_mount: None,
-            cgroups_root: crate::cgroup::DEFAULT_PARENT.to_owned(),
+            cgroups_root: mesos_gpu_enforce::cgroup::DEFAULT_PARENT.to_owned(),
             owner: CgroupOwner::Own,
             work_dir: work_dir.into(),
             driver_volume: None,
@@ -176,8 +176,8 @@ fn hierarchy(config: &IsolatorConfig) -> Result<Hierarchy, CgroupError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::devices::DeviceNodes;
-    use crate::inventory::Inventory;
+    use mesos_gpu_node::devices::DeviceNodes;
+    use mesos_gpu_node::inventory::Inventory;
 
     #[test]
     fn cgroup_choice_names() {

@@ -4,7 +4,7 @@
 //! A reservation is made before its container exists; it records the daemon that will run the
 //! container and the process that starts it ([`DockerStart`]), so that the pool can tell a
 //! container that is still being started from one that never will be (see
-//! [`crate::pool::owner`]). The container is named `mesos-<container id>`, as Mesos's Docker
+//! [`mesos_gpu_pool::owner`]). The container is named `mesos-<container id>`, as Mesos's Docker
 //! containerizer names its containers (`src/slave/containerizer/docker.cpp`, `DOCKER_NAME_PREFIX`).
 
 use std::ops::Deref;
@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::state::State;
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::inventory::Gpu;
-use crate::pool::{Host, Liveness, Owner, ProcessStamp};
+use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_pool::{Host, Liveness, Owner, ProcessStamp};
 
 /// Where a Docker container runs and which process starts it, for its owner record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +29,7 @@ pub struct DockerStart {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DockerShare {
     /// The share: GPU, k of R units, mode, limits.
-    pub grant: crate::sharing::ShareGrant,
+    pub grant: mesos_gpu_placement::sharing::ShareGrant,
     /// `-e` variables: `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under mps, the client's.
     pub env: Vec<(String, String)>,
     /// Under mps: the daemon's pipe directory, bound at the same path, with the host's
@@ -49,7 +49,7 @@ pub struct DockerReservation<D: Deref<Target = Isolator>> {
     id: ContainerId,
     gpus: Vec<Gpu>,
     share: Option<DockerShare>,
-    mig: Vec<crate::mig::MigAccess>,
+    mig: Vec<mesos_gpu_grant::mig::MigAccess>,
     kept: bool,
 }
 
@@ -88,7 +88,7 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
     }
 
     /// The MIG devices reserved, with what each needs in the container.
-    pub fn mig(&self) -> &[crate::mig::MigAccess] {
+    pub fn mig(&self) -> &[mesos_gpu_grant::mig::MigAccess] {
         &self.mig
     }
 
@@ -202,7 +202,14 @@ impl Isolator {
         id: &ContainerId,
         request: &super::PrepareConfig,
         start: DockerStart,
-    ) -> Result<(Vec<Gpu>, Option<DockerShare>, Vec<crate::mig::MigAccess>), LifecycleError> {
+    ) -> Result<
+        (
+            Vec<Gpu>,
+            Option<DockerShare>,
+            Vec<mesos_gpu_grant::mig::MigAccess>,
+        ),
+        LifecycleError,
+    > {
         const STEP: &str = "reserve GPUs for";
         let mut state = self.lock()?;
         if state.knows(id) {
@@ -253,7 +260,9 @@ impl Isolator {
             None => tracing::info!(gpus = %set, "reserved GPUs for a Docker container"),
         }
         let visible = match &grant {
-            Some(g) => crate::allocator::GpuSet::from_indices([g.index]).unwrap_or_default(),
+            Some(g) => {
+                mesos_gpu_placement::allocator::GpuSet::from_indices([g.index]).unwrap_or_default()
+            }
             None => set,
         };
         Ok((self.gpus_of(visible), share, accesses))
@@ -314,7 +323,9 @@ impl Isolator {
         }
         tracing::info!(gpus = %set, "the Docker container's starter is recorded");
         let shared = state.docker_shares.get(id).map(|g| g.index);
-        let visible = set.union(crate::allocator::GpuSet::from_indices(shared).unwrap_or_default());
+        let visible = set.union(
+            mesos_gpu_placement::allocator::GpuSet::from_indices(shared).unwrap_or_default(),
+        );
         Ok(self.gpus_of(visible))
     }
 

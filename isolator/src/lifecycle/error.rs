@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use super::{CheckpointError, ContainerId};
-use crate::allocator::AllocError;
-use crate::cgroup::CgroupError;
-use crate::health::HealthError;
+use mesos_gpu_enforce::cgroup::CgroupError;
+use mesos_gpu_health::HealthError;
+use mesos_gpu_placement::allocator::AllocError;
 
 /// Why a lifecycle call failed. Every failed call leaves state, cgroups and checkpoint as they were.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub enum LifecycleError {
         /// The lifecycle call.
         step: &'static str,
         /// What the pool holds.
-        shortage: crate::pool::Shortage,
+        shortage: mesos_gpu_pool::Shortage,
     },
     /// A share request that no shared GPU has room for, and that whole GPUs cannot serve either.
     #[error("cannot {step} container {container}: {placement}; whole GPUs: {whole}")]
@@ -39,9 +39,9 @@ pub enum LifecycleError {
         /// The lifecycle call.
         step: &'static str,
         /// Why no shared GPU takes it.
-        placement: Box<crate::sharing::PlacementError>,
+        placement: Box<mesos_gpu_placement::sharing::PlacementError>,
         /// What the whole GPUs are doing.
-        whole: crate::pool::Shortage,
+        whole: mesos_gpu_pool::Shortage,
     },
     /// A MIG request that cannot be served.
     #[error("cannot {step} container {container}")]
@@ -52,7 +52,7 @@ pub enum LifecycleError {
         step: &'static str,
         /// Why.
         #[source]
-        source: Box<crate::mig::MigError>,
+        source: Box<mesos_gpu_placement::mig::MigError>,
     },
     /// A `gpus` request neither MIG devices nor whole GPUs can serve (single strategy).
     #[error("cannot {step} container {container}: {mig}; whole GPUs: {whole}")]
@@ -62,9 +62,9 @@ pub enum LifecycleError {
         /// The lifecycle call.
         step: &'static str,
         /// Why no MIG devices.
-        mig: Box<crate::mig::MigError>,
+        mig: Box<mesos_gpu_placement::mig::MigError>,
         /// What the whole GPUs are doing.
-        whole: crate::pool::Shortage,
+        whole: mesos_gpu_pool::Shortage,
     },
     /// A request that does not fit the MIG strategy.
     #[error("cannot prepare container {container}: {why}")]
@@ -119,7 +119,7 @@ pub enum LifecycleError {
         gpu: String,
         /// Why.
         #[source]
-        source: Box<crate::sharing::mps::MpsError>,
+        source: Box<mesos_gpu_enforce::mps::MpsError>,
     },
     /// The node's GPU pool could not be read or written.
     #[error("cannot {step}: the node's GPU pool failed")]
@@ -128,7 +128,7 @@ pub enum LifecycleError {
         step: &'static str,
         /// Why.
         #[source]
-        source: crate::pool::PoolError,
+        source: mesos_gpu_pool::PoolError,
     },
     /// `prepare` (or `reserve_docker`) of an id already in use.
     #[error("cannot {step} container {container}: it has already been prepared")]
@@ -322,7 +322,7 @@ impl LifecycleError {
                 | LifecycleError::MigResize { .. }
                 | LifecycleError::ShareResize { .. }
         ) || matches!(self, LifecycleError::Mig { source, .. }
-            if !matches!(**source, crate::mig::MigError::NotEnough { .. }))
+            if !matches!(**source, mesos_gpu_placement::mig::MigError::NotEnough { .. }))
     }
 
     /// True when there were not enough free GPUs.
@@ -336,7 +336,7 @@ impl LifecycleError {
                 | LifecycleError::ShareRefused { .. }
                 | LifecycleError::MigRefused { .. }
         ) || matches!(self, LifecycleError::Mig { source, .. }
-            if matches!(**source, crate::mig::MigError::NotEnough { .. }))
+            if matches!(**source, mesos_gpu_placement::mig::MigError::NotEnough { .. }))
     }
 
     /// True when a health call named a GPU the node does not have, or text that is no GPU.

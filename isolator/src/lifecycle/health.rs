@@ -22,14 +22,14 @@ use std::time::Duration;
 use super::state::{QUARANTINE_OWNER, State};
 use super::status::ContainerStatus;
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::cgroup::CgroupVersion;
-use crate::discovery::GpuDriver;
-use crate::health::{
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_health::{
     ChangeCallback, GpuRef, HealthChange, HealthMonitor, Limitation, Limitations, MonitorConfig,
     apply_to_allocator,
 };
-use crate::inventory::Gpu;
-use crate::usage::{ContainerCgroup, ContainerUsage, UsageReader};
+use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_node::{usage::ContainerCgroup, usage::ContainerUsage, usage::UsageReader};
 
 /// The attached monitor and the NVML session it and `usage` read.
 #[derive(Debug)]
@@ -260,20 +260,36 @@ fn container_cgroup(version: CgroupVersion, mount: &Path, dir: &Path) -> Option<
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-    use crate::allocator::nodes::NodeBuilder;
-    use crate::allocator::{Allocator, GpuSet, Policy};
-    use crate::inventory::PcieLevel;
+    use mesos_gpu_node::inventory::PcieLevel;
+    use mesos_gpu_node::nodes::NodeBuilder;
+    use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet, allocator::Policy};
 
     fn state() -> State {
         let inventory = NodeBuilder::new(4, PcieLevel::CrossSocket).inventory();
         State::new(
             Allocator::with_devices(&inventory, &[0, 1, 2], Policy::FirstFit).unwrap(),
-            crate::mig::MigUnits::new(&inventory.mig, false),
+            mesos_gpu_placement::mig::MigUnits::new(&inventory.mig, false),
         )
     }
 
+    /// A change of GPU `index` (UUID `GPU-<index>`) to healthy, or to unhealthy after XID 79.
     fn change(index: u32, healthy: bool) -> HealthChange {
-        HealthChange::xid79(index, healthy)
+        HealthChange {
+            index,
+            uuid: format!("GPU-{index}"),
+            health: if healthy {
+                mesos_gpu_health::GpuHealth::Healthy
+            } else {
+                mesos_gpu_health::GpuHealth::Unhealthy {
+                    reason: mesos_gpu_health::Failure::Xid { xid: 79 },
+                    since_ms: 0,
+                    last_error_ms: 0,
+                    errors: 1,
+                }
+            },
+            restored: false,
+            mig: None,
+        }
     }
 
     #[test]

@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 
 use mesos_gpu_volume::injection::{CONTAINER_PATH, VISIBLE_DEVICES_ENV};
 
-use crate::cgroup::{Access, DeviceRule, normalize};
-use crate::devices::DeviceNodes;
-use crate::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
+use mesos_gpu_enforce::{cgroup::Access, cgroup::DeviceRule, cgroup::normalize};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::DevNum, inventory::Gpu, inventory::NVIDIA_GPU_MAJOR};
 
 /// The variable CUDA reads to choose its devices.
 pub(crate) const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
@@ -49,12 +49,12 @@ pub struct PrepareConfig {
     /// True when the container has task info (command executor): env goes to `task_environment`.
     pub has_task_info: bool,
     /// The parent of a nested container; a nested container shares its parent's GPUs.
-    pub parent: Option<crate::container_id::ContainerId>,
+    pub parent: Option<mesos_gpu_enforce::container_id::ContainerId>,
     /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
     /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
     pub nested_cgroup: Option<PathBuf>,
     /// MIG devices asked for by kind (the `mig-<profile>` scalars of the mixed strategy).
-    pub mig: std::collections::BTreeMap<crate::mig::MigKind, u32>,
+    pub mig: std::collections::BTreeMap<mesos_gpu_placement::mig::MigKind, u32>,
     /// The capabilities the task runs with (CAP_SYS_ADMIN is refused with MIG devices).
     pub capabilities: Vec<String>,
 }
@@ -144,7 +144,10 @@ pub(crate) fn allow_list(
 pub(crate) fn allowed_minors(rules: &[DeviceRule]) -> Vec<u32> {
     rules
         .iter()
-        .filter(|r| r.major == Some(NVIDIA_GPU_MAJOR) && r.kind != crate::cgroup::DeviceKind::Block)
+        .filter(|r| {
+            r.major == Some(NVIDIA_GPU_MAJOR)
+                && r.kind != mesos_gpu_enforce::cgroup::DeviceKind::Block
+        })
         .filter_map(|r| r.minor)
         .collect()
 }
@@ -223,10 +226,10 @@ pub(crate) fn launch_info(
 
 /// What [`Isolator::prepare`](super::Isolator::prepare) returns for container `id` once granted
 /// `gpus`, built by the same allow-list and launch-info code but touching nothing: for dry runs
-/// such as `mesos-gpu demo`. `base` is the configured base allow list ([`crate::cgroup::default_whitelist`]
+/// such as `mesos-gpu demo`. `base` is the configured base allow list ([`mesos_gpu_enforce::cgroup::default_whitelist`]
 /// plus `--allowed_devices`); `cgroup` is where the container's cgroup would be.
 pub fn plan_launch(
-    id: &crate::container_id::ContainerId,
+    id: &mesos_gpu_enforce::container_id::ContainerId,
     config: &PrepareConfig,
     base: &[DeviceRule],
     nodes: &DeviceNodes,
@@ -261,8 +264,8 @@ fn visible_devices(gpus: &[Gpu]) -> Vec<(String, String)> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::cgroup::default_whitelist;
-    use crate::devices::{DeviceNode, GpuNode};
+    use mesos_gpu_enforce::cgroup::default_whitelist;
+    use mesos_gpu_node::{devices::DeviceNode, devices::GpuNode};
 
     fn gpu(index: u32) -> Gpu {
         Gpu {

@@ -1,5 +1,5 @@
 //! MIG devices in the container lifecycle (issue 16): a container may hold MIG devices (by
-//! `MIG-…` UUID, from [`crate::mig::MigUnits`]) beside whole GPUs (from the allocator, which
+//! `MIG-…` UUID, from [`mesos_gpu_placement::mig::MigUnits`]) beside whole GPUs (from the allocator, which
 //! never manages a GPU in MIG mode).
 //!
 //! What a request takes, by [`MigStrategy`] (as `agent-flags --mig-strategy` offers them):
@@ -22,10 +22,11 @@ use super::launch::{LaunchInfo, Mount, MountKind, PrepareConfig};
 use super::state::State;
 use super::{ContainerId, Isolator, LifecycleError};
 use crate::agent_flags::MigStrategy;
-use crate::allocator::{GpuRequest, GpuSet};
-use crate::cgroup::{DeviceRule, normalize};
-use crate::devices::DeviceNodes;
-use crate::mig::{MigAccess, MigError, check_capabilities};
+use mesos_gpu_enforce::{cgroup::DeviceRule, cgroup::normalize};
+use mesos_gpu_grant::{mig::MigAccess, mig::check_capabilities};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_placement::mig::MigError;
+use mesos_gpu_placement::{allocator::GpuRequest, allocator::GpuSet};
 
 /// How MIG devices are handed out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +50,7 @@ impl Default for MigConfig {
             allow_multiple: false,
             allow_sys_admin: false,
             dev_root: PathBuf::from("/dev"),
-            proc_root: PathBuf::from(crate::discovery::DEFAULT_PROC_ROOT),
+            proc_root: PathBuf::from(mesos_gpu_node::discovery::DEFAULT_PROC_ROOT),
         }
     }
 }
@@ -150,8 +151,8 @@ impl Isolator {
     }
 
     /// The node's MIG devices as allocation units, none held.
-    pub(crate) fn mig_units(&self) -> crate::mig::MigUnits {
-        crate::mig::MigUnits::new(&self.inventory.mig, self.mig.allow_multiple)
+    pub(crate) fn mig_units(&self) -> mesos_gpu_placement::mig::MigUnits {
+        mesos_gpu_placement::mig::MigUnits::new(&self.inventory.mig, self.mig.allow_multiple)
     }
 
     /// `update` of a container holding MIG devices: the same request changes nothing (Mesos
@@ -231,7 +232,11 @@ impl Isolator {
             return rules;
         }
         let mut all = rules;
-        all.extend(crate::mig::allow_list(&self.base, &self.nodes, accesses));
+        all.extend(mesos_gpu_grant::mig::allow_list(
+            &self.base,
+            &self.nodes,
+            accesses,
+        ));
         normalize(&all)
     }
 }

@@ -44,7 +44,6 @@ mod health;
 mod launch;
 mod mig;
 mod nested;
-mod pinning;
 mod placement;
 mod recover;
 mod shared_pool;
@@ -60,24 +59,25 @@ pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
 pub use docker::{DockerReservation, DockerShare, DockerStart};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
+pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
-pub use pinning::PinOutcome;
-pub use pinning::PinningConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
 pub use shared_pool::{PoolConfig, PoolRole};
 pub use shares::{MpsRestart, SharingConfig};
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
-use crate::allocator::{AllocError, Allocator, GpuSet, Policy};
-use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
-pub use crate::container_id::ContainerId;
-use crate::devices::DeviceNodes;
-use crate::health::Limitations;
-use crate::inventory::{Gpu, Inventory};
 use checkpoint::Store;
 use launch::{allow_list, launch_info};
-use pinning::Pinner;
+pub use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_enforce::pinning::Pinner;
+use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
+use mesos_gpu_health::Limitations;
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_placement::{
+    allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,
+};
 use placement::PlacedCgroup;
 use state::{Container, State};
 
@@ -157,7 +157,8 @@ impl Isolator {
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
-        let mig_units = crate::mig::MigUnits::new(&inventory.mig, config.mig.allow_multiple);
+        let mig_units =
+            mesos_gpu_placement::mig::MigUnits::new(&inventory.mig, config.mig.allow_multiple);
         Ok(Isolator {
             layout,
             owner: config.owner,
@@ -339,7 +340,9 @@ impl Isolator {
         }
         let state = self.lock()?;
         if state.nested.contains_key(id) {
-            return Ok(PinOutcome::Skipped(crate::numa::SkipReason::Nested));
+            return Ok(PinOutcome::Skipped(
+                mesos_gpu_placement::numa::SkipReason::Nested,
+            ));
         }
         let gpus: Vec<u32> = match state.containers.get(id) {
             Some(entry) => entry.visible().iter().collect(),
@@ -365,7 +368,7 @@ impl Isolator {
     }
 
     /// The GPUs' local CPUs and memory nodes the isolator was configured with.
-    pub fn affinities(&self) -> &crate::numa::Affinities {
+    pub fn affinities(&self) -> &mesos_gpu_node::numa::Affinities {
         self.pinning.affinities()
     }
 
@@ -574,7 +577,7 @@ impl Isolator {
                 // Recovery found a cgroup it could not account for: remove it before freeing
                 // (one of Mesos's is Mesos's to remove, after its processes were killed).
                 if self.owner == CgroupOwner::Own {
-                    crate::cgroup::remove_cgroup_dir(&self.layout.container_dir(id))
+                    mesos_gpu_enforce::cgroup::remove_cgroup_dir(&self.layout.container_dir(id))
                         .map_err(cgroup_err)?;
                 }
             }

@@ -10,7 +10,7 @@ use super::placement::{self, PlacedCgroup};
 use super::state::State;
 use super::{CgroupOwner, ContainerId, Isolator, LaunchInfo, LifecycleError, PrepareConfig};
 use super::{RecoverState, launch_info};
-use crate::cgroup::{CgroupLayout, CgroupVersion, DeviceRule};
+use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
 
 impl Isolator {
     /// Prepares a nested container: its launch info from its ancestor's GPUs, and, when Mesos

@@ -40,8 +40,11 @@
 use std::path::{Path, PathBuf};
 
 use super::{CgroupOwner, LifecycleError};
-use crate::cgroup::{CgroupError, CgroupLayout, DeviceCgroup, DeviceRule, normalize};
-use crate::container_id::ContainerId;
+use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_enforce::{
+    cgroup::CgroupError, cgroup::CgroupLayout, cgroup::DeviceCgroup, cgroup::DeviceRule,
+    cgroup::normalize,
+};
 
 /// A container's device cgroup and who made it.
 #[derive(Debug)]
@@ -266,7 +269,7 @@ pub(crate) fn grant_between(
     let Ok(below) = dir.strip_prefix(top) else {
         return Ok(());
     };
-    if ours.is_empty() || layout.version() != crate::cgroup::CgroupVersion::V1 {
+    if ours.is_empty() || layout.version() != mesos_gpu_enforce::cgroup::CgroupVersion::V1 {
         return Ok(());
     }
     let mut path = top.to_owned();
@@ -293,7 +296,7 @@ pub(crate) fn ours(rules: &[DeviceRule], base: &[DeviceRule]) -> Vec<DeviceRule>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::default_whitelist;
+    use mesos_gpu_enforce::cgroup::default_whitelist;
 
     #[test]
     fn ours_are_the_entries_beyond_the_base() {

@@ -32,13 +32,16 @@ use super::launch::{allow_list, allowed_minors};
 use super::placement::PlacedCgroup;
 use super::state::{Container, QUARANTINE_OWNER, State};
 use super::{CgroupOwner, Isolator, LifecycleError, health};
-use crate::allocator::{Allocator, GpuSet};
-use crate::cgroup::CgroupVersion;
-use crate::cgroup::{Access, DeviceCgroup, DeviceKind, DeviceRule, V2DeviceCgroup, read_procs};
-use crate::container_id::ContainerId;
-use crate::inventory::DevNum;
-use crate::pool::Liveness;
-use crate::sharing::ShareGrant;
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_enforce::{
+    cgroup::Access, cgroup::DeviceCgroup, cgroup::DeviceKind, cgroup::DeviceRule,
+    cgroup::V2DeviceCgroup, cgroup::read_procs,
+};
+use mesos_gpu_node::inventory::DevNum;
+use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
+use mesos_gpu_pool::Liveness;
 
 /// A container the agent recovered (Mesos's `ContainerState`, the part the isolator reads).
 #[derive(Debug, Clone, PartialEq, Eq)]

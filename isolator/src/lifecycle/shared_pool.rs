@@ -1,4 +1,4 @@
-//! The isolator on the node's one GPU pool ([`crate::pool`]).
+//! The isolator on the node's one GPU pool ([`mesos_gpu_pool`]).
 //!
 //! Every call that takes the isolator's lock also takes the pool's `flock` for the same
 //! duration (a call, well under a millisecond plus cgroup writes): it reads the pool, puts the
@@ -15,9 +15,10 @@ use std::sync::MutexGuard;
 
 use super::state::{QUARANTINE_OWNER, State};
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::allocator::{AllocError, GpuSet};
-use crate::pool::{self, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
-use crate::sharing::store::ShareReservation;
+use mesos_gpu_placement::{allocator::AllocError, allocator::GpuSet};
+use mesos_gpu_pool as pool;
+use mesos_gpu_pool::shares::ShareReservation;
+use mesos_gpu_pool::{Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
 
 /// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
@@ -248,17 +249,18 @@ impl Isolator {
             ));
         }
         tx.state.publish(&link.holder, entries);
-        let share = |id: &ContainerId, owner: Owner, grant: &crate::sharing::ShareGrant| {
-            (
-                id.to_string(),
-                ShareReservation {
-                    holder: link.holder.clone(),
-                    owner,
-                    grant: grant.clone(),
-                    since: pool::now(),
-                },
-            )
-        };
+        let share =
+            |id: &ContainerId, owner: Owner, grant: &mesos_gpu_placement::sharing::ShareGrant| {
+                (
+                    id.to_string(),
+                    ShareReservation {
+                        holder: link.holder.clone(),
+                        owner,
+                        grant: grant.clone(),
+                        since: pool::now(),
+                    },
+                )
+            };
         let shares = state
             .containers
             .iter()

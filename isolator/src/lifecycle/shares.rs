@@ -1,6 +1,6 @@
 //! GPU shares in the container lifecycle (issue 17): a node whose operator declared replicas
 //! ([`SharingConfig`]) splits its advertised GPUs statically into shared GPUs (R units each)
-//! and whole GPUs ([`crate::sharing::SharingPlan`]). The allocator manages the whole GPUs only;
+//! and whole GPUs ([`mesos_gpu_placement::sharing::SharingPlan`]). The allocator manages the whole GPUs only;
 //! the shared ones are handed out as shares, recorded in the node's pool (which every process
 //! on the node reads, so two processes never over-commit a GPU) and in the container's
 //! checkpoint entry.
@@ -21,12 +21,15 @@ use std::sync::Mutex;
 
 use super::launch::{LaunchInfo, Mount, MountKind};
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::health::Limitation;
-use crate::pool::{Liveness, PoolState};
-use crate::sharing::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
-use crate::sharing::{
-    Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan, SharingSpec,
+use mesos_gpu_enforce::{
+    mps::MpsConfig, mps::MpsDaemon, mps::MpsDaemons, mps::MpsError, mps::Restart,
 };
+use mesos_gpu_health::Limitation;
+use mesos_gpu_placement::{
+    sharing::Placement, sharing::PlacementError, sharing::ShareGrant, sharing::ShareLimits,
+    sharing::SharingMode, sharing::SharingPlan, sharing::SharingSpec,
+};
+use mesos_gpu_pool::{Liveness, PoolState};
 
 /// Where MPS clients find the daemon's shared memory.
 const SHM: &str = "/dev/shm";
@@ -52,7 +55,7 @@ impl Sharing {
     /// one GPU are handed out by several processes.
     pub(crate) fn new(
         config: &SharingConfig,
-        inventory: &crate::inventory::Inventory,
+        inventory: &mesos_gpu_node::inventory::Inventory,
         advertised: &[u32],
         has_pool: bool,
     ) -> Result<Sharing, LifecycleError> {
@@ -172,7 +175,7 @@ impl Sharing {
         let daemon = daemons.ensure(&grant.uuid, per_replica)?.clone();
         pool.mps.insert(
             grant.uuid.clone(),
-            crate::pool::MpsRecord {
+            mesos_gpu_pool::MpsRecord {
                 daemon: daemon.clone(),
                 per_replica,
             },
@@ -209,7 +212,7 @@ impl Isolator {
                 state.allocator.request(gpus).map_err(alloc)?.count(),
             ));
         };
-        let k = crate::allocator::GpuRequest::from_scalar(gpus, sharing.plan.units())
+        let k = mesos_gpu_placement::allocator::GpuRequest::from_scalar(gpus, sharing.plan.units())
             .map_err(alloc)?
             .count();
         if sharing.plan.takes_as_share(k) {
@@ -240,11 +243,11 @@ impl Isolator {
         id: &ContainerId,
         gpus: f64,
         step: &'static str,
-    ) -> Result<(crate::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
+    ) -> Result<(mesos_gpu_placement::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
         match self.request_kind(state, id, gpus, step)? {
             Kind::Whole(count) => Ok((self.allocate_shared(state, id, count, step)?, None)),
             Kind::Share(k) => match self.place_share(state, id, k)? {
-                Ok(grant) => Ok((crate::allocator::GpuSet::EMPTY, Some(grant))),
+                Ok(grant) => Ok((mesos_gpu_placement::allocator::GpuSet::EMPTY, Some(grant))),
                 Err(placement) => match self.allocate_shared(state, id, k, step) {
                     Ok(set) => Ok((set, None)),
                     Err(LifecycleError::Refused { shortage, .. }) => {
@@ -281,7 +284,7 @@ impl Isolator {
                 why: "the node's GPU pool is not locked".into(),
             });
         };
-        let mut book = crate::sharing::store::book(&tx.state, &sharing.plan);
+        let mut book = mesos_gpu_pool::shares::book(&tx.state, &sharing.plan);
         // Shares this isolator holds are published at its next save; count them now.
         let mine = state
             .containers
@@ -381,7 +384,8 @@ impl Isolator {
             .sharing
             .as_ref()
             .map_or(grant.replicas, |s| s.plan.units());
-        let asked = crate::allocator::GpuRequest::from_scalar(gpus, units).map(|r| r.count());
+        let asked =
+            mesos_gpu_placement::allocator::GpuRequest::from_scalar(gpus, units).map(|r| r.count());
         if asked.as_ref().ok() == Some(&grant.units) {
             return Ok(());
         }

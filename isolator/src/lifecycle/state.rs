@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord};
 use super::placement::PlacedCgroup;
-use crate::allocator::{Allocator, GpuSet};
-use crate::cgroup::DeviceRule;
-use crate::container_id::ContainerId;
-use crate::health::HealthChange;
-use crate::inventory::Inventory;
-use crate::sharing::ShareGrant;
+use mesos_gpu_enforce::cgroup::DeviceRule;
+use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_health::HealthChange;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
 
 /// The allocator owner of GPUs whose owner is uncertain after a recovery.
 pub const QUARANTINE_OWNER: &str = "!quarantine";
@@ -54,7 +54,7 @@ impl Container {
 pub(crate) struct State {
     pub(crate) allocator: Allocator,
     /// The node's MIG devices and who holds them (the allocator never manages their parents).
-    pub(crate) mig: crate::mig::MigUnits,
+    pub(crate) mig: mesos_gpu_placement::mig::MigUnits,
     pub(crate) containers: BTreeMap<ContainerId, Container>,
     /// Nested containers and their top-level ancestor (they share its GPUs and cgroup).
     pub(crate) nested: BTreeMap<ContainerId, ContainerId>,
@@ -78,7 +78,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(allocator: Allocator, mig: crate::mig::MigUnits) -> State {
+    pub(crate) fn new(allocator: Allocator, mig: mesos_gpu_placement::mig::MigUnits) -> State {
         State {
             allocator,
             mig,

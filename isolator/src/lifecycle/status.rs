@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::allocator::GpuSet;
+use mesos_gpu_placement::allocator::GpuSet;
 
 /// Who holds which GPUs, for tests, `status` pages and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub struct GpuUsage {
     pub uuid: String,
     /// The container's use of the GPU, read from NVML now; `None` without an attached driver
     /// or for a Docker container (its processes' cgroup is Docker's).
-    pub nvml: Option<crate::usage::GpuUsage>,
+    pub nvml: Option<mesos_gpu_node::usage::GpuUsage>,
 }
 
 /// What `usage` reports for a container.
@@ -67,7 +67,7 @@ pub struct ContainerStatus {
     /// Its device cgroup directory, if it has one.
     pub cgroup: Option<PathBuf>,
     /// Its share of a shared GPU (the GPU is in `gpus`), when it holds one.
-    pub share: Option<crate::sharing::ShareGrant>,
+    pub share: Option<mesos_gpu_placement::sharing::ShareGrant>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub mig: Vec<String>,
 }
@@ -149,7 +149,7 @@ impl Isolator {
     /// for metrics. `read` must be quick; every call of the isolator waits for it.
     pub fn inspect_allocator<R>(
         &self,
-        read: impl FnOnce(&crate::allocator::Allocator) -> R,
+        read: impl FnOnce(&mesos_gpu_placement::allocator::Allocator) -> R,
     ) -> Result<R, LifecycleError> {
         Ok(read(&self.lock_local()?.allocator))
     }

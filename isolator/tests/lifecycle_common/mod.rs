@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libtest_mimic::{Failed, Trial};
-use mesos_gpu_isolator::cgroup::CgroupVersion;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::discovery::{Discovery, GpuDriver};
-use mesos_gpu_isolator::inventory::Inventory;
-use mesos_gpu_isolator::lifecycle::{CgroupChoice, IsolatorConfig};
+use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_isolator::{lifecycle::CgroupChoice, lifecycle::IsolatorConfig};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 pub(crate) type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

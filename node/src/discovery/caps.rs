@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::inventory::{DevNum, MigCaps};
+use crate::{inventory::DevNum, inventory::MigCaps};
 
 /// `/proc/devices`, relative to the proc root.
 const PROC_DEVICES: &str = "devices";

@@ -10,7 +10,7 @@
 //!   `<GPU name> MIG <profile>`, `…GetMemoryInfo` the GPU instance's memory,
 //!   `nvmlDeviceGetAttributes_v2` its SMs, engines and slices, and
 //!   `nvmlDeviceGetGpuInstanceId`/`…ComputeInstanceId` its ids (raw calls: nvml-wrapper 0.13 has
-//!   no safe form, see [`crate::sys::nvml`]).
+//!   no safe form, see [`crate::sys`]).
 //! - The GPU instance profile id (19, 15, 14, 9, 5, 0, 20 …) is the one
 //!   `nvmlDeviceGetGpuInstanceProfileInfo(parent, NVML_GPU_INSTANCE_PROFILE_*)` returns in
 //!   `info.id`; go-nvlib finds it through the privileged GPU-instance handle. Here it is the
@@ -23,8 +23,8 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::caps::CapsTable;
 use super::{DiscoveryError, NvmlFailure, is_unsupported};
-use crate::inventory::{Gpu, MigDevice};
-use crate::sys::nvml::{InstanceId, instance_id};
+use crate::{inventory::Gpu, inventory::MigDevice};
+use crate::{sys::InstanceId, sys::instance_id};
 
 /// `NVML_DEVICE_MIG_ENABLE`.
 const MIG_ENABLE: u32 = 1;

@@ -29,6 +29,7 @@ mod caps;
 mod mig;
 mod topology;
 
+pub use crate::sys::{EventInstance, wait_event};
 pub use caps::CapsError;
 
 use std::os::raw::c_ulong;
@@ -39,7 +40,10 @@ use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::error::NvmlError;
 
-use crate::inventory::{DriverInfo, Gpu, Inventory, MigLayout, Topology};
+use crate::{
+    inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::MigLayout,
+    inventory::Topology,
+};
 
 /// Where the driver's `/proc` files are read from by default.
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
@@ -51,10 +55,10 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 /// above every Linux minor (20 bits), so it never matches a device node.
 pub const UNKNOWN_MINOR: u32 = u32::MAX;
 
-/// The most GPUs a node may have: the allocator's GPU sets hold indices 0 to
-/// `GpuSet::MAX_INDEX`. A node reporting more is refused
+/// The most GPUs a node may have: 64, what the allocator's GPU sets (one 64-bit mask) hold. A
+/// node reporting more is refused
 /// before any GPU is read, so no command's cost grows with a count it cannot use.
-pub const MAX_GPUS: u32 = crate::allocator::GpuSet::MAX_INDEX + 1;
+pub const MAX_GPUS: u32 = 64;
 
 /// The minor of `/dev/nvidia-modeset` (`c 195:254`); `/dev/nvidiactl` is 255. GPU minors are
 /// below both (NVIDIA's kernel module numbers GPUs from 0 up).
@@ -291,7 +295,7 @@ impl GpuDriver {
     }
 
     /// The NVML session (health events, usage and status figures).
-    pub(crate) fn nvml(&self) -> &Nvml {
+    pub fn nvml(&self) -> &Nvml {
         &self.nvml
     }
 

@@ -27,7 +27,7 @@ use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::inventory::{Gpu, Link, PcieLevel, Topology};
+use crate::{inventory::Gpu, inventory::Link, inventory::PcieLevel, inventory::Topology};
 
 /// `NVML_NVLINK_MAX_LINKS` in `nvml.h` (R525 and later; older headers say 12 or 6).
 const NVLINK_MAX_LINKS: u32 = 18;

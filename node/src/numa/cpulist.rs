@@ -50,7 +50,7 @@ impl CpuList {
     }
 
     /// The ids in both sets.
-    pub(crate) fn intersection(&self, other: &CpuList) -> CpuList {
+    pub fn intersection(&self, other: &CpuList) -> CpuList {
         CpuList(self.0.intersection(&other.0).copied().collect())
     }
 
@@ -61,7 +61,7 @@ impl CpuList {
 
     #[cfg(test)]
     /// True when every id of `self` is in `other`.
-    pub(crate) fn is_subset(&self, other: &CpuList) -> bool {
+    pub fn is_subset(&self, other: &CpuList) -> bool {
         self.0.is_subset(&other.0)
     }
 }

@@ -26,9 +26,6 @@ mod request;
 mod search;
 mod set;
 
-#[cfg(any(test, feature = "fixtures"))]
-pub mod nodes;
-
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -40,7 +37,7 @@ pub use policy::Policy;
 pub use request::GpuRequest;
 pub use set::GpuSet;
 
-use crate::inventory::{Inventory, Topology};
+use mesos_gpu_node::{inventory::Inventory, inventory::Topology};
 use policy::Node;
 use search::{MAX_GPUS, Weights};
 use set::Bits;
@@ -196,12 +193,12 @@ impl Allocator {
     }
 
     /// The GPUs `owner` holds (empty for an unknown owner).
-    pub(crate) fn held_by(&self, owner: &str) -> GpuSet {
+    pub fn held_by(&self, owner: &str) -> GpuSet {
         GpuSet::from_mask(self.owners.get(owner).copied().unwrap_or(0))
     }
 
     /// Who holds the GPU with NVML index `index`.
-    pub(crate) fn owner_of(&self, index: u32) -> Option<&str> {
+    pub fn owner_of(&self, index: u32) -> Option<&str> {
         let bit = GpuSet::from_indices([index]).ok()?.mask();
         self.owners
             .iter()
@@ -328,7 +325,7 @@ impl Allocator {
     /// Makes `owner` hold exactly those GPUs of `set` that are managed and held by nobody else,
     /// without counting it as an allocation: GPUs the node's pool gives to other processes.
     /// Returns what it holds now.
-    pub(crate) fn hold_elsewhere(&mut self, owner: &str, set: GpuSet) -> GpuSet {
+    pub fn hold_elsewhere(&mut self, owner: &str, set: GpuSet) -> GpuSet {
         let held = self.held_by(owner).mask();
         let counted = (self.counters.granted, self.counters.released);
         self.give_back(owner, held);
@@ -368,7 +365,7 @@ impl Allocator {
     }
 
     /// Marks a GPU unhealthy so it is never granted again; returns who holds it, if anyone.
-    pub(crate) fn mark_unhealthy(&mut self, index: u32) -> Result<Option<&str>, AllocError> {
+    pub fn mark_unhealthy(&mut self, index: u32) -> Result<Option<&str>, AllocError> {
         let bit = self.known_bit(index)?;
         self.unhealthy |= bit;
         let owner = self.owner_of(index);
@@ -530,9 +527,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::counters::Refusals;
-    use super::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
     use super::*;
-    use crate::inventory::{Link, PcieLevel};
+    use mesos_gpu_node::nodes::{NodeBuilder, dgx1_v100, dual_dgx1_v100};
+    use mesos_gpu_node::{inventory::Link, inventory::PcieLevel};
 
     fn set(indices: &[u32]) -> GpuSet {
         GpuSet::from_indices(indices.iter().copied()).unwrap()

@@ -44,7 +44,7 @@
 //! candidates.
 
 use super::set::Bits;
-use crate::inventory::Link;
+use mesos_gpu_node::inventory::Link;
 
 /// Largest number of GPUs an allocator manages (one bit each in a `u64`).
 pub(crate) const MAX_GPUS: usize = 64;

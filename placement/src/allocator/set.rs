@@ -20,7 +20,7 @@ impl GpuSet {
     pub const EMPTY: GpuSet = GpuSet(0);
 
     /// The highest NVML index a set can hold.
-    pub(crate) const MAX_INDEX: u32 = 63;
+    pub(crate) const MAX_INDEX: u32 = mesos_gpu_node::discovery::MAX_GPUS - 1;
 
     /// The set of these indices; an index above `GpuSet::MAX_INDEX` is refused.
     pub fn from_indices(indices: impl IntoIterator<Item = u32>) -> Result<GpuSet, AllocError> {

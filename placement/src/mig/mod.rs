@@ -2,7 +2,7 @@
 //!
 //! A unit is a whole GPU (the [`crate::allocator`]) or one MIG device (here, keyed by its
 //! `MIG-…` UUID, as the node pool keys reservations). A GPU in MIG mode is never a whole-GPU
-//! unit ([`crate::inventory::Inventory::whole_gpus`]), so a MIG device and its parent are never
+//! unit ([`mesos_gpu_node::inventory::Inventory::whole_gpus`]), so a MIG device and its parent are never
 //! held together.
 //!
 //! Facts relied on (`shared/reference/mig_cdi_sharing.md` §1.2-1.3):
@@ -19,13 +19,11 @@
 //!   Capabilities"): only the device cgroup then stops the task, so such a task is refused
 //!   unless the operator allows it.
 
-mod access;
 mod units;
 
-pub use access::{MigAccess, allow_list, check_capabilities, environment};
 pub use units::{MigUnits, UnitState};
 
-use crate::inventory::MigDevice;
+use mesos_gpu_node::inventory::MigDevice;
 
 /// A kind of MIG device, what a request names: the GPU instance profile id and, for a compute
 /// instance smaller than its GPU instance, its compute slices. A 3g.40gb GPU instance split in

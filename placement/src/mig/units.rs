@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{MigError, MigKind};
-use crate::inventory::MigLayout;
+use mesos_gpu_node::inventory::MigLayout;
 
 /// The state of one MIG device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,7 +252,7 @@ impl MigUnits {
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-    use crate::inventory::{DevNum, MigCaps, MigDevice};
+    use mesos_gpu_node::{inventory::DevNum, inventory::MigCaps, inventory::MigDevice};
 
     fn device(parent: u32, index: u32, gi: u32, profile: u32, name: &str) -> MigDevice {
         MigDevice {

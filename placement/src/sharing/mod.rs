@@ -18,11 +18,8 @@
 //! reservations in the node's GPU pool, under the pool's transactions), [`mps`] (one MPS control
 //! daemon per shared GPU, started, told its limits, supervised and stopped).
 
-pub mod mps;
-pub mod offer;
-pub mod placement;
+pub mod packing;
 pub mod plan;
-pub mod store;
 
-pub use placement::{Placement, PlacementError, ShareBook, ShareGrant, ShareLimits};
+pub use packing::{Placement, PlacementError, ShareBook, ShareGrant, ShareLimits};
 pub use plan::{SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec};

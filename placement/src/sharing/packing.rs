@@ -315,8 +315,8 @@ impl ShareBook {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::allocator::nodes::dgx1_v100;
     use crate::sharing::plan::SharingSpec;
+    use mesos_gpu_node::nodes::dgx1_v100;
 
     fn book(spec: &str, gpus: &[u32]) -> ShareBook {
         let inv = dgx1_v100().inventory();

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::inventory::{Gpu, Inventory};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 
 /// The most replicas one GPU may have (MPS serves at most 48 clients per GPU on SM 7.0+).
 pub const MAX_REPLICAS: u32 = 48;
@@ -328,7 +328,7 @@ impl SharingPlan {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::allocator::nodes::dgx1_v100;
+    use mesos_gpu_node::nodes::dgx1_v100;
 
     fn spec(s: &str) -> SharingSpec {
         SharingSpec::parse(s, SharingMode::Mps).unwrap()

@@ -10,9 +10,14 @@
 use std::collections::BTreeMap;
 
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
-use mesos_gpu_isolator::allocator::{AllocError, Allocator, Counters, GpuSet, Policy};
-use mesos_gpu_isolator::inventory::{Gpu, Inventory, Link};
-use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, MountKind, PrepareConfig};
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
+};
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::Link};
+use mesos_gpu_placement::{
+    allocator::AllocError, allocator::Allocator, allocator::Counters, allocator::GpuSet,
+    allocator::Policy,
+};
 use serde::Serialize;
 
 use super::stream::{ContainerType, MarathonApp, Stream};
@@ -352,7 +357,7 @@ fn launch(
                 ..PrepareConfig::default()
             };
             let info = agent.launch_mesos(id, config, gpus)?;
-            let base = mesos_gpu_isolator::cgroup::default_whitelist().len();
+            let base = mesos_gpu_enforce::cgroup::default_whitelist().len();
             let mut environment = info.environment.clone();
             environment.extend(info.task_environment.iter().cloned());
             Launch::Mesos {

@@ -21,8 +21,8 @@ use anyhow::{Context as _, bail};
 use mesos_gpu_docker::args::{DriverSpec, HostDevices};
 use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
 use mesos_gpu_docker::client::DockerClient;
-use mesos_gpu_isolator::inventory::Gpu;
-use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator};
+use mesos_gpu_isolator::{lifecycle::ContainerId, lifecycle::Isolator};
+use mesos_gpu_node::inventory::Gpu;
 use serde::Serialize;
 
 /// The image used when `--live-image` is not given.

@@ -4,19 +4,20 @@
 //! Every decision is the isolator's own pieces: a `gpus:k` request takes k MIG devices
 //! ([`MigUnits::allocate`], one per task unless allowed) and else k whole GPUs (the allocator over
 //! the GPUs not in MIG mode), else it is refused with both reasons; a MIG holder's device rules
-//! come from [`mesos_gpu_isolator::mig::allow_list`] (its parent and its two capability nodes)
-//! and its environment from [`mesos_gpu_isolator::mig::environment`]. The same stream on the same
+//! come from [`mesos_gpu_grant::mig::allow_list`] (its parent and its two capability nodes)
+//! and its environment from [`mesos_gpu_grant::mig::environment`]. The same stream on the same
 //! GPUs without MIG (every GPU whole) is counted for comparison. Nothing is started.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mesos_gpu_isolator::allocator::{Allocator, GpuRequest, Policy};
-use mesos_gpu_isolator::cgroup::default_whitelist;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_enforce::cgroup::default_whitelist;
+use mesos_gpu_grant::{mig::MigAccess, mig::allow_list, mig::environment};
 use mesos_gpu_isolator::lifecycle::ContainerId;
-use mesos_gpu_isolator::mig::{MigAccess, MigUnits, allow_list, environment};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_placement::mig::MigUnits;
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
 use serde::Serialize;
 
 use super::stream::Stream;
@@ -166,7 +167,7 @@ fn serve(
     whole: &mut Allocator,
     inventory: &Inventory,
     nodes: &DeviceNodes,
-    base: &[mesos_gpu_isolator::cgroup::DeviceRule],
+    base: &[mesos_gpu_enforce::cgroup::DeviceRule],
     proc_root: &Path,
     id: &ContainerId,
     gpus: f64,

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Write};
 
-use mesos_gpu_isolator::cgroup::default_whitelist;
+use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_volume::plan::SkipReason;
 
 use super::Report;

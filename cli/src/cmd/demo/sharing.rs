@@ -12,13 +12,17 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::allocator::{Allocator, GpuRequest, Policy};
-use mesos_gpu_isolator::cgroup::default_whitelist;
-use mesos_gpu_isolator::devices::DeviceNodes;
-use mesos_gpu_isolator::inventory::{Gpu, Inventory};
-use mesos_gpu_isolator::lifecycle::{ContainerId, PrepareConfig, plan_launch};
-use mesos_gpu_isolator::sharing::mps::{MpsConfig, client_env};
-use mesos_gpu_isolator::sharing::{Placement, ShareBook, SharingMode, SharingPlan};
+use mesos_gpu_enforce::cgroup::default_whitelist;
+use mesos_gpu_enforce::{mps::MpsConfig, mps::client_env};
+use mesos_gpu_isolator::{
+    lifecycle::ContainerId, lifecycle::PrepareConfig, lifecycle::plan_launch,
+};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
+use mesos_gpu_placement::{
+    sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingPlan,
+};
 use serde::Serialize;
 
 use super::stream::{ContainerType, Stream};
@@ -190,7 +194,7 @@ fn serve(
     plan: &SharingPlan,
     inventory: &Inventory,
     nodes: &DeviceNodes,
-    base: &[mesos_gpu_isolator::cgroup::DeviceRule],
+    base: &[mesos_gpu_enforce::cgroup::DeviceRule],
     mps: &MpsConfig,
     id: &ContainerId,
     gpus: f64,

@@ -203,7 +203,7 @@ impl V2DeviceCgroup {
 
     /// The ids of the device programs attached to the cgroup that are not ours (Mesos's device
     /// manager attaches one to each container cgroup when `cgroups/devices` is enabled).
-    pub(crate) fn foreign_programs(&self) -> Result<Vec<u32>, CgroupError> {
+    pub fn foreign_programs(&self) -> Result<Vec<u32>, CgroupError> {
         let dir = self.open_dir()?;
         let all = sys::prog_query(dir.as_fd()).wrap_bpf("BPF_PROG_QUERY", &self.path)?;
         let ours: Vec<u32> = self

@@ -17,7 +17,10 @@
 //! returns "allow" when it falls through; after the last block, return "deny". Comparisons are
 //! 32-bit (`BPF_JMP32`, Linux 5.1) so that numbers above `i32::MAX` compare correctly.
 
-use crate::cgroup::rule::{Access, DeviceKind, DeviceRule, normalize};
+use crate::{
+    cgroup::rule::Access, cgroup::rule::DeviceKind, cgroup::rule::DeviceRule,
+    cgroup::rule::normalize,
+};
 
 /// `BPF_DEVCG_DEV_BLOCK`.
 const DEV_BLOCK: u32 = 1;
@@ -192,9 +195,11 @@ fn jne_imm(reg: u8, value: u32) -> Insn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::rule::tests::{arb_access, arb_rule};
-    use crate::cgroup::rule::{default_whitelist, is_allowed, parse_list};
-    use crate::inventory::DevNum;
+    use crate::{
+        cgroup::rule::default_whitelist, cgroup::rule::is_allowed, cgroup::rule::parse_list,
+    };
+    use crate::{cgroup::rule::tests::arb_access, cgroup::rule::tests::arb_rule};
+    use mesos_gpu_node::inventory::DevNum;
     use proptest::prelude::*;
 
     /// Runs `program` in rbpf on one request and returns its verdict.

@@ -1,0 +1,18 @@
+//! The GPU node as discovered, read-only: NVML loaded at run time ([`discovery`]), what the
+//! node has ([`inventory`]: GPUs, driver, topology, MIG layout), the `/dev/nvidia*` nodes
+//! ([`devices`]), NUMA affinities and online CPUs ([`numa`]) and live per-GPU figures
+//! ([`usage`]). Nothing here decides or changes anything.
+//!
+//! `unsafe` is denied everywhere but in `sys`, which wraps the NVML calls nvml-wrapper has no
+//! safe form for.
+#![deny(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
+
+pub mod devices;
+pub mod discovery;
+pub mod inventory;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod nodes;
+pub mod numa;
+mod sys;
+pub mod usage;
