@@ -6,10 +6,11 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::Method;
 use mesos_gpu_docker::args::{
-    DriverSpec, HostDevices, ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource,
+    DriverSpec, ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource,
 };
 use mesos_gpu_docker::client::host_config;
-use mesos_gpu_docker::rest::RestApi;
+use mesos_gpu_docker::rest::{Devices, RestApi};
+use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_node::{
     inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
@@ -43,13 +44,10 @@ fn inventory() -> Inventory {
 
 fn bench(c: &mut Criterion) {
     let inv = inventory();
-    let host = HostDevices {
+    let host = Devices {
+        nodes: DeviceNodes::named(std::path::Path::new("/dev"), &inv),
         dev_root: PathBuf::from("/dev"),
-        control: vec![
-            "/dev/nvidiactl".into(),
-            "/dev/nvidia-uvm".into(),
-            "/dev/nvidia-uvm-tools".into(),
-        ],
+        proc_root: PathBuf::from("/proc"),
     };
     let image = ImageInfo {
         labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
@@ -66,9 +64,11 @@ fn bench(c: &mut Criterion) {
     };
     let gpus: Vec<&Gpu> = inv.gpus.iter().take(4).collect();
     c.bench_function("plan_4_of_8_gpus_cli_args", |b| {
-        b.iter(|| LaunchPlan::new(&gpus, &host, &image, Some(&driver)).map(|p| p.cli_args()))
+        b.iter(|| {
+            LaunchPlan::for_gpus(&gpus, &host.nodes, &image, Some(&driver)).map(|p| p.cli_args())
+        })
     });
-    let plan = LaunchPlan::new(&gpus, &host, &image, Some(&driver)).expect("plan");
+    let plan = LaunchPlan::for_gpus(&gpus, &host.nodes, &image, Some(&driver)).expect("plan");
     c.bench_function("host_config_4_gpus", |b| b.iter(|| host_config(&plan)));
     let api = RestApi::new(
         Arc::new(inv.clone()),

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_docker::args::{HostDevices, LaunchPlan};
+use mesos_gpu_docker::args::LaunchPlan;
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::{ContainerSpec, DockerClient};
 use mesos_gpu_isolator::{
@@ -102,7 +102,6 @@ fn main() -> Result<()> {
         mig: Default::default(),
     };
     let nodes = DeviceNodes::scan(&dev, &inventory)?;
-    let host = HostDevices::from_nodes(&dev, &nodes);
     let mut config = IsolatorConfig::new(dir.path().join("work"));
     config.cgroup_version = CgroupChoice::V1;
     let isolator = Isolator::new(config, inventory, nodes)?;
@@ -114,7 +113,7 @@ fn main() -> Result<()> {
         .build()?;
     let result = rt.block_on(async {
         let client = DockerClient::connect(Path::new(SOCKET)).await?;
-        let bridge = DockerBridge::new(Arc::new(isolator), client.clone(), host, None, gpus);
+        let bridge = DockerBridge::new(Arc::new(isolator), client.clone(), None, gpus);
         let cmd = vec!["true".to_owned()];
         let (mut plain, mut bridged) = (Vec::new(), Vec::new());
         // One untimed round of each warms the image and the daemon's caches.

@@ -1,13 +1,18 @@
-//! From a GPU allocation to what `docker run` needs: device nodes, the driver volume and the
-//! environment, decided once in a [`LaunchPlan`] that both the CLI arguments
-//! ([`LaunchPlan::cli_args`]) and bollard's `HostConfig` (`crate::client`) are built from.
+//! The Docker renderer of a [`Grant`]: what `docker run` needs for one container, decided once in
+//! a [`LaunchPlan`] that both the CLI arguments ([`LaunchPlan::cli_args`]) and bollard's
+//! `HostConfig` (`crate::client`) are built from. Every Docker path renders its grant here:
+//! `docker-args` (and so the agent's Docker hook and `docker-wrapper`), the module's C ABI, the
+//! bridge behind `run` and `serve`, the REST `/docker/cli` and the demo.
 //!
 //! Facts relied on (`shared/reference/nvidia_docker.md` §1.2, §1.8, §1.9, §7; `mesos_gpu.md` §4.5,
 //! §6):
-//! - A container needs `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` when the host
-//!   has it, and `/dev/nvidia<minor>` for each of its GPUs (the minor comes from NVML, it is not
-//!   the index). `--device=HOST[:CONTAINER]` grants `rwm` in the device cgroup and creates the
-//!   node in the container.
+//! - The grant's device nodes (control nodes, `/dev/nvidia<minor>` per GPU, a MIG device's
+//!   parent and capability nodes) become `--device=HOST[:CONTAINER]`, which grants `rwm` in the
+//!   device cgroup and creates the node in the container; an MPS share's pipe directory and
+//!   `/dev/shm` become `--volume`; a cpuset becomes `--cpuset-cpus`/`--cpuset-mems`. A MIG
+//!   device's `/proc` `access` files are not mounted: runc refuses any bind mount inside `/proc`
+//!   ("cannot be mounted because it is inside /proc"; NVIDIA's runtime hook mounts them from
+//!   outside runc), and the capability nodes are what the driver checks.
 //! - The driver volume is mounted read-only at `/usr/local/nvidia` only for images that ask for
 //!   it: `NVIDIA_VISIBLE_DEVICES` in the image environment with a value other than `""` and
 //!   `void`, or, when the variable is not set, the label `com.nvidia.volumes.needed` (key
@@ -17,11 +22,12 @@
 //! - `com.nvidia.cuda.version` (`MAJOR.MINOR`, optionally `.PATCH`) is the CUDA version an image
 //!   was built for; nvidia-docker refused to run it when it is newer than the driver's CUDA
 //!   version ("unsupported CUDA version: driver X < image Y").
-//! - `NVIDIA_VISIBLE_DEVICES` is set for those images to the **UUIDs** of the allocated GPUs,
-//!   comma-separated (or `none` with no GPU). UUIDs name the same GPU inside and outside the
-//!   container, whatever the index order; the image's own value (CUDA images ship `all`) is
+//! - The grant's variables (`NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` naming its
+//!   devices by **UUID**, a share's) are set for every container holding a device and for images
+//!   that ask for the driver (`none` with no device). UUIDs name the same GPU inside and outside
+//!   the container, whatever the index order; the image's own value (CUDA images ship `all`) is
 //!   overridden, so a host whose default runtime is nvidia-container-runtime exposes exactly
-//!   these GPUs too. Then come the volume manager's `PATH` and `LD_LIBRARY_PATH`
+//!   these devices too. Then come the volume manager's `PATH` and `LD_LIBRARY_PATH`
 //!   (`mesos_gpu_volume::container_env`, Mesos's `NvidiaVolume::ENV`), computed from the image's
 //!   own values; the injection rule itself is `mesos_gpu_volume::should_inject`.
 
@@ -29,11 +35,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_grant::mig::MigAccess;
-use mesos_gpu_isolator::lifecycle::DockerShare;
+use mesos_gpu_grant::{Grant, GrantError, GrantedDevice, MountKind};
 use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_node::discovery::UNKNOWN_MINOR;
-use mesos_gpu_node::{inventory::DriverInfo, inventory::Gpu};
+use mesos_gpu_node::inventory::{DriverInfo, Gpu};
 use mesos_gpu_placement::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
@@ -93,20 +97,17 @@ pub enum ArgsError {
         /// The offending path.
         path: PathBuf,
     },
-    /// NVML could not say which `/dev/nvidia<minor>` node the GPU is.
+    /// A GPU of the grant has no device node on this host.
     #[error(
-        "GPU {index} has no known device minor (NVML could not read it); it cannot be given to a container"
+        "GPU {index} has no device node under the device root (was it healthy at start?); it cannot be given to a container"
     )]
-    UnknownMinor {
+    NoDeviceNode {
         /// NVML index of the GPU.
         index: u32,
     },
-    /// Two allocated GPUs have the same minor number.
-    #[error("GPU minor {minor} appears twice in the allocation")]
-    DuplicateMinor {
-        /// The repeated minor.
-        minor: u32,
-    },
+    /// What was allocated cannot be granted to one container.
+    #[error(transparent)]
+    Grant(#[from] GrantError),
 }
 
 /// A CUDA version as (major, minor); patch levels do not matter for driver compatibility.
@@ -154,32 +155,6 @@ impl fmt::Display for CudaVersion {
     }
 }
 
-/// The NVIDIA device nodes of the host, as Docker should map them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostDevices {
-    /// Directory holding `nvidia<minor>` on the host (`/dev`, or a test root).
-    pub dev_root: PathBuf,
-    /// Host paths of the control nodes, in the order they are passed: `nvidiactl`,
-    /// `nvidia-uvm`, then `nvidia-uvm-tools` when the host has it.
-    pub control: Vec<PathBuf>,
-}
-
-impl HostDevices {
-    /// The layout discovery found: control nodes as scanned (`nvidiactl`, `nvidia-uvm`, then
-    /// `nvidia-uvm-tools` when present), GPU nodes under `dev_root`.
-    pub fn from_nodes(dev_root: &Path, nodes: &DeviceNodes) -> HostDevices {
-        HostDevices {
-            dev_root: dev_root.to_owned(),
-            control: nodes.control.iter().map(|n| n.path.clone()).collect(),
-        }
-    }
-
-    /// Host path of the node of GPU `minor`.
-    pub fn gpu_node(&self, minor: u32) -> PathBuf {
-        self.dev_root.join(format!("nvidia{minor}"))
-    }
-}
-
 /// One `--device`: a host node and where it appears in the container, with `rwm` access.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMapping {
@@ -193,15 +168,11 @@ impl DeviceMapping {
     /// Device-cgroup permissions granted for every mapping.
     pub const PERMISSIONS: &'static str = "rwm";
 
-    fn for_node(host: PathBuf) -> Result<DeviceMapping, ArgsError> {
-        check_path(&host)?;
-        let name = host
-            .file_name()
-            .map(PathBuf::from)
-            .ok_or_else(|| ArgsError::UnusablePath { path: host.clone() })?;
+    fn of(device: &GrantedDevice) -> Result<DeviceMapping, ArgsError> {
+        check_path(&device.host)?;
         Ok(DeviceMapping {
-            container: Path::new("/dev").join(name),
-            host,
+            host: device.host.clone(),
+            container: device.container.clone(),
         })
     }
 
@@ -328,76 +299,96 @@ impl ImageInfo {
 /// and for bollard's `HostConfig`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LaunchPlan {
-    /// Control nodes first, then GPU nodes by minor ascending.
+    /// The grant's device nodes: control nodes, GPU nodes by minor, MIG capability nodes.
     pub devices: Vec<DeviceMapping>,
     /// The driver volume, for images that ask for it.
     pub volume: Option<VolumeMount>,
+    /// The grant's other bind mounts, `SOURCE:TARGET[:ro]` (an MPS share's pipe directory and
+    /// `/dev/shm`).
+    pub binds: Vec<String>,
     /// Environment to set, in order.
     pub env: Vec<(String, String)>,
+    /// The CPUs and memory nodes the container is pinned to (NUMA pinning).
+    pub cpuset: Option<Pinning>,
 }
 
 impl LaunchPlan {
-    /// Device mappings for the control nodes and `gpus` (sorted by minor).
-    pub fn devices_for(gpus: &[&Gpu], host: &HostDevices) -> Result<Vec<DeviceMapping>, ArgsError> {
-        if let Some(g) = gpus.iter().find(|g| g.minor == UNKNOWN_MINOR) {
-            return Err(ArgsError::UnknownMinor { index: g.index });
-        }
-        let mut minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
-        minors.sort_unstable();
-        if let Some(w) = minors.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ArgsError::DuplicateMinor { minor: w[0] });
-        }
-        host.control
-            .iter()
-            .cloned()
-            .chain(minors.into_iter().map(|m| host.gpu_node(m)))
-            .map(DeviceMapping::for_node)
-            .collect()
+    /// Checks what does not depend on the devices (the driver and the image's CUDA version),
+    /// before anything is reserved: [`LaunchPlan::new`] refuses a grant exactly when this does,
+    /// or for its devices.
+    pub fn check_image(image: &ImageInfo, driver: Option<&DriverSpec>) -> Result<(), ArgsError> {
+        LaunchPlan::new(&Grant::default(), image, driver).map(drop)
     }
 
-    /// The plan for a container of `image` holding `gpus`.
-    ///
-    /// The driver volume and `NVIDIA_VISIBLE_DEVICES` are added only when the image asks for the
-    /// driver; such an image is refused when its `com.nvidia.cuda.version` is newer than the
-    /// driver's CUDA version.
-    pub fn new(
+    /// The plan for a container of `image` given `gpus` whole (no MIG device, share or
+    /// cpuset), with the node's device nodes `nodes`: [`Grant::new`] then [`LaunchPlan::new`].
+    pub fn for_gpus(
         gpus: &[&Gpu],
-        host: &HostDevices,
+        nodes: &DeviceNodes,
         image: &ImageInfo,
         driver: Option<&DriverSpec>,
     ) -> Result<LaunchPlan, ArgsError> {
-        let devices = Self::devices_for(gpus, host)?;
-        if !image.wants_driver() {
-            return Ok(LaunchPlan {
-                devices,
-                volume: None,
-                env: Vec::new(),
-            });
+        let owned = gpus.iter().map(|g| (*g).clone()).collect();
+        LaunchPlan::new(&Grant::new(nodes, &[], owned, vec![], None)?, image, driver)
+    }
+
+    /// The plan for a container of `image` given `grant`.
+    ///
+    /// The driver volume is added only when the image asks for the driver; such an image is
+    /// refused when its `com.nvidia.cuda.version` is newer than the driver's CUDA version.
+    pub fn new(
+        grant: &Grant,
+        image: &ImageInfo,
+        driver: Option<&DriverSpec>,
+    ) -> Result<LaunchPlan, ArgsError> {
+        grant
+            .check_nodes()
+            .map_err(|index| ArgsError::NoDeviceNode { index })?;
+        let devices = grant
+            .devices
+            .iter()
+            .map(DeviceMapping::of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut binds = Vec::new();
+        for mount in grant.mounts() {
+            if mount.kind == MountKind::MigAccessFile {
+                continue;
+            }
+            check_path(&mount.source)?;
+            check_path(&mount.target)?;
+            let ro = if mount.read_only { ":ro" } else { "" };
+            binds.push(format!(
+                "{}:{}{ro}",
+                mount.source.display(),
+                mount.target.display()
+            ));
         }
-        let driver = driver.ok_or(ArgsError::NoDriver)?;
-        check_cuda(image, &driver.info)?;
-        let mut sorted: Vec<&Gpu> = gpus.to_vec();
-        sorted.sort_by_key(|g| g.minor);
-        let visible = if sorted.is_empty() {
-            "none".to_owned()
+        let wants = image.wants_driver();
+        let mut env = if wants || !grant.is_empty() {
+            grant.env()
         } else {
-            sorted
-                .iter()
-                .map(|g| g.uuid.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
+            Vec::new()
         };
-        let mut env = vec![(VISIBLE_DEVICES_ENV.to_owned(), visible)];
-        env.extend(mesos_gpu_volume::container_env(&image.env));
+        let volume = if wants {
+            let driver = driver.ok_or(ArgsError::NoDriver)?;
+            check_cuda(image, &driver.info)?;
+            env.extend(mesos_gpu_volume::container_env(&image.env));
+            Some(VolumeMount::new(&driver.volume, &driver.info.version)?)
+        } else {
+            None
+        };
         Ok(LaunchPlan {
             devices,
-            volume: Some(VolumeMount::new(&driver.volume, &driver.info.version)?),
+            volume,
+            binds,
             env,
+            cpuset: grant.cpuset.clone(),
         })
     }
 
-    /// `docker run` arguments, in a stable order: `--device` (control nodes, then GPUs by
-    /// minor), then `--volume-driver`/`--volume`, then `--env`.
+    /// `docker run` arguments, in a stable order: `--device` (the grant's order), then
+    /// `--volume-driver`/`--volume` (the driver volume, then other binds), then `--env`, then
+    /// `--cpuset-cpus`/`--cpuset-mems`.
     pub fn cli_args(&self) -> Vec<String> {
         let mut args: Vec<String> = self
             .devices
@@ -410,7 +401,14 @@ impl LaunchPlan {
             }
             args.push(format!("--volume={}", volume.bind_spec()));
         }
+        args.extend(self.binds.iter().map(|b| format!("--volume={b}")));
         args.extend(self.env.iter().map(|(k, v)| format!("--env={k}={v}")));
+        if let Some(pinning) = &self.cpuset {
+            args.push(format!("--cpuset-cpus={}", pinning.cpus));
+            if let Some(mems) = &pinning.mems {
+                args.push(format!("--cpuset-mems={mems}"));
+            }
+        }
         args
     }
 
@@ -419,81 +417,6 @@ impl LaunchPlan {
         self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
     }
 }
-
-/// `docker run` arguments pinning a container to `pinning` (NUMA pinning):
-/// `--cpuset-cpus=<list>`, and `--cpuset-mems=<list>` when the memory nodes are known.
-pub fn cpuset_args(pinning: &Pinning) -> Vec<String> {
-    let mut args = vec![format!("--cpuset-cpus={}", pinning.cpus)];
-    if let Some(mems) = &pinning.mems {
-        args.push(format!("--cpuset-mems={mems}"));
-    }
-    args
-}
-
-/// `docker run` arguments of a GPU share (issue 17): `--env=K=V` for its variables and, under
-/// MPS, the daemon's pipe directory bound at the same path and the host's `/dev/shm` at
-/// `/dev/shm` (the daemon's shared memory; without it clients find no server or run unlimited).
-pub fn share_args(share: &DockerShare) -> Result<Vec<String>, ArgsError> {
-    let mut args: Vec<String> = share
-        .env
-        .iter()
-        .map(|(k, v)| format!("--env={k}={v}"))
-        .collect();
-    if let Some(pipe) = &share.pipe_dir {
-        check_path(pipe)?;
-        args.push(format!("--volume={0}:{0}", pipe.display()));
-        args.push(format!("--volume={SHM}:{SHM}"));
-    }
-    Ok(args)
-}
-
-/// `docker run` arguments for MIG devices (issue 16): each device's parent GPU node and its two
-/// capability nodes as `--device` (at `/dev/nvidia<minor>` and `/dev/nvidia-caps/…` in the
-/// container), and `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` naming the `MIG-…` UUIDs
-/// after any whole GPUs' (`gpus`). Nothing for no MIG device. The `access` files are not
-/// mounted: runc refuses any bind mount inside `/proc` ("cannot be mounted because it is inside
-/// /proc"; NVIDIA's runtime hook mounts them from outside runc).
-pub fn mig_args(
-    accesses: &[MigAccess],
-    host: &HostDevices,
-    gpus: &[Gpu],
-) -> Result<Vec<String>, ArgsError> {
-    if accesses.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut args = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for access in accesses {
-        let parent = DeviceMapping::for_node(host.gpu_node(access.parent.minor))?;
-        let mut mappings = vec![parent];
-        for node in &access.cap_nodes {
-            check_path(node)?;
-            let name = node
-                .file_name()
-                .map(PathBuf::from)
-                .ok_or_else(|| ArgsError::UnusablePath { path: node.clone() })?;
-            mappings.push(DeviceMapping {
-                host: node.clone(),
-                container: Path::new("/dev/nvidia-caps").join(name),
-            });
-        }
-        for m in mappings {
-            let value = format!("--device={}", m.cli_value());
-            if seen.insert(value.clone()) {
-                args.push(value);
-            }
-        }
-    }
-    let mut names: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    names.extend(accesses.iter().map(|a| a.uuid.as_str()));
-    let visible = names.join(",");
-    args.push(format!("--env={VISIBLE_DEVICES_ENV}={visible}"));
-    args.push(format!("--env=CUDA_VISIBLE_DEVICES={visible}"));
-    Ok(args)
-}
-
-/// Where MPS clients find the daemon's shared memory.
-const SHM: &str = "/dev/shm";
 
 /// Refuses an image whose `com.nvidia.cuda.version` is newer than the driver's CUDA version
 /// (nvidia-docker's check; [`LaunchPlan::new`] applies it to images that ask for the driver).
@@ -530,24 +453,10 @@ fn check_path(path: &Path) -> Result<(), ArgsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mesos_gpu_node::devices::{DeviceNode, DeviceNodes, GpuNode};
+    use mesos_gpu_node::discovery::UNKNOWN_MINOR;
+    use mesos_gpu_node::inventory::{DevNum, Gpu};
     use proptest::prelude::*;
-
-    #[test]
-    fn issue_18_cpuset_args() {
-        let pinning = Pinning {
-            cpus: "0-3,8".parse().expect("list"),
-            mems: Some("0".parse().expect("list")),
-        };
-        assert_eq!(
-            cpuset_args(&pinning),
-            ["--cpuset-cpus=0-3,8", "--cpuset-mems=0"]
-        );
-        let cpus_only = Pinning {
-            mems: None,
-            ..pinning
-        };
-        assert_eq!(cpuset_args(&cpus_only), ["--cpuset-cpus=0-3,8"]);
-    }
 
     pub(crate) fn gpu(index: u32, minor: u32) -> Gpu {
         Gpu {
@@ -563,18 +472,73 @@ mod tests {
         }
     }
 
-    fn host(uvm_tools: bool) -> HostDevices {
+    /// The node's device nodes under `root`: the control nodes (`nvidia-uvm-tools` too with
+    /// `uvm_tools`) and one node per GPU of `gpus`.
+    fn nodes_at(root: &str, gpus: &[&Gpu], uvm_tools: bool) -> DeviceNodes {
+        let node = |name: String, major, minor| DeviceNode {
+            path: PathBuf::from(root).join(name),
+            dev: DevNum { major, minor },
+        };
         let mut control = vec![
-            PathBuf::from("/dev/nvidiactl"),
-            PathBuf::from("/dev/nvidia-uvm"),
+            node("nvidiactl".into(), 195, 255),
+            node("nvidia-uvm".into(), 510, 0),
         ];
         if uvm_tools {
-            control.push(PathBuf::from("/dev/nvidia-uvm-tools"));
+            control.push(node("nvidia-uvm-tools".into(), 510, 1));
         }
-        HostDevices {
-            dev_root: PathBuf::from("/dev"),
+        DeviceNodes {
             control,
+            gpus: gpus
+                .iter()
+                .filter(|g| g.minor != UNKNOWN_MINOR)
+                .map(|g| GpuNode {
+                    index: g.index,
+                    node: node(format!("nvidia{}", g.minor), 195, g.minor),
+                })
+                .collect(),
         }
+    }
+
+    fn grant(gpus: &[&Gpu], uvm_tools: bool) -> Grant {
+        let owned: Vec<Gpu> = gpus.iter().map(|g| (*g).clone()).collect();
+        Grant::new(&nodes_at("/dev", gpus, uvm_tools), &[], owned, vec![], None).expect("grant")
+    }
+
+    fn plan(
+        gpus: &[&Gpu],
+        image: &ImageInfo,
+        driver: Option<&DriverSpec>,
+    ) -> Result<LaunchPlan, ArgsError> {
+        LaunchPlan::new(&grant(gpus, false), image, driver)
+    }
+
+    #[test]
+    fn a_cpuset_becomes_cpuset_cpus_and_mems() {
+        let a = gpu(0, 0);
+        let pinning = Pinning {
+            cpus: "0-3,8".parse().expect("list"),
+            mems: Some("0".parse().expect("list")),
+        };
+        let args = LaunchPlan::new(
+            &grant(&[&a], false).pinned(Some(pinning.clone())),
+            &ImageInfo::default(),
+            None,
+        )
+        .expect("plan")
+        .cli_args();
+        assert_eq!(args[args.len() - 2..], ["--cpuset-cpus=0-3,8", "--cpuset-mems=0"]);
+        let cpus_only = Pinning {
+            mems: None,
+            ..pinning
+        };
+        let args = LaunchPlan::new(
+            &grant(&[&a], false).pinned(Some(cpus_only)),
+            &ImageInfo::default(),
+            None,
+        )
+        .expect("plan")
+        .cli_args();
+        assert_eq!(args.last().map(String::as_str), Some("--cpuset-cpus=0-3,8"));
     }
 
     fn driver(cuda: Option<(u32, u32)>, volume: VolumeSource) -> DriverSpec {
@@ -604,11 +568,10 @@ mod tests {
     }
 
     #[test]
-    fn plain_image_gets_devices_only_in_minor_order() {
+    fn a_plain_image_gets_its_devices_in_minor_order_and_the_variables_only() {
         let (a, b) = (gpu(0, 3), gpu(1, 1));
-        let plan = LaunchPlan::new(
+        let plan = plan(
             &[&a, &b],
-            &host(false),
             &ImageInfo::default(),
             Some(&driver(None, bind())),
         )
@@ -619,19 +582,20 @@ mod tests {
                 "--device=/dev/nvidiactl",
                 "--device=/dev/nvidia-uvm",
                 "--device=/dev/nvidia1",
-                "--device=/dev/nvidia3"
+                "--device=/dev/nvidia3",
+                &format!("--env=NVIDIA_VISIBLE_DEVICES={},{}", a.uuid, b.uuid),
+                &format!("--env=CUDA_VISIBLE_DEVICES={},{}", a.uuid, b.uuid),
             ]
         );
         assert!(plan.volume.is_none());
-        assert!(plan.env.is_empty());
     }
 
     #[test]
     fn uvm_tools_comes_after_uvm_when_present() {
         let a = gpu(0, 0);
-        let plan = LaunchPlan::new(&[&a], &host(true), &ImageInfo::default(), None).expect("plan");
+        let plan = LaunchPlan::new(&grant(&[&a], true), &ImageInfo::default(), None).expect("plan");
         assert_eq!(
-            plan.cli_args(),
+            plan.cli_args()[..4],
             [
                 "--device=/dev/nvidiactl",
                 "--device=/dev/nvidia-uvm",
@@ -645,9 +609,8 @@ mod tests {
     fn labelled_image_gets_bind_volume_and_uuids() {
         let (a, b) = (gpu(1, 1), gpu(0, 0));
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = LaunchPlan::new(
+        let plan = plan(
             &[&a, &b],
-            &host(false),
             &image,
             Some(&driver(Some((12, 4)), bind())),
         )
@@ -661,6 +624,7 @@ mod tests {
                 "--device=/dev/nvidia1",
                 "--volume=/var/run/mesos/isolators/gpu/nvidia_550.54.14:/usr/local/nvidia:ro",
                 &format!("--env=NVIDIA_VISIBLE_DEVICES={},{}", b.uuid, a.uuid),
+                &format!("--env=CUDA_VISIBLE_DEVICES={},{}", b.uuid, a.uuid),
             ]
             .into_iter()
             .map(str::to_owned)
@@ -683,7 +647,7 @@ mod tests {
                 plugin: DEFAULT_PLUGIN_NAME.to_owned(),
             },
         );
-        let args = LaunchPlan::new(&[&a], &host(false), &image, Some(&spec))
+        let args = plan(&[&a], &image, Some(&spec))
             .expect("plan")
             .cli_args();
         assert_eq!(
@@ -736,9 +700,8 @@ mod tests {
             env: vec!["NVIDIA_VISIBLE_DEVICES=all".to_owned()],
             ..Default::default()
         };
-        let plan = LaunchPlan::new(
+        let plan = plan(
             &[&a],
-            &host(false),
             &image,
             Some(&driver(Some((12, 0)), bind())),
         )
@@ -750,17 +713,17 @@ mod tests {
     }
 
     #[test]
-    fn zero_gpus_still_get_control_nodes_and_none() {
+    fn no_device_gets_no_node_and_none() {
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = LaunchPlan::new(
+        let plan = plan(
             &[],
-            &host(false),
             &image,
             Some(&driver(Some((12, 0)), bind())),
         )
         .expect("plan");
-        assert_eq!(plan.devices.len(), 2);
+        assert!(plan.devices.is_empty(), "{:?}", plan.devices);
         assert_eq!(plan.env[0].1, "none");
+        assert_eq!(plan.env[1], ("CUDA_VISIBLE_DEVICES".to_owned(), String::new()));
     }
 
     #[test]
@@ -769,9 +732,8 @@ mod tests {
             (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
             (CUDA_VERSION_LABEL, "12.4.1"),
         ]);
-        let err = LaunchPlan::new(
+        let err = plan(
             &[],
-            &host(false),
             &image,
             Some(&driver(Some((12, 2)), bind())),
         )
@@ -791,9 +753,8 @@ mod tests {
                 (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
                 (CUDA_VERSION_LABEL, label),
             ]);
-            LaunchPlan::new(
+            plan(
                 &[],
-                &host(false),
                 &image,
                 Some(&driver(Some((12, 4)), bind())),
             )
@@ -804,7 +765,7 @@ mod tests {
     #[test]
     fn cuda_label_on_image_not_asking_for_the_driver_is_ignored() {
         let image = labelled(&[(CUDA_VERSION_LABEL, "99.0")]);
-        LaunchPlan::new(&[], &host(false), &image, None).expect("no driver needed");
+        plan(&[], &image, None).expect("no driver needed");
     }
 
     #[test]
@@ -813,7 +774,7 @@ mod tests {
             (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
             (CUDA_VERSION_LABEL, "10.0"),
         ]);
-        let err = LaunchPlan::new(&[], &host(false), &image, Some(&driver(None, bind())))
+        let err = plan(&[], &image, Some(&driver(None, bind())))
             .expect_err("refused");
         assert!(matches!(err, ArgsError::CudaUnknown { .. }), "{err}");
     }
@@ -847,23 +808,18 @@ mod tests {
     #[test]
     fn no_driver_for_an_image_that_asks_is_an_error() {
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let err = LaunchPlan::new(&[], &host(false), &image, None).expect_err("refused");
+        let err = plan(&[], &image, None).expect_err("refused");
         assert!(matches!(err, ArgsError::NoDriver));
     }
 
     #[test]
     fn other_dev_root_maps_host_to_container_paths() {
         let a = gpu(0, 2);
-        let root = HostDevices {
-            dev_root: PathBuf::from("/tmp/devs"),
-            control: vec![
-                PathBuf::from("/tmp/devs/nvidiactl"),
-                PathBuf::from("/tmp/devs/nvidia-uvm"),
-            ],
-        };
-        let plan = LaunchPlan::new(&[&a], &root, &ImageInfo::default(), None).expect("plan");
+        let nodes = nodes_at("/tmp/devs", &[&a], false);
+        let grant = Grant::new(&nodes, &[], vec![a.clone()], vec![], None).expect("grant");
+        let plan = LaunchPlan::new(&grant, &ImageInfo::default(), None).expect("plan");
         assert_eq!(
-            plan.cli_args(),
+            plan.cli_args()[..3],
             [
                 "--device=/tmp/devs/nvidiactl:/dev/nvidiactl",
                 "--device=/tmp/devs/nvidia-uvm:/dev/nvidia-uvm",
@@ -875,11 +831,9 @@ mod tests {
     #[test]
     fn paths_docker_cannot_carry_are_refused() {
         let a = gpu(0, 0);
-        let root = HostDevices {
-            dev_root: PathBuf::from("/tmp/a:b"),
-            control: vec![],
-        };
-        let err = LaunchPlan::new(&[&a], &root, &ImageInfo::default(), None).expect_err("colon");
+        let nodes = nodes_at("/tmp/a:b", &[&a], false);
+        let grant = Grant::new(&nodes, &[], vec![a.clone()], vec![], None).expect("grant");
+        let err = LaunchPlan::new(&grant, &ImageInfo::default(), None).expect_err("colon");
         assert!(matches!(err, ArgsError::UnusablePath { .. }));
         let rel = VolumeSource::Bind {
             host_path: PathBuf::from("relative/dir"),
@@ -888,11 +842,12 @@ mod tests {
     }
 
     #[test]
-    fn unknown_minor_is_refused() {
-        let a = gpu(4, UNKNOWN_MINOR);
-        let err =
-            LaunchPlan::new(&[&a], &host(false), &ImageInfo::default(), None).expect_err("refused");
-        assert!(matches!(err, ArgsError::UnknownMinor { index: 4 }), "{err}");
+    fn a_gpu_without_a_device_node_is_refused() {
+        let a = gpu(4, 9);
+        let grant =
+            Grant::new(&nodes_at("/dev", &[], false), &[], vec![a], vec![], None).expect("grant");
+        let err = LaunchPlan::new(&grant, &ImageInfo::default(), None).expect_err("no node");
+        assert!(matches!(err, ArgsError::NoDeviceNode { index: 4 }), "{err}");
     }
 
     #[test]
@@ -904,9 +859,8 @@ mod tests {
             ],
             ..Default::default()
         };
-        let plan = LaunchPlan::new(
+        let plan = plan(
             &[],
-            &host(false),
             &image,
             Some(&driver(Some((12, 0)), bind())),
         )
@@ -919,22 +873,15 @@ mod tests {
         assert_eq!(path, Some("/opt/bin:/bin:/usr/local/nvidia/bin"));
     }
 
-    #[test]
-    fn duplicate_minors_are_refused() {
-        let (a, b) = (gpu(0, 1), gpu(1, 1));
-        let err =
-            LaunchPlan::new(&[&a, &b], &host(false), &ImageInfo::default(), None).expect_err("dup");
-        assert!(matches!(err, ArgsError::DuplicateMinor { minor: 1 }));
-    }
-
     proptest! {
         #[test]
         fn args_are_stable_and_sorted(minors in proptest::collection::btree_set(0u32..64, 0..8)) {
             let gpus: Vec<Gpu> = minors.iter().rev().enumerate().map(|(i, m)| gpu(u32::try_from(i).expect("small"), *m)).collect();
             let refs: Vec<&Gpu> = gpus.iter().collect();
-            let args = LaunchPlan::new(&refs, &host(true), &ImageInfo::default(), None).expect("plan").cli_args();
-            prop_assert_eq!(args.len(), 3 + minors.len());
-            let got: Vec<u32> = args[3..].iter()
+            let args = LaunchPlan::new(&grant(&refs, true), &ImageInfo::default(), None).expect("plan").cli_args();
+            let devices: Vec<&String> = args.iter().filter(|a| a.starts_with("--device=")).collect();
+            prop_assert_eq!(devices.len(), if minors.is_empty() { 0 } else { 3 + minors.len() });
+            let got: Vec<u32> = devices.iter().skip(3)
                 .map(|a| a.trim_start_matches("--device=/dev/nvidia").parse().expect("minor"))
                 .collect();
             prop_assert_eq!(got, minors.iter().copied().collect::<Vec<_>>());

@@ -24,6 +24,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use mesos_gpu_grant::Grant;
+
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::ContainerKind, lifecycle::DockerReservation,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::LifecycleError,
@@ -31,7 +33,7 @@ use mesos_gpu_isolator::{
 };
 use mesos_gpu_node::inventory::Gpu;
 
-use crate::args::{ArgsError, DriverSpec, HostDevices, ImageInfo, LaunchPlan};
+use crate::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan};
 use crate::client::{
     ContainerSpec, DockerClient, DockerError, MESOS_NAME_PREFIX, RecoveredContainer,
     mesos_container_id,
@@ -151,26 +153,23 @@ pub struct BridgeRecovery {
 pub struct DockerBridge {
     isolator: Arc<Isolator>,
     client: DockerClient,
-    host: HostDevices,
     driver: Option<DriverSpec>,
     gpus: Vec<Gpu>,
 }
 
 impl DockerBridge {
     /// A bridge drawing from `isolator` (already recovered), launching through `client`, with
-    /// the host's device nodes, the driver volume offered to images that ask for it, and the
+    /// the driver volume offered to images that ask for it, and the
     /// node's GPUs (`Inventory::gpus`, to read containers' GPUs back by minor).
     pub fn new(
         isolator: Arc<Isolator>,
         client: DockerClient,
-        host: HostDevices,
         driver: Option<DriverSpec>,
         gpus: Vec<Gpu>,
     ) -> DockerBridge {
         DockerBridge {
             isolator,
             client,
-            host,
             driver,
             gpus,
         }
@@ -220,10 +219,10 @@ impl DockerBridge {
             source,
         };
         // Everything but the GPUs themselves, checked before anything is reserved.
-        LaunchPlan::new(&[], &self.host, &info, self.driver.as_ref()).map_err(plan_err)?;
+        LaunchPlan::check_image(&info, self.driver.as_ref()).map_err(plan_err)?;
         let reservation = self.reserve(id, gpus).await?;
         let created = self
-            .create_reserved(id, &name, reservation.gpus(), &info, image, cmd)
+            .create_reserved(id, &name, reservation.grant(), &info, image, cmd)
             .await;
         match created {
             Ok((docker_id, plan)) => Ok(BridgedContainer {
@@ -398,14 +397,13 @@ impl DockerBridge {
         &self,
         id: &ContainerId,
         name: &str,
-        reserved: &[Gpu],
+        grant: &Grant,
         info: &ImageInfo,
         image: &str,
         cmd: &[String],
     ) -> Result<(String, LaunchPlan), BridgeError> {
-        let refs: Vec<&Gpu> = reserved.iter().collect();
         let plan =
-            LaunchPlan::new(&refs, &self.host, info, self.driver.as_ref()).map_err(|source| {
+            LaunchPlan::new(grant, info, self.driver.as_ref()).map_err(|source| {
                 BridgeError::Plan {
                     container: id.clone(),
                     image: image.to_owned(),

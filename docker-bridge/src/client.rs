@@ -144,19 +144,25 @@ pub fn host_devices(plan: &LaunchPlan) -> Vec<BollardDevice> {
         .collect()
 }
 
-/// The `HostConfig` carrying a plan's devices and driver volume.
+/// The `HostConfig` carrying a plan's devices, driver volume, other binds and cpuset, as
+/// [`LaunchPlan::cli_args`] gives them to `docker run`.
 pub fn host_config(plan: &LaunchPlan) -> HostConfig {
-    let (binds, volume_driver) = match &plan.volume {
-        Some(v) => (
-            Some(vec![v.bind_spec()]),
-            v.volume_driver().map(str::to_owned),
-        ),
-        None => (None, None),
-    };
+    let mut binds: Vec<String> = plan.volume.iter().map(|v| v.bind_spec()).collect();
+    binds.extend(plan.binds.iter().cloned());
     HostConfig {
         devices: Some(host_devices(plan)),
-        binds,
-        volume_driver,
+        binds: (!binds.is_empty()).then_some(binds),
+        volume_driver: plan
+            .volume
+            .as_ref()
+            .and_then(|v| v.volume_driver())
+            .map(str::to_owned),
+        cpuset_cpus: plan.cpuset.as_ref().map(|p| p.cpus.to_string()),
+        cpuset_mems: plan
+            .cpuset
+            .as_ref()
+            .and_then(|p| p.mems.as_ref())
+            .map(ToString::to_string),
         ..Default::default()
     }
 }
@@ -575,8 +581,13 @@ impl ContainerOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::{HostDevices, VolumeMount};
+    use crate::args::VolumeMount;
+    use mesos_gpu_grant::Grant;
+    use mesos_gpu_node::devices::{DeviceNode, DeviceNodes, GpuNode};
+    use mesos_gpu_node::inventory::DevNum;
+    use mesos_gpu_placement::numa::Pinning;
     use proptest::prelude::*;
+    use std::path::PathBuf;
 
     const ID: &str = "3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11";
 
@@ -655,15 +666,29 @@ mod tests {
     #[test]
     fn host_config_matches_cli_args() {
         let g = gpu(2);
-        let host = HostDevices {
-            dev_root: "/dev".into(),
-            control: vec!["/dev/nvidiactl".into(), "/dev/nvidia-uvm".into()],
+        let node = |name: &str, major, minor| DeviceNode {
+            path: PathBuf::from("/dev").join(name),
+            dev: DevNum { major, minor },
         };
-        let mut plan = LaunchPlan::new(&[&g], &host, &ImageInfo::default(), None).expect("plan");
+        let nodes = DeviceNodes {
+            control: vec![node("nvidiactl", 195, 255), node("nvidia-uvm", 510, 0)],
+            gpus: vec![GpuNode {
+                index: g.index,
+                node: node(&format!("nvidia{}", g.minor), 195, g.minor),
+            }],
+        };
+        let grant = Grant::new(&nodes, &[], vec![g], vec![], None)
+            .expect("grant")
+            .pinned(Some(Pinning {
+                cpus: "0-3".parse().expect("list"),
+                mems: Some("0".parse().expect("list")),
+            }));
+        let mut plan = LaunchPlan::new(&grant, &ImageInfo::default(), None).expect("plan");
         plan.volume = Some(VolumeMount::Named {
             plugin: "nvidia-docker".into(),
             name: "nvidia_driver_1.0".into(),
         });
+        plan.binds = vec!["/run/mps/pipe:/run/mps/pipe".into()];
         plan.env = vec![("NVIDIA_VISIBLE_DEVICES".into(), "GPU-2".into())];
         let hc = host_config(&plan);
         let devices = hc.devices.expect("devices");
@@ -679,9 +704,17 @@ mod tests {
         );
         assert_eq!(
             hc.binds,
-            Some(vec!["nvidia_driver_1.0:/usr/local/nvidia:ro".to_owned()])
+            Some(vec![
+                "nvidia_driver_1.0:/usr/local/nvidia:ro".to_owned(),
+                "/run/mps/pipe:/run/mps/pipe".to_owned()
+            ])
         );
         assert_eq!(hc.volume_driver.as_deref(), Some("nvidia-docker"));
+        assert_eq!(
+            (hc.cpuset_cpus.as_deref(), hc.cpuset_mems.as_deref()),
+            (Some("0-3"), Some("0"))
+        );
+        assert!(plan.cli_args().contains(&"--cpuset-cpus=0-3".to_owned()));
 
         let spec = ContainerSpec {
             name: "x".into(),

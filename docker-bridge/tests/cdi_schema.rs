@@ -10,7 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_docker::args::{HostDevices, ImageInfo, LaunchPlan};
+use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
+use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_node::inventory::Inventory;
@@ -363,13 +364,7 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
 fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
     let inventory = inventory("pcie-t4x4");
     let doc = spec_json("pcie-t4x4");
-    let host = HostDevices {
-        dev_root: PathBuf::from("/dev"),
-        control: vec![
-            PathBuf::from("/dev/nvidiactl"),
-            PathBuf::from("/dev/nvidia-uvm"),
-        ],
-    };
+    let host = DeviceNodes::named(Path::new("/dev"), &inventory);
     let image = ImageInfo {
         env: vec!["NVIDIA_VISIBLE_DEVICES=all".to_owned()],
         ..ImageInfo::default()
@@ -381,7 +376,7 @@ fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
         },
     };
     let gpu = &inventory.gpus[2];
-    let plan = LaunchPlan::new(&[gpu], &host, &image, Some(&driver)).unwrap();
+    let plan = LaunchPlan::for_gpus(&[gpu], &host, &image, Some(&driver)).unwrap();
     let docker_env = plan.env_strings();
     let device = doc["devices"]
         .as_array()
@@ -395,7 +390,7 @@ fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
         serde_json::from_value::<Vec<String>>(doc["containerEdits"]["env"].clone()).unwrap(),
     );
     assert_eq!(cdi_env, docker_env);
-    let all_plan = LaunchPlan::new(
+    let all_plan = LaunchPlan::for_gpus(
         &inventory.gpus.iter().collect::<Vec<_>>(),
         &host,
         &image,

@@ -18,12 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::client::{ContainerSpec, DockerClient};
 use mesos_gpu_docker::plugin::{DEFAULT_BUILD_WAIT, DriverVolumes, PluginApi};
-use mesos_gpu_docker::rest::RestApi;
+use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::server::{Server, ServerConfig};
+use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{
     inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
 };
@@ -65,7 +66,7 @@ impl Drop for Cleanup {
 /// What every trial shares: the device root, the fake volume, the images.
 struct Fixture {
     dir: tempfile::TempDir,
-    host: HostDevices,
+    host: Devices,
     inventory: Inventory,
     plain: String,
     labelled: String,
@@ -109,10 +110,6 @@ impl Fixture {
             &UVM_MAJOR.to_string(),
             "0",
         ]))?;
-        let host = HostDevices {
-            dev_root: dev.clone(),
-            control: vec![dev.join("nvidiactl"), dev.join("nvidia-uvm")],
-        };
 
         let volume = dir.path().join("volume/nvidia_550.54.14");
         for sub in ["bin", "lib", "lib64"] {
@@ -143,6 +140,11 @@ impl Fixture {
             gpus,
             absent_reason: None,
             mig: Default::default(),
+        };
+        let host = Devices {
+            nodes: DeviceNodes::scan(&dev, &inventory).map_err(|e| e.to_string())?,
+            dev_root: dev.clone(),
+            proc_root: PathBuf::from("/proc"),
         };
         Ok(Fixture {
             dir,
@@ -291,9 +293,8 @@ fn devices_and_denials_in_a_plain_image(fx: &Fixture) -> TestResult {
             .await
             .map_err(|e| format!("{e:#}"))?;
         assert!(!info.wants_driver());
-        let plan = LaunchPlan::new(
-            &fx.gpus(&[1, 3]),
-            &fx.host,
+        let plan = LaunchPlan::for_gpus(&fx.gpus(&[1, 3]),
+            &fx.host.nodes,
             &info,
             Some(&fx.driver((12, 4))),
         )
@@ -337,7 +338,7 @@ fn labelled_image_gets_the_volume_read_only(fx: &Fixture) -> TestResult {
         let info = client.image_info(&fx.labelled).await.map_err(|e| format!("{e:#}"))?;
         assert!(info.wants_driver(), "{info:?}");
         let gpus = fx.gpus(&[0, 2]);
-        let plan = LaunchPlan::new(&gpus, &fx.host, &info, Some(&fx.driver((12, 4)))).map_err(|e| e.to_string())?;
+        let plan = LaunchPlan::for_gpus(&gpus, &fx.host.nodes, &info, Some(&fx.driver((12, 4)))).map_err(|e| e.to_string())?;
         let uuids = format!("{},{}", gpus.iter().find(|g| g.minor == 0).map(|g| g.uuid.as_str()).unwrap_or(""), gpus.iter().find(|g| g.minor == 2).map(|g| g.uuid.as_str()).unwrap_or(""));
         let mut script = check_script(&[0, 2], &[1, 3], true);
         script = format!("[ \"$NVIDIA_VISIBLE_DEVICES\" = \"{uuids}\" ] || {{ echo \"env: $NVIDIA_VISIBLE_DEVICES\"; exit 9; }}\n{script}");
@@ -358,7 +359,7 @@ fn too_new_cuda_is_refused_from_the_real_label(fx: &Fixture) -> TestResult {
             .image_info(&fx.labelled)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let err = LaunchPlan::new(&fx.gpus(&[0]), &fx.host, &info, Some(&fx.driver((10, 2))))
+        let err = LaunchPlan::for_gpus(&fx.gpus(&[0]), &fx.host.nodes, &info, Some(&fx.driver((10, 2))))
             .expect_err("refused");
         let msg = err.to_string();
         assert!(
@@ -479,7 +480,7 @@ fn recovery_finds_the_gpus_of_running_mesos_containers(fx: &Fixture) -> TestResu
         let mut ids = Vec::new();
         for (name, minors) in &cases {
             fx.cleanup.container(name);
-            let plan = LaunchPlan::new(&fx.gpus(minors), &fx.host, &info, None)
+            let plan = LaunchPlan::for_gpus(&fx.gpus(minors), &fx.host.nodes, &info, None)
                 .map_err(|e| e.to_string())?;
             let spec = ContainerSpec {
                 name: name.clone(),

@@ -309,6 +309,41 @@ enum MgpuStatus mgpu_agent_resources(const struct MgpuIsolator *handle,
                                      char *err,
                                      size_t err_cap);
 
+// For the agent's Docker hook: the command it runs for a Docker task, each argument
+// NUL-terminated, back to back, or no bytes (`*len` 0) when the task asks for no GPU and no MIG
+// device. `command` is the hook's `docker_args` module parameter (NUL-terminated, split on
+// spaces); `config` a serialized `mesos.slave.ContainerConfig` holding the task's `resources`
+// and its `container_info` (for the image); `container_name` the NUL-terminated Docker name
+// `mesos-<container id>`. Computes only, so a retry after `MGPU_BUFFER_TOO_SMALL` may pass any
+// larger buffer.
+//
+// # Safety
+// `command` and `container_name` are NULL or NUL-terminated strings; `config` is NULL or valid
+// for `config_len` bytes; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid for
+// `err_cap` bytes.
+enum MgpuStatus mgpu_docker_hook_launch_argv(const char *command,
+                                             const uint8_t *config,
+                                             size_t config_len,
+                                             const char *container_name,
+                                             uint8_t *buf,
+                                             size_t cap,
+                                             size_t *len,
+                                             char *err,
+                                             size_t err_cap);
+
+// For the agent's Docker hook: the command that gives back the GPUs of Docker container
+// `container_id` (NUL-terminated), each argument NUL-terminated, back to back.
+//
+// # Safety
+// As `mgpu_docker_hook_launch_argv`, with `container_id` NULL or NUL-terminated.
+enum MgpuStatus mgpu_docker_hook_release_argv(const char *command,
+                                              const char *container_id,
+                                              uint8_t *buf,
+                                              size_t cap,
+                                              size_t *len,
+                                              char *err,
+                                              size_t err_cap);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -2,13 +2,16 @@
 //
 // Mesos's Docker containerizer never calls isolator modules, so GPUs for Docker tasks are
 // reserved here, in `slavePreLaunchDockerTaskExecutorDecorator`, which the agent runs before
-// it starts the container `mesos-<container id>` of a task. For a task with `gpus` > 0, or with
-// `mig-<profile>` scalars (the MIG devices an agent offers with the mixed strategy), the hook
-// runs the operator's `docker_args` command line (module parameter, e.g. `/usr/bin/mesos-gpu
-// docker-args --pool-dir /var/lib/mesos-gpu`) with `--gpus N [--mig=mig-<profile>:N…]
-// --container-id ID --json` appended:
-// `mesos-gpu docker-args` reserves the GPUs from the node's pool for that container name and
-// prints the `docker run` arguments that give them, the driver volume included. The hook runs
+// it starts the container `mesos-<container id>` of a task. The hook reads nothing of the task
+// itself: it hands the task's resources and container info to the library
+// (`mgpu_docker_hook_launch_argv`, ffi/src/hook.rs), which answers the command to run, or none
+// for a task asking for no GPU and no MIG device: the operator's `docker_args` command line
+// (module parameter, e.g. `/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu`) with
+// the task's `--gpus`, `--mig=mig-<profile>:N`, `--cpus` (with `--numa-pinning`),
+// `--container-id` and `--json` appended. `mesos-gpu docker-args` reserves from the node's pool
+// for that container name and prints the `docker run` arguments that give the task its grant
+// (devices, variables, share, cpuset and, when the image asks, the driver volume), as every
+// Docker path renders one. The hook runs
 // before the agent pulls the image, so the task's image is given with `--unpulled-image-ok`:
 // an image the daemon already has is checked now (an image whose `com.nvidia.cuda.version` is
 // newer than the driver's CUDA fails the launch, and so the task, with a message saying so);
@@ -46,10 +49,11 @@
 
 #include <glog/logging.h>
 
+#include <mesos/slave/containerizer.hpp>
+
 #include <mesos/hook.hpp>
 #include <mesos/mesos.hpp>
 #include <mesos/module/hook.hpp>
-#include <mesos/resources.hpp>
 
 #include <process/collect.hpp>
 #include <process/future.hpp>
@@ -59,9 +63,10 @@
 #include <stout/foreach.hpp>
 #include <stout/nothing.hpp>
 #include <stout/option.hpp>
-#include <stout/stringify.hpp>
 #include <stout/strings.hpp>
 #include <stout/try.hpp>
+
+#include "mesos_gpu.h"
 
 // libmesos's NVML wrapper (src/common/nvml.hpp, not installed; exported by libmesos.so).
 namespace nvml {
@@ -76,7 +81,6 @@ using mesos::FrameworkInfo;
 using mesos::Hook;
 using mesos::Parameter;
 using mesos::Parameters;
-using mesos::Resources;
 using mesos::TaskInfo;
 using process::Failure;
 using process::Future;
@@ -86,71 +90,82 @@ namespace {
 
 // The task environment variable that carries the `docker run` arguments to the wrapper.
 const char kArgsVariable[] = "MESOS_GPU_DOCKER_ARGS";
-// The scalar resources of MIG devices (`mesos-gpu agent-flags --mig-strategy mixed`).
-const char kMigPrefix[] = "mig-";
-// Docker containerizer containers are named this prefix and the Mesos container id.
-const char kNamePrefix[] = "mesos-";
+// Room for the library's error message.
+const size_t kErrCap = 4096;
+
+// The library's answer of `call(buf, cap, &len, err, err_cap)`, NUL-separated arguments, with the
+// buffer grown once when it is too small; an empty vector when it answered no bytes.
+template <typename Call>
+Try<std::vector<std::string>> argvFrom(Call call) {
+  std::string out(4096, '\0');
+  char err[kErrCap] = "";
+  size_t len = 0;
+  MgpuStatus status = call(reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+  if (status == MGPU_BUFFER_TOO_SMALL) {
+    out.resize(len);
+    status = call(reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+  }
+  if (status != MGPU_OK) {
+    const char* name = mgpu_status_name(static_cast<uint32_t>(status));
+    return Error(std::string(name != nullptr ? name : "MGPU_?") + ": " + err);
+  }
+  std::vector<std::string> argv;
+  size_t start = 0;
+  for (size_t i = 0; i < len; ++i) {
+    if (out[i] == '\0') {
+      argv.push_back(out.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return argv;
+}
 
 class MesosGpuDockerHook : public Hook {
  public:
-  explicit MesosGpuDockerHook(std::vector<std::string> command) : command_(std::move(command)) {}
+  explicit MesosGpuDockerHook(std::string line) : line_(std::move(line)) {}
 
   Future<Option<DockerTaskExecutorPrepareInfo>> slavePreLaunchDockerTaskExecutorDecorator(
       const Option<TaskInfo>& taskInfo, const ExecutorInfo& executorInfo,
       const std::string& containerName, const std::string&, const std::string&,
       const Option<std::map<std::string, std::string>>&) override {
-    Resources resources =
-        taskInfo.isSome() ? Resources(taskInfo->resources()) : Resources(executorInfo.resources());
-    Option<double> gpus = resources.gpus();
-    // `mig-<profile>:N` for each MIG profile scalar the task asks for, a whole number.
-    std::vector<std::string> mig;
-    foreach (const std::string& name, resources.names()) {
-      if (!strings::startsWith(name, kMigPrefix)) {
-        continue;
-      }
-      Option<mesos::Value::Scalar> scalar = resources.get<mesos::Value::Scalar>(name);
-      if (scalar.isNone() || scalar->value() <= 0) {
-        continue;
-      }
-      const double count = scalar->value();
-      if (count != static_cast<double>(static_cast<long long>(count))) {
-        return Failure("GPU docker hook: " + name + ":" + stringify(count) +
-                       " is not a whole number of MIG devices");
-      }
-      mig.push_back("--mig=" + name + ":" + std::to_string(static_cast<long long>(count)));
+    // The task's resources and image, for the library to read.
+    mesos::slave::ContainerConfig config;
+    config.mutable_command_info();
+    config.set_directory("");
+    config.mutable_resources()->CopyFrom(taskInfo.isSome() ? taskInfo->resources()
+                                                           : executorInfo.resources());
+    if (taskInfo.isSome() && taskInfo->has_container()) {
+      config.mutable_container_info()->CopyFrom(taskInfo->container());
+    } else if (executorInfo.has_container()) {
+      config.mutable_container_info()->CopyFrom(executorInfo.container());
     }
-    if ((gpus.isNone() || gpus.get() <= 0) && mig.empty()) {
+    std::string serialized;
+    config.SerializeToString(&serialized);
+    Try<std::vector<std::string>> argv = argvFrom([&](uint8_t* buf, size_t cap, size_t* len,
+                                                      char* err, size_t ecap) {
+      return mgpu_docker_hook_launch_argv(line_.c_str(),
+                                          reinterpret_cast<const uint8_t*>(serialized.data()),
+                                          serialized.size(), containerName.c_str(), buf, cap, len,
+                                          err, ecap);
+    });
+    if (argv.isError()) {
+      return Failure("GPU docker hook: " + argv.error());
+    }
+    if (argv->empty()) {
       return None();
     }
-    if (!strings::startsWith(containerName, kNamePrefix)) {
-      return Failure("GPU docker hook: container name '" + containerName +
-                     "' is not mesos-<container id>");
-    }
-    const std::string id = containerName.substr(sizeof(kNamePrefix) - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      containers_[key(executorInfo)] = id;
-    }
-    std::vector<std::string> argv = command_;
-    argv.push_back("--gpus=" +
-                   std::to_string(static_cast<long long>(gpus.isSome() ? gpus.get() : 0)));
-    argv.insert(argv.end(), mig.begin(), mig.end());
-    argv.push_back("--container-id=" + id);
-    argv.push_back("--json");
-    const std::string image = taskInfo.isSome() && taskInfo->has_container()
-                                  ? taskInfo->container().docker().image()
-                                  : executorInfo.container().docker().image();
-    if (!image.empty()) {
-      argv.push_back("--image=" + image);
-      argv.push_back("--unpulled-image-ok");
+      containers_[key(executorInfo)] = containerName.substr(std::string("mesos-").size());
     }
 
-    Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
-                                                Subprocess::PIPE(), Subprocess::PIPE());
+    Try<Subprocess> child = process::subprocess(argv->front(), argv.get(),
+                                                Subprocess::PATH("/dev/null"), Subprocess::PIPE(),
+                                                Subprocess::PIPE());
     if (child.isError()) {
-      return Failure("GPU docker hook: cannot run '" + argv[0] + "': " + child.error());
+      return Failure("GPU docker hook: cannot run '" + argv->front() + "': " + child.error());
     }
-    const std::string line = strings::join(" ", argv);
+    const std::string line = strings::join(" ", argv.get());
     LOG(INFO) << "GPU docker hook: " << line;
     return process::await(child->status(), process::io::read(child->out().get()),
                           process::io::read(child->err().get()))
@@ -188,16 +203,24 @@ class MesosGpuDockerHook : public Hook {
       id = found->second;
       containers_.erase(found);
     }
-    std::vector<std::string> argv = command_;
-    argv.push_back("--release=" + id);
-    Try<Subprocess> child = process::subprocess(argv[0], argv, Subprocess::PATH("/dev/null"),
+    Try<std::vector<std::string>> argv = argvFrom([&](uint8_t* buf, size_t cap, size_t* len,
+                                                      char* err, size_t ecap) {
+      return mgpu_docker_hook_release_argv(line_.c_str(), id.c_str(), buf, cap, len, err, ecap);
+    });
+    if (argv.isError() || argv->empty()) {
+      LOG(ERROR) << "GPU docker hook: no command to release the GPUs of " << id << ": "
+                 << (argv.isError() ? argv.error() : "empty");
+      return Nothing();
+    }
+    Try<Subprocess> child = process::subprocess(argv->front(), argv.get(),
+                                                Subprocess::PATH("/dev/null"),
                                                 Subprocess::PATH("/dev/null"), Subprocess::PIPE());
     if (child.isError()) {
-      LOG(ERROR) << "GPU docker hook: cannot run '" << argv[0] << "' to release the GPUs of "
+      LOG(ERROR) << "GPU docker hook: cannot run '" << argv->front() << "' to release the GPUs of "
                  << id << ": " << child.error();
       return Nothing();
     }
-    const std::string line = strings::join(" ", argv);
+    const std::string line = strings::join(" ", argv.get());
     process::await(child->status(), process::io::read(child->err().get()))
         .onAny([line](const Future<std::tuple<Future<Option<int>>, Future<std::string>>>& done) {
           if (done.isReady()) {
@@ -221,7 +244,8 @@ class MesosGpuDockerHook : public Hook {
     return executor.framework_id().value() + "/" + executor.executor_id().value();
   }
 
-  std::vector<std::string> command_;
+  // The operator's `docker_args` command line; the library splits it.
+  std::string line_;
   std::mutex mutex_;
   // Executor (framework id/executor id) → the Mesos id of its Docker container with GPUs.
   std::map<std::string, std::string> containers_;
@@ -250,7 +274,7 @@ Hook* createHook(const Parameters& parameters) {
       return nullptr;
     }
   }
-  return new MesosGpuDockerHook(strings::tokenize(line.get(), " "));
+  return new MesosGpuDockerHook(line.get());
 }
 
 }  // namespace

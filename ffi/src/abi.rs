@@ -471,3 +471,72 @@ pub unsafe extern "C" fn mgpu_agent_resources(
         out.write(&h.agent_resources(&flags)?)
     })
 }
+
+/// For the agent's Docker hook: the command it runs for a Docker task, each argument
+/// NUL-terminated, back to back, or no bytes (`*len` 0) when the task asks for no GPU and no MIG
+/// device. `command` is the hook's `docker_args` module parameter (NUL-terminated, split on
+/// spaces); `config` a serialized `mesos.slave.ContainerConfig` holding the task's `resources`
+/// and its `container_info` (for the image); `container_name` the NUL-terminated Docker name
+/// `mesos-<container id>`. Computes only, so a retry after `MGPU_BUFFER_TOO_SMALL` may pass any
+/// larger buffer.
+///
+/// # Safety
+/// `command` and `container_name` are NULL or NUL-terminated strings; `config` is NULL or valid
+/// for `config_len` bytes; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid for
+/// `err_cap` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_docker_hook_launch_argv(
+    command: *const c_char,
+    config: *const u8,
+    config_len: usize,
+    container_name: *const c_char,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard(err, err_cap, || {
+        // SAFETY: contract above (all four).
+        let (out, command, config, name) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                in_str(command, "command")?,
+                decode::<ContainerConfig>(config, config_len, "config")?,
+                in_str(container_name, "container_name")?,
+            )
+        };
+        let argv = crate::hook::launch_argv(command, &config, name)?;
+        out.write(&argv.map_or_else(Vec::new, |a| crate::hook::nul_separated(&a)))
+    })
+}
+
+/// For the agent's Docker hook: the command that gives back the GPUs of Docker container
+/// `container_id` (NUL-terminated), each argument NUL-terminated, back to back.
+///
+/// # Safety
+/// As `mgpu_docker_hook_launch_argv`, with `container_id` NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_docker_hook_release_argv(
+    command: *const c_char,
+    container_id: *const c_char,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard(err, err_cap, || {
+        // SAFETY: contract above (all three).
+        let (out, command, id) = unsafe {
+            (
+                OutBuf::new(buf, cap, len)?,
+                in_str(command, "command")?,
+                in_str(container_id, "container_id")?,
+            )
+        };
+        out.write(&crate::hook::nul_separated(&crate::hook::release_argv(
+            command, id,
+        )?))
+    })
+}

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
 use mesos_gpu_enforce::mps::ComputeModes;
@@ -28,7 +28,7 @@ use mesos_gpu_isolator::{
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::usage::UsageReader;
 use mesos_gpu_node::{discovery::DEFAULT_NVML_LIB, discovery::Discovery, discovery::GpuDriver};
-use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_node::inventory::Inventory;
 use prost::Message;
 
 use crate::convert;
@@ -71,8 +71,6 @@ pub struct MgpuIsolator {
     /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
     /// MIG device each stands for.
     mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_placement::mig::MigKind>>,
-    nodes: DeviceNodes,
-    dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
     pending: Mutex<HashMap<(Replayable, String), Pending>>,
     poisoned: AtomicBool,
@@ -128,7 +126,7 @@ impl MgpuIsolator {
             // Shared GPUs go to EXCLUSIVE_PROCESS while their MPS daemon runs.
             sharing.mps.compute_modes = Some(Arc::clone(&driver) as Arc<dyn ComputeModes>);
         }
-        let mut isolator = Isolator::new(config, inventory.clone(), nodes.clone())
+        let mut isolator = Isolator::new(config, inventory.clone(), nodes)
             .map_err(|source| ParamError::Isolator { source })?;
         // The pool's reconciliation (at recovery, and when a task finds too few GPUs) asks the
         // daemon a Docker reservation names whether its container still runs.
@@ -156,8 +154,6 @@ impl MgpuIsolator {
                 .map(|p| (p.resource, p.kind))
                 .collect(),
             inventory,
-            nodes,
-            dev_root: params.dev_root.clone(),
             driver_volume,
             pending: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
@@ -384,8 +380,6 @@ impl MgpuIsolator {
             });
         let reservation =
             DockerReservation::reserve(&*self.isolator, &cid, gpus, DockerStart::default())?;
-        let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
-        let host = HostDevices::from_nodes(&self.dev_root, &self.nodes);
         let driver = self
             .inventory
             .driver
@@ -395,22 +389,16 @@ impl MgpuIsolator {
                 info,
                 volume: VolumeSource::Bind { host_path },
             });
-        let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref()).map_err(|source| {
-            FfiError::DockerArgs {
+        let plan = LaunchPlan::new(reservation.grant(), &image, driver.as_ref()).map_err(
+            |source| FfiError::DockerArgs {
                 container: cid.to_string(),
                 source,
-            }
-        })?;
-        let mig = mesos_gpu_docker::args::mig_args(reservation.mig(), &host, reservation.gpus())
-            .map_err(|source| FfiError::DockerArgs {
-                container: cid.to_string(),
-                source,
-            })?;
+            },
+        )?;
         reservation.keep();
         Ok(plan
             .cli_args()
             .into_iter()
-            .chain(mig)
             .flat_map(|a| a.into_bytes().into_iter().chain([0]))
             .collect())
     }

@@ -17,6 +17,7 @@
 pub mod abi;
 pub mod convert;
 pub mod handle;
+mod hook;
 pub mod log;
 pub mod params;
 pub mod proto;

@@ -142,6 +142,17 @@ pub enum FfiError {
         /// The value.
         got: f64,
     },
+    /// The Docker hook's container is not named `mesos-<container id>`.
+    #[error("Docker container name '{name}' is not mesos-<container id>")]
+    HookContainerName {
+        /// The name given.
+        name: String,
+    },
+    /// The Docker hook's `docker_args` command line is empty.
+    #[error(
+        "the docker_args command line is empty; give e.g. '/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu'"
+    )]
+    HookCommand,
     /// A pointer argument was NULL.
     #[error("argument `{what}` is NULL")]
     Null {
@@ -298,7 +309,9 @@ impl FfiError {
             FfiError::DockerArgs { .. }
             | FfiError::AgentFlags { .. }
             | FfiError::MigResource { .. }
-            | FfiError::MigCount { .. } => MgpuStatus::MgpuBadRequest,
+            | FfiError::MigCount { .. }
+            | FfiError::HookContainerName { .. }
+            | FfiError::HookCommand => MgpuStatus::MgpuBadRequest,
             FfiError::TimedOut { .. } => MgpuStatus::MgpuTimedOut,
             FfiError::Poisoned => MgpuStatus::MgpuPoisoned,
         }

@@ -146,6 +146,33 @@ impl DeviceNodes {
         Ok(DeviceNodes { control, gpus })
     }
 
+    /// The nodes as the driver names them under `dev_root`, without reading them: `nvidiactl`
+    /// (195:255), `nvidia-uvm` and `nvidia<minor>` (195:<minor>) for each healthy GPU of
+    /// `inventory` with a known minor. For a simulated node without device nodes, whose nodes
+    /// are only passed on to Docker (which reads the numbers itself), never to a device cgroup:
+    /// `nvidia-uvm`'s major is dynamic, and given here as 0.
+    pub fn named(dev_root: &Path, inventory: &Inventory) -> DeviceNodes {
+        let node = |name: String, major, minor| DeviceNode {
+            path: dev_root.join(name),
+            dev: DevNum { major, minor },
+        };
+        DeviceNodes {
+            control: vec![
+                node(NVIDIACTL.to_owned(), NVIDIA_GPU_MAJOR, 255),
+                node(NVIDIA_UVM.to_owned(), 0, 0),
+            ],
+            gpus: inventory
+                .gpus
+                .iter()
+                .filter(|g| g.healthy && g.minor != crate::discovery::UNKNOWN_MINOR)
+                .map(|g| GpuNode {
+                    index: g.index,
+                    node: node(format!("nvidia{}", g.minor), NVIDIA_GPU_MAJOR, g.minor),
+                })
+                .collect(),
+        }
+    }
+
     /// The node of the GPU with NVML index `index`.
     pub fn gpu(&self, index: u32) -> Option<&DeviceNode> {
         self.gpus.iter().find(|g| g.index == index).map(|g| &g.node)

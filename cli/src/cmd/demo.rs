@@ -23,7 +23,8 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
-use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_grant::Grant;
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::DeviceRule, cgroup::default_whitelist};
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerReservation,
@@ -478,7 +479,6 @@ fn simulated_nodes(dev: &Path, inventory: &Inventory) -> DeviceNodes {
 struct DryAgent {
     base: Vec<DeviceRule>,
     nodes: DeviceNodes,
-    host: HostDevices,
     volume: Option<PathBuf>,
     driver: Option<DriverSpec>,
     layout: Option<CgroupLayout>,
@@ -490,7 +490,6 @@ impl DryAgent {
         let nodes = simulated_nodes(dev, inventory);
         DryAgent {
             base: default_whitelist(),
-            host: HostDevices::from_nodes(dev, &nodes),
             nodes,
             volume,
             driver,
@@ -507,12 +506,11 @@ impl Agent for DryAgent {
         gpus: &[Gpu],
     ) -> anyhow::Result<LaunchInfo> {
         let cgroup = self.layout.as_ref().map(|l| l.container_dir(id));
+        let grant = Grant::new(&self.nodes, &self.base, gpus.to_vec(), vec![], None)?;
         Ok(plan_launch(
             id,
             &config,
-            &self.base,
-            &self.nodes,
-            gpus,
+            &grant,
             self.volume.as_deref(),
             cgroup,
         )?)
@@ -526,9 +524,9 @@ impl Agent for DryAgent {
         image: &ImageInfo,
     ) -> anyhow::Result<LaunchPlan> {
         let refs: Vec<&Gpu> = gpus.iter().collect();
-        Ok(LaunchPlan::new(
+        Ok(LaunchPlan::for_gpus(
             &refs,
-            &self.host,
+            &self.nodes,
             image,
             self.driver.as_ref(),
         )?)
@@ -543,7 +541,6 @@ impl Agent for DryAgent {
 struct LiveAgent {
     isolator: Arc<Isolator>,
     docker: Option<live_docker::LiveDocker>,
-    host: HostDevices,
     driver: Option<DriverSpec>,
     cgroups_parent: PathBuf,
     live: Vec<(ContainerId, ContainerType)>,
@@ -590,7 +587,7 @@ impl LiveAgent {
         config.cgroup_version = CgroupChoice::Auto;
         config.cgroups_root = format!("mesos-gpu-demo-{}", std::process::id());
         config.driver_volume = volume;
-        let isolator = Isolator::new(config, inventory.clone(), nodes.clone())
+        let isolator = Isolator::new(config, inventory.clone(), nodes)
             .context("cannot set up the isolator")?;
         isolator
             .recover(&[], &[])
@@ -604,7 +601,6 @@ impl LiveAgent {
         Ok(LiveAgent {
             isolator: Arc::new(isolator),
             docker: None,
-            host: HostDevices::from_nodes(&dev, &nodes),
             driver,
             cgroups_parent,
             live: Vec::new(),
@@ -616,7 +612,6 @@ impl LiveAgent {
     fn connect_docker(&mut self, inventory: &Inventory, image: &str) -> anyhow::Result<String> {
         let docker = live_docker::LiveDocker::connect(
             Arc::clone(&self.isolator),
-            self.host.clone(),
             self.driver.clone(),
             inventory.gpus.clone(),
             image,
@@ -718,8 +713,7 @@ impl Agent for LiveAgent {
         let reservation =
             DockerReservation::reserve(&*self.isolator, id, requested, DockerStart::default())?;
         check_same(id, reservation.gpus(), gpus)?;
-        let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
-        let plan = LaunchPlan::new(&refs, &self.host, image, self.driver.as_ref())?;
+        let plan = LaunchPlan::new(reservation.grant(), image, self.driver.as_ref())?;
         reservation.keep();
         self.live.push((id.clone(), ContainerType::Docker));
         Ok(plan)

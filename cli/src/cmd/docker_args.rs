@@ -3,8 +3,9 @@
 //!
 //! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
 //! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
-//! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
-//! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
+//! `--work-dir` (see [`super::docker_pool`]). What the container gets is its grant, rendered as
+//! every Docker path renders one ([`LaunchPlan`]): device nodes, the driver volume for images
+//! that ask for it, the devices' variables, a share's and, with `--numa-pinning`, a cpuset.
 //!
 //! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
 //! (`--docker-socket`) and the process that starts the container (`--starter-pid`, default the
@@ -13,43 +14,24 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use mesos_gpu_docker::args::{
-    DEFAULT_PLUGIN_NAME, DriverSpec, ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource,
-};
+use mesos_gpu_docker::args::{ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL};
 use mesos_gpu_docker::bridge::DockerBridge;
-use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
-use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_isolator::{
-    agent_flags::MIG_RESOURCE_PREFIX, agent_flags::MigOffer, agent_flags::MigStrategy,
+use mesos_gpu_docker::client::DockerClient;
+use mesos_gpu_isolator::agent_flags::{MIG_RESOURCE_PREFIX, MigOffer, MigStrategy};
+use mesos_gpu_isolator::lifecycle::{
+    ContainerId, DockerReservation, DockerStart, MigConfig, PrepareConfig,
 };
-use mesos_gpu_isolator::{
-    lifecycle::CheckpointError, lifecycle::ContainerId, lifecycle::DockerReservation,
-    lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig,
-    lifecycle::LifecycleError, lifecycle::MigConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
-    lifecycle::PrepareConfig,
-};
-use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::MigKind;
 use mesos_gpu_pool::Host;
-use mesos_gpu_volume::VolumeManager;
 
+use super::docker_pool::{
+    container_id, daemon_endpoint, driver_spec, new_container_id, open_pool, open_pool_sharing,
+};
 use crate::ctx::Ctx;
-
-/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
-/// The default Docker daemon socket.
-pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
-/// How long a call waits for another user of the work directory to finish.
-pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(10);
-/// The kernel's fresh random UUID on each read (random(4)).
-const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
 
 #[derive(clap::Args)]
 #[command(
@@ -69,11 +51,12 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
-    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
+    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node); may be left
+    /// out with --mig, which then asks for MIG devices alone.
     #[arg(
         long,
         value_name = "N",
-        required_unless_present = "release",
+        required_unless_present_any = ["release", "mig"],
         allow_negative_numbers = true,
         value_parser = super::parse_gpus
     )]
@@ -84,7 +67,7 @@ pub(crate) struct Args {
     #[arg(
         long,
         value_name = "ID",
-        conflicts_with_all = ["gpus", "image", "container_id"],
+        conflicts_with_all = ["gpus", "mig", "image", "container_id"],
         value_parser = |s: &str| ContainerId::new(s).map_err(|e| e.to_string())
     )]
     release: Option<ContainerId>,
@@ -211,130 +194,6 @@ fn mig_request(
     Ok(out)
 }
 
-/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
-/// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
-/// directory. Drop it to let others in.
-pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
-    // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
-    // devices.
-    let whole = MigConfig {
-        strategy: MigStrategy::Mixed,
-        ..MigConfig::default()
-    };
-    open_pool_sharing(ctx, args, None, whole)
-}
-
-/// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
-/// share of one GPU.
-pub(crate) fn open_pool_sharing(
-    ctx: &Ctx,
-    args: &super::DockerPoolArgs,
-    sharing: Option<mesos_gpu_isolator::lifecycle::SharingConfig>,
-    mut mig: MigConfig,
-) -> anyhow::Result<Isolator> {
-    mig.dev_root = ctx
-        .dev_root()
-        .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
-    mig.proc_root = ctx.proc_root()?;
-    let work_dir = &args.work_dir;
-    let inventory = ctx.inventory()?.clone();
-    let nodes = match ctx.dev_root() {
-        Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
-            format!(
-                "cannot read the NVIDIA device nodes under {}",
-                root.display()
-            )
-        })?,
-        None => DeviceNodes::default(),
-    };
-    let deadline = Instant::now() + LOCK_WAIT;
-    let mut isolator = loop {
-        let mut config = IsolatorConfig::new(work_dir);
-        config.pool = Some(PoolConfig {
-            dir: args.pool.pool_dir.clone(),
-            role: PoolRole::Docker,
-        });
-        config.sharing.clone_from(&sharing);
-        config.mig = mig.clone();
-        match Isolator::new(config, inventory.clone(), nodes.clone()) {
-            Err(LifecycleError::Checkpoint {
-                source: CheckpointError::Locked { .. },
-                ..
-            }) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            other => {
-                break other.with_context(|| {
-                    format!("cannot open the GPU pool in {}", work_dir.display())
-                })?;
-            }
-        }
-    };
-    // Docker owners are checked against the daemon that runs them.
-    isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
-    let report = isolator
-        .recover(&[], &[])
-        .context("cannot recover the GPU pool from its checkpoint")?;
-    for issue in &report.issues {
-        tracing::debug!(?issue, "pool entry kept reserved");
-    }
-    Ok(isolator)
-}
-
-/// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
-pub(crate) fn daemon_endpoint(socket: &Path) -> String {
-    format!("unix://{}", socket.display())
-}
-
-/// A new container id: a random UUID from the kernel.
-pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
-    let text = std::fs::read_to_string(UUID_SOURCE)
-        .with_context(|| format!("cannot read a UUID from {UUID_SOURCE}"))?;
-    Ok(ContainerId::new(text.trim())?)
-}
-
-/// `id` checked as a container id the bridge can recover (a UUID).
-pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
-    let parsed = ContainerId::new(id)?;
-    anyhow::ensure!(
-        mesos_container_id(&DockerBridge::docker_name(&parsed)).is_some(),
-        "container id {id:?}: expected a UUID such as 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11"
-    );
-    Ok(parsed)
-}
-
-/// The driver volume offered to images that ask for it: the plugin's named volume, or a bind
-/// of the built volume directory (which must exist when `needed`, or Docker would bind an empty
-/// directory it creates).
-pub(crate) fn driver_spec(
-    ctx: &Ctx,
-    choice: &super::DriverVolumeArgs,
-    needed: bool,
-) -> anyhow::Result<Option<DriverSpec>> {
-    let Some(info) = ctx.inventory()?.driver.as_ref() else {
-        return Ok(None);
-    };
-    let volume = if choice.plugin {
-        VolumeSource::Plugin {
-            plugin: DEFAULT_PLUGIN_NAME.to_owned(),
-        }
-    } else {
-        let version = info
-            .version
-            .parse()
-            .with_context(|| format!("driver version {:?}", info.version))?;
-        let path = VolumeManager::at(&choice.root.volume_root).volume_path(&version);
-        anyhow::ensure!(
-            !needed || path.is_dir(),
-            "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",
-            path.display()
-        );
-        VolumeSource::Bind { host_path: path }
-    };
-    Ok(Some(DriverSpec {
-        info: info.clone(),
-        volume,
-    }))
-}
-
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         let pool = open_pool(ctx, &args.reservations)?;
@@ -348,7 +207,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let gpus = args.gpus.context("--gpus is required")?;
+    let gpus = args.gpus.unwrap_or(0);
     super::require_gpus(ctx, gpus)?;
     let id = match &args.container_id {
         Some(id) => id.clone(),
@@ -378,9 +237,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         None => assumed(),
     };
     let driver = driver_spec(ctx, &args.volume, image.wants_driver())?;
-    let host = super::serve::host_devices(ctx)?;
-    // Everything but the GPUs is checked before anything is reserved.
-    LaunchPlan::new(&[], &host, &image, driver.as_ref())?;
+    // Everything but the devices is checked before anything is reserved.
+    LaunchPlan::check_image(&image, driver.as_ref())?;
     let starter_pid = args
         .starter_pid
         .unwrap_or_else(std::os::unix::process::parent_id);
@@ -402,28 +260,28 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ..PrepareConfig::default()
     };
     let reservation = DockerReservation::reserve_request(&pool, &id, &request, start)?;
-    let mig_args = mesos_gpu_docker::args::mig_args(reservation.mig(), &host, reservation.gpus())?;
-    let share = reservation
-        .share()
-        .map(mesos_gpu_docker::args::share_args)
-        .transpose()?;
-    let refs: Vec<&Gpu> = reservation.gpus().iter().collect();
-    let plan = LaunchPlan::new(&refs, &host, &image, driver.as_ref())?;
     let pinning = if args.numa.numa_pinning {
-        let indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
+        let inventory = ctx.inventory()?;
+        let mut indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
+        indices.extend(
+            reservation
+                .grant()
+                .mig
+                .iter()
+                .filter_map(|m| inventory.mig.by_uuid(&m.uuid).map(|d| d.parent)),
+        );
+        indices.sort_unstable();
+        indices.dedup();
         crate::numa::docker_pinning(ctx, &indices, args.numa.cpus)?
     } else {
         None
     };
+    let grant = reservation.grant().clone().pinned(pinning);
+    let plan = LaunchPlan::new(&grant, &image, driver.as_ref())?;
     reservation.keep();
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
     line.extend(plan.cli_args());
-    if let Some(pinning) = &pinning {
-        line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
-    }
-    line.extend(share.into_iter().flatten());
-    line.extend(mig_args);
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

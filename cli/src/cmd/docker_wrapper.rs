@@ -238,7 +238,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let socket = found
         .socket
         .clone()
-        .unwrap_or_else(|| PathBuf::from(super::docker_args::DEFAULT_DOCKER_SOCKET));
+        .unwrap_or_else(|| PathBuf::from(super::docker_pool::DEFAULT_DOCKER_SOCKET));
     let checked = match &found.image {
         Some(image) => image_wants_driver(ctx, &socket, image),
         None => Ok(true),
@@ -278,7 +278,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
 fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
-    let released = super::docker_args::open_pool(ctx, &args.reservations)
+    let released = super::docker_pool::open_pool(ctx, &args.reservations)
         .and_then(|pool| Ok(pool.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
@@ -294,10 +294,10 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         .this_process()
         .context("cannot read this process's stamp")?;
     let start = DockerStart {
-        daemon: Some(super::docker_args::daemon_endpoint(socket)),
+        daemon: Some(super::docker_pool::daemon_endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_args::open_pool(ctx, &args.reservations)?;
+    let pool = super::docker_pool::open_pool(ctx, &args.reservations)?;
     match pool.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(

@@ -129,7 +129,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let id = ContainerId::new(format!(
         "exec-{}-{}",
         std::process::id(),
-        super::docker_args::new_container_id()?
+        super::docker_pool::new_container_id()?
             .as_str()
             .split('-')
             .next()

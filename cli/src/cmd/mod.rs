@@ -14,6 +14,7 @@ mod agent_flags;
 mod cdi;
 mod demo;
 mod docker_args;
+mod docker_pool;
 mod docker_wrapper;
 mod exec;
 mod gpu;
@@ -124,7 +125,7 @@ pub(crate) struct PoolArgs {
 pub(crate) struct DockerPoolArgs {
     /// Where the Docker containers' reservations are checkpointed (the GPUs come from
     /// --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = docker_args::DEFAULT_WORK_DIR)]
+    #[arg(long, value_name = "DIR", default_value = docker_pool::DEFAULT_WORK_DIR)]
     pub(crate) work_dir: PathBuf,
 
     #[command(flatten)]
@@ -136,7 +137,7 @@ pub(crate) struct DockerPoolArgs {
 pub(crate) struct DockerSocketArgs {
     /// Docker daemon socket: images are read there, and it is recorded as the containers'
     /// daemon, which the pool asks whether a container still runs.
-    #[arg(long, value_name = "PATH", default_value = docker_args::DEFAULT_DOCKER_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = docker_pool::DEFAULT_DOCKER_SOCKET)]
     pub(crate) docker_socket: PathBuf,
 }
 

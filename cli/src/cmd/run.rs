@@ -19,7 +19,7 @@ use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::docker_args::{driver_spec, new_container_id, open_pool};
+use super::docker_pool::{driver_spec, new_container_id, open_pool};
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
@@ -95,7 +95,6 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
     super::require_gpus(ctx, args.gpus)?;
     let id = new_container_id()?;
-    let host = super::serve::host_devices(ctx)?;
     let gpus = ctx.inventory()?.gpus.clone();
     runtime.block_on(async {
         let client = DockerClient::connect(&args.daemon.docker_socket).await?;
@@ -106,7 +105,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         // Reserve and create with the pool open; it is closed again while the container runs.
         let container = {
             let pool = Arc::new(open_pool(ctx, &args.reservations)?);
-            let bridge = DockerBridge::new(pool, client.clone(), host, driver, gpus);
+            let bridge = DockerBridge::new(pool, client.clone(), driver, gpus);
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)
                 .await?

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use mesos_gpu_docker::args::{HostDevices, VolumeSource};
+use mesos_gpu_docker::args::VolumeSource;
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::cdi::{DEFAULT_SPEC_DIRS, SpecFile, SpecKeeper};
 use mesos_gpu_docker::client::DockerClient;
@@ -40,16 +40,15 @@ use mesos_gpu_docker::plugin::{
     DEFAULT_BUILD_WAIT, DEFAULT_SOCKET, DriverVolumes, ManagerBuilder, PluginApi,
 };
 use mesos_gpu_docker::rest::status::{GpuStatusSource, NoStatus};
-use mesos_gpu_docker::rest::{DEFAULT_LISTEN, RestApi};
+use mesos_gpu_docker::rest::{DEFAULT_LISTEN, Devices, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig, shutdown_signal, spawn_driver_watch};
 use mesos_gpu_docker::status::NvmlStatus;
 use mesos_gpu_health::HealthStore;
 use mesos_gpu_isolator::lifecycle::CheckpointError;
-use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_volume::VolumeManager;
 
-use super::docker_args::open_pool;
+use super::docker_pool::{device_nodes, open_pool};
 use crate::ctx::Ctx;
 
 /// Where `/gpu/status` reads process names NVML does not give.
@@ -121,33 +120,15 @@ pub(crate) enum VolumeMode {
     Bind,
 }
 
-/// The device layout: scanned under the device root, or the standard paths unchecked on a
-/// simulated node without device nodes.
-pub(crate) fn host_devices(ctx: &Ctx) -> anyhow::Result<HostDevices> {
-    let inventory = ctx.inventory()?;
-    match ctx.dev_root() {
-        Some(root) => {
-            let nodes = DeviceNodes::scan(root, inventory).with_context(|| {
-                format!("reading the NVIDIA device nodes under {}", root.display())
-            })?;
-            Ok(HostDevices::from_nodes(root, &nodes))
-        }
-        None => {
-            tracing::warn!(
-                "simulated node without --dev-root: device paths are /dev/nvidia* and unchecked"
-            );
-            let dev = Path::new("/dev");
-            Ok(HostDevices {
-                dev_root: dev.to_owned(),
-                control: vec![dev.join("nvidiactl"), dev.join("nvidia-uvm")],
-            })
-        }
-    }
-}
-
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let inventory = Arc::new(ctx.inventory()?.clone());
-    let host = host_devices(ctx)?;
+    let host = Devices {
+        nodes: device_nodes(ctx)?,
+        dev_root: ctx
+            .dev_root()
+            .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf),
+        proc_root: ctx.proc_root()?,
+    };
     let manager = VolumeManager::at(&args.volume.volume_root);
     let plugin_name = args
         .plugin_socket
@@ -214,7 +195,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ))
     });
     runtime.block_on(async {
-        recover_docker_holders(ctx, args, &host).await;
+        recover_docker_holders(ctx, args).await;
         let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
             manager,
             args.driver_root.clone(),
@@ -256,7 +237,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 /// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome
 /// is logged, none stops the service.
-async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
+async fn recover_docker_holders(ctx: &Ctx, args: &Args) {
     let socket = &args.daemon.docker_socket;
     let client = match DockerClient::connect(socket).await {
         Ok(client) => client,
@@ -283,7 +264,7 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
             return;
         }
     };
-    let bridge = DockerBridge::new(Arc::new(pool), client, host.clone(), None, gpus);
+    let bridge = DockerBridge::new(Arc::new(pool), client, None, gpus);
     match bridge.recover().await {
         Ok(found) => {
             for c in &found.running {

@@ -21,8 +21,8 @@ use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_volume::VolumeManager;
 use serde::Serialize;
 
-pub use node::{CdiError, DeviceNumbers, Gathered, KIND, NodeDevices, SpecSummary};
-pub use spec::{CdiVersion, Spec};
+pub use node::{CdiError, DeviceNumbers, Gathered, KIND, NodeDevices, SpecSummary, container_edits};
+pub use spec::{CdiVersion, ContainerEdits, Spec};
 pub use store::{
     DEFAULT_SPEC_DIRS, DEFAULT_SPEC_PATH, Outcome, SPEC_FILE_NAME, SpecFile, SpecFileError,
     SyncReport,

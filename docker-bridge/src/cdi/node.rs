@@ -5,8 +5,9 @@
 //! - one device per GPU under two names, its NVML index (`"0"`) and its UUID (`GPU-…`), as
 //!   `nvidia-ctk cdi generate` names them by default, plus `all`. Each has the GPU's node
 //!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and
-//!   `NVIDIA_VISIBLE_DEVICES=<UUID>` (`all`: every UUID, comma-separated), the value the Docker
-//!   path sets ([`crate::args`]). A runtime applies the env of several requested devices in turn
+//!   `NVIDIA_VISIBLE_DEVICES=<UUID>` and `CUDA_VISIBLE_DEVICES=<UUID>` (`all`: every UUID,
+//!   comma-separated), the variables of the device's grant ([`mesos_gpu_grant::visible_env`]),
+//!   which every renderer sets. A runtime applies the env of several requested devices in turn
 //!   and keeps the last value per key, so a container given `0` and `1` separately sees only
 //!   `1`'s UUID there; its device nodes are still both;
 //! - the common edits, applied when any device is requested: the control nodes `nvidiactl`,
@@ -40,7 +41,8 @@ use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
 
 use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec, SpecError};
-use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping, VISIBLE_DEVICES_ENV};
+use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping};
+use mesos_gpu_grant::{Grant, MountKind, visible_env};
 
 /// The spec's kind: vendor `nvidia.com`, class `gpu`, as NVIDIA's own specs.
 pub const KIND: &str = "nvidia.com/gpu";
@@ -50,6 +52,56 @@ pub const ALL: &str = "all";
 const NVIDIACTL_MINOR: u32 = 255;
 /// Options of the driver volume's mount: read-only, no set-uid, no device files.
 const VOLUME_MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+
+/// The CDI renderer of a [`Grant`]: the container edits a runtime applies to give a container
+/// what the grant holds, the same device nodes and variables as the Mesos and Docker renderers
+/// (an MPS share's pipe directory and `/dev/shm` as bind mounts). A MIG device's `/proc`
+/// `access` files are not mounted (runc refuses mounts inside `/proc`; see
+/// [`mesos_gpu_grant::MountKind::MigAccessFile`]), and a grant with a cpuset is refused: CDI
+/// edits cannot set one. A device number of major 0 (`nvidia-uvm` named but not read, on a
+/// simulated node) is left for the runtime to `stat`.
+pub fn container_edits(grant: &Grant) -> Result<ContainerEdits, CdiError> {
+    if let Some(pinning) = &grant.cpuset {
+        return Err(CdiError::Cpuset {
+            cpus: pinning.cpus.to_string(),
+        });
+    }
+    grant
+        .check_nodes()
+        .map_err(|index| CdiError::NoDeviceNode { index })?;
+    let device_nodes = grant
+        .devices
+        .iter()
+        .map(|d| {
+            NodeEntry {
+                path: d.container.clone(),
+                host_path: d.host.clone(),
+                dev: (d.dev.major != 0).then_some(d.dev),
+            }
+            .to_spec()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut mounts = Vec::new();
+    for mount in grant.mounts() {
+        if mount.kind == MountKind::MigAccessFile {
+            continue;
+        }
+        let access = if mount.read_only { "ro" } else { "rw" };
+        mounts.push(Mount {
+            host_path: utf8(&mount.source)?.to_owned(),
+            container_path: utf8(&mount.target)?.to_owned(),
+            options: [access, "nosuid", "nodev", "bind"]
+                .map(str::to_owned)
+                .to_vec(),
+            mount_type: None,
+        });
+    }
+    Ok(ContainerEdits {
+        env: grant.env().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        device_nodes,
+        mounts,
+    })
+}
 
 /// Why no spec could be made for the node.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +138,21 @@ pub enum CdiError {
     NonUtf8Path {
         /// The path.
         path: PathBuf,
+    },
+    /// A grant with a cpuset (NUMA pinning): CDI container edits cannot set one.
+    #[error(
+        "CDI container edits cannot pin a container to CPUs {cpus}; pin it with the runtime's \
+         own option (e.g. --cpuset-cpus) or use the Docker path"
+    )]
+    Cpuset {
+        /// The CPUs it is pinned to.
+        cpus: String,
+    },
+    /// A GPU of a grant has no device node on this host.
+    #[error("GPU {index} has no device node under the device root")]
+    NoDeviceNode {
+        /// NVML index of the GPU.
+        index: u32,
     },
     /// The devices break a rule of the spec.
     #[error("cannot build the CDI spec")]
@@ -288,7 +355,7 @@ impl NodeDevices {
         let mut devices = Vec::with_capacity(self.devices.len() * 2 + 1);
         for device in &self.devices {
             let edits = ContainerEdits {
-                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", device.uuid)],
+                env: env_strings(&[&device.uuid]),
                 device_nodes: nodes(&device.nodes)?,
                 mounts: Vec::new(),
             };
@@ -309,7 +376,7 @@ impl NodeDevices {
         devices.push(Device {
             name: ALL.to_owned(),
             container_edits: ContainerEdits {
-                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", uuids.join(","))],
+                env: env_strings(&uuids),
                 device_nodes: nodes(&every)?,
                 mounts: Vec::new(),
             },
@@ -401,6 +468,14 @@ fn computed(healthy: &[&mesos_gpu_node::inventory::Gpu]) -> Result<ControlAndGpu
         ));
     }
     Ok((control, gpus))
+}
+
+/// The variables of a grant of the devices `uuids`, as CDI's `KEY=VALUE` entries.
+fn env_strings(uuids: &[&str]) -> Vec<String> {
+    visible_env(uuids)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
 }
 
 fn nodes(entries: &[NodeEntry]) -> Result<Vec<DeviceNode>, CdiError> {

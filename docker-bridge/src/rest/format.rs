@@ -14,14 +14,13 @@ use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::Link, inve
 use serde::Serialize;
 
 use super::status::{GpuDetails, GpuStatus, GpuStatusSource};
-use crate::args::HostDevices;
 
 const MIB: u64 = 1 << 20;
 
 /// Everything a page is made from.
 pub(crate) struct Node<'a> {
     pub(crate) inventory: &'a Inventory,
-    pub(crate) host: &'a HostDevices,
+    pub(crate) devices: &'a super::Devices,
     pub(crate) status: &'a dyn GpuStatusSource,
 }
 
@@ -123,7 +122,7 @@ pub(crate) fn info_text(node: &Node<'_>) -> String {
         let _ = writeln!(
             t,
             "\t  Path:  \t{}",
-            node.host.gpu_node(gpu.minor).display()
+            node.devices.gpu_path(gpu).display()
         );
         let _ = writeln!(t, "\t  Family: \t{}", or_na(cc.and_then(family), ""));
         let _ = writeln!(
@@ -258,7 +257,7 @@ fn device_json(node: &Node<'_>, position: usize, gpu: &Gpu, d: GpuDetails) -> De
     let peers = peers(node.inventory, position);
     DeviceJson {
         uuid: gpu.uuid.clone(),
-        path: node.host.gpu_node(gpu.minor).display().to_string(),
+        path: node.devices.gpu_path(gpu).display().to_string(),
         model: (!gpu.name.is_empty()).then(|| gpu.name.clone()),
         power: d.power_limit_w,
         cpu_affinity: gpu.numa_node,
@@ -535,6 +534,10 @@ pub(crate) struct DockerCli {
     pub(crate) volumes: Vec<String>,
     /// `--device` values.
     pub(crate) devices: Vec<String>,
+    /// `--env` values, `KEY=VALUE`: the devices' variables (`NVIDIA_VISIBLE_DEVICES`,
+    /// `CUDA_VISIBLE_DEVICES`), as `docker-args` sets them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) env: Vec<String>,
 }
 
 impl DockerCli {
@@ -546,6 +549,7 @@ impl DockerCli {
         }
         parts.extend(self.volumes.iter().map(|v| format!("--volume={v}")));
         parts.extend(self.devices.iter().map(|d| format!("--device={d}")));
+        parts.extend(self.env.iter().map(|e| format!("--env={e}")));
         parts.join(" ")
     }
 

@@ -9,9 +9,18 @@
 //! path 404 (Go's "404 page not found"), another method 405 (nvidia-docker answered 404).
 //! With [`RestApi::with_metrics`], `/metrics` answers the Prometheus metrics as well.
 //!
+//! `/docker/cli` renders what it selects as every Docker path of mesos-gpu does
+//! ([`crate::args::LaunchPlan`] over a [`Grant`]): the devices' nodes and their variables, which
+//! also name MIG devices (`dev=MIG-…`, a UUID prefix). It reserves nothing, so it gives no share
+//! of a GPU and pins nothing: a query asking for either (`gpu_replicas=`, `numa_pinning=`,
+//! `cpus=`) is refused with the reason, as is a GPU in MIG mode (its MIG devices are named
+//! instead) and MIG devices asked for with GPUs.
+//!
 //! Differences from nvidia-docker, on purpose: `--device` flags come in a stable order (control
-//! nodes, then GPUs by minor; nvidia-docker's order was random), and in bind mode the volume is
-//! the driver volume's host directory with no `--volume-driver`.
+//! nodes, then GPUs by minor; nvidia-docker's order was random), `--env` flags name the devices
+//! by UUID (`NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`; nvidia-docker set none), `dev=*`
+//! selects the GPUs not in MIG mode, and in bind mode the volume is the driver volume's host
+//! directory with no `--volume-driver`.
 
 mod format;
 pub mod query;
@@ -30,7 +39,11 @@ use mesos_gpu_node::inventory::Inventory;
 
 use self::format::{DockerCli, Node};
 use self::status::GpuStatusSource;
-use crate::args::{HostDevices, LaunchPlan, VolumeMount, VolumeSource};
+use mesos_gpu_grant::{Grant, MigAccess};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Gpu;
+
+use crate::args::{ImageInfo, LaunchPlan, VolumeMount, VolumeSource};
 use crate::metrics::Metrics;
 
 /// The default REST listen address of nvidia-docker-plugin.
@@ -39,10 +52,31 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:3476";
 /// A REST response body.
 pub type Body = Full<Bytes>;
 
+/// Where the node's device nodes and driver files are, for what `/docker/cli` passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Devices {
+    /// The NVIDIA device nodes, as scanned (or named, on a simulated node).
+    pub nodes: DeviceNodes,
+    /// The device root (`/dev`): GPU and MIG capability nodes live under it.
+    pub dev_root: std::path::PathBuf,
+    /// The proc root (`/proc`): the driver's files numbering the MIG capability nodes.
+    pub proc_root: std::path::PathBuf,
+}
+
+impl Devices {
+    /// The node of `gpu`: the scanned one, else `<dev root>/nvidia<minor>`.
+    pub(crate) fn gpu_path(&self, gpu: &Gpu) -> std::path::PathBuf {
+        self.nodes.gpu(gpu.index).map_or_else(
+            || self.dev_root.join(format!("nvidia{}", gpu.minor)),
+            |n| n.path.clone(),
+        )
+    }
+}
+
 /// The REST API over one node's inventory.
 pub struct RestApi {
     inventory: RwLock<Arc<Inventory>>,
-    host: HostDevices,
+    devices: Devices,
     volume: VolumeSource,
     status: Arc<dyn GpuStatusSource>,
     metrics: Option<Arc<Metrics>>,
@@ -102,17 +136,17 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Body> 
 }
 
 impl RestApi {
-    /// The API for `inventory`, whose GPU nodes live per `host`, with the driver volume
+    /// The API for `inventory`, whose device nodes are `devices`, with the driver volume
     /// served as `volume` (a plugin volume like nvidia-docker, or a bind of the host directory).
     pub fn new(
         inventory: Arc<Inventory>,
-        host: HostDevices,
+        devices: Devices,
         volume: VolumeSource,
         status: Arc<dyn GpuStatusSource>,
     ) -> RestApi {
         RestApi {
             inventory: RwLock::new(inventory),
-            host,
+            devices,
             volume,
             status,
             metrics: None,
@@ -146,7 +180,7 @@ impl RestApi {
     fn node<'a>(&'a self, inventory: &'a Inventory) -> Node<'a> {
         Node {
             inventory,
-            host: &self.host,
+            devices: &self.devices,
             status: self.status.as_ref(),
         }
     }
@@ -200,7 +234,8 @@ impl RestApi {
         let internal =
             |e: crate::args::ArgsError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
         let q = query::CliQuery::parse(query);
-        let gpus = query::select_gpus(inventory, q.dev.as_deref()).map_err(bad)?;
+        q.check_supported().map_err(bad)?;
+        let selected = query::select(inventory, q.dev.as_deref()).map_err(bad)?;
         query::check_volumes(q.vol.as_deref()).map_err(bad)?;
         let driver = inventory.driver.as_ref().ok_or_else(|| {
             (
@@ -208,7 +243,16 @@ impl RestApi {
                 "no NVIDIA driver on this node".to_owned(),
             )
         })?;
-        let devices = LaunchPlan::devices_for(&gpus, &self.host).map_err(internal)?;
+        let mig = selected
+            .mig
+            .iter()
+            .map(|d| MigAccess::of(d, &self.devices.dev_root, &self.devices.proc_root))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| (StatusCode::CONFLICT, e.to_string()))?;
+        let gpus = selected.gpus.into_iter().cloned().collect();
+        let grant = Grant::new(&self.devices.nodes, &[], gpus, mig, None)
+            .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        let plan = LaunchPlan::new(&grant, &ImageInfo::default(), None).map_err(internal)?;
         let volume = VolumeMount::new(&self.volume, &driver.version).map_err(internal)?;
         if let VolumeMount::Bind { host_path } = &volume
             && !host_path.is_dir()
@@ -221,7 +265,8 @@ impl RestApi {
         Ok(DockerCli {
             volume_driver: volume.volume_driver().unwrap_or_default().to_owned(),
             volumes: vec![volume.bind_spec()],
-            devices: devices.iter().map(|d| d.cli_value()).collect(),
+            devices: plan.devices.iter().map(|d| d.cli_value()).collect(),
+            env: plan.env_strings(),
         })
     }
 

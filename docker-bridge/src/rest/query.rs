@@ -6,10 +6,12 @@
 //!   prefix; anything else is an NVML **index** (not a minor); `dev=0,1` is invalid;
 //! - `vol=` lists volume base names (`nvidia_driver`) the same way.
 //!
-//! Two deliberate differences: an ambiguous UUID prefix is refused (nvidia-docker took the first
-//! match), and repeated spaces are tolerated.
+//! Deliberate differences: an ambiguous UUID prefix is refused (nvidia-docker took the first
+//! match), repeated spaces are tolerated, `MIG-…` names a MIG device by UUID prefix, a GPU in MIG
+//! mode is refused (its MIG devices are named instead) and all (`*`) means the GPUs not in MIG
+//! mode; a parameter asking for what this API cannot give (a share, pinning) is refused.
 
-use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_node::inventory::{Gpu, Inventory, MigDevice};
 
 use crate::args::DRIVER_VOLUME_BASE;
 
@@ -18,7 +20,7 @@ use crate::args::DRIVER_VOLUME_BASE;
 pub enum QueryError {
     /// Not an NVML index or UUID prefix of this node's GPUs.
     #[error(
-        "invalid device: {id} (expected NVML indices or GPU- UUID prefixes separated by '+', or '*')"
+        "invalid device: {id} (expected NVML indices, GPU- or MIG- UUID prefixes separated by '+', or '*')"
     )]
     InvalidDevice {
         /// The identifier as given.
@@ -31,6 +33,25 @@ pub enum QueryError {
         id: String,
         /// The UUIDs it matches, comma-separated.
         matches: String,
+    },
+    /// A GPU in MIG mode: its MIG devices are what a container can be given.
+    #[error(
+        "GPU {index} is in MIG mode: name one of its MIG devices instead (dev=MIG-…: {devices})"
+    )]
+    MigParent {
+        /// The GPU's NVML index.
+        index: u32,
+        /// Its MIG devices' UUIDs, comma-separated (or `none`).
+        devices: String,
+    },
+    /// A parameter asking for what `/docker/cli` cannot give.
+    #[error(
+        "{name}=: /docker/cli reserves nothing, so it gives no share of a GPU and pins nothing; \
+         use `mesos-gpu docker-args` (--gpu-replicas, --numa-pinning --cpus)"
+    )]
+    Unsupported {
+        /// The parameter.
+        name: String,
     },
     /// Not a volume this node serves.
     #[error("invalid volume: {name} (expected {DRIVER_VOLUME_BASE} or '*')")]
@@ -45,7 +66,12 @@ pub enum QueryError {
 pub(crate) struct CliQuery {
     pub(crate) dev: Option<String>,
     pub(crate) vol: Option<String>,
+    /// The first parameter asking for a share or pinning, which this API cannot give.
+    pub(crate) unsupported: Option<String>,
 }
+
+/// Parameters of `docker-args` a `/docker/cli` query may carry by mistake.
+const UNSUPPORTED: [&str; 4] = ["gpu_replicas", "gpu_sharing", "numa_pinning", "cpus"];
 
 impl CliQuery {
     pub(crate) fn parse(query: Option<&str>) -> CliQuery {
@@ -54,6 +80,10 @@ impl CliQuery {
             let slot = match key.as_ref() {
                 "dev" => &mut parsed.dev,
                 "vol" => &mut parsed.vol,
+                other if UNSUPPORTED.contains(&other) => {
+                    parsed.unsupported.get_or_insert_with(|| other.to_owned());
+                    continue;
+                }
                 _ => continue,
             };
             if slot.is_none() {
@@ -62,6 +92,94 @@ impl CliQuery {
         }
         parsed
     }
+
+    /// Refuses a query asking for what `/docker/cli` cannot give.
+    pub(crate) fn check_supported(&self) -> Result<(), QueryError> {
+        match &self.unsupported {
+            Some(name) => Err(QueryError::Unsupported { name: name.clone() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What `dev=` selects: GPUs not in MIG mode, and MIG devices.
+#[derive(Debug, Default)]
+pub(crate) struct Selection<'a> {
+    pub(crate) gpus: Vec<&'a Gpu>,
+    pub(crate) mig: Vec<&'a MigDevice>,
+}
+
+/// The GPUs and MIG devices `dev` selects: each once, in inventory order; all (`*`) is every GPU
+/// not in MIG mode; a GPU in MIG mode is refused, naming its MIG devices.
+pub(crate) fn select<'a>(
+    inventory: &'a Inventory,
+    dev: Option<&str>,
+) -> Result<Selection<'a>, QueryError> {
+    let mig_ids: Vec<&str> = tokens(dev)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.starts_with("MIG-"))
+        .collect();
+    let gpu_ids: Vec<&str> = tokens(dev)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| !t.starts_with("MIG-"))
+        .collect();
+    let gpus = if mig_ids.is_empty() || !gpu_ids.is_empty() {
+        let named = (!gpu_ids.is_empty()).then(|| gpu_ids.join(" "));
+        let mut gpus = select_gpus(inventory, named.as_deref())?;
+        if named.is_none() {
+            gpus.retain(|g| !inventory.mig.is_enabled(g.index));
+        }
+        if let Some(parent) = gpus.iter().find(|g| inventory.mig.is_enabled(g.index)) {
+            let devices: Vec<&str> = inventory
+                .mig
+                .devices
+                .iter()
+                .filter(|d| d.parent == parent.index)
+                .map(|d| d.uuid.as_str())
+                .collect();
+            return Err(QueryError::MigParent {
+                index: parent.index,
+                devices: if devices.is_empty() {
+                    "none".to_owned()
+                } else {
+                    devices.join(",")
+                },
+            });
+        }
+        gpus
+    } else {
+        Vec::new()
+    };
+    let mut mig: Vec<&MigDevice> = Vec::new();
+    for id in mig_ids {
+        let matches: Vec<&MigDevice> = inventory
+            .mig
+            .devices
+            .iter()
+            .filter(|d| d.uuid.starts_with(id))
+            .collect();
+        match matches.as_slice() {
+            [one] => {
+                if !mig.iter().any(|m| m.uuid == one.uuid) {
+                    mig.push(one);
+                }
+            }
+            [] => return Err(QueryError::InvalidDevice { id: id.to_owned() }),
+            many => {
+                return Err(QueryError::AmbiguousDevice {
+                    id: id.to_owned(),
+                    matches: many
+                        .iter()
+                        .map(|d| d.uuid.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                });
+            }
+        }
+    }
+    Ok(Selection { gpus, mig })
 }
 
 fn tokens(value: Option<&str>) -> Option<Vec<&str>> {

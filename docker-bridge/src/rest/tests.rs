@@ -1,7 +1,10 @@
 //! Handler tests: every route called in-process through [`RestApi::respond`].
 
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use mesos_gpu_node::devices::{DeviceNode, DeviceNodes};
+use mesos_gpu_node::inventory::DevNum;
 
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
@@ -51,14 +54,17 @@ fn inventory() -> Inventory {
     }
 }
 
-fn host() -> HostDevices {
-    HostDevices {
+/// The node's device nodes as named under `/dev`, `nvidia-uvm-tools` included.
+fn devices(inventory: &Inventory) -> Devices {
+    let mut nodes = DeviceNodes::named(Path::new("/dev"), inventory);
+    nodes.control.push(DeviceNode {
+        path: PathBuf::from("/dev/nvidia-uvm-tools"),
+        dev: DevNum { major: 0, minor: 1 },
+    });
+    Devices {
+        nodes,
         dev_root: PathBuf::from("/dev"),
-        control: vec![
-            "/dev/nvidiactl".into(),
-            "/dev/nvidia-uvm".into(),
-            "/dev/nvidia-uvm-tools".into(),
-        ],
+        proc_root: PathBuf::from("/proc"),
     }
 }
 
@@ -67,7 +73,8 @@ fn api_with(
     volume: VolumeSource,
     status: Arc<dyn GpuStatusSource>,
 ) -> RestApi {
-    RestApi::new(Arc::new(inventory), host(), volume, status)
+    let devices = devices(&inventory);
+    RestApi::new(Arc::new(inventory), devices, volume, status)
 }
 
 fn api() -> RestApi {

@@ -8,7 +8,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::args::{HostDevices, VolumeSource};
+use crate::args::VolumeSource;
+use crate::rest::Devices;
+use mesos_gpu_node::devices::DeviceNodes;
 use crate::plugin::{BuildError, VolumeBuilder, VolumeState};
 use crate::rest::status::NoStatus;
 
@@ -67,9 +69,10 @@ impl Running {
 }
 
 fn apis(dir: &Path) -> (Arc<RestApi>, Arc<PluginApi>, Arc<DriverVolumes>) {
-    let host = HostDevices {
+    let host = Devices {
+        nodes: DeviceNodes::named(std::path::Path::new("/dev"), &inventory()),
         dev_root: "/dev".into(),
-        control: vec!["/dev/nvidiactl".into(), "/dev/nvidia-uvm".into()],
+        proc_root: "/proc".into(),
     };
     let rest = Arc::new(RestApi::new(
         Arc::new(inventory()),

@@ -73,7 +73,6 @@ async fn bridge(fx: &Fixture, isolator: &Arc<Isolator>) -> Result<DockerBridge, 
     Ok(DockerBridge::new(
         Arc::clone(isolator),
         client,
-        fx.host.clone(),
         Some(fx.driver((12, 4))),
         fx.inventory.gpus.clone(),
     ))
@@ -108,7 +107,6 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
             let id = uuid();
             fx.cleanup.container(&DockerBridge::docker_name(&id));
             let image = fx.plain.clone();
-            let host = fx.host.clone();
             let driver = fx.driver((12, 4));
             let gpus = fx.inventory.gpus.clone();
             std::thread::spawn(move || -> Result<BridgedContainer, String> {
@@ -117,7 +115,7 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
                     let client = DockerClient::connect(Path::new(SOCKET))
                         .await
                         .map_err(|e| error_chain(&e))?;
-                    let bridge = DockerBridge::new(isolator, client, host, Some(driver), gpus);
+                    let bridge = DockerBridge::new(isolator, client, Some(driver), gpus);
                     let cmd = ["sh", "-c", "sleep 3; ls /dev"].map(str::to_owned);
                     start.wait();
                     bridge
@@ -315,7 +313,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         let client = DockerClient::connect(Path::new(SOCKET))
             .await
             .map_err(fail)?;
-        let plan = LaunchPlan::new(&fx.gpus(&last), &fx.host, &ImageInfo::default(), None)
+        let plan = LaunchPlan::for_gpus(&fx.gpus(&last), &fx.host.nodes, &ImageInfo::default(), None)
             .map_err(fail)?;
         let spec = ContainerSpec {
             name: stranger_name.clone(),

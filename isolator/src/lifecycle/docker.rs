@@ -12,7 +12,9 @@ use std::ops::Deref;
 use serde::{Deserialize, Serialize};
 
 use super::state::State;
+use super::taking::Taking;
 use super::{ContainerId, Isolator, LifecycleError};
+use mesos_gpu_grant::Grant;
 use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_pool::{Host, Liveness, Owner, ProcessStamp};
 
@@ -25,18 +27,6 @@ pub struct DockerStart {
     pub starter: Option<ProcessStamp>,
 }
 
-/// A Docker container's share of a shared GPU (issue 17), with what its `docker run` adds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DockerShare {
-    /// The share: GPU, k of R units, mode, limits.
-    pub grant: mesos_gpu_placement::sharing::ShareGrant,
-    /// `-e` variables: `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under mps, the client's.
-    pub env: Vec<(String, String)>,
-    /// Under mps: the daemon's pipe directory, bound at the same path, with the host's
-    /// `/dev/shm` at `/dev/shm` (the daemon's shared memory).
-    pub pipe_dir: Option<std::path::PathBuf>,
-}
-
 /// GPUs reserved for a Docker container that is not running yet: the one reserve → plan →
 /// roll back sequence of every entry point (the module's hook, `docker-args`, the bridge, the
 /// demo). Dropped without [`DockerReservation::keep`], it gives the GPUs back (a failed give-back
@@ -47,9 +37,7 @@ pub struct DockerShare {
 pub struct DockerReservation<D: Deref<Target = Isolator>> {
     isolator: D,
     id: ContainerId,
-    gpus: Vec<Gpu>,
-    share: Option<DockerShare>,
-    mig: Vec<mesos_gpu_grant::mig::MigAccess>,
+    grant: Grant,
     kept: bool,
 }
 
@@ -76,36 +64,29 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
         request: &super::PrepareConfig,
         start: DockerStart,
     ) -> Result<Self, LifecycleError> {
-        let (gpus, share, mig) = isolator.reserve_docker_units(id, request, start)?;
+        let grant = isolator.reserve_docker_units(id, request, start)?;
         Ok(DockerReservation {
             isolator,
             id: id.clone(),
-            gpus,
-            share,
-            mig,
+            grant,
             kept: false,
         })
     }
 
-    /// The MIG devices reserved, with what each needs in the container.
-    pub fn mig(&self) -> &[mesos_gpu_grant::mig::MigAccess] {
-        &self.mig
+    /// What the container gets: GPUs (for a share, its one GPU), MIG devices, the share.
+    pub fn grant(&self) -> &Grant {
+        &self.grant
     }
 
     /// The reserved GPUs (for a share, its one GPU).
     pub fn gpus(&self) -> &[Gpu] {
-        &self.gpus
-    }
-
-    /// The share, when the node shares GPUs and the request was served with one.
-    pub fn share(&self) -> Option<&DockerShare> {
-        self.share.as_ref()
+        &self.grant.gpus
     }
 
     /// The container launches: the GPUs stay reserved until it is released.
     pub fn keep(mut self) -> Vec<Gpu> {
         self.kept = true;
-        std::mem::take(&mut self.gpus)
+        std::mem::take(&mut self.grant.gpus)
     }
 
     /// The launch failed: gives the GPUs back now.
@@ -190,26 +171,18 @@ impl Isolator {
             gpus,
             ..super::PrepareConfig::default()
         };
-        Ok(self.reserve_docker_units(id, &request, start)?.0)
+        Ok(self.reserve_docker_units(id, &request, start)?.gpus)
     }
 
-    /// Reserves `gpus` for Docker container `id`: whole GPUs, or on a sharing node a share of
-    /// one GPU (issue 17), as [`Isolator::prepare`] decides.
+    /// Reserves what `request` asks for Docker container `id`: whole GPUs, a share of one GPU
+    /// on a sharing node or MIG devices, as [`Isolator::prepare`] decides.
     #[tracing::instrument(skip_all, fields(container = %id, requested = request.gpus, daemon = ?start.daemon))]
-    #[allow(clippy::type_complexity)]
     fn reserve_docker_units(
         &self,
         id: &ContainerId,
         request: &super::PrepareConfig,
         start: DockerStart,
-    ) -> Result<
-        (
-            Vec<Gpu>,
-            Option<DockerShare>,
-            Vec<mesos_gpu_grant::mig::MigAccess>,
-        ),
-        LifecycleError,
-    > {
+    ) -> Result<Grant, LifecycleError> {
         const STEP: &str = "reserve GPUs for";
         let mut state = self.lock()?;
         if state.knows(id) {
@@ -218,54 +191,27 @@ impl Isolator {
                 step: STEP,
             });
         }
-        let (set, grant, mig) = if self.inventory.mig.devices.is_empty() {
-            let (set, grant) = self.take_units(&mut state, id, request.gpus, STEP)?;
-            (set, grant, Vec::new())
-        } else {
-            let (set, mig) = self.take_with_mig(&mut state, id, request, STEP)?;
-            (set, None, mig)
-        };
-        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
-        let share = match &grant {
-            Some(grant) => match self.share_launch(&state, id, grant) {
-                Ok(launch) => Some(launch.into_docker(grant.clone())),
-                Err(e) => {
-                    state.allocator.release_all(id.as_str());
-                    return Err(e);
-                }
-            },
-            None => None,
-        };
-        state.docker.insert(id.clone(), set);
-        if let Some(grant) = &grant {
-            state.docker_shares.insert(id.clone(), grant.clone());
+        let mut taking = Taking::new(&mut state, id);
+        let grant = self.take(&mut taking, id, request, STEP)?;
+        let entry = super::taking::container_of(&grant);
+        taking.docker.insert(id.clone(), entry.gpus);
+        if let Some(share) = entry.share {
+            taking.docker_shares.insert(id.clone(), share);
         }
-        if !mig.is_empty() {
-            state.docker_mig.insert(id.clone(), mig.clone());
+        if !entry.mig.is_empty() {
+            taking.docker_mig.insert(id.clone(), entry.mig);
         }
-        state.docker_starts.insert(id.clone(), start);
-        if let Err(e) = self.save(&state, STEP) {
-            state.docker.remove(id);
-            state.docker_shares.remove(id);
-            state.docker_mig.remove(id);
-            state.docker_starts.remove(id);
-            state.mig.release(id.as_str());
-            state.allocator.release_all(id.as_str());
-            return Err(e);
-        }
-        match &grant {
-            Some(g) => {
+        taking.docker_starts.insert(id.clone(), start);
+        self.save(&taking, STEP)?;
+        taking.keep();
+        match &grant.share {
+            Some(share) => {
+                let g = &share.grant;
                 tracing::info!(gpu = %g.uuid, units = g.units, replicas = g.replicas, mode = %g.mode, "reserved a GPU share for a Docker container")
             }
-            None => tracing::info!(gpus = %set, "reserved GPUs for a Docker container"),
+            None => tracing::info!(gpus = ?grant.visible(), "reserved GPUs for a Docker container"),
         }
-        let visible = match &grant {
-            Some(g) => {
-                mesos_gpu_placement::allocator::GpuSet::from_indices([g.index]).unwrap_or_default()
-            }
-            None => set,
-        };
-        Ok((self.gpus_of(visible), share, accesses))
+        Ok(grant)
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.
@@ -280,15 +226,11 @@ impl Isolator {
                 owner: "mesos",
             });
         }
-        state.docker_starts.remove(id);
-        state.docker_shares.remove(id);
-        state.docker_mig.remove(id);
-        state.mig.release(id.as_str());
-        if state.docker.remove(id).is_none() {
+        if !state.docker.contains_key(id) {
             tracing::debug!("release of an unknown Docker container");
             return Ok(());
         }
-        let released = state.allocator.release_all(id.as_str());
+        let (released, _) = state.forget(id);
         state.release_quarantine(id);
         self.limitations.forget(id.as_str());
         self.save(&state, STEP)?;

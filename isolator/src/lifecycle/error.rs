@@ -216,6 +216,16 @@ pub enum LifecycleError {
         /// NVML index of the GPU.
         index: u32,
     },
+    /// What was taken cannot be granted to one container (MIG devices with whole GPUs, a GPU
+    /// without a known minor).
+    #[error("cannot grant container {container} what it asked for")]
+    Grant {
+        /// The container.
+        container: ContainerId,
+        /// Why.
+        #[source]
+        source: mesos_gpu_grant::GrantError,
+    },
     /// Set-up failed: the cgroup hierarchy could not be chosen.
     #[error("cannot set up the isolator's cgroups")]
     Setup {
@@ -321,6 +331,10 @@ impl LifecycleError {
             } | LifecycleError::MigStrategy { .. }
                 | LifecycleError::MigResize { .. }
                 | LifecycleError::ShareResize { .. }
+                | LifecycleError::Grant {
+                    source: mesos_gpu_grant::GrantError::MigWithGpus { .. },
+                    ..
+                }
         ) || matches!(self, LifecycleError::Mig { source, .. }
             if !matches!(**source, mesos_gpu_placement::mig::MigError::NotEnough { .. }))
     }

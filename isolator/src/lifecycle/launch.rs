@@ -1,10 +1,10 @@
-//! What a container is launched with: its device allow list, the bind mounts of its device nodes
-//! and of the driver volume, and its environment. Pure functions of the allocation.
+//! The Mesos renderer of a [`Grant`]: what a container is launched with, as Mesos's
+//! `ContainerLaunchInfo` carries it (the ffi turns [`LaunchInfo`] into the protobuf): the bind
+//! mounts of its device nodes, of the driver volume and of the grant's other mounts, and its
+//! environment. A pure function of the grant.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.4, §3.1, §4.5, §4.6):
-//! - every GPU container may use the control devices (`nvidiactl`, `nvidia-uvm`, and
-//!   `nvidia-uvm-tools` when present) with `rwm`, plus `c 195:<minor>` per GPU (`rw`; mknod of
-//!   any character device is already in the default whitelist's `c *:* m`);
+//! Facts relied on (`shared/reference/mesos_gpu.md` §1.4, §3.1, §4.5, §4.6; the device nodes,
+//! rules and variables themselves are the grant's, see `mesos_gpu_grant`):
 //! - a container that asked for no GPU gets nothing beyond what isolation requires: no control
 //!   devices (Mesos's `gpu/nvidia` grants them to every container, `isolators/gpu/isolator.cpp`
 //!   428-439), no device mounts, and, without an image, no environment: Mesos's `gpu/nvidia`
@@ -18,22 +18,17 @@
 //! - a host-filesystem container (no rootfs) gets no mounts: it sees the host's `/dev`, and the
 //!   device cgroup alone restricts it.
 //!
-//! `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name the allocated GPUs by **UUID**. Inside
-//! the container the device nodes keep their host minors and CUDA renumbers the GPUs it can
-//! open from 0, so a host index would name the wrong GPU; a UUID means the same GPU everywhere,
-//! and both nvidia-container-runtime and CUDA accept `GPU-…` UUIDs. A container with an image
-//! and no GPU gets `none` and empty, overriding an image's `NVIDIA_VISIBLE_DEVICES=all`.
+//! `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name the granted devices by **UUID**
+//! ([`Grant::env`]). A container with an image and no GPU gets `none` and empty, overriding an
+//! image's `NVIDIA_VISIBLE_DEVICES=all`; one with neither GPU nor image gets no variable.
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_volume::injection::{CONTAINER_PATH, VISIBLE_DEVICES_ENV};
-
-use mesos_gpu_enforce::{cgroup::Access, cgroup::DeviceRule, cgroup::normalize};
-use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_node::{inventory::DevNum, inventory::Gpu, inventory::NVIDIA_GPU_MAJOR};
-
-/// The variable CUDA reads to choose its devices.
-pub(crate) const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
+use mesos_gpu_enforce::cgroup::{DeviceKind, DeviceRule};
+use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_grant::{Grant, MountKind as GrantMountKind};
+use mesos_gpu_node::inventory::{Gpu, NVIDIA_GPU_MAJOR};
+use mesos_gpu_volume::injection::CONTAINER_PATH;
 
 /// What the containerizer tells the isolator about a container being prepared.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,7 +57,7 @@ pub struct PrepareConfig {
 /// Why a bind mount is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MountKind {
-    /// A device node (`/dev/nvidia*`).
+    /// A device node (`/dev/nvidia*`, `/dev/nvidia-caps/*`).
     Device,
     /// The driver volume at `/usr/local/nvidia`.
     DriverVolume,
@@ -110,44 +105,12 @@ impl LaunchInfo {
     }
 }
 
-/// The full allow list: `base`, and for a container holding GPUs the control nodes `rwm` and
-/// `c 195:<minor> rw` per GPU.
-pub(crate) fn allow_list(
-    base: &[DeviceRule],
-    nodes: &DeviceNodes,
-    minors: impl IntoIterator<Item = u32>,
-) -> Vec<DeviceRule> {
-    let mut rules = base.to_vec();
-    let mut minors = minors.into_iter().peekable();
-    if minors.peek().is_some() {
-        rules.extend(
-            nodes
-                .control
-                .iter()
-                .map(|n| DeviceRule::char_device(n.dev, Access::RWM)),
-        );
-    }
-    rules.extend(minors.map(|minor| {
-        DeviceRule::char_device(
-            DevNum {
-                major: NVIDIA_GPU_MAJOR,
-                minor,
-            },
-            Access::RW,
-        )
-    }));
-    normalize(&rules)
-}
-
 /// The GPUs `rules` allows, by minor: exact `c 195:<minor>` entries, as Mesos counts them on
 /// recovery (§1.3); a wildcard entry is not taken as a claim on every GPU.
 pub(crate) fn allowed_minors(rules: &[DeviceRule]) -> Vec<u32> {
     rules
         .iter()
-        .filter(|r| {
-            r.major == Some(NVIDIA_GPU_MAJOR)
-                && r.kind != mesos_gpu_enforce::cgroup::DeviceKind::Block
-        })
+        .filter(|r| r.major == Some(NVIDIA_GPU_MAJOR) && r.kind != DeviceKind::Block)
         .filter_map(|r| r.minor)
         .collect()
 }
@@ -158,37 +121,29 @@ pub(crate) struct MissingNode {
     pub(crate) index: u32,
 }
 
-/// Builds the launch info of a container holding `gpus` with allow list `rules`.
+/// Renders `grant` for a container prepared with `config`: the grant's device nodes, the driver
+/// volume when the image asks for it and the grant's other mounts, bound into the rootfs (none
+/// for a host-filesystem container); the grant's variables (and the volume's `PATH` and
+/// `LD_LIBRARY_PATH`) in `task_environment` with task info, else in `environment`.
 pub(crate) fn launch_info(
+    grant: &Grant,
     config: &PrepareConfig,
-    gpus: &[Gpu],
-    nodes: &DeviceNodes,
     driver_volume: Option<&Path>,
-    rules: Vec<DeviceRule>,
     cgroup: Option<PathBuf>,
 ) -> Result<LaunchInfo, MissingNode> {
     let mut mounts = Vec::new();
-    let mut env = if gpus.is_empty() && config.rootfs.is_none() {
+    let mut env = if grant.is_empty() && config.rootfs.is_none() {
         Vec::new()
     } else {
-        visible_devices(gpus)
+        grant.env()
     };
     if let Some(rootfs) = &config.rootfs {
-        let mut sources: Vec<&Path> = Vec::new();
-        if !gpus.is_empty() {
-            sources.extend(nodes.control.iter().map(|n| n.path.as_path()));
-        }
-        for gpu in gpus {
-            let node = nodes
-                .gpu(gpu.index)
-                .ok_or(MissingNode { index: gpu.index })?;
-            sources.push(&node.path);
-        }
-        for source in sources {
-            let name = source.file_name().unwrap_or(source.as_os_str());
+        grant.check_nodes().map_err(|index| MissingNode { index })?;
+        let inside = |path: &Path| rootfs.join(path.strip_prefix("/").unwrap_or(path));
+        for device in &grant.devices {
             mounts.push(Mount {
-                source: source.to_owned(),
-                target: rootfs.join("dev").join(name),
+                source: device.host.clone(),
+                target: inside(&device.container),
                 read_only: false,
                 kind: MountKind::Device,
             });
@@ -198,7 +153,7 @@ pub(crate) fn launch_info(
             Some(volume) if mesos_gpu_volume::should_inject(&config.image_env, labels) => {
                 mounts.push(Mount {
                     source: volume.to_owned(),
-                    target: rootfs.join(CONTAINER_PATH.trim_start_matches('/')),
+                    target: inside(Path::new(CONTAINER_PATH)),
                     read_only: true,
                     kind: MountKind::DriverVolume,
                 });
@@ -208,6 +163,17 @@ pub(crate) fn launch_info(
             Some(_) => tracing::debug!("image does not ask for the driver volume"),
             None => tracing::debug!("no driver volume on this node"),
         }
+        for mount in grant.mounts() {
+            mounts.push(Mount {
+                target: inside(&mount.target),
+                source: mount.source,
+                read_only: mount.read_only,
+                kind: match mount.kind {
+                    GrantMountKind::Mps => MountKind::Mps,
+                    GrantMountKind::MigAccessFile => MountKind::MigAccessFile,
+                },
+            });
+        }
     }
     let (environment, task_environment) = if config.has_task_info {
         (Vec::new(), env)
@@ -215,8 +181,8 @@ pub(crate) fn launch_info(
         (env, Vec::new())
     };
     Ok(LaunchInfo {
-        gpus: gpus.to_vec(),
-        device_rules: rules,
+        gpus: grant.gpus.clone(),
+        device_rules: grant.rules.clone(),
         cgroup,
         mounts,
         environment,
@@ -225,20 +191,18 @@ pub(crate) fn launch_info(
 }
 
 /// What [`Isolator::prepare`](super::Isolator::prepare) returns for container `id` once granted
-/// `gpus`, built by the same allow-list and launch-info code but touching nothing: for dry runs
-/// such as `mesos-gpu demo`. `base` is the configured base allow list ([`mesos_gpu_enforce::cgroup::default_whitelist`]
-/// plus `--allowed_devices`); `cgroup` is where the container's cgroup would be.
+/// `gpus`, built by the same grant and renderer but touching nothing: for dry runs such as
+/// `mesos-gpu demo`. `base` is the configured base allow list
+/// ([`mesos_gpu_enforce::cgroup::default_whitelist`] plus `--allowed_devices`); `cgroup` is where
+/// the container's cgroup would be.
 pub fn plan_launch(
-    id: &mesos_gpu_enforce::container_id::ContainerId,
+    id: &ContainerId,
     config: &PrepareConfig,
-    base: &[DeviceRule],
-    nodes: &DeviceNodes,
-    gpus: &[Gpu],
+    grant: &Grant,
     driver_volume: Option<&Path>,
     cgroup: Option<PathBuf>,
 ) -> Result<LaunchInfo, super::LifecycleError> {
-    let rules = allow_list(base, nodes, gpus.iter().map(|g| g.minor));
-    launch_info(config, gpus, nodes, driver_volume, rules, cgroup).map_err(|m| {
+    launch_info(grant, config, driver_volume, cgroup).map_err(|m| {
         super::LifecycleError::MissingNode {
             container: id.clone(),
             index: m.index,
@@ -246,26 +210,13 @@ pub fn plan_launch(
     })
 }
 
-/// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` naming `gpus` by UUID.
-fn visible_devices(gpus: &[Gpu]) -> Vec<(String, String)> {
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    let nvidia = if uuids.is_empty() {
-        "none".to_owned()
-    } else {
-        uuids.join(",")
-    };
-    vec![
-        (VISIBLE_DEVICES_ENV.to_owned(), nvidia),
-        (CUDA_VISIBLE_DEVICES_ENV.to_owned(), uuids.join(",")),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use mesos_gpu_enforce::cgroup::default_whitelist;
-    use mesos_gpu_node::{devices::DeviceNode, devices::GpuNode};
+    use mesos_gpu_enforce::cgroup::{default_whitelist, normalize};
+    use mesos_gpu_node::devices::{DeviceNode, DeviceNodes, GpuNode};
+    use mesos_gpu_node::inventory::DevNum;
 
     fn gpu(index: u32) -> Gpu {
         Gpu {
@@ -297,27 +248,13 @@ mod tests {
         }
     }
 
+    fn grant(gpus: Vec<Gpu>) -> Grant {
+        Grant::new(&nodes(), &default_whitelist(), gpus, vec![], None).unwrap()
+    }
+
     #[test]
-    fn allow_list_has_base_control_and_gpus_only() {
-        let rules = allow_list(&default_whitelist(), &nodes(), [11, 13]);
-        let text: Vec<String> = rules.iter().map(ToString::to_string).collect();
-        for want in [
-            "c 195:255 rwm",
-            "c 510:0 rwm",
-            "c 195:11 rw",
-            "c 195:13 rw",
-            "c 1:3 rwm",
-        ] {
-            assert!(
-                text.iter().any(|t| t == want),
-                "{want} missing from {text:?}"
-            );
-        }
-        assert!(
-            !text
-                .iter()
-                .any(|t| t == "c 195:10 rw" || t == "c 195:12 rw")
-        );
+    fn allowed_minors_counts_exact_gpu_entries_only() {
+        let rules = grant(vec![gpu(1), gpu(3)]).rules;
         let mut minors = allowed_minors(&rules);
         minors.sort_unstable();
         assert_eq!(minors, [11, 13, 255]);
@@ -333,11 +270,9 @@ mod tests {
             ..Default::default()
         };
         let info = launch_info(
+            &grant(vec![gpu(2)]),
             &config,
-            &[gpu(2)],
-            &nodes(),
             Some(Path::new("/v/nvidia_1")),
-            vec![],
             None,
         )
         .unwrap();
@@ -371,7 +306,7 @@ mod tests {
             rootfs: Some("/r".into()),
             ..Default::default()
         };
-        let info = launch_info(&plain, &[], &nodes(), Some(Path::new("/v")), vec![], None).unwrap();
+        let info = launch_info(&grant(vec![]), &plain, Some(Path::new("/v")), None).unwrap();
         assert!(
             info.mounts.is_empty(),
             "no GPU: no device node, no volume: {:?}",
@@ -395,11 +330,9 @@ mod tests {
             ..Default::default()
         };
         let info = launch_info(
+            &grant(vec![gpu(0), gpu(1)]),
             &config,
-            &[gpu(0), gpu(1)],
-            &nodes(),
             Some(Path::new("/v")),
-            vec![],
             None,
         )
         .unwrap();
@@ -411,14 +344,14 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_no_gpu_no_image_gets_nothing() {
+    fn no_gpu_no_image_gets_nothing() {
         let config = PrepareConfig {
             has_task_info: true,
             ..Default::default()
         };
-        let rules = allow_list(&default_whitelist(), &nodes(), []);
-        assert_eq!(rules, normalize(&default_whitelist()), "no control devices");
-        let info = launch_info(&config, &[], &nodes(), Some(Path::new("/v")), rules, None).unwrap();
+        let empty = grant(vec![]);
+        assert_eq!(empty.rules, normalize(&default_whitelist()), "no control devices");
+        let info = launch_info(&empty, &config, Some(Path::new("/v")), None).unwrap();
         assert!(info.mounts.is_empty());
         assert!(info.environment.is_empty() && info.task_environment.is_empty());
         assert!(!info.needs_launch_info());
@@ -430,7 +363,9 @@ mod tests {
             rootfs: Some("/r".into()),
             ..Default::default()
         };
-        let err = launch_info(&config, &[gpu(7)], &nodes(), None, vec![], None).unwrap_err();
+        let mut far = gpu(7);
+        far.minor = 77;
+        let err = launch_info(&grant(vec![far]), &config, None, None).unwrap_err();
         assert_eq!(err, MissingNode { index: 7 });
     }
 }

@@ -9,22 +9,25 @@
 //! - `mixed`: `gpus` takes whole GPUs, and each `mig-<profile>` scalar that many MIG devices of
 //!   that profile ([`super::PrepareConfig::mig`], keyed by profile id).
 //!
-//! A container holding MIG devices gets, for each, its parent's `/dev/nvidia<minor>` and its two
-//! capability nodes in the device cgroup (nothing of any other GPU or capability), the control
-//! nodes, and `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` naming the `MIG-…` UUIDs (after any
-//! whole GPUs'); with an image, those nodes and the two `access` files (read-only) are mounted.
-//! A task whose capabilities include CAP_SYS_ADMIN is refused unless the operator allows it
-//! (it grants every MIG capability whatever its device files).
+//! What a container holding MIG devices gets (its parents' nodes and capability nodes, the
+//! variables naming the `MIG-…` UUIDs, the `access` files) is its [`mesos_gpu_grant::Grant`]'s.
+//! A request for MIG devices and whole GPUs together is refused with the reason (a CUDA process
+//! enumerates a single MIG device and no GPU beside it), and so is a task whose capabilities
+//! include CAP_SYS_ADMIN unless the operator allows it (it grants every MIG capability whatever
+//! its device files).
+//!
+//! Every step below takes from the state through the caller's [`super::taking::Taking`], which
+//! gives everything back when a later step refuses.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::launch::{LaunchInfo, Mount, MountKind, PrepareConfig};
+use super::launch::PrepareConfig;
 use super::state::State;
 use super::{ContainerId, Isolator, LifecycleError};
 use crate::agent_flags::MigStrategy;
-use mesos_gpu_enforce::{cgroup::DeviceRule, cgroup::normalize};
+
 use mesos_gpu_grant::{mig::MigAccess, mig::check_capabilities};
-use mesos_gpu_node::devices::DeviceNodes;
+
 use mesos_gpu_placement::mig::MigError;
 use mesos_gpu_placement::{allocator::GpuRequest, allocator::GpuSet};
 
@@ -56,7 +59,8 @@ impl Default for MigConfig {
 }
 
 impl Isolator {
-    /// What `id` takes for `config`: whole GPUs and MIG devices (nothing is held when refused).
+    /// What `id` takes for `config`: whole GPUs or MIG devices (what was taken before a
+    /// refusal is the caller's [`super::taking::Taking`]'s to give back).
     pub(crate) fn take_with_mig(
         &self,
         state: &mut State,
@@ -114,6 +118,20 @@ impl Isolator {
                     .map_err(alloc_err)?
                     .count();
                 let asked: u32 = config.mig.values().sum();
+                if asked > 0 && count > 0 {
+                    return Err(LifecycleError::Grant {
+                        container: id.clone(),
+                        source: mesos_gpu_grant::GrantError::MigWithGpus {
+                            mig: config
+                                .mig
+                                .iter()
+                                .map(|(kind, n)| format!("{n} of profile {kind}"))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            gpus: format!("{count} GPU(s)"),
+                        },
+                    });
+                }
                 if asked > 1 && !self.mig.allow_multiple {
                     return Err(mig_err(MigError::TooMany {
                         owner: id.to_string(),
@@ -122,30 +140,14 @@ impl Isolator {
                 }
                 let mut uuids = Vec::new();
                 for (&kind, &n) in &config.mig {
-                    match state.mig.allocate(id.as_str(), n, Some(kind)) {
-                        Ok(got) => uuids.extend(got),
-                        Err(e) => {
-                            state.mig.release(id.as_str());
-                            return Err(mig_err(e));
-                        }
-                    }
+                    uuids.extend(state.mig.allocate(id.as_str(), n, Some(kind)).map_err(mig_err)?);
                 }
-                match self.allocate_shared(state, id, count, step) {
-                    Ok(set) => (set, uuids),
-                    Err(e) => {
-                        state.mig.release(id.as_str());
-                        return Err(e);
-                    }
-                }
+                (self.allocate_shared(state, id, count, step)?, uuids)
             }
         };
-        if !taken.1.is_empty()
-            && let Err(e) =
-                check_capabilities(id.as_str(), &config.capabilities, self.mig.allow_sys_admin)
-        {
-            state.mig.release(id.as_str());
-            state.allocator.release_all(id.as_str());
-            return Err(mig_err(e));
+        if !taken.1.is_empty() {
+            check_capabilities(id.as_str(), &config.capabilities, self.mig.allow_sys_admin)
+                .map_err(mig_err)?;
         }
         Ok(taken)
     }
@@ -179,20 +181,6 @@ impl Isolator {
         })
     }
 
-    /// What the MIG devices `uuids` just taken for `id` need; when that cannot be told,
-    /// everything `id` took is given back.
-    pub(crate) fn mig_accesses_or_release(
-        &self,
-        state: &mut State,
-        id: &ContainerId,
-        uuids: &[String],
-    ) -> Result<Vec<MigAccess>, LifecycleError> {
-        self.mig_accesses(id, uuids).inspect_err(|_| {
-            state.mig.release(id.as_str());
-            state.allocator.release_all(id.as_str());
-        })
-    }
-
     /// What the MIG devices `uuids` need in a container.
     pub(crate) fn mig_accesses(
         &self,
@@ -220,95 +208,5 @@ impl Isolator {
                 })
             })
             .collect()
-    }
-
-    /// `rules` (a whole-GPU allow list) with what `accesses` need added.
-    pub(crate) fn with_mig_rules(
-        &self,
-        rules: Vec<DeviceRule>,
-        accesses: &[MigAccess],
-    ) -> Vec<DeviceRule> {
-        if accesses.is_empty() {
-            return rules;
-        }
-        let mut all = rules;
-        all.extend(mesos_gpu_grant::mig::allow_list(
-            &self.base,
-            &self.nodes,
-            accesses,
-        ));
-        normalize(&all)
-    }
-}
-
-/// Adds to `info` what a container holding `accesses` needs: `NVIDIA_VISIBLE_DEVICES` and
-/// `CUDA_VISIBLE_DEVICES` naming its whole GPUs then its MIG devices, and with an image the
-/// control nodes, each parent GPU node and capability node, and the `access` files read-only.
-pub(crate) fn add_mig(
-    info: &mut LaunchInfo,
-    accesses: &[MigAccess],
-    config: &PrepareConfig,
-    nodes: &DeviceNodes,
-) {
-    if accesses.is_empty() {
-        return;
-    }
-    let mut names: Vec<String> = info.gpus.iter().map(|g| g.uuid.clone()).collect();
-    names.extend(accesses.iter().map(|a| a.uuid.clone()));
-    let visible = names.join(",");
-    for key in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"] {
-        info.environment.retain(|(k, _)| k != key);
-        info.task_environment.retain(|(k, _)| k != key);
-    }
-    let env = if config.has_task_info {
-        &mut info.task_environment
-    } else {
-        &mut info.environment
-    };
-    env.push(("NVIDIA_VISIBLE_DEVICES".to_owned(), visible.clone()));
-    env.push(("CUDA_VISIBLE_DEVICES".to_owned(), visible));
-    let Some(rootfs) = &config.rootfs else {
-        return;
-    };
-    let mut bind = |source: &Path, target: PathBuf, read_only: bool, kind: MountKind| {
-        if !info.mounts.iter().any(|m| m.target == target) {
-            info.mounts.push(Mount {
-                source: source.to_owned(),
-                target,
-                read_only,
-                kind,
-            });
-        }
-    };
-    let in_dev = |path: &Path, dir: &str| {
-        rootfs
-            .join(dir)
-            .join(path.file_name().unwrap_or(path.as_os_str()))
-    };
-    for node in &nodes.control {
-        bind(
-            &node.path,
-            in_dev(&node.path, "dev"),
-            false,
-            MountKind::Device,
-        );
-    }
-    for access in accesses {
-        if let Some(parent) = nodes.gpus.iter().find(|g| g.node.dev == access.parent) {
-            let path = &parent.node.path;
-            bind(path, in_dev(path, "dev"), false, MountKind::Device);
-        }
-        for node in &access.cap_nodes {
-            bind(
-                node,
-                in_dev(node, "dev/nvidia-caps"),
-                false,
-                MountKind::Device,
-            );
-        }
-        for (host, container) in &access.proc_files {
-            let target = rootfs.join(container.strip_prefix("/").unwrap_or(container));
-            bind(host, target, true, MountKind::MigAccessFile);
-        }
     }
 }

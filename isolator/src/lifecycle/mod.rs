@@ -50,13 +50,14 @@ mod shared_pool;
 mod shares;
 mod state;
 mod status;
+mod taking;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
-pub use docker::{DockerReservation, DockerShare, DockerStart};
+pub use docker::{DockerReservation, DockerStart};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
@@ -68,17 +69,20 @@ pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
 use checkpoint::Store;
-use launch::{allow_list, launch_info};
+use launch::launch_info;
 pub use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::pinning::Pinner;
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
 use mesos_gpu_health::Limitations;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_grant::device_rules;
 use mesos_gpu_placement::{
     allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,
+    allocator::Resize,
 };
 use placement::PlacedCgroup;
+use taking::{Resizing, Taking};
 use state::{Container, State};
 
 /// The `gpu/nvidia` isolator. All methods take `&self` and may be called from many threads.
@@ -220,111 +224,67 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
-        let (gpus, share, mig) = if self.inventory.mig.devices.is_empty() {
-            let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
-            (gpus, share, Vec::new())
-        } else {
-            let (gpus, mig) = self.take_with_mig(&mut state, id, &config, STEP)?;
-            (gpus, None, mig)
-        };
+        let mut taking = Taking::new(&mut state, id);
+        let grant = self.take(&mut taking, id, &config, STEP)?;
         fault::point("prepare.allocated");
-        let visible = match &share {
-            Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),
-            None => gpus,
-        };
-        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
-        let rules = self.with_mig_rules(
-            allow_list(&self.base, &self.nodes, self.minors(visible)),
-            &accesses,
-        );
-        let info = launch_info(
-            &config,
-            &self.gpus_of(visible),
-            &self.nodes,
-            self.driver_volume.as_deref(),
-            rules.clone(),
-            Some(self.layout.container_dir(id)),
-        );
-        let mut info = match info {
-            Ok(info) => info,
-            Err(missing) => {
-                state.mig.release(id.as_str());
-                state.allocator.release_all(id.as_str());
-                return Err(LifecycleError::MissingNode {
-                    container: id.clone(),
-                    index: missing.index,
-                });
-            }
-        };
-        mig::add_mig(&mut info, &accesses, &config, &self.nodes);
-        if let Some(grant) = &share {
-            let launch = match self.share_launch(&state, id, grant) {
-                Ok(launch) => launch,
-                Err(e) => {
-                    state.allocator.release_all(id.as_str());
-                    return Err(e);
-                }
-            };
-            shares::add_share(
-                &mut info,
-                launch,
-                config.rootfs.as_deref(),
-                config.has_task_info,
-            );
-        }
-        state.containers.insert(
-            id.clone(),
-            Container {
-                gpus,
-                rules: rules.clone(),
-                cgroup: None,
-                share: share.clone(),
-                mig: mig.clone(),
-                mig_quarantine: Vec::new(),
-            },
-        );
-        // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
-        if let Err(e) = self.save(&state, STEP) {
-            state.containers.remove(id);
-            state.mig.release(id.as_str());
-            state.allocator.release_all(id.as_str());
-            return Err(e);
-        }
-        fault::point("prepare.checkpointed");
         let dir = self.layout.container_dir(id);
-        let placed = match self.owner {
-            CgroupOwner::Own => PlacedCgroup::create(&self.layout, id, &rules).map_err(|source| {
-                LifecycleError::Cgroup {
-                    container: id.clone(),
-                    step: STEP,
-                    source,
-                }
-            }),
-            CgroupOwner::Mesos => PlacedCgroup::join(&self.layout, id, dir, &rules, &self.base),
-        };
-        let cgroup = match placed {
+        let info = launch_info(
+            &grant,
+            &config,
+            self.driver_volume.as_deref(),
+            Some(dir.clone()),
+        )
+        .map_err(|missing| LifecycleError::MissingNode {
+            container: id.clone(),
+            index: missing.index,
+        })?;
+        taking.containers.insert(id.clone(), taking::container_of(&grant));
+        // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
+        self.save(&taking, STEP)?;
+        fault::point("prepare.checkpointed");
+        let cgroup = match self.place(id, dir, &grant.rules) {
             Ok(cgroup) => cgroup,
             Err(e) => {
-                state.containers.remove(id);
-                state.mig.release(id.as_str());
-                state.allocator.release_all(id.as_str());
+                drop(taking);
                 self.save_or_log(&state, STEP);
                 return Err(e);
             }
         };
         fault::point("prepare.cgroup_created");
-        if let Some(entry) = state.containers.get_mut(id) {
+        if let Some(entry) = taking.containers.get_mut(id) {
             entry.cgroup = Some(cgroup);
         }
-        match &share {
-            Some(grant) => {
-                tracing::info!(gpu = %grant.uuid, units = grant.units, replicas = grant.replicas, mode = %grant.mode, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container with a GPU share")
+        taking.keep();
+        match &grant.share {
+            Some(share) => {
+                let g = &share.grant;
+                tracing::info!(gpu = %g.uuid, units = g.units, replicas = g.replicas, mode = %g.mode, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container with a GPU share")
             }
             None => {
-                tracing::info!(gpus = %gpus, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container")
+                tracing::info!(gpus = ?grant.visible(), cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container")
             }
         }
         Ok(info)
+    }
+
+    /// The container's device cgroup, allowing `rules`: its own, made deny-all, or Mesos's at
+    /// `dir`, joined ([`CgroupOwner`]).
+    fn place(
+        &self,
+        id: &ContainerId,
+        dir: PathBuf,
+        rules: &[DeviceRule],
+    ) -> Result<PlacedCgroup, LifecycleError> {
+        match self.owner {
+            CgroupOwner::Own => PlacedCgroup::create(&self.layout, id, rules).map_err(|source| {
+                LifecycleError::Cgroup {
+                    container: id.clone(),
+                    step: "prepare",
+                    source,
+                }
+            }),
+            CgroupOwner::Mesos => PlacedCgroup::join(&self.layout, id, dir, rules, &self.base),
+        }
     }
 
     /// NUMA pinning, when on: narrows the prepared container's cpuset to its GPUs' local CPUs
@@ -405,18 +365,61 @@ impl Isolator {
     #[tracing::instrument(skip_all, fields(container = %id, requested = gpus))]
     pub fn update(&self, id: &ContainerId, gpus: f64) -> Result<(), LifecycleError> {
         const STEP: &str = "update";
-        let mut guard = self.lock()?;
-        let state = &mut *guard;
-        self.cgroup_of(state, id, STEP)?;
+        let mut state = self.lock()?;
+        self.cgroup_of(&state, id, STEP)?;
         if let Some(grant) = state.containers.get(id).and_then(|c| c.share.as_ref()) {
             return self.update_share(id, grant, gpus);
         }
         if let Some(entry) = state.containers.get(id).filter(|c| !c.mig.is_empty()) {
             return self.update_mig(id, entry, gpus);
         }
+        let resize = self.resize(&mut state, id, gpus, STEP)?;
+        fault::point("update.allocated");
+        let mut resizing = Resizing::new(&mut state, id, resize, STEP)?;
+        let (old_rules, new_gpus) = (resizing.old_rules().to_vec(), resizing.new_gpus());
+        let new_rules = device_rules(&self.nodes, &self.base, &self.minors(new_gpus), &[]);
+        if resize.released.is_empty() {
+            // Grow (or no change): checkpoint first, then grant.
+            resizing.set(new_gpus, &new_rules);
+            self.save(&resizing, STEP)?;
+            fault::point("update.checkpointed");
+            if let Err(e) = self.apply_rules(&mut resizing, id, &old_rules, &new_rules) {
+                drop(resizing);
+                self.save_or_log(&state, STEP);
+                return Err(e);
+            }
+            fault::point("update.applied");
+        } else {
+            // Shrink: revoke first, then checkpoint. The lock keeps the released GPUs from being
+            // granted elsewhere until both are done.
+            self.apply_rules(&mut resizing, id, &old_rules, &new_rules)?;
+            fault::point("update.applied");
+            resizing.set(new_gpus, &new_rules);
+            if let Err(e) = self.save(&resizing, STEP) {
+                if let Err(restore) = self.apply_rules(&mut resizing, id, &new_rules, &old_rules) {
+                    tracing::error!(error = %restore, "cannot restore the device rules of a failed update");
+                }
+                return Err(e);
+            }
+            fault::point("update.checkpointed");
+        }
+        resizing.keep();
+        tracing::info!(added = %resize.added, released = %resize.released, gpus = %new_gpus, "updated container");
+        Ok(())
+    }
+
+    /// Resizes what `id` holds in the allocator to `gpus`; when too few are free, frees the
+    /// pool's dead owners and tries once more, then refuses with the pool's counts.
+    fn resize(
+        &self,
+        state: &mut State,
+        id: &ContainerId,
+        gpus: f64,
+        step: &'static str,
+    ) -> Result<Resize, LifecycleError> {
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
-            step: STEP,
+            step,
             source,
         };
         let count = state.allocator.request(gpus).map_err(alloc)?.count();
@@ -426,104 +429,43 @@ impl Isolator {
             }
             other => other,
         };
-        let resize = match resize {
+        match resize {
             Err(AllocError::NotEnough { .. }) if self.pool.is_some() => {
                 let held = state.allocator.held_by(id.as_str()).len();
-                return Err(LifecycleError::Refused {
+                Err(LifecycleError::Refused {
                     container: id.clone(),
-                    step: STEP,
+                    step,
                     shortage: self.shortage(state, count.saturating_sub(held)),
-                });
+                })
             }
-            other => other.map_err(alloc)?,
-        };
-        fault::point("update.allocated");
-        let Some(entry) = state.containers.get(id) else {
-            return Err(LifecycleError::UnknownContainer {
+            other => other.map_err(alloc),
+        }
+    }
+
+    /// Changes the rules of `id`'s cgroup from `old` to `new`, and passes the change on to its
+    /// nested containers with cgroups of their own.
+    fn apply_rules(
+        &self,
+        state: &mut State,
+        id: &ContainerId,
+        old: &[DeviceRule],
+        new: &[DeviceRule],
+    ) -> Result<(), LifecycleError> {
+        const STEP: &str = "update";
+        let Some(cgroup) = state.containers.get_mut(id).and_then(|e| e.cgroup.as_mut()) else {
+            return Err(LifecycleError::NoCgroup {
                 container: id.clone(),
                 step: STEP,
             });
         };
-        let (old_gpus, old_rules) = (entry.gpus, entry.rules.clone());
-        let new_gpus = old_gpus.union(resize.added).difference(resize.released);
-        let new_rules = allow_list(&self.base, &self.nodes, self.minors(new_gpus));
-        let undo_alloc = |state: &mut State| {
-            let undone = if resize.added.is_empty() {
-                state.allocator.recover(id.as_str(), resize.released)
-            } else {
-                state.allocator.release(id.as_str(), resize.added)
-            };
-            if let Err(e) = undone {
-                tracing::error!(error = %e, "cannot undo the allocation of a failed update");
-            }
-        };
-        let set_entry = |state: &mut State, gpus: GpuSet, rules: &[DeviceRule]| {
-            if let Some(entry) = state.containers.get_mut(id) {
-                entry.gpus = gpus;
-                entry.rules = rules.to_vec();
-            }
-        };
-        let base = &self.base;
-        let apply = |state: &mut State,
-                     old: &[DeviceRule],
-                     new: &[DeviceRule]|
-         -> Result<(), LifecycleError> {
-            let applied = match state.containers.get_mut(id).and_then(|e| e.cgroup.as_mut()) {
-                Some(cgroup) => {
-                    cgroup
-                        .apply(old, new, base)
-                        .map_err(|source| LifecycleError::Cgroup {
-                            container: id.clone(),
-                            step: STEP,
-                            source,
-                        })
-                }
-                None => Err(LifecycleError::NoCgroup {
-                    container: id.clone(),
-                    step: STEP,
-                }),
-            };
-            if applied.is_ok() {
-                nested::regrant_nested(&self.layout, state, id, old, new, base);
-            }
-            applied
-        };
-        if resize.released.is_empty() {
-            // Grow (or no change): checkpoint first, then grant.
-            set_entry(state, new_gpus, &new_rules);
-            if let Err(e) = self.save(state, STEP) {
-                set_entry(state, old_gpus, &old_rules);
-                undo_alloc(state);
-                return Err(e);
-            }
-            fault::point("update.checkpointed");
-            if let Err(e) = apply(state, &old_rules, &new_rules) {
-                set_entry(state, old_gpus, &old_rules);
-                undo_alloc(state);
-                self.save_or_log(state, STEP);
-                return Err(e);
-            }
-            fault::point("update.applied");
-        } else {
-            // Shrink: revoke first, then checkpoint. The lock keeps the released GPUs from being
-            // granted elsewhere until both are done.
-            if let Err(e) = apply(state, &old_rules, &new_rules) {
-                undo_alloc(state);
-                return Err(e);
-            }
-            fault::point("update.applied");
-            set_entry(state, new_gpus, &new_rules);
-            if let Err(e) = self.save(state, STEP) {
-                if let Err(restore) = apply(state, &new_rules, &old_rules) {
-                    tracing::error!(error = %restore, "cannot restore the device rules of a failed update");
-                }
-                set_entry(state, old_gpus, &old_rules);
-                undo_alloc(state);
-                return Err(e);
-            }
-            fault::point("update.checkpointed");
-        }
-        tracing::info!(added = %resize.added, released = %resize.released, gpus = %new_gpus, "updated container");
+        cgroup
+            .apply(old, new, &self.base)
+            .map_err(|source| LifecycleError::Cgroup {
+                container: id.clone(),
+                step: STEP,
+                source,
+            })?;
+        nested::regrant_nested(&self.layout, state, id, old, new, &self.base);
         Ok(())
     }
 
@@ -587,9 +529,7 @@ impl Isolator {
             }
         }
         fault::point("cleanup.cgroup_removed");
-        let released = state.allocator.release_all(id.as_str());
-        let released_mig = state.mig.release(id.as_str());
-        state.containers.remove(id);
+        let (released, released_mig) = state.forget(id);
         let children: Vec<ContainerId> = state
             .nested
             .iter()

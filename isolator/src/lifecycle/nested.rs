@@ -11,6 +11,7 @@ use super::state::State;
 use super::{CgroupOwner, ContainerId, Isolator, LaunchInfo, LifecycleError, PrepareConfig};
 use super::{RecoverState, launch_info};
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
+use mesos_gpu_grant::Grant;
 
 impl Isolator {
     /// Prepares a nested container: its launch info from its ancestor's GPUs, and, when Mesos
@@ -35,19 +36,23 @@ impl Isolator {
             .clone()
             .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
         let accesses = self.mig_accesses(id, &entry.mig)?;
-        let mut info = launch_info(
-            config,
-            &self.gpus_of(entry.visible()),
+        let grant = Grant::new(
             &self.nodes,
-            self.driver_volume.as_deref(),
-            entry.rules.clone(),
-            cgroup,
+            &self.base,
+            self.gpus_of(entry.visible()),
+            accesses,
+            None,
         )
-        .map_err(|m| LifecycleError::MissingNode {
+        .map_err(|source| LifecycleError::Grant {
             container: id.clone(),
-            index: m.index,
+            source,
         })?;
-        super::mig::add_mig(&mut info, &accesses, config, &self.nodes);
+        let info = launch_info(&grant, config, self.driver_volume.as_deref(), cgroup).map_err(
+            |m| LifecycleError::MissingNode {
+                container: id.clone(),
+                index: m.index,
+            },
+        )?;
         if let Some(dir) = own_dir {
             let rules = entry.rules.clone();
             if let Some(top) = entry.cgroup.as_ref().map(|c| c.path().to_owned()) {

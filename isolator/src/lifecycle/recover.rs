@@ -28,9 +28,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use mesos_gpu_os::error_chain;
 
 use super::checkpoint::{Checkpoint, ContainerRecord};
-use super::launch::{allow_list, allowed_minors};
+use super::launch::allowed_minors;
 use super::placement::PlacedCgroup;
 use super::state::{Container, QUARANTINE_OWNER, State};
+use mesos_gpu_grant::device_rules;
 use super::{CgroupOwner, Isolator, LifecycleError, health};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::container_id::ContainerId;
@@ -681,13 +682,7 @@ impl Isolator {
 
     /// The whole allow list of a container holding `gpus`.
     fn rules_of(&self, gpus: GpuSet) -> Vec<DeviceRule> {
-        let minors = self
-            .inventory
-            .gpus
-            .iter()
-            .filter(|g| gpus.contains(g.index))
-            .map(|g| g.minor);
-        allow_list(&self.base, &self.nodes, minors)
+        device_rules(&self.nodes, &self.base, &self.minors(gpus), &[])
     }
 
     /// The GPUs a cgroup without a checkpoint entry may reach: v1 from `devices.list`; v2, whose
@@ -775,7 +770,7 @@ impl Isolator {
             }
             // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices': add them.
             let rules = match self.mig_accesses(&id, &mig) {
-                Ok(accesses) => self.with_mig_rules(f.rules, &accesses),
+                Ok(accesses) => device_rules(&self.nodes, &f.rules, &[], &accesses),
                 Err(e) => {
                     tracing::error!(container = %id, error = %e, "cannot tell what the container's MIG devices need");
                     f.rules

@@ -16,11 +16,10 @@
 //! limits; a container with an image also gets the pipe directory bind-mounted at the same path
 //! and the daemon's shared memory (the host's `/dev/shm`) at `/dev/shm`.
 
-use std::path::Path;
 use std::sync::Mutex;
 
-use super::launch::{LaunchInfo, Mount, MountKind};
 use super::{ContainerId, Isolator, LifecycleError};
+use mesos_gpu_grant::ShareAccess;
 use mesos_gpu_enforce::{
     mps::MpsConfig, mps::MpsDaemon, mps::MpsDaemons, mps::MpsError, mps::Restart,
 };
@@ -31,8 +30,6 @@ use mesos_gpu_placement::{
 };
 use mesos_gpu_pool::{Liveness, PoolState};
 
-/// Where MPS clients find the daemon's shared memory.
-const SHM: &str = "/dev/shm";
 
 /// How a node shares GPUs.
 #[derive(Debug, Clone)]
@@ -299,12 +296,12 @@ impl Isolator {
 
     /// What a holder of `grant` is launched with: the share's variables, and under `mps` the
     /// daemon of its GPU (made sure of) and the client environment for its limits.
-    pub(crate) fn share_launch(
+    pub(crate) fn share_access(
         &self,
         state: &super::state::State,
         id: &ContainerId,
         grant: &ShareGrant,
-    ) -> Result<ShareLaunch, LifecycleError> {
+    ) -> Result<ShareAccess, LifecycleError> {
         let mut slot = state.tx.borrow_mut();
         let (Some(sharing), Some(tx)) = (&self.sharing, slot.as_mut()) else {
             return Err(LifecycleError::SharingSetup {
@@ -323,52 +320,12 @@ impl Isolator {
         if let Some(d) = &daemon {
             env.extend(d.client_env(&grant.limits));
         }
-        Ok(ShareLaunch { env, daemon })
+        Ok(ShareAccess {
+            grant: grant.clone(),
+            env,
+            mps_pipe: daemon.map(|d| d.pipe_dir),
+        })
     }
-}
-
-/// What a share adds to a container's launch.
-pub(crate) struct ShareLaunch {
-    /// `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under `mps`, the client variables.
-    env: Vec<(String, String)>,
-    /// The GPU's MPS daemon, under `mps`.
-    daemon: Option<MpsDaemon>,
-}
-
-/// Adds a share's environment and, for a container with an image under `mps`, the pipe
-/// directory (same path) and the daemon's shared memory at `/dev/shm`.
-pub(crate) fn add_share(
-    info: &mut LaunchInfo,
-    share: ShareLaunch,
-    rootfs: Option<&Path>,
-    has_task_info: bool,
-) {
-    let target = if has_task_info {
-        &mut info.task_environment
-    } else {
-        &mut info.environment
-    };
-    target.extend(share.env);
-    let (Some(daemon), Some(rootfs)) = (share.daemon, rootfs) else {
-        return;
-    };
-    info.mounts.push(Mount {
-        source: daemon.pipe_dir.clone(),
-        target: rootfs.join(
-            daemon
-                .pipe_dir
-                .strip_prefix("/")
-                .unwrap_or(&daemon.pipe_dir),
-        ),
-        read_only: false,
-        kind: MountKind::Mps,
-    });
-    info.mounts.push(Mount {
-        source: SHM.into(),
-        target: rootfs.join("dev/shm"),
-        read_only: false,
-        kind: MountKind::Mps,
-    });
 }
 
 impl Isolator {
@@ -488,14 +445,3 @@ impl Isolator {
     }
 }
 
-impl ShareLaunch {
-    /// The same for a Docker container: its `-e` variables and, under `mps`, the pipe
-    /// directory to bind (with the host's `/dev/shm`).
-    pub(crate) fn into_docker(self, grant: ShareGrant) -> super::DockerShare {
-        super::DockerShare {
-            grant,
-            env: self.env,
-            pipe_dir: self.daemon.map(|d| d.pipe_dir),
-        }
-    }
-}

@@ -110,6 +110,19 @@ impl State {
             && self.nested.is_empty()
     }
 
+    /// Forgets container `id` (Mesos or Docker): its entries, and the GPUs and MIG devices it
+    /// holds go back to the allocator; returns those. Its claims on quarantined GPUs and its
+    /// nested containers are the caller's (`cleanup`).
+    pub(crate) fn forget(&mut self, id: &ContainerId) -> (GpuSet, Vec<String>) {
+        self.containers.remove(id);
+        self.docker.remove(id);
+        self.docker_shares.remove(id);
+        self.docker_mig.remove(id);
+        self.docker_starts.remove(id);
+        let mig = self.mig.release(id.as_str());
+        (self.allocator.release_all(id.as_str()), mig)
+    }
+
     /// Drops `id`'s claims on quarantined GPUs and frees those nobody else claims.
     pub(crate) fn release_quarantine(&mut self, id: &ContainerId) -> GpuSet {
         let mut freed = Vec::new();

@@ -80,6 +80,19 @@ pub enum MigError {
         /// How many were asked for.
         requested: u32,
     },
+    /// A kind of MIG device this node does not have at all.
+    #[error(
+        "{owner} asks for MIG devices of profile {profile}: no such profile on this node \
+         (profiles on this node: {known})"
+    )]
+    NoSuchProfile {
+        /// Who asked.
+        owner: String,
+        /// The kind asked for.
+        profile: String,
+        /// The kinds the node has, labelled (or `none`).
+        known: String,
+    },
     /// Fewer free, healthy, isolatable MIG devices of the kind asked for than requested.
     #[error("cannot allocate {requested} MIG devices{} to {owner}: {free} free", profile.as_ref().map_or_else(String::new, |p| format!(" of profile {p}")))]
     NotEnough {

@@ -109,6 +109,15 @@ impl MigUnits {
                 requested: count,
             });
         }
+        if let Some(kind) = kind
+            && !self.units.iter().any(|u| u.kind == Some(kind))
+        {
+            return Err(MigError::NoSuchProfile {
+                owner: owner.to_owned(),
+                profile: kind.to_string(),
+                known: self.kinds(),
+            });
+        }
         let picked: Vec<usize> = (0..self.units.len())
             .filter(|&i| Self::usable(&self.units[i], kind))
             .take(count as usize)
@@ -128,6 +137,21 @@ impl MigUnits {
                 self.units[i].uuid.clone()
             })
             .collect())
+    }
+
+    /// The kinds of MIG device this node has, labelled, for a refusal.
+    fn kinds(&self) -> String {
+        let mut kinds: Vec<MigKind> = self.units.iter().filter_map(|u| u.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        if kinds.is_empty() {
+            return "none".to_owned();
+        }
+        kinds
+            .into_iter()
+            .map(|k| self.kind_label(k))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn kind_label(&self, kind: MigKind) -> String {
@@ -352,6 +376,20 @@ mod tests {
             ["MIG-4-3"]
         );
         assert_eq!(units.state("MIG-4-3"), Some(UnitState::Held("t9".into())));
+    }
+
+    #[test]
+    fn a_profile_the_node_does_not_have_is_named_with_the_ones_it_has() {
+        let mut units = MigUnits::new(&mixed(), false);
+        let err = units
+            .allocate("t1", 1, Some(MigKind::whole(99)))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t1 asks for MIG devices of profile id 99: no such profile on this node (profiles on \
+             this node: 3g.20gb (id 9), 2g.10gb (id 14), 1g.5gb (id 19))"
+        );
+        assert!(matches!(err, MigError::NoSuchProfile { .. }));
     }
 
     /// H100: a 3g.40gb GPU instance (profile 9) split in three 1-slice compute instances gives

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_docker::args::{DriverSpec, HostDevices};
+use mesos_gpu_docker::args::DriverSpec;
 use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
 use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::{lifecycle::ContainerId, lifecycle::Isolator};
@@ -69,7 +69,6 @@ impl LiveDocker {
     /// Connects to the daemon; `Ok(None)` (with the reason) when none answers.
     pub(crate) fn connect(
         isolator: Arc<Isolator>,
-        host: HostDevices,
         driver: Option<DriverSpec>,
         gpus: Vec<Gpu>,
         image: &str,
@@ -94,7 +93,7 @@ impl LiveDocker {
         };
         Ok(Ok(LiveDocker {
             runtime,
-            bridge: DockerBridge::new(isolator, client, host, driver, gpus),
+            bridge: DockerBridge::new(isolator, client, driver, gpus),
             image: image.to_owned(),
             built,
             seq: 0,

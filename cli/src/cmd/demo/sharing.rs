@@ -4,7 +4,7 @@
 //! shares ([`SharingPlan::takes_as_share`]), where a share goes ([`ShareBook::place`], packed),
 //! whole GPUs for the rest and for shares no shared GPU has room for (the allocator over the
 //! whole GPUs, as the lifecycle does), each holder's limits ([`ShareLimits`]) and what it is
-//! launched with (its device rules from [`plan_launch`], [`ShareGrant::env`] and, under `mps`,
+//! launched with (its device rules from its [`Grant`], [`ShareGrant::env`] and, under `mps`,
 //! [`client_env`] with the daemon's pipe directory). DOCKER apps are refused: Mesos's Docker
 //! containerizer cannot run on an agent that offers shares (see the operator guide). The same stream on the same node without sharing is counted for
 //! comparison. Nothing is started: no cgroup, no MPS daemon.
@@ -14,9 +14,8 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_enforce::{mps::MpsConfig, mps::client_env};
-use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::PrepareConfig, lifecycle::plan_launch,
-};
+use mesos_gpu_grant::Grant;
+use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
@@ -225,23 +224,18 @@ fn serve(
                     .cloned()
                     .into_iter()
                     .collect();
-                let config = PrepareConfig {
-                    gpus,
-                    has_task_info: true,
-                    ..PrepareConfig::default()
-                };
                 let mut environment = grant.env();
                 if grant.mode == SharingMode::Mps {
                     environment.extend(client_env(&mps.pipe_dir(&grant.uuid), &grant.limits));
                 }
-                let device_rules = match plan_launch(id, &config, base, nodes, &gpu, None, None) {
-                    Ok(info) => info
-                        .device_rules
+                let device_rules = match Grant::new(nodes, base, gpu, vec![], None) {
+                    Ok(grant) => grant
+                        .rules
                         .iter()
                         .filter(|r| !base.contains(r))
                         .map(ToString::to_string)
                         .collect(),
-                    Err(e) => vec![format!("(no launch plan: {e})")],
+                    Err(e) => vec![format!("(no grant: {e})")],
                 };
                 return Got::Share {
                     gpu: grant.index,

@@ -1,0 +1,169 @@
+//! What the Docker side of the CLI shares (`docker-args`, `docker-wrapper`, `run`, `serve`):
+//! the node's GPU pool opened for Docker containers ([`open_pool`]), the node's device nodes
+//! ([`device_nodes`]), the driver volume offered to images ([`driver_spec`]) and container ids.
+//!
+//! The Docker containers' own record is checkpointed in `--work-dir` (default
+//! [`DEFAULT_WORK_DIR`]), locked only for the duration of one call; a concurrent call waits up
+//! to [`LOCK_WAIT`] for it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mesos_gpu_docker::args::{DEFAULT_PLUGIN_NAME, DriverSpec, VolumeSource};
+use mesos_gpu_docker::bridge::DockerBridge;
+use mesos_gpu_docker::client::mesos_container_id;
+use mesos_gpu_docker::daemons::EngineDaemons;
+use mesos_gpu_isolator::agent_flags::MigStrategy;
+use mesos_gpu_isolator::lifecycle::{
+    CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError, MigConfig, PoolConfig,
+    PoolRole, SharingConfig,
+};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_volume::VolumeManager;
+
+use crate::ctx::Ctx;
+
+/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
+pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
+/// The default Docker daemon socket.
+pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+/// How long a call waits for another user of the work directory to finish.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// The kernel's fresh random UUID on each read (random(4)).
+const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
+
+/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
+/// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
+/// directory. Drop it to let others in.
+pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
+    // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
+    // devices.
+    let whole = MigConfig {
+        strategy: MigStrategy::Mixed,
+        ..MigConfig::default()
+    };
+    open_pool_sharing(ctx, args, None, whole)
+}
+
+/// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
+/// share of one GPU.
+pub(crate) fn open_pool_sharing(
+    ctx: &Ctx,
+    args: &super::DockerPoolArgs,
+    sharing: Option<SharingConfig>,
+    mut mig: MigConfig,
+) -> anyhow::Result<Isolator> {
+    mig.dev_root = ctx
+        .dev_root()
+        .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
+    mig.proc_root = ctx.proc_root()?;
+    let work_dir = &args.work_dir;
+    let inventory = ctx.inventory()?.clone();
+    let nodes = device_nodes(ctx)?;
+    let deadline = Instant::now() + LOCK_WAIT;
+    let mut isolator = loop {
+        let mut config = IsolatorConfig::new(work_dir);
+        config.pool = Some(PoolConfig {
+            dir: args.pool.pool_dir.clone(),
+            role: PoolRole::Docker,
+        });
+        config.sharing.clone_from(&sharing);
+        config.mig = mig.clone();
+        match Isolator::new(config, inventory.clone(), nodes.clone()) {
+            Err(LifecycleError::Checkpoint {
+                source: CheckpointError::Locked { .. },
+                ..
+            }) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            other => {
+                break other.with_context(|| {
+                    format!("cannot open the GPU pool in {}", work_dir.display())
+                })?;
+            }
+        }
+    };
+    // Docker owners are checked against the daemon that runs them.
+    isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
+    let report = isolator
+        .recover(&[], &[])
+        .context("cannot recover the GPU pool from its checkpoint")?;
+    for issue in &report.issues {
+        tracing::debug!(?issue, "pool entry kept reserved");
+    }
+    Ok(isolator)
+}
+
+/// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
+pub(crate) fn daemon_endpoint(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
+}
+
+/// A new container id: a random UUID from the kernel.
+pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
+    let text = std::fs::read_to_string(UUID_SOURCE)
+        .with_context(|| format!("cannot read a UUID from {UUID_SOURCE}"))?;
+    Ok(ContainerId::new(text.trim())?)
+}
+
+/// `id` checked as a container id the bridge can recover (a UUID).
+pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
+    let parsed = ContainerId::new(id)?;
+    anyhow::ensure!(
+        mesos_container_id(&DockerBridge::docker_name(&parsed)).is_some(),
+        "container id {id:?}: expected a UUID such as 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11"
+    );
+    Ok(parsed)
+}
+
+/// The driver volume offered to images that ask for it: the plugin's named volume, or a bind
+/// of the built volume directory (which must exist when `needed`, or Docker would bind an empty
+/// directory it creates).
+pub(crate) fn driver_spec(
+    ctx: &Ctx,
+    choice: &super::DriverVolumeArgs,
+    needed: bool,
+) -> anyhow::Result<Option<DriverSpec>> {
+    let Some(info) = ctx.inventory()?.driver.as_ref() else {
+        return Ok(None);
+    };
+    let volume = if choice.plugin {
+        VolumeSource::Plugin {
+            plugin: DEFAULT_PLUGIN_NAME.to_owned(),
+        }
+    } else {
+        let version = info
+            .version
+            .parse()
+            .with_context(|| format!("driver version {:?}", info.version))?;
+        let path = VolumeManager::at(&choice.root.volume_root).volume_path(&version);
+        anyhow::ensure!(
+            !needed || path.is_dir(),
+            "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",
+            path.display()
+        );
+        VolumeSource::Bind { host_path: path }
+    };
+    Ok(Some(DriverSpec {
+        info: info.clone(),
+        volume,
+    }))
+}
+
+/// The node's device nodes: scanned under the device root, or on a simulated node without
+/// device nodes named under `/dev`, unchecked (for Docker, which reads the numbers itself).
+pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
+    let inventory = ctx.inventory()?;
+    match ctx.dev_root() {
+        Some(root) => DeviceNodes::scan(root, inventory).with_context(|| {
+            format!("reading the NVIDIA device nodes under {}", root.display())
+        }),
+        None => {
+            tracing::warn!(
+                "simulated node without --dev-root: device paths are /dev/nvidia* and unchecked"
+            );
+            Ok(DeviceNodes::named(Path::new("/dev"), inventory))
+        }
+    }
+}
+

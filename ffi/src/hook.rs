@@ -1,0 +1,188 @@
+//! The agent's Docker hook, decided here: which `docker-args` command line a Docker task runs,
+//! read from its resources, so the C++ hook parses nothing and only runs the command.
+//!
+//! The operator gives the command as the hook's module parameter `docker_args` (e.g.
+//! `/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu`, split on spaces, as Mesos's
+//! `strings::tokenize` splits it). For a task asking for `gpus` or `mig-<profile>` scalars (the
+//! MIG devices an agent offers with the mixed strategy), the hook runs it with `--gpus=N`, one
+//! `--mig=mig-<profile>:N` per MIG scalar (a whole number), `--cpus=C` (its `cpus`, when the
+//! command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
+//! for), `--container-id=<id>` (the Mesos id in `mesos-<id>`), `--json` and, with an image,
+//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and renders the task's
+//! grant as every Docker path does. A task asking for neither gets no command: the hook runs
+//! nothing. Its release runs the same command with `--release=<id>`.
+
+use crate::convert;
+use crate::proto::mesos::ContainerId;
+use crate::proto::mesos::slave::ContainerConfig;
+use crate::status::FfiError;
+
+/// The scalar resources of MIG devices (`mesos-gpu agent-flags --mig-strategy mixed`).
+const MIG_PREFIX: &str = mesos_gpu_isolator::agent_flags::MIG_RESOURCE_PREFIX;
+/// Docker containerizer containers are named this prefix and the Mesos container id.
+const NAME_PREFIX: &str = "mesos-";
+
+/// The operator's command, split on spaces; refused when empty.
+fn command(line: &str) -> Result<Vec<String>, FfiError> {
+    let argv: Vec<String> = line.split(' ').filter(|w| !w.is_empty()).map(str::to_owned).collect();
+    if argv.is_empty() {
+        return Err(FfiError::HookCommand);
+    }
+    Ok(argv)
+}
+
+/// The command the hook runs for the Docker task of container `name` (`mesos-<id>`) with
+/// `config` (its resources and container info), or `None` when it asks for no GPU.
+pub(crate) fn launch_argv(
+    line: &str,
+    config: &ContainerConfig,
+    name: &str,
+) -> Result<Option<Vec<String>>, FfiError> {
+    let id = name
+        .strip_prefix(NAME_PREFIX)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| FfiError::HookContainerName {
+            name: name.to_owned(),
+        })?;
+    let cid = ContainerId {
+        value: id.to_owned(),
+        parent: None,
+    };
+    let gpus = convert::requested_gpus(&cid, &config.resources)?;
+    let mut mig = Vec::new();
+    for (resource, count) in convert::requested_scalars(&config.resources, MIG_PREFIX) {
+        if count <= 0.0 {
+            continue;
+        }
+        if count.fract() != 0.0 || count > f64::from(u32::MAX) {
+            return Err(FfiError::MigCount {
+                container: id.to_owned(),
+                name: resource,
+                got: count,
+            });
+        }
+        mig.push(format!("--mig={resource}:{count}"));
+    }
+    if gpus <= 0.0 && mig.is_empty() {
+        return Ok(None);
+    }
+    let mut argv = command(line)?;
+    argv.push(format!("--gpus={gpus}"));
+    argv.extend(mig);
+    if argv.iter().any(|a| a == "--numa-pinning")
+        && let Some(cpus) = convert::requested_cpus(&config.resources)
+    {
+        argv.push(format!("--cpus={cpus}"));
+    }
+    argv.push(format!("--container-id={id}"));
+    argv.push("--json".to_owned());
+    let image = config
+        .container_info
+        .as_ref()
+        .and_then(|c| c.docker.as_ref())
+        .map(|d| d.image.as_str())
+        .filter(|i| !i.is_empty());
+    if let Some(image) = image {
+        argv.push(format!("--image={image}"));
+        argv.push("--unpulled-image-ok".to_owned());
+    }
+    Ok(Some(argv))
+}
+
+/// The command that gives back the GPUs of Docker container `id`.
+pub(crate) fn release_argv(line: &str, id: &str) -> Result<Vec<String>, FfiError> {
+    let mut argv = command(line)?;
+    argv.push(format!("--release={id}"));
+    Ok(argv)
+}
+
+/// `argv` as the C side reads it: each argument NUL-terminated, back to back.
+pub(crate) fn nul_separated(argv: &[String]) -> Vec<u8> {
+    argv.iter()
+        .flat_map(|a| a.bytes().chain([0]))
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+    use crate::proto::mesos::container_info::DockerInfo;
+    use crate::proto::mesos::{ContainerInfo, Resource, value};
+
+    fn scalar(name: &str, v: f64) -> Resource {
+        Resource {
+            name: name.into(),
+            r#type: value::Type::Scalar as i32,
+            scalar: Some(value::Scalar { value: v }),
+            ..Resource::default()
+        }
+    }
+
+    fn config(resources: Vec<Resource>, image: Option<&str>) -> ContainerConfig {
+        ContainerConfig {
+            resources,
+            container_info: image.map(|i| ContainerInfo {
+                docker: Some(DockerInfo {
+                    image: i.into(),
+                    ..DockerInfo::default()
+                }),
+                ..ContainerInfo::default()
+            }),
+            ..ContainerConfig::default()
+        }
+    }
+
+    const LINE: &str = "/usr/bin/mesos-gpu  docker-args --pool-dir /p";
+
+    #[test]
+    fn a_task_with_gpus_mig_devices_and_cpus_gets_the_whole_command() {
+        let cfg = config(
+            vec![
+                scalar("gpus", 0.0),
+                scalar("mig-1g.5gb", 1.0),
+                scalar("cpus", 2.5),
+            ],
+            Some("nvidia/cuda:12.4.1-base"),
+        );
+        let line = format!("{LINE} --numa-pinning");
+        let argv = launch_argv(&line, &cfg, "mesos-abc").unwrap().unwrap();
+        assert_eq!(
+            argv,
+            [
+                "/usr/bin/mesos-gpu",
+                "docker-args",
+                "--pool-dir",
+                "/p",
+                "--numa-pinning",
+                "--gpus=0",
+                "--mig=mig-1g.5gb:1",
+                "--cpus=2.5",
+                "--container-id=abc",
+                "--json",
+                "--image=nvidia/cuda:12.4.1-base",
+                "--unpulled-image-ok"
+            ]
+        );
+        let plain = launch_argv(LINE, &config(vec![scalar("gpus", 2.0), scalar("cpus", 1.0)], None), "mesos-x")
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain[4..], ["--gpus=2", "--container-id=x", "--json"]);
+        assert_eq!(
+            nul_separated(&release_argv(LINE, "x").unwrap()),
+            b"/usr/bin/mesos-gpu\0docker-args\0--pool-dir\0/p\0--release=x\0"
+        );
+    }
+
+    #[test]
+    fn a_task_without_gpus_runs_nothing_and_bad_input_is_named() {
+        let none = config(vec![scalar("cpus", 1.0), scalar("mig-1g.5gb", 0.0)], None);
+        assert_eq!(launch_argv(LINE, &none, "mesos-a").unwrap(), None);
+        let half = config(vec![scalar("mig-1g.5gb", 0.5)], None);
+        let err = launch_argv(LINE, &half, "mesos-a").unwrap_err();
+        assert!(err.to_string().contains("mig-1g.5gb:0.5"), "{err}");
+        let err = launch_argv(LINE, &config(vec![scalar("gpus", 1.0)], None), "other").unwrap_err();
+        assert!(err.to_string().contains("'other'"), "{err}");
+        assert!(release_argv("  ", "a").is_err());
+    }
+}
