@@ -432,8 +432,13 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
             ),
         format!("{unchecked}"),
     )?;
-    check(files()? == written, "a holder that sees no GPU rewrote its records")?;
-    let err = iso.reserve_docker(&ContainerId::new("d4")?, 1.0).unwrap_err();
+    check(
+        files()? == written,
+        "a holder that sees no GPU rewrote its records",
+    )?;
+    let err = iso
+        .reserve_docker(&ContainerId::new("d4")?, 1.0)
+        .unwrap_err();
     check(
         err.to_string()
             == "cannot reserve GPUs for container d4: this process sees no GPU (NVIDIA driver not found: libnvidia-ml.so.1: cannot open): granting no GPU",
@@ -480,8 +485,14 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
         .into_iter()
         .filter(|id| held[*id].iter().any(|&i| i >= 4))
         .collect();
-    check(unseen == want, format!("unchecked {unseen:?}, expected {want:?}"))?;
-    check(files()? == written, "a holder that sees fewer GPUs rewrote its records")?;
+    check(
+        unseen == want,
+        format!("unchecked {unseen:?}, expected {want:?}"),
+    )?;
+    check(
+        files()? == written,
+        "a holder that sees fewer GPUs rewrote its records",
+    )?;
     let taken: std::collections::BTreeSet<u32> = held
         .iter()
         .filter(|(id, _)| **id != d2)
@@ -494,7 +505,9 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
         got.iter().all(|g| g.index < 4 && !taken.contains(&g.index)),
         format!("granted {got:?}; held {taken:?}"),
     )?;
-    let err = iso.reserve_docker(&ContainerId::new("d6")?, 1.0).unwrap_err();
+    let err = iso
+        .reserve_docker(&ContainerId::new("d6")?, 1.0)
+        .unwrap_err();
     check(err.is_not_enough(), format!("{err}"))?;
     iso.release_docker(&d5)?;
     drop(iso);
@@ -538,7 +551,10 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
 
     // The full view maps every record again; an older checkpoint loads as ever.
     let (iso, report) = open(&node.inventory)?;
-    check(report.unchecked.is_none(), format!("{:?}", report.unchecked))?;
+    check(
+        report.unchecked.is_none(),
+        format!("{:?}", report.unchecked),
+    )?;
     iso.release_docker(&d1)?;
     iso.release_docker(&d3)?;
     drop(iso);

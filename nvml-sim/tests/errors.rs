@@ -658,7 +658,11 @@ fn random_failures_are_seeded_and_at_the_asked_rate() {
                     lib.nvmlDeviceGetCount_v2(&mut n)
                 })
                 .collect();
-            assert_eq!(lib.nvmlShutdown(), SUCCESS, "shutdown never fails at random");
+            assert_eq!(
+                lib.nvmlShutdown(),
+                SUCCESS,
+                "shutdown never fails at random"
+            );
             codes
         }
     };

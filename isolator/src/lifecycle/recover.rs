@@ -302,7 +302,12 @@ impl Isolator {
                                 // Rules recomputed from the GPUs this process sees (Mesos's
                                 // cgroups) lack the carried GPUs' entries: keep the recorded ones.
                                 entry.rules = crate::cgroup::normalize(
-                                    &entry.rules.iter().chain(&rules).cloned().collect::<Vec<_>>(),
+                                    &entry
+                                        .rules
+                                        .iter()
+                                        .chain(&rules)
+                                        .cloned()
+                                        .collect::<Vec<_>>(),
                                 );
                             }
                             if let Some(grant) = share {
@@ -693,7 +698,9 @@ impl Isolator {
                 self.inventory
                     .gpus
                     .iter()
-                    .filter(|g| g.uuid == r.uuid.as_str() || g.index == r.index || g.minor == r.minor)
+                    .filter(|g| {
+                        g.uuid == r.uuid.as_str() || g.index == r.index || g.minor == r.minor
+                    })
                     .map(|g| g.index)
                     .filter(|&i| managed(i)),
             );

@@ -426,7 +426,9 @@ impl Isolator {
 
 /// MIG device UUIDs as records name them (NVML gives every MIG device one).
 fn named<'a>(uuids: impl Iterator<Item = &'a String>) -> Vec<GpuUuid> {
-    uuids.filter_map(|u| GpuUuid::new(u.as_str()).ok()).collect()
+    uuids
+        .filter_map(|u| GpuUuid::new(u.as_str()).ok())
+        .collect()
 }
 
 fn commit(tx: &mut Transaction) -> Result<(), pool::PoolError> {

@@ -155,10 +155,10 @@ impl State {
             .touched
             .difference(still)
             .intersection(self.allocator.held_by(QUARANTINE_OWNER));
-        if !free.is_empty() {
-            if let Err(e) = self.allocator.release(QUARANTINE_OWNER, free) {
-                tracing::error!(error = %e, gpus = %free, "quarantine bookkeeping is inconsistent");
-            }
+        if !free.is_empty()
+            && let Err(e) = self.allocator.release(QUARANTINE_OWNER, free)
+        {
+            tracing::error!(error = %e, gpus = %free, "quarantine bookkeeping is inconsistent");
         }
     }
 
@@ -177,7 +177,11 @@ impl State {
         // Entries on GPUs the allocator does not manage (kept as checkpointed) go with no more;
         // GPUs a carried record may name stay held.
         let managed = self.allocator.managed();
-        let touched: Vec<u32> = self.carried.values().flat_map(|c| c.touched.iter()).collect();
+        let touched: Vec<u32> = self
+            .carried
+            .values()
+            .flat_map(|c| c.touched.iter())
+            .collect();
         freed.retain(|&i| managed.contains(i) && !touched.contains(&i));
         let freed = GpuSet::from_indices(freed).unwrap_or_default();
         if !freed.is_empty() {

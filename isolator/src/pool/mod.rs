@@ -853,10 +853,7 @@ mod tests {
         );
         // A holder's own reservations are left to it.
         let mut state2 = state.clone();
-        state2.publish(
-            "h2",
-            vec![("dead2".into(), process(5), uuids(&["GPU-5"]))],
-        );
+        state2.publish("h2", vec![("dead2".into(), process(5), uuids(&["GPU-5"]))]);
         assert!(reconcile(&mut state2, &host, Some("h2")).freed.is_empty());
     }
 }

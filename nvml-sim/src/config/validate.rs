@@ -53,7 +53,11 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
     super::mig::check_unique_uuids(&gpus)?;
     check_pcie_tree(&gpus)?;
     let proc_devices = ProcDevices::from_spec(spec.proc_devices.as_ref());
-    let random = spec.random_failures.as_ref().map(random_failures).transpose()?;
+    let random = spec
+        .random_failures
+        .as_ref()
+        .map(random_failures)
+        .transpose()?;
 
     Ok(Node {
         driver_version: spec.driver_version,
