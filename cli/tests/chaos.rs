@@ -227,6 +227,34 @@ fn mesos_gpu(c: &Chaos) -> Command {
     cmd
 }
 
+/// Runs a reserving `docker-args` (`what`), killable; its output when it reserved. A kill is
+/// counted, and so is a refusal the node explains (a moment passes before the next try); any
+/// other failure is one of the test's.
+fn docker_args(c: &Chaos, cmd: Command, what: &str) -> Option<std::process::Output> {
+    let Some(out) = run_killable(c, cmd) else {
+        c.kills.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    if out.status.success() {
+        return Some(out);
+    }
+    refused_or_failed(c, what, &String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(20));
+    None
+}
+
+/// Counts what `what` said on failing: a refusal the node explains, or one of the test's failures.
+fn refused_or_failed(c: &Chaos, what: &str, stderr: &str) {
+    if expected_refusal(stderr) {
+        count_blind(c, stderr);
+    } else {
+        c.failures
+            .lock()
+            .unwrap()
+            .push(format!("{what} failed: {stderr}"));
+    }
+}
+
 /// Counts a refusal for want of a view of the GPUs.
 fn count_blind(c: &Chaos, stderr: &str) {
     if stderr.contains("granting no GPU") || stderr.contains("GPU discovery failed") {
@@ -315,13 +343,8 @@ fn exec_loop(c: &Chaos, seed: u64) {
                 }
                 if out.status.success() {
                     c.grants.fetch_add(1, Ordering::Relaxed);
-                } else if expected_refusal(&stderr) {
-                    count_blind(c, &stderr);
                 } else {
-                    c.failures
-                        .lock()
-                        .unwrap()
-                        .push(format!("exec failed: {stderr}"));
+                    refused_or_failed(c, "exec", &stderr);
                 }
             }
         }
@@ -344,23 +367,9 @@ fn docker_loop(c: &Chaos, seed: u64) {
         ])
         .arg("--work-dir")
         .arg(&work);
-        let Some(out) = run_killable(c, cmd) else {
-            c.kills.fetch_add(1, Ordering::Relaxed);
+        let Some(out) = docker_args(c, cmd, "docker-args") else {
             continue;
         };
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if expected_refusal(&stderr) {
-                count_blind(c, &stderr);
-            } else {
-                c.failures
-                    .lock()
-                    .unwrap()
-                    .push(format!("docker-args failed: {stderr}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
         let args: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
         let id = args
             .iter()
@@ -377,13 +386,7 @@ fn docker_loop(c: &Chaos, seed: u64) {
         c.doubles.fetch_add(d, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(rng.next() % 100));
         unmark(&held, &uuids);
-        let mut release = mesos_gpu(c);
-        release
-            .args(["docker-args", "--release", &id, "--work-dir"])
-            .arg(&work);
-        if run_killable(c, release).is_none() {
-            c.kills.fetch_add(1, Ordering::Relaxed);
-        }
+        release(c, &id, &work);
     }
 }
 
@@ -448,23 +451,9 @@ fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
         .arg(socket)
         .arg("--work-dir")
         .arg(&work);
-    let Some(out) = run_killable(c, reserve) else {
-        c.kills.fetch_add(1, Ordering::Relaxed);
+    let Some(out) = docker_args(c, reserve, "docker-args (hook)") else {
         return;
     };
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if expected_refusal(&stderr) {
-            count_blind(c, &stderr);
-        } else {
-            c.failures
-                .lock()
-                .unwrap()
-                .push(format!("docker-args (hook) failed: {stderr}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        return;
-    }
     let json = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let mut wrapper = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
     wrapper
@@ -506,10 +495,15 @@ fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
             }
         }
     }
+    release(c, &id, &work);
+}
+
+/// `docker-args --release <id>` of the records in `work`, killable.
+fn release(c: &Chaos, id: &str, work: &Path) {
     let mut release = mesos_gpu(c);
     release
-        .args(["docker-args", "--release", &id, "--work-dir"])
-        .arg(&work);
+        .args(["docker-args", "--release", id, "--work-dir"])
+        .arg(work);
     if run_killable(c, release).is_none() {
         c.kills.fetch_add(1, Ordering::Relaxed);
     }

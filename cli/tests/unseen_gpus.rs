@@ -224,6 +224,23 @@ impl Seed {
         cmd
     }
 
+    /// `cmd` as `mesos-gpu exec` of `command` (words) with one GPU, in the seed's cgroups and pool.
+    fn exec_one_gpu<'c>(&self, cmd: &'c mut Command, command: &str) -> &'c mut Command {
+        cmd.args([
+            "exec",
+            "--gpus",
+            "1",
+            "--cgroup-version",
+            "v1",
+            "--cgroups-root",
+        ])
+        .arg(format!("{}-exec", self.root))
+        .arg("--pool-dir")
+        .arg(self.pool())
+        .arg("--")
+        .args(command.split_whitespace())
+    }
+
     /// `mesos-gpu` with the full view.
     fn full_view(&self) -> Command {
         let mut cmd = self.mesos_gpu();
@@ -284,20 +301,9 @@ impl Seed {
         )?;
         drop(module);
         let mut exec = seed.full_view();
-        exec.args([
-            "exec",
-            "--gpus",
-            "1",
-            "--cgroup-version",
-            "v1",
-            "--cgroups-root",
-        ])
-        .arg(format!("{}-exec", seed.root))
-        .arg("--pool-dir")
-        .arg(seed.pool())
-        .args(["--", "sleep", "600"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        seed.exec_one_gpu(&mut exec, "sleep 600")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         seed.exec = Some(exec.spawn()?);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !seed
@@ -459,20 +465,7 @@ fn cell(cmd: Cmd, view: View) -> TestResult {
     let mut own: Option<&str> = None;
     match cmd {
         Cmd::Exec => {
-            let out = nvml
-                .args([
-                    "exec",
-                    "--gpus",
-                    "1",
-                    "--cgroup-version",
-                    "v1",
-                    "--cgroups-root",
-                ])
-                .arg(format!("{}-exec", seed.root))
-                .arg("--pool-dir")
-                .arg(seed.pool())
-                .args(["--", "true"])
-                .output()?;
+            let out = seed.exec_one_gpu(&mut nvml, "true").output()?;
             expect_refusal_unless_partial(view, &out)?;
         }
         Cmd::Run => {
