@@ -1986,11 +1986,16 @@ fn shipped_wrapper(exe: &Path, docker: &Path, pool: &Path, work: &Path) -> TestR
         .replace("/usr/bin/docker ", &format!("{} ", docker.display()))
         .replace("/var/lib/mesos-gpu ", &format!("{} ", pool.display()))
         .replace("/var/run/mesos-gpu ", &format!("{} ", work.display()));
+    // What it runs (its comments aside) names this build's paths, and no NVML or device root.
+    let command: String = script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
     check(
-        script.contains(&exe.display().to_string())
-            && script.contains(&work.display().to_string())
-            && !script.contains("--nvml-lib")
-            && !script.contains("--dev-root"),
+        command.contains(&exe.display().to_string())
+            && command.contains(&work.display().to_string())
+            && !command.contains("--nvml-lib")
+            && !command.contains("--dev-root"),
         format!("the shipped wrapper is not as this trial expects:\n{script}"),
     )?;
     Ok(script)
@@ -2388,7 +2393,7 @@ fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
 /// Issue 24: an agent whose module and Docker hook load NVML through `--nvml-lib` (the module's
 /// `nvml_lib`), and whose `--docker` program is the shipped wrapper, which names no NVML library
 /// (the Docker executor's environment has no `LD_LIBRARY_PATH` either, so it sees no GPU): two
-/// `gpus:4` Docker tasks launched a second apart get disjoint GPUs (what each container could
+/// `gpus:4` Docker tasks, the second launched once the first runs, get disjoint GPUs (what each container could
 /// open, and `docker inspect`'s `.HostConfig.Devices`), and while both run the pool keeps both
 /// reservations, four real UUIDs each.
 fn v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper() -> TestResult {
@@ -2400,7 +2405,9 @@ fn v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper() -> TestResult
     let mut d = DockerCluster::start_with(None, AgentCgroups::V1, &setup, None)?;
     let image = d.image(false)?;
     let first = d.launch("dfirst", &image, 4, true)?;
-    std::thread::sleep(Duration::from_secs(1));
+    // The second is launched once the first runs, so the first's wrapper has opened the pool
+    // (where a wrapper that sees no GPU used to drop or blank the first's reservation).
+    d.c.agent.wait_stdout("dfirst", "waiting", TASK_TIMEOUT)?;
     let second = d.launch("dsecond", &image, 4, true)?;
     let mut held = Vec::new();
     for name in ["dfirst", "dsecond"] {
