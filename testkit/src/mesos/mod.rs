@@ -25,8 +25,10 @@
 //!   `--agent_subsystems=` (no controller).
 
 mod agent;
+pub mod framework;
 mod master;
 mod module;
+mod private_host;
 mod probe;
 mod task;
 
@@ -38,7 +40,8 @@ use std::time::{Duration, Instant};
 
 pub use agent::{Agent, AgentCgroups, AgentSpec};
 pub use master::{Master, http_get, http_post_json};
-pub use module::build_module;
+pub use module::{DOCKER_HOOK_MODULE, ISOLATOR_MODULE, build_module, modules_json};
+pub use private_host::{DevNode, PrivateHost};
 pub use probe::{DevNodes, ProbeReport, build_probe};
 pub use task::Task;
 
