@@ -31,7 +31,8 @@
 //!    as soon as the agent re-registered;
 //! 5. a Docker-containerizer task with `gpus:1` (agents with `--containerizers=docker,mesos`).
 //!
-//! Run: `cargo bench -p mesos-gpu-ffi --bench gpu_nvidia_vs_module -- [--reps N] [--seed S]`
+//! Run: `cargo bench -p mesos-gpu-ffi --bench gpu_nvidia_vs_module -- [--reps N] [--seed S]
+//! [--only latency|stream|restart|docker]`
 //! (root, cgroup v1, dockerd, the Mesos in `../shared/mesos`, pymesos; the Docker section also
 //! needs `cargo build -p mesos-gpu` for the module's Docker wrapper).
 
@@ -67,14 +68,16 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 fn main() -> ExitCode {
     let mut reps = 15usize;
     let mut seed = 27u64;
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--reps" => reps = args.next().and_then(|v| v.parse().ok()).unwrap_or(reps),
             "--seed" => seed = args.next().and_then(|v| v.parse().ok()).unwrap_or(seed),
+            "--only" => only = args.next(),
             "--bench" => {}
             other => {
-                eprintln!("gpu_nvidia_vs_module: unknown argument {other:?}: expected --reps N, --seed S");
+                eprintln!("gpu_nvidia_vs_module: unknown argument {other:?}: expected --reps N, --seed S, --only latency|stream|restart|docker");
                 return ExitCode::from(2);
             }
         }
@@ -86,7 +89,7 @@ fn main() -> ExitCode {
         eprintln!("gpu_nvidia_vs_module: cannot run here: {why}");
         return ExitCode::SUCCESS;
     }
-    match run(reps, seed) {
+    match run(reps, seed, only.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpu_nvidia_vs_module: {e}");
@@ -279,7 +282,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn run(reps: usize, seed: u64) -> TestResult {
+fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
+    let wanted = |section: &str| only.is_none_or(|o| o == section);
     let started = Instant::now();
     let install = MesosInstall::locate()?;
     let master = Master::start(&install)?;
@@ -303,23 +307,31 @@ fn run(reps: usize, seed: u64) -> TestResult {
     let mut fw = Framework::start(&master, &FrameworkSpec::gpu("gpu-nvidia-vs-module"))?;
     let inventory = sides[1].sim.inventory()?;
 
-    latency_and_matrix(&mut out, &mut fw, &sides, &probe, reps)?;
+    if wanted("latency") {
+        latency_and_matrix(&mut out, &mut fw, &sides, &probe, reps)?;
+    }
     println!("{out}");
-    let mut part = String::new();
-    stream(&mut part, &mut fw, &sides, &probe, &inventory, seed)?;
-    println!("{part}");
-    out.push_str(&part);
+    if wanted("stream") {
+        let mut part = String::new();
+        stream(&mut part, &mut fw, &sides, &probe, &inventory, seed)?;
+        println!("{part}");
+        out.push_str(&part);
+    }
     drop(fw);
     let mut sides = sides;
-    let mut part = String::new();
-    restart(&mut part, &master, &mut sides, &probe)?;
-    println!("{part}");
-    out.push_str(&part);
+    if wanted("restart") {
+        let mut part = String::new();
+        restart(&mut part, &master, &mut sides, &probe)?;
+        println!("{part}");
+        out.push_str(&part);
+    }
     drop(sides);
-    let mut part = String::new();
-    docker(&mut part, &install, &master, &probe)?;
-    println!("{part}");
-    out.push_str(&part);
+    if wanted("docker") {
+        let mut part = String::new();
+        docker(&mut part, &install, &master, &probe)?;
+        println!("{part}");
+        out.push_str(&part);
+    }
     let _ = writeln!(out, "\nWhole run: {:.0?}.", started.elapsed());
     println!("\n----- the whole report -----\n{out}");
     Ok(())
@@ -590,61 +602,65 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
     let _ = writeln!(
         out,
         "\n## 4. Agent SIGKILL + restart with tasks running\n\n\
-         `keep` (`gpus:2`, a checkpointing framework) and `orphan` (`gpus:2`, a framework that \
-         does not checkpoint, so the restarted agent does not recover its executor and destroys \
-         its container as an orphan) run; the agent is SIGKILLed and restarted; a `gpus:6` task \
-         (`new`) is launched as soon as the agent re-registered. `orphan` prints `alive \
-         <uptime>` every 50 ms until it dies; `new` prints its uptime before it probes.\n\n\
-         | isolator | keep's GPUs before → after | orphan's GPUs | orphan last alive | new started | new's GPUs | new ∩ keep | new ∩ orphan while orphan alive |\n\
+         Two checkpointed `gpus:2` tasks run: `keep`, and `orphan`, whose executor's checkpoint \
+         (`<work_dir>/meta/…/executors/orphan`) is removed while the agent is down, so that the \
+         restarted agent does not know it and its containerizer finds the container as an \
+         orphan (destroyed after recovery). The agent is SIGKILLed and restarted; a `gpus:6` \
+         task (`new`) is launched as soon as it re-registered: only the orphan's GPUs and four \
+         free ones can serve it. `orphan` prints `alive <uptime>` every 50 ms until it dies; \
+         `new` prints its uptime before it probes.\n\n\
+         | isolator | keep's GPUs before → after | orphan's GPUs | orphan's last heartbeat | new started | new's GPUs | new ∩ keep | new got orphan's GPUs while orphan alive |\n\
          |---|---|---|---|---|---|---|---|"
     );
+    let mut logs = Vec::new();
     for side in sides.iter_mut() {
-        let mut keeper = Framework::start(master, &FrameworkSpec::gpu("keeper"))?;
-        let mut volatile = Framework::start(
-            master,
-            &FrameworkSpec {
-                checkpoint: false,
-                ..FrameworkSpec::gpu("volatile")
-            },
-        )?;
+        let mut fw = Framework::start(master, &FrameworkSpec::gpu("restart"))?;
         let go_keep = side.scratch.path().join("keep.go");
         let go_orphan = side.scratch.path().join("orphan.go");
         let go_new = side.scratch.path().join("new.go");
-        keeper.launch(
-            "keep",
-            &[("cpus", 0.1), ("mem", 32.0), ("gpus", 2.0)],
-            &command(probe, Some(&go_keep), false),
-            Some(side.port()),
-        )?;
-        keeper.wait_state("keep", "TASK_RUNNING", TIMEOUT)?;
-        volatile.launch(
-            "orphan",
-            &[("cpus", 0.1), ("mem", 32.0), ("gpus", 2.0)],
-            &command(probe, Some(&go_orphan), true),
-            Some(side.port()),
-        )?;
-        volatile.wait_state("orphan", "TASK_RUNNING", TIMEOUT)?;
+        for (id, go, beat) in [("keep", &go_keep, false), ("orphan", &go_orphan, true)] {
+            fw.launch(
+                id,
+                &[("cpus", 0.1), ("mem", 32.0), ("gpus", 2.0)],
+                &command(probe, Some(go), beat),
+                Some(side.port()),
+            )?;
+            fw.wait_state(id, "TASK_RUNNING", TIMEOUT)?;
+        }
         let keep_before = wait_probe(side, "keep")?.gpus();
         let orphan = wait_probe(side, "orphan")?.gpus();
         let orphan_sandbox = side.agent.sandbox("orphan")?;
         side.agent.kill()?;
+        // The executor's checkpoint: the same path under `<work_dir>/meta`.
+        let work = side.agent.work_dir();
+        let relative = orphan_sandbox
+            .strip_prefix(&work)
+            .map_err(|_| "the sandbox is not under the work directory")?;
+        let executor_meta = work
+            .join("meta")
+            .join(relative)
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .ok_or("no executor directory")?;
+        std::fs::remove_dir_all(&executor_meta)
+            .map_err(|e| format!("{}: {e}", executor_meta.display()))?;
         side.agent.restart()?;
-        keeper.launch(
+        fw.launch(
             "new",
             &[("cpus", 0.1), ("mem", 32.0), ("gpus", 6.0)],
             &command(probe, Some(&go_new), false),
             Some(side.port()),
         )?;
-        let new_state = keeper.wait_state("new", "TASK_RUNNING", TIMEOUT);
+        let new_state = fw.wait_state("new", "TASK_RUNNING", TIMEOUT);
         let new = match &new_state {
             Ok(_) => wait_probe(side, "new")?,
             Err(_) => TaskProbe::default(),
         };
         std::fs::write(&go_keep, b"")?;
-        let keep_end = keeper.wait_terminal("keep", TIMEOUT)?;
+        let keep_end = fw.wait_terminal("keep", TIMEOUT)?;
         let keep_text = side.agent.wait_stdout("keep", "end", TIMEOUT)?;
-        let after_probe = TaskProbe::parse(&keep_text);
-        let keep_after: Vec<u32> = after_probe
+        let keep_after: Vec<u32> = TaskProbe::parse(&keep_text)
             .opened_at_end
             .iter()
             .filter(|(_, o)| *o == "ENXIO")
@@ -656,7 +672,7 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
             .filter_map(|l| l.strip_prefix("alive ")?.trim().parse().ok())
             .last();
         std::fs::write(&go_new, b"")?;
-        let _ = keeper.wait_terminal("new", TIMEOUT);
+        let _ = fw.wait_terminal("new", TIMEOUT);
         let _ = std::fs::write(&go_orphan, b"");
         let new_gpus = new.gpus();
         let with_keep: Vec<u32> = new_gpus.iter().copied().filter(|m| keep_before.contains(m)).collect();
@@ -664,9 +680,15 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
         let overlap_alive = match (new.start, last_alive) {
             (Some(start), Some(alive)) if !with_orphan.is_empty() => {
                 if start < alive {
-                    format!("yes: {with_orphan:?}, new opened them {:.2} s before orphan's last heartbeat", alive - start)
+                    format!(
+                        "**yes**: {with_orphan:?}, {:.2} s before the orphan's last heartbeat",
+                        alive - start
+                    )
                 } else {
-                    format!("no (orphan's last heartbeat {:.2} s before new started)", start - alive)
+                    format!(
+                        "no: it got {with_orphan:?} {:.2} s after the orphan's last heartbeat",
+                        start - alive
+                    )
                 }
             }
             _ => "no".to_owned(),
@@ -683,17 +705,25 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
                 _ => "-".into(),
             },
         );
-        if side.kind == Kind::Module {
-            let log = side.agent.log();
-            let lines: Vec<&str> = log
-                .lines()
-                .filter(|l| l.contains("orphan") || l.contains("recovered GPU") || l.contains("uncertain"))
-                .take(6)
-                .collect();
-            let _ = writeln!(out, "\nThe module's log about the recovery:\n\n```\n{}\n```", lines.join("\n"));
-        }
-        drop(volatile);
-        keeper.stop()?;
+        let log = side.agent.log();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| {
+                (l.contains("gpu_isolator.cpp") && (l.contains("recover") || l.contains("orphan")))
+                    || (l.contains("orphan") && l.contains("containerizer.cpp"))
+            })
+            .map(|l| l.chars().take(400).collect())
+            .collect();
+        logs.push((side.kind, lines));
+        fw.stop()?;
+    }
+    for (kind, lines) in logs {
+        let _ = writeln!(
+            out,
+            "\n{}'s agent log about the recovery and the orphan:\n\n```\n{}\n```",
+            kind.name(),
+            lines.join("\n")
+        );
     }
     Ok(())
 }

@@ -245,16 +245,28 @@ fn quota_on_gpus_holds_across_agents() -> TestResult {
         waiting.is_empty() && accepted.is_none(),
         format!("the third gpus:4 task of role team launched beyond its quota: {waiting:?}"),
     )?;
-    let offered_beyond: Vec<f64> = team
+    // Offers made once both tasks run (and the master knows it) hold no GPU for role team.
+    let both_running = ["team-dgx1", "team-t4"]
+        .iter()
+        .filter_map(|id| team.updates(id).into_iter().find(|e| e.state == "TASK_RUNNING"))
+        .map(|e| e.t)
+        .fold(0.0, f64::max);
+    let offered_beyond: Vec<String> = team
         .events()
         .into_iter()
-        .filter(|e| e.kind == "offer" && e.t > team.first("accept", "team-t4").map_or(0.0, |a| a.t))
-        .map(|e| offered_gpus(&e.json))
-        .filter(|g| *g > 0.0)
+        .filter(|e| e.kind == "offer" && e.t > both_running && offered_gpus(&e.json) > 0.0)
+        .map(|e| {
+            format!(
+                "{} gpus from port {} at +{:.2} s",
+                offered_gpus(&e.json),
+                e.json["port"],
+                e.t - both_running
+            )
+        })
         .collect();
     check(
         offered_beyond.is_empty(),
-        format!("role team was offered gpus {offered_beyond:?} while at its limit"),
+        format!("role team was offered GPUs while at its limit: {offered_beyond:?}"),
     )?;
     team.kill("team-t4")?;
     team.wait_state("team-t4", "TASK_KILLED", TIMEOUT)?;
