@@ -42,7 +42,6 @@
 //! `./scripts/test.sh` runs `--tasks 200`. It exits non-zero when a check fails.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 #[path = "../tests/agents/mod.rs"]
@@ -68,6 +67,8 @@ use support::TestResult;
 /// The shares agent's GPUs: 0-9 whole, 10 and 11 shared `REPLICAS` ways.
 const SHARES_GPUS: u32 = 12;
 const SHARED: [u32; 2] = [10, 11];
+/// How many GPUs are shared.
+const SHARED_COUNT: u32 = 2;
 const REPLICAS: u32 = 4;
 const MAX_IN_FLIGHT: usize = 8;
 const SAMPLE_EVERY: usize = 100;
@@ -157,8 +158,10 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
 }
 
 fn ready() -> Result<(), String> {
-    let is_root = std::fs::read_to_string("/proc/self/status")
-        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.contains("\t0\t")));
+    let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.contains("\t0\t"))
+    });
     if !is_root {
         return Err("not root".into());
     }
@@ -284,7 +287,10 @@ fn plan(n: usize, seed: u64) -> Vec<Planned> {
 fn shares_node() -> TestResult<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-sim/topologies/dgx-a100.json");
     let mut node: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-    let base = node["gpus"].as_array().cloned().ok_or("dgx-a100 has no gpus")?;
+    let base = node["gpus"]
+        .as_array()
+        .cloned()
+        .ok_or("dgx-a100 has no gpus")?;
     let mut gpus = Vec::new();
     for i in 0..SHARES_GPUS {
         let mut g = base[i as usize % base.len()].clone();
@@ -371,16 +377,25 @@ impl SoakAgent {
                         node.scratch.path().join("mps").display().to_string(),
                     ),
                 ]);
-                let whole = SHARES_GPUS - SHARED.len() as u32;
-                (vec![format!("gpus:{}", whole + SHARED.len() as u32 * REPLICAS)], Some(mps))
+                let whole = SHARES_GPUS - SHARED_COUNT;
+                (
+                    vec![format!("gpus:{}", whole + SHARED_COUNT * REPLICAS)],
+                    Some(mps),
+                )
             }
             Role::Mig => {
                 extra.push(("mig_strategy".into(), "mixed".into()));
-                (MigOffer::of(&inventory, MigStrategy::Mixed).resources(), None)
+                (
+                    MigOffer::of(&inventory, MigStrategy::Mixed).resources(),
+                    None,
+                )
             }
         };
         let resources = format!("cpus:4;mem:8192;{}", gpus.join(";"));
-        let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let extra: Vec<(&str, &str)> = extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let spec = node.spec(&module_isolation_v1(), AgentCgroups::V1, &resources, &extra)?;
         let agent = Agent::start(install, master, spec)?;
         Ok(SoakAgent {
@@ -535,16 +550,18 @@ impl Outcome {
 
     /// Reads what became of task `p` from the framework's events and its sandbox.
     fn of(s: &Soak, p: &Planned, updates: &[Event], end: &Event) -> Outcome {
-        let port = s
-            .fw
-            .first("accept", &p.id)
-            .and_then(|e| e.json["port"].as_u64())
-            .and_then(|p| u16::try_from(p).ok())
-            .unwrap_or(0);
+        let port =
+            s.fw.first("accept", &p.id)
+                .and_then(|e| e.json["port"].as_u64())
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(0);
         Outcome {
             planned: p.clone(),
             port,
-            running: updates.iter().find(|e| e.state == "TASK_RUNNING").map(|e| e.t),
+            running: updates
+                .iter()
+                .find(|e| e.state == "TASK_RUNNING")
+                .map(|e| e.t),
             state: end.state.clone(),
             ended: end.t,
             message: end.json["message"].as_str().unwrap_or_default().to_owned(),
@@ -584,14 +601,19 @@ fn soak(opts: &Options) -> TestResult<bool> {
     if let Some(dir) = &opts.logs {
         let _ = std::fs::create_dir_all(dir);
         for a in &s.agents {
-            let _ = std::fs::write(dir.join(format!("agent-{}.log", a.role.name())), a.agent.log());
+            let _ = std::fs::write(
+                dir.join(format!("agent-{}.log", a.role.name())),
+                a.agent.log(),
+            );
         }
     }
     // MPS daemons outlive the agent: stop them whatever happened.
     for a in &s.agents {
         if let Some(mps) = &a.mps {
             for pid in daemons(mps) {
-                let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid])
+                    .status();
             }
         }
     }
@@ -681,13 +703,18 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<bool> {
             for (id, p) in &in_flight {
                 let updates = s.fw.updates(id);
                 let running = updates.iter().find(|e| e.state == "TASK_RUNNING");
-                if let Some(running) = running {
-                    if p.fate == Fate::Kill && !killed.contains(id) && running.t + p.secs < now() {
-                        s.fw.kill(id)?;
-                        killed.insert(id.clone());
-                    }
+                if let Some(running) = running
+                    && p.fate == Fate::Kill
+                    && !killed.contains(id)
+                    && running.t + p.secs < now()
+                {
+                    s.fw.kill(id)?;
+                    killed.insert(id.clone());
                 }
-                if let Some(end) = updates.iter().find(|e| TERMINAL.contains(&e.state.as_str())) {
+                if let Some(end) = updates
+                    .iter()
+                    .find(|e| TERMINAL.contains(&e.state.as_str()))
+                {
                     ended.push(Outcome::of(s, p, &updates, end));
                 }
             }
@@ -766,7 +793,8 @@ fn final_wave(s: &mut Soak) -> TestResult<Vec<Outcome>> {
             .gpus
             .iter()
             .filter(|g| !a.is_shared(g.minor) && !a.inventory.mig.is_enabled(g.index))
-            .count() as u32;
+            .map(|_| 1)
+            .sum();
         asks.push((Ask::Gpus(whole), port));
         if a.role == Role::Shares {
             asks.extend(SHARED.map(|_| (Ask::Gpus(REPLICAS), port)));
@@ -824,7 +852,10 @@ fn classify(a: &SoakAgent, probe: &TaskProbe) -> Opened {
         caps: Vec::new(),
     };
     for node in probe.opened() {
-        if let Some(m) = node.strip_prefix("nvidia").and_then(|m| m.parse::<u32>().ok()) {
+        if let Some(m) = node
+            .strip_prefix("nvidia")
+            .and_then(|m| m.parse::<u32>().ok())
+        {
             if a.is_shared(m) {
                 o.shared.push(m);
             } else if a.is_mig_parent(m) {
@@ -851,9 +882,8 @@ fn units(probe: &TaskProbe) -> u32 {
 
 /// Why a task's grant does not match what it asked for, if it does not.
 fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
-    if o.probe.start.is_none() {
-        return None;
-    }
+    // A task that printed nothing (it never ran) opened nothing.
+    o.probe.start?;
     let at_end = TaskProbe {
         opened_at_start: o.probe.opened_at_end.clone(),
         ..TaskProbe::default()
@@ -866,7 +896,11 @@ fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
         ));
     }
     let got = classify(a, &o.probe);
-    let share = o.probe.env.get("MESOS_GPU_SHARE").filter(|v| *v != "(unset)");
+    let share = o
+        .probe
+        .env
+        .get("MESOS_GPU_SHARE")
+        .filter(|v| *v != "(unset)");
     let ok = match o.planned.ask {
         Ask::Gpus(0) => {
             got.whole.is_empty()
@@ -922,7 +956,10 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
         let got = classify(a, &o.probe);
         let id = o.planned.id.as_str();
         let mut hold = |node: String, units: u32| {
-            holders.entry(node).or_default().push((start, end, id, units));
+            holders
+                .entry(node)
+                .or_default()
+                .push((start, end, id, units));
         };
         for m in &got.whole {
             hold(format!("nvidia{m}"), REPLICAS);
@@ -951,7 +988,11 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
                 .map(|y| y.3)
                 .sum();
             if at_start > REPLICAS {
-                let with: Vec<&str> = lives[..i].iter().filter(|y| x.0 < y.1).map(|y| y.2).collect();
+                let with: Vec<&str> = lives[..i]
+                    .iter()
+                    .filter(|y| x.0 < y.1)
+                    .map(|y| y.2)
+                    .collect();
                 found.push(format!(
                     "{} {node}: {} opened it at {:.2} while {with:?} held it ({at_start} of \
                      {REPLICAS} units)",
@@ -968,8 +1009,20 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
 fn header() -> String {
     format!(
         "{:<24} {:<6} {:>5} {:>4} {:>8} {:>4} {:>7} {:>7} {:>5} {:>6} {:>4} {:>7} {:>5} {:>4}",
-        "sample", "agent", "ended", "live", "RSS KiB", "fds", "dev-ent", "cgroups", "resv",
-        "shares", "mps", "ckpt B", "ckpt", "MPSd"
+        "sample",
+        "agent",
+        "ended",
+        "live",
+        "RSS KiB",
+        "fds",
+        "dev-ent",
+        "cgroups",
+        "resv",
+        "shares",
+        "mps",
+        "ckpt B",
+        "ckpt",
+        "MPSd"
     )
 }
 
@@ -1040,11 +1093,10 @@ fn report(
             // A command that ended while the agents were down: Mesos's command executor exits
             // once the restarted agent reconnects, and the agent reports the task failed with
             // "Executor terminated" instead of its own end.
-            let while_down = o.probe.end.is_some_and(|end| {
-                restarts
-                    .iter()
-                    .any(|r| r.down.0 <= end && end <= r.down.1)
-            });
+            let while_down = o
+                .probe
+                .end
+                .is_some_and(|end| restarts.iter().any(|r| r.down.0 <= end && end <= r.down.1));
             unplanned.push(format!(
                 "{} ({}): {} {}{}",
                 o.planned.id,
@@ -1074,10 +1126,19 @@ fn report(
     }
     let shares = outcomes
         .values()
-        .filter(|o| o.probe.env.get("MESOS_GPU_SHARE").is_some_and(|v| v != "(unset)"))
+        .filter(|o| {
+            o.probe
+                .env
+                .get("MESOS_GPU_SHARE")
+                .is_some_and(|v| v != "(unset)")
+        })
         .count();
     let _ = writeln!(out, "- tasks that held a share of GPU 10 or 11: {shares}");
-    let _ = writeln!(out, "- agent SIGKILL + restart (both agents): {}", restarts.len());
+    let _ = writeln!(
+        out,
+        "- agent SIGKILL + restart (both agents): {}",
+        restarts.len()
+    );
     for r in restarts {
         let _ = writeln!(
             out,
@@ -1085,7 +1146,11 @@ fn report(
             r.after, r.live, r.took
         );
     }
-    let _ = writeln!(out, "- tasks that did not end as planned: {}", unplanned.len());
+    let _ = writeln!(
+        out,
+        "- tasks that did not end as planned: {}",
+        unplanned.len()
+    );
     for r in unplanned.iter().take(40) {
         let _ = writeln!(out, "  - {r}");
     }
@@ -1125,8 +1190,14 @@ fn report(
     ok &= doubles.is_empty() && wrong.is_empty();
 
     let wave_ok = wave.iter().all(|o| o.state == "TASK_FINISHED");
-    let latest_start = wave.iter().filter_map(|o| o.probe.start).fold(f64::MIN, f64::max);
-    let earliest_end = wave.iter().filter_map(|o| o.probe.end).fold(f64::MAX, f64::min);
+    let latest_start = wave
+        .iter()
+        .filter_map(|o| o.probe.start)
+        .fold(f64::MIN, f64::max);
+    let earliest_end = wave
+        .iter()
+        .filter_map(|o| o.probe.end)
+        .fold(f64::MAX, f64::min);
     let together = latest_start < earliest_end;
     let failed: Vec<String> = wave
         .iter()
@@ -1157,7 +1228,10 @@ fn report(
             idle_points += 1;
             let mut bad = Vec::new();
             if x.device_entries != base.device_entries {
-                bad.push(format!("devices entries {} (baseline {})", x.device_entries, base.device_entries));
+                bad.push(format!(
+                    "devices entries {} (baseline {})",
+                    x.device_entries, base.device_entries
+                ));
             }
             if x.cgroups != base.cgroups {
                 bad.push(format!("cgroups {} (baseline {})", x.cgroups, base.cgroups));
@@ -1172,7 +1246,10 @@ fn report(
                 bad.push(format!("fds {} (baseline {})", x.fds, base.fds));
             }
             if x.mps_daemons > SHARED.len() || x.pool_mps > SHARED.len() {
-                bad.push(format!("{} MPS daemons ({} in the pool)", x.mps_daemons, x.pool_mps));
+                bad.push(format!(
+                    "{} MPS daemons ({} in the pool)",
+                    x.mps_daemons, x.pool_mps
+                ));
             }
             if !bad.is_empty() {
                 flat.push(format!("{name} {}: {}", x.label, bad.join(", ")));

@@ -37,7 +37,6 @@
 //! needs `cargo build -p mesos-gpu` for the module's Docker wrapper).
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 #[path = "../tests/agents/mod.rs"]
@@ -77,7 +76,9 @@ fn main() -> ExitCode {
             "--only" => only = args.next(),
             "--bench" => {}
             other => {
-                eprintln!("gpu_nvidia_vs_module: unknown argument {other:?}: expected --reps N, --seed S, --only latency|stream|restart|docker");
+                eprintln!(
+                    "gpu_nvidia_vs_module: unknown argument {other:?}: expected --reps N, --seed S, --only latency|stream|restart|docker"
+                );
                 return ExitCode::from(2);
             }
         }
@@ -129,7 +130,12 @@ struct Side {
 impl Side {
     /// Starts an agent of `kind` on its own copy of the node; `docker` adds the Docker
     /// containerizer (and, for the module, its hook and `--docker` wrapper).
-    fn start(install: &MesosInstall, master: &Master, kind: Kind, docker: bool) -> TestResult<Side> {
+    fn start(
+        install: &MesosInstall,
+        master: &Master,
+        kind: Kind,
+        docker: bool,
+    ) -> TestResult<Side> {
         let sim = SimNode::shipped(NODE);
         let host = PrivateHost::new(&DevNode::nvidia(&MINORS), &[sim.dir()])?;
         let scratch = tempfile::Builder::new().prefix("mgpu-vs").tempdir()?;
@@ -145,11 +151,19 @@ impl Side {
             None
         };
         match kind {
-            Kind::GpuNvidia => spec.flags.push("--nvidia_gpu_devices=0,1,2,3,4,5,6,7".into()),
+            Kind::GpuNvidia => spec
+                .flags
+                .push("--nvidia_gpu_devices=0,1,2,3,4,5,6,7".into()),
             Kind::Module => {
                 let params: Vec<(String, String)> = vec![
-                    ("work_dir".into(), scratch.path().join("module-work").display().to_string()),
-                    ("pool_dir".into(), scratch.path().join("pool").display().to_string()),
+                    (
+                        "work_dir".into(),
+                        scratch.path().join("module-work").display().to_string(),
+                    ),
+                    (
+                        "pool_dir".into(),
+                        scratch.path().join("pool").display().to_string(),
+                    ),
                     ("proc_root".into(), sim.proc_root().display().to_string()),
                     ("driver_volume".into(), "off".into()),
                 ];
@@ -237,11 +251,17 @@ fn docker_wrapper(
 
 fn mesos_gpu_exe() -> TestResult<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().and_then(Path::parent).ok_or("no target directory")?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no target directory")?;
     let found = dir.join("mesos-gpu");
     check(
         found.is_file(),
-        format!("{} missing: build it first (cargo build -p mesos-gpu)", found.display()),
+        format!(
+            "{} missing: build it first (cargo build -p mesos-gpu)",
+            found.display()
+        ),
     )?;
     Ok(found)
 }
@@ -278,8 +298,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+    // The nearest-rank percentile: the smallest value with at least p % of values at or below.
+    let below = |i: usize| (i as f64) < p / 100.0 * sorted.len() as f64;
+    let rank = (1..=sorted.len())
+        .find(|&i| !below(i))
+        .unwrap_or(sorted.len());
+    sorted[rank - 1]
 }
 
 fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
@@ -341,11 +365,16 @@ fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
 fn matrix_row(probe: &TaskProbe) -> String {
     let mut cells = Vec::new();
     for m in MINORS {
-        let o = probe.opened_at_start.get(&format!("nvidia{m}")).map_or("-", String::as_str);
+        let o = probe
+            .opened_at_start
+            .get(&format!("nvidia{m}"))
+            .map_or("-", String::as_str);
         cells.push(short(o));
     }
     for c in CONTROL {
-        cells.push(short(probe.opened_at_start.get(c).map_or("-", String::as_str)));
+        cells.push(short(
+            probe.opened_at_start.get(c).map_or("-", String::as_str),
+        ));
     }
     cells.join(" | ")
 }
@@ -397,7 +426,10 @@ fn latency_and_matrix(
                     .or_default()
                     .push(running.t - accepted.t);
                 let p = sandbox_probe(side, &id);
-                *got.entry((side.kind, gpus)).or_default().entry(p.gpus()).or_default() += 1;
+                *got.entry((side.kind, gpus))
+                    .or_default()
+                    .entry(p.gpus())
+                    .or_default() += 1;
                 first.entry((side.kind, gpus)).or_insert(p);
             }
         }
@@ -433,7 +465,10 @@ fn latency_and_matrix(
             }
         }
     }
-    let _ = writeln!(out, "\nGPUs granted over all {reps} tasks of each size (set: tasks):\n");
+    let _ = writeln!(
+        out,
+        "\nGPUs granted over all {reps} tasks of each size (set: tasks):\n"
+    );
     for gpus in [1u32, 2, 4] {
         for kind in [Kind::GpuNvidia, Kind::Module] {
             let sets: Vec<String> = got
@@ -456,25 +491,25 @@ enum Step {
 
 fn stream_steps(seed: u64, n: usize) -> Vec<Step> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut rnd = move |m: u64| {
+    let mut rnd = move |m: usize| {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        x % m
+        usize::try_from(x % m as u64).unwrap_or(0)
     };
     let mut held = 0usize;
     let mut free = 8u32;
     let mut sizes_held: Vec<u32> = Vec::new();
     let mut steps = Vec::new();
     while steps.len() < n {
-        let size = [1u32, 1, 2, 2, 2, 4][rnd(6) as usize];
+        let size = [1u32, 1, 2, 2, 2, 4][rnd(6)];
         if size <= free && (held == 0 || rnd(100) < 55) {
             steps.push(Step::Arrive(size));
             free -= size;
             held += 1;
             sizes_held.push(size);
         } else if held > 0 {
-            let i = rnd(held as u64) as usize;
+            let i = rnd(held);
             steps.push(Step::Depart(i));
             free += sizes_held.remove(i);
             held -= 1;
@@ -492,7 +527,8 @@ fn stream(
     seed: u64,
 ) -> TestResult {
     let steps = stream_steps(seed, 40);
-    let index_of_minor: BTreeMap<u32, u32> = inventory.gpus.iter().map(|g| (g.minor, g.index)).collect();
+    let index_of_minor: BTreeMap<u32, u32> =
+        inventory.gpus.iter().map(|g| (g.minor, g.index)).collect();
     let mut stats: BTreeMap<Kind, (usize, u64, u64, usize, Vec<String>)> = BTreeMap::new();
     let mut held: BTreeMap<Kind, Vec<(String, Vec<u32>)>> = BTreeMap::new();
     for (n, step) in steps.iter().enumerate() {
@@ -519,9 +555,8 @@ fn stream(
                         .map(|h| h.iter().flat_map(|(_, m)| m.iter().copied()).collect())
                         .unwrap_or_default();
                     let mut alloc = Allocator::new(inventory, Policy::Topology)?;
-                    let to_set = |ms: &[u32]| {
-                        GpuSet::from_indices(ms.iter().map(|m| index_of_minor[m]))
-                    };
+                    let to_set =
+                        |ms: &[u32]| GpuSet::from_indices(ms.iter().map(|m| index_of_minor[m]));
                     alloc.allocate_specific("others", to_set(&holding)?)?;
                     let best = alloc.fragmentation().best_score[size as usize];
                     let score = alloc.score(to_set(&minors)?);
@@ -557,7 +592,10 @@ fn stream(
             fw.wait_terminal(&id, TIMEOUT)?;
         }
     }
-    let arrivals = steps.iter().filter(|s| matches!(s, Step::Arrive(_))).count();
+    let arrivals = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Arrive(_)))
+        .count();
     let _ = writeln!(
         out,
         "\n## 3. Allocation quality over a stream\n\n\
@@ -666,17 +704,26 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
             .filter(|(_, o)| *o == "ENXIO")
             .filter_map(|(n, _)| n.strip_prefix("nvidia")?.parse().ok())
             .collect();
-        let orphan_text = std::fs::read_to_string(orphan_sandbox.join("stdout")).unwrap_or_default();
+        let orphan_text =
+            std::fs::read_to_string(orphan_sandbox.join("stdout")).unwrap_or_default();
         let last_alive: Option<f64> = orphan_text
             .lines()
-            .filter_map(|l| l.strip_prefix("alive ")?.trim().parse().ok())
-            .last();
+            .rev()
+            .find_map(|l| l.strip_prefix("alive ")?.trim().parse().ok());
         std::fs::write(&go_new, b"")?;
         let _ = fw.wait_terminal("new", TIMEOUT);
         let _ = std::fs::write(&go_orphan, b"");
         let new_gpus = new.gpus();
-        let with_keep: Vec<u32> = new_gpus.iter().copied().filter(|m| keep_before.contains(m)).collect();
-        let with_orphan: Vec<u32> = new_gpus.iter().copied().filter(|m| orphan.contains(m)).collect();
+        let with_keep: Vec<u32> = new_gpus
+            .iter()
+            .copied()
+            .filter(|m| keep_before.contains(m))
+            .collect();
+        let with_orphan: Vec<u32> = new_gpus
+            .iter()
+            .copied()
+            .filter(|m| orphan.contains(m))
+            .collect();
         let overlap_alive = match (new.start, last_alive) {
             (Some(start), Some(alive)) if !with_orphan.is_empty() => {
                 if start < alive {
@@ -772,11 +819,21 @@ fn docker(out: &mut String, install: &MesosInstall, master: &Master, probe: &Pat
             kind.name(),
             end.state,
             end.json["message"].as_str().unwrap_or_default(),
-            if nodes.is_empty() { "none".to_owned() } else { nodes.join(", ") },
-            p.env.get("NVIDIA_VISIBLE_DEVICES").map_or("(unset)", String::as_str),
+            if nodes.is_empty() {
+                "none".to_owned()
+            } else {
+                nodes.join(", ")
+            },
+            p.env
+                .get("NVIDIA_VISIBLE_DEVICES")
+                .map_or("(unset)", String::as_str),
         );
         if end.state != "TASK_FINISHED" {
-            let _ = writeln!(out, "  agent log:\n```\n{}\n```", tail(&side.agent.log(), 15));
+            let _ = writeln!(
+                out,
+                "  agent log:\n```\n{}\n```",
+                tail(&side.agent.log(), 15)
+            );
         }
         drop(fw);
     }
@@ -817,7 +874,11 @@ fn booked_gpus(port: u16) -> String {
             }
         }
     }
-    found.iter().map(|g| format!("{g}")).collect::<Vec<_>>().join(",")
+    found
+        .iter()
+        .map(|g| format!("{g}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A busybox image `FROM scratch` holding the probe at `/probe`; removed on drop.
@@ -859,7 +920,9 @@ impl Drop for DockerImage {
             .output()
         {
             for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = std::process::Command::new("docker").args(["rm", "-f", id]).output();
+                let _ = std::process::Command::new("docker")
+                    .args(["rm", "-f", id])
+                    .output();
             }
         }
         let _ = std::process::Command::new("docker")

@@ -137,7 +137,9 @@ impl Cluster {
     fn probe_of(&self, id: &str) -> TestResult<(String, TaskProbe)> {
         for m in &self.members {
             if m.agent.sandbox(id).is_ok() {
-                let text = m.agent.wait_stdout(id, "env CUDA_VISIBLE_DEVICES", TIMEOUT)?;
+                let text = m
+                    .agent
+                    .wait_stdout(id, "env CUDA_VISIBLE_DEVICES", TIMEOUT)?;
                 return Ok((m.name.to_owned(), TaskProbe::parse(&text)));
             }
         }
@@ -164,8 +166,18 @@ fn framework_without_gpu_capability_is_offered_no_gpu_agent() -> TestResult {
         },
     )?;
     let mut gpu = Framework::start(&c.master, &FrameworkSpec::gpu("gpu-capability"))?;
-    plain.launch("cpu-only-plain", &[("cpus", 0.1), ("mem", 32.0)], "true", None)?;
-    gpu.launch("cpu-only-gpu", &[("cpus", 0.1), ("mem", 32.0)], "true", None)?;
+    plain.launch(
+        "cpu-only-plain",
+        &[("cpus", 0.1), ("mem", 32.0)],
+        "true",
+        None,
+    )?;
+    gpu.launch(
+        "cpu-only-gpu",
+        &[("cpus", 0.1), ("mem", 32.0)],
+        "true",
+        None,
+    )?;
     gpu.wait_state("cpu-only-gpu", "TASK_FINISHED", TIMEOUT)?;
     // Offers go out every 200 ms; give the filtered framework a few seconds of them.
     std::thread::sleep(Duration::from_secs(5));
@@ -229,14 +241,39 @@ fn quota_on_gpus_holds_across_agents() -> TestResult {
     )?;
     let p = probe()?;
     let hold = |secs: f64| probe_command(&p, c.dev.path(), secs, 0);
-    let port = |name: &str| c.members.iter().find(|m| m.name == name).map(|m| m.agent.port());
-    team.launch("team-dgx1", &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)], &hold(600.0), port("dgx1"))?;
-    team.launch("team-t4", &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)], &hold(600.0), port("t4x4"))?;
+    let port = |name: &str| {
+        c.members
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| m.agent.port())
+    };
+    team.launch(
+        "team-dgx1",
+        &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)],
+        &hold(600.0),
+        port("dgx1"),
+    )?;
+    team.launch(
+        "team-t4",
+        &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)],
+        &hold(600.0),
+        port("t4x4"),
+    )?;
     team.wait_state("team-dgx1", "TASK_RUNNING", TIMEOUT)?;
     team.wait_state("team-t4", "TASK_RUNNING", TIMEOUT)?;
-    team.launch("team-mixed", &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)], &hold(600.0), port("mixed"))?;
+    team.launch(
+        "team-mixed",
+        &[("cpus", 0.1), ("mem", 32.0), ("gpus", 4.0)],
+        &hold(600.0),
+        port("mixed"),
+    )?;
     let mut other = Framework::start(&c.master, &FrameworkSpec::gpu("other-role"))?;
-    other.launch("other-mixed", &[("cpus", 0.1), ("mem", 32.0), ("gpus", 2.0)], &hold(0.5), port("mixed"))?;
+    other.launch(
+        "other-mixed",
+        &[("cpus", 0.1), ("mem", 32.0), ("gpus", 2.0)],
+        &hold(0.5),
+        port("mixed"),
+    )?;
     other.wait_state("other-mixed", "TASK_FINISHED", TIMEOUT)?;
     std::thread::sleep(Duration::from_secs(4));
     let waiting = team.updates("team-mixed");
@@ -248,7 +285,11 @@ fn quota_on_gpus_holds_across_agents() -> TestResult {
     // Offers made once both tasks run (and the master knows it) hold no GPU for role team.
     let both_running = ["team-dgx1", "team-t4"]
         .iter()
-        .filter_map(|id| team.updates(id).into_iter().find(|e| e.state == "TASK_RUNNING"))
+        .filter_map(|id| {
+            team.updates(id)
+                .into_iter()
+                .find(|e| e.state == "TASK_RUNNING")
+        })
         .map(|e| e.t)
         .fold(0.0, f64::max);
     let offered_beyond: Vec<String> = team
@@ -321,9 +362,12 @@ fn tasks_land_where_their_gpus_fit_and_none_is_refused() -> TestResult {
             .iter()
             .filter(|n| n.starts_with("nvidia-cap"))
             .count();
-        println!("{id} ({resource}:{n}) ran on {on}: opened {:?}", probe.opened());
+        println!(
+            "{id} ({resource}:{n}) ran on {on}: opened {:?}",
+            probe.opened()
+        );
         let right = match resource {
-            "gpus" => gpus.len() == n as usize && caps == 0,
+            "gpus" => gpus.len() as f64 == n && caps == 0,
             _ => gpus.len() == 1 && caps == 2,
         };
         check(right, format!("{id} opened {:?}", probe.opened()))?;
@@ -347,7 +391,9 @@ fn tasks_land_where_their_gpus_fit_and_none_is_refused() -> TestResult {
             || format!("{}'s pool to be empty: {}", m.name, m.node.pool()),
             || {
                 let pool = m.node.pool();
-                let held = pool["reservations"].as_object().map_or(0, serde_json::Map::len);
+                let held = pool["reservations"]
+                    .as_object()
+                    .map_or(0, serde_json::Map::len);
                 (held == 0).then_some(())
             },
         )?;

@@ -86,9 +86,7 @@ impl ModuleNode {
     /// The node `sim` with its device nodes in `dev_root` (made by the caller, e.g. shared by
     /// several agents' nodes with [`dev_nodes`]).
     pub(crate) fn with_dev_root(sim: SimNode, dev_root: &Path) -> TestResult<ModuleNode> {
-        let scratch = tempfile::Builder::new()
-            .prefix("mgpu-agents")
-            .tempdir()?;
+        let scratch = tempfile::Builder::new().prefix("mgpu-agents").tempdir()?;
         Ok(ModuleNode {
             sim,
             dev_root: dev_root.to_path_buf(),
@@ -127,8 +125,10 @@ impl ModuleNode {
         let modules = self.scratch.path().join("modules.json");
         std::fs::write(&modules, modules_json(&module()?, &params).to_string())?;
         spec.modules = Some(modules);
-        spec.env
-            .push(("LD_LIBRARY_PATH".into(), self.sim.dir().display().to_string()));
+        spec.env.push((
+            "LD_LIBRARY_PATH".into(),
+            self.sim.dir().display().to_string(),
+        ));
         Ok(spec)
     }
 
@@ -239,9 +239,7 @@ impl TaskProbe {
 pub(crate) fn probe_command(probe: &Path, dev: &Path, secs: f64, code: i32) -> String {
     let p = probe.display();
     let d = dev.display();
-    let both = format!(
-        "{p} {d}; if [ -d {d}/nvidia-caps ]; then {p} {d}/nvidia-caps; fi"
-    );
+    let both = format!("{p} {d}; if [ -d {d}/nvidia-caps ]; then {p} {d}/nvidia-caps; fi");
     format!(
         "up() {{ cut -d' ' -f1 /proc/uptime; }}; echo start $(up); {both}; \
          trap 'echo end $(up); exit 143' TERM; sleep {secs:.2} & wait $!; \

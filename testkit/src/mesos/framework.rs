@@ -168,7 +168,8 @@ impl Framework {
         if !spec.checkpoint {
             cmd.arg("--no-checkpoint");
         }
-        let err = std::fs::File::create(&stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
+        let err =
+            std::fs::File::create(&stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -187,7 +188,12 @@ impl Framework {
         wait_for(
             Duration::from_secs(30),
             || format!("the framework to register; stderr:\n{}", fw.stderr_tail()),
-            || fw.events().iter().any(|e| e.kind == "registered").then_some(()),
+            || {
+                fw.events()
+                    .iter()
+                    .any(|e| e.kind == "registered")
+                    .then_some(())
+            },
         )?;
         Ok(fw)
     }
@@ -256,7 +262,12 @@ impl Framework {
 
     /// The first event of `kind` for task `id`.
     pub fn first(&self, kind: &str, id: &str) -> Option<Event> {
-        self.with_events(|events| events.iter().find(|e| e.kind == kind && e.id == id).cloned())
+        self.with_events(|events| {
+            events
+                .iter()
+                .find(|e| e.kind == kind && e.id == id)
+                .cloned()
+        })
     }
 
     /// Waits until task `id` reached `state`; a terminal state that is not `state` fails at once.

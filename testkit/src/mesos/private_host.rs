@@ -103,7 +103,10 @@ impl PrivateHost {
         // The host's own NVIDIA nodes (if any) and `/run/mesos` (Mesos's driver volume goes there)
         // stay out of the view.
         let host_nvidia = "nvidia nvidiactl nvidia-uvm nvidia-uvm-tools nvidia-modeset nvidia-caps";
-        let _ = writeln!(script, "shadow /dev \"{host_nvidia} $(cd /dev && echo nvidia[0-9]*)\"");
+        let _ = writeln!(
+            script,
+            "shadow /dev \"{host_nvidia} $(cd /dev && echo nvidia[0-9]*)\""
+        );
         script.push_str("shadow /run mesos\n");
         for node in nodes {
             let path = Path::new("/dev").join(&node.path);
