@@ -99,6 +99,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The summary table: one row per measured aspect, `[aspect, gpu/nvidia, module]`.
+type Summary = Vec<[String; 3]>;
+
 /// Which isolator an agent runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -324,6 +327,7 @@ fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
          within this run."
     );
     let probe = probe()?;
+    let mut summary = Summary::new();
     let sides = [
         Side::start(&install, &master, Kind::GpuNvidia, false)?,
         Side::start(&install, &master, Kind::Module, false)?,
@@ -332,12 +336,20 @@ fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
     let inventory = sides[1].sim.inventory()?;
 
     if wanted("latency") {
-        latency_and_matrix(&mut out, &mut fw, &sides, &probe, reps)?;
+        latency_and_matrix(&mut out, &mut summary, &mut fw, &sides, &probe, reps)?;
     }
     println!("{out}");
     if wanted("stream") {
         let mut part = String::new();
-        stream(&mut part, &mut fw, &sides, &probe, &inventory, seed)?;
+        stream(
+            &mut part,
+            &mut summary,
+            &mut fw,
+            &sides,
+            &probe,
+            &inventory,
+            seed,
+        )?;
         println!("{part}");
         out.push_str(&part);
     }
@@ -345,18 +357,30 @@ fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
     let mut sides = sides;
     if wanted("restart") {
         let mut part = String::new();
-        restart(&mut part, &master, &mut sides, &probe)?;
+        restart(&mut part, &mut summary, &master, &mut sides, &probe)?;
         println!("{part}");
         out.push_str(&part);
     }
     drop(sides);
     if wanted("docker") {
         let mut part = String::new();
-        docker(&mut part, &install, &master, &probe)?;
+        docker(&mut part, &mut summary, &install, &master, &probe)?;
         println!("{part}");
         out.push_str(&part);
     }
     let _ = writeln!(out, "\nWhole run: {:.0?}.", started.elapsed());
+    let mut table = String::from(
+        "\n## Summary (every cell measured in this run; details below)\n\n\
+         | | Mesos `gpu/nvidia` | module |\n|---|---|---|\n",
+    );
+    for [aspect, mesos, module] in &summary {
+        let _ = writeln!(table, "| {aspect} | {mesos} | {module} |");
+    }
+    let at = out
+        .find("\n## 1.")
+        .or_else(|| out.find("\n## "))
+        .unwrap_or(out.len());
+    out.insert_str(at, &table);
     println!("\n----- the whole report -----\n{out}");
     Ok(())
 }
@@ -396,6 +420,7 @@ fn sandbox_probe(side: &Side, id: &str) -> TaskProbe {
 
 fn latency_and_matrix(
     out: &mut String,
+    summary: &mut Summary,
     fw: &mut Framework,
     sides: &[Side; 2],
     probe: &Path,
@@ -449,6 +474,11 @@ fn latency_and_matrix(
             cells.push(format!("{:.0} ms", 1000.0 * percentile(&v, 99.0)));
         }
         let _ = writeln!(out, "| {gpus} | {} |", cells.join(" | "));
+        summary.push([
+            format!("launch latency `gpus:{gpus}`, p50 / p99 ({reps} tasks)"),
+            format!("{} / {}", cells[0], cells[1]),
+            format!("{} / {}", cells[2], cells[3]),
+        ]);
     }
     let _ = writeln!(
         out,
@@ -520,6 +550,7 @@ fn stream_steps(seed: u64, n: usize) -> Vec<Step> {
 
 fn stream(
     out: &mut String,
+    summary: &mut Summary,
     fw: &mut Framework,
     sides: &[Side; 2],
     probe: &Path,
@@ -608,6 +639,7 @@ fn stream(
          |---|---|---|---|---|---|",
         steps.len()
     );
+    let mut cells = Vec::new();
     for kind in [Kind::GpuNvidia, Kind::Module] {
         let (grants, score, best, below, _) = stats.get(&kind).cloned().unwrap_or_default();
         let _ = writeln!(
@@ -615,7 +647,15 @@ fn stream(
             "| {} | {grants} | {score} | {best} | {below} | 0 |",
             kind.name()
         );
+        cells.push(format!(
+            "{score} of {best} possible; {below} of {grants} grants below the best; 0 refused"
+        ));
     }
+    summary.push([
+        format!("a stream of {arrivals} requests on a fragmenting node: summed pair score"),
+        cells[0].clone(),
+        cells[1].clone(),
+    ]);
     let _ = writeln!(
         out,
         "\nNeither isolator refuses a request the master offered: on a fragmented node both \
@@ -636,7 +676,16 @@ fn wait_probe(side: &Side, id: &str) -> TestResult<TaskProbe> {
     Ok(TaskProbe::parse(&text))
 }
 
-fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Path) -> TestResult {
+fn restart(
+    out: &mut String,
+    summary: &mut Summary,
+    master: &Master,
+    sides: &mut [Side; 2],
+    probe: &Path,
+) -> TestResult {
+    let mut kept = Vec::new();
+    let mut orphans = Vec::new();
+    let mut news = Vec::new();
     let _ = writeln!(
         out,
         "\n## 4. Agent SIGKILL + restart with tasks running\n\n\
@@ -752,7 +801,36 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
                 _ => "-".into(),
             },
         );
+        kept.push(format!(
+            "{keep_before:?} → {keep_after:?}, {}",
+            keep_end.state
+        ));
+        news.push(format!(
+            "{new_gpus:?}: none of keep's; orphan's {with_orphan:?} {}",
+            match (new.start, last_alive) {
+                (Some(start), Some(alive)) =>
+                    format!("{:.1} s after the orphan died", start - alive),
+                _ => "-".into(),
+            }
+        ));
         let log = side.agent.log();
+        orphans.push(match side.kind {
+            // `gpu/nvidia`'s `recover` re-allocates the GPUs of known containers only
+            // (`isolator.cpp` `_recover`); it logs nothing about GPUs.
+            Kind::GpuNvidia => {
+                "free at recovery (its `recover` skips orphans; source, not logged)".to_owned()
+            }
+            Kind::Module => log
+                .lines()
+                .find(|l| l.contains("recover{") && l.contains("orphans=1"))
+                .and_then(|l| l.split("free=").nth(1))
+                .map_or("-".to_owned(), |free| {
+                    format!(
+                        "held until its cleanup (logged at recovery: free={})",
+                        free.trim()
+                    )
+                }),
+        });
         let lines: Vec<String> = log
             .lines()
             .filter(|l| {
@@ -764,6 +842,21 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
         logs.push((side.kind, lines));
         fw.stop()?;
     }
+    summary.push([
+        "agent SIGKILL + restart: a running task's GPUs".into(),
+        kept[0].clone(),
+        kept[1].clone(),
+    ]);
+    summary.push([
+        "the orphan's GPUs".into(),
+        orphans[0].clone(),
+        orphans[1].clone(),
+    ]);
+    summary.push([
+        "a `gpus:6` task launched right after the restart gets".into(),
+        news[0].clone(),
+        news[1].clone(),
+    ]);
     for (kind, lines) in logs {
         let _ = writeln!(
             out,
@@ -775,7 +868,14 @@ fn restart(out: &mut String, master: &Master, sides: &mut [Side; 2], probe: &Pat
     Ok(())
 }
 
-fn docker(out: &mut String, install: &MesosInstall, master: &Master, probe: &Path) -> TestResult {
+fn docker(
+    out: &mut String,
+    summary: &mut Summary,
+    install: &MesosInstall,
+    master: &Master,
+    probe: &Path,
+) -> TestResult {
+    let mut cells = Vec::new();
     let _ = writeln!(
         out,
         "\n## 5. A Docker-containerizer task with `gpus:1`\n\n\
@@ -828,6 +928,14 @@ fn docker(out: &mut String, install: &MesosInstall, master: &Master, probe: &Pat
                 .get("NVIDIA_VISIBLE_DEVICES")
                 .map_or("(unset)", String::as_str),
         );
+        cells.push(format!(
+            "booked gpus {booked}; `/dev/nvidia*` in the container: {}",
+            if nodes.is_empty() {
+                "none".to_owned()
+            } else {
+                nodes.join(", ")
+            }
+        ));
         if end.state != "TASK_FINISHED" {
             let _ = writeln!(
                 out,
@@ -837,6 +945,11 @@ fn docker(out: &mut String, install: &MesosInstall, master: &Master, probe: &Pat
         }
         drop(fw);
     }
+    summary.push([
+        "a Docker-containerizer task with `gpus:1`".into(),
+        cells[0].clone(),
+        cells[1].clone(),
+    ]);
     Ok(())
 }
 
