@@ -44,11 +44,11 @@ mod agents;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use agents::{TaskProbe, module, probe};
+use agents::{TaskProbe, mesos_gpu_exe, module, probe, which};
 use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
 use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_testkit::mesos::framework::{Framework, FrameworkSpec, check_pymesos};
@@ -250,31 +250,6 @@ fn docker_wrapper(
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
     spec.flags.push(format!("--docker={}", wrapper.display()));
     Ok(docker_args)
-}
-
-fn mesos_gpu_exe() -> TestResult<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("no target directory")?;
-    let found = dir.join("mesos-gpu");
-    check(
-        found.is_file(),
-        format!(
-            "{} missing: build it first (cargo build -p mesos-gpu)",
-            found.display()
-        ),
-    )?;
-    Ok(found)
-}
-
-fn which(program: &str) -> TestResult<PathBuf> {
-    ["/usr/local/bin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
-        .ok_or_else(|| format!("no {program} in /usr/local/bin, /usr/bin or /bin").into())
 }
 
 /// A task that probes `/dev` and, with `hold`, waits until `<go>` exists (printing

@@ -1,8 +1,8 @@
-//! Real agents loading the module on simulated nodes, for the benchmarks that drive many tasks
-//! through them (`benches/agent_soak.rs`, `benches/gpu_nvidia_vs_module.rs`) and the
-//! several-agent test (`tests/mesos_cluster.rs`): the module and the device probe built once per
-//! process, one node's files (nvml-sim, device nodes, pool, work directory) and its module
-//! parameters, and what a task's probe printed.
+//! Real agents loading the module on simulated nodes, for the real-agent tests
+//! (`tests/mesos_agent.rs`, `tests/mesos_cluster.rs`) and the benchmarks that drive many tasks
+//! through them (`benches/agent_soak.rs`, `benches/gpu_nvidia_vs_module.rs`): the module, the
+//! device probe and the `mesos-gpu` binary, one node's files (nvml-sim, device nodes, pool, work
+//! directory) and its module parameters, and what a task's probe printed.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -15,22 +15,31 @@ use mesos_gpu_testkit::mesos::{
 };
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 
-use crate::support::{TestResult, cdylib};
+use crate::support::{TestResult, cdylib, check};
 
-/// The module, built once per process beside the `libmesos_gpu.so` of this build profile.
+/// The module, built once per process against the `libmesos_gpu.so` of this build profile, in
+/// `target/tmp/mesos-module-<profile>` (cmake rebuilds only what changed), with
+/// `compile_commands.json` beside it.
 pub(crate) fn module() -> TestResult<PathBuf> {
     static MODULE_SO: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = MODULE_SO.get_or_init(|| {
         let install = MesosInstall::locate()?;
         let lib = cdylib().map_err(|e| e.to_string())?;
         let lib_dir = lib.parent().ok_or("libmesos_gpu.so has no directory")?;
+        // `target/<profile>/deps` (or `target/<profile>`): one build per profile.
+        let profile = lib_dir
+            .ancestors()
+            .find(|d| d.file_name().is_some_and(|n| n != "deps"))
+            .and_then(Path::file_name)
+            .map_or("default".into(), |n| n.to_string_lossy().into_owned());
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mesos-module");
+        let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mesos-module-{profile}"));
         build_module(
             &install,
             &source,
             lib_dir,
-            &lib_dir.join("mesos-module-agents"),
-            &[],
+            &build,
+            &["-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"],
         )
     });
     Ok(built.clone()?)
@@ -40,11 +49,38 @@ pub(crate) fn module() -> TestResult<PathBuf> {
 pub(crate) fn probe() -> TestResult<PathBuf> {
     static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = PROBE.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-probe-agents");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-probe");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         build_probe(&dir)
     });
     Ok(built.clone()?)
+}
+
+/// The `mesos-gpu` binary of this build (`target/<profile>/mesos-gpu`), built by the cli crate.
+pub(crate) fn mesos_gpu_exe() -> TestResult<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no target directory")?;
+    let found = dir.join("mesos-gpu");
+    check(
+        found.is_file(),
+        format!(
+            "{} missing: build it first (cargo build -p mesos-gpu)",
+            found.display()
+        ),
+    )?;
+    Ok(found)
+}
+
+/// `program` in `/usr/local/bin`, `/usr/bin` or `/bin`.
+pub(crate) fn which(program: &str) -> TestResult<PathBuf> {
+    ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("no {program} program in /usr/local/bin, /usr/bin or /bin").into())
 }
 
 /// One simulated node for a module-loaded agent: nvml-sim, the GPUs' device nodes (and MIG

@@ -1,6 +1,8 @@
 //! A real Apache Mesos for end-to-end tests: a master and agents on 127.0.0.1 with free ports
 //! and private work and runtime directories, the C++ module built with its CMakeLists.txt,
-//! mknod'ed device nodes, a static device probe, and `mesos-execute` frameworks.
+//! mknod'ed device nodes, a static device probe, `mesos-execute` frameworks, a pymesos framework
+//! that launches many tasks ([`framework`]), and agents in a private view of the host where
+//! Mesos's own `gpu/nvidia` finds the simulated driver ([`PrivateHost`]).
 //!
 //! The Mesos is the install prefix `shared/mesos/install` beside the workspace (`../shared`, or
 //! further up for a worktree; its README: Mesos 1.12.0 built on Debian 12), or
