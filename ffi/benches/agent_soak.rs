@@ -505,6 +505,15 @@ impl Soak {
         self.agents.iter().find(|a| a.agent.port() == port)
     }
 
+    /// The HTTP port of the agent task `id` was launched on (0 before it was).
+    fn port_of(&self, id: &str) -> u16 {
+        self.fw
+            .first("accept", id)
+            .and_then(|e| e.json["port"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(0)
+    }
+
     /// Task `id`'s stdout, from the agent that ran it.
     fn stdout(&self, id: &str, port: u16) -> String {
         self.agent_at(port)
@@ -538,6 +547,8 @@ struct Outcome {
     ended: f64,
     message: String,
     probe: TaskProbe,
+    /// What the task printed.
+    stdout: String,
 }
 
 impl Outcome {
@@ -555,6 +566,7 @@ impl Outcome {
                 .and_then(|e| e.json["port"].as_u64())
                 .and_then(|p| u16::try_from(p).ok())
                 .unwrap_or(0);
+        let stdout = s.stdout(&p.id, port);
         Outcome {
             planned: p.clone(),
             port,
@@ -565,7 +577,8 @@ impl Outcome {
             state: end.state.clone(),
             ended: end.t,
             message: end.json["message"].as_str().unwrap_or_default().to_owned(),
-            probe: TaskProbe::parse(&s.stdout(&p.id, port)),
+            probe: TaskProbe::parse(&stdout),
+            stdout,
         }
     }
 }
@@ -598,6 +611,22 @@ fn soak(opts: &Options) -> TestResult<bool> {
         println!("  agent {}: --resources={}", a.role.name(), a.resources);
     }
     let result = run_soak(&mut s, opts);
+    if let (Some(dir), Ok((_, outcomes))) = (&opts.logs, &result) {
+        let _ = std::fs::create_dir_all(dir);
+        let lines: Vec<String> = outcomes
+            .iter()
+            .map(|o| {
+                serde_json::json!({
+                    "id": o.planned.id, "ask": o.planned.ask.label(), "port": o.port,
+                    "state": o.state, "message": o.message, "running": o.running,
+                    "ended": o.ended, "stdout": o.stdout,
+                })
+                .to_string()
+            })
+            .collect();
+        let _ = std::fs::write(dir.join("tasks.jsonl"), lines.join("\n"));
+    }
+    let result = result.map(|(ok, _)| ok);
     if let Some(dir) = &opts.logs {
         let _ = std::fs::create_dir_all(dir);
         for a in &s.agents {
@@ -633,7 +662,7 @@ struct Restart {
     down: (f64, f64),
 }
 
-fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<bool> {
+fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<(bool, Vec<Outcome>)> {
     let plan = plan(opts.tasks, opts.seed);
     let mut samples = s.sample("baseline", 0, 0, true);
     println!("  {}", header());
@@ -703,10 +732,13 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<bool> {
             for (id, p) in &in_flight {
                 let updates = s.fw.updates(id);
                 let running = updates.iter().find(|e| e.state == "TASK_RUNNING");
+                // Killed once it has probed (a kill during its first probe would leave no
+                // record of what it could open).
                 if let Some(running) = running
                     && p.fate == Fate::Kill
                     && !killed.contains(id)
                     && running.t + p.secs < now()
+                    && s.stdout(id, s.port_of(id)).contains("\nprobed\n")
                 {
                     s.fw.kill(id)?;
                     killed.insert(id.clone());
@@ -755,7 +787,8 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<bool> {
         println!("  {}", row(&sample));
         samples.push(sample);
     }
-    Ok(report(s, opts, &samples, &outcomes, &restarts, &wave))
+    let ok = report(s, opts, &samples, &outcomes, &restarts, &wave);
+    Ok((ok, outcomes.into_values().chain(wave).collect()))
 }
 
 /// `CLOCK_BOOTTIME` now, in seconds (the clock of `/proc/uptime` and the framework's events).
@@ -882,17 +915,21 @@ fn units(probe: &TaskProbe) -> u32 {
 
 /// Why a task's grant does not match what it asked for, if it does not.
 fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
-    // A task that printed nothing (it never ran) opened nothing.
-    o.probe.start?;
+    // A task whose first probes did not complete (it never ran, or ended during them) left no
+    // record of what it could open.
+    if !o.probe.probed {
+        return None;
+    }
     let at_end = TaskProbe {
         opened_at_start: o.probe.opened_at_end.clone(),
         ..TaskProbe::default()
     };
     if !o.probe.opened_at_end.is_empty() && at_end.opened() != o.probe.opened() {
         return Some(format!(
-            "opened {:?} at start but {:?} at end",
+            "opened {:?} at start but {:?} at end; it printed:\n{}",
             o.probe.opened(),
-            at_end.opened()
+            at_end.opened(),
+            o.stdout.trim_end()
         ));
     }
     let got = classify(a, &o.probe);
@@ -935,10 +972,11 @@ fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
     };
     (!ok).then(|| {
         format!(
-            "asked {} on {} and opened {:?} (share {share:?})",
+            "asked {} on {} and opened {:?} (share {share:?}); it printed:\n{}",
             o.planned.ask.label(),
             a.role.name(),
-            o.probe.opened()
+            o.probe.opened(),
+            o.stdout.trim_end()
         )
     })
 }
@@ -1172,7 +1210,7 @@ fn report(
     }
     let unprobed = outcomes
         .values()
-        .filter(|o| o.running.is_some() && o.probe.start.is_none())
+        .filter(|o| o.running.is_some() && !o.probe.probed)
         .count();
     let _ = writeln!(
         out,
@@ -1186,7 +1224,10 @@ fn report(
     for w in wrong.iter().take(20) {
         let _ = writeln!(out, "  - {w}");
     }
-    let _ = writeln!(out, "- tasks that ran but left no probe output: {unprobed}");
+    let _ = writeln!(
+        out,
+        "- tasks that ran but ended before their first probes completed: {unprobed}"
+    );
     ok &= doubles.is_empty() && wrong.is_empty();
 
     let wave_ok = wave.iter().all(|o| o.state == "TASK_FINISHED");

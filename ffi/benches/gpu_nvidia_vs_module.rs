@@ -470,6 +470,32 @@ fn latency_and_matrix(
             }
         }
     }
+    let opens = |kind: Kind, gpus: u32| -> String {
+        let Some(p) = first.get(&(kind, gpus)) else {
+            return "-".into();
+        };
+        let nodes = p.opened();
+        if nodes.is_empty() {
+            "nothing".into()
+        } else {
+            nodes.join(", ")
+        }
+    };
+    summary.push([
+        "a `gpus:0` task can open".into(),
+        opens(Kind::GpuNvidia, 0),
+        opens(Kind::Module, 0),
+    ]);
+    let pair = |kind: Kind| -> String {
+        first
+            .get(&(kind, 2))
+            .map_or("-".into(), |p| format!("GPUs {:?}", p.gpus()))
+    };
+    summary.push([
+        "a `gpus:2` task on the free node gets (every other GPU: EPERM)".into(),
+        pair(Kind::GpuNvidia),
+        pair(Kind::Module),
+    ]);
     let _ = writeln!(
         out,
         "\nGPUs granted over all {reps} tasks of each size (set: tasks):\n"

@@ -219,6 +219,8 @@ pub(crate) struct TaskProbe {
     pub(crate) opened_at_end: BTreeMap<String, String>,
     /// Environment variables the probe printed.
     pub(crate) env: BTreeMap<String, String>,
+    /// Whether the probes at start completed (`probed` printed after them).
+    pub(crate) probed: bool,
 }
 
 impl TaskProbe {
@@ -232,6 +234,7 @@ impl TaskProbe {
                 ["start", t] => p.start = t.parse().ok(),
                 ["end", t] => p.end = t.parse().ok(),
                 ["phase", "end"] => at_end = true,
+                ["probed"] => p.probed = true,
                 ["before", node, outcome] => {
                     let map = if at_end {
                         &mut p.opened_at_end
@@ -270,14 +273,14 @@ impl TaskProbe {
 }
 
 /// A task command: prints its uptime, probes every `nvidia*` node of `dev` (and
-/// `dev/nvidia-caps` when it has one), sleeps `secs`, probes again and prints its uptime, then
-/// exits with `code`. On SIGTERM (a kill) it prints its uptime and exits at once.
+/// `dev/nvidia-caps` when it has one) and prints `probed`, sleeps `secs`, probes again and prints
+/// its uptime, then exits with `code`. On SIGTERM (a kill) it prints its uptime and exits at once.
 pub(crate) fn probe_command(probe: &Path, dev: &Path, secs: f64, code: i32) -> String {
     let p = probe.display();
     let d = dev.display();
     let both = format!("{p} {d}; if [ -d {d}/nvidia-caps ]; then {p} {d}/nvidia-caps; fi");
     format!(
-        "up() {{ cut -d' ' -f1 /proc/uptime; }}; echo start $(up); {both}; \
+        "up() {{ cut -d' ' -f1 /proc/uptime; }}; echo start $(up); {both}; echo probed; \
          trap 'echo end $(up); exit 143' TERM; sleep {secs:.2} & wait $!; \
          echo phase end; {both}; echo end $(up); exit {code}"
     )
