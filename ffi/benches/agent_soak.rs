@@ -53,13 +53,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use agents::{ModuleNode, TaskProbe, dev_nodes, module_isolation_v1, probe, probe_command};
+use agents::{Hold, ModuleNode, TaskProbe, dev_nodes, module_isolation_v1, probe, probe_command};
 use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
 use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_testkit::mesos::framework::{
     Event, Framework, FrameworkSpec, TERMINAL, check_pymesos,
 };
-use mesos_gpu_testkit::mesos::{Agent, AgentCgroups, DevNodes, Master, MesosInstall, tail};
+use mesos_gpu_testkit::mesos::{
+    Agent, AgentCgroups, DevNodes, Master, MesosInstall, tail, wait_for,
+};
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use support::TestResult;
@@ -683,7 +685,7 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<(bool, Vec<Outcome>)> {
                 let code = i32::from(p.fate == Fate::Fail);
                 // A task to be killed sleeps long enough to be killed while it runs.
                 let secs = if p.fate == Fate::Kill { 60.0 } else { p.secs };
-                let command = probe_command(&s.probe, s.dev.path(), secs, code);
+                let command = probe_command(&s.probe, s.dev.path(), Hold::Secs(secs), code);
                 s.fw.launch_in(
                     &p.id,
                     &[("cpus", 0.1), ("mem", 32.0), p.ask.resource()],
@@ -842,6 +844,9 @@ fn final_wave(s: &mut Soak) -> TestResult<Vec<Outcome>> {
             asks.push((Ask::Mig(profile), port));
         }
     }
+    // Every wave task holds its grant until all of them run and have probed.
+    // In the device directory (the probe looks at `nvidia*` only), removed with it.
+    let go = s.dev.path().join("wave-go");
     let mut planned = Vec::new();
     for (i, (ask, port)) in asks.into_iter().enumerate() {
         let p = Planned {
@@ -850,7 +855,7 @@ fn final_wave(s: &mut Soak) -> TestResult<Vec<Outcome>> {
             secs: 8.0,
             fate: Fate::Exit,
         };
-        let command = probe_command(&s.probe, s.dev.path(), p.secs, 0);
+        let command = probe_command(&s.probe, s.dev.path(), Hold::Until(&go), 0);
         s.fw.launch_in(
             &p.id,
             &[("cpus", 0.1), ("mem", 32.0), ask.resource()],
@@ -860,6 +865,21 @@ fn final_wave(s: &mut Soak) -> TestResult<Vec<Outcome>> {
         )?;
         planned.push(p);
     }
+    let all_probed = wait_for(
+        Duration::from_secs(300),
+        || "every task of the final wave to run and probe".to_owned(),
+        || {
+            planned
+                .iter()
+                .all(|p| {
+                    let port = s.port_of(&p.id);
+                    port != 0 && s.stdout(&p.id, port).contains("\nprobed\n")
+                })
+                .then_some(())
+        },
+    );
+    std::fs::write(&go, b"")?;
+    all_probed?;
     let mut outcomes = Vec::new();
     for p in planned {
         let end = s.fw.wait_terminal(&p.id, Duration::from_secs(300))?;

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agents::{ModuleNode, TaskProbe, dev_nodes, module_isolation_v1, probe, probe_command};
+use agents::{Hold, ModuleNode, TaskProbe, dev_nodes, module_isolation_v1, probe, probe_command};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
 use mesos_gpu_testkit::mesos::framework::{Framework, FrameworkSpec};
@@ -240,7 +240,7 @@ fn quota_on_gpus_holds_across_agents() -> TestResult {
         },
     )?;
     let p = probe()?;
-    let hold = |secs: f64| probe_command(&p, c.dev.path(), secs, 0);
+    let hold = |secs: f64| probe_command(&p, c.dev.path(), Hold::Secs(secs), 0);
     let port = |name: &str| {
         c.members
             .iter()
@@ -342,12 +342,15 @@ fn tasks_land_where_their_gpus_fit_and_none_is_refused() -> TestResult {
         ("mig-small", "mig-1g.5gb", 1.0),
         ("mig-large", "mig-3g.20gb", 1.0),
     ];
+    // Every task holds its GPUs until all of them run (and so fill the cluster together); the
+    // go file is in the device directory (the probe looks at `nvidia*` only), removed with it.
+    let go = c.dev.path().join("placement-go");
     for (id, resource, n) in asks {
         let container = resource.starts_with("mig-").then(|| no_sys_admin.clone());
         fw.launch_in(
             id,
             &[("cpus", 0.1), ("mem", 32.0), (resource, n)],
-            &probe_command(&p, c.dev.path(), 8.0, 0),
+            &probe_command(&p, c.dev.path(), Hold::Until(&go), 0),
             None,
             container,
         )?;
@@ -382,6 +385,7 @@ fn tasks_land_where_their_gpus_fit_and_none_is_refused() -> TestResult {
             && placed["four-b"] != "dgx1",
         format!("placement: {placed:?}"),
     )?;
+    std::fs::write(&go, b"")?;
     for (id, ..) in asks {
         fw.wait_state(id, "TASK_FINISHED", TIMEOUT)?;
     }

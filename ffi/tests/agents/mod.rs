@@ -272,16 +272,33 @@ impl TaskProbe {
     }
 }
 
+/// How long a [`probe_command`] task holds its GPUs between its two probes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Hold<'a> {
+    /// This many seconds.
+    Secs(f64),
+    /// Until this file exists.
+    Until(&'a Path),
+}
+
 /// A task command: prints its uptime, probes every `nvidia*` node of `dev` (and
-/// `dev/nvidia-caps` when it has one) and prints `probed`, sleeps `secs`, probes again and prints
-/// its uptime, then exits with `code`. On SIGTERM (a kill) it prints its uptime and exits at once.
-pub(crate) fn probe_command(probe: &Path, dev: &Path, secs: f64, code: i32) -> String {
+/// `dev/nvidia-caps` when it has one) and prints `probed`, holds (`hold`), probes again and
+/// prints its uptime, then exits with `code`. On SIGTERM (a kill) it prints its uptime and exits
+/// at once.
+pub(crate) fn probe_command(probe: &Path, dev: &Path, hold: Hold<'_>, code: i32) -> String {
     let p = probe.display();
     let d = dev.display();
     let both = format!("{p} {d}; if [ -d {d}/nvidia-caps ]; then {p} {d}/nvidia-caps; fi");
+    let wait = match hold {
+        Hold::Secs(secs) => format!("sleep {secs:.2} & wait $!"),
+        Hold::Until(go) => format!(
+            "while [ ! -e {} ]; do sleep 0.1 & wait $!; done",
+            go.display()
+        ),
+    };
     format!(
         "up() {{ cut -d' ' -f1 /proc/uptime; }}; echo start $(up); {both}; echo probed; \
-         trap 'echo end $(up); exit 143' TERM; sleep {secs:.2} & wait $!; \
+         trap 'echo end $(up); exit 143' TERM; {wait}; \
          echo phase end; {both}; echo end $(up); exit {code}"
     )
 }
