@@ -97,7 +97,8 @@ fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
-            stderr.contains("gpus=1: this node has no GPUs (NVIDIA driver not loaded: ",),
+            stderr.contains("gpus=1: this process sees no GPU (NVIDIA driver not loaded: ")
+                && stderr.contains("): granting no GPU"),
             "{args:?}: {stderr}"
         );
         assert!(!stderr.contains("from 0 to 0"), "{stderr}");

@@ -199,6 +199,9 @@ impl MgpuIsolator {
         for issue in &report.issues {
             tracing::warn!(?issue, "recovery found an inconsistency");
         }
+        if let Some(unchecked) = &report.unchecked {
+            tracing::warn!(records = %unchecked, "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
+        }
         if self.isolator.supervises_mps() {
             self.mps_supervisor
                 .call_once(|| supervise_mps(Arc::downgrade(&self.isolator)));

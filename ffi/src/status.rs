@@ -332,7 +332,8 @@ fn lifecycle_status(e: &LifecycleError) -> MgpuStatus {
         | LifecycleError::HealthAttached
         | LifecycleError::NoMesosCgroup { .. }
         | LifecycleError::MesosCgroupAllowsAll { .. }
-        | LifecycleError::ForeignDeviceProgram { .. } => MgpuStatus::MgpuInvalidState,
+        | LifecycleError::ForeignDeviceProgram { .. }
+        | LifecycleError::Blind { .. } => MgpuStatus::MgpuInvalidState,
         LifecycleError::UnknownCgroupChoice { .. } | LifecycleError::UnknownCgroupOwner { .. } => {
             MgpuStatus::MgpuBadArgument
         }

@@ -209,6 +209,14 @@ fn main() -> ExitCode {
         })
         .collect();
     trials.extend(numa_trials(&host));
+    trials.push(needs(
+        &host,
+        docker,
+        trial(
+            "v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper",
+            v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -260,6 +268,11 @@ struct ModuleSetup<'a> {
     node: Option<&'a str>,
     /// More arguments for the Docker hook's `docker-args` command line.
     docker_args: &'a [&'a str],
+    /// The module loads the simulated NVML through its `nvml_lib` parameter.
+    nvml_lib: bool,
+    /// The agent's `--docker` is `examples/mesos-agent/mesos-gpu-docker` with this test's paths:
+    /// no `--nvml-lib`, no `--dev-root`, as shipped.
+    shipped_wrapper: bool,
 }
 
 const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
@@ -267,6 +280,8 @@ const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
     extra: &[],
     node: None,
     docker_args: &[],
+    nvml_lib: false,
+    shipped_wrapper: false,
 };
 
 impl Cluster {
@@ -325,6 +340,9 @@ impl Cluster {
         }
         if setup.node.is_some() {
             params.push(("proc_root".into(), sim.proc_root().display().to_string()));
+        }
+        if setup.nvml_lib {
+            params.push(("nvml_lib".into(), sim.lib_path().display().to_string()));
         }
         params.extend(
             setup
@@ -1680,16 +1698,18 @@ impl DockerCluster {
                 .push(format!("--docker_socket={}", socket.display()));
         }
         let wrapper = s.join("mesos-gpu-docker");
-        std::fs::write(
-            &wrapper,
+        let script = if setup.shipped_wrapper {
+            shipped_wrapper(&exe, &which("docker")?, &pool, &docker_work)?
+        } else {
             format!(
                 "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
                 s.join("stalled.pid").display(),
                 which("docker")?.display(),
                 pool.display(),
                 docker_work.display()
-            ),
-        )?;
+            )
+        };
+        std::fs::write(&wrapper, script)?;
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
         // Both modules: the isolator's parameters as `prepare` wrote them, and the hook.
@@ -1891,6 +1911,32 @@ impl DockerCluster {
             .map(|(k, _)| k.clone())
             .collect())
     }
+}
+
+/// `examples/mesos-agent/mesos-gpu-docker` with this build's `mesos-gpu`, this host's `docker`
+/// and the test's pool and work directories in place of the installed paths.
+fn shipped_wrapper(exe: &Path, docker: &Path, pool: &Path, work: &Path) -> TestResult<String> {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/mesos-gpu-docker"),
+    )?;
+    let script = shipped
+        .replace("/usr/bin/mesos-gpu ", &format!("{} ", exe.display()))
+        .replace("/usr/bin/docker ", &format!("{} ", docker.display()))
+        .replace("/var/lib/mesos-gpu ", &format!("{} ", pool.display()))
+        .replace("/var/run/mesos-gpu ", &format!("{} ", work.display()));
+    // What it runs (its comments aside) names this build's paths, and no NVML or device root.
+    let command: String = script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    check(
+        command.contains(&exe.display().to_string())
+            && command.contains(&work.display().to_string())
+            && !command.contains("--nvml-lib")
+            && !command.contains("--dev-root"),
+        format!("the shipped wrapper is not as this trial expects:\n{script}"),
+    )?;
+    Ok(script)
 }
 
 /// A `gpus:2` Docker task in an image labelled `com.nvidia.volumes.needed` sees exactly two
@@ -2270,6 +2316,88 @@ fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
         format!("the status message does not say why: {out}"),
     )?;
     d.wait_released("nothing reserved")
+}
+
+/// Issue 24: an agent whose module and Docker hook load NVML through `--nvml-lib` (the module's
+/// `nvml_lib`), and whose `--docker` program is the shipped wrapper, which names no NVML library
+/// (the Docker executor's environment has no `LD_LIBRARY_PATH` either, so it sees no GPU): two
+/// `gpus:4` Docker tasks, the second launched once the first runs, get disjoint GPUs (what each container could
+/// open, and `docker inspect`'s `.HostConfig.Devices`), and while both run the pool keeps both
+/// reservations, four real UUIDs each.
+fn v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper() -> TestResult {
+    let setup = ModuleSetup {
+        nvml_lib: true,
+        shipped_wrapper: true,
+        ..EXPLICIT_ROOT
+    };
+    let mut d = DockerCluster::start_with(None, AgentCgroups::V1, &setup, None)?;
+    let image = d.image(false)?;
+    let first = d.launch("dfirst", &image, 4, true)?;
+    // The second is launched once the first runs, so the first's wrapper has opened the pool
+    // (where a wrapper that sees no GPU used to drop or blank the first's reservation).
+    d.c.agent.wait_stdout("dfirst", "waiting", TASK_TIMEOUT)?;
+    let second = d.launch("dsecond", &image, 4, true)?;
+    let mut held = Vec::new();
+    for name in ["dfirst", "dsecond"] {
+        let out = d.c.agent.wait_stdout(name, "waiting", TASK_TIMEOUT)?;
+        println!("{name} printed:\n{out}");
+        held.push(docker_nodes(&ProbeReport::parse(&out), 4, &out)?);
+    }
+    check(
+        held[0].is_disjoint(&held[1]),
+        format!(
+            "both Docker tasks opened GPUs {:?} and {:?}",
+            held[0], held[1]
+        ),
+    )?;
+    let path = d.c.scratch.path().join("pool/gpu/pool.json");
+    let pool: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut devices = Vec::new();
+    let mut uuids = BTreeSet::new();
+    for id in d.docker_reservations()? {
+        let gpus: Vec<String> = pool["reservations"][id.as_str()]["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| g.as_str().unwrap_or_default().to_owned())
+            .collect();
+        check(
+            gpus.len() == 4 && gpus.iter().all(|g| g.starts_with("GPU-")),
+            format!("reservation {id} holds {gpus:?}: {pool}"),
+        )?;
+        uuids.extend(gpus);
+        let out = d
+            .docker()
+            .args(["inspect", "--format", "{{json .HostConfig.Devices}}"])
+            .arg(format!("mesos-{id}"))
+            .output()?;
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let gpu_nodes: BTreeSet<String> = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|dev| dev["PathOnHost"].as_str())
+            .filter(|p| {
+                p.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.trim_start_matches("nvidia").parse::<u32>().is_ok())
+            })
+            .map(str::to_owned)
+            .collect();
+        devices.push(gpu_nodes);
+    }
+    check(
+        uuids.len() == 8
+            && devices.len() == 2
+            && devices[0].len() == 4
+            && devices[0].is_disjoint(&devices[1]),
+        format!("the pool holds {uuids:?}; the containers have GPU devices {devices:?}: {pool}"),
+    )?;
+    for (name, mut task) in [("dfirst", first), ("dsecond", second)] {
+        d.release(name)?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    d.wait_released("the Docker tasks' GPUs")
 }
 
 /// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so

@@ -29,7 +29,27 @@ pub(crate) struct Node {
     pub(crate) nvswitches: Vec<NvSwitch>,
     /// Injected failures of system-level functions.
     pub(crate) fail: HashMap<&'static str, NvmlError>,
+    /// Failures drawn at random.
+    pub(crate) random: Option<RandomFailures>,
     pub(crate) gpus: Vec<Gpu>,
+}
+
+/// Seeded random failures: of initialisation, and of every other call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RandomFailures {
+    /// The stream's seed, unless `NVML_SIM_SEED` gives another.
+    pub(crate) seed: u64,
+    /// `nvmlInit_v2` / `nvmlInitWithFlags`.
+    pub(crate) init: Option<FailureRate>,
+    /// Every other call but `nvmlShutdown` and `nvmlErrorString`.
+    pub(crate) calls: Option<FailureRate>,
+}
+
+/// A probability of failing, and the errors a failure answers (drawn evenly).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FailureRate {
+    pub(crate) probability: f64,
+    pub(crate) errors: Vec<NvmlError>,
 }
 
 /// Dynamic majors of the driver's character devices.

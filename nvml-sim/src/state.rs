@@ -27,6 +27,9 @@ use crate::status::NvmlError;
 pub(crate) const CONFIG_ENV: &str = "NVML_SIM_CONFIG";
 /// The file looked for beside the library when [`CONFIG_ENV`] is unset.
 pub(crate) const CONFIG_FILE: &str = "nvml-sim.json";
+/// The environment variable giving the seed of the random failures (instead of the
+/// description's `random_failures.seed`), so that each process of a test draws its own.
+pub(crate) const SEED_ENV: &str = "NVML_SIM_SEED";
 
 /// What a device handle points at. Not zero-sized, so every boxed token is its own allocation
 /// and its address is a handle no other live GPU (or other loaded sim) can have.
@@ -270,6 +273,9 @@ impl Sim {
 pub(crate) struct Registry {
     refcount: u32,
     sim: Option<Sim>,
+    /// The random failures' stream (xorshift64*), seeded at its first draw and kept across
+    /// shutdowns, so that an init tried again draws anew.
+    draws: Option<u64>,
 }
 
 impl Registry {
@@ -277,11 +283,55 @@ impl Registry {
     pub(crate) fn sim(&mut self) -> Result<&mut Sim, NvmlError> {
         self.sim.as_mut().ok_or(NvmlError::Uninitialized)
     }
+
+    /// A failure drawn for a call (`init`: `nvmlInit*`) as `node`'s `random_failures` asks, if
+    /// one is drawn.
+    fn draw(&mut self, node: &Node, init: bool) -> Result<(), NvmlError> {
+        let Some(random) = &node.random else {
+            return Ok(());
+        };
+        let rate = if init { &random.init } else { &random.calls };
+        let Some(rate) = rate else {
+            return Ok(());
+        };
+        let state = self.draws.get_or_insert_with(|| {
+            let seed = std::env::var(SEED_ENV)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(random.seed);
+            // xorshift needs a non-zero state; the constant spreads small seeds.
+            (seed ^ 0x9E37_79B9_7F4A_7C15).max(1)
+        });
+        let mut next = || {
+            *state ^= *state >> 12;
+            *state ^= *state << 25;
+            *state ^= *state >> 27;
+            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        // 53 random bits as a fraction of 1.
+        let fraction = (next() >> 11) as f64 / (1u64 << 53) as f64;
+        if fraction >= rate.probability {
+            return Ok(());
+        }
+        let pick = usize::try_from(next() % rate.errors.len() as u64).unwrap_or(0);
+        Err(rate.errors[pick])
+    }
+
+    /// A random failure of a call other than init on the initialised sim, if one is drawn.
+    pub(crate) fn random_failure(&mut self) -> Result<(), NvmlError> {
+        let Some(sim) = self.sim.take() else {
+            return Err(NvmlError::Uninitialized);
+        };
+        let drawn = self.draw(&sim.node, false);
+        self.sim = Some(sim);
+        drawn
+    }
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     refcount: 0,
     sim: None,
+    draws: None,
 });
 
 /// Locks the global state. A panic while it was held (caught at the C boundary) leaves data
@@ -293,8 +343,12 @@ pub(crate) fn lock() -> MutexGuard<'static, Registry> {
 /// `nvmlInit_v2` / `nvmlInitWithFlags`: counts a reference, loading the node on the first one.
 pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
     let mut reg = lock();
-    if let Some(sim) = &reg.sim {
-        sim.system_usable(function)?;
+    if let Some(sim) = reg.sim.take() {
+        let usable = sim
+            .system_usable(function)
+            .and_then(|()| reg.draw(&sim.node, true));
+        reg.sim = Some(sim);
+        usable?;
         reg.refcount = reg.refcount.saturating_add(1);
         return Ok(());
     }
@@ -310,6 +364,7 @@ pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
             NvmlError::DriverNotLoaded
         })?;
     sim.system_usable(function)?;
+    reg.draw(&sim.node, true)?;
     if sim.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
         return Err(NvmlError::GpuNotFound);
     }

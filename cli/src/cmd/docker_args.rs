@@ -30,7 +30,7 @@ use mesos_gpu_isolator::devices::DeviceNodes;
 use mesos_gpu_isolator::inventory::{Gpu, Inventory};
 use mesos_gpu_isolator::lifecycle::{
     CheckpointError, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
-    LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig,
+    LifecycleError, MigConfig, PoolConfig, PoolRole, PrepareConfig, RecoveryReport,
 };
 use mesos_gpu_isolator::mig::MigKind;
 use mesos_gpu_isolator::pool::Host;
@@ -213,11 +213,15 @@ fn mig_request(
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
     // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
     // devices.
-    let whole = MigConfig {
+    open_pool_sharing(ctx, args, None, whole_gpus())
+}
+
+/// `gpus` as whole GPUs: the mixed strategy never turns them into MIG devices.
+fn whole_gpus() -> MigConfig {
+    MigConfig {
         strategy: MigStrategy::Mixed,
         ..MigConfig::default()
-    };
-    open_pool_sharing(ctx, args, None, whole)
+    }
 }
 
 /// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
@@ -232,7 +236,6 @@ pub(crate) fn open_pool_sharing(
         .dev_root()
         .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
     mig.proc_root = ctx.proc_root()?;
-    let work_dir = &args.work_dir;
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
         Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {
@@ -243,6 +246,37 @@ pub(crate) fn open_pool_sharing(
         })?,
         None => DeviceNodes::default(),
     };
+    let (isolator, report) = open_on(args, sharing, mig, inventory, nodes)?;
+    if let Some(unchecked) = &report.unchecked {
+        tracing::warn!(records = %unchecked, work_dir = %args.work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
+    }
+    Ok(isolator)
+}
+
+/// Opens the Docker containers' reservations like [`open_pool`], loading no NVML: for what
+/// needs no GPU seen (`what`: claiming a reservation for its container, releasing it), by
+/// container id. Every record is kept as written; nothing can be granted.
+pub(crate) fn open_records(args: &super::DockerPoolArgs, what: &str) -> anyhow::Result<Isolator> {
+    let inventory = Inventory {
+        absent_reason: Some(format!("{what} loads no NVML")),
+        ..Inventory::default()
+    };
+    let (isolator, report) = open_on(args, None, whole_gpus(), inventory, DeviceNodes::default())?;
+    if let Some(unchecked) = &report.unchecked {
+        tracing::debug!(records = %unchecked, "records kept as written");
+    }
+    Ok(isolator)
+}
+
+/// The isolator of the Docker containers' reservations over `inventory`, recovered.
+fn open_on(
+    args: &super::DockerPoolArgs,
+    sharing: Option<mesos_gpu_isolator::lifecycle::SharingConfig>,
+    mig: MigConfig,
+    inventory: Inventory,
+    nodes: DeviceNodes,
+) -> anyhow::Result<(Isolator, RecoveryReport)> {
+    let work_dir = &args.work_dir;
     let deadline = Instant::now() + LOCK_WAIT;
     let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
@@ -272,7 +306,7 @@ pub(crate) fn open_pool_sharing(
     for issue in &report.issues {
         tracing::debug!(?issue, "pool entry kept reserved");
     }
-    Ok(isolator)
+    Ok((isolator, report))
 }
 
 /// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
@@ -333,7 +367,8 @@ pub(crate) fn driver_spec(
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
-        let pool = open_pool(ctx, &args.reservations)?;
+        // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
+        let pool = open_records(&args.reservations, "docker-args --release")?;
         let kept = if args.force {
             pool.release_docker(id).map(|()| None)
         } else {
@@ -415,6 +450,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
     line.extend(plan.cli_args());
+    // The driver seen here, for `docker-wrapper`'s CUDA check (it loads no NVML).
+    if let Some(driver) = &driver {
+        line.extend(super::docker_wrapper::driver_labels(&driver.info));
+    }
     if let Some(pinning) = &pinning {
         line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
     }

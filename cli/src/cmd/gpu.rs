@@ -15,6 +15,7 @@
 //! `--work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
 //! at. `gpu health` only reads: it creates no file.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,7 +26,7 @@ use mesos_gpu_isolator::health::{
 };
 
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_isolator::pool::{Host, Pool};
+use mesos_gpu_isolator::pool::{Host, Listing, Pool};
 
 use crate::ctx::Ctx;
 
@@ -121,16 +122,80 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
         GpuCommand::Health(a) => health(a),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
-        GpuCommand::List(a) => list(a),
+        GpuCommand::List(a) => list(a, ctx),
         GpuCommand::Release(a) => release(a),
     }
 }
 
-fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
+/// What `gpu list --json` prints: the pool's listing, and the recorded GPUs this command does
+/// not see with why.
+#[derive(serde::Serialize)]
+struct Shown<'a> {
+    #[serde(flatten)]
+    listing: &'a Listing,
+    /// The recorded GPUs this command does not see, by owner id.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    unseen: BTreeMap<String, Vec<String>>,
+    /// Why it does not see them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unseen_why: Option<String>,
+}
+
+/// The GPU and MIG device UUIDs this process sees, and what to say of a recorded GPU it does
+/// not: whether discovery works or not, `gpu list` lists every record.
+fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
+    match ctx.inventory() {
+        Ok(inventory) if !inventory.gpus.is_empty() => (
+            inventory
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .chain(inventory.mig.devices.iter().map(|d| d.uuid.clone()))
+                .collect(),
+            format!(
+                "not among the {} GPUs NVML reports here",
+                inventory.gpus.len()
+            ),
+        ),
+        Ok(inventory) => (
+            BTreeSet::new(),
+            format!(
+                "this process sees no GPU ({})",
+                inventory
+                    .absent_reason
+                    .as_deref()
+                    .unwrap_or("NVML reports none")
+            ),
+        ),
+        Err(e) => (BTreeSet::new(), format!("{e:#}")),
+    }
+}
+
+fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
+    let (seen, why) = seen_here(ctx);
+    let unseen: BTreeMap<String, Vec<String>> = listing
+        .reservations
+        .iter()
+        .filter_map(|r| {
+            let gpus: Vec<String> = r
+                .reservation
+                .gpus
+                .iter()
+                .filter(|u| !seen.contains(u.as_str()))
+                .map(ToString::to_string)
+                .collect();
+            (!gpus.is_empty()).then(|| (r.id.clone(), gpus))
+        })
+        .collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        let shown = Shown {
+            listing: &listing,
+            unseen_why: (!unseen.is_empty()).then_some(why),
+            unseen,
+        };
+        println!("{}", serde_json::to_string_pretty(&shown)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("GPU pool {}", listing.path.display());
@@ -143,7 +208,7 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         );
     }
     for r in &listing.reservations {
-        let (state, why) = r.liveness.describe();
+        let (state, why_state) = r.liveness.describe();
         println!(
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
@@ -151,9 +216,17 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             r.reservation.gpus.len(),
             age(r.reservation.since.saturating_mul(1000)),
             state,
-            r.reservation.gpus.join(",")
+            r.reservation
+                .gpus
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         );
-        println!("{:>80} {why}", "");
+        println!("{:>80} {why_state}", "");
+        if let Some(gpus) = unseen.get(&r.id) {
+            println!("{:>80} not seen here: {} ({why})", "", gpus.join(","));
+        }
         if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
             println!("{:>80} quarantined: {reason}", "");
         }
@@ -205,7 +278,8 @@ fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .context("an owner id or --dead is required")?;
     let freed = pool.release(owner, args.force, &host)?;
-    println!("released {owner}: {}", freed.gpus.join(", "));
+    let gpus: Vec<String> = freed.gpus.iter().map(ToString::to_string).collect();
+    println!("released {owner}: {}", gpus.join(", "));
     Ok(ExitCode::SUCCESS)
 }
 

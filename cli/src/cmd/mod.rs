@@ -23,6 +23,11 @@ mod run;
 mod serve;
 mod volume;
 
+/// Where `docker-args`, `docker-wrapper`, `run` and `serve` keep the Docker containers' records
+/// by default.
+#[cfg(test)]
+pub(crate) use docker_args::DEFAULT_WORK_DIR as DEFAULT_DOCKER_WORK_DIR;
+
 /// The subcommands.
 #[derive(clap::Subcommand)]
 pub(crate) enum Command {
@@ -183,12 +188,13 @@ pub(crate) fn parse_gpus(value: &str) -> Result<u32, String> {
     })
 }
 
-/// Refuses a request for GPUs on a node that has none, with discovery's reason.
+/// Refuses a request for GPUs when this process sees none, with discovery's reason: what it
+/// cannot see it could neither place among the node's records nor record.
 pub(crate) fn require_gpus(ctx: &Ctx, gpus: u32) -> anyhow::Result<()> {
     let inventory = ctx.inventory()?;
     if gpus > 0 && inventory.gpus.is_empty() {
         anyhow::bail!(
-            "gpus={gpus}: this node has no GPUs ({})",
+            "gpus={gpus}: this process sees no GPU ({}): granting no GPU",
             inventory
                 .absent_reason
                 .as_deref()

@@ -19,7 +19,7 @@ use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::docker_args::{driver_spec, new_container_id, open_pool};
+use super::docker_args::{driver_spec, new_container_id, open_pool, open_records};
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
@@ -165,7 +165,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             },
         };
         if ended {
-            release(ctx, args, &id)?;
+            release(args, &id)?;
         }
         let code = outcome?;
         tracing::info!(container = %container.name, code, "container ended; GPUs released");
@@ -173,8 +173,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_pool(ctx, &args.reservations)?;
+/// Gives the container's GPUs back, by its id: no NVML is needed for that.
+fn release(args: &Args, id: &ContainerId) -> anyhow::Result<()> {
+    let pool = open_records(&args.reservations, "mesos-gpu run's release")?;
     pool.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })

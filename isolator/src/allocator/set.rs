@@ -68,7 +68,6 @@ impl GpuSet {
         GpuSet(self.0 | other.0)
     }
 
-    #[cfg(test)]
     /// GPUs in both sets.
     #[must_use]
     pub(crate) fn intersection(self, other: GpuSet) -> GpuSet {

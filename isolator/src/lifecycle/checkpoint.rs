@@ -5,7 +5,8 @@
 //!
 //! The schema is versioned ([`SCHEMA_VERSION`]); a file with another version is refused, never
 //! guessed at. GPUs are recorded by index, minor and UUID, so recovery can tell when the node's
-//! GPUs changed under a checkpoint.
+//! GPUs changed under a checkpoint (or when it cannot see them: then the records are written
+//! back as they are, see [`super::state`]); a UUID is never empty.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -76,7 +77,7 @@ pub enum CheckpointError {
 pub(crate) struct GpuRecord {
     pub(crate) index: u32,
     pub(crate) minor: u32,
-    pub(crate) uuid: String,
+    pub(crate) uuid: crate::pool::GpuUuid,
 }
 
 /// A Mesos container's allocation: its GPUs and its full device allow list.
@@ -223,7 +224,7 @@ mod tests {
         let gpu = GpuRecord {
             index: 1,
             minor: 1,
-            uuid: "GPU-1".into(),
+            uuid: crate::pool::GpuUuid::new("GPU-1").unwrap(),
         };
         Checkpoint {
             version: SCHEMA_VERSION,

@@ -211,6 +211,7 @@ impl Isolator {
                 step: STEP,
             });
         }
+        self.refuse_blind(id, request, STEP)?;
         let (set, grant, mig) = if self.inventory.mig.devices.is_empty() {
             let (set, grant) = self.take_units(&mut state, id, request.gpus, STEP)?;
             (set, grant, Vec::new())
@@ -279,6 +280,8 @@ impl Isolator {
             tracing::debug!("release of an unknown Docker container");
             return Ok(());
         }
+        // Its own record: the GPUs it holds as written go with it, seen or not.
+        state.drop_carried(id);
         let released = state.allocator.release_all(id.as_str());
         state.release_quarantine(id);
         self.limitations.forget(id.as_str());

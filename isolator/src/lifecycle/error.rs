@@ -130,6 +130,17 @@ pub enum LifecycleError {
         #[source]
         source: crate::pool::PoolError,
     },
+    /// A grant this process cannot place: it sees no GPU, or the container holds GPUs it cannot
+    /// see. What it cannot see it could not record, so it grants nothing.
+    #[error("cannot {step} container {container}: {why}: granting no GPU")]
+    Blind {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// What this process cannot see, and why.
+        why: String,
+    },
     /// `prepare` (or `reserve_docker`) of an id already in use.
     #[error("cannot {step} container {container}: it has already been prepared")]
     AlreadyPrepared {

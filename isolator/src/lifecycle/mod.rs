@@ -63,7 +63,7 @@ pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use mig::MigConfig;
 pub use pinning::PinOutcome;
 pub use pinning::PinningConfig;
-pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
+pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
 pub use shared_pool::{PoolConfig, PoolRole};
 pub use shares::{MpsRestart, SharingConfig};
 pub use state::QUARANTINE_OWNER;
@@ -219,6 +219,7 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
+        self.refuse_blind(id, &config, STEP)?;
         let (gpus, share, mig) = if self.inventory.mig.devices.is_empty() {
             let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
             (gpus, share, Vec::new())
@@ -405,6 +406,24 @@ impl Isolator {
         let mut guard = self.lock()?;
         let state = &mut *guard;
         self.cgroup_of(state, id, STEP)?;
+        if let Some(carried) = state.carried.get(id) {
+            // Its device rules would be rebuilt from the GPUs this process sees, taking the
+            // others away from a running container.
+            return Err(LifecycleError::Blind {
+                container: id.clone(),
+                step: STEP,
+                why: format!(
+                    "it holds GPUs this process cannot see ({})",
+                    carried
+                        .gpus
+                        .iter()
+                        .map(|r| r.uuid.to_string())
+                        .chain(carried.mig.iter().cloned())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
         if let Some(grant) = state.containers.get(id).and_then(|c| c.share.as_ref()) {
             return self.update_share(id, grant, gpus);
         }
@@ -587,6 +606,7 @@ impl Isolator {
         let released = state.allocator.release_all(id.as_str());
         let released_mig = state.mig.release(id.as_str());
         state.containers.remove(id);
+        state.drop_carried(id);
         let children: Vec<ContainerId> = state
             .nested
             .iter()
@@ -645,6 +665,28 @@ impl Isolator {
                 step,
             }),
         }
+    }
+
+    /// Refuses a request for GPUs when this process sees none: what it cannot see it could not
+    /// place among the records it cannot check, nor record.
+    fn refuse_blind(
+        &self,
+        id: &ContainerId,
+        request: &PrepareConfig,
+        step: &'static str,
+    ) -> Result<(), LifecycleError> {
+        let asks = request.gpus > 0.0 || request.mig.values().any(|&n| n > 0);
+        if !asks || !self.inventory.gpus.is_empty() {
+            return Ok(());
+        }
+        Err(LifecycleError::Blind {
+            container: id.clone(),
+            step,
+            why: match &self.inventory.absent_reason {
+                Some(reason) => format!("this process sees no GPU ({reason})"),
+                None => "this process sees no GPU".to_owned(),
+            },
+        })
     }
 
     /// Publishes to the node's pool (first: a reservation is in the pool before any record of

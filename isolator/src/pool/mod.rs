@@ -22,6 +22,7 @@
 //!   honours the same health state.
 
 pub mod owner;
+mod uuid;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -36,6 +37,7 @@ use mesos_gpu_os::{LockFile, durable};
 use crate::health::HealthStore;
 use crate::sharing::store::ShareReservation;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
+pub use uuid::{EmptyUuid, GpuUuid};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
@@ -124,8 +126,8 @@ pub struct Reservation {
     pub holder: String,
     /// Who holds the GPUs.
     pub owner: Owner,
-    /// The GPUs, by UUID.
-    pub gpus: Vec<String>,
+    /// The GPUs, by UUID, as the process that granted them wrote them.
+    pub gpus: Vec<GpuUuid>,
     /// When it was made, seconds since the Unix epoch.
     pub since: u64,
 }
@@ -177,7 +179,7 @@ impl PoolState {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
-            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .flat_map(|r| r.gpus.iter().map(GpuUuid::as_str))
             .chain(self.shares.values().map(|s| s.grant.uuid.as_str()))
             .collect()
     }
@@ -187,13 +189,13 @@ impl PoolState {
         self.reservations
             .values()
             .filter(|r| matches!(r.owner, Owner::Quarantine { .. }))
-            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .flat_map(|r| r.gpus.iter().map(GpuUuid::as_str))
             .collect()
     }
 
     /// Replaces every reservation of `holder` with `entries` (id, owner, UUIDs); an entry that
     /// was there already keeps its `since`.
-    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<String>)>) {
+    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<GpuUuid>)>) {
         let mut old: BTreeMap<String, Reservation> = BTreeMap::new();
         self.reservations.retain(|id, r| {
             if r.holder == holder {
@@ -536,7 +538,7 @@ impl Pool {
             (None, Some(share)) => Reservation {
                 holder: share.holder.clone(),
                 owner: share.owner.clone(),
-                gpus: vec![share.grant.uuid.clone()],
+                gpus: GpuUuid::new(share.grant.uuid.clone()).into_iter().collect(),
                 since: share.since,
             },
             (None, None) => {
@@ -677,6 +679,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn uuids(names: &[&str]) -> Vec<GpuUuid> {
+        names.iter().map(|n| GpuUuid::new(*n).unwrap()).collect()
+    }
+
     fn process(pid: u32) -> Owner {
         Owner::Process {
             process: ProcessStamp {
@@ -745,9 +751,9 @@ mod tests {
         assert_eq!(pool.read().unwrap(), PoolState::default());
         let mut tx = pool.begin().unwrap();
         tx.state
-            .publish("a", vec![("c1".into(), process(1), vec!["GPU-1".into()])]);
+            .publish("a", vec![("c1".into(), process(1), uuids(&["GPU-1"]))]);
         tx.state
-            .publish("b", vec![("c2".into(), process(2), vec!["GPU-2".into()])]);
+            .publish("b", vec![("c2".into(), process(2), uuids(&["GPU-2"]))]);
         tx.commit().unwrap();
         drop(tx);
         let mut tx = pool.begin().unwrap();
@@ -816,8 +822,8 @@ mod tests {
         state.publish(
             "h1",
             vec![
-                ("alive".into(), alive, vec!["GPU-1".into()]),
-                ("dead".into(), dead, vec!["GPU-2".into()]),
+                ("alive".into(), alive, uuids(&["GPU-1"])),
+                ("dead".into(), dead, uuids(&["GPU-2"])),
                 (
                     "docker".into(),
                     Owner::Docker {
@@ -825,14 +831,14 @@ mod tests {
                         daemon: None,
                         starter: None,
                     },
-                    vec!["GPU-3".into()],
+                    uuids(&["GPU-3"]),
                 ),
                 (
                     "q".into(),
                     Owner::Quarantine {
                         reason: "a cgroup without a record".into(),
                     },
-                    vec!["GPU-4".into()],
+                    uuids(&["GPU-4"]),
                 ),
             ],
         );
@@ -847,10 +853,7 @@ mod tests {
         );
         // A holder's own reservations are left to it.
         let mut state2 = state.clone();
-        state2.publish(
-            "h2",
-            vec![("dead2".into(), process(5), vec!["GPU-5".into()])],
-        );
+        state2.publish("h2", vec![("dead2".into(), process(5), uuids(&["GPU-5"]))]);
         assert!(reconcile(&mut state2, &host, Some("h2")).freed.is_empty());
     }
 }

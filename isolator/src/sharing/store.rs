@@ -38,7 +38,7 @@ pub fn book(state: &PoolState, plan: &SharingPlan) -> ShareBook {
                 Owner::Quarantine { .. } => format!("quarantined by {id}"),
                 _ => format!("reserved whole by {id}"),
             };
-            book.mark_unusable(uuid, &why);
+            book.mark_unusable(uuid.as_str(), &why);
         }
     }
     for (uuid, why) in state.unhealthy() {
@@ -130,7 +130,7 @@ mod tests {
             Reservation {
                 holder: "h".into(),
                 owner: me(&host),
-                gpus: vec![uuids[1].clone()],
+                gpus: vec![crate::pool::GpuUuid::new(uuids[1].clone()).unwrap()],
                 since: 0,
             },
         );

@@ -4,8 +4,8 @@
 //! instead of letting it unwind into C (since Rust 1.81 that would abort the client process).
 //! Checks run in the order NVML's documentation lists the errors: `UNINITIALIZED`, then
 //! `INVALID_ARGUMENT` (handle not issued by this instance, NULL out-pointer), then
-//! `GPU_IS_LOST`, then an injected failure, then the call itself (`NOT_SUPPORTED` when the node
-//! description leaves the value out).
+//! `GPU_IS_LOST`, then an injected failure, then a random one (`random_failures`), then the
+//! call itself (`NOT_SUPPORTED` when the node description leaves the value out).
 
 pub mod compute;
 pub mod device;
@@ -120,7 +120,8 @@ pub(crate) fn system_call<T>(
         return Err(NvmlError::InvalidArgument);
     }
     sim.system_usable(function)?;
-    query(sim)
+    reg.random_failure()?;
+    query(reg.sim()?)
 }
 
 /// Runs `query` for the GPU `device` names, after the shared checks for `function`. A MIG device
@@ -154,7 +155,8 @@ pub(crate) fn any_device_call<T>(
         return Err(NvmlError::InvalidArgument);
     }
     sim.usable(dev.gpu(), function)?;
-    query(sim, dev)
+    reg.random_failure()?;
+    query(reg.sim()?, dev)
 }
 
 /// A C out-parameter: NULL or writable.

@@ -27,7 +27,33 @@ pub(crate) struct NodeSpec {
     /// Character device majors the driver files report in `/proc/devices`.
     #[serde(default)]
     pub(crate) proc_devices: Option<ProcDevicesSpec>,
+    /// Failures drawn at random, as a flaky driver gives them.
+    #[serde(default)]
+    pub(crate) random_failures: Option<RandomFailuresSpec>,
     pub(crate) gpus: Vec<GpuSpec>,
+}
+
+/// Seeded random failures of initialisation and of the other calls.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RandomFailuresSpec {
+    /// The stream's seed (`NVML_SIM_SEED` overrides it).
+    #[serde(default)]
+    pub(crate) seed: u64,
+    /// Failures of `nvmlInit_v2` / `nvmlInitWithFlags`.
+    #[serde(default)]
+    pub(crate) init: Option<FailureRateSpec>,
+    /// Failures of every other call but `nvmlShutdown` and `nvmlErrorString`.
+    #[serde(default)]
+    pub(crate) calls: Option<FailureRateSpec>,
+}
+
+/// How often a call fails, and with which NVML errors (drawn evenly).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FailureRateSpec {
+    pub(crate) probability: f64,
+    pub(crate) errors: Vec<String>,
 }
 
 /// Dynamic character device majors of the driver's modules.
