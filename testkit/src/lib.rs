@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod mesos;
+pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
 
