@@ -413,30 +413,11 @@ fn cdi_generate() -> TestResult {
 
 /// A health checkpoint of the DGX-1, GPU 3 failed, mode 0666 so that its replacement shows.
 fn write_health(work: &Path) -> TestResult {
-    let node: serde_json::Value = serde_json::from_str(&fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../nvml-sim/topologies/dgx1-v100.json"
-    ))?)?;
-    let gpus: Vec<serde_json::Value> = node["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let health = if g["index"] == 3 {
-                serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
-                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
-            } else {
-                serde_json::json!({"state": "healthy"})
-            };
-            serde_json::json!({"index": g["index"], "uuid": g["uuid"], "xids": {},
-                "ecc_single_bit": 0, "ecc_double_bit": 0, "health": health})
-        })
-        .collect();
     fs::create_dir_all(work.join("gpu"))?;
     let path = work.join("gpu/health.json");
     fs::write(
         &path,
-        serde_json::json!({"version": 1, "gpus": gpus}).to_string(),
+        mesos_gpu_testkit::nvml_sim::health_checkpoint(NODE, 3).to_string(),
     )?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o666))?;
     Ok(())
