@@ -1,11 +1,13 @@
 //! Every command that creates state, run as a real child process under `umask 000` (as under a
 //! supervisor's `UMask=0000`): `docker-args` (with an MPS daemon of nvml-sim's
-//! `nvidia-cuda-mps-control` stand-in), `exec` (its record, the simulated node's directory and
-//! its launcher socket, listed by the command itself while it runs), `run`, `serve` (plugin
-//! socket, CDI spec, Docker checkpoint, pool), `volume create` and `acquire`, `cdi generate` and
-//! `gpu mark-healthy` (with and without a running monitor). Each lists the modes of what it
-//! created; nothing may be writable by group or others except the plugin socket (0660, for
-//! dockerd's group). (The module's prepare through the C ABI: `ffi/tests/c_lifecycle.rs`.)
+//! `nvidia-cuda-mps-control` stand-in), `exec` (its record and the simulated node's directory,
+//! listed by the command itself while it runs; its launcher socket, 0600 in a 0700 directory, is
+//! gone by then), `run`, `serve` (plugin socket, CDI spec and simulated node while it idles; the
+//! pool and Docker checkpoint it makes on a request are `docker-args`'s), `volume create` and
+//! `acquire`, `cdi generate` and `gpu mark-healthy` (with and without a running monitor). Each
+//! lists the modes of what it created; nothing may be writable by group or others except the
+//! plugin socket (0660, for dockerd's group). (The module's prepare through the C ABI:
+//! `ffi/tests/c_lifecycle.rs`.)
 //!
 //! And a pool directory, or a Docker work directory, that others can write or that another user
 //! owns is refused, naming it, its mode and owner and the mode expected, with nothing written.
@@ -195,12 +197,19 @@ fn docker_args() -> TestResult {
     ] {
         expect_listed(&listing, &t.path(want))?;
     }
-    let pipe = listing
-        .iter()
-        .find(|e| e.path.ends_with("pipe"))
-        .ok_or("no MPS pipe directory")?;
-    check(pipe.mode == 0o755, || format!("MPS pipe directory {pipe}"))?;
-    let mut release = t.mesos_gpu(&["docker-args", "--release", &id]);
+    // NVIDIA's layout, `<root>/<GPU UUID>/pipe` and `…/log`, both 0755 as NVIDIA's plugin
+    // makes them: other users' clients connect to the sockets in the pipe directory.
+    for dir in ["pipe", "log"] {
+        let entry = listing
+            .iter()
+            .find(|e| e.path.starts_with(&mps) && e.path.ends_with(dir))
+            .ok_or(format!("no MPS {dir} directory"))?;
+        check(entry.kind == 'd' && entry.mode == 0o755, || {
+            format!("MPS {dir} directory {entry}")
+        })?;
+    }
+    // No container was started: `--force` releases without asking dockerd about it.
+    let mut release = t.mesos_gpu(&["docker-args", "--release", &id, "--force"]);
     release.args(["--work-dir", s(&work), "--pool-dir", s(&pool)]);
     ok(release.output()?)?;
     Ok(())
