@@ -21,6 +21,7 @@ use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, bail};
 use mesos_gpu_isolator::discovery::MAX_GPUS;
+use mesos_gpu_os::fsmode;
 
 /// The `--simulate` value that lists the shipped nodes.
 pub(crate) const LIST: &str = "list";
@@ -67,9 +68,7 @@ impl Simulation {
         let (name, json) = node_description(spec)?;
         let sim_lib = find_sim_library()?;
         remove_dead_simulations();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
-            .tempdir()
+        let dir = fsmode::private_tempdir(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .context("cannot create a temporary directory")?;
         // A signal during the set-up waits for it: otherwise the clean-up could remove the
         // directory while it is being filled, and a `create_dir_all` below would make it again.
@@ -82,7 +81,7 @@ impl Simulation {
         std::fs::copy(&sim_lib, &lib)
             .with_context(|| format!("cannot copy {} to {}", sim_lib.display(), lib.display()))?;
         let config = dir.path().join("nvml-sim.json");
-        std::fs::write(&config, &json)
+        fsmode::write_file(&config, json.as_bytes(), fsmode::PRIVATE_FILE)
             .with_context(|| format!("cannot write {}", config.display()))?;
         let proc_root = dir.path().join(PROC_DIR);
         nvml_sim::driver_files::write(&json, &proc_root).with_context(|| {

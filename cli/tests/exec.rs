@@ -580,33 +580,10 @@ fn exec_refuses_an_unhealthy_gpu(version: &'static str) -> TestResult {
     let env = Env::new(version);
     // An agent's health checkpoint, registered in the pool (as the module does), fails GPU 3.
     let agent = env.work.path().join("agent");
-    let node: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../nvml-sim/topologies/dgx1-v100.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let gpus: Vec<serde_json::Value> = node["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let health = if g["index"] == 3 {
-                serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
-                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
-            } else {
-                serde_json::json!({"state": "healthy"})
-            };
-            serde_json::json!({"index": g["index"], "uuid": g["uuid"], "xids": {},
-                   "ecc_single_bit": 0, "ecc_double_bit": 0, "health": health})
-        })
-        .collect();
     std::fs::create_dir_all(agent.join("gpu")).unwrap();
     std::fs::write(
         agent.join("gpu/health.json"),
-        serde_json::json!({"version": 1, "gpus": gpus}).to_string(),
+        mesos_gpu_testkit::nvml_sim::health_checkpoint("dgx1-v100", 3).to_string(),
     )
     .unwrap();
     std::fs::create_dir_all(env.work.path().join("gpu")).unwrap();

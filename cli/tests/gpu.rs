@@ -32,25 +32,10 @@ fn dgx1() -> Value {
 
 /// A checkpoint of the DGX-1's 8 GPUs, GPU 3 failed by XID 79.
 fn write_checkpoint(work: &Path) {
-    let gpus: Vec<Value> = dgx1()["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let health = if g["index"] == 3 {
-                json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
-                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
-            } else {
-                json!({"state": "healthy"})
-            };
-            json!({"index": g["index"], "uuid": g["uuid"], "xids": {}, "ecc_single_bit": 0,
-                   "ecc_double_bit": 0, "health": health})
-        })
-        .collect();
     std::fs::create_dir_all(work.join("gpu")).unwrap();
     std::fs::write(
         work.join("gpu/health.json"),
-        json!({"version": 1, "gpus": gpus}).to_string(),
+        mesos_gpu_testkit::nvml_sim::health_checkpoint("dgx1-v100", 3).to_string(),
     )
     .unwrap();
 }

@@ -328,10 +328,10 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
         assert_eq!(
             by_index["containerEdits"],
             json!({
-                "env": [format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)],
                 "deviceNodes": [{"path": format!("/dev/nvidia{}", gpu.minor), "type": "c",
                     "major": 195, "minor": gpu.minor, "permissions": "rwm"}]
-            })
+            }),
+            "a device's edits are its nodes only: no NVIDIA_VISIBLE_DEVICES of its own"
         );
     }
     let all = devices.last().unwrap();
@@ -343,7 +343,13 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
         .map(|n| n["path"].as_str().unwrap())
         .collect();
     assert_eq!(all_nodes.len(), 8);
+    assert!(all["containerEdits"].get("env").is_none(), "{all}");
     let common = &doc["containerEdits"];
+    assert_eq!(
+        common["env"].as_array().unwrap().last().unwrap(),
+        "NVIDIA_VISIBLE_DEVICES=void",
+        "as nvidia-ctk: NVIDIA's legacy hook injects nothing more"
+    );
     assert_eq!(
         common["deviceNodes"],
         json!([
@@ -359,8 +365,10 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
     );
 }
 
+/// The spec's environment is what the Docker path gives the same GPUs, except
+/// `NVIDIA_VISIBLE_DEVICES`: `void`, as nvidia-ctk writes it, since CDI selects the devices.
 #[test]
-fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
+fn env_is_the_docker_paths_with_selection_left_to_cdi() {
     let inventory = inventory("pcie-t4x4");
     let doc = spec_json("pcie-t4x4");
     let host = HostDevices {
@@ -389,24 +397,21 @@ fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
         .iter()
         .find(|d| d["name"] == "2")
         .unwrap();
-    let mut cdi_env: Vec<String> =
-        serde_json::from_value(device["containerEdits"]["env"].clone()).unwrap();
-    cdi_env.extend(
-        serde_json::from_value::<Vec<String>>(doc["containerEdits"]["env"].clone()).unwrap(),
-    );
-    assert_eq!(cdi_env, docker_env);
-    let all_plan = LaunchPlan::new(
-        &inventory.gpus.iter().collect::<Vec<_>>(),
-        &host,
-        &image,
-        Some(&driver),
-    )
-    .unwrap();
-    let all = doc["devices"].as_array().unwrap().last().unwrap();
+    assert!(device["containerEdits"].get("env").is_none(), "{device}");
+    let cdi_env: Vec<String> =
+        serde_json::from_value(doc["containerEdits"]["env"].clone()).unwrap();
+    let mut expected: Vec<String> = docker_env
+        .iter()
+        .filter(|e| !e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+        .cloned()
+        .collect();
     assert_eq!(
-        all["containerEdits"]["env"][0],
-        json!(all_plan.env_strings()[0])
+        docker_env.len(),
+        expected.len() + 1,
+        "the Docker path names the GPUs: {docker_env:?}"
     );
+    expected.push("NVIDIA_VISIBLE_DEVICES=void".to_owned());
+    assert_eq!(cdi_env, expected);
 }
 
 #[test]

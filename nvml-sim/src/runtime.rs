@@ -14,7 +14,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
+use mesos_gpu_os::{DurableError, LockError, LockFile, durable, fsmode};
 use serde::{Deserialize, Serialize};
 
 /// What the runtime state file holds.
@@ -109,7 +109,7 @@ pub fn update(
     path: &Path,
     change: impl FnOnce(&mut RuntimeState),
 ) -> Result<(), RuntimeStateError> {
-    let lock = LockFile::create(&sibling(path, "lock"), 0o644)?;
+    let lock = LockFile::create(&sibling(path, "lock"), fsmode::LOCK_FILE)?;
     lock.lock()?;
     let mut state = read(path)?;
     change(&mut state);
@@ -117,7 +117,7 @@ pub fn update(
         path: path.to_owned(),
         source,
     })?;
-    durable::replace(path, format!("{text}\n").as_bytes(), 0o644)?;
+    durable::replace(path, format!("{text}\n").as_bytes(), fsmode::STATE_FILE)?;
     drop(lock);
     Ok(())
 }

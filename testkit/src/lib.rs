@@ -9,6 +9,7 @@
 
 pub mod dockerd;
 pub mod mesos;
+pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
 

@@ -32,6 +32,7 @@ use mesos_gpu_isolator::lifecycle::{
     CgroupChoice, ContainerId, DockerReservation, DockerStart, Isolator, IsolatorConfig,
     LaunchInfo, PrepareConfig, plan_launch,
 };
+use mesos_gpu_os::fsmode;
 use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
 
@@ -256,10 +257,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let report = sharing::run(&stream, &inventory, &plan, args.policy, &config.mps)?;
         return print_scenario(args.json, &report, || sharing::text(&report, &node));
     }
-    let scratch = tempfile::Builder::new()
-        .prefix("mesos-gpu-demo-")
-        .tempdir()
-        .context("cannot create a temp directory")?;
+    let scratch =
+        fsmode::private_tempdir("mesos-gpu-demo-").context("cannot create a temp directory")?;
     let mut notes = vec![engine::ASSUMED_IMAGES.to_owned()];
     if inventory.gpus.is_empty() {
         notes.push(format!(
@@ -552,7 +551,7 @@ impl LiveAgent {
         driver: Option<DriverSpec>,
     ) -> anyhow::Result<LiveAgent> {
         let dev = scratch.join("dev");
-        std::fs::create_dir_all(&dev)
+        fsmode::create_dir_all(&dev, fsmode::STATE_DIR)
             .with_context(|| format!("cannot create {}", dev.display()))?;
         for node in simulated_nodes(&dev, inventory).control.iter().chain(
             simulated_nodes(&dev, inventory)

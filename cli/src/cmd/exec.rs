@@ -34,6 +34,7 @@ use mesos_gpu_isolator::lifecycle::{
     CgroupChoice, ContainerId, Isolator, IsolatorConfig, LaunchInfo, PoolConfig, PoolRole,
     PrepareConfig,
 };
+use mesos_gpu_os::fsmode;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -236,11 +237,9 @@ fn start(
     info: &LaunchInfo,
     command: &[OsString],
 ) -> anyhow::Result<Child> {
-    let dir = tempfile::Builder::new()
-        .prefix("mesos-gpu-exec")
-        .tempdir()?;
+    let dir = fsmode::private_tempdir("mesos-gpu-exec")?;
     let socket = dir.path().join("launch.sock");
-    let listener = UnixListener::bind(&socket)
+    let listener = fsmode::bind_socket(&socket, fsmode::PRIVATE_FILE, UnixListener::bind)
         .with_context(|| format!("cannot listen on {}", socket.display()))?;
     listener.set_nonblocking(true)?;
     let mut child =

@@ -4,17 +4,21 @@
 //! `nvidia_docker.md` §3.5, `mesos_gpu.md` §1.2):
 //! - one device per GPU under two names, its NVML index (`"0"`) and its UUID (`GPU-…`), as
 //!   `nvidia-ctk cdi generate` names them by default, plus `all`. Each has the GPU's node
-//!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and
-//!   `NVIDIA_VISIBLE_DEVICES=<UUID>` (`all`: every UUID, comma-separated), the value the Docker
-//!   path sets ([`crate::args`]). A runtime applies the env of several requested devices in turn
-//!   and keeps the last value per key, so a container given `0` and `1` separately sees only
-//!   `1`'s UUID there; its device nodes are still both;
+//!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and nothing else, as
+//!   NVIDIA's devices: no environment, so several devices requested together never overwrite
+//!   each other's;
 //! - the common edits, applied when any device is requested: the control nodes `nvidiactl`,
 //!   `nvidia-uvm` and, when the host has it, `nvidia-uvm-tools`; the driver volume
-//!   `<volume root>/nvidia_<driver version>` bind-mounted read-only at `/usr/local/nvidia`; and
+//!   `<volume root>/nvidia_<driver version>` bind-mounted read-only at `/usr/local/nvidia`;
 //!   `PATH`/`LD_LIBRARY_PATH` as the Docker path computes them for an image that sets neither
-//!   ([`mesos_gpu_volume::container_env`]). CDI has no "append": these values replace the
-//!   image's own;
+//!   ([`mesos_gpu_volume::container_env`]; CDI has no "append": these values replace the
+//!   image's own); and `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's generator writes it
+//!   (`pkg/nvcdi/wrapper.go` `GetCommonEdits`): the container's GPUs are CDI's alone, and
+//!   NVIDIA's legacy runtime hook, where it is still configured, injects none (`void`) instead
+//!   of the GPUs an image's `NVIDIA_VISIBLE_DEVICES` would name. `cli/tests/cdi_nvidia_ctk.rs`
+//!   compares the whole spec with what `nvidia-ctk` writes for the same node, and the operator
+//!   guide lists each difference (NVIDIA mounts each driver file and runs `nvidia-cdi-hook`s; we
+//!   mount the driver volume);
 //! - device numbers come from `stat(2)` of the real nodes under the device root
 //!   ([`DeviceNumbers::Scanned`]), or, on a simulated node without device nodes, are computed
 //!   ([`DeviceNumbers::Computed`]): `195:<minor>` for GPUs and `195:255` for `nvidiactl`, fixed
@@ -44,6 +48,10 @@ use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping, VISIBLE_DEVICES_ENV};
 pub const KIND: &str = "nvidia.com/gpu";
 /// The device holding every GPU.
 pub const ALL: &str = "all";
+/// The value of `NVIDIA_VISIBLE_DEVICES` in the common edits, as NVIDIA's generator writes it:
+/// NVIDIA's runtime hook then injects no GPU of its own into a container that got its devices
+/// through CDI.
+pub const VISIBLE_DEVICES_VOID: &str = "void";
 /// `/dev/nvidiactl`'s minor under major 195.
 const NVIDIACTL_MINOR: u32 = 255;
 /// Options of the driver volume's mount: read-only, no set-uid, no device files.
@@ -174,7 +182,7 @@ impl fmt::Display for DeviceId {
 pub struct CdiDevice {
     /// Its index name.
     pub id: DeviceId,
-    /// Its UUID (`GPU-…`), also a name and the value of `NVIDIA_VISIBLE_DEVICES`.
+    /// Its UUID (`GPU-…`), also a name.
     pub uuid: String,
     /// Its nodes, in order.
     pub nodes: Vec<NodeEntry>,
@@ -286,7 +294,7 @@ impl NodeDevices {
         let mut devices = Vec::with_capacity(self.devices.len() * 2 + 1);
         for device in &self.devices {
             let edits = ContainerEdits {
-                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", device.uuid)],
+                env: Vec::new(),
                 device_nodes: nodes(&device.nodes)?,
                 mounts: Vec::new(),
             };
@@ -303,21 +311,22 @@ impl NodeDevices {
                 every.push(node.clone());
             }
         }
-        let uuids: Vec<&str> = self.devices.iter().map(|d| d.uuid.as_str()).collect();
         devices.push(Device {
             name: ALL.to_owned(),
             container_edits: ContainerEdits {
-                env: vec![format!("{VISIBLE_DEVICES_ENV}={}", uuids.join(","))],
+                env: Vec::new(),
                 device_nodes: nodes(&every)?,
                 mounts: Vec::new(),
             },
         });
         let no_image_env: [&str; 0] = [];
+        let mut env: Vec<String> = mesos_gpu_volume::container_env(&no_image_env)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("{VISIBLE_DEVICES_ENV}={VISIBLE_DEVICES_VOID}"));
         let common = ContainerEdits {
-            env: mesos_gpu_volume::container_env(&no_image_env)
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect(),
+            env,
             device_nodes: nodes(&self.control)?,
             mounts: vec![Mount {
                 host_path: utf8(&self.driver_volume)?.to_owned(),

@@ -14,13 +14,18 @@
 //! The file is replaced by writing a temporary file in the same directory (named so that no
 //! runtime reads it: a leading dot and no `.json` suffix), `fsync`, `rename`, and `fsync` of the
 //! directory, so a runtime sees the old spec or the new one, whole, even across a crash.
+//!
+//! The spec directory is made 0755 and the spec (and its temporary file) 0644 whatever the umask
+//! (every runtime, also a rootless one, reads it; only root writes). A spec directory that
+//! another user can write or owns is refused ([`mesos_gpu_os::fsmode`]): whoever can add a spec
+//! there can give any container of a CDI runtime any device of the node.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, durable};
+use mesos_gpu_os::{DurableError, FsModeError, durable, fsmode};
 use serde::{Deserialize, Serialize};
 
 use super::node::KIND;
@@ -32,8 +37,6 @@ pub const SPEC_FILE_NAME: &str = "nvidia.com-gpu.json";
 pub const DEFAULT_SPEC_PATH: &str = "/var/run/cdi/nvidia.com-gpu.json";
 /// The directories runtimes read by default, lowest priority first.
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
-/// Permissions of the spec file: readable by every runtime, also rootless ones.
-const SPEC_MODE: u32 = 0o644;
 /// Largest other spec file read to see what it declares; NVIDIA's are tens of KiB.
 const MAX_OTHER_SPEC_BYTES: u64 = 4 << 20;
 
@@ -54,6 +57,9 @@ pub enum SpecFileError {
     /// The spec file could not be replaced.
     #[error(transparent)]
     Write(#[from] DurableError),
+    /// The spec directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] FsModeError),
     /// Another spec in the same directory declares some of the same devices.
     #[error(
         "{other} also declares {KIND} device(s) {names} at the same priority as {ours}; runtimes \
@@ -248,8 +254,8 @@ impl SpecFile {
     /// Replaces the file with `bytes`: temporary file, fsync, rename, fsync of the directory.
     fn write(&self, bytes: &[u8]) -> Result<(), SpecFileError> {
         let dir = self.dir();
-        fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
-        durable::replace(&self.path, bytes, SPEC_MODE)?;
+        fsmode::state_dir(dir, dir, fsmode::STATE_DIR)?;
+        durable::replace(&self.path, bytes, fsmode::STATE_FILE)?;
         tracing::debug!(path = %self.path.display(), bytes = bytes.len(), "wrote CDI spec");
         Ok(())
     }

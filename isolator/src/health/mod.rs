@@ -96,6 +96,9 @@ pub enum HealthError {
     /// A health file could not be replaced.
     #[error(transparent)]
     Write(#[from] mesos_gpu_os::DurableError),
+    /// A health directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] mesos_gpu_os::FsModeError),
     /// The monitor thread could not be started.
     #[error("cannot start the GPU health thread")]
     Thread {

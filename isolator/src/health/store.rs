@@ -13,6 +13,9 @@
 //!   finds the checkpoint already saved and the answer waiting. Answers nobody collected are
 //!   removed after [`ANSWER_TTL`].
 //!
+//! Directories are made 0755 and files 0644 whatever the umask, in a work directory checked as
+//! the checkpoint's ([`mesos_gpu_os::fsmode::state_dir`]).
+//!
 //! With no monitor running (lock free), the CLI edits `health.json` directly while holding the
 //! lock; the next monitor reads it at start. Reading (`load`, `monitor_running`) never creates or
 //! changes a file.
@@ -22,7 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mesos_gpu_os::{LockFile, durable};
+use mesos_gpu_os::{LockFile, durable, fsmode};
 
 use super::HealthError;
 use super::state::{GpuRef, HealthSnapshot};
@@ -84,6 +87,13 @@ impl HealthStore {
         }
     }
 
+    /// Makes `dir` (the store's directory or one in it) 0755 where missing, and checks it and
+    /// the work directory above it.
+    fn make_dir(&self, dir: &Path) -> Result<(), HealthError> {
+        let work_dir = self.dir.parent().unwrap_or(&self.dir);
+        Ok(fsmode::state_dir(work_dir, dir, fsmode::STATE_DIR)?)
+    }
+
     /// `<work_dir>/gpu/health.json`.
     pub fn checkpoint_path(&self) -> PathBuf {
         self.dir.join(CHECKPOINT)
@@ -104,14 +114,14 @@ impl HealthStore {
 
     /// Replaces the checkpoint crash-safely.
     pub fn save(&self, snapshot: &HealthSnapshot) -> Result<(), HealthError> {
-        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
+        self.make_dir(&self.dir)?;
         let path = self.checkpoint_path();
         let bytes =
             serde_json::to_vec_pretty(snapshot).map_err(|source| HealthError::CheckpointParse {
                 path: path.clone(),
                 source,
             })?;
-        Ok(durable::replace(&path, &bytes, 0o644)?)
+        Ok(durable::replace(&path, &bytes, fsmode::STATE_FILE)?)
     }
 
     /// True when a monitor holds the lock. Creates nothing: a missing lock file means no monitor
@@ -134,8 +144,8 @@ impl HealthStore {
     /// to let go: an agent still exiting, or a child being spawned by another thread of this
     /// process, which shares the descriptor (and so the `flock`) until it execs.
     pub(crate) fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
-        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
-        let file = LockFile::create(&self.dir.join(LOCK), 0o644)?;
+        self.make_dir(&self.dir)?;
+        let file = LockFile::create(&self.dir.join(LOCK), fsmode::LOCK_FILE)?;
         Ok(file.lock_within(wait)?.then_some(StoreLock { _file: file }))
     }
 
@@ -143,13 +153,13 @@ impl HealthStore {
     /// which disappears once the monitor has taken it.
     pub fn request_mark_healthy(&self, gpu: &GpuRef) -> Result<PathBuf, HealthError> {
         let dir = self.dir.join(REQUESTS);
-        fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        self.make_dir(&dir)?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let name = format!("{MARK_HEALTHY}{nanos}-{}", std::process::id());
         let path = dir.join(name);
-        durable::replace(&path, gpu.to_string().as_bytes(), 0o644)?;
+        durable::replace(&path, gpu.to_string().as_bytes(), fsmode::STATE_FILE)?;
         Ok(path)
     }
 
@@ -201,7 +211,7 @@ impl HealthStore {
         let written = serde_json::to_vec(answer)
             .map_err(|e| e.to_string())
             .and_then(|bytes| {
-                durable::replace(&answer_path, &bytes, 0o644)
+                durable::replace(&answer_path, &bytes, fsmode::STATE_FILE)
                     .map_err(|e| mesos_gpu_os::error_chain(&e))
             });
         if let Err(error) = written {

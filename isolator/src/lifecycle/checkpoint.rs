@@ -3,6 +3,10 @@
 //! Writes are crash-safe replaces (temp file, `fsync`, `rename`, `fsync` of the directory:
 //! [`mesos_gpu_os::durable`]), so a reader sees the old checkpoint or the new one, never a mix.
 //!
+//! `<work_dir>` and `gpu/` are made 0755, the checkpoint and its lock 0644, whatever the umask;
+//! a work directory that another user can write or owns is refused
+//! ([`mesos_gpu_os::fsmode`]): whoever can rename the checkpoint can stop every GPU task.
+//!
 //! The schema is versioned ([`SCHEMA_VERSION`]); a file with another version is refused, never
 //! guessed at. GPUs are recorded by index, minor and UUID, so recovery can tell when the node's
 //! GPUs changed under a checkpoint (or when it cannot see them: then the records are written
@@ -13,7 +17,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{DurableError, LockError, LockFile, durable};
+use mesos_gpu_os::{DurableError, FsModeError, LockError, LockFile, durable, fsmode};
 use serde::{Deserialize, Serialize};
 
 use super::fault;
@@ -70,6 +74,9 @@ pub enum CheckpointError {
     /// The checkpoint could not be replaced.
     #[error(transparent)]
     Write(#[from] DurableError),
+    /// The work directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] FsModeError),
 }
 
 /// One GPU as recorded.
@@ -130,8 +137,8 @@ impl Store {
     /// Opens (creating) `<work_dir>/gpu` and takes its lock, waiting at most [`LOCK_WAIT`].
     pub(crate) fn open(work_dir: &Path) -> Result<Store, CheckpointError> {
         let dir = work_dir.join("gpu");
-        fs::create_dir_all(&dir).map_err(|source| io_err("create", &dir, source))?;
-        let lock = LockFile::create(&dir.join(LOCK_NAME), 0o644)?;
+        fsmode::state_dir(work_dir, &dir, fsmode::STATE_DIR)?;
+        let lock = LockFile::create(&dir.join(LOCK_NAME), fsmode::LOCK_FILE)?;
         // A lock that is busy for a moment is waited for, up to LOCK_WAIT: an agent that is
         // still exiting, or a child being spawned by another thread of this process, holds a
         // copy of the descriptor (and so the flock) until it exits or execs.
@@ -181,7 +188,7 @@ impl Store {
             path: self.path.clone(),
             source,
         })?;
-        let staged = durable::stage(&self.path, &bytes, 0o644)?;
+        let staged = durable::stage(&self.path, &bytes, fsmode::STATE_FILE)?;
         fault::point("checkpoint.temp_written");
         staged.commit()?;
         tracing::trace!(path = %self.path.display(), bytes = bytes.len(), "wrote checkpoint");

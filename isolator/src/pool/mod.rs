@@ -10,6 +10,9 @@
 //!   lock file), reads the state; `Transaction::commit` writes it back crash-safely (temp,
 //!   `fsync`, `rename`, `fsync` of the directory); dropping the transaction unlocks. Readers
 //!   ([`Pool::read`]: `gpu list`, metrics) read the renamed file without the lock.
+//! - **Modes:** `<pool dir>` and `gpu/` are made 0755 and `pool.json`/`pool.lock` 0644 whatever
+//!   the umask; a transaction refuses a pool directory that another user can write or owns
+//!   ([`mesos_gpu_os::fsmode`]), since whoever can rename `pool.json` frees every reservation.
 //! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
 //!   name GPUs by UUID (NVML indices can change across reboots and driver reloads; a unit may
 //!   later be a MIG device). Each carries the checkpoint that recorded it (its *holder*): a
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use mesos_gpu_os::{LockFile, durable};
+use mesos_gpu_os::{LockFile, durable, fsmode};
 
 use crate::health::HealthStore;
 use crate::sharing::store::ShareReservation;
@@ -117,6 +120,9 @@ pub enum PoolError {
     /// The state file could not be replaced.
     #[error(transparent)]
     Write(#[from] mesos_gpu_os::DurableError),
+    /// The pool directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] mesos_gpu_os::FsModeError),
 }
 
 /// One reservation: an owner's GPUs.
@@ -609,12 +615,9 @@ impl Pool {
 
     /// [`Pool::begin`] with another bound on the wait.
     pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
-        fs::create_dir_all(&self.dir).map_err(|source| PoolError::Io {
-            op: "create",
-            path: self.dir.clone(),
-            source,
-        })?;
-        let lock = LockFile::create(&self.dir.join(LOCK_FILE), 0o644)?;
+        let root = self.dir.parent().unwrap_or(&self.dir);
+        fsmode::state_dir(root, &self.dir, fsmode::STATE_DIR)?;
+        let lock = LockFile::create(&self.dir.join(LOCK_FILE), fsmode::LOCK_FILE)?;
         let start = Instant::now();
         if !lock.lock_within(wait)? {
             let mut holder = String::new();
@@ -668,7 +671,7 @@ impl Transaction {
             path: path.clone(),
             source,
         })?;
-        durable::replace(&path, &bytes, 0o644)?;
+        durable::replace(&path, &bytes, fsmode::STATE_FILE)?;
         self.before = self.state.clone();
         Ok(())
     }
