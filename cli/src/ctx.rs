@@ -34,6 +34,11 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true, value_name = "DIR")]
     pub(crate) dev_root: Option<PathBuf>,
 
+    /// Directory standing for `/proc`, where the driver's files are (`devices`,
+    /// `driver/nvidia-caps/`, MIG capabilities) [default: /proc].
+    #[arg(long, global = true, value_name = "DIR", conflicts_with = "simulate")]
+    pub(crate) proc_root: Option<PathBuf>,
+
     /// Run on a simulated node: a topology shipped with nvml-sim (see `mesos-gpu info --simulate
     /// list`) or a node description file. NVML is still loaded dynamically, from nvml-sim.
     #[arg(long, global = true, value_name = "NAME|FILE")]
@@ -101,10 +106,7 @@ impl Ctx {
                 Some(sim.lib_path().to_path_buf()),
                 sim.proc_root().to_path_buf(),
             ),
-            None => (
-                self.global.nvml_lib.clone(),
-                PathBuf::from(DEFAULT_PROC_ROOT),
-            ),
+            None => (self.global.nvml_lib.clone(), self.host_proc_root()),
         };
         let found =
             match GpuDriver::open_at(lib.as_deref(), &proc_root).context("GPU discovery failed")? {
@@ -114,12 +116,20 @@ impl Ctx {
         Ok(self.discovery.get_or_init(|| found))
     }
 
-    /// Where the driver's `/proc` files are: the simulation's, else `/proc`.
+    /// Where the driver's `/proc` files are: the simulation's, else `--proc-root`, else `/proc`.
     pub(crate) fn proc_root(&self) -> anyhow::Result<PathBuf> {
         Ok(match self.simulation()? {
             Some(sim) => sim.proc_root().to_path_buf(),
-            None => PathBuf::from(DEFAULT_PROC_ROOT),
+            None => self.host_proc_root(),
         })
+    }
+
+    /// `--proc-root`, else `/proc`.
+    fn host_proc_root(&self) -> PathBuf {
+        self.global
+            .proc_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_PROC_ROOT))
     }
 
     /// The node's inventory (empty, with the reason, when there is no driver).

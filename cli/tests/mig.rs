@@ -163,6 +163,8 @@ fn agent_flags(
         node,
         "--mig-strategy",
         strategy,
+        "--cgroups",
+        "v1",
         "--isolation",
         isolation,
         "--resources",
@@ -177,7 +179,8 @@ fn agent_flags(
 
 /// `agent-flags` on the MIG nodes: single counts every MIG device as a `gpus` unit, mixed keeps
 /// `gpus` for whole GPUs and offers one `mig-<profile>` scalar per profile (never a name with
-/// `gpus` in it) with attributes naming the profile ids; Mesos's own `gpu/nvidia` is refused.
+/// `gpus` in it) with attributes naming the profile ids, and the module gets the strategy in its
+/// parameters; Mesos's own `gpu/nvidia` is refused.
 fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
     const MODULE: &str = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
     const A100: &str = "gpu_model:NVIDIA-A100-SXM4-40GB;gpu_memory_mib:40960;gpu_compute_capability:8.0;nvidia_driver:550.54.14;cuda_version:12.4";
@@ -205,9 +208,17 @@ fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
         ),
     ];
     for (node, strategy, want) in cases {
-        let (ok, out, err) = agent_flags(node, strategy, MODULE)?;
-        if !ok || out != want {
-            return Err(format!("{node} {strategy}: got\n{out}{err}expected\n{want}").into());
+        let (ok, all, err) = agent_flags(node, strategy, MODULE)?;
+        let out: String = all.lines().skip(1).take(2).map(|l| format!("{l}\n")).collect();
+        let modules = all.lines().last().unwrap_or_default();
+        let param = format!(r#"{{"key":"mig_strategy","value":"{strategy}"}}"#);
+        if !ok
+            || out != want
+            || !all.starts_with(&format!("--isolation={MODULE}\n"))
+            || !modules.starts_with("--modules=")
+            || !modules.contains(&param)
+        {
+            return Err(format!("{node} {strategy}: got\n{all}{err}expected\n{want}").into());
         }
         let resources = out.lines().next().unwrap_or_default();
         if resources.matches("gpus").count() > 1 {

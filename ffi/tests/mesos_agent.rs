@@ -208,6 +208,7 @@ fn main() -> ExitCode {
         })
         .collect();
     trials.extend(numa_trials(&host));
+    trials.extend(agent_flags_trials(&host));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -2809,4 +2810,123 @@ fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
         )?;
     }
     Ok(())
+}
+
+/// One trial per shipped node (`mesos-gpu info --simulate list`, nvml-sim's topologies) and
+/// cgroup version: the agent started with exactly what `mesos-gpu agent-flags` printed.
+fn agent_flags_trials(host: &Host) -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for (node, _) in nvml_sim::TOPOLOGIES {
+        for (cgroups, need) in [
+            (AgentCgroups::V1, Need::Cgroup1),
+            (AgentCgroups::V2, Need::Cgroup2),
+        ] {
+            let name = format!(
+                "agent_flags_start_the_agent_{}_{node}",
+                if cgroups == AgentCgroups::V1 { "v1" } else { "v2" }
+            );
+            trials.push(needs(
+                host,
+                &[Need::Root, need, Need::Cc, Need::Mesos],
+                trial(name, move || agent_flags_start_the_agent(node, cgroups)),
+            ));
+        }
+    }
+    trials
+}
+
+/// `mesos-gpu agent-flags` run as an operator would on the node (its NVML, device nodes and
+/// driver files given with `--nvml-lib`, `--dev-root` and `--proc-root`), then a real agent
+/// started with exactly the flags it printed, unquoted by the shell as `agent.sh` does: it
+/// loads the module with the printed `--modules`, registers, and offers the `gpus` the node
+/// has (every healthy GPU not in MIG mode, and every MIG device the driver numbers). A node
+/// without GPUs gets no flag and an agent without the module.
+fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult {
+    let install = install()?;
+    let module = module()?;
+    let sim = SimNode::shipped(node);
+    let inventory = sim.inventory()?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    mknod_mig_caps(dev.path(), &inventory)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-mesos-flags")
+        .tempdir()?;
+    let work = scratch.path().join("work");
+    let version = if cgroups == AgentCgroups::V1 { "v1" } else { "v2" };
+    let path = |p: &Path| p.display().to_string();
+    let out = std::process::Command::new(mesos_gpu_exe()?)
+        .args(["--nvml-lib", &path(&sim.lib_path())])
+        .args(["--dev-root", &path(dev.path())])
+        .args(["--proc-root", &path(&sim.proc_root())])
+        .args(["agent-flags", "--cgroups", version])
+        .args(["--resources", "cpus:4;mem:4096"])
+        .args(["--agent-work-dir", &path(&work)])
+        .args(["--pool-dir", &path(&scratch.path().join("pool"))])
+        .args(["--volume-root", &path(&scratch.path().join("volumes"))])
+        .args(["--module-library", &path(&module)])
+        .env("MESOS_GPU_LOG", "warn")
+        .output()?;
+    let printed = String::from_utf8(out.stdout)?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    check(
+        out.status.success(),
+        format!("agent-flags on {node} failed: {said}"),
+    )?;
+    println!("{node} {version}: agent-flags printed\n{printed}{said}");
+    let flags = shell_words(&printed)?;
+    let whole = inventory.whole_gpus().filter(|g| g.healthy).count();
+    let mig = inventory
+        .mig
+        .devices
+        .iter()
+        .filter(|d| d.healthy && d.caps.is_some())
+        .count();
+    let expected = whole + mig;
+    if inventory.gpus.is_empty() {
+        check(
+            flags.is_empty() && said.contains("no flags to add"),
+            format!("{node}: a node without GPUs gets no flag: {printed:?} {said:?}"),
+        )?;
+    } else {
+        check(
+            flags.iter().any(|f| f.starts_with("--modules={")),
+            format!("{node}: no --modules: {flags:?}"),
+        )?;
+    }
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::with_flags(cgroups, flags);
+    spec.work_dir = Some(work);
+    let agent = Agent::start(&install, &master, spec)?;
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    let gpus = state["resources"]["gpus"].as_f64().unwrap_or(0.0);
+    check(
+        gpus == expected as f64,
+        format!(
+            "{node} {version}: the agent offers gpus:{gpus}, the node has {expected}: {}",
+            state["resources"]
+        ),
+    )?;
+    if !inventory.gpus.is_empty() {
+        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+/// `text` split into words as the shell reads it (`eval "set -- $text"`), as `agent.sh` takes
+/// `agent-flags`' lines.
+fn shell_words(text: &str) -> TestResult<Vec<String>> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
+        .arg(text.replace('\n', " "))
+        .output()?;
+    check(
+        out.status.success(),
+        format!("sh could not read {text:?}: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    Ok(String::from_utf8(out.stdout)?
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect())
 }

@@ -3,7 +3,7 @@
 //!
 //! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
 //! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
-//! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
+//! `--docker-state-dir` (default [`super::DEFAULT_DOCKER_STATE_DIR`]), locked only for the duration of one call
 //! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 //!
 //! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
@@ -38,8 +38,6 @@ use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
 
-/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
 /// The default Docker daemon socket.
 pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// How long a call waits for another user of the work directory to finish.
@@ -49,8 +47,9 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
 
 #[derive(clap::Args)]
 #[command(
-    long_about = "Reserve N GPUs from the shared pool (checkpointed in --work-dir, the same pool \
-                  `mesos-gpu run` and the isolator use with that directory) and print the \
+    long_about = "Reserve N GPUs from the node's GPU pool (--pool-dir, the pool the agent's module \
+                  and `mesos-gpu run` draw from; the reservation is recorded in \
+                  --docker-state-dir) and print the \
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
                   device nodes, and for images that ask for it the driver volume at \
                   /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
@@ -60,7 +59,7 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool\n  \
+    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
@@ -207,7 +206,7 @@ fn mig_request(
     Ok(out)
 }
 
-/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
+/// Opens the Docker containers' reservations in `--docker-state-dir` on the node's pool and recovers
 /// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
 /// directory. Drop it to let others in.
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
@@ -232,7 +231,7 @@ pub(crate) fn open_pool_sharing(
         .dev_root()
         .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
     mig.proc_root = ctx.proc_root()?;
-    let work_dir = &args.work_dir;
+    let work_dir = &args.state_dir()?;
     let inventory = ctx.inventory()?.clone();
     let nodes = match ctx.dev_root() {
         Some(root) => DeviceNodes::scan(root, &inventory).with_context(|| {

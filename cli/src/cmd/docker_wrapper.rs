@@ -86,14 +86,15 @@ const RUN_VALUE_OPTIONS: [&str; 32] = [
                   and the GPUs go back to the pool when docker run ends.",
     after_help = "Example, /usr/local/bin/mesos-gpu-docker for `mesos-agent --docker=/usr/local/bin/mesos-gpu-docker`:\n  \
     #!/bin/sh\n  \
-    exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker -- \"$@\""
+    exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker --pool-dir /var/lib/mesos-gpu \
+    --docker-state-dir /var/run/mesos-gpu -- \"$@\""
 )]
 pub(crate) struct Args {
     /// The real docker program.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/docker")]
     docker: PathBuf,
 
-    /// The reservations `docker-args` made (its --work-dir and --pool-dir).
+    /// The reservations `docker-args` made (its --docker-state-dir and --pool-dir).
     #[command(flatten)]
     reservations: super::DockerPoolArgs,
 

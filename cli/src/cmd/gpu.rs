@@ -2,20 +2,19 @@
 //! `mesos-gpu gpu list` (who holds what, since when, whether the owner is still there, why a
 //! GPU is quarantined or unhealthy) and `mesos-gpu gpu release <owner>|--dead`.
 //!
-//! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
-//! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
+//! The agent's health monitor checkpoints GPU health to `<agent work dir>/gpu/health.json` and
+//! holds an exclusive lock on `<agent work dir>/gpu/health.lock` while it runs
 //! (`mesos_gpu_isolator::health::HealthStore`). `mark-healthy` therefore:
 //! - when no monitor runs (the lock is free): edits the checkpoint itself, under the lock, so
 //!   the next agent start reads the GPU back healthy;
-//! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
+//! - when a monitor runs: leaves a request file in `<agent work dir>/gpu/health-requests/`, which the
 //!   monitor takes within its wait timeout (250 ms by default), marks the GPU healthy, tells the
 //!   allocator, checkpoints and answers; the command waits for the answer and reports it.
 //!
 //! A GPU the checkpoint does not know, a work directory without a checkpoint or monitor (a wrong
-//! `--work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
+//! `--agent-work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
 //! at. `gpu health` only reads: it creates no file.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,9 +28,6 @@ use mesos_gpu_isolator::pool::{Host, Pool};
 
 use crate::ctx::Ctx;
 
-/// The Mesos agent work directory used when `--work-dir` is not given.
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
-
 #[derive(clap::Args)]
 pub(crate) struct Args {
     #[command(subcommand)]
@@ -42,12 +38,12 @@ pub(crate) struct Args {
 enum GpuCommand {
     /// Show each GPU's checkpointed health: state, reason, since when, XIDs seen.
     #[command(
-        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --work-dir /var/lib/mesos --json"
+        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --agent-work-dir /var/lib/mesos --json"
     )]
     Health(HealthArgs),
     /// Declare a GPU healthy again (after the operator has checked or reset it).
     #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
-        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --work-dir /var/lib/mesos")]
+        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --agent-work-dir /var/lib/mesos")]
     MarkHealthy(MarkArgs),
     /// List what the node's GPU pool holds: owner, GPUs, since when, whether the owner is still
     /// there (and why), unhealthy GPUs. Reads only.
@@ -90,16 +86,9 @@ struct ReleaseArgs {
 }
 
 #[derive(clap::Args)]
-struct StoreArgs {
-    /// The Mesos agent work directory (health lives in `<DIR>/gpu/`).
-    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
-}
-
-#[derive(clap::Args)]
 struct HealthArgs {
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Print the checkpoint as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -111,7 +100,7 @@ struct MarkArgs {
     #[arg(value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
     gpu: GpuRef,
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Seconds to wait for a running monitor to take the request.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     wait: u64,
@@ -227,7 +216,7 @@ fn age(ms: u64) -> String {
 }
 
 fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
-    let store = HealthStore::at(&args.store.work_dir);
+    let store = HealthStore::at(&args.store.dir()?);
     let snapshot = store.load()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&snapshot)?);
@@ -290,7 +279,7 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
 
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let gpu = args.gpu.clone();
-    let store = HealthStore::at(&args.store.work_dir);
+    let store = HealthStore::at(&args.store.dir()?);
     if !store.monitor_running()? {
         return mark_in_checkpoint(&store, &gpu, ctx);
     }
@@ -340,8 +329,8 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
     let path = store.checkpoint_path();
     if store.load()?.is_none() {
         bail!(
-            "no GPU health checkpoint at {} and no health monitor running there; is --work-dir \
-             the agent's work directory? (the module's monitor writes the checkpoint when it \
+            "no GPU health checkpoint at {} and no health monitor running there; is \
+             --agent-work-dir the agent's work directory? (the module's monitor writes the checkpoint when it \
              starts)",
             path.display()
         );
