@@ -207,12 +207,39 @@ pub(crate) fn init_logging(args: &GlobalArgs, daemon: bool) -> anyhow::Result<()
     result.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
 }
 
-/// True when the error chain ends in a broken pipe (e.g. `mesos-gpu info | head`).
+/// True when the error chain ends in a broken pipe (e.g. `mesos-gpu info | head`), also when
+/// `serde_json` hit it writing (its error hides the `io::Error` from the chain).
 pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    let pipe = Some(std::io::ErrorKind::BrokenPipe);
     err.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().map(std::io::Error::kind) == pipe
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == pipe
     })
+}
+
+/// Prints the command's error once on stderr: `mesos-gpu: error: …`, or with
+/// `--log-format json` one JSON object laid out as the log lines are (`timestamp`, `level`
+/// `ERROR`, `fields.message` the whole chain, `fields.chain` each cause, `target`).
+pub(crate) fn print_error(err: &anyhow::Error, format: LogFormat) {
+    match format {
+        LogFormat::Text => eprintln!("mesos-gpu: error: {err:#}"),
+        LogFormat::Json => {
+            use tracing_subscriber::fmt::time::FormatTime as _;
+            let mut timestamp = String::new();
+            let _ = tracing_subscriber::fmt::time::SystemTime
+                .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp));
+            let chain: Vec<String> = err.chain().map(ToString::to_string).collect();
+            let line = serde_json::json!({
+                "timestamp": timestamp,
+                "level": "ERROR",
+                "fields": { "message": format!("{err:#}"), "chain": chain },
+                "target": "mesos_gpu",
+            });
+            eprintln!("{line}");
+        }
+    }
 }
 
 #[cfg(test)]

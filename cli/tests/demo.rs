@@ -436,3 +436,36 @@ fn issue_16_mig_scenario_single_strategy() {
         "{text}"
     );
 }
+
+/// A single GPU is labelled with what the allocator did (`docs/allocator.md`): topology takes
+/// the free GPU least joined to the others, which on the DGX-1 stream is sometimes not the lowest
+/// free index first-fit takes (before: "lowest free index, as Mesos and NVIDIA do" whatever it
+/// took); first-fit's label says it takes the lowest index.
+#[test]
+fn single_gpu_picks_are_labelled_with_what_the_allocator_did() {
+    let report = json(&["demo", "--json"]);
+    let single: Vec<&Value> = report["run"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["requested"].as_f64() == Some(1.0) && t["chosen"].is_object())
+        .collect();
+    assert!(
+        single.iter().any(|t| gpus(t, "chosen") != gpus(t, "first_fit")),
+        "the stream has a single-GPU pick that is not the lowest index: {single:?}"
+    );
+    let text = ok(&["demo"]).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(!text.contains("as Mesos and NVIDIA do"), "{text}");
+    assert!(
+        text.contains(
+            "single GPU: the free GPU least joined to the other free ones (breaks the fewest \
+             strong pairs), not the lowest free index"
+        ),
+        "{text}"
+    );
+    let text = ok(&["demo", "--policy", "first-fit"]);
+    assert!(
+        text.contains("single GPU: lowest free index (first-fit, Mesos's rule)"),
+        "{text}"
+    );
+}

@@ -547,3 +547,44 @@ fn issue_14_oversize_nodes_are_refused_up_front() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: not a regular file"));
 }
+
+/// The subcommands a `--help` text lists under `Commands:`, without `help`.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every command and subcommand's `--help` ends with an example of its use (before: `gpu`,
+/// `volume plan`, `volume create`, … had none).
+#[test]
+fn every_subcommand_help_has_an_example() {
+    let mut todo: Vec<Vec<String>> = subcommands(&ok(&["--help"]))
+        .into_iter()
+        .map(|c| vec![c])
+        .collect();
+    assert!(todo.len() >= 12, "{todo:?}");
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let text = ok(&args);
+        seen += 1;
+        if !text.contains("Example") {
+            missing.push(path.join(" "));
+        }
+        for sub in subcommands(&text) {
+            let mut next = path.clone();
+            next.push(sub);
+            todo.push(next);
+        }
+    }
+    assert!(seen > 20, "{seen} commands");
+    assert!(missing.is_empty(), "no example in the --help of: {missing:?}");
+}

@@ -54,7 +54,7 @@ fn serve_answers_metrics() {
             .arg(dir.path().join("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(dir.path().join("work"))
             .arg("--pool-dir")
             .arg(dir.path().join("work").join("pool"))
@@ -117,7 +117,7 @@ fn issue_14_serve_opens_nvml_once() {
             .arg(dir.path().join("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(dir.path().join("work"))
             .arg("--pool-dir")
             .arg(dir.path().join("work").join("pool"))
@@ -195,7 +195,7 @@ fn issue_14_serve_metrics_report_the_agents_gpu_health() {
             .arg(dir.path().join("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(dir.path().join("work"))
             .arg("--pool-dir")
             .arg(dir.path().join("work").join("pool"))
@@ -247,4 +247,97 @@ fn issue_14_serve_metrics_report_the_agents_gpu_health() {
     ] {
         assert!(body.contains(&want), "{want} missing:\n{body}");
     }
+}
+
+/// `serve` pointed at an agent work directory without a health checkpoint (the agent not started
+/// yet, or a wrong `--agent-work-dir`) still reports every GPU's health, from NVML: a lost GPU
+/// as lost, so the guide's `GpuUnhealthy` alert fires; and says the checkpoint is absent
+/// (before: every health series silently missing).
+#[test]
+fn serve_metrics_report_nvml_health_without_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    node["gpus"][2]["lost"] = true.into();
+    let file = dir.path().join("node.json");
+    std::fs::write(&file, node.to_string()).unwrap();
+    let uuid = |i: usize| node["gpus"][i]["uuid"].as_str().unwrap().to_owned();
+    let agent = dir.path().join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let log = dir.path().join("serve.log");
+    let addr = free_port();
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["serve", "--driver-poll", "0", "--simulate"])
+            .arg(&file)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--plugin-socket")
+            .arg(dir.path().join("nvidia-docker.sock"))
+            .arg("--volume-root")
+            .arg(dir.path().join("volumes"))
+            .arg("--docker-state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--pool-dir")
+            .arg(dir.path().join("pool"))
+            .arg("--docker-socket")
+            .arg(dir.path().join("no-docker.sock"))
+            .arg("--agent-work-dir")
+            .arg(&agent)
+            .env("MESOS_GPU_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("run mesos-gpu serve"),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let response = loop {
+        if let Some(response) = get(addr, "/metrics") {
+            break response;
+        }
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            panic!(
+                "serve exited early: {status}: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let body = response.split_once("\r\n\r\n").expect("HTTP").1;
+    let checkpoint = agent.join("gpu/health.json");
+    for want in [
+        format!(
+            r#"mesos_gpu_health{{gpu="2",uuid="{}",state="lost",reason="lost"}} 1"#,
+            uuid(2)
+        ),
+        format!(
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason=""}} 1"#,
+            uuid(0)
+        ),
+        format!(
+            r#"mesos_gpu_health_checkpoint{{path="{}",state="absent"}} 1"#,
+            checkpoint.display()
+        ),
+    ] {
+        assert!(body.contains(&want), "{want} missing:\n{body}");
+    }
+    assert_eq!(body.matches("mesos_gpu_health{").count(), 8, "{body}");
+    // A second scrape, past the cache, reads the checkpoint again.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(get(addr, "/metrics").is_some());
+    drop(serve);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("no GPU health checkpoint").count(),
+        1,
+        "said once, not at every scrape:\n{text}"
+    );
 }

@@ -31,7 +31,7 @@ fn issue_14_malformed_values_are_usage_errors_in_every_command() {
         ),
         (vec!["docker-args", "--release", "../etc"], "../etc"),
         (vec!["gpu", "mark-healthy", "abc", "--work-dir", dir], "abc"),
-        (vec!["volume", "acquire", "a/b", "--root", dir], "a/b"),
+        (vec!["volume", "acquire", "a/b", "--volume-root", dir], "a/b"),
         (
             vec!["volume", "plan", "--driver-version", "../../etc"],
             "../../etc",

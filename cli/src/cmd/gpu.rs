@@ -15,6 +15,7 @@
 //! `--agent-work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
 //! at. `gpu health` only reads: it creates no file.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,8 @@ use mesos_gpu_isolator::pool::{Host, Pool};
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
+    mesos-gpu gpu mark-healthy 3 --agent-work-dir /var/lib/mesos\n  mesos-gpu gpu release --dead")]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: GpuCommand,
@@ -108,7 +111,7 @@ struct MarkArgs {
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
-        GpuCommand::Health(a) => health(a),
+        GpuCommand::Health(a) => health(a, ctx),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
         GpuCommand::List(a) => list(a),
         GpuCommand::Release(a) => release(a),
@@ -116,24 +119,25 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&listing)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("GPU pool {}", listing.path.display());
+    writeln!(out, "GPU pool {}", listing.path.display())?;
     if listing.reservations.is_empty() && listing.shares.is_empty() {
-        println!("no reservations");
+        writeln!(out, "no reservations")?;
     } else {
-        println!(
+        writeln!(out, 
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPUS / WHY",
             "OWNER", "KIND", "COUNT", "SINCE", "STATE"
-        );
+        )?;
     }
     for r in &listing.reservations {
         let (state, why) = r.liveness.describe();
-        println!(
+        writeln!(out, 
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
             r.reservation.owner.kind(),
@@ -141,21 +145,21 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             age(r.reservation.since.saturating_mul(1000)),
             state,
             r.reservation.gpus.join(",")
-        );
-        println!("{:>80} {why}", "");
+        )?;
+        writeln!(out, "{:>80} {why}", "")?;
         if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
-            println!("{:>80} quarantined: {reason}", "");
+            writeln!(out, "{:>80} quarantined: {reason}", "")?;
         }
     }
     if !listing.shares.is_empty() {
-        println!(
+        writeln!(out, 
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPU / WHY",
             "SHARE OWNER", "KIND", "UNITS", "SINCE", "STATE"
-        );
+        )?;
     }
     for s in &listing.shares {
         let (state, why) = s.liveness.describe();
-        println!(
+        writeln!(out, 
             "{:<40} {:<10} {:<8} {:<10} {:<9} {} ({})",
             s.id,
             s.share.owner.kind(),
@@ -164,28 +168,29 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             state,
             s.share.grant.uuid,
             s.share.grant.mode
-        );
-        println!("{:>80} {why}", "");
+        )?;
+        writeln!(out, "{:>80} {why}", "")?;
     }
     for (uuid, reason) in &listing.unhealthy {
-        println!("unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)");
+        writeln!(out, "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)")?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let host = host();
     if args.dead {
         let done = pool.reconcile(&host)?;
         for (id, why) in &done.freed {
-            println!("released {id}: {why}");
+            writeln!(out, "released {id}: {why}")?;
         }
         for (id, why) in &done.uncertain {
-            println!("kept {id}: {why}");
+            writeln!(out, "kept {id}: {why}")?;
         }
         if done.freed.is_empty() {
-            println!("no dead owner");
+            writeln!(out, "no dead owner")?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -194,7 +199,7 @@ fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .context("an owner id or --dead is required")?;
     let freed = pool.release(owner, args.force, &host)?;
-    println!("released {owner}: {}", freed.gpus.join(", "));
+    writeln!(out, "released {owner}: {}", freed.gpus.join(", "))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -215,22 +220,66 @@ fn age(ms: u64) -> String {
     }
 }
 
-fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
+/// `gpu health --json`: the checkpoint's object (`version`, `gpus`, `mig`) with `checkpoint`
+/// (its path), `checkpoint_state` (`present` or `absent`) and `monitor_running` added; without a
+/// checkpoint, `gpus` holds NVML's view of each GPU (`index`, `uuid`, `health`: `{"state":
+/// "healthy"}` or `{"state": "lost"}`, `source`: `"nvml"`), empty without a driver.
+fn health_json(store: &HealthStore, snapshot: Option<&HealthSnapshot>, ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
+    let mut value = match snapshot {
+        Some(snapshot) => serde_json::to_value(snapshot)?,
+        None => {
+            let gpus: Vec<serde_json::Value> = match ctx.driver()? {
+                Some(driver) => driver
+                    .inventory()
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let lost = !g.healthy || driver.reports_lost(g.index);
+                        let state = if lost { "lost" } else { "healthy" };
+                        serde_json::json!({
+                            "index": g.index,
+                            "uuid": g.uuid,
+                            "health": {"state": state},
+                            "source": "nvml",
+                        })
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            serde_json::json!({ "gpus": gpus })
+        }
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "checkpoint".to_owned(),
+            store.checkpoint_path().display().to_string().into(),
+        );
+        let state = if snapshot.is_some() { "present" } else { "absent" };
+        object.insert("checkpoint_state".to_owned(), state.into());
+        object.insert("monitor_running".to_owned(), store.monitor_running()?.into());
+    }
+    Ok(value)
+}
+
+fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let store = HealthStore::at(&args.store.dir()?);
     let snapshot = store.load()?;
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+        let value = health_json(&store, snapshot.as_ref(), ctx)?;
+        serde_json::to_writer_pretty(&mut out, &value)?;
+        writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let running = store.monitor_running()?;
     let Some(snapshot) = snapshot else {
-        println!(
+        writeln!(out, 
             "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
             store.checkpoint_path().display()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     };
-    println!(
+    writeln!(out, 
         "{} ({})",
         store.checkpoint_path().display(),
         if running {
@@ -238,11 +287,11 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
         } else {
             "no monitor running"
         }
-    );
-    println!(
+    )?;
+    writeln!(out, 
         "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} REASON",
         "GPU", "UUID", "HEALTH", "SINCE", "LAST", "XIDS"
-    );
+    )?;
     for g in &snapshot.gpus {
         let xids = if g.xids.is_empty() {
             "-".to_owned()
@@ -254,16 +303,16 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 .join(",")
         };
         match &g.health {
-            GpuHealth::Healthy => println!(
+            GpuHealth::Healthy => writeln!(out, 
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} -",
                 g.index, g.uuid, "healthy", "-", "-", xids
-            ),
+            )?,
             GpuHealth::Unhealthy {
                 reason,
                 since_ms,
                 last_error_ms,
                 ..
-            } => println!(
+            } => writeln!(out, 
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} {reason}",
                 g.index,
                 g.uuid,
@@ -271,13 +320,14 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 age(*since_ms),
                 age(*last_error_ms),
                 xids
-            ),
+            )?,
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let gpu = args.gpu.clone();
     let store = HealthStore::at(&args.store.dir()?);
     if !store.monitor_running()? {
@@ -299,17 +349,17 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         if !answer.ok {
             bail!("the running monitor refused: {}", answer.message);
         }
-        println!("{} (by the running monitor)", answer.message);
+        writeln!(out, "{} (by the running monitor)", answer.message)?;
         return Ok(ExitCode::SUCCESS);
     }
     // A monitor that predates answers: the checkpoint, saved before the request was removed.
     let snapshot: Option<HealthSnapshot> = store.load()?;
     match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
         Some(record) if record.health.is_healthy() => {
-            println!(
+            writeln!(out, 
                 "GPU {gpu} ({}) is healthy (marked by the running monitor)",
                 record.uuid
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Some(record) => bail!(
@@ -326,6 +376,7 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// With no monitor running: edits the checkpoint under the lock. A work directory without a
 /// checkpoint is refused before anything is created in it.
 fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let path = store.checkpoint_path();
     if store.load()?.is_none() {
         bail!(
@@ -351,13 +402,13 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
     refuse_if_lost(ctx, gpu, &record)?;
     if snapshot.mark_healthy(gpu)? {
         store.save(&snapshot)?;
-        println!(
+        writeln!(out, 
             "GPU {gpu} ({}) marked healthy in {} (no monitor running)",
             record.uuid,
             path.display()
-        );
+        )?;
     } else {
-        println!("GPU {gpu} ({}) is already healthy", record.uuid);
+        writeln!(out, "GPU {gpu} ({}) is already healthy", record.uuid)?;
     }
     Ok(ExitCode::SUCCESS)
 }

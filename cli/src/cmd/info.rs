@@ -165,15 +165,26 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
     let affinities = driver.map(GpuDriver::affinities).unwrap_or_default();
-    let online = match numa::online(Path::new("/sys")) {
-        Ok(online) => Some(online),
-        Err(err) => {
+    let online = match (&simulated, driver) {
+        // A simulated node's facts only: its CPUs are those its GPUs are local to.
+        (Some(name), Some(driver)) => {
             notes.push(format!(
-                "NUMA pinning not shown: {:#}",
-                anyhow::Error::new(err)
+                "simulated node {name}: NUMA pinning is shown within the CPUs its GPUs are local \
+                 to, not this host's CPUs (host CPUs are not shown under --simulate)"
             ));
-            None
+            Some(simulated_cpus(driver, inventory.gpus.len()))
         }
+        (Some(_), None) => None,
+        (None, _) => match numa::online(Path::new("/sys")) {
+            Ok(online) => Some(online),
+            Err(err) => {
+                notes.push(format!(
+                    "NUMA pinning not shown: {:#}",
+                    anyhow::Error::new(err)
+                ));
+                None
+            }
+        },
     };
     let pinned = |g: &Gpu| match online
         .as_ref()
@@ -271,6 +282,22 @@ fn matrix(inventory: &Inventory) -> Vec<Vec<String>> {
 }
 
 /// `[0,1,2,5,7,8]` → `0-2,5,7-8`.
+/// The CPUs and memory nodes of a simulated node: the union of its GPUs' local ones (memory
+/// node 0 when none is described).
+fn simulated_cpus(driver: &GpuDriver, gpus: usize) -> numa::Allowed {
+    let mut cpus = numa::CpuList::default();
+    let mut mems = numa::CpuList::default();
+    for position in 0..gpus {
+        let ids = |found: Option<&[u32]>| numa::CpuList::from_ids(found.unwrap_or_default().to_vec());
+        cpus = cpus.union(&ids(driver.cpu_affinity(position)));
+        mems = mems.union(&ids(driver.memory_affinity(position)));
+    }
+    if mems.is_empty() {
+        mems = numa::CpuList::from_ids([0]);
+    }
+    numa::Allowed { cpus, mems }
+}
+
 fn cpu_list(cpus: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
