@@ -228,8 +228,9 @@ pub(crate) fn print_error(err: &anyhow::Error, format: LogFormat) {
         LogFormat::Json => {
             use tracing_subscriber::fmt::time::FormatTime as _;
             let mut timestamp = String::new();
-            let _ = tracing_subscriber::fmt::time::SystemTime
-                .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp));
+            let _ = tracing_subscriber::fmt::time::SystemTime.format_time(
+                &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+            );
             let chain: Vec<String> = err.chain().map(ToString::to_string).collect();
             let line = serde_json::json!({
                 "timestamp": timestamp,

@@ -407,7 +407,11 @@ fn issue_16_17_offers_say_what_the_module_needs() {
     );
     let out = String::from_utf8_lossy(&mig.stdout);
     let params = module_parameters(&out);
-    assert_eq!(params.get("mig_strategy").map(String::as_str), Some("single"), "{out}");
+    assert_eq!(
+        params.get("mig_strategy").map(String::as_str),
+        Some("single"),
+        "{out}"
+    );
     let shared = mesos_gpu(&[
         "--simulate",
         "dgx1-v100",
@@ -483,7 +487,10 @@ fn without_isolation_every_node_gets_the_module_flags() {
                 "v1",
                 "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator",
             ),
-            ("v2", "filesystem/linux,org_apache_mesos_gpu_MesosGpuIsolator"),
+            (
+                "v2",
+                "filesystem/linux,org_apache_mesos_gpu_MesosGpuIsolator",
+            ),
         ] {
             let out = lines(&["--simulate", node, "--cgroups", cgroups]);
             if node == "driver-no-gpus" {
@@ -491,10 +498,16 @@ fn without_isolation_every_node_gets_the_module_flags() {
                 continue;
             }
             let flags = ModuleFlags { lines: out.clone() };
-            assert_eq!(flags.get("isolation").as_deref(), Some(isolation), "{node}: {out:?}");
+            assert_eq!(
+                flags.get("isolation").as_deref(),
+                Some(isolation),
+                "{node}: {out:?}"
+            );
             let resources = flags.get("resources").unwrap_or_default();
             assert!(
-                resources.split(';').any(|r| r.starts_with("gpus:") || r.starts_with("mig-")),
+                resources
+                    .split(';')
+                    .any(|r| r.starts_with("gpus:") || r.starts_with("mig-")),
                 "{node} {cgroups}: {out:?}"
             );
             assert!(flags.get("attributes").is_some(), "{node}: {out:?}");
@@ -510,13 +523,20 @@ fn without_isolation_every_node_gets_the_module_flags() {
             let params = module_parameters(&out.join("\n"));
             assert_eq!(params["work_dir"], "/var/lib/mesos", "{node}");
             assert_eq!(params["pool_dir"], "/var/lib/mesos-gpu", "{node}");
-            assert_eq!(params["volume_root"], "/var/run/mesos/isolators/gpu", "{node}");
+            assert_eq!(
+                params["volume_root"], "/var/run/mesos/isolators/gpu",
+                "{node}"
+            );
             let mig = !mesos_gpu_testkit::nvml_sim::SimNode::shipped(node)
                 .inventory()
                 .unwrap()
                 .mig
                 .is_empty();
-            assert_eq!(params.contains_key("mig_strategy"), mig, "{node}: {params:?}");
+            assert_eq!(
+                params.contains_key("mig_strategy"),
+                mig,
+                "{node}: {params:?}"
+            );
         }
     }
     let out = lines(&["--simulate", "dgx-a100-mig", "--cgroups", "v1"]);
@@ -529,8 +549,16 @@ fn without_isolation_every_node_gets_the_module_flags() {
 /// (before: "no flags to add: … does not contain gpu/nvidia"), the given `--isolation` kept.
 #[test]
 fn the_module_named_in_isolation_gets_its_flags() {
-    let isolation = "filesystem/linux,cgroups/cpu,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
-    let out = lines(&["--simulate", "dgx1-v100", "--cgroups", "v1", "--isolation", isolation]);
+    let isolation =
+        "filesystem/linux,cgroups/cpu,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    let out = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--cgroups",
+        "v1",
+        "--isolation",
+        isolation,
+    ]);
     assert_eq!(out[0], format!("--isolation={isolation}"));
     assert_eq!(out[1], "--resources=gpus:8", "{out:?}");
     let out = lines(&[
@@ -608,10 +636,16 @@ fn module_parameters_and_modules_file() {
         out.last().unwrap(),
         &format!("--modules=file://{}", file.display())
     );
-    assert_eq!(out[1], "--resources=gpus:56", "MIG devices found through --proc-root: {out:?}");
+    assert_eq!(
+        out[1], "--resources=gpus:56",
+        "MIG devices found through --proc-root: {out:?}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    assert_eq!(json["libraries"][0]["file"], "/opt/m/libmesos_gpu_module.so");
+    assert_eq!(
+        json["libraries"][0]["file"],
+        "/opt/m/libmesos_gpu_module.so"
+    );
     let inline = lines(&[
         "--nvml-lib",
         lib.to_str().unwrap(),
@@ -628,15 +662,16 @@ fn module_parameters_and_modules_file() {
     assert_eq!(params["driver_volume"], "build");
     assert_eq!(params["nvml_lib"], lib.to_str().unwrap());
     assert_eq!(params["proc_root"], proc_root.to_str().unwrap());
-    let in_file: serde_json::Value = serde_json::from_str(
-        &ModuleFlags { lines: inline }.get("modules").unwrap(),
-    )
-    .unwrap();
+    let in_file: serde_json::Value =
+        serde_json::from_str(&ModuleFlags { lines: inline }.get("modules").unwrap()).unwrap();
     assert_eq!(in_file, json, "the file holds what --modules gives inline");
     let out = mesos_gpu(&["--simulate", "k80", "--module-param", "pool_dir=/x"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("pool_dir is set from --pool-dir"), "{stderr}");
+    assert!(
+        stderr.contains("pool_dir is set from --pool-dir"),
+        "{stderr}"
+    );
 }
 
 /// Without a driver the module cannot start: no module flags, and stderr says so.
@@ -645,7 +680,11 @@ fn without_a_driver_the_module_gets_no_flags() {
     let (_dir, lib) = driver_not_loaded();
     let out = mesos_gpu(&["--nvml-lib", &lib, "--cgroups", "v1"]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("no flags to add: no GPUs: NVIDIA driver not loaded")
@@ -680,8 +719,8 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
         "mesos-agent",
         &format!("#!/bin/sh\nprintf '%s\\0' \"$@\" > '{}'\n", argv.display()),
     );
-    let agent_sh = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/mesos-agent/agent.sh");
+    let agent_sh =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/agent.sh");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let out = Command::new("sh")
         .arg(&agent_sh)
@@ -693,7 +732,11 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
         .env("MESOS_GPU_LOG", "warn")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let args: Vec<String> = std::fs::read_to_string(&argv)
         .unwrap()
         .split('\0')
@@ -709,7 +752,8 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
     };
     let isolation = value("isolation");
     assert!(
-        isolation.ends_with(",org_apache_mesos_gpu_MesosGpuIsolator") && !isolation.contains("gpu/nvidia"),
+        isolation.ends_with(",org_apache_mesos_gpu_MesosGpuIsolator")
+            && !isolation.contains("gpu/nvidia"),
         "{args:?}"
     );
     assert_eq!(value("resources"), "cpus:8;mem:1024;gpus:56");
@@ -723,6 +767,9 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
         serde_json::json!({"key": "mig_strategy", "value": "single"}),
         serde_json::json!({"key": "driver_volume", "value": "build"}),
     ] {
-        assert!(params.as_array().unwrap().contains(&want), "{want} not in {params}");
+        assert!(
+            params.as_array().unwrap().contains(&want),
+            "{want} not in {params}"
+        );
     }
 }

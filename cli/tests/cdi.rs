@@ -248,7 +248,7 @@ fn issue_18_serve_keeps_the_spec_current() {
             .arg(d.path("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(d.path("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(d.path("work"))
             .arg("--pool-dir")
             .arg(d.path("work").join("pool"))
@@ -308,7 +308,7 @@ fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
         .arg(d.path("nvidia-docker.sock"))
         .arg("--volume-root")
         .arg(d.path("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(d.path("work"))
         .arg("--pool-dir")
         .arg(d.path("work").join("pool"))
@@ -386,7 +386,11 @@ fn mig_devices_are_offered_and_mig_mode_gpus_are_not() {
             let index = gpu["index"].as_u64().unwrap();
             let whole = names.contains(&index.to_string().as_str())
                 || names.contains(&gpu["uuid"].as_str().unwrap());
-            assert_eq!(whole, !enabled.contains(&index), "{node}: GPU {index}: {names:?}");
+            assert_eq!(
+                whole,
+                !enabled.contains(&index),
+                "{node}: GPU {index}: {names:?}"
+            );
         }
         let device = |name: &str| {
             spec["devices"]

@@ -585,10 +585,12 @@ fn container_gets_exactly_its_mig_device() -> Result<(), Failed> {
         .find(|m| m["parent"] == 1)
         .ok_or("no MIG device on GPU 1")?;
     let name = format!("nvidia.com/gpu={}:{}", mig["parent"], mig["index"]);
-    let script = "ls /dev | grep nvidia | sed 's/^/dev: /';         ls /dev/nvidia-caps | sed 's/^/cap: /';         for n in /dev/nvidia[0-9]*; do echo "open $n: $(head -c1 $n 2>&1 | sed 's/.*: //')"; done;         echo "NVIDIA_VISIBLE_DEVICES: $NVIDIA_VISIBLE_DEVICES"";
+    let script = r#"ls /dev | grep nvidia | sed 's/^/dev: /'
+ls /dev/nvidia-caps | sed 's/^/cap: /'
+for n in /dev/nvidia[0-9]*; do echo "open $n: $(head -c1 $n 2>&1 | sed 's/.*: //')"; done
+echo "NVIDIA_VISIBLE_DEVICES: $NVIDIA_VISIBLE_DEVICES""#;
     let out = f.run_in(&cdi, &[&name], script)?;
-    eprintln!("container given {name}:
-{out}");
+    eprintln!("container given {name}:\n{out}");
     let listed = |prefix: &str| -> Vec<String> {
         let mut v: Vec<String> = out
             .lines()
@@ -613,7 +615,9 @@ fn container_gets_exactly_its_mig_device() -> Result<(), Failed> {
     ];
     want_caps.sort();
     if listed("dev: ") != want_dev || listed("cap: ") != want_caps {
-        return Err(format!("want {want_dev:?} and {want_caps:?}, the container has:\n{out}").into());
+        return Err(
+            format!("want {want_dev:?} and {want_caps:?}, the container has:\n{out}").into(),
+        );
     }
     expect(&out, &format!("open /dev/nvidia{parent}"), ENXIO)?;
     expect(

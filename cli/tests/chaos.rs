@@ -288,7 +288,7 @@ fn docker_loop(c: &Chaos, seed: u64) {
             "--plugin",
             "--json",
         ])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&work);
         let Some(out) = run_killable(c, cmd) else {
             c.kills.fetch_add(1, Ordering::Relaxed);
@@ -323,7 +323,7 @@ fn docker_loop(c: &Chaos, seed: u64) {
         unmark(&held, &uuids);
         let mut release = mesos_gpu(c);
         release
-            .args(["docker-args", "--release", &id, "--work-dir"])
+            .args(["docker-args", "--release", &id, "--docker-state-dir"])
             .arg(&work);
         if run_killable(c, release).is_none() {
             c.kills.fetch_add(1, Ordering::Relaxed);

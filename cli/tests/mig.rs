@@ -209,7 +209,12 @@ fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
     ];
     for (node, strategy, want) in cases {
         let (ok, all, err) = agent_flags(node, strategy, MODULE)?;
-        let out: String = all.lines().skip(1).take(2).map(|l| format!("{l}\n")).collect();
+        let out: String = all
+            .lines()
+            .skip(1)
+            .take(2)
+            .map(|l| format!("{l}\n"))
+            .collect();
         let modules = all.lines().last().unwrap_or_default();
         let param = format!(r#"{{"key":"mig_strategy","value":"{strategy}"}}"#);
         if !ok
@@ -272,7 +277,7 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
         "info",
         "--simulate",
         "dgx-a100-mixed",
-        "--work-dir",
+        "--agent-work-dir",
         work.path().to_str().ok_or("path")?,
     ])?;
     let text = String::from_utf8_lossy(&out.stdout);

@@ -309,7 +309,9 @@ impl NvmlFigures {
         drop(seen);
         let path = &status.path;
         match status.state {
-            "present" => tracing::info!(%path, "GPU health for metrics from the agent's checkpoint"),
+            "present" => {
+                tracing::info!(%path, "GPU health for metrics from the agent's checkpoint")
+            }
             "absent" => tracing::warn!(
                 %path,
                 "no GPU health checkpoint: GPU health in /metrics is NVML's (lost or not) until \
@@ -325,11 +327,7 @@ impl NvmlFigures {
 
 impl FigureSource for NvmlFigures {
     fn collect(&self) -> NodeFigures {
-        let read = self
-            .health
-            .as_ref()
-            .map(|h| h.read())
-            .unwrap_or_default();
+        let read = self.health.as_ref().map(|h| h.read()).unwrap_or_default();
         self.note_checkpoint(read.checkpoint.as_ref());
         let records = read.records;
         let gpus: Vec<GpuFigures> = self

@@ -1729,7 +1729,7 @@ impl DockerCluster {
         let pool = s.join("pool");
         let docker_work = s.join("docker-work");
         let mut docker_args = format!(
-            "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
+            "{global} docker-args --pool-dir {} --docker-state-dir {} --volume-root {}",
             pool.display(),
             docker_work.display(),
             volumes.display()
@@ -1746,7 +1746,7 @@ impl DockerCluster {
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --docker-state-dir {} -- \"$@\"\n",
                 s.join("stalled.pid").display(),
                 which_docker()?.display(),
                 pool.display(),
@@ -2178,7 +2178,7 @@ fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
             .arg("docker-args")
             .arg("--pool-dir")
             .arg(s.join("pool"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(s.join("outside"))
             .args(args)
             .output()?;
@@ -2823,7 +2823,11 @@ fn agent_flags_trials(host: &Host) -> Vec<Trial> {
         ] {
             let name = format!(
                 "agent_flags_start_the_agent_{}_{node}",
-                if cgroups == AgentCgroups::V1 { "v1" } else { "v2" }
+                if cgroups == AgentCgroups::V1 {
+                    "v1"
+                } else {
+                    "v2"
+                }
             );
             trials.push(needs(
                 host,
@@ -2853,7 +2857,11 @@ fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult 
         .prefix("mgpu-mesos-flags")
         .tempdir()?;
     let work = scratch.path().join("work");
-    let version = if cgroups == AgentCgroups::V1 { "v1" } else { "v2" };
+    let version = if cgroups == AgentCgroups::V1 {
+        "v1"
+    } else {
+        "v2"
+    };
     let path = |p: &Path| p.display().to_string();
     let out = std::process::Command::new(mesos_gpu_exe()?)
         .args(["--nvml-lib", &path(&sim.lib_path())])
@@ -2885,7 +2893,9 @@ fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult 
     let expected = whole + mig;
     if inventory.gpus.is_empty() {
         check(
-            !flags.iter().any(|f| f.starts_with("--isolation") || f.starts_with("--modules"))
+            !flags
+                .iter()
+                .any(|f| f.starts_with("--isolation") || f.starts_with("--modules"))
                 && said.contains("no GPU flags to add"),
             format!("{node}: a node without GPUs gets no GPU flag: {printed:?} {said:?}"),
         )?;
@@ -2923,7 +2933,10 @@ fn shell_words(text: &str) -> TestResult<Vec<String>> {
         .output()?;
     check(
         out.status.success(),
-        format!("sh could not read {text:?}: {}", String::from_utf8_lossy(&out.stderr)),
+        format!(
+            "sh could not read {text:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )?;
     Ok(String::from_utf8(out.stdout)?
         .split('\0')

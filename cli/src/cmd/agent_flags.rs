@@ -364,9 +364,12 @@ fn module_lines(
 
 /// A path as the text a flag or JSON carries.
 fn path_text(path: &Path) -> anyhow::Result<String> {
-    path.to_str()
-        .map(str::to_owned)
-        .with_context(|| format!("{}: a path given to the agent must be UTF-8", path.display()))
+    path.to_str().map(str::to_owned).with_context(|| {
+        format!(
+            "{}: a path given to the agent must be UTF-8",
+            path.display()
+        )
+    })
 }
 
 /// Why no flag is printed: no GPU isolator, or no GPU to advertise.

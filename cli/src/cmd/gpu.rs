@@ -30,8 +30,10 @@ use mesos_gpu_isolator::pool::{Host, Pool};
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
-#[command(after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
-    mesos-gpu gpu mark-healthy 3 --agent-work-dir /var/lib/mesos\n  mesos-gpu gpu release --dead")]
+#[command(
+    after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
+    mesos-gpu gpu mark-healthy 3 --agent-work-dir /var/lib/mesos\n  mesos-gpu gpu release --dead"
+)]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: GpuCommand,
@@ -130,14 +132,16 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     if listing.reservations.is_empty() && listing.shares.is_empty() {
         writeln!(out, "no reservations")?;
     } else {
-        writeln!(out, 
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPUS / WHY",
             "OWNER", "KIND", "COUNT", "SINCE", "STATE"
         )?;
     }
     for r in &listing.reservations {
         let (state, why) = r.liveness.describe();
-        writeln!(out, 
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
             r.reservation.owner.kind(),
@@ -152,14 +156,16 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !listing.shares.is_empty() {
-        writeln!(out, 
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPU / WHY",
             "SHARE OWNER", "KIND", "UNITS", "SINCE", "STATE"
         )?;
     }
     for s in &listing.shares {
         let (state, why) = s.liveness.describe();
-        writeln!(out, 
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {} ({})",
             s.id,
             s.share.owner.kind(),
@@ -172,7 +178,10 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "{:>80} {why}", "")?;
     }
     for (uuid, reason) in &listing.unhealthy {
-        writeln!(out, "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)")?;
+        writeln!(
+            out,
+            "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -224,7 +233,11 @@ fn age(ms: u64) -> String {
 /// (its path), `checkpoint_state` (`present` or `absent`) and `monitor_running` added; without a
 /// checkpoint, `gpus` holds NVML's view of each GPU (`index`, `uuid`, `health`: `{"state":
 /// "healthy"}` or `{"state": "lost"}`, `source`: `"nvml"`), empty without a driver.
-fn health_json(store: &HealthStore, snapshot: Option<&HealthSnapshot>, ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
+fn health_json(
+    store: &HealthStore,
+    snapshot: Option<&HealthSnapshot>,
+    ctx: &Ctx,
+) -> anyhow::Result<serde_json::Value> {
     let mut value = match snapshot {
         Some(snapshot) => serde_json::to_value(snapshot)?,
         None => {
@@ -254,9 +267,16 @@ fn health_json(store: &HealthStore, snapshot: Option<&HealthSnapshot>, ctx: &Ctx
             "checkpoint".to_owned(),
             store.checkpoint_path().display().to_string().into(),
         );
-        let state = if snapshot.is_some() { "present" } else { "absent" };
+        let state = if snapshot.is_some() {
+            "present"
+        } else {
+            "absent"
+        };
         object.insert("checkpoint_state".to_owned(), state.into());
-        object.insert("monitor_running".to_owned(), store.monitor_running()?.into());
+        object.insert(
+            "monitor_running".to_owned(),
+            store.monitor_running()?.into(),
+        );
     }
     Ok(value)
 }
@@ -273,13 +293,15 @@ fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
     let running = store.monitor_running()?;
     let Some(snapshot) = snapshot else {
-        writeln!(out, 
+        writeln!(
+            out,
             "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
             store.checkpoint_path().display()
         )?;
         return Ok(ExitCode::SUCCESS);
     };
-    writeln!(out, 
+    writeln!(
+        out,
         "{} ({})",
         store.checkpoint_path().display(),
         if running {
@@ -288,7 +310,8 @@ fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "no monitor running"
         }
     )?;
-    writeln!(out, 
+    writeln!(
+        out,
         "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} REASON",
         "GPU", "UUID", "HEALTH", "SINCE", "LAST", "XIDS"
     )?;
@@ -303,7 +326,8 @@ fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 .join(",")
         };
         match &g.health {
-            GpuHealth::Healthy => writeln!(out, 
+            GpuHealth::Healthy => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} -",
                 g.index, g.uuid, "healthy", "-", "-", xids
             )?,
@@ -312,7 +336,8 @@ fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 since_ms,
                 last_error_ms,
                 ..
-            } => writeln!(out, 
+            } => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} {reason}",
                 g.index,
                 g.uuid,
@@ -356,7 +381,8 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let snapshot: Option<HealthSnapshot> = store.load()?;
     match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
         Some(record) if record.health.is_healthy() => {
-            writeln!(out, 
+            writeln!(
+                out,
                 "GPU {gpu} ({}) is healthy (marked by the running monitor)",
                 record.uuid
             )?;
@@ -402,7 +428,8 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
     refuse_if_lost(ctx, gpu, &record)?;
     if snapshot.mark_healthy(gpu)? {
         store.save(&snapshot)?;
-        writeln!(out, 
+        writeln!(
+            out,
             "GPU {gpu} ({}) marked healthy in {} (no monitor running)",
             record.uuid,
             path.display()

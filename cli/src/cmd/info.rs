@@ -288,7 +288,8 @@ fn simulated_cpus(driver: &GpuDriver, gpus: usize) -> numa::Allowed {
     let mut cpus = numa::CpuList::default();
     let mut mems = numa::CpuList::default();
     for position in 0..gpus {
-        let ids = |found: Option<&[u32]>| numa::CpuList::from_ids(found.unwrap_or_default().to_vec());
+        let ids =
+            |found: Option<&[u32]>| numa::CpuList::from_ids(found.unwrap_or_default().to_vec());
         cpus = cpus.union(&ids(driver.cpu_affinity(position)));
         mems = mems.union(&ids(driver.memory_affinity(position)));
     }

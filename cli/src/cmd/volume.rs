@@ -85,8 +85,10 @@ impl Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Show which driver files the volume would hold, and every candidate skipped and why.
-    #[command(after_help = "Examples:\n  mesos-gpu volume plan\n  mesos-gpu volume plan --json\n  \
-        mesos-gpu volume plan --driver-root /mnt/image --cache /mnt/image/etc/ld.so.cache")]
+    #[command(
+        after_help = "Examples:\n  mesos-gpu volume plan\n  mesos-gpu volume plan --json\n  \
+        mesos-gpu volume plan --driver-root /mnt/image --cache /mnt/image/etc/ld.so.cache"
+    )]
     Plan,
     /// Build the volume, or reuse an intact one; rebuild a stale or damaged one.
     #[command(after_help = "Examples:\n  mesos-gpu volume create\n  \
@@ -163,9 +165,9 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     Check::Metadata
                 },
             };
-            let volume = manager.create_with(&plan, options).with_context(|| {
-                format!("cannot create the volume under {}", root.display())
-            })?;
+            let volume = manager
+                .create_with(&plan, options)
+                .with_context(|| format!("cannot create the volume under {}", root.display()))?;
             warn_if_noexec(&volume.path);
             emit(args, &volume, |v| {
                 let mut s = match &v.outcome {

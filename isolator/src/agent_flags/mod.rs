@@ -899,7 +899,8 @@ mod tests {
 
     #[test]
     fn the_module_discovers_gpus_and_keeps_the_device_list_to_itself() {
-        const MODULE: &str = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+        const MODULE: &str =
+            "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
         let got = ok(MODULE, Some("cpus:8"), None, &node(4));
         assert_eq!(
             (got.source, got.isolator, got.gpus),
@@ -907,7 +908,9 @@ mod tests {
         );
         assert_eq!(got.flags()[0], "--resources=cpus:8;gpus:4");
         assert!(
-            !got.flags().iter().any(|f| f.starts_with("--nvidia_gpu_devices")),
+            !got.flags()
+                .iter()
+                .any(|f| f.starts_with("--nvidia_gpu_devices")),
             "{:?}",
             got.flags()
         );
@@ -919,10 +922,16 @@ mod tests {
         let got = ok(MODULE, None, None, &lost);
         assert_eq!(got.module_devices(&lost).as_deref(), Some("0,1,3"));
         let err = resolve(MODULE, Some("gpus:2"), None, &node(4)).expect_err("rule 4");
-        assert!(matches!(err, AgentFlagsError::GpusWithoutDevices { .. }), "{err}");
+        assert!(
+            matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
+            "{err}"
+        );
         let err = AgentGpuFlags::parse(&format!("gpu/nvidia,{MODULE}"), None, None, None)
             .expect_err("two isolators");
-        assert!(matches!(err, AgentFlagsError::TwoGpuIsolators { .. }), "{err}");
+        assert!(
+            matches!(err, AgentFlagsError::TwoGpuIsolators { .. }),
+            "{err}"
+        );
         assert!(err.to_string().contains("remove `gpu/nvidia`"), "{err}");
     }
 

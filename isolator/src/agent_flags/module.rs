@@ -136,9 +136,12 @@ mod tests {
         let v1 = module_isolation(CgroupVersion::V1);
         let err = check_module_isolation(&v1, CgroupVersion::V2).unwrap_err();
         assert!(matches!(err, ContainerizerFlagsError::DevicesOnV2 { .. }));
-        let err = check_module_isolation(&format!("gpu/nvidia,{v1}"), CgroupVersion::V1)
-            .unwrap_err();
-        assert!(matches!(err, ContainerizerFlagsError::TwoGpuIsolators { .. }));
+        let err =
+            check_module_isolation(&format!("gpu/nvidia,{v1}"), CgroupVersion::V1).unwrap_err();
+        assert!(matches!(
+            err,
+            ContainerizerFlagsError::TwoGpuIsolators { .. }
+        ));
     }
 
     #[test]

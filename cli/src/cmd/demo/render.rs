@@ -270,12 +270,7 @@ fn tasks(out: &mut impl Write, run: &RunReport, style: &Style) -> io::Result<()>
     writeln!(out)
 }
 
-fn arrival(
-    out: &mut impl Write,
-    task: &TaskReport,
-    policy: &str,
-    style: &Style,
-) -> io::Result<()> {
+fn arrival(out: &mut impl Write, task: &TaskReport, policy: &str, style: &Style) -> io::Result<()> {
     let kind = match task.container {
         ContainerType::Mesos if task.image.is_none() => "MESOS (host fs)",
         ContainerType::Mesos => "MESOS",
