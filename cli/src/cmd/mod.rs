@@ -40,7 +40,8 @@ mod volume;
 pub(crate) enum Command {
     /// Show the node's GPUs, driver and interconnect topology.
     Info(info::Args),
-    /// Print the mesos-agent `--resources` and `--attributes` that advertise this node's GPUs.
+    /// Print the mesos-agent flags that give this node's GPUs to tasks: with the module,
+    /// `--isolation`, `--resources`, `--attributes` and `--modules` (its parameters).
     AgentFlags(agent_flags::Args),
     /// Print the entries of an ld.so.cache, in the format of `ldconfig -p`.
     Ldcache(ldcache::Args),
