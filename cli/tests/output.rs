@@ -110,6 +110,9 @@ fn errors_are_json_under_log_format_json() {
     );
 }
 
+/// A command line, its environment, and the warning it must print.
+type Deprecated<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 /// `--work-dir` meant the agent's work directory for `info` and `gpu` and the Docker record for
 /// the Docker commands, and `volume` took `--root`: each still works, with a warning naming the
 /// new flag (`--agent-work-dir`, `--docker-state-dir`, `--volume-root`); old and new together
@@ -119,7 +122,7 @@ fn old_flag_spellings_work_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let pool = dir.path().join("pool");
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    let cases: [Deprecated<'_>; 4] = [
         (
             &["gpu", "health", "--work-dir", d],
             &[],
