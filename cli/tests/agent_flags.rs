@@ -41,6 +41,21 @@ fn fails(args: &[&str], message: &str) {
     );
 }
 
+/// Checks that `args` prints no flag, exits 0 and says each of `says` on stderr.
+fn no_flags(args: &[&str], says: &[&str]) {
+    let out = mesos_gpu(args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in says {
+        assert!(stderr.contains(said), "{args:?}: {stderr} lacks {said:?}");
+    }
+}
+
 #[test]
 fn discovers_every_gpu_with_the_isolator() {
     let got = lines(&[
@@ -269,25 +284,17 @@ fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
 
 #[test]
 fn issue_14_an_isolation_without_gpu_isolator_says_why_there_are_no_flags() {
-    let out = mesos_gpu(&["--simulate", "k80", "--isolation", "posix/cpu,posix/mem"]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
+    no_flags(
+        &["--simulate", "k80", "--isolation", "posix/cpu,posix/mem"],
+        &[
             "no flags to add: --isolation=posix/cpu,posix/mem contains neither \
-             org_apache_mesos_gpu_MesosGpuIsolator nor gpu/nvidia"
-        ),
-        "{stderr}"
+           org_apache_mesos_gpu_MesosGpuIsolator nor gpu/nvidia",
+        ],
     );
     let (_dir, lib) = driver_not_loaded();
-    let out = mesos_gpu(&["--nvml-lib", &lib, "--isolation", ISO]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("no flags to add: no GPUs: NVIDIA driver not loaded"),
-        "{stderr}"
+    no_flags(
+        &["--nvml-lib", &lib, "--isolation", ISO],
+        &["no flags to add: no GPUs: NVIDIA driver not loaded"],
     );
 }
 
@@ -678,18 +685,12 @@ fn module_parameters_and_modules_file() {
 #[test]
 fn without_a_driver_the_module_gets_no_flags() {
     let (_dir, lib) = driver_not_loaded();
-    let out = mesos_gpu(&["--nvml-lib", &lib, "--cgroups", "v1"]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("no flags to add: no GPUs: NVIDIA driver not loaded")
-            && stderr.contains("(the module refuses to start without an NVIDIA driver: start this agent without it)"),
-        "{stderr}"
+    no_flags(
+        &["--nvml-lib", &lib, "--cgroups", "v1"],
+        &[
+            "no flags to add: no GPUs: NVIDIA driver not loaded",
+            "(the module refuses to start without an NVIDIA driver: start this agent without it)",
+        ],
     );
 }
 

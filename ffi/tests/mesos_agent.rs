@@ -24,6 +24,7 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
+use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
     build_module, build_probe, http_get, http_post_json, wait_for,
@@ -330,11 +331,7 @@ impl Cluster {
     )> {
         let install = install()?;
         let module = module()?;
-        let sim = SimNode::shipped(setup.node.unwrap_or(NODE));
-        let inventory = sim.inventory()?;
-        let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-        let dev = DevNodes::nvidia(&minors)?;
-        mknod_mig_caps(dev.path(), &inventory)?;
+        let (sim, _, dev) = sim_with_nodes(setup.node.unwrap_or(NODE))?;
         let scratch = tempfile::Builder::new()
             .prefix("mgpu-mesos-e2e")
             .tempdir()?;
@@ -454,6 +451,17 @@ impl Cluster {
         )?;
         Ok(())
     }
+}
+
+/// The shipped nvml-sim node `name`, what it reports (discovered as the module does), and its
+/// device nodes mknod'ed in a private directory: GPUs, control devices and MIG capability nodes.
+fn sim_with_nodes(name: &str) -> TestResult<(SimNode, Inventory, DevNodes)> {
+    let sim = SimNode::shipped(name);
+    let inventory = sim.inventory()?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    mknod_mig_caps(dev.path(), &inventory)?;
+    Ok((sim, inventory, dev))
 }
 
 /// modules.json loading the module with `params`.
@@ -777,11 +785,7 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
     let install = install()?;
     let module = module()?;
-    let sim = SimNode::shipped(MIG_NODE);
-    let inventory = sim.inventory()?;
-    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-    let dev = DevNodes::nvidia(&minors)?;
-    mknod_mig_caps(dev.path(), &inventory)?;
+    let (sim, inventory, dev) = sim_with_nodes(MIG_NODE)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
@@ -2848,11 +2852,7 @@ fn agent_flags_trials(host: &Host) -> Vec<Trial> {
 fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult {
     let install = install()?;
     let module = module()?;
-    let sim = SimNode::shipped(node);
-    let inventory = sim.inventory()?;
-    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-    let dev = DevNodes::nvidia(&minors)?;
-    mknod_mig_caps(dev.path(), &inventory)?;
+    let (sim, inventory, dev) = sim_with_nodes(node)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-flags")
         .tempdir()?;
