@@ -786,6 +786,7 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     let install = install()?;
     let module = module()?;
     let (sim, inventory, dev) = sim_with_nodes(MIG_NODE)?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
