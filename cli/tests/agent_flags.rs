@@ -501,7 +501,13 @@ fn without_isolation_every_node_gets_the_module_flags() {
         ] {
             let out = lines(&["--simulate", node, "--cgroups", cgroups]);
             if node == "driver-no-gpus" {
-                assert!(out.is_empty(), "{node}: {out:?}");
+                // The same agent without the module (without_gpus_the_agent_starts_…).
+                let rest = isolation.replace(",org_apache_mesos_gpu_MesosGpuIsolator", "");
+                let mut want = vec![format!("--isolation={rest}")];
+                if cgroups == "v2" {
+                    want.push("--agent_subsystems=''".to_owned());
+                }
+                assert_eq!(out, want, "{node} {cgroups}");
                 continue;
             }
             let flags = ModuleFlags { lines: out.clone() };
@@ -681,16 +687,44 @@ fn module_parameters_and_modules_file() {
     );
 }
 
-/// Without a driver the module cannot start: no module flags, and stderr says so.
+/// Without a driver, or without GPUs, the module cannot start: the flags are the same agent's
+/// without it, and stderr says why. `--isolation` keeps a `cgroups/*` isolator on v1, where
+/// Mesos 1.12 aborts at start without one (before: only `--resources` was printed, the agent got
+/// Mesos's default `posix/cpu,posix/mem` and died on `Check failed: !subsystemSet.empty()`).
 #[test]
-fn without_a_driver_the_module_gets_no_flags() {
+fn without_gpus_the_agent_starts_without_the_module() {
     let (_dir, lib) = driver_not_loaded();
-    no_flags(
-        &["--nvml-lib", &lib, "--cgroups", "v1"],
-        &[
-            "no flags to add: no GPUs: NVIDIA driver not loaded",
-            "(the module refuses to start without an NVIDIA driver: start this agent without it)",
-        ],
+    let out = mesos_gpu(&["--nvml-lib", &lib, "--cgroups", "v1"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "--isolation=filesystem/linux,cgroups/devices\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in [
+        "no GPU flags to add: no GPUs: NVIDIA driver not loaded",
+        "(the module refuses to start without an NVIDIA driver: start this agent without it, \
+         with the flags printed)",
+    ] {
+        assert!(stderr.contains(said), "{stderr} lacks {said:?}");
+    }
+    let out = lines(&[
+        "--simulate",
+        "driver-no-gpus",
+        "--cgroups",
+        "v2",
+        "--resources",
+        "cpus:4;mem:4096",
+        "--isolation",
+        "cgroups/cpu,org_apache_mesos_gpu_MesosGpuIsolator",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "--isolation=cgroups/cpu",
+            "--resources='cpus:4;mem:4096'",
+            "--agent_subsystems=''"
+        ]
     );
 }
 

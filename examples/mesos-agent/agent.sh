@@ -8,7 +8,8 @@
 # version (Mesos's cgroups/devices on v1 only), --resources and --attributes advertising the GPUs
 # (or the MIG devices), --agent_subsystems= on cgroup v2, and --modules with the module's
 # parameters matching them (work_dir, pool_dir, volume_root, mig_strategy, …). On a node without
-# GPUs it prints no GPU flag and says why on stderr, and the agent starts without the module.
+# GPUs it prints the same --isolation without the module (and no --modules), says why on stderr,
+# and the agent starts without the module.
 #
 # AGENT_FLAGS_OPTS: more options of `mesos-gpu agent-flags`, split at spaces, e.g.
 #   AGENT_FLAGS_OPTS='--mig-strategy mixed --module-param driver_volume=build'

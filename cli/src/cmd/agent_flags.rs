@@ -14,7 +14,10 @@
 //! NVML is read only when a GPU isolator is in `--isolation` or GPUs are advertised (for the
 //! attributes); without one a broken driver is only a warning, as Mesos never loads NVML then,
 //! but a `--nvml-lib` that cannot be loaded is always an error. When there is no flag to print,
-//! stderr says why (and the exit status is 0).
+//! stderr says why (and the exit status is 0). On a node the module cannot serve (no GPU, no
+//! driver) the flags are the same agent's without the module: `--isolation` without it (never
+//! empty, see [`isolation_without_module`]), `--resources` and the cgroup version's flags, and
+//! stderr says why.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,7 +25,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use mesos_gpu_isolator::agent_flags::module::{
-    DEFAULT_MODULE_LIBRARY, check_module_isolation, module_agent_flags, module_isolation,
+    DEFAULT_MODULE_LIBRARY, check_module_isolation, isolation_without_module, module_agent_flags,
+    module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
     AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleParameters,
@@ -206,7 +210,17 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(version) if !inventory.gpus.is_empty() => {
             module_lines(args, ctx, &isolation, version, &resolved, inventory)?
         }
-        _ => resolved.flags(),
+        // The module would refuse to start: the same agent without it.
+        Some(version) => {
+            let mut lines = vec![format!(
+                "--isolation={}",
+                isolation_without_module(&isolation, version)
+            )];
+            lines.extend(resolved.flags());
+            lines.extend(module_agent_flags(version));
+            lines
+        }
+        None => resolved.flags(),
     };
     if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
         // Not a log line: the answer to the command, for whoever reads an empty stdout.
@@ -383,9 +397,12 @@ fn why_none(isolation: &str, flags: &AgentGpuFlags, inventory: &Inventory) -> St
     }
     let module = match (flags.isolator(), &inventory.driver) {
         (GpuIsolator::Module, None) => {
-            " (the module refuses to start without an NVIDIA driver: start this agent without it)"
+            " (the module refuses to start without an NVIDIA driver: start this agent without \
+             it, with the flags printed)"
         }
-        (GpuIsolator::Module, Some(_)) => " (start this agent without the module)",
+        (GpuIsolator::Module, Some(_)) => {
+            " (start this agent without the module, with the flags printed)"
+        }
         _ => "",
     };
     match &inventory.absent_reason {

@@ -40,6 +40,26 @@ pub fn module_isolation(version: CgroupVersion) -> String {
     }
 }
 
+/// The `--isolation` of an agent on a node the module cannot serve (no GPU, no driver):
+/// `isolation` without the module, or, when the module was all it held, [`module_isolation`]
+/// without it. Never empty: with the linux launcher on cgroup v1, Mesos 1.12 aborts at start
+/// when `--isolation` holds no `cgroups/*` (`CgroupsIsolatorProcess::create`,
+/// `CHECK(!subsystemSet.empty())`), which Mesos's default `posix/cpu,posix/mem` does not.
+pub fn isolation_without_module(isolation: &str, version: CgroupVersion) -> String {
+    let without = |isolation: &str| {
+        isolation
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && *t != MODULE_ISOLATOR)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    match without(isolation) {
+        rest if rest.is_empty() => without(&module_isolation(version)),
+        rest => rest,
+    }
+}
+
 /// The agent flags, besides `--isolation`, that the module needs on a cgroup `version` host:
 /// `--agent_subsystems=` on v2 (see the module docs), none on v1.
 pub fn module_agent_flags(version: CgroupVersion) -> Vec<String> {
@@ -142,6 +162,29 @@ mod tests {
             err,
             ContainerizerFlagsError::TwoGpuIsolators { .. }
         ));
+    }
+
+    #[test]
+    fn isolation_without_the_module_keeps_the_rest() {
+        assert_eq!(
+            isolation_without_module(&module_isolation(CgroupVersion::V1), CgroupVersion::V1),
+            "filesystem/linux,cgroups/devices"
+        );
+        assert_eq!(
+            isolation_without_module(&module_isolation(CgroupVersion::V2), CgroupVersion::V2),
+            "filesystem/linux"
+        );
+        assert_eq!(
+            isolation_without_module(
+                &format!("cgroups/cpu, {MODULE_ISOLATOR},cgroups/mem"),
+                CgroupVersion::V1
+            ),
+            "cgroups/cpu,cgroups/mem"
+        );
+        assert_eq!(
+            isolation_without_module(MODULE_ISOLATOR, CgroupVersion::V1),
+            "filesystem/linux,cgroups/devices"
+        );
     }
 
     #[test]
