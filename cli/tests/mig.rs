@@ -291,6 +291,74 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `docker-args` asked for MIG devices on `dgx-a100-mixed` (GPUs 4-7 in MIG mode), with the
+/// driver volume from the plugin so that no volume need be built: `--mig 19:1` alone reserves
+/// one 1g.5gb device (before: `--gpus` was required, `--gpus 0` with it) and names it once in
+/// `NVIDIA_VISIBLE_DEVICES` (before: twice, the plan's `none` then the MIG UUID); `--gpus 1`
+/// beside `--mig` is refused saying why (before: a GPU and a MIG UUID in
+/// `CUDA_VISIBLE_DEVICES`); a profile id no MIG device has is "no such profile", naming those
+/// the node has (before: "0 free").
+fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let docker_args = |extra: &[&str]| {
+        let state = dir.path().join("state");
+        let pool = dir.path().join("pool");
+        let mut args = vec![
+            "--simulate",
+            "dgx-a100-mixed",
+            "docker-args",
+            "--mig-strategy",
+            "mixed",
+            "--plugin",
+            "--json",
+            "--docker-state-dir",
+            state.to_str().unwrap(),
+            "--pool-dir",
+            pool.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        mesos_gpu(&args)
+    };
+    let out = docker_args(&["--mig", "19:1"])?;
+    let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("--mig 19:1 alone: {}", said(&out)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let env = |key: &str| -> Vec<&str> {
+        args.iter()
+            .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))
+            .collect()
+    };
+    let visible = env("NVIDIA_VISIBLE_DEVICES");
+    let node = SimNode::shipped("dgx-a100-mixed").inventory()?;
+    let device = match visible.as_slice() {
+        [uuid] => node.mig.by_uuid(uuid),
+        _ => None,
+    };
+    if device.and_then(|d| d.profile) != Some(19) || env("CUDA_VISIBLE_DEVICES") != visible {
+        return Err(format!("--mig 19:1: one 1g.5gb MIG device named once: {args:?}").into());
+    }
+    let both = docker_args(&["--gpus", "1", "--mig", "19:1"])?;
+    if both.status.code() != Some(1)
+        || !said(&both)
+            .contains("--gpus 1 with --mig: a container gets whole GPUs or MIG devices, not both")
+    {
+        return Err(format!("--gpus 1 --mig 19:1: {}", said(&both)).into());
+    }
+    let unknown = docker_args(&["--mig", "99:1"])?;
+    let refused = said(&unknown);
+    if unknown.status.code() != Some(1)
+        || !refused.contains(
+            "--mig 99:1: this node has no MIG device of GPU instance profile 99 (its profiles: \
+             9 (3g.20gb), 14 (2g.10gb), 19 (1g.5gb))",
+        )
+    {
+        return Err(format!("--mig 99:1: {refused}").into());
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -317,6 +385,10 @@ fn main() -> std::process::ExitCode {
     trials.push(Trial::test(
         "issue_16_info_notes_a_mig_device_checkpointed_unhealthy",
         info_notes_an_unhealthy_mig_device,
+    ));
+    trials.push(Trial::test(
+        "docker_args_mig_requests_are_checked",
+        docker_args_mig_requests_are_checked,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

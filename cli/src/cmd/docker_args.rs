@@ -64,11 +64,12 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
-    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
+    /// Number of whole GPUs to reserve (a whole number from 0 to the GPUs of the node); none
+    /// with --mig, which reserves MIG devices instead.
     #[arg(
         long,
         value_name = "N",
-        required_unless_present = "release",
+        required_unless_present_any = ["release", "mig"],
         allow_negative_numbers = true,
         value_parser = super::parse_gpus
     )]
@@ -182,7 +183,31 @@ fn mig_request(
     let mut out = BTreeMap::new();
     for (profile, n) in asked {
         let kind = match profile {
-            MigProfile::Id(id) => MigKind::whole(*id),
+            MigProfile::Id(id) => {
+                // A profile no MIG device of the node has is not "0 free" but unknown.
+                let profiles: BTreeMap<u32, &str> = inventory
+                    .mig
+                    .devices
+                    .iter()
+                    .filter_map(|d| Some((d.profile?, d.profile_name.as_str())))
+                    .collect();
+                if !profiles.contains_key(id) {
+                    let known: Vec<String> = profiles
+                        .iter()
+                        .map(|(p, name)| format!("{p} ({name})"))
+                        .collect();
+                    anyhow::bail!(
+                        "--mig {id}:{n}: this node has no MIG device of GPU instance profile \
+                         {id} (its profiles: {})",
+                        if known.is_empty() {
+                            "none, no GPU is in MIG mode".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    );
+                }
+                MigKind::whole(*id)
+            }
             MigProfile::Resource(name) => offer
                 .profiles
                 .iter()
@@ -343,7 +368,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let gpus = args.gpus.context("--gpus is required")?;
+    // clap requires --gpus unless --mig (or --release) is given.
+    let gpus = args.gpus.unwrap_or(0);
+    anyhow::ensure!(
+        gpus == 0 || args.mig.is_empty(),
+        "--gpus {gpus} with --mig: a container gets whole GPUs or MIG devices, not both (CUDA \
+         uses only one MIG device per process, and CUDA_VISIBLE_DEVICES would name a GPU beside \
+         it); leave --gpus out with --mig, and start whole GPUs in another container"
+    );
     super::require_gpus(ctx, gpus)?;
     let id = match &args.container_id {
         Some(id) => id.clone(),
@@ -413,12 +445,11 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     reservation.keep();
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
-    line.extend(plan.cli_args());
+    line.extend(plan.cli_args_with_mig(mig_args));
     if let Some(pinning) = &pinning {
         line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
     }
     line.extend(share.into_iter().flatten());
-    line.extend(mig_args);
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {
