@@ -631,7 +631,7 @@ fn module_parameters_and_modules_file() {
     let node = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mig");
     let lib = node.lib_path();
     let proc_root = node.proc_root();
-    let out = lines(&[
+    let base = [
         "--nvml-lib",
         lib.to_str().unwrap(),
         "--proc-root",
@@ -640,11 +640,10 @@ fn module_parameters_and_modules_file() {
         "v2",
         "--module-param",
         "driver_volume=build",
-        "--modules-file",
-        file.to_str().unwrap(),
         "--module-library",
         "/opt/m/libmesos_gpu_module.so",
-    ]);
+    ];
+    let out = lines(&[&base[..], &["--modules-file", file.to_str().unwrap()]].concat());
     assert_eq!(
         out.last().unwrap(),
         &format!("--modules=file://{}", file.display())
@@ -659,18 +658,7 @@ fn module_parameters_and_modules_file() {
         json["libraries"][0]["file"],
         "/opt/m/libmesos_gpu_module.so"
     );
-    let inline = lines(&[
-        "--nvml-lib",
-        lib.to_str().unwrap(),
-        "--proc-root",
-        proc_root.to_str().unwrap(),
-        "--cgroups",
-        "v2",
-        "--module-param",
-        "driver_volume=build",
-        "--module-library",
-        "/opt/m/libmesos_gpu_module.so",
-    ]);
+    let inline = lines(&base);
     let params = module_parameters(&inline.join("\n"));
     assert_eq!(params["driver_volume"], "build");
     assert_eq!(params["nvml_lib"], lib.to_str().unwrap());

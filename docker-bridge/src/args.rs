@@ -762,30 +762,28 @@ mod tests {
         );
     }
 
-    #[test]
-    fn zero_gpus_still_get_control_nodes_and_none() {
+    /// The plan of a container given no GPU, whose image asks for the driver.
+    fn zero_gpu_plan() -> LaunchPlan {
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = LaunchPlan::new(
+        LaunchPlan::new(
             &[],
             &host(false),
             &image,
             Some(&driver(Some((12, 0)), bind())),
         )
-        .expect("plan");
+        .expect("plan")
+    }
+
+    #[test]
+    fn zero_gpus_still_get_control_nodes_and_none() {
+        let plan = zero_gpu_plan();
         assert_eq!(plan.devices.len(), 2);
         assert_eq!(plan.env[0].1, "none");
     }
 
     #[test]
     fn mig_devices_name_the_visible_devices_once() {
-        let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = LaunchPlan::new(
-            &[],
-            &host(false),
-            &image,
-            Some(&driver(Some((12, 0)), bind())),
-        )
-        .expect("plan");
+        let plan = zero_gpu_plan();
         let visible = format!("--env={VISIBLE_DEVICES_ENV}=");
         let mig = vec![
             "--device=/dev/nvidia4:/dev/nvidia4".to_owned(),
