@@ -5,8 +5,8 @@
 //!
 //! Every process that grants GPUs (the module, the hook's `docker-args`, `serve`) must load one
 //! NVML library and read one device root; every piece uses one GPU pool directory; and
-//! `docker-args`, the wrapper and `serve` keep the Docker containers' records in one work
-//! directory. A process that sees other GPUs than those recorded keeps the records it cannot
+//! `docker-args`, the wrapper and `serve` keep the Docker containers' records in one
+//! `--docker-state-dir`. A process that sees other GPUs than those recorded keeps the records it cannot
 //! check and grants none of their GPUs (`docs/architecture.md`, "The node's GPU pool"), so a
 //! disagreement costs GPUs, never isolation; [`disagreements`] names it. The wrapper loads no
 //! NVML and reads no device node, so it names neither.
@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use mesos_gpu_isolator::discovery::DEFAULT_NVML_LIB;
 use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 
-use crate::cmd::DEFAULT_DOCKER_WORK_DIR;
+use crate::cmd::DEFAULT_DOCKER_STATE_DIR;
 
 /// The isolator module's name in a modules file.
 const ISOLATOR_MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
@@ -39,8 +39,8 @@ pub(crate) enum Setting {
     DevRoot,
     /// The node's GPU pool directory.
     PoolDir,
-    /// The Docker containers' records (`docker-args --work-dir`).
-    WorkDir,
+    /// The Docker containers' records (`docker-args --docker-state-dir`).
+    DockerStateDir,
 }
 
 impl fmt::Display for Setting {
@@ -49,7 +49,7 @@ impl fmt::Display for Setting {
             Setting::NvmlLib => "NVML library",
             Setting::DevRoot => "device root",
             Setting::PoolDir => "GPU pool directory",
-            Setting::WorkDir => "Docker records directory",
+            Setting::DockerStateDir => "Docker records directory",
         })
     }
 }
@@ -159,8 +159,8 @@ pub(crate) fn wrapper_script(where_: &str, script: &str) -> anyhow::Result<Piece
                 flag(&args, "--pool-dir").unwrap_or_else(|| DEFAULT_POOL_DIR.to_owned()),
             ),
             (
-                Setting::WorkDir,
-                flag(&args, "--work-dir").unwrap_or_else(|| DEFAULT_DOCKER_WORK_DIR.to_owned()),
+                Setting::DockerStateDir,
+                docker_state_dir(&args),
             ),
         ]),
     })
@@ -209,10 +209,17 @@ fn granting(args: &[String], nvml: Option<&str>, pool: String) -> BTreeMap<Setti
         ),
         (Setting::PoolDir, flag(args, "--pool-dir").unwrap_or(pool)),
         (
-            Setting::WorkDir,
-            flag(args, "--work-dir").unwrap_or_else(|| DEFAULT_DOCKER_WORK_DIR.to_owned()),
+            Setting::DockerStateDir,
+            docker_state_dir(args),
         ),
     ])
+}
+
+/// `--docker-state-dir`, else its old name `--work-dir`, else the default.
+fn docker_state_dir(args: &[String]) -> String {
+    flag(args, "--docker-state-dir")
+        .or_else(|| flag(args, "--work-dir"))
+        .unwrap_or_else(|| DEFAULT_DOCKER_STATE_DIR.to_owned())
 }
 
 fn param(params: &BTreeMap<&str, &str>, key: &str, default: &str) -> String {
@@ -322,14 +329,14 @@ mod tests {
     }
 
     #[test]
-    fn shipped_files_agree_on_nvml_dev_root_pool_and_work_dirs() {
+    fn shipped_files_agree_on_nvml_dev_root_pool_and_docker_state_dirs() {
         let pieces = shipped_setup();
         let found = disagreements(&pieces);
         assert!(found.is_empty(), "{found:#?}");
         // The settings are named by each piece that uses them.
         let hook = &pieces[1];
         assert_eq!(hook.values[&Setting::PoolDir], DEFAULT_POOL_DIR);
-        assert_eq!(hook.values[&Setting::WorkDir], DEFAULT_DOCKER_WORK_DIR);
+        assert_eq!(hook.values[&Setting::DockerStateDir], DEFAULT_DOCKER_STATE_DIR);
         assert!(
             !pieces[2].values.contains_key(&Setting::NvmlLib),
             "the wrapper loads no NVML"

@@ -248,7 +248,7 @@ fn issue_18_serve_keeps_the_spec_current() {
             .arg(d.path("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(d.path("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(d.path("work"))
             .arg("--pool-dir")
             .arg(d.path("work").join("pool"))
@@ -308,7 +308,7 @@ fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
         .arg(d.path("nvidia-docker.sock"))
         .arg("--volume-root")
         .arg(d.path("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(d.path("work"))
         .arg("--pool-dir")
         .arg(d.path("work").join("pool"))
@@ -356,4 +356,96 @@ fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
         !seen.iter().any(|l| l.contains("wrote the CDI spec")),
         "{seen:?}"
     );
+}
+
+/// On MIG nodes each MIG device is a CDI device, named as `nvidia-ctk cdi generate` names it
+/// (`<gpu>:<mig>` and `MIG-<uuid>`), with its parent's node and its two capability nodes (the
+/// numbers `info` reads from the driver's files) and `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`; a GPU
+/// in MIG mode is never offered whole (before: every MIG-mode GPU whole, no MIG device).
+#[test]
+fn mig_devices_are_offered_and_mig_mode_gpus_are_not() {
+    for node in ["dgx-a100-mig", "dgx-a100-mixed"] {
+        let out = mesos_gpu(&["cdi", "generate", "--simulate", node, "--output", "-"]);
+        assert!(out.status.success(), "{node}: {}", stderr(&out));
+        let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let info = mesos_gpu(&["info", "--simulate", node, "--json"]);
+        let info: Value = serde_json::from_str(&stdout(&info)).unwrap();
+        let names: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        let enabled: Vec<u64> = info["mig"]["enabled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        for gpu in info["gpus"].as_array().unwrap() {
+            let index = gpu["index"].as_u64().unwrap();
+            let whole = names.contains(&index.to_string().as_str())
+                || names.contains(&gpu["uuid"].as_str().unwrap());
+            assert_eq!(
+                whole,
+                !enabled.contains(&index),
+                "{node}: GPU {index}: {names:?}"
+            );
+        }
+        let device = |name: &str| {
+            spec["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["name"] == name)
+                .unwrap_or_else(|| panic!("{node}: no device {name} in {names:?}"))
+                .clone()
+        };
+        let migs = info["mig"]["devices"].as_array().unwrap();
+        assert!(!migs.is_empty(), "{node}");
+        for mig in migs {
+            let name = format!("{}:{}", mig["parent"], mig["index"]);
+            let uuid = mig["uuid"].as_str().unwrap();
+            let by_index = device(&name);
+            assert_eq!(by_index["containerEdits"], device(uuid)["containerEdits"]);
+            let edits = &by_index["containerEdits"];
+            assert_eq!(edits["env"][0], format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+            let nodes: Vec<(String, u64, u64)> = edits["deviceNodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| {
+                    (
+                        n["path"].as_str().unwrap().to_owned(),
+                        n["major"].as_u64().unwrap(),
+                        n["minor"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            let caps = &mig["caps"];
+            let cap = |which: &str| {
+                let minor = caps[which]["minor"].as_u64().unwrap();
+                (
+                    format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+                    caps[which]["major"].as_u64().unwrap(),
+                    minor,
+                )
+            };
+            let parent = mig["parent_minor"].as_u64().unwrap();
+            assert_eq!(
+                nodes,
+                [
+                    (format!("/dev/nvidia{parent}"), 195, parent),
+                    cap("gpu_instance"),
+                    cap("compute_instance"),
+                ],
+                "{node} {name}"
+            );
+        }
+        assert_eq!(
+            names.len(),
+            2 * (migs.len() + info["gpus"].as_array().unwrap().len() - enabled.len()) + 1,
+            "{node}: {names:?}"
+        );
+    }
 }

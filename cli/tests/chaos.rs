@@ -365,7 +365,7 @@ fn docker_loop(c: &Chaos, seed: u64) {
             "--plugin",
             "--json",
         ])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&work);
         let Some(out) = docker_args(c, cmd, "docker-args") else {
             continue;
@@ -449,7 +449,7 @@ fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
         .arg(agent.to_string())
         .arg("--docker-socket")
         .arg(socket)
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&work);
     let Some(out) = docker_args(c, reserve, "docker-args (hook)") else {
         return;
@@ -459,7 +459,7 @@ fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
     wrapper
         .args(["docker-wrapper", "--docker"])
         .arg(docker)
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&work)
         .arg("--")
         .arg("-H")
@@ -502,7 +502,7 @@ fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
 fn release(c: &Chaos, id: &str, work: &Path) {
     let mut release = mesos_gpu(c);
     release
-        .args(["docker-args", "--release", id, "--work-dir"])
+        .args(["docker-args", "--release", id, "--docker-state-dir"])
         .arg(work);
     if run_killable(c, release).is_none() {
         c.kills.fetch_add(1, Ordering::Relaxed);

@@ -541,7 +541,7 @@ fn docker_args_and_exec_share_one_pool(version: &'static str) -> TestResult {
     let docker_work = env.work.path().join("docker");
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "dgx1-v100", "docker-args", "--gpus", "8"])
-        .args(["--plugin", "--work-dir"])
+        .args(["--plugin", "--docker-state-dir"])
         .arg(&docker_work)
         .env("MESOS_GPU_POOL_DIR", env.work.path())
         .env("MESOS_GPU_LOG", "warn")
@@ -565,7 +565,7 @@ fn docker_args_and_exec_share_one_pool(version: &'static str) -> TestResult {
     )?;
     let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "dgx1-v100", "docker-args", "--release", &id])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&docker_work)
         .env("MESOS_GPU_POOL_DIR", env.work.path())
         .output()

@@ -14,6 +14,7 @@ fn mesos_gpu(args: &[&str]) -> Output {
         .args(args)
         .env_remove("NVML_SIM_CONFIG")
         .env_remove("MESOS_GPU_WORK_DIR")
+        .env_remove("MESOS_GPU_AGENT_WORK_DIR")
         .env("MESOS_GPU_LOG", "warn")
         .output()
         .expect("run mesos-gpu")
@@ -48,18 +49,18 @@ fn stderr(out: &Output) -> String {
 fn issue_14_gpu_health_creates_nothing() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
-    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!work.path().join("gpu").exists(), "gpu/ created");
     write_checkpoint(work.path());
     for extra in [None, Some("--json")] {
-        let mut args = vec!["gpu", "health", "--work-dir", dir];
+        let mut args = vec!["gpu", "health", "--agent-work-dir", dir];
         args.extend(extra);
         let out = mesos_gpu(&args);
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(!work.path().join("gpu/health.lock").exists(), "{args:?}");
     }
-    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("(no monitor running)"),
         "{out:?}"
@@ -70,8 +71,8 @@ fn issue_14_gpu_health_creates_nothing() {
 fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
-    // A wrong --work-dir: nothing there, nothing created, exit 1 naming where it looked.
-    let out = mesos_gpu(&["gpu", "mark-healthy", "3", "--work-dir", dir]);
+    // A wrong --agent-work-dir: nothing there, nothing created, exit 1 naming where it looked.
+    let out = mesos_gpu(&["gpu", "mark-healthy", "3", "--agent-work-dir", dir]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains(&format!(
@@ -88,7 +89,7 @@ fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
         "gpu",
         "mark-healthy",
         "99",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         "dgx1-v100",
@@ -121,7 +122,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
         "gpu",
         "mark-healthy",
         "3",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         file.to_str().unwrap(),
@@ -137,7 +138,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
         "gpu",
         "mark-healthy",
         "3",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         "dgx1-v100",
@@ -165,7 +166,7 @@ fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
             "3",
             "--wait",
             "20",
-            "--work-dir",
+            "--agent-work-dir",
             dir,
         ])
         .env("MESOS_GPU_LOG", "warn")
@@ -217,4 +218,39 @@ fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
         !requests.join(format!("done-{id}")).exists(),
         "the answer is taken"
     );
+}
+
+/// `gpu health --json` without a checkpoint (before: `null`): an object saying the checkpoint
+/// is absent, with NVML's view of each GPU when there is a driver; with one, the checkpoint's
+/// object plus where it was read and that it is present.
+#[test]
+fn gpu_health_json_says_what_it_read() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    let out = mesos_gpu(&[
+        "gpu",
+        "health",
+        "--agent-work-dir",
+        dir,
+        "--json",
+        "--simulate",
+        "dgx1-v100",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["checkpoint_state"], "absent", "{v}");
+    assert_eq!(v["monitor_running"], false);
+    assert_eq!(
+        v["checkpoint"],
+        work.path().join("gpu/health.json").to_str().unwrap()
+    );
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8, "{v}");
+    assert_eq!(gpus[0]["health"]["state"], "healthy");
+    assert_eq!(gpus[0]["source"], "nvml");
+    write_checkpoint(work.path());
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["checkpoint_state"], "present", "{v}");
+    assert!(v["version"].is_number() && v["gpus"].is_array(), "{v}");
 }

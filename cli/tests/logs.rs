@@ -99,7 +99,7 @@ fn issue_14_serve_logs_info_by_default() {
         .arg(&socket)
         .arg("--volume-root")
         .arg(dir.path().join("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(dir.path().join("work"))
         .arg("--pool-dir")
         .arg(dir.path().join("work").join("pool"))

@@ -88,7 +88,7 @@ impl Env {
             .arg("--dev-root")
             .arg(self.dev.path())
             .arg("run")
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(self.work.path())
             .arg("--pool-dir")
             .arg(self.work.path().join("pool"))
@@ -344,7 +344,7 @@ fn numa_pinning() -> TestResult {
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "numa-2cpu", "--dev-root"])
         .arg(env.dev.path())
-        .args(["run", "--work-dir"])
+        .args(["run", "--docker-state-dir"])
         .arg(env.work.path())
         .arg("--pool-dir")
         .arg(env.work.path().join("pool"))
@@ -398,7 +398,7 @@ fn docker_shares() -> TestResult {
             .arg(control.program())
             .arg("--mps-root")
             .arg(&mps_root)
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))
@@ -465,7 +465,7 @@ fn docker_shares() -> TestResult {
             let id = name.trim_start_matches("mesos-");
             let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
                 .args(["--simulate", "dgx1-v100", "docker-args", "--release", id])
-                .arg("--work-dir")
+                .arg("--docker-state-dir")
                 .arg(env.work.path())
                 .arg("--pool-dir")
                 .arg(env.work.path().join("pool"))
@@ -520,7 +520,7 @@ fn docker_mig() -> TestResult {
                 &image,
             ])
             .args(extra)
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))
@@ -537,7 +537,7 @@ fn docker_mig() -> TestResult {
                 "--release",
                 id,
             ])
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))

@@ -59,7 +59,7 @@ fn blocked_docker_args(work: &Path) -> Child {
             "1",
             "--plugin",
         ])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(work)
         .env("MESOS_GPU_POOL_DIR", work.join("pool"))
         .env("MESOS_GPU_LOG", "error")
@@ -96,7 +96,7 @@ fn issue_14_signals_leave_no_simulation_behind() {
         .arg(work.path().join("nvidia-docker.sock"))
         .arg("--volume-root")
         .arg(work.path().join("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(work.path().join("serve"))
         .arg("--pool-dir")
         .arg(work.path().join("serve").join("pool"))

@@ -30,8 +30,14 @@ fn issue_14_malformed_values_are_usage_errors_in_every_command() {
             "x/y",
         ),
         (vec!["docker-args", "--release", "../etc"], "../etc"),
-        (vec!["gpu", "mark-healthy", "abc", "--work-dir", dir], "abc"),
-        (vec!["volume", "acquire", "a/b", "--root", dir], "a/b"),
+        (
+            vec!["gpu", "mark-healthy", "abc", "--agent-work-dir", dir],
+            "abc",
+        ),
+        (
+            vec!["volume", "acquire", "a/b", "--volume-root", dir],
+            "a/b",
+        ),
         (
             vec!["volume", "plan", "--driver-version", "../../etc"],
             "../../etc",
@@ -63,7 +69,7 @@ fn issue_14_well_formed_commands_that_fail_exit_1() {
         "--gpus",
         "9",
         "--plugin",
-        "--work-dir",
+        "--docker-state-dir",
         dir,
         "--pool-dir",
         dir,
@@ -88,8 +94,23 @@ fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
     let pool = pool.to_str().unwrap();
     for args in [
         vec!["exec", "--gpus", "1", "--pool-dir", pool, "--", "true"],
-        vec!["docker-args", "--gpus", "1", "--plugin", "--work-dir", pool],
-        vec!["run", "--gpus", "1", "--work-dir", pool, "busybox", "true"],
+        vec![
+            "docker-args",
+            "--gpus",
+            "1",
+            "--plugin",
+            "--docker-state-dir",
+            pool,
+        ],
+        vec![
+            "run",
+            "--gpus",
+            "1",
+            "--docker-state-dir",
+            pool,
+            "busybox",
+            "true",
+        ],
     ] {
         let mut all = vec!["--nvml-lib", lib];
         all.extend(&args);

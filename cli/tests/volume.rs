@@ -93,7 +93,7 @@ impl Setup {
         all.extend([
             "--driver-root",
             self.driver.to_str().unwrap(),
-            "--root",
+            "--volume-root",
             self.root.to_str().unwrap(),
         ]);
         mesos_gpu(&all)

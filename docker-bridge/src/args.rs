@@ -414,6 +414,19 @@ impl LaunchPlan {
         args
     }
 
+    /// [`LaunchPlan::cli_args`] followed by `mig` (what [`mig_args`] gave for the same
+    /// container), with `NVIDIA_VISIBLE_DEVICES` once: `mig`'s, which names the whole GPUs then
+    /// the MIG devices, in place of the plan's.
+    pub fn cli_args_with_mig(&self, mig: Vec<String>) -> Vec<String> {
+        let visible = format!("--env={VISIBLE_DEVICES_ENV}=");
+        let mut args = self.cli_args();
+        if mig.iter().any(|a| a.starts_with(&visible)) {
+            args.retain(|a| !a.starts_with(&visible));
+        }
+        args.extend(mig);
+        args
+    }
+
     /// The environment as Docker's `KEY=VALUE` strings.
     pub fn env_strings(&self) -> Vec<String> {
         self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
@@ -749,18 +762,39 @@ mod tests {
         );
     }
 
-    #[test]
-    fn zero_gpus_still_get_control_nodes_and_none() {
+    /// The plan of a container given no GPU, whose image asks for the driver.
+    fn zero_gpu_plan() -> LaunchPlan {
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = LaunchPlan::new(
+        LaunchPlan::new(
             &[],
             &host(false),
             &image,
             Some(&driver(Some((12, 0)), bind())),
         )
-        .expect("plan");
+        .expect("plan")
+    }
+
+    #[test]
+    fn zero_gpus_still_get_control_nodes_and_none() {
+        let plan = zero_gpu_plan();
         assert_eq!(plan.devices.len(), 2);
         assert_eq!(plan.env[0].1, "none");
+    }
+
+    #[test]
+    fn mig_devices_name_the_visible_devices_once() {
+        let plan = zero_gpu_plan();
+        let visible = format!("--env={VISIBLE_DEVICES_ENV}=");
+        let mig = vec![
+            "--device=/dev/nvidia4:/dev/nvidia4".to_owned(),
+            format!("{visible}MIG-1"),
+            "--env=CUDA_VISIBLE_DEVICES=MIG-1".to_owned(),
+        ];
+        let args = plan.cli_args_with_mig(mig.clone());
+        let named: Vec<&String> = args.iter().filter(|a| a.starts_with(&visible)).collect();
+        assert_eq!(named, [&format!("{visible}MIG-1")], "{args:?}");
+        assert!(args.ends_with(&mig), "{args:?}");
+        assert_eq!(plan.cli_args_with_mig(Vec::new()), plan.cli_args());
     }
 
     #[test]

@@ -12,7 +12,11 @@
 //! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
 //! counters. `mesos_gpu_health{state, reason}` is 1 for each GPU's current health: `state` is
 //! `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`, `double_bit_ecc`, `lost`,
-//! `unwatchable`; empty when healthy).
+//! `unwatchable`; empty when healthy). A GPU the health source has no record of (no monitor,
+//! or `serve` reading an agent work directory without a checkpoint) gets NVML's view: lost when
+//! NVML says so, else healthy; `mesos_gpu_health_checkpoint{path, state}` then says whether the
+//! checkpoint read is `present`, `absent` or `unreadable`, so that an alert on health never
+//! goes silent for want of a checkpoint.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -86,6 +90,25 @@ pub struct AllocatorFigures {
     pub quarantined: u32,
 }
 
+/// What reading a health checkpoint of another process found (`serve` reads the agent's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointStatus {
+    /// The checkpoint file.
+    pub path: String,
+    /// `present`; `absent` (no monitor has run in that work directory: the agent has not
+    /// started there, or it is not the agent's `--work_dir`); or `unreadable`.
+    pub state: &'static str,
+}
+
+/// What a health source knows at one scrape.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthRead {
+    /// Every GPU's record (health, XID and ECC counts); empty when none is known.
+    pub records: Vec<GpuRecord>,
+    /// For a checkpoint read from another process: what was found.
+    pub checkpoint: Option<CheckpointStatus>,
+}
+
 /// Everything one scrape reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFigures {
@@ -97,6 +120,8 @@ pub struct NodeFigures {
     pub allocator: Option<AllocatorFigures>,
     /// The health event loop, when a monitor runs.
     pub health_loop: Option<LoopStats>,
+    /// The health checkpoint read, when health comes from another process's.
+    pub health_checkpoint: Option<CheckpointStatus>,
 }
 
 /// Where figures come from.
@@ -110,15 +135,18 @@ pub type CgroupOf = Arc<dyn Fn(&str) -> Option<ContainerCgroup> + Send + Sync>;
 
 /// Where each GPU's health comes from.
 pub trait HealthSource: Send + Sync {
-    /// Every GPU's record (health, XID and ECC counts); empty when none is known.
-    fn records(&self) -> Vec<GpuRecord>;
+    /// Every GPU's record, and what a checkpoint read found.
+    fn read(&self) -> HealthRead;
     /// The event loop's figures, when this process runs the monitor.
     fn loop_stats(&self) -> Option<LoopStats>;
 }
 
 impl HealthSource for HealthMonitor {
-    fn records(&self) -> Vec<GpuRecord> {
-        HealthMonitor::records(self)
+    fn read(&self) -> HealthRead {
+        HealthRead {
+            records: HealthMonitor::records(self),
+            checkpoint: None,
+        }
     }
 
     fn loop_stats(&self) -> Option<LoopStats> {
@@ -128,13 +156,19 @@ impl HealthSource for HealthMonitor {
 
 /// The checkpoint of the monitor of another process (the agent's), read at each scrape.
 impl HealthSource for HealthStore {
-    fn records(&self) -> Vec<GpuRecord> {
-        match self.load() {
-            Ok(snapshot) => snapshot.map(|s| s.gpus).unwrap_or_default(),
+    fn read(&self) -> HealthRead {
+        let path = self.checkpoint_path().display().to_string();
+        let (records, state) = match self.load() {
+            Ok(Some(snapshot)) => (snapshot.gpus, "present"),
+            Ok(None) => (Vec::new(), "absent"),
             Err(error) => {
-                tracing::warn!(error = %error, "no GPU health for metrics");
-                Vec::new()
+                tracing::debug!(error = %error, "no GPU health checkpoint for metrics");
+                (Vec::new(), "unreadable")
             }
+        };
+        HealthRead {
+            records,
+            checkpoint: Some(CheckpointStatus { path, state }),
         }
     }
 
@@ -208,6 +242,8 @@ impl AllocatorSource for Isolator {
 pub struct NvmlFigures {
     driver: Arc<GpuDriver>,
     health: Option<Arc<dyn HealthSource>>,
+    /// The checkpoint state last logged, so that a scrape logs only a change.
+    checkpoint_seen: Mutex<Option<&'static str>>,
     allocator: Option<Arc<dyn AllocatorSource>>,
     cgroup_of: Option<CgroupOf>,
     usage: UsageReader,
@@ -228,6 +264,7 @@ impl NvmlFigures {
         NvmlFigures {
             driver,
             health: None,
+            checkpoint_seen: Mutex::new(None),
             allocator: None,
             cgroup_of: None,
             usage: UsageReader::default(),
@@ -255,13 +292,44 @@ impl NvmlFigures {
     }
 }
 
+impl NvmlFigures {
+    /// Logs what the checkpoint read found when it differs from the last scrape's.
+    fn note_checkpoint(&self, status: Option<&CheckpointStatus>) {
+        let Some(status) = status else {
+            return;
+        };
+        let mut seen = self
+            .checkpoint_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *seen == Some(status.state) {
+            return;
+        }
+        *seen = Some(status.state);
+        drop(seen);
+        let path = &status.path;
+        match status.state {
+            "present" => {
+                tracing::info!(%path, "GPU health for metrics from the agent's checkpoint")
+            }
+            "absent" => tracing::warn!(
+                %path,
+                "no GPU health checkpoint: GPU health in /metrics is NVML's (lost or not) until \
+                 the agent's monitor writes one; is --agent-work-dir the agent's --work_dir?"
+            ),
+            _ => tracing::warn!(
+                %path,
+                "unreadable GPU health checkpoint: GPU health in /metrics is NVML's (lost or not)"
+            ),
+        }
+    }
+}
+
 impl FigureSource for NvmlFigures {
     fn collect(&self) -> NodeFigures {
-        let records = self
-            .health
-            .as_ref()
-            .map(|h| h.records())
-            .unwrap_or_default();
+        let read = self.health.as_ref().map(|h| h.read()).unwrap_or_default();
+        self.note_checkpoint(read.checkpoint.as_ref());
+        let records = read.records;
         let gpus: Vec<GpuFigures> = self
             .driver
             .inventory()
@@ -269,10 +337,16 @@ impl FigureSource for NvmlFigures {
             .iter()
             .map(|gpu| {
                 let record = records.iter().find(|r| r.uuid == gpu.uuid);
+                let readings = GpuReadings::read(&self.driver, gpu);
+                // Without a record, NVML's view: a GPU discovery or this read found lost.
+                let lost = readings.lost || !gpu.healthy;
                 GpuFigures {
-                    readings: GpuReadings::read(&self.driver, gpu),
-                    healthy: record.map(|r| r.health.is_healthy()),
-                    failure: record.and_then(|r| r.health.failure()).map(failure_label),
+                    healthy: Some(record.map_or(!lost, |r| r.health.is_healthy())),
+                    failure: match record {
+                        Some(r) => r.health.failure().map(failure_label),
+                        None => lost.then(|| "lost".to_owned()),
+                    },
+                    readings,
                     xids: record.map(|r| r.xids.clone()).unwrap_or_default(),
                     ecc_single_bit: record.map_or(0, |r| r.ecc_single_bit),
                     ecc_double_bit: record.map_or(0, |r| r.ecc_double_bit),
@@ -312,6 +386,7 @@ impl FigureSource for NvmlFigures {
             containers,
             allocator,
             health_loop: self.health.as_ref().and_then(|h| h.loop_stats()),
+            health_checkpoint: read.checkpoint,
         }
     }
 }
@@ -336,6 +411,12 @@ struct HealthLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckpointLabels {
+    path: String,
     state: &'static str,
 }
 
@@ -663,6 +744,19 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
         }
     }
 
+    if let Some(c) = &figures.health_checkpoint {
+        gauge::<CheckpointLabels>(
+            &mut r,
+            "mesos_gpu_health_checkpoint",
+            "1 for the state of the GPU health checkpoint read (present, absent or unreadable); \
+             GPUs it has no record of get NVML's health",
+        )
+        .get_or_create(&CheckpointLabels {
+            path: c.path.clone(),
+            state: c.state,
+        })
+        .set(1);
+    }
     if let Some(s) = &figures.health_loop {
         let c = Counter::<u64>::default();
         c.inc_by(s.loop_failures);
@@ -832,5 +926,23 @@ mod tests {
         );
         assert!(!text.contains("mesos_gpu_memory_used_bytes{"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_checkpoint_read_is_reported() {
+        let figures = NodeFigures {
+            health_checkpoint: Some(CheckpointStatus {
+                path: "/w/gpu/health.json".to_owned(),
+                state: "absent",
+            }),
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        assert!(
+            text.contains(
+                r#"mesos_gpu_health_checkpoint{path="/w/gpu/health.json",state="absent"} 1"#
+            ),
+            "{text}"
+        );
     }
 }

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 
 use mesos_gpu_docker::args::{HostDevices, ImageInfo, LaunchPlan};
 use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
-use mesos_gpu_isolator::discovery::GpuDriver;
 use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::nvml_sim::SimNode;
@@ -66,10 +65,31 @@ fn schema_errors(validator: &jsonschema::Validator, doc: &Value) -> Vec<String> 
         .collect()
 }
 
+/// The shipped node `node` as the module discovers it: through its library and its driver
+/// `/proc` files, so that MIG devices come with their capability nodes.
 fn inventory(node: &str) -> Inventory {
-    let sim = SimNode::shipped(node);
-    let found = GpuDriver::open(Some(&sim.lib_path())).expect("nvml-sim loads");
-    found.inventory().clone()
+    SimNode::shipped(node).inventory().expect("nvml-sim loads")
+}
+
+/// The devices a spec of `inventory` offers: each healthy GPU not in MIG mode, and each healthy
+/// MIG device with capability nodes of a healthy GPU in MIG mode.
+fn offered(inventory: &Inventory) -> usize {
+    inventory
+        .gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| {
+            if inventory.mig.is_enabled(g.index) {
+                inventory
+                    .mig
+                    .of_parent(g.index)
+                    .filter(|d| d.healthy && d.caps.is_some())
+                    .count()
+            } else {
+                1
+            }
+        })
+        .sum()
 }
 
 fn computed(inventory: &Inventory) -> Gathered {
@@ -220,6 +240,8 @@ fn shipped_nodes() -> Vec<String> {
     names
 }
 
+/// Every shipped node with a healthy GPU gets a spec valid by the schema at its minimum version,
+/// offering each whole GPU and, on a MIG node, each MIG device (by index and UUID) plus `all`.
 #[test]
 fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
     let validator = validator();
@@ -249,8 +271,10 @@ fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
             .iter()
             .map(|d| d["name"].as_str().unwrap())
             .collect();
-        let healthy = inventory.gpus.iter().filter(|g| g.healthy).count();
-        assert_eq!(names.len(), 2 * healthy + 1, "{node}: {names:?}");
+        // A GPU in MIG mode is offered as its MIG devices, never whole.
+        let offered = offered(&inventory);
+        assert!(offered > 0, "{node}: a spec offering nothing");
+        assert_eq!(names.len(), 2 * offered + 1, "{node}: {names:?}");
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{node}: repeated names");
         checked += 1;

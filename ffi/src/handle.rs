@@ -407,9 +407,8 @@ impl MgpuIsolator {
             })?;
         reservation.keep();
         Ok(plan
-            .cli_args()
+            .cli_args_with_mig(mig)
             .into_iter()
-            .chain(mig)
             .flat_map(|a| a.into_bytes().into_iter().chain([0]))
             .collect())
     }

@@ -25,6 +25,7 @@ use agents::{mesos_gpu_exe, module, probe, which};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
+use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNodes, ISOLATOR_MODULE, Master,
     MesosInstall, ProbeReport, Task, http_get, http_post_json, modules_json, wait_for,
@@ -217,6 +218,7 @@ fn main() -> ExitCode {
             v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper,
         ),
     ));
+    trials.extend(agent_flags_trials(&host));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -314,11 +316,7 @@ impl Cluster {
     )> {
         let install = install()?;
         let module = module()?;
-        let sim = SimNode::shipped(setup.node.unwrap_or(NODE));
-        let inventory = sim.inventory()?;
-        let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-        let dev = DevNodes::nvidia(&minors)?;
-        mknod_mig_caps(dev.path(), &inventory)?;
+        let (sim, _, dev) = sim_with_nodes(setup.node.unwrap_or(NODE))?;
         let scratch = tempfile::Builder::new()
             .prefix("mgpu-mesos-e2e")
             .tempdir()?;
@@ -441,6 +439,17 @@ impl Cluster {
         )?;
         Ok(())
     }
+}
+
+/// The shipped nvml-sim node `name`, what it reports (discovered as the module does), and its
+/// device nodes mknod'ed in a private directory: GPUs, control devices and MIG capability nodes.
+fn sim_with_nodes(name: &str) -> TestResult<(SimNode, Inventory, DevNodes)> {
+    let sim = SimNode::shipped(name);
+    let inventory = sim.inventory()?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    mknod_mig_caps(dev.path(), &inventory)?;
+    Ok((sim, inventory, dev))
 }
 
 /// Checks that `report` opened exactly the GPUs `minors` (and the control devices when there
@@ -750,11 +759,8 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
     let install = install()?;
     let module = module()?;
-    let sim = SimNode::shipped(MIG_NODE);
-    let inventory = sim.inventory()?;
+    let (sim, inventory, dev) = sim_with_nodes(MIG_NODE)?;
     let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-    let dev = DevNodes::nvidia(&minors)?;
-    mknod_mig_caps(dev.path(), &inventory)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
@@ -1684,7 +1690,7 @@ impl DockerCluster {
         let pool = s.join("pool");
         let docker_work = s.join("docker-work");
         let mut docker_args = format!(
-            "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
+            "{global} docker-args --pool-dir {} --docker-state-dir {} --volume-root {}",
             pool.display(),
             docker_work.display(),
             volumes.display()
@@ -1702,7 +1708,7 @@ impl DockerCluster {
             shipped_wrapper(&exe, &which("docker")?, &pool, &docker_work)?
         } else {
             format!(
-                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --docker-state-dir {} -- \"$@\"\n",
                 s.join("stalled.pid").display(),
                 which("docker")?.display(),
                 pool.display(),
@@ -2151,7 +2157,7 @@ fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
             .arg("docker-args")
             .arg("--pool-dir")
             .arg(s.join("pool"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(s.join("outside"))
             .args(args)
             .output()?;
@@ -2865,4 +2871,139 @@ fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
         )?;
     }
     Ok(())
+}
+
+/// One trial per shipped node (`mesos-gpu info --simulate list`, nvml-sim's topologies) and
+/// cgroup version: the agent started with exactly what `mesos-gpu agent-flags` printed.
+fn agent_flags_trials(host: &Host) -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for (node, _) in nvml_sim::TOPOLOGIES {
+        for (cgroups, need) in [
+            (AgentCgroups::V1, Need::Cgroup1),
+            (AgentCgroups::V2, Need::Cgroup2),
+        ] {
+            let name = format!(
+                "agent_flags_start_the_agent_{}_{node}",
+                if cgroups == AgentCgroups::V1 {
+                    "v1"
+                } else {
+                    "v2"
+                }
+            );
+            trials.push(needs(
+                host,
+                &[Need::Root, need, Need::Cc, Need::Mesos],
+                trial(name, move || agent_flags_start_the_agent(node, cgroups)),
+            ));
+        }
+    }
+    trials
+}
+
+/// `mesos-gpu agent-flags` run as an operator would on the node (its NVML, device nodes and
+/// driver files given with `--nvml-lib`, `--dev-root` and `--proc-root`), then a real agent
+/// started with exactly the flags it printed, unquoted by the shell as `agent.sh` does: it
+/// loads the module with the printed `--modules`, registers, and offers the `gpus` the node
+/// has (every healthy GPU not in MIG mode, and every MIG device the driver numbers). A node
+/// without GPUs gets the same agent's flags without the module, which start it (before: its
+/// `--resources` only, and on cgroup v1 the agent, on Mesos's default `posix/cpu,posix/mem`,
+/// aborted at start on `Check failed: !subsystemSet.empty()`).
+fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult {
+    let install = install()?;
+    let module = module()?;
+    let (sim, inventory, dev) = sim_with_nodes(node)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-mesos-flags")
+        .tempdir()?;
+    let work = scratch.path().join("work");
+    let version = if cgroups == AgentCgroups::V1 {
+        "v1"
+    } else {
+        "v2"
+    };
+    let path = |p: &Path| p.display().to_string();
+    let out = std::process::Command::new(mesos_gpu_exe()?)
+        .args(["--nvml-lib", &path(&sim.lib_path())])
+        .args(["--dev-root", &path(dev.path())])
+        .args(["--proc-root", &path(&sim.proc_root())])
+        .args(["agent-flags", "--cgroups", version])
+        .args(["--resources", "cpus:4;mem:4096"])
+        .args(["--agent-work-dir", &path(&work)])
+        .args(["--pool-dir", &path(&scratch.path().join("pool"))])
+        .args(["--volume-root", &path(&scratch.path().join("volumes"))])
+        .args(["--module-library", &path(&module)])
+        .env("MESOS_GPU_LOG", "warn")
+        .output()?;
+    let printed = String::from_utf8(out.stdout)?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    check(
+        out.status.success(),
+        format!("agent-flags on {node} failed: {said}"),
+    )?;
+    println!("{node} {version}: agent-flags printed\n{printed}{said}");
+    let flags = shell_words(&printed)?;
+    let whole = inventory.whole_gpus().filter(|g| g.healthy).count();
+    let mig = inventory
+        .mig
+        .devices
+        .iter()
+        .filter(|d| d.healthy && d.caps.is_some())
+        .count();
+    let expected = whole + mig;
+    if inventory.gpus.is_empty() {
+        check(
+            flags.iter().any(|f| f.starts_with("--isolation="))
+                && !flags
+                    .iter()
+                    .any(|f| f.contains(MODULE) || f.starts_with("--modules"))
+                && said.contains("no GPU flags to add"),
+            format!(
+                "{node}: a node without GPUs gets the agent's flags without the module: \
+                 {printed:?} {said:?}"
+            ),
+        )?;
+    } else {
+        check(
+            flags.iter().any(|f| f.starts_with("--modules={")),
+            format!("{node}: no --modules: {flags:?}"),
+        )?;
+    }
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::with_flags(cgroups, flags);
+    spec.work_dir = Some(work);
+    let agent = Agent::start(&install, &master, spec)?;
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    let gpus = state["resources"]["gpus"].as_f64().unwrap_or(0.0);
+    check(
+        gpus == expected as f64,
+        format!(
+            "{node} {version}: the agent offers gpus:{gpus}, the node has {expected}: {}",
+            state["resources"]
+        ),
+    )?;
+    if !inventory.gpus.is_empty() {
+        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+/// `text` split into words as the shell reads it (`eval "set -- $text"`), as `agent.sh` takes
+/// `agent-flags`' lines.
+fn shell_words(text: &str) -> TestResult<Vec<String>> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
+        .arg(text.replace('\n', " "))
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "sh could not read {text:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8(out.stdout)?
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect())
 }

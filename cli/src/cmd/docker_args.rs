@@ -3,7 +3,7 @@
 //!
 //! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
 //! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
-//! `--work-dir` (default [`DEFAULT_WORK_DIR`]), locked only for the duration of one call
+//! `--docker-state-dir` (default [`super::DEFAULT_DOCKER_STATE_DIR`]), locked only for the duration of one call
 //! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 //!
 //! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
@@ -38,8 +38,6 @@ use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
 
-/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
 /// The default Docker daemon socket.
 pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// How long a call waits for another user of the work directory to finish.
@@ -49,8 +47,9 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
 
 #[derive(clap::Args)]
 #[command(
-    long_about = "Reserve N GPUs from the shared pool (checkpointed in --work-dir, the same pool \
-                  `mesos-gpu run` and the isolator use with that directory) and print the \
+    long_about = "Reserve N GPUs from the node's GPU pool (--pool-dir, the pool the agent's module \
+                  and `mesos-gpu run` draw from; the reservation is recorded in \
+                  --docker-state-dir) and print the \
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
                   device nodes, and for images that ask for it the driver volume at \
                   /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
@@ -60,16 +59,17 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool\n  \
+    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
-    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node).
+    /// Number of whole GPUs to reserve (a whole number from 0 to the GPUs of the node); none
+    /// with --mig, which reserves MIG devices instead.
     #[arg(
         long,
         value_name = "N",
-        required_unless_present = "release",
+        required_unless_present_any = ["release", "mig"],
         allow_negative_numbers = true,
         value_parser = super::parse_gpus
     )]
@@ -183,7 +183,31 @@ fn mig_request(
     let mut out = BTreeMap::new();
     for (profile, n) in asked {
         let kind = match profile {
-            MigProfile::Id(id) => MigKind::whole(*id),
+            MigProfile::Id(id) => {
+                // A profile no MIG device of the node has is not "0 free" but unknown.
+                let profiles: BTreeMap<u32, &str> = inventory
+                    .mig
+                    .devices
+                    .iter()
+                    .filter_map(|d| Some((d.profile?, d.profile_name.as_str())))
+                    .collect();
+                if !profiles.contains_key(id) {
+                    let known: Vec<String> = profiles
+                        .iter()
+                        .map(|(p, name)| format!("{p} ({name})"))
+                        .collect();
+                    anyhow::bail!(
+                        "--mig {id}:{n}: this node has no MIG device of GPU instance profile \
+                         {id} (its profiles: {})",
+                        if known.is_empty() {
+                            "none, no GPU is in MIG mode".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    );
+                }
+                MigKind::whole(*id)
+            }
             MigProfile::Resource(name) => offer
                 .profiles
                 .iter()
@@ -207,7 +231,7 @@ fn mig_request(
     Ok(out)
 }
 
-/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
+/// Opens the Docker containers' reservations in `--docker-state-dir` on the node's pool and recovers
 /// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
 /// directory. Drop it to let others in.
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
@@ -246,9 +270,10 @@ pub(crate) fn open_pool_sharing(
         })?,
         None => DeviceNodes::default(),
     };
-    let (isolator, report) = open_on(args, sharing, mig, inventory, nodes)?;
+    let work_dir = args.state_dir()?;
+    let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, nodes)?;
     if let Some(unchecked) = &report.unchecked {
-        tracing::warn!(records = %unchecked, work_dir = %args.work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
+        tracing::warn!(records = %unchecked, docker_state_dir = %work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
     }
     Ok(isolator)
 }
@@ -261,7 +286,15 @@ pub(crate) fn open_records(args: &super::DockerPoolArgs, what: &str) -> anyhow::
         absent_reason: Some(format!("{what} loads no NVML")),
         ..Inventory::default()
     };
-    let (isolator, report) = open_on(args, None, whole_gpus(), inventory, DeviceNodes::default())?;
+    let work_dir = args.state_dir()?;
+    let (isolator, report) = open_on(
+        &work_dir,
+        args,
+        None,
+        whole_gpus(),
+        inventory,
+        DeviceNodes::default(),
+    )?;
     if let Some(unchecked) = &report.unchecked {
         tracing::debug!(records = %unchecked, "records kept as written");
     }
@@ -270,13 +303,13 @@ pub(crate) fn open_records(args: &super::DockerPoolArgs, what: &str) -> anyhow::
 
 /// The isolator of the Docker containers' reservations over `inventory`, recovered.
 fn open_on(
+    work_dir: &Path,
     args: &super::DockerPoolArgs,
     sharing: Option<mesos_gpu_isolator::lifecycle::SharingConfig>,
     mig: MigConfig,
     inventory: Inventory,
     nodes: DeviceNodes,
 ) -> anyhow::Result<(Isolator, RecoveryReport)> {
-    let work_dir = &args.work_dir;
     let deadline = Instant::now() + LOCK_WAIT;
     let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
@@ -379,7 +412,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let gpus = args.gpus.context("--gpus is required")?;
+    // clap requires --gpus unless --mig (or --release) is given.
+    let gpus = args.gpus.unwrap_or(0);
+    anyhow::ensure!(
+        gpus == 0 || args.mig.is_empty(),
+        "--gpus {gpus} with --mig: a container gets whole GPUs or MIG devices, not both (CUDA \
+         uses only one MIG device per process, and CUDA_VISIBLE_DEVICES would name a GPU beside \
+         it); leave --gpus out with --mig, and start whole GPUs in another container"
+    );
     super::require_gpus(ctx, gpus)?;
     let id = match &args.container_id {
         Some(id) => id.clone(),
@@ -449,7 +489,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     reservation.keep();
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
-    line.extend(plan.cli_args());
+    line.extend(plan.cli_args_with_mig(mig_args));
     // The driver seen here, for `docker-wrapper`'s CUDA check (it loads no NVML).
     if let Some(driver) = &driver {
         line.extend(super::docker_wrapper::driver_labels(&driver.info));
@@ -458,7 +498,6 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         line.extend(mesos_gpu_docker::args::cpuset_args(pinning));
     }
     line.extend(share.into_iter().flatten());
-    line.extend(mig_args);
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

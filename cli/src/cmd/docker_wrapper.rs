@@ -97,19 +97,19 @@ const RUN_VALUE_OPTIONS: [&str; 32] = [
                   org_apache_mesos_gpu_MesosGpuDockerHook, which reserved the GPUs with \
                   `mesos-gpu docker-args`): the variable becomes the GPUs' docker run arguments, \
                   and the GPUs go back to the pool when docker run ends.",
-    after_help = "Example, /usr/local/bin/mesos-gpu-docker for `mesos-agent --docker=/usr/local/bin/mesos-gpu-docker`:\n  \
+    after_help = "Example, /usr/bin/mesos-gpu-docker (shipped by the package) for `mesos-agent --docker=/usr/bin/mesos-gpu-docker`:\n  \
     #!/bin/sh\n  \
     exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n    \
-    --pool-dir /var/lib/mesos-gpu --work-dir /var/run/mesos-gpu -- \"$@\"\n\n\
-    --pool-dir and --work-dir are those of the hook's `docker-args` command line. It loads no NVML \
-    (--nvml-lib and --dev-root are not needed): the GPUs are those docker-args reserved."
+    --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu -- \"$@\"\n\n\
+    --pool-dir and --docker-state-dir are those of the hook's `docker-args` command line. It loads \
+    no NVML (--nvml-lib and --dev-root are not needed): the GPUs are those docker-args reserved."
 )]
 pub(crate) struct Args {
     /// The real docker program.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/docker")]
     docker: PathBuf,
 
-    /// The reservations `docker-args` made (its --work-dir and --pool-dir).
+    /// The reservations `docker-args` made (its --docker-state-dir and --pool-dir).
     #[command(flatten)]
     reservations: super::DockerPoolArgs,
 

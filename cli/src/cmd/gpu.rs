@@ -2,20 +2,21 @@
 //! `mesos-gpu gpu list` (who holds what, since when, whether the owner is still there, why a
 //! GPU is quarantined or unhealthy) and `mesos-gpu gpu release <owner>|--dead`.
 //!
-//! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
-//! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
+//! The agent's health monitor checkpoints GPU health to `<agent work dir>/gpu/health.json` and
+//! holds an exclusive lock on `<agent work dir>/gpu/health.lock` while it runs
 //! (`mesos_gpu_isolator::health::HealthStore`). `mark-healthy` therefore:
 //! - when no monitor runs (the lock is free): edits the checkpoint itself, under the lock, so
 //!   the next agent start reads the GPU back healthy;
-//! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
+//! - when a monitor runs: leaves a request file in `<agent work dir>/gpu/health-requests/`, which the
 //!   monitor takes within its wait timeout (250 ms by default), marks the GPU healthy, tells the
 //!   allocator, checkpoints and answers; the command waits for the answer and reports it.
 //!
 //! A GPU the checkpoint does not know, a work directory without a checkpoint or monitor (a wrong
-//! `--work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
+//! `--agent-work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
 //! at. `gpu health` only reads: it creates no file.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,10 +31,11 @@ use mesos_gpu_isolator::pool::{Host, Listing, Pool};
 
 use crate::ctx::Ctx;
 
-/// The Mesos agent work directory used when `--work-dir` is not given.
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
-
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
+    mesos-gpu gpu mark-healthy 3 --agent-work-dir /var/lib/mesos\n  mesos-gpu gpu release --dead"
+)]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: GpuCommand,
@@ -43,12 +45,12 @@ pub(crate) struct Args {
 enum GpuCommand {
     /// Show each GPU's checkpointed health: state, reason, since when, XIDs seen.
     #[command(
-        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --work-dir /var/lib/mesos --json"
+        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --agent-work-dir /var/lib/mesos --json"
     )]
     Health(HealthArgs),
     /// Declare a GPU healthy again (after the operator has checked or reset it).
     #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
-        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --work-dir /var/lib/mesos")]
+        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --agent-work-dir /var/lib/mesos")]
     MarkHealthy(MarkArgs),
     /// List what the node's GPU pool holds: owner, GPUs, since when, whether the owner is still
     /// there (and why), unhealthy GPUs. Reads only.
@@ -91,16 +93,9 @@ struct ReleaseArgs {
 }
 
 #[derive(clap::Args)]
-struct StoreArgs {
-    /// The Mesos agent work directory (health lives in `<DIR>/gpu/`).
-    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
-}
-
-#[derive(clap::Args)]
 struct HealthArgs {
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Print the checkpoint as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -112,7 +107,7 @@ struct MarkArgs {
     #[arg(value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
     gpu: GpuRef,
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Seconds to wait for a running monitor to take the request.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     wait: u64,
@@ -120,7 +115,7 @@ struct MarkArgs {
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
-        GpuCommand::Health(a) => health(a),
+        GpuCommand::Health(a) => health(a, ctx),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
         GpuCommand::List(a) => list(a, ctx),
         GpuCommand::Release(a) => release(a),
@@ -172,6 +167,7 @@ fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
 }
 
 fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
     let (seen, why) = seen_here(ctx);
@@ -195,21 +191,23 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             unseen_why: (!unseen.is_empty()).then_some(why),
             unseen,
         };
-        println!("{}", serde_json::to_string_pretty(&shown)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("GPU pool {}", listing.path.display());
+    writeln!(out, "GPU pool {}", listing.path.display())?;
     if listing.reservations.is_empty() && listing.shares.is_empty() {
-        println!("no reservations");
+        writeln!(out, "no reservations")?;
     } else {
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPUS / WHY",
             "OWNER", "KIND", "COUNT", "SINCE", "STATE"
-        );
+        )?;
     }
     for r in &listing.reservations {
         let (state, why_state) = r.liveness.describe();
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
             r.reservation.owner.kind(),
@@ -222,24 +220,26 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(",")
-        );
-        println!("{:>80} {why_state}", "");
+        )?;
+        writeln!(out, "{:>80} {why_state}", "")?;
         if let Some(gpus) = unseen.get(&r.id) {
-            println!("{:>80} not seen here: {} ({why})", "", gpus.join(","));
+            writeln!(out, "{:>80} not seen here: {} ({why})", "", gpus.join(","))?;
         }
         if let mesos_gpu_isolator::pool::Owner::Quarantine { reason } = &r.reservation.owner {
-            println!("{:>80} quarantined: {reason}", "");
+            writeln!(out, "{:>80} quarantined: {reason}", "")?;
         }
     }
     if !listing.shares.is_empty() {
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPU / WHY",
             "SHARE OWNER", "KIND", "UNITS", "SINCE", "STATE"
-        );
+        )?;
     }
     for s in &listing.shares {
         let (state, why) = s.liveness.describe();
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {} ({})",
             s.id,
             s.share.owner.kind(),
@@ -248,28 +248,32 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             state,
             s.share.grant.uuid,
             s.share.grant.mode
-        );
-        println!("{:>80} {why}", "");
+        )?;
+        writeln!(out, "{:>80} {why}", "")?;
     }
     for (uuid, reason) in &listing.unhealthy {
-        println!("unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)");
+        writeln!(
+            out,
+            "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let host = host();
     if args.dead {
         let done = pool.reconcile(&host)?;
         for (id, why) in &done.freed {
-            println!("released {id}: {why}");
+            writeln!(out, "released {id}: {why}")?;
         }
         for (id, why) in &done.uncertain {
-            println!("kept {id}: {why}");
+            writeln!(out, "kept {id}: {why}")?;
         }
         if done.freed.is_empty() {
-            println!("no dead owner");
+            writeln!(out, "no dead owner")?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -279,7 +283,7 @@ fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         .context("an owner id or --dead is required")?;
     let freed = pool.release(owner, args.force, &host)?;
     let gpus: Vec<String> = freed.gpus.iter().map(ToString::to_string).collect();
-    println!("released {owner}: {}", gpus.join(", "));
+    writeln!(out, "released {owner}: {}", gpus.join(", "))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -300,22 +304,79 @@ fn age(ms: u64) -> String {
     }
 }
 
-fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
-    let store = HealthStore::at(&args.store.work_dir);
+/// `gpu health --json`: the checkpoint's object (`version`, `gpus`, `mig`) with `checkpoint`
+/// (its path), `checkpoint_state` (`present` or `absent`) and `monitor_running` added; without a
+/// checkpoint, `gpus` holds NVML's view of each GPU (`index`, `uuid`, `health`: `{"state":
+/// "healthy"}` or `{"state": "lost"}`, `source`: `"nvml"`), empty without a driver.
+fn health_json(
+    store: &HealthStore,
+    snapshot: Option<&HealthSnapshot>,
+    ctx: &Ctx,
+) -> anyhow::Result<serde_json::Value> {
+    let mut value = match snapshot {
+        Some(snapshot) => serde_json::to_value(snapshot)?,
+        None => {
+            let gpus: Vec<serde_json::Value> = match ctx.driver()? {
+                Some(driver) => driver
+                    .inventory()
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let lost = !g.healthy || driver.reports_lost(g.index);
+                        let state = if lost { "lost" } else { "healthy" };
+                        serde_json::json!({
+                            "index": g.index,
+                            "uuid": g.uuid,
+                            "health": {"state": state},
+                            "source": "nvml",
+                        })
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            serde_json::json!({ "gpus": gpus })
+        }
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "checkpoint".to_owned(),
+            store.checkpoint_path().display().to_string().into(),
+        );
+        let state = if snapshot.is_some() {
+            "present"
+        } else {
+            "absent"
+        };
+        object.insert("checkpoint_state".to_owned(), state.into());
+        object.insert(
+            "monitor_running".to_owned(),
+            store.monitor_running()?.into(),
+        );
+    }
+    Ok(value)
+}
+
+fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let store = HealthStore::at(&args.store.dir()?);
     let snapshot = store.load()?;
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+        let value = health_json(&store, snapshot.as_ref(), ctx)?;
+        serde_json::to_writer_pretty(&mut out, &value)?;
+        writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let running = store.monitor_running()?;
     let Some(snapshot) = snapshot else {
-        println!(
+        writeln!(
+            out,
             "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
             store.checkpoint_path().display()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     };
-    println!(
+    writeln!(
+        out,
         "{} ({})",
         store.checkpoint_path().display(),
         if running {
@@ -323,11 +384,12 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
         } else {
             "no monitor running"
         }
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} REASON",
         "GPU", "UUID", "HEALTH", "SINCE", "LAST", "XIDS"
-    );
+    )?;
     for g in &snapshot.gpus {
         let xids = if g.xids.is_empty() {
             "-".to_owned()
@@ -339,16 +401,18 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 .join(",")
         };
         match &g.health {
-            GpuHealth::Healthy => println!(
+            GpuHealth::Healthy => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} -",
                 g.index, g.uuid, "healthy", "-", "-", xids
-            ),
+            )?,
             GpuHealth::Unhealthy {
                 reason,
                 since_ms,
                 last_error_ms,
                 ..
-            } => println!(
+            } => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} {reason}",
                 g.index,
                 g.uuid,
@@ -356,15 +420,16 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 age(*since_ms),
                 age(*last_error_ms),
                 xids
-            ),
+            )?,
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let gpu = args.gpu.clone();
-    let store = HealthStore::at(&args.store.work_dir);
+    let store = HealthStore::at(&args.store.dir()?);
     if !store.monitor_running()? {
         return mark_in_checkpoint(&store, &gpu, ctx);
     }
@@ -384,17 +449,18 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         if !answer.ok {
             bail!("the running monitor refused: {}", answer.message);
         }
-        println!("{} (by the running monitor)", answer.message);
+        writeln!(out, "{} (by the running monitor)", answer.message)?;
         return Ok(ExitCode::SUCCESS);
     }
     // A monitor that predates answers: the checkpoint, saved before the request was removed.
     let snapshot: Option<HealthSnapshot> = store.load()?;
     match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
         Some(record) if record.health.is_healthy() => {
-            println!(
+            writeln!(
+                out,
                 "GPU {gpu} ({}) is healthy (marked by the running monitor)",
                 record.uuid
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Some(record) => bail!(
@@ -411,11 +477,12 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// With no monitor running: edits the checkpoint under the lock. A work directory without a
 /// checkpoint is refused before anything is created in it.
 fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let path = store.checkpoint_path();
     if store.load()?.is_none() {
         bail!(
-            "no GPU health checkpoint at {} and no health monitor running there; is --work-dir \
-             the agent's work directory? (the module's monitor writes the checkpoint when it \
+            "no GPU health checkpoint at {} and no health monitor running there; is \
+             --agent-work-dir the agent's work directory? (the module's monitor writes the checkpoint when it \
              starts)",
             path.display()
         );
@@ -436,13 +503,14 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
     refuse_if_lost(ctx, gpu, &record)?;
     if snapshot.mark_healthy(gpu)? {
         store.save(&snapshot)?;
-        println!(
+        writeln!(
+            out,
             "GPU {gpu} ({}) marked healthy in {} (no monitor running)",
             record.uuid,
             path.display()
-        );
+        )?;
     } else {
-        println!("GPU {gpu} ({}) is already healthy", record.uuid);
+        writeln!(out, "GPU {gpu} ({}) is already healthy", record.uuid)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,4 +1,16 @@
 //! One module per subcommand, each exposing `Args` and `run(args, &Ctx)`.
+//!
+//! The directories every command names the same way, with one meaning each:
+//! - `--agent-work-dir` ([`AgentWorkDirArgs`]): the mesos-agent's `--work_dir`, which is the
+//!   module's `work_dir` (its checkpoint, and the GPU health its monitor keeps);
+//! - `--pool-dir` ([`PoolArgs`]): the node's one GPU pool, shared by the module and every
+//!   command that reserves GPUs;
+//! - `--docker-state-dir` ([`DockerPoolArgs`]): the record of the Docker containers'
+//!   reservations that `docker-args`, `docker-wrapper`, `run` and `serve` keep;
+//! - `--volume-root` ([`VolumeRootArgs`]): where the `nvidia_<driver version>` volumes are.
+//!
+//! `--work-dir` used to name the first of these for `info` and `gpu`, and the third for the
+//! Docker commands; it is still accepted there, with a warning naming the new flag.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,17 +35,13 @@ mod run;
 mod serve;
 mod volume;
 
-/// Where `docker-args`, `docker-wrapper`, `run` and `serve` keep the Docker containers' records
-/// by default.
-#[cfg(test)]
-pub(crate) use docker_args::DEFAULT_WORK_DIR as DEFAULT_DOCKER_WORK_DIR;
-
 /// The subcommands.
 #[derive(clap::Subcommand)]
 pub(crate) enum Command {
     /// Show the node's GPUs, driver and interconnect topology.
     Info(info::Args),
-    /// Print the mesos-agent `--resources` and `--attributes` that advertise this node's GPUs.
+    /// Print the mesos-agent flags that give this node's GPUs to tasks: with the module,
+    /// `--isolation`, `--resources`, `--attributes` and `--modules` (its parameters).
     AgentFlags(agent_flags::Args),
     /// Print the entries of an ld.so.cache, in the format of `ldconfig -p`.
     Ldcache(ldcache::Args),
@@ -123,17 +131,121 @@ pub(crate) struct PoolArgs {
     pub(crate) pool_dir: PathBuf,
 }
 
+/// The mesos-agent's `--work_dir` used when none is given.
+pub(crate) const DEFAULT_AGENT_WORK_DIR: &str = "/var/lib/mesos";
+
+/// The environment variable that gives `--agent-work-dir`.
+const AGENT_WORK_DIR_ENV: &str = "MESOS_GPU_AGENT_WORK_DIR";
+
+/// The old environment variable of `--work-dir`, still read by the commands that took it.
+const LEGACY_WORK_DIR_ENV: &str = "MESOS_GPU_WORK_DIR";
+
+/// The mesos-agent's work directory, where the module checkpoints and its health monitor keeps
+/// each GPU's health (`<DIR>/gpu/health.json`).
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct AgentWorkDirArgs {
+    /// The mesos-agent's --work_dir, which is the module's `work_dir`: its GPU checkpoint and
+    /// GPU health (`<DIR>/gpu/`).
+    #[arg(long, value_name = "DIR", env = AGENT_WORK_DIR_ENV, default_value = DEFAULT_AGENT_WORK_DIR)]
+    pub(crate) agent_work_dir: PathBuf,
+}
+
+/// `--agent-work-dir` for the commands that called it `--work-dir` (`info`, `gpu`), which still
+/// accept that name and `MESOS_GPU_WORK_DIR`.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct AgentWorkDirCompatArgs {
+    /// The mesos-agent's --work_dir, which is the module's `work_dir`: its GPU checkpoint and
+    /// GPU health (`<DIR>/gpu/`) [default: /var/lib/mesos].
+    #[arg(long, value_name = "DIR", env = AGENT_WORK_DIR_ENV)]
+    agent_work_dir: Option<PathBuf>,
+
+    /// The old name of --agent-work-dir (deprecated).
+    #[arg(long = "work-dir", value_name = "DIR", hide = true)]
+    legacy_work_dir: Option<PathBuf>,
+}
+
+impl AgentWorkDirCompatArgs {
+    /// `--agent-work-dir`, else the deprecated `--work-dir` or `MESOS_GPU_WORK_DIR` (with a
+    /// warning), else the default.
+    pub(crate) fn dir(&self) -> anyhow::Result<PathBuf> {
+        match (&self.agent_work_dir, &self.legacy_work_dir) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--work-dir {} and --agent-work-dir (or {AGENT_WORK_DIR_ENV}) both given: \
+                 --work-dir is the old name of --agent-work-dir; keep only --agent-work-dir",
+                old.display()
+            ),
+            (Some(dir), None) => Ok(dir.clone()),
+            (None, Some(old)) => {
+                deprecated(format_args!(
+                    "--work-dir is deprecated here: it names the mesos-agent's work directory; \
+                     write --agent-work-dir {}",
+                    old.display()
+                ));
+                Ok(old.clone())
+            }
+            (None, None) => match std::env::var_os(LEGACY_WORK_DIR_ENV) {
+                Some(old) => {
+                    deprecated(format_args!(
+                        "{LEGACY_WORK_DIR_ENV} is deprecated: write {AGENT_WORK_DIR_ENV}={}",
+                        PathBuf::from(&old).display()
+                    ));
+                    Ok(PathBuf::from(old))
+                }
+                None => Ok(PathBuf::from(DEFAULT_AGENT_WORK_DIR)),
+            },
+        }
+    }
+}
+
+/// Logs a deprecated flag's warning, once per process (a command may read its flags twice).
+fn deprecated(message: std::fmt::Arguments<'_>) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!("{message}"));
+}
+
+/// The Docker containers' record of reservations (`docker-args`, `docker-wrapper`, `run` and
+/// `serve` keep it) used when none is given. Docker tasks do not outlive a reboot, nor does it.
+pub(crate) const DEFAULT_DOCKER_STATE_DIR: &str = "/var/run/mesos-gpu";
+
 /// The Docker containers' reservations (their checkpoint) and the pool they draw from:
 /// `docker-args`, `docker-wrapper`, `run` and `serve` must agree on both.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct DockerPoolArgs {
-    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
-    /// --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = docker_args::DEFAULT_WORK_DIR)]
-    pub(crate) work_dir: PathBuf,
+    /// Where the Docker containers' reservations are recorded (`<DIR>/gpu/allocations.json`;
+    /// the GPUs themselves come from --pool-dir) [default: /var/run/mesos-gpu].
+    #[arg(long, value_name = "DIR")]
+    docker_state_dir: Option<PathBuf>,
+
+    /// The old name of --docker-state-dir (deprecated).
+    #[arg(long = "work-dir", value_name = "DIR", hide = true)]
+    legacy_work_dir: Option<PathBuf>,
 
     #[command(flatten)]
     pub(crate) pool: PoolArgs,
+}
+
+impl DockerPoolArgs {
+    /// `--docker-state-dir`, else the deprecated `--work-dir` (with a warning), else the
+    /// default.
+    pub(crate) fn state_dir(&self) -> anyhow::Result<PathBuf> {
+        match (&self.docker_state_dir, &self.legacy_work_dir) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--work-dir {} and --docker-state-dir both given: --work-dir is the old name of \
+                 --docker-state-dir; keep only --docker-state-dir",
+                old.display()
+            ),
+            (Some(dir), None) => Ok(dir.clone()),
+            (None, Some(old)) => {
+                deprecated(format_args!(
+                    "--work-dir is deprecated here: it names the Docker containers' record of \
+                     reservations; write --docker-state-dir {}",
+                    old.display()
+                ));
+                Ok(old.clone())
+            }
+            (None, None) => Ok(PathBuf::from(DEFAULT_DOCKER_STATE_DIR)),
+        }
+    }
 }
 
 /// The Docker daemon the command talks to.
@@ -148,7 +260,8 @@ pub(crate) struct DockerSocketArgs {
 /// Where the driver volumes are.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct VolumeRootArgs {
-    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia).
+    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia);
+    /// the module's `volume_root`.
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
     pub(crate) volume_root: PathBuf,
 }

@@ -18,8 +18,8 @@
 //!
 //! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
 //! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
-//! reconciliation** of the shared pool in `--work-dir` (the one `docker-args` and `run` draw
-//! from) with the Docker daemon: after a reboot or crash it re-books the GPUs of running
+//! reconciliation** of the Docker containers' reservations (`--docker-state-dir`, the record
+//! `docker-args` and `run` keep, on the pool in `--pool-dir`) with the Docker daemon: after a reboot or crash it re-books the GPUs of running
 //! `mesos-<id>` containers and releases reservations whose container is gone, logging each.
 //! It is skipped, with a log line saying why, when no daemon answers on `--docker-socket` or
 //! another process holds the pool (the agent's isolator, which recovers its own containers).
@@ -106,10 +106,10 @@ pub(crate) struct Args {
     /// Do not write, update or remove the CDI spec.
     #[arg(long, conflicts_with_all = ["cdi_spec", "cdi_spec_dirs"])]
     no_cdi: bool,
-    /// The mesos-agent `--work_dir` whose GPU health checkpoint (`gpu/health.json`, kept by the
-    /// module's health monitor) `/metrics` reports.
-    #[arg(long, value_name = "DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
-    agent_work_dir: PathBuf,
+    /// The agent whose GPU health checkpoint (`gpu/health.json`, kept by the module's health
+    /// monitor) `/metrics` reports.
+    #[command(flatten)]
+    agent: super::AgentWorkDirArgs,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -206,7 +206,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(driver) => Arc::new(NvmlStatus::new(Arc::clone(driver), PROC_ROOT)),
         None => Arc::new(NoStatus),
     };
-    let health = Arc::new(HealthStore::at(&args.agent_work_dir));
+    let health = Arc::new(HealthStore::at(&args.agent.agent_work_dir));
     let metrics = driver.map(|driver| {
         Arc::new(Metrics::new(
             Arc::new(NvmlFigures::new(driver).with_health(health)),
@@ -268,7 +268,7 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args, host: &HostDevices) {
     let pool = match open_pool(ctx, &args.reservations) {
         Ok(pool) => pool,
         Err(e) if is_locked(&e) => {
-            tracing::warn!(work_dir = %args.reservations.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
+            tracing::warn!(pool_dir = %args.reservations.pool.pool_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
             return;
         }
         Err(e) => {

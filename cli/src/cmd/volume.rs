@@ -28,14 +28,20 @@ use crate::ctx::Ctx;
     mesos-gpu volume verify --json\n  \
     mesos-gpu volume list\n  \
     mesos-gpu volume gc\n  \
-    mesos-gpu volume create --root /tmp/volumes --driver-root /mnt/image --copy")]
+    mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes\n  \
+    mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy")]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: Command,
 
-    /// Directory holding the volumes.
-    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_ROOT)]
-    root: PathBuf,
+    /// Directory holding the `nvidia_<driver version>` volumes (the module's `volume_root`,
+    /// `serve`'s and `docker-args`' --volume-root) [default: /var/run/mesos/isolators/gpu].
+    #[arg(long, global = true, value_name = "DIR")]
+    volume_root: Option<PathBuf>,
+
+    /// The old name of --volume-root (deprecated).
+    #[arg(long = "root", global = true, value_name = "DIR", hide = true)]
+    legacy_root: Option<PathBuf>,
 
     /// The driver's file system root.
     #[arg(long, global = true, value_name = "DIR", default_value = "/")]
@@ -54,11 +60,40 @@ pub(crate) struct Args {
     json: bool,
 }
 
+impl Args {
+    /// `--volume-root`, else the deprecated `--root` (with a warning), else the default.
+    fn root(&self) -> anyhow::Result<PathBuf> {
+        match (&self.volume_root, &self.legacy_root) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--root {} and --volume-root both given: --root is the old name of --volume-root; \
+                 keep only --volume-root",
+                old.display()
+            ),
+            (Some(root), None) => Ok(root.clone()),
+            (None, Some(old)) => {
+                tracing::warn!(
+                    "--root is deprecated: write --volume-root {}, as the other commands name it",
+                    old.display()
+                );
+                Ok(old.clone())
+            }
+            (None, None) => Ok(PathBuf::from(DEFAULT_ROOT)),
+        }
+    }
+}
+
 #[derive(clap::Subcommand)]
 enum Command {
     /// Show which driver files the volume would hold, and every candidate skipped and why.
+    #[command(
+        after_help = "Examples:\n  mesos-gpu volume plan\n  mesos-gpu volume plan --json\n  \
+        mesos-gpu volume plan --driver-root /mnt/image --cache /mnt/image/etc/ld.so.cache"
+    )]
     Plan,
     /// Build the volume, or reuse an intact one; rebuild a stale or damaged one.
+    #[command(after_help = "Examples:\n  mesos-gpu volume create\n  \
+        mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes --checksums\n  \
+        mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy")]
     Create {
         /// Copy every file instead of hard-linking those on the volume root's file system.
         #[arg(long)]
@@ -68,6 +103,9 @@ enum Command {
         checksums: bool,
     },
     /// Check a volume against its manifest and the host's driver files; exit 1 on a problem.
+    #[command(after_help = "Examples:\n  mesos-gpu volume verify\n  \
+        mesos-gpu volume verify --json --metadata-only\n  \
+        mesos-gpu volume verify --volume-only --driver-version 550.54.14")]
     Verify {
         /// Compare sizes, modes and mtimes only, without reading file contents.
         #[arg(long)]
@@ -77,20 +115,27 @@ enum Command {
         volume_only: bool,
     },
     /// List the volumes under the root with their holders and state.
+    #[command(after_help = "Examples:\n  mesos-gpu volume list\n  \
+        mesos-gpu volume list --json --volume-root /var/lib/mesos-gpu/volumes")]
     List,
     /// Remove volumes no container uses, except the current driver's (unless --all).
+    #[command(after_help = "Examples:\n  mesos-gpu volume gc\n  mesos-gpu volume gc --all --json")]
     Gc {
         /// Do not keep the current driver's volume either.
         #[arg(long)]
         all: bool,
     },
     /// Record HOLDER (a container id) as using the volume.
+    #[command(after_help = "Example:\n  \
+        mesos-gpu volume acquire 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
     Acquire {
         /// The container id.
         #[arg(value_parser = parse_holder)]
         holder: String,
     },
     /// Remove HOLDER's use of the volume.
+    #[command(after_help = "Example:\n  \
+        mesos-gpu volume release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
     Release {
         /// The container id.
         #[arg(value_parser = parse_holder)]
@@ -99,7 +144,8 @@ enum Command {
 }
 
 pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let manager = VolumeManager::at(&args.root);
+    let root = args.root()?;
+    let manager = VolumeManager::at(&root);
     match &args.command {
         Command::Plan => {
             let plan = host_plan(args)?;
@@ -119,9 +165,9 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     Check::Metadata
                 },
             };
-            let volume = manager.create_with(&plan, options).with_context(|| {
-                format!("cannot create the volume under {}", args.root.display())
-            })?;
+            let volume = manager
+                .create_with(&plan, options)
+                .with_context(|| format!("cannot create the volume under {}", root.display()))?;
             warn_if_noexec(&volume.path);
             emit(args, &volume, |v| {
                 let mut s = match &v.outcome {

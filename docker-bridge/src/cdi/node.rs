@@ -27,9 +27,14 @@
 //!   the optional `nvidia-uvm-tools` is left out of a computed spec;
 //! - GPUs the inventory marks unhealthy are left out, as from the allocator's pool.
 //!
-//! A MIG device is one more [`DeviceId`] variant (`<gpu>:<mig>`, as `nvidia-ctk` names it) whose
-//! [`CdiDevice::nodes`] are its parent's `/dev/nvidia<minor>` and its two
-//! `/dev/nvidia-caps/nvidia-cap<N>` access nodes; the spec building below needs no change.
+//! - a GPU in MIG mode is never a device whole: CUDA would see only its MIG devices. Each of its
+//!   MIG devices is one, named as `nvidia-ctk cdi generate` names them (`pkg/nvcdi/namer.go`):
+//!   `<gpu index>:<MIG device index>` ([`DeviceId::Mig`], the sparse NVML MIG index) and its
+//!   `MIG-<uuid>`, with its parent's `/dev/nvidia<minor>` and its two
+//!   `/dev/nvidia-caps/nvidia-cap<N>` access nodes (GPU instance, compute instance; their
+//!   numbers from the driver's `/proc` files, as the inventory holds them) and
+//!   `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`. A MIG device without capability nodes, or unhealthy, is
+//!   left out, as from the allocator's pool.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -167,12 +172,20 @@ pub enum DeviceId {
         /// NVML index.
         index: u32,
     },
+    /// A MIG device, named `<gpu>:<mig>`.
+    Mig {
+        /// NVML index of the parent GPU.
+        gpu: u32,
+        /// The parent's (sparse) NVML MIG device index.
+        mig: u32,
+    },
 }
 
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceId::Gpu { index } => write!(f, "{index}"),
+            DeviceId::Mig { gpu, mig } => write!(f, "{gpu}:{mig}"),
         }
     }
 }
@@ -182,7 +195,7 @@ impl fmt::Display for DeviceId {
 pub struct CdiDevice {
     /// Its index name.
     pub id: DeviceId,
-    /// Its UUID (`GPU-…`), also a name.
+    /// Its UUID (`GPU-…`, `MIG-…`), also a name.
     pub uuid: String,
     /// Its nodes, in order.
     pub nodes: Vec<NodeEntry>,
@@ -193,7 +206,7 @@ pub struct CdiDevice {
 pub struct NodeDevices {
     /// Nodes every GPU container gets.
     pub control: Vec<NodeEntry>,
-    /// The devices, in NVML index order.
+    /// The devices, in NVML index order (a MIG-mode GPU's MIG devices in its place).
     pub devices: Vec<CdiDevice>,
     /// Host directory of the driver volume.
     pub driver_volume: PathBuf,
@@ -270,16 +283,34 @@ impl NodeDevices {
             DeviceNumbers::Scanned { dev_root } => scanned(dev_root, inventory)?,
             DeviceNumbers::Computed => computed(&healthy)?,
         };
-        let devices = gpu_nodes
-            .into_iter()
-            .filter_map(|(index, node)| {
-                inventory.by_index(index).map(|gpu| CdiDevice {
+        let caps_dir = match numbers {
+            DeviceNumbers::Scanned { dev_root } => dev_root.join(MIG_CAPS_DIR),
+            DeviceNumbers::Computed => Path::new("/dev").join(MIG_CAPS_DIR),
+        };
+        let mut devices = Vec::new();
+        for (index, node) in gpu_nodes {
+            let Some(gpu) = inventory.by_index(index) else {
+                continue;
+            };
+            if inventory.mig.is_enabled(index) {
+                devices.extend(mig_devices(inventory, index, &node, &caps_dir));
+            } else {
+                devices.push(CdiDevice {
                     id: DeviceId::Gpu { index },
                     uuid: gpu.uuid.clone(),
                     nodes: vec![node],
-                })
-            })
-            .collect();
+                });
+            }
+        }
+        if devices.is_empty() {
+            return Ok(Gathered::NoGpus {
+                reason: format!(
+                    "every healthy GPU is in MIG mode (NVML indices {:?}) and none has a MIG \
+                     device with capability nodes",
+                    inventory.mig.enabled
+                ),
+            });
+        }
         Ok(Gathered::Devices(NodeDevices {
             control,
             devices,
@@ -348,6 +379,48 @@ impl NodeDevices {
             left_out: self.left_out.clone(),
         }
     }
+}
+
+/// The MIG capability nodes' directory under the device root.
+const MIG_CAPS_DIR: &str = "nvidia-caps";
+
+/// The devices of the MIG-mode GPU `parent` (whose node is `parent_node`): each healthy MIG
+/// device with capability nodes, with the parent's node and its two capability nodes under
+/// `caps_dir`.
+fn mig_devices(
+    inventory: &Inventory,
+    parent: u32,
+    parent_node: &NodeEntry,
+    caps_dir: &Path,
+) -> Vec<CdiDevice> {
+    let cap = |dev: DevNum| {
+        let name = format!("nvidia-cap{}", dev.minor);
+        NodeEntry {
+            path: Path::new("/dev").join(MIG_CAPS_DIR).join(&name),
+            host_path: caps_dir.join(&name),
+            dev: Some(dev),
+        }
+    };
+    inventory
+        .mig
+        .of_parent(parent)
+        .filter(|d| d.healthy)
+        .filter_map(|d| {
+            let caps = d.caps.as_ref()?;
+            Some(CdiDevice {
+                id: DeviceId::Mig {
+                    gpu: parent,
+                    mig: d.index,
+                },
+                uuid: d.uuid.clone(),
+                nodes: vec![
+                    parent_node.clone(),
+                    cap(caps.gpu_instance),
+                    cap(caps.compute_instance),
+                ],
+            })
+        })
+        .collect()
 }
 
 type ControlAndGpus = (Vec<NodeEntry>, Vec<(u32, NodeEntry)>);

@@ -184,7 +184,7 @@ impl HealthMonitor {
         });
         publish(&shared, restored);
         // Written at every start, so a work directory with a monitor always has a checkpoint and
-        // one without (a wrong `--work-dir`) can be told apart.
+        // one without (a wrong `--agent-work-dir`) can be told apart.
         save(&shared);
         let quiet_period = config.quiet_period;
         let thread_shared = Arc::clone(&shared);

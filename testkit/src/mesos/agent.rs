@@ -36,8 +36,12 @@ pub struct AgentSpec {
     pub cgroups: AgentCgroups,
     /// Extra environment (e.g. `LD_LIBRARY_PATH` to the simulated NVML).
     pub env: Vec<(String, String)>,
-    /// Extra flags, `--name=value`.
+    /// Extra flags, `--name=value`; one named here replaces the flag of that name the agent
+    /// would otherwise get from the fields above (`--isolation`, `--resources`, `--modules`,
+    /// v2's `--agent_subsystems`, …).
     pub flags: Vec<String>,
+    /// The agent's `--work_dir`; `None` for a private directory.
+    pub work_dir: Option<PathBuf>,
     /// A [`super::PrivateHost`]'s setup script: the agent then runs in a private mount
     /// namespace set up by it (on cgroup v1 too).
     pub private_host: Option<PathBuf>,
@@ -55,8 +59,21 @@ impl AgentSpec {
             cgroups,
             env: Vec::new(),
             flags: Vec::new(),
+            work_dir: None,
             private_host: None,
         }
+    }
+
+    /// An agent on `cgroups` started with `flags` as its GPU configuration, exactly as given
+    /// (e.g. what `mesos-gpu agent-flags` printed): their `--isolation`, `--resources`,
+    /// `--modules` and `--agent_subsystems` are the agent's, in place of the harness's.
+    /// Without a flag for them, the agent gets Mesos's default `--isolation`
+    /// (`posix/cpu,posix/mem`) and 4 CPUs and 4 GiB.
+    pub fn with_flags(cgroups: AgentCgroups, flags: Vec<String>) -> AgentSpec {
+        let mut spec = AgentSpec::new("posix/cpu,posix/mem", cgroups, 0);
+        spec.resources = "cpus:4;mem:4096".to_owned();
+        spec.flags = flags;
+        spec
     }
 }
 
@@ -142,7 +159,10 @@ impl Agent {
 
     /// The agent's work directory.
     pub fn work_dir(&self) -> PathBuf {
-        self.dir.path().join("work")
+        self.spec
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("work"))
     }
 
     /// The agent's runtime directory.
@@ -292,6 +312,9 @@ impl Agent {
         if self.spec.cgroups == AgentCgroups::V2 {
             flags.push("--agent_subsystems=".to_owned());
         }
+        let name = |flag: &str| flag.split('=').next().unwrap_or_default().to_owned();
+        let given: Vec<String> = self.spec.flags.iter().map(|f| name(f)).collect();
+        flags.retain(|f| !given.contains(&name(f)));
         flags.extend(self.spec.flags.iter().cloned());
         let mut setup = Vec::new();
         if let Some(script) = &self.spec.private_host {
