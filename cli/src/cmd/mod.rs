@@ -12,7 +12,7 @@ use crate::ctx::Ctx;
 
 mod agent_flags;
 mod cdi;
-mod demo;
+pub(crate) mod demo;
 mod docker_args;
 mod docker_wrapper;
 mod exec;
