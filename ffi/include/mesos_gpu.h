@@ -280,6 +280,21 @@ enum MgpuStatus mgpu_metrics(const struct MgpuIsolator *handle,
                              char *err,
                              size_t err_cap);
 
+// Every container the isolator knows, as JSON (not NUL-terminated): for each, its kind, its GPUs
+// (NVML index, minor, UUID, health, utilisation, memory used by its own processes, memory in
+// all, its processes), MIG devices and share of a shared GPU. The module serves it on the
+// agent's `/mesos-gpu/containers`: Mesos's JSON endpoints drop the GPU figures `mgpu_usage`
+// answers in field 1000.
+//
+// # Safety
+// As `mgpu_metrics`.
+enum MgpuStatus mgpu_containers(const struct MgpuIsolator *handle,
+                                uint8_t *buf,
+                                size_t cap,
+                                size_t *len,
+                                char *err,
+                                size_t err_cap);
+
 // The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 // `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
 // checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;

@@ -420,6 +420,30 @@ pub unsafe extern "C" fn mgpu_metrics(
     })
 }
 
+/// Every container the isolator knows, as JSON (not NUL-terminated): for each, its kind, its GPUs
+/// (NVML index, minor, UUID, health, utilisation, memory used by its own processes, memory in
+/// all, its processes), MIG devices and share of a shared GPU. The module serves it on the
+/// agent's `/mesos-gpu/containers`: Mesos's JSON endpoints drop the GPU figures `mgpu_usage`
+/// answers in field 1000.
+///
+/// # Safety
+/// As `mgpu_metrics`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_containers(
+    handle: *const MgpuIsolator,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let out = unsafe { OutBuf::new(buf, cap, len) }?;
+        out.write(&h.containers()?)
+    })
+}
+
 /// The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 /// `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health
 /// checkpoint under `work_dir` records it. `MGPU_OK` also when it was healthy already;

@@ -208,6 +208,26 @@ fn main() -> ExitCode {
         })
         .collect();
     trials.extend(numa_trials(&host));
+    trials.push(needs(
+        &host,
+        v1,
+        trial("v1_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V1,
+                &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            )
+        }),
+    ));
+    trials.push(needs(
+        &host,
+        v2,
+        trial("v2_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V2,
+                &format!("filesystem/linux,{MODULE}"),
+            )
+        }),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -1538,6 +1558,85 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
     check(
         body.contains(r#"mesos_gpu_allocator_gpus{state="free"} 8"#),
         format!("the GPUs did not come back:\n{body}"),
+    )
+}
+
+/// The agent's own port serves each container's GPUs (`mgpu_containers`, through the shim's
+/// `/mesos-gpu/containers`): a running `gpus:1` task's container lists its one GPU, with NVML's
+/// figures and its health, and a `gpus:0` task's container lists none. Mesos's own
+/// `/monitor/statistics` shows none of it (it drops the unknown `ResourceStatistics` field 1000),
+/// which is why the endpoint exists.
+fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str) -> TestResult {
+    let c = Cluster::start(cgroups, isolation, &EXPLICIT_ROOT)?;
+    let mut one = c.launch("one", 1, true)?;
+    let mut none = c.launch("none", 0, true)?;
+    let minors = c.report("one")?.gpus(false);
+    c.report("none")?;
+    let container_of = |task: &str| -> TestResult<String> {
+        let run = std::fs::read_link(c.agent.sandbox(task)?)?;
+        Ok(run
+            .file_name()
+            .ok_or("runs/latest names no container")?
+            .to_string_lossy()
+            .into_owned())
+    };
+    let (one_id, none_id) = (container_of("one")?, container_of("none")?);
+    let body = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("not JSON ({e}): {body}"))?;
+    let find = |id: &str| -> TestResult<serde_json::Value> {
+        json["containers"]
+            .as_array()
+            .and_then(|all| all.iter().find(|x| x["container"] == id))
+            .cloned()
+            .ok_or_else(|| format!("container {id} not in {json:#}").into())
+    };
+    let with = find(&one_id)?;
+    let gpus = with["gpus"].as_array().cloned().unwrap_or_default();
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.sim.config_path())?)?;
+    check(
+        gpus.len() == 1 && minors.len() == 1,
+        format!("the gpus:1 task's container must list one GPU (probe saw {minors:?}): {with:#}"),
+    )?;
+    let gpu = &gpus[0];
+    let described = node["gpus"]
+        .as_array()
+        .and_then(|all| all.iter().find(|g| g["minor"] == minors[0]))
+        .ok_or("no such minor in the node")?;
+    check(
+        gpu["uuid"] == described["uuid"]
+            && gpu["minor"] == minors[0]
+            && gpu["health"]["state"] == "healthy"
+            && gpu["utilization_gpu"] == described["utilization"]["gpu"]
+            && gpu["memory_total"] == described["memory"]["total"]
+            && with["kind"] == "mesos",
+        format!("the gpus:1 task's GPU {gpu:#} against the node's {described:#}"),
+    )?;
+    let without = find(&none_id)?;
+    check(
+        without["gpus"].as_array().is_some_and(Vec::is_empty),
+        format!("the gpus:0 task's container lists GPUs: {without:#}"),
+    )?;
+    let uuid = described["uuid"].as_str().unwrap_or_default();
+    let statistics = http_get(c.agent.port(), "/monitor/statistics")?;
+    check(
+        statistics.contains(&one_id) || statistics.contains("\"executor_id\":\"one\""),
+        format!("/monitor/statistics does not show the task: {statistics}"),
+    )?;
+    check(
+        !statistics.contains(uuid) && !statistics.contains("gpu_statistics"),
+        format!("/monitor/statistics shows GPU figures after all: {statistics}"),
+    )?;
+    c.release("one")?;
+    c.release("none")?;
+    one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    none.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()?;
+    let after = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    check(
+        !after.contains(&one_id) && !after.contains(&none_id),
+        format!("finished tasks' containers still listed: {after}"),
     )
 }
 

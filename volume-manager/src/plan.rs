@@ -424,7 +424,32 @@ impl VolumePlan {
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.stamp.size).sum()
     }
+
+    /// The files a GPU container needs that the plan lacks, of [`ESSENTIALS`]: `lib64/<name>.<driver
+    /// version>` for the libraries, `bin/<name>` for the program.
+    pub fn missing_essentials(&self) -> Vec<String> {
+        ESSENTIALS
+            .iter()
+            .map(|&(dir, name)| match dir {
+                VolumeDir::Bin => format!("bin/{name}"),
+                _ => format!("{}/{name}.{}", dir.as_str(), self.driver_version),
+            })
+            .filter(|wanted| {
+                !self
+                    .files
+                    .iter()
+                    .any(|f| format!("{}/{}", f.dir.as_str(), f.name) == *wanted)
+            })
+            .collect()
+    }
 }
+
+/// What a GPU container cannot do without: CUDA's driver library, NVML, and `nvidia-smi`.
+pub const ESSENTIALS: [(VolumeDir, &str); 3] = [
+    (VolumeDir::Lib64, "libcuda.so"),
+    (VolumeDir::Lib64, "libnvidia-ml.so"),
+    (VolumeDir::Bin, "nvidia-smi"),
+];
 
 /// Plans the volume for `version` from the driver under `driver_root`, with the default search
 /// path and the native architecture.
@@ -680,6 +705,17 @@ mod tests {
             ),
             "{skipped:?}"
         );
+    }
+
+    #[test]
+    fn a_plan_without_nvidia_smi_misses_an_essential() {
+        if !cfg!(target_arch = "x86_64") {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = fake_root(dir.path());
+        let plan = plan(dir.path(), &cache, &version()).expect("plan");
+        assert_eq!(plan.missing_essentials(), ["bin/nvidia-smi"]);
     }
 
     #[test]
