@@ -228,6 +228,20 @@ fn main() -> ExitCode {
             )
         }),
     ));
+    trials.push(needs(
+        &host,
+        &[
+            Need::Root,
+            Need::Cgroup1,
+            Need::Cc,
+            Need::Mesos,
+            Need::Pynvml,
+        ],
+        trial(
+            "gpu_check_script_passes_on_a_simulated_node",
+            gpu_check_script,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -1638,6 +1652,106 @@ fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str
         !after.contains(&one_id) && !after.contains(&none_id),
         format!("finished tasks' containers still listed: {after}"),
     )
+}
+
+/// `scripts/gpu-check.sh`, the real-GPU acceptance check, on a simulated node with this build's
+/// programs and module (`--bin`) and the real Mesos (`--mesos`): every check passes, none is
+/// skipped, and it leaves no cgroup of its agent behind.
+fn gpu_check_script() -> TestResult {
+    let target = mesos_gpu_exe()?
+        .parent()
+        .ok_or("no target directory")?
+        .to_owned();
+    let bin = tempfile::Builder::new()
+        .prefix("mgpu-gpu-check-bin")
+        .tempdir()?;
+    let sim_lib = [
+        target.join("libnvml_sim.so"),
+        target.join("deps/libnvml_sim.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or("libnvml_sim.so is not built (cargo build -p nvml-sim)")?;
+    let smi = target.join("nvidia-smi");
+    check(
+        smi.is_file(),
+        "nvml-sim's nvidia-smi stand-in is not built (cargo build -p nvml-sim --bins)",
+    )?;
+    for (name, from) in [
+        ("mesos-gpu", mesos_gpu_exe()?),
+        ("libmesos_gpu.so", cdylib()?),
+        ("libmesos_gpu_module.so", module()?),
+        ("libnvml_sim.so", sim_lib),
+        ("nvidia-smi", smi),
+    ] {
+        std::os::unix::fs::symlink(from, bin.path().join(name))?;
+    }
+    let log = bin.path().join("gpu-check.log");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = std::process::Command::new(&script)
+        .args(["--simulate", NODE, "--bin"])
+        .arg(bin.path())
+        .arg("--mesos")
+        .arg(install()?.prefix())
+        .arg("--log")
+        .arg(&log)
+        .env_remove("NVML_SIM_CONFIG")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let full = std::fs::read_to_string(&log).unwrap_or_default();
+    check(
+        out.status.success(),
+        format!(
+            "gpu-check.sh failed ({}):
+{stdout}
+{}
+log tail:
+{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            mesos_gpu_testkit::mesos::tail(&full, 60)
+        ),
+    )?;
+    for name in [
+        "doctor",
+        "info",
+        "ldcache",
+        "volume",
+        "exec-1",
+        "exec-0",
+        "mesos-gpu1",
+        "mesos-view",
+        "mesos-gpu0",
+    ] {
+        check(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("PASS") && l.split_whitespace().nth(1) == Some(name)),
+            format!(
+                "no PASS {name}:
+{stdout}"
+            ),
+        )?;
+    }
+    check(
+        stdout.contains("9 passed, 0 failed, 0 skipped"),
+        format!(
+            "summary:
+{stdout}"
+        ),
+    )?;
+    let left: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")?
+        .filter_map(Result::ok)
+        .flat_map(|h| {
+            std::fs::read_dir(h.path())
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("mesos_gpu_check_"))
+        .collect();
+    check(left.is_empty(), format!("cgroups left behind: {left:?}"))
 }
 
 /// What the operator guide says about sharing GPU agents, with a real master: a framework
