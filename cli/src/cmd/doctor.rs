@@ -105,7 +105,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DIR")]
     volume_root: Option<PathBuf>,
 
-    /// The driver's file system root [default: /; with --simulate, the simulated driver tree].
+    /// The driver's file system root; with --simulate and none given, the simulated driver tree
+    /// [default: /].
     #[arg(long, value_name = "DIR")]
     driver_root: Option<PathBuf>,
 

@@ -73,8 +73,8 @@ pub(crate) struct Args {
     #[command(flatten)]
     volume: super::VolumeRootArgs,
 
-    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries)
-    /// [default: /; with --simulate, the simulated node's driver tree].
+    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries); with
+    /// --simulate and none given, the simulated node's driver tree [default: /].
     #[arg(long, value_name = "DIR")]
     driver_root: Option<PathBuf>,
 

@@ -42,8 +42,8 @@ pub(crate) struct Args {
     #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_ROOT)]
     root: PathBuf,
 
-    /// The driver's file system root [default: /; with --simulate, the simulated node's driver
-    /// tree].
+    /// The driver's file system root; with --simulate and none given, the simulated node's
+    /// driver tree [default: /].
     #[arg(long, global = true, value_name = "DIR")]
     driver_root: Option<PathBuf>,
 
