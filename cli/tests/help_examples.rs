@@ -20,6 +20,51 @@ type TestResult = Result<(), Failed>;
 /// How long a command may take on a loaded machine; not a bound.
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// The simulated node's volume in the default volume root, which the `docker-args` and `serve`
+/// examples use.
+const DEFAULT_VOLUME: &str = "/var/run/mesos/isolators/gpu/nvidia_550.54.14";
+
+/// While held, the default root has no volume of the simulated driver (one left by an earlier
+/// run is moved aside and put back afterwards), so an example passes only by building it. The
+/// examples run one at a time.
+struct NoVolumeYet {
+    aside: Option<PathBuf>,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+impl NoVolumeYet {
+    fn new() -> Result<NoVolumeYet, Failed> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let volume = Path::new(DEFAULT_VOLUME);
+        let aside = if volume.exists() {
+            let aside = PathBuf::from(format!(
+                "{DEFAULT_VOLUME}.help-examples-{}",
+                std::process::id()
+            ));
+            std::fs::rename(volume, &aside)?;
+            Some(aside)
+        } else {
+            None
+        };
+        Ok(NoVolumeYet {
+            aside,
+            _one_at_a_time: guard,
+        })
+    }
+}
+
+impl Drop for NoVolumeYet {
+    fn drop(&mut self) {
+        if let Some(aside) = &self.aside {
+            let _ = std::fs::remove_dir_all(DEFAULT_VOLUME);
+            let _ = std::fs::rename(aside, DEFAULT_VOLUME);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let host = Host::probe();
     let trials = vec![
@@ -145,6 +190,7 @@ fn volume_example() -> TestResult {
 }
 
 fn docker_args_example() -> TestResult {
+    let _fresh = NoVolumeYet::new()?;
     let line = the_example("docker-args")?;
     let out = run_example(&line)?;
     let args: Vec<String> = serde_json::from_str(&out)?;
@@ -157,6 +203,7 @@ fn docker_args_example() -> TestResult {
 }
 
 fn serve_example() -> TestResult {
+    let _fresh = NoVolumeYet::new()?;
     let line = the_example("serve")?;
     let listen = flag_value(&line, "--listen")?;
     let socket = flag_value(&line, "--plugin-socket")?;
