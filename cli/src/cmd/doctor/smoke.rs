@@ -130,7 +130,7 @@ fn one(smoke: &Smoke, volume: &Path, gpus: u32) -> Check {
             .lines()
             .map(|l| format!("stderr: {l}")),
     );
-    details.push(format!("exit status: {}", output.status));
+    details.push(output.status.to_string());
     let (ok, summary) = if gpus == 0 {
         (
             listed.is_empty(),
