@@ -399,18 +399,23 @@ EOF
         PIDS+=($!)
     }
     stdout_of() { cat "$work"/agent/slaves/*/frameworks/*/executors/"$1"/runs/latest/stdout 2>/dev/null; }
+    # probed NAME GPUS: waits up to 120 s for task NAME's probe and judges it (mesos-NAME).
+    probed() {
+        local seen=0
+        for _ in $(seq 1 120); do
+            stdout_of "$1" | grep -q '^probe done' && { seen=1; break; }
+            sleep 1
+        done
+        if [ "$seen" = 0 ]; then
+            result FAIL "mesos-$1" "the gpus:$2 task did not run its probe in 120 s: $(tail -n 3 "$work/$1.execute" | tr '\n' ' ')"
+            cat "$work"/agent/slaves/*/frameworks/*/executors/"$1"/runs/latest/stderr >>"$LOG" 2>/dev/null
+            return 1
+        fi
+        stdout_of "$1" >"$OUT"
+        if figures=$(judge "$2"); then result PASS "mesos-$1" "$figures"; else result FAIL "mesos-$1" "$figures"; fi
+    }
     launch gpu1 1 "$work/gpu1.go"
-    local seen=0
-    for _ in $(seq 1 120); do
-        stdout_of gpu1 | grep -q '^probe done' && { seen=1; break; }
-        sleep 1
-    done
-    if [ "$seen" = 0 ]; then
-        result FAIL mesos-gpu1 "the gpus:1 task did not run its probe in 120 s: $(tail -n 3 "$work/gpu1.execute" | tr '\n' ' ')"
-        cat "$work"/agent/slaves/*/frameworks/*/executors/gpu1/runs/latest/stderr >>"$LOG" 2>/dev/null
-    else
-        stdout_of gpu1 >"$OUT"
-        if figures=$(judge 1); then result PASS mesos-gpu1 "$figures"; else result FAIL mesos-gpu1 "$figures"; fi
+    if probed gpu1 1; then
         # While it runs: the module's endpoint shows its container with one GPU.
         local id
         id=$(basename "$(readlink "$(ls -d "$work"/agent/slaves/*/frameworks/*/executors/gpu1/runs/latest)")")
@@ -435,17 +440,7 @@ EOF
     fi
     touch "$work/gpu1.go"
     launch gpu0 0
-    seen=0
-    for _ in $(seq 1 120); do
-        stdout_of gpu0 | grep -q '^probe done' && { seen=1; break; }
-        sleep 1
-    done
-    if [ "$seen" = 0 ]; then
-        result FAIL mesos-gpu0 "the gpus:0 task did not run its probe in 120 s: $(tail -n 3 "$work/gpu0.execute" | tr '\n' ' ')"
-    else
-        stdout_of gpu0 >"$OUT"
-        if figures=$(judge 0); then result PASS mesos-gpu0 "$figures"; else result FAIL mesos-gpu0 "$figures"; fi
-    fi
+    probed gpu0 0
     for name in gpu1 gpu0; do
         for _ in $(seq 1 60); do
             grep -q 'TASK_FINISHED\|TASK_FAILED\|TASK_KILLED\|TASK_LOST\|TASK_ERROR' "$work/$name.execute" && break

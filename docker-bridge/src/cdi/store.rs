@@ -272,23 +272,9 @@ impl SpecFile {
             unreadable: Vec::new(),
         };
         for (priority, dir) in dirs.iter().enumerate() {
-            let entries = match fs::read_dir(dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(io_err("list", dir, source)),
-            };
-            let mut paths: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| {
-                    matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("json" | "yaml")
-                    ) && *p != ours_file
-                        && canonical(p) != ours_file
-                })
-                .collect();
-            paths.sort();
+            let paths = spec_files(dir)?
+                .into_iter()
+                .filter(|p| *p != ours_file && canonical(p) != ours_file);
             for path in paths {
                 let declared = match read_declared(&path) {
                     Ok(Some(declared)) => declared,
@@ -319,6 +305,28 @@ impl SpecFile {
         }
         Ok(found)
     }
+}
+
+/// The `*.json` and `*.yaml` files of `dir`, sorted, as runtimes read them; none when `dir`
+/// does not exist.
+fn spec_files(dir: &Path) -> Result<Vec<PathBuf>, SpecFileError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(io_err("list", dir, source)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("json" | "yaml")
+            )
+        })
+        .collect();
+    paths.sort();
+    Ok(paths)
 }
 
 /// The devices a spec file declares; `Ok(None)` for a file that is not a regular file.
@@ -411,23 +419,7 @@ pub fn scan_dirs(spec_dirs: &[PathBuf]) -> Result<DirsReport, SpecFileError> {
         }
     }
     for (priority, dir) in dirs.iter().enumerate() {
-        let entries = match fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(io_err("list", dir, source)),
-        };
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| {
-                matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("json" | "yaml")
-                )
-            })
-            .collect();
-        paths.sort();
-        for path in paths {
+        for path in spec_files(dir)? {
             let declared = match read_declared(&path) {
                 Ok(Some(declared)) => declared,
                 Ok(None) => continue,
