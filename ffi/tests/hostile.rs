@@ -18,8 +18,8 @@ use mesos_gpu::{MGPU_WAIT_FOREVER, MgpuLogLevel, MgpuStatus as S};
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message;
 use support::{
-    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_plain, check, cid, config,
-    env_var, text, trial,
+    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_growing, call_plain, check, cid,
+    config, env_var, text, trial,
 };
 
 fn main() -> ExitCode {
@@ -633,7 +633,7 @@ fn containers_answer_each_containers_gpus_as_json(f: &Fixture) -> TestResult {
         |b, c, l, e, ec| unsafe { mesos_gpu::mgpu_containers(h.0, b, c, l, e, ec) };
     let small = call_cap(16, &mut containers);
     small.expect(S::MgpuBufferTooSmall, "")?;
-    let json: serde_json::Value = serde_json::from_slice(&call(&mut containers).ok()?)?;
+    let json: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
     let node: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
     let listed = json["containers"].as_array().ok_or("no containers array")?;
@@ -665,7 +665,7 @@ fn containers_answer_each_containers_gpus_as_json(f: &Fixture) -> TestResult {
     )?;
     h.cleanup(&two).ok()?;
     h.cleanup(&none).ok()?;
-    let after: serde_json::Value = serde_json::from_slice(&call(&mut containers).ok()?)?;
+    let after: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
     check(
         after["containers"].as_array().is_some_and(Vec::is_empty),
         format!("cleaned-up containers still listed: {after:#}"),
@@ -674,13 +674,19 @@ fn containers_answer_each_containers_gpus_as_json(f: &Fixture) -> TestResult {
     let l: *mut usize = &mut len;
     let nul: *mut u8 = std::ptr::null_mut();
     let nulh: *const mesos_gpu::MgpuIsolator = std::ptr::null();
-    // SAFETY (each): the pointers are NULL on purpose or point at live locals.
-    call_plain(|e, ec| unsafe { mesos_gpu::mgpu_containers(nulh, nul, 0, l, e, ec) })
-        .expect(S::MgpuNullArgument, "handle")?;
-    call_plain(|e, ec| unsafe { mesos_gpu::mgpu_containers(h.0, nul, 8, l, e, ec) })
-        .expect(S::MgpuNullArgument, "buf")?;
-    call_plain(|e, ec| unsafe {
-        mesos_gpu::mgpu_containers(h.0, nul, 0, std::ptr::null_mut(), e, ec)
+    call_plain(|e, ec| {
+        // SAFETY: the NULL handle is what is refused; `l` points at a live local.
+        unsafe { mesos_gpu::mgpu_containers(nulh, nul, 0, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "handle")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL buffer with a capacity is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 8, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "buf")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL `len` is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 0, std::ptr::null_mut(), e, ec) }
     })
     .expect(S::MgpuNullArgument, "len")?;
     all_free(&h)
@@ -844,7 +850,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
     };
     let query = call_cap(0, &mut prep);
     query.expect(S::MgpuBufferTooSmall, "the output buffer holds 0 bytes")?;
-    let needed = usize::from_le_bytes(query.bytes.clone().try_into().unwrap_or_default());
+    let needed = query.needed();
     let short = call_cap(needed - 1, &mut prep);
     short.expect(
         S::MgpuBufferTooSmall,
@@ -904,7 +910,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
         mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, c, l, e, ec)
     };
     let q = call_cap(0, &mut usage);
-    let n = usize::from_le_bytes(q.bytes.try_into().unwrap_or_default());
+    let n = q.needed();
     call_cap(n - 1, &mut usage).expect(S::MgpuBufferTooSmall, "are needed")?;
     let stats = ResourceStatistics::decode(call_cap(n, &mut usage).ok()?.as_slice())?;
     check(
