@@ -749,7 +749,7 @@ mod tests {
         );
         assert_eq!(report.unreadable.len(), 1, "{:?}", report.unreadable);
         assert_eq!(report.files.len(), 3);
-        let clean = scan_dirs(&[d.etc.clone()]).expect("scan");
+        let clean = scan_dirs(std::slice::from_ref(&d.etc)).expect("scan");
         assert!(clean.conflicts.is_empty() && clean.shadowed.is_empty());
     }
 }
