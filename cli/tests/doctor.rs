@@ -52,11 +52,26 @@ fn main() -> ExitCode {
             disagreeing_directories,
         ),
         (
+            "serve_on_another_device_root_fails_directories",
+            root,
+            serve_on_another_dev_root,
+        ),
+        (
+            "serve_with_another_nvml_fails_directories",
+            root,
+            serve_with_another_nvml,
+        ),
+        (
             "mps_without_its_control_program_fails_sharing",
             root,
             mps_without_control,
         ),
         ("conflicting_cdi_specs_fail", root, conflicting_cdi),
+        (
+            "mig_node_checks_its_capability_nodes",
+            root,
+            mig_capability_nodes,
+        ),
         (
             "v2_with_bpf_attach_is_ready",
             &[Need::Root, Need::Cgroup2],
@@ -117,12 +132,14 @@ impl Scratch {
             .arg("--cdi-spec-dirs")
             .arg(self.path("cdi"))
             .arg("--volume-root")
-            .arg(self.path("volumes"))
-            .arg("--defaults")
-            .arg(self.path("no-defaults"))
-            .arg("--unit")
-            .arg(self.path("no-unit"))
-            .args(args)
+            .arg(self.path("volumes"));
+        // No unit or defaults file unless the test writes them.
+        for (flag, file) in [("--defaults", "no-defaults"), ("--unit", "no-unit")] {
+            if !args.contains(&flag) {
+                cmd.arg(flag).arg(self.path(file));
+            }
+        }
+        cmd.args(args)
             .env_remove("NVML_SIM_CONFIG")
             .env_remove("MESOS_GPU_POOL_DIR");
         cmd.output().unwrap()
@@ -399,6 +416,53 @@ fn disagreeing_directories() -> TestResult {
     expect_fail(&out, "directories", "/tmp/another-pool")
 }
 
+/// The shipped unit (`examples/systemd/mesos-gpu.service`) with a defaults file whose serve
+/// flags agree with [`MODULES`] and [`WRAPPER`] on the directories, plus `extra` lines.
+fn serve_config(s: &Scratch, opts: &str, extra: &str) -> Vec<String> {
+    let mut config = s.config(MODULES, WRAPPER);
+    let unit = include_str!("../../examples/systemd/mesos-gpu.service");
+    std::fs::write(s.path("mesos-gpu.service"), unit).unwrap();
+    let defaults = format!(
+        "MESOS_GPU_SERVE_OPTS=\"--volume-root {} --work-dir /var/run/mesos-gpu \
+         --agent-work-dir /var/lib/mesos {opts}\"\nMESOS_GPU_POOL_DIR=/var/lib/mesos-gpu\n{extra}",
+        s.path("volumes").display()
+    );
+    std::fs::write(s.path("default"), defaults).unwrap();
+    for (flag, file) in [("--unit", "mesos-gpu.service"), ("--defaults", "default")] {
+        config.push(flag.into());
+        config.push(s.path(file).display().to_string());
+    }
+    config
+}
+
+/// The module, the hook and the wrapper read `/dev`; serve (its defaults file) another root.
+fn serve_on_another_dev_root() -> TestResult {
+    let s = Scratch::new();
+    let agreeing = serve_config(&s, "", "");
+    let (_, json) = report(&s.doctor(&[], &strs(&agreeing)))?;
+    let check = find(&json, "directories")?;
+    if check["status"] != "ok"
+        || !check
+            .to_string()
+            .contains("the device root: /dev everywhere")
+    {
+        return Err(format!("serve agreeing on /dev: {check:#}").into());
+    }
+    let config = serve_config(&s, "--dev-root /srv/gpu-dev", "");
+    let out = s.doctor(&[], &strs(&config));
+    expect_fail(&out, "directories", "the device root differs")?;
+    expect_fail(&out, "directories", "/srv/gpu-dev")
+}
+
+/// `/etc/default/mesos-gpu` loads another NVML than the module (which names none).
+fn serve_with_another_nvml() -> TestResult {
+    let s = Scratch::new();
+    let config = serve_config(&s, "", "MESOS_GPU_NVML_LIB=/opt/other/libnvidia-ml.so.1\n");
+    let out = s.doctor(&[], &strs(&config));
+    expect_fail(&out, "directories", "the NVML library differs")?;
+    expect_fail(&out, "directories", "/opt/other/libnvidia-ml.so.1")
+}
+
 fn mps_without_control() -> TestResult {
     let s = Scratch::new();
     let modules = MODULES.replace(
@@ -455,4 +519,34 @@ fn v2_without_bpf() -> TestResult {
     let out = s.doctor_with(Some(&setpriv), &[], &["--cgroup-version", "v2"]);
     expect_fail(&out, "cgroups", "BPF_PROG_LOAD")?;
     expect_fail(&out, "cgroups", "Operation not permitted")
+}
+
+/// A node with MIG devices: the scratch device root gets their capability nodes (the
+/// `nvidia-caps` major from the simulated `/proc/devices`), and `device-nodes` checks each.
+fn mig_capability_nodes() -> TestResult {
+    let s = Scratch::new();
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args([
+            "--simulate",
+            "dgx-a100-mig",
+            "doctor",
+            "--json",
+            "--cdi-spec-dirs",
+        ])
+        .arg(s.path("cdi"))
+        .arg("--volume-root")
+        .arg(s.path("volumes"))
+        .env_remove("NVML_SIM_CONFIG")
+        .output()?;
+    let (_, json) = report(&out)?;
+    let nodes = find(&json, "device-nodes")?;
+    let caps = nodes["details"].as_array().map_or(0, |d| {
+        d.iter()
+            .filter(|l| l.to_string().contains("nvidia-caps/nvidia-cap"))
+            .count()
+    });
+    if nodes["status"] != "ok" || caps == 0 {
+        return Err(format!("MIG capability nodes not checked: {nodes:#}").into());
+    }
+    Ok(())
 }

@@ -11,9 +11,10 @@
 //!   attached) and removed;
 //! - `driver-volume`: the volume would hold `libcuda`, `libnvidia-ml` and `nvidia-smi` of this
 //!   driver (ELF, version-checked), its root is not `noexec`, a built one is intact;
-//! - `directories`: the pool, Docker reservations, volume and agent work directories agree across
-//!   the module's `modules.json`, the Docker hook's command line, the `--docker` wrapper, and
-//!   `serve`'s unit and `/etc/default/mesos-gpu`;
+//! - `directories`: the pool, Docker reservations, volume and agent work directories, the NVML
+//!   library and the device root agree across the module's `modules.json`, the Docker hook's
+//!   command line, the `--docker` wrapper (`mesos-gpu-docker`), and `serve`'s unit and
+//!   `/etc/default/mesos-gpu`;
 //! - `sharing`: `gpu_replicas` with MIG devices is refused; under `mps` the control program exists;
 //! - `cdi`: no device declared twice in one CDI directory;
 //! - with `--smoke`: `nvidia-smi -L` from the volume in a container cgroup with one GPU and one
@@ -35,13 +36,17 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_docker::cdi::DEFAULT_SPEC_DIRS;
 use mesos_gpu_isolator::devices::expected_nodes;
+use mesos_gpu_isolator::discovery::DEFAULT_NVML_LIB;
 use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 
 use crate::ctx::Ctx;
-use config::{Defaults, Files, Sources};
+use config::{Defaults, Files, Sources, Wrapper};
 use report::Report;
+
+/// Where the guide installs the `--docker` wrapper (`examples/mesos-agent/mesos-gpu-docker`).
+const INSTALLED_WRAPPER: &str = "/usr/local/bin/mesos-gpu-docker";
 
 /// The systemd unit, where an override (`/etc`) or the package (`/lib`, `/usr/lib`) puts it.
 const UNITS: [&str; 3] = [
@@ -57,7 +62,7 @@ const UNITS: [&str; 3] = [
                   agent's --isolation (a scratch cgroup is made and removed), the driver volume \
                   (libcuda, libnvidia-ml, nvidia-smi of this driver, not on a noexec mount), \
                   that the module, the Docker hook, the --docker wrapper and `serve` agree on \
-                  their directories, GPU sharing and MIG settings, and CDI specs that conflict. \
+                  their directories, NVML library and device root, GPU sharing and MIG settings, and CDI specs that conflict. \
                   With --smoke, also run nvidia-smi -L from the volume in a container with one \
                   GPU and one with none. Prints ok/warn/fail per check with what to do; exits 0 \
                   only when the host is ready, 1 otherwise. Needs root. Changes nothing on the \
@@ -87,7 +92,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     modules: Option<PathBuf>,
 
-    /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`).
+    /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`) [default:
+    /// /usr/local/bin/mesos-gpu-docker when it exists].
     #[arg(long, value_name = "FILE")]
     wrapper: Option<PathBuf>,
 
@@ -158,7 +164,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     });
     let sources = Sources::read(&Files {
         modules: args.modules.as_deref(),
-        wrapper: args.wrapper.as_deref(),
+        wrapper: args.wrapper.as_deref().map_or(
+            Wrapper::Installed(Path::new(INSTALLED_WRAPPER)),
+            Wrapper::Named,
+        ),
         defaults: &args.defaults,
         unit: &unit,
     });
@@ -176,7 +185,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from(mesos_gpu_volume::volume::DEFAULT_ROOT));
     let driver = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
 
-    let mut all = vec![checks::driver(&inventory, lib.as_deref())];
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let loaded = checks::loaded_nvml(&maps);
+    let mut all = vec![checks::driver(&inventory, loaded, lib.as_deref())];
     if let Some(dev_root) = &dev_root {
         all.push(checks::device_nodes(&inventory, dev_root, &proc_root));
     }
@@ -188,6 +199,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         docker_work_dir: super::docker_args::DEFAULT_WORK_DIR.to_owned(),
         volume_root: mesos_gpu_volume::volume::DEFAULT_ROOT.to_owned(),
         agent_work_dir: super::gpu::DEFAULT_WORK_DIR.to_owned(),
+        nvml_lib: loader_nvml(ctx, loaded)?,
+        dev_root: crate::ctx::DEFAULT_DEV_ROOT.to_owned(),
     }));
     all.push(checks::sharing(&inventory, &sources, &driver));
     all.push(checks::cdi(&args.cdi_spec_dirs));
@@ -250,6 +263,17 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The NVML library a program naming none opens: the file this process's loader found for
+/// `libnvidia-ml.so.1` when it looked it up itself (no `--nvml-lib`, no `--simulate`), else
+/// that name.
+fn loader_nvml(ctx: &Ctx, loaded: Option<&str>) -> anyhow::Result<String> {
+    let looked_up = ctx.global.nvml_lib.is_none() && ctx.simulation()?.is_none();
+    Ok(loaded
+        .filter(|_| looked_up)
+        .unwrap_or(DEFAULT_NVML_LIB)
+        .to_owned())
 }
 
 fn choice_word(choice: CgroupChoice) -> &'static str {

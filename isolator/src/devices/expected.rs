@@ -119,13 +119,13 @@ pub fn expected_nodes(inventory: &Inventory, proc_devices: &str) -> Vec<Expected
             name: PathBuf::from(NVIDIA_UVM),
             dev: uvm.map(|major| DevNum { major, minor: 0 }),
             required: true,
-            what: "CUDA's unified memory (major from /proc/devices)".to_owned(),
+            what: "CUDA's unified memory, major from /proc/devices".to_owned(),
         },
         ExpectedNode {
             name: PathBuf::from(NVIDIA_UVM_TOOLS),
             dev: uvm.map(|major| DevNum { major, minor: 1 }),
             required: false,
-            what: "CUDA profiling tools (major from /proc/devices)".to_owned(),
+            what: "CUDA profiling tools, major from /proc/devices".to_owned(),
         },
     ];
     for gpu in &inventory.gpus {
@@ -136,7 +136,7 @@ pub fn expected_nodes(inventory: &Inventory, proc_devices: &str) -> Vec<Expected
                 minor: gpu.minor,
             }),
             required: true,
-            what: format!("GPU {} (minor from NVML)", gpu.index),
+            what: format!("GPU {}, minor from NVML", gpu.index),
         });
     }
     for mig in &inventory.mig.devices {

@@ -27,7 +27,7 @@ fn check(name: &'static str, status: Status, summary: impl Into<String>) -> Chec
 }
 
 /// The NVML library this process loaded, as `/proc/self/maps` names it.
-fn loaded_nvml(proc_self_maps: &str) -> Option<&str> {
+pub(crate) fn loaded_nvml(proc_self_maps: &str) -> Option<&str> {
     proc_self_maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
@@ -38,8 +38,9 @@ fn loaded_nvml(proc_self_maps: &str) -> Option<&str> {
         })
 }
 
-/// `driver`: NVML loads, which library, the driver and CUDA versions, the GPUs.
-pub(crate) fn driver(inventory: &Inventory, lib: Option<&Path>) -> Check {
+/// `driver`: NVML loads, which library (`loaded`, as this process's maps name it, else `lib` as
+/// given), the driver and CUDA versions, the GPUs.
+pub(crate) fn driver(inventory: &Inventory, loaded: Option<&str>, lib: Option<&Path>) -> Check {
     let Some(info) = &inventory.driver else {
         let mut c = check(
             "driver",
@@ -55,8 +56,7 @@ pub(crate) fn driver(inventory: &Inventory, lib: Option<&Path>) -> Check {
         c.fix = Some("install the NVIDIA driver and load its kernel module (nvidia-smi must work), or name the library with --nvml-lib".into());
         return c;
     };
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let library = loaded_nvml(&maps)
+    let library = loaded
         .map(str::to_owned)
         .or_else(|| lib.map(|l| l.display().to_string()))
         .unwrap_or_else(|| "libnvidia-ml.so.1".to_owned());

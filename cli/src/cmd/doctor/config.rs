@@ -8,8 +8,9 @@
 //! `pool_dir`, `docker-args --pool-dir`, the wrapper's and `serve`'s), the Docker side the same
 //! reservations directory (`--work-dir` of `docker-args`, the wrapper and `serve`), and the module
 //! and the Docker side the same volume root; `serve --agent-work-dir` is the agent's work
-//! directory (the module's `work_dir`), whose health checkpoint it reports. A wrapper or hook
-//! that names an NVML library or a device root must name the module's.
+//! directory (the module's `work_dir`), whose health checkpoint it reports. All of them must open
+//! the same NVML library and read the same device root: one that names none uses the default
+//! (`/dev`, and the `libnvidia-ml.so.1` the dynamic loader finds).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -64,14 +65,22 @@ pub(crate) struct Sources {
 /// The files to read; `None` is not looked at.
 pub(crate) struct Files<'a> {
     pub(crate) modules: Option<&'a Path>,
-    pub(crate) wrapper: Option<&'a Path>,
+    pub(crate) wrapper: Wrapper<'a>,
     pub(crate) defaults: &'a Path,
     pub(crate) unit: &'a Path,
 }
 
+/// Where the `--docker` wrapper script is.
+pub(crate) enum Wrapper<'a> {
+    /// Named by the operator: it must be readable.
+    Named(&'a Path),
+    /// Where the guide installs it: looked at when present.
+    Installed(&'a Path),
+}
+
 impl Sources {
     /// Reads `files`. A modules or wrapper file that was named must be readable; the defaults
-    /// file and the unit may be absent (the package is not installed).
+    /// file, the unit and a wrapper at its installed place may be absent (not installed).
     pub(crate) fn read(files: &Files<'_>) -> Sources {
         let mut sources = Sources::default();
         let mut read = |path: &Path, required: bool| match std::fs::read_to_string(path) {
@@ -83,7 +92,10 @@ impl Sources {
             }
         };
         let modules = files.modules.and_then(|p| read(p, true).map(|t| (p, t)));
-        let wrapper = files.wrapper.and_then(|p| read(p, true).map(|t| (p, t)));
+        let wrapper = match files.wrapper {
+            Wrapper::Named(p) => read(p, true).map(|t| (p, t)),
+            Wrapper::Installed(p) => read(p, false).map(|t| (p, t)),
+        };
         let defaults = read(files.defaults, false);
         let unit = read(files.unit, false);
         if let Some((path, text)) = modules {
@@ -224,10 +236,12 @@ fn parse_wrapper(text: &str) -> Option<BTreeMap<&'static str, String>> {
         .find(|l| l.contains("docker-wrapper"))?;
     let words = split_words(line);
     let mut given = command_settings(&words);
-    // `VAR=value` words before the program: the environment mesos-gpu reads.
+    // `VAR=value` words before the subcommand (`VAR=… exec mesos-gpu`, `exec env VAR=…
+    // mesos-gpu`): the environment mesos-gpu reads.
     for word in words
         .iter()
-        .take_while(|w| w.contains('=') && !w.starts_with('-'))
+        .take_while(|w| *w != "docker-wrapper")
+        .filter(|w| w.split_once('=').is_some_and(|(name, _)| is_variable(name)))
     {
         if let Some(value) = word.strip_prefix("MESOS_GPU_NVML_LIB=") {
             given.entry("nvml_lib").or_insert_with(|| value.to_owned());
@@ -239,6 +253,15 @@ fn parse_wrapper(text: &str) -> Option<BTreeMap<&'static str, String>> {
         }
     }
     Some(given)
+}
+
+/// A shell variable name: a letter or `_`, then letters, digits or `_`.
+fn is_variable(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// `serve`'s settings: the unit's `ExecStart` with its `$VARIABLES` taken from its `Environment=`
@@ -365,6 +388,10 @@ pub(crate) struct Defaults {
     pub(crate) docker_work_dir: String,
     pub(crate) volume_root: String,
     pub(crate) agent_work_dir: String,
+    /// The NVML library a program naming none opens: the file the dynamic loader finds for
+    /// `libnvidia-ml.so.1` where known, else that name.
+    pub(crate) nvml_lib: String,
+    pub(crate) dev_root: String,
 }
 
 /// What must agree, and between whom: (key, what it is, which views, whether a view that does
@@ -397,14 +424,14 @@ const AGREEMENTS: &[(&str, &str, &[&str], bool)] = &[
     (
         "nvml_lib",
         "the NVML library",
-        &["module", "hook", "wrapper"],
-        false,
+        &["module", "hook", "wrapper", "serve"],
+        true,
     ),
     (
         "dev_root",
         "the device root",
-        &["module", "hook", "wrapper"],
-        false,
+        &["module", "hook", "wrapper", "serve"],
+        true,
     ),
     (
         "gpu_replicas",
@@ -539,12 +566,14 @@ fn default_of(key: &str, defaults: &Defaults) -> Option<String> {
         "docker_work_dir" => defaults.docker_work_dir.clone(),
         "volume_root" => defaults.volume_root.clone(),
         "work_dir" => defaults.agent_work_dir.clone(),
+        "nvml_lib" => defaults.nvml_lib.clone(),
+        "dev_root" => defaults.dev_root.clone(),
         _ => return None,
     })
 }
 
-/// Two paths naming one directory: equal once trailing slashes are dropped, or once resolved
-/// (`/var/run` is `/run`).
+/// Two paths naming one directory or file: equal once trailing slashes are dropped, or once
+/// resolved (`/var/run` is `/run`; `libnvidia-ml.so.1` is a link to the driver's file).
 fn same_path(a: &str, b: &str) -> bool {
     let trim = |p: &str| p.trim_end_matches('/').to_owned();
     if trim(a) == trim(b) {
@@ -564,6 +593,8 @@ mod tests {
             docker_work_dir: "/var/run/mesos-gpu".into(),
             volume_root: "/var/run/mesos/isolators/gpu".into(),
             agent_work_dir: "/var/lib/mesos".into(),
+            nvml_lib: "/usr/lib/libnvidia-ml.so.1".into(),
+            dev_root: "/dev".into(),
         }
     }
 
@@ -621,7 +652,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wrapper_naming_another_nvml_disagrees_one_naming_none_does_not() {
+    fn a_wrapper_naming_another_nvml_disagrees_one_naming_none_uses_the_loaders() {
         let mut s = sources(WRAPPER);
         s.module
             .as_mut()
@@ -629,6 +660,19 @@ mod tests {
             .given
             .insert("nvml_lib", "/usr/lib/libnvidia-ml.so.1".into());
         assert_eq!(s.agreement(&defaults()).status, Status::Ok);
+        let elsewhere = Defaults {
+            nvml_lib: "/usr/lib64/libnvidia-ml.so.1".into(),
+            ..defaults()
+        };
+        let check = s.agreement(&elsewhere);
+        assert_eq!(check.status, Status::Fail, "{check:#?}");
+        assert!(
+            check
+                .details
+                .iter()
+                .any(|d| d.contains("wrapper: /usr/lib64/libnvidia-ml.so.1 (default)")),
+            "{check:#?}"
+        );
         let named = WRAPPER.replace(
             "exec /usr/bin/mesos-gpu",
             "exec env MESOS_GPU_NVML_LIB=/opt/nvml.so /usr/bin/mesos-gpu",
@@ -638,6 +682,26 @@ mod tests {
         let check = s2.agreement(&defaults());
         assert_eq!(check.status, Status::Fail, "{check:#?}");
         assert!(check.summary.contains("the NVML library"), "{check:#?}");
+    }
+
+    #[test]
+    fn serve_on_another_device_root_disagrees() {
+        let mut s = sources(WRAPPER);
+        s.serve = Some(View {
+            name: "serve".into(),
+            given: [("dev_root", "/srv/dev".to_owned())].into_iter().collect(),
+        });
+        let check = s.agreement(&defaults());
+        assert_eq!(check.status, Status::Fail, "{check:#?}");
+        assert!(
+            check
+                .details
+                .iter()
+                .any(|d| d.starts_with("the device root differs")
+                    && d.contains("module: /dev (default)")
+                    && d.contains("serve: /srv/dev")),
+            "{check:#?}"
+        );
     }
 
     #[test]
