@@ -32,7 +32,7 @@ use mesos_gpu_testkit::mesos::{
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
-use support::{Handle, TestResult, check, config, trial};
+use support::{Handle, TestResult, cdylib, check, config, trial};
 
 /// The module's name in modules.json and `--isolation`.
 const MODULE: &str = ISOLATOR_MODULE;
