@@ -76,6 +76,7 @@ done
 expect /usr/bin/mesos-gpu -rwxr-xr-x
 expect /usr/lib/mesos-gpu/libmesos_gpu.so -rw-r--r--
 expect /usr/lib/mesos-gpu/libnvml_sim.so -rw-r--r--
+expect /usr/lib/mesos-gpu/nvidia-smi -rwxr-xr-x
 expect /usr/include/mesos_gpu.h -rw-r--r--
 expect /etc/default/mesos-gpu -rw-r--r--
 expect "$unit" -rw-r--r--
@@ -231,5 +232,20 @@ for topo in "$root"/usr/share/mesos-gpu/topologies/*.json; do
         fail "mesos-gpu info --simulate $(basename "$topo") with the packaged files: $(cat "$work/info.out")"
 done
 pass "mesos-gpu info --simulate runs each of the $topologies packaged topologies"
+
+# A simulated node's driver tree takes its nvidia-smi from the packaged stand-in, and the volume
+# planned from it holds that program.
+env -u MESOS_GPU_NVML_SIM -u NVML_SIM_CONFIG -u MESOS_GPU_NVML_LIB MESOS_GPU_LOG=warn \
+    "$bin" --simulate "$root/usr/share/mesos-gpu/topologies/dgx1-v100.json" volume plan --json \
+    >"$work/plan.json" 2>"$work/plan.err" ||
+    fail "mesos-gpu --simulate … volume plan with the packaged files: $(cat "$work/plan.err")"
+grep -q '"name": "nvidia-smi"' "$work/plan.json" ||
+    fail "the simulated driver's volume plan has no nvidia-smi: $(head -c 2000 "$work/plan.json")"
+grep -q '"origin": "driver_bin"' "$work/plan.json" ||
+    fail "the simulated driver's nvidia-smi was not taken from its bin: $(head -c 2000 "$work/plan.json")"
+if grep -q 'stand-in is not built' "$work/plan.err"; then
+    fail "the packaged binary did not find the packaged nvidia-smi stand-in: $(cat "$work/plan.err")"
+fi
+pass "mesos-gpu --simulate volume plan takes nvidia-smi from the packaged stand-in"
 
 echo "check-package: all checks passed for $deb" >&2

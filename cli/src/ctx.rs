@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 use crate::simulate::Simulation;
 
 /// The device root used when `--dev-root` is not given (and the node is not simulated).
-const DEFAULT_DEV_ROOT: &str = "/dev";
+pub(crate) const DEFAULT_DEV_ROOT: &str = "/dev";
 
 /// Options valid for every command.
 #[derive(clap::Args, Debug, Clone)]

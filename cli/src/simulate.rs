@@ -14,7 +14,13 @@
 //! destructor): commands that handle those signals themselves end normally, and for the others
 //! a watcher thread removes the directory and exits with 128+N. Directories of processes that
 //! no longer exist (killed with SIGKILL) are removed by the next simulation.
+//!
+//! Commands that read the driver's files get a simulated driver tree in the same directory, on
+//! first use ([`Simulation::driver_root`], `driver_tree`).
 
+mod driver_tree;
+
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -49,8 +55,12 @@ const SIM_CONFIG_ENV: &str = "NVML_SIM_CONFIG";
 pub(crate) struct Simulation {
     name: String,
     lib: PathBuf,
+    sim_lib: PathBuf,
+    config: PathBuf,
+    driver_version: Option<String>,
     proc_root: PathBuf,
-    _dir: tempfile::TempDir,
+    driver_root: OnceCell<PathBuf>,
+    dir: tempfile::TempDir,
 }
 
 impl Simulation {
@@ -91,12 +101,48 @@ impl Simulation {
             )
         })?;
         tracing::debug!(node = %name, sim = %sim_lib.display(), dir = %dir.path().display(), "simulated node ready");
+        let driver_version = serde_json::from_str::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v["driver_version"].as_str().map(str::to_owned));
         Ok(Simulation {
             name,
             lib,
+            sim_lib,
+            config,
+            driver_version,
             proc_root,
-            _dir: dir,
+            driver_root: OnceCell::new(),
+            dir,
         })
+    }
+
+    /// The node description the simulator reads (`nvml-sim.json`), for programs that need it
+    /// named (`NVML_SIM_CONFIG`), such as the driver tree's `nvidia-smi` stand-in.
+    pub(crate) fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// The simulated driver's file system root, written on first use: the node's driver
+    /// libraries and programs under `usr/local/nvidia`, and an `etc/ld.so.cache` for them
+    /// (`driver_tree`).
+    pub(crate) fn driver_root(&self) -> anyhow::Result<&Path> {
+        if let Some(root) = self.driver_root.get() {
+            return Ok(root);
+        }
+        let version: mesos_gpu_volume::DriverVersion = self
+            .driver_version
+            .as_deref()
+            .with_context(|| format!("simulated node {} has no driver version", self.name))?
+            .parse()?;
+        let root = self.dir.path().join("driver");
+        {
+            let _setup = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
+            driver_tree::write(&root, &version, &driver_tree::programs_dir(&self.sim_lib))
+                .with_context(|| {
+                    format!("cannot write the simulated driver under {}", root.display())
+                })?;
+        }
+        Ok(self.driver_root.get_or_init(|| root))
     }
 
     /// The node's name (a shipped name, or the description file's path).

@@ -348,6 +348,14 @@ impl MgpuIsolator {
         Ok(text.as_bytes().to_vec())
     }
 
+    /// Every container's GPUs, health and NVML figures as JSON (`containers.rs`), for the
+    /// agent endpoint `/mesos-gpu/containers`.
+    pub fn containers(&self) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("containers");
+        let view = crate::containers::view(&self.isolator)?;
+        serde_json::to_vec(&view).map_err(|source| FfiError::Containers { source })
+    }
+
     /// The container's `ContainerStatus`.
     pub fn status(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
         self.panic_point("status");

@@ -5,6 +5,8 @@
 //!   cbindgen); ownership and buffer rules are in `ffi/README.md`.
 //! - [`handle`]: the isolator behind a handle, one per agent, shared by the Mesos and Docker
 //!   containerizers.
+//! - `containers`: what each container does with its GPUs, as JSON, for the agent endpoint
+//!   `/mesos-gpu/containers`.
 //! - [`convert`]: Mesos messages ↔ the isolator's types, the only place they are converted.
 //! - [`status`]: status codes and the one mapping from errors to them.
 //! - [`params`]: the module parameters.
@@ -15,6 +17,7 @@
 //! `unsafe` lives here and in `raw` (pointer checks), each block with its SAFETY reasoning.
 
 pub mod abi;
+mod containers;
 pub mod convert;
 pub mod handle;
 pub mod log;

@@ -26,6 +26,7 @@ use mesos_gpu_isolator::sharing::mps::{
     DEFAULT_ROOT as DEFAULT_MPS_ROOT, MpsConfig, PROGRAM as MPS_CONTROL,
 };
 use mesos_gpu_isolator::sharing::{SharingError, SharingMode, SharingSpec};
+use mesos_gpu_volume::plan::DriverSource;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -480,8 +481,11 @@ impl ModuleParams {
             return Ok(None);
         }
         let cache = LdCache::load(&self.driver_root).map_err(|e| volume_err(Box::new(e)))?;
+        // Programs along the agent's PATH, as Mesos's `which`, then next to the libraries.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let source = DriverSource::with_path(&self.driver_root, &path);
         let plan = manager
-            .plan(&self.driver_root, &cache, &parsed)
+            .plan(&source, &cache, &parsed)
             .map_err(|e| volume_err(Box::new(e)))?;
         let volume = manager.create(&plan).map_err(|e| volume_err(Box::new(e)))?;
         tracing::info!(volume = %volume.path.display(), "built the driver volume");

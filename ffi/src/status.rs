@@ -178,6 +178,13 @@ pub enum FfiError {
     /// The metrics could not be encoded.
     #[error("cannot encode the GPU metrics")]
     Metrics,
+    /// The containers' view could not be encoded as JSON.
+    #[error("cannot encode the containers' GPU usage as JSON")]
+    Containers {
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The caller's output buffer is too small.
     #[error("the output buffer holds {cap} bytes; {needed} are needed")]
     BufferTooSmall {
@@ -293,7 +300,9 @@ impl FfiError {
             | FfiError::UnknownFlag { .. }
             | FfiError::RetryMismatch { .. } => MgpuStatus::MgpuBadArgument,
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
-            FfiError::Params(_) | FfiError::Metrics => MgpuStatus::MgpuInternal,
+            FfiError::Params(_) | FfiError::Metrics | FfiError::Containers { .. } => {
+                MgpuStatus::MgpuInternal
+            }
             FfiError::Lifecycle(e) => lifecycle_status(e),
             FfiError::DockerArgs { .. }
             | FfiError::AgentFlags { .. }

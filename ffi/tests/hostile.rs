@@ -18,8 +18,8 @@ use mesos_gpu::{MGPU_WAIT_FOREVER, MgpuLogLevel, MgpuStatus as S};
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message;
 use support::{
-    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_plain, check, cid, config,
-    env_var, text, trial,
+    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_growing, call_plain, check, cid,
+    config, env_var, text, trial,
 };
 
 fn main() -> ExitCode {
@@ -77,6 +77,10 @@ fn main() -> ExitCode {
         watch_times_out_and_ends_at_cleanup,
     );
     add("logs_reach_the_callback", logs_reach_the_callback);
+    add(
+        "containers_answer_each_containers_gpus_as_json",
+        containers_answer_each_containers_gpus_as_json,
+    );
     add(
         "agent_resources_describe_the_node",
         agent_resources_describe_the_node,
@@ -615,6 +619,79 @@ fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
     all_free(&h)
 }
 
+/// `mgpu_containers` answers every container's GPUs with NVML's figures and health as JSON (what
+/// the shim serves on `/mesos-gpu/containers`): a container with two GPUs lists them, one with
+/// none lists none, a cleaned-up one is gone; NULLs and a small buffer are answered as for every
+/// call.
+fn containers_answer_each_containers_gpus_as_json(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    let (two, none) = (cid("two-gpus"), cid("no-gpu"));
+    h.prepare(&two, &config(2.0)).ok()?;
+    h.prepare(&none, &config(0.0)).ok()?;
+    // SAFETY: live handle; the buffers are the helper's.
+    let mut containers =
+        |b, c, l, e, ec| unsafe { mesos_gpu::mgpu_containers(h.0, b, c, l, e, ec) };
+    let small = call_cap(16, &mut containers);
+    small.expect(S::MgpuBufferTooSmall, "")?;
+    let json: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
+    let listed = json["containers"].as_array().ok_or("no containers array")?;
+    let find = |id: &str| listed.iter().find(|c| c["container"] == id);
+    let with = find("two-gpus").ok_or_else(|| format!("two-gpus missing: {json:#}"))?;
+    check(with["kind"] == "mesos", format!("kind: {with:#}"))?;
+    let gpus = with["gpus"].as_array().ok_or("no gpus")?;
+    check(gpus.len() == 2, format!("two GPUs expected: {with:#}"))?;
+    for gpu in gpus {
+        let i = usize::try_from(gpu["index"].as_u64().ok_or("no index")?)?;
+        let described = &node["gpus"][i];
+        check(
+            gpu["uuid"] == described["uuid"]
+                && gpu["minor"] == described["minor"]
+                && gpu["utilization_gpu"] == described["utilization"]["gpu"]
+                && gpu["memory_total"] == described["memory"]["total"]
+                && gpu["health"]["state"] == "healthy",
+            format!("GPU {i}: {gpu:#} against the node's {described:#}"),
+        )?;
+    }
+    let without = find("no-gpu").ok_or_else(|| format!("no-gpu missing: {json:#}"))?;
+    check(
+        without["gpus"].as_array().is_some_and(Vec::is_empty),
+        format!("a container without GPUs lists some: {without:#}"),
+    )?;
+    check(
+        json["timestamp"].as_f64().is_some_and(|t| t > 0.0),
+        "no timestamp",
+    )?;
+    h.cleanup(&two).ok()?;
+    h.cleanup(&none).ok()?;
+    let after: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
+    check(
+        after["containers"].as_array().is_some_and(Vec::is_empty),
+        format!("cleaned-up containers still listed: {after:#}"),
+    )?;
+    let mut len = 0usize;
+    let l: *mut usize = &mut len;
+    let nul: *mut u8 = std::ptr::null_mut();
+    let nulh: *const mesos_gpu::MgpuIsolator = std::ptr::null();
+    call_plain(|e, ec| {
+        // SAFETY: the NULL handle is what is refused; `l` points at a live local.
+        unsafe { mesos_gpu::mgpu_containers(nulh, nul, 0, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "handle")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL buffer with a capacity is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 8, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "buf")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL `len` is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 0, std::ptr::null_mut(), e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "len")?;
+    all_free(&h)
+}
+
 fn garbage_and_truncated_bytes(f: &Fixture) -> TestResult {
     let h = Handle::new(&f.params(&[]))?;
     let garbage = [0xffu8, 0xff, 0xff, 0x0f];
@@ -773,7 +850,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
     };
     let query = call_cap(0, &mut prep);
     query.expect(S::MgpuBufferTooSmall, "the output buffer holds 0 bytes")?;
-    let needed = usize::from_le_bytes(query.bytes.clone().try_into().unwrap_or_default());
+    let needed = query.needed();
     let short = call_cap(needed - 1, &mut prep);
     short.expect(
         S::MgpuBufferTooSmall,
@@ -833,7 +910,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
         mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, c, l, e, ec)
     };
     let q = call_cap(0, &mut usage);
-    let n = usize::from_le_bytes(q.bytes.try_into().unwrap_or_default());
+    let n = q.needed();
     call_cap(n - 1, &mut usage).expect(S::MgpuBufferTooSmall, "are needed")?;
     let stats = ResourceStatistics::decode(call_cap(n, &mut usage).ok()?.as_slice())?;
     check(

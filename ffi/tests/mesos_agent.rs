@@ -33,7 +33,7 @@ use mesos_gpu_testkit::mesos::{
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
-use support::{Handle, TestResult, check, config, trial};
+use support::{Handle, TestResult, cdylib, check, config, trial};
 
 /// The module's name in modules.json and `--isolation`.
 const MODULE: &str = ISOLATOR_MODULE;
@@ -216,6 +216,40 @@ fn main() -> ExitCode {
         trial(
             "v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper",
             v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        v1,
+        trial("v1_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V1,
+                &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            )
+        }),
+    ));
+    trials.push(needs(
+        &host,
+        v2,
+        trial("v2_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V2,
+                &format!("filesystem/linux,{MODULE}"),
+            )
+        }),
+    ));
+    trials.push(needs(
+        &host,
+        &[
+            Need::Root,
+            Need::Cgroup1,
+            Need::Cc,
+            Need::Mesos,
+            Need::Pynvml,
+        ],
+        trial(
+            "gpu_check_script_passes_on_a_simulated_node",
+            gpu_check_script,
         ),
     ));
     trials.extend(agent_flags_trials(&host));
@@ -1519,6 +1553,185 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
         body.contains(r#"mesos_gpu_allocator_gpus{state="free"} 8"#),
         format!("the GPUs did not come back:\n{body}"),
     )
+}
+
+/// The agent's own port serves each container's GPUs (`mgpu_containers`, through the shim's
+/// `/mesos-gpu/containers`): a running `gpus:1` task's container lists its one GPU, with NVML's
+/// figures and its health, and a `gpus:0` task's container lists none. Mesos's own
+/// `/monitor/statistics` shows none of it (it drops the unknown `ResourceStatistics` field 1000),
+/// which is why the endpoint exists.
+fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str) -> TestResult {
+    let c = Cluster::start(cgroups, isolation, &EXPLICIT_ROOT)?;
+    let mut one = c.launch("one", 1, true)?;
+    let mut none = c.launch("none", 0, true)?;
+    let minors = c.report("one")?.gpus(false);
+    c.report("none")?;
+    let container_of = |task: &str| -> TestResult<String> {
+        let run = std::fs::read_link(c.agent.sandbox(task)?)?;
+        Ok(run
+            .file_name()
+            .ok_or("runs/latest names no container")?
+            .to_string_lossy()
+            .into_owned())
+    };
+    let (one_id, none_id) = (container_of("one")?, container_of("none")?);
+    let body = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("not JSON ({e}): {body}"))?;
+    let find = |id: &str| -> TestResult<serde_json::Value> {
+        json["containers"]
+            .as_array()
+            .and_then(|all| all.iter().find(|x| x["container"] == id))
+            .cloned()
+            .ok_or_else(|| format!("container {id} not in {json:#}").into())
+    };
+    let with = find(&one_id)?;
+    let gpus = with["gpus"].as_array().cloned().unwrap_or_default();
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.sim.config_path())?)?;
+    check(
+        gpus.len() == 1 && minors.len() == 1,
+        format!("the gpus:1 task's container must list one GPU (probe saw {minors:?}): {with:#}"),
+    )?;
+    let gpu = &gpus[0];
+    let described = node["gpus"]
+        .as_array()
+        .and_then(|all| all.iter().find(|g| g["minor"] == minors[0]))
+        .ok_or("no such minor in the node")?;
+    check(
+        gpu["uuid"] == described["uuid"]
+            && gpu["minor"] == minors[0]
+            && gpu["health"]["state"] == "healthy"
+            && gpu["utilization_gpu"] == described["utilization"]["gpu"]
+            && gpu["memory_total"] == described["memory"]["total"]
+            && with["kind"] == "mesos",
+        format!("the gpus:1 task's GPU {gpu:#} against the node's {described:#}"),
+    )?;
+    let without = find(&none_id)?;
+    check(
+        without["gpus"].as_array().is_some_and(Vec::is_empty),
+        format!("the gpus:0 task's container lists GPUs: {without:#}"),
+    )?;
+    let uuid = described["uuid"].as_str().unwrap_or_default();
+    let statistics = http_get(c.agent.port(), "/monitor/statistics")?;
+    check(
+        statistics.contains(&one_id) || statistics.contains("\"executor_id\":\"one\""),
+        format!("/monitor/statistics does not show the task: {statistics}"),
+    )?;
+    check(
+        !statistics.contains(uuid) && !statistics.contains("gpu_statistics"),
+        format!("/monitor/statistics shows GPU figures after all: {statistics}"),
+    )?;
+    c.release("one")?;
+    c.release("none")?;
+    one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    none.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()?;
+    let after = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    check(
+        !after.contains(&one_id) && !after.contains(&none_id),
+        format!("finished tasks' containers still listed: {after}"),
+    )
+}
+
+/// `scripts/gpu-check.sh`, the real-GPU acceptance check, on a simulated node with this build's
+/// programs and module (`--bin`) and the real Mesos (`--mesos`): every check passes, none is
+/// skipped, and it leaves no cgroup of its agent behind.
+fn gpu_check_script() -> TestResult {
+    let target = mesos_gpu_exe()?
+        .parent()
+        .ok_or("no target directory")?
+        .to_owned();
+    let bin = tempfile::Builder::new()
+        .prefix("mgpu-gpu-check-bin")
+        .tempdir()?;
+    let sim_lib = [
+        target.join("libnvml_sim.so"),
+        target.join("deps/libnvml_sim.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or("libnvml_sim.so is not built (cargo build -p nvml-sim)")?;
+    let smi = target.join("nvidia-smi");
+    check(
+        smi.is_file(),
+        "nvml-sim's nvidia-smi stand-in is not built (cargo build -p nvml-sim --bins)",
+    )?;
+    for (name, from) in [
+        ("mesos-gpu", mesos_gpu_exe()?),
+        ("libmesos_gpu.so", cdylib()?),
+        ("libmesos_gpu_module.so", module()?),
+        ("libnvml_sim.so", sim_lib),
+        ("nvidia-smi", smi),
+    ] {
+        std::os::unix::fs::symlink(from, bin.path().join(name))?;
+    }
+    let log = bin.path().join("gpu-check.log");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = std::process::Command::new(&script)
+        .args(["--simulate", NODE, "--bin"])
+        .arg(bin.path())
+        .arg("--mesos")
+        .arg(install()?.prefix())
+        .arg("--log")
+        .arg(&log)
+        .env_remove("NVML_SIM_CONFIG")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let full = std::fs::read_to_string(&log).unwrap_or_default();
+    check(
+        out.status.success(),
+        format!(
+            "gpu-check.sh failed ({}):
+{stdout}
+{}
+log tail:
+{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            mesos_gpu_testkit::mesos::tail(&full, 60)
+        ),
+    )?;
+    for name in [
+        "doctor",
+        "info",
+        "ldcache",
+        "volume",
+        "exec-1",
+        "exec-0",
+        "mesos-gpu1",
+        "mesos-view",
+        "mesos-gpu0",
+    ] {
+        check(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("PASS") && l.split_whitespace().nth(1) == Some(name)),
+            format!(
+                "no PASS {name}:
+{stdout}"
+            ),
+        )?;
+    }
+    check(
+        stdout.contains("9 passed, 0 failed, 0 skipped"),
+        format!(
+            "summary:
+{stdout}"
+        ),
+    )?;
+    let left: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")?
+        .filter_map(Result::ok)
+        .flat_map(|h| {
+            std::fs::read_dir(h.path())
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("mesos_gpu_check_"))
+        .collect();
+    check(left.is_empty(), format!("cgroups left behind: {left:?}"))
 }
 
 /// What the operator guide says about sharing GPU agents, with a real master: a framework

@@ -18,12 +18,16 @@ use std::path::{Path, PathBuf};
 
 use crate::inventory::{DevNum, Inventory, NVIDIA_GPU_MAJOR};
 
+mod expected;
+
+pub use expected::{ExpectedNode, NodeFinding, NodeState, char_major, check_nodes, expected_nodes};
+
 /// `nvidiactl`, relative to the device root.
 pub const NVIDIACTL: &str = "nvidiactl";
 /// `nvidia-uvm`, relative to the device root.
 pub const NVIDIA_UVM: &str = "nvidia-uvm";
 /// `nvidia-uvm-tools`, relative to the device root.
-pub(crate) const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
+pub const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
 
 /// Why the device nodes are not usable.
 #[derive(Debug, thiserror::Error)]

@@ -305,14 +305,14 @@ impl VolumeManager {
         Path::new(injection::CONTAINER_PATH)
     }
 
-    /// Plans the volume for `version` from the driver under `driver_root` (see [`plan::plan`]).
+    /// Plans the volume for `version` from the driver `source` (see [`plan::plan_from`]).
     pub fn plan(
         &self,
-        driver_root: &Path,
+        source: &plan::DriverSource,
         cache: &LdCache,
         version: &DriverVersion,
     ) -> Result<VolumePlan, PlanError> {
-        plan::plan(driver_root, cache, version)
+        plan::plan_from(source, cache, version)
     }
 
     /// Creates the volume for `plan`, or reuses an intact one (metadata check, link-or-copy).

@@ -8,7 +8,7 @@
 //! also drives the lifecycle [`Isolator`]: it creates and removes the device cgroups under a
 //! uniquely named cgroups root, over a temp dev root of `mknod`ed nodes.
 
-mod driver;
+pub(crate) mod driver;
 mod engine;
 mod live_docker;
 mod mig;

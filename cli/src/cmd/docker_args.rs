@@ -384,7 +384,11 @@ pub(crate) fn driver_spec(
             .version
             .parse()
             .with_context(|| format!("driver version {:?}", info.version))?;
-        let path = VolumeManager::at(&choice.root.volume_root).volume_path(&version);
+        let manager = VolumeManager::at(&choice.root.volume_root);
+        let path = manager.volume_path(&version);
+        if needed && !path.is_dir() {
+            super::volume::build_simulated(ctx, &manager)?;
+        }
         anyhow::ensure!(
             !needed || path.is_dir(),
             "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",

@@ -24,9 +24,10 @@ use crate::ctx::Ctx;
 
 mod agent_flags;
 mod cdi;
-mod demo;
+pub(crate) mod demo;
 mod docker_args;
 mod docker_wrapper;
+mod doctor;
 mod exec;
 mod gpu;
 mod info;
@@ -63,6 +64,9 @@ pub(crate) enum Command {
     Exec(exec::Args),
     /// Write the node's CDI spec (`nvidia.com/gpu`) for Podman, containerd, CRI-O, Docker >= 25.
     Cdi(cdi::Args),
+    /// Check an agent host before its first task: driver, device nodes, cgroups, driver volume,
+    /// configuration; exit 0 only when it is ready.
+    Doctor(doctor::Args),
 }
 
 impl Command {
@@ -332,5 +336,6 @@ pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(&args, ctx),
         Command::Exec(args) => exec::run(&args, ctx),
         Command::Cdi(args) => cdi::run(&args, ctx),
+        Command::Doctor(args) => doctor::run(&args, ctx),
     }
 }

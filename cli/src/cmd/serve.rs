@@ -73,9 +73,10 @@ pub(crate) struct Args {
     #[command(flatten)]
     volume: super::VolumeRootArgs,
 
-    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries).
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    driver_root: PathBuf,
+    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries); with
+    /// --simulate and none given, the simulated node's driver tree [default: /].
+    #[arg(long, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
 
     /// What `/docker/cli` names: the plugin's named volume (nvidia-docker compatible), or a
     /// bind of the volume's host directory (no plugin lookup by Docker).
@@ -148,6 +149,7 @@ pub(crate) fn host_devices(ctx: &Ctx) -> anyhow::Result<HostDevices> {
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let inventory = Arc::new(ctx.inventory()?.clone());
     let host = host_devices(ctx)?;
+    let driver_source = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
     let manager = VolumeManager::at(&args.volume.volume_root);
     let plugin_name = args
         .plugin_socket
@@ -215,10 +217,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     });
     runtime.block_on(async {
         recover_docker_holders(ctx, args, &host).await;
-        let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
-            manager,
-            args.driver_root.clone(),
-        )));
+        let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(manager, driver_source)));
         volumes.set_driver(inventory.driver.as_ref().map(|d| d.version.as_str()));
         let mut rest = RestApi::new(inventory, host, volume, status);
         if let Some(metrics) = metrics {

@@ -154,6 +154,21 @@ impl Isolator {
         Ok(read(&self.lock_local()?.allocator))
     }
 
+    /// Every container the isolator knows: Mesos containers, nested ones and Docker ones, by id.
+    pub fn containers(&self) -> Result<Vec<ContainerId>, LifecycleError> {
+        let state = self.lock_local()?;
+        let mut ids: Vec<ContainerId> = state
+            .containers
+            .keys()
+            .chain(state.nested.keys())
+            .chain(state.docker.keys())
+            .cloned()
+            .collect();
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        ids.dedup();
+        Ok(ids)
+    }
+
     /// Who holds which GPUs now.
     pub fn allocations(&self) -> Result<Allocations, LifecycleError> {
         let state = self.lock_local()?;

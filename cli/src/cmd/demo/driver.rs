@@ -133,7 +133,7 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
 }
 
 /// Runs `ldconfig -r` for `dirs` (relative to `root`), as root or in a user namespace.
-fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
     let etc = root.join("etc");
     fsmode::create_dir_all(&etc, fsmode::STATE_DIR)
         .with_context(|| format!("cannot create {}", etc.display()))?;
@@ -185,7 +185,7 @@ fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `e_machine` of this host's 64-bit libraries, as the planner expects it.
-fn native_machine() -> anyhow::Result<u16> {
+pub(crate) fn native_machine() -> anyhow::Result<u16> {
     let arch = mesos_gpu_volume::plan::HostArch::native();
     if arch.lib64.class != mesos_gpu_volume::elf_info::ElfClass::Elf64 {
         bail!("the demo's driver generator writes 64-bit ELF only");
@@ -206,7 +206,7 @@ struct Section {
 }
 
 /// A minimal little-endian ELF64 shared object for `machine` with an optional `DT_SONAME`.
-fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
+pub(crate) fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
     const EHDR: usize = 64;
     const PHDR: usize = 56;
     const SHDR: usize = 64;
