@@ -196,9 +196,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     all.push(volume);
     all.push(sources.agreement(&Defaults {
         pool_dir: DEFAULT_POOL_DIR.to_owned(),
-        docker_work_dir: super::docker_args::DEFAULT_WORK_DIR.to_owned(),
+        docker_work_dir: super::DEFAULT_DOCKER_STATE_DIR.to_owned(),
         volume_root: mesos_gpu_volume::volume::DEFAULT_ROOT.to_owned(),
-        agent_work_dir: super::gpu::DEFAULT_WORK_DIR.to_owned(),
+        agent_work_dir: super::DEFAULT_AGENT_WORK_DIR.to_owned(),
         nvml_lib: loader_nvml(ctx, loaded)?,
         dev_root: crate::ctx::DEFAULT_DEV_ROOT.to_owned(),
     }));
