@@ -7,6 +7,7 @@
 //! without running.
 #![forbid(unsafe_code)]
 
+pub mod cuda_sim;
 pub mod mesos;
 pub mod mps;
 pub mod nvml_sim;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_isolator::agent_flags::{AgentGpuFlags, DEFAULT_ISOLATION, MigStrategy};
 use mesos_gpu_isolator::inventory::Inventory;
-use mesos_gpu_isolator::sharing::{self, SharingMode, SharingSpec};
+use mesos_gpu_isolator::sharing::{self, SharingSpec};
 
 use crate::ctx::Ctx;
 use crate::simulate;
@@ -25,7 +25,8 @@ use crate::simulate;
     mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n  \
     mesos-gpu agent-flags --simulate dgx-a100-mixed --mig-strategy mixed \\\n      \
       --isolation filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n\n\
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4 --gpu-sharing mps,4-5=time-slicing,6-7=none\n\n\
     With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's gpus:k is a k/R share of one GPU)\n\
     and the split is written in the attributes gpu_sharing, gpu_shared, gpu_whole and gpu_replicas.\n\n\
     Values may also be given as file:///path, as mesos-agent accepts them.")]
@@ -60,14 +61,18 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
-    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
+    /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. Give the
+    /// module the same spec (parameter `gpu_sharing`).
     #[arg(
         long,
-        value_name = "MODE",
+        value_name = "SPEC",
         default_value = "time-slicing",
-        requires = "gpu_replicas"
+        requires = "gpu_replicas",
+        value_parser = super::parse_modes
     )]
-    gpu_sharing: SharingMode,
+    gpu_sharing: String,
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -128,7 +133,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
              give MIG devices whole or turn MIG mode off"
         ),
         Some(spec) => {
-            let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
+            let spec = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
             let shared = sharing::offer::advertise(&resolved, inventory, &spec)?.0;
             eprintln!(
                 "mesos-gpu: note: give the module the same parameters (gpu_replicas={}, \
