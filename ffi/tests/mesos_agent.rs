@@ -317,6 +317,27 @@ const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
 };
 
 impl Cluster {
+    /// [`Cluster::start`] with the agent's `--resources` set to `resources`.
+    fn start_offering(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: &str,
+    ) -> TestResult<Cluster> {
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, isolation, setup)?;
+        spec.resources = resources.to_owned();
+        let agent = Agent::start(&install, &master, spec)?;
+        Ok(Cluster {
+            install,
+            sim,
+            dev,
+            scratch,
+            master,
+            agent,
+        })
+    }
+
     fn start(
         cgroups: AgentCgroups,
         isolation: &str,
@@ -390,18 +411,7 @@ impl Cluster {
     /// Launches task `name` asking for `gpus` GPUs running the probe; with `wait`, the probe
     /// waits for the file `<scratch>/<name>.go` before probing again and exiting.
     fn launch(&self, name: &str, gpus: u32, wait: bool) -> TestResult<Task> {
-        let probe = probe()?;
-        let mut command = format!("{} {}", probe.display(), self.dev.path().display());
-        if wait {
-            command.push_str(&format!(" {}", self.go_file(name).display()));
-        }
-        Ok(Task::launch(
-            &self.install,
-            &self.master,
-            name,
-            &format!("cpus:0.1;mem:32;gpus:{gpus}"),
-            &command,
-        )?)
+        self.launch_env(name, gpus, wait, &[])
     }
 
     fn go_file(&self, name: &str) -> PathBuf {
@@ -421,22 +431,25 @@ impl Cluster {
         if wait {
             command.push_str(&format!(" {}", self.go_file(name).display()));
         }
-        let env: serde_json::Map<String, serde_json::Value> = env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
-            .collect();
-        let env = format!("--env={}", serde_json::Value::Object(env));
+        let mut framework = vec![
+            "--framework_capabilities=GPU_RESOURCES".to_owned(),
+            "--checkpoint".to_owned(),
+        ];
+        if !env.is_empty() {
+            let env: serde_json::Map<String, serde_json::Value> = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+                .collect();
+            framework.push(format!("--env={}", serde_json::Value::Object(env)));
+        }
+        let framework: Vec<&str> = framework.iter().map(String::as_str).collect();
         Ok(Task::launch_with(
             &self.install,
             &self.master,
             name,
             &format!("cpus:0.1;mem:32;gpus:{gpus}"),
             &command,
-            &[
-                "--framework_capabilities=GPU_RESOURCES",
-                "--checkpoint",
-                env.as_str(),
-            ],
+            &framework,
         )?)
     }
 
@@ -633,18 +646,12 @@ fn shared_gpus(mps: bool) -> TestResult {
         ..EXPLICIT_ROOT
     };
     let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
-    let ((install, sim, dev, scratch, master), mut spec) =
-        Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
-    spec.resources = "cpus:4;mem:4096;gpus:14".into();
-    let agent = Agent::start(&install, &master, spec)?;
-    let mut c = Cluster {
-        install,
-        sim,
-        dev,
-        scratch,
-        master,
-        agent,
-    };
+    let mut c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:14",
+    )?;
     // (task, gpus, share, MPS thread percentage, MPS memory limit of a 16 GiB V100)
     let asks = [
         ("one", 1, "1/4", "25", "0=4040M"),
@@ -1283,18 +1290,12 @@ fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
         ..EXPLICIT_ROOT
     };
     let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
-    let ((install, sim, dev, scratch, master), mut spec) =
-        Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
-    spec.resources = "cpus:4;mem:4096;gpus:12".into();
-    let agent = Agent::start(&install, &master, spec)?;
-    let c = Cluster {
-        install,
-        sim,
-        dev,
-        scratch,
-        master,
-        agent,
-    };
+    let c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:12",
+    )?;
     let asks = [("m", "mps"), ("t", "time-slicing"), ("x", "none")];
     let mut tasks = Vec::new();
     for (name, mode) in asks {
