@@ -1209,7 +1209,7 @@ fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
         .wait_log("GPU is back in the pool by itself", TASK_TIMEOUT)?;
     let mut granted = c.launch("granted", 7, false)?;
     granted.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    let got = opened(&c.final_report("granted")?, false);
+    let got = opened(&c.report("granted")?, false);
     check(
         got == (0..8).filter(|&m| m != 6).collect::<BTreeSet<u32>>(),
         format!("granted task got {got:?}"),

@@ -789,7 +789,7 @@ fn probed(
     }
     let wait = state.attempt_failed(index, findings, !outcome.passed, None, now, config);
     drop(state);
-    tracing::warn!(gpu = index, uuid = %probing.uuid, next_check_in_s = wait.as_secs(), output = %outcome.output, "GPU stays out of the pool: the probe failed: {text}");
+    tracing::warn!(gpu = index, uuid = %probing.uuid, next_check_in_s = wait.as_secs(), output = ?outcome.output, "GPU stays out of the pool: the probe failed: {text}");
     save(shared);
 }
 

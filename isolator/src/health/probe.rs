@@ -265,7 +265,14 @@ fn spawn_and_wait(
             output,
         },
         Ok(status) => {
-            let last = output.lines().last().unwrap_or("no output").to_owned();
+            // The first failed step (`FAIL …`, as `gpu probe` prints them), else the last line.
+            let last = output
+                .lines()
+                .find(|l| l.trim_start().starts_with("FAIL "))
+                .or_else(|| output.lines().last())
+                .unwrap_or("no output")
+                .trim()
+                .to_owned();
             ProbeOutcome {
                 passed: false,
                 detail: format!("{program} {status} after {elapsed:.1}s {where_}: {last}"),
