@@ -13,28 +13,29 @@
 //! namespace with cgroup2 at `/sys/fs/cgroup`, where Mesos looks for it (see
 //! `mesos_gpu_testkit::mesos`). Needs root, cgroups, `cc`, cmake and the Mesos install.
 
+mod agents;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use agents::{mesos_gpu_exe, module, probe, which};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
 use mesos_gpu_testkit::mesos::{
-    Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
-    build_module, build_probe, http_get, http_post_json, wait_for,
+    Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNodes, ISOLATOR_MODULE, Master,
+    MesosInstall, ProbeReport, Task, http_get, http_post_json, modules_json, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
-use support::{Handle, TestResult, cdylib, check, config, trial};
+use support::{Handle, TestResult, check, config, trial};
 
 /// The module's name in modules.json and `--isolation`.
-const MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
+const MODULE: &str = ISOLATOR_MODULE;
 /// The simulated node: 8 GPUs, minors 0 to 7.
 const NODE: &str = "dgx1-v100";
 const MINORS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
@@ -231,37 +232,6 @@ fn main() -> ExitCode {
 /// The Mesos install.
 fn install() -> TestResult<MesosInstall> {
     Ok(MesosInstall::locate()?)
-}
-
-/// The module, built once per test run in `target/tmp` (cmake rebuilds only what changed).
-fn module() -> TestResult<PathBuf> {
-    static MODULE_SO: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = MODULE_SO.get_or_init(|| {
-        let install = MesosInstall::locate()?;
-        let lib = cdylib().map_err(|e| e.to_string())?;
-        let lib_dir = lib.parent().ok_or("libmesos_gpu.so has no directory")?;
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mesos-module");
-        let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-module");
-        build_module(
-            &install,
-            &source,
-            lib_dir,
-            &build,
-            &["-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"],
-        )
-    });
-    Ok(built.clone()?)
-}
-
-/// The static device probe, built once per test run.
-fn probe() -> TestResult<PathBuf> {
-    static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = PROBE.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-probe");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        build_probe(&dir)
-    });
-    Ok(built.clone()?)
 }
 
 /// The module builds with its CMakeLists.txt, in strict ISO C++17 with Mesos's defines, against
@@ -515,20 +485,6 @@ impl Cluster {
         )?;
         Ok(())
     }
-}
-
-/// modules.json loading the module with `params`.
-fn modules_json(module: &Path, params: &[(String, String)]) -> serde_json::Value {
-    let parameters: Vec<serde_json::Value> = params
-        .iter()
-        .map(|(k, v)| serde_json::json!({ "key": k, "value": v }))
-        .collect();
-    serde_json::json!({
-        "libraries": [{
-            "file": module.display().to_string(),
-            "modules": [{ "name": MODULE, "parameters": parameters }],
-        }]
-    })
 }
 
 /// Checks that `report` opened exactly the GPUs `minors` (and the control devices when there
@@ -1908,27 +1864,9 @@ fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
 // the agent's `--docker` program, `mesos-gpu docker-wrapper`.
 
 /// The hook module's name in modules.json and `--hooks`.
-const HOOK: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
+const HOOK: &str = DOCKER_HOOK_MODULE;
 /// The simulated node's driver version (its driver volume's name).
 const DRIVER_VERSION: &str = "550.54.14";
-
-/// The `mesos-gpu` binary of this build (`target/<profile>/mesos-gpu`), built by the cli crate.
-fn mesos_gpu_exe() -> TestResult<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("no target directory")?;
-    let found = dir.join("mesos-gpu");
-    check(
-        found.is_file(),
-        format!(
-            "{} missing: build it first (cargo build -p mesos-gpu)",
-            found.display()
-        ),
-    )?;
-    Ok(found)
-}
 
 /// A cluster whose agent runs `--containerizers=docker,mesos` with the isolator and the
 /// Docker hook loaded and `--docker` naming a script that runs `mesos-gpu docker-wrapper`;
@@ -2045,7 +1983,7 @@ impl DockerCluster {
             format!(
                 "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
                 s.join("stalled.pid").display(),
-                which_docker()?.display(),
+                which("docker")?.display(),
                 pool.display(),
                 docker_work.display()
             ),
@@ -2251,16 +2189,6 @@ impl DockerCluster {
             .map(|(k, _)| k.clone())
             .collect())
     }
-}
-
-fn which_docker() -> TestResult<PathBuf> {
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let path = Path::new(dir).join("docker");
-        if path.is_file() {
-            return Ok(path);
-        }
-    }
-    Err("no docker program in /usr/local/bin, /usr/bin or /bin".into())
 }
 
 /// A `gpus:2` Docker task in an image labelled `com.nvidia.volumes.needed` sees exactly two

@@ -49,6 +49,8 @@ pub enum Need {
     /// The `cpuset` controller offered by the cgroup2 hierarchy (absent on a hybrid host whose
     /// `cpuset` is bound to a v1 hierarchy).
     Cpuset2,
+    /// `python3` with pymesos (PyPI), the client library of the real-agent frameworks.
+    Pymesos,
 }
 
 impl Need {
@@ -65,6 +67,7 @@ impl Need {
             Need::Podman => "podman",
             Need::Cpuset1 => "cpuset1",
             Need::Cpuset2 => "cgroup2-cpuset",
+            Need::Pymesos => "pymesos",
         }
     }
 }
@@ -148,6 +151,9 @@ impl Host {
                     v2_controllers.trim_end()
                 ),
             ));
+        }
+        if let Err(why) = mesos::framework::check_pymesos() {
+            missing.push((Need::Pymesos, why));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()

@@ -38,6 +38,9 @@ pub struct AgentSpec {
     pub env: Vec<(String, String)>,
     /// Extra flags, `--name=value`.
     pub flags: Vec<String>,
+    /// A [`super::PrivateHost`]'s setup script: the agent then runs in a private mount
+    /// namespace set up by it (on cgroup v1 too).
+    pub private_host: Option<PathBuf>,
 }
 
 impl AgentSpec {
@@ -52,6 +55,7 @@ impl AgentSpec {
             cgroups,
             env: Vec::new(),
             flags: Vec::new(),
+            private_host: None,
         }
     }
 }
@@ -122,6 +126,13 @@ impl Agent {
             let _ = child.wait();
         }
         Ok((waited?, agent.log()))
+    }
+
+    /// The agent's process id while it runs (the `mesos-agent` process itself: a private
+    /// namespace's `unshare` and shell `exec` it).
+    pub fn pid(&mut self) -> Option<u32> {
+        let child = self.child.as_mut()?;
+        matches!(child.try_wait(), Ok(None)).then(|| child.id())
     }
 
     /// The agent's HTTP port.
@@ -282,23 +293,27 @@ impl Agent {
             flags.push("--agent_subsystems=".to_owned());
         }
         flags.extend(self.spec.flags.iter().cloned());
-        let mut cmd = match self.spec.cgroups {
-            AgentCgroups::V1 => {
-                let mut cmd = Command::new(&agent);
-                cmd.args(&flags);
-                cmd
-            }
-            AgentCgroups::V2 => {
-                let mut cmd = Command::new("unshare");
-                cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
-                    .arg(
-                        "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup \
-                         && exec \"$0\" \"$@\"",
-                    )
-                    .arg(&agent)
-                    .args(&flags);
-                cmd
-            }
+        let mut setup = Vec::new();
+        if let Some(script) = &self.spec.private_host {
+            setup.push(format!(". {}", script.display()));
+        }
+        if self.spec.cgroups == AgentCgroups::V2 {
+            setup.push(
+                "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup".to_owned(),
+            );
+        }
+        let mut cmd = if setup.is_empty() {
+            let mut cmd = Command::new(&agent);
+            cmd.args(&flags);
+            cmd
+        } else {
+            setup.push("exec \"$0\" \"$@\"".to_owned());
+            let mut cmd = Command::new("unshare");
+            cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+                .arg(setup.join(" && "))
+                .arg(&agent)
+                .args(&flags);
+            cmd
         };
         cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.child = Some(spawn_logged(&mut cmd, &log)?);
