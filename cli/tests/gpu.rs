@@ -261,7 +261,7 @@ fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
     for want in [
         "comes back by itself on evidence (memory quiet time)",
         "last check (failed attempts 3, next in now):",
-        "probe: MISSING (cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214))",
+        "probe: FAILED (cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214))",
         "history: 2 automatic recovery(ies), 3 failed probe(s), FLAPPING: 2 recovery(ies)",
         "it needs a node reboot (or at least a GPU reset)",
     ] {
@@ -271,7 +271,7 @@ fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        said.contains("the evidence that was missing: probe: MISSING (cuMemAlloc_v2"),
+        said.contains("the evidence that was missing: probe: FAILED (cuMemAlloc_v2"),
         "{said}"
     );
 }

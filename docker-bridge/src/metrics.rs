@@ -332,7 +332,6 @@ impl FigureSource for NvmlFigures {
     }
 }
 
-/// The `reason` label of a failure.
 /// How an unhealthy GPU comes back: the operator's remedy, or on evidence (`backoff` once an
 /// attempt failed); a driver asking for a reset or reboot counts as that remedy.
 fn recovery_label(record: &GpuRecord) -> Option<String> {
@@ -357,6 +356,7 @@ fn recovery_label(record: &GpuRecord) -> Option<String> {
     )
 }
 
+/// The `reason` label of a failure.
 fn failure_label(failure: &Failure) -> String {
     match failure {
         Failure::Xid { xid } => format!("xid_{xid}"),

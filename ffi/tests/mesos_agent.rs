@@ -294,18 +294,7 @@ impl Cluster {
         setup: &ModuleSetup<'_>,
         resources: &str,
     ) -> TestResult<Cluster> {
-        let ((install, sim, dev, scratch, master), mut spec) =
-            Cluster::prepare(cgroups, isolation, setup)?;
-        spec.resources = resources.to_owned();
-        let agent = Agent::start(&install, &master, spec)?;
-        Ok(Cluster {
-            install,
-            sim,
-            dev,
-            scratch,
-            master,
-            agent,
-        })
+        Cluster::start_with(cgroups, isolation, setup, Some(resources))
     }
 
     fn start(
@@ -313,8 +302,21 @@ impl Cluster {
         isolation: &str,
         setup: &ModuleSetup<'_>,
     ) -> TestResult<Cluster> {
-        let (cluster, spec) = Cluster::prepare(cgroups, isolation, setup)?;
-        let (install, sim, dev, scratch, master) = cluster;
+        Cluster::start_with(cgroups, isolation, setup, None)
+    }
+
+    /// A master and an agent; `resources`, when given, replaces the agent's `--resources`.
+    fn start_with(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: Option<&str>,
+    ) -> TestResult<Cluster> {
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, isolation, setup)?;
+        if let Some(resources) = resources {
+            spec.resources = resources.to_owned();
+        }
         let agent = Agent::start(&install, &master, spec)?;
         Ok(Cluster {
             install,
@@ -1116,12 +1118,14 @@ fn mesos_gpu_bin() -> TestResult<PathBuf> {
 /// out for good (it needs a reset); XID 94 takes GPU 7 out while its probe (`mesos-gpu gpu probe`
 /// in a one-GPU cgroup, with a stand-in `libcuda.so.1` whose `cuMemAlloc` fails) fails: a task
 /// asking 7 GPUs is refused. Once the probe passes, GPU 7 is back by itself and a task asking 7
-/// GPUs gets every GPU but 6; the metrics count the recovery and the failed probes.
+/// GPUs gets every GPU but 6, which was never probed; the metrics and `gpu health` say so at each
+/// step, and the trial prints them with the agent's log of the transitions.
 fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
     let cuda = mesos_gpu_testkit::cuda_sim::FakeCuda::build()?;
+    let bin = mesos_gpu_bin()?;
     let probe_cmd = format!(
         "{} gpu probe --gpu {{uuid}} --mib 1 --cuda-lib {}",
-        mesos_gpu_bin()?.display(),
+        bin.display(),
         cuda.lib_path().display()
     );
     let extra = [
@@ -1139,6 +1143,40 @@ fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
         &format!("filesystem/linux,cgroups/devices,{MODULE}"),
         &setup,
     )?;
+    let uuids = c.uuids(&[6, 7])?;
+    let work = c.scratch.path().join("module-work");
+    // What the metrics and `gpu health` say of GPUs 6 and 7, printed under `when`.
+    let show = |when: &str| -> TestResult<String> {
+        let body = http_get(c.agent.port(), "/mesos-gpu/metrics")?;
+        let mine: Vec<&str> = body
+            .lines()
+            .filter(|l| {
+                (l.starts_with("mesos_gpu_health{")
+                    || l.starts_with("mesos_gpu_health_recoveries_total")
+                    || l.starts_with("mesos_gpu_health_probe_failures_total"))
+                    && uuids.iter().any(|u| l.contains(u.as_str()))
+            })
+            .collect();
+        let health = std::process::Command::new(&bin)
+            .args(["gpu", "health", "--work-dir"])
+            .arg(&work)
+            .output()?;
+        println!("== {when}\nthe module's metrics (GPUs 6 and 7):");
+        for line in &mine {
+            println!("  {line}");
+        }
+        println!("`mesos-gpu gpu health --work-dir <agent work_dir>`:");
+        for line in String::from_utf8_lossy(&health.stdout).lines() {
+            println!("  {line}");
+        }
+        Ok(body)
+    };
+    let metric = |body: &str, want: String| {
+        check(
+            body.contains(&want),
+            format!("{want} missing from:\n{body}"),
+        )
+    };
     cuda.set_failing(true)?;
     c.sim.append_event("xid 6 48");
     c.sim.append_event("xid 7 94");
@@ -1146,13 +1184,27 @@ fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
     c.agent.wait_log("XID 94", TASK_TIMEOUT)?;
     c.agent
         .wait_log("GPU stays out of the pool: the probe failed", TASK_TIMEOUT)?;
+    let out = show("GPU 7's first probe failed")?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="7",uuid="{}",state="unhealthy",reason="xid_94",recovery="backoff"}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
+            uuids[0]
+        ),
+    )?;
     // Mesos offers 8 GPUs; the module hands out 6: a task asking 7 waits, then is refused.
     let mut refused = c.launch("refused", 7, false)?;
     refused.wait_state("TASK_FAILED", Duration::from_secs(120))?;
     let said = refused.output();
     println!(
-        "mesos-execute for the refused task printed:
-{}",
+        "mesos-execute for the refused task printed:\n{}",
         mesos_gpu_testkit::mesos::tail(&said, 4)
     );
     check(
@@ -1166,57 +1218,61 @@ fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
     let mut granted = c.launch("granted", 7, false)?;
     granted.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     let got = opened(&c.report("granted")?, false);
+    println!("the task asking 7 GPUs after the recovery opened GPUs {got:?}");
     check(
         got == (0..8).filter(|&m| m != 6).collect::<BTreeSet<u32>>(),
         format!("granted task got {got:?}"),
     )?;
-    let requests = c.scratch.path().join("module-work/gpu/health-requests");
+    let requests = work.join("gpu/health-requests");
     check(
         std::fs::read_dir(&requests).map_or(0, |d| d.count()) == 0,
         "nobody asked the monitor to mark a GPU healthy",
     )?;
     let log = c.agent.log();
-    println!("the agent logged the recovery:");
-    for line in log.lines().filter(|l| {
-        l.contains("GPU 7 (")
-            || l.contains("GPU stays out of the pool")
-            || l.contains("GPU recovery: evidence holds")
-            || l.contains("GPU is back in the pool")
-            || l.contains("XID 48")
-    }) {
+    println!("== the agent logged GPUs 6 and 7:");
+    for line in log
+        .lines()
+        .filter(|l| l.contains("gpu=6 ") || l.contains("gpu=7 "))
+    {
         println!("  {line}");
     }
-    let body = http_get(c.agent.port(), "/mesos-gpu/metrics")?;
-    println!("the module's metrics:");
-    for line in body.lines().filter(|l| {
-        l.starts_with("mesos_gpu_health{")
-            || l.starts_with("mesos_gpu_health_recoveries_total")
-            || l.starts_with("mesos_gpu_health_probe_failures_total")
-    }) {
-        println!("  {line}");
-    }
-    let uuids = c.uuids(&[6, 7])?;
-    for want in [
+    check(
+        !log.lines().any(|l| {
+            l.contains("gpu=6 ") && (l.contains("GPU recovery") || l.contains("the pool"))
+        }),
+        "GPU 6 (XID 48, needs a reset) was never checked for recovery",
+    )?;
+    let back = show("after GPU 7 came back and the task asking 7 GPUs ran")?;
+    metric(
+        &back,
         format!(
             r#"mesos_gpu_health{{gpu="7",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
             uuids[1]
         ),
+    )?;
+    metric(
+        &back,
         format!(
             r#"mesos_gpu_health_recoveries_total{{gpu="7",uuid="{}"}} 1"#,
             uuids[1]
         ),
+    )?;
+    metric(
+        &back,
         format!(
             r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
             uuids[0]
         ),
-    ] {
-        check(
-            body.contains(&want),
-            format!("{want} missing from:\n{body}"),
-        )?;
-    }
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health_probe_failures_total{{gpu="6",uuid="{}"}} 0"#,
+            uuids[0]
+        ),
+    )?;
     check(
-        !body.contains(&format!(
+        !back.contains(&format!(
             r#"mesos_gpu_health_probe_failures_total{{gpu="7",uuid="{}"}} 0"#,
             uuids[1]
         )),

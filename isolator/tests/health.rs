@@ -597,6 +597,84 @@ fn failures_needing_a_reset_never_come_back_by_themselves() -> TestResult {
     )
 }
 
+/// Each XID the issue names, on a driver reporting no recovery action and nothing pending, with a
+/// probe that passes: what the policy table says happens. 13, 31 and 43 change nothing; 63 and 94
+/// come back by themselves, probed; 48, 64 and 95 need a GPU reset and 79 a node reboot: out for
+/// good, never probed.
+fn each_xid_ends_as_the_policy_table_says() -> TestResult {
+    // (events on GPUs 0-3, the XIDs that come back, what each GPU that goes out is told)
+    let rounds: [(&[&str], &[u32], [&str; 4]); 2] = [
+        (
+            &[
+                "xid 0 13", "xid 0 31", "xid 0 43", "xid 1 48", "xid 2 64", "xid 3 95",
+            ],
+            &[],
+            ["", "XID 48", "XID 64", "XID 95"],
+        ),
+        (
+            &["xid 0 63", "xid 1 79", "xid 2 94"],
+            &[0, 2],
+            ["XID 63", "XID 79", "XID 94", ""],
+        ),
+    ];
+    for (events, back, told) in rounds {
+        let sim = recovery_node();
+        let probe = Probe::new()?;
+        let mut cfg = config("");
+        cfg.recovery = Some(recovery(&probe, 100));
+        let r = start(&sim, cfg, vec![])?;
+        for line in events {
+            sim.append_event(line);
+        }
+        let out = told.iter().filter(|t| !t.is_empty()).count();
+        let mut changes = Vec::new();
+        for _ in 0..out + back.len() {
+            changes.push(next(&r)?);
+        }
+        std::thread::sleep(Duration::from_millis(800));
+        ensure(
+            r.changes.try_recv().is_err(),
+            format!("{events:?}: no other change"),
+        )?;
+        for (index, told) in (0u32..).zip(told) {
+            let mine: Vec<&HealthChange> = changes.iter().filter(|c| c.index == index).collect();
+            let comes_back = back.contains(&index);
+            match (told.is_empty(), comes_back) {
+                (true, _) => ensure(mine.is_empty(), format!("GPU {index}: {mine:?}"))?,
+                (false, _) => {
+                    let message = mine
+                        .first()
+                        .and_then(|c| c.limitation())
+                        .unwrap_or_default();
+                    let how = if comes_back {
+                        "it comes back by itself"
+                    } else if told == "XID 79" {
+                        "it needs a node reboot"
+                    } else {
+                        "it needs a GPU reset"
+                    };
+                    ensure(
+                        message.contains(told) && message.contains(how),
+                        format!("GPU {index}: {message:?} should name {told} and say {how:?}"),
+                    )?;
+                    ensure(
+                        mine.last().is_some_and(|c| c.health.is_healthy()) == comes_back,
+                        format!("GPU {index} ({told}) back: {comes_back}? {mine:?}"),
+                    )?;
+                }
+            }
+        }
+        let mut probed = probe.runs();
+        probed.sort_unstable();
+        probed.dedup();
+        ensure(
+            probed == back,
+            format!("{events:?}: probed {probed:?}, only {back:?} may be"),
+        )?;
+    }
+    Ok(())
+}
+
 fn a_flapping_gpu_is_backed_off_not_probed_in_a_loop() -> TestResult {
     let sim = recovery_node();
     let probe = Probe::new()?;
@@ -977,6 +1055,10 @@ fn main() -> ExitCode {
         plain(
             "failures_needing_a_reset_never_come_back_by_themselves",
             failures_needing_a_reset_never_come_back_by_themselves,
+        ),
+        plain(
+            "each_xid_ends_as_the_policy_table_says",
+            each_xid_ends_as_the_policy_table_says,
         ),
         plain(
             "a_flapping_gpu_is_backed_off_not_probed_in_a_loop",

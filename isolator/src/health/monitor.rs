@@ -793,7 +793,7 @@ fn probed(
     save(shared);
 }
 
-/// `quiet time: ok (…); recovery action: MISSING (…)`.
+/// `quiet time: ok (…); recovery action: MISSING (…); probe: FAILED (…)`.
 fn describe(findings: &[Finding]) -> String {
     findings
         .iter()

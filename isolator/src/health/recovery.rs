@@ -226,7 +226,11 @@ pub struct Finding {
 
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mark = if self.ok { "ok" } else { "MISSING" };
+        let mark = match (self.ok, self.check) {
+            (true, _) => "ok",
+            (false, Check::Probe) => "FAILED",
+            (false, _) => "MISSING",
+        };
         write!(f, "{}: {mark} ({})", self.check, self.detail)
     }
 }
