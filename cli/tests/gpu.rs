@@ -254,3 +254,45 @@ fn gpu_health_json_says_what_it_read() {
     assert_eq!(v["checkpoint_state"], "present", "{v}");
     assert!(v["version"].is_number() && v["gpus"].is_array(), "{v}");
 }
+
+/// `gpu health` shows how a GPU out of the pool comes back, its last check and its history;
+/// `mark-healthy` (no monitor running) says which evidence was missing.
+#[test]
+fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    write_checkpoint(work.path());
+    let path = work.path().join("gpu/health.json");
+    let mut snap: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    snap["gpus"][1]["health"] = json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 94},
+                                       "since_ms": 1, "last_error_ms": 1, "errors": 1});
+    snap["gpus"][1]["recovery"] = json!({
+        "recoveries": 2, "probe_failures": 3, "flaps": 2,
+        "episode": {"comeback": {"by": "evidence", "class": "memory"}, "attempts": 3,
+                    "next_try_ms": 1,
+                    "findings": [
+                        {"check": "quiet_time", "ok": true, "detail": "400.0s without an error, 300.0s needed"},
+                        {"check": "probe", "ok": false, "detail": "cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214)"}]}});
+    snap["gpus"][3]["recovery"] = json!({
+        "episode": {"comeback": {"by": "reset", "remedy": "node_reboot"}}});
+    std::fs::write(&path, snap.to_string()).unwrap();
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for want in [
+        "comes back by itself on evidence (memory quiet time)",
+        "last check (failed attempts 3, next in now):",
+        "probe: FAILED (cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214))",
+        "history: 2 automatic recovery(ies), 3 failed probe(s), FLAPPING: 2 recovery(ies)",
+        "it needs a node reboot (or at least a GPU reset)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let out = mesos_gpu(&["gpu", "mark-healthy", "1", "--agent-work-dir", dir]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        said.contains("the evidence that was missing: probe: FAILED (cuMemAlloc_v2"),
+        "{said}"
+    );
+}

@@ -199,15 +199,15 @@ fn issue_14_serve_metrics_report_the_agents_gpu_health() {
     let body = response.split_once("\r\n\r\n").expect("HTTP").1;
     for want in [
         format!(
-            r#"mesos_gpu_health{{gpu="3",uuid="{}",state="unhealthy",reason="xid_79"}} 1"#,
+            r#"mesos_gpu_health{{gpu="3",uuid="{}",state="unhealthy",reason="xid_79",recovery="node_reboot"}} 1"#,
             uuid(3)
         ),
         format!(
-            r#"mesos_gpu_health{{gpu="5",uuid="{}",state="lost",reason="lost"}} 1"#,
+            r#"mesos_gpu_health{{gpu="5",uuid="{}",state="lost",reason="lost",recovery="node_reboot"}} 1"#,
             uuid(5)
         ),
         format!(
-            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason=""}} 1"#,
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
             uuid(0)
         ),
         format!(

@@ -10,13 +10,17 @@
 //!
 //! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
 //! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
-//! counters. `mesos_gpu_health{state, reason}` is 1 for each GPU's current health: `state` is
-//! `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`, `double_bit_ecc`, `lost`,
-//! `unwatchable`; empty when healthy). A GPU the health source has no record of (no monitor,
-//! or `serve` reading an agent work directory without a checkpoint) gets NVML's view: lost when
-//! NVML says so, else healthy; `mesos_gpu_health_checkpoint{path, state}` then says whether the
-//! checkpoint read is `present`, `absent` or `unreadable`, so that an alert on health never
-//! goes silent for want of a checkpoint.
+//! counters. `mesos_gpu_health{state, reason, recovery}` is 1 for each GPU's current health:
+//! `state` is `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`,
+//! `double_bit_ecc`, `lost`, `unwatchable`; empty when healthy), `recovery` how it comes back
+//! (`evidence`: by itself once the checks hold; `backoff`: a check failed, waiting to try
+//! again; `gpu_reset`, `node_reboot`, `operator`: the operator must act; empty when healthy).
+//! `mesos_gpu_health_recoveries_total` and `mesos_gpu_health_probe_failures_total` count
+//! automatic recoveries and failed probes per GPU. A GPU the health source has no record of (no
+//! monitor, or `serve` reading an agent work directory without a checkpoint) gets NVML's view:
+//! lost when NVML says so, else healthy; `mesos_gpu_health_checkpoint{path, state}` then says
+//! whether the checkpoint read is `present`, `absent` or `unreadable`, so that an alert on health
+//! never goes silent for want of a checkpoint.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -31,7 +35,9 @@ use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use mesos_gpu_isolator::allocator::{Allocator, Counters, Fragmentation};
 use mesos_gpu_isolator::discovery::GpuDriver;
-use mesos_gpu_isolator::health::{Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats};
+use mesos_gpu_isolator::health::{
+    Comeback, Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats, Remedy,
+};
 use mesos_gpu_isolator::lifecycle::{Isolator, QUARANTINE_OWNER};
 use mesos_gpu_isolator::usage::{ContainerCgroup, GpuReadings, GpuUsage, UsageReader};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -56,6 +62,13 @@ pub struct GpuFigures {
     pub healthy: Option<bool>,
     /// Why it is unhealthy (`xid_79`, `double_bit_ecc`, `lost`, `unwatchable`), when it is.
     pub failure: Option<String>,
+    /// How it comes back, when unhealthy (`evidence`, `backoff`, `gpu_reset`, `node_reboot`,
+    /// `operator`).
+    pub recovery: Option<String>,
+    /// Times it came back by itself.
+    pub recoveries: u64,
+    /// Probes that failed.
+    pub probe_failures: u64,
     /// XIDs seen, by XID.
     pub xids: BTreeMap<u64, u64>,
     /// Corrected ECC events seen.
@@ -347,6 +360,9 @@ impl FigureSource for NvmlFigures {
                         None => lost.then(|| "lost".to_owned()),
                     },
                     readings,
+                    recovery: record.and_then(recovery_label),
+                    recoveries: record.map_or(0, |r| r.recovery.recoveries),
+                    probe_failures: record.map_or(0, |r| r.recovery.probe_failures),
                     xids: record.map(|r| r.xids.clone()).unwrap_or_default(),
                     ecc_single_bit: record.map_or(0, |r| r.ecc_single_bit),
                     ecc_double_bit: record.map_or(0, |r| r.ecc_double_bit),
@@ -391,6 +407,30 @@ impl FigureSource for NvmlFigures {
     }
 }
 
+/// How an unhealthy GPU comes back: the operator's remedy, or on evidence (`backoff` once an
+/// attempt failed); a driver asking for a reset or reboot counts as that remedy.
+fn recovery_label(record: &GpuRecord) -> Option<String> {
+    let failure = record.health.failure()?;
+    // A checkpoint from before episodes were recorded: the failure's own comeback.
+    let Some(episode) = record.recovery.episode.as_ref() else {
+        return Some(match failure.comeback() {
+            Comeback::Reset { remedy } => remedy.label().to_owned(),
+            Comeback::Evidence { .. } => "evidence".to_owned(),
+        });
+    };
+    let asks_reboot = episode.driver_asks.as_deref() == Some("a node reboot");
+    Some(
+        match (episode.comeback, &episode.driver_asks) {
+            (Comeback::Reset { remedy }, _) => remedy.label(),
+            (Comeback::Evidence { .. }, Some(_)) if asks_reboot => Remedy::NodeReboot.label(),
+            (Comeback::Evidence { .. }, Some(_)) => Remedy::GpuReset.label(),
+            (Comeback::Evidence { .. }, None) if episode.attempts > 0 => "backoff",
+            (Comeback::Evidence { .. }, None) => "evidence",
+        }
+        .to_owned(),
+    )
+}
+
 /// The `reason` label of a failure.
 fn failure_label(failure: &Failure) -> String {
     match failure {
@@ -407,6 +447,7 @@ struct HealthLabels {
     uuid: String,
     state: &'static str,
     reason: String,
+    recovery: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -525,7 +566,17 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
     let health = gauge::<HealthLabels>(
         &mut r,
         "mesos_gpu_health",
-        "1 for the GPU's health: state healthy, unhealthy or lost, and the failure's reason",
+        "1 for the GPU's health: state healthy, unhealthy or lost, the failure's reason, and how it comes back (recovery)",
+    );
+    let recoveries = counter::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_health_recoveries",
+        "Times the GPU came back in the pool by itself, on evidence",
+    );
+    let probe_failures = counter::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_health_probe_failures",
+        "Recovery probes of the GPU that failed",
     );
     let xids = counter::<XidLabels>(
         &mut r,
@@ -557,8 +608,13 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
                     uuid: labels.uuid.clone(),
                     state,
                     reason,
+                    recovery: g.recovery.clone().unwrap_or_default(),
                 })
                 .set(1);
+            recoveries.get_or_create(&labels).inc_by(g.recoveries);
+            probe_failures
+                .get_or_create(&labels)
+                .inc_by(g.probe_failures);
         }
         lost.get_or_create(&labels).set(i64::from(rd.lost));
         let set = |family: &Family<GpuLabels, Gauge>, v: Option<i64>| {
@@ -885,6 +941,9 @@ mod tests {
                 },
                 healthy: Some(false),
                 failure: Some("xid_79".to_owned()),
+                recovery: Some("node_reboot".to_owned()),
+                recoveries: 2,
+                probe_failures: 3,
                 xids: BTreeMap::from([(79, 2)]),
                 ecc_double_bit: 1,
                 ..GpuFigures::default()
@@ -898,12 +957,18 @@ mod tests {
         );
         assert!(
             text.contains(
-                r#"mesos_gpu_health{gpu="0",uuid="GPU-a",state="unhealthy",reason="xid_79"} 1"#
+                r#"mesos_gpu_health{gpu="0",uuid="GPU-a",state="unhealthy",reason="xid_79",recovery="node_reboot"} 1"#
             ),
             "{text}"
         );
         assert!(
             text.contains(r#"mesos_gpu_utilization_percent{gpu="0",uuid="GPU-a"} 30"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mesos_gpu_health_recoveries_total{gpu="0",uuid="GPU-a"} 2"#)
+                && text
+                    .contains(r#"mesos_gpu_health_probe_failures_total{gpu="0",uuid="GPU-a"} 3"#),
             "{text}"
         );
         assert!(

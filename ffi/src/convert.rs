@@ -18,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use mesos_gpu_isolator::health::Limitation;
 use mesos_gpu_isolator::lifecycle::{ContainerId, LaunchInfo, PrepareConfig, RecoverState, Usage};
+use mesos_gpu_isolator::sharing::{SHARE_MODE_ENV, Wanted};
 
 use crate::proto::mesos::slave::{
     ContainerClass, ContainerConfig, ContainerLaunchInfo, ContainerLimitation, ContainerMountInfo,
@@ -65,6 +66,43 @@ pub enum ConvertError {
         /// The container.
         container: String,
     },
+    /// A share mode (`MESOS_GPU_SHARE_MODE`) that is not one of the accepted.
+    #[error(
+        "container {container}: {SHARE_MODE_ENV}={got:?}: expected mps, time-slicing, none (whole GPUs) or any"
+    )]
+    ShareMode {
+        /// The container.
+        container: String,
+        /// The value given.
+        got: String,
+    },
+}
+
+/// What the task's environment asks of a sharing node (`MESOS_GPU_SHARE_MODE`): from the task's
+/// command (a command task), else the container's command.
+pub fn requested_sharing(
+    id: &mesos::ContainerId,
+    config: &ContainerConfig,
+) -> Result<Wanted, ConvertError> {
+    let task = config
+        .task_info
+        .as_ref()
+        .and_then(|t| t.command.as_ref())
+        .and_then(|c| c.environment.as_ref());
+    let own = config.command_info.environment.as_ref();
+    let value = task
+        .into_iter()
+        .chain(own)
+        .flat_map(|e| &e.variables)
+        .find(|v| v.name == SHARE_MODE_ENV)
+        .and_then(|v| v.value.clone());
+    match value {
+        None => Ok(Wanted::Any),
+        Some(text) => Wanted::parse(&text).map_err(|_| ConvertError::ShareMode {
+            container: id.to_string(),
+            got: text,
+        }),
+    }
 }
 
 /// The isolator's id of a Mesos container: its dotted form, checked as a cgroup name.
@@ -173,6 +211,7 @@ pub fn prepare_config(
         parent: id.parent.as_deref().map(container_id).transpose()?,
         nested_cgroup: nested_cgroup(id)?,
         capabilities: task_capabilities(config),
+        sharing: requested_sharing(id, config)?,
         ..PrepareConfig::default()
     })
 }

@@ -130,8 +130,17 @@ impl MgpuIsolator {
         // daemon a Docker reservation names whether its container still runs.
         isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
         // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
+        let mut recovery = params.health_recovery.clone();
+        if let Some(r) = &mut recovery {
+            // The default probe is `mesos-gpu gpu probe`: it must open the same driver library.
+            r.probe.env.push((
+                "MESOS_GPU_NVML_LIB".to_owned(),
+                driver.library().display().to_string(),
+            ));
+        }
         let health = MonitorConfig {
             policy: params.health_checks.clone(),
+            recovery,
             ..MonitorConfig::default()
         };
         isolator

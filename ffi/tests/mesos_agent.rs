@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 32] = [
+    let tests: [(&str, &[Need], Test); 34] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -158,6 +158,16 @@ fn main() -> ExitCode {
             v1_docker_image_needing_newer_cuda_fails_saying_so,
         ),
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        (
+            "v1_gpu_comes_back_on_evidence_nobody_marks_it",
+            v1,
+            v1_gpu_comes_back_on_evidence_nobody_marks_it,
+        ),
+        (
+            "v1_exclusive_time_sliced_and_mps_gpus_side_by_side",
+            v1,
+            v1_exclusive_time_sliced_and_mps_gpus_side_by_side,
+        ),
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         ("v1_mig_tasks", v1, || mig_tasks(AgentCgroups::V1)),
@@ -193,7 +203,9 @@ fn main() -> ExitCode {
     let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, need, f)| {
-            let issue = if name.contains("shared_gpus") || name.contains("offer_shares") {
+            let issue = if name.contains("evidence") || name.contains("side_by_side") {
+                28
+            } else if name.contains("shared_gpus") || name.contains("offer_shares") {
                 17
             } else if name.contains("mig") {
                 16
@@ -206,7 +218,12 @@ fn main() -> ExitCode {
             } else {
                 11
             };
-            needs(&host, need, trial(format!("issue_{issue}_{name}"), f))
+            let name = if issue == 28 {
+                name.to_owned()
+            } else {
+                format!("issue_{issue}_{name}")
+            };
+            needs(&host, need, trial(name, f))
         })
         .collect();
     trials.extend(numa_trials(&host));
@@ -321,13 +338,36 @@ const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
 };
 
 impl Cluster {
+    /// [`Cluster::start`] with the agent's `--resources` set to `resources`.
+    fn start_offering(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: &str,
+    ) -> TestResult<Cluster> {
+        Cluster::start_with(cgroups, isolation, setup, Some(resources))
+    }
+
     fn start(
         cgroups: AgentCgroups,
         isolation: &str,
         setup: &ModuleSetup<'_>,
     ) -> TestResult<Cluster> {
-        let (cluster, spec) = Cluster::prepare(cgroups, isolation, setup)?;
-        let (install, sim, dev, scratch, master) = cluster;
+        Cluster::start_with(cgroups, isolation, setup, None)
+    }
+
+    /// A master and an agent; `resources`, when given, replaces the agent's `--resources`.
+    fn start_with(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: Option<&str>,
+    ) -> TestResult<Cluster> {
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, isolation, setup)?;
+        if let Some(resources) = resources {
+            spec.resources = resources.to_owned();
+        }
         let agent = Agent::start(&install, &master, spec)?;
         Ok(Cluster {
             install,
@@ -393,22 +433,46 @@ impl Cluster {
     /// Launches task `name` asking for `gpus` GPUs running the probe; with `wait`, the probe
     /// waits for the file `<scratch>/<name>.go` before probing again and exiting.
     fn launch(&self, name: &str, gpus: u32, wait: bool) -> TestResult<Task> {
+        self.launch_env(name, gpus, wait, &[])
+    }
+
+    fn go_file(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(format!("{name}.go"))
+    }
+
+    /// Launches task `name` as [`Cluster::launch`] with `env` in its environment.
+    fn launch_env(
+        &self,
+        name: &str,
+        gpus: u32,
+        wait: bool,
+        env: &[(&str, &str)],
+    ) -> TestResult<Task> {
         let probe = probe()?;
         let mut command = format!("{} {}", probe.display(), self.dev.path().display());
         if wait {
             command.push_str(&format!(" {}", self.go_file(name).display()));
         }
-        Ok(Task::launch(
+        let mut framework = vec![
+            "--framework_capabilities=GPU_RESOURCES".to_owned(),
+            "--checkpoint".to_owned(),
+        ];
+        if !env.is_empty() {
+            let env: serde_json::Map<String, serde_json::Value> = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+                .collect();
+            framework.push(format!("--env={}", serde_json::Value::Object(env)));
+        }
+        let framework: Vec<&str> = framework.iter().map(String::as_str).collect();
+        Ok(Task::launch_with(
             &self.install,
             &self.master,
             name,
             &format!("cpus:0.1;mem:32;gpus:{gpus}"),
             &command,
+            &framework,
         )?)
-    }
-
-    fn go_file(&self, name: &str) -> PathBuf {
-        self.scratch.path().join(format!("{name}.go"))
     }
 
     /// Lets a waiting probe finish.
@@ -601,18 +665,12 @@ fn shared_gpus(mps: bool) -> TestResult {
         ..EXPLICIT_ROOT
     };
     let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
-    let ((install, sim, dev, scratch, master), mut spec) =
-        Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
-    spec.resources = "cpus:4;mem:4096;gpus:14".into();
-    let agent = Agent::start(&install, &master, spec)?;
-    let mut c = Cluster {
-        install,
-        sim,
-        dev,
-        scratch,
-        master,
-        agent,
-    };
+    let mut c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:14",
+    )?;
     // (task, gpus, share, MPS thread percentage, MPS memory limit of a 16 GiB V100)
     let asks = [
         ("one", 1, "1/4", "25", "0=4040M"),
@@ -1097,6 +1155,300 @@ fn v1_exec_beside_the_agent() -> TestResult {
     c.wait_all_released()
 }
 
+/// The built `mesos-gpu` program (the module's default probe command): `$MESOS_GPU_BIN`, else
+/// in the target directory beside this test.
+fn mesos_gpu_bin() -> TestResult<PathBuf> {
+    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the test has no directory")?;
+    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
+                .into()
+        })
+}
+
+/// Evidence-based recovery in a real agent, nobody running `mark-healthy`. XID 48 takes GPU 6
+/// out for good (it needs a reset); XID 94 takes GPU 7 out while its probe (`mesos-gpu gpu probe`
+/// in a one-GPU cgroup, with a stand-in `libcuda.so.1` whose `cuMemAlloc` fails) fails: a task
+/// asking 7 GPUs is refused. Once the probe passes, GPU 7 is back by itself and a task asking 7
+/// GPUs gets every GPU but 6, which was never probed; the metrics and `gpu health` say so at each
+/// step, and the trial prints them with the agent's log of the transitions.
+fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
+    let cuda = mesos_gpu_testkit::cuda_sim::FakeCuda::build()?;
+    let bin = mesos_gpu_bin()?;
+    let probe_cmd = format!(
+        "{} gpu probe --gpu {{uuid}} --mib 1 --cuda-lib {}",
+        bin.display(),
+        cuda.lib_path().display()
+    );
+    let extra = [
+        ("health_quiet", "1s"),
+        ("health_retry", "1s,4s"),
+        ("health_probe", probe_cmd.as_str()),
+        ("health_probe_timeout", "30s"),
+    ];
+    let setup = ModuleSetup {
+        extra: &extra,
+        ..EXPLICIT_ROOT
+    };
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &setup,
+    )?;
+    let uuids = c.uuids(&[6, 7])?;
+    let work = c.scratch.path().join("module-work");
+    // What the metrics and `gpu health` say of GPUs 6 and 7, printed under `when`.
+    let show = |when: &str| -> TestResult<String> {
+        let body = http_get(c.agent.port(), "/mesos-gpu/metrics")?;
+        let mine: Vec<&str> = body
+            .lines()
+            .filter(|l| {
+                (l.starts_with("mesos_gpu_health{")
+                    || l.starts_with("mesos_gpu_health_recoveries_total")
+                    || l.starts_with("mesos_gpu_health_probe_failures_total"))
+                    && uuids.iter().any(|u| l.contains(u.as_str()))
+            })
+            .collect();
+        let health = std::process::Command::new(&bin)
+            .args(["gpu", "health", "--work-dir"])
+            .arg(&work)
+            .output()?;
+        println!("== {when}\nthe module's metrics (GPUs 6 and 7):");
+        for line in &mine {
+            println!("  {line}");
+        }
+        println!("`mesos-gpu gpu health --work-dir <agent work_dir>`:");
+        for line in String::from_utf8_lossy(&health.stdout).lines() {
+            println!("  {line}");
+        }
+        Ok(body)
+    };
+    let metric = |body: &str, want: String| {
+        check(
+            body.contains(&want),
+            format!("{want} missing from:\n{body}"),
+        )
+    };
+    cuda.set_failing(true)?;
+    c.sim.append_event("xid 6 48");
+    c.sim.append_event("xid 7 94");
+    c.agent.wait_log("XID 48", TASK_TIMEOUT)?;
+    c.agent.wait_log("XID 94", TASK_TIMEOUT)?;
+    c.agent
+        .wait_log("GPU stays out of the pool: the probe failed", TASK_TIMEOUT)?;
+    let out = show("GPU 7's first probe failed")?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="7",uuid="{}",state="unhealthy",reason="xid_94",recovery="backoff"}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
+            uuids[0]
+        ),
+    )?;
+    // Mesos offers 8 GPUs; the module hands out 6: a task asking 7 waits, then is refused.
+    let mut refused = c.launch("refused", 7, false)?;
+    refused.wait_state("TASK_FAILED", Duration::from_secs(120))?;
+    let said = refused.output();
+    println!(
+        "mesos-execute for the refused task printed:\n{}",
+        mesos_gpu_testkit::mesos::tail(&said, 4)
+    );
+    check(
+        said.contains("7 asked") && said.contains("unhealthy"),
+        format!("refused without saying why: {said}"),
+    )?;
+    // The probe passes from now on: GPU 7 comes back by itself, GPU 6 does not.
+    cuda.set_failing(false)?;
+    c.agent
+        .wait_log("GPU is back in the pool by itself", TASK_TIMEOUT)?;
+    let mut granted = c.launch("granted", 7, false)?;
+    granted.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let got = opened(&c.report("granted")?, false);
+    println!("the task asking 7 GPUs after the recovery opened GPUs {got:?}");
+    check(
+        got == (0..8).filter(|&m| m != 6).collect::<BTreeSet<u32>>(),
+        format!("granted task got {got:?}"),
+    )?;
+    let requests = work.join("gpu/health-requests");
+    check(
+        std::fs::read_dir(&requests).map_or(0, |d| d.count()) == 0,
+        "nobody asked the monitor to mark a GPU healthy",
+    )?;
+    let log = c.agent.log();
+    println!("== the agent logged GPUs 6 and 7:");
+    for line in log
+        .lines()
+        .filter(|l| l.contains("gpu=6 ") || l.contains("gpu=7 "))
+    {
+        println!("  {line}");
+    }
+    check(
+        !log.lines().any(|l| {
+            l.contains("gpu=6 ") && (l.contains("GPU recovery") || l.contains("the pool"))
+        }),
+        "GPU 6 (XID 48, needs a reset) was never checked for recovery",
+    )?;
+    let back = show("after GPU 7 came back and the task asking 7 GPUs ran")?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health{{gpu="7",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health_recoveries_total{{gpu="7",uuid="{}"}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
+            uuids[0]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health_probe_failures_total{{gpu="6",uuid="{}"}} 0"#,
+            uuids[0]
+        ),
+    )?;
+    check(
+        !back.contains(&format!(
+            r#"mesos_gpu_health_probe_failures_total{{gpu="7",uuid="{}"}} 0"#,
+            uuids[1]
+        )),
+        "failed probes counted",
+    )?;
+    c.wait_all_released()
+}
+
+/// A mode per GPU in a real agent: GPUs 0-1 shared two ways under MPS, 2-3 two ways under
+/// time-slicing, 4-7 whole (`gpu_sharing=mps,2-3=time-slicing,4-7=none`). Tasks asking one GPU
+/// with `MESOS_GPU_SHARE_MODE` mps, time-slicing and none get, side by side, an MPS share (its
+/// client limits, a daemon started for that GPU only), a time-sliced share (no MPS variable), and
+/// a whole GPU of its own.
+fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
+    let control = MpsControl::install("{}");
+    let program = control.program().display().to_string();
+    let scratch_mps = tempfile::Builder::new().prefix("mgpu-mps").tempdir()?;
+    let mps_root = scratch_mps.path().display().to_string();
+    let extra = [
+        ("gpu_replicas", "2"),
+        ("gpu_sharing", "mps,2-3=time-slicing,4-7=none"),
+        ("mps_control", program.as_str()),
+        ("mps_root", mps_root.as_str()),
+    ];
+    let setup = ModuleSetup {
+        extra: &extra,
+        ..EXPLICIT_ROOT
+    };
+    let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
+    let c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:12",
+    )?;
+    let asks = [("m", "mps"), ("t", "time-slicing"), ("x", "none")];
+    let mut tasks = Vec::new();
+    for (name, mode) in asks {
+        tasks.push(c.launch_env(name, 1, true, &[("MESOS_GPU_SHARE_MODE", mode)])?);
+    }
+    let stop_daemons = || {
+        for r in control.records().iter().filter(|r| r["event"] == "start") {
+            if let Some(pid) = r["daemon_pid"].as_u64() {
+                let _ = std::process::Command::new("kill")
+                    .arg(pid.to_string())
+                    .status();
+            }
+        }
+    };
+    let result = (|| -> TestResult {
+        let mut got = BTreeMap::new();
+        for (name, _) in asks {
+            let text = c
+                .agent
+                .wait_stdout(name, "env CUDA_VISIBLE_DEVICES", TASK_TIMEOUT)?;
+            let report = ProbeReport::parse(&text);
+            let minors = report.gpus(false);
+            expect_exactly(&report, &minors, false)?;
+            let var = |k: &str| {
+                report
+                    .env
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| "(unset)".into())
+            };
+            println!(
+                "task {name}: GPUs {minors:?}, MESOS_GPU_SHARE={}, MESOS_GPU_SHARING={}, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}",
+                var("MESOS_GPU_SHARE"),
+                var("MESOS_GPU_SHARING"),
+                var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            );
+            got.insert(
+                name,
+                (
+                    minors,
+                    var("MESOS_GPU_SHARE"),
+                    var("MESOS_GPU_SHARING"),
+                    var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                ),
+            );
+        }
+        let (m, t, x) = (&got["m"], &got["t"], &got["x"]);
+        check(
+            m.0.len() == 1 && m.0[0] < 2 && m.1 == "1/2" && m.2 == "mps" && m.3 == "50",
+            format!("the MPS task: {m:?}"),
+        )?;
+        check(
+            t.0.len() == 1
+                && (2..4).contains(&t.0[0])
+                && t.1 == "1/2"
+                && t.2 == "time-slicing"
+                && t.3 == "(unset)",
+            format!("the time-sliced task: {t:?}"),
+        )?;
+        check(
+            x.0.len() == 1 && x.0[0] >= 4 && x.1 == "(unset)" && x.3 == "(unset)",
+            format!("the exclusive task: {x:?}"),
+        )?;
+        let started: Vec<String> = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .filter_map(|r| r["env"]["CUDA_VISIBLE_DEVICES"].as_str().map(str::to_owned))
+            .collect();
+        check(
+            started == c.uuids(&[m.0[0]])?,
+            format!("one MPS daemon, for the MPS task's GPU: {started:?}"),
+        )
+    })();
+    stop_daemons();
+    result?;
+    for (i, (name, _)) in asks.iter().enumerate() {
+        c.release(name)?;
+        tasks[i].wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    c.wait_all_released()
+}
+
 /// With all 8 GPUs held, Mesos offers no GPU: a `gpus:1` task stays pending and so does a
 /// `gpus:9` task on the 8-GPU agent (`mesos-execute` declines an offer that does not hold all it
 /// asks for and suppresses further offers, `cli/execute.cpp` 515, 624-641, so both stay pending
@@ -1518,7 +1870,9 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
         r#"mesos_gpu_allocator_gpus{state="free"} 8"#.to_owned(),
         r#"mesos_gpu_allocator_gpus{state="quarantined"} 0"#.to_owned(),
         r#"mesos_gpu_allocator_refusals_total{reason="not_enough"} 0"#.to_owned(),
-        format!(r#"mesos_gpu_health{{gpu="0",uuid="{uuid}",state="healthy",reason=""}} 1"#),
+        format!(
+            r#"mesos_gpu_health{{gpu="0",uuid="{uuid}",state="healthy",reason="",recovery=""}} 1"#
+        ),
         "mesos_gpu_health_events_total".to_owned(),
     ] {
         check(

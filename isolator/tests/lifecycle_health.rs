@@ -25,7 +25,7 @@ use mesos_gpu_isolator::lifecycle::{
     SharingConfig,
 };
 use mesos_gpu_isolator::sharing::mps::MpsConfig;
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_isolator::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use serde_json::{Value, json};
@@ -469,7 +469,7 @@ fn share_holders_usage_and_failure(version: CgroupVersion) -> TestResult {
         role: PoolRole::Agent,
     });
     setup.config.sharing = Some(SharingConfig {
-        spec: SharingSpec::parse("1,0=2", SharingMode::TimeSlicing)?,
+        spec: SharingSpec::parse("1,0=2", ModeSpec::uniform(SharingMode::TimeSlicing))?,
         mps: MpsConfig::new(setup.work.path().join("mps")),
     });
     let iso = isolator(&node, &setup, &[])?;

@@ -31,7 +31,7 @@ use mesos_gpu_isolator::lifecycle::{
 };
 use mesos_gpu_isolator::pool::Pool;
 use mesos_gpu_isolator::sharing::mps::MpsConfig;
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_isolator::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{ALLOWED, DENIED, Mode, Probe};
@@ -94,7 +94,7 @@ fn shared(
         role,
     });
     config.sharing = Some(SharingConfig {
-        spec: SharingSpec::parse(SPEC, mode)?,
+        spec: SharingSpec::parse(SPEC, ModeSpec::uniform(mode))?,
         mps,
     });
     Ok(config)
@@ -505,7 +505,10 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
                 mps(),
             )?;
             c.sharing = Some(SharingConfig {
-                spec: SharingSpec::parse("4,0=1,2=1,3=1,4=1,5=1,6=1,7=1", SharingMode::Mps)?,
+                spec: SharingSpec::parse(
+                    "4,0=1,2=1,3=1,4=1,5=1,6=1,7=1",
+                    ModeSpec::uniform(SharingMode::Mps),
+                )?,
                 mps: mps(),
             });
             c

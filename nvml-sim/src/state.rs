@@ -19,8 +19,8 @@ use mesos_gpu_os::error_chain;
 
 use crate::abi::{INIT_FLAG_NO_GPUS, NvmlComputeInstance, NvmlDevice, NvmlGpuInstance};
 use crate::config;
-use crate::events::{EventLog, EventsError};
-use crate::node::{EccCounts, Node};
+use crate::events::{EventKind, EventLog, EventsError};
+use crate::node::{EccCounts, Node, RemappedRows};
 use crate::status::NvmlError;
 
 /// The environment variable naming the node description file.
@@ -44,6 +44,12 @@ pub(crate) struct GpuState {
     token: Box<Token>,
     pub(crate) lost: bool,
     pub(crate) ecc: Option<EccCounts>,
+    /// The driver's recovery action now (`None`: the field is not supported).
+    pub(crate) recovery_action: Option<u32>,
+    /// The row remapper now (`None`: not supported).
+    pub(crate) remapped_rows: Option<RemappedRows>,
+    /// Pages pending retirement now (`None`: not supported).
+    pub(crate) retired_pages_pending: Option<bool>,
     /// MIG device handles, one per [`crate::mig::Mig::devices`] entry. Never resized, so each
     /// (non-zero-sized) element keeps its address, which is the handle.
     mig_tokens: Vec<Token>,
@@ -104,6 +110,9 @@ impl Sim {
                     token: Box::new(Token { _index: i }),
                     lost: g.lost,
                     ecc: g.ecc,
+                    recovery_action: g.recovery_action,
+                    remapped_rows: g.remapped_rows,
+                    retired_pages_pending: g.retired_pages_pending,
                     mig_tokens: tokens(devices),
                     gi_tokens: tokens(gis),
                     ci_tokens: tokens(devices),
@@ -229,6 +238,30 @@ impl Sim {
     fn poll_events_strict(&mut self) -> Result<(), EventsError> {
         let gpus = &self.node.gpus;
         let lines = self.events.read_new(gpus.len(), |event| {
+            let gpu = &gpus[event.gpu];
+            match event.kind {
+                EventKind::RecoveryAction(_) if gpu.recovery_action.is_none() => {
+                    return Err(format!(
+                        "GPU {} has no recovery action field (give it `recovery_action` in the node description)",
+                        event.gpu
+                    ));
+                }
+                EventKind::RemapPending | EventKind::RemapFailure
+                    if gpu.remapped_rows.is_none() =>
+                {
+                    return Err(format!(
+                        "GPU {} has no row remapper (give it `remapped_rows` in the node description)",
+                        event.gpu
+                    ));
+                }
+                EventKind::RetirePending if gpu.retired_pages_pending.is_none() => {
+                    return Err(format!(
+                        "GPU {} has no page retirement (give it `retired_pages_pending` in the node description)",
+                        event.gpu
+                    ));
+                }
+                _ => {}
+            }
             let Some((gi, ci)) = event.mig else {
                 return Ok(());
             };

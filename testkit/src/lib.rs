@@ -7,6 +7,7 @@
 //! without running.
 #![forbid(unsafe_code)]
 
+pub mod cuda_sim;
 pub mod dockerd;
 pub mod mesos;
 pub mod modes;

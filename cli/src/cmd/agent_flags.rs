@@ -34,7 +34,7 @@ use mesos_gpu_isolator::agent_flags::{
 use mesos_gpu_isolator::cgroup::{CgroupLayout, CgroupVersion};
 use mesos_gpu_isolator::inventory::Inventory;
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
-use mesos_gpu_isolator::sharing::{self, SharingMode, SharingSpec};
+use mesos_gpu_isolator::sharing::{self, SharingSpec};
 
 use crate::ctx::Ctx;
 use crate::simulate;
@@ -46,6 +46,7 @@ use crate::simulate;
     mesos-gpu agent-flags --simulate dgx-a100-mig --mig-strategy mixed\n  \
     mesos-gpu agent-flags --module-param driver_volume=build --module-param health_checks=all\n  \
     mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4 --gpu-sharing mps,4-5=time-slicing,6-7=none\n  \
     mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n\n\
     Without --isolation the flags load mesos-gpu's module (org_apache_mesos_gpu_MesosGpuIsolator) and end with\n\
     --modules, the module's parameters matching the advertised GPUs; `eval` them into the agent's command line\n\
@@ -91,14 +92,18 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
-    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
+    /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. Give the
+    /// module the same spec (parameter `gpu_sharing`).
     #[arg(
         long,
-        value_name = "MODE",
+        value_name = "SPEC",
         default_value = "time-slicing",
-        requires = "gpu_replicas"
+        requires = "gpu_replicas",
+        value_parser = super::parse_modes
     )]
-    gpu_sharing: SharingMode,
+    gpu_sharing: String,
 
     /// The module's `work_dir`.
     #[command(flatten)]
@@ -290,7 +295,7 @@ fn advertise(
              give MIG devices whole or turn MIG mode off"
         ),
         Some(spec) => {
-            let plan = SharingSpec::parse(spec, args.gpu_sharing)?;
+            let plan = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
             let shared = sharing::offer::advertise(&resolved, inventory, &plan)?.0;
             let module_note = if module {
                 String::new()

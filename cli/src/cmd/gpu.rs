@@ -1,4 +1,6 @@
-//! `mesos-gpu gpu health`, `mesos-gpu gpu mark-healthy <index|uuid>`, and the node's GPU pool:
+//! `mesos-gpu gpu health`, `mesos-gpu gpu mark-healthy <index|uuid>`, `mesos-gpu gpu probe`
+//! (the health monitor's default probe: NVML and CUDA checks of one GPU, read-only), and the
+//! node's GPU pool:
 //! `mesos-gpu gpu list` (who holds what, since when, whether the owner is still there, why a
 //! GPU is quarantined or unhealthy) and `mesos-gpu gpu release <owner>|--dead`.
 //!
@@ -21,9 +23,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
+use mesos_gpu_isolator::health::gpu_check::{CheckOptions, DEFAULT_CUDA_LIB, check_gpu};
 use mesos_gpu_isolator::health::{
-    GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore,
+    Comeback, GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore, ProbeCgroup,
+    ProbeConfig, ProbeTarget, RecoveryRecord, probe::run_probe,
 };
+use mesos_gpu_isolator::inventory::Gpu;
 
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::pool::{Host, Listing, Pool};
@@ -58,6 +63,15 @@ enum GpuCommand {
         mesos-gpu gpu list --pool-dir /var/lib/mesos-gpu"
     )]
     List(ListArgs),
+    /// Check GPUs through NVML and the CUDA driver API, step by step: what the health monitor's
+    /// default probe runs before a GPU comes back by itself. Reads and allocates only; changes
+    /// no GPU setting. Exits 1 when a step fails.
+    #[command(after_help = "Examples:\n  mesos-gpu gpu probe --gpu 0\n  \
+        mesos-gpu gpu probe                            # every GPU in turn\n  \
+        mesos-gpu gpu probe --gpu GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --cuda-lib /usr/lib64/libcuda.so.1\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated         # in a one-GPU cgroup, as the monitor runs it (root)\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated --command '/usr/local/bin/check-gpu {index}'")]
+    Probe(ProbeArgs),
     /// Give back the GPUs of an owner that is gone (`gpu list` shows it dead), or of every dead
     /// owner with --dead. An owner still alive, or that cannot be checked, is refused unless
     /// --force.
@@ -92,6 +106,37 @@ struct ReleaseArgs {
 }
 
 #[derive(clap::Args)]
+struct ProbeArgs {
+    /// The GPU: NVML index (`3`) or UUID (`GPU-…`); every GPU when not given.
+    #[arg(long, value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
+    gpu: Option<GpuRef>,
+    /// The CUDA driver library (its absence skips the CUDA steps).
+    #[arg(long, value_name = "PATH", env = "MESOS_GPU_CUDA_LIB", default_value = DEFAULT_CUDA_LIB)]
+    cuda_lib: std::ffi::OsString,
+    /// MiB the CUDA steps allocate, write and read back.
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    mib: u32,
+    /// Give up (exit 2) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout: u64,
+    /// Run the probe as the health monitor does: in a device cgroup of its own that allows
+    /// this GPU alone (needs root).
+    #[arg(long)]
+    isolated: bool,
+    /// With --isolated: the probe command (`{uuid}`, `{index}` replaced), as the module
+    /// parameter `health_probe`; default: this program's own checks.
+    #[arg(long, value_name = "CMD", requires = "isolated")]
+    command: Option<String>,
+    /// With --isolated: the parent of the probe's cgroup (the agent's `--cgroups_root`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "mesos",
+        requires = "isolated"
+    )]
+    cgroups_root: String,
+}
+
 struct HealthArgs {
     #[command(flatten)]
     store: super::AgentWorkDirCompatArgs,
@@ -117,6 +162,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         GpuCommand::Health(a) => health(a, ctx),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
         GpuCommand::List(a) => list(a, ctx),
+        GpuCommand::Probe(a) => probe(a, ctx),
         GpuCommand::Release(a) => release(a),
     }
 }
@@ -421,8 +467,199 @@ fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 xids
             )?,
         }
+        print_recovery(&g.recovery, g.index);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How a GPU out of the pool comes back, its last check, and its recovery history.
+fn print_recovery(r: &RecoveryRecord, index: u32) {
+    if let Some(e) = &r.episode {
+        match e.comeback {
+            Comeback::Evidence { class } => {
+                println!("     comes back by itself on evidence ({class} quiet time)");
+            }
+            Comeback::Reset { remedy } => println!("     {}", remedy.describe(index)),
+        }
+        if let Some(asks) = &e.driver_asks {
+            println!("     the driver asks for {asks}: it stays out until that is done");
+        }
+        if !e.findings.is_empty() {
+            let next = if e.next_try_ms == 0 {
+                String::new()
+            } else {
+                format!(", next in {}", until(e.next_try_ms))
+            };
+            println!("     last check (failed attempts {}{next}):", e.attempts);
+            for f in &e.findings {
+                println!("       {f}");
+            }
+        }
+    }
+    if r.recoveries > 0 || r.probe_failures > 0 || r.flaps > 0 {
+        println!(
+            "     history: {} automatic recovery(ies), {} failed probe(s){}",
+            r.recoveries,
+            r.probe_failures,
+            if r.flaps > 0 {
+                format!(
+                    ", FLAPPING: {} recovery(ies) in a row failed again within the hour (quiet time doubled each time)",
+                    r.flaps
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// `in 42s` for a time in ms since the epoch (`now` when past).
+fn until(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    match ms.saturating_sub(now) / 1000 {
+        0 => "now".to_owned(),
+        s if s < 120 => format!("{s}s"),
+        s => format!("{}m", s / 60),
+    }
+}
+
+fn probe(args: &ProbeArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let Some(driver) = ctx.driver()? else {
+        bail!(
+            "no NVIDIA driver on this node ({}): nothing to probe",
+            ctx.inventory()?
+                .absent_reason
+                .as_deref()
+                .unwrap_or("NVML is not available")
+        );
+    };
+    let gpus: Vec<&Gpu> = match &args.gpu {
+        None => driver.inventory().gpus.iter().collect(),
+        Some(r) => vec![
+            driver
+                .inventory()
+                .gpus
+                .iter()
+                .find(|g| match r {
+                    GpuRef::Index(i) => g.index == *i,
+                    GpuRef::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
+                })
+                .with_context(|| {
+                    format!(
+                        "GPU {r} is not on this node (GPUs: {})",
+                        driver
+                            .inventory()
+                            .gpus
+                            .iter()
+                            .map(|g| format!("{} {}", g.index, g.uuid))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?,
+        ],
+    };
+    // A hung driver call must not hang the operator's shell.
+    let timeout = Duration::from_secs(args.timeout);
+    std::thread::spawn(move || {
+        std::thread::sleep(timeout);
+        eprintln!(
+            "mesos-gpu gpu probe: timed out after {}s; a driver call did not return",
+            timeout.as_secs()
+        );
+        std::process::exit(2);
+    });
+    let mut passed = true;
+    for gpu in gpus {
+        println!("GPU {} ({}) {}", gpu.index, gpu.uuid, gpu.name);
+        let ok = if args.isolated {
+            probe_isolated(args, ctx, driver, gpu)?
+        } else {
+            let options = CheckOptions {
+                cuda_lib: args.cuda_lib.clone(),
+                bytes: usize::try_from(args.mib).unwrap_or(64) << 20,
+            };
+            check_gpu(driver, gpu, &options, &mut |step| println!("  {step}"))
+        };
+        println!(
+            "GPU {} ({}) {}",
+            gpu.index,
+            gpu.uuid,
+            if ok { "passed" } else { "FAILED" }
+        );
+        passed &= ok;
+    }
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The probe as the monitor runs it: a command in a one-GPU cgroup of its own.
+fn probe_isolated(
+    args: &ProbeArgs,
+    ctx: &Ctx,
+    driver: &mesos_gpu_isolator::discovery::GpuDriver,
+    gpu: &Gpu,
+) -> anyhow::Result<bool> {
+    let dev_root = ctx
+        .dev_root()
+        .context("--isolated needs the device nodes: pass --dev-root DIR on a simulated node")?;
+    let nodes = mesos_gpu_isolator::devices::DeviceNodes::scan(dev_root, driver.inventory())
+        .with_context(|| format!("cannot read the device nodes under {}", dev_root.display()))?;
+    let hierarchy = mesos_gpu_isolator::cgroup::CgroupLayout::detect()
+        .context("cannot find a device cgroup hierarchy")?;
+    let layout = mesos_gpu_isolator::cgroup::CgroupLayout::new(
+        mesos_gpu_isolator::cgroup::Hierarchy {
+            version: hierarchy.version(),
+            mount: hierarchy.mount().to_owned(),
+        },
+        &args.cgroups_root,
+    )?;
+    let argv = match &args.command {
+        Some(text) => ProbeConfig::parse_command(text)?,
+        None => {
+            let me = std::env::current_exe().context("cannot find this program")?;
+            vec![
+                me.display().to_string(),
+                "gpu".into(),
+                "probe".into(),
+                "--gpu".into(),
+                "{uuid}".into(),
+                "--mib".into(),
+                args.mib.to_string(),
+                "--cuda-lib".into(),
+                args.cuda_lib.to_string_lossy().into_owned(),
+            ]
+        }
+    };
+    let mut config = ProbeConfig::command(argv);
+    config.timeout = Duration::from_secs(args.timeout);
+    config.env.push((
+        "MESOS_GPU_NVML_LIB".to_owned(),
+        driver.library().display().to_string(),
+    ));
+    config.cgroup = Some(ProbeCgroup {
+        layout,
+        base: mesos_gpu_isolator::cgroup::default_whitelist(),
+        nodes,
+    });
+    println!("  running `{}` in a one-GPU cgroup", config.describe());
+    let outcome = run_probe(
+        &config,
+        &ProbeTarget {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            minor: gpu.minor,
+        },
+    );
+    for line in outcome.output.lines() {
+        println!("  | {line}");
+    }
+    println!("  {}", outcome.detail);
+    Ok(outcome.passed)
 }
 
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -500,6 +737,7 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
         .cloned()
         .ok_or_else(|| unknown_gpu(gpu, &snapshot, &path))?;
     refuse_if_lost(ctx, gpu, &record)?;
+    let missing = record.recovery.missing();
     if snapshot.mark_healthy(gpu)? {
         store.save(&snapshot)?;
         writeln!(
@@ -508,6 +746,9 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
             record.uuid,
             path.display()
         )?;
+        if !missing.is_empty() {
+            writeln!(out, "the evidence that was missing: {}", missing.join("; "))?;
+        }
     } else {
         writeln!(out, "GPU {gpu} ({}) is already healthy", record.uuid)?;
     }
@@ -533,9 +774,10 @@ fn unknown_gpu(gpu: &GpuRef, snapshot: &HealthSnapshot, path: &std::path::Path) 
     )
 }
 
-/// Refuses when NVML (the host's driver, or `--simulate`) still reports the GPU lost. The GPU
-/// is looked up by the checkpoint's UUID (indices can change across reboots), else by its
-/// checkpointed index. Without a driver there is nothing to ask, and nothing to hand it to.
+/// Refuses when NVML (the host's driver, or `--simulate`) still reports the GPU lost, or the
+/// driver asks for a reset or reboot. The GPU is looked up by the checkpoint's UUID (indices can
+/// change across reboots), else by its checkpointed index. Without a driver there is nothing to
+/// ask, and nothing to hand it to.
 fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result<()> {
     let Some(driver) = ctx.driver()? else {
         return Ok(());
@@ -549,6 +791,13 @@ fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result
     if driver.reports_lost(index) {
         return Err(HealthError::StillLost {
             gpu: gpu.to_string(),
+        }
+        .into());
+    }
+    if let Some(asks) = mesos_gpu_isolator::health::driver_evidence(driver, index).asks() {
+        return Err(HealthError::DriverAsks {
+            gpu: gpu.to_string(),
+            asks,
         }
         .into());
     }

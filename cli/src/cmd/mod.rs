@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use mesos_gpu_isolator::lifecycle::SharingConfig;
 use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 use mesos_gpu_isolator::sharing::mps::{self, ComputeModes, MpsConfig};
-use mesos_gpu_isolator::sharing::{SharingMode, SharingSpec};
+use mesos_gpu_isolator::sharing::{ModeSpec, SharingSpec};
 
 use crate::ctx::Ctx;
 
@@ -91,14 +91,17 @@ pub(crate) struct SharingArgs {
     #[arg(long, value_name = "SPEC", env = "MESOS_GPU_REPLICAS")]
     pub(crate) gpu_replicas: Option<String>,
 
-    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
+    /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`.
     #[arg(
         long,
-        value_name = "MODE",
+        value_name = "SPEC",
         env = "MESOS_GPU_SHARING",
-        default_value = "time-slicing"
+        default_value = "time-slicing",
+        value_parser = parse_modes
     )]
-    pub(crate) gpu_sharing: SharingMode,
+    pub(crate) gpu_sharing: String,
 
     /// Under mps: where each shared GPU's daemon gets its `<uuid>/pipe` and `<uuid>/log`.
     #[arg(long, value_name = "DIR", default_value = mps::DEFAULT_ROOT)]
@@ -116,7 +119,7 @@ impl SharingArgs {
         let Some(spec) = &self.gpu_replicas else {
             return Ok(None);
         };
-        let spec = SharingSpec::parse(spec, self.gpu_sharing)?;
+        let spec = SharingSpec::parse(spec, self.gpu_sharing.parse()?)?;
         let mut mps = MpsConfig::new(&self.mps_root);
         mps.program.clone_from(&self.mps_control);
         mps.compute_modes = ctx
@@ -124,6 +127,13 @@ impl SharingArgs {
             .map(|d| std::sync::Arc::clone(d) as std::sync::Arc<dyn ComputeModes>);
         Ok(Some(SharingConfig { spec, mps }))
     }
+}
+
+/// Checks a `--gpu-sharing` spec, keeping its text.
+pub(crate) fn parse_modes(text: &str) -> Result<String, String> {
+    text.parse::<ModeSpec>()
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The node's one GPU pool, shared by the agent's module and every command that reserves GPUs.

@@ -290,6 +290,11 @@ impl GpuDriver {
         &self.inventory
     }
 
+    /// The NVML library this session loaded (a path, or the name the loader searched for).
+    pub fn library(&self) -> &Path {
+        &self.lib
+    }
+
     /// The NVML session (health events, usage and status figures).
     pub(crate) fn nvml(&self) -> &Nvml {
         &self.nvml

@@ -1,6 +1,9 @@
-//! GPU health: which NVML events count (`policy`), the per-GPU state with its quiet period
-//! (`state`), the event loop (`monitor`), the checkpoint and operator requests
-//! (`store`), and the glue to the allocator and `watch` (`watch`).
+//! GPU health: which NVML events count (`policy`), what each XID means and how its GPU comes
+//! back (`xid`, the XID policy table), the per-GPU state (`state`), evidence-based recovery
+//! (`recovery`: the checks; `evidence`: what the driver says; `probe`: the active probe run in a
+//! one-GPU cgroup; `gpu_check`: what `mesos-gpu gpu probe` checks), the event loop
+//! (`monitor`), the checkpoint and operator requests (`store`), and the glue to the allocator
+//! and `watch` (`watch`).
 //!
 //! GPUs fail far more often than CPUs (XID errors, ECC errors, GPUs falling off the bus);
 //! Mesos hands a broken GPU to the next task. Here a failure takes the GPU out of the free pool
@@ -10,8 +13,12 @@
 //! the allocator's lock, calls [`apply_to_allocator`] and resolves the returned
 //! [`Limitation`] in a [`Limitations`] registry that `watch(container)` waits on.
 
+mod evidence;
+pub mod gpu_check;
 mod monitor;
 mod policy;
+pub mod probe;
+mod recovery;
 mod state;
 mod store;
 mod watch;
@@ -20,11 +27,18 @@ mod xid;
 use std::io;
 use std::path::PathBuf;
 
+pub use evidence::read as driver_evidence;
 pub use monitor::{ChangeCallback, HealthMonitor, LoopStats, MonitorConfig};
 pub use policy::{HealthPolicy, PolicyError};
+pub use probe::{ProbeCgroup, ProbeConfig, ProbeError, ProbeOutcome, ProbeTarget};
+pub use recovery::{
+    Baseline, Check, DriverEvidence, Episode, Finding, QuietTimes, Reading, RecoveryConfig,
+    RecoveryError, RecoveryRecord, RemappedRows, parse_duration, recovery_action_words,
+};
 pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot};
 pub use store::HealthStore;
 pub use watch::{Limitation, Limitations, apply_to_allocator};
+pub use xid::{Comeback, EventClass, Remedy, XID_RULES, XidRule, xid_rule};
 
 /// Why a health operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +59,17 @@ pub enum HealthError {
     StillLost {
         /// The GPU as given.
         gpu: String,
+    },
+    /// The operator asked to mark healthy a GPU whose driver asks for a reset or reboot.
+    #[error(
+        "GPU {gpu}: the driver asks for {asks} (NVML's GPU recovery action); do that first \
+         (`nvidia-smi -r -i <index>` once no process uses it, or reboot), then mark it healthy"
+    )]
+    DriverAsks {
+        /// The GPU as given.
+        gpu: String,
+        /// What the driver asks for (`a GPU reset`).
+        asks: String,
     },
     /// Text that names no GPU.
     #[error(

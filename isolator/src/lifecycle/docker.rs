@@ -213,7 +213,13 @@ impl Isolator {
         }
         self.refuse_blind(id, request, STEP)?;
         let (set, grant, mig) = if self.inventory.mig.devices.is_empty() {
-            let (set, grant) = self.take_units(&mut state, id, request.gpus, STEP)?;
+            let (set, grant) = self.take_units(
+                &mut state,
+                id,
+                request.gpus,
+                STEP,
+                crate::sharing::Wanted::Any,
+            )?;
             (set, grant, Vec::new())
         } else {
             let (set, mig) = self.take_with_mig(&mut state, id, request, STEP)?;

@@ -43,6 +43,16 @@ pub enum LifecycleError {
         /// What the whole GPUs are doing.
         whole: crate::pool::Shortage,
     },
+    /// A request for a share mode no GPU of the node is shared under (`MESOS_GPU_SHARE_MODE`).
+    #[error("cannot {step} container {container}: {placement}")]
+    ShareMode {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// What was asked, and the node's modes.
+        placement: Box<crate::sharing::PlacementError>,
+    },
     /// A MIG request that cannot be served.
     #[error("cannot {step} container {container}")]
     Mig {

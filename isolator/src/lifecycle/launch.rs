@@ -57,6 +57,9 @@ pub struct PrepareConfig {
     pub mig: std::collections::BTreeMap<crate::mig::MigKind, u32>,
     /// The capabilities the task runs with (CAP_SYS_ADMIN is refused with MIG devices).
     pub capabilities: Vec<String>,
+    /// On a node sharing GPUs: any share, a share under one mode, or whole GPUs (the task's
+    /// `MESOS_GPU_SHARE_MODE`).
+    pub sharing: crate::sharing::Wanted,
 }
 
 /// Why a bind mount is there.

@@ -76,7 +76,8 @@ use crate::devices::DeviceNodes;
 use crate::health::Limitations;
 use crate::inventory::{Gpu, Inventory};
 use checkpoint::Store;
-use launch::{allow_list, launch_info};
+pub(crate) use launch::allow_list;
+use launch::launch_info;
 use pinning::Pinner;
 use placement::PlacedCgroup;
 use state::{Container, State};
@@ -221,7 +222,8 @@ impl Isolator {
         }
         self.refuse_blind(id, &config, STEP)?;
         let (gpus, share, mig) = if self.inventory.mig.devices.is_empty() {
-            let (gpus, share) = self.take_units(&mut state, id, config.gpus, STEP)?;
+            let (gpus, share) =
+                self.take_units(&mut state, id, config.gpus, STEP, config.sharing)?;
             (gpus, share, Vec::new())
         } else {
             let (gpus, mig) = self.take_with_mig(&mut state, id, &config, STEP)?;

@@ -466,6 +466,9 @@ impl Isolator {
         state.tx = std::mem::take(&mut guard.tx);
         if let Some(tx) = state.tx.get_mut().take() {
             self.mark_elsewhere(&mut state, &tx.state);
+            if let Some(sharing) = &self.sharing {
+                sharing.report_mode_changes(&tx.state);
+            }
             *state.tx.get_mut() = Some(tx);
         }
         *guard = state;

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::placement::{Placement, PlacementError, ShareBook, ShareGrant};
+use super::placement::{Placement, PlacementError, ShareBook, ShareGrant, Wanted};
 use super::plan::SharingPlan;
 use crate::pool::{Host, Owner, PoolState, Transaction};
 
@@ -28,7 +28,7 @@ pub struct ShareReservation {
 pub fn book(state: &PoolState, plan: &SharingPlan) -> ShareBook {
     let mut book = ShareBook::new(plan);
     for (id, share) in &state.shares {
-        if !book.record(id, &share.grant.uuid, share.grant.units) {
+        if !book.record(id, &share.grant.uuid, share.grant.units, share.grant.mode) {
             tracing::warn!(owner = %id, gpu = %share.grant.uuid, "a recorded share is on a GPU that is no longer shared; it stays recorded until its owner ends");
         }
     }
@@ -60,7 +60,7 @@ pub fn reserve(
 ) -> Result<ShareGrant, PlacementError> {
     crate::pool::reconcile(&mut tx.state, host, None);
     let mut book = book(&tx.state, plan);
-    let grant = book.place(id, units, Placement::Pack)?;
+    let grant = book.place(id, units, Placement::Pack, Wanted::Any)?;
     tx.state.shares.insert(
         id.to_owned(),
         ShareReservation {
@@ -87,10 +87,10 @@ mod tests {
     use super::*;
     use crate::allocator::nodes::dgx1_v100;
     use crate::pool::{Pool, Reservation};
-    use crate::sharing::plan::{SharingMode, SharingSpec};
+    use crate::sharing::plan::{ModeSpec, SharingMode, SharingSpec};
 
     fn plan() -> SharingPlan {
-        SharingSpec::parse("2", SharingMode::TimeSlicing)
+        SharingSpec::parse("2", ModeSpec::uniform(SharingMode::TimeSlicing))
             .unwrap()
             .resolve(&dgx1_v100().inventory(), &[0, 1])
             .unwrap()
@@ -147,7 +147,8 @@ mod tests {
         let err = reserve(&mut tx, &plan, &host, "h", "c", me(&host), 1).unwrap_err();
         assert!(err.to_string().contains("reserved whole by whole"), "{err}");
         assert!(
-            err.to_string().contains(&format!("{}: 0/2", uuids[0])),
+            err.to_string()
+                .contains(&format!("{} (time-slicing): 0/2", uuids[0])),
             "{err}"
         );
         // A shared GPU with holders is held for whole-GPU reservations.

@@ -11,6 +11,7 @@ pub mod compute;
 pub mod device;
 pub mod event;
 pub mod mig;
+pub mod recovery;
 pub mod system;
 pub mod telemetry;
 pub mod topology;
@@ -95,6 +96,9 @@ pub(crate) const DEVICE_FUNCTIONS: &[&str] = &[
     "nvmlGpuInstanceGetComputeInstances",
     "nvmlGpuInstanceGetComputeInstanceById",
     "nvmlComputeInstanceGetInfo_v2",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
 ];
 
 /// Runs an entry point's body, mapping its outcome (or a panic) to an `nvmlReturn_t`.
@@ -310,6 +314,7 @@ mod tests {
             include_str!("device.rs"),
             include_str!("event.rs"),
             include_str!("system.rs"),
+            include_str!("recovery.rs"),
             include_str!("telemetry.rs"),
             include_str!("topology.rs"),
         ]

@@ -256,6 +256,31 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
             .map(|ps| ps.iter().map(|p| (p.pid, p.used_memory)).collect()),
         ecc,
         lost: spec.lost,
+        recovery_action: spec
+            .recovery_action
+            .as_deref()
+            .map(|name| {
+                crate::node::recovery_action(name).map_err(|_| ConfigError::Field {
+                    field: at("recovery_action"),
+                    value: name.to_owned(),
+                    expected: format!(
+                        "one of {}",
+                        crate::node::RECOVERY_ACTIONS
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+            })
+            .transpose()?,
+        remapped_rows: spec.remapped_rows.map(|r| crate::node::RemappedRows {
+            correctable: r.correctable,
+            uncorrectable: r.uncorrectable,
+            pending: r.pending,
+            failure: r.failure,
+        }),
+        retired_pages_pending: spec.retired_pages_pending,
         fail: fail_map(&format!("GPU {}", spec.index), &spec.fail, DEVICE_FUNCTIONS)?,
         uuid: spec.uuid,
         name: spec.name,
