@@ -137,6 +137,7 @@ struct ProbeArgs {
     cgroups_root: String,
 }
 
+#[derive(clap::Args)]
 struct HealthArgs {
     #[command(flatten)]
     store: super::AgentWorkDirCompatArgs,
