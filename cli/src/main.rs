@@ -7,9 +7,6 @@
 //! clap value parser (`--gpus`, GPU names, container ids, volume holders, versions).
 #![forbid(unsafe_code)]
 
-// The check `mesos-gpu doctor` is to run on a node's files; until then only its tests use it.
-#[cfg(test)]
-mod agreement;
 mod cmd;
 mod ctx;
 mod numa;

@@ -226,9 +226,9 @@ const MODULES: &str = r#"{"libraries": [{"file": "/usr/lib/mesos/modules/libmeso
     {"key": "pool_dir", "value": "/var/lib/mesos-gpu"},
     {"key": "volume_root", "value": "VOLUMES"}]},
   {"name": "org_apache_mesos_gpu_MesosGpuDockerHook", "parameters": [
-    {"key": "docker_args", "value": "/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu --work-dir /var/run/mesos-gpu --volume-root VOLUMES"}]}]}]}"#;
+    {"key": "docker_args", "value": "/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu --volume-root VOLUMES"}]}]}]}"#;
 
-const WRAPPER: &str = "#!/bin/sh\nexec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n  --pool-dir /var/lib/mesos-gpu --work-dir /var/run/mesos-gpu -- \"$@\"\n";
+const WRAPPER: &str = "#!/bin/sh\nexec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n  --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu -- \"$@\"\n";
 
 impl Scratch {
     fn config(&self, modules: &str, wrapper: &str) -> Vec<String> {
@@ -417,7 +417,8 @@ fn disagreeing_directories() -> TestResult {
 }
 
 /// The shipped unit (`examples/systemd/mesos-gpu.service`) with a defaults file whose serve
-/// flags agree with [`MODULES`] and [`WRAPPER`] on the directories, plus `extra` lines.
+/// flags agree with [`MODULES`] and [`WRAPPER`] on the directories (the Docker records under
+/// `--work-dir`, the old name of `--docker-state-dir`), plus `extra` lines.
 fn serve_config(s: &Scratch, opts: &str, extra: &str) -> Vec<String> {
     let mut config = s.config(MODULES, WRAPPER);
     let unit = include_str!("../../examples/systemd/mesos-gpu.service");
@@ -435,7 +436,7 @@ fn serve_config(s: &Scratch, opts: &str, extra: &str) -> Vec<String> {
     config
 }
 
-/// The module, the hook and the wrapper read `/dev`; serve (its defaults file) another root.
+/// The module and the hook read `/dev`; serve (its defaults file) another root.
 fn serve_on_another_dev_root() -> TestResult {
     let s = Scratch::new();
     let agreeing = serve_config(&s, "", "");

@@ -13,8 +13,8 @@
 //!   driver (ELF, version-checked), its root is not `noexec`, a built one is intact;
 //! - `directories`: the pool, Docker reservations, volume and agent work directories, the NVML
 //!   library and the device root agree across the module's `modules.json`, the Docker hook's
-//!   command line, the `--docker` wrapper (`mesos-gpu-docker`), and `serve`'s unit and
-//!   `/etc/default/mesos-gpu`;
+//!   command line, the `--docker` wrapper (`mesos-gpu-docker`; it loads no NVML, so only its
+//!   directories count), and `serve`'s unit and `/etc/default/mesos-gpu`;
 //! - `sharing`: `gpu_replicas` with MIG devices is refused; under `mps` the control program exists;
 //! - `cdi`: no device declared twice in one CDI directory;
 //! - with `--smoke`: `nvidia-smi -L` from the volume in a container cgroup with one GPU and one
@@ -45,8 +45,12 @@ use crate::ctx::Ctx;
 use config::{Defaults, Files, Sources, Wrapper};
 use report::Report;
 
-/// Where the guide installs the `--docker` wrapper (`examples/mesos-agent/mesos-gpu-docker`).
-const INSTALLED_WRAPPER: &str = "/usr/local/bin/mesos-gpu-docker";
+/// The agent's `--docker` wrapper (`examples/mesos-agent/mesos-gpu-docker`), where the package
+/// installs it and where a hand install might.
+const INSTALLED_WRAPPERS: [&str; 2] = [
+    "/usr/bin/mesos-gpu-docker",
+    "/usr/local/bin/mesos-gpu-docker",
+];
 
 /// The systemd unit, where an override (`/etc`) or the package (`/lib`, `/usr/lib`) puts it.
 const UNITS: [&str; 3] = [
@@ -69,7 +73,7 @@ const UNITS: [&str; 3] = [
                   GPUs.",
     after_help = "Examples:\n  \
     mesos-gpu doctor\n  \
-    mesos-gpu doctor --smoke --modules /etc/mesos/modules.json --wrapper /usr/local/bin/mesos-gpu-docker\n  \
+    mesos-gpu doctor --smoke --modules /etc/mesos/modules.json --wrapper /usr/bin/mesos-gpu-docker\n  \
     mesos-gpu doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  \
     mesos-gpu --simulate dgx1-v100 doctor --smoke"
 )]
@@ -92,8 +96,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     modules: Option<PathBuf>,
 
-    /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`) [default:
-    /// /usr/local/bin/mesos-gpu-docker when it exists].
+    /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`) [default: the first
+    /// of /usr/bin/mesos-gpu-docker, /usr/local/bin/mesos-gpu-docker that exists].
     #[arg(long, value_name = "FILE")]
     wrapper: Option<PathBuf>,
 
@@ -164,8 +168,15 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     });
     let sources = Sources::read(&Files {
         modules: args.modules.as_deref(),
-        wrapper: args.wrapper.as_deref().map_or(
-            Wrapper::Installed(Path::new(INSTALLED_WRAPPER)),
+        wrapper: args.wrapper.as_deref().map_or_else(
+            || {
+                let installed = INSTALLED_WRAPPERS
+                    .iter()
+                    .map(Path::new)
+                    .find(|p| p.exists())
+                    .unwrap_or(Path::new(INSTALLED_WRAPPERS[0]));
+                Wrapper::Installed(installed)
+            },
             Wrapper::Named,
         ),
         defaults: &args.defaults,
@@ -194,14 +205,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     all.push(checks::cgroups(args.cgroup_version));
     let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root);
     all.push(volume);
-    all.push(sources.agreement(&Defaults {
-        pool_dir: DEFAULT_POOL_DIR.to_owned(),
-        docker_work_dir: super::DEFAULT_DOCKER_STATE_DIR.to_owned(),
-        volume_root: mesos_gpu_volume::volume::DEFAULT_ROOT.to_owned(),
-        agent_work_dir: super::DEFAULT_AGENT_WORK_DIR.to_owned(),
-        nvml_lib: loader_nvml(ctx, loaded)?,
-        dev_root: crate::ctx::DEFAULT_DEV_ROOT.to_owned(),
-    }));
+    all.push(sources.agreement(&Defaults::of_this_build(loader_nvml(ctx, loaded)?)));
     all.push(checks::sharing(&inventory, &sources, &driver));
     all.push(checks::cdi(&args.cdi_spec_dirs));
 

@@ -6,16 +6,24 @@
 //!
 //! Every process handing out the node's GPUs must name the same pool directory (the module's
 //! `pool_dir`, `docker-args --pool-dir`, the wrapper's and `serve`'s), the Docker side the same
-//! reservations directory (`--work-dir` of `docker-args`, the wrapper and `serve`), and the module
-//! and the Docker side the same volume root; `serve --agent-work-dir` is the agent's work
-//! directory (the module's `work_dir`), whose health checkpoint it reports. All of them must open
-//! the same NVML library and read the same device root: one that names none uses the default
-//! (`/dev`, and the `libnvidia-ml.so.1` the dynamic loader finds).
+//! record of the Docker containers' reservations (`--docker-state-dir`, formerly `--work-dir`, of
+//! `docker-args`, the wrapper and `serve`), and the module and the Docker side the same volume
+//! root; `serve --agent-work-dir` is the agent's work directory (the module's `work_dir`), whose
+//! health checkpoint it reports. Every process that grants GPUs (the module, the hook's
+//! `docker-args`, `serve`) must open the same NVML library and read the same device root: one
+//! that names none uses the default (`/dev`, and the `libnvidia-ml.so.1` the dynamic loader
+//! finds). The wrapper loads no NVML and reads no device node, so it is not asked for either.
+//!
+//! A process that sees other GPUs than those recorded keeps the records it cannot check and
+//! grants none of their GPUs (`docs/architecture.md`, "The node's GPU pool"), so a disagreement
+//! costs GPUs, never isolation. The unit tests run this check on the shipped files (`examples/`,
+//! the guides' wrapper scripts, `docker-wrapper --help`): they must agree.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context as _;
+use mesos_gpu_isolator::pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 use serde::Serialize;
 
 use super::report::{Check, Status};
@@ -98,43 +106,57 @@ impl Sources {
         };
         let defaults = read(files.defaults, false);
         let unit = read(files.unit, false);
-        if let Some((path, text)) = modules {
-            match parse_modules(&text) {
+        sources.parse(&Texts {
+            modules: modules.as_ref().map(|(p, t)| (*p, t.as_str())),
+            wrapper: wrapper.as_ref().map(|(p, t)| (*p, t.as_str())),
+            defaults: defaults.as_deref().map(|t| (files.defaults, t)),
+            unit: unit.as_deref().map(|t| (files.unit, t)),
+        });
+        sources
+    }
+
+    /// Adds the views `texts` give; a modules file or wrapper that cannot be used is recorded in
+    /// `unreadable`.
+    fn parse(&mut self, texts: &Texts<'_>) {
+        if let Some((path, text)) = texts.modules {
+            match parse_modules(text) {
                 Ok((module, hook)) => {
-                    sources.module = module.map(|given| View {
+                    self.module = module.map(|given| View {
                         name: format!("the module ({})", path.display()),
                         given,
                     });
-                    sources.hook = hook.map(|given| View {
+                    self.hook = hook.map(|given| View {
                         name: format!("the Docker hook's docker_args ({})", path.display()),
                         given,
                     });
                 }
-                Err(e) => sources
-                    .unreadable
-                    .push(format!("{}: {e:#}", path.display())),
+                Err(e) => self.unreadable.push(format!("{}: {e:#}", path.display())),
             }
         }
-        if let Some((path, text)) = wrapper {
-            match parse_wrapper(&text) {
+        if let Some((path, text)) = texts.wrapper {
+            match parse_wrapper(text) {
                 Some(given) => {
-                    sources.wrapper = Some(View {
+                    self.wrapper = Some(View {
                         name: format!("the --docker wrapper ({})", path.display()),
                         given,
                     });
                 }
-                None => sources.unreadable.push(format!(
+                None => self.unreadable.push(format!(
                     "{}: no `mesos-gpu docker-wrapper` command line in it",
                     path.display()
                 )),
             }
         }
-        sources.serve = serve_view(
-            unit.as_deref().map(|t| (files.unit, t)),
-            defaults.as_deref().map(|t| (files.defaults, t)),
-        );
-        sources
+        self.serve = serve_view(texts.unit, texts.defaults);
     }
+}
+
+/// The files' texts, each with its path; `None` was not found.
+struct Texts<'a> {
+    modules: Option<(&'a Path, &'a str)>,
+    wrapper: Option<(&'a Path, &'a str)>,
+    defaults: Option<(&'a Path, &'a str)>,
+    unit: Option<(&'a Path, &'a str)>,
 }
 
 /// The module's and the hook's settings in a `modules.json`.
@@ -196,7 +218,7 @@ const MODULE_KEYS: &[&str] = &[
 /// Command-line flags that matter here, and the key each is reported under.
 const FLAGS: &[(&str, &str)] = &[
     ("--pool-dir", "pool_dir"),
-    ("--work-dir", "docker_work_dir"),
+    ("--docker-state-dir", "docker_state_dir"),
     ("--volume-root", "volume_root"),
     ("--agent-work-dir", "work_dir"),
     ("--dev-root", "dev_root"),
@@ -207,20 +229,53 @@ const FLAGS: &[(&str, &str)] = &[
     ("--mig-strategy", "mig_strategy"),
 ];
 
+/// Old flag names still accepted, and the key each is reported under when the new name is not
+/// given (`--work-dir` of `docker-args`, `docker-wrapper` and `serve` is `--docker-state-dir`).
+const LEGACY_FLAGS: &[(&str, &str)] = &[("--work-dir", "docker_state_dir")];
+
 /// The settings `words` (a mesos-gpu command line) gives: `--flag VALUE` and `--flag=VALUE`, up
-/// to a `--` (what follows is another program's).
+/// to a `--` (what follows is another program's). `--simulate NODE` names the NVML library (the
+/// simulated node's). `VAR=value` words before the program (`VAR=… exec mesos-gpu`, `exec env
+/// VAR=… mesos-gpu`) give `MESOS_GPU_NVML_LIB` and `MESOS_GPU_POOL_DIR`, which a flag overrides.
 fn command_settings(words: &[String]) -> BTreeMap<&'static str, String> {
+    let words: Vec<&String> = words.iter().take_while(|w| *w != "--").collect();
     let mut given = BTreeMap::new();
-    let mut words = words.iter().take_while(|w| *w != "--");
-    while let Some(word) = words.next() {
+    let mut legacy = BTreeMap::new();
+    let mut simulate = None;
+    for (i, word) in words.iter().enumerate() {
+        let value = |flag: &str| match word.strip_prefix(flag)? {
+            "" => words.get(i + 1).map(|v| (*v).clone()),
+            rest => rest.strip_prefix('=').map(str::to_owned),
+        };
         for (flag, key) in FLAGS {
-            if word == flag {
-                if let Some(value) = words.next() {
-                    given.insert(*key, value.clone());
-                }
-            } else if let Some(value) = word.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
-                given.insert(*key, value.to_owned());
+            if let Some(v) = value(flag) {
+                given.insert(*key, v);
             }
+        }
+        for (flag, key) in LEGACY_FLAGS {
+            if let Some(v) = value(flag) {
+                legacy.insert(*key, v);
+            }
+        }
+        if let Some(node) = value("--simulate") {
+            simulate = Some(node);
+        }
+    }
+    for (key, v) in legacy {
+        given.entry(key).or_insert(v);
+    }
+    if let Some(node) = simulate {
+        given.insert("nvml_lib", format!("the simulated node {node}"));
+    }
+    let environment = words
+        .iter()
+        .take_while(|w| ["exec", "env"].contains(&w.as_str()) || is_assignment(w));
+    for word in environment {
+        if let Some(value) = word.strip_prefix("MESOS_GPU_NVML_LIB=") {
+            given.entry("nvml_lib").or_insert_with(|| value.to_owned());
+        }
+        if let Some(value) = word.strip_prefix(&format!("{POOL_DIR_ENV}=")) {
+            given.entry("pool_dir").or_insert_with(|| value.to_owned());
         }
     }
     given
@@ -234,29 +289,14 @@ fn parse_wrapper(text: &str) -> Option<BTreeMap<&'static str, String>> {
         .map(str::trim)
         .filter(|l| !l.starts_with('#'))
         .find(|l| l.contains("docker-wrapper"))?;
-    let words = split_words(line);
-    let mut given = command_settings(&words);
-    // `VAR=value` words before the subcommand (`VAR=… exec mesos-gpu`, `exec env VAR=…
-    // mesos-gpu`): the environment mesos-gpu reads.
-    for word in words
-        .iter()
-        .take_while(|w| *w != "docker-wrapper")
-        .filter(|w| w.split_once('=').is_some_and(|(name, _)| is_variable(name)))
-    {
-        if let Some(value) = word.strip_prefix("MESOS_GPU_NVML_LIB=") {
-            given.entry("nvml_lib").or_insert_with(|| value.to_owned());
-        }
-        if let Some(value) =
-            word.strip_prefix(&format!("{}=", mesos_gpu_isolator::pool::POOL_DIR_ENV))
-        {
-            given.entry("pool_dir").or_insert_with(|| value.to_owned());
-        }
-    }
-    Some(given)
+    Some(command_settings(&split_words(line)))
 }
 
-/// A shell variable name: a letter or `_`, then letters, digits or `_`.
-fn is_variable(name: &str) -> bool {
+/// A shell assignment `NAME=value`: the name a letter or `_`, then letters, digits or `_`.
+fn is_assignment(word: &str) -> bool {
+    let Some((name, _)) = word.split_once('=') else {
+        return false;
+    };
     let mut chars = name.chars();
     chars
         .next()
@@ -310,7 +350,7 @@ fn serve_view(unit: Option<(&Path, &str)>, defaults: Option<(&Path, &str)>) -> O
         }
     }
     let mut given = command_settings(&words);
-    if let Some(pool) = env.get(mesos_gpu_isolator::pool::POOL_DIR_ENV) {
+    if let Some(pool) = env.get(POOL_DIR_ENV) {
         given.entry("pool_dir").or_insert_with(|| pool.clone());
     }
     if let Some(lib) = env.get("MESOS_GPU_NVML_LIB") {
@@ -385,13 +425,28 @@ pub(crate) fn split_words(line: &str) -> Vec<String> {
 /// The defaults every program applies when a setting is not given.
 pub(crate) struct Defaults {
     pub(crate) pool_dir: String,
-    pub(crate) docker_work_dir: String,
+    pub(crate) docker_state_dir: String,
     pub(crate) volume_root: String,
     pub(crate) agent_work_dir: String,
     /// The NVML library a program naming none opens: the file the dynamic loader finds for
     /// `libnvidia-ml.so.1` where known, else that name.
     pub(crate) nvml_lib: String,
     pub(crate) dev_root: String,
+}
+
+impl Defaults {
+    /// The defaults of this build's module and commands, with `nvml_lib` for the library a
+    /// program naming none opens.
+    pub(crate) fn of_this_build(nvml_lib: String) -> Defaults {
+        Defaults {
+            pool_dir: DEFAULT_POOL_DIR.to_owned(),
+            docker_state_dir: crate::cmd::DEFAULT_DOCKER_STATE_DIR.to_owned(),
+            volume_root: mesos_gpu_volume::volume::DEFAULT_ROOT.to_owned(),
+            agent_work_dir: crate::cmd::DEFAULT_AGENT_WORK_DIR.to_owned(),
+            nvml_lib,
+            dev_root: crate::ctx::DEFAULT_DEV_ROOT.to_owned(),
+        }
+    }
 }
 
 /// What must agree, and between whom: (key, what it is, which views, whether a view that does
@@ -404,8 +459,8 @@ const AGREEMENTS: &[(&str, &str, &[&str], bool)] = &[
         true,
     ),
     (
-        "docker_work_dir",
-        "the Docker reservations directory (--work-dir)",
+        "docker_state_dir",
+        "the Docker containers' records directory (--docker-state-dir)",
         &["hook", "wrapper", "serve"],
         true,
     ),
@@ -424,13 +479,13 @@ const AGREEMENTS: &[(&str, &str, &[&str], bool)] = &[
     (
         "nvml_lib",
         "the NVML library",
-        &["module", "hook", "wrapper", "serve"],
+        &["module", "hook", "serve"],
         true,
     ),
     (
         "dev_root",
         "the device root",
-        &["module", "hook", "wrapper", "serve"],
+        &["module", "hook", "serve"],
         true,
     ),
     (
@@ -543,9 +598,10 @@ impl Sources {
             summary,
             details,
             fix: (status == Status::Fail).then(|| {
-                "give every program the same directories: the module's parameters, the hook's \
-                 docker_args command line, the --docker wrapper and MESOS_GPU_SERVE_OPTS in \
-                 /etc/default/mesos-gpu (operator guide, \"The node's GPU pool\")"
+                "give every program the same directories, NVML library and device root: the \
+                 module's parameters, the hook's docker_args command line, the --docker wrapper \
+                 and MESOS_GPU_SERVE_OPTS in /etc/default/mesos-gpu (operator guide, \"The \
+                 node's GPU pool\")"
                     .to_owned()
             }),
         }
@@ -563,7 +619,7 @@ impl Sources {
 fn default_of(key: &str, defaults: &Defaults) -> Option<String> {
     Some(match key {
         "pool_dir" => defaults.pool_dir.clone(),
-        "docker_work_dir" => defaults.docker_work_dir.clone(),
+        "docker_state_dir" => defaults.docker_state_dir.clone(),
         "volume_root" => defaults.volume_root.clone(),
         "work_dir" => defaults.agent_work_dir.clone(),
         "nvml_lib" => defaults.nvml_lib.clone(),
@@ -590,7 +646,7 @@ mod tests {
     fn defaults() -> Defaults {
         Defaults {
             pool_dir: "/var/lib/mesos-gpu".into(),
-            docker_work_dir: "/var/run/mesos-gpu".into(),
+            docker_state_dir: "/var/run/mesos-gpu".into(),
             volume_root: "/var/run/mesos/isolators/gpu".into(),
             agent_work_dir: "/var/lib/mesos".into(),
             nvml_lib: "/usr/lib/libnvidia-ml.so.1".into(),
@@ -604,9 +660,14 @@ mod tests {
         {"key": "pool_dir", "value": "/var/lib/mesos-gpu"},
         {"key": "volume_root", "value": "/var/lib/mesos-gpu/volumes"}]},
       {"name": "org_apache_mesos_gpu_MesosGpuDockerHook", "parameters": [
-        {"key": "docker_args", "value": "/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu --work-dir '/var/run/mesos-gpu' --volume-root=/var/lib/mesos-gpu/volumes"}]}]}]}"#;
+        {"key": "docker_args", "value": "/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu --docker-state-dir '/var/run/mesos-gpu' --volume-root=/var/lib/mesos-gpu/volumes"}]}]}]}"#;
 
     const WRAPPER: &str = "#!/bin/sh\n# comment naming docker-wrapper\nexec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n  --pool-dir /var/lib/mesos-gpu --work-dir /var/run/mesos-gpu -- \"$@\"\n";
+
+    /// True when a detail of `check` mentions `needle`.
+    fn has_detail(check: &Check, needle: &str) -> bool {
+        check.details.iter().any(|d| d.contains(needle))
+    }
 
     fn sources(wrapper: &str) -> Sources {
         let (module, hook) = parse_modules(MODULES).expect("modules");
@@ -642,17 +703,11 @@ mod tests {
             check.summary.contains("the node's GPU pool directory"),
             "{check:#?}"
         );
-        assert!(
-            check
-                .details
-                .iter()
-                .any(|d| d.contains("wrapper: /tmp/pool")),
-            "{check:#?}"
-        );
+        assert!(has_detail(&check, "wrapper: /tmp/pool"), "{check:#?}");
     }
 
     #[test]
-    fn a_wrapper_naming_another_nvml_disagrees_one_naming_none_uses_the_loaders() {
+    fn a_hook_naming_another_nvml_disagrees_one_naming_none_uses_the_loaders() {
         let mut s = sources(WRAPPER);
         s.module
             .as_mut()
@@ -667,21 +722,59 @@ mod tests {
         let check = s.agreement(&elsewhere);
         assert_eq!(check.status, Status::Fail, "{check:#?}");
         assert!(
-            check
-                .details
-                .iter()
-                .any(|d| d.contains("wrapper: /usr/lib64/libnvidia-ml.so.1 (default)")),
+            has_detail(&check, "hook: /usr/lib64/libnvidia-ml.so.1 (default)"),
             "{check:#?}"
         );
+        let hook_line = "exec env MESOS_GPU_NVML_LIB=/opt/nvml.so /usr/bin/mesos-gpu docker-args";
+        s.hook = Some(View {
+            name: "hook".into(),
+            given: command_settings(&split_words(hook_line)),
+        });
+        let check = s.agreement(&defaults());
+        assert_eq!(check.status, Status::Fail, "{check:#?}");
+        assert!(check.summary.contains("the NVML library"), "{check:#?}");
+        assert!(has_detail(&check, "hook: /opt/nvml.so"), "{check:#?}");
+    }
+
+    #[test]
+    fn the_wrapper_is_not_asked_for_an_nvml_library_it_does_not_load() {
         let named = WRAPPER.replace(
             "exec /usr/bin/mesos-gpu",
             "exec env MESOS_GPU_NVML_LIB=/opt/nvml.so /usr/bin/mesos-gpu",
         );
-        let mut s2 = sources(&named);
-        s2.module = s.module.clone();
-        let check = s2.agreement(&defaults());
+        let check = sources(&named).agreement(&defaults());
+        assert_eq!(check.status, Status::Ok, "{check:#?}");
+        let pooled = WRAPPER.replace(
+            "exec /usr/bin/mesos-gpu",
+            "MESOS_GPU_POOL_DIR=/tmp/pool exec /usr/bin/mesos-gpu",
+        );
+        let pooled = pooled.replace("--pool-dir /var/lib/mesos-gpu ", "");
+        let check = sources(&pooled).agreement(&defaults());
         assert_eq!(check.status, Status::Fail, "{check:#?}");
-        assert!(check.summary.contains("the NVML library"), "{check:#?}");
+        assert!(has_detail(&check, "wrapper: /tmp/pool"), "{check:#?}");
+    }
+
+    #[test]
+    fn flags_give_the_docker_state_dir_under_its_old_name_and_the_simulated_nvml() {
+        let given = |line: &str| command_settings(&split_words(line));
+        assert_eq!(
+            given("mesos-gpu docker-args --work-dir=/w")["docker_state_dir"],
+            "/w"
+        );
+        assert_eq!(
+            given("mesos-gpu docker-args --work-dir /w --docker-state-dir /s")["docker_state_dir"],
+            "/s"
+        );
+        assert_eq!(
+            given("mesos-gpu --simulate dgx1-v100 docker-args")["nvml_lib"],
+            "the simulated node dgx1-v100"
+        );
+        let after =
+            given("MESOS_GPU_POOL_DIR=/e mesos-gpu docker-args --pool-dir /f -- --pool-dir=/g");
+        assert_eq!(
+            after["pool_dir"], "/f",
+            "a flag beats the environment; after -- is docker's"
+        );
     }
 
     #[test]
@@ -715,7 +808,7 @@ mod tests {
         .expect("view");
         let want: BTreeMap<&str, String> = [
             ("volume_root", "/v"),
-            ("docker_work_dir", "/w"),
+            ("docker_state_dir", "/w"),
             ("work_dir", "/a"),
             ("pool_dir", "/p"),
         ]
@@ -732,5 +825,183 @@ mod tests {
             ["a", "b c", "d \"e\"", "f g", "--x=1"]
         );
         assert!(split_words("   ").is_empty());
+    }
+
+    fn shipped(rel: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// The fenced shell blocks of `text` that run `docker-wrapper`.
+    fn wrapper_blocks(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut block: Option<String> = None;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                match block.take() {
+                    Some(b) if b.contains("docker-wrapper") => out.push(b),
+                    Some(_) => {}
+                    None => block = Some(String::new()),
+                }
+                continue;
+            }
+            if let Some(b) = &mut block {
+                b.push_str(line);
+                b.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Every `--docker` wrapper script shipped, with where it is: the script the package
+    /// installs, those the operator guide and the example README show, and the one
+    /// `docker-wrapper --help` shows.
+    fn shipped_wrappers() -> Vec<(String, String)> {
+        let mut out = vec![(
+            "examples/mesos-agent/mesos-gpu-docker".to_owned(),
+            shipped("examples/mesos-agent/mesos-gpu-docker"),
+        )];
+        let guide = wrapper_blocks(&shipped("docs/operator-guide.md"));
+        assert!(
+            !guide.is_empty(),
+            "the operator guide shows no docker-wrapper script"
+        );
+        out.extend(
+            guide
+                .into_iter()
+                .map(|b| ("docs/operator-guide.md".to_owned(), b)),
+        );
+        out.extend(
+            wrapper_blocks(&shipped("examples/mesos-agent/README.md"))
+                .into_iter()
+                .map(|b| ("examples/mesos-agent/README.md".to_owned(), b)),
+        );
+        let mut cli = <crate::Cli as clap::CommandFactory>::command();
+        let help = cli
+            .find_subcommand_mut("docker-wrapper")
+            .expect("docker-wrapper")
+            .render_long_help()
+            .to_string();
+        // The example script, not the usage line above it.
+        let (_, script) = help
+            .split_once("#!/bin/sh")
+            .expect("docker-wrapper --help shows no script");
+        out.push((
+            "`mesos-gpu docker-wrapper --help`".to_owned(),
+            script.to_owned(),
+        ));
+        out
+    }
+
+    /// The shipped Docker setup with one of the shipped wrappers: `modules-docker.json`, the
+    /// systemd unit with `/etc/default/mesos-gpu` (`serve_opts` edited by `edit`).
+    fn shipped_docker_setup(wrapper: (&str, &str), edit: &dyn Fn(String) -> String) -> Sources {
+        let modules = shipped("examples/mesos-agent/modules-docker.json");
+        let unit = shipped("examples/systemd/mesos-gpu.service");
+        let defaults_file = edit(shipped("examples/default/mesos-gpu"));
+        let mut s = Sources::default();
+        s.parse(&Texts {
+            modules: Some((
+                Path::new("examples/mesos-agent/modules-docker.json"),
+                &modules,
+            )),
+            wrapper: Some((Path::new(wrapper.0), wrapper.1)),
+            defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
+            unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
+        });
+        assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
+        assert!(
+            s.module.is_some() && s.hook.is_some() && s.wrapper.is_some() && s.serve.is_some(),
+            "{s:#?}"
+        );
+        s
+    }
+
+    /// What `examples/mesos-agent/README.md` says to write in `/etc/default/mesos-gpu` for the
+    /// Docker setup: serve's volume root is the module's and the hook's.
+    fn docker_volume_root(defaults_file: String) -> String {
+        defaults_file.replace(
+            "--volume-root /var/run/mesos/isolators/gpu",
+            "--volume-root /var/lib/mesos-gpu/volumes",
+        )
+    }
+
+    fn this_build() -> Defaults {
+        Defaults::of_this_build(mesos_gpu_isolator::discovery::DEFAULT_NVML_LIB.to_owned())
+    }
+
+    #[test]
+    fn shipped_files_agree_on_directories_nvml_and_device_root() {
+        let modules = shipped("examples/mesos-agent/modules.json");
+        let unit = shipped("examples/systemd/mesos-gpu.service");
+        let defaults_file = shipped("examples/default/mesos-gpu");
+        let mut s = Sources::default();
+        s.parse(&Texts {
+            modules: Some((Path::new("examples/mesos-agent/modules.json"), &modules)),
+            wrapper: None,
+            defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
+            unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
+        });
+        let check = s.agreement(&this_build());
+        assert_eq!(check.status, Status::Ok, "{check:#?}");
+        for wrapper in shipped_wrappers() {
+            let s = shipped_docker_setup((&wrapper.0, &wrapper.1), &docker_volume_root);
+            let check = s.agreement(&this_build());
+            assert_eq!(check.status, Status::Ok, "{}: {check:#?}", wrapper.0);
+            for want in [
+                "the node's GPU pool directory: /var/lib/mesos-gpu everywhere",
+                "the Docker containers' records directory (--docker-state-dir): /var/run/mesos-gpu everywhere",
+                "the driver volume root: /var/lib/mesos-gpu/volumes everywhere",
+            ] {
+                assert!(
+                    check.details.iter().any(|d| d == want),
+                    "{want}: {check:#?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_shipped_setup_changed_names_both_programs_and_values() {
+        let wrapper = "#!/bin/sh\nexec mesos-gpu docker-wrapper --pool-dir /srv/pool/ \\\n  --work-dir=/srv/work -- \"$@\"\n";
+        let edit = |_: String| {
+            "MESOS_GPU_SERVE_OPTS=\"--work-dir /var/run/mesos-gpu --dev-root /tmp/nodes --volume-root /var/lib/mesos-gpu/volumes\"\nMESOS_GPU_NVML_LIB=/opt/libnvidia-ml.so.1\n"
+                .to_owned()
+        };
+        let s = shipped_docker_setup(("/usr/bin/mesos-gpu-docker", wrapper), &edit);
+        let check = s.agreement(&this_build());
+        assert_eq!(check.status, Status::Fail, "{check:#?}");
+        for what in [
+            "the node's GPU pool directory",
+            "the Docker containers' records directory",
+            "the NVML library",
+            "the device root",
+        ] {
+            assert!(check.summary.contains(what), "{what}: {check:#?}");
+        }
+        let differs: Vec<&String> = check
+            .details
+            .iter()
+            .filter(|d| d.contains(" differs: "))
+            .collect();
+        assert_eq!(differs.len(), 4, "{check:#?}");
+        let mentions = |what: &str| differs.iter().any(|d| d.contains(what));
+        assert!(
+            mentions("the module (examples/mesos-agent/modules-docker.json): /var/lib/mesos-gpu; ")
+                && mentions("the --docker wrapper (/usr/bin/mesos-gpu-docker): /srv/pool/"),
+            "{check:#?}"
+        );
+        // serve's --work-dir is the old name of --docker-state-dir: it agrees with the hook.
+        assert!(
+            mentions("--docker wrapper (/usr/bin/mesos-gpu-docker): /srv/work")
+                && mentions(
+                    "serve (examples/systemd/mesos-gpu.service with examples/default/mesos-gpu): /var/run/mesos-gpu"
+                ),
+            "{check:#?}"
+        );
+        assert!(
+            mentions("/tmp/nodes") && mentions("/opt/libnvidia-ml.so.1"),
+            "{check:#?}"
+        );
     }
 }
