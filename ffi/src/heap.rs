@@ -4,9 +4,11 @@
 //!
 //! Facts relied on: a Rust `cdylib` routes every allocation of its own Rust code through its
 //! `#[global_allocator]` and nothing else does (the agent's C++ code, glibc, NVML allocate
-//! through `malloc` directly), so the counters hold exactly the module's share of the agent's
-//! heap. The system allocator is glibc's `malloc`, as before; the counters cost one relaxed
-//! atomic add per call.
+//! through `malloc` directly), so the counters hold the Rust library's share of the agent's
+//! heap. The C++ shim (`ffi/mesos-module`) is not counted: it keeps no state per container.
+//! The system allocator is glibc's `malloc`, as before; the counters cost two relaxed atomic
+//! adds per call (a 64-byte `alloc` + `dealloc` measured 116-139 ns counted against 115-125 ns
+//! plain on the 2-core build VM: within its noise).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
