@@ -24,7 +24,11 @@
 //! Every 100 tasks (and at each idle point) it samples, per agent: the agent's RSS and open fds,
 //! the devices-cgroup entries under its `--cgroups_root` (`devices.list` lines), the cgroups
 //! under that root (all hierarchies), the pool's entries (`pool.json`: reservations, shares,
-//! MPS daemons), the module's checkpoint (bytes, containers) and the live MPS daemons.
+//! MPS daemons), the module's checkpoint (bytes, containers), the live MPS daemons, our device
+//! programs attached under the root and the agent's BPF fds (cgroup v2), and, from the agent's
+//! `/mesos-gpu/metrics`, the module's own heap (bytes, blocks) and table entries: flat module
+//! figures under a growing RSS put the growth on Mesos. `--without-module` runs the same tasks
+//! and restarts on agents without the module (and without GPUs) to measure Mesos's own growth.
 //!
 //! Checks, each printed with its count:
 //! - no GPU is open to two tasks at once: on each agent, for every pair of tasks whose lives
@@ -33,12 +37,14 @@
 //!   for MIG holders, and the holders of a shared GPU at any moment hold at most 4 units;
 //! - every task opened what it asked for, at its start and its end: `gpus:k` whole GPUs exactly
 //!   k GPU nodes, a share one, a MIG device its parent and two capability nodes, `gpus:0` none;
-//! - every resource is back to its baseline at each idle point (fds within 8; RSS reported);
+//! - every resource is back to its baseline at each idle point (fds within 8; the module's
+//!   tables empty; RSS and the module's heap reported);
 //! - no GPU is lost: at the end the pools and checkpoints hold nothing, and one wave of tasks
 //!   asking for every GPU, share unit and MIG device of both nodes runs at once.
 //!
 //! Run: `cargo bench -p mesos-gpu-ffi --bench agent_soak -- [--tasks N] [--seed S]
-//! [--restart-every R] [--svg FILE] [--logs DIR]` (root, cgroup v1, the Mesos in `../shared/mesos`, pymesos).
+//! [--restart-every R] [--cgroups v1|v2] [--without-module] [--agent-env NAME=VALUE]
+//! [--svg FILE] [--logs DIR]` (root, cgroup v1 or v2, the Mesos in `../shared/mesos`, pymesos).
 //! `./scripts/test.sh` runs `--tasks 200`. It exits non-zero when a check fails.
 
 #[path = "../tests/support/mod.rs"]
