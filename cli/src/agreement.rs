@@ -158,10 +158,7 @@ pub(crate) fn wrapper_script(where_: &str, script: &str) -> anyhow::Result<Piece
                 Setting::PoolDir,
                 flag(&args, "--pool-dir").unwrap_or_else(|| DEFAULT_POOL_DIR.to_owned()),
             ),
-            (
-                Setting::DockerStateDir,
-                docker_state_dir(&args),
-            ),
+            (Setting::DockerStateDir, docker_state_dir(&args)),
         ]),
     })
 }
@@ -208,10 +205,7 @@ fn granting(args: &[String], nvml: Option<&str>, pool: String) -> BTreeMap<Setti
             flag(args, "--dev-root").unwrap_or_else(|| DEFAULT_DEV_ROOT.to_owned()),
         ),
         (Setting::PoolDir, flag(args, "--pool-dir").unwrap_or(pool)),
-        (
-            Setting::DockerStateDir,
-            docker_state_dir(args),
-        ),
+        (Setting::DockerStateDir, docker_state_dir(args)),
     ])
 }
 
@@ -336,7 +330,10 @@ mod tests {
         // The settings are named by each piece that uses them.
         let hook = &pieces[1];
         assert_eq!(hook.values[&Setting::PoolDir], DEFAULT_POOL_DIR);
-        assert_eq!(hook.values[&Setting::DockerStateDir], DEFAULT_DOCKER_STATE_DIR);
+        assert_eq!(
+            hook.values[&Setting::DockerStateDir],
+            DEFAULT_DOCKER_STATE_DIR
+        );
         assert!(
             !pieces[2].values.contains_key(&Setting::NvmlLib),
             "the wrapper loads no NVML"
