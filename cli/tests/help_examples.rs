@@ -181,7 +181,7 @@ fn check_volume(root: &Path) -> TestResult {
 
 fn volume_example() -> TestResult {
     let line = the_example("volume")?;
-    let root = flag_value(&line, "--root")?;
+    let root = flag_value(&line, "--volume-root")?;
     let out = run_example(&line)?;
     if !out.contains("nvidia_550.54.14") {
         return Err(format!("`{line}` printed: {out}").into());

@@ -257,7 +257,8 @@ fn serve_metrics_report_nvml_health_without_a_checkpoint() {
     assert!(
         body.lines()
             .any(|l| l.starts_with(r#"mesos_gpu_health{gpu="2","#)
-                && l.ends_with(r#"state="lost",reason="lost"} 1"#)),
+                && l.contains(r#"state="lost",reason="lost""#)
+                && l.ends_with(" 1")),
         "GPU 2 not reported lost:\n{body}"
     );
     for want in [

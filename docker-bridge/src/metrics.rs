@@ -9,8 +9,9 @@
 //! that is gone has no stale series.
 //!
 //! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
-//! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
-//! counters. `mesos_gpu_health{state, reason, recovery}` is 1 for each GPU's current health:
+//! and GPU (`container` label), `mesos_gpu_allocator_*`, and `mesos_gpu_module_*`: the module's
+//! own heap and table sizes ([`ModuleSource`]), to tell a leak of the module from the agent's.
+//! prometheus-client appends `_total` to counters. `mesos_gpu_health{state, reason, recovery}` is 1 for each GPU's current health:
 //! `state` is `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`,
 //! `double_bit_ecc`, `lost`, `unwatchable`; empty when healthy), `recovery` how it comes back
 //! (`evidence`: by itself once the checks hold; `backoff`: a check failed, waiting to try
@@ -135,6 +136,25 @@ pub struct NodeFigures {
     pub health_loop: Option<LoopStats>,
     /// The health checkpoint read, when health comes from another process's.
     pub health_checkpoint: Option<CheckpointStatus>,
+    /// The module's own memory, when the module collects.
+    pub module: Option<ModuleFigures>,
+}
+
+/// The module's own memory in the agent's process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleFigures {
+    /// Bytes the module's code holds on the heap.
+    pub heap_bytes: u64,
+    /// In how many blocks.
+    pub heap_blocks: u64,
+    /// Entries of each of its tables that grow with containers, by table name.
+    pub entries: Vec<(String, u64)>,
+}
+
+/// Where the module's own figures come from.
+pub trait ModuleSource: Send + Sync {
+    /// The figures as of now.
+    fn module_figures(&self) -> ModuleFigures;
 }
 
 /// Where figures come from.
@@ -260,6 +280,7 @@ pub struct NvmlFigures {
     allocator: Option<Arc<dyn AllocatorSource>>,
     cgroup_of: Option<CgroupOf>,
     usage: UsageReader,
+    module: Option<Arc<dyn ModuleSource>>,
 }
 
 impl std::fmt::Debug for NvmlFigures {
@@ -267,6 +288,7 @@ impl std::fmt::Debug for NvmlFigures {
         f.debug_struct("NvmlFigures")
             .field("health", &self.health.is_some())
             .field("allocator", &self.allocator.is_some())
+            .field("module", &self.module.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -281,7 +303,14 @@ impl NvmlFigures {
             allocator: None,
             cgroup_of: None,
             usage: UsageReader::default(),
+            module: None,
         }
+    }
+
+    /// Adds the module's own heap and table sizes.
+    pub fn with_module(mut self, module: Arc<dyn ModuleSource>) -> NvmlFigures {
+        self.module = Some(module);
+        self
     }
 
     /// Adds health, XID and ECC figures.
@@ -403,6 +432,7 @@ impl FigureSource for NvmlFigures {
             allocator,
             health_loop: self.health.as_ref().and_then(|h| h.loop_stats()),
             health_checkpoint: read.checkpoint,
+            module: self.module.as_ref().map(|m| m.module_figures()),
         }
     }
 }
@@ -496,6 +526,11 @@ struct ContainerLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabels {
+    table: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -826,6 +861,38 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
         r.register("mesos_gpu_health_events", "NVML health events received", e);
     }
 
+    if let Some(m) = &figures.module {
+        for (name, help, v) in [
+            (
+                "mesos_gpu_module_heap_bytes",
+                "Bytes the module's own code holds on the agent's heap",
+                m.heap_bytes,
+            ),
+            (
+                "mesos_gpu_module_heap_blocks",
+                "Heap blocks the module's own code holds",
+                m.heap_blocks,
+            ),
+        ] {
+            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            gauge.set(int(v));
+            r.register(name, help, gauge);
+        }
+        let entries = gauge::<TableLabels>(
+            &mut r,
+            "mesos_gpu_module_entries",
+            "Entries of the module's tables that grow with containers (0 when idle but \
+             mps_daemons)",
+        );
+        for (table, n) in &m.entries {
+            entries
+                .get_or_create(&TableLabels {
+                    table: table.clone(),
+                })
+                .set(int(*n));
+        }
+    }
+
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &r)?;
     Ok(out)
@@ -990,6 +1057,10 @@ mod tests {
             "unknown temperature left out: {text}"
         );
         assert!(!text.contains("mesos_gpu_memory_used_bytes{"), "{text}");
+        assert!(
+            !text.contains("_module_"),
+            "no module, no module figures: {text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 
@@ -1009,5 +1080,26 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn module_figures_are_reported() {
+        let figures = NodeFigures {
+            module: Some(ModuleFigures {
+                heap_bytes: 123_456,
+                heap_blocks: 789,
+                entries: vec![("containers".to_owned(), 3), ("limitations".to_owned(), 0)],
+            }),
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        for line in [
+            "mesos_gpu_module_heap_bytes 123456",
+            "mesos_gpu_module_heap_blocks 789",
+            r#"mesos_gpu_module_entries{table="containers"} 3"#,
+            r#"mesos_gpu_module_entries{table="limitations"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing: {text}");
+        }
     }
 }

@@ -24,7 +24,11 @@
 //! Every 100 tasks (and at each idle point) it samples, per agent: the agent's RSS and open fds,
 //! the devices-cgroup entries under its `--cgroups_root` (`devices.list` lines), the cgroups
 //! under that root (all hierarchies), the pool's entries (`pool.json`: reservations, shares,
-//! MPS daemons), the module's checkpoint (bytes, containers) and the live MPS daemons.
+//! MPS daemons), the module's checkpoint (bytes, containers), the live MPS daemons, our device
+//! programs attached under the root and the agent's BPF fds (cgroup v2), and, from the agent's
+//! `/mesos-gpu/metrics`, the module's own heap (bytes, blocks) and table entries: flat module
+//! figures under a growing RSS put the growth on Mesos. `--without-module` runs the same tasks
+//! and restarts on agents without the module (and without GPUs) to measure Mesos's own growth.
 //!
 //! Checks, each printed with its count:
 //! - no GPU is open to two tasks at once: on each agent, for every pair of tasks whose lives
@@ -33,12 +37,14 @@
 //!   for MIG holders, and the holders of a shared GPU at any moment hold at most 4 units;
 //! - every task opened what it asked for, at its start and its end: `gpus:k` whole GPUs exactly
 //!   k GPU nodes, a share one, a MIG device its parent and two capability nodes, `gpus:0` none;
-//! - every resource is back to its baseline at each idle point (fds within 8; RSS reported);
+//! - every resource is back to its baseline at each idle point (fds within 8; the module's
+//!   tables empty; RSS and the module's heap reported);
 //! - no GPU is lost: at the end the pools and checkpoints hold nothing, and one wave of tasks
 //!   asking for every GPU, share unit and MIG device of both nodes runs at once.
 //!
 //! Run: `cargo bench -p mesos-gpu-ffi --bench agent_soak -- [--tasks N] [--seed S]
-//! [--restart-every R] [--svg FILE] [--logs DIR]` (root, cgroup v1, the Mesos in `../shared/mesos`, pymesos).
+//! [--restart-every R] [--cgroups v1|v2] [--without-module] [--agent-env NAME=VALUE]
+//! [--svg FILE] [--logs DIR]` (root, cgroup v1 or v2, the Mesos in `../shared/mesos`, pymesos).
 //! `./scripts/test.sh` runs `--tasks 200`. It exits non-zero when a check fails.
 
 #[path = "../tests/support/mod.rs"]
@@ -55,12 +61,17 @@ use std::time::{Duration, Instant};
 
 use agents::{Hold, ModuleNode, TaskProbe, dev_nodes, module_isolation_v1, probe, probe_command};
 use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+use mesos_gpu_isolator::cgroup::{
+    CgroupError, CgroupLayout, CgroupVersion, Hierarchy, V2DeviceCgroup,
+};
 use mesos_gpu_isolator::inventory::Inventory;
+use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_testkit::mesos::framework::{
     Event, Framework, FrameworkSpec, TERMINAL, check_pymesos,
 };
 use mesos_gpu_testkit::mesos::{
-    Agent, AgentCgroups, DevNodes, Master, MesosInstall, tail, wait_for,
+    Agent, AgentCgroups, AgentSpec, DevNodes, ISOLATOR_MODULE, Master, MesosInstall, http_get,
+    tail, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
@@ -84,7 +95,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(why) = ready() {
+    if let Err(why) = ready(&opts) {
         eprintln!("agent_soak: cannot run here: {why}");
         return ExitCode::from(if opts.required { 1 } else { 0 });
     }
@@ -105,6 +116,12 @@ struct Options {
     tasks: usize,
     seed: u64,
     restart_every: usize,
+    cgroups: AgentCgroups,
+    /// The agents run Mesos's own isolation only, no module: the same tasks and restarts, with
+    /// every task's GPU ask left out, to tell the module's memory from the agent's.
+    without_module: bool,
+    /// Extra environment of the agents (`--agent-env K=V`), e.g. glibc's `MALLOC_ARENA_MAX`.
+    agent_env: Vec<(String, String)>,
     svg: Option<PathBuf>,
     /// Where to copy the agents' logs at the end.
     logs: Option<PathBuf>,
@@ -118,6 +135,9 @@ impl Options {
             tasks: 2000,
             seed: 27,
             restart_every: 500,
+            cgroups: AgentCgroups::V1,
+            without_module: false,
+            agent_env: Vec::new(),
             svg: None,
             logs: None,
             required: std::env::var("MESOS_GPU_REQUIRE").is_ok_and(|r| r.contains("mesos")),
@@ -135,6 +155,23 @@ impl Options {
                 "--restart-every" => {
                     o.restart_every = number(&value("--restart-every")?, "--restart-every")?
                 }
+                "--cgroups" => {
+                    o.cgroups = match value("--cgroups")?.as_str() {
+                        "v1" => AgentCgroups::V1,
+                        "v2" => AgentCgroups::V2,
+                        other => {
+                            return Err(format!("--cgroups {other:?}: expected v1 or v2"));
+                        }
+                    }
+                }
+                "--without-module" => o.without_module = true,
+                "--agent-env" => {
+                    let kv = value("--agent-env")?;
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or_else(|| format!("--agent-env {kv:?}: expected NAME=VALUE"))?;
+                    o.agent_env.push((k.to_owned(), v.to_owned()));
+                }
                 "--svg" => o.svg = Some(PathBuf::from(value("--svg")?)),
                 "--logs" => o.logs = Some(PathBuf::from(value("--logs")?)),
                 // What `cargo bench` passes to a harness-less bench.
@@ -142,7 +179,8 @@ impl Options {
                 other => {
                     return Err(format!(
                         "unknown argument {other:?}: expected --tasks N, --seed S, \
-                         --restart-every R, --svg FILE, --logs DIR"
+                         --restart-every R, --cgroups v1|v2, --without-module, \
+                         --agent-env NAME=VALUE, --svg FILE, --logs DIR"
                     ));
                 }
             }
@@ -159,7 +197,7 @@ fn number<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
         .map_err(|_| format!("{name} {text:?}: expected a whole number"))
 }
 
-fn ready() -> Result<(), String> {
+fn ready(opts: &Options) -> Result<(), String> {
     let is_root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
             .any(|l| l.starts_with("Uid:") && l.contains("\t0\t"))
@@ -167,8 +205,14 @@ fn ready() -> Result<(), String> {
     if !is_root {
         return Err("not root".into());
     }
-    if !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
-        return Err("no cgroup v1 devices hierarchy".into());
+    match opts.cgroups {
+        AgentCgroups::V1 if !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() => {
+            return Err("no cgroup v1 devices hierarchy".into());
+        }
+        AgentCgroups::V2 if mesos_gpu_testkit::cgroup2_root().is_none() => {
+            return Err("no cgroup2 hierarchy".into());
+        }
+        _ => {}
     }
     MesosInstall::locate()?.check_runs()?;
     check_pymesos()
@@ -334,6 +378,10 @@ struct Sample {
     rss_kib: u64,
     fds: usize,
     device_entries: usize,
+    /// Our device programs attached to the cgroups under the agent's root (cgroup v2).
+    bpf_programs: usize,
+    /// The agent's fds to BPF programs.
+    bpf_fds: usize,
     cgroups: usize,
     reservations: usize,
     shares: usize,
@@ -341,6 +389,12 @@ struct Sample {
     checkpoint_bytes: u64,
     checkpoint_containers: usize,
     mps_daemons: usize,
+    /// The module's own heap (`mesos_gpu_module_heap_bytes`), when it answered.
+    module_heap_kib: Option<u64>,
+    /// In how many blocks (`mesos_gpu_module_heap_blocks`).
+    module_heap_blocks: Option<u64>,
+    /// The entries of the module's tables (`mesos_gpu_module_entries`) but its MPS daemons.
+    module_entries: Option<u64>,
 }
 
 /// One agent of the soak and its node.
@@ -351,6 +405,8 @@ struct SoakAgent {
     inventory: Inventory,
     mps: Option<MpsControl>,
     resources: String,
+    /// Whether the agent loads the module.
+    module: bool,
 }
 
 impl SoakAgent {
@@ -360,6 +416,7 @@ impl SoakAgent {
         dev: &Path,
         install: &MesosInstall,
         master: &Master,
+        opts: &Options,
     ) -> TestResult<SoakAgent> {
         let inventory = sim.inventory()?;
         let node = ModuleNode::with_dev_root(sim, dev)?;
@@ -393,20 +450,42 @@ impl SoakAgent {
                 )
             }
         };
-        let resources = format!("cpus:4;mem:8192;{}", gpus.join(";"));
-        let extra: Vec<(&str, &str)> = extra
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let spec = node.spec(&module_isolation_v1(), AgentCgroups::V1, &resources, &extra)?;
+        let mut spec = if opts.without_module {
+            // Mesos's own isolation: the same filesystem and capabilities, its devices cgroup
+            // on v1 (v2 agents refuse `cgroups/devices` beside nothing here, and the module
+            // is what would add device control there), and no GPU at all.
+            let isolation = match opts.cgroups {
+                AgentCgroups::V1 => "filesystem/linux,linux/capabilities,cgroups/devices",
+                AgentCgroups::V2 => "filesystem/linux,linux/capabilities",
+            };
+            let mut spec = AgentSpec::new(isolation, opts.cgroups, 0);
+            spec.resources = "cpus:4;mem:8192".to_owned();
+            spec
+        } else {
+            let resources = format!("cpus:4;mem:8192;{}", gpus.join(";"));
+            let extra: Vec<(&str, &str)> = extra
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let isolation = match opts.cgroups {
+                AgentCgroups::V1 => module_isolation_v1(),
+                AgentCgroups::V2 => {
+                    format!("filesystem/linux,linux/capabilities,{ISOLATOR_MODULE}")
+                }
+            };
+            node.spec(&isolation, opts.cgroups, &resources, &extra)?
+        };
+        spec.env.extend(opts.agent_env.iter().cloned());
+        let resources = spec.resources.clone();
         let agent = Agent::start(install, master, spec)?;
         Ok(SoakAgent {
             role,
             node,
             agent,
             inventory,
-            mps,
+            mps: mps.filter(|_| !opts.without_module),
             resources,
+            module: !opts.without_module,
         })
     }
 
@@ -435,7 +514,10 @@ impl SoakAgent {
             .and_then(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok())
             .map_or(0, |d| d.count());
         let devices = Path::new("/sys/fs/cgroup/devices").join(&self.agent.spec().cgroups_root);
+        let unified =
+            mesos_gpu_testkit::cgroup2_root().map(|r| r.join(&self.agent.spec().cgroups_root));
         let mut device_entries = 0;
+        let mut bpf_programs = 0;
         let mut cgroups = 0;
         for dir in self.agent.cgroup_roots() {
             walk(&dir, &mut |d| {
@@ -446,8 +528,28 @@ impl SoakAgent {
                     device_entries += std::fs::read_to_string(d.join("devices.list"))
                         .map_or(0, |t| t.lines().count());
                 }
+                if let Some(unified) = &unified
+                    && d.starts_with(unified)
+                {
+                    bpf_programs += device_programs(d);
+                }
             });
         }
+        let bpf_fds = pid
+            .and_then(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok())
+            .map_or(0, |d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_link(e.path())
+                            .is_ok_and(|l| l.as_os_str() == "anon_inode:bpf-prog")
+                    })
+                    .count()
+            });
+        let module = if self.module {
+            module_figures(self.agent.port())
+        } else {
+            ModuleSample::default()
+        };
         let pool = self.node.pool();
         let count = |k: &str| pool[k].as_object().map_or(0, serde_json::Map::len);
         let checkpoint = self.node.checkpoint();
@@ -460,6 +562,8 @@ impl SoakAgent {
             rss_kib,
             fds,
             device_entries,
+            bpf_programs,
+            bpf_fds,
             cgroups,
             reservations: count("reservations"),
             shares: count("shares"),
@@ -469,8 +573,65 @@ impl SoakAgent {
                 .as_object()
                 .map_or(0, serde_json::Map::len),
             mps_daemons: self.mps.as_ref().map_or(0, |m| daemons(m).len()),
+            module_heap_kib: module.heap_kib,
+            module_heap_blocks: module.heap_blocks,
+            module_entries: module.entries,
         }
     }
+}
+
+/// How many of our device programs are attached to cgroup `dir` (the module's own v2 code
+/// asks the kernel: `BPF_PROG_QUERY`, then each program's name).
+fn device_programs(dir: &Path) -> usize {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return 0;
+    };
+    let hierarchy = Hierarchy {
+        version: CgroupVersion::V2,
+        mount: parent.to_path_buf(),
+    };
+    let Ok(layout) = CgroupLayout::new(hierarchy, "") else {
+        return 0;
+    };
+    let Ok(id) = ContainerId::new(name.to_string_lossy().into_owned()) else {
+        return 0;
+    };
+    match V2DeviceCgroup::open(&layout, &id).map(|c| c.attached_program()) {
+        Ok(Ok(found)) => usize::from(found.is_some()),
+        Ok(Err(CgroupError::TooManyPrograms { ids, .. })) => ids.len(),
+        // Gone since the walk.
+        _ => 0,
+    }
+}
+
+/// The module's own figures from the agent's `/mesos-gpu/metrics`; all `None` when the agent
+/// does not answer (restarting).
+#[derive(Default)]
+struct ModuleSample {
+    heap_kib: Option<u64>,
+    heap_blocks: Option<u64>,
+    /// The entries of its tables but its MPS daemons.
+    entries: Option<u64>,
+}
+
+fn module_figures(port: u16) -> ModuleSample {
+    let mut m = ModuleSample::default();
+    let Ok(text) = http_get(port, "/mesos-gpu/metrics") else {
+        return m;
+    };
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("mesos_gpu_module_heap_bytes ") {
+            m.heap_kib = v.trim().parse::<u64>().ok().map(|b| b / 1024);
+        } else if let Some(v) = line.strip_prefix("mesos_gpu_module_heap_blocks ") {
+            m.heap_blocks = v.trim().parse::<u64>().ok();
+        } else if let Some(rest) = line.strip_prefix("mesos_gpu_module_entries{table=\"")
+            && let Some((table, v)) = rest.split_once("\"} ")
+            && table != "mps_daemons"
+        {
+            *m.entries.get_or_insert(0) += v.trim().parse::<u64>().unwrap_or(0);
+        }
+    }
+    m
 }
 
 /// The pids of the live MPS control daemons started from `mps`'s program.
@@ -593,8 +754,8 @@ fn soak(opts: &Options) -> TestResult<bool> {
     let dev = dev_nodes(&[&shares, &mig])?;
     let master = Master::start(&install)?;
     let agents = vec![
-        SoakAgent::start(Role::Shares, shares, dev.path(), &install, &master)?,
-        SoakAgent::start(Role::Mig, mig, dev.path(), &install, &master)?,
+        SoakAgent::start(Role::Shares, shares, dev.path(), &install, &master, opts)?,
+        SoakAgent::start(Role::Mig, mig, dev.path(), &install, &master, opts)?,
     ];
     let fw = Framework::start(&master, &FrameworkSpec::gpu("mesos-gpu-soak"))?;
     let mut s = Soak {
@@ -605,10 +766,24 @@ fn soak(opts: &Options) -> TestResult<bool> {
         _master: master,
     };
     println!(
-        "agent_soak: {} tasks, seed {}, both agents SIGKILLed + restarted half-way through every \
-         {} tasks",
-        opts.tasks, opts.seed, opts.restart_every
+        "agent_soak: {} tasks, seed {}, cgroup {}, {}, both agents SIGKILLed + restarted \
+         half-way through every {} tasks",
+        opts.tasks,
+        opts.seed,
+        match opts.cgroups {
+            AgentCgroups::V1 => "v1",
+            AgentCgroups::V2 => "v2",
+        },
+        if opts.without_module {
+            "WITHOUT the module (Mesos's own isolation; GPU asks left out)"
+        } else {
+            "with the module"
+        },
+        opts.restart_every
     );
+    for (k, v) in &opts.agent_env {
+        println!("  agents' environment: {k}={v}");
+    }
     for a in &s.agents {
         println!("  agent {}: --resources={}", a.role.name(), a.resources);
     }
@@ -686,13 +861,11 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<(bool, Vec<Outcome>)> {
                 // A task to be killed sleeps long enough to be killed while it runs.
                 let secs = if p.fate == Fate::Kill { 60.0 } else { p.secs };
                 let command = probe_command(&s.probe, s.dev.path(), Hold::Secs(secs), code);
-                s.fw.launch_in(
-                    &p.id,
-                    &[("cpus", 0.1), ("mem", 32.0), p.ask.resource()],
-                    &command,
-                    None,
-                    p.ask.container(),
-                )?;
+                let mut resources = vec![("cpus", 0.1), ("mem", 32.0)];
+                if !opts.without_module {
+                    resources.push(p.ask.resource());
+                }
+                s.fw.launch_in(&p.id, &resources, &command, None, p.ask.container())?;
                 in_flight.insert(p.id.clone(), p.clone());
                 launched += 1;
                 if launched == segment.len() / 2 && segment.len() >= 2 {
@@ -784,7 +957,12 @@ fn run_soak(s: &mut Soak, opts: &Options) -> TestResult<(bool, Vec<Outcome>)> {
             samples.push(sample);
         }
     }
-    let wave = final_wave(s)?;
+    // Without the module the agents offer no GPU: no wave.
+    let wave = if opts.without_module {
+        Vec::new()
+    } else {
+        final_wave(s)?
+    };
     for sample in settle_idle(s, "idle after the full wave", done) {
         println!("  {}", row(&sample));
         samples.push(sample);
@@ -808,7 +986,12 @@ fn settle_idle(s: &mut Soak, label: &str, done: usize) -> Vec<Sample> {
     loop {
         let samples = s.sample(label, done, 0, true);
         let settled = samples.iter().all(|x| {
-            x.reservations == 0 && x.shares == 0 && x.checkpoint_containers == 0 && x.cgroups == 0
+            x.reservations == 0
+                && x.shares == 0
+                && x.checkpoint_containers == 0
+                && x.cgroups == 0
+                && x.bpf_programs == 0
+                && x.module_entries.is_none_or(|n| n == 0)
         });
         if settled || Instant::now() > deadline {
             return samples;
@@ -953,12 +1136,18 @@ fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
         ));
     }
     let got = classify(a, &o.probe);
+    // Without the module a task gets no GPU whatever the mix says.
+    let ask = if a.module {
+        o.planned.ask
+    } else {
+        Ask::Gpus(0)
+    };
     let share = o
         .probe
         .env
         .get("MESOS_GPU_SHARE")
         .filter(|v| *v != "(unset)");
-    let ok = match o.planned.ask {
+    let ok = match ask {
         Ask::Gpus(0) => {
             got.whole.is_empty()
                 && got.shared.is_empty()
@@ -1066,7 +1255,7 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
 
 fn header() -> String {
     format!(
-        "{:<24} {:<6} {:>5} {:>4} {:>8} {:>4} {:>7} {:>7} {:>5} {:>6} {:>4} {:>7} {:>5} {:>4}",
+        "{:<24} {:<6} {:>5} {:>4} {:>8} {:>4} {:>7} {:>4} {:>6} {:>7} {:>5} {:>6} {:>4} {:>7} {:>5} {:>4} {:>8} {:>6} {:>4}",
         "sample",
         "agent",
         "ended",
@@ -1074,19 +1263,25 @@ fn header() -> String {
         "RSS KiB",
         "fds",
         "dev-ent",
+        "bpf",
+        "bpf-fd",
         "cgroups",
         "resv",
         "shares",
         "mps",
         "ckpt B",
         "ckpt",
-        "MPSd"
+        "MPSd",
+        "heap KiB",
+        "blocks",
+        "tbl"
     )
 }
 
 fn row(s: &Sample) -> String {
+    let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     format!(
-        "{:<24} {:<6} {:>5} {:>4} {:>8} {:>4} {:>7} {:>7} {:>5} {:>6} {:>4} {:>7} {:>5} {:>4}",
+        "{:<24} {:<6} {:>5} {:>4} {:>8} {:>4} {:>7} {:>4} {:>6} {:>7} {:>5} {:>6} {:>4} {:>7} {:>5} {:>4} {:>8} {:>6} {:>4}",
         s.label,
         s.agent,
         s.done,
@@ -1094,14 +1289,88 @@ fn row(s: &Sample) -> String {
         s.rss_kib,
         s.fds,
         s.device_entries,
+        s.bpf_programs,
+        s.bpf_fds,
         s.cgroups,
         s.reservations,
         s.shares,
         s.pool_mps,
         s.checkpoint_bytes,
         s.checkpoint_containers,
-        s.mps_daemons
+        s.mps_daemons,
+        opt(s.module_heap_kib),
+        opt(s.module_heap_blocks),
+        opt(s.module_entries)
     )
+}
+
+/// How the agents' RSS moved: per agent life (between restarts), from its first sample to its
+/// last, per 100 tasks ended; and the step across each restart between the samples around it.
+fn rss_lines(samples: &[Sample], restarts: &[Restart]) -> Vec<String> {
+    let mut out = Vec::new();
+    // The number of tasks ended when each restart happened.
+    let cuts: Vec<usize> = restarts.iter().map(|r| r.after - r.live).collect();
+    for agent in ["shares", "mig"] {
+        let mine: Vec<&Sample> = samples.iter().filter(|x| x.agent == agent).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let life = |x: &Sample| cuts.iter().filter(|&&c| c < x.done).count();
+        let mut lives: BTreeMap<usize, Vec<&Sample>> = BTreeMap::new();
+        for x in &mine {
+            lives.entry(life(x)).or_default().push(x);
+        }
+        let mut slopes = Vec::new();
+        for (n, xs) in &lives {
+            let (Some(first), Some(last)) = (xs.first(), xs.last()) else {
+                continue;
+            };
+            if last.done <= first.done {
+                continue;
+            }
+            let per100 = (last.rss_kib as f64 - first.rss_kib as f64) * 100.0
+                / (last.done - first.done) as f64;
+            slopes.push(per100);
+            let heap = match (
+                first.module_heap_kib.zip(first.module_heap_blocks),
+                last.module_heap_kib.zip(last.module_heap_blocks),
+            ) {
+                (Some((a, ab)), Some((b, bb))) => {
+                    format!("; module heap {a} → {b} KiB, {ab} → {bb} blocks")
+                }
+                _ => String::new(),
+            };
+            out.push(format!(
+                "agent {agent} life {}: tasks {}-{}: RSS {} → {} KiB ({per100:+.0} KiB per 100 \
+                 tasks){heap}",
+                n + 1,
+                first.done,
+                last.done,
+                first.rss_kib,
+                last.rss_kib
+            ));
+        }
+        for (n, pair) in lives.values().collect::<Vec<_>>().windows(2).enumerate() {
+            if let (Some(before), Some(after)) = (pair[0].last(), pair[1].first()) {
+                out.push(format!(
+                    "agent {agent} restart {}: RSS {} KiB at {} ended (last sample before) → {} \
+                     KiB at {} ended (first after)",
+                    n + 1,
+                    before.rss_kib,
+                    before.done,
+                    after.rss_kib,
+                    after.done
+                ));
+            }
+        }
+        if !slopes.is_empty() {
+            let mean = slopes.iter().sum::<f64>() / slopes.len() as f64;
+            out.push(format!(
+                "agent {agent}: mean slope over its lives {mean:+.0} KiB per 100 tasks"
+            ));
+        }
+    }
+    out
 }
 
 fn report(
@@ -1125,9 +1394,13 @@ fn report(
     let _ = writeln!(
         out,
         "```\n\ncolumns: live = tasks in flight (both agents); dev-ent = `devices.list` lines of \
-         the cgroups under the agent's root; cgroups = cgroups under that root (all \
-         hierarchies); resv/shares/mps = entries of the node's `pool.json`; ckpt B = bytes of \
-         the module's checkpoint, ckpt = its containers; MPSd = live MPS control daemons"
+         the cgroups under the agent's root (v1); bpf = our device programs attached to the \
+         cgroups under that root (v2), bpf-fd = the agent's fds to BPF programs; cgroups = \
+         cgroups under that root (all hierarchies); resv/shares/mps = entries of the node's \
+         `pool.json`; ckpt B = bytes of the module's checkpoint, ckpt = its containers; MPSd = \
+         live MPS control daemons; heap KiB = the module's own heap \
+         (`mesos_gpu_module_heap_bytes`), blocks = its live heap blocks, tbl = entries of its tables but MPS daemons \
+         (`mesos_gpu_module_entries`), `-` without the module or while the agent restarts"
     );
 
     let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -1265,19 +1538,23 @@ fn report(
         .filter(|o| o.state != "TASK_FINISHED")
         .map(|o| format!("{} {} {}", o.planned.ask.label(), o.state, o.message))
         .collect();
-    let _ = writeln!(
-        out,
-        "- GPUs lost: {} (a final wave of {} tasks asking for every whole GPU, share unit and MIG \
-         device of both nodes: {}; all running at once: {together})",
-        if wave_ok && together { "0" } else { "some" },
-        wave.len(),
-        if wave_ok {
-            "all TASK_FINISHED".to_owned()
-        } else {
-            failed.join("; ")
-        }
-    );
-    ok &= wave_ok && together;
+    if opts.without_module {
+        let _ = writeln!(out, "- GPUs lost: not checked (no GPU without the module)");
+    } else {
+        let _ = writeln!(
+            out,
+            "- GPUs lost: {} (a final wave of {} tasks asking for every whole GPU, share unit and \
+             MIG device of both nodes: {}; all running at once: {together})",
+            if wave_ok && together { "0" } else { "some" },
+            wave.len(),
+            if wave_ok {
+                "all TASK_FINISHED".to_owned()
+            } else {
+                failed.join("; ")
+            }
+        );
+        ok &= wave_ok && together;
+    }
 
     let mut flat = Vec::new();
     let mut idle_points = 0;
@@ -1296,6 +1573,19 @@ fn report(
             }
             if x.cgroups != base.cgroups {
                 bad.push(format!("cgroups {} (baseline {})", x.cgroups, base.cgroups));
+            }
+            if x.bpf_programs != base.bpf_programs || x.bpf_fds != base.bpf_fds {
+                bad.push(format!(
+                    "BPF programs {} attached, {} fds (baseline {}, {})",
+                    x.bpf_programs, x.bpf_fds, base.bpf_programs, base.bpf_fds
+                ));
+            }
+            if x.module_entries.is_some_and(|n| n != 0) || (a.module && x.module_entries.is_none())
+            {
+                bad.push(format!(
+                    "module tables hold {:?} entries (expected 0)",
+                    x.module_entries
+                ));
             }
             if x.reservations + x.shares != 0 || x.checkpoint_containers != 0 {
                 bad.push(format!(
@@ -1327,6 +1617,25 @@ fn report(
              through each segment)",
             rss.join(", ")
         );
+        if a.module {
+            let heap: Vec<String> = mine
+                .iter()
+                .filter(|x| x.idle)
+                .map(|x| match x.module_heap_kib.zip(x.module_heap_blocks) {
+                    Some((kib, blocks)) => format!("{kib} ({blocks})"),
+                    None => "-".to_owned(),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "- agent {name} module heap KiB (blocks) at baseline and each idle point: {}",
+                heap.join(", ")
+            );
+        }
+    }
+    let _ = writeln!(out, "\n## Agent RSS\n");
+    for line in rss_lines(samples, restarts) {
+        let _ = writeln!(out, "- {line}");
     }
     let _ = writeln!(
         out,
@@ -1354,15 +1663,21 @@ fn report(
 /// A small line plot of the samples: one panel per resource, tasks ended on x.
 fn svg(samples: &[Sample]) -> String {
     type Get = fn(&Sample) -> f64;
-    let series: [(&str, Get); 8] = [
+    let series: [(&str, Get); 10] = [
         ("agent RSS (MiB)", |s| s.rss_kib as f64 / 1024.0),
+        ("module heap (KiB)", |s| {
+            s.module_heap_kib.unwrap_or(0) as f64
+        }),
         ("agent open fds", |s| s.fds as f64),
-        ("devices.list entries", |s| s.device_entries as f64),
+        ("module table entries", |s| {
+            s.module_entries.unwrap_or(0) as f64
+        }),
+        ("devices.list entries (v1)", |s| s.device_entries as f64),
+        ("BPF programs attached (v2)", |s| s.bpf_programs as f64),
         ("cgroups under the root", |s| s.cgroups as f64),
         ("pool entries", |s| (s.reservations + s.shares) as f64),
         ("checkpoint (KiB)", |s| s.checkpoint_bytes as f64 / 1024.0),
         ("tasks in flight", |s| s.running as f64),
-        ("MPS daemons", |s| s.mps_daemons as f64),
     ];
     let (w, h, cols) = (300.0, 150.0, 2);
     let rows = series.len().div_ceil(cols);

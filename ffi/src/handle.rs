@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, HostDevices, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
+use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, NvmlFigures};
 use mesos_gpu_isolator::agent_flags::{
     AgentGpuFlags, GPU_ISOLATOR, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy,
 };
@@ -58,6 +58,43 @@ pub(crate) struct Pending {
     reply: Vec<u8>,
 }
 
+/// Answers kept for a retry, by call and container.
+type PendingReplies = Mutex<HashMap<(Replayable, String), Pending>>;
+
+/// The module's own memory, for the metrics: its heap, and the entries of the isolator's tables
+/// and of the reply cache.
+struct ModuleMemory {
+    isolator: Arc<Isolator>,
+    pending: Arc<PendingReplies>,
+}
+
+impl ModuleSource for ModuleMemory {
+    fn module_figures(&self) -> ModuleFigures {
+        let (bytes, blocks) = crate::heap::live();
+        let mut entries: Vec<(String, u64)> = match self.isolator.tracked_entries() {
+            Ok(tables) => tables
+                .into_iter()
+                .map(|(name, n)| (name.to_owned(), n as u64))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(error = %error, "no isolator table sizes for metrics");
+                Vec::new()
+            }
+        };
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        entries.push(("pending_replies".to_owned(), pending as u64));
+        ModuleFigures {
+            heap_bytes: bytes as u64,
+            heap_blocks: blocks as u64,
+            entries,
+        }
+    }
+}
+
 /// The isolator of one agent, as C sees it through an opaque pointer.
 #[derive(Debug)]
 pub struct MgpuIsolator {
@@ -70,7 +107,8 @@ pub struct MgpuIsolator {
     nodes: DeviceNodes,
     dev_root: PathBuf,
     driver_volume: Option<PathBuf>,
-    pending: Mutex<HashMap<(Replayable, String), Pending>>,
+    /// Shared with the metrics, which count its entries.
+    pending: Arc<PendingReplies>,
     poisoned: AtomicBool,
     /// Starts the MPS daemons' supervisor once (at the first `recover`).
     mps_supervisor: std::sync::Once,
@@ -152,6 +190,11 @@ impl MgpuIsolator {
         if let Some(monitor) = isolator.health_monitor() {
             figures = figures.with_health(monitor);
         }
+        let pending = Arc::new(Mutex::new(HashMap::new()));
+        figures = figures.with_module(Arc::new(ModuleMemory {
+            isolator: Arc::clone(&isolator),
+            pending: Arc::clone(&pending),
+        }));
         Ok(MgpuIsolator {
             metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
             isolator,
@@ -164,7 +207,7 @@ impl MgpuIsolator {
             nodes,
             dev_root: params.dev_root.clone(),
             driver_volume,
-            pending: Mutex::new(HashMap::new()),
+            pending,
             poisoned: AtomicBool::new(false),
             mps_supervisor: std::sync::Once::new(),
             #[cfg(feature = "testing")]

@@ -10,6 +10,7 @@
 //! - [`convert`]: Mesos messages ↔ the isolator's types, the only place they are converted.
 //! - [`status`]: status codes and the one mapping from errors to them.
 //! - [`params`]: the module parameters.
+//! - `heap`: the library's global allocator, counting the module's own heap for the metrics.
 //! - [`log`]: events forwarded to the agent's log through a C callback.
 //! - [`proto`]: the Mesos protobuf messages that cross the ABI as bytes; [`required`] checks
 //!   the proto2 required fields of those that come in, as libprotobuf does and prost does not.
@@ -20,6 +21,7 @@ pub mod abi;
 mod containers;
 pub mod convert;
 pub mod handle;
+mod heap;
 pub mod log;
 pub mod params;
 pub mod proto;

@@ -139,6 +139,11 @@ impl Limitations {
         }
     }
 
+    /// How many containers have a slot (watched, or resolved and not yet forgotten).
+    pub(crate) fn tracked(&self) -> usize {
+        self.slots().len()
+    }
+
     /// Drops the container's slot (at cleanup), waking its waiters with `None`.
     pub fn forget(&self, container: &str) {
         if self.slots().remove(container).is_some() {

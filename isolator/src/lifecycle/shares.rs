@@ -78,6 +78,13 @@ impl Sharing {
         Ok(Sharing { plan, daemons })
     }
 
+    /// How many MPS daemons this process knows (0 under time-slicing).
+    pub(crate) fn daemons(&self) -> usize {
+        self.daemons
+            .as_ref()
+            .map_or(0, |d| d.lock().unwrap_or_else(|p| p.into_inner()).count())
+    }
+
     /// True when GPU `index` is shared (the allocator does not manage it).
     pub(crate) fn is_shared(&self, index: u32) -> bool {
         self.plan.shared.iter().any(|g| g.index == index)

@@ -189,6 +189,11 @@ impl MigUnits {
             .collect()
     }
 
+    /// How many MIG devices some owner holds.
+    pub fn held(&self) -> usize {
+        self.units.iter().filter(|u| u.holder.is_some()).count()
+    }
+
     /// The UUIDs `owner` holds.
     pub fn held_by(&self, owner: &str) -> Vec<&str> {
         self.units

@@ -226,6 +226,11 @@ impl MpsDaemons {
         }
     }
 
+    /// How many daemons this process knows.
+    pub fn count(&self) -> usize {
+        self.daemons.len()
+    }
+
     /// The daemon of `gpu`, when one was started.
     pub fn get(&self, gpu: &str) -> Option<&MpsDaemon> {
         self.daemons.get(gpu).map(|(d, _)| d)

@@ -343,11 +343,14 @@ impl Agent {
         Ok(())
     }
 
+    /// Waits until the agent (re-)registered: up to 2 minutes, as a restarted agent first
+    /// recovers every executor checkpointed under its work_dir (thousands after a soak; 30 s
+    /// was not enough for 1,750 on a loaded 2-core host).
     fn wait_registered(&mut self) -> MesosResult {
         let log = self.dir.path().join(format!("agent-{}.log", self.starts));
         let child = &mut self.child;
         wait_for(
-            Duration::from_secs(30),
+            Duration::from_secs(120),
             || {
                 format!(
                     "the agent to register; log:\n{}",
