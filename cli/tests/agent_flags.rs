@@ -396,7 +396,8 @@ fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
     let out = mesos_gpu(&[&sim[..], &["--gpu-replicas", "2", "--gpu-sharing", "hami"]].concat());
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("\"hami\": expected MODE or SEL=MODE (MODE one of time-slicing, mps, none"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("\"hami\": expected MODE or SEL=MODE (MODE one of time-slicing, mps, none"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
