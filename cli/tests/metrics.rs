@@ -263,7 +263,7 @@ fn serve_metrics_report_nvml_health_without_a_checkpoint() {
     );
     for want in [
         format!(
-            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason=""}} 1"#,
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
             uuid(0)
         ),
         format!(

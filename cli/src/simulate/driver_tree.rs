@@ -21,6 +21,7 @@ use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use mesos_gpu_os::fsmode;
 use mesos_gpu_volume::DriverVersion;
 
 use crate::cmd::demo::driver::{elf_object, native_machine, write_cache};
@@ -31,6 +32,10 @@ pub(crate) const DRIVER_DIR: &str = "usr/local/nvidia";
 pub(crate) const SMI: &str = "nvidia-smi";
 /// The MPS control stand-in's file name.
 const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+
+/// The mode of the tree's programs (its directories and libraries get the state modes, whatever
+/// the umask).
+const PROGRAM: u32 = 0o755;
 
 /// Libraries of the tree as `(prefix, SONAME suffix)`.
 const LIBRARIES: &[(&str, &str)] = &[("libnvidia-ml.so", "1"), ("libcuda.so", "1")];
@@ -46,15 +51,20 @@ pub(crate) fn write(
     let lib64 = root.join(DRIVER_DIR).join("lib64");
     let bin = root.join(DRIVER_DIR).join("bin");
     for dir in [&lib64, &bin, &root.join("usr/bin")] {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        fsmode::create_dir_all(dir, fsmode::STATE_DIR)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
     }
     symlink("lib64", root.join(DRIVER_DIR).join("lib")).context("cannot link lib -> lib64")?;
     for (prefix, suffix) in LIBRARIES {
         let file = format!("{prefix}.{version}");
         let soname = format!("{prefix}.{suffix}");
         let path = lib64.join(&file);
-        std::fs::write(&path, elf_object(machine, Some(&soname)))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        fsmode::write_file(
+            &path,
+            &elf_object(machine, Some(&soname)),
+            fsmode::STATE_FILE,
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
         symlink(&file, lib64.join(&soname))
             .with_context(|| format!("cannot link {soname} in {}", lib64.display()))?;
     }
@@ -67,23 +77,20 @@ pub(crate) fn write(
             "the simulated driver's nvidia-smi cannot run: its stand-in is not built (cargo build -p nvml-sim)"
         );
         let path = bin.join(SMI);
-        std::fs::write(&path, elf_object(machine, None))
+        fsmode::write_file(&path, &elf_object(machine, None), PROGRAM)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("cannot chmod {}", path.display()))?;
     }
     let mps = programs_dir.join(MPS_CONTROL);
     if mps.is_file() {
         copy_program(&mps, &bin.join(MPS_CONTROL))?;
     }
     let wrapper = root.join("usr/bin").join(SMI);
-    std::fs::write(
+    fsmode::write_file(
         &wrapper,
-        format!("#!/bin/sh\n# The driver's programs are in /{DRIVER_DIR}/bin.\nexec /{DRIVER_DIR}/bin/{SMI} \"$@\"\n"),
+        format!("#!/bin/sh\n# The driver's programs are in /{DRIVER_DIR}/bin.\nexec /{DRIVER_DIR}/bin/{SMI} \"$@\"\n").as_bytes(),
+        PROGRAM,
     )
     .with_context(|| format!("cannot write {}", wrapper.display()))?;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("cannot chmod {}", wrapper.display()))?;
     let note = write_cache(root, &[&format!("{DRIVER_DIR}/lib64")])
         .context("cannot write the simulated driver's ld.so.cache")?;
     tracing::debug!(root = %root.display(), %version, cache = %note, "simulated driver tree ready");
@@ -104,6 +111,6 @@ pub(crate) fn programs_dir(sim_lib: &Path) -> PathBuf {
 fn copy_program(from: &Path, to: &Path) -> anyhow::Result<()> {
     std::fs::copy(from, to)
         .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(PROGRAM))
         .with_context(|| format!("cannot chmod {}", to.display()))
 }
