@@ -225,8 +225,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         let rest = Arc::new(rest);
         let plugin = Arc::new(PluginApi::new(Arc::clone(&volumes), DEFAULT_BUILD_WAIT));
-        let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
+        // The handlers first: a SIGTERM as soon as the socket shows must stop serve cleanly,
+        // never kill it with the default action.
         let signal = shutdown_signal()?;
+        let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
         let watch = (args.driver_poll > 0).then(|| {
             let probe = move || {
                 let found = GpuDriver::open(lib.as_deref())
