@@ -2,8 +2,7 @@
 //! environment, decided once in a [`LaunchPlan`] that both the CLI arguments
 //! ([`LaunchPlan::cli_args`]) and bollard's `HostConfig` (`crate::client`) are built from.
 //!
-//! Facts relied on (`shared/reference/nvidia_docker.md` §1.2, §1.8, §1.9, §7; `mesos_gpu.md` §4.5,
-//! §6):
+//! Facts relied on (`docs/reference/nvidia-docker.md` §1, §4; `mesos-gpu-isolator.md` §6.4, §8):
 //! - A container needs `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` when the host
 //!   has it, and `/dev/nvidia<minor>` for each of its GPUs (the minor comes from NVML, it is not
 //!   the index). `--device=HOST[:CONTAINER]` grants `rwm` in the device cgroup and creates the

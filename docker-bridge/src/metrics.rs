@@ -1,5 +1,5 @@
 //! Prometheus metrics of the node's GPUs, containers and allocator, in OpenMetrics text
-//! (`prometheus-client`, `shared/reference/crates.md` §8).
+//! (`prometheus-client`).
 //!
 //! Figures are read when scraped (NVML through [`GpuReadings`], health from a [`HealthSource`]:
 //! the running [`HealthMonitor`] or the checkpoint a monitor keeps ([`HealthStore`]), holders

@@ -2,7 +2,7 @@
 //! volume manager, so `--volume-driver=nvidia-docker --volume=nvidia_driver_<v>:/usr/local/nvidia:ro`
 //! keeps working.
 //!
-//! Facts relied on (`shared/reference/nvidia_docker.md` §1.3, §5 rows 3–5; `crates.md` §5):
+//! Facts relied on (`docs/reference/nvidia-docker.md` §2):
 //! - Docker POSTs JSON to `/Plugin.Activate` (with an **empty** body), then
 //!   `/VolumeDriver.{Create,Remove,Mount,Unmount,Path,Get,List,Capabilities}`; errors are the
 //!   `Err` string of an HTTP 200 answer. A driver that answers `Get` for a name it does not

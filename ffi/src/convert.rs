@@ -1,7 +1,7 @@
 //! Mesos messages ↔ the isolator's Rust types. The only place they are converted: the C ABI
 //! decodes into `crate::proto`, converts here, and encodes what comes back.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1, §10; `ffi/src/proto.rs`):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1, §10; `ffi/src/proto.rs`):
 //! - the `gpus` request of a container is the sum of the `SCALAR` resources named `gpus` in
 //!   `ContainerConfig.resources` (the agent puts the task's and the executor's there);
 //! - a nested container has `ContainerID.parent`; the isolator keys it by the dotted form Mesos

@@ -1,6 +1,6 @@
 //! The NVIDIA device nodes a container needs, with their device numbers read by `stat(2)`.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.2 and §3.1):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.1 and §5.1):
 //! - each GPU is the character device `/dev/nvidia<minor>`, major 195
 //!   ([`NVIDIA_GPU_MAJOR`]), minor from `nvmlDeviceGetMinorNumber` (not always the index);
 //! - `/dev/nvidiactl` (usually `195:255`) and `/dev/nvidia-uvm` are required for any GPU to be

@@ -171,7 +171,7 @@ fn issue_16_every_shipped_mig_node_is_discovered_as_described() {
 #[test]
 fn issue_16_profiles_carry_nvidias_sms_memory_and_names() {
     // (profile id) -> (name, SMs, MiB, GI slices), from the MIG user guide and nvidia-smi -lgip
-    // (shared/reference/mig_cdi_sharing.md §1.4).
+    // (docs/reference/mig.md §4).
     let a100 = [
         (19, "1g.5gb", 14, 4864, 1),
         (14, "2g.10gb", 28, 9856, 2),

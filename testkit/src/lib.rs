@@ -15,7 +15,7 @@ pub mod mps;
 pub mod nvml_sim;
 
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
-/// `shared/reference/topologies.md`: the isolator's test fixtures, compiled into it only for its
+/// `docs/reference/topology.md` §3: the isolator's test fixtures, compiled into it only for its
 /// own unit tests and through this crate (feature `fixtures`), never into a release build.
 pub use mesos_gpu_isolator::allocator::nodes;
 

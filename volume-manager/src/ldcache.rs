@@ -1,7 +1,7 @@
 //! A reader for glibc's `ld.so.cache`, in all three layouts ldconfig writes.
 //!
 //! Facts relied on (glibc `sysdeps/generic/dl-cache.h`, `elf/cache.c`, `elf/dl-cache.c`; see
-//! `shared/reference/nvidia_docker.md` §4). All integers are in host byte order.
+//! `docs/reference/ld-so-cache.md`). All integers are in host byte order.
 //!
 //! - **Old** (`ldconfig -c old`, libc5 / glibc 2.0–2.1): a 16-byte header (`"ld.so-1.7.0"`, NUL,
 //!   `u32 nlibs`), then `nlibs` 12-byte entries `{i32 flags, u32 key, u32 value}`. Strings are

@@ -1,6 +1,6 @@
 //! Finding the running driver's files and deciding where each goes in the volume.
 //!
-//! Rules (see `catalog.rs` for the lists and `shared/reference/nvidia_docker.md` §1.5, §3.1, §5):
+//! Rules (see `catalog.rs` for the lists and `docs/reference/nvidia-docker.md` §3):
 //!
 //! - Libraries come from ld.so.cache entries whose name starts with a catalog prefix. Entries in
 //!   `glibc-hwcaps/` or legacy hwcap directories are skipped: the plain directory's copy is the one

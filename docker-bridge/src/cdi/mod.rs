@@ -1,6 +1,6 @@
 //! The node's GPUs as a CDI (Container Device Interface) spec, for runtimes that take GPUs as
 //! CDI devices (`--device nvidia.com/gpu=0`): Podman ≥ 4.1, containerd, CRI-O, Docker ≥ 25
-//! with `features.cdi` (`shared/reference/mig_cdi_sharing.md` §2). Mesos has no CDI code; the
+//! with `features.cdi` (`docs/reference/cdi.md` §4). Mesos has no CDI code; the
 //! spec serves the other runtimes of a GPU node with the same devices and driver volume.
 //!
 //! - [`spec`]: the document as plain serde structs and its minimum `cdiVersion`;

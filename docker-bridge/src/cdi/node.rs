@@ -1,7 +1,7 @@
 //! From the node's GPUs to the CDI spec of kind `nvidia.com/gpu`.
 //!
-//! What the spec holds, and why (`shared/reference/mig_cdi_sharing.md` §2,
-//! `nvidia_docker.md` §3.5, `mesos_gpu.md` §1.2):
+//! What the spec holds, and why (`docs/reference/cdi.md` §5,
+//! `mesos-gpu-isolator.md` §1.1):
 //! - one device per GPU under two names, its NVML index (`"0"`) and its UUID (`GPU-…`), as
 //!   `nvidia-ctk cdi generate` names them by default, plus `all`. Each has the GPU's node
 //!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and nothing else, as

@@ -2,7 +2,7 @@
 //! never left beside another spec that declares the same device at the same priority.
 //!
 //! Facts relied on (CDI `pkg/cdi/spec-dirs.go`, `pkg/cdi/cache.go` `refresh`, `pkg/cdi/spec.go`
-//! `GenerateSpecName`; `shared/reference/mig_cdi_sharing.md` §2):
+//! `GenerateSpecName`; `docs/reference/cdi.md` §3):
 //! - runtimes read every `*.json` and `*.yaml` file (not recursively) of their spec directories,
 //!   by default `/etc/cdi` then `/var/run/cdi`; a later directory has the higher priority;
 //! - one device (`kind=name`) declared by two files of the **same** directory is a conflict:

@@ -2,8 +2,8 @@
 //! `--nvidia_gpu_devices`, and the agent flags that advertise a node's GPUs.
 //!
 //! The rules are those of `NvidiaGpuAllocator::resources` / `enumerateGpuResources`
-//! (`src/slave/containerizer/mesos/isolators/gpu/allocator.cpp`, `shared/reference/mesos_gpu.md`
-//! §2.2), checked in the same order:
+//! (`src/slave/containerizer/mesos/isolators/gpu/allocator.cpp`,
+//! `docs/reference/mesos-gpu-isolator.md` §2), checked in the same order:
 //! 1. `--nvidia_gpu_devices` needs `gpu/nvidia` in `--isolation`;
 //! 2. without `gpu/nvidia`, or without NVML, `gpus` from `--resources` passes through unchecked;
 //! 3. an explicit `gpus:0` advertises no GPUs and forbids `--nvidia_gpu_devices`;

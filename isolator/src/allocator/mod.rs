@@ -5,15 +5,16 @@
 //!
 //! Facts relied on:
 //! - Mesos's `NvidiaGpuAllocator` grants the first free GPUs in (major, minor) order, and refuses
-//!   to grant what is taken or to free what is not allocated (`shared/reference/mesos_gpu.md`
-//!   §2.3); [`Policy::FirstFit`] keeps that behaviour and its error cases.
+//!   to grant what is taken or to free what is not allocated
+//!   (`docs/reference/mesos-gpu-isolator.md` §3); [`Policy::FirstFit`] keeps that behaviour and its
+//!   error cases.
 //! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores, and a pair by the sum
-//!   over its links: the PCIe level's points plus 100 per NVLink (`gpu_sched.md` §2.2);
+//!   over its links: the PCIe level's points plus 100 per NVLink (`docs/reference/topology.md` §1);
 //!   [`Policy::Topology`] maximises that score exactly for up to 16 free GPUs, where NVIDIA's
-//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. Among equally
-//!   scored sets it keeps the free GPUs best connected, for every request size. The order of
-//!   preference and the search are documented in `allocator/search.rs` and `docs/allocator.md`;
-//!   what that means for single GPUs, in `allocator/policy.rs`.
+//!   exhaustive search takes seconds (`docs/reference/topology.md` §2), with a greedy above that.
+//!   Among equally scored sets it keeps the free GPUs best connected, for every request size. The
+//!   order of preference and the search are documented in `allocator/search.rs` and
+//!   `docs/allocator.md`; what that means for single GPUs, in `allocator/policy.rs`.
 //! - Pair scores come from [`Topology::pair_score`]'s rule (the weaker direction when the data
 //!   is asymmetric, 0 for an unknown part); NVLink counts above 18 are taken as 18.
 //! - A GPU marked unhealthy is never granted; one that is allocated stays with its owner until
@@ -574,11 +575,11 @@ mod tests {
         assert_eq!(alloc.score(alloc.managed()), 3000);
     }
 
-    /// NVIDIA's published sequence on a free DGX-1 (`topologies.md`): pairs {0,3}, {1,2}, {4,7},
-    /// {5,6} (230 each, 920 in all). By NVIDIA's own score the best pair is {2,3} (250), so ours
-    /// differs: {2,3}, {6,7}, then {0,4} and {1,5}, also 920 in all, and on each free set at least
-    /// what NVIDIA's policy would pick from that same set ({0,4} from {0,1,4,5}: NVIDIA's best
-    /// partition {0,4}+{1,5} beats {0,1}+{4,5}).
+    /// NVIDIA's published sequence on a free DGX-1 (`docs/reference/topology.md` §3): pairs {0,3},
+    /// {1,2}, {4,7}, {5,6} (230 each, 920 in all). By NVIDIA's own score the best pair is {2,3}
+    /// (250), so ours differs: {2,3}, {6,7}, then {0,4} and {1,5}, also 920 in all, and on each
+    /// free set at least what NVIDIA's policy would pick from that same set ({0,4} from {0,1,4,5}:
+    /// NVIDIA's best partition {0,4}+{1,5} beats {0,1}+{4,5}).
     #[test]
     fn dgx1_pairs_score_at_least_nvidias_sequence() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
@@ -761,7 +762,8 @@ mod tests {
 
     #[test]
     fn mesos_allocator_test_cases() {
-        // apache/mesos NVIDIA_GPU_Allocator, in order (mesos_gpu.md §7).
+        // apache/mesos NVIDIA_GPU_Allocator, in order
+        // (`src/tests/containerizer/nvidia_gpu_isolator_tests.cpp`).
         let mut alloc = on(dgx1_v100(), Policy::FirstFit);
         let all = alloc.allocate("a", 8).unwrap();
         assert!(matches!(

@@ -7,7 +7,7 @@
 //!   cgroup, generated from the whole allow list and swapped atomically when the list changes.
 //!   The kernel cannot give the list back, so the lifecycle checkpoints it for recovery.
 //!
-//! Layout (Mesos, `mesos_gpu.md` §1.2, §3): a container's cgroup is
+//! Layout (Mesos, `docs/reference/mesos-gpu-isolator.md` §1.1, §5): a container's cgroup is
 //! `<hierarchy>/<parent>/<container id>` with parent `mesos`, e.g.
 //! `/sys/fs/cgroup/devices/mesos/<id>` on v1 and `/sys/fs/cgroup/unified/mesos/<id>` on a hybrid
 //! host's cgroup2 mount. Every path here comes from a [`CgroupLayout`]; nothing is hard-coded.

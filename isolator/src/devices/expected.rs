@@ -2,7 +2,7 @@
 //! and how the nodes under a device root compare: what an operator checks before the first task
 //! (`mesos-gpu doctor`).
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.2, §3.1; the kernel's
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.1, §5.1; the kernel's
 //! `Documentation/admin-guide/devices.txt`; NVIDIA's `nvidia-modprobe`):
 //! - `/dev/nvidia<minor>` is `195:<minor>` with the minor NVML gives (`nvmlDeviceGetMinorNumber`),
 //!   `/dev/nvidiactl` is `195:255`;

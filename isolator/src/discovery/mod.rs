@@ -1,7 +1,7 @@
 //! GPU discovery: load NVML at run time, read the node's GPUs, driver and topology once, and
 //! keep the NVML session for later users (health events, usage).
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §2.1 and §5, `crates.md` §1):
+//! Facts relied on (`docs/reference/nvml.md` §1-2, `mesos-gpu-isolator.md` §2 and §7):
 //! - NVML is `libnvidia-ml.so.1`, opened with `dlopen` through nvml-wrapper
 //!   (`Nvml::builder().lib_path(..)`); there is no link-time dependency, so a node without the
 //!   driver still runs. It is initialised with `NVML_INIT_FLAG_NO_GPUS`, without which
@@ -22,7 +22,8 @@
 //! - Topology: see `topology`. MIG: see `mig` (NVML) and `caps` (the driver's `/proc`
 //!   files numbering the capability device nodes).
 //!
-//! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
+//! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on
+//! (`docs/reference/mesos-gpu-isolator.md` §7); here discovery
 //! reports an empty inventory with the reason and lets the caller decide.
 
 mod caps;

@@ -1,7 +1,7 @@
 //! The health event loop: one per agent, on a dedicated thread, blocked in
 //! `nvmlEventSetWait_v2` until NVML reports an XID, an ECC error or a lost GPU.
 //!
-//! Facts relied on (`shared/reference/gpu_sched.md` §1.1, `crates.md` §1, `nvml.h`):
+//! Facts relied on (`docs/reference/gpu-health.md` §1, `nvml.md` §2 and §4, `nvml.h`):
 //! - NVML delivers only events registered (`nvmlDeviceRegisterEvents`) before they happen;
 //!   the mask is `XidCriticalError | DoubleBitEccError | SingleBitEccError` ANDed with
 //!   `nvmlDeviceGetSupportedEventTypes`. A GPU that supports none of them, or whose
@@ -13,9 +13,9 @@
 //!   `NVML_ERROR_GPU_IS_LOST` when a GPU fell off the bus. Calls on a lost GPU's handle answer
 //!   `GPU_IS_LOST`, so the event's device cannot always name itself: the loop then asks every
 //!   GPU and marks those answering `GPU_IS_LOST` lost.
-//! - Any other wait error is a failure of the loop, not of the GPUs (the device plugin marks
-//!   every GPU unhealthy here, §1.1): it is logged, counted, and the loop starts again with a
-//!   new event set after an exponential backoff. Events during the gap are not seen.
+//! - Any other wait error is a failure of the loop, not of the GPUs (the device plugin marks every
+//!   GPU unhealthy here, `gpu-health.md` §1): it is logged, counted, and the loop starts again with
+//!   a new event set after an exponential backoff. Events during the gap are not seen.
 //! - Single-bit (corrected) ECC errors are counted, never acted on.
 //! - At a counted event the driver's evidence is read (`super::evidence`): the error counters
 //!   then, and whether it asks for a reset, which the holder's limitation says.

@@ -1,6 +1,6 @@
 //! Which NVML health events make a GPU unhealthy.
 //!
-//! Facts relied on (`shared/reference/gpu_sched.md` §1.1, NVIDIA k8s-device-plugin v0.20
+//! Facts relied on (`docs/reference/gpu-health.md` §2, NVIDIA k8s-device-plugin v0.20
 //! `internal/rm/health.go`):
 //! - XIDs 13, 31, 43, 45, 68 and 109 are caused by applications (graphics engine exception,
 //!   memory page fault, GPU stopped processing, preemptive cleanup, video processor exception,
@@ -9,8 +9,8 @@
 //! - Operators need to add to that list (XID 94 false positives, gpu-operator #1065), take XIDs
 //!   off it, and switch checks off altogether (`DP_DISABLE_HEALTHCHECKS=all`).
 //! - The device plugin's precedence is explicit enable > explicit disable (including `all`) >
-//!   built-in ignore list > counted. Its `all` plus an explicit enable still disables every
-//!   check (a bug, §1.1); here `all,+94` counts XID 94 and nothing else.
+//!   built-in ignore list > counted. Its `all` plus an explicit enable still disables every check
+//!   (a bug, `docs/reference/gpu-health.md` §2); here `all,+94` counts XID 94 and nothing else.
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -3,8 +3,8 @@
 //! Pure bookkeeping over wall-clock times passed in by the caller (milliseconds since the Unix
 //! epoch, so the state can be checkpointed and read back after a restart).
 //!
-//! Recovery rules (NVIDIA's device plugin has none, `shared/reference/gpu_sched.md` §1.1; HAMi
-//! removed an automatic one because a GPU can answer queries right after an XID, §1.1, so here
+//! Recovery rules (NVIDIA's device plugin has none, `docs/reference/gpu-health.md` §3; HAMi removed
+//! an automatic one because a GPU can answer queries right after an XID, same section, so here
 //! evidence decides, not time alone: `super::recovery`):
 //! - each stay out of the pool is an [`super::recovery::Episode`] recording how it may end
 //!   (the XID policy table, [`super::xid`]), the error counters at the event and the findings

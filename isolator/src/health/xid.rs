@@ -5,7 +5,7 @@
 //! Catalog" (<https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html>), the
 //! edition listing XIDs 1-172, as read on 2026-11-26; its "Resolution Bucket (Immediate
 //! Action)" column is quoted in [`XidRule::catalogue`]. The default ignore list is NVIDIA's k8s
-//! device plugin's (`shared/reference/gpu_sched.md` §1.1). `docs/operator-guide.md` ("XID
+//! device plugin's (`docs/reference/gpu-health.md` §2). `docs/operator-guide.md` ("XID
 //! policy") holds the same table; a test below checks the two agree.
 //!
 //! How the catalogue's actions map to ours:

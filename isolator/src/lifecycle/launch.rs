@@ -1,7 +1,7 @@
 //! What a container is launched with: its device allow list, the bind mounts of its device nodes
 //! and of the driver volume, and its environment. Pure functions of the allocation.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.4, §3.1, §4.5, §4.6):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.3, §5.1, §6.4, §6.5):
 //! - every GPU container may use the control devices (`nvidiactl`, `nvidia-uvm`, and
 //!   `nvidia-uvm-tools` when present) with `rwm`, plus `c 195:<minor>` per GPU (`rw`; mknod of
 //!   any character device is already in the default whitelist's `c *:* m`);
@@ -143,7 +143,8 @@ pub(crate) fn allow_list(
 }
 
 /// The GPUs `rules` allows, by minor: exact `c 195:<minor>` entries, as Mesos counts them on
-/// recovery (§1.3); a wildcard entry is not taken as a claim on every GPU.
+/// recovery (`docs/reference/mesos-gpu-isolator.md` §1.2); a wildcard entry is not taken as a claim
+/// on every GPU.
 pub(crate) fn allowed_minors(rules: &[DeviceRule]) -> Vec<u32> {
     rules
         .iter()

@@ -2,7 +2,7 @@
 //! (`recover`, `prepare`, `isolate`, `update`, `usage`, `status`, `cleanup`) over one allocator
 //! shared with the Docker containerizer, device cgroups (v1 or v2) and a crash-safe checkpoint.
 //!
-//! Facts and decisions (`shared/reference/mesos_gpu.md` §1, §3, §9):
+//! Facts and decisions (`docs/reference/mesos-gpu-isolator.md` §1, §5, §9):
 //! - Mesos runs each isolator as one libprocess actor, so its calls are serialized. We do the
 //!   same with one `Mutex` held for a whole call, cgroup writes and checkpoint included: a call
 //!   takes well under a millisecond, and holding the lock is what makes the write-ahead order

@@ -1,7 +1,7 @@
 //! Recovery after an agent restart: rebuild the state from the checkpoint **and** the live
 //! cgroups, and report every inconsistency instead of guessing.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.3, §3.2, §3.3, §9):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.2, §5.2, §5.3):
 //! - Mesos v1 recovery counts a GPU as held when `devices.list` has an entry with its exact
 //!   major:minor; we do the same, so a wildcard is never read as a claim on every GPU;
 //! - a v2 device program cannot be read back, so v2 relies on the checkpoint, and we check that

@@ -1,7 +1,7 @@
 //! NUMA pinning, the pure part: which CPUs and memory nodes a container gets when it is narrowed
 //! to its GPUs' local ones, or why it is not.
 //!
-//! Facts (`shared/reference/mig_cdi_sharing.md` §4):
+//! Facts (`docs/reference/numa.md`):
 //! - NVML reports a GPU's nearest CPUs with `nvmlDeviceGetCpuAffinity` (=
 //!   `…WithinScope(NVML_AFFINITY_SCOPE_NODE)`) and its nearest memory nodes with
 //!   `nvmlDeviceGetMemoryAffinity(…, NVML_AFFINITY_SCOPE_NODE)`; a multi-GPU container takes the

@@ -1,6 +1,6 @@
 //! Sharing a GPU between tasks: replicas offered as whole `gpus` units.
 //!
-//! Facts this relies on (`/work/shared/reference/mig_cdi_sharing.md` §3):
+//! Facts this relies on (`docs/reference/mps.md`):
 //! - The Mesos master refuses fractional `gpus` (`src/common/validation.cpp` 325-330), so a
 //!   shared GPU is offered as R whole units (R = its replica count): the agent advertises
 //!   `gpus` = Σ R over shared GPUs + the whole GPUs, and every `gpus:1` is a 1/R share. This is

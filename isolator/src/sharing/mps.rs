@@ -1,6 +1,6 @@
 //! One MPS control daemon per shared GPU, started and supervised by mesos-gpu.
 //!
-//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §3; NVIDIA's MPS documentation and
+//! Facts relied on (`docs/reference/mps.md` §1; NVIDIA's MPS documentation and
 //! `nvidia-cuda-mps-control(1)`; NVIDIA's device plugin `cmd/mps-control-daemon/mps/daemon.go`):
 //! - `nvidia-cuda-mps-control -d` starts the control daemon in the background and returns once
 //!   it accepts commands; `CUDA_VISIBLE_DEVICES` limits it to one GPU, and

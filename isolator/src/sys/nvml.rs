@@ -1,6 +1,6 @@
 //! The NVML calls nvml-wrapper 0.13 has no safe wrapper for: a MIG device's GPU instance id
 //! and compute instance id (`nvmlDeviceGetGpuInstanceId`, `nvmlDeviceGetComputeInstanceId`,
-//! `nvml.h` 13398 and 13419; `shared/reference/mig_cdi_sharing.md` §1.1), an event wait
+//! `nvml.h` 13398 and 13419; `docs/reference/mig.md` §1), an event wait
 //! that keeps the MIG instance the event names (nvml-wrapper's `EventData` drops it), and the
 //! row remapper's state (`nvmlDeviceGetRemappedRows`, `nvml.h` 8434: Ampere and later,
 //! `NOT_SUPPORTED` with MIG enabled).
