@@ -298,7 +298,7 @@ n.nvmlShutdown()
 print(json.dumps(out))
 "#;
 
-/// What an H200 with driver 580.159.04 answered (`/work/notes/h200-facts-2026-11-26.txt`):
+/// What an H200 with driver 580.159.04 answered (`docs/reference/real-gpu-host.md`):
 /// field 230 `NVML_SUCCESS`, unsigned int, 0; remapped rows (0, 0, 0, 0); retired pages pending
 /// `NOT_SUPPORTED`; volatile uncorrected ECC 0. Then a pending remapping and a reset request.
 fn pynvml_reads_the_recovery_state_as_on_an_h200() -> Result<(), Failed> {

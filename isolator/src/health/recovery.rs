@@ -15,7 +15,7 @@
 //! `retry_max`: a flapping or broken GPU is backed off, never probed in a loop. A GPU whose
 //! failure needs a reset ([`Comeback::Reset`]) never comes back by itself; neither does one
 //! while the driver asks for a reset or reboot. Facts on NVML's calls: `nvml.h` (NVML 13), and an
-//! H200 with driver 580.159.04 (`/work/notes/h200-facts-2026-11-26.txt`): field 230 answers
+//! H200 with driver 580.159.04 (`docs/reference/real-gpu-host.md`): field 230 answers
 //! `NONE`, remapped rows (0, 0, 0, 0), retired pages `NOT_SUPPORTED`.
 //!
 //! This module is the bookkeeping (pure, over times passed in); `monitor` reads NVML and runs
