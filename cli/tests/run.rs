@@ -145,7 +145,9 @@ impl Drop for Env {
                     let _ = Command::new("docker").args(["rm", "-f", id]).output();
                 }
             }
-            let _ = Command::new("docker").args(["rmi", "-f", image]).output();
+            let _ = Command::new("docker")
+                .args(["rmi", "-f", "--no-prune", image])
+                .output();
         }
     }
 }

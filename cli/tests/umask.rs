@@ -298,7 +298,9 @@ fn run() -> TestResult {
     let mut cmd = t.mesos_gpu(&["run", "--work-dir", s(&work), "--pool-dir", s(&pool)]);
     cmd.args(["--gpus", "1", &image, "/bin/busybox", "true"]);
     let out = run_000(&cmd);
-    let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", "--no-prune", &image])
+        .output();
     ok(out?)?;
     let listing = t.created(&before);
     check_created("run", &listing, &[])?;

@@ -55,7 +55,9 @@ impl Drop for Cleanup {
             let _ = Command::new("docker").args(["rm", "-f", &name]).output();
         }
         for image in self.images.lock().expect("lock").drain(..) {
-            let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
+            let _ = Command::new("docker")
+                .args(["rmi", "-f", "--no-prune", &image])
+                .output();
         }
     }
 }

@@ -1040,7 +1040,7 @@ impl Drop for DockerImage {
             }
         }
         let _ = std::process::Command::new("docker")
-            .args(["rmi", "-f", &self.name])
+            .args(["rmi", "-f", "--no-prune", &self.name])
             .output();
     }
 }

@@ -2201,7 +2201,10 @@ impl Drop for DockerCluster {
                     let _ = self.docker().args(["rm", "-f", id]).output();
                 }
             }
-            let _ = self.docker().args(["rmi", "-f", image]).output();
+            let _ = self
+                .docker()
+                .args(["rmi", "-f", "--no-prune", image])
+                .output();
         }
     }
 }

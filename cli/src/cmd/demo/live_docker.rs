@@ -169,7 +169,7 @@ impl LiveDocker {
             }
         }
         if self.built
-            && let Err(e) = docker(&["image", "rm", "-f", &self.image])
+            && let Err(e) = docker(&["image", "rm", "-f", "--no-prune", &self.image])
         {
             first_err.get_or_insert(e);
         }
