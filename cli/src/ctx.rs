@@ -248,7 +248,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue_14_colour_only_on_a_terminal_that_wants_it() {
+    fn colour_only_on_a_terminal_that_wants_it() {
         assert!(use_colour(true, None, Some("xterm-256color")));
         assert!(
             use_colour(true, Some(""), None),

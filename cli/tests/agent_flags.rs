@@ -273,7 +273,7 @@ fn without_a_driver_gpus_pass_through() {
 }
 
 #[test]
-fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
+fn a_named_nvml_lib_that_is_not_a_library_is_an_error() {
     for isolation in [ISO, "posix/cpu,posix/mem"] {
         fails(
             &["--nvml-lib", "/bin/true", "--isolation", isolation],
@@ -283,7 +283,7 @@ fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
 }
 
 #[test]
-fn issue_14_an_isolation_without_gpu_isolator_says_why_there_are_no_flags() {
+fn an_isolation_without_gpu_isolator_says_why_there_are_no_flags() {
     no_flags(
         &["--simulate", "k80", "--isolation", "posix/cpu,posix/mem"],
         &[
@@ -338,7 +338,7 @@ fn simulate_list_and_unknown_names() {
 }
 
 #[test]
-fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
+fn replicas_advertise_shared_times_r_plus_whole() {
     let got = lines(&[
         "--simulate",
         "dgx1-v100",
@@ -404,7 +404,7 @@ fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
 }
 
 #[test]
-fn issue_16_17_offers_say_what_the_module_needs() {
+fn offers_say_what_the_module_needs() {
     let module = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
     let mig = mesos_gpu(&["--simulate", "dgx-a100-mixed", "--isolation", module]);
     assert!(mig.status.success());

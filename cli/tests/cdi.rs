@@ -85,7 +85,7 @@ fn read_json(path: &Path) -> Value {
 const NVIDIA_YAML: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\n";
 
 #[test]
-fn issue_18_generate_writes_once_and_reports_it() {
+fn generate_writes_once_and_reports_it() {
     let d = Dirs::new();
     let out = d.generate("k80", &["--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -124,7 +124,7 @@ fn issue_18_generate_writes_once_and_reports_it() {
 }
 
 #[test]
-fn issue_18_generate_on_a_simulated_node_prints_unless_told_where() {
+fn generate_on_a_simulated_node_prints_unless_told_where() {
     let out = mesos_gpu(&["cdi", "generate", "--simulate", "pcie-t4x4"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
@@ -142,7 +142,7 @@ fn issue_18_generate_on_a_simulated_node_prints_unless_told_where() {
 }
 
 #[test]
-fn issue_18_generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
+fn generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
     let d = Dirs::new();
     assert!(d.generate("k80", &[]).status.success());
     let theirs = d.path("run/nvidia.yaml");
@@ -175,7 +175,7 @@ fn issue_18_generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
 }
 
 #[test]
-fn issue_18_no_gpus_removes_the_spec() {
+fn no_gpus_removes_the_spec() {
     let d = Dirs::new();
     assert!(d.generate("k80", &[]).status.success());
     assert!(d.spec().exists());
@@ -202,7 +202,7 @@ fn issue_18_no_gpus_removes_the_spec() {
 }
 
 #[test]
-fn issue_18_bad_flags_are_refused() {
+fn bad_flags_are_refused() {
     let out = mesos_gpu(&["cdi", "generate", "--simulate", "k80", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
     let out = mesos_gpu(&["cdi"]);
@@ -234,7 +234,7 @@ fn wait_for(what: &str, serve: &mut Serve, ok: impl Fn() -> bool) {
 }
 
 #[test]
-fn issue_18_serve_keeps_the_spec_current() {
+fn serve_keeps_the_spec_current() {
     let d = Dirs::new();
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -295,7 +295,7 @@ fn issue_18_serve_keeps_the_spec_current() {
 }
 
 #[test]
-fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
+fn serve_on_a_simulated_node_keeps_no_spec_unless_named() {
     let d = Dirs::new();
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -631,9 +631,8 @@ echo "NVIDIA_VISIBLE_DEVICES: $NVIDIA_VISIBLE_DEVICES""#;
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let host = Host::probe();
-    let trial = |name: &str, f: fn() -> Result<(), Failed>| {
-        needs(&host, NEEDS, Trial::test(format!("issue_18_{name}"), f))
-    };
+    let trial =
+        |name: &str, f: fn() -> Result<(), Failed>| needs(&host, NEEDS, Trial::test(name, f));
     let trials = vec![
         trial(
             "spec_reads_the_real_device_numbers",

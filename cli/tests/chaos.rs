@@ -63,7 +63,7 @@ fn main() -> ExitCode {
         return agent_worker(&spec);
     }
     let host = Host::probe();
-    let trial = Trial::test("issue_13_chaos_leaves_nothing_double_booked_or_lost", chaos);
+    let trial = Trial::test("chaos_leaves_nothing_double_booked_or_lost", chaos);
     let trials = vec![needs(&host, &[Need::Root, Need::Cgroup1], trial)];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

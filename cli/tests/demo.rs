@@ -278,7 +278,7 @@ fn a_custom_stream_reads_apps_next_to_it() {
 }
 
 #[test]
-fn issue_14_docker_run_lines_wrap_between_arguments() {
+fn docker_run_lines_wrap_between_arguments() {
     let text = ok(&["demo"]);
     let report = json(&["demo", "--json"]);
     let commands = docker_runs(&text);
@@ -309,7 +309,7 @@ fn issue_14_docker_run_lines_wrap_between_arguments() {
 /// GPU 0 first, a 2-unit task shares GPU 1, each share allows its GPU only and carries its MPS
 /// limits, DOCKER apps take whole GPUs, and the node without sharing refuses far more.
 #[test]
-fn issue_17_sharing_scenario_packs_limits_and_compares() {
+fn sharing_scenario_packs_limits_and_compares() {
     let spec = "4,4=1,5=1,6=1,7=1";
     let report = json(&[
         "demo",
@@ -392,7 +392,7 @@ fn issue_17_sharing_scenario_packs_limits_and_compares() {
 /// task is refused because CUDA uses one MIG device per process, and the same GPUs without MIG
 /// refuse far more.
 #[test]
-fn issue_16_mig_scenario_single_strategy() {
+fn mig_scenario_single_strategy() {
     let report = json(&["--simulate", "dgx-a100-mig", "demo", "--json"]);
     let tasks = report["tasks"].as_array().unwrap();
     let first = tasks

@@ -49,38 +49,38 @@ fn main() -> ExitCode {
         ));
         trials.push(add("bad_gpus_change_nothing", bad_gpus_change_nothing));
         trials.push(add(
-            "issue_13_sighup_is_forwarded_and_cleaned_up",
+            "sighup_is_forwarded_and_cleaned_up",
             sighup_is_forwarded_and_cleaned_up,
         ));
         trials.push(add(
-            "issue_13_two_execs_run_side_by_side_on_disjoint_gpus",
+            "two_execs_run_side_by_side_on_disjoint_gpus",
             two_execs_run_side_by_side,
         ));
         trials.push(add(
-            "issue_13_killed_exec_gpus_come_back_when_its_command_ends",
+            "killed_exec_gpus_come_back_when_its_command_ends",
             killed_exec_gpus_come_back,
         ));
         trials.push(add(
-            "issue_13_docker_args_and_exec_share_one_pool",
+            "docker_args_and_exec_share_one_pool",
             docker_args_and_exec_share_one_pool,
         ));
         trials.push(add(
-            "issue_13_gpu_list_and_release_a_killed_exec",
+            "gpu_list_and_release_a_killed_exec",
             gpu_list_and_release,
         ));
         trials.push(add(
-            "issue_13_exec_refuses_an_unhealthy_gpu",
+            "exec_refuses_an_unhealthy_gpu",
             exec_refuses_an_unhealthy_gpu,
         ));
         trials.push(add(
-            "issue_17_execs_share_a_gpu_and_refuse_what_fits_none",
+            "execs_share_a_gpu_and_refuse_what_fits_none",
             execs_share_a_gpu,
         ));
     }
     trials.push(needs(
         &host,
         &[Need::Root, Need::Cgroup1, Need::Cpuset1],
-        Trial::test("v1_issue_18_numa_pinning", numa_pinning),
+        Trial::test("v1_exec_pins_the_command_to_its_gpus_cpu", numa_pinning),
     ));
     trials.push(Trial::test(
         "simulation_without_dev_root_is_refused",

@@ -46,7 +46,7 @@ fn stderr(out: &Output) -> String {
 }
 
 #[test]
-fn issue_14_gpu_health_creates_nothing() {
+fn gpu_health_creates_nothing() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
@@ -68,7 +68,7 @@ fn issue_14_gpu_health_creates_nothing() {
 }
 
 #[test]
-fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
+fn mark_healthy_refuses_what_it_cannot_find() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     // A wrong --agent-work-dir: nothing there, nothing created, exit 1 naming where it looked.
@@ -110,7 +110,7 @@ fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
 }
 
 #[test]
-fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
+fn mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     write_checkpoint(work.path());
@@ -152,7 +152,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
 }
 
 #[test]
-fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
+fn mark_healthy_reports_the_running_monitors_answer() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     write_checkpoint(work.path());

@@ -251,7 +251,7 @@ fn missing_driver_means_no_gpus_and_success() {
 }
 
 #[test]
-fn issue_14_a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
+fn a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
     for lib in ["/nonexistent/libnvidia-ml.so.1", "/bin/true", "/etc/passwd"] {
         let out = mesos_gpu(&["info", "--nvml-lib", lib]);
         assert_eq!(out.status.code(), Some(1), "{lib}");
@@ -438,7 +438,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
 }
 
 #[test]
-fn issue_14_files_named_in_input_are_never_echoed() {
+fn files_named_in_input_are_never_echoed() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "root:$6$s3cr3t:20228:0:99999:7:::\n").unwrap();
@@ -518,7 +518,7 @@ fn run_bounded(args: &[&str], limit: std::time::Duration) -> Output {
 }
 
 #[test]
-fn issue_14_oversize_nodes_are_refused_up_front() {
+fn oversize_nodes_are_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
     for count in [65, 10_000] {
         let file = dir.path().join(format!("node{count}.json"));

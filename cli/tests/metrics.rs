@@ -127,7 +127,7 @@ fn serve_answers_metrics() {
 }
 
 #[test]
-fn issue_14_serve_opens_nvml_once() {
+fn serve_opens_nvml_once() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_port();
     let log = dir.path().join("serve.log");
@@ -151,7 +151,7 @@ fn issue_14_serve_opens_nvml_once() {
 }
 
 #[test]
-fn issue_14_serve_metrics_report_the_agents_gpu_health() {
+fn serve_metrics_report_the_agents_gpu_health() {
     let dir = tempfile::tempdir().unwrap();
     let agent = dir.path().join("agent");
     std::fs::create_dir_all(agent.join("gpu")).unwrap();

@@ -368,22 +368,22 @@ fn main() -> std::process::ExitCode {
                 &host,
                 &[Need::Pynvml],
                 Trial::test(
-                    format!("issue_16_pynvml_reads_the_mig_layout_info_shows_on_{node}"),
+                    format!("pynvml_reads_the_mig_layout_info_shows_on_{node}"),
                     move || pynvml_agrees_with_info(node),
                 ),
             )
         })
         .collect();
     trials.push(Trial::test(
-        "issue_16_info_lists_mig_devices_like_nvidia_smi_with_caps",
+        "info_lists_mig_devices_like_nvidia_smi_with_caps",
         info_lists_mig_devices_like_nvidia_smi,
     ));
     trials.push(Trial::test(
-        "issue_16_agent_flags_offer_mig_devices_by_strategy",
+        "agent_flags_offer_mig_devices_by_strategy",
         agent_flags_offer_both_strategies,
     ));
     trials.push(Trial::test(
-        "issue_16_info_notes_a_mig_device_checkpointed_unhealthy",
+        "info_notes_a_mig_device_checkpointed_unhealthy",
         info_notes_an_unhealthy_mig_device,
     ));
     trials.push(Trial::test(

@@ -317,23 +317,17 @@ fn main() -> ExitCode {
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test("issue_18_numa_pinning", numa_pinning),
+        Trial::test("run_pins_the_container_to_its_gpus_cpu", numa_pinning),
     ));
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test(
-            "issue_17_docker_args_shares_run_in_real_containers",
-            docker_shares,
-        ),
+        Trial::test("docker_args_shares_run_in_real_containers", docker_shares),
     ));
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test(
-            "issue_16_docker_args_mig_device_in_a_real_container",
-            docker_mig,
-        ),
+        Trial::test("docker_args_mig_device_in_a_real_container", docker_mig),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

@@ -77,7 +77,7 @@ fn pool_lock(work: &Path) -> File {
 }
 
 #[test]
-fn issue_14_signals_leave_no_simulation_behind() {
+fn signals_leave_no_simulation_behind() {
     let work = tempfile::tempdir().unwrap();
     let _held = pool_lock(work.path());
     for (name, number) in [("TERM", 15), ("INT", 2), ("HUP", 1)] {
@@ -119,7 +119,7 @@ fn issue_14_signals_leave_no_simulation_behind() {
 }
 
 #[test]
-fn issue_14_a_killed_simulation_is_swept_by_the_next() {
+fn a_killed_simulation_is_swept_by_the_next() {
     let work = tempfile::tempdir().unwrap();
     let held = pool_lock(work.path());
     let mut child = blocked_docker_args(work.path());

@@ -16,7 +16,7 @@ fn mesos_gpu(args: &[&str]) -> Output {
 }
 
 #[test]
-fn issue_14_malformed_values_are_usage_errors_in_every_command() {
+fn malformed_values_are_usage_errors_in_every_command() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     for (args, value) in [
@@ -59,7 +59,7 @@ fn issue_14_malformed_values_are_usage_errors_in_every_command() {
 }
 
 #[test]
-fn issue_14_well_formed_commands_that_fail_exit_1() {
+fn well_formed_commands_that_fail_exit_1() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     let out = mesos_gpu(&[
@@ -84,7 +84,7 @@ fn issue_14_well_formed_commands_that_fail_exit_1() {
 }
 
 #[test]
-fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
+fn asking_for_gpus_on_a_node_without_any_says_why() {
     // nvml-sim without a node description: a driver library whose kernel module is not loaded.
     let work = tempfile::tempdir().unwrap();
     let lib = work.path().join("libnvidia-ml.so.1");

@@ -545,7 +545,7 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn issue_18_cpuset_args() {
+    fn cpuset_args_name_the_cpus_and_memory_nodes() {
         let pinning = Pinning {
             cpus: "0-3,8".parse().expect("list"),
             mems: Some("0".parse().expect("list")),

@@ -243,7 +243,7 @@ fn shipped_nodes() -> Vec<String> {
 /// Every shipped node with a healthy GPU gets a spec valid by the schema at its minimum version,
 /// offering each whole GPU and, on a MIG node, each MIG device (by index and UUID) plus `all`.
 #[test]
-fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
+fn every_shipped_node_gives_a_valid_minimal_spec() {
     let validator = validator();
     let mut checked = 0;
     for node in shipped_nodes() {
@@ -283,7 +283,7 @@ fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
 }
 
 #[test]
-fn issue_18_the_schema_refuses_what_runtimes_refuse() {
+fn the_schema_refuses_what_runtimes_refuse() {
     let validator = validator();
     let good = spec_json("k80");
     assert!(schema_errors(&validator, &good).is_empty());
@@ -308,7 +308,7 @@ fn issue_18_the_schema_refuses_what_runtimes_refuse() {
 }
 
 #[test]
-fn issue_18_the_version_table_is_cdis() {
+fn the_version_table_is_cdis() {
     let base = json!({"cdiVersion": "x", "kind": "nvidia.com/gpu",
         "devices": [{"name": "gpu0", "containerEdits": {}}]});
     assert_eq!(required_version(&base), "0.3.0");
@@ -332,7 +332,7 @@ fn issue_18_the_version_table_is_cdis() {
 }
 
 #[test]
-fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
+fn dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
     let inventory = inventory("dgx1-v100");
     let doc = spec_json("dgx1-v100");
     assert_eq!(doc["cdiVersion"], "0.5.0");
@@ -439,7 +439,7 @@ fn env_is_the_docker_paths_with_selection_left_to_cdi() {
 }
 
 #[test]
-fn issue_18_no_spec_without_healthy_gpus() {
+fn no_spec_without_healthy_gpus() {
     let inventory = inventory("driver-no-gpus");
     assert!(matches!(computed(&inventory), Gathered::NoGpus { .. }));
     let mut sick = self::inventory("k80");
@@ -465,7 +465,7 @@ fn issue_18_no_spec_without_healthy_gpus() {
 }
 
 #[test]
-fn issue_18_bad_values_are_named() {
+fn bad_values_are_named() {
     let mut inventory = inventory("k80");
     inventory.gpus[1].uuid = "GPU 1".to_owned();
     let Gathered::Devices(devices) = computed(&inventory) else {

@@ -363,7 +363,7 @@ mod tests {
     use std::path::PathBuf;
 
     #[test]
-    fn issue_16_task_capabilities_as_the_task_runs() {
+    fn task_capabilities_as_the_task_runs() {
         use crate::proto::mesos::{CapabilityInfo, ContainerInfo, LinuxInfo, capability_info};
         let with = |caps: Option<Vec<i32>>, user: Option<&str>| ContainerConfig {
             user: user.map(str::to_owned),
@@ -491,7 +491,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_nested_cgroups_follow_mesos_paths() {
+    fn nested_cgroups_follow_mesos_paths() {
         assert_eq!(nested_cgroup(&mid("a", None)).unwrap(), None);
         assert_eq!(
             nested_cgroup(&mid("c", Some(mid("b", Some(mid("a", None)))))).unwrap(),
@@ -564,7 +564,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_requested_cpus_are_summed() {
+    fn requested_cpus_are_summed() {
         let cpus = |v: f64| Resource {
             name: "cpus".into(),
             ..gpus_resource(v)

@@ -781,7 +781,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_agent_flags_decide_the_cgroups() {
+    fn agent_flags_decide_the_cgroups() {
         let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
         let v2 = |_: &IsolatorConfig| Ok(CgroupVersion::V2);
         let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
@@ -853,7 +853,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_example_modules_json_is_accepted() {
+    fn example_modules_json_is_accepted() {
         let text = include_str!("../../examples/mesos-agent/modules.json");
         let json: serde_json::Value = serde_json::from_str(text).unwrap();
         let module = &json["libraries"][0]["modules"][0];
@@ -890,7 +890,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_mig_parameters() {
+    fn mig_parameters_default_parse_and_refuse_bad_values() {
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert_eq!(p.isolator.mig.strategy, MigStrategy::Single);
         assert!(!p.isolator.mig.allow_multiple && !p.isolator.mig.allow_sys_admin);
@@ -919,7 +919,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_sharing_parameters() {
+    fn sharing_parameters_default_to_whole_gpus_parse_and_refuse_bad_values() {
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert!(p.isolator.sharing.is_none(), "whole GPUs by default");
         let p = ModuleParams::parse(&params(&[
@@ -1018,7 +1018,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_numa_pinning_parameter() {
+    fn numa_pinning_parameter_is_off_by_default_and_finds_mesos_cpuset() {
         let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert!(!p.isolator.pinning.enabled, "off by default");

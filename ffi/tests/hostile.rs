@@ -45,12 +45,9 @@ fn main() -> ExitCode {
     };
     add("null_pointers_everywhere", null_pointers_everywhere);
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
+    add("usage_carries_nvml_figures", usage_carries_nvml_figures);
     add(
-        "issue_14_usage_carries_nvml_figures",
-        usage_carries_nvml_figures,
-    );
-    add(
-        "issue_14_messages_missing_required_fields_are_refused",
+        "messages_missing_required_fields_are_refused",
         messages_missing_required_fields_are_refused,
     );
     add("unknown_containers", unknown_containers);

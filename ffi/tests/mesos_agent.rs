@@ -202,29 +202,7 @@ fn main() -> ExitCode {
     ];
     let mut trials: Vec<Trial> = tests
         .into_iter()
-        .map(|(name, need, f)| {
-            let issue = if name.contains("evidence") || name.contains("side_by_side") {
-                28
-            } else if name.contains("shared_gpus") || name.contains("offer_shares") {
-                17
-            } else if name.contains("mig") {
-                16
-            } else if name.contains("docker") {
-                12
-            } else if name.contains("metrics") || name.contains("shared") {
-                14
-            } else if name.contains("beside") {
-                13
-            } else {
-                11
-            };
-            let name = if issue == 28 {
-                name.to_owned()
-            } else {
-                format!("issue_{issue}_{name}")
-            };
-            needs(&host, need, trial(name, f))
-        })
+        .map(|(name, need, f)| needs(&host, need, trial(name, f)))
         .collect();
     trials.extend(numa_trials(&host));
     trials.push(needs(
@@ -3287,7 +3265,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v1,
             trial(
-                "issue_18_v1_tasks_pinned_in_the_module_cpuset_cgroup".to_owned(),
+                "v1_tasks_pinned_in_the_module_cpuset_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V1, &own),
             ),
         ),
@@ -3295,7 +3273,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v1,
             trial(
-                "issue_18_v1_tasks_pinned_in_mesos_cpuset_cgroup".to_owned(),
+                "v1_tasks_pinned_in_mesos_cpuset_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V1, &mesos),
             ),
         ),
@@ -3303,7 +3281,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v2,
             trial(
-                "issue_18_v2_tasks_pinned_on_mesos_container_cgroup".to_owned(),
+                "v2_tasks_pinned_on_mesos_container_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V2, &v2_isolation),
             ),
         ),

@@ -281,7 +281,7 @@ fn lost_gpu_is_lost_until_the_operator_says() -> TestResult {
     ensure(next(&r)?.health.is_healthy(), "subscribers hear of it")
 }
 
-fn issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
+fn a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
     let sim = node(|_| {});
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut cfg = config("");
@@ -320,7 +320,7 @@ fn issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
     )
 }
 
-fn issue_14_a_request_is_checkpointed_before_it_disappears() -> TestResult {
+fn a_request_is_checkpointed_before_it_disappears() -> TestResult {
     let sim = node(|_| {});
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut cfg = config("");
@@ -1037,12 +1037,12 @@ fn main() -> ExitCode {
             lost_gpu_is_lost_until_the_operator_says,
         ),
         plain(
-            "issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy",
-            issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy,
+            "a_gpu_nvml_reports_lost_cannot_be_marked_healthy",
+            a_gpu_nvml_reports_lost_cannot_be_marked_healthy,
         ),
         plain(
-            "issue_14_a_request_is_checkpointed_before_it_disappears",
-            issue_14_a_request_is_checkpointed_before_it_disappears,
+            "a_request_is_checkpointed_before_it_disappears",
+            a_request_is_checkpointed_before_it_disappears,
         ),
         plain(
             "xid_94_comes_back_once_the_probe_passes_and_not_before",

@@ -56,11 +56,11 @@ fn main() -> ExitCode {
             health_changes_never_deadlock_the_lifecycle,
         );
         add(
-            "issue_11_usage_and_watch_in_mesos_cgroups",
+            "usage_and_watch_in_mesos_cgroups",
             usage_and_watch_in_mesos_cgroups,
         );
         add(
-            "issue_17_share_holders_usage_and_a_failed_shared_gpu",
+            "share_holders_usage_and_a_failed_shared_gpu",
             share_holders_usage_and_failure,
         );
     }

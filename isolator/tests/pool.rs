@@ -38,11 +38,11 @@ fn main() -> ExitCode {
             trials.push(needs(&host, &[Need::Root, need], t));
         };
         add(
-            "issue_13_a_stray_cgroup_never_quarantines_another_pools_gpus",
+            "a_stray_cgroup_never_quarantines_another_pools_gpus",
             stray_cgroup,
         );
         add(
-            "issue_13_module_and_exec_get_disjoint_gpus_from_one_pool",
+            "module_and_exec_get_disjoint_gpus_from_one_pool",
             module_and_exec,
         );
     }
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         &host,
         &[Need::Root, Need::Cgroup1],
         trial(
-            "issue_12_docker_reservations_follow_their_starter_then_their_daemon".to_owned(),
+            "docker_reservations_follow_their_starter_then_their_daemon".to_owned(),
             docker_starter_then_daemon,
         ),
     ));

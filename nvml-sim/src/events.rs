@@ -527,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_errors_never_echo_the_file() {
+    fn errors_never_echo_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shadow");
         let secret = "root:$6$s3cr3t$hash:20228:0:99999:7:::";

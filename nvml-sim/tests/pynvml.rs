@@ -342,7 +342,7 @@ fn main() -> std::process::ExitCode {
         needs(
             &host,
             &[Need::Pynvml],
-            Trial::test(format!("issue_16_pynvml_reads_{name}"), move || {
+            Trial::test(format!("pynvml_reads_{name}"), move || {
                 pynvml_reads_the_node_file(name)
             }),
         )
@@ -352,7 +352,7 @@ fn main() -> std::process::ExitCode {
         &host,
         &[Need::Pynvml],
         Trial::test(
-            "issue_17_compute_mode_set_from_python_is_seen_from_rust",
+            "compute_mode_set_from_python_is_seen_from_rust",
             compute_mode_set_from_python_is_seen_from_rust,
         ),
     ));

@@ -628,7 +628,7 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn issue_14_the_cache_link_is_resolved_inside_the_driver_root() {
+    fn the_cache_link_is_resolved_inside_the_driver_root() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
         std::fs::create_dir_all(root.join("etc")).expect("mkdir");
@@ -645,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_devices_fifos_and_directories_are_refused_without_reading() {
+    fn devices_fifos_and_directories_are_refused_without_reading() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fifo = dir.path().join("fifo");
         let status = std::process::Command::new("mkfifo")
@@ -666,7 +666,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_file_past_the_limit_is_refused() {
+    fn a_file_past_the_limit_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ld.so.cache");
         let file = std::fs::File::create(&path).expect("create");

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             programs_are_found_along_path_past_wrappers_and_other_drivers,
         ),
         cc(
-            "issue_15_a_format_1_volume_is_reused_and_verified",
+            "a_format_1_volume_is_reused_and_verified",
             a_format_1_volume_is_reused_and_verified,
         ),
         needs(
@@ -101,14 +101,14 @@ fn main() -> ExitCode {
             ),
         ),
         cc(
-            "issue_14_reading_a_volume_root_creates_nothing",
+            "reading_a_volume_root_creates_nothing",
             reading_a_volume_root_creates_nothing,
         ),
         needs(
             &host,
             &[Need::Cc, Need::Root],
             Trial::test(
-                "issue_14_verify_and_list_work_on_a_read_only_root",
+                "verify_and_list_work_on_a_read_only_root",
                 verify_and_list_work_on_a_read_only_root,
             ),
         ),

@@ -186,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_keeper_follows_driver_and_gpus() {
+    fn keeper_follows_driver_and_gpus() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cdi").join(SPEC_FILE_NAME);
         let keeper = SpecKeeper::new(
@@ -221,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_sync_reports_why_there_is_no_spec() {
+    fn sync_reports_why_there_is_no_spec() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = SpecFile::new(dir.path().join(SPEC_FILE_NAME), Vec::new());
         let sync = sync_node(

@@ -582,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_same_directory_same_device_is_refused_and_ours_removed() {
+    fn same_directory_same_device_is_refused_and_ours_removed() {
         let d = dirs();
         let file = d.ours();
         file.sync(Some(&spec(&["0", "1", "all"], "A=1")))
@@ -614,7 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_other_directories_and_kinds_are_reported_not_refused() {
+    fn other_directories_and_kinds_are_reported_not_refused() {
         let d = dirs();
         let file = d.ours();
         fs::write(

@@ -141,7 +141,7 @@ async fn post(socket: &Path, path: &str, body: &str) -> String {
 }
 
 #[tokio::test]
-async fn issue_14_an_oversized_plugin_body_is_refused_before_it_is_read() {
+async fn an_oversized_plugin_body_is_refused_before_it_is_read() {
     let server = start().await;
     let stream = UnixStream::connect(&server.socket).await.expect("connect");
     let (mut read, mut write) = stream.into_split();

@@ -280,7 +280,7 @@ mod tests {
     /// Regression (issue 15): by NVIDIA's own score, our pick was below the best-effort pick in
     /// 11 of the DGX-1's cases. Now never, over every free set and size (1024 cases).
     #[test]
-    fn issue_15_topology_never_scores_below_best_effort_on_dgx1() {
+    fn topology_never_scores_below_best_effort_on_dgx1() {
         use mesos_gpu_isolator::allocator::{Allocator, GpuSet, Policy};
         let node = mesos_gpu_testkit::nodes::dgx1_v100().inventory();
         let pair = |a: u32, b: u32| u64::from(node.topology.pair_score(a as usize, b as usize));

@@ -598,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_fractional_gpus_alone_get_the_whole_number_message() {
+    fn fractional_gpus_alone_get_the_whole_number_message() {
         for devices in [None, Some("0")] {
             let err =
                 resolve("gpu/nvidia", Some("gpus:1.5"), devices, &node(4)).expect_err("fractional");

@@ -624,7 +624,7 @@ mod tests {
     /// as NVIDIA and Mesos do), leaving no free NVLinked quad. GPU 4 is the least strongly joined
     /// to the rest (210² + 150² + 3·10², against 136 500 for GPU 0), and {0,1,2,3} stays whole.
     #[test]
-    fn issue_15_single_gpu_keeps_a_free_quad_whole() {
+    fn single_gpu_keeps_a_free_quad_whole() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("a", set(&[6, 7])).unwrap();
         assert_eq!(alloc.allocate("b", 1).unwrap(), set(&[4]));
@@ -635,7 +635,7 @@ mod tests {
     /// Regression (issue 15): DGX-1, two GPUs out of {0,2,4,5,6}: we chose {0,4} (210) where
     /// NVIDIA's policy chooses {5,6} (200 + 30 = 230).
     #[test]
-    fn issue_15_dgx1_pair_from_five_free() {
+    fn dgx1_pair_from_five_free() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("x", set(&[1, 3, 7])).unwrap();
         let got = alloc.allocate("a", 2).unwrap();
@@ -645,7 +645,7 @@ mod tests {
     /// Regression (issue 15): DGX-1, three GPUs out of {1,3,4,5,6}: we chose {1,5,6} (450) where
     /// NVIDIA's policy chooses {4,5,6} (150 + 130 + 230 = 510).
     #[test]
-    fn issue_15_dgx1_triple_from_five_free() {
+    fn dgx1_triple_from_five_free() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("x", set(&[0, 2, 7])).unwrap();
         let got = alloc.allocate("a", 3).unwrap();
@@ -658,7 +658,7 @@ mod tests {
     /// one board (2400 NVLink + 600 PCIe points), a 250-point pair of the other, and 16 pairs
     /// across at 10.
     #[test]
-    fn issue_15_sixteen_gpus_ten_requested() {
+    fn sixteen_gpus_ten_requested() {
         let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
         let got = alloc.allocate("a", 10).unwrap();
         assert_eq!(alloc.score(got), 3000 + 250 + 16 * 10);
@@ -889,7 +889,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_a_gpu_in_mig_mode_leaves_the_whole_gpu_pool() {
+    fn a_gpu_in_mig_mode_leaves_the_whole_gpu_pool() {
         let mut inventory = dgx1_v100().inventory();
         inventory.mig.enabled = vec![1, 6];
         let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();

@@ -703,7 +703,7 @@ mod tests {
     use mesos_gpu_testkit::nvml_sim::SimNode;
 
     #[test]
-    fn issue_14_a_named_library_that_cannot_be_loaded_is_an_error() {
+    fn a_named_library_that_cannot_be_loaded_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
         let garbage = dir.path().join("libnvidia-ml.so.1");
         std::fs::write(&garbage, b"not an ELF file").expect("write");
@@ -734,7 +734,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_gpu_with_a_control_minor_is_refused() {
+    fn a_gpu_with_a_control_minor_is_refused() {
         for (minor, why) in [
             (255, "which belongs to /dev/nvidiactl"),
             (254, "which belongs to /dev/nvidia-modeset"),
@@ -755,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
+    fn a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
         let node_of = |count: u32| {
             sim_node("pcie-t4x4", |spec| {
                 let template = spec["gpus"][0].clone();

@@ -172,7 +172,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue_14_the_default_policy_is_described_not_blank() {
+    fn the_default_policy_is_described_not_blank() {
         assert_eq!(
             HealthPolicy::new().describe(),
             "default (every XID but 13, 31, 43, 45, 68, 109, double-bit ECC errors, lost GPUs)"

@@ -304,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_reading_creates_nothing() {
+    fn reading_creates_nothing() {
         let work = tempfile::tempdir().unwrap();
         let store = HealthStore::at(work.path());
         assert!(!store.monitor_running().unwrap());

@@ -412,7 +412,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_no_gpu_no_image_gets_nothing() {
+    fn no_gpu_no_image_gets_nothing() {
         let config = PrepareConfig {
             has_task_info: true,
             ..Default::default()

@@ -271,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_never_fewer_cpus_than_asked() {
+    fn never_fewer_cpus_than_asked() {
         let d = plan(&[0], &two_sockets(), &all(), Some(4.5));
         assert_eq!(
             d,

@@ -715,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_shares_are_published_per_holder_and_dead_ones_freed() {
+    fn shares_are_published_per_holder_and_dead_ones_freed() {
         let host = Host::default();
         let alive = Owner::Process {
             process: host.this_process().unwrap(),
@@ -748,7 +748,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_transactions_round_trip_and_publish_only_their_holder() {
+    fn transactions_round_trip_and_publish_only_their_holder() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         assert_eq!(pool.read().unwrap(), PoolState::default());
@@ -774,7 +774,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_a_busy_lock_names_its_holder() {
+    fn a_busy_lock_names_its_holder() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         let _held = pool.begin().unwrap();
@@ -789,7 +789,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_other_versions_are_refused() {
+    fn other_versions_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         fs::create_dir_all(dir.path().join("gpu")).unwrap();
@@ -801,7 +801,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_reconcile_frees_exactly_the_dead() {
+    fn reconcile_frees_exactly_the_dead() {
         let mut state = PoolState::default();
         let host = Host::default();
         let me = host.this_process().unwrap();

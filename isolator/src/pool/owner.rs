@@ -377,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_stat_parsing_counts_after_the_command() {
+    fn stat_parsing_counts_after_the_command() {
         let s =
             parse_stat("42 (we ird) name) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20")
                 .unwrap();
@@ -386,7 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_pid_reuse_and_reboot_are_dead() {
+    fn pid_reuse_and_reboot_are_dead() {
         let proc = fake_proc(7, 'S', 500);
         let host = Host::at(proc.path());
         assert!(matches!(
@@ -407,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_a_dead_process_with_a_busy_cgroup_is_alive() {
+    fn a_dead_process_with_a_busy_cgroup_is_alive() {
         let proc = fake_proc(7, 'S', 500);
         let host = Host::at(proc.path());
         let cgroup = tempfile::tempdir().unwrap();
@@ -429,7 +429,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_this_process_is_alive() {
+    fn this_process_is_alive() {
         let host = Host::default();
         let me = host.this_process().unwrap();
         assert!(matches!(host.process(&me), Liveness::Alive(_)));

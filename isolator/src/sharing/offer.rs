@@ -135,7 +135,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_r4_node_advertises_shared_times_r_plus_whole() {
+    fn r4_node_advertises_shared_times_r_plus_whole() {
         let inv = node();
         let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", Some("rack:r1"));
         let spec = SharingSpec::parse("4,6=1,7=1", ModeSpec::uniform(SharingMode::Mps)).unwrap();
@@ -178,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_sharing_needs_the_isolator_and_owns_its_attributes() {
+    fn sharing_needs_the_isolator_and_owns_its_attributes() {
         let inv = node();
         let spec = SharingSpec::parse("4", ModeSpec::uniform(SharingMode::TimeSlicing)).unwrap();
         let passthrough = flags("cgroups/devices", "gpus:2", None);

@@ -428,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_a_share_is_k_over_r_of_one_gpu_with_its_limits() {
+    fn a_share_is_k_over_r_of_one_gpu_with_its_limits() {
         let mut b = book("4", &[0, 1]);
         let g = b.place("t1", 3, Placement::Pack, Wanted::Any).unwrap();
         assert_eq!((g.units, g.replicas, g.index), (3, 4, 0));
@@ -466,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_pack_fills_partly_used_gpus_first_spread_does_not() {
+    fn pack_fills_partly_used_gpus_first_spread_does_not() {
         let mut pack = book("4", &[0, 1, 2]);
         let mut spread = pack.clone();
         for i in 0..4 {
@@ -488,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_unusable_gpus_take_no_new_share_and_say_why() {
+    fn unusable_gpus_take_no_new_share_and_say_why() {
         let mut b = book("2", &[0]);
         let uuid = dgx1_v100().inventory().gpus[0].uuid.clone();
         assert!(b.record("old", &uuid, 1, SharingMode::Mps));

@@ -566,7 +566,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_bare_number_shares_every_gpu_and_entries_override() {
+    fn bare_number_shares_every_gpu_and_entries_override() {
         let inv = dgx1_v100().inventory();
         let all: Vec<u32> = (0..8).collect();
         let plan = spec("4,3=1,7=2").resolve(&inv, &all).unwrap();
@@ -580,7 +580,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_bad_specs_name_the_value() {
+    fn bad_specs_name_the_value() {
         for bad in ["", "0", "49", "x=2", "2=", "=2", "1.5", "4,-1=2", "a"] {
             let err = SharingSpec::parse(bad, ts()).unwrap_err();
             let last = bad.rsplit(',').next().unwrap();
@@ -615,7 +615,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_mps_is_refused_before_volta_and_on_mig() {
+    fn mps_is_refused_before_volta_and_on_mig() {
         let mut inv = dgx1_v100().inventory();
         inv.gpus[1].compute_capability = Some((6, 0));
         let err = spec("2").resolve(&inv, &[0, 1]).unwrap_err();

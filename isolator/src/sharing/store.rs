@@ -117,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_shares_are_pool_transactions_never_over_committed() {
+    fn shares_are_pool_transactions_never_over_committed() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         let host = Host::at("/proc");
