@@ -969,14 +969,7 @@ fn the_probe_runs_in_a_one_gpu_cgroup_of_its_own(version: CgroupVersion) -> Test
         nodes,
     });
     let gpu = &driver.inventory().gpus[1];
-    let outcome = run_probe(
-        &config,
-        &ProbeTarget {
-            index: gpu.index,
-            uuid: gpu.uuid.clone(),
-            minor: gpu.minor,
-        },
-    );
+    let outcome = run_probe(&config, &ProbeTarget::of(gpu));
     let leftover = std::fs::read_dir(mount.join(&parent))
         .map(|d| {
             d.filter_map(Result::ok)

@@ -648,14 +648,7 @@ fn probe_isolated(
         nodes,
     });
     println!("  running `{}` in a one-GPU cgroup", config.describe());
-    let outcome = run_probe(
-        &config,
-        &ProbeTarget {
-            index: gpu.index,
-            uuid: gpu.uuid.clone(),
-            minor: gpu.minor,
-        },
-    );
+    let outcome = run_probe(&config, &ProbeTarget::of(gpu));
     for line in outcome.output.lines() {
         println!("  | {line}");
     }

@@ -104,6 +104,17 @@ pub struct ProbeTarget {
     pub minor: u32,
 }
 
+impl ProbeTarget {
+    /// The probe's target for a GPU of the inventory.
+    pub fn of(gpu: &crate::inventory::Gpu) -> ProbeTarget {
+        ProbeTarget {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            minor: gpu.minor,
+        }
+    }
+}
+
 /// How a probe ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeOutcome {
