@@ -26,7 +26,7 @@ log=$tmp/serve.log
 # Bounded in time whatever happens: the server gets 60 s more than the run.
 MESOS_GPU_LOG=warn timeout 120 "$bin" --simulate dgx1-v100 serve \
     --listen "127.0.0.1:$port" --plugin-socket "$tmp/nvidia-docker.sock" \
-    --volume-root "$tmp/volumes" --work-dir "$tmp/work" --docker-socket "$tmp/no-docker.sock" \
+    --volume-root "$tmp/volumes" --docker-state-dir "$tmp/work" --docker-socket "$tmp/no-docker.sock" \
     --driver-poll 0 >"$log" 2>&1 &
 server=$!
 cleanup() {

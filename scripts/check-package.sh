@@ -6,6 +6,11 @@
 #   start the service by themselves;
 # - the unit is the one in examples/systemd, passes `systemd-analyze verify` (or, without
 #   systemd-analyze, has the required keys), and its flags are accepted by the packaged binary;
+# - everything the operator guide points to is there: the agent examples (`agent.sh`,
+#   `modules.json`, `modules-docker.json`) and the Docker wrapper `/usr/bin/mesos-gpu-docker`;
+#   each is the one in examples/mesos-agent, the scripts parse, the JSON files parse, and the
+#   mesos-gpu command lines they hold (the wrapper's, the hook's `docker_args`) are accepted by
+#   the packaged binary; the guide names no packaged path that is missing;
 # - the header's functions are exported by the packaged module library;
 # - the packaged binary runs every shipped topology with --simulate, finding the packaged
 #   simulator in /usr/lib/mesos-gpu (through <exe dir>/../lib/mesos-gpu).
@@ -71,10 +76,15 @@ done
 expect /usr/bin/mesos-gpu -rwxr-xr-x
 expect /usr/lib/mesos-gpu/libmesos_gpu.so -rw-r--r--
 expect /usr/lib/mesos-gpu/libnvml_sim.so -rw-r--r--
+expect /usr/lib/mesos-gpu/nvidia-smi -rwxr-xr-x
 expect /usr/include/mesos_gpu.h -rw-r--r--
 expect /etc/default/mesos-gpu -rw-r--r--
 expect "$unit" -rw-r--r--
+expect /usr/bin/mesos-gpu-docker -rwxr-xr-x
 expect /usr/share/doc/mesos-gpu/examples/modules.json -rw-r--r--
+expect /usr/share/doc/mesos-gpu/examples/modules-docker.json -rw-r--r--
+expect /usr/share/doc/mesos-gpu/examples/agent.sh -rwxr-xr-x
+expect /usr/share/doc/mesos-gpu/examples/README.md -rw-r--r--
 expect /usr/share/doc/mesos-gpu/operator-guide.md -rw-r--r--
 expect /usr/share/doc/mesos-gpu/architecture.md -rw-r--r--
 expect /usr/share/doc/mesos-gpu/copyright -rw-r--r--
@@ -89,7 +99,7 @@ if awk '$2 != "root/root" && $2 != "0/0"' "$work/contents" | grep -q .; then
     fail "files not owned by root (0/0): $(awk '$2 != "root/root" && $2 != "0/0"' "$work/contents" | head -3)"
 fi
 stray=$(awk '$1 !~ /^d/ { print $3 }' "$work/contents" |
-    grep -Ev '^/(usr/bin/mesos-gpu|usr/lib/mesos-gpu/[^/]+|usr/include/mesos_gpu\.h|etc/default/mesos-gpu|(usr/)?lib/systemd/system/mesos-gpu\.service|usr/share/doc/mesos-gpu/.+|usr/share/mesos-gpu/topologies/[^/]+\.json)$' || true)
+    grep -Ev '^/(usr/bin/mesos-gpu|usr/bin/mesos-gpu-docker|usr/lib/mesos-gpu/[^/]+|usr/include/mesos_gpu\.h|etc/default/mesos-gpu|(usr/)?lib/systemd/system/mesos-gpu\.service|usr/share/doc/mesos-gpu/.+|usr/share/mesos-gpu/topologies/[^/]+\.json)$' || true)
 [ -z "$stray" ] || fail "unexpected files in the package: $stray"
 pass "contents: $(grep -vc '^d' "$work/contents") files, $topologies topologies, unit at $unit"
 
@@ -163,6 +173,48 @@ else
     pass "unit keys (systemd-analyze not installed)"
 fi
 
+# The agent examples and the Docker wrapper are the source tree's, parse, and hold command lines
+# the packaged binary accepts (clap checks every flag given before --help).
+for f in agent.sh modules.json modules-docker.json README.md; do
+    cmp -s "$root/usr/share/doc/mesos-gpu/examples/$f" "examples/mesos-agent/$f" ||
+        fail "/usr/share/doc/mesos-gpu/examples/$f differs from examples/mesos-agent/$f"
+done
+cmp -s "$root/usr/bin/mesos-gpu-docker" examples/mesos-agent/mesos-gpu-docker ||
+    fail "/usr/bin/mesos-gpu-docker differs from examples/mesos-agent/mesos-gpu-docker"
+for script in "$root/usr/share/doc/mesos-gpu/examples/agent.sh" "$root/usr/bin/mesos-gpu-docker"; do
+    sh -n "$script" || fail "$script does not parse"
+done
+for json in modules.json modules-docker.json; do
+    python3 -m json.tool "$root/usr/share/doc/mesos-gpu/examples/$json" >/dev/null ||
+        fail "/usr/share/doc/mesos-gpu/examples/$json is not JSON"
+done
+accepted() { # the words of a `/usr/bin/mesos-gpu …` command line, without the program
+    "$bin" "$@" --help >/dev/null 2>"$work/cmdline.err" ||
+        fail "the packaged binary refuses: mesos-gpu $* ($(cat "$work/cmdline.err"))"
+}
+wrapper=$(awk '{ if (sub(/\\$/, "")) printf "%s ", $0; else print }' "$root/usr/bin/mesos-gpu-docker" |
+    sed -n 's|^exec /usr/bin/mesos-gpu \(.*\) -- "\$@"$|\1|p')
+[ -n "$wrapper" ] || fail "/usr/bin/mesos-gpu-docker does not exec /usr/bin/mesos-gpu … -- \"\$@\""
+read -r -a words <<< "$wrapper"
+accepted "${words[@]}"
+hook=$(python3 -c 'import json,sys
+for lib in json.load(open(sys.argv[1]))["libraries"]:
+    for m in lib["modules"]:
+        for p in m.get("parameters", []):
+            if p["key"] == "docker_args": print(p["value"])' \
+    "$root/usr/share/doc/mesos-gpu/examples/modules-docker.json")
+[ -n "$hook" ] || fail "modules-docker.json has no docker_args parameter"
+read -r -a words <<< "$hook"
+[ "${words[0]}" = /usr/bin/mesos-gpu ] || fail "docker_args runs ${words[0]}, not /usr/bin/mesos-gpu"
+accepted "${words[@]:1}"
+# Every packaged path the guide names is in the package.
+for path in $(grep -o '`/\(usr\|etc\|lib\)/[^` ]*`' "$root/usr/share/doc/mesos-gpu/operator-guide.md" |
+    tr -d '`' | grep -E '^/(usr/bin/mesos-gpu|usr/lib/mesos-gpu/|usr/share/doc/mesos-gpu/|usr/share/mesos-gpu/|usr/include/mesos_gpu|etc/default/mesos-gpu)' |
+    grep -v '[*<]' | sort -u); do
+    [ -e "$root$path" ] || fail "the operator guide names $path, which the package lacks"
+done
+pass "agent examples, /usr/bin/mesos-gpu-docker and the hook's command line; the guide's paths"
+
 # The header's functions are exported by the packaged library.
 lib="$root/usr/lib/mesos-gpu/libmesos_gpu.so"
 grep -oE '\bmgpu_[a-z0-9_]+[[:space:]]*\(' "$root/usr/include/mesos_gpu.h" | tr -d '( \t' | sort -u \
@@ -180,5 +232,20 @@ for topo in "$root"/usr/share/mesos-gpu/topologies/*.json; do
         fail "mesos-gpu info --simulate $(basename "$topo") with the packaged files: $(cat "$work/info.out")"
 done
 pass "mesos-gpu info --simulate runs each of the $topologies packaged topologies"
+
+# A simulated node's driver tree takes its nvidia-smi from the packaged stand-in, and the volume
+# planned from it holds that program.
+env -u MESOS_GPU_NVML_SIM -u NVML_SIM_CONFIG -u MESOS_GPU_NVML_LIB MESOS_GPU_LOG=warn \
+    "$bin" --simulate "$root/usr/share/mesos-gpu/topologies/dgx1-v100.json" volume plan --json \
+    >"$work/plan.json" 2>"$work/plan.err" ||
+    fail "mesos-gpu --simulate … volume plan with the packaged files: $(cat "$work/plan.err")"
+grep -q '"name": "nvidia-smi"' "$work/plan.json" ||
+    fail "the simulated driver's volume plan has no nvidia-smi: $(head -c 2000 "$work/plan.json")"
+grep -q '"origin": "driver_bin"' "$work/plan.json" ||
+    fail "the simulated driver's nvidia-smi was not taken from its bin: $(head -c 2000 "$work/plan.json")"
+if grep -q 'stand-in is not built' "$work/plan.err"; then
+    fail "the packaged binary did not find the packaged nvidia-smi stand-in: $(cat "$work/plan.err")"
+fi
+pass "mesos-gpu --simulate volume plan takes nvidia-smi from the packaged stand-in"
 
 echo "check-package: all checks passed for $deb" >&2

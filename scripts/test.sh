@@ -27,7 +27,7 @@ MESOS_DIR="$(mesos_dir)"
 # Not required: cgroup2-cpuset (the cpuset controller on cgroup2), which a hybrid host like the CI
 # machine cannot offer while cpuset is bound to its v1 hierarchy; its tests are counted as ignored.
 if [ -n "$MESOS_DIR" ]; then
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos,pymesos}"
 else
     log "no shared/mesos/install beside this checkout: the real mesos-agent tests are ignored"
     export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman}"
@@ -67,6 +67,31 @@ install_pynvml() {
     python3 -c 'import pynvml'
 }
 
+# pymesos, the Mesos client library of the real-agent frameworks (testkit/python/gpu_framework.py).
+# Its dependency http-parser 0.9.0 ships a C extension generated for Pythons before 3.11 that
+# no longer compiles; the package's pure-Python parser (what it installs on PyPy) serves pymesos
+# the same, so when the extension does not build, http-parser is installed without it.
+install_pymesos() {
+    if python3 -c 'import pymesos' >/dev/null 2>&1; then
+        return
+    fi
+    log "installing pymesos"
+    if ! python3 -c 'import http_parser' >/dev/null 2>&1 \
+        && ! python3 -m pip install --quiet http-parser >/dev/null 2>&1; then
+        local tmp
+        tmp="$(mktemp -d)"
+        python3 -m pip download --quiet --no-deps --no-binary :all: -d "$tmp" http-parser==0.9.0
+        tar -xzf "$tmp"/http-parser-0.9.0.tar.gz -C "$tmp"
+        sed -i 's/run_setup(not IS_PYPY)/run_setup(False)/' "$tmp"/http-parser-0.9.0/setup.py
+        python3 -m pip install --quiet "$tmp"/http-parser-0.9.0 \
+            || python3 -m pip install --quiet --break-system-packages "$tmp"/http-parser-0.9.0
+        rm -rf "$tmp"
+    fi
+    python3 -m pip install --quiet pymesos \
+        || python3 -m pip install --quiet --break-system-packages pymesos
+    python3 -c 'import pymesos'
+}
+
 start_dockerd() {
     if docker version >/dev/null 2>&1; then
         return
@@ -84,6 +109,7 @@ start_dockerd() {
 
 install_packages
 install_pynvml
+install_pymesos
 start_dockerd
 
 log "C header is fresh (cbindgen, pinned)"
@@ -102,6 +128,14 @@ cargo test --workspace --no-fail-fast
 # double CI's compile time. Figures come from `cargo bench`.
 log "benchmarks compile"
 cargo build --workspace --benches --quiet
+
+# A real agent through 200 tasks (and an agent SIGKILL): no GPU open to two tasks at once, none
+# lost, nothing left behind; the full soak is `cargo bench -p mesos-gpu-ffi --bench agent_soak`
+# (docs/benchmarks/agent-soak.md).
+if [ -n "$MESOS_DIR" ]; then
+    log "real-agent soak, 200 tasks"
+    cargo bench --profile dev --quiet -p mesos-gpu-ffi --bench agent_soak -- --tasks 200
+fi
 
 # The package is built with the dev profile here to keep the run short; scripts/package.sh
 # builds release packages.

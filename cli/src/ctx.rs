@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 use crate::simulate::Simulation;
 
 /// The device root used when `--dev-root` is not given (and the node is not simulated).
-const DEFAULT_DEV_ROOT: &str = "/dev";
+pub(crate) const DEFAULT_DEV_ROOT: &str = "/dev";
 
 /// Options valid for every command.
 #[derive(clap::Args, Debug, Clone)]
@@ -33,6 +33,11 @@ pub(crate) struct GlobalArgs {
     /// Directory holding the `nvidia*` device nodes [default: /dev; with --simulate, none is read].
     #[arg(long, global = true, value_name = "DIR")]
     pub(crate) dev_root: Option<PathBuf>,
+
+    /// Directory standing for `/proc`, where the driver's files are (`devices`,
+    /// `driver/nvidia-caps/`, MIG capabilities) [default: /proc].
+    #[arg(long, global = true, value_name = "DIR", conflicts_with = "simulate")]
+    pub(crate) proc_root: Option<PathBuf>,
 
     /// Run on a simulated node: a topology shipped with nvml-sim (see `mesos-gpu info --simulate
     /// list`) or a node description file. NVML is still loaded dynamically, from nvml-sim.
@@ -101,10 +106,7 @@ impl Ctx {
                 Some(sim.lib_path().to_path_buf()),
                 sim.proc_root().to_path_buf(),
             ),
-            None => (
-                self.global.nvml_lib.clone(),
-                PathBuf::from(DEFAULT_PROC_ROOT),
-            ),
+            None => (self.global.nvml_lib.clone(), self.host_proc_root()),
         };
         let found =
             match GpuDriver::open_at(lib.as_deref(), &proc_root).context("GPU discovery failed")? {
@@ -114,12 +116,20 @@ impl Ctx {
         Ok(self.discovery.get_or_init(|| found))
     }
 
-    /// Where the driver's `/proc` files are: the simulation's, else `/proc`.
+    /// Where the driver's `/proc` files are: the simulation's, else `--proc-root`, else `/proc`.
     pub(crate) fn proc_root(&self) -> anyhow::Result<PathBuf> {
         Ok(match self.simulation()? {
             Some(sim) => sim.proc_root().to_path_buf(),
-            None => PathBuf::from(DEFAULT_PROC_ROOT),
+            None => self.host_proc_root(),
         })
+    }
+
+    /// `--proc-root`, else `/proc`.
+    fn host_proc_root(&self) -> PathBuf {
+        self.global
+            .proc_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_PROC_ROOT))
     }
 
     /// The node's inventory (empty, with the reason, when there is no driver).
@@ -197,12 +207,40 @@ pub(crate) fn init_logging(args: &GlobalArgs, daemon: bool) -> anyhow::Result<()
     result.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
 }
 
-/// True when the error chain ends in a broken pipe (e.g. `mesos-gpu info | head`).
+/// True when the error chain ends in a broken pipe (e.g. `mesos-gpu info | head`), also when
+/// `serde_json` hit it writing (its error hides the `io::Error` from the chain).
 pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    let pipe = Some(std::io::ErrorKind::BrokenPipe);
     err.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().map(std::io::Error::kind) == pipe
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == pipe
     })
+}
+
+/// Prints the command's error once on stderr: `mesos-gpu: error: …`, or with
+/// `--log-format json` one JSON object laid out as the log lines are (`timestamp`, `level`
+/// `ERROR`, `fields.message` the whole chain, `fields.chain` each cause, `target`).
+pub(crate) fn print_error(err: &anyhow::Error, format: LogFormat) {
+    match format {
+        LogFormat::Text => eprintln!("mesos-gpu: error: {err:#}"),
+        LogFormat::Json => {
+            use tracing_subscriber::fmt::time::FormatTime as _;
+            let mut timestamp = String::new();
+            let _ = tracing_subscriber::fmt::time::SystemTime.format_time(
+                &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+            );
+            let chain: Vec<String> = err.chain().map(ToString::to_string).collect();
+            let line = serde_json::json!({
+                "timestamp": timestamp,
+                "level": "ERROR",
+                "fields": { "message": format!("{err:#}"), "chain": chain },
+                "target": "mesos_gpu",
+            });
+            eprintln!("{line}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -210,7 +248,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue_14_colour_only_on_a_terminal_that_wants_it() {
+    fn colour_only_on_a_terminal_that_wants_it() {
         assert!(use_colour(true, None, Some("xterm-256color")));
         assert!(
             use_colour(true, Some(""), None),

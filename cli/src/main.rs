@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) if ctx::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("mesos-gpu: error: {err:#}");
+            ctx::print_error(&err, ctx.global.log_format);
             ExitCode::FAILURE
         }
     }

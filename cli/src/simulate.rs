@@ -14,13 +14,20 @@
 //! destructor): commands that handle those signals themselves end normally, and for the others
 //! a watcher thread removes the directory and exits with 128+N. Directories of processes that
 //! no longer exist (killed with SIGKILL) are removed by the next simulation.
+//!
+//! Commands that read the driver's files get a simulated driver tree in the same directory, on
+//! first use ([`Simulation::driver_root`], `driver_tree`).
 
+mod driver_tree;
+
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, bail};
 use mesos_gpu_node::discovery::MAX_GPUS;
+use mesos_gpu_os::fsmode;
 
 /// The `--simulate` value that lists the shipped nodes.
 pub(crate) const LIST: &str = "list";
@@ -48,8 +55,12 @@ const SIM_CONFIG_ENV: &str = "NVML_SIM_CONFIG";
 pub(crate) struct Simulation {
     name: String,
     lib: PathBuf,
+    sim_lib: PathBuf,
+    config: PathBuf,
+    driver_version: Option<String>,
     proc_root: PathBuf,
-    _dir: tempfile::TempDir,
+    driver_root: OnceCell<PathBuf>,
+    dir: tempfile::TempDir,
 }
 
 impl Simulation {
@@ -67,9 +78,7 @@ impl Simulation {
         let (name, json) = node_description(spec)?;
         let sim_lib = find_sim_library()?;
         remove_dead_simulations();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
-            .tempdir()
+        let dir = fsmode::private_tempdir(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .context("cannot create a temporary directory")?;
         // A signal during the set-up waits for it: otherwise the clean-up could remove the
         // directory while it is being filled, and a `create_dir_all` below would make it again.
@@ -82,7 +91,7 @@ impl Simulation {
         std::fs::copy(&sim_lib, &lib)
             .with_context(|| format!("cannot copy {} to {}", sim_lib.display(), lib.display()))?;
         let config = dir.path().join("nvml-sim.json");
-        std::fs::write(&config, &json)
+        fsmode::write_file(&config, json.as_bytes(), fsmode::PRIVATE_FILE)
             .with_context(|| format!("cannot write {}", config.display()))?;
         let proc_root = dir.path().join(PROC_DIR);
         nvml_sim::driver_files::write(&json, &proc_root).with_context(|| {
@@ -92,12 +101,48 @@ impl Simulation {
             )
         })?;
         tracing::debug!(node = %name, sim = %sim_lib.display(), dir = %dir.path().display(), "simulated node ready");
+        let driver_version = serde_json::from_str::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v["driver_version"].as_str().map(str::to_owned));
         Ok(Simulation {
             name,
             lib,
+            sim_lib,
+            config,
+            driver_version,
             proc_root,
-            _dir: dir,
+            driver_root: OnceCell::new(),
+            dir,
         })
+    }
+
+    /// The node description the simulator reads (`nvml-sim.json`), for programs that need it
+    /// named (`NVML_SIM_CONFIG`), such as the driver tree's `nvidia-smi` stand-in.
+    pub(crate) fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// The simulated driver's file system root, written on first use: the node's driver
+    /// libraries and programs under `usr/local/nvidia`, and an `etc/ld.so.cache` for them
+    /// (`driver_tree`).
+    pub(crate) fn driver_root(&self) -> anyhow::Result<&Path> {
+        if let Some(root) = self.driver_root.get() {
+            return Ok(root);
+        }
+        let version: mesos_gpu_volume::DriverVersion = self
+            .driver_version
+            .as_deref()
+            .with_context(|| format!("simulated node {} has no driver version", self.name))?
+            .parse()?;
+        let root = self.dir.path().join("driver");
+        {
+            let _setup = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
+            driver_tree::write(&root, &version, &driver_tree::programs_dir(&self.sim_lib))
+                .with_context(|| {
+                    format!("cannot write the simulated driver under {}", root.display())
+                })?;
+        }
+        Ok(self.driver_root.get_or_init(|| root))
     }
 
     /// The node's name (a shipped name, or the description file's path).

@@ -41,6 +41,21 @@ fn fails(args: &[&str], message: &str) {
     );
 }
 
+/// Checks that `args` prints no flag, exits 0 and says each of `says` on stderr.
+fn no_flags(args: &[&str], says: &[&str]) {
+    let out = mesos_gpu(args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in says {
+        assert!(stderr.contains(said), "{args:?}: {stderr} lacks {said:?}");
+    }
+}
+
 #[test]
 fn discovers_every_gpu_with_the_isolator() {
     let got = lines(&[
@@ -89,7 +104,14 @@ fn rule_violations_exit_1_with_the_rule() {
     let t4 = ["--simulate", "pcie-t4x4"];
     let cases: [(&[&str], &str); 8] = [
         (
-            &["--nvidia-gpu-devices", "0", "--resources", "gpus:1"],
+            &[
+                "--isolation",
+                "posix/cpu,posix/mem",
+                "--nvidia-gpu-devices",
+                "0",
+                "--resources",
+                "gpus:1",
+            ],
             "can only be set when --isolation contains 'gpu/nvidia'",
         ),
         (
@@ -202,7 +224,14 @@ fn explicit_zero_keeps_gpus_zero() {
 
 #[test]
 fn without_the_isolator_gpus_pass_through() {
-    let got = lines(&["--simulate", "k80", "--resources", "gpus:100"]);
+    let got = lines(&[
+        "--simulate",
+        "k80",
+        "--isolation",
+        "posix/cpu,posix/mem",
+        "--resources",
+        "gpus:100",
+    ]);
     assert_eq!(got[0], "--resources=gpus:100");
     assert!(
         !got.iter().any(|l| l.starts_with("--nvidia_gpu_devices")),
@@ -244,7 +273,7 @@ fn without_a_driver_gpus_pass_through() {
 }
 
 #[test]
-fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
+fn a_named_nvml_lib_that_is_not_a_library_is_an_error() {
     for isolation in [ISO, "posix/cpu,posix/mem"] {
         fails(
             &["--nvml-lib", "/bin/true", "--isolation", isolation],
@@ -254,25 +283,18 @@ fn issue_14_a_named_nvml_lib_that_is_not_a_library_is_an_error() {
 }
 
 #[test]
-fn issue_14_default_isolation_says_why_there_are_no_flags() {
-    let out = mesos_gpu(&["--simulate", "k80"]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
-            "no flags to add: --isolation=posix/cpu,posix/mem does not contain gpu/nvidia"
-        ),
-        "{stderr}"
+fn an_isolation_without_gpu_isolator_says_why_there_are_no_flags() {
+    no_flags(
+        &["--simulate", "k80", "--isolation", "posix/cpu,posix/mem"],
+        &[
+            "no flags to add: --isolation=posix/cpu,posix/mem contains neither \
+           org_apache_mesos_gpu_MesosGpuIsolator nor gpu/nvidia",
+        ],
     );
     let (_dir, lib) = driver_not_loaded();
-    let out = mesos_gpu(&["--nvml-lib", &lib, "--isolation", ISO]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("no flags to add: no GPUs: NVIDIA driver not loaded"),
-        "{stderr}"
+    no_flags(
+        &["--nvml-lib", &lib, "--isolation", ISO],
+        &["no flags to add: no GPUs: NVIDIA driver not loaded"],
     );
 }
 
@@ -316,7 +338,7 @@ fn simulate_list_and_unknown_names() {
 }
 
 #[test]
-fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
+fn replicas_advertise_shared_times_r_plus_whole() {
     let got = lines(&[
         "--simulate",
         "dgx1-v100",
@@ -374,21 +396,29 @@ fn issue_17_replicas_advertise_shared_times_r_plus_whole() {
     let out = mesos_gpu(&[&sim[..], &["--gpu-replicas", "2", "--gpu-sharing", "hami"]].concat());
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not one of: time-slicing, mps"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("\"hami\": expected MODE or SEL=MODE (MODE one of time-slicing, mps, none"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 #[test]
-fn issue_16_17_offers_say_what_the_module_needs() {
+fn offers_say_what_the_module_needs() {
     let module = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
     let mig = mesos_gpu(&["--simulate", "dgx-a100-mixed", "--isolation", module]);
     assert!(mig.status.success());
     let err = String::from_utf8_lossy(&mig.stderr);
     assert!(
-        err.contains("give the module the same strategy (mig_strategy=single)"),
+        err.contains("this node has MIG devices; with single, gpus counts MIG devices"),
         "{err}"
+    );
+    let out = String::from_utf8_lossy(&mig.stdout);
+    let params = module_parameters(&out);
+    assert_eq!(
+        params.get("mig_strategy").map(String::as_str),
+        Some("single"),
+        "{out}"
     );
     let shared = mesos_gpu(&[
         "--simulate",
@@ -412,4 +442,358 @@ fn issue_16_17_offers_say_what_the_module_needs() {
         "{}",
         String::from_utf8_lossy(&whole.stderr)
     );
+}
+
+/// The module's flags as `agent-flags` prints them, each line unquoted.
+struct ModuleFlags {
+    lines: Vec<String>,
+}
+
+impl ModuleFlags {
+    fn get(&self, name: &str) -> Option<String> {
+        let prefix = format!("--{name}=");
+        self.lines.iter().find_map(|l| {
+            l.strip_prefix(&prefix)
+                .map(|v| v.trim_matches('\'').to_owned())
+        })
+    }
+}
+
+/// The `key → value` parameters of the module in the `--modules` line of `out`.
+fn module_parameters(out: &str) -> std::collections::BTreeMap<String, String> {
+    let flags = ModuleFlags {
+        lines: out.lines().map(str::to_owned).collect(),
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&flags.get("modules").expect("a --modules line")).unwrap();
+    let module = &json["libraries"][0]["modules"][0];
+    assert_eq!(module["name"], "org_apache_mesos_gpu_MesosGpuIsolator");
+    module["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["key"].as_str().unwrap().to_owned(),
+                p["value"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Without `--isolation`, every shipped node gets the module's whole configuration for the
+/// cgroup version asked: `--isolation` (Mesos's `cgroups/devices` on v1 only), `--resources`
+/// with the node's GPUs or MIG devices, `--attributes`, `--agent_subsystems=` on v2 and
+/// `--modules` with the parameters that match, never `--nvidia_gpu_devices`; MIG and non-MIG
+/// nodes alike (before: nothing on dgx1-v100, `--resources=gpus:56` alone on dgx-a100-mig).
+#[test]
+fn without_isolation_every_node_gets_the_module_flags() {
+    let nodes = lines(&["--simulate", "list"]);
+    for node in &nodes {
+        for (cgroups, isolation) in [
+            (
+                "v1",
+                "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator",
+            ),
+            (
+                "v2",
+                "filesystem/linux,org_apache_mesos_gpu_MesosGpuIsolator",
+            ),
+        ] {
+            let out = lines(&["--simulate", node, "--cgroups", cgroups]);
+            if node == "driver-no-gpus" {
+                // The same agent without the module (without_gpus_the_agent_starts_…).
+                let rest = isolation.replace(",org_apache_mesos_gpu_MesosGpuIsolator", "");
+                let mut want = vec![format!("--isolation={rest}")];
+                if cgroups == "v2" {
+                    want.push("--agent_subsystems=''".to_owned());
+                }
+                assert_eq!(out, want, "{node} {cgroups}");
+                continue;
+            }
+            let flags = ModuleFlags { lines: out.clone() };
+            assert_eq!(
+                flags.get("isolation").as_deref(),
+                Some(isolation),
+                "{node}: {out:?}"
+            );
+            let resources = flags.get("resources").unwrap_or_default();
+            assert!(
+                resources
+                    .split(';')
+                    .any(|r| r.starts_with("gpus:") || r.starts_with("mig-")),
+                "{node} {cgroups}: {out:?}"
+            );
+            assert!(flags.get("attributes").is_some(), "{node}: {out:?}");
+            assert_eq!(
+                flags.get("agent_subsystems").is_some(),
+                cgroups == "v2",
+                "{node} {cgroups}: {out:?}"
+            );
+            assert!(
+                !out.iter().any(|l| l.starts_with("--nvidia_gpu_devices")),
+                "{node}: {out:?}"
+            );
+            let params = module_parameters(&out.join("\n"));
+            assert_eq!(params["work_dir"], "/var/lib/mesos", "{node}");
+            assert_eq!(params["pool_dir"], "/var/lib/mesos-gpu", "{node}");
+            assert_eq!(
+                params["volume_root"], "/var/run/mesos/isolators/gpu",
+                "{node}"
+            );
+            let mig = !mesos_gpu_testkit::nvml_sim::SimNode::shipped(node)
+                .inventory()
+                .unwrap()
+                .mig
+                .is_empty();
+            assert_eq!(
+                params.contains_key("mig_strategy"),
+                mig,
+                "{node}: {params:?}"
+            );
+        }
+    }
+    let out = lines(&["--simulate", "dgx-a100-mig", "--cgroups", "v1"]);
+    assert_eq!(out[1], "--resources=gpus:56", "{out:?}");
+    let out = lines(&["--simulate", "dgx1-v100", "--cgroups", "v1"]);
+    assert_eq!(out[1], "--resources=gpus:8", "{out:?}");
+}
+
+/// The issue's command: the module named in `--isolation` on a node without MIG gets its flags
+/// (before: "no flags to add: … does not contain gpu/nvidia"), the given `--isolation` kept.
+#[test]
+fn the_module_named_in_isolation_gets_its_flags() {
+    let isolation =
+        "filesystem/linux,cgroups/cpu,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    let out = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--cgroups",
+        "v1",
+        "--isolation",
+        isolation,
+    ]);
+    assert_eq!(out[0], format!("--isolation={isolation}"));
+    assert_eq!(out[1], "--resources=gpus:8", "{out:?}");
+    let out = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--cgroups",
+        "v1",
+        "--isolation",
+        isolation,
+        "--resources",
+        "cpus:32;gpus:2",
+        "--nvidia-gpu-devices",
+        "2,3",
+        "--agent-work-dir",
+        "/srv/mesos",
+    ]);
+    assert_eq!(out[1], "--resources='cpus:32;gpus:2'", "{out:?}");
+    let params = module_parameters(&out.join("\n"));
+    assert_eq!(params["nvidia_gpu_devices"], "2,3");
+    assert_eq!(params["work_dir"], "/srv/mesos");
+}
+
+/// `gpu/nvidia` next to the module, and `cgroups/devices` with the module on cgroup v2, are
+/// refused with the reason, as the module refuses them when the agent starts.
+#[test]
+fn configurations_the_module_refuses_are_refused() {
+    fails(
+        &[
+            "--simulate",
+            "dgx1-v100",
+            "--isolation",
+            "filesystem/linux,gpu/nvidia,org_apache_mesos_gpu_MesosGpuIsolator",
+        ],
+        "two GPU isolators would hand out the same GPUs; remove `gpu/nvidia`",
+    );
+    fails(
+        &[
+            "--simulate",
+            "dgx-a100-mig",
+            "--cgroups",
+            "v2",
+            "--isolation",
+            "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator",
+        ],
+        "drop `cgroups/devices` from --isolation",
+    );
+}
+
+/// `--module-param` adds parameters, refusing those set by this command's own options;
+/// `--modules-file` writes the document and prints `--modules=file://…`; the global
+/// `--nvml-lib`, `--dev-root` and `--proc-root` become the module's, so that it reads what this
+/// command read.
+#[test]
+fn module_parameters_and_modules_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("modules.json");
+    let node = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mig");
+    let lib = node.lib_path();
+    let proc_root = node.proc_root();
+    let base = [
+        "--nvml-lib",
+        lib.to_str().unwrap(),
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+        "--cgroups",
+        "v2",
+        "--module-param",
+        "driver_volume=build",
+        "--module-library",
+        "/opt/m/libmesos_gpu_module.so",
+    ];
+    let out = lines(&[&base[..], &["--modules-file", file.to_str().unwrap()]].concat());
+    assert_eq!(
+        out.last().unwrap(),
+        &format!("--modules=file://{}", file.display())
+    );
+    assert_eq!(
+        out[1], "--resources=gpus:56",
+        "MIG devices found through --proc-root: {out:?}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        json["libraries"][0]["file"],
+        "/opt/m/libmesos_gpu_module.so"
+    );
+    let inline = lines(&base);
+    let params = module_parameters(&inline.join("\n"));
+    assert_eq!(params["driver_volume"], "build");
+    assert_eq!(params["nvml_lib"], lib.to_str().unwrap());
+    assert_eq!(params["proc_root"], proc_root.to_str().unwrap());
+    let in_file: serde_json::Value =
+        serde_json::from_str(&ModuleFlags { lines: inline }.get("modules").unwrap()).unwrap();
+    assert_eq!(in_file, json, "the file holds what --modules gives inline");
+    let out = mesos_gpu(&["--simulate", "k80", "--module-param", "pool_dir=/x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("pool_dir is set from --pool-dir"),
+        "{stderr}"
+    );
+}
+
+/// Without a driver, or without GPUs, the module cannot start: the flags are the same agent's
+/// without it, and stderr says why. `--isolation` keeps a `cgroups/*` isolator on v1, where
+/// Mesos 1.12 aborts at start without one (before: only `--resources` was printed, the agent got
+/// Mesos's default `posix/cpu,posix/mem` and died on `Check failed: !subsystemSet.empty()`).
+#[test]
+fn without_gpus_the_agent_starts_without_the_module() {
+    let (_dir, lib) = driver_not_loaded();
+    let out = mesos_gpu(&["--nvml-lib", &lib, "--cgroups", "v1"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "--isolation=filesystem/linux,cgroups/devices\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in [
+        "no GPU flags to add: no GPUs: NVIDIA driver not loaded",
+        "(the module refuses to start without an NVIDIA driver: start this agent without it, \
+         with the flags printed)",
+    ] {
+        assert!(stderr.contains(said), "{stderr} lacks {said:?}");
+    }
+    let out = lines(&[
+        "--simulate",
+        "driver-no-gpus",
+        "--cgroups",
+        "v2",
+        "--resources",
+        "cpus:4;mem:4096",
+        "--isolation",
+        "cgroups/cpu,org_apache_mesos_gpu_MesosGpuIsolator",
+    ]);
+    assert_eq!(
+        out,
+        [
+            "--isolation=cgroups/cpu",
+            "--resources='cpus:4;mem:4096'",
+            "--agent_subsystems=''"
+        ]
+    );
+}
+
+/// `examples/mesos-agent/agent.sh` on a MIG node (before: it asked for `gpu/nvidia`, which a MIG
+/// node refuses, and died): `mesos-agent` gets the module's flags as `agent-flags` printed them,
+/// unquoted, then the script's own and the caller's.
+#[test]
+fn agent_sh_runs_the_agent_with_the_module_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path();
+    let argv = bin.join("argv");
+    let script = |name: &str, text: &str| {
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        let mut mode = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+        std::fs::set_permissions(&path, mode).unwrap();
+    };
+    script(
+        "mesos-gpu",
+        &format!(
+            "#!/bin/sh\nexec '{}' --simulate dgx-a100-mig \"$@\"\n",
+            env!("CARGO_BIN_EXE_mesos-gpu")
+        ),
+    );
+    script(
+        "mesos-agent",
+        &format!("#!/bin/sh\nprintf '%s\\0' \"$@\" > '{}'\n", argv.display()),
+    );
+    let agent_sh =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/agent.sh");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = Command::new("sh")
+        .arg(&agent_sh)
+        .arg("--port=5061")
+        .env("PATH", path)
+        .env("MASTER", "zk://zk1:2181/mesos")
+        .env("RESOURCES", "cpus:8;mem:1024")
+        .env("AGENT_FLAGS_OPTS", "--module-param driver_volume=build")
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args: Vec<String> = std::fs::read_to_string(&argv)
+        .unwrap()
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let value = |name: &str| {
+        let prefix = format!("--{name}=");
+        args.iter()
+            .find_map(|a| a.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {args:?}"))
+            .to_owned()
+    };
+    let isolation = value("isolation");
+    assert!(
+        isolation.ends_with(",org_apache_mesos_gpu_MesosGpuIsolator")
+            && !isolation.contains("gpu/nvidia"),
+        "{args:?}"
+    );
+    assert_eq!(value("resources"), "cpus:8;mem:1024;gpus:56");
+    assert_eq!(value("master"), "zk://zk1:2181/mesos");
+    assert_eq!(value("containerizers"), "mesos");
+    assert_eq!(args.last().map(String::as_str), Some("--port=5061"));
+    let modules: serde_json::Value = serde_json::from_str(&value("modules")).unwrap();
+    let params = &modules["libraries"][0]["modules"][0]["parameters"];
+    for want in [
+        serde_json::json!({"key": "work_dir", "value": "/var/lib/mesos"}),
+        serde_json::json!({"key": "mig_strategy", "value": "single"}),
+        serde_json::json!({"key": "driver_volume", "value": "build"}),
+    ] {
+        assert!(
+            params.as_array().unwrap().contains(&want),
+            "{want} not in {params}"
+        );
+    }
 }

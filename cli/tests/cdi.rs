@@ -85,7 +85,7 @@ fn read_json(path: &Path) -> Value {
 const NVIDIA_YAML: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\n";
 
 #[test]
-fn issue_18_generate_writes_once_and_reports_it() {
+fn generate_writes_once_and_reports_it() {
     let d = Dirs::new();
     let out = d.generate("k80", &["--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -124,7 +124,7 @@ fn issue_18_generate_writes_once_and_reports_it() {
 }
 
 #[test]
-fn issue_18_generate_on_a_simulated_node_prints_unless_told_where() {
+fn generate_on_a_simulated_node_prints_unless_told_where() {
     let out = mesos_gpu(&["cdi", "generate", "--simulate", "pcie-t4x4"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
@@ -142,7 +142,7 @@ fn issue_18_generate_on_a_simulated_node_prints_unless_told_where() {
 }
 
 #[test]
-fn issue_18_generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
+fn generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
     let d = Dirs::new();
     assert!(d.generate("k80", &[]).status.success());
     let theirs = d.path("run/nvidia.yaml");
@@ -175,7 +175,7 @@ fn issue_18_generate_refuses_a_spec_declaring_the_same_devices_beside_it() {
 }
 
 #[test]
-fn issue_18_no_gpus_removes_the_spec() {
+fn no_gpus_removes_the_spec() {
     let d = Dirs::new();
     assert!(d.generate("k80", &[]).status.success());
     assert!(d.spec().exists());
@@ -202,7 +202,7 @@ fn issue_18_no_gpus_removes_the_spec() {
 }
 
 #[test]
-fn issue_18_bad_flags_are_refused() {
+fn bad_flags_are_refused() {
     let out = mesos_gpu(&["cdi", "generate", "--simulate", "k80", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2));
     let out = mesos_gpu(&["cdi"]);
@@ -234,7 +234,7 @@ fn wait_for(what: &str, serve: &mut Serve, ok: impl Fn() -> bool) {
 }
 
 #[test]
-fn issue_18_serve_keeps_the_spec_current() {
+fn serve_keeps_the_spec_current() {
     let d = Dirs::new();
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -248,7 +248,7 @@ fn issue_18_serve_keeps_the_spec_current() {
             .arg(d.path("nvidia-docker.sock"))
             .arg("--volume-root")
             .arg(d.path("volumes"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(d.path("work"))
             .arg("--pool-dir")
             .arg(d.path("work").join("pool"))
@@ -295,7 +295,7 @@ fn issue_18_serve_keeps_the_spec_current() {
 }
 
 #[test]
-fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
+fn serve_on_a_simulated_node_keeps_no_spec_unless_named() {
     let d = Dirs::new();
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -308,7 +308,7 @@ fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
         .arg(d.path("nvidia-docker.sock"))
         .arg("--volume-root")
         .arg(d.path("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(d.path("work"))
         .arg("--pool-dir")
         .arg(d.path("work").join("pool"))
@@ -356,4 +356,101 @@ fn issue_18_serve_on_a_simulated_node_keeps_no_spec_unless_named() {
         !seen.iter().any(|l| l.contains("wrote the CDI spec")),
         "{seen:?}"
     );
+}
+
+/// On MIG nodes each MIG device is a CDI device, named as `nvidia-ctk cdi generate` names it
+/// (`<gpu>:<mig>` and `MIG-<uuid>`), with its parent's node and its two capability nodes (the
+/// numbers `info` reads from the driver's files) and `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`; a GPU
+/// in MIG mode is never offered whole (before: every MIG-mode GPU whole, no MIG device).
+#[test]
+fn mig_devices_are_offered_and_mig_mode_gpus_are_not() {
+    for node in ["dgx-a100-mig", "dgx-a100-mixed"] {
+        let out = mesos_gpu(&["cdi", "generate", "--simulate", node, "--output", "-"]);
+        assert!(out.status.success(), "{node}: {}", stderr(&out));
+        let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let info = mesos_gpu(&["info", "--simulate", node, "--json"]);
+        let info: Value = serde_json::from_str(&stdout(&info)).unwrap();
+        let names: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        let enabled: Vec<u64> = info["mig"]["enabled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        for gpu in info["gpus"].as_array().unwrap() {
+            let index = gpu["index"].as_u64().unwrap();
+            let whole = names.contains(&index.to_string().as_str())
+                || names.contains(&gpu["uuid"].as_str().unwrap());
+            assert_eq!(
+                whole,
+                !enabled.contains(&index),
+                "{node}: GPU {index}: {names:?}"
+            );
+        }
+        let device = |name: &str| {
+            spec["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["name"] == name)
+                .unwrap_or_else(|| panic!("{node}: no device {name} in {names:?}"))
+                .clone()
+        };
+        let migs = info["mig"]["devices"].as_array().unwrap();
+        assert!(!migs.is_empty(), "{node}");
+        for mig in migs {
+            let name = format!("{}:{}", mig["parent"], mig["index"]);
+            let uuid = mig["uuid"].as_str().unwrap();
+            let by_index = device(&name);
+            assert_eq!(by_index["containerEdits"], device(uuid)["containerEdits"]);
+            let edits = &by_index["containerEdits"];
+            // The selection is CDI's alone: no NVIDIA_VISIBLE_DEVICES per device (the common
+            // edits set it to `void`, as nvidia-ctk writes).
+            assert!(
+                edits["env"].as_array().is_none_or(Vec::is_empty),
+                "{node} {name}: {edits}"
+            );
+            let nodes: Vec<(String, u64, u64)> = edits["deviceNodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| {
+                    (
+                        n["path"].as_str().unwrap().to_owned(),
+                        n["major"].as_u64().unwrap(),
+                        n["minor"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            let caps = &mig["caps"];
+            let cap = |which: &str| {
+                let minor = caps[which]["minor"].as_u64().unwrap();
+                (
+                    format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+                    caps[which]["major"].as_u64().unwrap(),
+                    minor,
+                )
+            };
+            let parent = mig["parent_minor"].as_u64().unwrap();
+            assert_eq!(
+                nodes,
+                [
+                    (format!("/dev/nvidia{parent}"), 195, parent),
+                    cap("gpu_instance"),
+                    cap("compute_instance"),
+                ],
+                "{node} {name}"
+            );
+        }
+        assert_eq!(
+            names.len(),
+            2 * (migs.len() + info["gpus"].as_array().unwrap().len() - enabled.len()) + 1,
+            "{node}: {names:?}"
+        );
+    }
 }

@@ -6,6 +6,8 @@
 //! nodes (`nvidia-uvm` gets a major the kernel has not assigned, as its dynamic major would be).
 //! In the container, an allowed node opens with ENXIO (no driver behind it) and a node of another
 //! GPU is absent, and cannot be made (`mknod`: EPERM from the device cgroup) nor opened.
+//! The environment names no GPU: `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's own specs set it, so
+//! CDI alone selects the devices (NVIDIA's legacy runtime hook, where configured, adds none).
 //!
 //! Podman 4.3 reads CDI specs only from `/etc/cdi` and `/var/run/cdi`: each podman command runs
 //! in a private mount namespace where a tmpfs covers `/run` and the test's spec directory is
@@ -195,7 +197,12 @@ impl Fixture {
     }
 
     fn podman(&self, args: &[&str]) -> Result<String, String> {
-        let out = self.podman_output(args)?;
+        self.podman_ok(&self.cdi_dir, args)
+    }
+
+    /// `podman ARGS` with the specs of `cdi_dir`; its stdout, or why it failed.
+    fn podman_ok(&self, cdi_dir: &Path, args: &[&str]) -> Result<String, String> {
+        let out = self.podman_in(cdi_dir, args)?;
         if !out.status.success() {
             return Err(format!(
                 "podman {args:?}: {}\n{}",
@@ -209,6 +216,11 @@ impl Fixture {
     /// Runs `script` in a busybox container given `devices`; its output, one `key: value` per
     /// line.
     fn run(&self, devices: &[&str], script: &str) -> Result<String, String> {
+        self.run_in(&self.cdi_dir, devices, script)
+    }
+
+    /// [`Fixture::run`] with the specs of `cdi_dir`.
+    fn run_in(&self, cdi_dir: &Path, devices: &[&str], script: &str) -> Result<String, String> {
         let mut args = vec![
             "run",
             "--rm",
@@ -221,21 +233,20 @@ impl Fixture {
             args.extend(["--device", d]);
         }
         args.extend([self.image.as_str(), "/bin/busybox", "sh", "-c", script]);
-        self.podman(&args)
+        self.podman_ok(cdi_dir, &args)
     }
 
+    /// The UUID name of the GPU with NVML index `index`: the device declared right after its
+    /// index name, with the same edits.
     fn gpu_uuid(&self, index: u32) -> String {
-        let device = self.spec["devices"]
-            .as_array()
-            .unwrap()
+        let devices = self.spec["devices"].as_array().unwrap();
+        let at = devices
             .iter()
-            .find(|d| d["name"].as_str() == Some(index.to_string().as_str()))
+            .position(|d| d["name"].as_str() == Some(index.to_string().as_str()))
             .unwrap();
-        device["containerEdits"]["env"][0]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("NVIDIA_VISIBLE_DEVICES=")
-            .to_owned()
+        let by_uuid = &devices[at + 1];
+        assert_eq!(by_uuid["containerEdits"], devices[at]["containerEdits"]);
+        by_uuid["name"].as_str().unwrap().to_owned()
     }
 
     /// Removes the image, the cgroups and the directory, once the `podman container cleanup`
@@ -401,12 +412,16 @@ fn spec_reads_the_real_device_numbers() -> Result<(), Failed> {
     Ok(())
 }
 
+/// CDI alone selects the GPUs: `NVIDIA_VISIBLE_DEVICES=void`, as nvidia-ctk's specs set it, so
+/// NVIDIA's legacy runtime hook would inject nothing more.
+const VOID: &str = "void";
+
 fn container_gets_exactly_its_gpu_by_index() -> Result<(), Failed> {
     let f = fixture()?;
     let out = f.run(&["nvidia.com/gpu=0"], PROBE)?;
     expect_gpus(&out, &[2])?;
     expect_common(&out)?;
-    expect(&out, "NVIDIA_VISIBLE_DEVICES", &f.gpu_uuid(0))?;
+    expect(&out, "NVIDIA_VISIBLE_DEVICES", VOID)?;
     eprintln!("container given nvidia.com/gpu=0:\n{out}");
     Ok(())
 }
@@ -416,21 +431,20 @@ fn container_gets_its_gpu_by_uuid_and_all_by_all() -> Result<(), Failed> {
     let uuid = f.gpu_uuid(3);
     let out = f.run(&[&format!("nvidia.com/gpu={uuid}")], PROBE)?;
     expect_gpus(&out, &[1])?;
-    expect(&out, "NVIDIA_VISIBLE_DEVICES", &uuid)?;
+    expect(&out, "NVIDIA_VISIBLE_DEVICES", VOID)?;
     let out = f.run(&["nvidia.com/gpu=all"], PROBE)?;
     expect_gpus(&out, &[0, 1, 2, 3])?;
     expect_common(&out)?;
-    let all: Vec<String> = (0..4).map(|i| f.gpu_uuid(i)).collect();
-    expect(&out, "NVIDIA_VISIBLE_DEVICES", &all.join(","))?;
+    expect(&out, "NVIDIA_VISIBLE_DEVICES", VOID)?;
     Ok(())
 }
 
-/// The operator guide's claim: several devices give every node, but the env of the last one.
-fn two_devices_give_both_nodes_and_the_last_ones_env() -> Result<(), Failed> {
+/// Several devices give every one's nodes, and still no GPU list in the environment.
+fn two_devices_give_both_nodes_and_no_gpu_list() -> Result<(), Failed> {
     let f = fixture()?;
     let out = f.run(&["nvidia.com/gpu=0", "nvidia.com/gpu=1"], PROBE)?;
     expect_gpus(&out, &[2, 3])?;
-    expect(&out, "NVIDIA_VISIBLE_DEVICES", &f.gpu_uuid(1))?;
+    expect(&out, "NVIDIA_VISIBLE_DEVICES", VOID)?;
     Ok(())
 }
 
@@ -507,12 +521,118 @@ fn podman_refuses_a_version_it_does_not_know() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A container given one MIG device of the simulated DGX A100 in MIG mode (`nvidia.com/gpu=
+/// <gpu>:<mig>`, as `nvidia-ctk` names it) sees exactly its parent's node and its two capability
+/// nodes beside the control nodes: no other GPU, no other capability, and
+/// `NVIDIA_VISIBLE_DEVICES=void` (CDI alone selects). The node's GPUs are in MIG mode: none is a device whole.
+fn container_gets_exactly_its_mig_device() -> Result<(), Failed> {
+    const MIG_NODE: &str = "dgx-a100-mig";
+    let f = fixture()?;
+    let dev = f.dir.join("dev-mig");
+    let cdi = f.dir.join("cdi-mig");
+    fs::create_dir_all(dev.join("nvidia-caps"))?;
+    fs::create_dir_all(&cdi)?;
+    let info = mesos_gpu(&["info", "--simulate", MIG_NODE, "--json"]);
+    let info: Value = serde_json::from_slice(&info.stdout)?;
+    for gpu in info["gpus"].as_array().ok_or("no gpus")? {
+        let minor = u32::try_from(gpu["minor"].as_u64().ok_or("no minor")?)?;
+        mknod(&dev.join(format!("nvidia{minor}")), 195, minor)?;
+    }
+    mknod(&dev.join("nvidiactl"), 195, 255)?;
+    mknod(&dev.join("nvidia-uvm"), f.uvm_major, 0)?;
+    mknod(&dev.join("nvidia-uvm-tools"), f.uvm_major, 1)?;
+    let migs = info["mig"]["devices"].as_array().ok_or("no MIG devices")?;
+    let cap_of = |mig: &Value, which: &str| -> Result<(u32, u32), Failed> {
+        let n = |k: &str| {
+            mig["caps"][which][k]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| Failed::from(format!("no caps.{which}.{k} in {mig}")))
+        };
+        Ok((n("major")?, n("minor")?))
+    };
+    for mig in migs {
+        for which in ["gpu_instance", "compute_instance"] {
+            let (major, minor) = cap_of(mig, which)?;
+            let path = dev.join("nvidia-caps").join(format!("nvidia-cap{minor}"));
+            if !path.exists() {
+                mknod(&path, major, minor)?;
+            }
+        }
+    }
+    let spec_path = cdi.join("nvidia.com-gpu.json");
+    let out = mesos_gpu(&[
+        "cdi",
+        "generate",
+        "--simulate",
+        MIG_NODE,
+        "--dev-root",
+        dev.to_str().ok_or("dev")?,
+        "--volume-root",
+        f.dir.join("volumes").to_str().ok_or("volumes")?,
+        "--output",
+        spec_path.to_str().ok_or("spec")?,
+        "--spec-dirs",
+        cdi.to_str().ok_or("cdi")?,
+    ]);
+    if !out.status.success() {
+        return Err(format!("cdi generate: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let spec: Value = serde_json::from_slice(&fs::read(&spec_path)?)?;
+    let volume = spec["containerEdits"]["mounts"][0]["hostPath"]
+        .as_str()
+        .ok_or("no driver volume")?;
+    fs::create_dir_all(volume)?;
+    // A device of the second GPU, so that GPU 0's index and minor are not what is seen.
+    let mig = migs
+        .iter()
+        .find(|m| m["parent"] == 1)
+        .ok_or("no MIG device on GPU 1")?;
+    let name = format!("nvidia.com/gpu={}:{}", mig["parent"], mig["index"]);
+    let script = r#"ls /dev | grep nvidia | sed 's/^/dev: /'
+ls /dev/nvidia-caps | sed 's/^/cap: /'
+for n in /dev/nvidia[0-9]*; do echo "open $n: $(head -c1 $n 2>&1 | sed 's/.*: //')"; done
+echo "NVIDIA_VISIBLE_DEVICES: $NVIDIA_VISIBLE_DEVICES""#;
+    let out = f.run_in(&cdi, &[&name], script)?;
+    eprintln!("container given {name}:\n{out}");
+    let listed = |prefix: &str| -> Vec<String> {
+        let mut v: Vec<String> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(str::to_owned)
+            .collect();
+        v.sort();
+        v
+    };
+    let parent = mig["parent_minor"].as_u64().ok_or("no parent minor")?;
+    let mut want_dev = vec![
+        format!("nvidia{parent}"),
+        "nvidia-caps".to_owned(),
+        "nvidia-uvm".to_owned(),
+        "nvidia-uvm-tools".to_owned(),
+        "nvidiactl".to_owned(),
+    ];
+    want_dev.sort();
+    let mut want_caps = vec![
+        format!("nvidia-cap{}", cap_of(mig, "gpu_instance")?.1),
+        format!("nvidia-cap{}", cap_of(mig, "compute_instance")?.1),
+    ];
+    want_caps.sort();
+    if listed("dev: ") != want_dev || listed("cap: ") != want_caps {
+        return Err(
+            format!("want {want_dev:?} and {want_caps:?}, the container has:\n{out}").into(),
+        );
+    }
+    expect(&out, &format!("open /dev/nvidia{parent}"), ENXIO)?;
+    expect(&out, "NVIDIA_VISIBLE_DEVICES", VOID)?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     let host = Host::probe();
-    let trial = |name: &str, f: fn() -> Result<(), Failed>| {
-        needs(&host, NEEDS, Trial::test(format!("issue_18_{name}"), f))
-    };
+    let trial =
+        |name: &str, f: fn() -> Result<(), Failed>| needs(&host, NEEDS, Trial::test(name, f));
     let trials = vec![
         trial(
             "spec_reads_the_real_device_numbers",
@@ -527,8 +647,8 @@ fn main() -> ExitCode {
             container_gets_its_gpu_by_uuid_and_all_by_all,
         ),
         trial(
-            "two_devices_give_both_nodes_and_the_last_ones_env",
-            two_devices_give_both_nodes_and_the_last_ones_env,
+            "two_devices_give_both_nodes_and_no_gpu_list",
+            two_devices_give_both_nodes_and_no_gpu_list,
         ),
         trial(
             "podman_drops_devices_two_specs_declare",
@@ -537,6 +657,14 @@ fn main() -> ExitCode {
         trial(
             "podman_refuses_a_version_it_does_not_know",
             podman_refuses_a_version_it_does_not_know,
+        ),
+        needs(
+            &host,
+            NEEDS,
+            Trial::test(
+                "container_gets_exactly_its_mig_device",
+                container_gets_exactly_its_mig_device,
+            ),
         ),
     ];
     let conclusion = libtest_mimic::run(&args, trials);

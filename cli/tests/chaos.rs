@@ -1,10 +1,17 @@
 //! Issue 13, bounded chaos: for `MGPU_CHAOS_SECS` seconds (default 60) several processes
 //! allocate and release GPUs of one simulated 8-GPU node through different entry points of the
 //! node's one pool — agent-module workers (the isolator with the module's role, in a child of
-//! this binary), `mesos-gpu exec` and `mesos-gpu docker-args` — while a killer SIGKILLs random
-//! ones at random moments (seeded by `MGPU_CHAOS_SEED`, bounded). Every holder marks each GPU it
-//! holds in `held/<uuid>` (`O_EXCL`, with its pid and start time, so pid reuse cannot fool
-//! it), so a GPU granted twice at once is caught.
+//! this binary), `mesos-gpu exec`, `mesos-gpu docker-args`, and `docker-args` then
+//! `mesos-gpu docker-wrapper` (the agent's `--docker` program, with no NVML, as shipped) on the
+//! same Docker record — while a killer SIGKILLs random ones at random moments (seeded by
+//! `MGPU_CHAOS_SEED`, bounded). Every holder marks each GPU it holds in `held/<uuid>` (`O_EXCL`,
+//! with its pid and start time, so pid reuse cannot fool it), so a GPU granted twice at once is
+//! caught.
+//!
+//! Issue 24: the node's NVML fails at random (nvml-sim's `random_failures`: 10 % of inits answer
+//! `NVML_ERROR_DRIVER_NOT_LOADED` or `NVML_ERROR_UNKNOWN`, a few calls `NVML_ERROR_UNKNOWN`; each
+//! process draws its own stream, `NVML_SIM_SEED` from the chaos seed), so some processes see no
+//! GPU or fail discovery: they must refuse saying why, and never change another's reservation.
 //! Afterwards one reconciliation (`gpu release --dead`) must leave 0 GPUs double-booked and 0
 //! lost: every GPU free, or held by an owner that is alive or uncertain with a reason, or
 //! quarantined with a reason.
@@ -26,17 +33,39 @@ use mesos_gpu_isolator::{
 };
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
+use mesos_gpu_testkit::dockerd::FakeDockerd;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 
 const WORKER_ENV: &str = "MGPU_CHAOS_AGENT_WORKER";
+/// The exit status of an agent worker whose discovery failed: the module refuses to start.
+const REFUSED_TO_START: u8 = 4;
+/// Refusals that are the node's answer, not failures: too few GPUs, or no view of them.
+const EXPECTED_REFUSALS: [&str; 3] = [" asked; ", "granting no GPU", "GPU discovery failed"];
+
+/// The simulated node: a DGX-1 whose NVML fails at random (nvml-sim `random_failures`).
+fn flaky_node() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-sim/topologies/dgx1-v100.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json["random_failures"] = serde_json::json!({
+        "init": { "probability": 0.1, "errors": ["NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNKNOWN"] },
+        "calls": { "probability": 0.0005, "errors": ["NVML_ERROR_UNKNOWN"] },
+    });
+    json.to_string()
+}
+
+/// True when `stderr` is one of the node's expected refusals.
+fn expected_refusal(stderr: &str) -> bool {
+    EXPECTED_REFUSALS.iter().any(|r| stderr.contains(r))
+}
 
 fn main() -> ExitCode {
     if let Ok(spec) = std::env::var(WORKER_ENV) {
         return agent_worker(&spec);
     }
     let host = Host::probe();
-    let trial = Trial::test("issue_13_chaos_leaves_nothing_double_booked_or_lost", chaos);
+    let trial = Trial::test("chaos_leaves_nothing_double_booked_or_lost", chaos);
     let trials = vec![needs(&host, &[Need::Root, Need::Cgroup1], trial)];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -110,9 +139,10 @@ fn agent_worker(spec: &str) -> ExitCode {
     let scratch = PathBuf::from(parts[0]);
     let mut rng = Rng(parts[2].parse().unwrap());
     let until = Instant::now() + Duration::from_secs_f64(parts[3].parse().unwrap());
-    let sim = SimNode::shipped("dgx1-v100");
+    let sim = SimNode::from_json(&flaky_node());
+    // A module whose discovery fails (or finds no driver) refuses to start.
     let Ok(Discovery::Driver(driver)) = GpuDriver::open(Some(&sim.lib_path())) else {
-        return ExitCode::FAILURE;
+        return ExitCode::from(REFUSED_TO_START);
     };
     let inventory = driver.inventory().clone();
     let work = scratch.join(format!("agent-{}", std::process::id()));
@@ -170,18 +200,68 @@ struct Chaos {
     doubles: AtomicU64,
     grants: AtomicU64,
     kills: AtomicU64,
+    /// Requests refused because the process saw no GPU or its discovery failed.
+    blind: AtomicU64,
     failures: Mutex<Vec<String>>,
+    /// The node description with random NVML failures.
+    node: PathBuf,
+    /// The Docker daemon `docker-args` records and the wrapper asks about images.
+    dockerd: FakeDockerd,
+    /// Draws the NVML seed of each process.
+    draws: Mutex<Rng>,
 }
 
+/// `mesos-gpu` on the flaky node, with an NVML stream of its own.
 fn mesos_gpu(c: &Chaos) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
-    cmd.args(["--simulate", "dgx1-v100", "--dev-root"])
+    cmd.arg("--simulate")
+        .arg(&c.node)
+        .arg("--dev-root")
         .arg(&c.dev)
+        .env(
+            nvml_sim::SEED_ENV,
+            c.draws.lock().unwrap().next().to_string(),
+        )
         .env("MESOS_GPU_POOL_DIR", &c.scratch)
         .env("MESOS_GPU_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
+}
+
+/// Runs a reserving `docker-args` (`what`), killable; its output when it reserved. A kill is
+/// counted, and so is a refusal the node explains (a moment passes before the next try); any
+/// other failure is one of the test's.
+fn docker_args(c: &Chaos, cmd: Command, what: &str) -> Option<std::process::Output> {
+    let Some(out) = run_killable(c, cmd) else {
+        c.kills.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    if out.status.success() {
+        return Some(out);
+    }
+    refused_or_failed(c, what, &String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(20));
+    None
+}
+
+/// Counts what `what` said on failing: a refusal the node explains, or one of the test's failures.
+fn refused_or_failed(c: &Chaos, what: &str, stderr: &str) {
+    if expected_refusal(stderr) {
+        count_blind(c, stderr);
+    } else {
+        c.failures
+            .lock()
+            .unwrap()
+            .push(format!("{what} failed: {stderr}"));
+    }
+}
+
+/// Counts a refusal for want of a view of the GPUs.
+fn count_blind(c: &Chaos, stderr: &str) {
+    if stderr.contains("granting no GPU") || stderr.contains("GPU discovery failed") {
+        c.blind.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Spawns `cmd`, registers it with the killer, waits for it; `None` when it was killed.
@@ -265,11 +345,8 @@ fn exec_loop(c: &Chaos, seed: u64) {
                 }
                 if out.status.success() {
                     c.grants.fetch_add(1, Ordering::Relaxed);
-                } else if !stderr.contains(" asked; ") {
-                    c.failures
-                        .lock()
-                        .unwrap()
-                        .push(format!("exec failed: {stderr}"));
+                } else {
+                    refused_or_failed(c, "exec", &stderr);
                 }
             }
         }
@@ -290,23 +367,11 @@ fn docker_loop(c: &Chaos, seed: u64) {
             "--plugin",
             "--json",
         ])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&work);
-        let Some(out) = run_killable(c, cmd) else {
-            c.kills.fetch_add(1, Ordering::Relaxed);
+        let Some(out) = docker_args(c, cmd, "docker-args") else {
             continue;
         };
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if !stderr.contains(" asked; ") {
-                c.failures
-                    .lock()
-                    .unwrap()
-                    .push(format!("docker-args failed: {stderr}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
         let args: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
         let id = args
             .iter()
@@ -323,13 +388,126 @@ fn docker_loop(c: &Chaos, seed: u64) {
         c.doubles.fetch_add(d, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(rng.next() % 100));
         unmark(&held, &uuids);
-        let mut release = mesos_gpu(c);
-        release
-            .args(["docker-args", "--release", &id, "--work-dir"])
-            .arg(&work);
-        if run_killable(c, release).is_none() {
+        release(c, &id, &work);
+    }
+}
+
+/// The `docker` program the wrapper runs: `run` marks the GPUs of `NVIDIA_VISIBLE_DEVICES` as
+/// held by the wrapper (its parent: the reservation's starter, alive while it runs), holds them
+/// a moment and unmarks those still its own; `inspect` says the container is not running.
+fn fake_docker(c: &Chaos) -> PathBuf {
+    let path = c.scratch.join("fake-docker");
+    let script = format!(
+        "#!/bin/sh\n\
+         case \" $* \" in *\" inspect \"*) echo false; exit 0;; *\" run \"*) ;; *) exit 0;; esac\n\
+         me=\"$PPID $(cut -d' ' -f22 /proc/$PPID/stat)\"\n\
+         uuids=$(printf '%s\\n' \"$@\" | sed -n 's/^--env=NVIDIA_VISIBLE_DEVICES=//p' | tr , ' ')\n\
+         for u in $uuids; do \
+           if ( set -C; echo \"$me\" > {h}/$u ) 2>/dev/null; then :; \
+           else set -- $(cat {h}/$u); \
+             if [ -n \"$2\" ] && [ \"$(cut -d' ' -f22 /proc/$1/stat 2>/dev/null)\" = \"$2\" ]; \
+             then echo DOUBLE $u held by $1; else echo \"$me\" > {h}/$u; fi; fi; done\n\
+         busybox sleep 0.0$(( $$ % 10 ))\n\
+         for u in $uuids; do [ \"$(cat {h}/$u 2>/dev/null)\" = \"$me\" ] && rm -f {h}/$u; done\n\
+         exit 0\n",
+        h = c.scratch.join("held").display()
+    );
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// As the agent's Docker hook and `--docker` program do: `docker-args` reserves for a container
+/// (its starter a stand-in for the agent, which goes when the round ends, as an agent that
+/// removed the executor), the wrapper (no NVML, as shipped) claims the reservation, runs
+/// `docker run` and gives the GPUs back, then the hook's `--release`.
+fn wrapper_loop(c: &Chaos, seed: u64) {
+    let mut rng = Rng(seed);
+    let docker = fake_docker(c);
+    while Instant::now() < c.until {
+        let mut agent = Command::new("sleep").arg("60").spawn().unwrap();
+        wrapper_round(c, &mut rng, &docker, agent.id());
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+}
+
+/// One container of [`wrapper_loop`], reserved for the starter `agent`.
+fn wrapper_round(c: &Chaos, rng: &mut Rng, docker: &Path, agent: u32) {
+    let work = c.scratch.join("docker");
+    let socket = c.dockerd.socket();
+    let gpus = 1 + rng.next() % 3;
+    let id = format!(
+        "{:08x}-1c5e-4f5a-9c1e-{:012x}",
+        rng.next() >> 32,
+        rng.next() >> 16
+    );
+    let mut reserve = mesos_gpu(c);
+    reserve
+        .args(["docker-args", "--plugin", "--json", "--gpus"])
+        .arg(gpus.to_string())
+        .args(["--container-id", &id, "--starter-pid"])
+        .arg(agent.to_string())
+        .arg("--docker-socket")
+        .arg(socket)
+        .arg("--docker-state-dir")
+        .arg(&work);
+    let Some(out) = docker_args(c, reserve, "docker-args (hook)") else {
+        return;
+    };
+    let json = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let mut wrapper = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
+    wrapper
+        .args(["docker-wrapper", "--docker"])
+        .arg(docker)
+        .arg("--docker-state-dir")
+        .arg(&work)
+        .arg("--")
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(["run", "-e"])
+        .arg(format!("MESOS_GPU_DOCKER_ARGS={json}"))
+        .args(["--name", &format!("mesos-{id}"), "img", "true"])
+        .env("MESOS_GPU_POOL_DIR", &c.scratch)
+        .env("MESOS_GPU_LOG", "error")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match run_killable(c, wrapper) {
+        None => {
             c.kills.fetch_add(1, Ordering::Relaxed);
         }
+        Some(out) => {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if stdout.contains("DOUBLE") {
+                c.doubles.fetch_add(1, Ordering::Relaxed);
+                c.failures
+                    .lock()
+                    .unwrap()
+                    .push(format!("wrapper: {stdout}"));
+            }
+            if out.status.success() {
+                c.grants.fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.failures.lock().unwrap().push(format!(
+                    "docker-wrapper failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+    }
+    release(c, &id, &work);
+}
+
+/// `docker-args --release <id>` of the records in `work`, killable.
+fn release(c: &Chaos, id: &str, work: &Path) {
+    let mut release = mesos_gpu(c);
+    release
+        .args(["docker-args", "--release", id, "--docker-state-dir"])
+        .arg(work);
+    if run_killable(c, release).is_none() {
+        c.kills.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -355,6 +533,10 @@ fn agent_loop(c: &Chaos, seed: u64) {
                 left.min(5.0)
             ),
         )
+        .env(
+            nvml_sim::SEED_ENV,
+            c.draws.lock().unwrap().next().to_string(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         match run_killable(c, cmd) {
@@ -363,6 +545,9 @@ fn agent_loop(c: &Chaos, seed: u64) {
             }
             Some(out) if out.status.code() == Some(3) => {
                 c.doubles.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(out) if out.status.code() == Some(i32::from(REFUSED_TO_START)) => {
+                c.blind.fetch_add(1, Ordering::Relaxed);
             }
             Some(out) if !out.status.success() => c.failures.lock().unwrap().push(format!(
                 "agent worker: {}",
@@ -400,6 +585,13 @@ fn chaos() -> Result<(), Failed> {
             .status()?;
         assert!(ok.success(), "mknod");
     }
+    let node = scratch.path().join("flaky-dgx1.json");
+    std::fs::write(&node, flaky_node())?;
+    // Images ask for the driver: the wrapper passes NVIDIA_VISIBLE_DEVICES on.
+    let dockerd = FakeDockerd::start(
+        &scratch.path().join("docker.sock"),
+        &[("com.nvidia.volumes.needed", "nvidia_driver")],
+    )?;
     let c = Arc::new(Chaos {
         scratch: scratch.path().to_owned(),
         dev,
@@ -410,7 +602,11 @@ fn chaos() -> Result<(), Failed> {
         doubles: AtomicU64::new(0),
         grants: AtomicU64::new(0),
         kills: AtomicU64::new(0),
+        blind: AtomicU64::new(0),
         failures: Mutex::new(Vec::new()),
+        node,
+        dockerd,
+        draws: Mutex::new(Rng(seed ^ 0x5eed_f00d)),
     });
     let parent = Path::new("/sys/fs/cgroup/devices").join(&c.root);
     let stop = Arc::new(AtomicBool::new(false));
@@ -421,6 +617,7 @@ fn chaos() -> Result<(), Failed> {
         exec_loop,
         exec_loop,
         docker_loop,
+        wrapper_loop,
     ]
     .into_iter()
     .enumerate()
@@ -484,13 +681,14 @@ fn chaos() -> Result<(), Failed> {
         }
     }
     let twice: Vec<_> = owners.iter().filter(|(_, o)| o.len() > 1).collect();
-    let (grants, kills, doubles) = (
+    let (grants, kills, doubles, blind) = (
         c.grants.load(Ordering::Relaxed),
         c.kills.load(Ordering::Relaxed),
         c.doubles.load(Ordering::Relaxed),
+        c.blind.load(Ordering::Relaxed),
     );
     println!(
-        "chaos: {secs} s, seed {seed}: {grants} grants, {kills} kills, {doubles} double-bookings seen; \
+        "chaos: {secs} s, seed {seed}: {grants} grants, {kills} kills, {blind} refusals without a view of the GPUs, {doubles} double-bookings seen; \
          after one reconciliation: {} reservations, {} GPUs held, {} double-booked, {} unaccounted\n{released}",
         listing["reservations"].as_array().map_or(0, Vec::len),
         owners.len(),
@@ -504,8 +702,11 @@ fn chaos() -> Result<(), Failed> {
         )
         .into());
     }
-    if grants == 0 || kills == 0 {
-        return Err(format!("no chaos: {grants} grants, {kills} kills").into());
+    if grants == 0 || kills == 0 || blind == 0 {
+        return Err(format!(
+            "no chaos: {grants} grants, {kills} kills, {blind} refusals without a view of the GPUs"
+        )
+        .into());
     }
     Ok(())
 }

@@ -278,7 +278,7 @@ fn a_custom_stream_reads_apps_next_to_it() {
 }
 
 #[test]
-fn issue_14_docker_run_lines_wrap_between_arguments() {
+fn docker_run_lines_wrap_between_arguments() {
     let text = ok(&["demo"]);
     let report = json(&["demo", "--json"]);
     let commands = docker_runs(&text);
@@ -309,7 +309,7 @@ fn issue_14_docker_run_lines_wrap_between_arguments() {
 /// GPU 0 first, a 2-unit task shares GPU 1, each share allows its GPU only and carries its MPS
 /// limits, DOCKER apps take whole GPUs, and the node without sharing refuses far more.
 #[test]
-fn issue_17_sharing_scenario_packs_limits_and_compares() {
+fn sharing_scenario_packs_limits_and_compares() {
     let spec = "4,4=1,5=1,6=1,7=1";
     let report = json(&[
         "demo",
@@ -392,7 +392,7 @@ fn issue_17_sharing_scenario_packs_limits_and_compares() {
 /// task is refused because CUDA uses one MIG device per process, and the same GPUs without MIG
 /// refuse far more.
 #[test]
-fn issue_16_mig_scenario_single_strategy() {
+fn mig_scenario_single_strategy() {
     let report = json(&["--simulate", "dgx-a100-mig", "demo", "--json"]);
     let tasks = report["tasks"].as_array().unwrap();
     let first = tasks
@@ -433,6 +433,53 @@ fn issue_16_mig_scenario_single_strategy() {
     assert!(
         text.contains("MIG 1g.5gb on GPU 0")
             && text.contains("The same GPUs without MIG: 13 refused."),
+        "{text}"
+    );
+}
+
+/// A single GPU is labelled with what the allocator did (`docs/allocator.md`): topology takes
+/// the free GPU least joined to the others, which is not always the lowest free index first-fit
+/// takes (on a DGX-1 with GPU 0 taken, GPU 3, not 1) (before: "lowest free index, as Mesos and
+/// NVIDIA do" whatever it took); first-fit's label says it takes the lowest index.
+#[test]
+fn single_gpu_picks_are_labelled_with_what_the_allocator_did() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("one.json"),
+        r#"{"id": "/t/one", "cmd": "sleep 1", "cpus": 1, "mem": 128, "gpus": 1, "instances": 1,
+            "container": {"type": "MESOS"}}"#,
+    )
+    .unwrap();
+    let stream = dir.path().join("stream.json");
+    std::fs::write(
+        &stream,
+        r#"{"arrivals": [{"at": 0, "app": "one.json", "runs_for": 1000},
+                         {"at": 1, "app": "one.json", "runs_for": 1000}]}"#,
+    )
+    .unwrap();
+    let stream = stream.to_str().unwrap();
+    let report = json(&["demo", "--json", "--stream", stream]);
+    let second = task(&report, "t_one.2");
+    assert_eq!(
+        (gpus(second, "chosen"), gpus(second, "first_fit")),
+        (vec![3], vec![1])
+    );
+    let text = ok(&["demo", "--stream", stream])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(!text.contains("as Mesos and NVIDIA do"), "{text}");
+    for want in [
+        "single GPU: the free GPU least joined to the other free ones (breaks the fewest strong \
+         pairs); here also the lowest free index",
+        "single GPU: the free GPU least joined to the other free ones (breaks the fewest strong \
+         pairs), not the lowest free index 1 that first-fit takes",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    let text = ok(&["demo", "--stream", stream, "--policy", "first-fit"]);
+    assert!(
+        text.contains("single GPU: lowest free index (first-fit, Mesos's rule)"),
         "{text}"
     );
 }

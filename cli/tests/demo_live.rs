@@ -19,7 +19,7 @@ impl Drop for Leftovers {
             let _ = Command::new("docker").args(["rm", "-f", name]).output();
         }
         let _ = Command::new("docker")
-            .args(["image", "rm", "-f", &self.image])
+            .args(["image", "rm", "-f", "--no-prune", &self.image])
             .output();
     }
 }

@@ -604,7 +604,7 @@ fn shipped_docs() -> Vec<(String, String)> {
 /// that list still holds: when the work is done and the list shrinks, the sentence goes stale
 /// (as "the module does not start the health monitor yet" did).
 #[test]
-fn issue_14_claims_of_unfinished_work_match_the_not_done_list() {
+fn claims_of_unfinished_work_match_the_not_done_list() {
     let ffi = read("ffi/README.md");
     let not_done = section(&ffi, "Not done").expect("ffi/README.md has a Not done section");
     let mut problems = Vec::new();
@@ -636,7 +636,7 @@ fn issue_14_claims_of_unfinished_work_match_the_not_done_list() {
 /// The operator guide's module parameter table and `ffi/README.md`'s list the keys the module
 /// accepts (`ffi/src/params.rs`), with the same defaults.
 #[test]
-fn issue_14_module_parameter_tables_agree_with_the_code() {
+fn module_parameter_tables_agree_with_the_code() {
     let params = read("ffi/src/params.rs");
     let keys_start = params.find("pub const KEYS").expect("KEYS in params.rs");
     let keys_end = keys_start + params[keys_start..].find("];").expect("end of KEYS");
@@ -676,7 +676,7 @@ fn issue_14_module_parameter_tables_agree_with_the_code() {
 /// Every `mesos_gpu_*` series the documents name is one the code registers, and the operator
 /// guide's Metrics section names every series the code registers.
 #[test]
-fn issue_14_documented_metrics_are_the_registered_ones() {
+fn documented_metrics_are_the_registered_ones() {
     let registered: BTreeSet<String> = string_literals(&read("docker-bridge/src/metrics.rs"))
         .into_iter()
         .filter(|l| {
@@ -739,7 +739,7 @@ fn issue_14_documented_metrics_are_the_registered_ones() {
 /// The `serve` defaults the guide quotes are those of `/etc/default/mesos-gpu` and of
 /// `mesos-gpu serve --help`.
 #[test]
-fn issue_14_documented_serve_defaults_are_the_real_ones() {
+fn documented_serve_defaults_are_the_real_ones() {
     let guide = read("docs/operator-guide.md");
     let quoted = guide
         .lines()

@@ -49,38 +49,38 @@ fn main() -> ExitCode {
         ));
         trials.push(add("bad_gpus_change_nothing", bad_gpus_change_nothing));
         trials.push(add(
-            "issue_13_sighup_is_forwarded_and_cleaned_up",
+            "sighup_is_forwarded_and_cleaned_up",
             sighup_is_forwarded_and_cleaned_up,
         ));
         trials.push(add(
-            "issue_13_two_execs_run_side_by_side_on_disjoint_gpus",
+            "two_execs_run_side_by_side_on_disjoint_gpus",
             two_execs_run_side_by_side,
         ));
         trials.push(add(
-            "issue_13_killed_exec_gpus_come_back_when_its_command_ends",
+            "killed_exec_gpus_come_back_when_its_command_ends",
             killed_exec_gpus_come_back,
         ));
         trials.push(add(
-            "issue_13_docker_args_and_exec_share_one_pool",
+            "docker_args_and_exec_share_one_pool",
             docker_args_and_exec_share_one_pool,
         ));
         trials.push(add(
-            "issue_13_gpu_list_and_release_a_killed_exec",
+            "gpu_list_and_release_a_killed_exec",
             gpu_list_and_release,
         ));
         trials.push(add(
-            "issue_13_exec_refuses_an_unhealthy_gpu",
+            "exec_refuses_an_unhealthy_gpu",
             exec_refuses_an_unhealthy_gpu,
         ));
         trials.push(add(
-            "issue_17_execs_share_a_gpu_and_refuse_what_fits_none",
+            "execs_share_a_gpu_and_refuse_what_fits_none",
             execs_share_a_gpu,
         ));
     }
     trials.push(needs(
         &host,
         &[Need::Root, Need::Cgroup1, Need::Cpuset1],
-        Trial::test("v1_issue_18_numa_pinning", numa_pinning),
+        Trial::test("v1_exec_pins_the_command_to_its_gpus_cpu", numa_pinning),
     ));
     trials.push(Trial::test(
         "simulation_without_dev_root_is_refused",
@@ -541,7 +541,7 @@ fn docker_args_and_exec_share_one_pool(version: &'static str) -> TestResult {
     let docker_work = env.work.path().join("docker");
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "dgx1-v100", "docker-args", "--gpus", "8"])
-        .args(["--plugin", "--work-dir"])
+        .args(["--plugin", "--docker-state-dir"])
         .arg(&docker_work)
         .env("MESOS_GPU_POOL_DIR", env.work.path())
         .env("MESOS_GPU_LOG", "warn")
@@ -565,7 +565,7 @@ fn docker_args_and_exec_share_one_pool(version: &'static str) -> TestResult {
     )?;
     let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "dgx1-v100", "docker-args", "--release", &id])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(&docker_work)
         .env("MESOS_GPU_POOL_DIR", env.work.path())
         .output()
@@ -580,33 +580,10 @@ fn exec_refuses_an_unhealthy_gpu(version: &'static str) -> TestResult {
     let env = Env::new(version);
     // An agent's health checkpoint, registered in the pool (as the module does), fails GPU 3.
     let agent = env.work.path().join("agent");
-    let node: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../nvml-sim/topologies/dgx1-v100.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let gpus: Vec<serde_json::Value> = node["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let health = if g["index"] == 3 {
-                serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
-                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
-            } else {
-                serde_json::json!({"state": "healthy"})
-            };
-            serde_json::json!({"index": g["index"], "uuid": g["uuid"], "xids": {},
-                   "ecc_single_bit": 0, "ecc_double_bit": 0, "health": health})
-        })
-        .collect();
     std::fs::create_dir_all(agent.join("gpu")).unwrap();
     std::fs::write(
         agent.join("gpu/health.json"),
-        serde_json::json!({"version": 1, "gpus": gpus}).to_string(),
+        mesos_gpu_testkit::nvml_sim::health_checkpoint("dgx1-v100", 3).to_string(),
     )
     .unwrap();
     std::fs::create_dir_all(env.work.path().join("gpu")).unwrap();

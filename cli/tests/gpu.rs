@@ -14,6 +14,7 @@ fn mesos_gpu(args: &[&str]) -> Output {
         .args(args)
         .env_remove("NVML_SIM_CONFIG")
         .env_remove("MESOS_GPU_WORK_DIR")
+        .env_remove("MESOS_GPU_AGENT_WORK_DIR")
         .env("MESOS_GPU_LOG", "warn")
         .output()
         .expect("run mesos-gpu")
@@ -32,25 +33,10 @@ fn dgx1() -> Value {
 
 /// A checkpoint of the DGX-1's 8 GPUs, GPU 3 failed by XID 79.
 fn write_checkpoint(work: &Path) {
-    let gpus: Vec<Value> = dgx1()["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let health = if g["index"] == 3 {
-                json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
-                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
-            } else {
-                json!({"state": "healthy"})
-            };
-            json!({"index": g["index"], "uuid": g["uuid"], "xids": {}, "ecc_single_bit": 0,
-                   "ecc_double_bit": 0, "health": health})
-        })
-        .collect();
     std::fs::create_dir_all(work.join("gpu")).unwrap();
     std::fs::write(
         work.join("gpu/health.json"),
-        json!({"version": 1, "gpus": gpus}).to_string(),
+        mesos_gpu_testkit::nvml_sim::health_checkpoint("dgx1-v100", 3).to_string(),
     )
     .unwrap();
 }
@@ -60,21 +46,21 @@ fn stderr(out: &Output) -> String {
 }
 
 #[test]
-fn issue_14_gpu_health_creates_nothing() {
+fn gpu_health_creates_nothing() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
-    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!work.path().join("gpu").exists(), "gpu/ created");
     write_checkpoint(work.path());
     for extra in [None, Some("--json")] {
-        let mut args = vec!["gpu", "health", "--work-dir", dir];
+        let mut args = vec!["gpu", "health", "--agent-work-dir", dir];
         args.extend(extra);
         let out = mesos_gpu(&args);
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(!work.path().join("gpu/health.lock").exists(), "{args:?}");
     }
-    let out = mesos_gpu(&["gpu", "health", "--work-dir", dir]);
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("(no monitor running)"),
         "{out:?}"
@@ -82,11 +68,11 @@ fn issue_14_gpu_health_creates_nothing() {
 }
 
 #[test]
-fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
+fn mark_healthy_refuses_what_it_cannot_find() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
-    // A wrong --work-dir: nothing there, nothing created, exit 1 naming where it looked.
-    let out = mesos_gpu(&["gpu", "mark-healthy", "3", "--work-dir", dir]);
+    // A wrong --agent-work-dir: nothing there, nothing created, exit 1 naming where it looked.
+    let out = mesos_gpu(&["gpu", "mark-healthy", "3", "--agent-work-dir", dir]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains(&format!(
@@ -103,7 +89,7 @@ fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
         "gpu",
         "mark-healthy",
         "99",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         "dgx1-v100",
@@ -124,7 +110,7 @@ fn issue_14_mark_healthy_refuses_what_it_cannot_find() {
 }
 
 #[test]
-fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
+fn mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     write_checkpoint(work.path());
@@ -136,7 +122,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
         "gpu",
         "mark-healthy",
         "3",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         file.to_str().unwrap(),
@@ -152,7 +138,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
         "gpu",
         "mark-healthy",
         "3",
-        "--work-dir",
+        "--agent-work-dir",
         dir,
         "--simulate",
         "dgx1-v100",
@@ -166,7 +152,7 @@ fn issue_14_mark_healthy_refuses_a_gpu_nvml_still_reports_lost() {
 }
 
 #[test]
-fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
+fn mark_healthy_reports_the_running_monitors_answer() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     write_checkpoint(work.path());
@@ -180,7 +166,7 @@ fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
             "3",
             "--wait",
             "20",
-            "--work-dir",
+            "--agent-work-dir",
             dir,
         ])
         .env("MESOS_GPU_LOG", "warn")
@@ -231,5 +217,82 @@ fn issue_14_mark_healthy_reports_the_running_monitors_answer() {
     assert!(
         !requests.join(format!("done-{id}")).exists(),
         "the answer is taken"
+    );
+}
+
+/// `gpu health --json` without a checkpoint (before: `null`): an object saying the checkpoint
+/// is absent, with NVML's view of each GPU when there is a driver; with one, the checkpoint's
+/// object plus where it was read and that it is present.
+#[test]
+fn gpu_health_json_says_what_it_read() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    let out = mesos_gpu(&[
+        "gpu",
+        "health",
+        "--agent-work-dir",
+        dir,
+        "--json",
+        "--simulate",
+        "dgx1-v100",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["checkpoint_state"], "absent", "{v}");
+    assert_eq!(v["monitor_running"], false);
+    assert_eq!(
+        v["checkpoint"],
+        work.path().join("gpu/health.json").to_str().unwrap()
+    );
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8, "{v}");
+    assert_eq!(gpus[0]["health"]["state"], "healthy");
+    assert_eq!(gpus[0]["source"], "nvml");
+    write_checkpoint(work.path());
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["checkpoint_state"], "present", "{v}");
+    assert!(v["version"].is_number() && v["gpus"].is_array(), "{v}");
+}
+
+/// `gpu health` shows how a GPU out of the pool comes back, its last check and its history;
+/// `mark-healthy` (no monitor running) says which evidence was missing.
+#[test]
+fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    write_checkpoint(work.path());
+    let path = work.path().join("gpu/health.json");
+    let mut snap: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    snap["gpus"][1]["health"] = json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 94},
+                                       "since_ms": 1, "last_error_ms": 1, "errors": 1});
+    snap["gpus"][1]["recovery"] = json!({
+        "recoveries": 2, "probe_failures": 3, "flaps": 2,
+        "episode": {"comeback": {"by": "evidence", "class": "memory"}, "attempts": 3,
+                    "next_try_ms": 1,
+                    "findings": [
+                        {"check": "quiet_time", "ok": true, "detail": "400.0s without an error, 300.0s needed"},
+                        {"check": "probe", "ok": false, "detail": "cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214)"}]}});
+    snap["gpus"][3]["recovery"] = json!({
+        "episode": {"comeback": {"by": "reset", "remedy": "node_reboot"}}});
+    std::fs::write(&path, snap.to_string()).unwrap();
+    let out = mesos_gpu(&["gpu", "health", "--agent-work-dir", dir]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for want in [
+        "comes back by itself on evidence (memory quiet time)",
+        "last check (failed attempts 3, next in now):",
+        "probe: FAILED (cuMemAlloc_v2 returned CUDA_ERROR_ECC_UNCORRECTABLE (214))",
+        "history: 2 automatic recovery(ies), 3 failed probe(s), FLAPPING: 2 recovery(ies)",
+        "it needs a node reboot (or at least a GPU reset)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let out = mesos_gpu(&["gpu", "mark-healthy", "1", "--agent-work-dir", dir]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        said.contains("the evidence that was missing: probe: FAILED (cuMemAlloc_v2"),
+        "{said}"
     );
 }

@@ -251,7 +251,7 @@ fn missing_driver_means_no_gpus_and_success() {
 }
 
 #[test]
-fn issue_14_a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
+fn a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
     for lib in ["/nonexistent/libnvidia-ml.so.1", "/bin/true", "/etc/passwd"] {
         let out = mesos_gpu(&["info", "--nvml-lib", lib]);
         assert_eq!(out.status.code(), Some(1), "{lib}");
@@ -386,7 +386,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
     ]});
     std::fs::write(work.path().join("gpu/health.json"), snapshot.to_string()).unwrap();
     let dir = work.path().to_str().unwrap();
-    let text = ok(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    let text = ok(&["info", "--simulate", "dgx1-v100", "--agent-work-dir", dir]);
     let health: Vec<String> = gpu_rows(&text).iter().map(|r| r[9].clone()).collect();
     assert_eq!(
         health,
@@ -400,7 +400,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
         )),
         "{text}"
     );
-    let v = json(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    let v = json(&["info", "--simulate", "dgx1-v100", "--agent-work-dir", dir]);
     assert_eq!(v["gpus"][3]["health"]["state"], "unhealthy");
     assert_eq!(v["gpus"][3]["health"]["reason"]["xid"], 79);
     assert_eq!(
@@ -416,7 +416,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
         "info",
         "--simulate",
         "dgx1-v100",
-        "--work-dir",
+        "--agent-work-dir",
         empty.path().to_str().unwrap(),
     ]);
     assert!(
@@ -428,7 +428,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
     );
     assert!(!v["notes"].to_string().contains("health"), "{}", v["notes"]);
     std::fs::write(work.path().join("gpu/health.json"), "{not json").unwrap();
-    let v = json(&["info", "--simulate", "dgx1-v100", "--work-dir", dir]);
+    let v = json(&["info", "--simulate", "dgx1-v100", "--agent-work-dir", dir]);
     assert!(
         v["notes"].to_string().contains("is damaged"),
         "{}",
@@ -438,7 +438,7 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
 }
 
 #[test]
-fn issue_14_files_named_in_input_are_never_echoed() {
+fn files_named_in_input_are_never_echoed() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "root:$6$s3cr3t:20228:0:99999:7:::\n").unwrap();
@@ -518,7 +518,7 @@ fn run_bounded(args: &[&str], limit: std::time::Duration) -> Output {
 }
 
 #[test]
-fn issue_14_oversize_nodes_are_refused_up_front() {
+fn oversize_nodes_are_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
     for count in [65, 10_000] {
         let file = dir.path().join(format!("node{count}.json"));
@@ -546,4 +546,74 @@ fn issue_14_oversize_nodes_are_refused_up_front() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: not a regular file"));
+}
+
+/// The subcommands a `--help` text lists under `Commands:`, without `help`.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every command and subcommand's `--help` ends with an example of its use (before: `gpu`,
+/// `volume plan`, `volume create`, … had none).
+#[test]
+fn every_subcommand_help_has_an_example() {
+    let mut todo: Vec<Vec<String>> = subcommands(&ok(&["--help"]))
+        .into_iter()
+        .map(|c| vec![c])
+        .collect();
+    assert!(todo.len() >= 12, "{todo:?}");
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let text = ok(&args);
+        seen += 1;
+        if !text.contains("Example") {
+            missing.push(path.join(" "));
+        }
+        for sub in subcommands(&text) {
+            let mut next = path.clone();
+            next.push(sub);
+            todo.push(next);
+        }
+    }
+    assert!(seen > 20, "{seen} commands");
+    assert!(
+        missing.is_empty(),
+        "no example in the --help of: {missing:?}"
+    );
+}
+
+/// A simulated node reports simulated facts only: NUMA pinning within the CPUs its GPUs are
+/// local to, not this host's (before: the simulated affinities cut down to this host's online
+/// CPUs, e.g. `0-1` for every DGX-1 GPU), and a note saying host CPUs are not shown.
+#[test]
+fn simulated_numa_pinning_uses_only_simulated_cpus() {
+    let v = json(&["info", "--simulate", "dgx1-v100"]);
+    for gpu in v["gpus"].as_array().unwrap() {
+        assert!(gpu["cpu_affinity"].is_string(), "{gpu}");
+        assert_eq!(gpu["pinned_cpus"], gpu["cpu_affinity"], "{gpu}");
+    }
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("host CPUs are not shown under --simulate"),
+        "{}",
+        v["notes"]
+    );
+    let text = ok(&["info", "--simulate", "dgx1-v100"]);
+    let affinity = v["gpus"][0]["cpu_affinity"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("  GPU0: CPUs {affinity}, memory nodes")),
+        "{text}"
+    );
 }

@@ -135,7 +135,7 @@ fn a_bad_cache_is_a_clear_error() {
 }
 
 #[test]
-fn issue_14_ldcache_refuses_a_device_instead_of_reading_it() {
+fn ldcache_refuses_a_device_instead_of_reading_it() {
     let out = mesos_gpu(&["ldcache", "--cache", "/dev/zero"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -146,7 +146,7 @@ fn issue_14_ldcache_refuses_a_device_instead_of_reading_it() {
 }
 
 #[test]
-fn issue_14_volume_plan_resolves_the_cache_inside_the_driver_root() {
+fn volume_plan_resolves_the_cache_inside_the_driver_root() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     std::fs::create_dir_all(root.join("etc")).unwrap();

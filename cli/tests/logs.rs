@@ -38,7 +38,7 @@ fn on_terminal(args: &str, env: &[(&str, &str)]) -> String {
 }
 
 #[test]
-fn issue_14_no_colour_in_files_pipes_or_for_dumb_terminals() {
+fn no_colour_in_files_pipes_or_for_dumb_terminals() {
     let out = mesos_gpu(
         &["--simulate", "dgx1-v100", "info"],
         &[("MESOS_GPU_LOG", "info"), ("TERM", "xterm-256color")],
@@ -59,7 +59,7 @@ fn issue_14_no_colour_in_files_pipes_or_for_dumb_terminals() {
 }
 
 #[test]
-fn issue_14_interactive_commands_log_warnings_only_by_default() {
+fn interactive_commands_log_warnings_only_by_default() {
     let out = mesos_gpu(&["--simulate", "dgx1-v100", "info"], &[]);
     assert!(out.status.success());
     assert_eq!(
@@ -88,7 +88,7 @@ fn issue_14_interactive_commands_log_warnings_only_by_default() {
 }
 
 #[test]
-fn issue_14_serve_logs_info_by_default() {
+fn serve_logs_info_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("serve.log");
     let socket = dir.path().join("nvidia-docker.sock");
@@ -99,7 +99,7 @@ fn issue_14_serve_logs_info_by_default() {
         .arg(&socket)
         .arg("--volume-root")
         .arg(dir.path().join("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(dir.path().join("work"))
         .arg("--pool-dir")
         .arg(dir.path().join("work").join("pool"))

@@ -4,6 +4,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,43 +42,65 @@ fn get(addr: SocketAddr, path: &str) -> Option<String> {
     Some(text)
 }
 
-#[test]
-fn serve_answers_metrics() {
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_port();
-    let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--plugin-socket")
-            .arg(dir.path().join("nvidia-docker.sock"))
-            .arg("--volume-root")
-            .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
-            .arg(dir.path().join("work"))
-            .arg("--pool-dir")
-            .arg(dir.path().join("work").join("pool"))
-            .arg("--docker-socket")
-            .arg(dir.path().join("no-docker.sock"))
-            .env("MESOS_GPU_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run mesos-gpu serve"),
-    );
+/// `mesos-gpu serve` on the simulated `node` (a name or a file), listening on `addr`, with every
+/// directory under `dir` and the agent's health read in `agent`; logs at `warn`, to nowhere.
+fn serve_command(node: &Path, addr: SocketAddr, dir: &Path, agent: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
+    cmd.args(["serve", "--driver-poll", "0", "--simulate"])
+        .arg(node)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--plugin-socket")
+        .arg(dir.join("nvidia-docker.sock"))
+        .arg("--volume-root")
+        .arg(dir.join("volumes"))
+        .arg("--docker-state-dir")
+        .arg(dir.join("work"))
+        .arg("--pool-dir")
+        .arg(dir.join("work").join("pool"))
+        .arg("--docker-socket")
+        .arg(dir.join("no-docker.sock"))
+        .arg("--agent-work-dir")
+        .arg(agent)
+        .env("MESOS_GPU_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Starts `cmd` (a `serve_command`).
+fn serve(mut cmd: Command) -> Serve {
+    Serve(cmd.spawn().expect("run mesos-gpu serve"))
+}
+
+/// The first answer of `serve` to `GET /metrics`, waiting while it starts.
+fn first_metrics(serve: &mut Serve, addr: SocketAddr) -> String {
     let deadline = Instant::now() + PATIENCE;
-    let response = loop {
+    loop {
         if let Some(response) = get(addr, "/metrics") {
-            break response;
+            return response;
         }
         if let Some(status) = serve.0.try_wait().unwrap() {
             panic!("serve exited early: {status}");
         }
         assert!(Instant::now() < deadline, "serve did not listen on {addr}");
         std::thread::sleep(Duration::from_millis(50));
-    };
+    }
+}
+
+#[test]
+fn serve_answers_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let agent = dir.path().join("agent");
+    let mut serve = serve(serve_command(
+        Path::new("dgx1-v100"),
+        addr,
+        dir.path(),
+        &agent,
+    ));
+    let response = first_metrics(&mut serve, addr);
     let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
@@ -104,40 +127,20 @@ fn serve_answers_metrics() {
 }
 
 #[test]
-fn issue_14_serve_opens_nvml_once() {
+fn serve_opens_nvml_once() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_port();
     let log = dir.path().join("serve.log");
-    let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--plugin-socket")
-            .arg(dir.path().join("nvidia-docker.sock"))
-            .arg("--volume-root")
-            .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
-            .arg(dir.path().join("work"))
-            .arg("--pool-dir")
-            .arg(dir.path().join("work").join("pool"))
-            .arg("--docker-socket")
-            .arg(dir.path().join("no-docker.sock"))
-            .env("MESOS_GPU_LOG", "mesos_gpu_node::discovery=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("run mesos-gpu serve"),
+    let mut cmd = serve_command(
+        Path::new("dgx1-v100"),
+        addr,
+        dir.path(),
+        &dir.path().join("agent"),
     );
-    let deadline = Instant::now() + PATIENCE;
-    while get(addr, "/metrics").is_none() {
-        if let Some(status) = serve.0.try_wait().unwrap() {
-            panic!("serve exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    cmd.env("MESOS_GPU_LOG", "mesos_gpu_node::discovery=info")
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut serve = serve(cmd);
+    first_metrics(&mut serve, addr);
     assert!(get(addr, "/gpu/status/json").is_some());
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
@@ -148,7 +151,7 @@ fn issue_14_serve_opens_nvml_once() {
 }
 
 #[test]
-fn issue_14_serve_metrics_report_the_agents_gpu_health() {
+fn serve_metrics_report_the_agents_gpu_health() {
     let dir = tempfile::tempdir().unwrap();
     let agent = dir.path().join("agent");
     std::fs::create_dir_all(agent.join("gpu")).unwrap();
@@ -186,53 +189,25 @@ fn issue_14_serve_metrics_report_the_agents_gpu_health() {
     )
     .unwrap();
     let addr = free_port();
-    let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--plugin-socket")
-            .arg(dir.path().join("nvidia-docker.sock"))
-            .arg("--volume-root")
-            .arg(dir.path().join("volumes"))
-            .arg("--work-dir")
-            .arg(dir.path().join("work"))
-            .arg("--pool-dir")
-            .arg(dir.path().join("work").join("pool"))
-            .arg("--docker-socket")
-            .arg(dir.path().join("no-docker.sock"))
-            .arg("--agent-work-dir")
-            .arg(&agent)
-            .env("MESOS_GPU_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run mesos-gpu serve"),
-    );
-    let deadline = Instant::now() + PATIENCE;
-    let response = loop {
-        if let Some(response) = get(addr, "/metrics") {
-            break response;
-        }
-        if let Some(status) = serve.0.try_wait().unwrap() {
-            panic!("serve exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "serve did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut serve = serve(serve_command(
+        Path::new("dgx1-v100"),
+        addr,
+        dir.path(),
+        &agent,
+    ));
+    let response = first_metrics(&mut serve, addr);
     let body = response.split_once("\r\n\r\n").expect("HTTP").1;
     for want in [
         format!(
-            r#"mesos_gpu_health{{gpu="3",uuid="{}",state="unhealthy",reason="xid_79"}} 1"#,
+            r#"mesos_gpu_health{{gpu="3",uuid="{}",state="unhealthy",reason="xid_79",recovery="node_reboot"}} 1"#,
             uuid(3)
         ),
         format!(
-            r#"mesos_gpu_health{{gpu="5",uuid="{}",state="lost",reason="lost"}} 1"#,
+            r#"mesos_gpu_health{{gpu="5",uuid="{}",state="lost",reason="lost",recovery="node_reboot"}} 1"#,
             uuid(5)
         ),
         format!(
-            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason=""}} 1"#,
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
             uuid(0)
         ),
         format!(
@@ -247,4 +222,66 @@ fn issue_14_serve_metrics_report_the_agents_gpu_health() {
     ] {
         assert!(body.contains(&want), "{want} missing:\n{body}");
     }
+}
+
+/// `serve` pointed at an agent work directory without a health checkpoint (the agent not started
+/// yet, or a wrong `--agent-work-dir`) still reports every GPU's health, from NVML: a lost GPU
+/// as lost, so the guide's `GpuUnhealthy` alert fires; and says the checkpoint is absent
+/// (before: every health series silently missing).
+#[test]
+fn serve_metrics_report_nvml_health_without_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    node["gpus"][2]["lost"] = true.into();
+    let file = dir.path().join("node.json");
+    std::fs::write(&file, node.to_string()).unwrap();
+    let uuid = |i: usize| node["gpus"][i]["uuid"].as_str().unwrap().to_owned();
+    let agent = dir.path().join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let log = dir.path().join("serve.log");
+    let addr = free_port();
+    let mut cmd = serve_command(&file, addr, dir.path(), &agent);
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let mut serve = serve(cmd);
+    let response = first_metrics(&mut serve, addr);
+    let body = response.split_once("\r\n\r\n").expect("HTTP").1;
+    let checkpoint = agent.join("gpu/health.json");
+    // NVML cannot read a lost GPU's UUID: its series carries an empty one.
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with(r#"mesos_gpu_health{gpu="2","#)
+                && l.contains(r#"state="lost",reason="lost""#)
+                && l.ends_with(" 1")),
+        "GPU 2 not reported lost:\n{body}"
+    );
+    for want in [
+        format!(
+            r#"mesos_gpu_health{{gpu="0",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
+            uuid(0)
+        ),
+        format!(
+            r#"mesos_gpu_health_checkpoint{{path="{}",state="absent"}} 1"#,
+            checkpoint.display()
+        ),
+    ] {
+        assert!(body.contains(&want), "{want} missing:\n{body}");
+    }
+    assert_eq!(body.matches("mesos_gpu_health{").count(), 8, "{body}");
+    // A second scrape, past the cache, reads the checkpoint again.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(get(addr, "/metrics").is_some());
+    drop(serve);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("no GPU health checkpoint").count(),
+        1,
+        "said once, not at every scrape:\n{text}"
+    );
 }

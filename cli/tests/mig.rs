@@ -163,6 +163,8 @@ fn agent_flags(
         node,
         "--mig-strategy",
         strategy,
+        "--cgroups",
+        "v1",
         "--isolation",
         isolation,
         "--resources",
@@ -177,7 +179,8 @@ fn agent_flags(
 
 /// `agent-flags` on the MIG nodes: single counts every MIG device as a `gpus` unit, mixed keeps
 /// `gpus` for whole GPUs and offers one `mig-<profile>` scalar per profile (never a name with
-/// `gpus` in it) with attributes naming the profile ids; Mesos's own `gpu/nvidia` is refused.
+/// `gpus` in it) with attributes naming the profile ids, and the module gets the strategy in its
+/// parameters; Mesos's own `gpu/nvidia` is refused.
 fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
     const MODULE: &str = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
     const A100: &str = "gpu_model:NVIDIA-A100-SXM4-40GB;gpu_memory_mib:40960;gpu_compute_capability:8.0;nvidia_driver:550.54.14;cuda_version:12.4";
@@ -205,9 +208,22 @@ fn agent_flags_offer_both_strategies() -> Result<(), Failed> {
         ),
     ];
     for (node, strategy, want) in cases {
-        let (ok, out, err) = agent_flags(node, strategy, MODULE)?;
-        if !ok || out != want {
-            return Err(format!("{node} {strategy}: got\n{out}{err}expected\n{want}").into());
+        let (ok, all, err) = agent_flags(node, strategy, MODULE)?;
+        let out: String = all
+            .lines()
+            .skip(1)
+            .take(2)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let modules = all.lines().last().unwrap_or_default();
+        let param = format!(r#"{{"key":"mig_strategy","value":"{strategy}"}}"#);
+        if !ok
+            || out != want
+            || !all.starts_with(&format!("--isolation={MODULE}\n"))
+            || !modules.starts_with("--modules=")
+            || !modules.contains(&param)
+        {
+            return Err(format!("{node} {strategy}: got\n{all}{err}expected\n{want}").into());
         }
         let resources = out.lines().next().unwrap_or_default();
         if resources.matches("gpus").count() > 1 {
@@ -261,7 +277,7 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
         "info",
         "--simulate",
         "dgx-a100-mixed",
-        "--work-dir",
+        "--agent-work-dir",
         work.path().to_str().ok_or("path")?,
     ])?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -275,6 +291,74 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `docker-args` asked for MIG devices on `dgx-a100-mixed` (GPUs 4-7 in MIG mode), with the
+/// driver volume from the plugin so that no volume need be built: `--mig 19:1` alone reserves
+/// one 1g.5gb device (before: `--gpus` was required, `--gpus 0` with it) and names it once in
+/// `NVIDIA_VISIBLE_DEVICES` (before: twice, the plan's `none` then the MIG UUID); `--gpus 1`
+/// beside `--mig` is refused saying why (before: a GPU and a MIG UUID in
+/// `CUDA_VISIBLE_DEVICES`); a profile id no MIG device has is "no such profile", naming those
+/// the node has (before: "0 free").
+fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let docker_args = |extra: &[&str]| {
+        let state = dir.path().join("state");
+        let pool = dir.path().join("pool");
+        let mut args = vec![
+            "--simulate",
+            "dgx-a100-mixed",
+            "docker-args",
+            "--mig-strategy",
+            "mixed",
+            "--plugin",
+            "--json",
+            "--docker-state-dir",
+            state.to_str().unwrap(),
+            "--pool-dir",
+            pool.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        mesos_gpu(&args)
+    };
+    let out = docker_args(&["--mig", "19:1"])?;
+    let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("--mig 19:1 alone: {}", said(&out)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let env = |key: &str| -> Vec<&str> {
+        args.iter()
+            .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))
+            .collect()
+    };
+    let visible = env("NVIDIA_VISIBLE_DEVICES");
+    let node = SimNode::shipped("dgx-a100-mixed").inventory()?;
+    let device = match visible.as_slice() {
+        [uuid] => node.mig.by_uuid(uuid),
+        _ => None,
+    };
+    if device.and_then(|d| d.profile) != Some(19) || env("CUDA_VISIBLE_DEVICES") != visible {
+        return Err(format!("--mig 19:1: one 1g.5gb MIG device named once: {args:?}").into());
+    }
+    let both = docker_args(&["--gpus", "1", "--mig", "19:1"])?;
+    if both.status.code() != Some(1)
+        || !said(&both)
+            .contains("--gpus 1 with --mig: a container gets whole GPUs or MIG devices, not both")
+    {
+        return Err(format!("--gpus 1 --mig 19:1: {}", said(&both)).into());
+    }
+    let unknown = docker_args(&["--mig", "99:1"])?;
+    let refused = said(&unknown);
+    if unknown.status.code() != Some(1)
+        || !refused.contains(
+            "--mig 99:1: this node has no MIG device of GPU instance profile 99 (its profiles: \
+             9 (3g.20gb), 14 (2g.10gb), 19 (1g.5gb))",
+        )
+    {
+        return Err(format!("--mig 99:1: {refused}").into());
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -284,23 +368,27 @@ fn main() -> std::process::ExitCode {
                 &host,
                 &[Need::Pynvml],
                 Trial::test(
-                    format!("issue_16_pynvml_reads_the_mig_layout_info_shows_on_{node}"),
+                    format!("pynvml_reads_the_mig_layout_info_shows_on_{node}"),
                     move || pynvml_agrees_with_info(node),
                 ),
             )
         })
         .collect();
     trials.push(Trial::test(
-        "issue_16_info_lists_mig_devices_like_nvidia_smi_with_caps",
+        "info_lists_mig_devices_like_nvidia_smi_with_caps",
         info_lists_mig_devices_like_nvidia_smi,
     ));
     trials.push(Trial::test(
-        "issue_16_agent_flags_offer_mig_devices_by_strategy",
+        "agent_flags_offer_mig_devices_by_strategy",
         agent_flags_offer_both_strategies,
     ));
     trials.push(Trial::test(
-        "issue_16_info_notes_a_mig_device_checkpointed_unhealthy",
+        "info_notes_a_mig_device_checkpointed_unhealthy",
         info_notes_an_unhealthy_mig_device,
+    ));
+    trials.push(Trial::test(
+        "docker_args_mig_requests_are_checked",
+        docker_args_mig_requests_are_checked,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

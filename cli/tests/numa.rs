@@ -36,7 +36,7 @@ fn online(cpu: u32) -> bool {
 }
 
 #[test]
-fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
+fn docker_args_pin_to_the_reserved_gpus_cpus() {
     let pool = tempfile::tempdir().unwrap();
     let dir = pool.path().to_str().unwrap();
     let args = |extra: &[&str]| {
@@ -46,7 +46,7 @@ fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
             "1",
             "--plugin",
             "--json",
-            "--work-dir",
+            "--docker-state-dir",
             dir,
             "--pool-dir",
             dir,
@@ -76,7 +76,7 @@ fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
             "docker-args",
             "--release",
             name,
-            "--work-dir",
+            "--docker-state-dir",
             dir,
             "--pool-dir",
             dir,
@@ -97,7 +97,7 @@ fn issue_18_docker_args_pin_to_the_reserved_gpus_cpus() {
 }
 
 #[test]
-fn issue_18_info_reports_affinities_and_pinning() {
+fn info_reports_affinities_and_pinning() {
     let out = mesos_gpu(&["info", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -120,7 +120,7 @@ fn issue_18_info_reports_affinities_and_pinning() {
 }
 
 #[test]
-fn issue_18_demo_reports_what_pinning_gives() {
+fn demo_reports_what_pinning_gives() {
     let out = mesos_gpu(&["demo", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -88,7 +88,7 @@ impl Env {
             .arg("--dev-root")
             .arg(self.dev.path())
             .arg("run")
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(self.work.path())
             .arg("--pool-dir")
             .arg(self.work.path().join("pool"))
@@ -145,7 +145,9 @@ impl Drop for Env {
                     let _ = Command::new("docker").args(["rm", "-f", id]).output();
                 }
             }
-            let _ = Command::new("docker").args(["rmi", "-f", image]).output();
+            let _ = Command::new("docker")
+                .args(["rmi", "-f", "--no-prune", image])
+                .output();
         }
     }
 }
@@ -315,23 +317,17 @@ fn main() -> ExitCode {
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test("issue_18_numa_pinning", numa_pinning),
+        Trial::test("run_pins_the_container_to_its_gpus_cpu", numa_pinning),
     ));
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test(
-            "issue_17_docker_args_shares_run_in_real_containers",
-            docker_shares,
-        ),
+        Trial::test("docker_args_shares_run_in_real_containers", docker_shares),
     ));
     trials.push(needs(
         &host,
         &[Need::Root, Need::Dockerd],
-        Trial::test(
-            "issue_16_docker_args_mig_device_in_a_real_container",
-            docker_mig,
-        ),
+        Trial::test("docker_args_mig_device_in_a_real_container", docker_mig),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -344,7 +340,7 @@ fn numa_pinning() -> TestResult {
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "numa-2cpu", "--dev-root"])
         .arg(env.dev.path())
-        .args(["run", "--work-dir"])
+        .args(["run", "--docker-state-dir"])
         .arg(env.work.path())
         .arg("--pool-dir")
         .arg(env.work.path().join("pool"))
@@ -398,7 +394,7 @@ fn docker_shares() -> TestResult {
             .arg(control.program())
             .arg("--mps-root")
             .arg(&mps_root)
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))
@@ -465,7 +461,7 @@ fn docker_shares() -> TestResult {
             let id = name.trim_start_matches("mesos-");
             let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
                 .args(["--simulate", "dgx1-v100", "docker-args", "--release", id])
-                .arg("--work-dir")
+                .arg("--docker-state-dir")
                 .arg(env.work.path())
                 .arg("--pool-dir")
                 .arg(env.work.path().join("pool"))
@@ -520,7 +516,7 @@ fn docker_mig() -> TestResult {
                 &image,
             ])
             .args(extra)
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))
@@ -537,7 +533,7 @@ fn docker_mig() -> TestResult {
                 "--release",
                 id,
             ])
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(env.work.path())
             .arg("--pool-dir")
             .arg(env.work.path().join("pool"))

@@ -184,3 +184,49 @@ fn unit_has_what_the_package_relies_on() {
     );
     assert!(setting(&unit, "User").is_empty(), "serve runs as root");
 }
+
+/// The GPU pool is in one place in every shipped piece (before: the unit and the options file
+/// put it under /var/run, wiped at reboot, while the guide said /var/lib/mesos-gpu): the
+/// `--pool-dir` systemd passes to `serve` is the code's default, the `pool_dir` of both example
+/// `modules.json` files and the `--pool-dir` of the hook's `docker_args` and of the Docker
+/// wrapper; it is persistent (not under `/run`), and the Docker record (`--docker-state-dir`) is
+/// another directory.
+#[test]
+fn the_pool_dir_is_one_persistent_place() {
+    let args = exec_start_args();
+    let value = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+    let pool = value("--pool-dir").expect("systemd passes serve --pool-dir");
+    assert_eq!(pool, mesos_gpu_pool::DEFAULT_POOL_DIR);
+    assert!(
+        !pool.starts_with("/run/") && !pool.starts_with("/var/run/"),
+        "the pool must survive a reboot: {pool}"
+    );
+    assert_ne!(value("--docker-state-dir").as_deref(), Some(pool.as_str()));
+    let flag = format!("--pool-dir {pool} ");
+    for rel in [
+        "mesos-agent/modules.json",
+        "mesos-agent/modules-docker.json",
+    ] {
+        let (_, text) = example(rel);
+        let json: serde_json::Value = serde_json::from_str(&text).expect(rel);
+        let params: Vec<&serde_json::Value> = json["libraries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|l| l["modules"].as_array().into_iter().flatten())
+            .flat_map(|m| m["parameters"].as_array().into_iter().flatten())
+            .collect();
+        let param = |key: &str| {
+            params
+                .iter()
+                .find(|p| p["key"] == key)
+                .and_then(|p| p["value"].as_str())
+        };
+        assert_eq!(param("pool_dir"), Some(pool.as_str()), "{rel}");
+        if let Some(hook) = param("docker_args") {
+            assert!(hook.contains(&flag), "{rel}: docker_args {hook:?}");
+        }
+    }
+    let (_, wrapper) = example("mesos-agent/mesos-gpu-docker");
+    assert!(wrapper.contains(&flag), "mesos-gpu-docker: {wrapper}");
+}

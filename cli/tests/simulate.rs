@@ -59,7 +59,7 @@ fn blocked_docker_args(work: &Path) -> Child {
             "1",
             "--plugin",
         ])
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(work)
         .env("MESOS_GPU_POOL_DIR", work.join("pool"))
         .env("MESOS_GPU_LOG", "error")
@@ -77,7 +77,7 @@ fn pool_lock(work: &Path) -> File {
 }
 
 #[test]
-fn issue_14_signals_leave_no_simulation_behind() {
+fn signals_leave_no_simulation_behind() {
     let work = tempfile::tempdir().unwrap();
     let _held = pool_lock(work.path());
     for (name, number) in [("TERM", 15), ("INT", 2), ("HUP", 1)] {
@@ -96,7 +96,7 @@ fn issue_14_signals_leave_no_simulation_behind() {
         .arg(work.path().join("nvidia-docker.sock"))
         .arg("--volume-root")
         .arg(work.path().join("volumes"))
-        .arg("--work-dir")
+        .arg("--docker-state-dir")
         .arg(work.path().join("serve"))
         .arg("--pool-dir")
         .arg(work.path().join("serve").join("pool"))
@@ -119,7 +119,7 @@ fn issue_14_signals_leave_no_simulation_behind() {
 }
 
 #[test]
-fn issue_14_a_killed_simulation_is_swept_by_the_next() {
+fn a_killed_simulation_is_swept_by_the_next() {
     let work = tempfile::tempdir().unwrap();
     let held = pool_lock(work.path());
     let mut child = blocked_docker_args(work.path());

@@ -16,7 +16,7 @@ fn mesos_gpu(args: &[&str]) -> Output {
 }
 
 #[test]
-fn issue_14_malformed_values_are_usage_errors_in_every_command() {
+fn malformed_values_are_usage_errors_in_every_command() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     for (args, value) in [
@@ -30,8 +30,14 @@ fn issue_14_malformed_values_are_usage_errors_in_every_command() {
             "x/y",
         ),
         (vec!["docker-args", "--release", "../etc"], "../etc"),
-        (vec!["gpu", "mark-healthy", "abc", "--work-dir", dir], "abc"),
-        (vec!["volume", "acquire", "a/b", "--root", dir], "a/b"),
+        (
+            vec!["gpu", "mark-healthy", "abc", "--agent-work-dir", dir],
+            "abc",
+        ),
+        (
+            vec!["volume", "acquire", "a/b", "--volume-root", dir],
+            "a/b",
+        ),
         (
             vec!["volume", "plan", "--driver-version", "../../etc"],
             "../../etc",
@@ -53,7 +59,7 @@ fn issue_14_malformed_values_are_usage_errors_in_every_command() {
 }
 
 #[test]
-fn issue_14_well_formed_commands_that_fail_exit_1() {
+fn well_formed_commands_that_fail_exit_1() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
     let out = mesos_gpu(&[
@@ -63,7 +69,7 @@ fn issue_14_well_formed_commands_that_fail_exit_1() {
         "--gpus",
         "9",
         "--plugin",
-        "--work-dir",
+        "--docker-state-dir",
         dir,
         "--pool-dir",
         dir,
@@ -78,7 +84,7 @@ fn issue_14_well_formed_commands_that_fail_exit_1() {
 }
 
 #[test]
-fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
+fn asking_for_gpus_on_a_node_without_any_says_why() {
     // nvml-sim without a node description: a driver library whose kernel module is not loaded.
     let work = tempfile::tempdir().unwrap();
     let lib = work.path().join("libnvidia-ml.so.1");
@@ -88,8 +94,23 @@ fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
     let pool = pool.to_str().unwrap();
     for args in [
         vec!["exec", "--gpus", "1", "--pool-dir", pool, "--", "true"],
-        vec!["docker-args", "--gpus", "1", "--plugin", "--work-dir", pool],
-        vec!["run", "--gpus", "1", "--work-dir", pool, "busybox", "true"],
+        vec![
+            "docker-args",
+            "--gpus",
+            "1",
+            "--plugin",
+            "--docker-state-dir",
+            pool,
+        ],
+        vec![
+            "run",
+            "--gpus",
+            "1",
+            "--docker-state-dir",
+            pool,
+            "busybox",
+            "true",
+        ],
     ] {
         let mut all = vec!["--nvml-lib", lib];
         all.extend(&args);
@@ -97,7 +118,8 @@ fn issue_14_asking_for_gpus_on_a_node_without_any_says_why() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
-            stderr.contains("gpus=1: this node has no GPUs (NVIDIA driver not loaded: ",),
+            stderr.contains("gpus=1: this process sees no GPU (NVIDIA driver not loaded: ")
+                && stderr.contains("): granting no GPU"),
             "{args:?}: {stderr}"
         );
         assert!(!stderr.contains("from 0 to 0"), "{stderr}");

@@ -93,7 +93,7 @@ impl Setup {
         all.extend([
             "--driver-root",
             self.driver.to_str().unwrap(),
-            "--root",
+            "--volume-root",
             self.root.to_str().unwrap(),
         ]);
         mesos_gpu(&all)
@@ -210,7 +210,7 @@ fn bad_input_is_refused_clearly() {
 }
 
 #[test]
-fn issue_14_create_refuses_a_version_with_only_glvnd_files() {
+fn create_refuses_a_version_with_only_glvnd_files() {
     if !cfg!(target_arch = "x86_64") {
         return;
     }

@@ -9,9 +9,9 @@ use mesos_gpu_docker::args::{
     DriverSpec, ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource,
 };
 use mesos_gpu_docker::client::host_config;
+use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_node::{
     inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
 };

@@ -151,7 +151,9 @@ fn main() -> Result<()> {
         }
         Ok::<_, Box<dyn Error>>((plain, bridged))
     });
-    let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", "--no-prune", &image])
+        .output();
     let (mut plain, mut bridged) = result?;
     plain.sort();
     bridged.sort();

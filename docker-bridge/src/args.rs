@@ -4,8 +4,8 @@
 //! `docker-args` (and so the agent's Docker hook and `docker-wrapper`), the module's C ABI, the
 //! bridge behind `run` and `serve`, the REST `/docker/cli` and the demo.
 //!
-//! Facts relied on (`shared/reference/nvidia_docker.md` §1.2, §1.8, §1.9, §7; `mesos_gpu.md` §4.5,
-//! §6):
+//! Facts relied on (`docs/reference/nvidia-docker.md` §1, §4; `mesos-gpu-isolator.md` §6.4, §8;
+//! `mig.md`; `mps.md`):
 //! - The grant's device nodes (control nodes, `/dev/nvidia<minor>` per GPU, a MIG device's
 //!   parent and capability nodes) become `--device=HOST[:CONTAINER]`, which grants `rwm` in the
 //!   device cgroup and creates the node in the container; an MPS share's pipe directory and
@@ -526,7 +526,10 @@ mod tests {
         )
         .expect("plan")
         .cli_args();
-        assert_eq!(args[args.len() - 2..], ["--cpuset-cpus=0-3,8", "--cpuset-mems=0"]);
+        assert_eq!(
+            args[args.len() - 2..],
+            ["--cpuset-cpus=0-3,8", "--cpuset-mems=0"]
+        );
         let cpus_only = Pinning {
             mems: None,
             ..pinning
@@ -609,12 +612,7 @@ mod tests {
     fn labelled_image_gets_bind_volume_and_uuids() {
         let (a, b) = (gpu(1, 1), gpu(0, 0));
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = plan(
-            &[&a, &b],
-            &image,
-            Some(&driver(Some((12, 4)), bind())),
-        )
-        .expect("plan");
+        let plan = plan(&[&a, &b], &image, Some(&driver(Some((12, 4)), bind()))).expect("plan");
         assert_eq!(
             plan.cli_args(),
             [
@@ -647,9 +645,7 @@ mod tests {
                 plugin: DEFAULT_PLUGIN_NAME.to_owned(),
             },
         );
-        let args = plan(&[&a], &image, Some(&spec))
-            .expect("plan")
-            .cli_args();
+        let args = plan(&[&a], &image, Some(&spec)).expect("plan").cli_args();
         assert_eq!(
             &args[3..5],
             [
@@ -700,12 +696,7 @@ mod tests {
             env: vec!["NVIDIA_VISIBLE_DEVICES=all".to_owned()],
             ..Default::default()
         };
-        let plan = plan(
-            &[&a],
-            &image,
-            Some(&driver(Some((12, 0)), bind())),
-        )
-        .expect("plan");
+        let plan = plan(&[&a], &image, Some(&driver(Some((12, 0)), bind()))).expect("plan");
         assert_eq!(
             plan.env[0],
             (VISIBLE_DEVICES_ENV.to_owned(), a.uuid.clone())
@@ -715,15 +706,13 @@ mod tests {
     #[test]
     fn no_device_gets_no_node_and_none() {
         let image = labelled(&[(VOLUMES_NEEDED_LABEL, "nvidia_driver")]);
-        let plan = plan(
-            &[],
-            &image,
-            Some(&driver(Some((12, 0)), bind())),
-        )
-        .expect("plan");
+        let plan = plan(&[], &image, Some(&driver(Some((12, 0)), bind()))).expect("plan");
         assert!(plan.devices.is_empty(), "{:?}", plan.devices);
         assert_eq!(plan.env[0].1, "none");
-        assert_eq!(plan.env[1], ("CUDA_VISIBLE_DEVICES".to_owned(), String::new()));
+        assert_eq!(
+            plan.env[1],
+            ("CUDA_VISIBLE_DEVICES".to_owned(), String::new())
+        );
     }
 
     #[test]
@@ -732,12 +721,7 @@ mod tests {
             (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
             (CUDA_VERSION_LABEL, "12.4.1"),
         ]);
-        let err = plan(
-            &[],
-            &image,
-            Some(&driver(Some((12, 2)), bind())),
-        )
-        .expect_err("refused");
+        let err = plan(&[], &image, Some(&driver(Some((12, 2)), bind()))).expect_err("refused");
         assert!(matches!(err, ArgsError::CudaTooNew { .. }));
         let msg = err.to_string();
         assert!(
@@ -753,12 +737,8 @@ mod tests {
                 (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
                 (CUDA_VERSION_LABEL, label),
             ]);
-            plan(
-                &[],
-                &image,
-                Some(&driver(Some((12, 4)), bind())),
-            )
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
+            plan(&[], &image, Some(&driver(Some((12, 4)), bind())))
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
         }
     }
 
@@ -774,8 +754,7 @@ mod tests {
             (VOLUMES_NEEDED_LABEL, "nvidia_driver"),
             (CUDA_VERSION_LABEL, "10.0"),
         ]);
-        let err = plan(&[], &image, Some(&driver(None, bind())))
-            .expect_err("refused");
+        let err = plan(&[], &image, Some(&driver(None, bind()))).expect_err("refused");
         assert!(matches!(err, ArgsError::CudaUnknown { .. }), "{err}");
     }
 
@@ -859,12 +838,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let plan = plan(
-            &[],
-            &image,
-            Some(&driver(Some((12, 0)), bind())),
-        )
-        .expect("plan");
+        let plan = plan(&[], &image, Some(&driver(Some((12, 0)), bind()))).expect("plan");
         let path = plan
             .env
             .iter()

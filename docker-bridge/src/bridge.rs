@@ -3,7 +3,7 @@
 //! the same work directory, so the two never get the same GPU. Docker applies the devices itself
 //! from the [`LaunchPlan`] built over the reserved GPUs.
 //!
-//! Facts and decisions (`shared/reference/mesos_gpu.md` §6, §9; `nvidia_docker.md` §1.8):
+//! Facts and decisions (`docs/reference/mesos-gpu-isolator.md` §8, §9; `nvidia-docker.md` §4):
 //! - Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker, and
 //!   never recovers them after an agent restart; here the reservation, the `--device`s and the
 //!   recovery are one path.
@@ -402,14 +402,13 @@ impl DockerBridge {
         image: &str,
         cmd: &[String],
     ) -> Result<(String, LaunchPlan), BridgeError> {
-        let plan =
-            LaunchPlan::new(grant, info, self.driver.as_ref()).map_err(|source| {
-                BridgeError::Plan {
-                    container: id.clone(),
-                    image: image.to_owned(),
-                    source,
-                }
-            })?;
+        let plan = LaunchPlan::new(grant, info, self.driver.as_ref()).map_err(|source| {
+            BridgeError::Plan {
+                container: id.clone(),
+                image: image.to_owned(),
+                source,
+            }
+        })?;
         let spec = ContainerSpec {
             name: name.to_owned(),
             image: image.to_owned(),

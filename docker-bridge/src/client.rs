@@ -5,14 +5,14 @@
 //!
 //! Facts relied on:
 //! - Docker 20.10 speaks API 1.41; bollard 0.21 is generated for 1.53 and negotiates down
-//!   (`shared/reference/crates.md` §3). Fields newer than 1.41 come back `None`.
+//!   (`docs/reference/docker.md`). Fields newer than 1.41 come back `None`.
 //! - `docker inspect` reports `HostConfig.Devices[].{PathOnHost,PathInContainer,CgroupPermissions}`
 //!   as given at create time, so the GPU nodes a container was given can be read back.
 //! - Mesos's Docker containerizer names containers `mesos-<ContainerID>` (Mesos ≤ 0.22 and
 //!   ≥ 1.4) or `mesos-<SlaveID>.<ContainerID>[.executor]` (0.23 to 1.3); Docker reports names
 //!   with a leading `/`. Mesos's `parse()` accepts only ContainerIDs that are UUIDs
 //!   (`src/slave/containerizer/docker.cpp`). Upstream never recovers GPUs of Docker containers
-//!   (`mesos_gpu.md` §6, §9); [`DockerClient::recover`] does.
+//!   (`docs/reference/mesos-gpu-isolator.md` §8); [`DockerClient::recover`] does.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

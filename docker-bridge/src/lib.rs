@@ -3,7 +3,7 @@
 //! nvidia-docker 1.0's REST API and its `nvidia_driver_<version>` volume plugin.
 //!
 //! Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker
-//! (MESOS-5795, `shared/reference/mesos_gpu.md` §6); this crate supplies the missing half.
+//! (MESOS-5795, `docs/reference/mesos-gpu-isolator.md` §8); this crate supplies the missing half.
 #![forbid(unsafe_code)]
 
 pub mod args;

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the node's GPUs, containers and allocator, in OpenMetrics text
-//! (`prometheus-client`, `shared/reference/crates.md` §8).
+//! (`prometheus-client`).
 //!
 //! Figures are read when scraped (NVML through [`GpuReadings`], health from a [`HealthSource`]:
 //! the running [`HealthMonitor`] or the checkpoint a monitor keeps ([`HealthStore`]), holders
@@ -9,10 +9,19 @@
 //! that is gone has no stale series.
 //!
 //! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
-//! and GPU (`container` label), `mesos_gpu_allocator_*`. prometheus-client appends `_total` to
-//! counters. `mesos_gpu_health{state, reason}` is 1 for each GPU's current health: `state` is
-//! `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`, `double_bit_ecc`, `lost`,
-//! `unwatchable`; empty when healthy).
+//! and GPU (`container` label), `mesos_gpu_allocator_*`, and `mesos_gpu_module_*`: the module's
+//! own heap and table sizes ([`ModuleSource`]), to tell a leak of the module from the agent's.
+//! prometheus-client appends `_total` to counters. `mesos_gpu_health{state, reason, recovery}` is 1 for each GPU's current health:
+//! `state` is `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`,
+//! `double_bit_ecc`, `lost`, `unwatchable`; empty when healthy), `recovery` how it comes back
+//! (`evidence`: by itself once the checks hold; `backoff`: a check failed, waiting to try
+//! again; `gpu_reset`, `node_reboot`, `operator`: the operator must act; empty when healthy).
+//! `mesos_gpu_health_recoveries_total` and `mesos_gpu_health_probe_failures_total` count
+//! automatic recoveries and failed probes per GPU. A GPU the health source has no record of (no
+//! monitor, or `serve` reading an agent work directory without a checkpoint) gets NVML's view:
+//! lost when NVML says so, else healthy; `mesos_gpu_health_checkpoint{path, state}` then says
+//! whether the checkpoint read is `present`, `absent` or `unreadable`, so that an alert on health
+//! never goes silent for want of a checkpoint.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -25,7 +34,9 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use mesos_gpu_health::{Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats};
+use mesos_gpu_health::{
+    Comeback, Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats, Remedy,
+};
 use mesos_gpu_isolator::{lifecycle::Isolator, lifecycle::QUARANTINE_OWNER};
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_node::{
@@ -54,6 +65,13 @@ pub struct GpuFigures {
     pub healthy: Option<bool>,
     /// Why it is unhealthy (`xid_79`, `double_bit_ecc`, `lost`, `unwatchable`), when it is.
     pub failure: Option<String>,
+    /// How it comes back, when unhealthy (`evidence`, `backoff`, `gpu_reset`, `node_reboot`,
+    /// `operator`).
+    pub recovery: Option<String>,
+    /// Times it came back by itself.
+    pub recoveries: u64,
+    /// Probes that failed.
+    pub probe_failures: u64,
     /// XIDs seen, by XID.
     pub xids: BTreeMap<u64, u64>,
     /// Corrected ECC events seen.
@@ -88,6 +106,25 @@ pub struct AllocatorFigures {
     pub quarantined: u32,
 }
 
+/// What reading a health checkpoint of another process found (`serve` reads the agent's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointStatus {
+    /// The checkpoint file.
+    pub path: String,
+    /// `present`; `absent` (no monitor has run in that work directory: the agent has not
+    /// started there, or it is not the agent's `--work_dir`); or `unreadable`.
+    pub state: &'static str,
+}
+
+/// What a health source knows at one scrape.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthRead {
+    /// Every GPU's record (health, XID and ECC counts); empty when none is known.
+    pub records: Vec<GpuRecord>,
+    /// For a checkpoint read from another process: what was found.
+    pub checkpoint: Option<CheckpointStatus>,
+}
+
 /// Everything one scrape reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFigures {
@@ -99,6 +136,27 @@ pub struct NodeFigures {
     pub allocator: Option<AllocatorFigures>,
     /// The health event loop, when a monitor runs.
     pub health_loop: Option<LoopStats>,
+    /// The health checkpoint read, when health comes from another process's.
+    pub health_checkpoint: Option<CheckpointStatus>,
+    /// The module's own memory, when the module collects.
+    pub module: Option<ModuleFigures>,
+}
+
+/// The module's own memory in the agent's process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleFigures {
+    /// Bytes the module's code holds on the heap.
+    pub heap_bytes: u64,
+    /// In how many blocks.
+    pub heap_blocks: u64,
+    /// Entries of each of its tables that grow with containers, by table name.
+    pub entries: Vec<(String, u64)>,
+}
+
+/// Where the module's own figures come from.
+pub trait ModuleSource: Send + Sync {
+    /// The figures as of now.
+    fn module_figures(&self) -> ModuleFigures;
 }
 
 /// Where figures come from.
@@ -112,15 +170,18 @@ pub type CgroupOf = Arc<dyn Fn(&str) -> Option<ContainerCgroup> + Send + Sync>;
 
 /// Where each GPU's health comes from.
 pub trait HealthSource: Send + Sync {
-    /// Every GPU's record (health, XID and ECC counts); empty when none is known.
-    fn records(&self) -> Vec<GpuRecord>;
+    /// Every GPU's record, and what a checkpoint read found.
+    fn read(&self) -> HealthRead;
     /// The event loop's figures, when this process runs the monitor.
     fn loop_stats(&self) -> Option<LoopStats>;
 }
 
 impl HealthSource for HealthMonitor {
-    fn records(&self) -> Vec<GpuRecord> {
-        HealthMonitor::records(self)
+    fn read(&self) -> HealthRead {
+        HealthRead {
+            records: HealthMonitor::records(self),
+            checkpoint: None,
+        }
     }
 
     fn loop_stats(&self) -> Option<LoopStats> {
@@ -130,13 +191,19 @@ impl HealthSource for HealthMonitor {
 
 /// The checkpoint of the monitor of another process (the agent's), read at each scrape.
 impl HealthSource for HealthStore {
-    fn records(&self) -> Vec<GpuRecord> {
-        match self.load() {
-            Ok(snapshot) => snapshot.map(|s| s.gpus).unwrap_or_default(),
+    fn read(&self) -> HealthRead {
+        let path = self.checkpoint_path().display().to_string();
+        let (records, state) = match self.load() {
+            Ok(Some(snapshot)) => (snapshot.gpus, "present"),
+            Ok(None) => (Vec::new(), "absent"),
             Err(error) => {
-                tracing::warn!(error = %error, "no GPU health for metrics");
-                Vec::new()
+                tracing::debug!(error = %error, "no GPU health checkpoint for metrics");
+                (Vec::new(), "unreadable")
             }
+        };
+        HealthRead {
+            records,
+            checkpoint: Some(CheckpointStatus { path, state }),
         }
     }
 
@@ -210,9 +277,12 @@ impl AllocatorSource for Isolator {
 pub struct NvmlFigures {
     driver: Arc<GpuDriver>,
     health: Option<Arc<dyn HealthSource>>,
+    /// The checkpoint state last logged, so that a scrape logs only a change.
+    checkpoint_seen: Mutex<Option<&'static str>>,
     allocator: Option<Arc<dyn AllocatorSource>>,
     cgroup_of: Option<CgroupOf>,
     usage: UsageReader,
+    module: Option<Arc<dyn ModuleSource>>,
 }
 
 impl std::fmt::Debug for NvmlFigures {
@@ -220,6 +290,7 @@ impl std::fmt::Debug for NvmlFigures {
         f.debug_struct("NvmlFigures")
             .field("health", &self.health.is_some())
             .field("allocator", &self.allocator.is_some())
+            .field("module", &self.module.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -230,10 +301,18 @@ impl NvmlFigures {
         NvmlFigures {
             driver,
             health: None,
+            checkpoint_seen: Mutex::new(None),
             allocator: None,
             cgroup_of: None,
             usage: UsageReader::default(),
+            module: None,
         }
+    }
+
+    /// Adds the module's own heap and table sizes.
+    pub fn with_module(mut self, module: Arc<dyn ModuleSource>) -> NvmlFigures {
+        self.module = Some(module);
+        self
     }
 
     /// Adds health, XID and ECC figures.
@@ -257,13 +336,44 @@ impl NvmlFigures {
     }
 }
 
+impl NvmlFigures {
+    /// Logs what the checkpoint read found when it differs from the last scrape's.
+    fn note_checkpoint(&self, status: Option<&CheckpointStatus>) {
+        let Some(status) = status else {
+            return;
+        };
+        let mut seen = self
+            .checkpoint_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *seen == Some(status.state) {
+            return;
+        }
+        *seen = Some(status.state);
+        drop(seen);
+        let path = &status.path;
+        match status.state {
+            "present" => {
+                tracing::info!(%path, "GPU health for metrics from the agent's checkpoint")
+            }
+            "absent" => tracing::warn!(
+                %path,
+                "no GPU health checkpoint: GPU health in /metrics is NVML's (lost or not) until \
+                 the agent's monitor writes one; is --agent-work-dir the agent's --work_dir?"
+            ),
+            _ => tracing::warn!(
+                %path,
+                "unreadable GPU health checkpoint: GPU health in /metrics is NVML's (lost or not)"
+            ),
+        }
+    }
+}
+
 impl FigureSource for NvmlFigures {
     fn collect(&self) -> NodeFigures {
-        let records = self
-            .health
-            .as_ref()
-            .map(|h| h.records())
-            .unwrap_or_default();
+        let read = self.health.as_ref().map(|h| h.read()).unwrap_or_default();
+        self.note_checkpoint(read.checkpoint.as_ref());
+        let records = read.records;
         let gpus: Vec<GpuFigures> = self
             .driver
             .inventory()
@@ -271,10 +381,19 @@ impl FigureSource for NvmlFigures {
             .iter()
             .map(|gpu| {
                 let record = records.iter().find(|r| r.uuid == gpu.uuid);
+                let readings = GpuReadings::read(&self.driver, gpu);
+                // Without a record, NVML's view: a GPU discovery or this read found lost.
+                let lost = readings.lost || !gpu.healthy;
                 GpuFigures {
-                    readings: GpuReadings::read(&self.driver, gpu),
-                    healthy: record.map(|r| r.health.is_healthy()),
-                    failure: record.and_then(|r| r.health.failure()).map(failure_label),
+                    healthy: Some(record.map_or(!lost, |r| r.health.is_healthy())),
+                    failure: match record {
+                        Some(r) => r.health.failure().map(failure_label),
+                        None => lost.then(|| "lost".to_owned()),
+                    },
+                    readings,
+                    recovery: record.and_then(recovery_label),
+                    recoveries: record.map_or(0, |r| r.recovery.recoveries),
+                    probe_failures: record.map_or(0, |r| r.recovery.probe_failures),
                     xids: record.map(|r| r.xids.clone()).unwrap_or_default(),
                     ecc_single_bit: record.map_or(0, |r| r.ecc_single_bit),
                     ecc_double_bit: record.map_or(0, |r| r.ecc_double_bit),
@@ -314,8 +433,34 @@ impl FigureSource for NvmlFigures {
             containers,
             allocator,
             health_loop: self.health.as_ref().and_then(|h| h.loop_stats()),
+            health_checkpoint: read.checkpoint,
+            module: self.module.as_ref().map(|m| m.module_figures()),
         }
     }
+}
+
+/// How an unhealthy GPU comes back: the operator's remedy, or on evidence (`backoff` once an
+/// attempt failed); a driver asking for a reset or reboot counts as that remedy.
+fn recovery_label(record: &GpuRecord) -> Option<String> {
+    let failure = record.health.failure()?;
+    // A checkpoint from before episodes were recorded: the failure's own comeback.
+    let Some(episode) = record.recovery.episode.as_ref() else {
+        return Some(match failure.comeback() {
+            Comeback::Reset { remedy } => remedy.label().to_owned(),
+            Comeback::Evidence { .. } => "evidence".to_owned(),
+        });
+    };
+    let asks_reboot = episode.driver_asks.as_deref() == Some("a node reboot");
+    Some(
+        match (episode.comeback, &episode.driver_asks) {
+            (Comeback::Reset { remedy }, _) => remedy.label(),
+            (Comeback::Evidence { .. }, Some(_)) if asks_reboot => Remedy::NodeReboot.label(),
+            (Comeback::Evidence { .. }, Some(_)) => Remedy::GpuReset.label(),
+            (Comeback::Evidence { .. }, None) if episode.attempts > 0 => "backoff",
+            (Comeback::Evidence { .. }, None) => "evidence",
+        }
+        .to_owned(),
+    )
 }
 
 /// The `reason` label of a failure.
@@ -334,10 +479,17 @@ struct HealthLabels {
     uuid: String,
     state: &'static str,
     reason: String,
+    recovery: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckpointLabels {
+    path: String,
     state: &'static str,
 }
 
@@ -376,6 +528,11 @@ struct ContainerLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabels {
+    table: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -446,7 +603,17 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
     let health = gauge::<HealthLabels>(
         &mut r,
         "mesos_gpu_health",
-        "1 for the GPU's health: state healthy, unhealthy or lost, and the failure's reason",
+        "1 for the GPU's health: state healthy, unhealthy or lost, the failure's reason, and how it comes back (recovery)",
+    );
+    let recoveries = counter::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_health_recoveries",
+        "Times the GPU came back in the pool by itself, on evidence",
+    );
+    let probe_failures = counter::<GpuLabels>(
+        &mut r,
+        "mesos_gpu_health_probe_failures",
+        "Recovery probes of the GPU that failed",
     );
     let xids = counter::<XidLabels>(
         &mut r,
@@ -478,8 +645,13 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
                     uuid: labels.uuid.clone(),
                     state,
                     reason,
+                    recovery: g.recovery.clone().unwrap_or_default(),
                 })
                 .set(1);
+            recoveries.get_or_create(&labels).inc_by(g.recoveries);
+            probe_failures
+                .get_or_create(&labels)
+                .inc_by(g.probe_failures);
         }
         lost.get_or_create(&labels).set(i64::from(rd.lost));
         let set = |family: &Family<GpuLabels, Gauge>, v: Option<i64>| {
@@ -665,6 +837,19 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
         }
     }
 
+    if let Some(c) = &figures.health_checkpoint {
+        gauge::<CheckpointLabels>(
+            &mut r,
+            "mesos_gpu_health_checkpoint",
+            "1 for the state of the GPU health checkpoint read (present, absent or unreadable); \
+             GPUs it has no record of get NVML's health",
+        )
+        .get_or_create(&CheckpointLabels {
+            path: c.path.clone(),
+            state: c.state,
+        })
+        .set(1);
+    }
     if let Some(s) = &figures.health_loop {
         let c = Counter::<u64>::default();
         c.inc_by(s.loop_failures);
@@ -676,6 +861,38 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
         let e = Counter::<u64>::default();
         e.inc_by(s.events);
         r.register("mesos_gpu_health_events", "NVML health events received", e);
+    }
+
+    if let Some(m) = &figures.module {
+        for (name, help, v) in [
+            (
+                "mesos_gpu_module_heap_bytes",
+                "Bytes the module's own code holds on the agent's heap",
+                m.heap_bytes,
+            ),
+            (
+                "mesos_gpu_module_heap_blocks",
+                "Heap blocks the module's own code holds",
+                m.heap_blocks,
+            ),
+        ] {
+            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            gauge.set(int(v));
+            r.register(name, help, gauge);
+        }
+        let entries = gauge::<TableLabels>(
+            &mut r,
+            "mesos_gpu_module_entries",
+            "Entries of the module's tables that grow with containers (0 when idle but \
+             mps_daemons)",
+        );
+        for (table, n) in &m.entries {
+            entries
+                .get_or_create(&TableLabels {
+                    table: table.clone(),
+                })
+                .set(int(*n));
+        }
     }
 
     let mut out = String::new();
@@ -793,6 +1010,9 @@ mod tests {
                 },
                 healthy: Some(false),
                 failure: Some("xid_79".to_owned()),
+                recovery: Some("node_reboot".to_owned()),
+                recoveries: 2,
+                probe_failures: 3,
                 xids: BTreeMap::from([(79, 2)]),
                 ecc_double_bit: 1,
                 ..GpuFigures::default()
@@ -806,12 +1026,18 @@ mod tests {
         );
         assert!(
             text.contains(
-                r#"mesos_gpu_health{gpu="0",uuid="GPU-a",state="unhealthy",reason="xid_79"} 1"#
+                r#"mesos_gpu_health{gpu="0",uuid="GPU-a",state="unhealthy",reason="xid_79",recovery="node_reboot"} 1"#
             ),
             "{text}"
         );
         assert!(
             text.contains(r#"mesos_gpu_utilization_percent{gpu="0",uuid="GPU-a"} 30"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mesos_gpu_health_recoveries_total{gpu="0",uuid="GPU-a"} 2"#)
+                && text
+                    .contains(r#"mesos_gpu_health_probe_failures_total{gpu="0",uuid="GPU-a"} 3"#),
             "{text}"
         );
         assert!(
@@ -833,6 +1059,49 @@ mod tests {
             "unknown temperature left out: {text}"
         );
         assert!(!text.contains("mesos_gpu_memory_used_bytes{"), "{text}");
+        assert!(
+            !text.contains("_module_"),
+            "no module, no module figures: {text}"
+        );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_checkpoint_read_is_reported() {
+        let figures = NodeFigures {
+            health_checkpoint: Some(CheckpointStatus {
+                path: "/w/gpu/health.json".to_owned(),
+                state: "absent",
+            }),
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        assert!(
+            text.contains(
+                r#"mesos_gpu_health_checkpoint{path="/w/gpu/health.json",state="absent"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn module_figures_are_reported() {
+        let figures = NodeFigures {
+            module: Some(ModuleFigures {
+                heap_bytes: 123_456,
+                heap_blocks: 789,
+                entries: vec![("containers".to_owned(), 3), ("limitations".to_owned(), 0)],
+            }),
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        for line in [
+            "mesos_gpu_module_heap_bytes 123456",
+            "mesos_gpu_module_heap_blocks 789",
+            r#"mesos_gpu_module_entries{table="containers"} 3"#,
+            r#"mesos_gpu_module_entries{table="limitations"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing: {text}");
+        }
     }
 }

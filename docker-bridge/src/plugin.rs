@@ -2,7 +2,7 @@
 //! volume manager, so `--volume-driver=nvidia-docker --volume=nvidia_driver_<v>:/usr/local/nvidia:ro`
 //! keeps working.
 //!
-//! Facts relied on (`shared/reference/nvidia_docker.md` §1.3, §5 rows 3–5; `crates.md` §5):
+//! Facts relied on (`docs/reference/nvidia-docker.md` §2):
 //! - Docker POSTs JSON to `/Plugin.Activate` (with an **empty** body), then
 //!   `/VolumeDriver.{Create,Remove,Mount,Unmount,Path,Get,List,Capabilities}`; errors are the
 //!   `Err` string of an HTTP 200 answer. A driver that answers `Get` for a name it does not
@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use mesos_gpu_os::error_chain;
+use mesos_gpu_volume::plan::DriverSource;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::args::{DRIVER_VOLUME_BASE, volume_name};
@@ -56,24 +57,22 @@ pub trait VolumeBuilder: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct ManagerBuilder {
     manager: VolumeManager,
-    driver_root: PathBuf,
+    source: DriverSource,
 }
 
 impl ManagerBuilder {
-    /// Volumes under `manager`, from the driver installed under `driver_root`.
-    pub fn new(manager: VolumeManager, driver_root: PathBuf) -> ManagerBuilder {
-        ManagerBuilder {
-            manager,
-            driver_root,
-        }
+    /// Volumes under `manager`, from the driver `source` (its root, `/` normally, and the
+    /// program search path).
+    pub fn new(manager: VolumeManager, source: DriverSource) -> ManagerBuilder {
+        ManagerBuilder { manager, source }
     }
 }
 
 impl VolumeBuilder for ManagerBuilder {
     fn build(&self, version: &str) -> Result<PathBuf, BuildError> {
         let version: DriverVersion = version.parse()?;
-        let cache = LdCache::load(&self.driver_root)?;
-        let plan = self.manager.plan(&self.driver_root, &cache, &version)?;
+        let cache = LdCache::load(&self.source.root)?;
+        let plan = self.manager.plan(&self.source, &cache, &version)?;
         Ok(self.manager.create(&plan)?.path)
     }
 }
@@ -709,7 +708,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = ManagerBuilder::new(
             VolumeManager::at(dir.path().join("vols")),
-            dir.path().join("root"),
+            DriverSource::at(dir.path().join("root")),
         );
         let err = b.build("not-a-version").expect_err("bad version");
         assert!(error_chain(err.as_ref()).contains("not-a-version"), "{err}");

@@ -3,16 +3,19 @@
 //! - One tokio task per connection, HTTP/1.1 (hyper 1), a 5 s header-read timeout as
 //!   nvidia-docker's server had; a client that disconnects mid-request or sends garbage only
 //!   ends its own connection.
-//! - The plugin socket: its directory is created if missing; an existing path that a live
+//! - The plugin socket: its directory is created (0755) if missing and refused if another user
+//!   can write it ([`mesos_gpu_os::fsmode::state_dir`]); an existing path that a live
 //!   server answers on is refused ([`ServerError::SocketInUse`]); a stale socket file (connect
 //!   refused) is replaced; anything that is not a socket is never deleted. The socket is made
-//!   mode 0660 and removed on shutdown, unless another server has replaced it meanwhile.
+//!   mode 0660 before it appears at its path, whatever the umask
+//!   ([`mesos_gpu_os::fsmode::bind_socket`]), and removed on shutdown, unless another server has
+//!   replaced it meanwhile.
 //! - On shutdown the listeners close at once and open connections get a grace period.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +25,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_os::fsmode;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -58,6 +62,15 @@ pub enum ServerError {
     NotASocket {
         /// The path.
         path: PathBuf,
+    },
+    /// The plugin socket's directory could not be made, or is refused as others can write it.
+    #[error("cannot set up the plugin socket {path}")]
+    SocketDir {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: mesos_gpu_os::FsModeError,
     },
     /// The plugin socket could not be set up.
     #[error("cannot set up the plugin socket {path}")]
@@ -116,7 +129,12 @@ fn bind_socket(path: &Path) -> Result<(UnixListener, SocketFile), ServerError> {
         source,
     };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(fail)?;
+        fsmode::state_dir(dir, dir, fsmode::STATE_DIR).map_err(|source| {
+            ServerError::SocketDir {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
@@ -139,13 +157,12 @@ fn bind_socket(path: &Path) -> Result<(UnixListener, SocketFile), ServerError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e)),
     }
-    let listener = UnixListener::bind(path).map_err(fail)?;
+    let listener = fsmode::bind_socket(path, SOCKET_MODE, UnixListener::bind).map_err(fail)?;
     let meta = std::fs::symlink_metadata(path).map_err(fail)?;
     let file = SocketFile {
         path: path.to_owned(),
         identity: (meta.dev(), meta.ino()),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(fail)?;
     Ok((listener, file))
 }
 

@@ -11,9 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
-use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
-use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::nvml_sim::SimNode;
@@ -67,10 +66,31 @@ fn schema_errors(validator: &jsonschema::Validator, doc: &Value) -> Vec<String> 
         .collect()
 }
 
+/// The shipped node `node` as the module discovers it: through its library and its driver
+/// `/proc` files, so that MIG devices come with their capability nodes.
 fn inventory(node: &str) -> Inventory {
-    let sim = SimNode::shipped(node);
-    let found = GpuDriver::open(Some(&sim.lib_path())).expect("nvml-sim loads");
-    found.inventory().clone()
+    SimNode::shipped(node).inventory().expect("nvml-sim loads")
+}
+
+/// The devices a spec of `inventory` offers: each healthy GPU not in MIG mode, and each healthy
+/// MIG device with capability nodes of a healthy GPU in MIG mode.
+fn offered(inventory: &Inventory) -> usize {
+    inventory
+        .gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| {
+            if inventory.mig.is_enabled(g.index) {
+                inventory
+                    .mig
+                    .of_parent(g.index)
+                    .filter(|d| d.healthy && d.caps.is_some())
+                    .count()
+            } else {
+                1
+            }
+        })
+        .sum()
 }
 
 fn computed(inventory: &Inventory) -> Gathered {
@@ -221,8 +241,10 @@ fn shipped_nodes() -> Vec<String> {
     names
 }
 
+/// Every shipped node with a healthy GPU gets a spec valid by the schema at its minimum version,
+/// offering each whole GPU and, on a MIG node, each MIG device (by index and UUID) plus `all`.
 #[test]
-fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
+fn every_shipped_node_gives_a_valid_minimal_spec() {
     let validator = validator();
     let mut checked = 0;
     for node in shipped_nodes() {
@@ -250,8 +272,10 @@ fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
             .iter()
             .map(|d| d["name"].as_str().unwrap())
             .collect();
-        let healthy = inventory.gpus.iter().filter(|g| g.healthy).count();
-        assert_eq!(names.len(), 2 * healthy + 1, "{node}: {names:?}");
+        // A GPU in MIG mode is offered as its MIG devices, never whole.
+        let offered = offered(&inventory);
+        assert!(offered > 0, "{node}: a spec offering nothing");
+        assert_eq!(names.len(), 2 * offered + 1, "{node}: {names:?}");
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{node}: repeated names");
         checked += 1;
@@ -260,7 +284,7 @@ fn issue_18_every_shipped_node_gives_a_valid_minimal_spec() {
 }
 
 #[test]
-fn issue_18_the_schema_refuses_what_runtimes_refuse() {
+fn the_schema_refuses_what_runtimes_refuse() {
     let validator = validator();
     let good = spec_json("k80");
     assert!(schema_errors(&validator, &good).is_empty());
@@ -285,7 +309,7 @@ fn issue_18_the_schema_refuses_what_runtimes_refuse() {
 }
 
 #[test]
-fn issue_18_the_version_table_is_cdis() {
+fn the_version_table_is_cdis() {
     let base = json!({"cdiVersion": "x", "kind": "nvidia.com/gpu",
         "devices": [{"name": "gpu0", "containerEdits": {}}]});
     assert_eq!(required_version(&base), "0.3.0");
@@ -309,7 +333,7 @@ fn issue_18_the_version_table_is_cdis() {
 }
 
 #[test]
-fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
+fn dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
     let inventory = inventory("dgx1-v100");
     let doc = spec_json("dgx1-v100");
     assert_eq!(doc["cdiVersion"], "0.5.0");
@@ -329,10 +353,10 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
         assert_eq!(
             by_index["containerEdits"],
             json!({
-                "env": [format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)],
                 "deviceNodes": [{"path": format!("/dev/nvidia{}", gpu.minor), "type": "c",
                     "major": 195, "minor": gpu.minor, "permissions": "rwm"}]
-            })
+            }),
+            "a device's edits are its nodes only: no NVIDIA_VISIBLE_DEVICES of its own"
         );
     }
     let all = devices.last().unwrap();
@@ -344,7 +368,13 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
         .map(|n| n["path"].as_str().unwrap())
         .collect();
     assert_eq!(all_nodes.len(), 8);
+    assert!(all["containerEdits"].get("env").is_none(), "{all}");
     let common = &doc["containerEdits"];
+    assert_eq!(
+        common["env"].as_array().unwrap().last().unwrap(),
+        "NVIDIA_VISIBLE_DEVICES=void",
+        "as nvidia-ctk: NVIDIA's legacy hook injects nothing more"
+    );
     assert_eq!(
         common["deviceNodes"],
         json!([
@@ -360,8 +390,10 @@ fn issue_18_dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
     );
 }
 
+/// The spec's environment is what the Docker path gives the same GPUs, except
+/// `NVIDIA_VISIBLE_DEVICES`: `void`, as nvidia-ctk writes it, since CDI selects the devices.
 #[test]
-fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
+fn env_is_the_docker_paths_with_selection_left_to_cdi() {
     let inventory = inventory("pcie-t4x4");
     let doc = spec_json("pcie-t4x4");
     let host = DeviceNodes::named(Path::new("/dev"), &inventory);
@@ -384,28 +416,25 @@ fn issue_18_env_is_the_docker_paths_for_the_same_gpus() {
         .iter()
         .find(|d| d["name"] == "2")
         .unwrap();
-    let mut cdi_env: Vec<String> =
-        serde_json::from_value(device["containerEdits"]["env"].clone()).unwrap();
-    cdi_env.extend(
-        serde_json::from_value::<Vec<String>>(doc["containerEdits"]["env"].clone()).unwrap(),
-    );
-    assert_eq!(cdi_env, docker_env);
-    let all_plan = LaunchPlan::for_gpus(
-        &inventory.gpus.iter().collect::<Vec<_>>(),
-        &host,
-        &image,
-        Some(&driver),
-    )
-    .unwrap();
-    let all = doc["devices"].as_array().unwrap().last().unwrap();
+    assert!(device["containerEdits"].get("env").is_none(), "{device}");
+    let cdi_env: Vec<String> =
+        serde_json::from_value(doc["containerEdits"]["env"].clone()).unwrap();
+    let mut expected: Vec<String> = docker_env
+        .iter()
+        .filter(|e| !e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+        .cloned()
+        .collect();
     assert_eq!(
-        all["containerEdits"]["env"][0],
-        json!(all_plan.env_strings()[0])
+        docker_env.len(),
+        expected.len() + 1,
+        "the Docker path names the GPUs: {docker_env:?}"
     );
+    expected.push("NVIDIA_VISIBLE_DEVICES=void".to_owned());
+    assert_eq!(cdi_env, expected);
 }
 
 #[test]
-fn issue_18_no_spec_without_healthy_gpus() {
+fn no_spec_without_healthy_gpus() {
     let inventory = inventory("driver-no-gpus");
     assert!(matches!(computed(&inventory), Gathered::NoGpus { .. }));
     let mut sick = self::inventory("k80");
@@ -431,7 +460,7 @@ fn issue_18_no_spec_without_healthy_gpus() {
 }
 
 #[test]
-fn issue_18_bad_values_are_named() {
+fn bad_values_are_named() {
     let mut inventory = inventory("k80");
     inventory.gpus[1].uuid = "GPU 1".to_owned();
     let Gathered::Devices(devices) = computed(&inventory) else {

@@ -21,8 +21,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::client::{ContainerSpec, DockerClient};
 use mesos_gpu_docker::plugin::{DEFAULT_BUILD_WAIT, DriverVolumes, PluginApi};
-use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_docker::rest::status::NoStatus;
+use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{
@@ -58,7 +58,9 @@ impl Drop for Cleanup {
             let _ = Command::new("docker").args(["rm", "-f", &name]).output();
         }
         for image in self.images.lock().expect("lock").drain(..) {
-            let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
+            let _ = Command::new("docker")
+                .args(["rmi", "-f", "--no-prune", &image])
+                .output();
         }
     }
 }
@@ -293,7 +295,8 @@ fn devices_and_denials_in_a_plain_image(fx: &Fixture) -> TestResult {
             .await
             .map_err(|e| format!("{e:#}"))?;
         assert!(!info.wants_driver());
-        let plan = LaunchPlan::for_gpus(&fx.gpus(&[1, 3]),
+        let plan = LaunchPlan::for_gpus(
+            &fx.gpus(&[1, 3]),
             &fx.host.nodes,
             &info,
             Some(&fx.driver((12, 4))),
@@ -359,8 +362,13 @@ fn too_new_cuda_is_refused_from_the_real_label(fx: &Fixture) -> TestResult {
             .image_info(&fx.labelled)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let err = LaunchPlan::for_gpus(&fx.gpus(&[0]), &fx.host.nodes, &info, Some(&fx.driver((10, 2))))
-            .expect_err("refused");
+        let err = LaunchPlan::for_gpus(
+            &fx.gpus(&[0]),
+            &fx.host.nodes,
+            &info,
+            Some(&fx.driver((10, 2))),
+        )
+        .expect_err("refused");
         let msg = err.to_string();
         assert!(
             msg.contains("CUDA 11.0") && msg.contains("up to 10.2"),

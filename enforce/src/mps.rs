@@ -1,6 +1,6 @@
 //! One MPS control daemon per shared GPU, started and supervised by mesos-gpu.
 //!
-//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §3; NVIDIA's MPS documentation and
+//! Facts relied on (`docs/reference/mps.md` §1; NVIDIA's MPS documentation and
 //! `nvidia-cuda-mps-control(1)`; NVIDIA's device plugin `cmd/mps-control-daemon/mps/daemon.go`):
 //! - `nvidia-cuda-mps-control -d` starts the control daemon in the background and returns once
 //!   it accepts commands; `CUDA_VISIBLE_DEVICES` limits it to one GPU, and
@@ -18,7 +18,11 @@
 //! - NVIDIA's plugin sets the GPU to compute mode EXCLUSIVE_PROCESS before it starts the daemon
 //!   (only the MPS server then holds a context on it) and back to DEFAULT after `quit`.
 //!
-//! Layout, as NVIDIA's plugin: `<root>/<GPU UUID>/pipe` and `<root>/<GPU UUID>/log`. The daemon's
+//! Layout, as NVIDIA's plugin: `<root>/<GPU UUID>/pipe` and `<root>/<GPU UUID>/log`, each 0755
+//! (NVIDIA's plugin asks for 0755 too, `os.MkdirAll(pipeDir, 0755)`): clients of other users only
+//! connect to the daemon's sockets in the pipe directory, which takes search permission on it,
+//! and the daemon (root) writes both. Ours get 0755 whatever the umask, and a root or directory
+//! that another user can write or owns is refused ([`mesos_gpu_os::fsmode`]). The daemon's
 //! pid and start time are read back after `-d` ([`ProcessStamp`]), so a restarted agent can tell
 //! its daemons from a reused pid ([`MpsDaemons::adopt`]).
 
@@ -28,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use mesos_gpu_os::fsmode;
 use serde::{Deserialize, Serialize};
 
 use mesos_gpu_node::{discovery::DiscoveryError, discovery::GpuDriver};
@@ -45,7 +50,7 @@ const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 #[derive(Debug, thiserror::Error)]
 pub enum MpsError {
     /// A directory of the daemon could not be made.
-    #[error("cannot create {path} for the MPS daemon of {gpu}")]
+    #[error("cannot use {path} for the MPS daemon of {gpu}")]
     Dir {
         /// The GPU.
         gpu: String,
@@ -53,7 +58,7 @@ pub enum MpsError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: io::Error,
+        source: mesos_gpu_os::FsModeError,
     },
     /// The program could not be run at all.
     #[error("cannot run {program} for {gpu} (set the MPS program path if it is not on PATH)")]
@@ -221,6 +226,11 @@ impl MpsDaemons {
         }
     }
 
+    /// How many daemons this process knows.
+    pub fn count(&self) -> usize {
+        self.daemons.len()
+    }
+
     /// The daemon of `gpu`, when one was started.
     pub fn get(&self, gpu: &str) -> Option<&MpsDaemon> {
         self.daemons.get(gpu).map(|(d, _)| d)
@@ -353,10 +363,12 @@ impl MpsDaemons {
         let pipe_dir = self.config.pipe_dir(gpu);
         let log_dir = self.config.root.join(gpu).join("log");
         for path in [&pipe_dir, &log_dir] {
-            std::fs::create_dir_all(path).map_err(|source| MpsError::Dir {
-                gpu: gpu.to_owned(),
-                path: path.clone(),
-                source,
+            fsmode::state_dir(&self.config.root, path, fsmode::STATE_DIR).map_err(|source| {
+                MpsError::Dir {
+                    gpu: gpu.to_owned(),
+                    path: path.clone(),
+                    source,
+                }
             })?;
         }
         let output = Command::new(&self.config.program)

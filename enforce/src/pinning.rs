@@ -1,7 +1,7 @@
 //! NUMA pinning of a container's cgroup (opt-in): narrow its `cpuset.cpus`/`cpuset.mems` to its
 //! GPUs' local CPUs and memory nodes ([`mesos_gpu_placement::numa::plan`]), never below its `cpus`.
 //!
-//! Whose cpuset cgroup (Mesos 1.12, HEAD c1b42f79; `shared/reference/mig_cdi_sharing.md` §4):
+//! Whose cpuset cgroup (Mesos 1.12, HEAD c1b42f79; `docs/reference/numa.md` §2):
 //! - **v1**: Mesos makes `<cpuset hierarchy>/<cgroups_root>/<id>` only when its `cgroups/cpuset`
 //!   (or `cgroups/all`) isolator is on, filled from the parent, and moves the task there itself
 //!   (`isolators/cgroups/cgroups.cpp` 458-489, 740-806); the isolator then only narrows it

@@ -1,5 +1,6 @@
-//! Thin wrappers for the `bpf(2)` commands the cgroup v2 device isolation needs. This module is
-//! the only one of the crate with `unsafe`.
+//! Thin wrappers for the `bpf(2)` commands the cgroup v2 device isolation needs, and a spawn whose
+//! child joins a cgroup before it execs ([`spawn_in_cgroup`]). This module is the only one of the
+//! crate with `unsafe`.
 //!
 //! Facts relied on (include/uapi/linux/bpf.h, kernel/bpf/syscall.c, kernel/bpf/cgroup.c as of
 //! Linux 6.18):
@@ -21,6 +22,8 @@ use std::ffi::CStr;
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command};
 
 // enum bpf_cmd
 const BPF_PROG_LOAD: libc::c_int = 5;
@@ -330,6 +333,43 @@ pub(crate) fn prog_info(prog: BorrowedFd<'_>) -> io::Result<ProgInfo> {
         prog_type: info.prog_type,
         name: String::from_utf8_lossy(&info.name[..name_len]).into_owned(),
     })
+}
+
+/// Spawns `command` so that the child is in the cgroup whose `cgroup.procs` is open (for
+/// writing) as `procs` before it runs one instruction of its program: between fork and exec the
+/// child writes `0` there, which the kernel reads as "the writing process"
+/// (kernel/cgroup/cgroup.c `cgroup_procs_write_start`, on v1 and v2 alike). A write that fails
+/// fails the spawn with its error. `procs` should be `O_CLOEXEC` (the child's copy closes at exec).
+pub fn spawn_in_cgroup(command: &mut Command, procs: &OwnedFd) -> io::Result<Child> {
+    let fd = procs.as_raw_fd();
+    // SAFETY: the hook runs in the forked child before exec, where only async-signal-safe calls
+    // are allowed: it makes one write(2) of a static byte to `fd` and reads errno. `fd` is open
+    // in the child, a copy of the parent's, which `procs` keeps open until `spawn` returns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+    command.spawn()
+}
+
+/// Sends SIGKILL to process `pid`.
+pub fn kill(pid: u32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; `pid` is positive, so
+    // it names one process, never a group or every process.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ fn wait_until_dead(pid: u32) {
 }
 
 #[test]
-fn issue_17_a_daemon_per_gpu_is_started_told_its_limits_supervised_and_stopped() {
+fn a_daemon_per_gpu_is_started_told_its_limits_supervised_and_stopped() {
     let mps = MpsControl::install("{}");
     let root = tempfile::tempdir().unwrap();
     let sim = SimNode::shipped("dgx1-v100");
@@ -184,7 +184,7 @@ fn issue_17_a_daemon_per_gpu_is_started_told_its_limits_supervised_and_stopped()
 }
 
 #[test]
-fn issue_17_clients_get_the_pipe_and_their_share_of_the_limits() {
+fn clients_get_the_pipe_and_their_share_of_the_limits() {
     let mps = MpsControl::install("{}");
     let root = tempfile::tempdir().unwrap();
     let mut node = daemons(&mps, root.path(), None);
@@ -224,7 +224,7 @@ fn issue_17_clients_get_the_pipe_and_their_share_of_the_limits() {
 }
 
 #[test]
-fn issue_17_a_daemon_that_cannot_start_is_an_error_with_its_reason() {
+fn a_daemon_that_cannot_start_is_an_error_with_its_reason() {
     let mps = MpsControl::install(r#"{"refuse_start": "MPS is not supported on this GPU"}"#);
     let root = tempfile::tempdir().unwrap();
     let sim = SimNode::shipped("dgx1-v100");

@@ -268,7 +268,9 @@ enum MgpuStatus mgpu_docker_release(const struct MgpuIsolator *handle,
 // The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
 // figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
 // unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
-// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+// second; the module serves it on the agent's `/mesos-gpu/metrics`. Nothing is kept for a retry
+// after `MGPU_BUFFER_TOO_SMALL`: the answer is read anew and may be longer than `*len` said, so
+// grow the buffer beyond it (the shim doubles it, four times at most).
 //
 // # Safety
 // `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
@@ -279,6 +281,22 @@ enum MgpuStatus mgpu_metrics(const struct MgpuIsolator *handle,
                              size_t *len,
                              char *err,
                              size_t err_cap);
+
+// Every container the isolator knows, as JSON (not NUL-terminated): for each, its kind, its GPUs
+// (NVML index, minor, UUID, health, utilisation, memory used by its own processes, memory in
+// all, its processes), MIG devices and share of a shared GPU. The module serves it on the
+// agent's `/mesos-gpu/containers`: Mesos's JSON endpoints drop the GPU figures `mgpu_usage`
+// answers in field 1000. Read anew on each call (its timestamp, NVML's figures, the containers
+// change): retry after `MGPU_BUFFER_TOO_SMALL` as for `mgpu_metrics`.
+//
+// # Safety
+// As `mgpu_metrics`.
+enum MgpuStatus mgpu_containers(const struct MgpuIsolator *handle,
+                                uint8_t *buf,
+                                size_t cap,
+                                size_t *len,
+                                char *err,
+                                size_t err_cap);
 
 // The operator's word that GPU `gpu` (a NUL-terminated NVML index such as `3` or UUID such as
 // `GPU-8a2d…`) is healthy again after a failure: it returns to the pool, and the health

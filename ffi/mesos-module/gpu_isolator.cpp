@@ -15,8 +15,10 @@
 // One isolator state per agent: the first `create` makes the handle, later ones (the module
 // loaded for more than one containerizer) share it, so every container draws from one GPU pool.
 //
-// The handle also serves the library's metrics (mgpu_metrics) on the agent's own HTTP port, as
-// the libprocess process `mesos-gpu`: GET http://<agent>:5051/mesos-gpu/metrics.
+// The handle also serves the library's metrics (mgpu_metrics) and each container's GPU usage
+// (mgpu_containers) on the agent's own HTTP port, as the libprocess process `mesos-gpu`:
+// GET http://<agent>:5051/mesos-gpu/metrics and /mesos-gpu/containers. The latter exists because
+// Mesos's /monitor/statistics drops the GPU figures usage() returns in the unknown field 1000.
 //
 // Build: ffi/mesos-module/CMakeLists.txt, against the installed Mesos the agent runs, in strict
 // ISO C++17 with the protobuf headers of the agent's protobuf (checked at build time; at start,
@@ -187,7 +189,8 @@ Future<T> parsed(const Try<std::string>& answer) {
   return message;
 }
 
-// Serves GET /mesos-gpu/metrics: the library's OpenMetrics text, collected at most once a second.
+// Serves GET /mesos-gpu/metrics, the library's OpenMetrics text (collected at most once a second),
+// and GET /mesos-gpu/containers, every container's GPUs, health and NVML figures as JSON.
 class MetricsProcess : public process::Process<MetricsProcess> {
  public:
   explicit MetricsProcess(const MgpuIsolator* raw) : ProcessBase("mesos-gpu"), raw_(raw) {}
@@ -199,23 +202,36 @@ class MetricsProcess : public process::Process<MetricsProcess> {
           "health and its reason, XIDs, GPUs allocated, free, quarantined and unhealthy, "
           "allocations and refusals by reason.",
           [this](const process::http::Request&) -> Future<process::http::Response> {
-            Try<std::string> text = metrics();
+            Try<std::string> text = fetch(mgpu_metrics, "metrics");
             if (text.isError()) return process::http::InternalServerError(text.error());
             process::http::OK ok(text.get());
             ok.headers["Content-Type"] = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             return ok;
           });
+    route("/containers",
+          "GPU usage per container of the mesos-gpu isolator (JSON): each container's kind, its "
+          "GPUs (index, minor, UUID, health, utilisation, memory used by its own processes, "
+          "memory in all, processes), MIG devices and share. /monitor/statistics does not show "
+          "these: Mesos drops the unknown ResourceStatistics field 1000 that carries them.",
+          [this](const process::http::Request&) -> Future<process::http::Response> {
+            Try<std::string> json = fetch(mgpu_containers, "containers' GPU usage");
+            if (json.isError()) return process::http::InternalServerError(json.error());
+            process::http::OK ok(json.get());
+            ok.headers["Content-Type"] = "application/json";
+            return ok;
+          });
   }
 
  private:
-  // The text may grow between two calls (a new container): grow the buffer until it fits.
-  Try<std::string> metrics() const {
+  using Answer = MgpuStatus (*)(const MgpuIsolator*, uint8_t*, size_t, size_t*, char*, size_t);
+
+  // The answer may grow between two calls (a new container): grow the buffer until it fits.
+  Try<std::string> fetch(Answer call, const char* what) const {
     std::string out(64 * 1024, '\0');
     char err[kErrCap] = "";
     for (int attempt = 0; attempt < 4; ++attempt) {
       size_t len = 0;
-      MgpuStatus status =
-          mgpu_metrics(raw_, reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
+      MgpuStatus status = call(raw_, reinterpret_cast<uint8_t*>(&out[0]), out.size(), &len, err, kErrCap);
       if (status == MGPU_OK) {
         out.resize(len);
         return out;
@@ -223,7 +239,7 @@ class MetricsProcess : public process::Process<MetricsProcess> {
       if (status != MGPU_BUFFER_TOO_SMALL) return Error(failureText(status, err));
       out.resize(len * 2);
     }
-    return Error("GPU isolator: the metrics kept growing");
+    return Error(std::string("GPU isolator: the ") + what + " kept growing");
   }
 
   const MgpuIsolator* raw_;

@@ -399,7 +399,9 @@ pub unsafe extern "C" fn mgpu_docker_release(
 /// The node's GPU metrics in Prometheus's OpenMetrics text format (not NUL-terminated): NVML
 /// figures, health with its reason, XIDs by code, GPUs allocated, free, quarantined and
 /// unhealthy, and the allocator's allocations and refusals by reason. Collected at most once a
-/// second; the module serves it on the agent's `/mesos-gpu/metrics`.
+/// second; the module serves it on the agent's `/mesos-gpu/metrics`. Nothing is kept for a retry
+/// after `MGPU_BUFFER_TOO_SMALL`: the answer is read anew and may be longer than `*len` said, so
+/// grow the buffer beyond it (the shim doubles it, four times at most).
 ///
 /// # Safety
 /// `handle` is NULL or live; `(buf, cap, len)` as for `mgpu_prepare`; `err` is NULL or valid
@@ -417,6 +419,31 @@ pub unsafe extern "C" fn mgpu_metrics(
         // SAFETY: contract above.
         let out = unsafe { OutBuf::new(buf, cap, len) }?;
         out.write(&h.metrics()?)
+    })
+}
+
+/// Every container the isolator knows, as JSON (not NUL-terminated): for each, its kind, its GPUs
+/// (NVML index, minor, UUID, health, utilisation, memory used by its own processes, memory in
+/// all, its processes), MIG devices and share of a shared GPU. The module serves it on the
+/// agent's `/mesos-gpu/containers`: Mesos's JSON endpoints drop the GPU figures `mgpu_usage`
+/// answers in field 1000. Read anew on each call (its timestamp, NVML's figures, the containers
+/// change): retry after `MGPU_BUFFER_TOO_SMALL` as for `mgpu_metrics`.
+///
+/// # Safety
+/// As `mgpu_metrics`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mgpu_containers(
+    handle: *const MgpuIsolator,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut c_char,
+    err_cap: usize,
+) -> MgpuStatus {
+    guard_handle(handle, err, err_cap, |h| {
+        // SAFETY: contract above.
+        let out = unsafe { OutBuf::new(buf, cap, len) }?;
+        out.write(&h.containers()?)
     })
 }
 

@@ -1,7 +1,7 @@
 //! Mesos messages ↔ the isolator's Rust types. The only place they are converted: the C ABI
 //! decodes into `crate::proto`, converts here, and encodes what comes back.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1, §10; `ffi/src/proto.rs`):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1, §10; `ffi/src/proto.rs`):
 //! - the `gpus` request of a container is the sum of the `SCALAR` resources named `gpus` in
 //!   `ContainerConfig.resources` (the agent puts the task's and the executor's there);
 //! - a nested container has `ContainerID.parent`; the isolator keys it by the dotted form Mesos
@@ -21,6 +21,7 @@ use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::LaunchInfo, lifecycle::PrepareConfig,
     lifecycle::RecoverState, lifecycle::Usage,
 };
+use mesos_gpu_placement::sharing::{SHARE_MODE_ENV, Wanted};
 
 use crate::proto::mesos::slave::{
     ContainerClass, ContainerConfig, ContainerLaunchInfo, ContainerLimitation, ContainerMountInfo,
@@ -68,6 +69,43 @@ pub enum ConvertError {
         /// The container.
         container: String,
     },
+    /// A share mode (`MESOS_GPU_SHARE_MODE`) that is not one of the accepted.
+    #[error(
+        "container {container}: {SHARE_MODE_ENV}={got:?}: expected mps, time-slicing, none (whole GPUs) or any"
+    )]
+    ShareMode {
+        /// The container.
+        container: String,
+        /// The value given.
+        got: String,
+    },
+}
+
+/// What the task's environment asks of a sharing node (`MESOS_GPU_SHARE_MODE`): from the task's
+/// command (a command task), else the container's command.
+pub fn requested_sharing(
+    id: &mesos::ContainerId,
+    config: &ContainerConfig,
+) -> Result<Wanted, ConvertError> {
+    let task = config
+        .task_info
+        .as_ref()
+        .and_then(|t| t.command.as_ref())
+        .and_then(|c| c.environment.as_ref());
+    let own = config.command_info.environment.as_ref();
+    let value = task
+        .into_iter()
+        .chain(own)
+        .flat_map(|e| &e.variables)
+        .find(|v| v.name == SHARE_MODE_ENV)
+        .and_then(|v| v.value.clone());
+    match value {
+        None => Ok(Wanted::Any),
+        Some(text) => Wanted::parse(&text).map_err(|_| ConvertError::ShareMode {
+            container: id.to_string(),
+            got: text,
+        }),
+    }
 }
 
 /// The isolator's id of a Mesos container: its dotted form, checked as a cgroup name.
@@ -176,6 +214,7 @@ pub fn prepare_config(
         parent: id.parent.as_deref().map(container_id).transpose()?,
         nested_cgroup: nested_cgroup(id)?,
         capabilities: task_capabilities(config),
+        sharing: requested_sharing(id, config)?,
         ..PrepareConfig::default()
     })
 }
@@ -327,7 +366,7 @@ mod tests {
     use std::path::PathBuf;
 
     #[test]
-    fn issue_16_task_capabilities_as_the_task_runs() {
+    fn task_capabilities_as_the_task_runs() {
         use crate::proto::mesos::{CapabilityInfo, ContainerInfo, LinuxInfo, capability_info};
         let with = |caps: Option<Vec<i32>>, user: Option<&str>| ContainerConfig {
             user: user.map(str::to_owned),
@@ -455,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_nested_cgroups_follow_mesos_paths() {
+    fn nested_cgroups_follow_mesos_paths() {
         assert_eq!(nested_cgroup(&mid("a", None)).unwrap(), None);
         assert_eq!(
             nested_cgroup(&mid("c", Some(mid("b", Some(mid("a", None)))))).unwrap(),
@@ -528,7 +567,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_requested_cpus_are_summed() {
+    fn requested_cpus_are_summed() {
         let cpus = |v: f64| Resource {
             name: "cpus".into(),
             ..gpus_resource(v)

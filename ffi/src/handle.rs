@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
+use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, NvmlFigures};
 use mesos_gpu_enforce::mps::ComputeModes;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::{
@@ -26,9 +26,9 @@ use mesos_gpu_isolator::{
     lifecycle::Isolator,
 };
 use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_node::usage::UsageReader;
 use mesos_gpu_node::{discovery::DEFAULT_NVML_LIB, discovery::Discovery, discovery::GpuDriver};
-use mesos_gpu_node::inventory::Inventory;
 use prost::Message;
 
 use crate::convert;
@@ -62,6 +62,43 @@ pub(crate) struct Pending {
     reply: Vec<u8>,
 }
 
+/// Answers kept for a retry, by call and container.
+type PendingReplies = Mutex<HashMap<(Replayable, String), Pending>>;
+
+/// The module's own memory, for the metrics: its heap, and the entries of the isolator's tables
+/// and of the reply cache.
+struct ModuleMemory {
+    isolator: Arc<Isolator>,
+    pending: Arc<PendingReplies>,
+}
+
+impl ModuleSource for ModuleMemory {
+    fn module_figures(&self) -> ModuleFigures {
+        let (bytes, blocks) = crate::heap::live();
+        let mut entries: Vec<(String, u64)> = match self.isolator.tracked_entries() {
+            Ok(tables) => tables
+                .into_iter()
+                .map(|(name, n)| (name.to_owned(), n as u64))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(error = %error, "no isolator table sizes for metrics");
+                Vec::new()
+            }
+        };
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        entries.push(("pending_replies".to_owned(), pending as u64));
+        ModuleFigures {
+            heap_bytes: bytes as u64,
+            heap_blocks: blocks as u64,
+            entries,
+        }
+    }
+}
+
 /// The isolator of one agent, as C sees it through an opaque pointer.
 #[derive(Debug)]
 pub struct MgpuIsolator {
@@ -72,7 +109,8 @@ pub struct MgpuIsolator {
     /// MIG device each stands for.
     mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_placement::mig::MigKind>>,
     driver_volume: Option<PathBuf>,
-    pending: Mutex<HashMap<(Replayable, String), Pending>>,
+    /// Shared with the metrics, which count its entries.
+    pending: Arc<PendingReplies>,
     poisoned: AtomicBool,
     /// Starts the MPS daemons' supervisor once (at the first `recover`).
     mps_supervisor: std::sync::Once,
@@ -132,8 +170,17 @@ impl MgpuIsolator {
         // daemon a Docker reservation names whether its container still runs.
         isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
         // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
+        let mut recovery = params.health_recovery.clone();
+        if let Some(r) = &mut recovery {
+            // The default probe is `mesos-gpu gpu probe`: it must open the same driver library.
+            r.probe.env.push((
+                "MESOS_GPU_NVML_LIB".to_owned(),
+                driver.library().display().to_string(),
+            ));
+        }
         let health = MonitorConfig {
             policy: params.health_checks.clone(),
+            recovery,
             ..MonitorConfig::default()
         };
         isolator
@@ -145,6 +192,11 @@ impl MgpuIsolator {
         if let Some(monitor) = isolator.health_monitor() {
             figures = figures.with_health(monitor);
         }
+        let pending = Arc::new(Mutex::new(HashMap::new()));
+        figures = figures.with_module(Arc::new(ModuleMemory {
+            isolator: Arc::clone(&isolator),
+            pending: Arc::clone(&pending),
+        }));
         Ok(MgpuIsolator {
             metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
             isolator,
@@ -155,7 +207,7 @@ impl MgpuIsolator {
                 .collect(),
             inventory,
             driver_volume,
-            pending: Mutex::new(HashMap::new()),
+            pending,
             poisoned: AtomicBool::new(false),
             mps_supervisor: std::sync::Once::new(),
             #[cfg(feature = "testing")]
@@ -198,6 +250,9 @@ impl MgpuIsolator {
         let report = self.isolator.recover(&states, &orphans)?;
         for issue in &report.issues {
             tracing::warn!(?issue, "recovery found an inconsistency");
+        }
+        if let Some(unchecked) = &report.unchecked {
+            tracing::warn!(records = %unchecked, "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
         }
         if self.isolator.supervises_mps() {
             self.mps_supervisor
@@ -345,6 +400,14 @@ impl MgpuIsolator {
         Ok(text.as_bytes().to_vec())
     }
 
+    /// Every container's GPUs, health and NVML figures as JSON (`containers.rs`), for the
+    /// agent endpoint `/mesos-gpu/containers`.
+    pub fn containers(&self) -> Result<Vec<u8>, FfiError> {
+        self.panic_point("containers");
+        let view = crate::containers::view(&self.isolator)?;
+        serde_json::to_vec(&view).map_err(|source| FfiError::Containers { source })
+    }
+
     /// The container's `ContainerStatus`.
     pub fn status(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
         self.panic_point("status");
@@ -389,12 +452,13 @@ impl MgpuIsolator {
                 info,
                 volume: VolumeSource::Bind { host_path },
             });
-        let plan = LaunchPlan::new(reservation.grant(), &image, driver.as_ref()).map_err(
-            |source| FfiError::DockerArgs {
-                container: cid.to_string(),
-                source,
-            },
-        )?;
+        let plan =
+            LaunchPlan::new(reservation.grant(), &image, driver.as_ref()).map_err(|source| {
+                FfiError::DockerArgs {
+                    container: cid.to_string(),
+                    source,
+                }
+            })?;
         reservation.keep();
         Ok(plan
             .cli_args()

@@ -24,7 +24,11 @@ const NAME_PREFIX: &str = "mesos-";
 
 /// The operator's command, split on spaces; refused when empty.
 fn command(line: &str) -> Result<Vec<String>, FfiError> {
-    let argv: Vec<String> = line.split(' ').filter(|w| !w.is_empty()).map(str::to_owned).collect();
+    let argv: Vec<String> = line
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect();
     if argv.is_empty() {
         return Err(FfiError::HookCommand);
     }
@@ -98,9 +102,7 @@ pub(crate) fn release_argv(line: &str, id: &str) -> Result<Vec<String>, FfiError
 
 /// `argv` as the C side reads it: each argument NUL-terminated, back to back.
 pub(crate) fn nul_separated(argv: &[String]) -> Vec<u8> {
-    argv.iter()
-        .flat_map(|a| a.bytes().chain([0]))
-        .collect()
+    argv.iter().flat_map(|a| a.bytes().chain([0])).collect()
 }
 
 #[cfg(test)]
@@ -164,9 +166,13 @@ mod tests {
                 "--unpulled-image-ok"
             ]
         );
-        let plain = launch_argv(LINE, &config(vec![scalar("gpus", 2.0), scalar("cpus", 1.0)], None), "mesos-x")
-            .unwrap()
-            .unwrap();
+        let plain = launch_argv(
+            LINE,
+            &config(vec![scalar("gpus", 2.0), scalar("cpus", 1.0)], None),
+            "mesos-x",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(plain[4..], ["--gpus=2", "--container-id=x", "--json"]);
         assert_eq!(
             nul_separated(&release_argv(LINE, "x").unwrap()),

@@ -5,9 +5,12 @@
 //!   cbindgen); ownership and buffer rules are in `ffi/README.md`.
 //! - [`handle`]: the isolator behind a handle, one per agent, shared by the Mesos and Docker
 //!   containerizers.
+//! - `containers`: what each container does with its GPUs, as JSON, for the agent endpoint
+//!   `/mesos-gpu/containers`.
 //! - [`convert`]: Mesos messages ↔ the isolator's types, the only place they are converted.
 //! - [`status`]: status codes and the one mapping from errors to them.
 //! - [`params`]: the module parameters.
+//! - `heap`: the library's global allocator, counting the module's own heap for the metrics.
 //! - [`log`]: events forwarded to the agent's log through a C callback.
 //! - [`proto`]: the Mesos protobuf messages that cross the ABI as bytes; [`required`] checks
 //!   the proto2 required fields of those that come in, as libprotobuf does and prost does not.
@@ -15,8 +18,10 @@
 //! `unsafe` lives here and in `raw` (pointer checks), each block with its SAFETY reasoning.
 
 pub mod abi;
+mod containers;
 pub mod convert;
 pub mod handle;
+mod heap;
 mod hook;
 pub mod log;
 pub mod params;

@@ -12,22 +12,22 @@
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_enforce::{cgroup::CgroupError, cgroup::CgroupVersion};
-use mesos_gpu_enforce::{
-    mps::DEFAULT_ROOT as DEFAULT_MPS_ROOT, mps::MpsConfig, mps::PROGRAM as MPS_CONTROL,
+use mesos_gpu_enforce::cgroup::{CgroupError, CgroupVersion};
+use mesos_gpu_enforce::mps::{DEFAULT_ROOT as DEFAULT_MPS_ROOT, MpsConfig, PROGRAM as MPS_CONTROL};
+use mesos_gpu_health::{
+    HealthPolicy, PolicyError, ProbeConfig, ProbeError, QuietTimes, RecoveryConfig, RecoveryError,
+    parse_duration, probe::DEFAULT_PROBE, probe::DEFAULT_PROBE_TIMEOUT,
 };
-use mesos_gpu_health::{HealthPolicy, PolicyError};
-use mesos_gpu_isolator::{agent_flags::ContainerizerFlags, agent_flags::ContainerizerFlagsError};
-use mesos_gpu_isolator::{
-    lifecycle::CgroupChoice, lifecycle::CgroupOwner, lifecycle::IsolatorConfig,
-    lifecycle::LifecycleError, lifecycle::PoolConfig, lifecycle::PoolRole,
-    lifecycle::SharingConfig,
+use mesos_gpu_isolator::agent_flags::{ContainerizerFlags, ContainerizerFlagsError};
+use mesos_gpu_isolator::lifecycle::{
+    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
 };
 use mesos_gpu_node::devices::DevicesError;
-use mesos_gpu_node::{discovery::DEFAULT_NVML_LIB, discovery::DiscoveryError};
-use mesos_gpu_placement::{allocator::AllocError, allocator::Policy};
-use mesos_gpu_placement::{sharing::SharingError, sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_node::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
+use mesos_gpu_placement::allocator::{AllocError, Policy};
+use mesos_gpu_placement::sharing::{ModeSpec, SharingError, SharingSpec};
 use mesos_gpu_pool::DEFAULT_POOL_DIR;
+use mesos_gpu_volume::plan::DriverSource;
 use mesos_gpu_volume::{DriverVersion, LdCache, VolumeManager};
 
 use crate::proto::mesos::Parameters;
@@ -49,6 +49,11 @@ pub const KEYS: &[&str] = &[
     "driver_root",
     "driver_volume",
     "health_checks",
+    "health_recovery",
+    "health_quiet",
+    "health_retry",
+    "health_probe",
+    "health_probe_timeout",
     "numa_pinning",
     "gpu_replicas",
     "gpu_sharing",
@@ -113,6 +118,20 @@ pub enum ParamError {
         /// Why (names the value and the accepted forms).
         #[source]
         source: PolicyError,
+    },
+    /// The quiet times are refused.
+    #[error("module parameter health_quiet")]
+    HealthQuiet {
+        /// Why (names the value and the accepted forms).
+        #[source]
+        source: RecoveryError,
+    },
+    /// The probe command is refused.
+    #[error("module parameter health_probe")]
+    HealthProbe {
+        /// Why.
+        #[source]
+        source: ProbeError,
     },
     /// NVML could not be opened.
     #[error("cannot discover GPUs")]
@@ -194,6 +213,8 @@ impl ParamError {
                 | ParamError::BadValue { .. }
                 | ParamError::Policy { .. }
                 | ParamError::HealthChecks { .. }
+                | ParamError::HealthQuiet { .. }
+                | ParamError::HealthProbe { .. }
                 | ParamError::Sharing { .. }
                 | ParamError::Agent { .. }
                 | ParamError::ContradictsAgent { .. }
@@ -237,6 +258,10 @@ pub struct ModuleParams {
     pub cgroups_hierarchy_given: bool,
     /// Which GPU events count as a failure (`health_checks`; default: [`HealthPolicy::new`]).
     pub health_checks: HealthPolicy,
+    /// How GPUs come back by themselves (`health_recovery`, `health_quiet`, `health_retry`,
+    /// `health_probe`, `health_probe_timeout`); `None` with `health_recovery=off`. The probe
+    /// gets its cgroup when the isolator attaches the monitor.
+    pub health_recovery: Option<RecoveryConfig>,
     /// The call that panics on purpose (`testing` builds only).
     #[cfg(feature = "testing")]
     pub debug_panic_on: Option<String>,
@@ -336,7 +361,7 @@ impl ModuleParams {
         if let Some(spec) = get("gpu_replicas") {
             let mode = get("gpu_sharing")
                 .unwrap_or("time-slicing")
-                .parse::<SharingMode>()
+                .parse::<ModeSpec>()
                 .map_err(|source| ParamError::Sharing { source })?;
             let spec =
                 SharingSpec::parse(spec, mode).map_err(|source| ParamError::Sharing { source })?;
@@ -381,6 +406,7 @@ impl ModuleParams {
             .transpose()
             .map_err(|source| ParamError::HealthChecks { source })?
             .unwrap_or_default();
+        let health_recovery = recovery(&get)?;
         Ok(ModuleParams {
             isolator,
             nvml_lib: path("nvml_lib", DEFAULT_NVML_LIB),
@@ -393,6 +419,7 @@ impl ModuleParams {
             cgroups_root_given: get("cgroups_root").is_some(),
             cgroups_hierarchy_given: get("cgroups_hierarchy").is_some(),
             health_checks,
+            health_recovery,
             #[cfg(feature = "testing")]
             debug_panic_on: get("debug_panic_on").map(str::to_owned),
         })
@@ -479,8 +506,11 @@ impl ModuleParams {
             return Ok(None);
         }
         let cache = LdCache::load(&self.driver_root).map_err(|e| volume_err(Box::new(e)))?;
+        // Programs along the agent's PATH, as Mesos's `which`, then next to the libraries.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let source = DriverSource::with_path(&self.driver_root, &path);
         let plan = manager
-            .plan(&self.driver_root, &cache, &parsed)
+            .plan(&source, &cache, &parsed)
             .map_err(|e| volume_err(Box::new(e)))?;
         let volume = manager.create(&plan).map_err(|e| volume_err(Box::new(e)))?;
         tracing::info!(volume = %volume.path.display(), "built the driver volume");
@@ -540,6 +570,76 @@ pub fn host_cgroup_version(config: &IsolatorConfig) -> Result<CgroupVersion, Par
         .hierarchy()
         .map(|h| h.version)
         .map_err(|source| ParamError::Hierarchy { source })
+}
+
+/// The recovery parameters; `None` with `health_recovery=off`.
+fn recovery<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+) -> Result<Option<RecoveryConfig>, ParamError> {
+    let on = match get("health_recovery").unwrap_or("on") {
+        "on" => true,
+        "off" => false,
+        other => {
+            return Err(ParamError::BadValue {
+                key: "health_recovery",
+                got: other.to_owned(),
+                expected: "one of on, off",
+            });
+        }
+    };
+    let argv = ProbeConfig::parse_command(get("health_probe").unwrap_or(DEFAULT_PROBE))
+        .map_err(|source| ParamError::HealthProbe { source })?;
+    let mut config = RecoveryConfig::new(ProbeConfig::command(argv));
+    if let Some(spec) = get("health_quiet") {
+        config.quiet =
+            QuietTimes::parse(spec).map_err(|source| ParamError::HealthQuiet { source })?;
+    }
+    if let Some(text) = get("health_retry") {
+        let bad = || ParamError::BadValue {
+            key: "health_retry",
+            got: text.to_owned(),
+            expected: "MIN,MAX durations with MIN <= MAX, e.g. 30s,1h",
+        };
+        let (min, max) = text.split_once(',').ok_or_else(bad)?;
+        let (min, max) = (
+            parse_duration(min).ok_or_else(bad)?,
+            parse_duration(max).ok_or_else(bad)?,
+        );
+        if min.is_zero() || min > max {
+            return Err(bad());
+        }
+        config.retry_min = min;
+        config.retry_max = max;
+    }
+    config.probe.timeout = match get("health_probe_timeout") {
+        Some(text) => parse_duration(text)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| ParamError::BadValue {
+                key: "health_probe_timeout",
+                got: text.to_owned(),
+                expected: "a duration above zero, e.g. 60s or 2m",
+            })?,
+        None => DEFAULT_PROBE_TIMEOUT,
+    };
+    if !on {
+        if let Some(key) = [
+            "health_quiet",
+            "health_retry",
+            "health_probe",
+            "health_probe_timeout",
+        ]
+        .into_iter()
+        .find(|k| get(k).is_some())
+        {
+            return Err(ParamError::BadValue {
+                key,
+                got: get(key).unwrap_or_default().to_owned(),
+                expected: "to be given only with health_recovery=on",
+            });
+        }
+        return Ok(None);
+    }
+    Ok(Some(config))
 }
 
 fn parse_indices(text: &str) -> Result<Vec<u32>, ParamError> {
@@ -676,7 +776,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_agent_flags_decide_the_cgroups() {
+    fn agent_flags_decide_the_cgroups() {
         let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
         let v2 = |_: &IsolatorConfig| Ok(CgroupVersion::V2);
         let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
@@ -748,7 +848,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_11_example_modules_json_is_accepted() {
+    fn example_modules_json_is_accepted() {
         let text = include_str!("../../examples/mesos-agent/modules.json");
         let json: serde_json::Value = serde_json::from_str(text).unwrap();
         let module = &json["libraries"][0]["modules"][0];
@@ -785,7 +885,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_mig_parameters() {
+    fn mig_parameters_default_parse_and_refuse_bad_values() {
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert_eq!(p.isolator.mig.strategy, MigStrategy::Single);
         assert!(!p.isolator.mig.allow_multiple && !p.isolator.mig.allow_sys_admin);
@@ -814,7 +914,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_sharing_parameters() {
+    fn sharing_parameters_default_to_whole_gpus_parse_and_refuse_bad_values() {
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert!(p.isolator.sharing.is_none(), "whole GPUs by default");
         let p = ModuleParams::parse(&params(&[
@@ -825,13 +925,16 @@ mod tests {
         ]))
         .unwrap();
         let sharing = p.isolator.sharing.unwrap();
-        assert_eq!(sharing.spec.mode(), SharingMode::Mps);
+        assert_eq!(
+            sharing.spec.modes(),
+            &ModeSpec::uniform(mesos_gpu_placement::sharing::SharingMode::Mps)
+        );
         assert_eq!(sharing.mps.root, Path::new("/run/mps"));
         assert_eq!(sharing.mps.program, Path::new("nvidia-cuda-mps-control"));
         let p = ModuleParams::parse(&params(&[("work_dir", "/w"), ("gpu_replicas", "2")])).unwrap();
         assert_eq!(
-            p.isolator.sharing.unwrap().spec.mode(),
-            SharingMode::TimeSlicing
+            p.isolator.sharing.unwrap().spec.modes(),
+            &ModeSpec::default()
         );
         let err = ModuleParams::parse(&params(&[("work_dir", "/w"), ("gpu_sharing", "mps")]))
             .unwrap_err();
@@ -840,7 +943,12 @@ mod tests {
             "module parameter gpu_sharing=\"mps\": expected to be given only with gpu_replicas"
         );
         for (key, value, says) in [
-            ("gpu_sharing", "slices", "GPU sharing mode \"slices\""),
+            ("gpu_sharing", "slices", "GPU sharing entry \"slices\""),
+            (
+                "gpu_sharing",
+                "mps,4-5=fast",
+                "expected MODE or SEL=MODE (MODE one of time-slicing, mps, none",
+            ),
             ("gpu_replicas", "4,x", "GPU replica entry \"x\""),
         ] {
             let mut given = vec![("work_dir", "/w"), ("gpu_replicas", "4")];
@@ -854,7 +962,58 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_numa_pinning_parameter() {
+    fn recovery_parameters() {
+        let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
+        let r = p.health_recovery.unwrap();
+        assert_eq!(
+            r.probe.argv,
+            ["mesos-gpu", "gpu", "probe", "--gpu", "{uuid}"]
+        );
+        assert_eq!(r.quiet, QuietTimes::default());
+        let p = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("health_quiet", "memory=1m,other=5s"),
+            ("health_retry", "1s,10s"),
+            ("health_probe", "/usr/local/bin/check-gpu {index}"),
+            ("health_probe_timeout", "5s"),
+        ]))
+        .unwrap();
+        let r = p.health_recovery.unwrap();
+        assert_eq!(r.quiet.memory.as_secs(), 60);
+        assert_eq!(r.quiet.other.as_secs(), 5);
+        assert_eq!((r.retry_min.as_secs(), r.retry_max.as_secs()), (1, 10));
+        assert_eq!(r.probe.argv, ["/usr/local/bin/check-gpu", "{index}"]);
+        assert_eq!(r.probe.timeout.as_secs(), 5);
+        let off = ModuleParams::parse(&params(&[("work_dir", "/w"), ("health_recovery", "off")]))
+            .unwrap();
+        assert!(off.health_recovery.is_none());
+        for (key, value, says) in [
+            ("health_recovery", "maybe", "expected one of on, off"),
+            ("health_quiet", "memory=soon", "bad entry \"memory=soon\""),
+            ("health_retry", "10s,1s", "MIN <= MAX"),
+            ("health_probe", " ", "is empty"),
+            ("health_probe_timeout", "0s", "above zero"),
+        ] {
+            let err =
+                ModuleParams::parse(&params(&[("work_dir", "/w"), (key, value)])).unwrap_err();
+            assert!(err.is_bad_value(), "{key}");
+            let chain = mesos_gpu_os::error_chain(&err);
+            assert!(chain.contains(says), "{key}: {chain}");
+        }
+        let err = ModuleParams::parse(&params(&[
+            ("work_dir", "/w"),
+            ("health_recovery", "off"),
+            ("health_quiet", "5s"),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("only with health_recovery=on"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn numa_pinning_parameter_is_off_by_default_and_finds_mesos_cpuset() {
         let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
         let p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         assert!(!p.isolator.pinning.enabled, "off by default");

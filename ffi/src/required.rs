@@ -187,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_empty_and_partial_messages_name_what_is_missing() {
+    fn empty_and_partial_messages_name_what_is_missing() {
         assert_eq!(
             missing_required("mesos.slave.ContainerConfig", b""),
             ["command_info", "directory"]
@@ -223,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_carrier_needs_only_complete_contents() {
+    fn a_carrier_needs_only_complete_contents() {
         // resources[0] with a name and no type: only that is reported.
         let bytes = [0x6a, 0x03, 0x0a, 0x01, b'g'];
         assert_eq!(

@@ -189,6 +189,13 @@ pub enum FfiError {
     /// The metrics could not be encoded.
     #[error("cannot encode the GPU metrics")]
     Metrics,
+    /// The containers' view could not be encoded as JSON.
+    #[error("cannot encode the containers' GPU usage as JSON")]
+    Containers {
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The caller's output buffer is too small.
     #[error("the output buffer holds {cap} bytes; {needed} are needed")]
     BufferTooSmall {
@@ -304,7 +311,9 @@ impl FfiError {
             | FfiError::UnknownFlag { .. }
             | FfiError::RetryMismatch { .. } => MgpuStatus::MgpuBadArgument,
             FfiError::Params(e) if e.is_bad_value() => MgpuStatus::MgpuBadArgument,
-            FfiError::Params(_) | FfiError::Metrics => MgpuStatus::MgpuInternal,
+            FfiError::Params(_) | FfiError::Metrics | FfiError::Containers { .. } => {
+                MgpuStatus::MgpuInternal
+            }
             FfiError::Lifecycle(e) => lifecycle_status(e),
             FfiError::DockerArgs { .. }
             | FfiError::AgentFlags { .. }
@@ -345,7 +354,8 @@ fn lifecycle_status(e: &LifecycleError) -> MgpuStatus {
         | LifecycleError::HealthAttached
         | LifecycleError::NoMesosCgroup { .. }
         | LifecycleError::MesosCgroupAllowsAll { .. }
-        | LifecycleError::ForeignDeviceProgram { .. } => MgpuStatus::MgpuInvalidState,
+        | LifecycleError::ForeignDeviceProgram { .. }
+        | LifecycleError::Blind { .. } => MgpuStatus::MgpuInvalidState,
         LifecycleError::UnknownCgroupChoice { .. } | LifecycleError::UnknownCgroupOwner { .. } => {
             MgpuStatus::MgpuBadArgument
         }

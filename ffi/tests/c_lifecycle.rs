@@ -7,6 +7,10 @@
 //! → usage → status → watch → cleanup, and the child opens every GPU node after isolate and
 //! after update: `ENXIO` (allowed; no driver behind the node) for the allocated GPUs, `EPERM`
 //! (denied by the device cgroup) for the others. The Rust side then decodes the answers.
+//!
+//! Run once more under `umask 000` (as an agent under a supervisor's `UMask=0000`), the same
+//! lifecycle leaves its work directory (checkpoint, pool, health) and cgroups with modes nobody
+//! else can write: each is listed.
 
 mod support;
 
@@ -17,7 +21,7 @@ use std::process::{Command, ExitCode};
 use libtest_mimic::Arguments;
 use mesos_gpu::proto::mesos::slave::{ContainerConfig, ContainerLaunchInfo, ContainerRecoverInfo};
 use mesos_gpu::proto::mesos::{ContainerStatus, ResourceStatistics};
-use mesos_gpu_testkit::{Host, Need, needs};
+use mesos_gpu_testkit::{Host, Need, modes, needs};
 use prost::Message;
 use support::{
     Cg, Fixture, MINORS, TestResult, cdylib, check, cid, config, env_var, include_dir, trial,
@@ -38,6 +42,14 @@ fn main() -> ExitCode {
             &host,
             &[Need::Root, Need::Cgroup2, Need::Cc],
             trial("c_lifecycle_cgroup_v2", || c_lifecycle(Cg::V2)),
+        ),
+        needs(
+            &host,
+            &[Need::Root, Need::Cgroup2, Need::Cc],
+            trial(
+                "c_lifecycle_under_umask_000_creates_nothing_others_can_write",
+                || c_lifecycle_under(Cg::V2, Umask::Zero),
+            ),
         ),
         needs(
             &host,
@@ -71,7 +83,20 @@ fn compile(out: &Path) -> TestResult<std::path::PathBuf> {
     Ok(exe)
 }
 
+/// The umask the C program runs under.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Umask {
+    /// The test's own.
+    Inherited,
+    /// 000: nothing it creates may depend on the umask for its mode.
+    Zero,
+}
+
 fn c_lifecycle(version: Cg) -> TestResult {
+    c_lifecycle_under(version, Umask::Inherited)
+}
+
+fn c_lifecycle_under(version: Cg, umask: Umask) -> TestResult {
     let fixture = Fixture::new(version)?;
     let io = tempfile::Builder::new().prefix("mgpu-ffi-c").tempdir()?;
     let exe = compile(io.path())?;
@@ -95,11 +120,29 @@ fn c_lifecycle(version: Cg) -> TestResult {
         .map(|m| fixture.gpu_node(*m).display().to_string())
         .collect();
     let ctl = fixture.dev.path().join("nvidiactl").display().to_string();
-    let output = Command::new(&exe)
-        .arg(io.path())
-        .args(&nodes)
-        .arg(&ctl)
-        .output()?;
+    let mut program = Command::new(&exe);
+    program.arg(io.path()).args(&nodes).arg(&ctl);
+    let before = modes::paths(fixture.work.path());
+    let output = match umask {
+        Umask::Inherited => program.output()?,
+        Umask::Zero => modes::under_umask_000(&program).output()?,
+    };
+    if umask == Umask::Zero {
+        let made = modes::created(modes::listing(fixture.work.path()), &before);
+        modes::check_created("the module (C ABI)", &made, &[])?;
+        for want in ["gpu/allocations.json", "pool/gpu/pool.json"] {
+            let path = fixture.work.path().join(want);
+            check(
+                made.iter().any(|e| e.path == path),
+                format!("{} was not created", path.display()),
+            )?;
+        }
+        let parent = fs_mode(&fixture.parent);
+        check(
+            parent == Some(0o755),
+            format!("cgroups root {}: {parent:?}", fixture.parent.display()),
+        )?;
+    }
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     check(
@@ -250,4 +293,12 @@ fn minor_of(path: &Path, uuid: &str) -> TestResult<u32> {
         .find(|g| g["uuid"] == uuid)
         .ok_or_else(|| format!("unknown UUID {uuid}"))?;
     Ok(u32::try_from(gpu["minor"].as_u64().ok_or("no minor")?)?)
+}
+
+/// The mode bits of `path`, if it exists.
+fn fs_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777)
 }

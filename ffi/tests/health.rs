@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     );
     add("bad_gpu_strings_are_refused", bad_gpu_strings_are_refused);
     add(
-        "issue_14_a_gpu_failure_is_logged_once_at_warn",
+        "a_gpu_failure_is_logged_once_at_warn",
         a_gpu_failure_is_logged_once_at_warn,
     );
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()

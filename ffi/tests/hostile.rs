@@ -18,8 +18,8 @@ use mesos_gpu::{MGPU_WAIT_FOREVER, MgpuLogLevel, MgpuStatus as S};
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message;
 use support::{
-    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_plain, check, cid, config,
-    env_var, text, trial,
+    Answer, Cg, Fixture, Handle, TestResult, call, call_cap, call_growing, call_plain, check, cid,
+    config, env_var, text, trial,
 };
 
 fn main() -> ExitCode {
@@ -45,12 +45,9 @@ fn main() -> ExitCode {
     };
     add("null_pointers_everywhere", null_pointers_everywhere);
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
+    add("usage_carries_nvml_figures", usage_carries_nvml_figures);
     add(
-        "issue_14_usage_carries_nvml_figures",
-        usage_carries_nvml_figures,
-    );
-    add(
-        "issue_14_messages_missing_required_fields_are_refused",
+        "messages_missing_required_fields_are_refused",
         messages_missing_required_fields_are_refused,
     );
     add("unknown_containers", unknown_containers);
@@ -77,6 +74,15 @@ fn main() -> ExitCode {
         watch_times_out_and_ends_at_cleanup,
     );
     add("logs_reach_the_callback", logs_reach_the_callback);
+    add(
+        "containers_answer_each_containers_gpus_as_json",
+        containers_answer_each_containers_gpus_as_json,
+    );
+    add(
+        "tables_return_to_idle_after_many_containers",
+        tables_return_to_idle_after_many_containers,
+    );
+    add("the_module_heap_is_counted", the_module_heap_is_counted);
     add(
         "agent_resources_describe_the_node",
         agent_resources_describe_the_node,
@@ -615,6 +621,79 @@ fn usage_carries_nvml_figures(f: &Fixture) -> TestResult {
     all_free(&h)
 }
 
+/// `mgpu_containers` answers every container's GPUs with NVML's figures and health as JSON (what
+/// the shim serves on `/mesos-gpu/containers`): a container with two GPUs lists them, one with
+/// none lists none, a cleaned-up one is gone; NULLs and a small buffer are answered as for every
+/// call.
+fn containers_answer_each_containers_gpus_as_json(f: &Fixture) -> TestResult {
+    let h = Handle::new(&f.params(&[]))?;
+    let (two, none) = (cid("two-gpus"), cid("no-gpu"));
+    h.prepare(&two, &config(2.0)).ok()?;
+    h.prepare(&none, &config(0.0)).ok()?;
+    // SAFETY: live handle; the buffers are the helper's.
+    let mut containers =
+        |b, c, l, e, ec| unsafe { mesos_gpu::mgpu_containers(h.0, b, c, l, e, ec) };
+    let small = call_cap(16, &mut containers);
+    small.expect(S::MgpuBufferTooSmall, "")?;
+    let json: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.sim.config_path())?)?;
+    let listed = json["containers"].as_array().ok_or("no containers array")?;
+    let find = |id: &str| listed.iter().find(|c| c["container"] == id);
+    let with = find("two-gpus").ok_or_else(|| format!("two-gpus missing: {json:#}"))?;
+    check(with["kind"] == "mesos", format!("kind: {with:#}"))?;
+    let gpus = with["gpus"].as_array().ok_or("no gpus")?;
+    check(gpus.len() == 2, format!("two GPUs expected: {with:#}"))?;
+    for gpu in gpus {
+        let i = usize::try_from(gpu["index"].as_u64().ok_or("no index")?)?;
+        let described = &node["gpus"][i];
+        check(
+            gpu["uuid"] == described["uuid"]
+                && gpu["minor"] == described["minor"]
+                && gpu["utilization_gpu"] == described["utilization"]["gpu"]
+                && gpu["memory_total"] == described["memory"]["total"]
+                && gpu["health"]["state"] == "healthy",
+            format!("GPU {i}: {gpu:#} against the node's {described:#}"),
+        )?;
+    }
+    let without = find("no-gpu").ok_or_else(|| format!("no-gpu missing: {json:#}"))?;
+    check(
+        without["gpus"].as_array().is_some_and(Vec::is_empty),
+        format!("a container without GPUs lists some: {without:#}"),
+    )?;
+    check(
+        json["timestamp"].as_f64().is_some_and(|t| t > 0.0),
+        "no timestamp",
+    )?;
+    h.cleanup(&two).ok()?;
+    h.cleanup(&none).ok()?;
+    let after: serde_json::Value = serde_json::from_slice(&call_growing(&mut containers).ok()?)?;
+    check(
+        after["containers"].as_array().is_some_and(Vec::is_empty),
+        format!("cleaned-up containers still listed: {after:#}"),
+    )?;
+    let mut len = 0usize;
+    let l: *mut usize = &mut len;
+    let nul: *mut u8 = std::ptr::null_mut();
+    let nulh: *const mesos_gpu::MgpuIsolator = std::ptr::null();
+    call_plain(|e, ec| {
+        // SAFETY: the NULL handle is what is refused; `l` points at a live local.
+        unsafe { mesos_gpu::mgpu_containers(nulh, nul, 0, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "handle")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL buffer with a capacity is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 8, l, e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "buf")?;
+    call_plain(|e, ec| {
+        // SAFETY: live handle; the NULL `len` is what is refused.
+        unsafe { mesos_gpu::mgpu_containers(h.0, nul, 0, std::ptr::null_mut(), e, ec) }
+    })
+    .expect(S::MgpuNullArgument, "len")?;
+    all_free(&h)
+}
+
 fn garbage_and_truncated_bytes(f: &Fixture) -> TestResult {
     let h = Handle::new(&f.params(&[]))?;
     let garbage = [0xffu8, 0xff, 0xff, 0x0f];
@@ -773,7 +852,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
     };
     let query = call_cap(0, &mut prep);
     query.expect(S::MgpuBufferTooSmall, "the output buffer holds 0 bytes")?;
-    let needed = usize::from_le_bytes(query.bytes.clone().try_into().unwrap_or_default());
+    let needed = query.needed();
     let short = call_cap(needed - 1, &mut prep);
     short.expect(
         S::MgpuBufferTooSmall,
@@ -833,7 +912,7 @@ fn buffer_one_byte_short_then_retry(f: &Fixture) -> TestResult {
         mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, c, l, e, ec)
     };
     let q = call_cap(0, &mut usage);
-    let n = usize::from_le_bytes(q.bytes.try_into().unwrap_or_default());
+    let n = q.needed();
     call_cap(n - 1, &mut usage).expect(S::MgpuBufferTooSmall, "are needed")?;
     let stats = ResourceStatistics::decode(call_cap(n, &mut usage).ok()?.as_slice())?;
     check(
@@ -1049,6 +1128,193 @@ fn watch_times_out_and_ends_at_cleanup(f: &Fixture) -> TestResult {
     h.cleanup(&c1).ok()?;
     let a: Answer = waiter.join().map_err(|_| "watch thread panicked")?;
     a.expect(S::MgpuUnknownContainer, "unknown container")?;
+    all_free(&h)
+}
+
+/// The handle's metrics, as text.
+fn metrics(h: &Handle) -> TestResult<String> {
+    // SAFETY: live handle and the buffers `call` passes.
+    let bytes =
+        call(&mut |b, c, l, e, ec| unsafe { mesos_gpu::mgpu_metrics(h.0, b, c, l, e, ec) }).ok()?;
+    Ok(String::from_utf8(bytes)?)
+}
+
+/// The handle's `mesos_gpu_module_heap_bytes` and `mesos_gpu_module_heap_blocks`, fresh (the
+/// metrics are collected at most once a second).
+fn module_heap(h: &Handle) -> TestResult<(usize, usize)> {
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let text = metrics(h)?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .ok_or_else(|| format!("no {name} in the metrics:\n{text}"))
+    };
+    Ok((
+        value("mesos_gpu_module_heap_bytes")?,
+        value("mesos_gpu_module_heap_blocks")?,
+    ))
+}
+
+/// The library's global allocator counts what the module's code holds: a block of 8 MiB taken
+/// by Rust code linked with the library shows in the heap figures and leaves them when freed
+/// (the figures would stay put if the library stopped counting or lost its global allocator).
+fn the_module_heap_is_counted(f: &Fixture) -> TestResult {
+    const BLOCK: usize = 8 << 20;
+    let h = Handle::new(&f.params(&[]))?;
+    let (bytes, blocks) = module_heap(&h)?;
+    check(
+        bytes > 0 && blocks > 0,
+        format!("a live handle holds no heap: {bytes} bytes in {blocks} blocks"),
+    )?;
+    let block = std::hint::black_box(vec![1u8; BLOCK]);
+    let (held, _) = module_heap(&h)?;
+    // Other trials run beside this one: margins of half the block.
+    check(
+        held >= bytes + BLOCK / 2,
+        format!("8 MiB taken, heap {bytes} → {held} bytes"),
+    )?;
+    drop(block);
+    let (freed, _) = module_heap(&h)?;
+    check(
+        freed + BLOCK / 2 <= held,
+        format!("8 MiB freed, heap {held} → {freed} bytes"),
+    )?;
+    all_free(&h)
+}
+
+/// The handle's `mesos_gpu_module_entries` series, by table.
+fn module_entries(h: &Handle) -> TestResult<Vec<(String, u64)>> {
+    let text = metrics(h)?;
+    let entries: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("mesos_gpu_module_entries{table=\""))
+        .filter_map(|l| {
+            let (table, value) = l.split_once("\"} ")?;
+            Some((table.to_owned(), value.parse().ok()?))
+        })
+        .collect();
+    check(
+        entries.len() >= 10 && text.contains("\nmesos_gpu_module_heap_bytes "),
+        format!("the module's tables and heap are not in the metrics:\n{text}"),
+    )?;
+    Ok(entries)
+}
+
+/// `mgpu_prepare` of the encoded container `id` with `cfg`, as a call for [`call`] and
+/// [`call_cap`].
+fn prepare_of<'a>(
+    h: &'a Handle,
+    id: &'a [u8],
+    cfg: &'a [u8],
+) -> impl FnMut(*mut u8, usize, *mut usize, *mut c_char, usize) -> S + 'a {
+    // SAFETY: live handle, and `id` and `cfg` borrowed for as long as the call lives; `call`
+    // passes buffers of the lengths it gives.
+    move |b, cap, l, e, ec| unsafe {
+        mesos_gpu::mgpu_prepare(
+            h.0,
+            id.as_ptr(),
+            id.len(),
+            cfg.as_ptr(),
+            cfg.len(),
+            b,
+            cap,
+            l,
+            e,
+            ec,
+        )
+    }
+}
+
+/// Many containers through every call that records something per container (prepare, with a
+/// retry after a short buffer and without one; watch; usage; status; Docker reservations;
+/// cleanup and release) leave every table of the module empty again.
+fn tables_return_to_idle_after_many_containers(f: &Fixture) -> TestResult {
+    const ROUNDS: usize = 60;
+    let h = Handle::new(&f.params(&[]))?;
+    for round in 0..ROUNDS {
+        let c = cid(&format!("round-{round}"));
+        let id = c.encode_to_vec();
+        let cfg = config((round % 3) as f64);
+        let mut prep = prepare_of(&h, &id, &cfg);
+        // Every other round a short buffer first: the answer (if any) is kept for the retry.
+        let first = if round % 2 == 0 {
+            call_cap(0, &mut prep)
+        } else {
+            call(&mut prep)
+        };
+        if first.status == S::MgpuBufferTooSmall {
+            call(&mut prep).ok()?;
+        } else {
+            first.ok()?;
+        }
+        // SAFETY: live handle and locals of the lengths given.
+        let _ = call(&mut |b, cap, l, e, ec| unsafe {
+            mesos_gpu::mgpu_watch(h.0, id.as_ptr(), id.len(), 0, b, cap, l, e, ec)
+        });
+        // SAFETY: as above.
+        call(&mut |b, cap, l, e, ec| unsafe {
+            mesos_gpu::mgpu_usage(h.0, id.as_ptr(), id.len(), b, cap, l, e, ec)
+        })
+        .ok()?;
+        h.status(&c).ok()?;
+        // A Docker container, its arguments fetched after a short buffer.
+        let d = cid(&format!("docker-{round}")).encode_to_vec();
+        // SAFETY: live locals of the given lengths; no manifest.
+        let mut args = |b: *mut u8, cap, l, e, ec| unsafe {
+            mesos_gpu::mgpu_docker_args(
+                h.0,
+                d.as_ptr(),
+                d.len(),
+                1.0,
+                std::ptr::null(),
+                0,
+                b,
+                cap,
+                l,
+                e,
+                ec,
+            )
+        };
+        let _ = call_cap(0, &mut args);
+        call(&mut args).ok()?;
+        if round == ROUNDS / 2 {
+            let live = module_entries(&h)?;
+            let containers = live
+                .iter()
+                .find(|(t, _)| t == "containers")
+                .map(|(_, n)| *n);
+            check(
+                containers == Some(1),
+                format!("one container live: {live:?}"),
+            )?;
+        }
+        // SAFETY: as above.
+        call_plain(|e, cap| unsafe {
+            mesos_gpu::mgpu_docker_release(h.0, d.as_ptr(), d.len(), e, cap)
+        })
+        .ok()?;
+        h.cleanup(&c).ok()?;
+    }
+    // A prepare whose answer was never fetched, and a Docker reservation whose arguments were
+    // not: cleanup and release forget them.
+    let c = cid("abandoned");
+    let id = c.encode_to_vec();
+    let cfg = config(1.0);
+    call_cap(0, &mut prepare_of(&h, &id, &cfg)).expect(S::MgpuBufferTooSmall, "")?;
+    h.cleanup(&c).ok()?;
+    // The metrics are collected at most once a second.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let idle = module_entries(&h)?;
+    let left: Vec<&(String, u64)> = idle.iter().filter(|(_, n)| *n != 0).collect();
+    check(
+        left.is_empty(),
+        format!("entries left after {ROUNDS} containers: {left:?}"),
+    )?;
     all_free(&h)
 }
 

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             &host,
             &[Need::Cc, Need::Mesos],
             Trial::test(
-                "issue_14_required_fields_are_refused_as_libprotobuf_refuses_them",
+                "required_fields_are_refused_as_libprotobuf_refuses_them",
                 same_as_libprotobuf,
             ),
         ),
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
             &host,
             &[Need::Cc, Need::Mesos],
             Trial::test(
-                "issue_14_gpu_statistics_survive_the_agents_merge",
+                "gpu_statistics_survive_the_agents_merge",
                 gpu_statistics_survive_the_agents_merge,
             ),
         ),

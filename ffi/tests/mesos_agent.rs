@@ -13,20 +13,22 @@
 //! namespace with cgroup2 at `/sys/fs/cgroup`, where Mesos looks for it (see
 //! `mesos_gpu_testkit::mesos`). Needs root, cgroups, `cc`, cmake and the Mesos install.
 
+mod agents;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use agents::{mesos_gpu_exe, module, probe, which};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_testkit::mesos::{
-    Agent, AgentCgroups, AgentSpec, DevNodes, Master, MesosInstall, ProbeReport, Task,
-    build_module, build_probe, http_get, http_post_json, wait_for,
+    Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNodes, ISOLATOR_MODULE, Master,
+    MesosInstall, ProbeReport, Task, http_get, http_post_json, modules_json, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
@@ -34,7 +36,7 @@ use mesos_gpu_testkit::{Host, Need, needs};
 use support::{Handle, TestResult, cdylib, check, config, trial};
 
 /// The module's name in modules.json and `--isolation`.
-const MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
+const MODULE: &str = ISOLATOR_MODULE;
 /// The simulated node: 8 GPUs, minors 0 to 7.
 const NODE: &str = "dgx1-v100";
 const MINORS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
@@ -62,7 +64,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 32] = [
+    let tests: [(&str, &[Need], Test); 34] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -156,6 +158,16 @@ fn main() -> ExitCode {
             v1_docker_image_needing_newer_cuda_fails_saying_so,
         ),
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        (
+            "v1_gpu_comes_back_on_evidence_nobody_marks_it",
+            v1,
+            v1_gpu_comes_back_on_evidence_nobody_marks_it,
+        ),
+        (
+            "v1_exclusive_time_sliced_and_mps_gpus_side_by_side",
+            v1,
+            v1_exclusive_time_sliced_and_mps_gpus_side_by_side,
+        ),
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         ("v1_mig_tasks", v1, || mig_tasks(AgentCgroups::V1)),
@@ -190,61 +202,58 @@ fn main() -> ExitCode {
     ];
     let mut trials: Vec<Trial> = tests
         .into_iter()
-        .map(|(name, need, f)| {
-            let issue = if name.contains("shared_gpus") || name.contains("offer_shares") {
-                17
-            } else if name.contains("mig") {
-                16
-            } else if name.contains("docker") {
-                12
-            } else if name.contains("metrics") || name.contains("shared") {
-                14
-            } else if name.contains("beside") {
-                13
-            } else {
-                11
-            };
-            needs(&host, need, trial(format!("issue_{issue}_{name}"), f))
-        })
+        .map(|(name, need, f)| needs(&host, need, trial(name, f)))
         .collect();
     trials.extend(numa_trials(&host));
+    trials.push(needs(
+        &host,
+        docker,
+        trial(
+            "v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper",
+            v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        v1,
+        trial("v1_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V1,
+                &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+            )
+        }),
+    ));
+    trials.push(needs(
+        &host,
+        v2,
+        trial("v2_agent_serves_each_containers_gpu_usage", || {
+            agent_serves_each_containers_gpu_usage(
+                AgentCgroups::V2,
+                &format!("filesystem/linux,{MODULE}"),
+            )
+        }),
+    ));
+    trials.push(needs(
+        &host,
+        &[
+            Need::Root,
+            Need::Cgroup1,
+            Need::Cc,
+            Need::Mesos,
+            Need::Pynvml,
+        ],
+        trial(
+            "gpu_check_script_passes_on_a_simulated_node",
+            gpu_check_script,
+        ),
+    ));
+    trials.extend(agent_flags_trials(&host));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
 /// The Mesos install.
 fn install() -> TestResult<MesosInstall> {
     Ok(MesosInstall::locate()?)
-}
-
-/// The module, built once per test run in `target/tmp` (cmake rebuilds only what changed).
-fn module() -> TestResult<PathBuf> {
-    static MODULE_SO: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = MODULE_SO.get_or_init(|| {
-        let install = MesosInstall::locate()?;
-        let lib = cdylib().map_err(|e| e.to_string())?;
-        let lib_dir = lib.parent().ok_or("libmesos_gpu.so has no directory")?;
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("mesos-module");
-        let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-module");
-        build_module(
-            &install,
-            &source,
-            lib_dir,
-            &build,
-            &["-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"],
-        )
-    });
-    Ok(built.clone()?)
-}
-
-/// The static device probe, built once per test run.
-fn probe() -> TestResult<PathBuf> {
-    static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = PROBE.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mesos-probe");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        build_probe(&dir)
-    });
-    Ok(built.clone()?)
 }
 
 /// The module builds with its CMakeLists.txt, in strict ISO C++17 with Mesos's defines, against
@@ -290,6 +299,11 @@ struct ModuleSetup<'a> {
     node: Option<&'a str>,
     /// More arguments for the Docker hook's `docker-args` command line.
     docker_args: &'a [&'a str],
+    /// The module loads the simulated NVML through its `nvml_lib` parameter.
+    nvml_lib: bool,
+    /// The agent's `--docker` is `examples/mesos-agent/mesos-gpu-docker` with this test's paths:
+    /// no `--nvml-lib`, no `--dev-root`, as shipped.
+    shipped_wrapper: bool,
 }
 
 const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
@@ -297,16 +311,41 @@ const EXPLICIT_ROOT: ModuleSetup<'static> = ModuleSetup {
     extra: &[],
     node: None,
     docker_args: &[],
+    nvml_lib: false,
+    shipped_wrapper: false,
 };
 
 impl Cluster {
+    /// [`Cluster::start`] with the agent's `--resources` set to `resources`.
+    fn start_offering(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: &str,
+    ) -> TestResult<Cluster> {
+        Cluster::start_with(cgroups, isolation, setup, Some(resources))
+    }
+
     fn start(
         cgroups: AgentCgroups,
         isolation: &str,
         setup: &ModuleSetup<'_>,
     ) -> TestResult<Cluster> {
-        let (cluster, spec) = Cluster::prepare(cgroups, isolation, setup)?;
-        let (install, sim, dev, scratch, master) = cluster;
+        Cluster::start_with(cgroups, isolation, setup, None)
+    }
+
+    /// A master and an agent; `resources`, when given, replaces the agent's `--resources`.
+    fn start_with(
+        cgroups: AgentCgroups,
+        isolation: &str,
+        setup: &ModuleSetup<'_>,
+        resources: Option<&str>,
+    ) -> TestResult<Cluster> {
+        let ((install, sim, dev, scratch, master), mut spec) =
+            Cluster::prepare(cgroups, isolation, setup)?;
+        if let Some(resources) = resources {
+            spec.resources = resources.to_owned();
+        }
         let agent = Agent::start(&install, &master, spec)?;
         Ok(Cluster {
             install,
@@ -329,11 +368,7 @@ impl Cluster {
     )> {
         let install = install()?;
         let module = module()?;
-        let sim = SimNode::shipped(setup.node.unwrap_or(NODE));
-        let inventory = sim.inventory()?;
-        let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-        let dev = DevNodes::nvidia(&minors)?;
-        mknod_mig_caps(dev.path(), &inventory)?;
+        let (sim, _, dev) = sim_with_nodes(setup.node.unwrap_or(NODE))?;
         let scratch = tempfile::Builder::new()
             .prefix("mgpu-mesos-e2e")
             .tempdir()?;
@@ -356,6 +391,9 @@ impl Cluster {
         if setup.node.is_some() {
             params.push(("proc_root".into(), sim.proc_root().display().to_string()));
         }
+        if setup.nvml_lib {
+            params.push(("nvml_lib".into(), sim.lib_path().display().to_string()));
+        }
         params.extend(
             setup
                 .extra
@@ -373,22 +411,46 @@ impl Cluster {
     /// Launches task `name` asking for `gpus` GPUs running the probe; with `wait`, the probe
     /// waits for the file `<scratch>/<name>.go` before probing again and exiting.
     fn launch(&self, name: &str, gpus: u32, wait: bool) -> TestResult<Task> {
+        self.launch_env(name, gpus, wait, &[])
+    }
+
+    fn go_file(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(format!("{name}.go"))
+    }
+
+    /// Launches task `name` as [`Cluster::launch`] with `env` in its environment.
+    fn launch_env(
+        &self,
+        name: &str,
+        gpus: u32,
+        wait: bool,
+        env: &[(&str, &str)],
+    ) -> TestResult<Task> {
         let probe = probe()?;
         let mut command = format!("{} {}", probe.display(), self.dev.path().display());
         if wait {
             command.push_str(&format!(" {}", self.go_file(name).display()));
         }
-        Ok(Task::launch(
+        let mut framework = vec![
+            "--framework_capabilities=GPU_RESOURCES".to_owned(),
+            "--checkpoint".to_owned(),
+        ];
+        if !env.is_empty() {
+            let env: serde_json::Map<String, serde_json::Value> = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+                .collect();
+            framework.push(format!("--env={}", serde_json::Value::Object(env)));
+        }
+        let framework: Vec<&str> = framework.iter().map(String::as_str).collect();
+        Ok(Task::launch_with(
             &self.install,
             &self.master,
             name,
             &format!("cpus:0.1;mem:32;gpus:{gpus}"),
             &command,
+            &framework,
         )?)
-    }
-
-    fn go_file(&self, name: &str) -> PathBuf {
-        self.scratch.path().join(format!("{name}.go"))
     }
 
     /// Lets a waiting probe finish.
@@ -455,18 +517,15 @@ impl Cluster {
     }
 }
 
-/// modules.json loading the module with `params`.
-fn modules_json(module: &Path, params: &[(String, String)]) -> serde_json::Value {
-    let parameters: Vec<serde_json::Value> = params
-        .iter()
-        .map(|(k, v)| serde_json::json!({ "key": k, "value": v }))
-        .collect();
-    serde_json::json!({
-        "libraries": [{
-            "file": module.display().to_string(),
-            "modules": [{ "name": MODULE, "parameters": parameters }],
-        }]
-    })
+/// The shipped nvml-sim node `name`, what it reports (discovered as the module does), and its
+/// device nodes mknod'ed in a private directory: GPUs, control devices and MIG capability nodes.
+fn sim_with_nodes(name: &str) -> TestResult<(SimNode, Inventory, DevNodes)> {
+    let sim = SimNode::shipped(name);
+    let inventory = sim.inventory()?;
+    let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    mknod_mig_caps(dev.path(), &inventory)?;
+    Ok((sim, inventory, dev))
 }
 
 /// Checks that `report` opened exactly the GPUs `minors` (and the control devices when there
@@ -584,18 +643,12 @@ fn shared_gpus(mps: bool) -> TestResult {
         ..EXPLICIT_ROOT
     };
     let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
-    let ((install, sim, dev, scratch, master), mut spec) =
-        Cluster::prepare(AgentCgroups::V1, &isolation, &setup)?;
-    spec.resources = "cpus:4;mem:4096;gpus:14".into();
-    let agent = Agent::start(&install, &master, spec)?;
-    let mut c = Cluster {
-        install,
-        sim,
-        dev,
-        scratch,
-        master,
-        agent,
-    };
+    let mut c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:14",
+    )?;
     // (task, gpus, share, MPS thread percentage, MPS memory limit of a 16 GiB V100)
     let asks = [
         ("one", 1, "1/4", "25", "0=4040M"),
@@ -776,11 +829,8 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     use mesos_gpu_isolator::{agent_flags::MigOffer, agent_flags::MigStrategy};
     let install = install()?;
     let module = module()?;
-    let sim = SimNode::shipped(MIG_NODE);
-    let inventory = sim.inventory()?;
+    let (sim, inventory, dev) = sim_with_nodes(MIG_NODE)?;
     let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
-    let dev = DevNodes::nvidia(&minors)?;
-    mknod_mig_caps(dev.path(), &inventory)?;
     let scratch = tempfile::Builder::new()
         .prefix("mgpu-mesos-mig")
         .tempdir()?;
@@ -1081,6 +1131,300 @@ fn v1_exec_beside_the_agent() -> TestResult {
     result?;
     c.release("five")?;
     task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()
+}
+
+/// The built `mesos-gpu` program (the module's default probe command): `$MESOS_GPU_BIN`, else
+/// in the target directory beside this test.
+fn mesos_gpu_bin() -> TestResult<PathBuf> {
+    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the test has no directory")?;
+    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
+                .into()
+        })
+}
+
+/// Evidence-based recovery in a real agent, nobody running `mark-healthy`. XID 48 takes GPU 6
+/// out for good (it needs a reset); XID 94 takes GPU 7 out while its probe (`mesos-gpu gpu probe`
+/// in a one-GPU cgroup, with a stand-in `libcuda.so.1` whose `cuMemAlloc` fails) fails: a task
+/// asking 7 GPUs is refused. Once the probe passes, GPU 7 is back by itself and a task asking 7
+/// GPUs gets every GPU but 6, which was never probed; the metrics and `gpu health` say so at each
+/// step, and the trial prints them with the agent's log of the transitions.
+fn v1_gpu_comes_back_on_evidence_nobody_marks_it() -> TestResult {
+    let cuda = mesos_gpu_testkit::cuda_sim::FakeCuda::build()?;
+    let bin = mesos_gpu_bin()?;
+    let probe_cmd = format!(
+        "{} gpu probe --gpu {{uuid}} --mib 1 --cuda-lib {}",
+        bin.display(),
+        cuda.lib_path().display()
+    );
+    let extra = [
+        ("health_quiet", "1s"),
+        ("health_retry", "1s,4s"),
+        ("health_probe", probe_cmd.as_str()),
+        ("health_probe_timeout", "30s"),
+    ];
+    let setup = ModuleSetup {
+        extra: &extra,
+        ..EXPLICIT_ROOT
+    };
+    let c = Cluster::start(
+        AgentCgroups::V1,
+        &format!("filesystem/linux,cgroups/devices,{MODULE}"),
+        &setup,
+    )?;
+    let uuids = c.uuids(&[6, 7])?;
+    let work = c.scratch.path().join("module-work");
+    // What the metrics and `gpu health` say of GPUs 6 and 7, printed under `when`.
+    let show = |when: &str| -> TestResult<String> {
+        let body = http_get(c.agent.port(), "/mesos-gpu/metrics")?;
+        let mine: Vec<&str> = body
+            .lines()
+            .filter(|l| {
+                (l.starts_with("mesos_gpu_health{")
+                    || l.starts_with("mesos_gpu_health_recoveries_total")
+                    || l.starts_with("mesos_gpu_health_probe_failures_total"))
+                    && uuids.iter().any(|u| l.contains(u.as_str()))
+            })
+            .collect();
+        let health = std::process::Command::new(&bin)
+            .args(["gpu", "health", "--work-dir"])
+            .arg(&work)
+            .output()?;
+        println!("== {when}\nthe module's metrics (GPUs 6 and 7):");
+        for line in &mine {
+            println!("  {line}");
+        }
+        println!("`mesos-gpu gpu health --work-dir <agent work_dir>`:");
+        for line in String::from_utf8_lossy(&health.stdout).lines() {
+            println!("  {line}");
+        }
+        Ok(body)
+    };
+    let metric = |body: &str, want: String| {
+        check(
+            body.contains(&want),
+            format!("{want} missing from:\n{body}"),
+        )
+    };
+    cuda.set_failing(true)?;
+    c.sim.append_event("xid 6 48");
+    c.sim.append_event("xid 7 94");
+    c.agent.wait_log("XID 48", TASK_TIMEOUT)?;
+    c.agent.wait_log("XID 94", TASK_TIMEOUT)?;
+    c.agent
+        .wait_log("GPU stays out of the pool: the probe failed", TASK_TIMEOUT)?;
+    let out = show("GPU 7's first probe failed")?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="7",uuid="{}",state="unhealthy",reason="xid_94",recovery="backoff"}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &out,
+        format!(
+            r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
+            uuids[0]
+        ),
+    )?;
+    // Mesos offers 8 GPUs; the module hands out 6: a task asking 7 waits, then is refused.
+    let mut refused = c.launch("refused", 7, false)?;
+    refused.wait_state("TASK_FAILED", Duration::from_secs(120))?;
+    let said = refused.output();
+    println!(
+        "mesos-execute for the refused task printed:\n{}",
+        mesos_gpu_testkit::mesos::tail(&said, 4)
+    );
+    check(
+        said.contains("7 asked") && said.contains("unhealthy"),
+        format!("refused without saying why: {said}"),
+    )?;
+    // The probe passes from now on: GPU 7 comes back by itself, GPU 6 does not.
+    cuda.set_failing(false)?;
+    c.agent
+        .wait_log("GPU is back in the pool by itself", TASK_TIMEOUT)?;
+    let mut granted = c.launch("granted", 7, false)?;
+    granted.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    let got = opened(&c.report("granted")?, false);
+    println!("the task asking 7 GPUs after the recovery opened GPUs {got:?}");
+    check(
+        got == (0..8).filter(|&m| m != 6).collect::<BTreeSet<u32>>(),
+        format!("granted task got {got:?}"),
+    )?;
+    let requests = work.join("gpu/health-requests");
+    check(
+        std::fs::read_dir(&requests).map_or(0, |d| d.count()) == 0,
+        "nobody asked the monitor to mark a GPU healthy",
+    )?;
+    let log = c.agent.log();
+    println!("== the agent logged GPUs 6 and 7:");
+    for line in log
+        .lines()
+        .filter(|l| l.contains("gpu=6 ") || l.contains("gpu=7 "))
+    {
+        println!("  {line}");
+    }
+    check(
+        !log.lines().any(|l| {
+            l.contains("gpu=6 ") && (l.contains("GPU recovery") || l.contains("the pool"))
+        }),
+        "GPU 6 (XID 48, needs a reset) was never checked for recovery",
+    )?;
+    let back = show("after GPU 7 came back and the task asking 7 GPUs ran")?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health{{gpu="7",uuid="{}",state="healthy",reason="",recovery=""}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health_recoveries_total{{gpu="7",uuid="{}"}} 1"#,
+            uuids[1]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health{{gpu="6",uuid="{}",state="unhealthy",reason="xid_48",recovery="gpu_reset"}} 1"#,
+            uuids[0]
+        ),
+    )?;
+    metric(
+        &back,
+        format!(
+            r#"mesos_gpu_health_probe_failures_total{{gpu="6",uuid="{}"}} 0"#,
+            uuids[0]
+        ),
+    )?;
+    check(
+        !back.contains(&format!(
+            r#"mesos_gpu_health_probe_failures_total{{gpu="7",uuid="{}"}} 0"#,
+            uuids[1]
+        )),
+        "failed probes counted",
+    )?;
+    c.wait_all_released()
+}
+
+/// A mode per GPU in a real agent: GPUs 0-1 shared two ways under MPS, 2-3 two ways under
+/// time-slicing, 4-7 whole (`gpu_sharing=mps,2-3=time-slicing,4-7=none`). Tasks asking one GPU
+/// with `MESOS_GPU_SHARE_MODE` mps, time-slicing and none get, side by side, an MPS share (its
+/// client limits, a daemon started for that GPU only), a time-sliced share (no MPS variable), and
+/// a whole GPU of its own.
+fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
+    let control = MpsControl::install("{}");
+    let program = control.program().display().to_string();
+    let scratch_mps = tempfile::Builder::new().prefix("mgpu-mps").tempdir()?;
+    let mps_root = scratch_mps.path().display().to_string();
+    let extra = [
+        ("gpu_replicas", "2"),
+        ("gpu_sharing", "mps,2-3=time-slicing,4-7=none"),
+        ("mps_control", program.as_str()),
+        ("mps_root", mps_root.as_str()),
+    ];
+    let setup = ModuleSetup {
+        extra: &extra,
+        ..EXPLICIT_ROOT
+    };
+    let isolation = format!("filesystem/linux,cgroups/devices,{MODULE}");
+    let c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        "cpus:4;mem:4096;gpus:12",
+    )?;
+    let asks = [("m", "mps"), ("t", "time-slicing"), ("x", "none")];
+    let mut tasks = Vec::new();
+    for (name, mode) in asks {
+        tasks.push(c.launch_env(name, 1, true, &[("MESOS_GPU_SHARE_MODE", mode)])?);
+    }
+    let stop_daemons = || {
+        for r in control.records().iter().filter(|r| r["event"] == "start") {
+            if let Some(pid) = r["daemon_pid"].as_u64() {
+                let _ = std::process::Command::new("kill")
+                    .arg(pid.to_string())
+                    .status();
+            }
+        }
+    };
+    let result = (|| -> TestResult {
+        let mut got = BTreeMap::new();
+        for (name, _) in asks {
+            let text = c
+                .agent
+                .wait_stdout(name, "env CUDA_VISIBLE_DEVICES", TASK_TIMEOUT)?;
+            let report = ProbeReport::parse(&text);
+            let minors = report.gpus(false);
+            expect_exactly(&report, &minors, false)?;
+            let var = |k: &str| {
+                report
+                    .env
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| "(unset)".into())
+            };
+            println!(
+                "task {name}: GPUs {minors:?}, MESOS_GPU_SHARE={}, MESOS_GPU_SHARING={}, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}",
+                var("MESOS_GPU_SHARE"),
+                var("MESOS_GPU_SHARING"),
+                var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            );
+            got.insert(
+                name,
+                (
+                    minors,
+                    var("MESOS_GPU_SHARE"),
+                    var("MESOS_GPU_SHARING"),
+                    var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                ),
+            );
+        }
+        let (m, t, x) = (&got["m"], &got["t"], &got["x"]);
+        check(
+            m.0.len() == 1 && m.0[0] < 2 && m.1 == "1/2" && m.2 == "mps" && m.3 == "50",
+            format!("the MPS task: {m:?}"),
+        )?;
+        check(
+            t.0.len() == 1
+                && (2..4).contains(&t.0[0])
+                && t.1 == "1/2"
+                && t.2 == "time-slicing"
+                && t.3 == "(unset)",
+            format!("the time-sliced task: {t:?}"),
+        )?;
+        check(
+            x.0.len() == 1 && x.0[0] >= 4 && x.1 == "(unset)" && x.3 == "(unset)",
+            format!("the exclusive task: {x:?}"),
+        )?;
+        let started: Vec<String> = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .filter_map(|r| r["env"]["CUDA_VISIBLE_DEVICES"].as_str().map(str::to_owned))
+            .collect();
+        check(
+            started == c.uuids(&[m.0[0]])?,
+            format!("one MPS daemon, for the MPS task's GPU: {started:?}"),
+        )
+    })();
+    stop_daemons();
+    result?;
+    for (i, (name, _)) in asks.iter().enumerate() {
+        c.release(name)?;
+        tasks[i].wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
     c.wait_all_released()
 }
 
@@ -1505,7 +1849,9 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
         r#"mesos_gpu_allocator_gpus{state="free"} 8"#.to_owned(),
         r#"mesos_gpu_allocator_gpus{state="quarantined"} 0"#.to_owned(),
         r#"mesos_gpu_allocator_refusals_total{reason="not_enough"} 0"#.to_owned(),
-        format!(r#"mesos_gpu_health{{gpu="0",uuid="{uuid}",state="healthy",reason=""}} 1"#),
+        format!(
+            r#"mesos_gpu_health{{gpu="0",uuid="{uuid}",state="healthy",reason="",recovery=""}} 1"#
+        ),
         "mesos_gpu_health_events_total".to_owned(),
     ] {
         check(
@@ -1540,6 +1886,185 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
         body.contains(r#"mesos_gpu_allocator_gpus{state="free"} 8"#),
         format!("the GPUs did not come back:\n{body}"),
     )
+}
+
+/// The agent's own port serves each container's GPUs (`mgpu_containers`, through the shim's
+/// `/mesos-gpu/containers`): a running `gpus:1` task's container lists its one GPU, with NVML's
+/// figures and its health, and a `gpus:0` task's container lists none. Mesos's own
+/// `/monitor/statistics` shows none of it (it drops the unknown `ResourceStatistics` field 1000),
+/// which is why the endpoint exists.
+fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str) -> TestResult {
+    let c = Cluster::start(cgroups, isolation, &EXPLICIT_ROOT)?;
+    let mut one = c.launch("one", 1, true)?;
+    let mut none = c.launch("none", 0, true)?;
+    let minors = c.report("one")?.gpus(false);
+    c.report("none")?;
+    let container_of = |task: &str| -> TestResult<String> {
+        let run = std::fs::read_link(c.agent.sandbox(task)?)?;
+        Ok(run
+            .file_name()
+            .ok_or("runs/latest names no container")?
+            .to_string_lossy()
+            .into_owned())
+    };
+    let (one_id, none_id) = (container_of("one")?, container_of("none")?);
+    let body = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("not JSON ({e}): {body}"))?;
+    let find = |id: &str| -> TestResult<serde_json::Value> {
+        json["containers"]
+            .as_array()
+            .and_then(|all| all.iter().find(|x| x["container"] == id))
+            .cloned()
+            .ok_or_else(|| format!("container {id} not in {json:#}").into())
+    };
+    let with = find(&one_id)?;
+    let gpus = with["gpus"].as_array().cloned().unwrap_or_default();
+    let node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.sim.config_path())?)?;
+    check(
+        gpus.len() == 1 && minors.len() == 1,
+        format!("the gpus:1 task's container must list one GPU (probe saw {minors:?}): {with:#}"),
+    )?;
+    let gpu = &gpus[0];
+    let described = node["gpus"]
+        .as_array()
+        .and_then(|all| all.iter().find(|g| g["minor"] == minors[0]))
+        .ok_or("no such minor in the node")?;
+    check(
+        gpu["uuid"] == described["uuid"]
+            && gpu["minor"] == minors[0]
+            && gpu["health"]["state"] == "healthy"
+            && gpu["utilization_gpu"] == described["utilization"]["gpu"]
+            && gpu["memory_total"] == described["memory"]["total"]
+            && with["kind"] == "mesos",
+        format!("the gpus:1 task's GPU {gpu:#} against the node's {described:#}"),
+    )?;
+    let without = find(&none_id)?;
+    check(
+        without["gpus"].as_array().is_some_and(Vec::is_empty),
+        format!("the gpus:0 task's container lists GPUs: {without:#}"),
+    )?;
+    let uuid = described["uuid"].as_str().unwrap_or_default();
+    let statistics = http_get(c.agent.port(), "/monitor/statistics")?;
+    check(
+        statistics.contains(&one_id) || statistics.contains("\"executor_id\":\"one\""),
+        format!("/monitor/statistics does not show the task: {statistics}"),
+    )?;
+    check(
+        !statistics.contains(uuid) && !statistics.contains("gpu_statistics"),
+        format!("/monitor/statistics shows GPU figures after all: {statistics}"),
+    )?;
+    c.release("one")?;
+    c.release("none")?;
+    one.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    none.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_all_released()?;
+    let after = http_get(c.agent.port(), "/mesos-gpu/containers")?;
+    check(
+        !after.contains(&one_id) && !after.contains(&none_id),
+        format!("finished tasks' containers still listed: {after}"),
+    )
+}
+
+/// `scripts/gpu-check.sh`, the real-GPU acceptance check, on a simulated node with this build's
+/// programs and module (`--bin`) and the real Mesos (`--mesos`): every check passes, none is
+/// skipped, and it leaves no cgroup of its agent behind.
+fn gpu_check_script() -> TestResult {
+    let target = mesos_gpu_exe()?
+        .parent()
+        .ok_or("no target directory")?
+        .to_owned();
+    let bin = tempfile::Builder::new()
+        .prefix("mgpu-gpu-check-bin")
+        .tempdir()?;
+    let sim_lib = [
+        target.join("libnvml_sim.so"),
+        target.join("deps/libnvml_sim.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or("libnvml_sim.so is not built (cargo build -p nvml-sim)")?;
+    let smi = target.join("nvidia-smi");
+    check(
+        smi.is_file(),
+        "nvml-sim's nvidia-smi stand-in is not built (cargo build -p nvml-sim --bins)",
+    )?;
+    for (name, from) in [
+        ("mesos-gpu", mesos_gpu_exe()?),
+        ("libmesos_gpu.so", cdylib()?),
+        ("libmesos_gpu_module.so", module()?),
+        ("libnvml_sim.so", sim_lib),
+        ("nvidia-smi", smi),
+    ] {
+        std::os::unix::fs::symlink(from, bin.path().join(name))?;
+    }
+    let log = bin.path().join("gpu-check.log");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = std::process::Command::new(&script)
+        .args(["--simulate", NODE, "--bin"])
+        .arg(bin.path())
+        .arg("--mesos")
+        .arg(install()?.prefix())
+        .arg("--log")
+        .arg(&log)
+        .env_remove("NVML_SIM_CONFIG")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let full = std::fs::read_to_string(&log).unwrap_or_default();
+    check(
+        out.status.success(),
+        format!(
+            "gpu-check.sh failed ({}):
+{stdout}
+{}
+log tail:
+{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            mesos_gpu_testkit::mesos::tail(&full, 60)
+        ),
+    )?;
+    for name in [
+        "doctor",
+        "info",
+        "ldcache",
+        "volume",
+        "exec-1",
+        "exec-0",
+        "mesos-gpu1",
+        "mesos-view",
+        "mesos-gpu0",
+    ] {
+        check(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("PASS") && l.split_whitespace().nth(1) == Some(name)),
+            format!(
+                "no PASS {name}:
+{stdout}"
+            ),
+        )?;
+    }
+    check(
+        stdout.contains("9 passed, 0 failed, 0 skipped"),
+        format!(
+            "summary:
+{stdout}"
+        ),
+    )?;
+    let left: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")?
+        .filter_map(Result::ok)
+        .flat_map(|h| {
+            std::fs::read_dir(h.path())
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("mesos_gpu_check_"))
+        .collect();
+    check(left.is_empty(), format!("cgroups left behind: {left:?}"))
 }
 
 /// What the operator guide says about sharing GPU agents, with a real master: a framework
@@ -1611,27 +2136,9 @@ fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
 // the agent's `--docker` program, `mesos-gpu docker-wrapper`.
 
 /// The hook module's name in modules.json and `--hooks`.
-const HOOK: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
+const HOOK: &str = DOCKER_HOOK_MODULE;
 /// The simulated node's driver version (its driver volume's name).
 const DRIVER_VERSION: &str = "550.54.14";
-
-/// The `mesos-gpu` binary of this build (`target/<profile>/mesos-gpu`), built by the cli crate.
-fn mesos_gpu_exe() -> TestResult<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("no target directory")?;
-    let found = dir.join("mesos-gpu");
-    check(
-        found.is_file(),
-        format!(
-            "{} missing: build it first (cargo build -p mesos-gpu)",
-            found.display()
-        ),
-    )?;
-    Ok(found)
-}
 
 /// A cluster whose agent runs `--containerizers=docker,mesos` with the isolator and the
 /// Docker hook loaded and `--docker` naming a script that runs `mesos-gpu docker-wrapper`;
@@ -1673,7 +2180,10 @@ impl Drop for DockerCluster {
                     let _ = self.docker().args(["rm", "-f", id]).output();
                 }
             }
-            let _ = self.docker().args(["rmi", "-f", image]).output();
+            let _ = self
+                .docker()
+                .args(["rmi", "-f", "--no-prune", image])
+                .output();
         }
     }
 }
@@ -1729,7 +2239,7 @@ impl DockerCluster {
         let pool = s.join("pool");
         let docker_work = s.join("docker-work");
         let mut docker_args = format!(
-            "{global} docker-args --pool-dir {} --work-dir {} --volume-root {}",
+            "{global} docker-args --pool-dir {} --docker-state-dir {} --volume-root {}",
             pool.display(),
             docker_work.display(),
             volumes.display()
@@ -1743,16 +2253,18 @@ impl DockerCluster {
                 .push(format!("--docker_socket={}", socket.display()));
         }
         let wrapper = s.join("mesos-gpu-docker");
-        std::fs::write(
-            &wrapper,
+        let script = if setup.shipped_wrapper {
+            shipped_wrapper(&exe, &which("docker")?, &pool, &docker_work)?
+        } else {
             format!(
-                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --work-dir {} -- \"$@\"\n",
+                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --docker-state-dir {} -- \"$@\"\n",
                 s.join("stalled.pid").display(),
-                which_docker()?.display(),
+                which("docker")?.display(),
                 pool.display(),
                 docker_work.display()
-            ),
-        )?;
+            )
+        };
+        std::fs::write(&wrapper, script)?;
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
         // Both modules: the isolator's parameters as `prepare` wrote them, and the hook.
@@ -1956,14 +2468,30 @@ impl DockerCluster {
     }
 }
 
-fn which_docker() -> TestResult<PathBuf> {
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let path = Path::new(dir).join("docker");
-        if path.is_file() {
-            return Ok(path);
-        }
-    }
-    Err("no docker program in /usr/local/bin, /usr/bin or /bin".into())
+/// `examples/mesos-agent/mesos-gpu-docker` with this build's `mesos-gpu`, this host's `docker`
+/// and the test's pool and work directories in place of the installed paths.
+fn shipped_wrapper(exe: &Path, docker: &Path, pool: &Path, work: &Path) -> TestResult<String> {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/mesos-gpu-docker"),
+    )?;
+    let script = shipped
+        .replace("/usr/bin/mesos-gpu ", &format!("{} ", exe.display()))
+        .replace("/usr/bin/docker ", &format!("{} ", docker.display()))
+        .replace("/var/lib/mesos-gpu ", &format!("{} ", pool.display()))
+        .replace("/var/run/mesos-gpu ", &format!("{} ", work.display()));
+    // What it runs (its comments aside) names this build's paths, and no NVML or device root.
+    let command: String = script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    check(
+        command.contains(&exe.display().to_string())
+            && command.contains(&work.display().to_string())
+            && !command.contains("--nvml-lib")
+            && !command.contains("--dev-root"),
+        format!("the shipped wrapper is not as this trial expects:\n{script}"),
+    )?;
+    Ok(script)
 }
 
 /// A `gpus:2` Docker task in an image labelled `com.nvidia.volumes.needed` sees exactly two
@@ -2178,7 +2706,7 @@ fn v1_docker_task_the_pool_cannot_serve_fails_saying_why() -> TestResult {
             .arg("docker-args")
             .arg("--pool-dir")
             .arg(s.join("pool"))
-            .arg("--work-dir")
+            .arg("--docker-state-dir")
             .arg(s.join("outside"))
             .args(args)
             .output()?;
@@ -2343,6 +2871,88 @@ fn v1_docker_image_needing_newer_cuda_fails_saying_so() -> TestResult {
         format!("the status message does not say why: {out}"),
     )?;
     d.wait_released("nothing reserved")
+}
+
+/// Issue 24: an agent whose module and Docker hook load NVML through `--nvml-lib` (the module's
+/// `nvml_lib`), and whose `--docker` program is the shipped wrapper, which names no NVML library
+/// (the Docker executor's environment has no `LD_LIBRARY_PATH` either, so it sees no GPU): two
+/// `gpus:4` Docker tasks, the second launched once the first runs, get disjoint GPUs (what each container could
+/// open, and `docker inspect`'s `.HostConfig.Devices`), and while both run the pool keeps both
+/// reservations, four real UUIDs each.
+fn v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper() -> TestResult {
+    let setup = ModuleSetup {
+        nvml_lib: true,
+        shipped_wrapper: true,
+        ..EXPLICIT_ROOT
+    };
+    let mut d = DockerCluster::start_with(None, AgentCgroups::V1, &setup, None)?;
+    let image = d.image(false)?;
+    let first = d.launch("dfirst", &image, 4, true)?;
+    // The second is launched once the first runs, so the first's wrapper has opened the pool
+    // (where a wrapper that sees no GPU used to drop or blank the first's reservation).
+    d.c.agent.wait_stdout("dfirst", "waiting", TASK_TIMEOUT)?;
+    let second = d.launch("dsecond", &image, 4, true)?;
+    let mut held = Vec::new();
+    for name in ["dfirst", "dsecond"] {
+        let out = d.c.agent.wait_stdout(name, "waiting", TASK_TIMEOUT)?;
+        println!("{name} printed:\n{out}");
+        held.push(docker_nodes(&ProbeReport::parse(&out), 4, &out)?);
+    }
+    check(
+        held[0].is_disjoint(&held[1]),
+        format!(
+            "both Docker tasks opened GPUs {:?} and {:?}",
+            held[0], held[1]
+        ),
+    )?;
+    let path = d.c.scratch.path().join("pool/gpu/pool.json");
+    let pool: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut devices = Vec::new();
+    let mut uuids = BTreeSet::new();
+    for id in d.docker_reservations()? {
+        let gpus: Vec<String> = pool["reservations"][id.as_str()]["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| g.as_str().unwrap_or_default().to_owned())
+            .collect();
+        check(
+            gpus.len() == 4 && gpus.iter().all(|g| g.starts_with("GPU-")),
+            format!("reservation {id} holds {gpus:?}: {pool}"),
+        )?;
+        uuids.extend(gpus);
+        let out = d
+            .docker()
+            .args(["inspect", "--format", "{{json .HostConfig.Devices}}"])
+            .arg(format!("mesos-{id}"))
+            .output()?;
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let gpu_nodes: BTreeSet<String> = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|dev| dev["PathOnHost"].as_str())
+            .filter(|p| {
+                p.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.trim_start_matches("nvidia").parse::<u32>().is_ok())
+            })
+            .map(str::to_owned)
+            .collect();
+        devices.push(gpu_nodes);
+    }
+    check(
+        uuids.len() == 8
+            && devices.len() == 2
+            && devices[0].len() == 4
+            && devices[0].is_disjoint(&devices[1]),
+        format!("the pool holds {uuids:?}; the containers have GPU devices {devices:?}: {pool}"),
+    )?;
+    for (name, mut task) in [("dfirst", first), ("dsecond", second)] {
+        d.release(name)?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    d.wait_released("the Docker tasks' GPUs")
 }
 
 /// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so
@@ -2656,7 +3266,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v1,
             trial(
-                "issue_18_v1_tasks_pinned_in_the_module_cpuset_cgroup".to_owned(),
+                "v1_tasks_pinned_in_the_module_cpuset_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V1, &own),
             ),
         ),
@@ -2664,7 +3274,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v1,
             trial(
-                "issue_18_v1_tasks_pinned_in_mesos_cpuset_cgroup".to_owned(),
+                "v1_tasks_pinned_in_mesos_cpuset_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V1, &mesos),
             ),
         ),
@@ -2672,7 +3282,7 @@ fn numa_trials(host: &Host) -> Vec<Trial> {
             host,
             v2,
             trial(
-                "issue_18_v2_tasks_pinned_on_mesos_container_cgroup".to_owned(),
+                "v2_tasks_pinned_on_mesos_container_cgroup".to_owned(),
                 move || numa_tasks_pinned(AgentCgroups::V2, &v2_isolation),
             ),
         ),
@@ -2810,4 +3420,139 @@ fn numa_tasks_pinned(cgroups: AgentCgroups, isolation: &str) -> TestResult {
         )?;
     }
     Ok(())
+}
+
+/// One trial per shipped node (`mesos-gpu info --simulate list`, nvml-sim's topologies) and
+/// cgroup version: the agent started with exactly what `mesos-gpu agent-flags` printed.
+fn agent_flags_trials(host: &Host) -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for (node, _) in nvml_sim::TOPOLOGIES {
+        for (cgroups, need) in [
+            (AgentCgroups::V1, Need::Cgroup1),
+            (AgentCgroups::V2, Need::Cgroup2),
+        ] {
+            let name = format!(
+                "agent_flags_start_the_agent_{}_{node}",
+                if cgroups == AgentCgroups::V1 {
+                    "v1"
+                } else {
+                    "v2"
+                }
+            );
+            trials.push(needs(
+                host,
+                &[Need::Root, need, Need::Cc, Need::Mesos],
+                trial(name, move || agent_flags_start_the_agent(node, cgroups)),
+            ));
+        }
+    }
+    trials
+}
+
+/// `mesos-gpu agent-flags` run as an operator would on the node (its NVML, device nodes and
+/// driver files given with `--nvml-lib`, `--dev-root` and `--proc-root`), then a real agent
+/// started with exactly the flags it printed, unquoted by the shell as `agent.sh` does: it
+/// loads the module with the printed `--modules`, registers, and offers the `gpus` the node
+/// has (every healthy GPU not in MIG mode, and every MIG device the driver numbers). A node
+/// without GPUs gets the same agent's flags without the module, which start it (before: its
+/// `--resources` only, and on cgroup v1 the agent, on Mesos's default `posix/cpu,posix/mem`,
+/// aborted at start on `Check failed: !subsystemSet.empty()`).
+fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult {
+    let install = install()?;
+    let module = module()?;
+    let (sim, inventory, dev) = sim_with_nodes(node)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-mesos-flags")
+        .tempdir()?;
+    let work = scratch.path().join("work");
+    let version = if cgroups == AgentCgroups::V1 {
+        "v1"
+    } else {
+        "v2"
+    };
+    let path = |p: &Path| p.display().to_string();
+    let out = std::process::Command::new(mesos_gpu_exe()?)
+        .args(["--nvml-lib", &path(&sim.lib_path())])
+        .args(["--dev-root", &path(dev.path())])
+        .args(["--proc-root", &path(&sim.proc_root())])
+        .args(["agent-flags", "--cgroups", version])
+        .args(["--resources", "cpus:4;mem:4096"])
+        .args(["--agent-work-dir", &path(&work)])
+        .args(["--pool-dir", &path(&scratch.path().join("pool"))])
+        .args(["--volume-root", &path(&scratch.path().join("volumes"))])
+        .args(["--module-library", &path(&module)])
+        .env("MESOS_GPU_LOG", "warn")
+        .output()?;
+    let printed = String::from_utf8(out.stdout)?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    check(
+        out.status.success(),
+        format!("agent-flags on {node} failed: {said}"),
+    )?;
+    println!("{node} {version}: agent-flags printed\n{printed}{said}");
+    let flags = shell_words(&printed)?;
+    let whole = inventory.whole_gpus().filter(|g| g.healthy).count();
+    let mig = inventory
+        .mig
+        .devices
+        .iter()
+        .filter(|d| d.healthy && d.caps.is_some())
+        .count();
+    let expected = whole + mig;
+    if inventory.gpus.is_empty() {
+        check(
+            flags.iter().any(|f| f.starts_with("--isolation="))
+                && !flags
+                    .iter()
+                    .any(|f| f.contains(MODULE) || f.starts_with("--modules"))
+                && said.contains("no GPU flags to add"),
+            format!(
+                "{node}: a node without GPUs gets the agent's flags without the module: \
+                 {printed:?} {said:?}"
+            ),
+        )?;
+    } else {
+        check(
+            flags.iter().any(|f| f.starts_with("--modules={")),
+            format!("{node}: no --modules: {flags:?}"),
+        )?;
+    }
+    let master = Master::start(&install)?;
+    let mut spec = AgentSpec::with_flags(cgroups, flags);
+    spec.work_dir = Some(work);
+    let agent = Agent::start(&install, &master, spec)?;
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    let gpus = state["resources"]["gpus"].as_f64().unwrap_or(0.0);
+    check(
+        gpus == expected as f64,
+        format!(
+            "{node} {version}: the agent offers gpus:{gpus}, the node has {expected}: {}",
+            state["resources"]
+        ),
+    )?;
+    if !inventory.gpus.is_empty() {
+        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+/// `text` split into words as the shell reads it (`eval "set -- $text"`), as `agent.sh` takes
+/// `agent-flags`' lines.
+fn shell_words(text: &str) -> TestResult<Vec<String>> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
+        .arg(text.replace('\n', " "))
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "sh could not read {text:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8(out.stdout)?
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect())
 }

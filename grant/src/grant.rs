@@ -7,8 +7,8 @@
 //! and the demo) and CDI container edits (`mesos_gpu_docker::cdi::container_edits`). A renderer
 //! that cannot carry a part refuses the grant with the reason; none drops a part silently.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.4, §3.1, §4.5; `mig_cdi_sharing.md` §1.2,
-//! §1.3, §3):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.3, §5.1, §6.4; `mig.md` §2, §3;
+//! `mps.md` §1):
 //! - a container holding any device gets the control nodes (`nvidiactl`, `nvidia-uvm`, and
 //!   `nvidia-uvm-tools` when the host has it) `rwm`, and `c 195:<minor> rw` per GPU;
 //! - a MIG device needs its parent's `/dev/nvidia<minor>` and the `access` capability nodes of
@@ -447,7 +447,11 @@ mod tests {
         for want in ["c 195:255 rwm", "c 510:0 rwm", "c 195:11 rw", "c 195:13 rw"] {
             assert!(rules.iter().any(|r| r == want), "{want} missing: {rules:?}");
         }
-        assert!(!rules.iter().any(|r| r == "c 195:10 rw" || r == "c 195:12 rw"));
+        assert!(
+            !rules
+                .iter()
+                .any(|r| r == "c 195:10 rw" || r == "c 195:12 rw")
+        );
         assert_eq!(
             grant.env(),
             [
@@ -463,8 +467,14 @@ mod tests {
         let grant = Grant::new(&nodes(), &default_whitelist(), vec![], vec![], None).unwrap();
         assert!(grant.is_empty() && grant.devices.is_empty());
         assert_eq!(grant.rules, normalize(&default_whitelist()));
-        assert_eq!(grant.env()[0], ("NVIDIA_VISIBLE_DEVICES".into(), "none".into()));
-        assert_eq!(grant.env()[1], ("CUDA_VISIBLE_DEVICES".into(), String::new()));
+        assert_eq!(
+            grant.env()[0],
+            ("NVIDIA_VISIBLE_DEVICES".into(), "none".into())
+        );
+        assert_eq!(
+            grant.env()[1],
+            ("CUDA_VISIBLE_DEVICES".into(), String::new())
+        );
     }
 
     #[test]
@@ -533,7 +543,12 @@ mod tests {
         let mounts: Vec<(String, String)> = grant
             .mounts()
             .iter()
-            .map(|m| (m.source.display().to_string(), m.target.display().to_string()))
+            .map(|m| {
+                (
+                    m.source.display().to_string(),
+                    m.target.display().to_string(),
+                )
+            })
             .collect();
         assert_eq!(
             mounts,

@@ -9,8 +9,7 @@ mod grant;
 pub mod mig;
 
 pub use grant::{
-    device_rules, visible_env,
     CUDA_VISIBLE_DEVICES, DeviceKind, Grant, GrantError, GrantedDevice, GrantedMount, MountKind,
-    NVIDIA_VISIBLE_DEVICES, SHM, ShareAccess,
+    NVIDIA_VISIBLE_DEVICES, SHM, ShareAccess, device_rules, visible_env,
 };
 pub use mig::MigAccess;

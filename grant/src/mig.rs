@@ -170,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_a_mig_device_needs_its_parent_and_two_caps() {
+    fn a_mig_device_needs_its_parent_and_two_caps() {
         let access = MigAccess::of(&device(), Path::new("/dev"), Path::new("/proc")).unwrap();
         let rules: Vec<String> = access.rules().iter().map(ToString::to_string).collect();
         assert_eq!(rules, ["c 195:4 rw", "c 235:624 rw", "c 235:625 rw"]);
@@ -203,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_cap_sys_admin_is_refused_unless_allowed() {
+    fn cap_sys_admin_is_refused_unless_allowed() {
         let caps = |list: &[&str]| list.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>();
         check_capabilities("t", &caps(&["CAP_CHOWN", "NET_ADMIN"]), false).unwrap();
         for sys_admin in ["CAP_SYS_ADMIN", "SYS_ADMIN", "cap_sys_admin"] {

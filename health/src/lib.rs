@@ -1,6 +1,9 @@
-//! GPU health: which NVML events count (`policy`), the per-GPU state with its quiet period
-//! (`state`), the event loop (`monitor`), the checkpoint and operator requests
-//! (`store`), and the glue to the allocator and `watch` (`watch`).
+//! GPU health: which NVML events count (`policy`), what each XID means and how its GPU comes
+//! back (`xid`, the XID policy table), the per-GPU state (`state`), evidence-based recovery
+//! (`recovery`: the checks; `evidence`: what the driver says; `probe`: the active probe run in a
+//! one-GPU cgroup; `gpu_check`: what `mesos-gpu gpu probe` checks), the event loop
+//! (`monitor`), the checkpoint and operator requests (`store`), and the glue to the allocator
+//! and `watch` (`watch`).
 //!
 //! GPUs fail far more often than CPUs (XID errors, ECC errors, GPUs falling off the bus);
 //! Mesos hands a broken GPU to the next task. Here a failure takes the GPU out of the free pool
@@ -12,8 +15,12 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+mod evidence;
+pub mod gpu_check;
 mod monitor;
 mod policy;
+pub mod probe;
+mod recovery;
 mod state;
 mod store;
 mod watch;
@@ -22,11 +29,19 @@ mod xid;
 use std::io;
 use std::path::PathBuf;
 
+pub use evidence::read as driver_evidence;
+pub use mesos_gpu_node::discovery::RemappedRows;
 pub use monitor::{ChangeCallback, HealthMonitor, LoopStats, MonitorConfig};
 pub use policy::{HealthPolicy, PolicyError};
+pub use probe::{ProbeCgroup, ProbeConfig, ProbeError, ProbeOutcome, ProbeTarget};
+pub use recovery::{
+    Baseline, Check, DriverEvidence, Episode, Finding, QuietTimes, Reading, RecoveryConfig,
+    RecoveryError, RecoveryRecord, parse_duration, recovery_action_words,
+};
 pub use state::{Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot};
 pub use store::HealthStore;
 pub use watch::{Limitation, Limitations, apply_to_allocator};
+pub use xid::{Comeback, EventClass, Remedy, XID_RULES, XidRule, xid_rule};
 
 /// Why a health operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +62,17 @@ pub enum HealthError {
     StillLost {
         /// The GPU as given.
         gpu: String,
+    },
+    /// The operator asked to mark healthy a GPU whose driver asks for a reset or reboot.
+    #[error(
+        "GPU {gpu}: the driver asks for {asks} (NVML's GPU recovery action); do that first \
+         (`nvidia-smi -r -i <index>` once no process uses it, or reboot), then mark it healthy"
+    )]
+    DriverAsks {
+        /// The GPU as given.
+        gpu: String,
+        /// What the driver asks for (`a GPU reset`).
+        asks: String,
     },
     /// Text that names no GPU.
     #[error(
@@ -83,6 +109,9 @@ pub enum HealthError {
     /// A health file could not be replaced.
     #[error(transparent)]
     Write(#[from] mesos_gpu_os::DurableError),
+    /// A health directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] mesos_gpu_os::FsModeError),
     /// The monitor thread could not be started.
     #[error("cannot start the GPU health thread")]
     Thread {

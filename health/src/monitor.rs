@@ -1,7 +1,7 @@
 //! The health event loop: one per agent, on a dedicated thread, blocked in
 //! `nvmlEventSetWait_v2` until NVML reports an XID, an ECC error or a lost GPU.
 //!
-//! Facts relied on (`shared/reference/gpu_sched.md` §1.1, `crates.md` §1, `nvml.h`):
+//! Facts relied on (`docs/reference/gpu-health.md` §1, `nvml.md` §2 and §4, `nvml.h`):
 //! - NVML delivers only events registered (`nvmlDeviceRegisterEvents`) before they happen;
 //!   the mask is `XidCriticalError | DoubleBitEccError | SingleBitEccError` ANDed with
 //!   `nvmlDeviceGetSupportedEventTypes`. A GPU that supports none of them, or whose
@@ -13,11 +13,18 @@
 //!   `NVML_ERROR_GPU_IS_LOST` when a GPU fell off the bus. Calls on a lost GPU's handle answer
 //!   `GPU_IS_LOST`, so the event's device cannot always name itself: the loop then asks every
 //!   GPU and marks those answering `GPU_IS_LOST` lost.
-//! - Any other wait error is a failure of the loop, not of the GPUs (the device plugin marks
-//!   every GPU unhealthy here, §1.1): it is logged, counted, and the loop starts again with a
-//!   new event set after an exponential backoff. Events during the gap are not seen.
+//! - Any other wait error is a failure of the loop, not of the GPUs (the device plugin marks every
+//!   GPU unhealthy here, `gpu-health.md` §1): it is logged, counted, and the loop starts again with
+//!   a new event set after an exponential backoff. Events during the gap are not seen.
 //! - Single-bit (corrected) ECC errors are counted, never acted on.
+//! - At a counted event the driver's evidence is read (`super::evidence`): the error counters
+//!   then, and whether it asks for a reset, which the holder's limitation says.
+//! - Recovery (`super::recovery`): every wait timeout the loop looks for GPUs whose recovery
+//!   check is due, reads the evidence, and when it holds starts the probe on a thread of its
+//!   own (`gpu-probe`), so events keep being seen while it runs; its outcome is applied at a
+//!   later turn, unless a counted error arrived meanwhile.
 
+use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
@@ -34,9 +41,12 @@ use nvml_wrapper::struct_wrappers::event::EventData;
 use serde::Serialize;
 
 use super::HealthError;
+use super::evidence;
 use super::policy::HealthPolicy;
+use super::probe::{ProbeOutcome, ProbeTarget, run_probe};
+use super::recovery::{Check, Finding, RecoveryConfig};
 use super::state::{
-    Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState,
+    AtEvent, Due, Failure, GpuHealth, GpuRecord, GpuRef, HealthChange, HealthSnapshot, HealthState,
 };
 use super::store::{HealthStore, RequestAnswer, StoreLock};
 use mesos_gpu_node::discovery::EventInstance;
@@ -54,8 +64,9 @@ pub type ChangeCallback = Arc<dyn Fn(&HealthChange) + Send + Sync>;
 pub struct MonitorConfig {
     /// Which events count.
     pub policy: HealthPolicy,
-    /// Error-free time after which an unhealthy GPU is healthy again; `None`: never by itself.
-    pub quiet_period: Option<Duration>,
+    /// How GPUs come back by themselves on evidence; `None`: only `mark_healthy` brings them
+    /// back.
+    pub recovery: Option<RecoveryConfig>,
     /// The `nvmlEventSetWait_v2` timeout: how often the loop looks at the quiet periods,
     /// operator requests and its stop flag. Events are seen at once whatever its value.
     pub wait_timeout: Duration,
@@ -72,7 +83,7 @@ impl Default for MonitorConfig {
     fn default() -> MonitorConfig {
         MonitorConfig {
             policy: HealthPolicy::default(),
-            quiet_period: None,
+            recovery: None,
             wait_timeout: Duration::from_millis(250),
             retry_min: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
@@ -94,8 +105,18 @@ pub struct LoopStats {
     pub loop_failures: u64,
 }
 
+/// A probe running on its thread.
+struct Probing {
+    outcome: mpsc::Receiver<ProbeOutcome>,
+    started_ms: u64,
+    uuid: String,
+    findings: Vec<Finding>,
+}
+
 struct Shared {
     driver: Arc<GpuDriver>,
+    recovery: Option<RecoveryConfig>,
+    probes: Mutex<HashMap<u32, Probing>>,
     state: Mutex<HealthState>,
     /// Held from a change of `state` until its publication, by every path that changes and
     /// publishes: subscribers (the allocator) then see changes in the order `state` took them.
@@ -163,13 +184,19 @@ impl HealthMonitor {
             }
             None => None,
         };
-        let mut state = HealthState::new(driver.inventory(), config.quiet_period, now_ms());
+        let flap_window = config
+            .recovery
+            .as_ref()
+            .map_or(Duration::from_secs(3600), |r| r.flap_window);
+        let mut state = HealthState::new(driver.inventory(), flap_window, now_ms());
         let restored = match store.as_ref().map(HealthStore::load).transpose()?.flatten() {
             Some(snapshot) => state.restore(&snapshot)?,
             None => Vec::new(),
         };
         let shared = Arc::new(Shared {
             driver: Arc::clone(&driver),
+            recovery: config.recovery.clone(),
+            probes: Mutex::new(HashMap::new()),
             state: Mutex::new(state),
             order: Mutex::new(()),
             policy: config.policy.clone(),
@@ -184,15 +211,31 @@ impl HealthMonitor {
         });
         publish(&shared, restored);
         // Written at every start, so a work directory with a monitor always has a checkpoint and
-        // one without (a wrong `--work-dir`) can be told apart.
+        // one without (a wrong `--agent-work-dir`) can be told apart.
         save(&shared);
-        let quiet_period = config.quiet_period;
+        let recovery = config.recovery.as_ref().map_or_else(
+            || "off (only `gpu mark-healthy` brings GPUs back)".to_owned(),
+            |r| {
+                format!(
+                    "on evidence: quiet {}, retries {}s to {}s, probe `{}`{}",
+                    r.quiet,
+                    r.retry_min.as_secs(),
+                    r.retry_max.as_secs(),
+                    r.probe.describe(),
+                    if r.probe.cgroup.is_some() {
+                        " in a one-GPU cgroup"
+                    } else {
+                        ""
+                    }
+                )
+            },
+        );
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("gpu-health".to_owned())
             .spawn(move || run(&driver, &thread_shared, &config))
             .map_err(|source| HealthError::Thread { source })?;
-        tracing::info!(policy = %shared.policy.describe(), quiet_period = ?quiet_period, "GPU health monitor started");
+        tracing::info!(policy = %shared.policy.describe(), %recovery, "GPU health monitor started");
         Ok(HealthMonitor {
             shared,
             thread: Some(thread),
@@ -226,7 +269,7 @@ impl HealthMonitor {
 
     /// The operator's word: `gpu` is healthy again. Subscribers hear of it and the checkpoint
     /// is updated. `Ok(None)` when it already was healthy; refused while NVML still reports the
-    /// GPU lost.
+    /// GPU lost or the driver asks for a reset or reboot.
     pub fn mark_healthy(&self, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
         let _order = lock(&self.shared.order);
         let change = mark(&self.shared, gpu)?;
@@ -249,6 +292,26 @@ impl HealthMonitor {
     /// The policy in force.
     pub fn policy(&self) -> &HealthPolicy {
         &self.shared.policy
+    }
+
+    /// What keeps `gpu` out of the pool (the evidence missing), one line each; empty when it
+    /// is healthy.
+    pub fn missing_evidence(&self, gpu: &GpuRef) -> Result<Vec<String>, HealthError> {
+        let snapshot = self.snapshot();
+        let record = snapshot.find(gpu).ok_or_else(|| HealthError::UnknownGpu {
+            gpu: gpu.to_string(),
+            known: snapshot
+                .gpus
+                .iter()
+                .map(|g| format!("{} {}", g.index, g.uuid))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+        let mut missing = record.recovery.missing();
+        if self.shared.recovery.is_none() && !record.health.is_healthy() {
+            missing.push("automatic recovery is off".to_owned());
+        }
+        Ok(missing)
     }
 }
 
@@ -444,8 +507,17 @@ fn registration_failed(shared: &Shared, gpu: &Gpu, error: &NvmlError) {
         },
     };
     let _order = lock(&shared.order);
-    let change = lock(&shared.state).record(gpu.index, failure, now_ms());
+    let change = lock(&shared.state).record(gpu.index, failure, now_ms(), &AtEvent::default());
     publish(shared, change.into_iter().collect());
+}
+
+/// What the driver says about GPU `index` at a counted event.
+fn at_event(shared: &Shared, index: u32) -> AtEvent {
+    let evidence = evidence::read(&shared.driver, index);
+    AtEvent {
+        baseline: evidence.baseline(),
+        driver_asks: evidence.asks(),
+    }
 }
 
 /// Acts on one event; an XID NVML attributes to a MIG `instance` of a GPU with MIG devices
@@ -468,6 +540,16 @@ fn handle(
             probe_lost(nvml, gpus, shared, xid);
             return;
         }
+    };
+    let counted_xid = event.event_type.contains(EventTypes::CRITICAL_XID_ERROR)
+        && xid.is_some_and(|x| shared.policy.counts_xid(x));
+    let counted_ecc =
+        event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) && shared.policy.counts_ecc();
+    // Read before the state is locked: NVML calls take time.
+    let at = if counted_xid || counted_ecc {
+        at_event(shared, index)
+    } else {
+        AtEvent::default()
     };
     let _order = lock(&shared.order);
     let now = now_ms();
@@ -497,7 +579,7 @@ fn handle(
                     );
                     changes.extend(mig_changes);
                 } else {
-                    changes.extend(state.record(index, Failure::Xid { xid }, now));
+                    changes.extend(state.record(index, Failure::Xid { xid }, now, &at));
                 }
             }
             None => tracing::warn!(gpu = index, "XID event without an XID number"),
@@ -506,7 +588,7 @@ fn handle(
     if event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
         state.count_ecc(index, true);
         if shared.policy.counts_ecc() {
-            changes.extend(state.record(index, Failure::DoubleBitEcc, now));
+            changes.extend(state.record(index, Failure::DoubleBitEcc, now, &at));
         }
     }
     if event.event_type.contains(EventTypes::SINGLE_BIT_ECC_ERROR) {
@@ -542,7 +624,7 @@ fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
             state.count_xid(gpu.index, xid);
         }
         if shared.policy.counts_lost() {
-            changes.extend(state.record(gpu.index, Failure::Lost, now_ms()));
+            changes.extend(state.record(gpu.index, Failure::Lost, now_ms(), &AtEvent::default()));
         } else {
             tracing::warn!(
                 gpu = gpu.index,
@@ -557,8 +639,8 @@ fn probe_lost(nvml: &Nvml, gpus: &[Gpu], shared: &Shared, xid: Option<u64>) {
     }
 }
 
-/// Marks `gpu` healthy in the state, unless NVML still answers `GPU_IS_LOST` for it (it would
-/// be handed out and fail at once).
+/// Marks `gpu` healthy in the state, unless NVML still answers `GPU_IS_LOST` for it or the
+/// driver asks for a reset or reboot (it would be handed out and fail at once).
 fn mark(shared: &Shared, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthError> {
     let index = lock(&shared.state).index_of(gpu)?;
     if shared.driver.reports_lost(index) {
@@ -566,23 +648,188 @@ fn mark(shared: &Shared, gpu: &GpuRef) -> Result<Option<HealthChange>, HealthErr
             gpu: gpu.to_string(),
         });
     }
+    if let Some(asks) = evidence::read(&shared.driver, index).asks() {
+        return Err(HealthError::DriverAsks {
+            gpu: gpu.to_string(),
+            asks,
+        });
+    }
     lock(&shared.state).mark_healthy(gpu)
 }
 
-/// Quiet periods and operator requests. A request is answered only after the checkpoint holds
-/// its effect, so the requester never reads the state from before it.
-fn housekeeping(shared: &Shared) {
+/// Recovery's turn: applies the outcomes of probes that ended, then checks the GPUs due.
+fn recover(shared: &Shared) {
+    let Some(config) = &shared.recovery else {
+        return;
+    };
+    let ended: Vec<(u32, Probing, ProbeOutcome)> = {
+        let mut probes = lock(&shared.probes);
+        let done: Vec<(u32, ProbeOutcome)> = probes
+            .iter()
+            .filter_map(|(&i, p)| match p.outcome.try_recv() {
+                Ok(outcome) => Some((i, outcome)),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => Some((
+                    i,
+                    ProbeOutcome {
+                        passed: false,
+                        detail: "the probe thread ended without an outcome".to_owned(),
+                        output: String::new(),
+                    },
+                )),
+            })
+            .collect();
+        done.into_iter()
+            .filter_map(|(i, outcome)| probes.remove(&i).map(|p| (i, p, outcome)))
+            .collect()
+    };
+    for (index, probing, outcome) in ended {
+        probed(shared, config, index, probing, outcome);
+    }
+    let now = now_ms();
+    let due = lock(&shared.state).due(now, config);
+    for d in due {
+        if lock(&shared.probes).contains_key(&d.index) {
+            continue;
+        }
+        attempt(shared, config, d, now);
+    }
+}
+
+/// Checks the driver's evidence on a GPU that is due; starts its probe when it holds.
+fn attempt(shared: &Shared, config: &RecoveryConfig, due: Due, now: u64) {
+    let evidence = evidence::read(&shared.driver, due.index);
+    let mut findings = vec![due.quiet.clone()];
+    findings.extend(evidence.judge(&due.baseline));
+    if !findings.iter().all(|f| f.ok) {
+        let text = describe(&findings);
+        let _order = lock(&shared.order);
+        let wait = lock(&shared.state).attempt_failed(
+            due.index,
+            findings,
+            false,
+            evidence.asks(),
+            now,
+            config,
+        );
+        tracing::warn!(gpu = due.index, uuid = %due.uuid, next_check_in_s = wait.as_secs(), "GPU stays out of the pool: evidence missing: {text}");
+        save(shared);
+        return;
+    }
+    let minor = shared
+        .driver
+        .inventory()
+        .by_index(due.index)
+        .map_or(due.index, |g| g.minor);
+    let target = ProbeTarget {
+        index: due.index,
+        uuid: due.uuid.clone(),
+        minor,
+    };
+    let (tx, rx) = mpsc::channel();
+    let probe = config.probe.clone();
+    let spawned = std::thread::Builder::new()
+        .name("gpu-probe".to_owned())
+        .spawn(move || {
+            let _ = tx.send(run_probe(&probe, &target));
+        });
+    if let Err(e) = spawned {
+        tracing::error!(gpu = due.index, error = %e, "cannot start the GPU probe thread");
+        return;
+    }
+    tracing::info!(gpu = due.index, uuid = %due.uuid, probe = %config.probe.describe(), "GPU recovery: evidence holds ({}); probing", describe(&findings));
+    lock(&shared.probes).insert(
+        due.index,
+        Probing {
+            outcome: rx,
+            started_ms: now,
+            uuid: due.uuid,
+            findings,
+        },
+    );
+}
+
+/// Applies a probe's outcome: the GPU is back in the pool when it passed and no counted error
+/// arrived while it ran.
+fn probed(
+    shared: &Shared,
+    config: &RecoveryConfig,
+    index: u32,
+    probing: Probing,
+    outcome: ProbeOutcome,
+) {
     let _order = lock(&shared.order);
-    let mut changes = lock(&shared.state).expire(now_ms());
+    let mut state = lock(&shared.state);
+    let Some(last_error_ms) = state.last_error_ms(index) else {
+        tracing::info!(
+            gpu = index,
+            "GPU probe ended after the GPU was marked healthy; outcome ignored"
+        );
+        return;
+    };
+    let mut findings = probing.findings;
+    let now = now_ms();
+    let interrupted = last_error_ms > probing.started_ms;
+    findings.push(Finding {
+        check: Check::Probe,
+        ok: outcome.passed && !interrupted,
+        detail: if interrupted {
+            format!("a counted error arrived while it ran; {}", outcome.detail)
+        } else {
+            outcome.detail.clone()
+        },
+    });
+    let text = describe(&findings);
+    if outcome.passed && !interrupted {
+        let change = state.recovered(index, findings, now);
+        drop(state);
+        tracing::info!(gpu = index, uuid = %probing.uuid, "GPU is back in the pool by itself: {text}");
+        publish(shared, change.into_iter().collect());
+        return;
+    }
+    let wait = state.attempt_failed(index, findings, !outcome.passed, None, now, config);
+    drop(state);
+    tracing::warn!(gpu = index, uuid = %probing.uuid, next_check_in_s = wait.as_secs(), output = ?outcome.output, "GPU stays out of the pool: the probe failed: {text}");
+    save(shared);
+}
+
+/// `quiet time: ok (…); recovery action: MISSING (…); probe: FAILED (…)`.
+fn describe(findings: &[Finding]) -> String {
+    findings
+        .iter()
+        .map(Finding::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Recovery and operator requests. A request is answered only after the checkpoint holds its
+/// effect, so the requester never reads the state from before it.
+fn housekeeping(shared: &Shared) {
+    recover(shared);
+    let _order = lock(&shared.order);
+    let mut changes = Vec::new();
     let mut answers = Vec::new();
     if let Some(store) = &shared.store {
         for request in store.take_requests() {
             let gpu = &request.gpu;
+            let missing = lock(&shared.state)
+                .snapshot()
+                .find(gpu)
+                .map(|r| r.recovery.missing())
+                .unwrap_or_default();
             let answer = match mark(shared, gpu) {
                 Ok(change) => {
-                    tracing::info!(%gpu, "operator marked GPU healthy");
+                    tracing::info!(%gpu, missing = ?missing, "operator marked GPU healthy");
                     let message = match &change {
-                        Some(c) => format!("GPU {} ({}) marked healthy", c.index, c.uuid),
+                        Some(c) if missing.is_empty() => {
+                            format!("GPU {} ({}) marked healthy", c.index, c.uuid)
+                        }
+                        Some(c) => format!(
+                            "GPU {} ({}) marked healthy; the evidence that was missing: {}",
+                            c.index,
+                            c.uuid,
+                            missing.join("; ")
+                        ),
                         None => format!("GPU {gpu} is already healthy"),
                     };
                     changes.extend(change);

@@ -1,23 +1,23 @@
 //! Which NVML health events make a GPU unhealthy.
 //!
-//! Facts relied on (`shared/reference/gpu_sched.md` §1.1, NVIDIA k8s-device-plugin v0.20
+//! Facts relied on (`docs/reference/gpu-health.md` §2, NVIDIA k8s-device-plugin v0.20
 //! `internal/rm/health.go`):
 //! - XIDs 13, 31, 43, 45, 68 and 109 are caused by applications (graphics engine exception,
 //!   memory page fault, GPU stopped processing, preemptive cleanup, video processor exception,
-//!   context switch timeout); the GPU itself is fine, so they are ignored by default.
+//!   context switch timeout); the GPU itself is fine, so they are ignored by default (the
+//!   `counted` column of the XID policy table, `super::xid`).
 //! - Operators need to add to that list (XID 94 false positives, gpu-operator #1065), take XIDs
 //!   off it, and switch checks off altogether (`DP_DISABLE_HEALTHCHECKS=all`).
 //! - The device plugin's precedence is explicit enable > explicit disable (including `all`) >
-//!   built-in ignore list > counted. Its `all` plus an explicit enable still disables every
-//!   check (a bug, §1.1); here `all,+94` counts XID 94 and nothing else.
+//!   built-in ignore list > counted. Its `all` plus an explicit enable still disables every check
+//!   (a bug, `docs/reference/gpu-health.md` §2); here `all,+94` counts XID 94 and nothing else.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// XIDs caused by applications, ignored unless explicitly enabled.
-pub(crate) const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+use super::xid::{default_ignored, xid_rule};
 
 /// A health-check specification that cannot be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +57,8 @@ pub struct HealthPolicy {
 }
 
 impl HealthPolicy {
-    /// The default: every XID but `DEFAULT_IGNORED_XIDS`, double-bit ECC errors and lost GPUs.
+    /// The default: every XID but those the XID policy table ignores, double-bit ECC errors and
+    /// lost GPUs.
     pub fn new() -> HealthPolicy {
         HealthPolicy::default()
     }
@@ -67,7 +68,7 @@ impl HealthPolicy {
     pub fn describe(&self) -> String {
         let spec = self.to_string();
         if spec.is_empty() {
-            let ignored: Vec<String> = DEFAULT_IGNORED_XIDS.iter().map(u64::to_string).collect();
+            let ignored: Vec<String> = default_ignored().map(|x| x.to_string()).collect();
             format!(
                 "default (every XID but {}, double-bit ECC errors, lost GPUs)",
                 ignored.join(", ")
@@ -128,7 +129,7 @@ impl HealthPolicy {
         if self.all_disabled || self.ignored.contains(&xid) {
             return false;
         }
-        self.all_enabled || !DEFAULT_IGNORED_XIDS.contains(&xid)
+        self.all_enabled || xid_rule(xid).is_none_or(|r| r.counted)
     }
 
     /// Whether double-bit (uncorrectable) ECC errors mark their GPU unhealthy.
@@ -171,7 +172,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue_14_the_default_policy_is_described_not_blank() {
+    fn the_default_policy_is_described_not_blank() {
         assert_eq!(
             HealthPolicy::new().describe(),
             "default (every XID but 13, 31, 43, 45, 68, 109, double-bit ECC errors, lost GPUs)"
@@ -182,7 +183,7 @@ mod tests {
     #[test]
     fn default_ignores_application_xids_only() {
         let p = HealthPolicy::new();
-        for xid in DEFAULT_IGNORED_XIDS {
+        for xid in default_ignored() {
             assert!(!p.counts_xid(xid), "XID {xid}");
         }
         for xid in [48, 62, 63, 64, 74, 79, 92, 94, 95] {
@@ -201,7 +202,7 @@ mod tests {
         assert!(!p.counts_xid(13) && p.counts_xid(79));
 
         let every = HealthPolicy::parse("+ALL").unwrap();
-        assert!(DEFAULT_IGNORED_XIDS.iter().all(|&x| every.counts_xid(x)));
+        assert!(default_ignored().all(|x| every.counts_xid(x)));
         let every_but = HealthPolicy::parse("+all,13").unwrap();
         assert!(!every_but.counts_xid(13) && every_but.counts_xid(31));
     }

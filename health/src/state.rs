@@ -3,12 +3,15 @@
 //! Pure bookkeeping over wall-clock times passed in by the caller (milliseconds since the Unix
 //! epoch, so the state can be checkpointed and read back after a restart).
 //!
-//! Recovery rules (NVIDIA's device plugin has none, `shared/reference/gpu_sched.md` §1.1; HAMi
-//! removed an automatic one because a GPU can answer queries right after an XID, §1.1):
-//! - an unhealthy GPU becomes healthy again after a configured quiet period with no new error;
-//!   with no quiet period configured it never does by itself;
-//! - a lost GPU (fallen off the bus), or one whose events could not be registered, never
-//!   recovers by itself: nothing could show that it works again;
+//! Recovery rules (NVIDIA's device plugin has none, `docs/reference/gpu-health.md` §3; HAMi removed
+//! an automatic one because a GPU can answer queries right after an XID, same section, so here
+//! evidence decides, not time alone: `super::recovery`):
+//! - each stay out of the pool is an [`super::recovery::Episode`] recording how it may end
+//!   (the XID policy table, [`super::xid`]), the error counters at the event and the findings
+//!   of each attempt; a GPU whose failure recovers on evidence comes back by itself once every
+//!   check holds ([`HealthState::due`], [`HealthState::recovered`]);
+//! - a failure that needs a reset, a lost GPU (fallen off the bus) or one whose events could
+//!   not be registered never recovers by itself;
 //! - the operator may declare any GPU healthy ([`HealthState::mark_healthy`]).
 //!
 //! A MIG device has a record of its own beside its parent's: an XID NVML attributes to a MIG
@@ -23,7 +26,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::HealthError;
-use super::xid::xid_meaning;
+use super::recovery::{Baseline, Finding, RecoveryConfig, RecoveryRecord};
+use super::xid::{Comeback, EventClass, Remedy, xid_comeback, xid_meaning};
 use mesos_gpu_node::inventory::Inventory;
 
 /// Why a GPU was marked unhealthy.
@@ -59,6 +63,23 @@ impl Failure {
     /// True when only the operator can clear it.
     pub(crate) fn is_permanent(&self) -> bool {
         matches!(self, Failure::Lost | Failure::Unwatchable { .. })
+    }
+
+    /// How a GPU it took out comes back (the XID policy table; an uncorrectable ECC error
+    /// needs a reset, as XID 48 does).
+    pub fn comeback(&self) -> Comeback {
+        match self {
+            Failure::Xid { xid } => xid_comeback(*xid),
+            Failure::DoubleBitEcc => Comeback::Reset {
+                remedy: Remedy::GpuReset,
+            },
+            Failure::Lost => Comeback::Reset {
+                remedy: Remedy::NodeReboot,
+            },
+            Failure::Unwatchable { .. } => Comeback::Reset {
+                remedy: Remedy::Operator,
+            },
+        }
     }
 }
 
@@ -174,20 +195,26 @@ pub struct HealthChange {
     pub restored: bool,
     /// Set when the change is about one MIG device of GPU `index`, not the whole GPU.
     pub mig: Option<MigInstance>,
+    /// For a GPU turning unhealthy: how it comes back, or what the operator must do.
+    pub advice: Option<String>,
 }
 
 impl HealthChange {
     /// For a GPU turning unhealthy, the limitation its holder is told, e.g.
-    /// `GPU 3 (GPU-…) failed: XID 79 (GPU has fallen off the bus)` or
+    /// `GPU 3 (GPU-…) failed: XID 79 (GPU has fallen off the bus); it needs a node reboot …` or
     /// `MIG device MIG-… (GPU 3, GPU instance 1, compute instance 0) failed: XID 43 (…)`.
     pub fn limitation(&self) -> Option<String> {
         let reason = self.health.failure()?;
-        Some(match &self.mig {
+        let what = match &self.mig {
             None => format!("GPU {} ({}) failed: {reason}", self.index, self.uuid),
             Some(m) => format!(
                 "MIG device {} (GPU {}, GPU instance {}, compute instance {}) failed: {reason}",
                 self.uuid, self.index, m.gpu_instance, m.compute_instance
             ),
+        };
+        Some(match &self.advice {
+            Some(advice) => format!("{what}; {advice}"),
+            None => what,
         })
     }
 }
@@ -210,6 +237,9 @@ pub struct GpuRecord {
     pub ecc_single_bit: u64,
     /// Double-bit (uncorrectable) ECC events seen.
     pub ecc_double_bit: u64,
+    /// Automatic recoveries, failed probes, flapping and the current stay out of the pool.
+    #[serde(default)]
+    pub recovery: RecoveryRecord,
 }
 
 /// The checkpointed form of `HealthState` (schema [`HealthSnapshot::VERSION`]).
@@ -253,6 +283,7 @@ impl HealthSnapshot {
             })?;
         let was = !record.health.is_healthy();
         record.health = GpuHealth::Healthy;
+        record.recovery.episode = None;
         Ok(was)
     }
 }
@@ -278,10 +309,27 @@ fn known<'a>(records: impl Iterator<Item = &'a GpuRecord>) -> String {
         .join(", ")
 }
 
+/// What the driver said about a GPU at its event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AtEvent {
+    /// Its error counters then.
+    pub(crate) baseline: Baseline,
+    /// What it asked for, when it asked for a reset or reboot.
+    pub(crate) driver_asks: Option<String>,
+}
+
 /// Records `failure` on `g`; the change when it was healthy. A further failure of an unhealthy
-/// record restarts its quiet period, and `Lost` replaces a lesser reason.
-fn fail(g: &mut GpuRecord, failure: Failure, now_ms: u64) -> Option<HealthChange> {
-    match &mut g.health {
+/// record restarts its quiet time, a reset-needing one makes the stay need a reset, and `Lost`
+/// replaces a lesser reason.
+fn fail(
+    g: &mut GpuRecord,
+    failure: Failure,
+    now_ms: u64,
+    at: &AtEvent,
+    flap_window: Duration,
+) -> Option<HealthChange> {
+    let comeback = failure.comeback();
+    let outcome = match &mut g.health {
         GpuHealth::Healthy => {
             g.health = GpuHealth::Unhealthy {
                 reason: failure,
@@ -289,7 +337,11 @@ fn fail(g: &mut GpuRecord, failure: Failure, now_ms: u64) -> Option<HealthChange
                 last_error_ms: now_ms,
                 errors: 1,
             };
-            Some(change(g, false))
+            g.recovery.begin(comeback, now_ms, flap_window);
+            if let Some(episode) = &mut g.recovery.episode {
+                episode.baseline = at.baseline;
+            }
+            true
         }
         GpuHealth::Unhealthy {
             reason,
@@ -302,9 +354,31 @@ fn fail(g: &mut GpuRecord, failure: Failure, now_ms: u64) -> Option<HealthChange
             }
             *last_error_ms = now_ms.max(*last_error_ms);
             *errors += 1;
-            None
+            if g.recovery.episode.is_none() {
+                // A checkpoint from before episodes were recorded.
+                g.recovery.begin(comeback, now_ms, flap_window);
+            }
+            g.recovery.escalate(comeback);
+            false
         }
+    };
+    if let (Some(asks), Some(episode)) = (&at.driver_asks, &mut g.recovery.episode) {
+        episode.driver_asks = Some(asks.clone());
     }
+    outcome.then(|| change(g, false))
+}
+
+/// A GPU whose recovery check is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Due {
+    /// NVML index.
+    pub(crate) index: u32,
+    /// UUID.
+    pub(crate) uuid: String,
+    /// The counters at its event.
+    pub(crate) baseline: Baseline,
+    /// The quiet-time finding (always holding: only GPUs past their quiet time are due).
+    pub(crate) quiet: Finding,
 }
 
 /// The health of every GPU and MIG device of a node.
@@ -312,17 +386,13 @@ fn fail(g: &mut GpuRecord, failure: Failure, now_ms: u64) -> Option<HealthChange
 pub(crate) struct HealthState {
     gpus: Vec<GpuRecord>,
     mig: Vec<GpuRecord>,
-    quiet_period: Option<Duration>,
+    flap_window: Duration,
 }
 
 impl HealthState {
-    /// Every GPU of `inventory` healthy, except those discovery found lost. An unhealthy GPU
-    /// recovers after `quiet_period` without errors (never, when `None`).
-    pub(crate) fn new(
-        inventory: &Inventory,
-        quiet_period: Option<Duration>,
-        now_ms: u64,
-    ) -> HealthState {
+    /// Every GPU of `inventory` healthy, except those discovery found lost. A GPU failing again
+    /// within `flap_window` after coming back by itself is flapping.
+    pub(crate) fn new(inventory: &Inventory, flap_window: Duration, now_ms: u64) -> HealthState {
         let gpus = inventory
             .gpus
             .iter()
@@ -343,6 +413,13 @@ impl HealthState {
                 xids: BTreeMap::new(),
                 ecc_single_bit: 0,
                 ecc_double_bit: 0,
+                recovery: {
+                    let mut r = RecoveryRecord::default();
+                    if !g.healthy {
+                        r.begin(Failure::Lost.comeback(), now_ms, flap_window);
+                    }
+                    r
+                },
             })
             .collect();
         let mig = inventory
@@ -366,12 +443,13 @@ impl HealthState {
                 xids: BTreeMap::new(),
                 ecc_single_bit: 0,
                 ecc_double_bit: 0,
+                recovery: RecoveryRecord::default(),
             })
             .collect();
         HealthState {
             gpus,
             mig,
-            quiet_period,
+            flap_window,
         }
     }
 
@@ -428,9 +506,11 @@ impl HealthState {
         index: u32,
         failure: Failure,
         now_ms: u64,
+        at: &AtEvent,
     ) -> Option<HealthChange> {
+        let window = self.flap_window;
         let g = self.find(&GpuRef::Index(index)).ok()?;
-        fail(g, failure, now_ms)
+        fail(g, failure, now_ms, at, window)
     }
 
     /// Records an XID NVML attributed to GPU instance `gpu_instance` (and compute instance
@@ -448,6 +528,7 @@ impl HealthState {
     ) -> Option<Vec<HealthChange>> {
         let mut hit = false;
         let mut changes = Vec::new();
+        let window = self.flap_window;
         for g in &mut self.mig {
             let Some(m) = &g.mig else { continue };
             if g.index != index
@@ -459,33 +540,99 @@ impl HealthState {
             hit = true;
             *g.xids.entry(xid).or_default() += 1;
             if counted {
-                changes.extend(fail(g, Failure::Xid { xid }, now_ms));
+                changes.extend(fail(
+                    g,
+                    Failure::Xid { xid },
+                    now_ms,
+                    &AtEvent::default(),
+                    window,
+                ));
             }
         }
         hit.then_some(changes)
     }
 
-    /// GPUs whose quiet period has passed, now healthy again.
-    pub(crate) fn expire(&mut self, now_ms: u64) -> Vec<HealthChange> {
-        let Some(quiet) = self.quiet_period else {
-            return Vec::new();
-        };
-        let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
-        let mut changes = Vec::new();
-        for g in self.gpus.iter_mut().chain(&mut self.mig) {
-            if let GpuHealth::Unhealthy {
-                reason,
-                last_error_ms,
-                ..
-            } = &g.health
-                && !reason.is_permanent()
-                && now_ms.saturating_sub(*last_error_ms) >= quiet_ms
-            {
-                g.health = GpuHealth::Healthy;
-                changes.push(change(g, false));
+    /// Whole GPUs whose failure recovers on evidence, whose quiet time (lengthened for a
+    /// flapping GPU) has passed and whose next attempt is due.
+    pub(crate) fn due(&self, now_ms: u64, config: &RecoveryConfig) -> Vec<Due> {
+        let mut due = Vec::new();
+        for g in &self.gpus {
+            let (GpuHealth::Unhealthy { last_error_ms, .. }, Some(episode)) =
+                (&g.health, &g.recovery.episode)
+            else {
+                continue;
+            };
+            let Comeback::Evidence { class } = episode.comeback else {
+                continue;
+            };
+            let quiet = config.quiet_for(class, g.recovery.flaps);
+            let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+            let calm = now_ms.saturating_sub(*last_error_ms);
+            if calm < quiet_ms || now_ms < episode.next_try_ms {
+                continue;
             }
+            due.push(Due {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                baseline: episode.baseline,
+                quiet: Finding {
+                    check: super::recovery::Check::QuietTime,
+                    ok: true,
+                    detail: quiet_words(calm, quiet, class, g.recovery.flaps),
+                },
+            });
         }
-        changes
+        due
+    }
+
+    /// GPU `index` came back by itself after `findings`: healthy again.
+    pub(crate) fn recovered(
+        &mut self,
+        index: u32,
+        findings: Vec<Finding>,
+        now_ms: u64,
+    ) -> Option<HealthChange> {
+        let g = self.find(&GpuRef::Index(index)).ok()?;
+        if g.health.is_healthy() {
+            return None;
+        }
+        g.health = GpuHealth::Healthy;
+        g.recovery.recovered(now_ms);
+        if let Some(last) = findings.last() {
+            tracing::debug!(gpu = index, last = %last, "recovered");
+        }
+        Some(change(g, false))
+    }
+
+    /// An attempt to bring GPU `index` back failed with `findings` (a failed probe counts as
+    /// one); the wait before the next one.
+    pub(crate) fn attempt_failed(
+        &mut self,
+        index: u32,
+        findings: Vec<Finding>,
+        probe_failed: bool,
+        driver_asks: Option<String>,
+        now_ms: u64,
+        config: &RecoveryConfig,
+    ) -> Duration {
+        let Ok(g) = self.find(&GpuRef::Index(index)) else {
+            return Duration::ZERO;
+        };
+        if probe_failed {
+            g.recovery.probe_failures += 1;
+        }
+        if let Some(episode) = &mut g.recovery.episode {
+            episode.driver_asks = driver_asks;
+        }
+        g.recovery.failed_attempt(findings, now_ms, config)
+    }
+
+    /// When GPU `index` last had a counted error, ms; `None` when it is healthy.
+    pub(crate) fn last_error_ms(&self, index: u32) -> Option<u64> {
+        match self.get(index)?.health {
+            GpuHealth::Unhealthy { last_error_ms, .. } => Some(last_error_ms),
+            GpuHealth::Healthy => None,
+        }
     }
 
     /// The operator's word: `gpu` is healthy. `Ok(None)` when it already was.
@@ -498,6 +645,7 @@ impl HealthState {
             return Ok(None);
         }
         g.health = GpuHealth::Healthy;
+        g.recovery.episode = None;
         Ok(Some(change(g, false)))
     }
 
@@ -531,6 +679,7 @@ impl HealthState {
             g.xids.clone_from(&saved.xids);
             g.ecc_single_bit = saved.ecc_single_bit;
             g.ecc_double_bit = saved.ecc_double_bit;
+            g.recovery.clone_from(&saved.recovery);
             if !saved.health.is_healthy() {
                 g.health = saved.health.clone();
                 changes.push(change(g, true));
@@ -540,6 +689,40 @@ impl HealthState {
     }
 }
 
+/// `quiet 12s ≥ 10s (other; doubled twice: flapping)`.
+fn quiet_words(calm_ms: u64, quiet: Duration, class: EventClass, flaps: u32) -> String {
+    let flapping = if flaps > 0 {
+        format!(", lengthened for {flaps} recovery(ies) that failed again")
+    } else {
+        String::new()
+    };
+    format!(
+        "{:.1}s without an error, {:.1}s needed ({class} quiet time{flapping})",
+        Duration::from_millis(calm_ms).as_secs_f64(),
+        quiet.as_secs_f64()
+    )
+}
+
+/// How a GPU out of the pool comes back, for its holder and the operator.
+fn advice(g: &GpuRecord) -> Option<String> {
+    let episode = g.recovery.episode.as_ref()?;
+    let asks = episode
+        .driver_asks
+        .as_ref()
+        .map(|a| format!("the driver asks for {a}; "))
+        .unwrap_or_default();
+    Some(match (episode.comeback, &g.mig) {
+        (Comeback::Reset { remedy }, _) => format!("{asks}{}", remedy.describe(g.index)),
+        (Comeback::Evidence { .. }, Some(_)) => format!(
+            "{asks}it stays out until `mesos-gpu gpu mark-healthy {}` (MIG devices do not come back by themselves)",
+            g.uuid
+        ),
+        (Comeback::Evidence { .. }, None) => format!(
+            "{asks}it comes back by itself once the driver asks for nothing, no new uncorrectable error shows and its probe passes after a quiet time (`mesos-gpu gpu health`)"
+        ),
+    })
+}
+
 fn change(g: &GpuRecord, restored: bool) -> HealthChange {
     HealthChange {
         index: g.index,
@@ -547,6 +730,11 @@ fn change(g: &GpuRecord, restored: bool) -> HealthChange {
         health: g.health.clone(),
         restored,
         mig: g.mig.clone(),
+        advice: if g.health.is_healthy() {
+            None
+        } else {
+            advice(g)
+        },
     }
 }
 
@@ -569,6 +757,7 @@ impl HealthChange {
             },
             restored: false,
             mig: None,
+            advice: None,
         }
     }
 }
@@ -598,71 +787,162 @@ mod tests {
         }
     }
 
+    fn config(quiet_ms: u64) -> RecoveryConfig {
+        let mut c = RecoveryConfig::new(super::super::probe::ProbeConfig::command(vec![
+            "true".into(),
+        ]));
+        c.quiet = super::super::recovery::QuietTimes::uniform(Duration::from_millis(quiet_ms));
+        c.retry_min = Duration::from_millis(1_000);
+        c.retry_max = Duration::from_millis(8_000);
+        c
+    }
+
+    const AT: AtEvent = AtEvent {
+        baseline: Baseline {
+            volatile_uncorrected: None,
+        },
+        driver_asks: None,
+    };
+
     #[test]
-    fn failure_then_quiet_period_recovery() {
-        let mut s = HealthState::new(&inventory(4), Some(Duration::from_secs(10)), 0);
+    fn an_evidence_failure_is_due_after_its_quiet_time_and_a_reset_one_never() {
+        let c = config(10_000);
+        let mut s = HealthState::new(&inventory(4), c.flap_window, 0);
         assert!(s.get(3).unwrap().health.failure() == Some(&Failure::Lost));
-        let c = s.record(1, Failure::Xid { xid: 48 }, 1_000).unwrap();
-        assert_eq!(c.index, 1);
-        assert_eq!(
-            c.limitation().unwrap(),
-            "GPU 1 (GPU-00000001-0000-0000-0000-000000000000) failed: XID 48 (double-bit ECC error)"
+        let ch = s.record(1, Failure::Xid { xid: 94 }, 1_000, &AT).unwrap();
+        assert_eq!(ch.index, 1);
+        assert!(
+            ch.limitation().unwrap().starts_with(
+                "GPU 1 (GPU-00000001-0000-0000-0000-000000000000) failed: XID 94 (contained ECC error); it comes back by itself"
+            ),
+            "{:?}",
+            ch.limitation()
         );
         assert_eq!(
-            s.record(1, Failure::Xid { xid: 63 }, 5_000),
+            s.record(1, Failure::Xid { xid: 63 }, 5_000, &AT),
             None,
             "already unhealthy"
         );
         assert!(
-            s.expire(14_999).is_empty(),
-            "quiet period restarts at the latest error"
+            s.due(14_999, &c).is_empty(),
+            "quiet time restarts at the latest error"
         );
-        let back = s.expire(15_000);
-        assert_eq!(back.len(), 1, "{back:?}");
-        assert!(back[0].health.is_healthy() && back[0].limitation().is_none());
+        let due = s.due(15_000, &c);
+        assert_eq!(due.iter().map(|d| d.index).collect::<Vec<_>>(), [1]);
         assert!(
-            s.get(3).is_some_and(|g| !g.health.is_healthy()),
-            "lost never recovers"
+            due[0]
+                .quiet
+                .detail
+                .contains("10.0s needed (memory quiet time"),
+            "{:?}",
+            due[0]
         );
-        assert!(s.get(0).unwrap().health.is_healthy() && s.get(2).unwrap().health.is_healthy());
+        // A failed attempt waits retry_min, then twice as long.
+        assert_eq!(
+            s.attempt_failed(1, vec![], true, None, 15_000, &c),
+            Duration::from_secs(1)
+        );
+        assert!(s.due(15_999, &c).is_empty());
+        assert_eq!(s.due(16_000, &c).len(), 1);
+        assert_eq!(
+            s.attempt_failed(1, vec![], true, None, 16_000, &c),
+            Duration::from_secs(2)
+        );
+        assert_eq!(s.get(1).unwrap().recovery.probe_failures, 2);
+        let back = s.recovered(1, vec![], 18_000).unwrap();
+        assert!(back.health.is_healthy() && back.limitation().is_none());
+        assert_eq!(s.get(1).unwrap().recovery.recoveries, 1);
+        // XID 48 needs a reset: never due, and its holder is told what to do.
+        let ch = s.record(2, Failure::Xid { xid: 48 }, 20_000, &AT).unwrap();
+        assert!(
+            ch.limitation().unwrap().contains("nvidia-smi -r -i 2"),
+            "{:?}",
+            ch.limitation()
+        );
+        assert!(
+            s.due(u64::MAX, &c).is_empty(),
+            "lost and reset failures never come back by themselves"
+        );
+        assert_eq!(
+            s.get(2).unwrap().recovery.missing(),
+            ["the failure needs a GPU reset: it never comes back by itself"]
+        );
+        assert!(s.get(0).unwrap().health.is_healthy());
+    }
+
+    #[test]
+    fn a_gpu_that_fails_again_soon_after_coming_back_waits_longer() {
+        let c = config(1_000);
+        let mut s = HealthState::new(&inventory(2), c.flap_window, 0);
+        let mut at = 0;
+        let mut quiet = Vec::new();
+        for _ in 0..4 {
+            s.record(0, Failure::Xid { xid: 32 }, at, &AT);
+            let due_at = (at..at + 100_000)
+                .step_by(100)
+                .find(|&t| !s.due(t, &c).is_empty())
+                .unwrap();
+            quiet.push(due_at - at);
+            s.recovered(0, vec![], due_at);
+            at = due_at + 500;
+        }
+        assert_eq!(
+            quiet,
+            [1_000, 2_000, 4_000, 8_000],
+            "doubled per flap, capped at retry_max"
+        );
+        assert_eq!(s.get(0).unwrap().recovery.flaps, 3);
     }
 
     #[test]
     fn lost_replaces_reason_and_is_permanent() {
-        let mut s = HealthState::new(&inventory(2), Some(Duration::from_millis(1)), 0);
-        s.record(0, Failure::DoubleBitEcc, 1);
-        s.record(0, Failure::Lost, 2);
+        let c = config(1);
+        let mut s = HealthState::new(&inventory(2), c.flap_window, 0);
+        s.record(0, Failure::DoubleBitEcc, 1, &AT);
+        s.record(0, Failure::Lost, 2, &AT);
         assert_eq!(s.get(0).unwrap().health.failure(), Some(&Failure::Lost));
-        assert!(s.expire(1_000_000).is_empty());
-        let c = s.mark_healthy(&GpuRef::parse("GPU-00000000-0000-0000-0000-000000000000").unwrap());
-        assert!(c.unwrap().unwrap().health.is_healthy());
+        assert!(s.due(1_000_000, &c).is_empty());
+        let ch =
+            s.mark_healthy(&GpuRef::parse("GPU-00000000-0000-0000-0000-000000000000").unwrap());
+        assert!(ch.unwrap().unwrap().health.is_healthy());
+        assert_eq!(s.get(0).unwrap().recovery.episode, None);
         assert_eq!(s.mark_healthy(&GpuRef::Index(0)).unwrap(), None);
     }
 
     #[test]
-    fn no_quiet_period_means_no_recovery() {
-        let mut s = HealthState::new(&inventory(2), None, 0);
-        s.record(1, Failure::Xid { xid: 94 }, 1);
-        assert!(s.expire(u64::MAX).is_empty());
+    fn the_driver_asking_for_a_reset_is_told_to_the_holder() {
+        let mut s = HealthState::new(&inventory(2), Duration::from_secs(1), 0);
+        let at = AtEvent {
+            baseline: Baseline::default(),
+            driver_asks: Some("a GPU reset".to_owned()),
+        };
+        let ch = s.record(1, Failure::Xid { xid: 94 }, 1, &at).unwrap();
+        assert!(
+            ch.limitation()
+                .unwrap()
+                .contains("; the driver asks for a GPU reset; "),
+            "{:?}",
+            ch.limitation()
+        );
     }
 
     #[test]
     fn unknown_gpus_and_bad_refs_are_named() {
-        let mut s = HealthState::new(&inventory(2), None, 0);
+        let mut s = HealthState::new(&inventory(2), Duration::ZERO, 0);
         let err = s.mark_healthy(&GpuRef::Index(7)).unwrap_err();
         assert!(
             err.to_string().contains("GPU 7") && err.to_string().contains("0 GPU-0000"),
             "{err}"
         );
-        assert!(s.record(9, Failure::Lost, 0).is_none());
+        assert!(s.record(9, Failure::Lost, 0, &AT).is_none());
         let err = GpuRef::parse("gpu3").unwrap_err();
         assert!(err.to_string().contains("\"gpu3\""), "{err}");
     }
 
     #[test]
     fn snapshot_round_trips_through_json_and_restores_by_uuid() {
-        let mut s = HealthState::new(&inventory(4), None, 0);
-        s.record(2, Failure::Xid { xid: 79 }, 10);
+        let mut s = HealthState::new(&inventory(4), Duration::ZERO, 0);
+        s.record(2, Failure::Xid { xid: 79 }, 10, &AT);
         s.count_xid(2, 79);
         s.count_xid(0, 13);
         s.count_ecc(1, false);
@@ -673,7 +953,8 @@ mod tests {
         inv.gpus.swap(0, 2);
         inv.gpus[0].index = 0;
         inv.gpus[2].index = 2;
-        let mut fresh = HealthState::new(&inv, None, 0);
+        let mut fresh = HealthState::new(&inv, Duration::ZERO, 0);
+        assert!(fresh.get(2).unwrap().recovery.episode.is_none());
         let changes = fresh.restore(&snap).unwrap();
         let uuids: Vec<_> = changes
             .iter()
@@ -684,6 +965,10 @@ mod tests {
             "{uuids:?}"
         );
         assert_eq!(fresh.get(0).unwrap().xids.get(&79), Some(&1));
+        assert!(
+            fresh.get(0).unwrap().recovery.episode.is_some(),
+            "the stay out of the pool is restored with the health"
+        );
         assert_eq!(fresh.get(1).unwrap().ecc_single_bit, 1);
 
         let mut edited = snap.clone();
@@ -724,13 +1009,14 @@ mod tests {
 
     #[test]
     fn an_xid_on_a_mig_instance_fails_that_instance_only() {
-        let mut s = HealthState::new(&mig_inventory(), Some(Duration::from_secs(10)), 0);
+        let mut s = HealthState::new(&mig_inventory(), Duration::from_secs(10), 0);
         let changes = s.record_mig(1, 1, Some(1), 94, true, 1_000).unwrap();
         assert_eq!(changes.len(), 1);
         assert_eq!(changes[0].uuid, "MIG-1-1");
         assert_eq!(
             changes[0].limitation().unwrap(),
-            "MIG device MIG-1-1 (GPU 1, GPU instance 1, compute instance 1) failed: XID 94 (contained ECC error)"
+            "MIG device MIG-1-1 (GPU 1, GPU instance 1, compute instance 1) failed: XID 94 (contained ECC error); \
+             it stays out until `mesos-gpu gpu mark-healthy MIG-1-1` (MIG devices do not come back by themselves)"
         );
         assert!(s.get(1).unwrap().health.is_healthy(), "the parent stays");
         // A GPU instance without a compute instance: every compute instance in it.
@@ -755,16 +1041,14 @@ mod tests {
             snap.find(&GpuRef::Uuid("MIG-2-0".into())).unwrap().xids[&13],
             1
         );
-        // The quiet period, the operator and a restart treat MIG records as GPU records.
+        // The operator and a restart treat MIG records as GPU records; they never come back by
+        // themselves.
         let mig_ref = GpuRef::parse("MIG-1-0").unwrap();
         assert_eq!(s.mark_healthy(&mig_ref).unwrap().unwrap().uuid, "MIG-1-0");
-        assert_eq!(
-            s.expire(11_999),
-            [],
-            "GI 1's second XID restarted MIG-1-1's quiet period"
-        );
-        assert_eq!(s.expire(12_000)[0].uuid, "MIG-1-1");
-        let mut fresh = HealthState::new(&mig_inventory(), None, 0);
+        let mut c = RecoveryConfig::new(super::super::probe::ProbeConfig::command(vec![]));
+        c.quiet = super::super::recovery::QuietTimes::uniform(Duration::ZERO);
+        assert_eq!(s.due(u64::MAX, &c), []);
+        let mut fresh = HealthState::new(&mig_inventory(), Duration::ZERO, 0);
         let restored = fresh.restore(&snap).unwrap();
         assert_eq!(restored.len(), 2);
         assert!(restored.iter().all(|c| c.restored && c.mig.is_some()));

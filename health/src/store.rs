@@ -13,6 +13,9 @@
 //!   finds the checkpoint already saved and the answer waiting. Answers nobody collected are
 //!   removed after [`ANSWER_TTL`].
 //!
+//! Directories are made 0755 and files 0644 whatever the umask, in a work directory checked as
+//! the checkpoint's ([`mesos_gpu_os::fsmode::state_dir`]).
+//!
 //! With no monitor running (lock free), the CLI edits `health.json` directly while holding the
 //! lock; the next monitor reads it at start. Reading (`load`, `monitor_running`) never creates or
 //! changes a file.
@@ -22,7 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mesos_gpu_os::{JsonFile, LockFile, StoreError, durable};
+use mesos_gpu_os::{JsonFile, LockFile, StoreError, durable, fsmode};
 
 use super::HealthError;
 use super::state::{GpuRef, HealthSnapshot};
@@ -80,6 +83,13 @@ impl HealthStore {
         }
     }
 
+    /// Makes `dir` (the store's directory or one in it) 0755 where missing, and checks it and
+    /// the work directory above it.
+    fn make_dir(&self, dir: &Path) -> Result<(), HealthError> {
+        let work_dir = self.dir.parent().unwrap_or(&self.dir);
+        Ok(fsmode::state_dir(work_dir, dir, fsmode::STATE_DIR)?)
+    }
+
     /// `<work_dir>/gpu/health.json`.
     pub fn checkpoint_path(&self) -> PathBuf {
         self.dir.join(CHECKPOINT)
@@ -94,12 +104,12 @@ impl HealthStore {
     }
 
     fn file(&self) -> JsonFile {
-        JsonFile::at(self.checkpoint_path(), 0o644)
+        JsonFile::at(self.checkpoint_path(), fsmode::STATE_FILE)
     }
 
     /// Replaces the checkpoint crash-safely.
     pub fn save(&self, snapshot: &HealthSnapshot) -> Result<(), HealthError> {
-        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
+        self.make_dir(&self.dir)?;
         Ok(self.file().save(snapshot)?)
     }
 
@@ -123,8 +133,8 @@ impl HealthStore {
     /// to let go: an agent still exiting, or a child being spawned by another thread of this
     /// process, which shares the descriptor (and so the `flock`) until it execs.
     pub(crate) fn lock_within(&self, wait: Duration) -> Result<Option<StoreLock>, HealthError> {
-        fs::create_dir_all(&self.dir).map_err(io_err("create", &self.dir))?;
-        let file = LockFile::create(&self.dir.join(LOCK), 0o644)?;
+        self.make_dir(&self.dir)?;
+        let file = LockFile::create(&self.dir.join(LOCK), fsmode::LOCK_FILE)?;
         Ok(file.lock_within(wait)?.then_some(StoreLock { _file: file }))
     }
 
@@ -132,13 +142,13 @@ impl HealthStore {
     /// which disappears once the monitor has taken it.
     pub fn request_mark_healthy(&self, gpu: &GpuRef) -> Result<PathBuf, HealthError> {
         let dir = self.dir.join(REQUESTS);
-        fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        self.make_dir(&dir)?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let name = format!("{MARK_HEALTHY}{nanos}-{}", std::process::id());
         let path = dir.join(name);
-        durable::replace(&path, gpu.to_string().as_bytes(), 0o644)?;
+        durable::replace(&path, gpu.to_string().as_bytes(), fsmode::STATE_FILE)?;
         Ok(path)
     }
 
@@ -190,7 +200,7 @@ impl HealthStore {
         let written = serde_json::to_vec(answer)
             .map_err(|e| e.to_string())
             .and_then(|bytes| {
-                durable::replace(&answer_path, &bytes, 0o644)
+                durable::replace(&answer_path, &bytes, fsmode::STATE_FILE)
                     .map_err(|e| mesos_gpu_os::error_chain(&e))
             });
         if let Err(error) = written {
@@ -291,7 +301,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_reading_creates_nothing() {
+    fn reading_creates_nothing() {
         let work = tempfile::tempdir().unwrap();
         let store = HealthStore::at(work.path());
         assert!(!store.monitor_running().unwrap());

@@ -2,8 +2,8 @@
 //!
 //! Mesos calls `watch` once per container and keeps the future; when it resolves with a
 //! `ContainerLimitation`, the agent kills the container and reports the message
-//! (`shared/reference/mesos_gpu.md` §1). A limitation that arrives before anyone watches is kept
-//! until taken or the container is cleaned up ([`Limitations::forget`]).
+//! (`docs/reference/mesos-gpu-isolator.md` §1.5). A limitation that arrives before anyone watches
+//! is kept until taken or the container is cleaned up ([`Limitations::forget`]).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -133,6 +133,11 @@ impl Limitations {
                 }
             };
         }
+    }
+
+    /// How many containers have a slot (watched, or resolved and not yet forgotten).
+    pub fn tracked(&self) -> usize {
+        self.slots().len()
     }
 
     /// Drops the container's slot (at cleanup), waking its waiters with `None`.

@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_health::{
-    ChangeCallback, Failure, GpuRef, HealthChange, HealthError, HealthMonitor, HealthPolicy,
-    HealthStore, Limitations, MonitorConfig, apply_to_allocator,
+    ChangeCallback, Check, Failure, GpuRef, HealthChange, HealthError, HealthMonitor, HealthPolicy,
+    HealthStore, Limitations, MonitorConfig, ProbeConfig, QuietTimes, RecoveryConfig,
+    apply_to_allocator,
 };
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_node::{usage::ContainerCgroup, usage::UsageReader};
@@ -140,12 +142,12 @@ fn xid79_takes_the_gpu_out_and_tells_its_holder() -> TestResult {
         .wait("task-1", Some(PATIENCE))
         .ok_or("watch(task-1) never resolved")?;
     let want = format!(
-        "GPU 2 ({}) failed: XID 79 (GPU has fallen off the bus)",
+        "GPU 2 ({}) failed: XID 79 (GPU has fallen off the bus); it needs a node reboot",
         change.uuid
     );
     ensure(
-        limitation.message == want,
-        format!("{} != {want}", limitation.message),
+        limitation.message.starts_with(&want),
+        format!("{} does not start with {want}", limitation.message),
     )?;
     let alloc = alloc.lock().expect("allocator lock");
     ensure(
@@ -247,7 +249,7 @@ fn double_bit_ecc_marks_single_bit_does_not() -> TestResult {
 fn lost_gpu_is_lost_until_the_operator_says() -> TestResult {
     let sim = node(|_| {});
     let mut cfg = config("");
-    cfg.quiet_period = Some(Duration::from_millis(50));
+    cfg.recovery = Some(recovery(&Probe::new()?, 50));
     let r = start(&sim, cfg, vec![])?;
     sim.append_event("lost 3");
     let change = next(&r)?;
@@ -279,7 +281,7 @@ fn lost_gpu_is_lost_until_the_operator_says() -> TestResult {
     ensure(next(&r)?.health.is_healthy(), "subscribers hear of it")
 }
 
-fn issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
+fn a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
     let sim = node(|_| {});
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut cfg = config("");
@@ -318,7 +320,7 @@ fn issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy() -> TestResult {
     )
 }
 
-fn issue_14_a_request_is_checkpointed_before_it_disappears() -> TestResult {
+fn a_request_is_checkpointed_before_it_disappears() -> TestResult {
     let sim = node(|_| {});
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut cfg = config("");
@@ -358,19 +360,370 @@ fn issue_14_a_request_is_checkpointed_before_it_disappears() -> TestResult {
     Ok(())
 }
 
-fn quiet_period_brings_it_back() -> TestResult {
-    let sim = node(|_| {});
+/// A probe command whose outcome a test sets: it appends `<index> <CUDA_VISIBLE_DEVICES>` to a
+/// log, then fails while `fail` exists.
+struct Probe {
+    dir: tempfile::TempDir,
+}
+
+impl Probe {
+    fn new() -> Result<Probe, Failed> {
+        Ok(Probe {
+            dir: tempfile::tempdir().map_err(|e| e.to_string())?,
+        })
+    }
+
+    fn config(&self) -> ProbeConfig {
+        let log = self.dir.path().join("runs");
+        let fail = self.dir.path().join("fail");
+        let script = format!(
+            r#"echo "$1 $CUDA_VISIBLE_DEVICES" >> {log}; if test -e {fail}; then echo "cuMemAlloc failed" >&2; exit 1; fi"#,
+            log = log.display(),
+            fail = fail.display()
+        );
+        ProbeConfig::command(vec![
+            "sh".into(),
+            "-c".into(),
+            script,
+            "probe".into(),
+            "{index}".into(),
+        ])
+    }
+
+    fn set_failing(&self, failing: bool) -> TestResult {
+        let fail = self.dir.path().join("fail");
+        if failing {
+            std::fs::write(&fail, b"").map_err(|e| e.to_string())?;
+        } else {
+            let _ = std::fs::remove_file(&fail);
+        }
+        Ok(())
+    }
+
+    /// The GPU indices probed so far, in order.
+    fn runs(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.path().join("runs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect()
+    }
+}
+
+/// Recovery with `quiet_ms` for every class and quick retries (100 ms doubling to 800 ms).
+fn recovery(probe: &Probe, quiet_ms: u64) -> RecoveryConfig {
+    let mut r = RecoveryConfig::new(probe.config());
+    r.quiet = QuietTimes::uniform(Duration::from_millis(quiet_ms));
+    r.retry_min = Duration::from_millis(100);
+    r.retry_max = Duration::from_millis(800);
+    r
+}
+
+/// `pcie-t4x4` (ECC on) whose GPUs report the recovery action field and a row remapper, as an
+/// H200 with driver 580 does.
+fn recovery_node() -> SimNode {
+    node(|v| {
+        for gpu in v["gpus"].as_array_mut().expect("gpus") {
+            gpu["recovery_action"] = json!("none");
+            gpu["remapped_rows"] = json!({});
+        }
+    })
+}
+
+fn findings(r: &Running, index: u32) -> String {
+    r.monitor.records()[index as usize]
+        .recovery
+        .episode
+        .as_ref()
+        .map(|e| format!("{:?}", e.findings))
+        .unwrap_or_default()
+}
+
+fn xid_94_comes_back_once_the_probe_passes_and_not_before() -> TestResult {
+    let sim = recovery_node();
+    let probe = Probe::new()?;
+    probe.set_failing(true)?;
     let mut cfg = config("");
-    cfg.quiet_period = Some(Duration::from_millis(150));
+    cfg.recovery = Some(recovery(&probe, 200));
     let r = start(&sim, cfg, vec![])?;
-    sim.append_event("xid 1 62");
+    sim.append_event("xid 1 94");
     let down = next(&r)?;
     ensure(
-        down.index == 1 && !down.health.is_healthy(),
+        down.index == 1
+            && down
+                .limitation()
+                .is_some_and(|l| l.contains("it comes back by itself")),
         format!("{down:?}"),
     )?;
+    // The probe fails: the GPU stays out and the failure is counted and backed off.
+    wait_until("a failed probe", || {
+        r.monitor.records()[1].recovery.probe_failures >= 1
+    })?;
+    ensure(
+        r.monitor.health(1).is_some_and(|h| !h.is_healthy()),
+        "out while the probe fails",
+    )?;
+    let episode = r.monitor.records()[1]
+        .recovery
+        .episode
+        .clone()
+        .ok_or("no episode")?;
+    let probe_finding = episode
+        .findings
+        .iter()
+        .find(|f| f.check == Check::Probe)
+        .ok_or("no probe finding")?;
+    ensure(
+        !probe_finding.ok && probe_finding.detail.contains("cuMemAlloc failed"),
+        format!("{:?}", episode.findings),
+    )?;
+    ensure(
+        episode
+            .findings
+            .iter()
+            .filter(|f| f.check != Check::Probe)
+            .all(|f| f.ok),
+        format!("only the probe failed: {:?}", episode.findings),
+    )?;
+    probe.set_failing(false)?;
     let up = next(&r)?;
-    ensure(up.index == 1 && up.health.is_healthy(), format!("{up:?}"))
+    ensure(up.index == 1 && up.health.is_healthy(), format!("{up:?}"))?;
+    let record = &r.monitor.records()[1];
+    ensure(
+        record.recovery.recoveries == 1 && record.recovery.episode.is_none(),
+        format!("{:?}", record.recovery),
+    )?;
+    ensure(
+        probe.runs().iter().all(|&i| i == 1),
+        format!("only GPU 1 was probed: {:?}", probe.runs()),
+    )?;
+    healthy(&r, &[0, 1, 2, 3])
+}
+
+fn a_pending_row_remapping_keeps_xid_63_out_until_a_reset() -> TestResult {
+    let sim = recovery_node();
+    let probe = Probe::new()?;
+    let mut cfg = config("");
+    cfg.recovery = Some(recovery(&probe, 100));
+    let r = start(&sim, cfg, vec![])?;
+    sim.append_event("remap-pending 2");
+    sim.append_event("xid 2 63");
+    ensure(next(&r)?.index == 2, "XID 63 takes GPU 2 out")?;
+    wait_until("a recovery check", || {
+        findings(&r, 2).contains("a row remapping is pending")
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+    ensure(
+        r.changes.try_recv().is_err() && probe.runs().is_empty(),
+        format!(
+            "no probe while the driver's evidence is missing: {:?}",
+            probe.runs()
+        ),
+    )?;
+    // The operator resets the GPU: the remapping is done, and it comes back by itself.
+    sim.append_event("reset 2");
+    let up = next(&r)?;
+    ensure(up.index == 2 && up.health.is_healthy(), format!("{up:?}"))?;
+    ensure(probe.runs() == [2], format!("{:?}", probe.runs()))
+}
+
+fn failures_needing_a_reset_never_come_back_by_themselves() -> TestResult {
+    let sim = recovery_node();
+    let probe = Probe::new()?;
+    let mut cfg = config("");
+    cfg.recovery = Some(recovery(&probe, 50));
+    let r = start(&sim, cfg, vec![])?;
+    // 48 (double-bit ECC), 64 with a failed remapping, 95 (uncontained), 79 (off the bus).
+    sim.append_event("xid 0 48");
+    sim.append_event("remap-failure 1");
+    sim.append_event("xid 1 64");
+    sim.append_event("recovery-action 2 gpu_reset");
+    sim.append_event("xid 2 95");
+    sim.append_event("lost 3");
+    let mut down = Vec::new();
+    for _ in 0..4 {
+        down.push(next(&r)?);
+    }
+    down.sort_by_key(|c| c.index);
+    let messages: Vec<String> = down.iter().filter_map(HealthChange::limitation).collect();
+    ensure(
+        messages[0].contains("XID 48") && messages[0].contains("nvidia-smi -r -i 0"),
+        format!("{messages:?}"),
+    )?;
+    ensure(
+        messages[1].contains("XID 64") && messages[1].contains("nvidia-smi -r -i 1"),
+        format!("{messages:?}"),
+    )?;
+    ensure(
+        messages[2].contains("the driver asks for a GPU reset"),
+        format!("{messages:?}"),
+    )?;
+    ensure(messages[3].contains("node reboot"), format!("{messages:?}"))?;
+    std::thread::sleep(Duration::from_millis(800));
+    ensure(
+        r.changes.try_recv().is_err() && probe.runs().is_empty(),
+        format!("nothing comes back, nothing is probed: {:?}", probe.runs()),
+    )?;
+    // The operator's word still works, and says what was missing; not while the driver asks
+    // for a reset.
+    let missing = r
+        .monitor
+        .missing_evidence(&GpuRef::Index(0))
+        .map_err(|e| e.to_string())?;
+    ensure(
+        missing == ["the failure needs a GPU reset: it never comes back by itself"],
+        format!("{missing:?}"),
+    )?;
+    let err = r
+        .monitor
+        .mark_healthy(&GpuRef::Index(2))
+        .expect_err("refused while the driver asks for a reset");
+    ensure(
+        matches!(err, HealthError::DriverAsks { .. }) && err.to_string().contains("a GPU reset"),
+        err.to_string(),
+    )?;
+    sim.append_event("reset 2");
+    let back = r
+        .monitor
+        .mark_healthy(&GpuRef::Index(2))
+        .map_err(|e| e.to_string())?;
+    ensure(
+        back.is_some_and(|c| c.health.is_healthy()),
+        "marked after the reset",
+    )?;
+    ensure(
+        r.monitor.health(0).is_some_and(|h| !h.is_healthy()),
+        "XID 48 stays out",
+    )
+}
+
+/// Each XID the issue names, on a driver reporting no recovery action and nothing pending, with a
+/// probe that passes: what the policy table says happens. 13, 31 and 43 change nothing; 63 and 94
+/// come back by themselves, probed; 48, 64 and 95 need a GPU reset and 79 a node reboot: out for
+/// good, never probed.
+fn each_xid_ends_as_the_policy_table_says() -> TestResult {
+    // (events on GPUs 0-3, the XIDs that come back, what each GPU that goes out is told)
+    let rounds: [(&[&str], &[u32], [&str; 4]); 2] = [
+        (
+            &[
+                "xid 0 13", "xid 0 31", "xid 0 43", "xid 1 48", "xid 2 64", "xid 3 95",
+            ],
+            &[],
+            ["", "XID 48", "XID 64", "XID 95"],
+        ),
+        (
+            &["xid 0 63", "xid 1 79", "xid 2 94"],
+            &[0, 2],
+            ["XID 63", "XID 79", "XID 94", ""],
+        ),
+    ];
+    for (events, back, told) in rounds {
+        let sim = recovery_node();
+        let probe = Probe::new()?;
+        let mut cfg = config("");
+        cfg.recovery = Some(recovery(&probe, 100));
+        let r = start(&sim, cfg, vec![])?;
+        for line in events {
+            sim.append_event(line);
+        }
+        let out = told.iter().filter(|t| !t.is_empty()).count();
+        let mut changes = Vec::new();
+        for _ in 0..out + back.len() {
+            changes.push(next(&r)?);
+        }
+        std::thread::sleep(Duration::from_millis(800));
+        ensure(
+            r.changes.try_recv().is_err(),
+            format!("{events:?}: no other change"),
+        )?;
+        for (index, told) in (0u32..).zip(told) {
+            let mine: Vec<&HealthChange> = changes.iter().filter(|c| c.index == index).collect();
+            let comes_back = back.contains(&index);
+            match (told.is_empty(), comes_back) {
+                (true, _) => ensure(mine.is_empty(), format!("GPU {index}: {mine:?}"))?,
+                (false, _) => {
+                    let message = mine
+                        .first()
+                        .and_then(|c| c.limitation())
+                        .unwrap_or_default();
+                    let how = if comes_back {
+                        "it comes back by itself"
+                    } else if told == "XID 79" {
+                        "it needs a node reboot"
+                    } else {
+                        "it needs a GPU reset"
+                    };
+                    ensure(
+                        message.contains(told) && message.contains(how),
+                        format!("GPU {index}: {message:?} should name {told} and say {how:?}"),
+                    )?;
+                    ensure(
+                        mine.last().is_some_and(|c| c.health.is_healthy()) == comes_back,
+                        format!("GPU {index} ({told}) back: {comes_back}? {mine:?}"),
+                    )?;
+                }
+            }
+        }
+        let mut probed = probe.runs();
+        probed.sort_unstable();
+        probed.dedup();
+        ensure(
+            probed == back,
+            format!("{events:?}: probed {probed:?}, only {back:?} may be"),
+        )?;
+    }
+    Ok(())
+}
+
+fn a_flapping_gpu_is_backed_off_not_probed_in_a_loop() -> TestResult {
+    let sim = recovery_node();
+    let probe = Probe::new()?;
+    let mut cfg = config("");
+    let mut rc = recovery(&probe, 100);
+    rc.retry_max = Duration::from_millis(1600);
+    cfg.recovery = Some(rc);
+    let r = start(&sim, cfg, vec![])?;
+    // Fails, comes back, fails again at once: each quiet time doubles (100, 200, 400, 800 ms).
+    let mut outs = Vec::new();
+    for round in 0..4 {
+        sim.append_event("xid 3 94");
+        let down = next(&r)?;
+        ensure(
+            down.index == 3 && !down.health.is_healthy(),
+            format!("round {round}: {down:?}"),
+        )?;
+        let left = Instant::now();
+        let up = next(&r)?;
+        ensure(
+            up.index == 3 && up.health.is_healthy(),
+            format!("round {round}: {up:?}"),
+        )?;
+        outs.push(left.elapsed());
+    }
+    let record = &r.monitor.records()[3];
+    ensure(record.recovery.flaps == 3, format!("{:?}", record.recovery))?;
+    ensure(
+        outs[3] >= Duration::from_millis(800) && outs[2] >= Duration::from_millis(400),
+        format!("the quiet time grows: {outs:?}"),
+    )?;
+    // Now the probe fails for good: attempts back off (100, 200, 400, 800, 1600, 1600 ms…),
+    // so in 2.5 s there are a handful, not hundreds.
+    probe.set_failing(true)?;
+    sim.append_event("xid 3 94");
+    ensure(next(&r)?.index == 3, "out again")?;
+    let before = probe.runs().len();
+    std::thread::sleep(Duration::from_millis(2500));
+    let tries = probe.runs().len() - before;
+    ensure(
+        (1..=5).contains(&tries),
+        format!("{tries} probes in 2.5 s: backed off, not looped"),
+    )?;
+    let record = &r.monitor.records()[3];
+    let episode = record.recovery.episode.as_ref().ok_or("no episode")?;
+    ensure(
+        episode.attempts >= 1 && record.recovery.probe_failures >= 1,
+        format!("{:?}", record.recovery),
+    )
 }
 
 fn checkpoint_requests_and_restart() -> TestResult {
@@ -580,6 +933,81 @@ fn usage_matches_processes_to_their_container() -> TestResult {
     )
 }
 
+/// The probe runs in a device cgroup of its own that allows its GPU alone: from inside, its GPU's
+/// node opens with ENXIO (allowed; no driver behind the mknod'ed node) and another GPU's with
+/// EPERM (denied); the cgroup is gone afterwards.
+fn the_probe_runs_in_a_one_gpu_cgroup_of_its_own(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_enforce::cgroup::{CgroupLayout, Hierarchy, default_whitelist};
+    use mesos_gpu_health::{ProbeCgroup, ProbeTarget, probe::run_probe};
+    use mesos_gpu_node::devices::DeviceNodes;
+    let sim = node(|_| {});
+    let driver = open(&sim)?;
+    let dev =
+        mesos_gpu_testkit::mesos::DevNodes::nvidia(&[0, 1, 2, 3]).map_err(|e| e.to_string())?;
+    let nodes = DeviceNodes::scan(dev.path(), driver.inventory()).map_err(|e| e.to_string())?;
+    let mount = match version {
+        CgroupVersion::V1 => std::path::PathBuf::from("/sys/fs/cgroup/devices"),
+        CgroupVersion::V2 => mesos_gpu_testkit::cgroup2_root().ok_or("no cgroup2")?,
+    };
+    let parent = unique_name("probe");
+    let layout = CgroupLayout::new(
+        Hierarchy {
+            version,
+            mount: mount.clone(),
+        },
+        &parent,
+    )
+    .map_err(|e| e.to_string())?;
+    let script = format!(
+        "for m in 0 1 2; do printf 'nvidia%s: ' $m; (exec 3<>{dir}/nvidia$m) 2>&1 | sed 's/.*: //'; echo; done; cat /proc/self/cgroup",
+        dir = dev.path().display()
+    );
+    let mut config = ProbeConfig::command(vec!["sh".into(), "-c".into(), script]);
+    config.cgroup = Some(ProbeCgroup {
+        layout,
+        base: default_whitelist(),
+        nodes,
+    });
+    let gpu = &driver.inventory().gpus[1];
+    let outcome = run_probe(&config, &ProbeTarget::of(gpu));
+    let leftover = std::fs::read_dir(mount.join(&parent))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("gpu-probe"))
+                .count()
+        })
+        .unwrap_or(0);
+    let _ = std::fs::remove_dir(mount.join(&parent));
+    println!("{outcome:?}");
+    ensure(outcome.passed, format!("{outcome:?}"))?;
+    let line = |m: u32| {
+        outcome
+            .output
+            .lines()
+            .find(|l| l.starts_with(&format!("nvidia{m}: ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let minor = gpu.minor;
+    let other = if minor == 0 { 2 } else { 0 };
+    ensure(
+        line(minor).contains("No such device or address"),
+        format!("its own GPU is allowed: {}", outcome.output),
+    )?;
+    ensure(
+        line(other).contains("Operation not permitted"),
+        format!("another GPU is denied: {}", outcome.output),
+    )?;
+    ensure(
+        outcome
+            .output
+            .contains(&format!("{parent}/gpu-probe-{}-", gpu.index))
+            && outcome.detail.contains("in cgroup"),
+        format!("it ran in its cgroup: {outcome:?}"),
+    )?;
+    ensure(leftover == 0, "the probe's cgroup is removed")
+}
+
 fn main() -> ExitCode {
     let host = Host::probe();
     let plain = |name: &str, f: fn() -> TestResult| Trial::test(name, f);
@@ -602,14 +1030,33 @@ fn main() -> ExitCode {
             lost_gpu_is_lost_until_the_operator_says,
         ),
         plain(
-            "issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy",
-            issue_14_a_gpu_nvml_reports_lost_cannot_be_marked_healthy,
+            "a_gpu_nvml_reports_lost_cannot_be_marked_healthy",
+            a_gpu_nvml_reports_lost_cannot_be_marked_healthy,
         ),
         plain(
-            "issue_14_a_request_is_checkpointed_before_it_disappears",
-            issue_14_a_request_is_checkpointed_before_it_disappears,
+            "a_request_is_checkpointed_before_it_disappears",
+            a_request_is_checkpointed_before_it_disappears,
         ),
-        plain("quiet_period_brings_it_back", quiet_period_brings_it_back),
+        plain(
+            "xid_94_comes_back_once_the_probe_passes_and_not_before",
+            xid_94_comes_back_once_the_probe_passes_and_not_before,
+        ),
+        plain(
+            "a_pending_row_remapping_keeps_xid_63_out_until_a_reset",
+            a_pending_row_remapping_keeps_xid_63_out_until_a_reset,
+        ),
+        plain(
+            "failures_needing_a_reset_never_come_back_by_themselves",
+            failures_needing_a_reset_never_come_back_by_themselves,
+        ),
+        plain(
+            "each_xid_ends_as_the_policy_table_says",
+            each_xid_ends_as_the_policy_table_says,
+        ),
+        plain(
+            "a_flapping_gpu_is_backed_off_not_probed_in_a_loop",
+            a_flapping_gpu_is_backed_off_not_probed_in_a_loop,
+        ),
         plain(
             "checkpoint_requests_and_restart",
             checkpoint_requests_and_restart,
@@ -621,6 +1068,20 @@ fn main() -> ExitCode {
         plain(
             "registration_errors_are_per_gpu",
             registration_errors_are_per_gpu,
+        ),
+        needs(
+            &host,
+            &[Need::Root, Need::Cgroup1],
+            Trial::test("the_probe_runs_in_a_one_gpu_cgroup_of_its_own_v1", || {
+                the_probe_runs_in_a_one_gpu_cgroup_of_its_own(CgroupVersion::V1)
+            }),
+        ),
+        needs(
+            &host,
+            &[Need::Root, Need::Cgroup2],
+            Trial::test("the_probe_runs_in_a_one_gpu_cgroup_of_its_own_v2", || {
+                the_probe_runs_in_a_one_gpu_cgroup_of_its_own(CgroupVersion::V2)
+            }),
         ),
         needs(
             &host,

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         add("recover_gpu_claimed_twice", recover_gpu_claimed_twice);
         add("docker_shares_the_pool", docker_shares_the_pool);
         add(
-            "issue_13_docker_reservation_rolls_back_unless_kept",
+            "docker_reservation_rolls_back_unless_kept",
             docker_reservation_rolls_back_unless_kept,
         );
     }

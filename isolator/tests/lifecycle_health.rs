@@ -26,7 +26,7 @@ use mesos_gpu_isolator::{
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_placement::allocator::Policy;
-use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_placement::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use serde_json::{Value, json};
@@ -57,11 +57,11 @@ fn main() -> ExitCode {
             health_changes_never_deadlock_the_lifecycle,
         );
         add(
-            "issue_11_usage_and_watch_in_mesos_cgroups",
+            "usage_and_watch_in_mesos_cgroups",
             usage_and_watch_in_mesos_cgroups,
         );
         add(
-            "issue_17_share_holders_usage_and_a_failed_shared_gpu",
+            "share_holders_usage_and_a_failed_shared_gpu",
             share_holders_usage_and_failure,
         );
     }
@@ -470,7 +470,7 @@ fn share_holders_usage_and_failure(version: CgroupVersion) -> TestResult {
         role: PoolRole::Agent,
     });
     setup.config.sharing = Some(SharingConfig {
-        spec: SharingSpec::parse("1,0=2", SharingMode::TimeSlicing)?,
+        spec: SharingSpec::parse("1,0=2", ModeSpec::uniform(SharingMode::TimeSlicing))?,
         mps: MpsConfig::new(setup.work.path().join("mps")),
     });
     let iso = isolator(&node, &setup, &[])?;

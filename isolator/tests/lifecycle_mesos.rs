@@ -44,7 +44,7 @@ fn main() -> ExitCode {
             &host,
             &v1,
             trial(
-                "issue_11_v1_rules_added_to_mesos_cgroup".into(),
+                "v1_rules_added_to_mesos_cgroup".into(),
                 v1_rules_added_to_mesos_cgroup,
             ),
         ),
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
             &host,
             &v1,
             trial(
-                "issue_11_v1_gpus_0_leaves_mesos_cgroup_untouched".into(),
+                "v1_gpus_0_leaves_mesos_cgroup_untouched".into(),
                 v1_gpus_0_untouched,
             ),
         ),
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
             &host,
             &v1,
             trial(
-                "issue_11_v1_missing_or_open_mesos_cgroup_refused".into(),
+                "v1_missing_or_open_mesos_cgroup_refused".into(),
                 v1_missing_or_open_refused,
             ),
         ),
@@ -68,14 +68,14 @@ fn main() -> ExitCode {
             &host,
             &v1,
             trial(
-                "issue_11_v1_nested_container_with_own_cgroup".into(),
+                "v1_nested_container_with_own_cgroup".into(),
                 v1_nested_own_cgroup,
             ),
         ),
         needs(
             &host,
             &v1,
-            trial("issue_11_v1_recovery_in_mesos_cgroups".into(), || {
+            trial("v1_recovery_in_mesos_cgroups".into(), || {
                 recovery(CgroupVersion::V1)
             }),
         ),
@@ -83,22 +83,19 @@ fn main() -> ExitCode {
             &host,
             &v2,
             trial(
-                "issue_11_v2_program_on_mesos_cgroup_process_stays_in_leaf".into(),
+                "v2_program_on_mesos_cgroup_process_stays_in_leaf".into(),
                 v2_program_on_mesos_cgroup,
             ),
         ),
         needs(
             &host,
             &v2,
-            trial(
-                "issue_11_v2_gpus_0_denied_every_gpu".into(),
-                v2_gpus_0_denied,
-            ),
+            trial("v2_gpus_0_denied_every_gpu".into(), v2_gpus_0_denied),
         ),
         needs(
             &host,
             &v2,
-            trial("issue_11_v2_recovery_in_mesos_cgroups".into(), || {
+            trial("v2_recovery_in_mesos_cgroups".into(), || {
                 recovery(CgroupVersion::V2)
             }),
         ),

@@ -36,18 +36,12 @@ fn main() -> ExitCode {
         needs(
             &host,
             &[Need::Root, Need::Cgroup1],
-            support::trial(
-                "issue_16_v1_a_mig_task_reaches_its_parent_and_two_caps_only",
-                v1,
-            ),
+            support::trial("v1_a_mig_task_reaches_its_parent_and_two_caps_only", v1),
         ),
         needs(
             &host,
             &[Need::Root, Need::Cgroup2],
-            support::trial(
-                "issue_16_v2_a_mig_task_reaches_its_parent_and_two_caps_only",
-                v2,
-            ),
+            support::trial("v2_a_mig_task_reaches_its_parent_and_two_caps_only", v2),
         ),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         (CgroupVersion::V2, Need::Cgroup2, "v2"),
     ] {
         let mut add = |name: &str, f: fn(CgroupVersion) -> TestResult| {
-            let t = trial(format!("{tag}_issue_16_{name}"), move || f(version));
+            let t = trial(format!("{tag}_{name}"), move || f(version));
             trials.push(needs(&host, &[Need::Root, need], t));
         };
         add(

@@ -26,7 +26,7 @@ use mesos_gpu_testkit::{Host, Need, needs};
 fn main() -> ExitCode {
     let host = Host::probe();
     let mut trials = vec![trial(
-        "issue_18_numa_2cpu_affinities_come_from_nvml".to_owned(),
+        "numa_2cpu_affinities_come_from_nvml".to_owned(),
         affinities_come_from_nvml,
     )];
     for (version, need, tag) in [
@@ -41,21 +41,15 @@ fn main() -> ExitCode {
             let t = trial(format!("{tag}_{name}"), move || f(version));
             trials.push(needs(&host, &[Need::Root, base, need], t));
         };
-        add(
-            "issue_18_a_task_gets_exactly_its_gpus_cpu",
-            task_gets_its_gpus_cpu,
-        );
-        add("issue_18_two_gpus_get_both_cpus", two_gpus_get_both_cpus);
-        add(
-            "issue_18_never_fewer_cpus_than_asked",
-            never_fewer_cpus_than_asked,
-        );
+        add("a_task_gets_exactly_its_gpus_cpu", task_gets_its_gpus_cpu);
+        add("two_gpus_get_both_cpus", two_gpus_get_both_cpus);
+        add("never_fewer_cpus_than_asked", never_fewer_cpus_than_asked);
     }
     trials.push(needs(
         &host,
         &[Need::Root, Need::Cgroup2],
         trial(
-            "v2_issue_18_without_the_cpuset_controller_the_task_runs_unpinned".to_owned(),
+            "v2_without_the_cpuset_controller_the_task_runs_unpinned".to_owned(),
             v2_without_the_controller,
         ),
     ));

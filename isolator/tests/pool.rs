@@ -40,11 +40,11 @@ fn main() -> ExitCode {
             trials.push(needs(&host, &[Need::Root, need], t));
         };
         add(
-            "issue_13_a_stray_cgroup_never_quarantines_another_pools_gpus",
+            "a_stray_cgroup_never_quarantines_another_pools_gpus",
             stray_cgroup,
         );
         add(
-            "issue_13_module_and_exec_get_disjoint_gpus_from_one_pool",
+            "module_and_exec_get_disjoint_gpus_from_one_pool",
             module_and_exec,
         );
     }
@@ -52,8 +52,17 @@ fn main() -> ExitCode {
         &host,
         &[Need::Root, Need::Cgroup1],
         trial(
-            "issue_12_docker_reservations_follow_their_starter_then_their_daemon".to_owned(),
+            "docker_reservations_follow_their_starter_then_their_daemon".to_owned(),
             docker_starter_then_daemon,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        trial(
+            "records_a_holder_cannot_map_are_kept_as_written_and_their_gpus_never_granted"
+                .to_owned(),
+            records_kept_by_a_holder_that_cannot_map_them,
         ),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -367,5 +376,205 @@ fn docker_starter_then_daemon() -> TestResult {
         "8 GPUs not free",
     )?;
     docker.release_docker(&again)?;
+    Ok(())
+}
+
+/// A holder that cannot map its records onto the GPUs it sees (it sees none, fewer, or another
+/// GPU at an index) keeps them byte for byte in its checkpoint and the pool, reports them, grants
+/// none of their GPUs (nothing at all when it sees none, saying why), and still acts on its own
+/// records by id: it claims one for its starter and releases another. A holder with the full
+/// view maps them again, and an older checkpoint (index, minor, UUID) loads as ever.
+fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let setup = Setup::new(CgroupVersion::V1)?;
+    let pool_dir = setup.work.path().join("pool");
+    let work = setup.work.path().join("docker");
+    let config = with_pool(&setup.config, &work, &pool_dir, PoolRole::Docker);
+    let open = |inventory: &mesos_gpu_node::inventory::Inventory| -> TestResult<(Isolator, mesos_gpu_isolator::lifecycle::RecoveryReport)> {
+        let nodes = if inventory.gpus.is_empty() {
+            mesos_gpu_node::devices::DeviceNodes::default()
+        } else {
+            node.nodes.clone()
+        };
+        let isolator = Isolator::new(config.clone(), inventory.clone(), nodes)?;
+        let report = isolator.recover(&[], &[])?;
+        Ok((isolator, report))
+    };
+    let files = || -> TestResult<(String, String)> {
+        Ok((
+            std::fs::read_to_string(pool_dir.join("gpu/pool.json"))?,
+            std::fs::read_to_string(work.join("gpu/allocations.json"))?,
+        ))
+    };
+    let (d1, d2, d3) = (
+        ContainerId::new("d1")?,
+        ContainerId::new("d2")?,
+        ContainerId::new("d3")?,
+    );
+    let (full, _) = open(&node.inventory)?;
+    let mut held = std::collections::BTreeMap::new();
+    for (id, n) in [(&d1, 2.0), (&d2, 3.0), (&d3, 2.0)] {
+        let gpus = full.reserve_docker(id, n)?;
+        held.insert(id.clone(), gpus.iter().map(|g| g.index).collect::<Vec<_>>());
+    }
+    drop(full);
+    let written = files()?;
+
+    // No GPU seen: every record kept byte for byte, reported, nothing granted.
+    let blind = mesos_gpu_node::inventory::Inventory {
+        absent_reason: Some("NVIDIA driver not found: libnvidia-ml.so.1: cannot open".into()),
+        ..Default::default()
+    };
+    let (iso, report) = open(&blind)?;
+    let unchecked = report.unchecked.ok_or("nothing reported unchecked")?;
+    check(
+        unchecked.records.len() == 3
+            && unchecked.to_string().ends_with(
+                "this process sees no GPU (NVIDIA driver not found: libnvidia-ml.so.1: cannot open)"
+            ),
+        format!("{unchecked}"),
+    )?;
+    check(
+        files()? == written,
+        "a holder that sees no GPU rewrote its records",
+    )?;
+    let err = iso
+        .reserve_docker(&ContainerId::new("d4")?, 1.0)
+        .unwrap_err();
+    check(
+        err.to_string()
+            == "cannot reserve GPUs for container d4: this process sees no GPU (NVIDIA driver not found: libnvidia-ml.so.1: cannot open): granting no GPU",
+        format!("{err}"),
+    )?;
+    // It claims its own record for a starter, and releases another, by id.
+    let host = pool::Host::default();
+    iso.claim_docker(
+        &d1,
+        DockerStart {
+            daemon: None,
+            starter: Some(host.this_process()?),
+        },
+    )?;
+    iso.release_docker(&d2)?;
+    drop(iso);
+    let before: serde_json::Value = serde_json::from_str(&written.0)?;
+    let after: serde_json::Value = serde_json::from_str(&files()?.0)?;
+    let ckpt: serde_json::Value = serde_json::from_str(&files()?.1)?;
+    let ckpt_before: serde_json::Value = serde_json::from_str(&written.1)?;
+    check(
+        after["reservations"]["d1"]["gpus"] == before["reservations"]["d1"]["gpus"]
+            && after["reservations"]["d1"]["owner"]["starter"]["pid"] == std::process::id()
+            && after["reservations"]["d2"].is_null()
+            && after["reservations"]["d3"] == before["reservations"]["d3"]
+            && ckpt["docker"]["d1"] == ckpt_before["docker"]["d1"]
+            && ckpt["docker"]["d2"].is_null()
+            && ckpt["docker"]["d3"] == ckpt_before["docker"]["d3"],
+        format!("before: {before}\nafter: {after}\ncheckpoint: {ckpt}"),
+    )?;
+    let written = files()?;
+
+    // GPUs 0-3 only: records on 4-7 kept, a free GPU it sees granted, no held one.
+    let mut fewer = node.inventory.clone();
+    fewer.gpus.truncate(4);
+    fewer.topology = mesos_gpu_node::inventory::Topology::unknown(4);
+    let (iso, report) = open(&fewer)?;
+    let unseen: std::collections::BTreeSet<&ContainerId> = report
+        .unchecked
+        .iter()
+        .flat_map(|u| u.records.iter().map(|(id, _)| id))
+        .collect();
+    let want: std::collections::BTreeSet<&ContainerId> = [&d1, &d3]
+        .into_iter()
+        .filter(|id| held[*id].iter().any(|&i| i >= 4))
+        .collect();
+    check(
+        unseen == want,
+        format!("unchecked {unseen:?}, expected {want:?}"),
+    )?;
+    check(
+        files()? == written,
+        "a holder that sees fewer GPUs rewrote its records",
+    )?;
+    let taken: std::collections::BTreeSet<u32> = held
+        .iter()
+        .filter(|(id, _)| **id != d2)
+        .flat_map(|(_, g)| g.iter().copied())
+        .collect();
+    let free_seen = (0..4).filter(|i| !taken.contains(i)).count();
+    let d5 = ContainerId::new("d5")?;
+    let got = iso.reserve_docker(&d5, free_seen as f64)?;
+    check(
+        got.iter().all(|g| g.index < 4 && !taken.contains(&g.index)),
+        format!("granted {got:?}; held {taken:?}"),
+    )?;
+    let err = iso
+        .reserve_docker(&ContainerId::new("d6")?, 1.0)
+        .unwrap_err();
+    check(err.is_not_enough(), format!("{err}"))?;
+    iso.release_docker(&d5)?;
+    drop(iso);
+    check(files()? == written, "records changed")?;
+
+    // Another GPU at index 0 (GPU 1's UUID there, and the other way round): records on GPU 0 or
+    // 1 are kept, and both GPUs held out while this view lasts.
+    let mut swapped = node.inventory.clone();
+    let (u0, u1) = (swapped.gpus[0].uuid.clone(), swapped.gpus[1].uuid.clone());
+    swapped.gpus[0].uuid = u1;
+    swapped.gpus[1].uuid = u0;
+    let (iso, report) = open(&swapped)?;
+    let on_01 = [&d1, &d3]
+        .into_iter()
+        .any(|id| held[id].iter().any(|&i| i < 2));
+    check(
+        report.unchecked.is_some() == on_01,
+        format!("{:?}", report.unchecked),
+    )?;
+    let got = iso.reserve_docker(&ContainerId::new("d7")?, 1.0);
+    if let Ok(got) = &got {
+        check(
+            got.iter().all(|g| g.index > 1 || !on_01),
+            format!("granted {got:?} while a record may name GPU 0 or 1"),
+        )?;
+        iso.release_docker(&ContainerId::new("d7")?)?;
+    }
+    drop(iso);
+    let after: serde_json::Value = serde_json::from_str(&files()?.0)?;
+    let before: serde_json::Value = serde_json::from_str(&written.0)?;
+    for id in ["d1", "d3"] {
+        check(
+            after["reservations"][id] == before["reservations"][id],
+            format!("{id} changed: {}", after["reservations"][id]),
+        )?;
+    }
+    check(
+        files()?.1 == written.1,
+        "a view that differs changed the checkpoint",
+    )?;
+
+    // The full view maps every record again; an older checkpoint loads as ever.
+    let (iso, report) = open(&node.inventory)?;
+    check(
+        report.unchecked.is_none(),
+        format!("{:?}", report.unchecked),
+    )?;
+    iso.release_docker(&d1)?;
+    iso.release_docker(&d3)?;
+    drop(iso);
+    let g3 = &node.inventory.gpus[3];
+    std::fs::write(
+        work.join("gpu/allocations.json"),
+        format!(
+            r#"{{"version":1,"containers":{{}},"docker":{{"d9":[{{"index":3,"minor":{},"uuid":"{}"}}]}},"quarantine":{{}}}}"#,
+            g3.minor, g3.uuid
+        ),
+    )?;
+    let (iso, report) = open(&node.inventory)?;
+    check(report.docker.len() == 1, format!("{report:?}"))?;
+    let after: serde_json::Value = serde_json::from_str(&files()?.0)?;
+    check(
+        after["reservations"]["d9"]["gpus"] == serde_json::json!([g3.uuid]),
+        format!("{after}"),
+    )?;
+    iso.release_docker(&ContainerId::new("d9")?)?;
     Ok(())
 }

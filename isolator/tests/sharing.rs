@@ -31,7 +31,7 @@ use mesos_gpu_isolator::{
     lifecycle::LifecycleError, lifecycle::MountKind, lifecycle::PoolConfig, lifecycle::PoolRole,
     lifecycle::PrepareConfig, lifecycle::SharingConfig,
 };
-use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_placement::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_pool::Pool;
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::{Host, Need, needs};
@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         (CgroupVersion::V2, Need::Cgroup2, "v2"),
     ] {
         let mut add = |name: &str, f: fn(CgroupVersion) -> TestResult| {
-            let t = trial(format!("{tag}_issue_17_{name}"), move || f(version));
+            let t = trial(format!("{tag}_{name}"), move || f(version));
             trials.push(needs(&host, &[Need::Root, need], t));
         };
         add(
@@ -95,7 +95,7 @@ fn shared(
         role,
     });
     config.sharing = Some(SharingConfig {
-        spec: SharingSpec::parse(SPEC, mode)?,
+        spec: SharingSpec::parse(SPEC, ModeSpec::uniform(mode))?,
         mps,
     });
     Ok(config)
@@ -506,7 +506,10 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
                 mps(),
             )?;
             c.sharing = Some(SharingConfig {
-                spec: SharingSpec::parse("4,0=1,2=1,3=1,4=1,5=1,6=1,7=1", SharingMode::Mps)?,
+                spec: SharingSpec::parse(
+                    "4,0=1,2=1,3=1,4=1,5=1,6=1,7=1",
+                    ModeSpec::uniform(SharingMode::Mps),
+                )?,
                 mps: mps(),
             });
             c

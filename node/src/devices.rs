@@ -1,6 +1,6 @@
 //! The NVIDIA device nodes a container needs, with their device numbers read by `stat(2)`.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.2 and §3.1):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.1 and §5.1):
 //! - each GPU is the character device `/dev/nvidia<minor>`, major 195
 //!   ([`NVIDIA_GPU_MAJOR`]), minor from `nvmlDeviceGetMinorNumber` (not always the index);
 //! - `/dev/nvidiactl` (usually `195:255`) and `/dev/nvidia-uvm` are required for any GPU to be
@@ -18,12 +18,16 @@ use std::path::{Path, PathBuf};
 
 use crate::{inventory::DevNum, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR};
 
+mod expected;
+
+pub use expected::{ExpectedNode, NodeFinding, NodeState, char_major, check_nodes, expected_nodes};
+
 /// `nvidiactl`, relative to the device root.
 pub const NVIDIACTL: &str = "nvidiactl";
 /// `nvidia-uvm`, relative to the device root.
 pub const NVIDIA_UVM: &str = "nvidia-uvm";
 /// `nvidia-uvm-tools`, relative to the device root.
-pub(crate) const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
+pub const NVIDIA_UVM_TOOLS: &str = "nvidia-uvm-tools";
 
 /// Why the device nodes are not usable.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 //!
 //! The PCIe levels follow NVML's `nvmlGpuTopologyLevel_t` (`NVML_TOPOLOGY_INTERNAL` = 0 …
 //! `NVML_TOPOLOGY_SYSTEM` = 50) and the pair scores follow NVIDIA's go-gpuallocator
-//! (`shared/reference/gpu_sched.md` §2, `topologies.md`).
+//! (`docs/reference/topology.md` §1).
 
 use serde::{Deserialize, Serialize};
 

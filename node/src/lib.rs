@@ -4,7 +4,7 @@
 //! ([`usage`]). Nothing here decides or changes anything.
 //!
 //! `unsafe` is denied everywhere but in `sys`, which wraps the NVML calls nvml-wrapper has no
-//! safe form for.
+//! safe form for and the CUDA driver calls of the GPU probe ([`cuda`]).
 #![deny(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
@@ -16,3 +16,5 @@ pub mod nodes;
 pub mod numa;
 mod sys;
 pub mod usage;
+
+pub use sys::cuda;

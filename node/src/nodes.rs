@@ -1,5 +1,6 @@
 //! Nodes built in code from an NVLink table and PCIe groups, and the reference nodes of
-//! `shared/reference/topologies.md`, for tests, benchmarks and examples (`mesos_gpu_testkit::nodes`).
+//! `docs/reference/topology.md` §3, for tests, benchmarks and examples
+//! (`mesos_gpu_testkit::nodes`).
 //!
 //! Every pair gets a PCIe level and, when joined by NVLink, its NVLink count as well, as NVML
 //! reports both. GPU `i` gets NVML index `i` and minor `i`.
@@ -118,7 +119,7 @@ impl NodeBuilder {
     }
 }
 
-/// The NVLink table of a DGX-1 with V100 (hybrid cube-mesh), from `topologies.md`.
+/// The NVLink table of a DGX-1 with V100 (hybrid cube-mesh), from `docs/reference/topology.md` §3.
 pub(crate) const DGX1_V100_NVLINKS: [(usize, usize, u32); 16] = [
     (0, 1, 1),
     (0, 2, 1),
@@ -156,7 +157,7 @@ fn dgx1_board(builder: NodeBuilder, first: usize) -> NodeBuilder {
         .nvlinks(&links)
 }
 
-/// The 8-GPU DGX-1 V100 of `topologies.md`.
+/// The 8-GPU DGX-1 V100 of `docs/reference/topology.md` §3.
 pub fn dgx1_v100() -> NodeBuilder {
     dgx1_board(NodeBuilder::new(8, PcieLevel::CrossSocket), 0).product(
         "Tesla V100-SXM2-16GB",
@@ -166,7 +167,7 @@ pub fn dgx1_v100() -> NodeBuilder {
 }
 
 /// A 16-GPU node: two DGX-1 V100 boards (GPUs 0–7 and 8–15) joined across sockets, the node
-/// `topologies.md` times NVIDIA's exhaustive search on (nvml-sim's `hgx16`).
+/// `docs/reference/topology.md` §2 times NVIDIA's exhaustive search on (nvml-sim's `hgx16`).
 pub fn dual_dgx1_v100() -> NodeBuilder {
     let builder = NodeBuilder::new(16, PcieLevel::CrossSocket);
     dgx1_board(dgx1_board(builder, 0), 8).product("Tesla V100-SXM2-16GB", 16 << 30, (7, 0))

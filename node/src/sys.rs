@@ -1,13 +1,19 @@
 //! The NVML calls nvml-wrapper 0.13 has no safe wrapper for: a MIG device's GPU instance id
 //! and compute instance id (`nvmlDeviceGetGpuInstanceId`, `nvmlDeviceGetComputeInstanceId`,
-//! `nvml.h` 13398 and 13419; `shared/reference/mig_cdi_sharing.md` §1.1), and an event wait
-//! that keeps the MIG instance the event names (nvml-wrapper's `EventData` drops it).
+//! `nvml.h` 13398 and 13419; `docs/reference/mig.md` §1), an event wait
+//! that keeps the MIG instance the event names (nvml-wrapper's `EventData` drops it), and the
+//! row remapper's state (`nvmlDeviceGetRemappedRows`, `nvml.h` 8434: Ampere and later,
+//! `NOT_SUPPORTED` with MIG enabled).
 //!
 //! nvml-wrapper loads every symbol at init and keeps each as a `Result`; its raw
 //! `NvmlLib::nvmlDevice…` methods `expect` the symbol, so a driver without it would panic. The
 //! symbol is therefore taken from the `Result` field and a missing one is
 //! [`NvmlError::FailedToLoadSymbol`], as for nvml-wrapper's own calls.
+//!
+//! [`cuda`] holds the CUDA driver calls of the GPU probe (`libcuda.so.1` loaded at run time).
 #![allow(unsafe_code)]
+
+pub mod cuda;
 
 use std::os::raw::c_uint;
 
@@ -92,4 +98,45 @@ pub fn wait_event<'n>(
     // `device` is a handle NVML gave for `nvml`, which outlives the returned `EventData<'n>`.
     let event = unsafe { EventData::new(data, nvml) };
     Ok((event, instance))
+}
+
+/// `nvmlDeviceGetRemappedRows`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u32,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remapping waits for the next reset.
+    pub pending: bool,
+    /// A remapping ever failed.
+    pub failure: bool,
+}
+
+/// `nvmlDeviceGetRemappedRows`: rows remapped for correctable and uncorrectable errors, whether a
+/// remapping is pending (it takes effect at the next reset) and whether one ever failed.
+pub fn remapped_rows(nvml: &Nvml, device: &Device<'_>) -> Result<RemappedRows, NvmlError> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corr, mut unc, mut pending, mut failure): (c_uint, c_uint, c_uint, c_uint) =
+        (0, 0, 0, 0);
+    // SAFETY: `sym` is the driver's `nvmlReturn_t f(nvmlDevice_t, unsigned int *, unsigned int *,
+    // unsigned int *, unsigned int *)`, loaded by nvml-wrapper from the library `nvml` was
+    // initialised from and kept loaded while `nvml` lives (borrowed for this call).
+    // `device.handle()` is a handle of that session (`Device<'_>` cannot outlive `Nvml`); the
+    // four out-pointers are distinct, aligned locals the callee writes and does not keep.
+    nvml_try(unsafe {
+        sym(
+            device.handle(),
+            &mut corr,
+            &mut unc,
+            &mut pending,
+            &mut failure,
+        )
+    })?;
+    Ok(RemappedRows {
+        correctable: corr,
+        uncorrectable: unc,
+        pending: pending != 0,
+        failure: failure != 0,
+    })
 }

@@ -163,7 +163,7 @@ fn links(inv: &Inventory) -> Vec<Vec<Link>> {
 /// points NVIDIA's allocator adds. Discovery now keeps both, for every pair of the shipped
 /// cube-mesh nodes, equal to the reference nodes the allocator tests use.
 #[test]
-fn issue_15_every_pair_keeps_its_pcie_level_and_nvlinks() {
+fn every_pair_keeps_its_pcie_level_and_nvlinks() {
     let expected: [(&str, NodeBuilder); 2] =
         [("dgx1-v100", dgx1_v100()), ("hgx16", dual_dgx1_v100())];
     for (name, builder) in expected {
@@ -175,7 +175,7 @@ fn issue_15_every_pair_keeps_its_pcie_level_and_nvlinks() {
 
 /// NVSwitch pairs keep their PCIe level too: same leaf pair `PXB`, same socket `NODE`, else `SYS`.
 #[test]
-fn issue_15_nvswitch_pairs_keep_their_pcie_level() {
+fn nvswitch_pairs_keep_their_pcie_level() {
     let node = SimNode::shipped("dgx-a100");
     let inv = open(&node).inventory().clone();
     let expected = NodeBuilder::new(8, PcieLevel::CrossSocket)

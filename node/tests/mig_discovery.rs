@@ -118,7 +118,7 @@ fn check_caps(d: &MigDevice, caps_major: u32) {
 }
 
 #[test]
-fn issue_16_every_shipped_mig_node_is_discovered_as_described() {
+fn every_shipped_mig_node_is_discovered_as_described() {
     for name in ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100", "dgx-a100"] {
         let spec = shipped_json(name);
         let node = SimNode::shipped(name);
@@ -169,9 +169,9 @@ fn issue_16_every_shipped_mig_node_is_discovered_as_described() {
 }
 
 #[test]
-fn issue_16_profiles_carry_nvidias_sms_memory_and_names() {
+fn profiles_carry_nvidias_sms_memory_and_names() {
     // (profile id) -> (name, SMs, MiB, GI slices), from the MIG user guide and nvidia-smi -lgip
-    // (shared/reference/mig_cdi_sharing.md §1.4).
+    // (docs/reference/mig.md §4).
     let a100 = [
         (19, "1g.5gb", 14, 4864, 1),
         (14, "2g.10gb", 28, 9856, 2),
@@ -202,7 +202,7 @@ fn issue_16_profiles_carry_nvidias_sms_memory_and_names() {
 }
 
 #[test]
-fn issue_16_a_driver_contradicting_itself_about_a_cap_minor_is_an_error() {
+fn a_driver_contradicting_itself_about_a_cap_minor_is_an_error() {
     let node = SimNode::shipped("dgx-a100-mixed");
     let inv = discover(&node);
     let d = &inv.mig.devices[0];
@@ -222,7 +222,7 @@ fn issue_16_a_driver_contradicting_itself_about_a_cap_minor_is_an_error() {
 }
 
 #[test]
-fn issue_16_missing_caps_files_leave_the_device_unisolatable_not_hidden() {
+fn missing_caps_files_leave_the_device_unisolatable_not_hidden() {
     let node = SimNode::shipped("dgx-a100-mig");
     std::fs::remove_dir_all(node.proc_root().join("driver/nvidia/capabilities")).unwrap();
     let inv = discover(&node);

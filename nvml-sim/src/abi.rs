@@ -387,6 +387,54 @@ pub const EVENT_XID: u64 = 0x8;
 /// `nvmlEventTypeClock`.
 pub const EVENT_CLOCK: u64 = 0x10;
 
+/// `nvmlValue_t`: the value of one field, read as the member `valueType` names.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union NvmlValue {
+    /// `dVal`.
+    pub d: f64,
+    /// `uiVal` (`NVML_VALUE_TYPE_UNSIGNED_INT`).
+    pub ui: c_uint,
+    /// `ullVal` (`NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`).
+    pub ull: c_ulonglong,
+}
+
+/// `nvmlFieldValue_t`: one field asked for (`fieldId`, `scopeId` set by the caller) and its
+/// answer (`timestamp`, `latencyUsec`, `valueType`, `nvmlReturn`, `value`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlFieldValue {
+    /// `NVML_FI_*`.
+    pub field_id: c_uint,
+    /// Link or other scope of the field; unused by the fields served here.
+    pub scope_id: c_uint,
+    /// CPU time of the value, microseconds since 1970.
+    pub timestamp: i64,
+    /// How long the value took to read, microseconds.
+    pub latency_usec: i64,
+    /// `nvmlValueType_t` of `value`.
+    pub value_type: c_uint,
+    /// This field's own status; `value` is undefined unless it is `NVML_SUCCESS`.
+    pub nvml_return: c_uint,
+    /// The value.
+    pub value: NvmlValue,
+}
+
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+pub const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+/// `NVML_FI_DEV_RETIRED_PENDING`: pages are pending retirement, 1 or 0.
+pub const FI_DEV_RETIRED_PENDING: c_uint = 31;
+/// `NVML_FI_DEV_REMAPPED_COR`: rows remapped for correctable errors.
+pub const FI_DEV_REMAPPED_COR: c_uint = 142;
+/// `NVML_FI_DEV_REMAPPED_UNC`: rows remapped for uncorrectable errors.
+pub const FI_DEV_REMAPPED_UNC: c_uint = 143;
+/// `NVML_FI_DEV_REMAPPED_PENDING`: rows are pending remapping, 1 or 0.
+pub const FI_DEV_REMAPPED_PENDING: c_uint = 144;
+/// `NVML_FI_DEV_REMAPPED_FAILURE`: a remapping failed, 1 or 0.
+pub const FI_DEV_REMAPPED_FAILURE: c_uint = 145;
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: an `nvmlDeviceGpuRecoveryAction_t`.
+pub const FI_DEV_GET_GPU_RECOVERY_ACTION: c_uint = 230;
+
 /// `NVML_NVLINK_MAX_LINKS`.
 pub const NVLINK_MAX_LINKS: c_uint = 18;
 
@@ -566,6 +614,44 @@ mod tests {
         assert_eq!(EVENT_PSTATE, u64::from(b::nvmlEventTypePState));
         assert_eq!(EVENT_XID, u64::from(b::nvmlEventTypeXidCriticalError));
         assert_eq!(EVENT_CLOCK, u64::from(b::nvmlEventTypeClock));
+        assert_eq!(
+            size_of::<NvmlFieldValue>(),
+            size_of::<b::nvmlFieldValue_t>()
+        );
+        assert_eq!(
+            offset_of!(NvmlFieldValue, value_type),
+            offset_of!(b::nvmlFieldValue_t, valueType)
+        );
+        assert_eq!(
+            offset_of!(NvmlFieldValue, nvml_return),
+            offset_of!(b::nvmlFieldValue_t, nvmlReturn)
+        );
+        assert_eq!(
+            offset_of!(NvmlFieldValue, value),
+            offset_of!(b::nvmlFieldValue_t, value)
+        );
+        assert_eq!(
+            VALUE_TYPE_UNSIGNED_INT,
+            b::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT
+        );
+        assert_eq!(
+            FI_DEV_GET_GPU_RECOVERY_ACTION,
+            b::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        );
+        assert_eq!(
+            FI_DEV_RETIRED_PENDING,
+            b::field_id::NVML_FI_DEV_RETIRED_PENDING
+        );
+        assert_eq!(FI_DEV_REMAPPED_COR, b::field_id::NVML_FI_DEV_REMAPPED_COR);
+        assert_eq!(FI_DEV_REMAPPED_UNC, b::field_id::NVML_FI_DEV_REMAPPED_UNC);
+        assert_eq!(
+            FI_DEV_REMAPPED_PENDING,
+            b::field_id::NVML_FI_DEV_REMAPPED_PENDING
+        );
+        assert_eq!(
+            FI_DEV_REMAPPED_FAILURE,
+            b::field_id::NVML_FI_DEV_REMAPPED_FAILURE
+        );
         assert_eq!(NVLINK_MAX_LINKS, b::NVML_NVLINK_MAX_LINKS);
         assert_eq!(INIT_FLAG_NO_GPUS, b::NVML_INIT_FLAG_NO_GPUS);
         assert_eq!(DEVICE_MIG_ENABLE, b::NVML_DEVICE_MIG_ENABLE);

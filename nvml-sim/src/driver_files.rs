@@ -22,6 +22,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::fsmode;
+
 use crate::config::{self, ConfigError};
 use crate::node::Node;
 
@@ -194,9 +196,10 @@ pub fn write(json: &str, proc_root: &Path) -> Result<Vec<PathBuf>, DriverFilesEr
     for f in files {
         let path = proc_root.join(&f.path);
         if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(wrap(dir))?;
+            fsmode::create_dir_all(dir, fsmode::STATE_DIR).map_err(wrap(dir))?;
         }
-        fs::write(&path, f.contents).map_err(wrap(&path))?;
+        fsmode::write_file(&path, f.contents.as_bytes(), fsmode::STATE_FILE)
+            .map_err(wrap(&path))?;
         written.push(path);
     }
     Ok(written)

@@ -33,6 +33,17 @@ pub(crate) enum EventKind {
     SingleBitEcc,
     DoubleBitEcc,
     Lost,
+    /// The driver's recovery action changes (no NVML event; real drivers log XID 154).
+    RecoveryAction(u32),
+    /// A row remapping waits for the next reset.
+    RemapPending,
+    /// A row remapping failed (sticky).
+    RemapFailure,
+    /// Pages wait for retirement.
+    RetirePending,
+    /// The GPU is reset (`nvidia-smi -r`): back on the bus, no recovery action pending,
+    /// pending remappings and retirements done, volatile ECC counters zero.
+    Reset,
 }
 
 /// One parsed line: an event on GPU `gpu` (NVML index), attributed to a MIG GPU instance and
@@ -56,7 +67,7 @@ pub(crate) enum EventsError {
     // The line itself is never shown: the file is named by the node description, and may be
     // any file (`/etc/shadow`) whose contents are not ours to print.
     #[error(
-        "events file {path} line {line}: {problem}; expected `xid <gpu> <xid> [gi <id> [ci <id>]]`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>` or `lost <gpu>`"
+        "events file {path} line {line}: {problem}; expected `xid <gpu> <xid> [gi <id> [ci <id>]]`, `ecc-sbe <gpu>`, `ecc-dbe <gpu>`, `lost <gpu>`, `recovery-action <gpu> <action>`, `remap-pending <gpu>`, `remap-failure <gpu>`, `retire-pending <gpu>` or `reset <gpu>`"
     )]
     Line {
         path: PathBuf,
@@ -95,6 +106,15 @@ pub(crate) fn parse_line(text: &str, gpu_count: usize) -> Result<Option<Event>, 
         "ecc-sbe" => (EventKind::SingleBitEcc, 2),
         "ecc-dbe" => (EventKind::DoubleBitEcc, 2),
         "lost" => (EventKind::Lost, 2),
+        "recovery-action" => {
+            let name = words.get(2).ok_or("missing recovery action")?;
+            let value = crate::node::recovery_action(name)?;
+            (EventKind::RecoveryAction(value), 3)
+        }
+        "remap-pending" => (EventKind::RemapPending, 2),
+        "remap-failure" => (EventKind::RemapFailure, 2),
+        "retire-pending" => (EventKind::RetirePending, 2),
+        "reset" => (EventKind::Reset, 2),
         _ => return Err("unknown event".to_owned()),
     };
     let gpu = gpu(words.get(1))?;
@@ -295,7 +315,28 @@ fn set_handle(set: &EventSet) -> NvmlEventSet {
     token.cast_mut().cast()
 }
 
-/// Applies an event to the node (lost flag, ECC counters) and queues it for registered sets.
+/// A GPU reset: the GPU answers again, the driver asks for nothing, a pending remapping is
+/// done (one more row remapped for an uncorrectable error), pending pages are retired, and the
+/// volatile ECC counters start again from zero (they count "since the last driver load or
+/// reset", `nvml.h` `NVML_VOLATILE_ECC`). A failed remapping stays recorded.
+fn reset(state: &mut crate::state::GpuState) {
+    state.lost = false;
+    state.recovery_action = state.recovery_action.map(|_| 0);
+    if let Some(rows) = &mut state.remapped_rows
+        && rows.pending
+    {
+        rows.pending = false;
+        rows.uncorrectable += 1;
+    }
+    state.retired_pages_pending = state.retired_pages_pending.map(|_| false);
+    if let Some(ecc) = &mut state.ecc {
+        ecc.volatile_corrected = 0;
+        ecc.volatile_uncorrected = 0;
+    }
+}
+
+/// Applies an event to the node (lost flag, ECC counters, recovery state) and queues the NVML
+/// events among them for registered sets.
 pub(crate) fn apply(sim: &mut Sim, event: Event) {
     let gpu = event.gpu;
     let state = &mut sim.gpus[gpu];
@@ -318,6 +359,30 @@ pub(crate) fn apply(sim: &mut Sim, event: Event) {
                 ecc.aggregate_uncorrected += 1;
             }
             (EVENT_DOUBLE_BIT_ECC, 0)
+        }
+        EventKind::RecoveryAction(action) => {
+            state.recovery_action = Some(action);
+            return;
+        }
+        EventKind::RemapPending => {
+            if let Some(rows) = &mut state.remapped_rows {
+                rows.pending = true;
+            }
+            return;
+        }
+        EventKind::RemapFailure => {
+            if let Some(rows) = &mut state.remapped_rows {
+                rows.failure = true;
+            }
+            return;
+        }
+        EventKind::RetirePending => {
+            state.retired_pages_pending = state.retired_pages_pending.map(|_| true);
+            return;
+        }
+        EventKind::Reset => {
+            reset(state);
+            return;
         }
     };
     let (gpu_instance, compute_instance) = match event.mig {
@@ -406,6 +471,31 @@ mod tests {
                 .unwrap_err()
                 .contains("unexpected")
         );
+        assert_eq!(
+            parse_line("recovery-action 1 gpu_reset", 8).map(|e| e.map(|e| e.kind)),
+            Ok(Some(EventKind::RecoveryAction(1)))
+        );
+        assert!(
+            parse_line("recovery-action 1 reboot", 8)
+                .unwrap_err()
+                .contains("node_reboot")
+        );
+        for (line, kind) in [
+            ("remap-pending 2", EventKind::RemapPending),
+            ("remap-failure 2", EventKind::RemapFailure),
+            ("retire-pending 2", EventKind::RetirePending),
+            ("reset 2", EventKind::Reset),
+        ] {
+            assert_eq!(
+                parse_line(line, 8).map(|e| e.map(|e| e.kind)),
+                Ok(Some(kind))
+            );
+        }
+        assert!(
+            parse_line("reset 2 gi 1", 8)
+                .unwrap_err()
+                .contains("unexpected")
+        );
         assert_eq!(parse_line("# note", 8), Ok(None));
         assert_eq!(parse_line("", 8), Ok(None));
     }
@@ -437,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_errors_never_echo_the_file() {
+    fn errors_never_echo_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shadow");
         let secret = "root:$6$s3cr3t$hash:20228:0:99999:7:::";

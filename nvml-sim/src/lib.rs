@@ -52,6 +52,10 @@ pub const CONFIG_ENV: &str = state::CONFIG_ENV;
 /// The node description file looked for beside the loaded library when [`CONFIG_ENV`] is unset.
 pub const CONFIG_FILE: &str = state::CONFIG_FILE;
 
+/// The environment variable seeding the description's `random_failures` (a whole number),
+/// instead of its `seed`.
+pub const SEED_ENV: &str = state::SEED_ENV;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,27 @@ pub(crate) struct Node {
     pub(crate) nvswitches: Vec<NvSwitch>,
     /// Injected failures of system-level functions.
     pub(crate) fail: HashMap<&'static str, NvmlError>,
+    /// Failures drawn at random.
+    pub(crate) random: Option<RandomFailures>,
     pub(crate) gpus: Vec<Gpu>,
+}
+
+/// Seeded random failures: of initialisation, and of every other call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RandomFailures {
+    /// The stream's seed, unless `NVML_SIM_SEED` gives another.
+    pub(crate) seed: u64,
+    /// `nvmlInit_v2` / `nvmlInitWithFlags`.
+    pub(crate) init: Option<FailureRate>,
+    /// Every other call but `nvmlShutdown` and `nvmlErrorString`.
+    pub(crate) calls: Option<FailureRate>,
+}
+
+/// A probability of failing, and the errors a failure answers (drawn evenly).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FailureRate {
+    pub(crate) probability: f64,
+    pub(crate) errors: Vec<NvmlError>,
 }
 
 /// Dynamic majors of the driver's character devices.
@@ -102,8 +122,56 @@ pub(crate) struct Gpu {
     /// Starting ECC counts; `None` when ECC is off.
     pub(crate) ecc: Option<EccCounts>,
     pub(crate) lost: bool,
+    /// `nvmlDeviceGpuRecoveryAction_t` at driver load; `None` for a driver without the
+    /// recovery action field (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` is `NOT_SUPPORTED`).
+    pub(crate) recovery_action: Option<u32>,
+    /// Row remapper state at driver load; `None` for GPUs without row remapping (before
+    /// Ampere), where `nvmlDeviceGetRemappedRows` is `NOT_SUPPORTED`.
+    pub(crate) remapped_rows: Option<RemappedRows>,
+    /// Pages pending retirement at driver load; `None` where page retirement is not supported
+    /// (Hopper retires rows instead).
+    pub(crate) retired_pages_pending: Option<bool>,
     /// Injected failures of device functions.
     pub(crate) fail: HashMap<&'static str, NvmlError>,
+}
+
+/// What `nvmlDeviceGetRemappedRows` answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub(crate) correctable: u32,
+    /// Rows remapped for uncorrectable errors.
+    pub(crate) uncorrectable: u32,
+    /// A remapping waits for the next GPU reset.
+    pub(crate) pending: bool,
+    /// A remapping ever failed.
+    pub(crate) failure: bool,
+}
+
+/// `nvmlDeviceGpuRecoveryAction_t` by the name node descriptions and the events file use
+/// (`nvml.h`: `NVML_GPU_RECOVERY_ACTION_NONE` 0 … `_RECOVER_IMEX_DOMAIN` 5).
+pub(crate) const RECOVERY_ACTIONS: &[(&str, u32)] = &[
+    ("none", 0),
+    ("gpu_reset", 1),
+    ("node_reboot", 2),
+    ("drain_p2p", 3),
+    ("drain_and_reset", 4),
+    ("recover_imex_domain", 5),
+];
+
+/// The value of recovery action `name`, or the names accepted.
+pub(crate) fn recovery_action(name: &str) -> Result<u32, String> {
+    RECOVERY_ACTIONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = RECOVERY_ACTIONS.iter().map(|(n, _)| *n).collect();
+            format!(
+                "recovery action {name:?} is not one of {}",
+                names.join(", ")
+            )
+        })
 }
 
 /// Framebuffer memory in bytes.
@@ -251,6 +319,9 @@ mod tests {
             processes: None,
             ecc: None,
             lost: false,
+            recovery_action: None,
+            remapped_rows: None,
+            retired_pages_pending: None,
             fail: HashMap::new(),
         }
     }

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{Document, JsonFile, LockError, LockFile, StoreError};
+use mesos_gpu_os::{Document, JsonFile, LockError, LockFile, StoreError, fsmode};
 use serde::{Deserialize, Serialize};
 
 /// What the runtime state file holds.
@@ -73,7 +73,7 @@ pub(crate) fn mode_value(name: &str) -> Option<u32> {
 }
 
 fn file(path: &Path) -> JsonFile {
-    JsonFile::at(path, 0o644)
+    JsonFile::at(path, fsmode::STATE_FILE)
 }
 
 /// Reads the state file; a missing or empty file is an empty state.
@@ -90,7 +90,7 @@ pub fn update(
     path: &Path,
     change: impl FnOnce(&mut RuntimeState),
 ) -> Result<(), RuntimeStateError> {
-    let lock = LockFile::create(&sibling(path, "lock"), 0o644)?;
+    let lock = LockFile::create(&sibling(path, "lock"), fsmode::LOCK_FILE)?;
     lock.lock()?;
     let mut state = read(path)?;
     change(&mut state);

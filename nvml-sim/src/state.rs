@@ -19,14 +19,17 @@ use mesos_gpu_os::error_chain;
 
 use crate::abi::{INIT_FLAG_NO_GPUS, NvmlComputeInstance, NvmlDevice, NvmlGpuInstance};
 use crate::config;
-use crate::events::{EventLog, EventsError};
-use crate::node::{EccCounts, Node};
+use crate::events::{EventKind, EventLog, EventsError};
+use crate::node::{EccCounts, Node, RemappedRows};
 use crate::status::NvmlError;
 
 /// The environment variable naming the node description file.
 pub(crate) const CONFIG_ENV: &str = "NVML_SIM_CONFIG";
 /// The file looked for beside the library when [`CONFIG_ENV`] is unset.
 pub(crate) const CONFIG_FILE: &str = "nvml-sim.json";
+/// The environment variable giving the seed of the random failures (instead of the
+/// description's `random_failures.seed`), so that each process of a test draws its own.
+pub(crate) const SEED_ENV: &str = "NVML_SIM_SEED";
 
 /// What a device handle points at. Not zero-sized, so every boxed token is its own allocation
 /// and its address is a handle no other live GPU (or other loaded sim) can have.
@@ -41,6 +44,12 @@ pub(crate) struct GpuState {
     token: Box<Token>,
     pub(crate) lost: bool,
     pub(crate) ecc: Option<EccCounts>,
+    /// The driver's recovery action now (`None`: the field is not supported).
+    pub(crate) recovery_action: Option<u32>,
+    /// The row remapper now (`None`: not supported).
+    pub(crate) remapped_rows: Option<RemappedRows>,
+    /// Pages pending retirement now (`None`: not supported).
+    pub(crate) retired_pages_pending: Option<bool>,
     /// MIG device handles, one per [`crate::mig::Mig::devices`] entry. Never resized, so each
     /// (non-zero-sized) element keeps its address, which is the handle.
     mig_tokens: Vec<Token>,
@@ -101,6 +110,9 @@ impl Sim {
                     token: Box::new(Token { _index: i }),
                     lost: g.lost,
                     ecc: g.ecc,
+                    recovery_action: g.recovery_action,
+                    remapped_rows: g.remapped_rows,
+                    retired_pages_pending: g.retired_pages_pending,
                     mig_tokens: tokens(devices),
                     gi_tokens: tokens(gis),
                     ci_tokens: tokens(devices),
@@ -226,6 +238,30 @@ impl Sim {
     fn poll_events_strict(&mut self) -> Result<(), EventsError> {
         let gpus = &self.node.gpus;
         let lines = self.events.read_new(gpus.len(), |event| {
+            let gpu = &gpus[event.gpu];
+            match event.kind {
+                EventKind::RecoveryAction(_) if gpu.recovery_action.is_none() => {
+                    return Err(format!(
+                        "GPU {} has no recovery action field (give it `recovery_action` in the node description)",
+                        event.gpu
+                    ));
+                }
+                EventKind::RemapPending | EventKind::RemapFailure
+                    if gpu.remapped_rows.is_none() =>
+                {
+                    return Err(format!(
+                        "GPU {} has no row remapper (give it `remapped_rows` in the node description)",
+                        event.gpu
+                    ));
+                }
+                EventKind::RetirePending if gpu.retired_pages_pending.is_none() => {
+                    return Err(format!(
+                        "GPU {} has no page retirement (give it `retired_pages_pending` in the node description)",
+                        event.gpu
+                    ));
+                }
+                _ => {}
+            }
             let Some((gi, ci)) = event.mig else {
                 return Ok(());
             };
@@ -270,6 +306,9 @@ impl Sim {
 pub(crate) struct Registry {
     refcount: u32,
     sim: Option<Sim>,
+    /// The random failures' stream (xorshift64*), seeded at its first draw and kept across
+    /// shutdowns, so that an init tried again draws anew.
+    draws: Option<u64>,
 }
 
 impl Registry {
@@ -277,11 +316,55 @@ impl Registry {
     pub(crate) fn sim(&mut self) -> Result<&mut Sim, NvmlError> {
         self.sim.as_mut().ok_or(NvmlError::Uninitialized)
     }
+
+    /// A failure drawn for a call (`init`: `nvmlInit*`) as `node`'s `random_failures` asks, if
+    /// one is drawn.
+    fn draw(&mut self, node: &Node, init: bool) -> Result<(), NvmlError> {
+        let Some(random) = &node.random else {
+            return Ok(());
+        };
+        let rate = if init { &random.init } else { &random.calls };
+        let Some(rate) = rate else {
+            return Ok(());
+        };
+        let state = self.draws.get_or_insert_with(|| {
+            let seed = std::env::var(SEED_ENV)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(random.seed);
+            // xorshift needs a non-zero state; the constant spreads small seeds.
+            (seed ^ 0x9E37_79B9_7F4A_7C15).max(1)
+        });
+        let mut next = || {
+            *state ^= *state >> 12;
+            *state ^= *state << 25;
+            *state ^= *state >> 27;
+            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        // 53 random bits as a fraction of 1.
+        let fraction = (next() >> 11) as f64 / (1u64 << 53) as f64;
+        if fraction >= rate.probability {
+            return Ok(());
+        }
+        let pick = usize::try_from(next() % rate.errors.len() as u64).unwrap_or(0);
+        Err(rate.errors[pick])
+    }
+
+    /// A random failure of a call other than init on the initialised sim, if one is drawn.
+    pub(crate) fn random_failure(&mut self) -> Result<(), NvmlError> {
+        let Some(sim) = self.sim.take() else {
+            return Err(NvmlError::Uninitialized);
+        };
+        let drawn = self.draw(&sim.node, false);
+        self.sim = Some(sim);
+        drawn
+    }
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     refcount: 0,
     sim: None,
+    draws: None,
 });
 
 /// Locks the global state. A panic while it was held (caught at the C boundary) leaves data
@@ -293,8 +376,12 @@ pub(crate) fn lock() -> MutexGuard<'static, Registry> {
 /// `nvmlInit_v2` / `nvmlInitWithFlags`: counts a reference, loading the node on the first one.
 pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
     let mut reg = lock();
-    if let Some(sim) = &reg.sim {
-        sim.system_usable(function)?;
+    if let Some(sim) = reg.sim.take() {
+        let usable = sim
+            .system_usable(function)
+            .and_then(|()| reg.draw(&sim.node, true));
+        reg.sim = Some(sim);
+        usable?;
         reg.refcount = reg.refcount.saturating_add(1);
         return Ok(());
     }
@@ -310,6 +397,7 @@ pub(crate) fn init(function: &str, flags: u32) -> Result<(), NvmlError> {
             NvmlError::DriverNotLoaded
         })?;
     sim.system_usable(function)?;
+    reg.draw(&sim.node, true)?;
     if sim.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
         return Err(NvmlError::GpuNotFound);
     }

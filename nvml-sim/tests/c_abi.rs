@@ -459,7 +459,7 @@ fn main() -> std::process::ExitCode {
             &host,
             &[Need::Cc],
             Trial::test(
-                "issue_16_c_client_sees_the_mixed_mig_node",
+                "c_client_sees_the_mixed_mig_node",
                 c_client_sees_the_mixed_mig_node,
             ),
         ),
@@ -467,7 +467,7 @@ fn main() -> std::process::ExitCode {
             &host,
             &[Need::Cc, Need::Root],
             Trial::test(
-                "issue_17_unprivileged_c_client_gets_no_permission",
+                "unprivileged_c_client_gets_no_permission",
                 unprivileged_c_client_gets_no_permission,
             ),
         ),

@@ -603,3 +603,81 @@ fn cpu_affinity_fills_the_whole_array() {
         "the rest is zeroed"
     );
 }
+
+/// `random_failures`: init fails as asked and initialises nothing (the next try draws anew);
+/// other calls fail at about the asked rate with the listed errors, the same seed giving the
+/// same failures and another seed others.
+#[test]
+fn random_failures_are_seeded_and_at_the_asked_rate() {
+    const DRIVER_NOT_LOADED: u32 = b::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
+    const UNKNOWN: u32 = b::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+    let flaky = |seed: u64, init: f64, calls: f64| {
+        SimNode::from_json(&format!(
+            r#"{{ "driver_version": "550.54.14", "cuda_driver_version": "12.4",
+                 "random_failures": {{ "seed": {seed},
+                   "init": {{ "probability": {init}, "errors": ["NVML_ERROR_DRIVER_NOT_LOADED"] }},
+                   "calls": {{ "probability": {calls}, "errors": ["NVML_ERROR_UNKNOWN", "NVML_ERROR_GPU_IS_LOST"] }} }},
+                 "gpus": [{}] }}"#,
+            gpu_json(0, "")
+        ))
+    };
+    let node = flaky(1, 1.0, 0.0);
+    let lib = raw(&node);
+    let mut n = 0;
+    // SAFETY: nvml.h prototypes via nvml-wrapper-sys; `n` is a live local.
+    unsafe {
+        assert_eq!(lib.nvmlInit_v2(), DRIVER_NOT_LOADED);
+        assert_eq!(lib.nvmlInitWithFlags(0), DRIVER_NOT_LOADED);
+        assert_eq!(lib.nvmlDeviceGetCount_v2(&mut n), UNINITIALIZED);
+    }
+    let half = flaky(5, 0.5, 0.0);
+    let lib = raw(&half);
+    // SAFETY: as above.
+    let inits: Vec<u32> = (0..40)
+        .map(|_| unsafe {
+            let rc = lib.nvmlInit_v2();
+            if rc == SUCCESS {
+                assert_eq!(lib.nvmlShutdown(), SUCCESS);
+            }
+            rc
+        })
+        .collect();
+    assert!(
+        inits.contains(&SUCCESS) && inits.contains(&DRIVER_NOT_LOADED),
+        "a failed init is tried again with a new draw: {inits:?}"
+    );
+    let pattern = |seed: u64| -> Vec<u32> {
+        let node = flaky(seed, 0.0, 0.25);
+        let lib = raw(&node);
+        // SAFETY: as above; each call writes the count into a live local.
+        unsafe {
+            assert_eq!(lib.nvmlInit_v2(), SUCCESS);
+            let codes = (0..400)
+                .map(|_| {
+                    let mut n = 0;
+                    lib.nvmlDeviceGetCount_v2(&mut n)
+                })
+                .collect();
+            assert_eq!(
+                lib.nvmlShutdown(),
+                SUCCESS,
+                "shutdown never fails at random"
+            );
+            codes
+        }
+    };
+    let (a, b, c) = (pattern(7), pattern(7), pattern(8));
+    assert_eq!(a, b, "the same seed gives the same failures");
+    assert_ne!(a, c, "another seed gives others");
+    let failed = a.iter().filter(|&&rc| rc != SUCCESS).count();
+    assert!(
+        (60..=140).contains(&failed),
+        "{failed} of 400 calls failed at a probability of 0.25"
+    );
+    assert!(a.contains(&UNKNOWN) && a.contains(&GPU_IS_LOST), "{a:?}");
+    assert!(
+        a.iter()
+            .all(|&rc| [SUCCESS, UNKNOWN, GPU_IS_LOST].contains(&rc)),
+        "{a:?}"
+    );
+}

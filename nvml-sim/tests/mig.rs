@@ -240,22 +240,22 @@ fn profile_index(lib: &NvmlLib, dev: nvmlDevice_t, id: u32) -> u32 {
 }
 
 #[test]
-fn issue_16_dgx_a100_mig_layout_agrees_with_its_description() {
+fn dgx_a100_mig_layout_agrees_with_its_description() {
     check_layout("dgx-a100-mig");
 }
 
 #[test]
-fn issue_16_mixed_node_layout_agrees_with_its_description() {
+fn mixed_node_layout_agrees_with_its_description() {
     check_layout("dgx-a100-mixed");
 }
 
 #[test]
-fn issue_16_hgx_h100_layout_agrees_with_its_description() {
+fn hgx_h100_layout_agrees_with_its_description() {
     check_layout("hgx-h100");
 }
 
 #[test]
-fn issue_16_profile_tables_are_nvidias() {
+fn profile_tables_are_nvidias() {
     // (table node GPU, profile index → (id, slices, instances, SMs, MiB, name)) as nvidia-smi
     // mig -lgip prints them (A100-SXM4-40GB on R470-R535, H100 80GB HBM3).
     /// (profile index, id, slices, instances, SMs, MiB, name).
@@ -371,7 +371,7 @@ fn issue_16_profile_tables_are_nvidias() {
 }
 
 #[test]
-fn issue_16_profile_queries_with_mig_off() {
+fn profile_queries_with_mig_off() {
     let sim = SimNode::shipped("dgx-a100");
     let lib = raw(&sim);
     init(&lib);
@@ -480,7 +480,7 @@ fn issue_16_profile_queries_with_mig_off() {
 }
 
 #[test]
-fn issue_16_instance_handles_name_a_mig_devices_profile() {
+fn instance_handles_name_a_mig_devices_profile() {
     // What go-nvlib does to name a MIG device: parent → GI by id → GI info → CI by id → CI info.
     let sim = SimNode::shipped("hgx-h100");
     let lib = raw(&sim);
@@ -646,7 +646,7 @@ fn issue_16_instance_handles_name_a_mig_devices_profile() {
 }
 
 #[test]
-fn issue_16_mig_uuids_and_processes() {
+fn mig_uuids_and_processes() {
     let mut node: Value = shipped("dgx-a100-mixed");
     // GPU 4 GI 2 (3g.20gb) gets two compute instances with processes; an explicit UUID.
     node["gpus"][4]["mig"]["gpu_instances"][0]["compute_instances"] = serde_json::json!([
@@ -726,7 +726,7 @@ fn issue_16_mig_uuids_and_processes() {
 }
 
 #[test]
-fn issue_16_xid_on_a_mig_instance_names_it_in_event_data() {
+fn xid_on_a_mig_instance_names_it_in_event_data() {
     let sim = SimNode::shipped("dgx-a100-mixed");
     let lib = raw(&sim);
     init(&lib);
@@ -779,7 +779,7 @@ fn issue_16_xid_on_a_mig_instance_names_it_in_event_data() {
 }
 
 #[test]
-fn issue_16_lost_parent_takes_its_mig_devices() {
+fn lost_parent_takes_its_mig_devices() {
     let sim = SimNode::shipped("dgx-a100-mig");
     let lib = raw(&sim);
     init(&lib);
@@ -798,7 +798,7 @@ fn issue_16_lost_parent_takes_its_mig_devices() {
 }
 
 #[test]
-fn issue_16_bad_mig_layouts_are_refused_with_the_reason() {
+fn bad_mig_layouts_are_refused_with_the_reason() {
     let a100 = |mig: &str| {
         node_json(&[gpu_json(0, &format!(
             r#""name": "NVIDIA A100-SXM4-40GB", "memory": {{"total": 42949672960}}, "mig": {mig}"#
@@ -887,7 +887,7 @@ fn issue_16_bad_mig_layouts_are_refused_with_the_reason() {
 }
 
 #[test]
-fn issue_16_driver_files_give_the_caps_minors_of_each_instance() {
+fn driver_files_give_the_caps_minors_of_each_instance() {
     let sim = SimNode::shipped("dgx-a100-mixed");
     let proc = sim.proc_root();
     let devices = std::fs::read_to_string(proc.join("devices")).unwrap();
@@ -952,7 +952,7 @@ fn issue_16_driver_files_give_the_caps_minors_of_each_instance() {
 }
 
 #[test]
-fn issue_16_a_changed_layout_replaces_the_driver_files() {
+fn a_changed_layout_replaces_the_driver_files() {
     let mut sim = SimNode::shipped("dgx-a100-mixed");
     let caps = sim.proc_root().join("driver/nvidia/capabilities");
     assert!(caps.join("gpu4/mig/gi2/access").exists());

@@ -72,7 +72,7 @@ fn events<'a>(records: &'a [Value], event: &str) -> Vec<&'a Value> {
 }
 
 #[test]
-fn issue_17_daemon_serves_the_control_protocol_and_records_it() {
+fn daemon_serves_the_control_protocol_and_records_it() {
     let mps = MpsControl::install("{}");
     let d = dirs();
     let out = start(&mps, &d);
@@ -182,7 +182,7 @@ fn issue_17_daemon_serves_the_control_protocol_and_records_it() {
 }
 
 #[test]
-fn issue_17_one_daemon_per_pipe_directory() {
+fn one_daemon_per_pipe_directory() {
     let mps = MpsControl::install("{}");
     let (a, b) = (dirs(), dirs());
     assert!(start(&mps, &a).status.success());
@@ -210,7 +210,7 @@ fn issue_17_one_daemon_per_pipe_directory() {
 }
 
 #[test]
-fn issue_17_refusing_to_start() {
+fn a_daemon_refusing_to_start_fails_with_its_reason() {
     let mps = MpsControl::install(r#"{"refuse_start": "Failed to start: invalid argument"}"#);
     let d = dirs();
     let out = start(&mps, &d);
@@ -245,7 +245,7 @@ fn issue_17_refusing_to_start() {
 }
 
 #[test]
-fn issue_17_a_crashed_daemon_is_seen_and_restarted() {
+fn a_crashed_daemon_is_seen_and_restarted() {
     let mps = MpsControl::install(r#"{"die_after_seconds": 0.3}"#);
     let d = dirs();
     assert!(start(&mps, &d).status.success());
@@ -299,7 +299,7 @@ fn issue_17_a_crashed_daemon_is_seen_and_restarted() {
 }
 
 #[test]
-fn issue_17_usage_and_bad_arguments() {
+fn usage_and_bad_arguments() {
     let mps = MpsControl::install("{}");
     let d = dirs();
     let help = mps.run(&["-h"], &d.pipe, &d.log, "");

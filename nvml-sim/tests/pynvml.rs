@@ -279,6 +279,54 @@ fn compute_mode_set_from_python_is_seen_from_rust() -> Result<(), Failed> {
     })
 }
 
+/// Reads GPU 0's recovery state with the calls the H200 facts were read with.
+const READ_RECOVERY: &str = r#"
+import json
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+fv = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+out = {"ret": fv.nvmlReturn, "type": fv.valueType, "action": fv.value.uiVal,
+       "rows": list(n.nvmlDeviceGetRemappedRows(h)),
+       "ecc": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)}
+try:
+    n.nvmlDeviceGetRetiredPagesPendingStatus(h)
+    out["retired"] = "supported"
+except n.NVMLError_NotSupported:
+    out["retired"] = "not supported"
+n.nvmlShutdown()
+print(json.dumps(out))
+"#;
+
+/// What an H200 with driver 580.159.04 answered (`docs/reference/real-gpu-host.md`):
+/// field 230 `NVML_SUCCESS`, unsigned int, 0; remapped rows (0, 0, 0, 0); retired pages pending
+/// `NOT_SUPPORTED`; volatile uncorrected ECC 0. Then a pending remapping and a reset request.
+fn pynvml_reads_the_recovery_state_as_on_an_h200() -> Result<(), Failed> {
+    let gpu = |extra: &str| {
+        format!(
+            r#"{{ "index": 0, "minor": 0, "uuid": "GPU-2db2aa07-65b0-1102-43ca-3caec9778a8c",
+                "name": "NVIDIA H200", "brand": "nvidia", "pci": {{ "bus_id": "00000000:00:06.0" }},
+                "memory": {{ "total": 150754820096 }}, "compute_capability": "9.0",
+                "ecc": {{}}, "recovery_action": "none", "remapped_rows": {{}}{extra} }}"#
+        )
+    };
+    let sim = SimNode::from_json(&format!(
+        r#"{{ "driver_version": "580.159.04", "cuda_driver_version": "13.0", "gpus": [{}] }}"#,
+        gpu("")
+    ));
+    let seen = python(&sim, READ_RECOVERY, &[])?;
+    let want = json!({"ret": 0, "type": 1, "action": 0, "rows": [0, 0, 0, 0], "ecc": 0,
+                      "retired": "not supported"});
+    check(seen == want, || format!("{seen} != {want}"))?;
+    sim.append_event("ecc-dbe 0");
+    sim.append_event("remap-pending 0");
+    sim.append_event("recovery-action 0 gpu_reset");
+    let seen = python(&sim, READ_RECOVERY, &[])?;
+    let want = json!({"ret": 0, "type": 1, "action": 1, "rows": [0, 0, 1, 0], "ecc": 1,
+                      "retired": "not supported"});
+    check(seen == want, || format!("{seen} != {want}"))
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = [
@@ -294,7 +342,7 @@ fn main() -> std::process::ExitCode {
         needs(
             &host,
             &[Need::Pynvml],
-            Trial::test(format!("issue_16_pynvml_reads_{name}"), move || {
+            Trial::test(format!("pynvml_reads_{name}"), move || {
                 pynvml_reads_the_node_file(name)
             }),
         )
@@ -304,8 +352,16 @@ fn main() -> std::process::ExitCode {
         &host,
         &[Need::Pynvml],
         Trial::test(
-            "issue_17_compute_mode_set_from_python_is_seen_from_rust",
+            "compute_mode_set_from_python_is_seen_from_rust",
             compute_mode_set_from_python_is_seen_from_rust,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        &[Need::Pynvml],
+        Trial::test(
+            "pynvml_reads_the_recovery_state_as_on_an_h200",
+            pynvml_reads_the_recovery_state_as_on_an_h200,
         ),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()

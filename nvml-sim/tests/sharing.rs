@@ -24,7 +24,7 @@ fn bits(words: &[std::ffi::c_ulong]) -> Vec<u32> {
 }
 
 #[test]
-fn issue_17_compute_mode_is_driver_state_seen_by_every_client() {
+fn compute_mode_is_driver_state_seen_by_every_client() {
     let sim = SimNode::shipped("numa-2cpu");
     let first = open(&sim);
     let second = open(&sim);
@@ -62,7 +62,7 @@ fn issue_17_compute_mode_is_driver_state_seen_by_every_client() {
 }
 
 #[test]
-fn issue_17_compute_mode_errors() {
+fn compute_mode_errors() {
     let sim = SimNode::shipped("dgx-a100-mixed");
     let lib = raw(&sim);
     let mut mode = 99;
@@ -127,7 +127,7 @@ fn issue_17_compute_mode_errors() {
 }
 
 #[test]
-fn issue_17_per_process_memory_comes_from_the_state_file() {
+fn per_process_memory_comes_from_the_state_file() {
     let sim = SimNode::shipped("numa-2cpu");
     let nvml = open(&sim);
     let dev = nvml.device_by_index(0).unwrap();
@@ -171,7 +171,7 @@ fn issue_17_per_process_memory_comes_from_the_state_file() {
 }
 
 #[test]
-fn issue_18_affinity_by_scope_matches_the_description() {
+fn affinity_by_scope_matches_the_description() {
     let sim = SimNode::shipped("numa-2cpu");
     let nvml = open(&sim);
     for (index, cpu) in [(0u32, 0u32), (1, 1)] {
@@ -208,7 +208,7 @@ fn issue_18_affinity_by_scope_matches_the_description() {
 }
 
 #[test]
-fn issue_18_affinity_errors() {
+fn affinity_errors() {
     let sim = SimNode::from_json(&node_json(&[gpu_json(0, "")]));
     let nvml = open(&sim);
     let dev = nvml.device_by_index(0).unwrap();

@@ -1,6 +1,6 @@
 //! Every field of every shipped topology, read back through nvml-wrapper exactly as a client
 //! loads real NVML, compared with the JSON file; and the DGX-1 V100 NVLink/PCIe answers compared
-//! with the reference table (`shared/reference/topologies.md`).
+//! with the reference table (`docs/reference/topology.md` §3).
 #![allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 
 mod common;
@@ -356,7 +356,7 @@ fn shipped_topologies_have_the_promised_shape() {
     );
 }
 
-/// The DGX-1 V100 NVLink table of `shared/reference/topologies.md`.
+/// The DGX-1 V100 NVLink table of `docs/reference/topology.md` §3.
 const DGX1_NVLINKS: [(u32, u32, u32); 16] = [
     (0, 1, 1),
     (0, 2, 1),

@@ -58,7 +58,8 @@ pub struct LockFile {
 }
 
 impl LockFile {
-    /// Opens `path` for reading and writing, creating it with permissions `mode`.
+    /// Opens `path` for reading and writing, creating it; it gets exactly permissions `mode`
+    /// whatever the umask (see [`crate::fsmode`]).
     pub fn create(path: &Path, mode: u32) -> Result<LockFile, LockError> {
         let opened = OpenOptions::new()
             .read(true)
@@ -68,7 +69,12 @@ impl LockFile {
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path);
-        LockFile::checked(path, opened)
+        let lock = LockFile::checked(path, opened)?;
+        crate::fsmode::set_mode(&lock.file, mode).map_err(|source| LockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(lock)
     }
 
     /// Opens an existing lock file read-only, for shared locks on a root that may be read-only;

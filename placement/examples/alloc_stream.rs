@@ -26,7 +26,7 @@
 //!   score over the best for its size (**% of best**), and how many were not well-connected.
 //! - **decision p50/p99/max**, over both days: time to choose the set (our `Allocator::allocate`;
 //!   for the best-effort policy, its choice, computed by dynamic programming, where NVIDIA's
-//!   enumeration takes seconds on 16 GPUs, `topologies.md`).
+//!   enumeration takes seconds on 16 GPUs, `docs/reference/topology.md` §2).
 
 #[path = "support/besteffort.rs"]
 mod besteffort;

@@ -16,8 +16,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use mesos_gpu_placement::{
-    sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingSpec,
+use mesos_gpu_placement::sharing::{
+    ModeSpec, Placement, ShareBook, SharingMode, SharingSpec, Wanted,
 };
 use mesos_gpu_testkit::nodes::dgx1_v100;
 
@@ -114,7 +114,7 @@ fn live(book: &ShareBook, requests: &[Request], policy: Placement) -> Figures {
         }
         f.requests += 1;
         f.idle_sum += book.idle().len();
-        match book.place(&i.to_string(), r.units, policy) {
+        match book.place(&i.to_string(), r.units, policy, Wanted::Any) {
             Ok(_) => ends.push(Reverse((hours_key(r.at + r.hold), i))),
             Err(_) => {
                 f.refused += 1;
@@ -149,7 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "R", "load", "policy", "requests", "refused%", "fragmented%", "idle GPUs"
     );
     for replicas in [4, 8] {
-        let plan = SharingSpec::parse(&replicas.to_string(), SharingMode::Mps)?
+        let plan = SharingSpec::parse(&replicas.to_string(), ModeSpec::uniform(SharingMode::Mps))?
             .resolve(&inventory, &all)?;
         let book = ShareBook::new(&plan);
         for load in [0.5, 0.8, 1.0] {

@@ -1,7 +1,7 @@
 //! NUMA pinning, the pure part: which CPUs and memory nodes a container gets when it is narrowed
 //! to its GPUs' local ones, or why it is not.
 //!
-//! Facts (`shared/reference/mig_cdi_sharing.md` §4):
+//! Facts (`docs/reference/numa.md`):
 //! - NVML reports a GPU's nearest CPUs with `nvmlDeviceGetCpuAffinity` (=
 //!   `…WithinScope(NVML_AFFINITY_SCOPE_NODE)`) and its nearest memory nodes with
 //!   `nvmlDeviceGetMemoryAffinity(…, NVML_AFFINITY_SCOPE_NODE)`; a multi-GPU container takes the
@@ -203,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_never_fewer_cpus_than_asked() {
+    fn never_fewer_cpus_than_asked() {
         let d = plan(&[0], &two_sockets(), &all(), Some(4.5));
         assert_eq!(
             d,

@@ -10,6 +10,9 @@
 //!   lock file), reads the state; `Transaction::commit` writes it back crash-safely (temp,
 //!   `fsync`, `rename`, `fsync` of the directory); dropping the transaction unlocks. Readers
 //!   ([`Pool::read`]: `gpu list`, metrics) read the renamed file without the lock.
+//! - **Modes:** `<pool dir>` and `gpu/` are made 0755 and `pool.json`/`pool.lock` 0644 whatever
+//!   the umask; a transaction refuses a pool directory that another user can write or owns
+//!   ([`mesos_gpu_os::fsmode`]), since whoever can rename `pool.json` frees every reservation.
 //! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
 //!   name GPUs by UUID (NVML indices can change across reboots and driver reloads; a unit may
 //!   later be a MIG device). Each carries the checkpoint that recorded it (its *holder*): a
@@ -25,6 +28,7 @@
 
 pub mod owner;
 pub mod shares;
+mod uuid;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -34,11 +38,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use mesos_gpu_os::{IoContext as _, IoError, JsonFile, LockFile};
+use mesos_gpu_os::{IoError, JsonFile, LockFile, fsmode};
 
 use crate::shares::ShareReservation;
 use mesos_gpu_health::HealthStore;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
+pub use uuid::{EmptyUuid, GpuUuid};
 
 /// Where the pool lives unless told otherwise.
 pub const DEFAULT_POOL_DIR: &str = "/var/lib/mesos-gpu";
@@ -94,6 +99,9 @@ pub enum PoolError {
     /// The lock file could not be opened or locked.
     #[error(transparent)]
     Lock(#[from] mesos_gpu_os::LockError),
+    /// The pool directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] mesos_gpu_os::FsModeError),
 }
 
 /// One reservation: an owner's GPUs.
@@ -103,8 +111,8 @@ pub struct Reservation {
     pub holder: String,
     /// Who holds the GPUs.
     pub owner: Owner,
-    /// The GPUs, by UUID.
-    pub gpus: Vec<String>,
+    /// The GPUs, by UUID, as the process that granted them wrote them.
+    pub gpus: Vec<GpuUuid>,
     /// When it was made, seconds since the Unix epoch.
     pub since: u64,
 }
@@ -147,7 +155,7 @@ impl PoolState {
         self.reservations
             .values()
             .filter(|r| r.holder != holder)
-            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .flat_map(|r| r.gpus.iter().map(GpuUuid::as_str))
             .chain(self.shares.values().map(|s| s.grant.uuid.as_str()))
             .collect()
     }
@@ -157,13 +165,13 @@ impl PoolState {
         self.reservations
             .values()
             .filter(|r| matches!(r.owner, Owner::Quarantine { .. }))
-            .flat_map(|r| r.gpus.iter().map(String::as_str))
+            .flat_map(|r| r.gpus.iter().map(GpuUuid::as_str))
             .collect()
     }
 
     /// Replaces every reservation of `holder` with `entries` (id, owner, UUIDs); an entry that
     /// was there already keeps its `since`.
-    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<String>)>) {
+    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<GpuUuid>)>) {
         let mut old: BTreeMap<String, Reservation> = BTreeMap::new();
         self.reservations.retain(|id, r| {
             if r.holder == holder {
@@ -443,7 +451,7 @@ impl Pool {
     }
 
     fn file(&self) -> JsonFile {
-        JsonFile::at(self.state_path(), 0o644)
+        JsonFile::at(self.state_path(), fsmode::STATE_FILE)
     }
 
     /// Every reservation with its owner's liveness, read without the lock (nothing is written).
@@ -484,7 +492,7 @@ impl Pool {
             (None, Some(share)) => Reservation {
                 holder: share.holder.clone(),
                 owner: share.owner.clone(),
-                gpus: vec![share.grant.uuid.clone()],
+                gpus: GpuUuid::new(share.grant.uuid.clone()).into_iter().collect(),
                 since: share.since,
             },
             (None, None) => {
@@ -555,8 +563,9 @@ impl Pool {
 
     /// [`Pool::begin`] with another bound on the wait.
     pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
-        fs::create_dir_all(&self.dir).at("create", &self.dir)?;
-        let lock = LockFile::create(&self.dir.join(LOCK_FILE), 0o644)?;
+        let root = self.dir.parent().unwrap_or(&self.dir);
+        fsmode::state_dir(root, &self.dir, fsmode::STATE_DIR)?;
+        let lock = LockFile::create(&self.dir.join(LOCK_FILE), fsmode::LOCK_FILE)?;
         let start = Instant::now();
         if !lock.lock_within(wait)? {
             let mut holder = String::new();
@@ -616,6 +625,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn uuids(names: &[&str]) -> Vec<GpuUuid> {
+        names.iter().map(|n| GpuUuid::new(*n).unwrap()).collect()
+    }
+
     fn process(pid: u32) -> Owner {
         Owner::Process {
             process: ProcessStamp {
@@ -645,7 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_shares_are_published_per_holder_and_dead_ones_freed() {
+    fn shares_are_published_per_holder_and_dead_ones_freed() {
         let host = Host::default();
         let alive = Owner::Process {
             process: host.this_process().unwrap(),
@@ -678,15 +691,15 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_transactions_round_trip_and_publish_only_their_holder() {
+    fn transactions_round_trip_and_publish_only_their_holder() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         assert_eq!(pool.read().unwrap(), PoolState::default());
         let mut tx = pool.begin().unwrap();
         tx.state
-            .publish("a", vec![("c1".into(), process(1), vec!["GPU-1".into()])]);
+            .publish("a", vec![("c1".into(), process(1), uuids(&["GPU-1"]))]);
         tx.state
-            .publish("b", vec![("c2".into(), process(2), vec!["GPU-2".into()])]);
+            .publish("b", vec![("c2".into(), process(2), uuids(&["GPU-2"]))]);
         tx.commit().unwrap();
         drop(tx);
         let mut tx = pool.begin().unwrap();
@@ -704,7 +717,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_a_busy_lock_names_its_holder() {
+    fn a_busy_lock_names_its_holder() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         let _held = pool.begin().unwrap();
@@ -719,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_other_versions_are_refused() {
+    fn other_versions_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         fs::create_dir_all(dir.path().join("gpu")).unwrap();
@@ -731,7 +744,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_reconcile_frees_exactly_the_dead() {
+    fn reconcile_frees_exactly_the_dead() {
         let mut state = PoolState::default();
         let host = Host::default();
         let me = host.this_process().unwrap();
@@ -755,8 +768,8 @@ mod tests {
         state.publish(
             "h1",
             vec![
-                ("alive".into(), alive, vec!["GPU-1".into()]),
-                ("dead".into(), dead, vec!["GPU-2".into()]),
+                ("alive".into(), alive, uuids(&["GPU-1"])),
+                ("dead".into(), dead, uuids(&["GPU-2"])),
                 (
                     "docker".into(),
                     Owner::Docker {
@@ -764,14 +777,14 @@ mod tests {
                         daemon: None,
                         starter: None,
                     },
-                    vec!["GPU-3".into()],
+                    uuids(&["GPU-3"]),
                 ),
                 (
                     "q".into(),
                     Owner::Quarantine {
                         reason: "a cgroup without a record".into(),
                     },
-                    vec!["GPU-4".into()],
+                    uuids(&["GPU-4"]),
                 ),
             ],
         );
@@ -786,10 +799,7 @@ mod tests {
         );
         // A holder's own reservations are left to it.
         let mut state2 = state.clone();
-        state2.publish(
-            "h2",
-            vec![("dead2".into(), process(5), vec!["GPU-5".into()])],
-        );
+        state2.publish("h2", vec![("dead2".into(), process(5), uuids(&["GPU-5"]))]);
         assert!(reconcile(&mut state2, &host, Some("h2")).freed.is_empty());
     }
 }

@@ -243,7 +243,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_13_a_dead_process_with_a_busy_cgroup_is_alive() {
+    fn a_dead_process_with_a_busy_cgroup_is_alive() {
         let proc = fake_proc(7, 'S', 500);
         let host = Host::at(proc.path());
         let cgroup = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Host, Owner, PoolState, Transaction};
 use mesos_gpu_placement::sharing::SharingPlan;
-use mesos_gpu_placement::sharing::{Placement, PlacementError, ShareBook, ShareGrant};
+use mesos_gpu_placement::sharing::{Placement, PlacementError, ShareBook, ShareGrant, Wanted};
 
 /// A share as the pool records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,7 +28,7 @@ pub struct ShareReservation {
 pub fn book(state: &PoolState, plan: &SharingPlan) -> ShareBook {
     let mut book = ShareBook::new(plan);
     for (id, share) in &state.shares {
-        if !book.record(id, &share.grant.uuid, share.grant.units) {
+        if !book.record(id, &share.grant.uuid, share.grant.units, share.grant.mode) {
             tracing::warn!(owner = %id, gpu = %share.grant.uuid, "a recorded share is on a GPU that is no longer shared; it stays recorded until its owner ends");
         }
     }
@@ -38,7 +38,7 @@ pub fn book(state: &PoolState, plan: &SharingPlan) -> ShareBook {
                 Owner::Quarantine { .. } => format!("quarantined by {id}"),
                 _ => format!("reserved whole by {id}"),
             };
-            book.mark_unusable(uuid, &why);
+            book.mark_unusable(uuid.as_str(), &why);
         }
     }
     for (uuid, why) in state.unhealthy() {
@@ -60,7 +60,7 @@ pub fn reserve(
 ) -> Result<ShareGrant, PlacementError> {
     crate::reconcile(&mut tx.state, host, None);
     let mut book = book(&tx.state, plan);
-    let grant = book.place(id, units, Placement::Pack)?;
+    let grant = book.place(id, units, Placement::Pack, Wanted::Any)?;
     tx.state.shares.insert(
         id.to_owned(),
         ShareReservation {
@@ -87,10 +87,10 @@ mod tests {
     use super::*;
     use crate::{Pool, Reservation};
     use mesos_gpu_node::nodes::dgx1_v100;
-    use mesos_gpu_placement::{sharing::plan::SharingMode, sharing::plan::SharingSpec};
+    use mesos_gpu_placement::sharing::plan::{ModeSpec, SharingMode, SharingSpec};
 
     fn plan() -> SharingPlan {
-        SharingSpec::parse("2", SharingMode::TimeSlicing)
+        SharingSpec::parse("2", ModeSpec::uniform(SharingMode::TimeSlicing))
             .unwrap()
             .resolve(&dgx1_v100().inventory(), &[0, 1])
             .unwrap()
@@ -117,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_shares_are_pool_transactions_never_over_committed() {
+    fn shares_are_pool_transactions_never_over_committed() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         let host = Host::at("/proc");
@@ -130,7 +130,7 @@ mod tests {
             Reservation {
                 holder: "h".into(),
                 owner: me(&host),
-                gpus: vec![uuids[1].clone()],
+                gpus: vec![crate::GpuUuid::new(uuids[1].clone()).unwrap()],
                 since: 0,
             },
         );
@@ -147,7 +147,8 @@ mod tests {
         let err = reserve(&mut tx, &plan, &host, "h", "c", me(&host), 1).unwrap_err();
         assert!(err.to_string().contains("reserved whole by whole"), "{err}");
         assert!(
-            err.to_string().contains(&format!("{}: 0/2", uuids[0])),
+            err.to_string()
+                .contains(&format!("{} (time-slicing): 0/2", uuids[0])),
             "{err}"
         );
         // A shared GPU with holders is held for whole-GPU reservations.

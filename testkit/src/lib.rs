@@ -7,12 +7,15 @@
 //! without running.
 #![forbid(unsafe_code)]
 
+pub mod cuda_sim;
+pub mod dockerd;
 pub mod mesos;
+pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
 
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
-/// `shared/reference/topologies.md`: the isolator's test fixtures, compiled into it only for its
+/// `docs/reference/topology.md` §3: the isolator's test fixtures, compiled into it only for its
 /// own unit tests and through this crate (feature `fixtures`), never into a release build.
 pub use mesos_gpu_node::nodes;
 
@@ -48,6 +51,8 @@ pub enum Need {
     /// The `cpuset` controller offered by the cgroup2 hierarchy (absent on a hybrid host whose
     /// `cpuset` is bound to a v1 hierarchy).
     Cpuset2,
+    /// `python3` with pymesos (PyPI), the client library of the real-agent frameworks.
+    Pymesos,
 }
 
 impl Need {
@@ -64,6 +69,7 @@ impl Need {
             Need::Podman => "podman",
             Need::Cpuset1 => "cpuset1",
             Need::Cpuset2 => "cgroup2-cpuset",
+            Need::Pymesos => "pymesos",
         }
     }
 }
@@ -147,6 +153,9 @@ impl Host {
                     v2_controllers.trim_end()
                 ),
             ));
+        }
+        if let Err(why) = mesos::framework::check_pymesos() {
+            missing.push((Need::Pymesos, why));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()

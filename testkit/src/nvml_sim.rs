@@ -156,6 +156,37 @@ impl SimNode {
     }
 }
 
+/// A GPU health checkpoint (`<work_dir>/gpu/health.json`, version 1) of the shipped node
+/// `name` (`nvml-sim/topologies/<name>.json`) in which GPU `failed` (an NVML index) is unhealthy
+/// after XID 79 and every other GPU healthy.
+///
+/// Panics with the reason when the node cannot be read.
+pub fn health_checkpoint(name: &str, failed: u32) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nvml-sim/topologies")
+        .join(format!("{name}.json"));
+    let text = fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("health_checkpoint({name:?}): {}: {e}", path.display()));
+    let node: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("health_checkpoint({name:?}): {}: {e}", path.display()));
+    let gpus: Vec<serde_json::Value> = node["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            let health = if g["index"] == failed {
+                serde_json::json!({"state": "unhealthy", "reason": {"kind": "xid", "xid": 79},
+                       "since_ms": 1, "last_error_ms": 1, "errors": 1})
+            } else {
+                serde_json::json!({"state": "healthy"})
+            };
+            serde_json::json!({"index": g["index"], "uuid": g["uuid"], "xids": {},
+                   "ecc_single_bit": 0, "ecc_double_bit": 0, "health": health})
+        })
+        .collect();
+    serde_json::json!({"version": 1, "gpus": gpus})
+}
+
 /// Makes both capability nodes of every MIG device of `inventory` under `<dev>/nvidia-caps`
 /// (`mknod <node> c <nvidia-caps major> <minor>`, root only); returns each node's path once.
 pub fn mknod_mig_caps(dev: &Path, inventory: &Inventory) -> Result<Vec<PathBuf>, String> {

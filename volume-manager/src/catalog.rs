@@ -1,8 +1,8 @@
 //! Which driver files go into the volume, grouped by NVIDIA driver capability.
 //!
 //! The lists are libnvidia-container's current ones (`src/nvc_info.c`@00b4b47; see
-//! `shared/reference/nvidia_docker.md` §3.1), which add to Mesos's 2018 list (`volume.cpp`,
-//! `mesos_gpu.md` §4.3) `libcudadebugger`, `libnvidia-nvvm`, `libnvidia-allocator`,
+//! `docs/reference/nvidia-docker.md` §3), which add to Mesos's 2018 list (`volume.cpp`,
+//! `mesos-gpu-isolator.md` §6.3) `libcudadebugger`, `libnvidia-nvvm`, `libnvidia-allocator`,
 //! `libnvidia-pkcs11*`, `libnvidia-opticalflow`, `libnvidia-rtcore`, `libnvoptix`,
 //! `libnvidia-glvkspirv`, `libnvidia-cbl`, `libnvidia-ngx`, `libnvidia-nscq` and
 //! `libnvidia-tileiras`. Library names are matched as prefixes of ld.so.cache entry names; the

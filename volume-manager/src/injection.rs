@@ -1,6 +1,7 @@
 //! Whether a container image wants the driver volume, and the environment that makes it usable.
 //!
-//! Mesos `NvidiaVolume::shouldInject` and `ENV` (`shared/reference/mesos_gpu.md` §4.5, §4.6):
+//! Mesos `NvidiaVolume::shouldInject` and `ENV` (`docs/reference/mesos-gpu-isolator.md` §6.4,
+//! §6.5):
 //!
 //! - The image's `NVIDIA_VISIBLE_DEVICES`, when set, decides: inject unless it is `""` or `void`
 //!   (the first occurrence wins; `void` is also what NVIDIA's CDI specs set to stop a second

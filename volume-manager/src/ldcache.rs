@@ -1,7 +1,7 @@
 //! A reader for glibc's `ld.so.cache`, in all three layouts ldconfig writes.
 //!
 //! Facts relied on (glibc `sysdeps/generic/dl-cache.h`, `elf/cache.c`, `elf/dl-cache.c`; see
-//! `shared/reference/nvidia_docker.md` §4). All integers are in host byte order.
+//! `docs/reference/ld-so-cache.md`). All integers are in host byte order.
 //!
 //! - **Old** (`ldconfig -c old`, libc5 / glibc 2.0–2.1): a 16-byte header (`"ld.so-1.7.0"`, NUL,
 //!   `u32 nlibs`), then `nlibs` 12-byte entries `{i32 flags, u32 key, u32 value}`. Strings are
@@ -628,7 +628,7 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn issue_14_the_cache_link_is_resolved_inside_the_driver_root() {
+    fn the_cache_link_is_resolved_inside_the_driver_root() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
         std::fs::create_dir_all(root.join("etc")).expect("mkdir");
@@ -645,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_devices_fifos_and_directories_are_refused_without_reading() {
+    fn devices_fifos_and_directories_are_refused_without_reading() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fifo = dir.path().join("fifo");
         let status = std::process::Command::new("mkfifo")
@@ -666,7 +666,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_file_past_the_limit_is_refused() {
+    fn a_file_past_the_limit_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ld.so.cache");
         let file = std::fs::File::create(&path).expect("create");

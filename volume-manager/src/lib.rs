@@ -10,7 +10,10 @@
 //! let cache = LdCache::load(Path::new("/"))?;
 //! let (version, _) = plan::detect_driver_version(Path::new("/"), &cache)?;
 //! let manager = VolumeManager::at(mesos_gpu_volume::volume::DEFAULT_ROOT);
-//! let plan = manager.plan(Path::new("/"), &cache, &version)?;
+//! // Programs are searched along the caller's PATH, then next to the driver's libraries.
+//! let path = std::env::var_os("PATH").unwrap_or_default();
+//! let source = plan::DriverSource::with_path("/", &path);
+//! let plan = manager.plan(&source, &cache, &version)?;
 //! let volume = manager.create(&plan)?;
 //! manager.acquire(&version, "container-1")?;
 //! println!("mount {} at {}", volume.path.display(), VolumeManager::container_path().display());

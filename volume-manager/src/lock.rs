@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use mesos_gpu_os::{LockError, LockFile};
+use mesos_gpu_os::{LockError, LockFile, fsmode};
 
 /// The lock file's name in the volume root.
 pub const LOCK_NAME: &str = ".lock";
@@ -21,7 +21,7 @@ pub(crate) struct RootLock {
 impl RootLock {
     /// Blocks until the root's lock is held.
     pub(crate) fn acquire(root: &Path) -> Result<RootLock, LockError> {
-        let file = LockFile::create(&root.join(LOCK_NAME), 0o600)?;
+        let file = LockFile::create(&root.join(LOCK_NAME), fsmode::LOCK_FILE)?;
         file.lock()?;
         tracing::trace!(path = %file.path().display(), "locked volume root");
         Ok(RootLock { _file: file })

@@ -7,6 +7,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::fsmode;
 use sha2::{Digest as _, Sha256};
 
 use crate::plan::{FileStamp, VolumeDir};
@@ -252,13 +253,15 @@ impl Manifest {
             source,
         })?;
         bytes.push(b'\n');
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io_err("create"))?;
+        let mut file = fsmode::open(
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW),
+            &path,
+            fsmode::STATE_FILE,
+        )
+        .map_err(io_err("create"))?;
         file.write_all(&bytes).map_err(io_err("write"))?;
         file.sync_all().map_err(io_err("sync"))
     }

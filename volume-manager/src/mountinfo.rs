@@ -1,7 +1,7 @@
 //! Whether binaries in a volume could run: a bind mount keeps the source mount's `noexec`, so a
 //! volume root on a `noexec` file system (often `/run`) gives containers a `bin/` they cannot
-//! execute. Mesos then mounts a tmpfs (`mode=755`, nosuid, nodev) over the volume directory
-//! before filling it (MESOS-5923, `shared/reference/mesos_gpu.md` §4.2); the caller that may mount
+//! execute. Mesos then mounts a tmpfs (`mode=755`, nosuid, nodev) over the volume directory before
+//! filling it (MESOS-5923, `docs/reference/mesos-gpu-isolator.md` §6.2); the caller that may mount
 //! (the isolator) does the same when [`exec_blocked`] says so.
 //!
 //! The mount table is [`mesos_gpu_os::MountTable`]; the mount holding a path is, as Mesos decides

@@ -1,6 +1,6 @@
 //! Finding the running driver's files and deciding where each goes in the volume.
 //!
-//! Rules (see `catalog.rs` for the lists and `shared/reference/nvidia_docker.md` §1.5, §3.1, §5):
+//! Rules (see `catalog.rs` for the lists and `docs/reference/nvidia-docker.md` §3):
 //!
 //! - Libraries come from ld.so.cache entries whose name starts with a catalog prefix. Entries in
 //!   `glibc-hwcaps/` or legacy hwcap directories are skipped: the plain directory's copy is the one
@@ -13,12 +13,24 @@
 //!   `stubs/libcuda.so` (nvidia-docker#436) and an older driver's leftovers.
 //! - Each library gets its SONAME link and a link for every other cache name that resolved to it;
 //!   `libcuda.so` and `libGLX_indirect.so.0` are added as nvidia-docker 1.0 did.
-//! - Binaries are looked up by name in a search path under the driver root.
+//! - Programs are looked up as Mesos looks them up: along `PATH` (Mesos's `NvidiaVolume::create`
+//!   runs `which <program>` in the agent's environment, `src/slave/containerizer/mesos/isolators/
+//!   gpu/volume.cpp`, and copies what it names, following symlinks), here a `PATH` the caller
+//!   passes, read inside the driver root; then in the driver's own `bin` next to its libraries
+//!   (`/usr/local/nvidia/bin` when `libnvidia-ml` comes from `/usr/local/nvidia/lib64`). Unlike
+//!   `which`, a candidate that is not a native ELF executable (a `#!/bin/sh` wrapper in
+//!   `/usr/bin`, as some hosts install in front of the driver's programs) or that names another
+//!   driver version is skipped in favour of the next one, and the skip is recorded.
+//! - A program's driver version is the version-shaped text it holds (NVIDIA's programs print
+//!   their own version, e.g. `nvidia-smi --version`): one equal to the driver's is taken, one
+//!   holding only other versions is skipped, one holding none is taken (the version cannot be
+//!   told).
 //!
 //! Every candidate that is not taken is listed with the reason, so an operator can see why.
 
 mod select;
 
+use std::ffi::OsStr;
 use std::fmt;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -33,7 +45,8 @@ use crate::rooted::resolve_in_root;
 use crate::version::DriverVersion;
 use select::Selection;
 
-/// Default binary search path, inside the driver root.
+/// The program search path when the caller gives none (Debian's default `PATH` for root),
+/// inside the driver root.
 pub const DEFAULT_SEARCH_PATH: &[&str] = &[
     "/usr/local/sbin",
     "/usr/local/bin",
@@ -172,7 +185,8 @@ impl HostArch {
 pub struct DriverSource {
     /// The driver's file system root, `/` on a plain host.
     pub root: PathBuf,
-    /// Directories (inside `root`) searched for binaries, in order.
+    /// Directories (inside `root`) searched for programs, in order, before the driver's own
+    /// `bin` next to its libraries.
     pub search_path: Vec<PathBuf>,
     /// The host's library slots.
     pub arch: HostArch,
@@ -185,6 +199,18 @@ impl DriverSource {
             root: root.into(),
             search_path: DEFAULT_SEARCH_PATH.iter().map(PathBuf::from).collect(),
             arch: HostArch::native(),
+        }
+    }
+
+    /// The driver under `root`, its programs searched along `path`, a `PATH` value
+    /// (colon-separated directories, inside `root`). Relative and empty entries are left out:
+    /// they name the caller's working directory, nothing of the driver's.
+    pub fn with_path(root: impl Into<PathBuf>, path: &OsStr) -> DriverSource {
+        DriverSource {
+            search_path: std::env::split_paths(path)
+                .filter(|dir| dir.is_absolute())
+                .collect(),
+            ..DriverSource::at(root)
         }
     }
 }
@@ -222,6 +248,9 @@ pub struct PlannedFile {
     pub source: PathBuf,
     /// The path it was found as (cache path or search-path hit), inside the driver root.
     pub found_as: PathBuf,
+    /// For a program, where the search found it; `None` for a library.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<ProgramOrigin>,
     /// The capability it serves.
     pub capability: Capability,
     /// ELF class.
@@ -230,6 +259,25 @@ pub struct PlannedFile {
     pub soname: Option<String>,
     /// Size and mtime when planned.
     pub stamp: FileStamp,
+}
+
+/// Where a program was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgramOrigin {
+    /// A directory of the search path (`PATH`).
+    SearchPath,
+    /// The driver's own `bin` next to its libraries.
+    DriverBin,
+}
+
+impl fmt::Display for ProgramOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProgramOrigin::SearchPath => "along PATH",
+            ProgramOrigin::DriverBin => "in the driver's bin next to its libraries",
+        })
+    }
 }
 
 /// A symlink the volume will hold, relative, inside one directory.
@@ -249,7 +297,7 @@ pub struct PlannedLink {
 pub enum SkipReason {
     /// No ld.so.cache entry has this library's name.
     NotInCache,
-    /// No directory of the search path holds this binary.
+    /// Neither a directory of the search path nor the driver's `bin` holds this program.
     NotFound,
     /// A `glibc-hwcaps/` or legacy hwcap variant; the plain copy is used.
     HwcapVariant,
@@ -273,7 +321,8 @@ pub enum SkipReason {
     NameMismatch,
     /// The file name carries no version (e.g. the CUDA toolkit's `stubs/libcuda.so`).
     Unversioned,
-    /// The file belongs to another driver version.
+    /// The file belongs to another driver version (a library's name, or the version text a
+    /// program holds).
     OtherVersion {
         /// The version in its name.
         found: String,
@@ -309,7 +358,9 @@ impl fmt::Display for SkipReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SkipReason::NotInCache => f.write_str("no ld.so.cache entry"),
-            SkipReason::NotFound => f.write_str("not in the search path"),
+            SkipReason::NotFound => {
+                f.write_str("not along PATH nor in the driver's bin next to its libraries")
+            }
             SkipReason::HwcapVariant => f.write_str("hwcap variant; the plain copy is used"),
             SkipReason::NotElfEntry => f.write_str("cache entry is not an ELF library"),
             SkipReason::ForeignArch { flags } => write!(f, "foreign architecture ({flags})"),
@@ -373,7 +424,32 @@ impl VolumePlan {
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.stamp.size).sum()
     }
+
+    /// The files a GPU container needs that the plan lacks, of [`ESSENTIALS`]: `lib64/<name>.<driver
+    /// version>` for the libraries, `bin/<name>` for the program.
+    pub fn missing_essentials(&self) -> Vec<String> {
+        ESSENTIALS
+            .iter()
+            .map(|&(dir, name)| match dir {
+                VolumeDir::Bin => format!("bin/{name}"),
+                _ => format!("{}/{name}.{}", dir.as_str(), self.driver_version),
+            })
+            .filter(|wanted| {
+                !self
+                    .files
+                    .iter()
+                    .any(|f| format!("{}/{}", f.dir.as_str(), f.name) == *wanted)
+            })
+            .collect()
+    }
 }
+
+/// What a GPU container cannot do without: CUDA's driver library, NVML, and `nvidia-smi`.
+pub const ESSENTIALS: [(VolumeDir, &str); 3] = [
+    (VolumeDir::Lib64, "libcuda.so"),
+    (VolumeDir::Lib64, "libnvidia-ml.so"),
+    (VolumeDir::Bin, "nvidia-smi"),
+];
 
 /// Plans the volume for `version` from the driver under `driver_root`, with the default search
 /// path and the native architecture.
@@ -629,6 +705,17 @@ mod tests {
             ),
             "{skipped:?}"
         );
+    }
+
+    #[test]
+    fn a_plan_without_nvidia_smi_misses_an_essential() {
+        if !cfg!(target_arch = "x86_64") {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = fake_root(dir.path());
+        let plan = plan(dir.path(), &cache, &version()).expect("plan");
+        assert_eq!(plan.missing_essentials(), ["bin/nvidia-smi"]);
     }
 
     #[test]

@@ -16,7 +16,11 @@
 //! new → `nvidia_<version>`); running containers keep their bind mount of the old tree. Entries of
 //! the root are inspected with `symlink_metadata` and never followed; a symlink where a volume
 //! belongs is removed, not written through. The root must not be writable by group or others,
-//! so nobody but its owner can race these checks.
+//! nor owned by another user, nor hang from a directory that is (sticky ones, as `/tmp`,
+//! aside: [`mesos_gpu_os::fsmode::check_state_dir`]), so nobody but its owner can race these
+//! checks. Whatever the umask, the root, volumes, their directories and `refs/` are made 0755,
+//! manifests and holder files 0644; a copied driver file keeps its source's mode without group
+//! or world write, and a hard link is the source's own file.
 
 mod assemble;
 mod holders;
@@ -25,7 +29,6 @@ mod verify;
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use assemble::BuildTimings;
@@ -43,7 +46,7 @@ use crate::lock::{ReadLock, RootLock};
 use crate::manifest::{Manifest, ManifestError, Method};
 use crate::plan::{self, PlanError, VolumePlan};
 use crate::version::DriverVersion;
-use mesos_gpu_os::LockError;
+use mesos_gpu_os::{LockError, fsmode};
 
 /// Where Mesos keeps driver volumes.
 pub const DEFAULT_ROOT: &str = "/var/run/mesos/isolators/gpu";
@@ -54,17 +57,10 @@ pub enum VolumeError {
     /// A file-system operation failed.
     #[error(transparent)]
     Io(#[from] mesos_gpu_os::IoError),
-    /// The volume root is writable by group or others.
-    #[error(
-        "volume root {path} has mode {mode:o}, writable by group or others; make it 0755 (or \
-         stricter) so that nobody else can swap its entries"
-    )]
-    UnsafeRoot {
-        /// The root.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
+    /// The volume root, or a directory above it, could be changed by another user (or could
+    /// not be checked).
+    #[error(transparent)]
+    UnsafeRoot(mesos_gpu_os::FsModeError),
     /// Something under the root is not what it must be (e.g. a symlink where a directory
     /// belongs); it was not followed.
     #[error("{path} is {what}; refusing to use it")]
@@ -297,14 +293,14 @@ impl VolumeManager {
         Path::new(injection::CONTAINER_PATH)
     }
 
-    /// Plans the volume for `version` from the driver under `driver_root` (see [`plan::plan`]).
+    /// Plans the volume for `version` from the driver `source` (see [`plan::plan_from`]).
     pub fn plan(
         &self,
-        driver_root: &Path,
+        source: &plan::DriverSource,
         cache: &LdCache,
         version: &DriverVersion,
     ) -> Result<VolumePlan, PlanError> {
-        plan::plan(driver_root, cache, version)
+        plan::plan_from(source, cache, version)
     }
 
     /// Creates the volume for `plan`, or reuses an intact one (metadata check, link-or-copy).
@@ -515,10 +511,7 @@ impl VolumeManager {
     /// Creates the root if needed and returns its canonical path, after checking it is a
     /// directory nobody but its owner can write.
     fn open_root(&self) -> Result<PathBuf, VolumeError> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&self.root)
+        fsmode::create_dir_all(&self.root, fsmode::STATE_DIR)
             .at("create volume root", &self.root)?;
         self.checked_root()
     }
@@ -541,10 +534,8 @@ impl VolumeManager {
                 what: "not a directory",
             });
         }
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o022 != 0 {
-            return Err(VolumeError::UnsafeRoot { path: root, mode });
-        }
+        fsmode::check_state_dir(&root, &root, fsmode::STATE_DIR)
+            .map_err(VolumeError::UnsafeRoot)?;
         Ok(root)
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_os::error_chain;
 use mesos_gpu_testkit::{Host, Need, needs};
-use mesos_gpu_volume::plan::{SkipReason, VolumeDir};
+use mesos_gpu_volume::plan::{DriverSource, ProgramOrigin, SkipReason, VolumeDir};
 use mesos_gpu_volume::volume::{KeepReason, Outcome, Problem};
 use mesos_gpu_volume::{
     Check, CreateOptions, DriverVersion, LdCache, Materialize, VolumeError, VolumeManager,
@@ -85,7 +85,11 @@ fn main() -> ExitCode {
         ),
         cc("gc_keeps_what_is_in_use", gc_keeps_what_is_in_use),
         cc(
-            "issue_15_a_format_1_volume_is_reused_and_verified",
+            "programs_are_found_along_path_past_wrappers_and_other_drivers",
+            programs_are_found_along_path_past_wrappers_and_other_drivers,
+        ),
+        cc(
+            "a_format_1_volume_is_reused_and_verified",
             a_format_1_volume_is_reused_and_verified,
         ),
         needs(
@@ -97,14 +101,14 @@ fn main() -> ExitCode {
             ),
         ),
         cc(
-            "issue_14_reading_a_volume_root_creates_nothing",
+            "reading_a_volume_root_creates_nothing",
             reading_a_volume_root_creates_nothing,
         ),
         needs(
             &host,
             &[Need::Cc, Need::Root],
             Trial::test(
-                "issue_14_verify_and_list_work_on_a_read_only_root",
+                "verify_and_list_work_on_a_read_only_root",
                 verify_and_list_work_on_a_read_only_root,
             ),
         ),
@@ -992,4 +996,111 @@ fn verify_and_list_work_on_a_read_only_root() -> Result<(), Failed> {
         format!("{listed:?}")
     })?;
     ensure(manager.holders(&version())?.is_empty(), || "holders".into())
+}
+
+/// A host laid out as GPU cloud hosts are (the driver under `/usr/local/nvidia`, `lib -> lib64`):
+/// `/usr/bin/nvidia-smi` is a `#!/bin/sh` wrapper, an older driver's real `nvidia-smi` is along
+/// `PATH` too, and the running driver's is in `/usr/local/nvidia/bin`, which is not on `PATH`.
+/// The planner passes over the wrapper and the other driver's program, says why, and takes the
+/// driver's own; a program of this driver along `PATH` is taken first.
+fn programs_are_found_along_path_past_wrappers_and_other_drivers() -> Result<(), Failed> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let v = fake_driver::VERSION;
+    let old = fake_driver::OLD_VERSION;
+    for lib in [
+        fake_driver::Lib::new(
+            "usr/local/nvidia/lib64",
+            &format!("libnvidia-ml.so.{v}"),
+            "libnvidia-ml.so.1",
+        ),
+        fake_driver::Lib::new(
+            "usr/local/nvidia/lib64",
+            &format!("libcuda.so.{v}"),
+            "libcuda.so.1",
+        ),
+    ] {
+        fake_driver::compile(root, &lib)?;
+    }
+    std::os::unix::fs::symlink("lib64", root.join("usr/local/nvidia/lib"))?;
+    let cache = LdCache::read(&fake_driver::ldconfig(root, &["usr/local/nvidia/lib64"])?)?;
+    let wrapper = root.join("usr/bin/nvidia-smi");
+    std::fs::create_dir_all(root.join("usr/bin"))?;
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n",
+    )?;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    fake_driver::program_saying(
+        root,
+        "opt/nvidia-470/bin/nvidia-smi",
+        &format!("NVIDIA-SMI version  : {old}"),
+    )?;
+    fake_driver::program_saying(
+        root,
+        "usr/local/nvidia/bin/nvidia-smi",
+        &format!("NVIDIA-SMI version  : {v}"),
+    )?;
+    let plan_along = |path: &str| {
+        mesos_gpu_volume::plan::plan_from(
+            &DriverSource::with_path(root, std::ffi::OsStr::new(path)),
+            &cache,
+            &version(),
+        )
+    };
+
+    let plan = plan_along("/usr/local/sbin:/usr/bin:/opt/nvidia-470/bin:relative/bin")?;
+    let smi = plan
+        .files
+        .iter()
+        .find(|f| f.name == "nvidia-smi")
+        .ok_or_else(|| format!("no nvidia-smi planned; skipped: {:#?}", plan.skipped))?;
+    ensure(
+        smi.found_as == Path::new("/usr/local/nvidia/bin/nvidia-smi")
+            && smi.origin == Some(ProgramOrigin::DriverBin),
+        || format!("nvidia-smi from the wrong place: {smi:#?}"),
+    )?;
+    let skipped: Vec<(String, &SkipReason)> = plan
+        .skipped
+        .iter()
+        .filter(|s| s.name == "nvidia-smi")
+        .map(|s| {
+            let path = s.path.as_deref().map(|p| p.display().to_string());
+            (path.unwrap_or_default(), &s.reason)
+        })
+        .collect();
+    ensure(
+        matches!(
+            &skipped[..],
+            [
+                (wrapper, SkipReason::NotElf { .. }),
+                (older, SkipReason::OtherVersion { found }),
+            ] if wrapper == "/usr/bin/nvidia-smi"
+                && older == "/opt/nvidia-470/bin/nvidia-smi"
+                && found == old
+        ),
+        || format!("candidates passed over, in order: {skipped:#?}"),
+    )?;
+
+    fake_driver::program_saying(
+        root,
+        "opt/nvidia/bin/nvidia-smi",
+        &format!("nvidia-smi {v}"),
+    )?;
+    let plan = plan_along("/opt/nvidia/bin:/usr/bin")?;
+    let smi = plan.files.iter().find(|f| f.name == "nvidia-smi");
+    ensure(
+        smi.is_some_and(|f| {
+            f.found_as == Path::new("/opt/nvidia/bin/nvidia-smi")
+                && f.origin == Some(ProgramOrigin::SearchPath)
+        }),
+        || format!("the program along PATH is not the one taken: {smi:#?}"),
+    )?;
+
+    let volume_root = tempfile::tempdir()?;
+    let volume = VolumeManager::at(volume_root.path()).create(&plan)?;
+    let copied = std::fs::read(volume.path.join("bin/nvidia-smi"))?;
+    ensure(copied.starts_with(b"\x7fELF"), || {
+        "the volume's nvidia-smi is not the ELF program".into()
+    })
 }

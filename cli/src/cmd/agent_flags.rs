@@ -1,53 +1,83 @@
-//! `mesos-gpu agent-flags`: the mesos-agent `--resources`, `--attributes` and
-//! `--nvidia_gpu_devices` that advertise this node's GPUs, checked by Mesos's rules
-//! (`mesos_gpu_isolator::agent_flags`). One flag per line, shell-quoted, ready to paste.
+//! `mesos-gpu agent-flags`: the mesos-agent flags that give this node's GPUs to tasks, checked
+//! by Mesos's rules (`mesos_gpu_isolator::agent_flags`). One flag per line, shell-quoted, ready
+//! to paste or to `eval` (`examples/mesos-agent/agent.sh`).
 //!
-//! NVML is read only when `--isolation` contains `gpu/nvidia` or GPUs are advertised (for the
-//! attributes); without the isolator a broken driver is only a warning, as Mesos never loads
-//! NVML then, but a `--nvml-lib` that cannot be loaded is always an error. When there is no flag
-//! to print, stderr says why (and the exit status is 0).
+//! Without `--isolation`, or with one naming mesos-gpu's module, the flags are those of the
+//! module: `--isolation` for the cgroup version (`--cgroups`), `--resources` and `--attributes`
+//! advertising the GPUs (MIG devices by `--mig-strategy`, shares by `--gpu-replicas`),
+//! `--agent_subsystems=` on cgroup v2, and `--modules` with the module's parameters
+//! (`work_dir`, `pool_dir`, `volume_root`, and `nvidia_gpu_devices`, `mig_strategy`,
+//! `gpu_replicas`, `gpu_sharing`, `nvml_lib`, `dev_root`, `proc_root` when they apply), inline
+//! or in `--modules-file`. With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
+//! `--attributes` and `--nvidia_gpu_devices`.
+//!
+//! NVML is read only when a GPU isolator is in `--isolation` or GPUs are advertised (for the
+//! attributes); without one a broken driver is only a warning, as Mesos never loads NVML then,
+//! but a `--nvml-lib` that cannot be loaded is always an error. When there is no flag to print,
+//! stderr says why (and the exit status is 0). On a node the module cannot serve (no GPU, no
+//! driver) the flags are the same agent's without the module: `--isolation` without it (never
+//! empty, see [`isolation_without_module`]), `--resources` and the cgroup version's flags, and
+//! stderr says why.
 
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use mesos_gpu_isolator::{
-    agent_flags::AgentGpuFlags, agent_flags::DEFAULT_ISOLATION, agent_flags::MigStrategy,
+use mesos_gpu_enforce::cgroup::{CgroupLayout, CgroupVersion};
+use mesos_gpu_isolator::agent_flags::module::{
+    DEFAULT_MODULE_LIBRARY, check_module_isolation, isolation_without_module, module_agent_flags,
+    module_isolation,
 };
+use mesos_gpu_isolator::agent_flags::{
+    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleParameters,
+};
+use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::inventory::Inventory;
-use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_placement::sharing::SharingSpec;
 
 use crate::ctx::Ctx;
 use crate::simulate;
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
-    mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources 'cpus:32'\n  \
-    mesos-gpu agent-flags --isolation gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia\n  \
-    mesos-gpu agent-flags --simulate dgx-a100-mixed --mig-strategy mixed \\\n      \
-      --isolation filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --isolation gpu/nvidia --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n\n\
-    With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's gpus:k is a k/R share of one GPU)\n\
-    and the split is written in the attributes gpu_sharing, gpu_shared, gpu_whole and gpu_replicas.\n\n\
-    Values may also be given as file:///path, as mesos-agent accepts them.")]
+    mesos-gpu agent-flags\n  \
+    mesos-gpu agent-flags --resources 'cpus:32;mem:245760' --cgroups v2 --modules-file /etc/mesos/gpu-modules.json\n  \
+    mesos-gpu agent-flags --simulate dgx-a100-mig --mig-strategy mixed\n  \
+    mesos-gpu agent-flags --module-param driver_volume=build --module-param health_checks=all\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4 --gpu-sharing mps,4-5=time-slicing,6-7=none\n  \
+    mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n\n\
+    Without --isolation the flags load mesos-gpu's module (org_apache_mesos_gpu_MesosGpuIsolator) and end with\n\
+    --modules, the module's parameters matching the advertised GPUs; `eval` them into the agent's command line\n\
+    (examples/mesos-agent/agent.sh). With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's\n\
+    gpus:k is a k/R share of one GPU) and the split is written in the attributes gpu_sharing, gpu_shared, gpu_whole\n\
+    and gpu_replicas. Values may also be given as file:///path, as mesos-agent accepts them.")]
 pub(crate) struct Args {
-    /// The agent's --isolation (comma-separated); GPUs are discovered only with gpu/nvidia.
-    #[arg(long, value_name = "LIST", default_value = DEFAULT_ISOLATION)]
-    isolation: String,
+    /// The agent's --isolation (comma-separated). Without it: mesos-gpu's module for the cgroup
+    /// version (`--cgroups`), `filesystem/linux,cgroups/devices,<module>` on v1 and
+    /// `filesystem/linux,<module>` on v2. With `gpu/nvidia`: Mesos's own GPU isolator.
+    #[arg(long, value_name = "LIST")]
+    isolation: Option<String>,
+
+    /// The agent's cgroup version, for the module: v1, v2, or auto (v2 exactly when cgroup2 is
+    /// mounted at /sys/fs/cgroup, as Mesos decides).
+    #[arg(long, value_name = "auto|v1|v2", default_value = "auto")]
+    cgroups: CgroupChoice,
 
     /// The agent's --resources, text (`cpus:8;gpus(ml):2`) or JSON array form.
     #[arg(long, value_name = "RESOURCES")]
     resources: Option<String>,
 
-    /// The agent's --nvidia_gpu_devices: NVML indices, comma-separated (e.g. 0,1,2).
+    /// The GPUs to advertise, as NVML indices, comma-separated (e.g. 0,1,2), with `gpus` in
+    /// --resources: the module's `nvidia_gpu_devices` parameter, or `gpu/nvidia`'s
+    /// --nvidia_gpu_devices.
     #[arg(long, value_name = "LIST")]
     nvidia_gpu_devices: Option<String>,
 
     /// On a node with GPUs in MIG mode: `single` offers every MIG device as one `gpus` unit,
     /// `mixed` keeps `gpus` for whole GPUs and offers each MIG profile as its own scalar
-    /// (`mig-1g.5gb`). Ignored on a node without MIG. Give the module the same strategy
-    /// (parameter `mig_strategy`).
+    /// (`mig-1g.5gb`). Ignored on a node without MIG. The module's `mig_strategy`.
     #[arg(long, value_name = "single|mixed", default_value = "single")]
     mig_strategy: MigStrategy,
 
@@ -56,20 +86,81 @@ pub(crate) struct Args {
     attributes: Option<String>,
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
-    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. Give the module
-    /// the same spec (parameter `gpu_replicas`); only with `--containerizers=mesos`: Mesos's
-    /// Docker containerizer cannot start with more `gpus` than the node has GPUs.
+    /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. The module's
+    /// `gpu_replicas`; only with `--containerizers=mesos`: Mesos's Docker containerizer cannot
+    /// start with more `gpus` than the node has GPUs.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
-    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
+    /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. Give the
+    /// module the same spec (parameter `gpu_sharing`).
     #[arg(
         long,
-        value_name = "MODE",
+        value_name = "SPEC",
         default_value = "time-slicing",
-        requires = "gpu_replicas"
+        requires = "gpu_replicas",
+        value_parser = super::parse_modes
     )]
-    gpu_sharing: SharingMode,
+    gpu_sharing: String,
+
+    /// The module's `work_dir`.
+    #[command(flatten)]
+    agent: super::AgentWorkDirArgs,
+
+    /// The module's `pool_dir`.
+    #[command(flatten)]
+    pool: super::PoolArgs,
+
+    /// The module's `volume_root`.
+    #[command(flatten)]
+    volume: super::VolumeRootArgs,
+
+    /// The module library `--modules` loads.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_MODULE_LIBRARY)]
+    module_library: PathBuf,
+
+    /// Write the module's modules.json to FILE and print `--modules=file://FILE`, instead of the
+    /// JSON inline in `--modules`.
+    #[arg(long, value_name = "FILE")]
+    modules_file: Option<PathBuf>,
+
+    /// One more module parameter, KEY=VALUE (repeatable), e.g. driver_volume=build,
+    /// health_checks=all, numa_pinning=on (every key: ffi/README.md). The keys this command sets
+    /// from its own options are refused, naming the option.
+    #[arg(long = "module-param", value_name = "KEY=VALUE", value_parser = parse_module_param)]
+    module_params: Vec<(String, String)>,
+}
+
+/// The module parameters this command sets, with the option that sets each.
+const OWN_PARAMETERS: &[(&str, &str)] = &[
+    ("work_dir", "--agent-work-dir"),
+    ("pool_dir", "--pool-dir"),
+    ("volume_root", "--volume-root"),
+    ("nvidia_gpu_devices", "--nvidia-gpu-devices"),
+    ("mig_strategy", "--mig-strategy"),
+    ("gpu_replicas", "--gpu-replicas"),
+    ("gpu_sharing", "--gpu-sharing"),
+    ("nvml_lib", "--nvml-lib"),
+    ("dev_root", "--dev-root"),
+    ("proc_root", "--proc-root"),
+];
+
+/// Parses `--module-param KEY=VALUE`.
+fn parse_module_param(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .filter(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .ok_or_else(|| {
+            format!("{text:?}: expected KEY=VALUE with a module parameter name, e.g. driver_volume=build")
+        })?;
+    if let Some((_, option)) = OWN_PARAMETERS.iter().find(|(k, _)| *k == key) {
+        return Err(format!(
+            "{key} is set from {option}; give that option instead of --module-param"
+        ));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
@@ -87,22 +178,92 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .map(flag_value)
         .transpose()?;
     let attributes = args.attributes.as_deref().map(flag_value).transpose()?;
+    let given = args.isolation.as_deref().map(flag_value).transpose()?;
+    // The cgroup version matters only when the module is (or will be) in --isolation.
+    let (isolation, module_version) = match given {
+        None => {
+            let version = cgroup_version(args.cgroups)?;
+            (module_isolation(version), Some(version))
+        }
+        Some(iso) if iso.split(',').any(|t| t.trim() == MODULE_ISOLATOR) => {
+            (iso.trim().to_owned(), Some(cgroup_version(args.cgroups)?))
+        }
+        Some(iso) => (iso.trim().to_owned(), None),
+    };
     let flags = AgentGpuFlags::parse(
-        args.isolation.trim(),
+        &isolation,
         resources.as_deref(),
         devices.as_deref().map(str::trim),
         attributes.as_deref(),
     )?;
+    if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
+        check_module_isolation(&isolation, version)?;
+    }
     ctx.simulation()?;
     let empty = Inventory::default();
     let inventory = match ctx.inventory() {
         Ok(inventory) => inventory,
-        Err(err) if !flags.gpu_isolator() && ctx.global.nvml_lib.is_none() => {
-            tracing::warn!("{err:#}; GPUs are not described (gpu/nvidia is not in --isolation)");
+        Err(err) if flags.isolator() == GpuIsolator::None && ctx.global.nvml_lib.is_none() => {
+            tracing::warn!("{err:#}; GPUs are not described (no GPU isolator in --isolation)");
             &empty
         }
         Err(err) => return Err(err),
     };
+    let resolved = advertise(args, &flags, inventory)?;
+    let module = module_version.filter(|_| flags.isolator() == GpuIsolator::Module);
+    let lines = match module {
+        Some(version) if !inventory.gpus.is_empty() => {
+            module_lines(args, ctx, &isolation, version, &resolved, inventory)?
+        }
+        // The module would refuse to start: the same agent without it.
+        Some(version) => {
+            let mut lines = vec![format!(
+                "--isolation={}",
+                isolation_without_module(&isolation, version)
+            )];
+            lines.extend(resolved.flags());
+            lines.extend(module_agent_flags(version));
+            lines
+        }
+        None => resolved.flags(),
+    };
+    if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
+        // Not a log line: the answer to the command, for whoever reads an empty stdout.
+        eprintln!(
+            "mesos-gpu: no {}flags to add: {}",
+            if lines.is_empty() { "" } else { "GPU " },
+            why_none(&isolation, &flags, inventory)
+        );
+    } else if resolved.gpus == 0.0 && flags.isolator() == GpuIsolator::None {
+        tracing::info!(
+            "no GPUs advertised: Mesos discovers GPUs only when --isolation contains gpu/nvidia"
+        );
+    }
+    for flag in lines {
+        writeln!(out, "{}", shell_quote_flag(&flag))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The cgroup version `choice` stands for on this host (`auto`: as Mesos decides).
+fn cgroup_version(choice: CgroupChoice) -> anyhow::Result<CgroupVersion> {
+    Ok(match choice {
+        CgroupChoice::V1 => CgroupVersion::V1,
+        CgroupChoice::V2 => CgroupVersion::V2,
+        CgroupChoice::Auto => CgroupLayout::detect()
+            .context("cannot tell this host's cgroup version; give --cgroups v1 or v2")?
+            .version(),
+    })
+}
+
+/// The GPUs the agent advertises by Mesos's rules, MIG devices by strategy and shares by
+/// replicas, with notes on stderr for what the agent must also be told.
+fn advertise(
+    args: &Args,
+    flags: &AgentGpuFlags,
+    inventory: &Inventory,
+) -> anyhow::Result<AgentGpus> {
+    let module = flags.isolator() == GpuIsolator::Module;
     let resolved = if inventory.mig.is_empty() {
         flags.resolve(inventory)?
     } else {
@@ -117,64 +278,142 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                  can enumerate: run the agent with --containerizers=mesos, or use mixed"
             }
         };
-        eprintln!(
-            "mesos-gpu: note: this node has MIG devices; give the module the same strategy \
-             (mig_strategy={}); {docker}",
-            args.mig_strategy
-        );
+        let module_note = if module {
+            String::new()
+        } else {
+            format!(
+                "give the module the same strategy (mig_strategy={}); ",
+                args.mig_strategy
+            )
+        };
+        eprintln!("mesos-gpu: note: this node has MIG devices; {module_note}{docker}");
         resolved
     };
-    let resolved = match &args.gpu_replicas {
+    Ok(match &args.gpu_replicas {
         Some(spec) if !inventory.mig.is_empty() => anyhow::bail!(
             "--gpu-replicas {spec}: sharing GPUs of a node with MIG devices is not supported; \
              give MIG devices whole or turn MIG mode off"
         ),
         Some(spec) => {
-            let spec = SharingSpec::parse(spec, args.gpu_sharing)?;
+            let plan = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
             let shared =
-                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &spec)?.0;
+                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &plan)?.0;
+            let module_note = if module {
+                String::new()
+            } else {
+                format!(
+                    "give the module the same parameters (gpu_replicas={spec}, gpu_sharing={}), \
+                     and ",
+                    args.gpu_sharing
+                )
+            };
             eprintln!(
-                "mesos-gpu: note: give the module the same parameters (gpu_replicas={}, \
-                 gpu_sharing={}), and start the agent with --containerizers=mesos: Mesos's Docker \
-                 containerizer cannot start with more gpus than the node has GPUs",
-                args.gpu_replicas.as_deref().unwrap_or_default(),
-                args.gpu_sharing
+                "mesos-gpu: note: {module_note}start the agent with --containerizers=mesos: \
+                 Mesos's Docker containerizer cannot start with more gpus than the node has GPUs"
             );
             shared
         }
         None => resolved,
-    };
-    let lines = resolved.flags();
-    if lines.is_empty() {
-        // Not a log line: the answer to the command, for whoever reads an empty stdout.
+    })
+}
+
+/// The module's flags: `--isolation`, the advertised `--resources` and `--attributes`, the
+/// cgroup version's own flags, and `--modules` with the parameters that match them.
+fn module_lines(
+    args: &Args,
+    ctx: &Ctx,
+    isolation: &str,
+    version: CgroupVersion,
+    resolved: &AgentGpus,
+    inventory: &Inventory,
+) -> anyhow::Result<Vec<String>> {
+    let mut params = ModuleParameters::default();
+    params.set("work_dir", path_text(&args.agent.agent_work_dir)?);
+    params.set("pool_dir", path_text(&args.pool.pool_dir)?);
+    params.set("volume_root", path_text(&args.volume.volume_root)?);
+    if let Some(devices) = resolved.module_devices(inventory) {
+        params.set("nvidia_gpu_devices", devices);
+    }
+    if !inventory.mig.is_empty() {
+        params.set("mig_strategy", args.mig_strategy.to_string());
+    }
+    if let Some(spec) = &args.gpu_replicas {
+        params.set("gpu_replicas", spec.trim());
+        params.set("gpu_sharing", args.gpu_sharing.to_string());
+    }
+    // The module must read the same driver, device nodes and driver files as this command.
+    let global = &ctx.global;
+    for (key, given) in [
+        ("nvml_lib", &global.nvml_lib),
+        ("dev_root", &global.dev_root),
+        ("proc_root", &global.proc_root),
+    ] {
+        if let Some(path) = given {
+            params.set(key, path_text(path)?);
+        }
+    }
+    for (key, value) in &args.module_params {
+        params.set(key, value.as_str());
+    }
+    if let Some(sim) = ctx.simulation()? {
         eprintln!(
-            "mesos-gpu: no flags to add: {}",
-            why_none(args, &flags, inventory)
-        );
-    } else if resolved.gpus == 0.0 && !flags.gpu_isolator() {
-        tracing::info!(
-            "no GPUs advertised: Mesos discovers GPUs only when --isolation contains gpu/nvidia"
+            "mesos-gpu: note: these flags describe the simulated node {}; the module on this \
+             host reads this host's driver",
+            sim.name()
         );
     }
-    for flag in lines {
-        writeln!(out, "{}", shell_quote_flag(&flag))?;
-    }
-    Ok(ExitCode::SUCCESS)
+    let json = params.modules_json(&path_text(&args.module_library)?);
+    let modules = match &args.modules_file {
+        Some(file) => {
+            let file = std::path::absolute(file)
+                .with_context(|| format!("--modules-file {}", file.display()))?;
+            let mut text = serde_json::to_string_pretty(&json)?;
+            text.push('\n');
+            std::fs::write(&file, text)
+                .with_context(|| format!("cannot write the modules file {}", file.display()))?;
+            format!("file://{}", path_text(&file)?)
+        }
+        None => json.to_string(),
+    };
+    let mut lines = vec![format!("--isolation={isolation}")];
+    lines.extend(resolved.flags());
+    lines.extend(module_agent_flags(version));
+    lines.push(format!("--modules={modules}"));
+    Ok(lines)
+}
+
+/// A path as the text a flag or JSON carries.
+fn path_text(path: &Path) -> anyhow::Result<String> {
+    path.to_str().map(str::to_owned).with_context(|| {
+        format!(
+            "{}: a path given to the agent must be UTF-8",
+            path.display()
+        )
+    })
 }
 
 /// Why no flag is printed: no GPU isolator, or no GPU to advertise.
-fn why_none(args: &Args, flags: &AgentGpuFlags, inventory: &Inventory) -> String {
-    if !flags.gpu_isolator() {
+fn why_none(isolation: &str, flags: &AgentGpuFlags, inventory: &Inventory) -> String {
+    if flags.isolator() == GpuIsolator::None {
         return format!(
-            "--isolation={} does not contain gpu/nvidia, so mesos-agent neither discovers nor \
-             isolates GPUs; give the agent's own --isolation, e.g. --isolation \
-             filesystem/linux,cgroups/devices,gpu/nvidia",
-            args.isolation.trim()
+            "--isolation={isolation} contains neither {MODULE_ISOLATOR} nor gpu/nvidia, so \
+             mesos-agent neither discovers nor isolates GPUs; leave --isolation out for the \
+             module's flags"
         );
     }
+    let module = match (flags.isolator(), &inventory.driver) {
+        (GpuIsolator::Module, None) => {
+            " (the module refuses to start without an NVIDIA driver: start this agent without \
+             it, with the flags printed)"
+        }
+        (GpuIsolator::Module, Some(_)) => {
+            " (start this agent without the module, with the flags printed)"
+        }
+        _ => "",
+    };
     match &inventory.absent_reason {
-        Some(reason) => format!("no GPUs: {reason}"),
-        None => "NVML reports no usable GPU".to_owned(),
+        Some(reason) => format!("no GPUs: {reason}{module}"),
+        None => format!("NVML reports no usable GPU{module}"),
     }
 }
 

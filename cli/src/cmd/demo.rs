@@ -8,7 +8,7 @@
 //! also drives the lifecycle [`Isolator`]: it creates and removes the device cgroups under a
 //! uniquely named cgroups root, over a temp dev root of `mknod`ed nodes.
 
-mod driver;
+pub(crate) mod driver;
 mod engine;
 mod live_docker;
 mod mig;
@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
-use mesos_gpu_grant::Grant;
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::DeviceRule, cgroup::default_whitelist};
+use mesos_gpu_grant::Grant;
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerReservation,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
@@ -38,6 +38,7 @@ use mesos_gpu_node::{
 use mesos_gpu_node::{
     inventory::DevNum, inventory::Gpu, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR,
 };
+use mesos_gpu_os::fsmode;
 use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
@@ -263,10 +264,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let report = sharing::run(&stream, &inventory, &plan, args.policy, &config.mps)?;
         return print_scenario(args.json, &report, || sharing::text(&report, &node));
     }
-    let scratch = tempfile::Builder::new()
-        .prefix("mesos-gpu-demo-")
-        .tempdir()
-        .context("cannot create a temp directory")?;
+    let scratch =
+        fsmode::private_tempdir("mesos-gpu-demo-").context("cannot create a temp directory")?;
     let mut notes = vec![engine::ASSUMED_IMAGES.to_owned()];
     if inventory.gpus.is_empty() {
         notes.push(format!(
@@ -555,7 +554,7 @@ impl LiveAgent {
         driver: Option<DriverSpec>,
     ) -> anyhow::Result<LiveAgent> {
         let dev = scratch.join("dev");
-        std::fs::create_dir_all(&dev)
+        fsmode::create_dir_all(&dev, fsmode::STATE_DIR)
             .with_context(|| format!("cannot create {}", dev.display()))?;
         for node in simulated_nodes(&dev, inventory).control.iter().chain(
             simulated_nodes(&dev, inventory)

@@ -3,9 +3,10 @@
 //!
 //! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
 //! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
-//! `--work-dir` (see [`super::docker_pool`]). What the container gets is its grant, rendered as
-//! every Docker path renders one ([`LaunchPlan`]): device nodes, the driver volume for images
-//! that ask for it, the devices' variables, a share's and, with `--numa-pinning`, a cpuset.
+//! `--docker-state-dir` (default [`super::DEFAULT_DOCKER_STATE_DIR`], see [`super::docker_pool`]).
+//! What the container gets is its grant, rendered as every Docker path renders one
+//! ([`LaunchPlan`]): device nodes, the driver volume for images that ask for it, the devices'
+//! variables, a share's and, with `--numa-pinning`, a cpuset.
 //!
 //! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
 //! (`--docker-socket`) and the process that starts the container (`--starter-pid`, default the
@@ -29,14 +30,15 @@ use mesos_gpu_placement::mig::MigKind;
 use mesos_gpu_pool::Host;
 
 use super::docker_pool::{
-    container_id, daemon_endpoint, driver_spec, new_container_id, open_pool, open_pool_sharing,
+    container_id, daemon_endpoint, driver_spec, new_container_id, open_pool_sharing, open_records,
 };
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
 #[command(
-    long_about = "Reserve N GPUs from the shared pool (checkpointed in --work-dir, the same pool \
-                  `mesos-gpu run` and the isolator use with that directory) and print the \
+    long_about = "Reserve N GPUs from the node's GPU pool (--pool-dir, the pool the agent's module \
+                  and `mesos-gpu run` draw from; the reservation is recorded in \
+                  --docker-state-dir) and print the \
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
                   device nodes, and for images that ask for it the driver volume at \
                   /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
@@ -46,13 +48,13 @@ use crate::ctx::Ctx;
     docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
     mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --work-dir /tmp/pool\n  \
+    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status\n  \
     docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
-    /// Number of GPUs to reserve (a whole number from 0 to the GPUs of the node); may be left
-    /// out with --mig, which then asks for MIG devices alone.
+    /// Number of whole GPUs to reserve (a whole number from 0 to the GPUs of the node); none
+    /// with --mig, which reserves MIG devices instead.
     #[arg(
         long,
         value_name = "N",
@@ -170,7 +172,31 @@ fn mig_request(
     let mut out = BTreeMap::new();
     for (profile, n) in asked {
         let kind = match profile {
-            MigProfile::Id(id) => MigKind::whole(*id),
+            MigProfile::Id(id) => {
+                // A profile no MIG device of the node has is not "0 free" but unknown.
+                let profiles: BTreeMap<u32, &str> = inventory
+                    .mig
+                    .devices
+                    .iter()
+                    .filter_map(|d| Some((d.profile?, d.profile_name.as_str())))
+                    .collect();
+                if !profiles.contains_key(id) {
+                    let known: Vec<String> = profiles
+                        .iter()
+                        .map(|(p, name)| format!("{p} ({name})"))
+                        .collect();
+                    anyhow::bail!(
+                        "--mig {id}:{n}: this node has no MIG device of GPU instance profile \
+                         {id} (its profiles: {})",
+                        if known.is_empty() {
+                            "none, no GPU is in MIG mode".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    );
+                }
+                MigKind::whole(*id)
+            }
             MigProfile::Resource(name) => offer
                 .profiles
                 .iter()
@@ -196,7 +222,8 @@ fn mig_request(
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
-        let pool = open_pool(ctx, &args.reservations)?;
+        // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
+        let pool = open_records(&args.reservations, "docker-args --release")?;
         let kept = if args.force {
             pool.release_docker(id).map(|()| None)
         } else {
@@ -207,7 +234,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // clap requires --gpus unless --mig (or --release) is given.
     let gpus = args.gpus.unwrap_or(0);
+    anyhow::ensure!(
+        gpus == 0 || args.mig.is_empty(),
+        "--gpus {gpus} with --mig: a container gets whole GPUs or MIG devices, not both (CUDA \
+         uses only one MIG device per process, and CUDA_VISIBLE_DEVICES would name a GPU beside \
+         it); leave --gpus out with --mig, and start whole GPUs in another container"
+    );
     super::require_gpus(ctx, gpus)?;
     let id = match &args.container_id {
         Some(id) => id.clone(),
@@ -282,6 +316,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     drop(pool);
     let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
     line.extend(plan.cli_args());
+    // The driver seen here, for `docker-wrapper`'s CUDA check (it loads no NVML).
+    if let Some(driver) = &driver {
+        line.extend(super::docker_wrapper::driver_labels(&driver.info));
+    }
     let text = if args.json {
         serde_json::to_string(&line)?
     } else {

@@ -2,9 +2,9 @@
 //! the node's GPU pool opened for Docker containers ([`open_pool`]), the node's device nodes
 //! ([`device_nodes`]), the driver volume offered to images ([`driver_spec`]) and container ids.
 //!
-//! The Docker containers' own record is checkpointed in `--work-dir` (default
-//! [`DEFAULT_WORK_DIR`]), locked only for the duration of one call; a concurrent call waits up
-//! to [`LOCK_WAIT`] for it.
+//! The Docker containers' own record is checkpointed in `--docker-state-dir` (default
+//! [`super::DEFAULT_DOCKER_STATE_DIR`]), locked only for the duration of one call
+//! ([`open_pool`]); a concurrent call waits up to [`LOCK_WAIT`] for it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,15 +18,14 @@ use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::agent_flags::MigStrategy;
 use mesos_gpu_isolator::lifecycle::{
     CheckpointError, ContainerId, Isolator, IsolatorConfig, LifecycleError, MigConfig, PoolConfig,
-    PoolRole, SharingConfig,
+    PoolRole, RecoveryReport, SharingConfig,
 };
 use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
 
-/// Where the shared pool is checkpointed by default (`<dir>/gpu/allocations.json`).
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/run/mesos-gpu";
 /// The default Docker daemon socket.
 pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// How long a call waits for another user of the work directory to finish.
@@ -34,17 +33,21 @@ pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// The kernel's fresh random UUID on each read (random(4)).
 const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
 
-/// Opens the Docker containers' reservations in `args.work_dir` on the node's pool and recovers
-/// them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds the
-/// directory. Drop it to let others in.
+/// Opens the Docker containers' reservations in `--docker-state-dir` on the node's pool and
+/// recovers them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds
+/// the directory. Drop it to let others in.
 pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
     // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
     // devices.
-    let whole = MigConfig {
+    open_pool_sharing(ctx, args, None, whole_gpus())
+}
+
+/// `gpus` as whole GPUs: the mixed strategy never turns them into MIG devices.
+fn whole_gpus() -> MigConfig {
+    MigConfig {
         strategy: MigStrategy::Mixed,
         ..MigConfig::default()
-    };
-    open_pool_sharing(ctx, args, None, whole)
+    }
 }
 
 /// [`open_pool`] on a node that shares GPUs (`--gpu-replicas`): requests may be served with a
@@ -59,9 +62,48 @@ pub(crate) fn open_pool_sharing(
         .dev_root()
         .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
     mig.proc_root = ctx.proc_root()?;
-    let work_dir = &args.work_dir;
     let inventory = ctx.inventory()?.clone();
     let nodes = device_nodes(ctx)?;
+    let work_dir = args.state_dir()?;
+    let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, nodes)?;
+    if let Some(unchecked) = &report.unchecked {
+        tracing::warn!(records = %unchecked, docker_state_dir = %work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
+    }
+    Ok(isolator)
+}
+
+/// Opens the Docker containers' reservations like [`open_pool`], loading no NVML: for what
+/// needs no GPU seen (`what`: claiming a reservation for its container, releasing it), by
+/// container id. Every record is kept as written; nothing can be granted.
+pub(crate) fn open_records(args: &super::DockerPoolArgs, what: &str) -> anyhow::Result<Isolator> {
+    let inventory = Inventory {
+        absent_reason: Some(format!("{what} loads no NVML")),
+        ..Inventory::default()
+    };
+    let work_dir = args.state_dir()?;
+    let (isolator, report) = open_on(
+        &work_dir,
+        args,
+        None,
+        whole_gpus(),
+        inventory,
+        DeviceNodes::default(),
+    )?;
+    if let Some(unchecked) = &report.unchecked {
+        tracing::debug!(records = %unchecked, "records kept as written");
+    }
+    Ok(isolator)
+}
+
+/// The isolator of the Docker containers' reservations over `inventory`, recovered.
+fn open_on(
+    work_dir: &Path,
+    args: &super::DockerPoolArgs,
+    sharing: Option<SharingConfig>,
+    mig: MigConfig,
+    inventory: Inventory,
+    nodes: DeviceNodes,
+) -> anyhow::Result<(Isolator, RecoveryReport)> {
     let deadline = Instant::now() + LOCK_WAIT;
     let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
@@ -91,7 +133,7 @@ pub(crate) fn open_pool_sharing(
     for issue in &report.issues {
         tracing::debug!(?issue, "pool entry kept reserved");
     }
-    Ok(isolator)
+    Ok((isolator, report))
 }
 
 /// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
@@ -136,7 +178,11 @@ pub(crate) fn driver_spec(
             .version
             .parse()
             .with_context(|| format!("driver version {:?}", info.version))?;
-        let path = VolumeManager::at(&choice.root.volume_root).volume_path(&version);
+        let manager = VolumeManager::at(&choice.root.volume_root);
+        let path = manager.volume_path(&version);
+        if needed && !path.is_dir() {
+            super::volume::build_simulated(ctx, &manager)?;
+        }
         anyhow::ensure!(
             !needed || path.is_dir(),
             "the driver volume {} is not built; run `mesos-gpu volume create` first (or use --plugin)",
@@ -155,9 +201,8 @@ pub(crate) fn driver_spec(
 pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
     let inventory = ctx.inventory()?;
     match ctx.dev_root() {
-        Some(root) => DeviceNodes::scan(root, inventory).with_context(|| {
-            format!("reading the NVIDIA device nodes under {}", root.display())
-        }),
+        Some(root) => DeviceNodes::scan(root, inventory)
+            .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display())),
         None => {
             tracing::warn!(
                 "simulated node without --dev-root: device paths are /dev/nvidia* and unchecked"
@@ -166,4 +211,3 @@ pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
         }
     }
 }
-

@@ -10,6 +10,13 @@
 //! (the task finished, was killed, or its container died) the container's GPUs go back to the
 //! pool, once the daemon says the container is not running (a `docker run` that lost a live
 //! container, or a daemon that cannot answer, leaves them reserved for `mesos-<id>`).
+//!
+//! It loads no NVML: what it does needs no GPU seen. It claims and releases the reservation by
+//! container id, keeping every record as written ([`super::docker_pool::open_records`]), and
+//! checks an image's CUDA version against the driver `docker-args` saw, which it named in the
+//! container's labels ([`DRIVER_LABEL`], [`DRIVER_CUDA_LABEL`]); an image that needs a CUDA
+//! version when the arguments name no driver is refused (its reservation given back: the
+//! container never ran).
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
@@ -17,17 +24,21 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::Context as _;
-use mesos_gpu_docker::args::check_cuda;
+use mesos_gpu_docker::args::{CudaVersion, check_cuda};
 use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
-use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::DockerStart, lifecycle::LifecycleError,
-};
+use mesos_gpu_isolator::lifecycle::{ContainerId, DockerStart, LifecycleError};
+use mesos_gpu_node::inventory::DriverInfo;
 use mesos_gpu_pool::Host;
 
 use crate::ctx::Ctx;
 
 /// The task environment variable that carries the reserved GPUs' `docker run` arguments.
 pub(crate) const ARGS_VARIABLE: &str = "MESOS_GPU_DOCKER_ARGS";
+
+/// The container label `docker-args` gives the NVIDIA driver's version (`550.54.14`).
+pub(crate) const DRIVER_LABEL: &str = "mesos-gpu.driver";
+/// The container label `docker-args` gives the newest CUDA the driver supports (`12.4`).
+pub(crate) const DRIVER_CUDA_LABEL: &str = "mesos-gpu.driver-cuda";
 
 /// Global `docker` options that take a value in the next argument.
 const GLOBAL_VALUE_OPTIONS: [&str; 7] = [
@@ -86,16 +97,19 @@ const RUN_VALUE_OPTIONS: [&str; 32] = [
                   org_apache_mesos_gpu_MesosGpuDockerHook, which reserved the GPUs with \
                   `mesos-gpu docker-args`): the variable becomes the GPUs' docker run arguments, \
                   and the GPUs go back to the pool when docker run ends.",
-    after_help = "Example, /usr/local/bin/mesos-gpu-docker for `mesos-agent --docker=/usr/local/bin/mesos-gpu-docker`:\n  \
+    after_help = "Example, /usr/bin/mesos-gpu-docker (shipped by the package) for `mesos-agent --docker=/usr/bin/mesos-gpu-docker`:\n  \
     #!/bin/sh\n  \
-    exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker -- \"$@\""
+    exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n    \
+    --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu -- \"$@\"\n\n\
+    --pool-dir and --docker-state-dir are those of the hook's `docker-args` command line. It loads \
+    no NVML (--nvml-lib and --dev-root are not needed): the GPUs are those docker-args reserved."
 )]
 pub(crate) struct Args {
     /// The real docker program.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/docker")]
     docker: PathBuf,
 
-    /// The reservations `docker-args` made (its --work-dir and --pool-dir).
+    /// The reservations `docker-args` made (its --docker-state-dir and --pool-dir).
     #[command(flatten)]
     reservations: super::DockerPoolArgs,
 
@@ -220,7 +234,7 @@ fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
     }))
 }
 
-pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let text: Option<Vec<String>> = args
         .args
         .iter()
@@ -240,18 +254,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(super::docker_pool::DEFAULT_DOCKER_SOCKET));
     let checked = match &found.image {
-        Some(image) => image_wants_driver(ctx, &socket, image),
+        Some(image) => image_wants_driver(&socket, image, &found.gpu_args),
         None => Ok(true),
     };
     let wants_driver = match checked {
         Ok(wants) => wants,
         Err(e) => {
             // The container never runs: its GPUs go back now.
-            give_back(ctx, args, &id);
+            give_back(args, &id);
             return Err(e);
         }
     };
-    claim(ctx, args, &id, &socket)?;
+    claim(args, &id, &socket)?;
     let line = found.command_line(wants_driver);
     tracing::info!(container = %id, args = ?line, "docker run with reserved GPUs");
     let status = Command::new(&args.docker)
@@ -260,7 +274,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot run {}", args.docker.display()));
     let status = status?;
     match container_state(&args.docker, &found) {
-        ContainerState::Gone => give_back(ctx, args, &id),
+        ContainerState::Gone => give_back(args, &id),
         ContainerState::Running(why) => {
             // `docker run` lost its container (the daemon restarted with live-restore): its
             // GPUs stay reserved for mesos-<id> until it is gone (`gpu release`, `serve`).
@@ -277,8 +291,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
-fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
-    let released = super::docker_pool::open_pool(ctx, &args.reservations)
+fn give_back(args: &Args, id: &ContainerId) {
+    let released = super::docker_pool::open_records(&args.reservations, "docker-wrapper")
         .and_then(|pool| Ok(pool.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
@@ -289,7 +303,7 @@ fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
 /// Records this process as the starter of container `id` on the daemon at `socket`, so that
 /// its reservation stays while `docker run` runs whoever reserved it; refused when the
 /// reservation is gone (its reserver died before the container existed and the pool freed it).
-fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Result<()> {
+fn claim(args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Result<()> {
     let me = Host::default()
         .this_process()
         .context("cannot read this process's stamp")?;
@@ -297,7 +311,7 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         daemon: Some(super::docker_pool::daemon_endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_pool::open_pool(ctx, &args.reservations)?;
+    let pool = super::docker_pool::open_records(&args.reservations, "docker-wrapper")?;
     match pool.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(
@@ -348,19 +362,62 @@ fn container_state(docker: &std::path::Path, run: &GpuRun) -> ContainerState {
 
 /// Whether `image` (pulled by now) asks for the driver volume: its labels and environment, read
 /// from the daemon at `socket`. The hook reserves before the agent pulls the image, so this is
-/// decided here; an image that asks for the driver and needs a newer CUDA than the driver's is
-/// refused, as `docker-args --image` refuses it.
-fn image_wants_driver(ctx: &Ctx, socket: &std::path::Path, image: &str) -> anyhow::Result<bool> {
+/// decided here; an image that asks for the driver and needs a newer CUDA than the driver's
+/// (named in `gpu_args` by `docker-args`) is refused, as `docker-args --image` refuses it, and so
+/// is one that needs a CUDA version when `gpu_args` name no driver.
+fn image_wants_driver(
+    socket: &std::path::Path,
+    image: &str,
+    gpu_args: &[String],
+) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let info = runtime.block_on(async {
         let client = DockerClient::connect(socket).await?;
         client.image_info(image).await
     })?;
     let wants = info.wants_driver();
-    if wants && let Some(driver) = &ctx.inventory()?.driver {
-        check_cuda(&info, driver).with_context(|| format!("image {image}"))?;
+    if !wants {
+        return Ok(false);
     }
-    Ok(wants)
+    match driver_of(gpu_args) {
+        Some(driver) => check_cuda(&info, &driver).with_context(|| format!("image {image}"))?,
+        None => {
+            if let Some((needed, _)) = info.cuda_requirement()? {
+                anyhow::bail!(
+                    "image {image} needs CUDA {needed}, and {ARGS_VARIABLE} names no NVIDIA driver to check it against (label {DRIVER_CUDA_LABEL}; made by an older `mesos-gpu docker-args`?): not starting it"
+                );
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The driver `docker-args` saw, from the labels it gave the container (`--label=KEY=VALUE` in
+/// `gpu_args`); `None` when they name none.
+fn driver_of(gpu_args: &[String]) -> Option<DriverInfo> {
+    let label = |key: &str| {
+        gpu_args.iter().find_map(|a| {
+            a.strip_prefix("--label=")?
+                .strip_prefix(key)?
+                .strip_prefix('=')
+        })
+    };
+    let version = label(DRIVER_LABEL)?;
+    let cuda_version = label(DRIVER_CUDA_LABEL).and_then(|v| CudaVersion::parse(v).ok());
+    Some(DriverInfo {
+        version: version.to_owned(),
+        cuda_version: cuda_version.map(|v| (v.major, v.minor)),
+    })
+}
+
+/// The labels naming `driver` for the wrapper's CUDA check ([`DRIVER_LABEL`],
+/// [`DRIVER_CUDA_LABEL`]), as `docker run` arguments.
+pub(crate) fn driver_labels(driver: &DriverInfo) -> Vec<String> {
+    let mut labels = vec![format!("--label={DRIVER_LABEL}={}", driver.version)];
+    if let Some((major, minor)) = driver.cuda_version {
+        labels.push(format!("--label={DRIVER_CUDA_LABEL}={major}.{minor}"));
+    }
+    labels
 }
 
 #[cfg(test)]
@@ -443,6 +500,34 @@ mod tests {
         ] {
             assert_eq!(gpu_run(&args).expect("well-formed"), None, "{args:?}");
         }
+    }
+
+    #[test]
+    fn the_driver_docker_args_saw_comes_back_from_its_labels() {
+        let driver = DriverInfo {
+            version: "550.54.14".into(),
+            cuda_version: Some((12, 4)),
+        };
+        let mut args = strings(&["--device=/dev/nvidia0", "--env=A=B"]);
+        args.extend(driver_labels(&driver));
+        assert_eq!(
+            args[2..],
+            strings(&[
+                "--label=mesos-gpu.driver=550.54.14",
+                "--label=mesos-gpu.driver-cuda=12.4"
+            ])
+        );
+        assert_eq!(driver_of(&args), Some(driver));
+        assert_eq!(
+            driver_of(&args[..2]),
+            None,
+            "older docker-args name no driver"
+        );
+        let unknown = DriverInfo {
+            version: "550.54.14".into(),
+            cuda_version: None,
+        };
+        assert_eq!(driver_of(&driver_labels(&unknown)), Some(unknown));
     }
 
     #[test]

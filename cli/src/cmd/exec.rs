@@ -34,7 +34,9 @@ use mesos_gpu_isolator::{
     lifecycle::PrepareConfig,
 };
 use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_os::fsmode;
 use mesos_gpu_placement::allocator::Policy;
+use mesos_gpu_placement::sharing::Wanted;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -57,7 +59,8 @@ const GO: &[u8] = b"go";
     mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
     mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'\n  \
     mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status\n  \
-    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python infer.py   # a 1/4 share under MPS"
+    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python infer.py   # a 1/4 share under MPS\n  \
+    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps,4-7=time-slicing --share-mode time-slicing -- ./job"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).
@@ -83,6 +86,12 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     sharing: super::SharingArgs,
+
+    /// On a node sharing GPUs: what this command takes: `any` share (or whole GPUs when larger
+    /// than a share), a share of an `mps` or `time-slicing` GPU, or `none` (whole GPUs), as a
+    /// task asks with MESOS_GPU_SHARE_MODE.
+    #[arg(long, value_name = "MODE", default_value = "any", value_parser = |s: &str| Wanted::parse(s).map_err(|e| e.to_string()))]
+    share_mode: Wanted,
 
     /// Parent of the container cgroups (Mesos `--cgroups_root`).
     #[arg(long, value_name = "NAME", default_value = "mesos")]
@@ -173,6 +182,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             &id,
             PrepareConfig {
                 gpus: f64::from(gpus),
+                sharing: args.share_mode,
                 ..PrepareConfig::default()
             },
         )
@@ -237,11 +247,9 @@ fn start(
     info: &LaunchInfo,
     command: &[OsString],
 ) -> anyhow::Result<Child> {
-    let dir = tempfile::Builder::new()
-        .prefix("mesos-gpu-exec")
-        .tempdir()?;
+    let dir = fsmode::private_tempdir("mesos-gpu-exec")?;
     let socket = dir.path().join("launch.sock");
-    let listener = UnixListener::bind(&socket)
+    let listener = fsmode::bind_socket(&socket, fsmode::PRIVATE_FILE, UnixListener::bind)
         .with_context(|| format!("cannot listen on {}", socket.display()))?;
     listener.set_nonblocking(true)?;
     let mut child =

@@ -1,36 +1,45 @@
-//! `mesos-gpu gpu health`, `mesos-gpu gpu mark-healthy <index|uuid>`, and the node's GPU pool:
+//! `mesos-gpu gpu health`, `mesos-gpu gpu mark-healthy <index|uuid>`, `mesos-gpu gpu probe`
+//! (the health monitor's default probe: NVML and CUDA checks of one GPU, read-only), and the
+//! node's GPU pool:
 //! `mesos-gpu gpu list` (who holds what, since when, whether the owner is still there, why a
 //! GPU is quarantined or unhealthy) and `mesos-gpu gpu release <owner>|--dead`.
 //!
-//! The agent's health monitor checkpoints GPU health to `<work dir>/gpu/health.json` and holds
-//! an exclusive lock on `<work dir>/gpu/health.lock` while it runs
+//! The agent's health monitor checkpoints GPU health to `<agent work dir>/gpu/health.json` and
+//! holds an exclusive lock on `<agent work dir>/gpu/health.lock` while it runs
 //! (`mesos_gpu_health::HealthStore`). `mark-healthy` therefore:
 //! - when no monitor runs (the lock is free): edits the checkpoint itself, under the lock, so
 //!   the next agent start reads the GPU back healthy;
-//! - when a monitor runs: leaves a request file in `<work dir>/gpu/health-requests/`, which the
+//! - when a monitor runs: leaves a request file in `<agent work dir>/gpu/health-requests/`, which the
 //!   monitor takes within its wait timeout (250 ms by default), marks the GPU healthy, tells the
 //!   allocator, checkpoints and answers; the command waits for the answer and reports it.
 //!
 //! A GPU the checkpoint does not know, a work directory without a checkpoint or monitor (a wrong
-//! `--work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
+//! `--agent-work-dir`), and a GPU NVML still reports lost are refused (exit 1), naming what was looked
 //! at. `gpu health` only reads: it creates no file.
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_health::{GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore};
+use mesos_gpu_health::gpu_check::{CheckOptions, DEFAULT_CUDA_LIB, check_gpu};
+use mesos_gpu_health::{
+    Comeback, GpuHealth, GpuRecord, GpuRef, HealthError, HealthSnapshot, HealthStore, ProbeCgroup,
+    ProbeConfig, ProbeTarget, RecoveryRecord, probe::run_probe,
+};
+use mesos_gpu_node::inventory::Gpu;
 
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_pool::{Host, Pool};
+use mesos_gpu_pool::{Host, Listing, Pool};
 
 use crate::ctx::Ctx;
 
-/// The Mesos agent work directory used when `--work-dir` is not given.
-pub(crate) const DEFAULT_WORK_DIR: &str = "/var/lib/mesos";
-
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
+    mesos-gpu gpu mark-healthy 3 --agent-work-dir /var/lib/mesos\n  mesos-gpu gpu release --dead"
+)]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: GpuCommand,
@@ -40,12 +49,12 @@ pub(crate) struct Args {
 enum GpuCommand {
     /// Show each GPU's checkpointed health: state, reason, since when, XIDs seen.
     #[command(
-        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --work-dir /var/lib/mesos --json"
+        after_help = "Examples:\n  mesos-gpu gpu health\n  mesos-gpu gpu health --agent-work-dir /var/lib/mesos --json"
     )]
     Health(HealthArgs),
     /// Declare a GPU healthy again (after the operator has checked or reset it).
     #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
-        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --work-dir /var/lib/mesos")]
+        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --agent-work-dir /var/lib/mesos")]
     MarkHealthy(MarkArgs),
     /// List what the node's GPU pool holds: owner, GPUs, since when, whether the owner is still
     /// there (and why), unhealthy GPUs. Reads only.
@@ -54,6 +63,15 @@ enum GpuCommand {
         mesos-gpu gpu list --pool-dir /var/lib/mesos-gpu"
     )]
     List(ListArgs),
+    /// Check GPUs through NVML and the CUDA driver API, step by step: what the health monitor's
+    /// default probe runs before a GPU comes back by itself. Reads and allocates only; changes
+    /// no GPU setting. Exits 1 when a step fails.
+    #[command(after_help = "Examples:\n  mesos-gpu gpu probe --gpu 0\n  \
+        mesos-gpu gpu probe                            # every GPU in turn\n  \
+        mesos-gpu gpu probe --gpu GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --cuda-lib /usr/lib64/libcuda.so.1\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated         # in a one-GPU cgroup, as the monitor runs it (root)\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated --command '/usr/local/bin/check-gpu {index}'")]
+    Probe(ProbeArgs),
     /// Give back the GPUs of an owner that is gone (`gpu list` shows it dead), or of every dead
     /// owner with --dead. An owner still alive, or that cannot be checked, is refused unless
     /// --force.
@@ -88,16 +106,41 @@ struct ReleaseArgs {
 }
 
 #[derive(clap::Args)]
-struct StoreArgs {
-    /// The Mesos agent work directory (health lives in `<DIR>/gpu/`).
-    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
+struct ProbeArgs {
+    /// The GPU: NVML index (`3`) or UUID (`GPU-…`); every GPU when not given.
+    #[arg(long, value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
+    gpu: Option<GpuRef>,
+    /// The CUDA driver library (its absence skips the CUDA steps).
+    #[arg(long, value_name = "PATH", env = "MESOS_GPU_CUDA_LIB", default_value = DEFAULT_CUDA_LIB)]
+    cuda_lib: std::ffi::OsString,
+    /// MiB the CUDA steps allocate, write and read back.
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    mib: u32,
+    /// Give up (exit 2) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout: u64,
+    /// Run the probe as the health monitor does: in a device cgroup of its own that allows
+    /// this GPU alone (needs root).
+    #[arg(long)]
+    isolated: bool,
+    /// With --isolated: the probe command (`{uuid}`, `{index}` replaced), as the module
+    /// parameter `health_probe`; default: this program's own checks.
+    #[arg(long, value_name = "CMD", requires = "isolated")]
+    command: Option<String>,
+    /// With --isolated: the parent of the probe's cgroup (the agent's `--cgroups_root`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "mesos",
+        requires = "isolated"
+    )]
+    cgroups_root: String,
 }
 
 #[derive(clap::Args)]
 struct HealthArgs {
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Print the checkpoint as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -109,7 +152,7 @@ struct MarkArgs {
     #[arg(value_parser = |s: &str| GpuRef::parse(s).map_err(|e| e.to_string()))]
     gpu: GpuRef,
     #[command(flatten)]
-    store: StoreArgs,
+    store: super::AgentWorkDirCompatArgs,
     /// Seconds to wait for a running monitor to take the request.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     wait: u64,
@@ -117,54 +160,132 @@ struct MarkArgs {
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     match &args.command {
-        GpuCommand::Health(a) => health(a),
+        GpuCommand::Health(a) => health(a, ctx),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
-        GpuCommand::List(a) => list(a),
+        GpuCommand::List(a) => list(a, ctx),
+        GpuCommand::Probe(a) => probe(a, ctx),
         GpuCommand::Release(a) => release(a),
     }
 }
 
-fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
+/// What `gpu list --json` prints: the pool's listing, and the recorded GPUs this command does
+/// not see with why.
+#[derive(serde::Serialize)]
+struct Shown<'a> {
+    #[serde(flatten)]
+    listing: &'a Listing,
+    /// The recorded GPUs this command does not see, by owner id.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    unseen: BTreeMap<String, Vec<String>>,
+    /// Why it does not see them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unseen_why: Option<String>,
+}
+
+/// The GPU and MIG device UUIDs this process sees, and what to say of a recorded GPU it does
+/// not: whether discovery works or not, `gpu list` lists every record.
+fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
+    match ctx.inventory() {
+        Ok(inventory) if !inventory.gpus.is_empty() => (
+            inventory
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .chain(inventory.mig.devices.iter().map(|d| d.uuid.clone()))
+                .collect(),
+            format!(
+                "not among the {} GPUs NVML reports here",
+                inventory.gpus.len()
+            ),
+        ),
+        Ok(inventory) => (
+            BTreeSet::new(),
+            format!(
+                "this process sees no GPU ({})",
+                inventory
+                    .absent_reason
+                    .as_deref()
+                    .unwrap_or("NVML reports none")
+            ),
+        ),
+        Err(e) => (BTreeSet::new(), format!("{e:#}")),
+    }
+}
+
+fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
+    let (seen, why) = seen_here(ctx);
+    let unseen: BTreeMap<String, Vec<String>> = listing
+        .reservations
+        .iter()
+        .filter_map(|r| {
+            let gpus: Vec<String> = r
+                .reservation
+                .gpus
+                .iter()
+                .filter(|u| !seen.contains(u.as_str()))
+                .map(ToString::to_string)
+                .collect();
+            (!gpus.is_empty()).then(|| (r.id.clone(), gpus))
+        })
+        .collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        let shown = Shown {
+            listing: &listing,
+            unseen_why: (!unseen.is_empty()).then_some(why),
+            unseen,
+        };
+        writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("GPU pool {}", listing.path.display());
+    writeln!(out, "GPU pool {}", listing.path.display())?;
     if listing.reservations.is_empty() && listing.shares.is_empty() {
-        println!("no reservations");
+        writeln!(out, "no reservations")?;
     } else {
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPUS / WHY",
             "OWNER", "KIND", "COUNT", "SINCE", "STATE"
-        );
+        )?;
     }
     for r in &listing.reservations {
-        let (state, why) = r.liveness.describe();
-        println!(
+        let (state, why_state) = r.liveness.describe();
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
             r.reservation.owner.kind(),
             r.reservation.gpus.len(),
             age(r.reservation.since.saturating_mul(1000)),
             state,
-            r.reservation.gpus.join(",")
-        );
-        println!("{:>80} {why}", "");
+            r.reservation
+                .gpus
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        )?;
+        writeln!(out, "{:>80} {why_state}", "")?;
+        if let Some(gpus) = unseen.get(&r.id) {
+            writeln!(out, "{:>80} not seen here: {} ({why})", "", gpus.join(","))?;
+        }
         if let mesos_gpu_pool::Owner::Quarantine { reason } = &r.reservation.owner {
-            println!("{:>80} quarantined: {reason}", "");
+            writeln!(out, "{:>80} quarantined: {reason}", "")?;
         }
     }
     if !listing.shares.is_empty() {
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} GPU / WHY",
             "SHARE OWNER", "KIND", "UNITS", "SINCE", "STATE"
-        );
+        )?;
     }
     for s in &listing.shares {
         let (state, why) = s.liveness.describe();
-        println!(
+        writeln!(
+            out,
             "{:<40} {:<10} {:<8} {:<10} {:<9} {} ({})",
             s.id,
             s.share.owner.kind(),
@@ -173,28 +294,32 @@ fn list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             state,
             s.share.grant.uuid,
             s.share.grant.mode
-        );
-        println!("{:>80} {why}", "");
+        )?;
+        writeln!(out, "{:>80} {why}", "")?;
     }
     for (uuid, reason) in &listing.unhealthy {
-        println!("unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)");
+        writeln!(
+            out,
+            "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let host = host();
     if args.dead {
         let done = pool.reconcile(&host)?;
         for (id, why) in &done.freed {
-            println!("released {id}: {why}");
+            writeln!(out, "released {id}: {why}")?;
         }
         for (id, why) in &done.uncertain {
-            println!("kept {id}: {why}");
+            writeln!(out, "kept {id}: {why}")?;
         }
         if done.freed.is_empty() {
-            println!("no dead owner");
+            writeln!(out, "no dead owner")?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -203,7 +328,8 @@ fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .context("an owner id or --dead is required")?;
     let freed = pool.release(owner, args.force, &host)?;
-    println!("released {owner}: {}", freed.gpus.join(", "));
+    let gpus: Vec<String> = freed.gpus.iter().map(ToString::to_string).collect();
+    writeln!(out, "released {owner}: {}", gpus.join(", "))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -224,22 +350,79 @@ fn age(ms: u64) -> String {
     }
 }
 
-fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
-    let store = HealthStore::at(&args.store.work_dir);
+/// `gpu health --json`: the checkpoint's object (`version`, `gpus`, `mig`) with `checkpoint`
+/// (its path), `checkpoint_state` (`present` or `absent`) and `monitor_running` added; without a
+/// checkpoint, `gpus` holds NVML's view of each GPU (`index`, `uuid`, `health`: `{"state":
+/// "healthy"}` or `{"state": "lost"}`, `source`: `"nvml"`), empty without a driver.
+fn health_json(
+    store: &HealthStore,
+    snapshot: Option<&HealthSnapshot>,
+    ctx: &Ctx,
+) -> anyhow::Result<serde_json::Value> {
+    let mut value = match snapshot {
+        Some(snapshot) => serde_json::to_value(snapshot)?,
+        None => {
+            let gpus: Vec<serde_json::Value> = match ctx.driver()? {
+                Some(driver) => driver
+                    .inventory()
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let lost = !g.healthy || driver.reports_lost(g.index);
+                        let state = if lost { "lost" } else { "healthy" };
+                        serde_json::json!({
+                            "index": g.index,
+                            "uuid": g.uuid,
+                            "health": {"state": state},
+                            "source": "nvml",
+                        })
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            serde_json::json!({ "gpus": gpus })
+        }
+    };
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "checkpoint".to_owned(),
+            store.checkpoint_path().display().to_string().into(),
+        );
+        let state = if snapshot.is_some() {
+            "present"
+        } else {
+            "absent"
+        };
+        object.insert("checkpoint_state".to_owned(), state.into());
+        object.insert(
+            "monitor_running".to_owned(),
+            store.monitor_running()?.into(),
+        );
+    }
+    Ok(value)
+}
+
+fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let store = HealthStore::at(&args.store.dir()?);
     let snapshot = store.load()?;
+    let mut out = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&snapshot)?);
+        let value = health_json(&store, snapshot.as_ref(), ctx)?;
+        serde_json::to_writer_pretty(&mut out, &value)?;
+        writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let running = store.monitor_running()?;
     let Some(snapshot) = snapshot else {
-        println!(
+        writeln!(
+            out,
             "no GPU health checkpoint at {} (no monitor has run there); GPUs are as discovery finds them",
             store.checkpoint_path().display()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     };
-    println!(
+    writeln!(
+        out,
         "{} ({})",
         store.checkpoint_path().display(),
         if running {
@@ -247,11 +430,12 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
         } else {
             "no monitor running"
         }
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} REASON",
         "GPU", "UUID", "HEALTH", "SINCE", "LAST", "XIDS"
-    );
+    )?;
     for g in &snapshot.gpus {
         let xids = if g.xids.is_empty() {
             "-".to_owned()
@@ -263,16 +447,18 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 .join(",")
         };
         match &g.health {
-            GpuHealth::Healthy => println!(
+            GpuHealth::Healthy => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} -",
                 g.index, g.uuid, "healthy", "-", "-", xids
-            ),
+            )?,
             GpuHealth::Unhealthy {
                 reason,
                 since_ms,
                 last_error_ms,
                 ..
-            } => println!(
+            } => writeln!(
+                out,
                 "{:<4} {:<42} {:<10} {:<10} {:<10} {:<12} {reason}",
                 g.index,
                 g.uuid,
@@ -280,15 +466,200 @@ fn health(args: &HealthArgs) -> anyhow::Result<ExitCode> {
                 age(*since_ms),
                 age(*last_error_ms),
                 xids
-            ),
+            )?,
         }
+        print_recovery(&g.recovery, g.index);
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// How a GPU out of the pool comes back, its last check, and its recovery history.
+fn print_recovery(r: &RecoveryRecord, index: u32) {
+    if let Some(e) = &r.episode {
+        match e.comeback {
+            Comeback::Evidence { class } => {
+                println!("     comes back by itself on evidence ({class} quiet time)");
+            }
+            Comeback::Reset { remedy } => println!("     {}", remedy.describe(index)),
+        }
+        if let Some(asks) = &e.driver_asks {
+            println!("     the driver asks for {asks}: it stays out until that is done");
+        }
+        if !e.findings.is_empty() {
+            let next = if e.next_try_ms == 0 {
+                String::new()
+            } else {
+                format!(", next in {}", until(e.next_try_ms))
+            };
+            println!("     last check (failed attempts {}{next}):", e.attempts);
+            for f in &e.findings {
+                println!("       {f}");
+            }
+        }
+    }
+    if r.recoveries > 0 || r.probe_failures > 0 || r.flaps > 0 {
+        println!(
+            "     history: {} automatic recovery(ies), {} failed probe(s){}",
+            r.recoveries,
+            r.probe_failures,
+            if r.flaps > 0 {
+                format!(
+                    ", FLAPPING: {} recovery(ies) in a row failed again within the hour (quiet time doubled each time)",
+                    r.flaps
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// `in 42s` for a time in ms since the epoch (`now` when past).
+fn until(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    match ms.saturating_sub(now) / 1000 {
+        0 => "now".to_owned(),
+        s if s < 120 => format!("{s}s"),
+        s => format!("{}m", s / 60),
+    }
+}
+
+fn probe(args: &ProbeArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let Some(driver) = ctx.driver()? else {
+        bail!(
+            "no NVIDIA driver on this node ({}): nothing to probe",
+            ctx.inventory()?
+                .absent_reason
+                .as_deref()
+                .unwrap_or("NVML is not available")
+        );
+    };
+    let gpus: Vec<&Gpu> = match &args.gpu {
+        None => driver.inventory().gpus.iter().collect(),
+        Some(r) => vec![
+            driver
+                .inventory()
+                .gpus
+                .iter()
+                .find(|g| match r {
+                    GpuRef::Index(i) => g.index == *i,
+                    GpuRef::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
+                })
+                .with_context(|| {
+                    format!(
+                        "GPU {r} is not on this node (GPUs: {})",
+                        driver
+                            .inventory()
+                            .gpus
+                            .iter()
+                            .map(|g| format!("{} {}", g.index, g.uuid))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?,
+        ],
+    };
+    // A hung driver call must not hang the operator's shell.
+    let timeout = Duration::from_secs(args.timeout);
+    std::thread::spawn(move || {
+        std::thread::sleep(timeout);
+        eprintln!(
+            "mesos-gpu gpu probe: timed out after {}s; a driver call did not return",
+            timeout.as_secs()
+        );
+        std::process::exit(2);
+    });
+    let mut passed = true;
+    for gpu in gpus {
+        println!("GPU {} ({}) {}", gpu.index, gpu.uuid, gpu.name);
+        let ok = if args.isolated {
+            probe_isolated(args, ctx, driver, gpu)?
+        } else {
+            let options = CheckOptions {
+                cuda_lib: args.cuda_lib.clone(),
+                bytes: usize::try_from(args.mib).unwrap_or(64) << 20,
+            };
+            check_gpu(driver, gpu, &options, &mut |step| println!("  {step}"))
+        };
+        println!(
+            "GPU {} ({}) {}",
+            gpu.index,
+            gpu.uuid,
+            if ok { "passed" } else { "FAILED" }
+        );
+        passed &= ok;
+    }
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The probe as the monitor runs it: a command in a one-GPU cgroup of its own.
+fn probe_isolated(
+    args: &ProbeArgs,
+    ctx: &Ctx,
+    driver: &mesos_gpu_node::discovery::GpuDriver,
+    gpu: &Gpu,
+) -> anyhow::Result<bool> {
+    let dev_root = ctx
+        .dev_root()
+        .context("--isolated needs the device nodes: pass --dev-root DIR on a simulated node")?;
+    let nodes = mesos_gpu_node::devices::DeviceNodes::scan(dev_root, driver.inventory())
+        .with_context(|| format!("cannot read the device nodes under {}", dev_root.display()))?;
+    let hierarchy = mesos_gpu_enforce::cgroup::CgroupLayout::detect()
+        .context("cannot find a device cgroup hierarchy")?;
+    let layout = mesos_gpu_enforce::cgroup::CgroupLayout::new(
+        mesos_gpu_enforce::cgroup::Hierarchy {
+            version: hierarchy.version(),
+            mount: hierarchy.mount().to_owned(),
+        },
+        &args.cgroups_root,
+    )?;
+    let argv = match &args.command {
+        Some(text) => ProbeConfig::parse_command(text)?,
+        None => {
+            let me = std::env::current_exe().context("cannot find this program")?;
+            vec![
+                me.display().to_string(),
+                "gpu".into(),
+                "probe".into(),
+                "--gpu".into(),
+                "{uuid}".into(),
+                "--mib".into(),
+                args.mib.to_string(),
+                "--cuda-lib".into(),
+                args.cuda_lib.to_string_lossy().into_owned(),
+            ]
+        }
+    };
+    let mut config = ProbeConfig::command(argv);
+    config.timeout = Duration::from_secs(args.timeout);
+    config.env.push((
+        "MESOS_GPU_NVML_LIB".to_owned(),
+        driver.library().display().to_string(),
+    ));
+    config.cgroup = Some(ProbeCgroup {
+        layout,
+        base: mesos_gpu_enforce::cgroup::default_whitelist(),
+        nodes,
+    });
+    println!("  running `{}` in a one-GPU cgroup", config.describe());
+    let outcome = run_probe(&config, &ProbeTarget::of(gpu));
+    for line in outcome.output.lines() {
+        println!("  | {line}");
+    }
+    println!("  {}", outcome.detail);
+    Ok(outcome.passed)
+}
+
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let gpu = args.gpu.clone();
-    let store = HealthStore::at(&args.store.work_dir);
+    let store = HealthStore::at(&args.store.dir()?);
     if !store.monitor_running()? {
         return mark_in_checkpoint(&store, &gpu, ctx);
     }
@@ -308,17 +679,18 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         if !answer.ok {
             bail!("the running monitor refused: {}", answer.message);
         }
-        println!("{} (by the running monitor)", answer.message);
+        writeln!(out, "{} (by the running monitor)", answer.message)?;
         return Ok(ExitCode::SUCCESS);
     }
     // A monitor that predates answers: the checkpoint, saved before the request was removed.
     let snapshot: Option<HealthSnapshot> = store.load()?;
     match snapshot.as_ref().and_then(|s| s.find(&gpu)) {
         Some(record) if record.health.is_healthy() => {
-            println!(
+            writeln!(
+                out,
                 "GPU {gpu} ({}) is healthy (marked by the running monitor)",
                 record.uuid
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Some(record) => bail!(
@@ -335,11 +707,12 @@ fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// With no monitor running: edits the checkpoint under the lock. A work directory without a
 /// checkpoint is refused before anything is created in it.
 fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
     let path = store.checkpoint_path();
     if store.load()?.is_none() {
         bail!(
-            "no GPU health checkpoint at {} and no health monitor running there; is --work-dir \
-             the agent's work directory? (the module's monitor writes the checkpoint when it \
+            "no GPU health checkpoint at {} and no health monitor running there; is \
+             --agent-work-dir the agent's work directory? (the module's monitor writes the checkpoint when it \
              starts)",
             path.display()
         );
@@ -358,15 +731,20 @@ fn mark_in_checkpoint(store: &HealthStore, gpu: &GpuRef, ctx: &Ctx) -> anyhow::R
         .cloned()
         .ok_or_else(|| unknown_gpu(gpu, &snapshot, &path))?;
     refuse_if_lost(ctx, gpu, &record)?;
+    let missing = record.recovery.missing();
     if snapshot.mark_healthy(gpu)? {
         store.save(&snapshot)?;
-        println!(
+        writeln!(
+            out,
             "GPU {gpu} ({}) marked healthy in {} (no monitor running)",
             record.uuid,
             path.display()
-        );
+        )?;
+        if !missing.is_empty() {
+            writeln!(out, "the evidence that was missing: {}", missing.join("; "))?;
+        }
     } else {
-        println!("GPU {gpu} ({}) is already healthy", record.uuid);
+        writeln!(out, "GPU {gpu} ({}) is already healthy", record.uuid)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -390,9 +768,10 @@ fn unknown_gpu(gpu: &GpuRef, snapshot: &HealthSnapshot, path: &std::path::Path) 
     )
 }
 
-/// Refuses when NVML (the host's driver, or `--simulate`) still reports the GPU lost. The GPU
-/// is looked up by the checkpoint's UUID (indices can change across reboots), else by its
-/// checkpointed index. Without a driver there is nothing to ask, and nothing to hand it to.
+/// Refuses when NVML (the host's driver, or `--simulate`) still reports the GPU lost, or the
+/// driver asks for a reset or reboot. The GPU is looked up by the checkpoint's UUID (indices can
+/// change across reboots), else by its checkpointed index. Without a driver there is nothing to
+/// ask, and nothing to hand it to.
 fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result<()> {
     let Some(driver) = ctx.driver()? else {
         return Ok(());
@@ -406,6 +785,13 @@ fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result
     if driver.reports_lost(index) {
         return Err(HealthError::StillLost {
             gpu: gpu.to_string(),
+        }
+        .into());
+    }
+    if let Some(asks) = mesos_gpu_health::driver_evidence(driver, index).asks() {
+        return Err(HealthError::DriverAsks {
+            gpu: gpu.to_string(),
+            asks,
         }
         .into());
     }

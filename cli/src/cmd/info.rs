@@ -12,7 +12,7 @@
 //!   local CPUs and memory nodes within the machine's online ones, or null when it would not be
 //!   pinned), `device` (`"195:0"`, or null when the node was not read),
 //!   `health` (the health monitor's checkpointed state of this GPU, matched by UUID, from
-//!   `<--work-dir>/gpu/health.json`: `{"state": "healthy"}` or `{"state": "unhealthy",
+//!   `<--agent-work-dir>/gpu/health.json`: `{"state": "healthy"}` or `{"state": "unhealthy",
 //!   "reason": {"kind": "xid", "xid": 79}, "since_ms": …, "last_error_ms": …, "errors": …}`;
 //!   null when nothing is checkpointed for it). `healthy` is discovery's flag (NVML answers);
 //! - `topology`: an N×N matrix of `nvidia-smi topo -m` labels (`X`, `NV2`, `PIX`, `PXB`, `PHB`,
@@ -36,7 +36,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use mesos_gpu_health::{Failure, GpuHealth, GpuRecord, HealthStore};
@@ -55,16 +55,16 @@ use crate::simulate;
     mesos-gpu info --simulate dgx1-v100\n  \
     mesos-gpu info --simulate list\n  \
     mesos-gpu info --json --nvml-lib /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n  \
-    mesos-gpu info --work-dir /var/lib/mesos")]
+    mesos-gpu info --agent-work-dir /var/lib/mesos")]
 pub(crate) struct Args {
     /// Print JSON (fields documented in the module) instead of tables.
     #[arg(long)]
     json: bool,
 
-    /// The Mesos agent work directory whose GPU health checkpoint (`<DIR>/gpu/health.json`)
-    /// is shown beside discovery's health.
-    #[arg(long, value_name = "DIR", env = "MESOS_GPU_WORK_DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
-    work_dir: PathBuf,
+    /// The agent whose GPU health checkpoint (`<DIR>/gpu/health.json`) is shown beside
+    /// discovery's health.
+    #[command(flatten)]
+    agent: super::AgentWorkDirCompatArgs,
 }
 
 #[derive(Serialize)]
@@ -119,7 +119,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let report = build(ctx, &args.work_dir)?;
+    let report = build(ctx, &args.agent.dir()?)?;
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
@@ -165,15 +165,26 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
     let affinities = driver.map(GpuDriver::affinities).unwrap_or_default();
-    let online = match mesos_gpu_node::numa::online(Path::new("/sys")) {
-        Ok(online) => Some(online),
-        Err(err) => {
+    let online = match (&simulated, driver) {
+        // A simulated node's facts only: its CPUs are those its GPUs are local to.
+        (Some(name), Some(driver)) => {
             notes.push(format!(
-                "NUMA pinning not shown: {:#}",
-                anyhow::Error::new(err)
+                "simulated node {name}: NUMA pinning is shown within the CPUs its GPUs are local \
+                 to, not this host's CPUs (host CPUs are not shown under --simulate)"
             ));
-            None
+            Some(simulated_cpus(driver, inventory.gpus.len()))
         }
+        (Some(_), None) => None,
+        (None, _) => match mesos_gpu_node::numa::online(Path::new("/sys")) {
+            Ok(online) => Some(online),
+            Err(err) => {
+                notes.push(format!(
+                    "NUMA pinning not shown: {:#}",
+                    anyhow::Error::new(err)
+                ));
+                None
+            }
+        },
     };
     let pinned = |g: &Gpu| match online
         .as_ref()
@@ -271,6 +282,23 @@ fn matrix(inventory: &Inventory) -> Vec<Vec<String>> {
 }
 
 /// `[0,1,2,5,7,8]` → `0-2,5,7-8`.
+/// The CPUs and memory nodes of a simulated node: the union of its GPUs' local ones (memory
+/// node 0 when none is described).
+fn simulated_cpus(driver: &GpuDriver, gpus: usize) -> numa::Allowed {
+    let mut cpus = numa::CpuList::default();
+    let mut mems = numa::CpuList::default();
+    for position in 0..gpus {
+        let ids =
+            |found: Option<&[u32]>| numa::CpuList::from_ids(found.unwrap_or_default().to_vec());
+        cpus = cpus.union(&ids(driver.cpu_affinity(position)));
+        mems = mems.union(&ids(driver.memory_affinity(position)));
+    }
+    if mems.is_empty() {
+        mems = numa::CpuList::from_ids([0]);
+    }
+    numa::Allowed { cpus, mems }
+}
+
 fn cpu_list(cpus: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;

@@ -1,21 +1,34 @@
 //! One module per subcommand, each exposing `Args` and `run(args, &Ctx)`.
+//!
+//! The directories every command names the same way, with one meaning each:
+//! - `--agent-work-dir` ([`AgentWorkDirArgs`]): the mesos-agent's `--work_dir`, which is the
+//!   module's `work_dir` (its checkpoint, and the GPU health its monitor keeps);
+//! - `--pool-dir` ([`PoolArgs`]): the node's one GPU pool, shared by the module and every
+//!   command that reserves GPUs;
+//! - `--docker-state-dir` ([`DockerPoolArgs`]): the record of the Docker containers'
+//!   reservations that `docker-args`, `docker-wrapper`, `run` and `serve` keep;
+//! - `--volume-root` ([`VolumeRootArgs`]): where the `nvidia_<driver version>` volumes are.
+//!
+//! `--work-dir` used to name the first of these for `info` and `gpu`, and the third for the
+//! Docker commands; it is still accepted there, with a warning naming the new flag.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use mesos_gpu_enforce::{mps, mps::ComputeModes, mps::MpsConfig};
+use mesos_gpu_enforce::mps::{self, ComputeModes, MpsConfig};
 use mesos_gpu_isolator::lifecycle::SharingConfig;
-use mesos_gpu_placement::{sharing::SharingMode, sharing::SharingSpec};
+use mesos_gpu_placement::sharing::{ModeSpec, SharingSpec};
 use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 
 use crate::ctx::Ctx;
 
 mod agent_flags;
 mod cdi;
-mod demo;
+pub(crate) mod demo;
 mod docker_args;
 mod docker_pool;
 mod docker_wrapper;
+mod doctor;
 mod exec;
 mod gpu;
 mod info;
@@ -29,7 +42,8 @@ mod volume;
 pub(crate) enum Command {
     /// Show the node's GPUs, driver and interconnect topology.
     Info(info::Args),
-    /// Print the mesos-agent `--resources` and `--attributes` that advertise this node's GPUs.
+    /// Print the mesos-agent flags that give this node's GPUs to tasks: with the module,
+    /// `--isolation`, `--resources`, `--attributes` and `--modules` (its parameters).
     AgentFlags(agent_flags::Args),
     /// Print the entries of an ld.so.cache, in the format of `ldconfig -p`.
     Ldcache(ldcache::Args),
@@ -51,6 +65,9 @@ pub(crate) enum Command {
     Exec(exec::Args),
     /// Write the node's CDI spec (`nvidia.com/gpu`) for Podman, containerd, CRI-O, Docker >= 25.
     Cdi(cdi::Args),
+    /// Check an agent host before its first task: driver, device nodes, cgroups, driver volume,
+    /// configuration; exit 0 only when it is ready.
+    Doctor(doctor::Args),
 }
 
 impl Command {
@@ -75,14 +92,17 @@ pub(crate) struct SharingArgs {
     #[arg(long, value_name = "SPEC", env = "MESOS_GPU_REPLICAS")]
     pub(crate) gpu_replicas: Option<String>,
 
-    /// How shares are enforced: time-slicing (accounting only, no isolation) or mps.
+    /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
+    /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`.
     #[arg(
         long,
-        value_name = "MODE",
+        value_name = "SPEC",
         env = "MESOS_GPU_SHARING",
-        default_value = "time-slicing"
+        default_value = "time-slicing",
+        value_parser = parse_modes
     )]
-    pub(crate) gpu_sharing: SharingMode,
+    pub(crate) gpu_sharing: String,
 
     /// Under mps: where each shared GPU's daemon gets its `<uuid>/pipe` and `<uuid>/log`.
     #[arg(long, value_name = "DIR", default_value = mps::DEFAULT_ROOT)]
@@ -100,7 +120,7 @@ impl SharingArgs {
         let Some(spec) = &self.gpu_replicas else {
             return Ok(None);
         };
-        let spec = SharingSpec::parse(spec, self.gpu_sharing)?;
+        let spec = SharingSpec::parse(spec, self.gpu_sharing.parse()?)?;
         let mut mps = MpsConfig::new(&self.mps_root);
         mps.program.clone_from(&self.mps_control);
         mps.compute_modes = ctx
@@ -108,6 +128,13 @@ impl SharingArgs {
             .map(|d| std::sync::Arc::clone(d) as std::sync::Arc<dyn ComputeModes>);
         Ok(Some(SharingConfig { spec, mps }))
     }
+}
+
+/// Checks a `--gpu-sharing` spec, keeping its text.
+pub(crate) fn parse_modes(text: &str) -> Result<String, String> {
+    text.parse::<ModeSpec>()
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The node's one GPU pool, shared by the agent's module and every command that reserves GPUs.
@@ -119,17 +146,121 @@ pub(crate) struct PoolArgs {
     pub(crate) pool_dir: PathBuf,
 }
 
+/// The mesos-agent's `--work_dir` used when none is given.
+pub(crate) const DEFAULT_AGENT_WORK_DIR: &str = "/var/lib/mesos";
+
+/// The environment variable that gives `--agent-work-dir`.
+const AGENT_WORK_DIR_ENV: &str = "MESOS_GPU_AGENT_WORK_DIR";
+
+/// The old environment variable of `--work-dir`, still read by the commands that took it.
+const LEGACY_WORK_DIR_ENV: &str = "MESOS_GPU_WORK_DIR";
+
+/// The mesos-agent's work directory, where the module checkpoints and its health monitor keeps
+/// each GPU's health (`<DIR>/gpu/health.json`).
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct AgentWorkDirArgs {
+    /// The mesos-agent's --work_dir, which is the module's `work_dir`: its GPU checkpoint and
+    /// GPU health (`<DIR>/gpu/`).
+    #[arg(long, value_name = "DIR", env = AGENT_WORK_DIR_ENV, default_value = DEFAULT_AGENT_WORK_DIR)]
+    pub(crate) agent_work_dir: PathBuf,
+}
+
+/// `--agent-work-dir` for the commands that called it `--work-dir` (`info`, `gpu`), which still
+/// accept that name and `MESOS_GPU_WORK_DIR`.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct AgentWorkDirCompatArgs {
+    /// The mesos-agent's --work_dir, which is the module's `work_dir`: its GPU checkpoint and
+    /// GPU health (`<DIR>/gpu/`) [default: /var/lib/mesos].
+    #[arg(long, value_name = "DIR", env = AGENT_WORK_DIR_ENV)]
+    agent_work_dir: Option<PathBuf>,
+
+    /// The old name of --agent-work-dir (deprecated).
+    #[arg(long = "work-dir", value_name = "DIR", hide = true)]
+    legacy_work_dir: Option<PathBuf>,
+}
+
+impl AgentWorkDirCompatArgs {
+    /// `--agent-work-dir`, else the deprecated `--work-dir` or `MESOS_GPU_WORK_DIR` (with a
+    /// warning), else the default.
+    pub(crate) fn dir(&self) -> anyhow::Result<PathBuf> {
+        match (&self.agent_work_dir, &self.legacy_work_dir) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--work-dir {} and --agent-work-dir (or {AGENT_WORK_DIR_ENV}) both given: \
+                 --work-dir is the old name of --agent-work-dir; keep only --agent-work-dir",
+                old.display()
+            ),
+            (Some(dir), None) => Ok(dir.clone()),
+            (None, Some(old)) => {
+                deprecated(format_args!(
+                    "--work-dir is deprecated here: it names the mesos-agent's work directory; \
+                     write --agent-work-dir {}",
+                    old.display()
+                ));
+                Ok(old.clone())
+            }
+            (None, None) => match std::env::var_os(LEGACY_WORK_DIR_ENV) {
+                Some(old) => {
+                    deprecated(format_args!(
+                        "{LEGACY_WORK_DIR_ENV} is deprecated: write {AGENT_WORK_DIR_ENV}={}",
+                        PathBuf::from(&old).display()
+                    ));
+                    Ok(PathBuf::from(old))
+                }
+                None => Ok(PathBuf::from(DEFAULT_AGENT_WORK_DIR)),
+            },
+        }
+    }
+}
+
+/// Logs a deprecated flag's warning, once per process (a command may read its flags twice).
+fn deprecated(message: std::fmt::Arguments<'_>) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!("{message}"));
+}
+
+/// The Docker containers' record of reservations (`docker-args`, `docker-wrapper`, `run` and
+/// `serve` keep it) used when none is given. Docker tasks do not outlive a reboot, nor does it.
+pub(crate) const DEFAULT_DOCKER_STATE_DIR: &str = "/var/run/mesos-gpu";
+
 /// The Docker containers' reservations (their checkpoint) and the pool they draw from:
 /// `docker-args`, `docker-wrapper`, `run` and `serve` must agree on both.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct DockerPoolArgs {
-    /// Where the Docker containers' reservations are checkpointed (the GPUs come from
-    /// --pool-dir).
-    #[arg(long, value_name = "DIR", default_value = docker_pool::DEFAULT_WORK_DIR)]
-    pub(crate) work_dir: PathBuf,
+    /// Where the Docker containers' reservations are recorded (`<DIR>/gpu/allocations.json`;
+    /// the GPUs themselves come from --pool-dir) [default: /var/run/mesos-gpu].
+    #[arg(long, value_name = "DIR")]
+    docker_state_dir: Option<PathBuf>,
+
+    /// The old name of --docker-state-dir (deprecated).
+    #[arg(long = "work-dir", value_name = "DIR", hide = true)]
+    legacy_work_dir: Option<PathBuf>,
 
     #[command(flatten)]
     pub(crate) pool: PoolArgs,
+}
+
+impl DockerPoolArgs {
+    /// `--docker-state-dir`, else the deprecated `--work-dir` (with a warning), else the
+    /// default.
+    pub(crate) fn state_dir(&self) -> anyhow::Result<PathBuf> {
+        match (&self.docker_state_dir, &self.legacy_work_dir) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--work-dir {} and --docker-state-dir both given: --work-dir is the old name of \
+                 --docker-state-dir; keep only --docker-state-dir",
+                old.display()
+            ),
+            (Some(dir), None) => Ok(dir.clone()),
+            (None, Some(old)) => {
+                deprecated(format_args!(
+                    "--work-dir is deprecated here: it names the Docker containers' record of \
+                     reservations; write --docker-state-dir {}",
+                    old.display()
+                ));
+                Ok(old.clone())
+            }
+            (None, None) => Ok(PathBuf::from(DEFAULT_DOCKER_STATE_DIR)),
+        }
+    }
 }
 
 /// The Docker daemon the command talks to.
@@ -144,7 +275,8 @@ pub(crate) struct DockerSocketArgs {
 /// Where the driver volumes are.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct VolumeRootArgs {
-    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia).
+    /// Directory holding the `nvidia_<driver version>` volumes (mounted at /usr/local/nvidia);
+    /// the module's `volume_root`.
     #[arg(long, value_name = "DIR", default_value = mesos_gpu_volume::volume::DEFAULT_ROOT)]
     pub(crate) volume_root: PathBuf,
 }
@@ -184,12 +316,13 @@ pub(crate) fn parse_gpus(value: &str) -> Result<u32, String> {
     })
 }
 
-/// Refuses a request for GPUs on a node that has none, with discovery's reason.
+/// Refuses a request for GPUs when this process sees none, with discovery's reason: what it
+/// cannot see it could neither place among the node's records nor record.
 pub(crate) fn require_gpus(ctx: &Ctx, gpus: u32) -> anyhow::Result<()> {
     let inventory = ctx.inventory()?;
     if gpus > 0 && inventory.gpus.is_empty() {
         anyhow::bail!(
-            "gpus={gpus}: this node has no GPUs ({})",
+            "gpus={gpus}: this process sees no GPU ({}): granting no GPU",
             inventory
                 .absent_reason
                 .as_deref()
@@ -214,5 +347,6 @@ pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(&args, ctx),
         Command::Exec(args) => exec::run(&args, ctx),
         Command::Cdi(args) => cdi::run(&args, ctx),
+        Command::Doctor(args) => doctor::run(&args, ctx),
     }
 }

@@ -19,12 +19,13 @@ use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::docker_pool::{driver_spec, new_container_id, open_pool};
+use super::docker_pool::{driver_spec, new_container_id, open_pool, open_records};
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
 #[command(
-    long_about = "Run IMAGE with N GPUs from the shared pool (checkpointed in --work-dir): \
+    long_about = "Run IMAGE with N GPUs from the node's GPU pool (--pool-dir; the reservation is \
+                  recorded in --docker-state-dir): \
                   reserve, create the container mesos-<ID> with the GPUs' device nodes (and, for \
                   images that ask for it, the driver volume and NVIDIA_VISIBLE_DEVICES), start \
                   it and stream its output. When it ends the GPUs are released and the \
@@ -34,7 +35,7 @@ use crate::ctx::Ctx;
     after_help = "Examples:\n  \
     mesos-gpu run --gpus 2 nvidia/cuda:12.4.1-base nvidia-smi\n  \
     mesos-gpu run --gpus 1 --plugin nvidia/cuda:12.4.1-base sh -c 'ls /dev/nvidia*'\n  \
-    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 --work-dir /tmp/pool busybox ls /dev\n  \
+    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state busybox ls /dev\n  \
     mesos-gpu run --gpus 1 --numa-pinning busybox grep Cpus_allowed_list /proc/self/status"
 )]
 pub(crate) struct Args {
@@ -164,7 +165,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             },
         };
         if ended {
-            release(ctx, args, &id)?;
+            release(args, &id)?;
         }
         let code = outcome?;
         tracing::info!(container = %container.name, code, "container ended; GPUs released");
@@ -172,8 +173,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_pool(ctx, &args.reservations)?;
+/// Gives the container's GPUs back, by its id: no NVML is needed for that.
+fn release(args: &Args, id: &ContainerId) -> anyhow::Result<()> {
+    let pool = open_records(&args.reservations, "mesos-gpu run's release")?;
     pool.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })

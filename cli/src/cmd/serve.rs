@@ -18,8 +18,8 @@
 //!
 //! Allocations: `serve` holds none. `/docker/cli` names the GPUs the client asks for, as
 //! nvidia-docker's did, and reserves nothing. What `serve` does own is the **start-up
-//! reconciliation** of the shared pool in `--work-dir` (the one `docker-args` and `run` draw
-//! from) with the Docker daemon: after a reboot or crash it re-books the GPUs of running
+//! reconciliation** of the Docker containers' reservations (`--docker-state-dir`, the record
+//! `docker-args` and `run` keep, on the pool in `--pool-dir`) with the Docker daemon: after a reboot or crash it re-books the GPUs of running
 //! `mesos-<id>` containers and releases reservations whose container is gone, logging each.
 //! It is skipped, with a log line saying why, when no daemon answers on `--docker-socket` or
 //! another process holds the pool (the agent's isolator, which recovers its own containers).
@@ -57,7 +57,7 @@ const PROC_ROOT: &str = "/proc";
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     mesos-gpu serve\n  \
-    mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 --plugin-socket /tmp/nvidia-docker.sock\n  \
+    mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 --plugin-socket /tmp/mesos-gpu-demo/nvidia-docker.sock\n  \
     docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE")]
 pub(crate) struct Args {
     /// TCP address of the REST API (nvidia-docker's remote API).
@@ -72,9 +72,10 @@ pub(crate) struct Args {
     #[command(flatten)]
     volume: super::VolumeRootArgs,
 
-    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries).
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    driver_root: PathBuf,
+    /// Root of the file system holding the driver (its `etc/ld.so.cache` and libraries); with
+    /// --simulate and none given, the simulated node's driver tree [default: /].
+    #[arg(long, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
 
     /// What `/docker/cli` names: the plugin's named volume (nvidia-docker compatible), or a
     /// bind of the volume's host directory (no plugin lookup by Docker).
@@ -105,10 +106,10 @@ pub(crate) struct Args {
     /// Do not write, update or remove the CDI spec.
     #[arg(long, conflicts_with_all = ["cdi_spec", "cdi_spec_dirs"])]
     no_cdi: bool,
-    /// The mesos-agent `--work_dir` whose GPU health checkpoint (`gpu/health.json`, kept by the
-    /// module's health monitor) `/metrics` reports.
-    #[arg(long, value_name = "DIR", default_value = super::gpu::DEFAULT_WORK_DIR)]
-    agent_work_dir: PathBuf,
+    /// The agent whose GPU health checkpoint (`gpu/health.json`, kept by the module's health
+    /// monitor) `/metrics` reports.
+    #[command(flatten)]
+    agent: super::AgentWorkDirArgs,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -129,6 +130,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf),
         proc_root: ctx.proc_root()?,
     };
+    let driver_source = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
     let manager = VolumeManager::at(&args.volume.volume_root);
     let plugin_name = args
         .plugin_socket
@@ -187,7 +189,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(driver) => Arc::new(NvmlStatus::new(Arc::clone(driver), PROC_ROOT)),
         None => Arc::new(NoStatus),
     };
-    let health = Arc::new(HealthStore::at(&args.agent_work_dir));
+    let health = Arc::new(HealthStore::at(&args.agent.agent_work_dir));
     let metrics = driver.map(|driver| {
         Arc::new(Metrics::new(
             Arc::new(NvmlFigures::new(driver).with_health(health)),
@@ -196,10 +198,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     });
     runtime.block_on(async {
         recover_docker_holders(ctx, args).await;
-        let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(
-            manager,
-            args.driver_root.clone(),
-        )));
+        let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(manager, driver_source)));
         volumes.set_driver(inventory.driver.as_ref().map(|d| d.version.as_str()));
         let mut rest = RestApi::new(inventory, host, volume, status);
         if let Some(metrics) = metrics {
@@ -207,8 +206,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         let rest = Arc::new(rest);
         let plugin = Arc::new(PluginApi::new(Arc::clone(&volumes), DEFAULT_BUILD_WAIT));
-        let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
+        // The handlers first: a SIGTERM as soon as the socket shows must stop serve cleanly,
+        // never kill it with the default action.
         let signal = shutdown_signal()?;
+        let server = Server::bind(&config, Arc::clone(&rest), plugin).await?;
         let watch = (args.driver_poll > 0).then(|| {
             let probe = move || {
                 let found = GpuDriver::open(lib.as_deref())
@@ -249,7 +250,7 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args) {
     let pool = match open_pool(ctx, &args.reservations) {
         Ok(pool) => pool,
         Err(e) if is_locked(&e) => {
-            tracing::warn!(work_dir = %args.reservations.work_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
+            tracing::warn!(pool_dir = %args.reservations.pool.pool_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
             return;
         }
         Err(e) => {

@@ -5,6 +5,10 @@
 //! `libnvidia-ml.so.<version>` the cache points to (logged on stderr). `--json` prints the
 //! library's types as JSON: `VolumePlan`, `Volume`, `VerifyReport`, a list of `VolumeInfo`, or a
 //! `GcReport`. `verify` exits 1 when it finds a problem.
+//!
+//! Programs are searched along this process's `PATH` inside the driver root, then in the
+//! driver's own `bin` next to its libraries (`plan.rs`). Under `--simulate` the driver root is
+//! the simulated node's driver tree unless `--driver-root` names one.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -28,18 +32,26 @@ use crate::ctx::Ctx;
     mesos-gpu volume verify --json\n  \
     mesos-gpu volume list\n  \
     mesos-gpu volume gc\n  \
-    mesos-gpu volume create --root /tmp/volumes --driver-root /mnt/image --copy")]
+    mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes\n  \
+    mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy\n  \
+    mesos-gpu --simulate dgx1-v100 volume create --volume-root /tmp/volumes")]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: Command,
 
-    /// Directory holding the volumes.
-    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_ROOT)]
-    root: PathBuf,
+    /// Directory holding the `nvidia_<driver version>` volumes (the module's `volume_root`,
+    /// `serve`'s and `docker-args`' --volume-root) [default: /var/run/mesos/isolators/gpu].
+    #[arg(long, global = true, value_name = "DIR")]
+    volume_root: Option<PathBuf>,
 
-    /// The driver's file system root.
-    #[arg(long, global = true, value_name = "DIR", default_value = "/")]
-    driver_root: PathBuf,
+    /// The old name of --volume-root (deprecated).
+    #[arg(long = "root", global = true, value_name = "DIR", hide = true)]
+    legacy_root: Option<PathBuf>,
+
+    /// The driver's file system root; with --simulate and none given, the simulated node's
+    /// driver tree [default: /].
+    #[arg(long, global = true, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
 
     /// The ld.so.cache to search [default: <driver-root>/etc/ld.so.cache].
     #[arg(long, global = true, value_name = "FILE")]
@@ -54,11 +66,40 @@ pub(crate) struct Args {
     json: bool,
 }
 
+impl Args {
+    /// `--volume-root`, else the deprecated `--root` (with a warning), else the default.
+    fn root(&self) -> anyhow::Result<PathBuf> {
+        match (&self.volume_root, &self.legacy_root) {
+            (Some(_), Some(old)) => anyhow::bail!(
+                "--root {} and --volume-root both given: --root is the old name of --volume-root; \
+                 keep only --volume-root",
+                old.display()
+            ),
+            (Some(root), None) => Ok(root.clone()),
+            (None, Some(old)) => {
+                tracing::warn!(
+                    "--root is deprecated: write --volume-root {}, as the other commands name it",
+                    old.display()
+                );
+                Ok(old.clone())
+            }
+            (None, None) => Ok(PathBuf::from(DEFAULT_ROOT)),
+        }
+    }
+}
+
 #[derive(clap::Subcommand)]
 enum Command {
     /// Show which driver files the volume would hold, and every candidate skipped and why.
+    #[command(
+        after_help = "Examples:\n  mesos-gpu volume plan\n  mesos-gpu volume plan --json\n  \
+        mesos-gpu volume plan --driver-root /mnt/image --cache /mnt/image/etc/ld.so.cache"
+    )]
     Plan,
     /// Build the volume, or reuse an intact one; rebuild a stale or damaged one.
+    #[command(after_help = "Examples:\n  mesos-gpu volume create\n  \
+        mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes --checksums\n  \
+        mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy")]
     Create {
         /// Copy every file instead of hard-linking those on the volume root's file system.
         #[arg(long)]
@@ -68,6 +109,9 @@ enum Command {
         checksums: bool,
     },
     /// Check a volume against its manifest and the host's driver files; exit 1 on a problem.
+    #[command(after_help = "Examples:\n  mesos-gpu volume verify\n  \
+        mesos-gpu volume verify --json --metadata-only\n  \
+        mesos-gpu volume verify --volume-only --driver-version 550.54.14")]
     Verify {
         /// Compare sizes, modes and mtimes only, without reading file contents.
         #[arg(long)]
@@ -77,20 +121,27 @@ enum Command {
         volume_only: bool,
     },
     /// List the volumes under the root with their holders and state.
+    #[command(after_help = "Examples:\n  mesos-gpu volume list\n  \
+        mesos-gpu volume list --json --volume-root /var/lib/mesos-gpu/volumes")]
     List,
     /// Remove volumes no container uses, except the current driver's (unless --all).
+    #[command(after_help = "Examples:\n  mesos-gpu volume gc\n  mesos-gpu volume gc --all --json")]
     Gc {
         /// Do not keep the current driver's volume either.
         #[arg(long)]
         all: bool,
     },
     /// Record HOLDER (a container id) as using the volume.
+    #[command(after_help = "Example:\n  \
+        mesos-gpu volume acquire 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
     Acquire {
         /// The container id.
         #[arg(value_parser = parse_holder)]
         holder: String,
     },
     /// Remove HOLDER's use of the volume.
+    #[command(after_help = "Example:\n  \
+        mesos-gpu volume release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
     Release {
         /// The container id.
         #[arg(value_parser = parse_holder)]
@@ -98,8 +149,11 @@ enum Command {
     },
 }
 
-pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let manager = VolumeManager::at(&args.root);
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let root = args.root()?;
+    let manager = VolumeManager::at(&root);
+    let driver = driver_source(ctx, args.driver_root.as_deref())?;
+    let args = &Located { args, driver };
     match &args.command {
         Command::Plan => {
             let plan = host_plan(args)?;
@@ -119,9 +173,9 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     Check::Metadata
                 },
             };
-            let volume = manager.create_with(&plan, options).with_context(|| {
-                format!("cannot create the volume under {}", args.root.display())
-            })?;
+            let volume = manager
+                .create_with(&plan, options)
+                .with_context(|| format!("cannot create the volume under {}", root.display()))?;
             warn_if_noexec(&volume.path);
             emit(args, &volume, |v| {
                 let mut s = match &v.outcome {
@@ -306,36 +360,80 @@ fn warn_if_noexec(volume: &std::path::Path) {
 }
 
 /// `--cache` (a host path), else `<driver-root>/etc/ld.so.cache` resolved inside the driver root.
-fn load_cache(args: &Args) -> anyhow::Result<LdCache> {
+fn load_cache(args: &Located<'_>) -> anyhow::Result<LdCache> {
     Ok(match &args.cache {
         Some(path) => LdCache::read(path)?,
-        None => LdCache::load(&args.driver_root)?,
+        None => LdCache::load(&args.driver.root)?,
     })
 }
 
 /// `--driver-version`, else the newest `libnvidia-ml.so.<version>` in the cache.
-fn version_of(args: &Args, cache: &LdCache) -> anyhow::Result<DriverVersion> {
+fn version_of(args: &Located<'_>, cache: &LdCache) -> anyhow::Result<DriverVersion> {
     if let Some(v) = &args.driver_version {
         return Ok(v.clone());
     }
-    let (version, file) = plan::detect_driver_version(&args.driver_root, cache)?;
+    let (version, file) = plan::detect_driver_version(&args.driver.root, cache)?;
     tracing::info!(version = %version, file = %file.display(), "driver version from the ld.so.cache (override with --driver-version)");
     Ok(version)
 }
 
-fn host_plan(args: &Args) -> anyhow::Result<VolumePlan> {
+fn host_plan(args: &Located<'_>) -> anyhow::Result<VolumePlan> {
     let cache = load_cache(args)?;
     let version = version_of(args, &cache)?;
-    Ok(plan::plan_from(
-        &DriverSource::at(&args.driver_root),
-        &cache,
-        &version,
-    )?)
+    Ok(plan::plan_from(&args.driver, &cache, &version)?)
+}
+
+/// The arguments with the driver they name.
+struct Located<'a> {
+    args: &'a Args,
+    driver: DriverSource,
+}
+
+impl std::ops::Deref for Located<'_> {
+    type Target = Args;
+
+    fn deref(&self) -> &Args {
+        self.args
+    }
+}
+
+/// The driver a command reads: under `root` (`--driver-root`), else the simulated node's
+/// driver tree, else `/`; its programs searched along this process's `PATH` (inside the root),
+/// then beside its libraries.
+pub(crate) fn driver_source(
+    ctx: &Ctx,
+    root: Option<&std::path::Path>,
+) -> anyhow::Result<DriverSource> {
+    let root = match (root, ctx.simulation()?) {
+        (Some(root), _) => root.to_owned(),
+        (None, Some(sim)) => sim.driver_root()?.to_owned(),
+        (None, None) => PathBuf::from("/"),
+    };
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    Ok(DriverSource::with_path(root, &path))
+}
+
+/// On a simulated node, builds its driver volume under `manager`'s root from the simulated
+/// driver tree, as the module's `driver_volume=build` does from the host's driver; elsewhere
+/// does nothing (a real node's volume is built by `volume create` or the module).
+pub(crate) fn build_simulated(ctx: &Ctx, manager: &VolumeManager) -> anyhow::Result<()> {
+    if ctx.simulation()?.is_none() {
+        return Ok(());
+    }
+    let source = driver_source(ctx, None)?;
+    let cache = LdCache::load(&source.root)?;
+    let (version, _) = plan::detect_driver_version(&source.root, &cache)?;
+    let plan = manager.plan(&source, &cache, &version)?;
+    let volume = manager
+        .create(&plan)
+        .context("cannot build the simulated node's driver volume")?;
+    tracing::info!(volume = %volume.path.display(), "built the simulated node's driver volume");
+    Ok(())
 }
 
 /// Prints `value` as JSON with `--json`, else `text(value)`.
 fn emit<T: Serialize>(
-    args: &Args,
+    args: &Located<'_>,
     value: &T,
     text: impl FnOnce(&T) -> String,
 ) -> anyhow::Result<ExitCode> {
@@ -371,7 +469,14 @@ fn plan_text(plan: &VolumePlan) -> String {
                 format!("{}/{}", f.dir.as_str(), f.name),
                 format!("{:?}", f.capability).to_lowercase(),
                 size(f.stamp.size),
-                f.source.display().to_string(),
+                match f.origin {
+                    Some(origin) => format!(
+                        "{} (found as {}, {origin})",
+                        f.source.display(),
+                        f.found_as.display()
+                    ),
+                    None => f.source.display().to_string(),
+                },
             ]
         })
         .collect();

@@ -1,6 +1,6 @@
 //! The node's GPUs as a CDI (Container Device Interface) spec, for runtimes that take GPUs as
 //! CDI devices (`--device nvidia.com/gpu=0`): Podman ≥ 4.1, containerd, CRI-O, Docker ≥ 25
-//! with `features.cdi` (`shared/reference/mig_cdi_sharing.md` §2). Mesos has no CDI code; the
+//! with `features.cdi` (`docs/reference/cdi.md` §4). Mesos has no CDI code; the
 //! spec serves the other runtimes of a GPU node with the same devices and driver volume.
 //!
 //! - [`spec`]: the document as plain serde structs and its minimum `cdiVersion`;
@@ -21,7 +21,9 @@ use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_volume::VolumeManager;
 use serde::Serialize;
 
-pub use node::{CdiError, DeviceNumbers, Gathered, KIND, NodeDevices, SpecSummary, container_edits};
+pub use node::{
+    CdiError, DeviceNumbers, Gathered, KIND, NodeDevices, SpecSummary, container_edits,
+};
 pub use spec::{CdiVersion, ContainerEdits, Spec};
 pub use store::{
     DEFAULT_SPEC_DIRS, DEFAULT_SPEC_PATH, Outcome, SPEC_FILE_NAME, SpecFile, SpecFileError,
@@ -186,7 +188,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_keeper_follows_driver_and_gpus() {
+    fn keeper_follows_driver_and_gpus() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cdi").join(SPEC_FILE_NAME);
         let keeper = SpecKeeper::new(
@@ -221,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_sync_reports_why_there_is_no_spec() {
+    fn sync_reports_why_there_is_no_spec() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = SpecFile::new(dir.path().join(SPEC_FILE_NAME), Vec::new());
         let sync = sync_node(

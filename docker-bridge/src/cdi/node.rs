@@ -1,21 +1,24 @@
 //! From the node's GPUs to the CDI spec of kind `nvidia.com/gpu`.
 //!
-//! What the spec holds, and why (`shared/reference/mig_cdi_sharing.md` §2,
-//! `nvidia_docker.md` §3.5, `mesos_gpu.md` §1.2):
+//! What the spec holds, and why (`docs/reference/cdi.md` §5,
+//! `mesos-gpu-isolator.md` §1.1):
 //! - one device per GPU under two names, its NVML index (`"0"`) and its UUID (`GPU-…`), as
 //!   `nvidia-ctk cdi generate` names them by default, plus `all`. Each has the GPU's node
-//!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and
-//!   `NVIDIA_VISIBLE_DEVICES=<UUID>` and `CUDA_VISIBLE_DEVICES=<UUID>` (`all`: every UUID,
-//!   comma-separated), the variables of the device's grant ([`mesos_gpu_grant::visible_env`]),
-//!   which every renderer sets. A runtime applies the env of several requested devices in turn
-//!   and keeps the last value per key, so a container given `0` and `1` separately sees only
-//!   `1`'s UUID there; its device nodes are still both;
+//!   `/dev/nvidia<minor>` (the minor comes from NVML, it is not the index) and nothing else, as
+//!   NVIDIA's devices: no environment, so several devices requested together never overwrite
+//!   each other's;
 //! - the common edits, applied when any device is requested: the control nodes `nvidiactl`,
 //!   `nvidia-uvm` and, when the host has it, `nvidia-uvm-tools`; the driver volume
-//!   `<volume root>/nvidia_<driver version>` bind-mounted read-only at `/usr/local/nvidia`; and
+//!   `<volume root>/nvidia_<driver version>` bind-mounted read-only at `/usr/local/nvidia`;
 //!   `PATH`/`LD_LIBRARY_PATH` as the Docker path computes them for an image that sets neither
-//!   ([`mesos_gpu_volume::container_env`]). CDI has no "append": these values replace the
-//!   image's own;
+//!   ([`mesos_gpu_volume::container_env`]; CDI has no "append": these values replace the
+//!   image's own); and `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's generator writes it
+//!   (`pkg/nvcdi/wrapper.go` `GetCommonEdits`): the container's GPUs are CDI's alone, and
+//!   NVIDIA's legacy runtime hook, where it is still configured, injects none (`void`) instead
+//!   of the GPUs an image's `NVIDIA_VISIBLE_DEVICES` would name. `cli/tests/cdi_nvidia_ctk.rs`
+//!   compares the whole spec with what `nvidia-ctk` writes for the same node, and the operator
+//!   guide lists each difference (NVIDIA mounts each driver file and runs `nvidia-cdi-hook`s; we
+//!   mount the driver volume);
 //! - device numbers come from `stat(2)` of the real nodes under the device root
 //!   ([`DeviceNumbers::Scanned`]), or, on a simulated node without device nodes, are computed
 //!   ([`DeviceNumbers::Computed`]): `195:<minor>` for GPUs and `195:255` for `nvidiactl`, fixed
@@ -24,9 +27,14 @@
 //!   the optional `nvidia-uvm-tools` is left out of a computed spec;
 //! - GPUs the inventory marks unhealthy are left out, as from the allocator's pool.
 //!
-//! A MIG device is one more [`DeviceId`] variant (`<gpu>:<mig>`, as `nvidia-ctk` names it) whose
-//! [`CdiDevice::nodes`] are its parent's `/dev/nvidia<minor>` and its two
-//! `/dev/nvidia-caps/nvidia-cap<N>` access nodes; the spec building below needs no change.
+//! - a GPU in MIG mode is never a device whole: CUDA would see only its MIG devices. Each of its
+//!   MIG devices is one, named as `nvidia-ctk cdi generate` names them (`pkg/nvcdi/namer.go`):
+//!   `<gpu index>:<MIG device index>` ([`DeviceId::Mig`], the sparse NVML MIG index) and its
+//!   `MIG-<uuid>`, with its parent's `/dev/nvidia<minor>` and its two
+//!   `/dev/nvidia-caps/nvidia-cap<N>` access nodes (GPU instance, compute instance; their
+//!   numbers from the driver's `/proc` files, as the inventory holds them) and
+//!   `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`. A MIG device without capability nodes, or unhealthy, is
+//!   left out, as from the allocator's pool.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -41,13 +49,17 @@ use mesos_gpu_volume::{DriverVersion, VolumeManager};
 use serde::Serialize;
 
 use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec, SpecError};
-use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping};
-use mesos_gpu_grant::{Grant, MountKind, visible_env};
+use crate::args::{DRIVER_VOLUME_TARGET, DeviceMapping, VISIBLE_DEVICES_ENV};
+use mesos_gpu_grant::{Grant, MountKind};
 
 /// The spec's kind: vendor `nvidia.com`, class `gpu`, as NVIDIA's own specs.
 pub const KIND: &str = "nvidia.com/gpu";
 /// The device holding every GPU.
 pub const ALL: &str = "all";
+/// The value of `NVIDIA_VISIBLE_DEVICES` in the common edits, as NVIDIA's generator writes it:
+/// NVIDIA's runtime hook then injects no GPU of its own into a container that got its devices
+/// through CDI.
+pub const VISIBLE_DEVICES_VOID: &str = "void";
 /// `/dev/nvidiactl`'s minor under major 195.
 const NVIDIACTL_MINOR: u32 = 255;
 /// Options of the driver volume's mount: read-only, no set-uid, no device files.
@@ -97,7 +109,11 @@ pub fn container_edits(grant: &Grant) -> Result<ContainerEdits, CdiError> {
         });
     }
     Ok(ContainerEdits {
-        env: grant.env().iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        env: grant
+            .env()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
         device_nodes,
         mounts,
     })
@@ -228,12 +244,20 @@ pub enum DeviceId {
         /// NVML index.
         index: u32,
     },
+    /// A MIG device, named `<gpu>:<mig>`.
+    Mig {
+        /// NVML index of the parent GPU.
+        gpu: u32,
+        /// The parent's (sparse) NVML MIG device index.
+        mig: u32,
+    },
 }
 
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceId::Gpu { index } => write!(f, "{index}"),
+            DeviceId::Mig { gpu, mig } => write!(f, "{gpu}:{mig}"),
         }
     }
 }
@@ -243,7 +267,7 @@ impl fmt::Display for DeviceId {
 pub struct CdiDevice {
     /// Its index name.
     pub id: DeviceId,
-    /// Its UUID (`GPU-…`), also a name and the value of `NVIDIA_VISIBLE_DEVICES`.
+    /// Its UUID (`GPU-…`, `MIG-…`), also a name.
     pub uuid: String,
     /// Its nodes, in order.
     pub nodes: Vec<NodeEntry>,
@@ -254,7 +278,7 @@ pub struct CdiDevice {
 pub struct NodeDevices {
     /// Nodes every GPU container gets.
     pub control: Vec<NodeEntry>,
-    /// The devices, in NVML index order.
+    /// The devices, in NVML index order (a MIG-mode GPU's MIG devices in its place).
     pub devices: Vec<CdiDevice>,
     /// Host directory of the driver volume.
     pub driver_volume: PathBuf,
@@ -331,16 +355,34 @@ impl NodeDevices {
             DeviceNumbers::Scanned { dev_root } => scanned(dev_root, inventory)?,
             DeviceNumbers::Computed => computed(&healthy)?,
         };
-        let devices = gpu_nodes
-            .into_iter()
-            .filter_map(|(index, node)| {
-                inventory.by_index(index).map(|gpu| CdiDevice {
+        let caps_dir = match numbers {
+            DeviceNumbers::Scanned { dev_root } => dev_root.join(MIG_CAPS_DIR),
+            DeviceNumbers::Computed => Path::new("/dev").join(MIG_CAPS_DIR),
+        };
+        let mut devices = Vec::new();
+        for (index, node) in gpu_nodes {
+            let Some(gpu) = inventory.by_index(index) else {
+                continue;
+            };
+            if inventory.mig.is_enabled(index) {
+                devices.extend(mig_devices(inventory, index, &node, &caps_dir));
+            } else {
+                devices.push(CdiDevice {
                     id: DeviceId::Gpu { index },
                     uuid: gpu.uuid.clone(),
                     nodes: vec![node],
-                })
-            })
-            .collect();
+                });
+            }
+        }
+        if devices.is_empty() {
+            return Ok(Gathered::NoGpus {
+                reason: format!(
+                    "every healthy GPU is in MIG mode (NVML indices {:?}) and none has a MIG \
+                     device with capability nodes",
+                    inventory.mig.enabled
+                ),
+            });
+        }
         Ok(Gathered::Devices(NodeDevices {
             control,
             devices,
@@ -355,7 +397,7 @@ impl NodeDevices {
         let mut devices = Vec::with_capacity(self.devices.len() * 2 + 1);
         for device in &self.devices {
             let edits = ContainerEdits {
-                env: env_strings(&[&device.uuid]),
+                env: Vec::new(),
                 device_nodes: nodes(&device.nodes)?,
                 mounts: Vec::new(),
             };
@@ -372,21 +414,22 @@ impl NodeDevices {
                 every.push(node.clone());
             }
         }
-        let uuids: Vec<&str> = self.devices.iter().map(|d| d.uuid.as_str()).collect();
         devices.push(Device {
             name: ALL.to_owned(),
             container_edits: ContainerEdits {
-                env: env_strings(&uuids),
+                env: Vec::new(),
                 device_nodes: nodes(&every)?,
                 mounts: Vec::new(),
             },
         });
         let no_image_env: [&str; 0] = [];
+        let mut env: Vec<String> = mesos_gpu_volume::container_env(&no_image_env)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("{VISIBLE_DEVICES_ENV}={VISIBLE_DEVICES_VOID}"));
         let common = ContainerEdits {
-            env: mesos_gpu_volume::container_env(&no_image_env)
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect(),
+            env,
             device_nodes: nodes(&self.control)?,
             mounts: vec![Mount {
                 host_path: utf8(&self.driver_volume)?.to_owned(),
@@ -408,6 +451,48 @@ impl NodeDevices {
             left_out: self.left_out.clone(),
         }
     }
+}
+
+/// The MIG capability nodes' directory under the device root.
+const MIG_CAPS_DIR: &str = "nvidia-caps";
+
+/// The devices of the MIG-mode GPU `parent` (whose node is `parent_node`): each healthy MIG
+/// device with capability nodes, with the parent's node and its two capability nodes under
+/// `caps_dir`.
+fn mig_devices(
+    inventory: &Inventory,
+    parent: u32,
+    parent_node: &NodeEntry,
+    caps_dir: &Path,
+) -> Vec<CdiDevice> {
+    let cap = |dev: DevNum| {
+        let name = format!("nvidia-cap{}", dev.minor);
+        NodeEntry {
+            path: Path::new("/dev").join(MIG_CAPS_DIR).join(&name),
+            host_path: caps_dir.join(&name),
+            dev: Some(dev),
+        }
+    };
+    inventory
+        .mig
+        .of_parent(parent)
+        .filter(|d| d.healthy)
+        .filter_map(|d| {
+            let caps = d.caps.as_ref()?;
+            Some(CdiDevice {
+                id: DeviceId::Mig {
+                    gpu: parent,
+                    mig: d.index,
+                },
+                uuid: d.uuid.clone(),
+                nodes: vec![
+                    parent_node.clone(),
+                    cap(caps.gpu_instance),
+                    cap(caps.compute_instance),
+                ],
+            })
+        })
+        .collect()
 }
 
 type ControlAndGpus = (Vec<NodeEntry>, Vec<(u32, NodeEntry)>);
@@ -468,14 +553,6 @@ fn computed(healthy: &[&mesos_gpu_node::inventory::Gpu]) -> Result<ControlAndGpu
         ));
     }
     Ok((control, gpus))
-}
-
-/// The variables of a grant of the devices `uuids`, as CDI's `KEY=VALUE` entries.
-fn env_strings(uuids: &[&str]) -> Vec<String> {
-    visible_env(uuids)
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect()
 }
 
 fn nodes(entries: &[NodeEntry]) -> Result<Vec<DeviceNode>, CdiError> {

@@ -2,7 +2,7 @@
 //! minimum `cdiVersion` that its content needs.
 //!
 //! Facts relied on (CDI `SPEC.md` "Released versions" and `specs-go/version.go`,
-//! `shared/reference/mig_cdi_sharing.md` §2):
+//! `docs/reference/cdi.md` §2):
 //! - consumers refuse a spec whose `cdiVersion` they do not know, and one whose content needs a
 //!   newer version than it declares; writers should therefore declare the **minimum** version.
 //!   Debian 12's podman 4.3.1 knows versions up to 0.5.0, so declaring more would lose it;

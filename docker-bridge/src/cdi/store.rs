@@ -2,7 +2,7 @@
 //! never left beside another spec that declares the same device at the same priority.
 //!
 //! Facts relied on (CDI `pkg/cdi/spec-dirs.go`, `pkg/cdi/cache.go` `refresh`, `pkg/cdi/spec.go`
-//! `GenerateSpecName`; `shared/reference/mig_cdi_sharing.md` §2):
+//! `GenerateSpecName`; `docs/reference/cdi.md` §3):
 //! - runtimes read every `*.json` and `*.yaml` file (not recursively) of their spec directories,
 //!   by default `/etc/cdi` then `/var/run/cdi`; a later directory has the higher priority;
 //! - one device (`kind=name`) declared by two files of the **same** directory is a conflict:
@@ -14,13 +14,18 @@
 //! The file is replaced by writing a temporary file in the same directory (named so that no
 //! runtime reads it: a leading dot and no `.json` suffix), `fsync`, `rename`, and `fsync` of the
 //! directory, so a runtime sees the old spec or the new one, whole, even across a crash.
+//!
+//! The spec directory is made 0755 and the spec (and its temporary file) 0644 whatever the umask
+//! (every runtime, also a rootless one, reads it; only root writes). A spec directory that
+//! another user can write or owns is refused ([`mesos_gpu_os::fsmode`]): whoever can add a spec
+//! there can give any container of a CDI runtime any device of the node.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{JsonFile, StoreError, Written, durable};
+use mesos_gpu_os::{FsModeError, JsonFile, StoreError, Written, durable, fsmode};
 use serde::{Deserialize, Serialize};
 
 use super::node::KIND;
@@ -32,8 +37,6 @@ pub const SPEC_FILE_NAME: &str = "nvidia.com-gpu.json";
 pub const DEFAULT_SPEC_PATH: &str = "/var/run/cdi/nvidia.com-gpu.json";
 /// The directories runtimes read by default, lowest priority first.
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
-/// Permissions of the spec file: readable by every runtime, also rootless ones.
-const SPEC_MODE: u32 = 0o644;
 /// Largest other spec file read to see what it declares; NVIDIA's are tens of KiB.
 const MAX_OTHER_SPEC_BYTES: u64 = 4 << 20;
 
@@ -46,6 +49,9 @@ pub enum SpecFileError {
     /// The spec file could not be read or replaced.
     #[error(transparent)]
     Write(#[from] StoreError),
+    /// The spec directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] FsModeError),
     /// Another spec in the same directory declares some of the same devices.
     #[error(
         "{other} also declares {KIND} device(s) {names} at the same priority as {ours}; runtimes \
@@ -232,8 +238,8 @@ impl SpecFile {
     /// already: temporary file, fsync, rename, fsync of the directory.
     fn write(&self, spec: &Spec) -> Result<Written, SpecFileError> {
         let dir = self.dir();
-        fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
-        let written = JsonFile::at(&self.path, SPEC_MODE).write(spec)?;
+        fsmode::state_dir(dir, dir, fsmode::STATE_DIR)?;
+        let written = JsonFile::at(&self.path, fsmode::STATE_FILE).write(spec)?;
         if written == Written::Replaced {
             tracing::debug!(path = %self.path.display(), "wrote CDI spec");
         }
@@ -258,23 +264,9 @@ impl SpecFile {
             unreadable: Vec::new(),
         };
         for (priority, dir) in dirs.iter().enumerate() {
-            let entries = match fs::read_dir(dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(io_err("list", dir, source)),
-            };
-            let mut paths: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| {
-                    matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("json" | "yaml")
-                    ) && *p != ours_file
-                        && canonical(p) != ours_file
-                })
-                .collect();
-            paths.sort();
+            let paths = spec_files(dir)?
+                .into_iter()
+                .filter(|p| *p != ours_file && canonical(p) != ours_file);
             for path in paths {
                 let declared = match read_declared(&path) {
                     Ok(Some(declared)) => declared,
@@ -305,6 +297,28 @@ impl SpecFile {
         }
         Ok(found)
     }
+}
+
+/// The `*.json` and `*.yaml` files of `dir`, sorted, as runtimes read them; none when `dir`
+/// does not exist.
+fn spec_files(dir: &Path) -> Result<Vec<PathBuf>, SpecFileError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(io_err("list", dir, source)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("json" | "yaml")
+            )
+        })
+        .collect();
+    paths.sort();
+    Ok(paths)
 }
 
 /// The devices a spec file declares; `Ok(None)` for a file that is not a regular file.
@@ -339,6 +353,104 @@ fn sync_dir(dir: &Path) -> Result<(), SpecFileError> {
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> SpecFileError {
     SpecFileError::Io(mesos_gpu_os::IoError::new(op, path, source))
+}
+
+/// Two or more spec files of one directory declaring the same device: runtimes drop it from
+/// all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DirConflict {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The device, `kind=name` as runtimes name it.
+    pub device: String,
+    /// The files declaring it.
+    pub files: Vec<PathBuf>,
+}
+
+/// A device declared in two directories: the later (higher priority) one is used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DirShadow {
+    /// The device, `kind=name`.
+    pub device: String,
+    /// The file runtimes use.
+    pub used: PathBuf,
+    /// The file they ignore for it.
+    pub ignored: PathBuf,
+}
+
+/// What the spec directories declare, device by device: conflicts, shadowed declarations and
+/// files runtimes cannot read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DirsReport {
+    /// Spec files read.
+    pub files: Vec<PathBuf>,
+    /// Devices declared twice in one directory.
+    pub conflicts: Vec<DirConflict>,
+    /// Devices declared in two directories.
+    pub shadowed: Vec<DirShadow>,
+    /// Spec files that could not be read, with why.
+    pub unreadable: Vec<(PathBuf, String)>,
+}
+
+/// Reads every spec of `spec_dirs` (lowest priority first, as runtimes read them) and reports
+/// each device declared by two files of one directory (a conflict) or by files of two
+/// directories (the later wins).
+pub fn scan_dirs(spec_dirs: &[PathBuf]) -> Result<DirsReport, SpecFileError> {
+    let mut report = DirsReport::default();
+    // Device → (priority, file) of its first declaration in the highest directory so far.
+    let mut seen: std::collections::BTreeMap<String, (usize, PathBuf)> =
+        std::collections::BTreeMap::new();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for dir in spec_dirs.iter().map(|d| canonical(d)) {
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    for (priority, dir) in dirs.iter().enumerate() {
+        for path in spec_files(dir)? {
+            let declared = match read_declared(&path) {
+                Ok(Some(declared)) => declared,
+                Ok(None) => continue,
+                Err(reason) => {
+                    report.unreadable.push((path, reason));
+                    continue;
+                }
+            };
+            report.files.push(path.clone());
+            for device in declared.devices {
+                let device = format!("{}={}", declared.kind, device.name);
+                match seen.get(&device) {
+                    Some((p, first)) if *p == priority && *first != path => {
+                        match report
+                            .conflicts
+                            .iter_mut()
+                            .find(|c| c.device == device && c.dir == *dir)
+                        {
+                            Some(conflict) => conflict.files.push(path.clone()),
+                            None => report.conflicts.push(DirConflict {
+                                dir: dir.clone(),
+                                device,
+                                files: vec![first.clone(), path.clone()],
+                            }),
+                        }
+                    }
+                    Some((p, first)) if *p < priority => {
+                        report.shadowed.push(DirShadow {
+                            device: device.clone(),
+                            used: path.clone(),
+                            ignored: first.clone(),
+                        });
+                        seen.insert(device, (priority, path.clone()));
+                    }
+                    Some(_) => {}
+                    None => {
+                        seen.insert(device, (priority, path.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -452,7 +564,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_same_directory_same_device_is_refused_and_ours_removed() {
+    fn same_directory_same_device_is_refused_and_ours_removed() {
         let d = dirs();
         let file = d.ours();
         file.sync(Some(&spec(&["0", "1", "all"], "A=1")))
@@ -484,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_18_other_directories_and_kinds_are_reported_not_refused() {
+    fn other_directories_and_kinds_are_reported_not_refused() {
         let d = dirs();
         let file = d.ours();
         fs::write(
@@ -595,5 +707,37 @@ mod tests {
             file.sync(Some(&spec(&["0"], "A=1"))).expect("sync").outcome,
             Outcome::Written
         );
+    }
+
+    #[test]
+    fn scanning_the_dirs_finds_conflicts_and_shadowed_devices() {
+        let d = dirs();
+        let write = |path: PathBuf, spec: &Spec| fs::write(path, spec.to_json()).expect("write");
+        write(d.run.join(SPEC_FILE_NAME), &spec(&["0", "1", "all"], "A=1"));
+        write(d.run.join("nvidia.json"), &spec(&["1", "2"], "A=2"));
+        write(d.etc.join("old.json"), &spec(&["0"], "A=3"));
+        fs::write(d.run.join("broken.yaml"), "kind: [").expect("write");
+        let report = scan_dirs(&[d.etc.clone(), d.run.clone()]).expect("scan");
+        let run = canonical(&d.run);
+        assert_eq!(
+            report.conflicts,
+            [DirConflict {
+                dir: run.clone(),
+                device: format!("{KIND}=1"),
+                files: vec![run.join(SPEC_FILE_NAME), run.join("nvidia.json")],
+            }]
+        );
+        assert_eq!(
+            report.shadowed,
+            [DirShadow {
+                device: format!("{KIND}=0"),
+                used: run.join(SPEC_FILE_NAME),
+                ignored: canonical(&d.etc).join("old.json"),
+            }]
+        );
+        assert_eq!(report.unreadable.len(), 1, "{:?}", report.unreadable);
+        assert_eq!(report.files.len(), 3);
+        let clean = scan_dirs(std::slice::from_ref(&d.etc)).expect("scan");
+        assert!(clean.conflicts.is_empty() && clean.shadowed.is_empty());
     }
 }

@@ -119,11 +119,7 @@ pub(crate) fn info_text(node: &Node<'_>) -> String {
             }
         );
         let _ = writeln!(t, "\t  UUID:  \t{}", gpu.uuid);
-        let _ = writeln!(
-            t,
-            "\t  Path:  \t{}",
-            node.devices.gpu_path(gpu).display()
-        );
+        let _ = writeln!(t, "\t  Path:  \t{}", node.devices.gpu_path(gpu).display());
         let _ = writeln!(t, "\t  Family: \t{}", or_na(cc.and_then(family), ""));
         let _ = writeln!(
             t,

@@ -2,7 +2,7 @@
 //! `docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE` and nvidia-docker's own
 //! wrapper work against mesos-gpu.
 //!
-//! Routes (`shared/reference/nvidia_docker.md` §1.2), each with and without the `/v1.0` prefix,
+//! Routes (`docs/reference/nvidia-docker.md` §1), each with and without the `/v1.0` prefix,
 //! GET (and HEAD) only: `/gpu/info`, `/gpu/info/json`, `/gpu/status`, `/gpu/status/json`,
 //! `/docker/cli`, `/docker/cli/json`, `/mesos/cli`. `dev=` and `vol=` apply to the two
 //! `/docker/cli` routes ([`query`]). A bad parameter is HTTP 400 with the reason, an unknown

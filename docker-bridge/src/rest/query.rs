@@ -1,5 +1,6 @@
 //! The `dev=` and `vol=` query parameters of `/docker/cli`, as nvidia-docker 1.0 defined them
-//! (`shared/reference/nvidia_docker.md` §1.2, `remote_v1.go`, `nvidia/devices.go`):
+//! (`docs/reference/nvidia-docker.md` §1; nvidia-docker v1.0.1
+//! `src/nvidia-docker-plugin/remote_v1.go`, `src/nvidia/devices.go`):
 //!
 //! - values are form-decoded (`+` and `%20` are spaces) and the first occurrence counts;
 //! - `dev=` lists GPUs separated by spaces: missing, empty or `*` means all; `GPU-…` is a UUID

@@ -9,10 +9,10 @@ use tokio::sync::oneshot;
 
 use super::*;
 use crate::args::VolumeSource;
-use crate::rest::Devices;
-use mesos_gpu_node::devices::DeviceNodes;
 use crate::plugin::{BuildError, VolumeBuilder, VolumeState};
+use crate::rest::Devices;
 use crate::rest::status::NoStatus;
+use mesos_gpu_node::devices::DeviceNodes;
 
 struct DirBuilder(PathBuf);
 
@@ -144,7 +144,7 @@ async fn post(socket: &Path, path: &str, body: &str) -> String {
 }
 
 #[tokio::test]
-async fn issue_14_an_oversized_plugin_body_is_refused_before_it_is_read() {
+async fn an_oversized_plugin_body_is_refused_before_it_is_read() {
     let server = start().await;
     let stream = UnixStream::connect(&server.socket).await.expect("connect");
     let (mut read, mut write) = stream.into_split();

@@ -313,8 +313,9 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         let client = DockerClient::connect(Path::new(SOCKET))
             .await
             .map_err(fail)?;
-        let plan = LaunchPlan::for_gpus(&fx.gpus(&last), &fx.host.nodes, &ImageInfo::default(), None)
-            .map_err(fail)?;
+        let plan =
+            LaunchPlan::for_gpus(&fx.gpus(&last), &fx.host.nodes, &ImageInfo::default(), None)
+                .map_err(fail)?;
         let spec = ContainerSpec {
             name: stranger_name.clone(),
             image: fx.plain.clone(),

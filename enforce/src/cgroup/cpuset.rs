@@ -17,6 +17,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::fsmode;
+
 use super::{CgroupError, IoResultExt, remove_cgroup_dir};
 use mesos_gpu_node::{numa::Allowed, numa::CpuList};
 use mesos_gpu_placement::numa::Pinning;
@@ -58,7 +60,7 @@ pub(crate) fn v1_make(mount: &Path, rel: &Path) -> Result<Vec<PathBuf>, CgroupEr
         if dir.is_dir() {
             continue;
         }
-        let filled = std::fs::create_dir(&dir)
+        let filled = fsmode::mkdir(&dir, super::CGROUP_DIR_MODE)
             .map_err(|source| CgroupError::Create {
                 path: dir.clone(),
                 source,

@@ -7,7 +7,7 @@
 //!   cgroup, generated from the whole allow list and swapped atomically when the list changes.
 //!   The kernel cannot give the list back, so the lifecycle checkpoints it for recovery.
 //!
-//! Layout (Mesos, `mesos_gpu.md` §1.2, §3): a container's cgroup is
+//! Layout (Mesos, `docs/reference/mesos-gpu-isolator.md` §1.1, §5): a container's cgroup is
 //! `<hierarchy>/<parent>/<container id>` with parent `mesos`, e.g.
 //! `/sys/fs/cgroup/devices/mesos/<id>` on v1 and `/sys/fs/cgroup/unified/mesos/<id>` on a hybrid
 //! host's cgroup2 mount. Every path here comes from a [`CgroupLayout`]; nothing is hard-coded.
@@ -27,6 +27,8 @@ use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use mesos_gpu_os::fsmode;
+
 use crate::container_id::ContainerId;
 pub use mount::CgroupMounts;
 pub use mount::Hierarchy;
@@ -36,6 +38,11 @@ pub use rule::{Access, DeviceRule, default_whitelist, normalize, parse_list};
 pub use v1::V1DeviceCgroup;
 pub use v2::V2DeviceCgroup;
 pub use v2::program::DeviceProgram;
+
+/// The mode of the cgroups the module makes: 0755 whatever the umask, as Mesos asks for its own
+/// (stout `os::mkdir`, `::mkdir(path, 0755)`), so that only root may make cgroups inside one
+/// (which would keep its `rmdir` failing with `EBUSY`).
+pub(crate) const CGROUP_DIR_MODE: u32 = fsmode::STATE_DIR;
 
 /// Mesos's default parent of container cgroups (`--cgroups_root`).
 pub const DEFAULT_PARENT: &str = "mesos";
@@ -536,12 +543,12 @@ pub(crate) fn create_container_dir(
     container: &ContainerId,
 ) -> Result<PathBuf, CgroupError> {
     let parent = layout.parent_dir();
-    std::fs::create_dir_all(&parent).map_err(|source| CgroupError::Create {
+    fsmode::create_dir_all(&parent, CGROUP_DIR_MODE).map_err(|source| CgroupError::Create {
         path: parent,
         source,
     })?;
     let path = layout.container_dir(container);
-    match std::fs::create_dir(&path) {
+    match fsmode::mkdir(&path, CGROUP_DIR_MODE) {
         Ok(()) => Ok(path),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(CgroupError::Exists {
             container: container.clone(),

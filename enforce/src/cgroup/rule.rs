@@ -14,7 +14,7 @@
 //! - The access bits' values are the eBPF ones (`BPF_DEVCG_ACC_MKNOD` = 1, `_READ` = 2,
 //!   `_WRITE` = 4, include/uapi/linux/bpf.h), so the v2 program builder uses them unchanged.
 //!
-//! The default whitelist is Mesos's (`shared/reference/mesos_gpu.md` §3.1).
+//! The default whitelist is Mesos's (`docs/reference/mesos-gpu-isolator.md` §5.1).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -335,8 +335,8 @@ pub(crate) fn is_allowed(
 }
 
 /// Mesos's default device whitelist, applied to every container before its GPUs
-/// (`mesos_gpu.md` §3.1): mknod of any device, the consoles and terminals, `/dev/net/tun`, and
-/// null, zero, full, tty, urandom and random.
+/// (`docs/reference/mesos-gpu-isolator.md` §5.1): mknod of any device, the consoles and terminals,
+/// `/dev/net/tun`, and null, zero, full, tty, urandom and random.
 pub fn default_whitelist() -> Vec<DeviceRule> {
     let c = |major, minor: Option<u32>| DeviceRule {
         kind: DeviceKind::Char,

@@ -201,6 +201,16 @@ impl Answer {
         Ok(self.bytes)
     }
 
+    /// The size `*len` asked for after `MGPU_BUFFER_TOO_SMALL` (0 for any other status).
+    pub(crate) fn needed(&self) -> usize {
+        match self.status {
+            MgpuStatus::MgpuBufferTooSmall => {
+                usize::from_le_bytes(self.bytes.clone().try_into().unwrap_or_default())
+            }
+            _ => 0,
+        }
+    }
+
     /// Fails unless the status is `status` and the error text contains `text`.
     pub(crate) fn expect(&self, status: MgpuStatus, text: &str) -> TestResult {
         check(
@@ -247,14 +257,29 @@ pub(crate) fn call_cap(cap: usize, f: &mut OutCall<'_>) -> Answer {
     }
 }
 
-/// Calls `f`, growing the buffer once on `MGPU_BUFFER_TOO_SMALL`, as the C++ shim does.
+/// Calls `f`, growing the buffer once to exactly `*len` on `MGPU_BUFFER_TOO_SMALL`, as the C++
+/// shim's `callWithBuffer` does: for the calls whose answer the library keeps for that retry.
 pub(crate) fn call(f: &mut OutCall<'_>) -> Answer {
     let first = call_cap(64, f);
     if first.status != MgpuStatus::MgpuBufferTooSmall {
         return first;
     }
-    let needed = usize::from_le_bytes(first.bytes.try_into().unwrap_or_default());
-    call_cap(needed, f)
+    call_cap(first.needed(), f)
+}
+
+/// Calls `f`, doubling what `*len` asked for until the answer fits (four tries), as the C++
+/// shim's `MetricsProcess::fetch` does: for answers read anew on each call (`mgpu_metrics`,
+/// `mgpu_containers`), which can be longer on the retry than `*len` said (a later timestamp
+/// has more digits, a new container appeared).
+pub(crate) fn call_growing(f: &mut OutCall<'_>) -> Answer {
+    let mut answer = call_cap(64, f);
+    for _ in 0..4 {
+        if answer.status != MgpuStatus::MgpuBufferTooSmall {
+            break;
+        }
+        answer = call_cap(answer.needed() * 2, f);
+    }
+    answer
 }
 
 /// Calls `f`, which has no output buffer.

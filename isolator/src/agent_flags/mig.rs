@@ -1,5 +1,5 @@
 //! What a node with MIG devices offers, by strategy, as NVIDIA's Kubernetes device plugin names
-//! them (`shared/reference/mig_cdi_sharing.md` §1):
+//! them (`docs/reference/mig.md` §3):
 //! - `single`: every MIG device is one `gpus` unit, as are the GPUs not in MIG mode (Marathon
 //!   and any framework asking for `gpus` work unchanged; Mesos PR #454 does the same);
 //! - `mixed`: GPUs not in MIG mode stay `gpus`, and each MIG profile is its own scalar,

@@ -2,14 +2,18 @@
 //! `--nvidia_gpu_devices`, and the agent flags that advertise a node's GPUs.
 //!
 //! The rules are those of `NvidiaGpuAllocator::resources` / `enumerateGpuResources`
-//! (`src/slave/containerizer/mesos/isolators/gpu/allocator.cpp`, `shared/reference/mesos_gpu.md`
-//! §2.2), checked in the same order:
+//! (`src/slave/containerizer/mesos/isolators/gpu/allocator.cpp`,
+//! `docs/reference/mesos-gpu-isolator.md` §2), checked in the same order:
 //! 1. `--nvidia_gpu_devices` needs `gpu/nvidia` in `--isolation`;
 //! 2. without `gpu/nvidia`, or without NVML, `gpus` from `--resources` passes through unchecked;
 //! 3. an explicit `gpus:0` advertises no GPUs and forbids `--nvidia_gpu_devices`;
 //! 4. devices without `gpus`, or `gpus` without devices, is an error;
 //! 5. with both: whole number, no duplicate indices, equal counts, no more than the node has;
 //! 6. with neither: every GPU NVML reports.
+//!
+//! mesos-gpu's own module isolator ([`MODULE_ISOLATOR`], [`module`]) discovers and checks the
+//! GPUs by the same rules, but its device list is the module's `nvidia_gpu_devices` parameter,
+//! never the agent's `--nvidia_gpu_devices`, and it also serves nodes with GPUs in MIG mode.
 //!
 //! Departures from upstream, all stricter: explicit `gpus:0` is found by parsing, not by a
 //! substring test; every listed index must exist and not be lost (upstream finds out later, in
@@ -19,6 +23,7 @@
 mod attributes;
 mod containerizer;
 mod mig;
+pub mod module;
 mod resources;
 mod sharing;
 
@@ -30,6 +35,7 @@ pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
 pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
 };
+pub use module::{MODULE_ISOLATOR, ModuleParameters};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 pub use sharing::{
     ATTR_REPLICAS, ATTR_SHARED, ATTR_SHARING, ATTR_WHOLE, OfferError,
@@ -127,6 +133,15 @@ pub enum AgentFlagsError {
         /// The indices NVML reports.
         known: Vec<u32>,
     },
+    /// Mesos's `gpu/nvidia` and the module in one `--isolation`.
+    #[error(
+        "--isolation={isolation:?} has Mesos's `{GPU_ISOLATOR}` next to the mesos-gpu module \
+         ({MODULE_ISOLATOR}): two GPU isolators would hand out the same GPUs; remove `{GPU_ISOLATOR}`"
+    )]
+    TwoGpuIsolators {
+        /// The `--isolation` value.
+        isolation: String,
+    },
     /// GPUs in MIG mode with Mesos's built-in `gpu/nvidia`, which would give them whole.
     #[error(
         "GPUs {gpus:?} are in MIG mode: Mesos's built-in {GPU_ISOLATOR} would give them to tasks \
@@ -145,11 +160,22 @@ pub enum AgentFlagsError {
     },
 }
 
+/// Which GPU isolator an `--isolation` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuIsolator {
+    /// Neither: the agent neither discovers nor isolates GPUs.
+    None,
+    /// Mesos's built-in `gpu/nvidia`.
+    Builtin,
+    /// mesos-gpu's module ([`MODULE_ISOLATOR`]).
+    Module,
+}
+
 /// The agent flags that decide which GPUs an agent advertises, parsed.
 #[derive(Debug, Clone)]
 pub struct AgentGpuFlags {
     isolation: String,
-    gpu_isolator: bool,
+    isolator: GpuIsolator,
     resources: Resources,
     devices: Option<Vec<u32>>,
     attributes: Option<String>,
@@ -175,18 +201,23 @@ pub enum GpuSource {
 pub struct AgentGpus {
     /// Which rule produced the result.
     pub source: GpuSource,
+    /// The GPU isolator the flags are for.
+    pub isolator: GpuIsolator,
     /// The `gpus` amount advertised (0 when none).
     pub gpus: f64,
     /// The full `--resources` value, other resources kept as given; empty when there is nothing.
     pub resources: String,
-    /// The `--nvidia_gpu_devices` indices, when GPUs are isolated.
+    /// The indices of the GPUs advertised whole, when GPUs are isolated: the agent's
+    /// `--nvidia_gpu_devices` with `gpu/nvidia`, the module's `nvidia_gpu_devices` with the
+    /// module ([`AgentGpus::module_devices`]).
     pub devices: Option<Vec<u32>>,
     /// The full `--attributes` value (the user's, then the GPU attributes); empty when none.
     pub attributes: String,
 }
 
 impl AgentGpus {
-    /// The agent flags, one `--name=value` per item, for flags that have a value.
+    /// The agent flags, one `--name=value` per item, for flags that have a value
+    /// (`--nvidia_gpu_devices` only for `gpu/nvidia`).
     pub fn flags(&self) -> Vec<String> {
         let mut out = Vec::new();
         if !self.resources.is_empty() {
@@ -195,10 +226,19 @@ impl AgentGpus {
         if !self.attributes.is_empty() {
             out.push(format!("--attributes={}", self.attributes));
         }
-        if let Some(devices) = &self.devices {
+        if let (GpuIsolator::Builtin, Some(devices)) = (self.isolator, &self.devices) {
             out.push(format!("--nvidia_gpu_devices={}", join_indices(devices)));
         }
         out
+    }
+
+    /// The module's `nvidia_gpu_devices` parameter: the advertised GPUs when they are not every
+    /// GPU the module would offer by default (every GPU not in MIG mode), e.g. a list given or
+    /// a lost GPU left out; `None` otherwise.
+    pub fn module_devices(&self, inventory: &Inventory) -> Option<String> {
+        let devices = self.devices.as_ref()?;
+        let every: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
+        (*devices != every).then(|| join_indices(devices))
     }
 }
 
@@ -219,12 +259,22 @@ impl AgentGpuFlags {
         nvidia_gpu_devices: Option<&str>,
         attributes: Option<&str>,
     ) -> Result<Self, AgentFlagsError> {
-        let gpu_isolator = isolation.split(',').any(|t| t.trim() == GPU_ISOLATOR);
+        let names = |token: &str| isolation.split(',').any(|t| t.trim() == token);
+        let isolator = match (names(GPU_ISOLATOR), names(MODULE_ISOLATOR)) {
+            (true, true) => {
+                return Err(AgentFlagsError::TwoGpuIsolators {
+                    isolation: isolation.to_owned(),
+                });
+            }
+            (true, false) => GpuIsolator::Builtin,
+            (false, true) => GpuIsolator::Module,
+            (false, false) => GpuIsolator::None,
+        };
         let resources = Resources::parse(resources.unwrap_or(""))?;
         let devices = nvidia_gpu_devices.map(parse_devices).transpose()?;
         Ok(AgentGpuFlags {
             isolation: isolation.to_owned(),
-            gpu_isolator,
+            isolator,
             resources,
             devices,
             attributes: attributes.map(str::to_owned),
@@ -233,26 +283,37 @@ impl AgentGpuFlags {
 
     /// True when `--isolation` contains `gpu/nvidia`.
     pub fn gpu_isolator(&self) -> bool {
-        self.gpu_isolator
+        self.isolator == GpuIsolator::Builtin
+    }
+
+    /// The GPU isolator `--isolation` names.
+    pub fn isolator(&self) -> GpuIsolator {
+        self.isolator
+    }
+
+    /// True when a GPU isolator (`gpu/nvidia` or the module) discovers and isolates GPUs.
+    fn isolates(&self) -> bool {
+        self.isolator != GpuIsolator::None
     }
 
     /// Applies Mesos's rules against `inventory` (an inventory without a driver means NVML is not
-    /// available) and builds the flags that advertise the GPUs.
+    /// available) and builds the flags that advertise the GPUs. The module follows the same
+    /// rules, its device list standing for `--nvidia_gpu_devices`.
     pub fn resolve(&self, inventory: &Inventory) -> Result<AgentGpus, AgentFlagsError> {
         let given = self.resources.gpus();
         // Rule 1.
-        if self.devices.is_some() && !self.gpu_isolator {
+        if self.devices.is_some() && !self.isolates() {
             return Err(AgentFlagsError::DevicesWithoutIsolator {
                 isolation: self.isolation.clone(),
             });
         }
         // Rule 2.
-        if !self.gpu_isolator || inventory.driver.is_none() {
-            if self.gpu_isolator {
+        if !self.isolates() || inventory.driver.is_none() {
+            if self.isolates() {
                 tracing::warn!(
                     reason = inventory.absent_reason.as_deref().unwrap_or("unknown"),
-                    "{GPU_ISOLATOR} is in --isolation but NVML is not available; gpus from --resources pass \
-                     through unchecked"
+                    "a GPU isolator is in --isolation but NVML is not available; gpus from \
+                     --resources pass through unchecked"
                 );
             }
             let gpus = given.map_or(0.0, |g| g.total);
@@ -373,12 +434,12 @@ impl AgentGpuFlags {
         inventory: &Inventory,
         strategy: MigStrategy,
     ) -> Result<AgentGpus, AgentFlagsError> {
-        if self.devices.is_some() && !self.gpu_isolator {
+        if self.devices.is_some() && !self.isolates() {
             return Err(AgentFlagsError::DevicesWithoutIsolator {
                 isolation: self.isolation.clone(),
             });
         }
-        if self.gpu_isolator {
+        if self.isolator == GpuIsolator::Builtin {
             return Err(AgentFlagsError::MigWithBuiltin {
                 gpus: inventory.mig.enabled.clone(),
             });
@@ -399,6 +460,7 @@ impl AgentGpuFlags {
         let attributes = attributes::merge(self.attributes.as_deref(), &ours)?;
         Ok(AgentGpus {
             source: GpuSource::Mig,
+            isolator: self.isolator,
             gpus: f64::from(offer.gpus),
             resources: self.resources.render_with_scalars(&scalars),
             devices: None,
@@ -424,6 +486,7 @@ impl AgentGpuFlags {
         tracing::debug!(?source, gpus, ?devices, "resolved the agent's GPU flags");
         Ok(AgentGpus {
             source,
+            isolator: self.isolator,
             gpus,
             resources,
             devices,
@@ -540,7 +603,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_fractional_gpus_alone_get_the_whole_number_message() {
+    fn fractional_gpus_alone_get_the_whole_number_message() {
         for devices in [None, Some("0")] {
             let err =
                 resolve("gpu/nvidia", Some("gpus:1.5"), devices, &node(4)).expect_err("fractional");
@@ -837,6 +900,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_module_discovers_gpus_and_keeps_the_device_list_to_itself() {
+        const MODULE: &str =
+            "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+        let got = ok(MODULE, Some("cpus:8"), None, &node(4));
+        assert_eq!(
+            (got.source, got.isolator, got.gpus),
+            (GpuSource::Discovered, GpuIsolator::Module, 4.0)
+        );
+        assert_eq!(got.flags()[0], "--resources=cpus:8;gpus:4");
+        assert!(
+            !got.flags()
+                .iter()
+                .any(|f| f.starts_with("--nvidia_gpu_devices")),
+            "{:?}",
+            got.flags()
+        );
+        assert_eq!(got.module_devices(&node(4)), None, "every GPU: the default");
+        let got = ok(MODULE, Some("gpus:2"), Some("3,1"), &node(4));
+        assert_eq!(got.module_devices(&node(4)).as_deref(), Some("3,1"));
+        let mut lost = node(4);
+        lost.gpus[2].healthy = false;
+        let got = ok(MODULE, None, None, &lost);
+        assert_eq!(got.module_devices(&lost).as_deref(), Some("0,1,3"));
+        let err = resolve(MODULE, Some("gpus:2"), None, &node(4)).expect_err("rule 4");
+        assert!(
+            matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
+            "{err}"
+        );
+        let err = AgentGpuFlags::parse(&format!("gpu/nvidia,{MODULE}"), None, None, None)
+            .expect_err("two isolators");
+        assert!(
+            matches!(err, AgentFlagsError::TwoGpuIsolators { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("remove `gpu/nvidia`"), "{err}");
     }
 
     #[test]

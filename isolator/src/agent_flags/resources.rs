@@ -10,7 +10,7 @@
 //!
 //! Mesos drops zero-valued scalars while parsing, which is why upstream detects an explicit
 //! `gpus:0` with a substring test. This parser keeps every entry, so `gpus:0` is seen as given
-//! and `mygpus:0` is not mistaken for it (`shared/reference/mesos_gpu.md` §2.2 step 5).
+//! and `mygpus:0` is not mistaken for it (`docs/reference/mesos-gpu-isolator.md` §2 step 5).
 
 use std::fmt;
 

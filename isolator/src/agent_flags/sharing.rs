@@ -9,8 +9,12 @@ use crate::{
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::sharing::{SharingError, SharingPlan, SharingSpec};
 
-/// Attribute: the sharing mode of the shared GPUs (`time-slicing` or `mps`).
+/// Attribute: the sharing modes of the shared GPUs (`time-slicing`, `mps`, or both joined
+/// with `+`).
 pub const ATTR_SHARING: &str = "gpu_sharing";
+/// Attributes (only when modes differ): how many GPUs each mode shares (`gpu_shared_mps`,
+/// `gpu_shared_time_slicing`).
+pub(crate) const ATTR_SHARED_PREFIX: &str = "gpu_shared_";
 /// Attribute: how many physical GPUs are shared (scalar).
 pub const ATTR_SHARED: &str = "gpu_shared";
 /// Attribute: the replica count R of the shared GPUs (scalar; `+`-joined text when they differ).
@@ -59,7 +63,7 @@ pub fn advertise(
     out.resources = Resources::parse(&resolved.resources)?.render_with_gpus(Some(units));
     out.attributes = merge_attributes(Some(&resolved.attributes), &attributes(&plan))?;
     tracing::info!(
-        mode = %plan.mode,
+        modes = ?plan.modes(),
         shared = plan.shared.len(),
         whole = plan.whole.len(),
         units,
@@ -76,11 +80,29 @@ fn attributes(plan: &SharingPlan) -> Vec<Attribute> {
         name: name.to_owned(),
         value,
     };
+    let modes = plan.modes();
+    let names: Vec<&str> = modes.iter().map(|m| m.as_str()).collect();
     let mut out = vec![
-        attr(ATTR_SHARING, plan.mode.to_string()),
+        attr(
+            ATTR_SHARING,
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join("+")
+            },
+        ),
         attr(ATTR_SHARED, plan.shared.len().to_string()),
-        attr(ATTR_WHOLE, plan.whole.len().to_string()),
     ];
+    if modes.len() > 1 {
+        for mode in &modes {
+            let n = plan.shared.iter().filter(|g| g.mode == *mode).count();
+            out.push(attr(
+                &format!("{ATTR_SHARED_PREFIX}{}", mode.as_str().replace('-', "_")),
+                n.to_string(),
+            ));
+        }
+    }
+    out.push(attr(ATTR_WHOLE, plan.whole.len().to_string()));
     if !replicas.is_empty() {
         let text: Vec<String> = replicas.iter().map(u32::to_string).collect();
         out.push(attr(ATTR_REPLICAS, text.join("+")));
@@ -95,7 +117,7 @@ mod tests {
     use crate::agent_flags::AgentGpuFlags;
     use mesos_gpu_node::inventory::DriverInfo;
     use mesos_gpu_node::nodes::dgx1_v100;
-    use mesos_gpu_placement::sharing::plan::SharingMode;
+    use mesos_gpu_placement::sharing::plan::{ModeSpec, SharingMode};
 
     fn node() -> Inventory {
         let mut inv = dgx1_v100().inventory();
@@ -114,10 +136,10 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_r4_node_advertises_shared_times_r_plus_whole() {
+    fn r4_node_advertises_shared_times_r_plus_whole() {
         let inv = node();
         let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", Some("rack:r1"));
-        let spec = SharingSpec::parse("4,6=1,7=1", SharingMode::Mps).unwrap();
+        let spec = SharingSpec::parse("4,6=1,7=1", ModeSpec::uniform(SharingMode::Mps)).unwrap();
         let (out, plan) = advertise(&resolved, &inv, &spec).unwrap();
         assert_eq!(out.gpus, 26.0);
         assert_eq!(out.resources, "cpus:8;gpus:26");
@@ -140,9 +162,26 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_sharing_needs_the_isolator_and_owns_its_attributes() {
+    fn modes_per_gpu_are_advertised_with_their_counts() {
         let inv = node();
-        let spec = SharingSpec::parse("4", SharingMode::TimeSlicing).unwrap();
+        let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", None);
+        let modes: ModeSpec = "mps,4-5=time-slicing,6-7=none".parse().unwrap();
+        let (out, _) =
+            advertise(&resolved, &inv, &SharingSpec::parse("4", modes).unwrap()).unwrap();
+        assert_eq!(out.gpus, 6.0 * 4.0 + 2.0);
+        assert!(
+            out.attributes.ends_with(
+                ";gpu_sharing:time-slicing+mps;gpu_shared:6;gpu_shared_time_slicing:2;gpu_shared_mps:4;gpu_whole:2;gpu_replicas:4"
+            ),
+            "{}",
+            out.attributes
+        );
+    }
+
+    #[test]
+    fn sharing_needs_the_isolator_and_owns_its_attributes() {
+        let inv = node();
+        let spec = SharingSpec::parse("4", ModeSpec::uniform(SharingMode::TimeSlicing)).unwrap();
         let passthrough = flags("cgroups/devices", "gpus:2", None);
         let err = advertise(&passthrough, &inv, &spec).unwrap_err();
         assert!(matches!(err, OfferError::NotIsolated { .. }), "{err}");

@@ -3,16 +3,19 @@
 //! Writes are crash-safe replaces (temp file, `fsync`, `rename`, `fsync` of the directory:
 //! [`mesos_gpu_os::durable`]), so a reader sees the old checkpoint or the new one, never a mix.
 //!
+//! `<work_dir>` and `gpu/` are made 0755, the checkpoint and its lock 0644, whatever the umask;
+//! a work directory that another user can write or owns is refused
+//! ([`mesos_gpu_os::fsmode`]): whoever can rename the checkpoint can stop every GPU task.
+//!
 //! The schema is versioned ([`SCHEMA_VERSION`]); a file with another version is refused, never
 //! guessed at. GPUs are recorded by index, minor and UUID, so recovery can tell when the node's
-//! GPUs changed under a checkpoint.
+//! GPUs changed under a checkpoint (or when it cannot see them: then the records are written
+//! back as they are, see [`super::state`]); a UUID is never empty.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::{Document, JsonFile, LockError, LockFile, StoreError};
+use mesos_gpu_os::{Document, FsModeError, JsonFile, LockError, LockFile, StoreError, fsmode};
 use serde::{Deserialize, Serialize};
 
 use super::fault;
@@ -45,6 +48,9 @@ pub enum CheckpointError {
     /// The lock file could not be opened or locked.
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// The work directory could not be made, or is refused as others can write it.
+    #[error(transparent)]
+    Dir(#[from] FsModeError),
 }
 
 /// One GPU as recorded.
@@ -52,7 +58,7 @@ pub enum CheckpointError {
 pub(crate) struct GpuRecord {
     pub(crate) index: u32,
     pub(crate) minor: u32,
-    pub(crate) uuid: String,
+    pub(crate) uuid: mesos_gpu_pool::GpuUuid,
 }
 
 /// A Mesos container's allocation: its GPUs and its full device allow list.
@@ -109,8 +115,8 @@ impl Store {
     /// Opens (creating) `<work_dir>/gpu` and takes its lock, waiting at most [`LOCK_WAIT`].
     pub(crate) fn open(work_dir: &Path) -> Result<Store, CheckpointError> {
         let dir = work_dir.join("gpu");
-        fs::create_dir_all(&dir).map_err(|source| io_err("create", &dir, source))?;
-        let lock = LockFile::create(&dir.join(LOCK_NAME), 0o644)?;
+        fsmode::state_dir(work_dir, &dir, fsmode::STATE_DIR)?;
+        let lock = LockFile::create(&dir.join(LOCK_NAME), fsmode::LOCK_FILE)?;
         // A lock that is busy for a moment is waited for, up to LOCK_WAIT: an agent that is
         // still exiting, or a child being spawned by another thread of this process, holds a
         // copy of the descriptor (and so the flock) until it exits or execs.
@@ -120,7 +126,7 @@ impl Store {
             });
         }
         Ok(Store {
-            file: JsonFile::at(dir.join(FILE_NAME), 0o644),
+            file: JsonFile::at(dir.join(FILE_NAME), fsmode::STATE_FILE),
             _lock: lock,
         })
     }
@@ -145,20 +151,17 @@ impl Store {
     }
 }
 
-fn io_err(op: &'static str, path: &Path, source: io::Error) -> CheckpointError {
-    CheckpointError::Io(mesos_gpu_os::IoError::new(op, path, source))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::fs;
 
     fn sample() -> Checkpoint {
         let gpu = GpuRecord {
             index: 1,
             minor: 1,
-            uuid: "GPU-1".into(),
+            uuid: mesos_gpu_pool::GpuUuid::new("GPU-1").unwrap(),
         };
         Checkpoint {
             containers: BTreeMap::from([(

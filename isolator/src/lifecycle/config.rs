@@ -1,9 +1,9 @@
 //! How the isolator is configured, and the cgroup layout that follows from it.
 //!
-//! Defaults are Mesos's (`shared/reference/mesos_gpu.md` §1.2): the v1 root `/sys/fs/cgroup`,
-//! the hierarchy Mesos would use ([`CgroupMounts::hierarchy`]: cgroup2 when it is mounted at
-//! `/sys/fs/cgroup`, else v1 `devices`), the cgroups root `mesos`, and the default device
-//! whitelist of its `cgroups/devices` isolator (§3.1).
+//! Defaults are Mesos's (`docs/reference/mesos-gpu-isolator.md` §1.1): the v1 root
+//! `/sys/fs/cgroup`, the hierarchy Mesos would use ([`CgroupMounts::hierarchy`]: cgroup2 when it is
+//! mounted at `/sys/fs/cgroup`, else v1 `devices`), the cgroups root `mesos`, and the default
+//! device whitelist of its `cgroups/devices` isolator (§5.1).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

@@ -16,6 +16,7 @@ use super::taking::Taking;
 use super::{ContainerId, Isolator, LifecycleError};
 use mesos_gpu_grant::Grant;
 use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_placement::sharing::Wanted;
 use mesos_gpu_pool::{Host, Liveness, Owner, ProcessStamp};
 
 /// Where a Docker container runs and which process starts it, for its owner record.
@@ -191,8 +192,9 @@ impl Isolator {
                 step: STEP,
             });
         }
+        self.refuse_blind(id, request, STEP)?;
         let mut taking = Taking::new(&mut state, id);
-        let grant = self.take(&mut taking, id, request, STEP)?;
+        let grant = self.take(&mut taking, id, request, STEP, Wanted::Any)?;
         let entry = super::taking::container_of(&grant);
         taking.docker.insert(id.clone(), entry.gpus);
         if let Some(share) = entry.share {

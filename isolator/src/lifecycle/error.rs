@@ -43,6 +43,16 @@ pub enum LifecycleError {
         /// What the whole GPUs are doing.
         whole: mesos_gpu_pool::Shortage,
     },
+    /// A request for a share mode no GPU of the node is shared under (`MESOS_GPU_SHARE_MODE`).
+    #[error("cannot {step} container {container}: {placement}")]
+    ShareMode {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// What was asked, and the node's modes.
+        placement: Box<mesos_gpu_placement::sharing::PlacementError>,
+    },
     /// A MIG request that cannot be served.
     #[error("cannot {step} container {container}")]
     Mig {
@@ -129,6 +139,17 @@ pub enum LifecycleError {
         /// Why.
         #[source]
         source: mesos_gpu_pool::PoolError,
+    },
+    /// A grant this process cannot place: it sees no GPU, or the container holds GPUs it cannot
+    /// see. What it cannot see it could not record, so it grants nothing.
+    #[error("cannot {step} container {container}: {why}: granting no GPU")]
+    Blind {
+        /// The container.
+        container: ContainerId,
+        /// The lifecycle call.
+        step: &'static str,
+        /// What this process cannot see, and why.
+        why: String,
     },
     /// `prepare` (or `reserve_docker`) of an id already in use.
     #[error("cannot {step} container {container}: it has already been prepared")]

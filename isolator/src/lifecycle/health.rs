@@ -25,7 +25,7 @@ use super::{ContainerId, Isolator, LifecycleError};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_health::{
     ChangeCallback, GpuRef, HealthChange, HealthMonitor, Limitation, Limitations, MonitorConfig,
-    apply_to_allocator,
+    ProbeCgroup, apply_to_allocator,
 };
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_node::inventory::Gpu;
@@ -141,8 +141,8 @@ impl Isolator {
     /// Starts the agent's GPU health monitor over `driver` and feeds it into this isolator:
     /// a failed GPU leaves the pool at once and its holder's [`Isolator::watch`] resolves.
     /// `config.work_dir` defaults to the isolator's work directory (health checkpoint and
-    /// operator requests under `<work_dir>/gpu/`); GPUs checkpointed unhealthy are out of the
-    /// pool before this returns. With a driver attached, [`Isolator::usage`] carries NVML
+    /// operator requests under `<work_dir>/gpu/`), and the recovery probe's cgroup to one made
+    /// like a container's; GPUs checkpointed unhealthy are out of the pool before this returns. With a driver attached, [`Isolator::usage`] carries NVML
     /// figures. Attach before or after [`Isolator::recover`]; at most once.
     pub fn attach_health(
         &self,
@@ -154,6 +154,16 @@ impl Isolator {
             return Err(LifecycleError::HealthAttached);
         }
         config.work_dir.get_or_insert_with(|| self.work_dir.clone());
+        // The probe runs in a one-GPU cgroup of its own, made like a container's.
+        if let Some(recovery) = &mut config.recovery
+            && recovery.probe.cgroup.is_none()
+        {
+            recovery.probe.cgroup = Some(ProbeCgroup {
+                layout: self.layout.clone(),
+                base: self.base.clone(),
+                nodes: self.nodes.clone(),
+            });
+        }
         let callback: ChangeCallback = {
             let (state, limitations) = (Arc::clone(&self.state), Arc::clone(&self.limitations));
             Arc::new(move |change: &HealthChange| on_change(&state, &limitations, change))
@@ -289,6 +299,7 @@ mod tests {
             },
             restored: false,
             mig: None,
+            advice: None,
         }
     }
 

@@ -3,7 +3,7 @@
 //! mounts of its device nodes, of the driver volume and of the grant's other mounts, and its
 //! environment. A pure function of the grant.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.4, §3.1, §4.5, §4.6; the device nodes,
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.3, §5.1, §6.4, §6.5; the device nodes,
 //! rules and variables themselves are the grant's, see `mesos_gpu_grant`):
 //! - a container that asked for no GPU gets nothing beyond what isolation requires: no control
 //!   devices (Mesos's `gpu/nvidia` grants them to every container, `isolators/gpu/isolator.cpp`
@@ -52,6 +52,9 @@ pub struct PrepareConfig {
     pub mig: std::collections::BTreeMap<mesos_gpu_placement::mig::MigKind, u32>,
     /// The capabilities the task runs with (CAP_SYS_ADMIN is refused with MIG devices).
     pub capabilities: Vec<String>,
+    /// On a node sharing GPUs: any share, a share under one mode, or whole GPUs (the task's
+    /// `MESOS_GPU_SHARE_MODE`).
+    pub sharing: mesos_gpu_placement::sharing::Wanted,
 }
 
 /// Why a bind mount is there.
@@ -106,7 +109,8 @@ impl LaunchInfo {
 }
 
 /// The GPUs `rules` allows, by minor: exact `c 195:<minor>` entries, as Mesos counts them on
-/// recovery (§1.3); a wildcard entry is not taken as a claim on every GPU.
+/// recovery (`docs/reference/mesos-gpu-isolator.md` §1.2); a wildcard entry is not taken as a claim
+/// on every GPU.
 pub(crate) fn allowed_minors(rules: &[DeviceRule]) -> Vec<u32> {
     rules
         .iter()
@@ -350,7 +354,11 @@ mod tests {
             ..Default::default()
         };
         let empty = grant(vec![]);
-        assert_eq!(empty.rules, normalize(&default_whitelist()), "no control devices");
+        assert_eq!(
+            empty.rules,
+            normalize(&default_whitelist()),
+            "no control devices"
+        );
         let info = launch_info(&empty, &config, Some(Path::new("/v")), None).unwrap();
         assert!(info.mounts.is_empty());
         assert!(info.environment.is_empty() && info.task_environment.is_empty());

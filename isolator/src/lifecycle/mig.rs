@@ -140,7 +140,12 @@ impl Isolator {
                 }
                 let mut uuids = Vec::new();
                 for (&kind, &n) in &config.mig {
-                    uuids.extend(state.mig.allocate(id.as_str(), n, Some(kind)).map_err(mig_err)?);
+                    uuids.extend(
+                        state
+                            .mig
+                            .allocate(id.as_str(), n, Some(kind))
+                            .map_err(mig_err)?,
+                    );
                 }
                 (self.allocate_shared(state, id, count, step)?, uuids)
             }

@@ -2,7 +2,7 @@
 //! (`recover`, `prepare`, `isolate`, `update`, `usage`, `status`, `cleanup`) over one allocator
 //! shared with the Docker containerizer, device cgroups (v1 or v2) and a crash-safe checkpoint.
 //!
-//! Facts and decisions (`shared/reference/mesos_gpu.md` §1, §3, §9):
+//! Facts and decisions (`docs/reference/mesos-gpu-isolator.md` §1, §5, §9):
 //! - Mesos runs each isolator as one libprocess actor, so its calls are serialized. We do the
 //!   same with one `Mutex` held for a whole call, cgroup writes and checkpoint included: a call
 //!   takes well under a millisecond, and holding the lock is what makes the write-ahead order
@@ -62,7 +62,7 @@ pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
-pub use recover::{RecoverState, RecoveryIssue, RecoveryReport};
+pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
 pub use shared_pool::{PoolConfig, PoolRole};
 pub use shares::{MpsRestart, SharingConfig};
 pub use state::QUARANTINE_OWNER;
@@ -73,17 +73,17 @@ use launch::launch_info;
 pub use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::pinning::Pinner;
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
+use mesos_gpu_grant::device_rules;
 use mesos_gpu_health::Limitations;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
-use mesos_gpu_grant::device_rules;
 use mesos_gpu_placement::{
     allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,
     allocator::Resize,
 };
 use placement::PlacedCgroup;
-use taking::{Resizing, Taking};
 use state::{Container, State};
+use taking::{Resizing, Taking};
 
 /// The `gpu/nvidia` isolator. All methods take `&self` and may be called from many threads.
 #[derive(Debug)]
@@ -224,8 +224,9 @@ impl Isolator {
         if let Some(parent) = &config.parent {
             return self.prepare_nested(&mut state, id, parent, &config);
         }
+        self.refuse_blind(id, &config, STEP)?;
         let mut taking = Taking::new(&mut state, id);
-        let grant = self.take(&mut taking, id, &config, STEP)?;
+        let grant = self.take(&mut taking, id, &config, STEP, config.sharing)?;
         fault::point("prepare.allocated");
         let dir = self.layout.container_dir(id);
         let info = launch_info(
@@ -238,7 +239,9 @@ impl Isolator {
             container: id.clone(),
             index: missing.index,
         })?;
-        taking.containers.insert(id.clone(), taking::container_of(&grant));
+        taking
+            .containers
+            .insert(id.clone(), taking::container_of(&grant));
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
         self.save(&taking, STEP)?;
         fault::point("prepare.checkpointed");
@@ -367,6 +370,24 @@ impl Isolator {
         const STEP: &str = "update";
         let mut state = self.lock()?;
         self.cgroup_of(&state, id, STEP)?;
+        if let Some(carried) = state.carried.get(id) {
+            // Its device rules would be rebuilt from the GPUs this process sees, taking the
+            // others away from a running container.
+            return Err(LifecycleError::Blind {
+                container: id.clone(),
+                step: STEP,
+                why: format!(
+                    "it holds GPUs this process cannot see ({})",
+                    carried
+                        .gpus
+                        .iter()
+                        .map(|r| r.uuid.to_string())
+                        .chain(carried.mig.iter().cloned())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
         if let Some(grant) = state.containers.get(id).and_then(|c| c.share.as_ref()) {
             return self.update_share(id, grant, gpus);
         }
@@ -588,6 +609,28 @@ impl Isolator {
                 step,
             }),
         }
+    }
+
+    /// Refuses a request for GPUs when this process sees none: what it cannot see it could not
+    /// place among the records it cannot check, nor record.
+    fn refuse_blind(
+        &self,
+        id: &ContainerId,
+        request: &PrepareConfig,
+        step: &'static str,
+    ) -> Result<(), LifecycleError> {
+        let asks = request.gpus > 0.0 || request.mig.values().any(|&n| n > 0);
+        if !asks || !self.inventory.gpus.is_empty() {
+            return Ok(());
+        }
+        Err(LifecycleError::Blind {
+            container: id.clone(),
+            step,
+            why: match &self.inventory.absent_reason {
+                Some(reason) => format!("this process sees no GPU ({reason})"),
+                None => "this process sees no GPU".to_owned(),
+            },
+        })
     }
 
     /// Publishes to the node's pool (first: a reservation is in the pool before any record of

@@ -1,7 +1,7 @@
 //! Recovery after an agent restart: rebuild the state from the checkpoint **and** the live
 //! cgroups, and report every inconsistency instead of guessing.
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §1.3, §3.2, §3.3, §9):
+//! Facts relied on (`docs/reference/mesos-gpu-isolator.md` §1.2, §5.2, §5.3):
 //! - Mesos v1 recovery counts a GPU as held when `devices.list` has an entry with its exact
 //!   major:minor; we do the same, so a wildcard is never read as a claim on every GPU;
 //! - a v2 device program cannot be read back, so v2 relies on the checkpoint, and we check that
@@ -21,17 +21,21 @@
 //!   alone, as are Mesos's own `<cgroups_root>/agent` (v2) and `<cgroups_root>/slave` (v1);
 //! - v1 with Mesos's cgroups: a mismatch is repaired by adding the union's entries, never by
 //!   rewriting Mesos's list;
-//! - a GPU claimed by two containers is quarantined until both are cleaned up.
+//! - a GPU claimed by two containers is quarantined until both are cleaned up;
+//! - a recorded GPU this process cannot map (its discovery failed, it sees fewer GPUs, or another
+//!   GPU at that index) is *carried*: its record is written back as it was, none of its GPUs is
+//!   granted, and a GPU it may name (same UUID, index or minor) is held out (quarantined, not
+//!   checkpointed) while this process runs or until the container goes; the report lists these
+//!   records ([`RecoveryReport::unchecked`]) for the caller's warning.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use mesos_gpu_os::error_chain;
 
-use super::checkpoint::{Checkpoint, ContainerRecord};
+use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord};
 use super::launch::allowed_minors;
 use super::placement::PlacedCgroup;
-use super::state::{Container, QUARANTINE_OWNER, State};
-use mesos_gpu_grant::device_rules;
+use super::state::{Carried, Container, QUARANTINE_OWNER, State};
 use super::{CgroupOwner, Isolator, LifecycleError, health};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::container_id::ContainerId;
@@ -39,6 +43,7 @@ use mesos_gpu_enforce::{
     cgroup::Access, cgroup::DeviceCgroup, cgroup::DeviceKind, cgroup::DeviceRule,
     cgroup::V2DeviceCgroup, cgroup::read_procs,
 };
+use mesos_gpu_grant::device_rules;
 use mesos_gpu_node::inventory::DevNum;
 use mesos_gpu_placement::sharing::ShareGrant;
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
@@ -140,6 +145,30 @@ pub struct RecoveryReport {
     pub docker: Vec<ContainerId>,
     /// Everything inconsistent.
     pub issues: Vec<RecoveryIssue>,
+    /// Records kept as written because this process cannot check their GPUs.
+    pub unchecked: Option<Unchecked>,
+}
+
+/// Records whose GPUs this process cannot map onto the GPUs it sees (it sees none, fewer, or
+/// others): kept as written, in the checkpoint and the node's pool, and none of their GPUs
+/// granted. Its `Display` is the line to warn with: the records, then why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unchecked {
+    /// The containers, each with the GPUs it cannot check (`UUID@index` as recorded, and MIG
+    /// device UUIDs).
+    pub records: Vec<(ContainerId, Vec<String>)>,
+    /// Why: discovery's reason when this process sees no GPU, else the GPUs it sees.
+    pub why: String,
+}
+
+impl std::fmt::Display for Unchecked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (n, (id, gpus)) in self.records.iter().enumerate() {
+            let sep = if n == 0 { "" } else { ", " };
+            write!(f, "{sep}{id} ({})", gpus.join(" "))?;
+        }
+        write!(f, ": {}", self.why)
+    }
 }
 
 impl RecoveryReport {
@@ -147,6 +176,17 @@ impl RecoveryReport {
     pub fn is_clean(&self) -> bool {
         self.issues.is_empty()
     }
+}
+
+/// Recorded GPUs as this process maps them ([`Isolator::map_records`]).
+#[derive(Default)]
+struct Mapped {
+    /// Those it can map.
+    set: GpuSet,
+    /// Those it cannot, as written.
+    carried: Vec<GpuRecord>,
+    /// GPUs it manages that a carried record may name.
+    touched: GpuSet,
 }
 
 /// One container as found.
@@ -181,6 +221,7 @@ impl Isolator {
         let mut migs: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
         let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
+        let mut carried: BTreeMap<ContainerId, Carried> = BTreeMap::new();
 
         // Owner ids other holders of the node's pool record: their cgroups are theirs.
         let elsewhere: BTreeSet<String> = guard
@@ -219,7 +260,7 @@ impl Isolator {
         )
         .unwrap_or_default();
         for id in self.candidates(&ckpt, &elsewhere) {
-            let gpus = self.checkpointed_gpus(&ckpt, &id, &mut report);
+            let (gpus, touched) = self.checkpointed_gpus(&ckpt, &id, &mut report, &mut carried);
             match ckpt.containers.get(id.as_str()) {
                 Some(record) => {
                     let rules: Vec<DeviceRule> =
@@ -227,11 +268,18 @@ impl Isolator {
                     // A share stays a share, whatever this process's sharing plan: it is a
                     // fact about a running container, and the pool counts it as such.
                     let share = record.share.clone();
-                    let (known_mig, gone): (Vec<String>, Vec<String>) = record
+                    let (known_mig, mut gone): (Vec<String>, Vec<String>) = record
                         .mig
                         .iter()
                         .cloned()
                         .partition(|uuid| self.inventory.mig.by_uuid(uuid).is_some());
+                    if self.inventory.mig.devices.is_empty() && !gone.is_empty() {
+                        // This process sees no MIG device at all: it cannot tell a device that
+                        // is gone from one it does not see, so the record stays as written.
+                        let entry = carried.entry(id.clone()).or_default();
+                        entry.mig = std::mem::take(&mut gone);
+                        entry.mig_written.clone_from(&record.mig);
+                    }
                     let held_out =
                         self.mig_held_out(record, &rules, &known_mig, !gone.is_empty(), &others);
                     for uuid in gone {
@@ -250,9 +298,22 @@ impl Isolator {
                     let share_set = share.as_ref().map_or(GpuSet::EMPTY, |g| {
                         GpuSet::from_indices([g.index]).unwrap_or_default()
                     });
-                    match self.recover_cgroup(&id, gpus.union(share_set), &rules, &mut report) {
+                    let claimed = gpus.union(share_set).union(touched);
+                    match self.recover_cgroup(&id, claimed, &rules, &mut report) {
                         Ok(mut entry) => {
-                            entry.gpus = entry.gpus.difference(share_set);
+                            entry.gpus = entry.gpus.difference(share_set).difference(touched);
+                            if carried.get(&id).is_some_and(|c| !c.gpus.is_empty()) {
+                                // Rules recomputed from the GPUs this process sees (Mesos's
+                                // cgroups) lack the carried GPUs' entries: keep the recorded ones.
+                                entry.rules = mesos_gpu_enforce::cgroup::normalize(
+                                    &entry
+                                        .rules
+                                        .iter()
+                                        .chain(&rules)
+                                        .cloned()
+                                        .collect::<Vec<_>>(),
+                                );
+                            }
                             if let Some(grant) = share {
                                 shares.insert(id.clone(), grant);
                             }
@@ -266,7 +327,9 @@ impl Isolator {
                                 container: id.clone(),
                                 error,
                             });
-                            for i in gpus.iter() {
+                            // Its carried GPUs stay quarantined by their recorded index.
+                            let recorded = carried.remove(&id).unwrap_or_default().gpus;
+                            for i in gpus.iter().chain(recorded.iter().map(|r| r.index)) {
                                 quarantine.entry(i).or_default().insert(id.clone());
                             }
                         }
@@ -306,7 +369,13 @@ impl Isolator {
             if let Some(start) = start {
                 docker_starts.insert(id.clone(), start.clone());
             }
-            let set = GpuSet::from_indices(records.iter().map(|r| r.index)).unwrap_or_default();
+            let mapped = self.map_records(records);
+            if !mapped.carried.is_empty() {
+                let entry = carried.entry(id.clone()).or_default();
+                entry.gpus = mapped.carried;
+                entry.touched = mapped.touched;
+            }
+            let set = mapped.set;
             for i in set.iter() {
                 claims.entry(i).or_default().insert(id.clone());
             }
@@ -339,7 +408,18 @@ impl Isolator {
                 }
             }
         }
+        report.unchecked = self.unchecked(&carried);
         let mut state = self.rebuild(found, shares, migs, docker, quarantine)?;
+        // GPUs a carried record may name are held out while this view lasts (not checkpointed:
+        // the next view decides again).
+        let touched = carried
+            .values()
+            .fold(GpuSet::EMPTY, |all, c| all.union(c.touched))
+            .difference(state.allocator.allocated());
+        if let Err(e) = state.allocator.recover(QUARANTINE_OWNER, touched) {
+            tracing::error!(gpus = %touched, error = %e, "cannot hold out the GPUs records this process cannot map may name");
+        }
+        state.carried = carried;
         state.docker_starts = docker_starts;
         state.docker_shares = docker_shares;
         for (id, uuids) in &docker_mig {
@@ -390,6 +470,9 @@ impl Isolator {
         state.tx = std::mem::take(&mut guard.tx);
         if let Some(tx) = state.tx.get_mut().take() {
             self.mark_elsewhere(&mut state, &tx.state);
+            if let Some(sharing) = &self.sharing {
+                sharing.report_mode_changes(&tx.state);
+            }
             *state.tx.get_mut() = Some(tx);
         }
         *guard = state;
@@ -429,6 +512,7 @@ impl Isolator {
             .collect();
         for id in gone {
             state.docker.remove(&id);
+            state.drop_carried(&id);
             state.docker_starts.remove(&id);
             state.docker_shares.remove(&id);
             state.docker_mig.remove(&id);
@@ -571,39 +655,100 @@ impl Isolator {
         ids
     }
 
-    /// The checkpointed GPUs of `id` that this node still has with the same UUID.
+    /// The checkpointed GPUs of `id` that this process can map (same index, minor and UUID,
+    /// managed here), and the GPUs it manages that a record it cannot map may name; the records
+    /// it cannot map go to `carried`, each reported.
     fn checkpointed_gpus(
         &self,
         ckpt: &Checkpoint,
         id: &ContainerId,
         report: &mut RecoveryReport,
-    ) -> GpuSet {
+        carried: &mut BTreeMap<ContainerId, Carried>,
+    ) -> (GpuSet, GpuSet) {
         let Some(record) = ckpt.containers.get(id.as_str()) else {
-            return GpuSet::EMPTY;
+            return (GpuSet::EMPTY, GpuSet::EMPTY);
         };
-        let mut set = Vec::new();
-        for gpu in &record.gpus {
-            match self.inventory.by_index(gpu.index) {
-                Some(g) if g.uuid == gpu.uuid && self.devices.contains(&gpu.index) => {
-                    set.push(gpu.index)
-                }
-                Some(_) if self.devices.contains(&gpu.index) => {
-                    // Another GPU at that index now: keep the index reserved all the same.
-                    report.issues.push(RecoveryIssue::UnknownGpu {
-                        container: id.clone(),
-                        index: gpu.index,
-                        uuid: gpu.uuid.clone(),
-                    });
-                    set.push(gpu.index);
-                }
-                _ => report.issues.push(RecoveryIssue::UnknownGpu {
-                    container: id.clone(),
-                    index: gpu.index,
-                    uuid: gpu.uuid.clone(),
-                }),
-            }
+        let mapped = self.map_records(&record.gpus);
+        for gpu in &mapped.carried {
+            report.issues.push(RecoveryIssue::UnknownGpu {
+                container: id.clone(),
+                index: gpu.index,
+                uuid: gpu.uuid.to_string(),
+            });
         }
-        GpuSet::from_indices(set).unwrap_or_default()
+        if !mapped.carried.is_empty() {
+            let entry = carried.entry(id.clone()).or_default();
+            entry.gpus = mapped.carried;
+            entry.touched = mapped.touched;
+        }
+        (mapped.set, mapped.touched)
+    }
+
+    /// Splits `records` into the GPUs this process can map (the GPU at that index has that
+    /// minor and UUID, and the allocator manages it) and the records it carries as written,
+    /// with the managed GPUs a carried record may name (same UUID, index or minor: a container's
+    /// cgroup or `--device` grants by minor).
+    fn map_records(&self, records: &[GpuRecord]) -> Mapped {
+        let managed = |i: u32| self.whole.contains(&i);
+        let mut set = Vec::new();
+        let mut out = Mapped::default();
+        let mut touched = Vec::new();
+        for r in records {
+            let here = self.inventory.by_index(r.index);
+            if here.is_some_and(|g| g.uuid == r.uuid.as_str() && g.minor == r.minor)
+                && managed(r.index)
+            {
+                set.push(r.index);
+                continue;
+            }
+            touched.extend(
+                self.inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| {
+                        g.uuid == r.uuid.as_str() || g.index == r.index || g.minor == r.minor
+                    })
+                    .map(|g| g.index)
+                    .filter(|&i| managed(i)),
+            );
+            out.carried.push(r.clone());
+        }
+        out.set = GpuSet::from_indices(set).unwrap_or_default();
+        out.touched = GpuSet::from_indices(touched).unwrap_or_default();
+        out
+    }
+
+    /// What recovery keeps unchecked, for the report (`None` when nothing).
+    fn unchecked(&self, carried: &BTreeMap<ContainerId, Carried>) -> Option<Unchecked> {
+        if carried.is_empty() {
+            return None;
+        }
+        let records = carried
+            .iter()
+            .map(|(id, c)| {
+                let gpus = c
+                    .gpus
+                    .iter()
+                    .map(|r| format!("{}@{}", r.uuid, r.index))
+                    .chain(c.mig.iter().cloned())
+                    .collect();
+                (id.clone(), gpus)
+            })
+            .collect();
+        let why = match (&self.inventory.absent_reason, self.inventory.gpus.len()) {
+            (Some(reason), 0) => format!("this process sees no GPU ({reason})"),
+            (None, 0) => "this process sees no GPU".to_owned(),
+            (_, n) => format!(
+                "not among the {n} GPUs this process sees ({})",
+                self.inventory
+                    .gpus
+                    .iter()
+                    .map(|g| format!("{}@{}", g.uuid, g.index))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        };
+        Some(Unchecked { records, why })
     }
 
     /// Takes over a checkpointed container's cgroup; the error text when that fails.
@@ -751,7 +896,14 @@ impl Isolator {
         let allocator = Allocator::with_devices(&self.inventory, &self.whole, self.policy)
             .map_err(|source| LifecycleError::SetupAllocator { source })?;
         let mut state = State::new(allocator, self.mig_units());
-        let quarantined = GpuSet::from_indices(quarantine.keys().copied()).unwrap_or_default();
+        // Quarantine entries on GPUs the allocator does not manage are kept as checkpointed.
+        let quarantined = GpuSet::from_indices(
+            quarantine
+                .keys()
+                .copied()
+                .filter(|i| self.whole.contains(i)),
+        )
+        .unwrap_or_default();
         let take = |state: &mut State, owner: &str, set: GpuSet| {
             if let Err(e) = state.allocator.recover(owner, set) {
                 tracing::error!(owner, gpus = %set, error = %e, "cannot restore an allocation");

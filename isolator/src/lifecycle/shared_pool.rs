@@ -18,7 +18,7 @@ use super::{ContainerId, Isolator, LifecycleError};
 use mesos_gpu_placement::{allocator::AllocError, allocator::GpuSet};
 use mesos_gpu_pool as pool;
 use mesos_gpu_pool::shares::ShareReservation;
-use mesos_gpu_pool::{Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
+use mesos_gpu_pool::{GpuUuid, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
 
 /// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
@@ -209,17 +209,23 @@ impl Isolator {
         let Some(tx) = slot.as_mut() else {
             return Ok(());
         };
-        let uuids =
-            |set: GpuSet| -> Vec<String> { set.iter().map(|i| self.uuid(i).to_owned()).collect() };
+        let records = |id: &ContainerId, set: GpuSet| -> Vec<GpuUuid> {
+            state
+                .gpu_records(id, set, &self.inventory)
+                .into_iter()
+                .map(|r| r.uuid)
+                .collect()
+        };
         let mut entries = Vec::new();
         for (id, c) in &state.containers {
-            let mut held = uuids(c.gpus);
-            held.extend(c.mig.iter().chain(&c.mig_quarantine).cloned());
+            let mut held = records(id, c.gpus);
+            let mig = state.mig_records(id, &c.mig);
+            held.extend(named(mig.iter().chain(&c.mig_quarantine)));
             entries.push((id.to_string(), self.owner_of(link, id), held));
         }
         for (id, &set) in &state.docker {
-            let mut held = uuids(set);
-            held.extend(state.docker_mig.get(id).into_iter().flatten().cloned());
+            let mut held = records(id, set);
+            held.extend(named(state.docker_mig.get(id).into_iter().flatten()));
             entries.push((
                 id.to_string(),
                 super::docker::docker_owner(id, state.docker_starts.get(id)),
@@ -227,17 +233,46 @@ impl Isolator {
             ));
         }
         let quarantined = state.allocator.held_by(QUARANTINE_OWNER);
-        if !quarantined.is_empty() {
+        let key = format!("quarantine@{}", link.holder);
+        let mut held: Vec<GpuUuid> = quarantined
+            .iter()
+            .filter_map(|i| self.inventory.by_index(i))
+            .filter_map(|g| GpuUuid::new(g.uuid.as_str()).ok())
+            .collect();
+        let managed = state.allocator.managed();
+        if state.quarantine.keys().any(|&i| !managed.contains(i)) {
+            // Quarantined GPUs this process does not manage: it cannot name them, so the UUIDs
+            // published for them before, which it does not see, are kept as they were.
+            let unseen = tx
+                .state
+                .reservations
+                .get(&key)
+                .filter(|r| r.holder == link.holder)
+                .into_iter()
+                .flat_map(|r| r.gpus.iter())
+                .filter(|u| self.inventory.by_uuid(u.as_str()).is_none() && !held.contains(u))
+                .cloned()
+                .collect::<Vec<_>>();
+            held.extend(unseen);
+        }
+        if !held.is_empty() {
             let claimants: Vec<String> = state
                 .quarantine
                 .values()
                 .flatten()
+                .chain(
+                    state
+                        .carried
+                        .iter()
+                        .filter(|(_, c)| !c.touched.is_empty())
+                        .map(|(id, _)| id),
+                )
                 .map(ToString::to_string)
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
             entries.push((
-                format!("quarantine@{}", link.holder),
+                key,
                 Owner::Quarantine {
                     reason: format!(
                         "recovery of {} could not account for containers {}; freed when they are cleaned up",
@@ -245,7 +280,7 @@ impl Isolator {
                         claimants.join(", ")
                     ),
                 },
-                uuids(quarantined),
+                held,
             ));
         }
         tx.state.publish(&link.holder, entries);
@@ -387,6 +422,13 @@ impl Isolator {
             .by_index(index)
             .map_or("", |g| g.uuid.as_str())
     }
+}
+
+/// MIG device UUIDs as records name them (NVML gives every MIG device one).
+fn named<'a>(uuids: impl Iterator<Item = &'a String>) -> Vec<GpuUuid> {
+    uuids
+        .filter_map(|u| GpuUuid::new(u.as_str()).ok())
+        .collect()
 }
 
 fn commit(tx: &mut Transaction) -> Result<(), pool::PoolError> {

@@ -19,17 +19,14 @@
 use std::sync::Mutex;
 
 use super::{ContainerId, Isolator, LifecycleError};
+use mesos_gpu_enforce::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
 use mesos_gpu_grant::ShareAccess;
-use mesos_gpu_enforce::{
-    mps::MpsConfig, mps::MpsDaemon, mps::MpsDaemons, mps::MpsError, mps::Restart,
-};
 use mesos_gpu_health::Limitation;
-use mesos_gpu_placement::{
-    sharing::Placement, sharing::PlacementError, sharing::ShareGrant, sharing::ShareLimits,
-    sharing::SharingMode, sharing::SharingPlan, sharing::SharingSpec,
+use mesos_gpu_placement::sharing::{
+    Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan, SharingSpec,
+    Wanted,
 };
 use mesos_gpu_pool::{Liveness, PoolState};
-
 
 /// How a node shares GPUs.
 #[derive(Debug, Clone)]
@@ -65,11 +62,11 @@ impl Sharing {
             .spec
             .resolve(inventory, advertised)
             .map_err(|e| LifecycleError::SharingSetup { why: e.to_string() })?;
-        let daemons = (plan.mode == SharingMode::Mps)
+        let daemons = plan
+            .has(SharingMode::Mps)
             .then(|| Mutex::new(MpsDaemons::new(config.mps.clone())));
         tracing::info!(
-            mode = %plan.mode,
-            shared = ?plan.shared.iter().map(|g| (g.index, g.replicas)).collect::<Vec<_>>(),
+            shared = ?plan.shared.iter().map(|g| (g.index, g.replicas, g.mode.as_str())).collect::<Vec<_>>(),
             whole = ?plan.whole,
             units = plan.units(),
             "GPU sharing"
@@ -77,9 +74,39 @@ impl Sharing {
         Ok(Sharing { plan, daemons })
     }
 
+    /// How many MPS daemons this process knows (0 under time-slicing).
+    pub(crate) fn daemons(&self) -> usize {
+        self.daemons
+            .as_ref()
+            .map_or(0, |d| d.lock().unwrap_or_else(|p| p.into_inner()).count())
+    }
+
     /// True when GPU `index` is shared (the allocator does not manage it).
     pub(crate) fn is_shared(&self, index: u32) -> bool {
         self.plan.shared.iter().any(|g| g.index == index)
+    }
+
+    /// True when the GPU with this UUID is shared under MPS now.
+    fn is_mps(&self, uuid: &str) -> bool {
+        self.plan
+            .shared_gpu(uuid)
+            .is_some_and(|g| g.mode == SharingMode::Mps)
+    }
+
+    /// Says, once per GPU, which running shares keep a mode the operator has since changed
+    /// (they run on as they were until they end; the GPU takes no new share meanwhile).
+    pub(crate) fn report_mode_changes(&self, pool: &PoolState) {
+        for (owner, share) in &pool.shares {
+            let Some(gpu) = self.plan.shared_gpu(&share.grant.uuid) else {
+                continue;
+            };
+            if gpu.mode != share.grant.mode {
+                tracing::warn!(
+                    gpu = gpu.index, uuid = %gpu.uuid, %owner, running = %share.grant.mode, configured = %gpu.mode,
+                    "a running share keeps the mode it began with until it ends; the GPU takes new shares (under its new mode) only then"
+                );
+            }
+        }
     }
 
     /// Stops the recorded daemons of GPUs that left sharing (the operator's spec changed) and
@@ -91,11 +118,17 @@ impl Sharing {
             return Vec::new();
         };
         let mut daemons = daemons.lock().unwrap_or_else(|p| p.into_inner());
-        // Daemons of GPUs this node no longer shares, that no share holds: stopped.
+        // A GPU whose MPS shares still run keeps its daemon, whatever its mode now.
+        let mps_held = |gpu: &str| {
+            pool.shares
+                .values()
+                .any(|s| s.grant.uuid == gpu && s.grant.mode == SharingMode::Mps)
+        };
+        // Daemons of GPUs this node no longer shares under MPS, that no share holds: stopped.
         let leaving: Vec<String> = pool
             .mps
             .keys()
-            .filter(|gpu| self.plan.shared_gpu(gpu).is_none())
+            .filter(|gpu| !self.is_mps(gpu))
             .filter(|gpu| !pool.shares.values().any(|s| &s.grant.uuid == *gpu))
             .cloned()
             .collect();
@@ -115,7 +148,7 @@ impl Sharing {
         let recorded: Vec<(MpsDaemon, ShareLimits)> = pool
             .mps
             .values()
-            .filter(|r| self.plan.shared_gpu(&r.daemon.gpu).is_some())
+            .filter(|r| self.is_mps(&r.daemon.gpu) || mps_held(&r.daemon.gpu))
             .filter(|r| {
                 daemons
                     .get(&r.daemon.gpu)
@@ -149,14 +182,18 @@ impl Sharing {
         restarts
     }
 
-    /// Makes sure the daemon of `grant`'s GPU runs (under `mps`), adopting the pool's record
-    /// of it first; records it back in `pool`. `None` under time-slicing.
+    /// Makes sure the daemon of `grant`'s GPU runs (an MPS share), adopting the pool's record
+    /// of it first; records it back in `pool`. `None` for a time-slicing share.
     fn daemon(
         &self,
         grant: &ShareGrant,
         pool: &mut PoolState,
     ) -> Result<Option<MpsDaemon>, MpsError> {
-        let Some(daemons) = &self.daemons else {
+        let Some(daemons) = &self
+            .daemons
+            .as_ref()
+            .filter(|_| grant.mode == SharingMode::Mps)
+        else {
             return Ok(None);
         };
         let mut daemons = daemons.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,19 +229,33 @@ enum Kind {
 impl Isolator {
     /// What a top-level container asking `gpus` gets: whole GPUs without sharing; with it, a
     /// share for 1 ≤ k ≤ the largest R, whole GPUs above (refused when the node has fewer).
+    /// `wanted` whole GPUs are whole GPUs; a share mode no GPU is shared under is refused.
     fn request_kind(
         &self,
         state: &mut super::state::State,
         id: &ContainerId,
         gpus: f64,
         step: &'static str,
+        wanted: Wanted,
     ) -> Result<Kind, LifecycleError> {
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
             step,
             source,
         };
+        let no_mode = |modes: String| LifecycleError::ShareMode {
+            container: id.clone(),
+            step,
+            placement: Box::new(PlacementError::NoSuchMode {
+                owner: id.to_string(),
+                wanted,
+                modes,
+            }),
+        };
         let Some(sharing) = &self.sharing else {
+            if let Wanted::Mode(_) = wanted {
+                return Err(no_mode("none".to_owned()));
+            }
             return Ok(Kind::Whole(
                 state.allocator.request(gpus).map_err(alloc)?.count(),
             ));
@@ -212,7 +263,22 @@ impl Isolator {
         let k = mesos_gpu_placement::allocator::GpuRequest::from_scalar(gpus, sharing.plan.units())
             .map_err(alloc)?
             .count();
-        if sharing.plan.takes_as_share(k) {
+        if let Wanted::Mode(mode) = wanted
+            && !sharing.plan.has(mode)
+        {
+            let modes: Vec<String> = sharing
+                .plan
+                .shared
+                .iter()
+                .map(|g| format!("{} {}", g.index, g.mode))
+                .collect();
+            return Err(no_mode(if modes.is_empty() {
+                "none".to_owned()
+            } else {
+                modes.join(", ")
+            }));
+        }
+        if wanted != Wanted::Whole && sharing.plan.takes_as_share(k) {
             return Ok(Kind::Share(k));
         }
         // Valid in units, but more than one GPU's share and more than the whole GPUs.
@@ -233,18 +299,26 @@ impl Isolator {
 
     /// What `id` asking `gpus` takes: whole GPUs from the allocator, or a share of one shared
     /// GPU (then the set is empty); a share no shared GPU has room for takes whole GPUs when
-    /// that many are free, and is refused with both reasons when not.
+    /// that many are free (unless it asked for one mode), and is refused with both reasons when
+    /// not.
     pub(crate) fn take_units(
         &self,
         state: &mut super::state::State,
         id: &ContainerId,
         gpus: f64,
         step: &'static str,
+        wanted: Wanted,
     ) -> Result<(mesos_gpu_placement::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
-        match self.request_kind(state, id, gpus, step)? {
+        match self.request_kind(state, id, gpus, step, wanted)? {
             Kind::Whole(count) => Ok((self.allocate_shared(state, id, count, step)?, None)),
-            Kind::Share(k) => match self.place_share(state, id, k)? {
+            Kind::Share(k) => match self.place_share(state, id, k, wanted)? {
                 Ok(grant) => Ok((mesos_gpu_placement::allocator::GpuSet::EMPTY, Some(grant))),
+                Err(placement) if wanted != Wanted::Any => Err(LifecycleError::ShareRefused {
+                    container: id.clone(),
+                    step,
+                    placement: Box::new(placement),
+                    whole: self.shortage(state, k),
+                }),
                 Err(placement) => match self.allocate_shared(state, id, k, step) {
                     Ok(set) => Ok((set, None)),
                     Err(LifecycleError::Refused { shortage, .. }) => {
@@ -269,6 +343,7 @@ impl Isolator {
         state: &mut super::state::State,
         id: &ContainerId,
         k: u32,
+        wanted: Wanted,
     ) -> Result<Result<ShareGrant, PlacementError>, LifecycleError> {
         let Some(sharing) = &self.sharing else {
             return Err(LifecycleError::SharingSetup {
@@ -289,9 +364,9 @@ impl Isolator {
             .filter_map(|(other, c)| Some((other, c.share.as_ref()?)))
             .chain(state.docker_shares.iter());
         for (other, grant) in mine {
-            book.record(other.as_str(), &grant.uuid, grant.units);
+            book.record(other.as_str(), &grant.uuid, grant.units, grant.mode);
         }
-        Ok(book.place(id.as_str(), k, Placement::Pack))
+        Ok(book.place(id.as_str(), k, Placement::Pack, wanted))
     }
 
     /// What a holder of `grant` is launched with: the share's variables, and under `mps` the
@@ -444,4 +519,3 @@ impl Isolator {
         Ok(out)
     }
 }
-

@@ -2,8 +2,15 @@
 //! holds, and its conversion to the checkpoint.
 //!
 //! Invariant: the allocator holds exactly the union of every container's GPUs (under the
-//! container id), every Docker container's GPUs (under its id) and the quarantined GPUs (under
-//! [`QUARANTINE_OWNER`], which no container id can spell because of the `!`).
+//! container id), every Docker container's GPUs (under its id) and the quarantined GPUs it
+//! manages (under [`QUARANTINE_OWNER`], which no container id can spell because of the `!`).
+//!
+//! A record's GPUs are their UUIDs, written once. GPUs of a record that this process cannot map
+//! onto the GPUs it sees (its discovery failed, sees fewer GPUs, or others than recorded) are
+//! *carried* ([`State::carried`]): written back to the checkpoint and the pool exactly as they
+//! were, never granted, and dropped only with their container (its cleanup or release: evidence
+//! about its owner). Quarantine entries on GPUs the allocator does not manage are kept the same
+//! way.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,9 +19,10 @@ use super::placement::PlacedCgroup;
 use mesos_gpu_enforce::cgroup::DeviceRule;
 use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_health::HealthChange;
-use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::inventory::{Gpu, Inventory};
 use mesos_gpu_placement::sharing::ShareGrant;
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
+use mesos_gpu_pool::GpuUuid;
 
 /// The allocator owner of GPUs whose owner is uncertain after a recovery.
 pub const QUARANTINE_OWNER: &str = "!quarantine";
@@ -49,6 +57,21 @@ impl Container {
     }
 }
 
+/// What a container's record holds that this process cannot map onto the GPUs it sees, kept
+/// as it was written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Carried {
+    /// Whole GPUs, as recorded (index, minor and UUID).
+    pub(crate) gpus: Vec<GpuRecord>,
+    /// MIG devices of a Mesos container that this process does not see, by UUID.
+    pub(crate) mig: Vec<String>,
+    /// With `mig`: the record's whole MIG list as written, for its order.
+    pub(crate) mig_written: Vec<String>,
+    /// GPUs this process manages that the carried records may name (same UUID, index or minor):
+    /// held under [`QUARANTINE_OWNER`] while the view lasts, never checkpointed.
+    pub(crate) touched: GpuSet,
+}
+
 /// Everything behind the isolator's mutex.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -68,8 +91,12 @@ pub(crate) struct State {
     pub(crate) docker_mig: BTreeMap<ContainerId, Vec<String>>,
     /// Where each Docker container runs and who starts it (for its owner record).
     pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
-    /// Quarantined GPUs by index, with the containers whose cleanup frees them.
+    /// Quarantined GPUs by index, with the containers whose cleanup frees them (indices the
+    /// allocator does not manage included: they are kept as checkpointed).
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
+    /// What records hold that this process cannot map onto the GPUs it sees, by container
+    /// (see the module docs).
+    pub(crate) carried: BTreeMap<ContainerId, Carried>,
     /// GPUs and MIG devices the health monitor reported unhealthy, by UUID, with the report
     /// (marked in the allocator or the MIG units).
     pub(crate) failed: BTreeMap<String, HealthChange>,
@@ -90,6 +117,7 @@ impl State {
             docker_mig: BTreeMap::new(),
             docker_starts: BTreeMap::new(),
             quarantine: BTreeMap::new(),
+            carried: BTreeMap::new(),
             failed: BTreeMap::new(),
             tx: Default::default(),
         }
@@ -114,6 +142,8 @@ impl State {
     /// holds go back to the allocator; returns those. Its claims on quarantined GPUs and its
     /// nested containers are the caller's (`cleanup`).
     pub(crate) fn forget(&mut self, id: &ContainerId) -> (GpuSet, Vec<String>) {
+        // Its own record: the GPUs it holds as written go with it, seen or not.
+        self.drop_carried(id);
         self.containers.remove(id);
         self.docker.remove(id);
         self.docker_shares.remove(id);
@@ -121,6 +151,30 @@ impl State {
         self.docker_starts.remove(id);
         let mig = self.mig.release(id.as_str());
         (self.allocator.release_all(id.as_str()), mig)
+    }
+
+    /// Forgets what `id`'s record held that this process cannot map (its owner is gone), and
+    /// frees the GPUs held for it that no quarantine entry claims.
+    pub(crate) fn drop_carried(&mut self, id: &ContainerId) {
+        let Some(carried) = self.carried.remove(id) else {
+            return;
+        };
+        let still: GpuSet = GpuSet::from_indices(
+            self.quarantine
+                .keys()
+                .copied()
+                .chain(self.carried.values().flat_map(|c| c.touched.iter())),
+        )
+        .unwrap_or_default();
+        let free = carried
+            .touched
+            .difference(still)
+            .intersection(self.allocator.held_by(QUARANTINE_OWNER));
+        if !free.is_empty()
+            && let Err(e) = self.allocator.release(QUARANTINE_OWNER, free)
+        {
+            tracing::error!(error = %e, gpus = %free, "quarantine bookkeeping is inconsistent");
+        }
     }
 
     /// Drops `id`'s claims on quarantined GPUs and frees those nobody else claims.
@@ -135,6 +189,15 @@ impl State {
                 true
             }
         });
+        // Entries on GPUs the allocator does not manage (kept as checkpointed) go with no more;
+        // GPUs a carried record may name stay held.
+        let managed = self.allocator.managed();
+        let touched: Vec<u32> = self
+            .carried
+            .values()
+            .flat_map(|c| c.touched.iter())
+            .collect();
+        freed.retain(|&i| managed.contains(i) && !touched.contains(&i));
         let freed = GpuSet::from_indices(freed).unwrap_or_default();
         if !freed.is_empty() {
             if let Err(e) = self.allocator.release(QUARANTINE_OWNER, freed) {
@@ -145,18 +208,43 @@ impl State {
         freed
     }
 
+    /// The GPU records of container `id` holding `set`: those of `set` as `inventory` names them,
+    /// and those carried as written, by index (the order they are always written in).
+    pub(crate) fn gpu_records(
+        &self,
+        id: &ContainerId,
+        set: GpuSet,
+        inventory: &Inventory,
+    ) -> Vec<GpuRecord> {
+        let mut records: Vec<GpuRecord> = set
+            .iter()
+            .filter_map(|i| inventory.by_index(i))
+            .filter_map(record_of)
+            .collect();
+        if let Some(carried) = self.carried.get(id) {
+            records.extend(carried.gpus.iter().cloned());
+            records.sort_by_key(|r| r.index);
+        }
+        records
+    }
+
+    /// The MIG devices of Mesos container `id` holding `held`: with devices carried, the list as
+    /// written (those still held or carried, in their order), then any added since.
+    pub(crate) fn mig_records(&self, id: &ContainerId, held: &[String]) -> Vec<String> {
+        let Some(carried) = self.carried.get(id).filter(|c| !c.mig.is_empty()) else {
+            return held.to_vec();
+        };
+        let written = &carried.mig_written;
+        written
+            .iter()
+            .filter(|u| held.contains(u) || carried.mig.contains(u))
+            .chain(held.iter().filter(|u| !written.contains(u)))
+            .cloned()
+            .collect()
+    }
+
     /// The checkpoint of this state.
     pub(crate) fn checkpoint(&self, inventory: &Inventory) -> Checkpoint {
-        let records = |set: GpuSet| -> Vec<GpuRecord> {
-            set.iter()
-                .filter_map(|i| inventory.by_index(i))
-                .map(|g| GpuRecord {
-                    index: g.index,
-                    minor: g.minor,
-                    uuid: g.uuid.clone(),
-                })
-                .collect()
-        };
         Checkpoint {
             containers: self
                 .containers
@@ -166,10 +254,10 @@ impl State {
                     (
                         id.to_string(),
                         ContainerRecord {
-                            gpus: records(c.gpus),
+                            gpus: self.gpu_records(id, c.gpus, inventory),
                             rules,
                             share: c.share.clone(),
-                            mig: c.mig.clone(),
+                            mig: self.mig_records(id, &c.mig),
                             mig_quarantine: c.mig_quarantine.clone(),
                         },
                     )
@@ -178,7 +266,7 @@ impl State {
             docker: self
                 .docker
                 .iter()
-                .map(|(id, &set)| (id.to_string(), records(set)))
+                .map(|(id, &set)| (id.to_string(), self.gpu_records(id, set, inventory)))
                 .collect(),
             docker_shares: self
                 .docker_shares
@@ -201,6 +289,22 @@ impl State {
                 .iter()
                 .map(|(&index, ids)| (index, ids.iter().map(ToString::to_string).collect()))
                 .collect(),
+        }
+    }
+}
+
+/// The record of `gpu`, as it is written once: `None` for a GPU NVML gave no UUID (lost at
+/// discovery), which is never granted.
+pub(crate) fn record_of(gpu: &Gpu) -> Option<GpuRecord> {
+    match GpuUuid::new(gpu.uuid.clone()) {
+        Ok(uuid) => Some(GpuRecord {
+            index: gpu.index,
+            minor: gpu.minor,
+            uuid,
+        }),
+        Err(_) => {
+            tracing::error!(index = gpu.index, "a GPU without a UUID cannot be recorded");
+            None
         }
     }
 }

@@ -1,5 +1,6 @@
 //! What the isolator reports about containers: their GPUs (`usage`), kind and cgroup
-//! (`status`), and who holds which GPU (`allocations`).
+//! (`status`), who holds which GPU (`allocations`), and how many entries its tables hold
+//! (`tracked_entries`).
 //!
 //! `usage` carries NVML figures (utilisation, and memory used by the container's own processes)
 //! when a driver is attached with [`Isolator::attach_health`] and the container has a cgroup of
@@ -154,6 +155,21 @@ impl Isolator {
         Ok(read(&self.lock_local()?.allocator))
     }
 
+    /// Every container the isolator knows: Mesos containers, nested ones and Docker ones, by id.
+    pub fn containers(&self) -> Result<Vec<ContainerId>, LifecycleError> {
+        let state = self.lock_local()?;
+        let mut ids: Vec<ContainerId> = state
+            .containers
+            .keys()
+            .chain(state.nested.keys())
+            .chain(state.docker.keys())
+            .cloned()
+            .collect();
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        ids.dedup();
+        Ok(ids)
+    }
+
     /// Who holds which GPUs now.
     pub fn allocations(&self) -> Result<Allocations, LifecycleError> {
         let state = self.lock_local()?;
@@ -171,5 +187,32 @@ impl Isolator {
                 .map(|(&i, ids)| (i, ids.iter().cloned().collect()))
                 .collect(),
         })
+    }
+
+    /// How many entries each of the isolator's own tables holds, by table name: every table
+    /// that grows with containers, so that a leak per container shows as a count that does
+    /// not return to its idle value (metrics, the soak benchmark). Idle, every count is 0 but
+    /// `mps_daemons` (a shared GPU's daemon outlives its shares).
+    pub fn tracked_entries(&self) -> Result<Vec<(&'static str, usize)>, LifecycleError> {
+        let state = self.lock_local()?;
+        let mps_daemons = self
+            .sharing
+            .as_ref()
+            .map_or(0, super::shares::Sharing::daemons);
+        Ok(vec![
+            ("containers", state.containers.len()),
+            ("nested", state.nested.len()),
+            ("nested_cgroups", state.nested_cgroups.len()),
+            ("docker", state.docker.len()),
+            ("docker_shares", state.docker_shares.len()),
+            ("docker_mig", state.docker_mig.len()),
+            ("docker_starts", state.docker_starts.len()),
+            ("quarantine", state.quarantine.len()),
+            ("failed", state.failed.len()),
+            ("allocator_owners", state.allocator.owners().len()),
+            ("mig_held", state.mig.held()),
+            ("limitations", self.limitations.tracked()),
+            ("mps_daemons", mps_daemons),
+        ])
     }
 }

@@ -14,6 +14,7 @@ use std::ops::{Deref, DerefMut};
 use mesos_gpu_enforce::cgroup::DeviceRule;
 use mesos_gpu_grant::Grant;
 use mesos_gpu_placement::allocator::{GpuSet, Resize};
+use mesos_gpu_placement::sharing::Wanted;
 
 use super::launch::PrepareConfig;
 use super::state::{Container, State};
@@ -68,16 +69,18 @@ impl Drop for Taking<'_> {
 
 impl Isolator {
     /// What `id` asking `request` gets, taken from `state` and the node's pool: whole GPUs, a
-    /// share of one GPU (its MPS daemon made sure of) or MIG devices, as one [`Grant`].
+    /// share of one GPU (its MPS daemon made sure of) or MIG devices, as one [`Grant`]. On a node
+    /// sharing GPUs, `wanted` says whether a share (of which mode) or whole GPUs.
     pub(crate) fn take(
         &self,
         state: &mut Taking<'_>,
         id: &ContainerId,
         request: &PrepareConfig,
         step: &'static str,
+        wanted: Wanted,
     ) -> Result<Grant, LifecycleError> {
         let (set, share, mig) = if self.inventory.mig.devices.is_empty() {
-            let (set, share) = self.take_units(state, id, request.gpus, step)?;
+            let (set, share) = self.take_units(state, id, request.gpus, step, wanted)?;
             (set, share, Vec::new())
         } else {
             let (set, mig) = self.take_with_mig(state, id, request, step)?;

@@ -1,6 +1,6 @@
 //! The driver's `/proc` files that number the MIG capability device nodes, parsed.
 //!
-//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §1.3; NVIDIA container toolkit
+//! Facts relied on (`docs/reference/mig.md` §3; NVIDIA container toolkit
 //! `internal/nvcaps/nvcaps.go`, libnvidia-container `src/nvc.c`, the MIG user guide "Device Nodes
 //! and Capabilities"):
 //! - `/proc/devices` has a `<major> nvidia-caps` line under `Character devices:`; the major is

@@ -1,6 +1,6 @@
 //! MIG discovery: which GPUs are in MIG mode and the MIG devices they hold.
 //!
-//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §1.1-1.3, `nvml.h`):
+//! Facts relied on (`docs/reference/mig.md` §1-3, `nvml.h`):
 //! - `nvmlDeviceGetMigMode` gives current and pending mode; `NOT_SUPPORTED` means the GPU is not
 //!   MIG-capable. Only the *current* mode matters until the GPU is reset.
 //! - `nvmlDeviceGetMaxMigDeviceCount` bounds the index loop of

@@ -1,7 +1,7 @@
 //! GPU discovery: load NVML at run time, read the node's GPUs, driver and topology once, and
 //! keep the NVML session for later users (health events, usage).
 //!
-//! Facts relied on (`shared/reference/mesos_gpu.md` §2.1 and §5, `crates.md` §1):
+//! Facts relied on (`docs/reference/nvml.md` §1-2, `mesos-gpu-isolator.md` §2 and §7):
 //! - NVML is `libnvidia-ml.so.1`, opened with `dlopen` through nvml-wrapper
 //!   (`Nvml::builder().lib_path(..)`); there is no link-time dependency, so a node without the
 //!   driver still runs. It is initialised with `NVML_INIT_FLAG_NO_GPUS`, without which
@@ -22,14 +22,15 @@
 //! - Topology: see `topology`. MIG: see `mig` (NVML) and `caps` (the driver's `/proc`
 //!   files numbering the capability device nodes).
 //!
-//! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on (§5); here discovery
+//! Upstream Mesos makes a missing driver fatal when `gpu/nvidia` is on
+//! (`docs/reference/mesos-gpu-isolator.md` §7); here discovery
 //! reports an empty inventory with the reason and lets the caller decide.
 
 mod caps;
 mod mig;
 mod topology;
 
-pub use crate::sys::{EventInstance, wait_event};
+pub use crate::sys::{EventInstance, RemappedRows, remapped_rows, wait_event};
 pub use caps::CapsError;
 
 use std::os::raw::c_ulong;
@@ -292,6 +293,11 @@ impl GpuDriver {
     /// The inventory read at [`GpuDriver::open`].
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
+    }
+
+    /// The NVML library this session loaded (a path, or the name the loader searched for).
+    pub fn library(&self) -> &Path {
+        &self.lib
     }
 
     /// The NVML session (health events, usage and status figures).
@@ -701,7 +707,7 @@ mod tests {
     use mesos_gpu_testkit::nvml_sim::SimNode;
 
     #[test]
-    fn issue_14_a_named_library_that_cannot_be_loaded_is_an_error() {
+    fn a_named_library_that_cannot_be_loaded_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
         let garbage = dir.path().join("libnvidia-ml.so.1");
         std::fs::write(&garbage, b"not an ELF file").expect("write");
@@ -732,7 +738,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_gpu_with_a_control_minor_is_refused() {
+    fn a_gpu_with_a_control_minor_is_refused() {
         for (minor, why) in [
             (255, "which belongs to /dev/nvidiactl"),
             (254, "which belongs to /dev/nvidia-modeset"),
@@ -753,7 +759,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_14_a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
+    fn a_node_with_more_gpus_than_the_allocator_holds_is_refused() {
         let node_of = |count: u32| {
             sim_node("pcie-t4x4", |spec| {
                 let template = spec["gpus"][0].clone();

@@ -1,6 +1,6 @@
 //! The pairwise link matrix, read once from NVML.
 //!
-//! Facts relied on (NVML API reference; `shared/reference/crates.md` §1; nvidia-smi `topo -m`):
+//! Facts relied on (`docs/reference/nvml.md` §3; nvidia-smi `topo -m`):
 //! - NVLink: for each link `l` of a GPU, `nvmlDeviceGetNvLinkState(l)` says whether it is
 //!   active and `nvmlDeviceGetNvLinkRemotePciInfo_v2(l)` gives the PCI bus id at the other end.
 //!   A link the GPU lacks gives `NOT_SUPPORTED` (V100 has 6 links, A100 12); a link number past
@@ -15,7 +15,7 @@
 //! - For every pair, NVLinked or not, `nvmlDeviceGetTopologyCommonAncestor` gives the PCIe level
 //!   (`INTERNAL`/`SINGLE`/`MULTIPLE`/`HOSTBRIDGE`/`NODE`/`SYSTEM`). Both are kept: NVIDIA's
 //!   go-gpuallocator records a PCIe link for every pair and an NVLink link beside it
-//!   (`gpuallocator/device.go`), and scores a pair by the sum (`gpu_sched.md` §2.1–2.2).
+//!   (`gpuallocator/device.go`), and scores a pair by the sum (`docs/reference/topology.md` §1).
 //!   go-gpuallocator does not see NVLinks through NVSwitches (its `TODO(klueska)`); we count them
 //!   as `nvidia-smi` shows them.
 //! - Any error here (`NOT_SUPPORTED`, missing symbols, lost GPUs) leaves that part unknown (no

@@ -2,7 +2,7 @@
 //! [`Affinities`]), which the machine has online ([`online`]), and CPU lists in the kernel's
 //! syntax ([`CpuList`]). What a container is pinned to is decided in `mesos_gpu_placement::numa`.
 //!
-//! Facts (`shared/reference/mig_cdi_sharing.md` §4): NVML reports a GPU's nearest CPUs with
+//! Facts (`docs/reference/numa.md`): NVML reports a GPU's nearest CPUs with
 //! `nvmlDeviceGetCpuAffinity` (= `…WithinScope(NVML_AFFINITY_SCOPE_NODE)`) and its nearest
 //! memory nodes with `nvmlDeviceGetMemoryAffinity(…, NVML_AFFINITY_SCOPE_NODE)`.
 

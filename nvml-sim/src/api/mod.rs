@@ -4,13 +4,14 @@
 //! instead of letting it unwind into C (since Rust 1.81 that would abort the client process).
 //! Checks run in the order NVML's documentation lists the errors: `UNINITIALIZED`, then
 //! `INVALID_ARGUMENT` (handle not issued by this instance, NULL out-pointer), then
-//! `GPU_IS_LOST`, then an injected failure, then the call itself (`NOT_SUPPORTED` when the node
-//! description leaves the value out).
+//! `GPU_IS_LOST`, then an injected failure, then a random one (`random_failures`), then the
+//! call itself (`NOT_SUPPORTED` when the node description leaves the value out).
 
 pub mod compute;
 pub mod device;
 pub mod event;
 pub mod mig;
+pub mod recovery;
 pub mod system;
 pub mod telemetry;
 pub mod topology;
@@ -95,6 +96,9 @@ pub(crate) const DEVICE_FUNCTIONS: &[&str] = &[
     "nvmlGpuInstanceGetComputeInstances",
     "nvmlGpuInstanceGetComputeInstanceById",
     "nvmlComputeInstanceGetInfo_v2",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
 ];
 
 /// Runs an entry point's body, mapping its outcome (or a panic) to an `nvmlReturn_t`.
@@ -120,7 +124,8 @@ pub(crate) fn system_call<T>(
         return Err(NvmlError::InvalidArgument);
     }
     sim.system_usable(function)?;
-    query(sim)
+    reg.random_failure()?;
+    query(reg.sim()?)
 }
 
 /// Runs `query` for the GPU `device` names, after the shared checks for `function`. A MIG device
@@ -154,7 +159,8 @@ pub(crate) fn any_device_call<T>(
         return Err(NvmlError::InvalidArgument);
     }
     sim.usable(dev.gpu(), function)?;
-    query(sim, dev)
+    reg.random_failure()?;
+    query(reg.sim()?, dev)
 }
 
 /// A C out-parameter: NULL or writable.
@@ -308,6 +314,7 @@ mod tests {
             include_str!("device.rs"),
             include_str!("event.rs"),
             include_str!("system.rs"),
+            include_str!("recovery.rs"),
             include_str!("telemetry.rs"),
             include_str!("topology.rs"),
         ]

@@ -27,7 +27,33 @@ pub(crate) struct NodeSpec {
     /// Character device majors the driver files report in `/proc/devices`.
     #[serde(default)]
     pub(crate) proc_devices: Option<ProcDevicesSpec>,
+    /// Failures drawn at random, as a flaky driver gives them.
+    #[serde(default)]
+    pub(crate) random_failures: Option<RandomFailuresSpec>,
     pub(crate) gpus: Vec<GpuSpec>,
+}
+
+/// Seeded random failures of initialisation and of the other calls.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RandomFailuresSpec {
+    /// The stream's seed (`NVML_SIM_SEED` overrides it).
+    #[serde(default)]
+    pub(crate) seed: u64,
+    /// Failures of `nvmlInit_v2` / `nvmlInitWithFlags`.
+    #[serde(default)]
+    pub(crate) init: Option<FailureRateSpec>,
+    /// Failures of every other call but `nvmlShutdown` and `nvmlErrorString`.
+    #[serde(default)]
+    pub(crate) calls: Option<FailureRateSpec>,
+}
+
+/// How often a call fails, and with which NVML errors (drawn evenly).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FailureRateSpec {
+    pub(crate) probability: f64,
+    pub(crate) errors: Vec<String>,
 }
 
 /// Dynamic character device majors of the driver's modules.
@@ -104,6 +130,16 @@ pub(crate) struct GpuSpec {
     pub(crate) ecc: Option<EccSpec>,
     #[serde(default)]
     pub(crate) lost: bool,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` at load: `none`, `gpu_reset`, `node_reboot`,
+    /// `drain_p2p`, `drain_and_reset` or `recover_imex_domain`; absent: not supported.
+    #[serde(default)]
+    pub(crate) recovery_action: Option<String>,
+    /// `nvmlDeviceGetRemappedRows` at load; absent: not supported.
+    #[serde(default)]
+    pub(crate) remapped_rows: Option<RemappedRowsSpec>,
+    /// `nvmlDeviceGetRetiredPagesPendingStatus` at load; absent: not supported.
+    #[serde(default)]
+    pub(crate) retired_pages_pending: Option<bool>,
     /// Device function name → NVML error name.
     #[serde(default)]
     pub(crate) fail: BTreeMap<String, String>,
@@ -315,4 +351,18 @@ pub(crate) struct EccCountsSpec {
     pub(crate) corrected: u64,
     #[serde(default)]
     pub(crate) uncorrected: u64,
+}
+
+/// Row remapper counts and flags.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemappedRowsSpec {
+    #[serde(default)]
+    pub(crate) correctable: u32,
+    #[serde(default)]
+    pub(crate) uncorrectable: u32,
+    #[serde(default)]
+    pub(crate) pending: bool,
+    #[serde(default)]
+    pub(crate) failure: bool,
 }

@@ -9,10 +9,15 @@ use std::path::Path;
 
 use super::ConfigError;
 use super::fields::{self, BUS_ID_FORMS, PciAddr};
-use super::schema::{CudaVersionSpec, GpuSpec, NodeSpec, NvLinkSpec};
+use super::schema::{
+    CudaVersionSpec, FailureRateSpec, GpuSpec, NodeSpec, NvLinkSpec, RandomFailuresSpec,
+};
 use crate::abi::NVLINK_MAX_LINKS;
 use crate::api::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
-use crate::node::{EccCounts, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, Remote};
+use crate::node::{
+    EccCounts, FailureRate, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, RandomFailures,
+    Remote,
+};
 use crate::status::NvmlError;
 
 /// Validates `spec`; `base` is the directory a relative `events_file` is relative to.
@@ -48,6 +53,11 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
     super::mig::check_unique_uuids(&gpus)?;
     check_pcie_tree(&gpus)?;
     let proc_devices = ProcDevices::from_spec(spec.proc_devices.as_ref());
+    let random = spec
+        .random_failures
+        .as_ref()
+        .map(random_failures)
+        .transpose()?;
 
     Ok(Node {
         driver_version: spec.driver_version,
@@ -57,7 +67,54 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
         proc_devices,
         nvswitches,
         fail,
+        random,
         gpus,
+    })
+}
+
+fn random_failures(spec: &RandomFailuresSpec) -> Result<RandomFailures, ConfigError> {
+    let rate = |what: &str, spec: &Option<FailureRateSpec>| {
+        let Some(spec) = spec else {
+            return Ok(None);
+        };
+        let field = format!("random_failures.{what}");
+        if !(0.0..=1.0).contains(&spec.probability) {
+            return Err(bad(
+                format!("{field}.probability"),
+                &spec.probability.to_string(),
+                "a probability from 0 to 1",
+            ));
+        }
+        let names: Vec<&str> = NvmlError::names().collect();
+        let errors = spec
+            .errors
+            .iter()
+            .map(|e| {
+                NvmlError::from_name(e).ok_or_else(|| {
+                    bad(
+                        format!("{field}.errors"),
+                        e,
+                        &format!("an NVML error name: {}", names.join(", ")),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        if errors.is_empty() {
+            return Err(bad(
+                format!("{field}.errors"),
+                "[]",
+                "at least one NVML error name, e.g. [\"NVML_ERROR_UNKNOWN\"]",
+            ));
+        }
+        Ok(Some(FailureRate {
+            probability: spec.probability,
+            errors,
+        }))
+    };
+    Ok(RandomFailures {
+        seed: spec.seed,
+        init: rate("init", &spec.init)?,
+        calls: rate("calls", &spec.calls)?,
     })
 }
 
@@ -199,6 +256,31 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
             .map(|ps| ps.iter().map(|p| (p.pid, p.used_memory)).collect()),
         ecc,
         lost: spec.lost,
+        recovery_action: spec
+            .recovery_action
+            .as_deref()
+            .map(|name| {
+                crate::node::recovery_action(name).map_err(|_| ConfigError::Field {
+                    field: at("recovery_action"),
+                    value: name.to_owned(),
+                    expected: format!(
+                        "one of {}",
+                        crate::node::RECOVERY_ACTIONS
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+            })
+            .transpose()?,
+        remapped_rows: spec.remapped_rows.map(|r| crate::node::RemappedRows {
+            correctable: r.correctable,
+            uncorrectable: r.uncorrectable,
+            pending: r.pending,
+            failure: r.failure,
+        }),
+        retired_pages_pending: spec.retired_pages_pending,
         fail: fail_map(&format!("GPU {}", spec.index), &spec.fail, DEVICE_FUNCTIONS)?,
         uuid: spec.uuid,
         name: spec.name,
@@ -724,5 +806,44 @@ mod tests {
             r#"{"driver_version": "1", "cuda_driver_version": "12.4", "fail": {"nvmlDeviceGetUUID": "NVML_ERROR_UNKNOWN"}, "gpus": []}"#,
             "node fail: unknown function \"nvmlDeviceGetUUID\"",
         );
+    }
+
+    #[test]
+    fn random_failures() {
+        let with = |random: &str| {
+            format!(
+                r#"{{"driver_version": "1", "cuda_driver_version": "12.4", "random_failures": {random}, "gpus": []}}"#
+            )
+        };
+        assert_error(
+            &with(r#"{"init": {"probability": 1.5, "errors": ["NVML_ERROR_UNKNOWN"]}}"#),
+            "random_failures.init.probability = \"1.5\": expected a probability from 0 to 1",
+        );
+        assert_error(
+            &with(r#"{"calls": {"probability": 0.1, "errors": ["BROKEN"]}}"#),
+            "random_failures.calls.errors = \"BROKEN\": expected an NVML error name",
+        );
+        assert_error(
+            &with(r#"{"calls": {"probability": 0.1, "errors": []}}"#),
+            "random_failures.calls.errors = \"[]\": expected at least one NVML error name",
+        );
+        assert_error(&with(r#"{"sead": 1}"#), "unknown field `sead`");
+        let n = parse(
+            &with(
+                r#"{"seed": 3, "init": {"probability": 0.5, "errors": ["NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNKNOWN"]}}"#,
+            ),
+            Path::new("/"),
+        )
+        .unwrap();
+        let random = n.random.unwrap();
+        assert_eq!(random.seed, 3);
+        assert_eq!(
+            random.init.unwrap().errors,
+            [
+                crate::status::NvmlError::DriverNotLoaded,
+                crate::status::NvmlError::Unknown
+            ]
+        );
+        assert!(random.calls.is_none());
     }
 }

@@ -7,7 +7,7 @@
 //! *id*, which that call returns in `info.id` and `nvidia-smi mig -lgip` prints (19, 20, 15, 14, 9,
 //! 5, 0). Everything else in the sim keys on the id; names are derived, never matched.
 //!
-//! Sources of the numbers (`shared/reference/mig_cdi_sharing.md` §1.4):
+//! Sources of the numbers (`docs/reference/mig.md` §4):
 //! - A100-SXM4-40GB: SMs, MiB and placements from go-nvml's `mock/gpus/a100.go` (which agrees
 //!   with `nvidia-smi mig -lgip` on R470-R535 drivers: 4.75, 9.62, 19.50, 39.25 GiB), engine
 //!   counts from the MIG user guide's A100 table (1g: 0 NVDEC; +me: 1 NVDEC/1 JPEG/1 OFA; 1g.10gb

@@ -1,5 +1,5 @@
 //! NVIDIA go-gpuallocator's best-effort policy, re-implemented from its published description
-//! (`shared/reference/gpu_sched.md` §2.3) to compare our allocator with it. Not used by the agent.
+//! (`docs/reference/topology.md` §2) to compare our allocator with it. Not used by the agent.
 //!
 //! The policy, for `size` GPUs out of `available` (sorted by index, no required GPUs):
 //! 1. pad `available` with empty slots up to a multiple of `size`;
@@ -9,14 +9,14 @@
 //!    remaining slot and the others in lexicographic order, and the first best one wins (`>`);
 //! 3. return that partition's highest-scoring set, the first one on ties (`>`).
 //!
-//! Step 3 can pick the padded set (gpu_sched.md §2.3, PR #80: 2 real GPUs plus an empty slot for
-//! a request of 3), which makes NVIDIA's `Allocator.Allocate` panic. We then return the best
-//! unpadded set of that partition instead and say so in [`Choice::padded`].
+//! Step 3 can pick the padded set (`docs/reference/topology.md` §2, go-gpuallocator PR #80: 2 real
+//! GPUs plus an empty slot for a request of 3), which makes NVIDIA's `Allocator.Allocate` panic. We
+//! then return the best unpadded set of that partition instead and say so in [`Choice::padded`].
 //!
-//! NVIDIA enumerates every partition (seconds on 16 GPUs, `topologies.md`). Step 2 is computed
-//! here by dynamic programming over the remaining slots: the lexicographically first best
-//! partition is its first set (lowest first) followed by the first best partition of the rest, so
-//! keeping the first set that strictly improves, scanning sets in NVIDIA's order, gives the same
+//! NVIDIA enumerates every partition (seconds on 16 GPUs, `docs/reference/topology.md` §2). Step 2
+//! is computed here by dynamic programming over the remaining slots: the lexicographically first
+//! best partition is its first set (lowest first) followed by the first best partition of the rest,
+//! so keeping the first set that strictly improves, scanning sets in NVIDIA's order, gives the same
 //! partition. `tests::same_choice_as_the_enumeration` checks it against a direct port of the
 //! enumeration.
 
@@ -280,7 +280,7 @@ mod tests {
     /// Regression (issue 15): by NVIDIA's own score, our pick was below the best-effort pick in
     /// 11 of the DGX-1's cases. Now never, over every free set and size (1024 cases).
     #[test]
-    fn issue_15_topology_never_scores_below_best_effort_on_dgx1() {
+    fn topology_never_scores_below_best_effort_on_dgx1() {
         use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet, allocator::Policy};
         let node = mesos_gpu_testkit::nodes::dgx1_v100().inventory();
         let pair = |a: u32, b: u32| u64::from(node.topology.pair_score(a as usize, b as usize));
@@ -322,7 +322,7 @@ mod tests {
             let got = best_effort(bits(free), 2, &pair).unwrap();
             assert_eq!(got.set, bits(want), "free {free:?}");
         }
-        // topologies.md: a free node hands out {0,3}, {1,2}, {4,7}, {5,6}.
+        // docs/reference/topology.md §3: a free node hands out {0,3}, {1,2}, {4,7}, {5,6}.
         let mut free = bits(&[0, 1, 2, 3, 4, 5, 6, 7]);
         for want in [[0, 3], [1, 2], [4, 7], [5, 6]] {
             let got = best_effort(free, 2, &pair).unwrap().set;

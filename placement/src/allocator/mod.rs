@@ -5,15 +5,16 @@
 //!
 //! Facts relied on:
 //! - Mesos's `NvidiaGpuAllocator` grants the first free GPUs in (major, minor) order, and refuses
-//!   to grant what is taken or to free what is not allocated (`shared/reference/mesos_gpu.md`
-//!   §2.3); [`Policy::FirstFit`] keeps that behaviour and its error cases.
+//!   to grant what is taken or to free what is not allocated
+//!   (`docs/reference/mesos-gpu-isolator.md` §3); [`Policy::FirstFit`] keeps that behaviour and its
+//!   error cases.
 //! - NVIDIA's go-gpuallocator scores a set by the sum of its pair scores, and a pair by the sum
-//!   over its links: the PCIe level's points plus 100 per NVLink (`gpu_sched.md` §2.2);
+//!   over its links: the PCIe level's points plus 100 per NVLink (`docs/reference/topology.md` §1);
 //!   [`Policy::Topology`] maximises that score exactly for up to 16 free GPUs, where NVIDIA's
-//!   exhaustive search takes seconds (`topologies.md`), with a greedy above that. Among equally
-//!   scored sets it keeps the free GPUs best connected, for every request size. The order of
-//!   preference and the search are documented in `allocator/search.rs` and `docs/allocator.md`;
-//!   what that means for single GPUs, in `allocator/policy.rs`.
+//!   exhaustive search takes seconds (`docs/reference/topology.md` §2), with a greedy above that.
+//!   Among equally scored sets it keeps the free GPUs best connected, for every request size. The
+//!   order of preference and the search are documented in `allocator/search.rs` and
+//!   `docs/allocator.md`; what that means for single GPUs, in `allocator/policy.rs`.
 //! - Pair scores come from [`Topology::pair_score`]'s rule (the weaker direction when the data
 //!   is asymmetric, 0 for an unknown part); NVLink counts above 18 are taken as 18.
 //! - A GPU marked unhealthy is never granted; one that is allocated stays with its owner until
@@ -571,11 +572,11 @@ mod tests {
         assert_eq!(alloc.score(alloc.managed()), 3000);
     }
 
-    /// NVIDIA's published sequence on a free DGX-1 (`topologies.md`): pairs {0,3}, {1,2}, {4,7},
-    /// {5,6} (230 each, 920 in all). By NVIDIA's own score the best pair is {2,3} (250), so ours
-    /// differs: {2,3}, {6,7}, then {0,4} and {1,5}, also 920 in all, and on each free set at least
-    /// what NVIDIA's policy would pick from that same set ({0,4} from {0,1,4,5}: NVIDIA's best
-    /// partition {0,4}+{1,5} beats {0,1}+{4,5}).
+    /// NVIDIA's published sequence on a free DGX-1 (`docs/reference/topology.md` §3): pairs {0,3},
+    /// {1,2}, {4,7}, {5,6} (230 each, 920 in all). By NVIDIA's own score the best pair is {2,3}
+    /// (250), so ours differs: {2,3}, {6,7}, then {0,4} and {1,5}, also 920 in all, and on each
+    /// free set at least what NVIDIA's policy would pick from that same set ({0,4} from {0,1,4,5}:
+    /// NVIDIA's best partition {0,4}+{1,5} beats {0,1}+{4,5}).
     #[test]
     fn dgx1_pairs_score_at_least_nvidias_sequence() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
@@ -620,7 +621,7 @@ mod tests {
     /// as NVIDIA and Mesos do), leaving no free NVLinked quad. GPU 4 is the least strongly joined
     /// to the rest (210² + 150² + 3·10², against 136 500 for GPU 0), and {0,1,2,3} stays whole.
     #[test]
-    fn issue_15_single_gpu_keeps_a_free_quad_whole() {
+    fn single_gpu_keeps_a_free_quad_whole() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("a", set(&[6, 7])).unwrap();
         assert_eq!(alloc.allocate("b", 1).unwrap(), set(&[4]));
@@ -631,7 +632,7 @@ mod tests {
     /// Regression (issue 15): DGX-1, two GPUs out of {0,2,4,5,6}: we chose {0,4} (210) where
     /// NVIDIA's policy chooses {5,6} (200 + 30 = 230).
     #[test]
-    fn issue_15_dgx1_pair_from_five_free() {
+    fn dgx1_pair_from_five_free() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("x", set(&[1, 3, 7])).unwrap();
         let got = alloc.allocate("a", 2).unwrap();
@@ -641,7 +642,7 @@ mod tests {
     /// Regression (issue 15): DGX-1, three GPUs out of {1,3,4,5,6}: we chose {1,5,6} (450) where
     /// NVIDIA's policy chooses {4,5,6} (150 + 130 + 230 = 510).
     #[test]
-    fn issue_15_dgx1_triple_from_five_free() {
+    fn dgx1_triple_from_five_free() {
         let mut alloc = on(dgx1_v100(), Policy::Topology);
         alloc.allocate_specific("x", set(&[0, 2, 7])).unwrap();
         let got = alloc.allocate("a", 3).unwrap();
@@ -654,7 +655,7 @@ mod tests {
     /// one board (2400 NVLink + 600 PCIe points), a 250-point pair of the other, and 16 pairs
     /// across at 10.
     #[test]
-    fn issue_15_sixteen_gpus_ten_requested() {
+    fn sixteen_gpus_ten_requested() {
         let mut alloc = on(dual_dgx1_v100(), Policy::Topology);
         let got = alloc.allocate("a", 10).unwrap();
         assert_eq!(alloc.score(got), 3000 + 250 + 16 * 10);
@@ -758,7 +759,8 @@ mod tests {
 
     #[test]
     fn mesos_allocator_test_cases() {
-        // apache/mesos NVIDIA_GPU_Allocator, in order (mesos_gpu.md §7).
+        // apache/mesos NVIDIA_GPU_Allocator, in order
+        // (`src/tests/containerizer/nvidia_gpu_isolator_tests.cpp`).
         let mut alloc = on(dgx1_v100(), Policy::FirstFit);
         let all = alloc.allocate("a", 8).unwrap();
         assert!(matches!(
@@ -884,7 +886,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_a_gpu_in_mig_mode_leaves_the_whole_gpu_pool() {
+    fn a_gpu_in_mig_mode_leaves_the_whole_gpu_pool() {
         let mut inventory = dgx1_v100().inventory();
         inventory.mig.enabled = vec![1, 6];
         let mut alloc = Allocator::new(&inventory, Policy::Topology).unwrap();

@@ -1,9 +1,9 @@
 //! [`Policy`]: how the allocator picks GPUs, and the two picks it makes (grant and give back).
 //!
-//! - `first-fit` is Apache Mesos's `NvidiaGpuAllocator`: it grants the first free GPUs in
-//!   (major, minor) order and, when a container shrinks, gives back the first ones it holds in
-//!   that order (`shared/reference/mesos_gpu.md` §1.5, §2.3). All GPUs share major 195, so this
-//!   is lowest minor first.
+//! - `first-fit` is Apache Mesos's `NvidiaGpuAllocator`: it grants the first free GPUs in (major,
+//!   minor) order and, when a container shrinks, gives back the first ones it holds in that order
+//!   (`docs/reference/mesos-gpu-isolator.md` §1.4, §3). All GPUs share major 195, so this is lowest
+//!   minor first.
 //! - `topology` grants the best-connected set ([`super::search`]): highest score (NVIDIA's
 //!   set score: the sum over pairs of PCIe points plus 100 per NVLink) with what the owner already
 //!   holds; then, for every request size, single GPUs included, the set whose removal leaves the
@@ -12,10 +12,10 @@
 //!   best-connected subset of what it holds (then the one whose returned GPUs leave the free pool
 //!   best connected) and gives back the rest.
 //!
-//! Single GPUs therefore no longer go by lowest index as NVIDIA's best-effort policy and Mesos
-//! hand them out (`topologies.md`): on a partly used node the GPU granted is the one least
-//! strongly joined to the other free GPUs, usually the neighbour of GPUs already taken, so whole
-//! NVLinked groups stay free for multi-GPU requests (HAMi's `computeWorstSingleCard` idea,
+//! Single GPUs therefore no longer go by lowest index as NVIDIA's best-effort policy and Mesos hand
+//! them out (`docs/reference/topology.md` §2-3): on a partly used node the GPU granted is the one
+//! least strongly joined to the other free GPUs, usually the neighbour of GPUs already taken, so
+//! whole NVLinked groups stay free for multi-GPU requests (HAMi's `computeWorstSingleCard` idea,
 //! go-gpuallocator PR #18). On a free node, where all GPUs are alike, it is still GPU 0.
 
 use std::fmt;

@@ -1,11 +1,11 @@
 //! [`GpuRequest`]: the `gpus` scalar of a container's resources, validated once for every caller.
 //!
 //! Mesos keeps scalar resources in fixed point with three decimals (`Value::Scalar` arithmetic
-//! rounds to 0.001), and its isolator refuses a fractional `gpus` with
-//! `(long long)(gpus * 1000) % 1000 != 0` (`shared/reference/mesos_gpu.md` §1.5). We do the same:
-//! the value is first rounded to 0.001, so `2.0000000001` left by floating-point sums is 2, and
-//! `1.5` or `1.001` are refused. Unlike Mesos we also refuse negative, NaN, infinite and
-//! larger-than-offered values here, with one message that names the value and what is accepted.
+//! rounds to 0.001), and its isolator refuses a fractional `gpus` with `(long long)(gpus * 1000) %
+//! 1000 != 0` (`docs/reference/mesos-gpu-isolator.md` §1.4). We do the same: the value is first
+//! rounded to 0.001, so `2.0000000001` left by floating-point sums is 2, and `1.5` or `1.001` are
+//! refused. Unlike Mesos we also refuse negative, NaN, infinite and larger-than-offered values
+//! here, with one message that names the value and what is accepted.
 
 use super::AllocError;
 

@@ -3,7 +3,7 @@
 //! # Objective
 //! The score of a set is the sum of its pair scores, and a pair scores the sum over the links
 //! between the two GPUs: its PCIe level's points plus 100 per NVLink (NVIDIA go-gpuallocator's
-//! `calculateGPUSetScore` and `calculateGPUPairScore`, `shared/reference/gpu_sched.md` §2.2).
+//! `calculateGPUSetScore` and `calculateGPUPairScore`, `docs/reference/topology.md` §1).
 //! Sets are compared, best first, by
 //! 1. **primary**: the score of the set together with the GPUs the owner already holds (`fixed`);
 //! 2. **secondary**, the fragmentation measure (when `spread` is set): how well the GPUs left in

@@ -68,10 +68,9 @@ impl GpuSet {
         GpuSet(self.0 | other.0)
     }
 
-    #[cfg(test)]
     /// GPUs in both sets.
     #[must_use]
-    pub(crate) fn intersection(self, other: GpuSet) -> GpuSet {
+    pub fn intersection(self, other: GpuSet) -> GpuSet {
         GpuSet(self.0 & other.0)
     }
 

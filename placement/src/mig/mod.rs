@@ -5,7 +5,7 @@
 //! unit ([`mesos_gpu_node::inventory::Inventory::whole_gpus`]), so a MIG device and its parent are never
 //! held together.
 //!
-//! Facts relied on (`shared/reference/mig_cdi_sharing.md` §1.2-1.3):
+//! Facts relied on (`docs/reference/mig.md` §2-3):
 //! - CUDA uses only one MIG device per process (klueska, k8s-device-plugin #728): a task asking
 //!   for two gets nothing from the second, so more than one is refused unless the operator
 //!   allows it.

@@ -213,6 +213,11 @@ impl MigUnits {
             .collect()
     }
 
+    /// How many MIG devices some owner holds.
+    pub fn held(&self) -> usize {
+        self.units.iter().filter(|u| u.holder.is_some()).count()
+    }
+
     /// The UUIDs `owner` holds.
     pub fn held_by(&self, owner: &str) -> Vec<&str> {
         self.units
@@ -325,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_one_mig_device_per_request_unless_allowed() {
+    fn one_mig_device_per_request_unless_allowed() {
         let mut units = MigUnits::new(&mixed(), false);
         let err = units.allocate("task-a", 2, None).unwrap_err();
         assert_eq!(
@@ -343,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_profiles_are_allocated_by_id_and_never_twice() {
+    fn profiles_are_allocated_by_id_and_never_twice() {
         let mut units = MigUnits::new(&mixed(), false);
         assert_eq!(
             units.free_by_kind(),
@@ -395,7 +400,7 @@ mod tests {
     /// H100: a 3g.40gb GPU instance (profile 9) split in three 1-slice compute instances gives
     /// `1c.3g.40gb` devices, another kind than a whole 3g.40gb of the same profile.
     #[test]
-    fn issue_16_compute_instance_kinds_are_not_their_gpu_instance_profile() {
+    fn compute_instance_kinds_are_not_their_gpu_instance_profile() {
         let mut whole = device(0, 0, 1, 9, "3g.40gb");
         whole.gpu_instance_slices = 3;
         whole.compute_instance_slices = 3;
@@ -444,7 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_an_xid_takes_out_an_instance_or_all_of_a_parent() {
+    fn an_xid_takes_out_an_instance_or_all_of_a_parent() {
         let mut units = MigUnits::new(&mixed(), false);
         units.allocate("a", 1, Some(MigKind::whole(9))).unwrap();
         units.allocate("b", 1, Some(MigKind::whole(9))).unwrap();
@@ -467,7 +472,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_16_a_device_without_caps_is_never_handed_out() {
+    fn a_device_without_caps_is_never_handed_out() {
         let mut layout = mixed();
         for d in &mut layout.devices {
             d.caps = None;

@@ -1,6 +1,6 @@
 //! Sharing a GPU between tasks: replicas offered as whole `gpus` units.
 //!
-//! Facts this relies on (`/work/shared/reference/mig_cdi_sharing.md` §3):
+//! Facts this relies on (`docs/reference/mps.md`):
 //! - The Mesos master refuses fractional `gpus` (`src/common/validation.cpp` 325-330), so a
 //!   shared GPU is offered as R whole units (R = its replica count): the agent advertises
 //!   `gpus` = Σ R over shared GPUs + the whole GPUs, and every `gpus:1` is a 1/R share. This is
@@ -10,7 +10,9 @@
 //! - A task asking k units of a shared GPU gets a k/R share of ONE GPU (k ≤ R); a request that
 //!   fits no single GPU is refused with the reason, never spread across GPUs.
 //! - MPS (`nvidia-cuda-mps-control`) needs Volta (compute capability 7.0) or later for its
-//!   per-client limits and cannot run on a MIG device; `mps` is refused there.
+//!   per-client limits; `mps` is refused on older GPUs. Each GPU has its own mode
+//!   (`time-slicing`, `mps`, or `none` to keep it whole), so exclusive, time-sliced and MPS GPUs
+//!   serve side by side; a task picks one with `MESOS_GPU_SHARE_MODE` ([`Wanted`]).
 //!
 //! Modules: [`plan`] (which GPUs are shared, with which R, parsed from the operator's spec and
 //! checked against the inventory), [`offer`] (the agent flags and attributes that advertise the
@@ -21,5 +23,9 @@
 pub mod packing;
 pub mod plan;
 
-pub use packing::{Placement, PlacementError, ShareBook, ShareGrant, ShareLimits};
-pub use plan::{SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec};
+pub use packing::{
+    Placement, PlacementError, SHARE_MODE_ENV, ShareBook, ShareGrant, ShareLimits, Wanted,
+};
+pub use plan::{
+    ModeChoice, ModeSpec, SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec,
+};

@@ -13,6 +13,60 @@ use super::plan::{SharingMode, SharingPlan};
 
 const MIB: u64 = 1 << 20;
 
+/// What a request asks of the node's GPUs: any share, a share under one mode, or whole GPUs.
+/// A task says so in its environment: `MESOS_GPU_SHARE_MODE=mps|time-slicing|none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wanted {
+    /// A share of any shared GPU (or whole GPUs when the request is larger).
+    #[default]
+    Any,
+    /// A share of a GPU shared under this mode.
+    Mode(SharingMode),
+    /// Whole (exclusive) GPUs only.
+    Whole,
+}
+
+/// The task environment variable a request names its mode with.
+pub const SHARE_MODE_ENV: &str = "MESOS_GPU_SHARE_MODE";
+
+impl Wanted {
+    /// Parses the value of [`SHARE_MODE_ENV`]: `mps`, `time-slicing`, `none` (whole GPUs) or
+    /// empty/`any`.
+    pub fn parse(text: &str) -> Result<Wanted, super::plan::SharingError> {
+        match text.trim() {
+            "" | "any" => Ok(Wanted::Any),
+            "none" | "exclusive" | "whole" => Ok(Wanted::Whole),
+            other => {
+                other
+                    .parse()
+                    .map(Wanted::Mode)
+                    .map_err(|_| super::plan::SharingError::ModeEntry {
+                        entry: format!("{SHARE_MODE_ENV}={other}"),
+                    })
+            }
+        }
+    }
+
+    fn admits(self, mode: SharingMode) -> bool {
+        match self {
+            Wanted::Any => true,
+            Wanted::Mode(m) => m == mode,
+            Wanted::Whole => false,
+        }
+    }
+}
+
+impl fmt::Display for Wanted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wanted::Any => f.write_str("any share"),
+            Wanted::Mode(m) => write!(f, "a {m} share"),
+            Wanted::Whole => f.write_str("whole GPUs"),
+        }
+    }
+}
+
 /// How a share is placed among the shared GPUs that can hold it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Placement {
@@ -62,6 +116,18 @@ pub enum PlacementError {
         asked: u32,
         /// Free units per GPU, `uuid: free/R` comma-separated, with unusable GPUs' reasons.
         free: String,
+    },
+    /// No GPU of the node is shared under the mode asked for.
+    #[error(
+        "{owner} asks {wanted} ({SHARE_MODE_ENV}), but no GPU of this node is shared so (shared GPUs: {modes})"
+    )]
+    NoSuchMode {
+        /// Who asked.
+        owner: String,
+        /// What was asked for.
+        wanted: Wanted,
+        /// The node's shared GPUs and their modes, or `none`.
+        modes: String,
     },
     /// The owner already holds a share.
     #[error("{owner} already holds a share of GPU {uuid}")]
@@ -133,6 +199,7 @@ struct Slot {
     memory_total: u64,
     holders: BTreeMap<String, u32>,
     unusable: Option<String>,
+    mode: SharingMode,
 }
 
 impl Slot {
@@ -148,7 +215,6 @@ impl Slot {
 /// The shares of a node's shared GPUs: who holds how many units of which GPU.
 #[derive(Debug, Clone)]
 pub struct ShareBook {
-    mode: SharingMode,
     slots: Vec<Slot>,
 }
 
@@ -156,7 +222,6 @@ impl ShareBook {
     /// An empty book over the plan's shared GPUs.
     pub fn new(plan: &SharingPlan) -> ShareBook {
         ShareBook {
-            mode: plan.mode,
             slots: plan
                 .shared
                 .iter()
@@ -167,6 +232,7 @@ impl ShareBook {
                     memory_total: g.memory_total,
                     holders: BTreeMap::new(),
                     unusable: None,
+                    mode: g.mode,
                 })
                 .collect(),
         }
@@ -185,23 +251,33 @@ impl ShareBook {
     }
 
     /// Records a share that already exists (recovery, the pool's records), even past R (an
-    /// over-full GPU then takes nothing more). Returns false when the GPU is not shared.
-    pub fn record(&mut self, owner: &str, uuid: &str, units: u32) -> bool {
+    /// over-full GPU then takes nothing more). A share begun under another mode than the GPU's
+    /// now (the operator changed it) keeps its mode: the GPU takes no new share until such
+    /// shares end, since MPS and plain clients cannot share a GPU. Returns false when the GPU is
+    /// not shared.
+    pub fn record(&mut self, owner: &str, uuid: &str, units: u32, mode: SharingMode) -> bool {
         match self.slots.iter_mut().find(|s| s.uuid == uuid) {
             Some(slot) => {
                 slot.holders.insert(owner.to_owned(), units);
+                if mode != slot.mode {
+                    slot.unusable = Some(format!(
+                        "holds {mode} shares begun before it became {}; it takes new shares once they end",
+                        slot.mode
+                    ));
+                }
                 true
             }
             None => false,
         }
     }
 
-    /// Places a share of `units` for `owner`.
+    /// Places a share of `units` for `owner` on a GPU `wanted` admits.
     pub fn place(
         &mut self,
         owner: &str,
         units: u32,
         policy: Placement,
+        wanted: Wanted,
     ) -> Result<ShareGrant, PlacementError> {
         if units == 0 {
             return Err(PlacementError::Zero {
@@ -214,7 +290,20 @@ impl ShareBook {
                 uuid: slot.uuid.clone(),
             });
         }
-        let largest = self.largest();
+        if !self.slots.iter().any(|s| wanted.admits(s.mode)) {
+            return Err(PlacementError::NoSuchMode {
+                owner: owner.to_owned(),
+                wanted,
+                modes: self.describe_modes(),
+            });
+        }
+        let largest = self
+            .slots
+            .iter()
+            .filter(|s| wanted.admits(s.mode))
+            .map(|s| s.replicas)
+            .max()
+            .unwrap_or(0);
         if units > largest {
             return Err(PlacementError::TooLarge {
                 owner: owner.to_owned(),
@@ -222,11 +311,10 @@ impl ShareBook {
                 largest,
             });
         }
-        let candidates = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.unusable.is_none() && s.free() >= units);
+        let candidates =
+            self.slots.iter().enumerate().filter(|(_, s)| {
+                s.unusable.is_none() && s.free() >= units && wanted.admits(s.mode)
+            });
         let chosen = match policy {
             // Partly used first, then the tightest fit, then the lowest index.
             Placement::Pack => {
@@ -252,7 +340,7 @@ impl ShareBook {
             index: slot.index,
             units,
             replicas: slot.replicas,
-            mode: self.mode,
+            mode: slot.mode,
             limits: ShareLimits::of(units, slot.replicas, slot.memory_total),
         })
     }
@@ -303,9 +391,20 @@ impl ShareBook {
         self.slots
             .iter()
             .map(|s| match &s.unusable {
-                Some(why) => format!("{}: unusable ({why})", s.uuid),
-                None => format!("{}: {}/{}", s.uuid, s.free(), s.replicas),
+                Some(why) => format!("{} ({}): unusable ({why})", s.uuid, s.mode),
+                None => format!("{} ({}): {}/{}", s.uuid, s.mode, s.free(), s.replicas),
             })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn describe_modes(&self) -> String {
+        if self.slots.is_empty() {
+            return "none".into();
+        }
+        self.slots
+            .iter()
+            .map(|s| format!("{} {}", s.index, s.mode))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -321,7 +420,7 @@ mod tests {
     fn book(spec: &str, gpus: &[u32]) -> ShareBook {
         let inv = dgx1_v100().inventory();
         ShareBook::new(
-            &SharingSpec::parse(spec, SharingMode::Mps)
+            &SharingSpec::parse(spec, crate::sharing::ModeSpec::uniform(SharingMode::Mps))
                 .unwrap()
                 .resolve(&inv, gpus)
                 .unwrap(),
@@ -329,63 +428,153 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_a_share_is_k_over_r_of_one_gpu_with_its_limits() {
+    fn a_share_is_k_over_r_of_one_gpu_with_its_limits() {
         let mut b = book("4", &[0, 1]);
-        let g = b.place("t1", 3, Placement::Pack).unwrap();
+        let g = b.place("t1", 3, Placement::Pack, Wanted::Any).unwrap();
         assert_eq!((g.units, g.replicas, g.index), (3, 4, 0));
         assert_eq!(g.limits.active_thread_percentage, 75);
         assert_eq!(g.limits.pinned_mem_limit_mib, 16 * 1024 * 3 / 4);
         // 2 more units fit no single GPU 0 (1 free) but GPU 1: never spread across both.
-        let g = b.place("t2", 2, Placement::Pack).unwrap();
+        let g = b.place("t2", 2, Placement::Pack, Wanted::Any).unwrap();
         assert_eq!(g.index, 1);
-        let err = b.place("t3", 3, Placement::Pack).unwrap_err();
+        let err = b.place("t3", 3, Placement::Pack, Wanted::Any).unwrap_err();
         assert!(
             matches!(err, PlacementError::NoRoom { asked: 3, .. }),
             "{err}"
         );
         assert!(
-            err.to_string().contains("1/4") && err.to_string().contains("2/4"),
+            err.to_string().contains("(mps): 1/4") && err.to_string().contains("2/4"),
             "{err}"
         );
-        let err = b.place("t4", 5, Placement::Pack).unwrap_err();
+        let err = b.place("t4", 5, Placement::Pack, Wanted::Any).unwrap_err();
         assert!(err.to_string().contains("at most 4"), "{err}");
         assert!(matches!(
-            b.place("t5", 0, Placement::Pack),
+            b.place("t5", 0, Placement::Pack, Wanted::Any),
             Err(PlacementError::Zero { .. })
         ));
         assert!(matches!(
-            b.place("t1", 1, Placement::Pack),
+            b.place("t1", 1, Placement::Pack, Wanted::Any),
             Err(PlacementError::AlreadyHolds { .. })
         ));
         assert_eq!(b.release("t1").unwrap().1, 3);
-        assert_eq!(b.place("t3", 3, Placement::Pack).unwrap().index, 0);
+        assert_eq!(
+            b.place("t3", 3, Placement::Pack, Wanted::Any)
+                .unwrap()
+                .index,
+            0
+        );
     }
 
     #[test]
-    fn issue_17_pack_fills_partly_used_gpus_first_spread_does_not() {
+    fn pack_fills_partly_used_gpus_first_spread_does_not() {
         let mut pack = book("4", &[0, 1, 2]);
         let mut spread = pack.clone();
         for i in 0..4 {
-            pack.place(&format!("p{i}"), 1, Placement::Pack).unwrap();
+            pack.place(&format!("p{i}"), 1, Placement::Pack, Wanted::Any)
+                .unwrap();
             spread
-                .place(&format!("s{i}"), 1, Placement::Spread)
+                .place(&format!("s{i}"), 1, Placement::Spread, Wanted::Any)
                 .unwrap();
         }
         assert_eq!(pack.idle().len(), 2, "four 1/4 shares fill one GPU");
         assert_eq!(spread.idle().len(), 0);
         // A 4-unit share then fits the packed node only.
-        pack.place("big", 4, Placement::Pack).unwrap();
-        assert!(spread.place("big", 4, Placement::Spread).is_err());
+        pack.place("big", 4, Placement::Pack, Wanted::Any).unwrap();
+        assert!(
+            spread
+                .place("big", 4, Placement::Spread, Wanted::Any)
+                .is_err()
+        );
     }
 
     #[test]
-    fn issue_17_unusable_gpus_take_no_new_share_and_say_why() {
+    fn unusable_gpus_take_no_new_share_and_say_why() {
         let mut b = book("2", &[0]);
         let uuid = dgx1_v100().inventory().gpus[0].uuid.clone();
-        assert!(b.record("old", &uuid, 1));
+        assert!(b.record("old", &uuid, 1, SharingMode::Mps));
         assert!(b.mark_unusable(&uuid, "XID 79"));
-        let err = b.place("new", 1, Placement::Pack).unwrap_err();
+        let err = b.place("new", 1, Placement::Pack, Wanted::Any).unwrap_err();
         assert!(err.to_string().contains("unusable (XID 79)"), "{err}");
         assert_eq!(b.holders(&uuid), vec![("old", 1)]);
+    }
+}
+
+#[cfg(test)]
+mod mode_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::sharing::plan::{ModeSpec, SharingSpec};
+    use mesos_gpu_node::nodes::dgx1_v100;
+
+    #[test]
+    fn a_request_names_its_mode_and_gets_a_gpu_of_that_mode() {
+        let inv = dgx1_v100().inventory();
+        let modes: ModeSpec = "mps,1=time-slicing".parse().unwrap();
+        let plan = SharingSpec::parse("2", modes)
+            .unwrap()
+            .resolve(&inv, &[0, 1])
+            .unwrap();
+        let mut b = ShareBook::new(&plan);
+        let ts = Wanted::parse("time-slicing").unwrap();
+        let g = b.place("a", 1, Placement::Pack, ts).unwrap();
+        assert_eq!((g.index, g.mode), (1, SharingMode::TimeSlicing));
+        let g = b
+            .place("b", 1, Placement::Pack, Wanted::Mode(SharingMode::Mps))
+            .unwrap();
+        assert_eq!((g.index, g.mode), (0, SharingMode::Mps));
+        assert_eq!(b.place("c", 1, Placement::Pack, ts).unwrap().index, 1);
+        let err = b.place("d", 1, Placement::Pack, ts).unwrap_err();
+        assert!(matches!(err, PlacementError::NoRoom { .. }), "{err}");
+        // Any share goes where there is room, whatever its mode.
+        assert_eq!(
+            b.place("e", 1, Placement::Pack, Wanted::Any).unwrap().index,
+            0
+        );
+        assert_eq!(Wanted::parse("none").unwrap(), Wanted::Whole);
+        assert_eq!(Wanted::parse(" ").unwrap(), Wanted::Any);
+        let err = Wanted::parse("fast").unwrap_err();
+        assert!(
+            err.to_string().contains("MESOS_GPU_SHARE_MODE=fast"),
+            "{err}"
+        );
+        let plan = SharingSpec::parse("2", ModeSpec::default())
+            .unwrap()
+            .resolve(&inv, &[0])
+            .unwrap();
+        let err = ShareBook::new(&plan)
+            .place("f", 1, Placement::Pack, Wanted::Mode(SharingMode::Mps))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no GPU of this node is shared so (shared GPUs: 0 time-slicing)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_share_keeps_its_mode_when_the_gpu_changes_mode_under_it() {
+        let inv = dgx1_v100().inventory();
+        let plan = SharingSpec::parse("2", ModeSpec::uniform(SharingMode::TimeSlicing))
+            .unwrap()
+            .resolve(&inv, &[0])
+            .unwrap();
+        let uuid = inv.gpus[0].uuid.clone();
+        let mut b = ShareBook::new(&plan);
+        // Begun under mps before a restart with time-slicing.
+        assert!(b.record("old", &uuid, 1, SharingMode::Mps));
+        let err = b.place("new", 1, Placement::Pack, Wanted::Any).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("holds mps shares begun before it became time-slicing"),
+            "{err}"
+        );
+        b.release("old");
+        let mut b = ShareBook::new(&plan);
+        assert_eq!(
+            b.place("new", 1, Placement::Pack, Wanted::Any)
+                .unwrap()
+                .mode,
+            SharingMode::TimeSlicing
+        );
     }
 }

@@ -1,10 +1,16 @@
-//! Which GPUs are shared, with how many replicas each, and how shares are enforced.
+//! Which GPUs are shared, with how many replicas each, and how each GPU's shares are enforced.
 //!
-//! The operator's spec (module parameter `gpu_replicas`, cli `--gpu-replicas`) is a comma list:
-//! a bare number R shares every advertised GPU R ways; `SEL=R` (SEL an NVML index or a GPU UUID)
-//! sets one GPU, overriding the bare number. R = 1 keeps a GPU whole. `4,3=1` shares every GPU
-//! four ways but GPU 3, which stays whole. R is at most [`MAX_REPLICAS`], the MPS client limit
-//! on Volta and later (`nvidia-cuda-mps-control(1)`: 48 clients per GPU on SM 7.0+).
+//! The operator's replica spec (module parameter `gpu_replicas`, cli `--gpu-replicas`) is a
+//! comma list: a bare number R shares every advertised GPU R ways; `SEL=R` (SEL an NVML index,
+//! a range of indices such as `4-5`, or a GPU UUID) sets those GPUs, overriding the bare number.
+//! R = 1 keeps a GPU whole. `4,3=1` shares every GPU four ways but GPU 3, which stays whole. R
+//! is at most [`MAX_REPLICAS`], the MPS client limit on Volta and later
+//! (`nvidia-cuda-mps-control(1)`: 48 clients per GPU on SM 7.0+).
+//!
+//! The mode spec (`gpu_sharing`, `--gpu-sharing`, [`ModeSpec`]) has the same form with a mode
+//! instead of R: `mps,4-5=time-slicing,6-7=none` enforces shares with MPS on every GPU but 4-5
+//! (time-slicing) and keeps 6-7 whole (`none`, exclusive), so exclusive, time-sliced and MPS
+//! GPUs serve side by side on one node (NVIDIA's device plugin allows one mode per node).
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,7 +23,9 @@ pub const MAX_REPLICAS: u32 = 48;
 pub const MPS_MIN_COMPUTE_CAPABILITY: (u32, u32) = (7, 0);
 
 /// How the shares of a GPU are enforced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum SharingMode {
     /// Shares are only accounted: no memory or compute isolation between holders.
@@ -56,6 +64,97 @@ impl FromStr for SharingMode {
     }
 }
 
+/// What a GPU's mode entry says: shared in a mode, or kept whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeChoice {
+    /// Shared (when its replica count is above 1), enforced this way.
+    Shared(SharingMode),
+    /// Kept whole (`none`): exclusive to one task whatever its replica count.
+    Exclusive,
+}
+
+impl FromStr for ModeChoice {
+    type Err = SharingError;
+
+    fn from_str(s: &str) -> Result<Self, SharingError> {
+        match s.trim() {
+            "none" | "exclusive" => Ok(ModeChoice::Exclusive),
+            other => other.parse().map(ModeChoice::Shared),
+        }
+    }
+}
+
+/// The operator's mode per GPU (`gpu_sharing`): a default and `SEL=MODE` entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeSpec {
+    default: ModeChoice,
+    per_gpu: Vec<(Selector, ModeChoice)>,
+}
+
+impl Default for ModeSpec {
+    /// `time-slicing` for every GPU.
+    fn default() -> ModeSpec {
+        ModeSpec::uniform(SharingMode::TimeSlicing)
+    }
+}
+
+impl ModeSpec {
+    /// One mode for every GPU.
+    pub fn uniform(mode: SharingMode) -> ModeSpec {
+        ModeSpec {
+            default: ModeChoice::Shared(mode),
+            per_gpu: Vec::new(),
+        }
+    }
+
+    /// The choice for `gpu`: its entry's, else the default.
+    fn choice(&self, gpu: &Gpu) -> ModeChoice {
+        self.per_gpu
+            .iter()
+            .find(|(s, _)| s.matches(gpu))
+            .map_or(self.default, |(_, c)| *c)
+    }
+}
+
+impl FromStr for ModeSpec {
+    type Err = SharingError;
+
+    /// `MODE` sets the default (`time-slicing` when none is given); `SEL=MODE` sets GPUs.
+    fn from_str(spec: &str) -> Result<ModeSpec, SharingError> {
+        let mut default = None;
+        let mut per_gpu: Vec<(Selector, ModeChoice)> = Vec::new();
+        for entry in spec.split(',').map(str::trim) {
+            let bad = || SharingError::ModeEntry {
+                entry: entry.to_owned(),
+            };
+            match entry.split_once('=') {
+                None => {
+                    let choice: ModeChoice = entry.parse().map_err(|_| bad())?;
+                    if default.replace(choice).is_some() {
+                        return Err(SharingError::Duplicate {
+                            what: "the default mode".into(),
+                        });
+                    }
+                }
+                Some((sel, mode)) => {
+                    let selector = Selector::parse(sel).ok_or_else(bad)?;
+                    let choice: ModeChoice = mode.parse().map_err(|_| bad())?;
+                    if per_gpu.iter().any(|(s, _)| s.overlaps(&selector)) {
+                        return Err(SharingError::Duplicate {
+                            what: format!("the mode of GPU {}", sel.trim()),
+                        });
+                    }
+                    per_gpu.push((selector, choice));
+                }
+            }
+        }
+        Ok(ModeSpec {
+            default: default.unwrap_or(ModeChoice::Shared(SharingMode::TimeSlicing)),
+            per_gpu,
+        })
+    }
+}
+
 /// Why a sharing spec cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SharingError {
@@ -65,9 +164,17 @@ pub enum SharingError {
         /// The value given.
         value: String,
     },
+    /// An entry of the mode spec does not parse.
+    #[error(
+        "GPU sharing entry {entry:?}: expected MODE or SEL=MODE (MODE one of time-slicing, mps, none; SEL an NVML index, a range of indices such as 4-5, or a GPU UUID), e.g. `mps` or `mps,4-5=time-slicing,6-7=none`"
+    )]
+    ModeEntry {
+        /// The entry.
+        entry: String,
+    },
     /// An entry of the replica spec does not parse.
     #[error(
-        "GPU replica entry {entry:?}: expected R or SEL=R (SEL an NVML index or GPU UUID, R a whole number 1-{MAX_REPLICAS}), e.g. `4` or `4,3=1`"
+        "GPU replica entry {entry:?}: expected R or SEL=R (SEL an NVML index, a range of indices such as 4-5, or a GPU UUID; R a whole number 1-{MAX_REPLICAS}), e.g. `4` or `4,3=1`"
     )]
     Entry {
         /// The entry.
@@ -81,7 +188,7 @@ pub enum SharingError {
     },
     /// A selector names no advertised GPU.
     #[error(
-        "GPU replica spec names GPU {selector:?}, which is not advertised (advertised: {known})"
+        "GPU sharing spec names GPU {selector:?}, which is not advertised (advertised: {known})"
     )]
     UnknownGpu {
         /// The selector.
@@ -91,7 +198,7 @@ pub enum SharingError {
     },
     /// MPS on a GPU older than Volta.
     #[error(
-        "GPU {index} ({uuid}) has compute capability {capability}; MPS sharing needs 7.0 (Volta) or later: share it with --gpu-sharing time-slicing or keep it whole ({index}=1)"
+        "GPU {index} ({uuid}) has compute capability {capability}; MPS sharing needs 7.0 (Volta) or later: share it with time-slicing ({index}=time-slicing in --gpu-sharing) or keep it whole ({index}=none)"
     )]
     MpsTooOld {
         /// NVML index.
@@ -101,9 +208,10 @@ pub enum SharingError {
         /// `major.minor`, or `unknown`.
         capability: String,
     },
-    /// MPS on a MIG device.
+    /// MPS on a MIG device: NVIDIA supports it (one MPS server per MIG device, MIG user guide
+    /// "CUDA Concurrency Mechanisms"), mesos-gpu does not offer it yet (`docs/operator-guide.md`).
     #[error(
-        "GPU {uuid} is a MIG device; MPS cannot share a MIG device: keep it whole or use time-slicing"
+        "GPU {uuid} is a MIG device; mesos-gpu does not share MIG devices (with MPS or otherwise): give it whole"
     )]
     MpsOnMig {
         /// The MIG device's UUID.
@@ -111,33 +219,65 @@ pub enum SharingError {
     },
 }
 
-/// A GPU selector of the spec.
+/// A GPU selector of a spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Selector {
     Index(u32),
+    /// Indices `first` to `last`, both included.
+    Range(u32, u32),
     Uuid(String),
 }
 
 impl Selector {
+    /// `3`, `4-5` or `GPU-…`/`MIG-…`; `None` for anything else.
+    fn parse(text: &str) -> Option<Selector> {
+        let text = text.trim();
+        if let Ok(i) = text.parse::<u32>() {
+            return Some(Selector::Index(i));
+        }
+        if let Some((a, b)) = text.split_once('-')
+            && let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>())
+        {
+            return (a <= b).then_some(Selector::Range(a, b));
+        }
+        (text.starts_with("GPU-") || text.starts_with("MIG-"))
+            .then(|| Selector::Uuid(text.to_owned()))
+    }
+
     fn matches(&self, gpu: &Gpu) -> bool {
         match self {
             Selector::Index(i) => gpu.index == *i,
+            Selector::Range(a, b) => (*a..=*b).contains(&gpu.index),
             Selector::Uuid(u) => gpu.uuid.eq_ignore_ascii_case(u),
+        }
+    }
+
+    /// True when both may name one GPU (indices overlap, or the same UUID).
+    fn overlaps(&self, other: &Selector) -> bool {
+        let span = |s: &Selector| match s {
+            Selector::Index(i) => Some((*i, *i)),
+            Selector::Range(a, b) => Some((*a, *b)),
+            Selector::Uuid(_) => None,
+        };
+        match (span(self), span(other)) {
+            (Some((a, b)), Some((c, d))) => a <= d && c <= b,
+            _ => self == other,
         }
     }
 
     fn text(&self) -> String {
         match self {
             Selector::Index(i) => i.to_string(),
+            Selector::Range(a, b) => format!("{a}-{b}"),
             Selector::Uuid(u) => u.clone(),
         }
     }
 }
 
-/// The operator's replica spec and mode, parsed but not yet checked against a node.
+/// The operator's replica spec and modes, parsed but not yet checked against a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharingSpec {
-    mode: SharingMode,
+    modes: ModeSpec,
     default: Option<u32>,
     per_gpu: Vec<(Selector, u32)>,
 }
@@ -152,10 +292,11 @@ fn replicas(text: &str, entry: &str) -> Result<u32, SharingError> {
 }
 
 impl SharingSpec {
-    /// Parses a replica spec (`4`, `0=4,1=2`, `4,3=1`, `GPU-…=2`).
-    pub fn parse(spec: &str, mode: SharingMode) -> Result<SharingSpec, SharingError> {
+    /// Parses a replica spec (`4`, `0=4,1=2`, `4,3=1`, `4-7=2`, `GPU-…=2`) with the GPUs'
+    /// modes.
+    pub fn parse(spec: &str, modes: ModeSpec) -> Result<SharingSpec, SharingError> {
         let mut out = SharingSpec {
-            mode,
+            modes,
             default: None,
             per_gpu: Vec::new(),
         };
@@ -174,17 +315,9 @@ impl SharingSpec {
                 }
                 Some((sel, r)) => {
                     let sel = sel.trim();
-                    let selector = if sel.is_empty() {
-                        return Err(bad());
-                    } else if let Ok(i) = sel.parse::<u32>() {
-                        Selector::Index(i)
-                    } else if sel.starts_with("GPU-") || sel.starts_with("MIG-") {
-                        Selector::Uuid(sel.to_owned())
-                    } else {
-                        return Err(bad());
-                    };
+                    let selector = Selector::parse(sel).ok_or_else(bad)?;
                     let r = replicas(r, entry)?;
-                    if out.per_gpu.iter().any(|(s, _)| *s == selector) {
+                    if out.per_gpu.iter().any(|(s, _)| s.overlaps(&selector)) {
                         return Err(SharingError::Duplicate {
                             what: format!("GPU {sel}"),
                         });
@@ -196,9 +329,9 @@ impl SharingSpec {
         Ok(out)
     }
 
-    /// The enforcement mode.
-    pub fn mode(&self) -> SharingMode {
-        self.mode
+    /// The modes per GPU.
+    pub fn modes(&self) -> &ModeSpec {
+        &self.modes
     }
 
     /// Checks the spec against the advertised GPUs (`advertised`: NVML indices) of `inventory`
@@ -212,7 +345,12 @@ impl SharingSpec {
             .iter()
             .filter_map(|i| inventory.by_index(*i))
             .collect();
-        for (selector, _) in &self.per_gpu {
+        let selectors = self
+            .per_gpu
+            .iter()
+            .map(|(s, _)| s)
+            .chain(self.modes.per_gpu.iter().map(|(s, _)| s));
+        for selector in selectors {
             if !gpus.iter().any(|g| selector.matches(g)) {
                 let known = gpus
                     .iter()
@@ -230,7 +368,6 @@ impl SharingSpec {
             }
         }
         let mut plan = SharingPlan {
-            mode: self.mode,
             shared: Vec::new(),
             whole: Vec::new(),
         };
@@ -242,11 +379,14 @@ impl SharingSpec {
                 .map(|(_, r)| *r)
                 .or(self.default)
                 .unwrap_or(1);
-            if r == 1 {
-                plan.whole.push(gpu.index);
-                continue;
-            }
-            if self.mode == SharingMode::Mps {
+            let mode = match self.modes.choice(gpu) {
+                ModeChoice::Shared(mode) if r > 1 => mode,
+                _ => {
+                    plan.whole.push(gpu.index);
+                    continue;
+                }
+            };
+            if mode == SharingMode::Mps {
                 check_mps(gpu)?;
             }
             plan.shared.push(SharedGpu {
@@ -254,6 +394,7 @@ impl SharingSpec {
                 uuid: gpu.uuid.clone(),
                 replicas: r,
                 memory_total: gpu.memory_total,
+                mode,
             });
         }
         Ok(plan)
@@ -287,13 +428,13 @@ pub struct SharedGpu {
     pub replicas: u32,
     /// Framebuffer size in bytes (a k/R share gets k/R of it under MPS).
     pub memory_total: u64,
+    /// How its shares are enforced.
+    pub mode: SharingMode,
 }
 
 /// A node's static split into shared and whole GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharingPlan {
-    /// How shares are enforced.
-    pub mode: SharingMode,
     /// The shared GPUs, in index order.
     pub shared: Vec<SharedGpu>,
     /// NVML indices of the GPUs that stay whole.
@@ -310,6 +451,18 @@ impl SharingPlan {
     /// The largest replica count (0 when no GPU is shared).
     pub fn largest(&self) -> u32 {
         self.shared.iter().map(|g| g.replicas).max().unwrap_or(0)
+    }
+
+    /// The modes of the shared GPUs, each once, in order.
+    pub fn modes(&self) -> Vec<SharingMode> {
+        let modes: std::collections::BTreeSet<SharingMode> =
+            self.shared.iter().map(|g| g.mode).collect();
+        modes.into_iter().collect()
+    }
+
+    /// True when some GPU is shared under `mode`.
+    pub fn has(&self, mode: SharingMode) -> bool {
+        self.shared.iter().any(|g| g.mode == mode)
     }
 
     /// True when a request of `units` is served as a share of one shared GPU (1 to the
@@ -330,12 +483,90 @@ mod tests {
     use super::*;
     use mesos_gpu_node::nodes::dgx1_v100;
 
-    fn spec(s: &str) -> SharingSpec {
-        SharingSpec::parse(s, SharingMode::Mps).unwrap()
+    #[test]
+    fn a_mode_per_gpu_puts_exclusive_time_sliced_and_mps_gpus_side_by_side() {
+        let inv = dgx1_v100().inventory();
+        let all: Vec<u32> = (0..8).collect();
+        let modes: ModeSpec = "mps,4-5=time-slicing,6-7=none".parse().unwrap();
+        let plan = SharingSpec::parse("4,2-3=2", modes)
+            .unwrap()
+            .resolve(&inv, &all)
+            .unwrap();
+        let shared: Vec<(u32, u32, SharingMode)> = plan
+            .shared
+            .iter()
+            .map(|g| (g.index, g.replicas, g.mode))
+            .collect();
+        use SharingMode::{Mps, TimeSlicing};
+        assert_eq!(
+            shared,
+            [
+                (0, 4, Mps),
+                (1, 4, Mps),
+                (2, 2, Mps),
+                (3, 2, Mps),
+                (4, 4, TimeSlicing),
+                (5, 4, TimeSlicing)
+            ]
+        );
+        assert_eq!(plan.whole, [6, 7], "`none` keeps a GPU whole whatever R");
+        assert_eq!(plan.units(), 4 + 4 + 2 + 2 + 4 + 4 + 2);
+        assert!(plan.has(Mps) && plan.has(TimeSlicing));
+        // A bare mode is every GPU's; the default default is time-slicing.
+        assert_eq!("mps".parse::<ModeSpec>().unwrap(), ModeSpec::uniform(Mps));
+        assert_eq!(ModeSpec::default(), ModeSpec::uniform(TimeSlicing));
+        let only: ModeSpec = "3=mps".parse().unwrap();
+        let plan = SharingSpec::parse("2", only)
+            .unwrap()
+            .resolve(&inv, &all)
+            .unwrap();
+        assert_eq!(plan.modes(), [TimeSlicing, Mps]);
     }
 
     #[test]
-    fn issue_17_bare_number_shares_every_gpu_and_entries_override() {
+    fn bad_mode_specs_name_the_entry_and_what_is_accepted() {
+        for bad in ["slices", "mps,4=fast", "mps,x=none", "mps,5-4=none", "=mps"] {
+            let err = bad.parse::<ModeSpec>().unwrap_err();
+            let last = bad.rsplit(',').next().unwrap();
+            assert_eq!(
+                err,
+                SharingError::ModeEntry {
+                    entry: last.to_owned()
+                },
+                "{bad}"
+            );
+            assert!(
+                err.to_string().contains("time-slicing, mps, none")
+                    && err.to_string().contains(last),
+                "{err}"
+            );
+        }
+        assert!(matches!(
+            "mps,none".parse::<ModeSpec>(),
+            Err(SharingError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            "4-5=mps,5=none".parse::<ModeSpec>(),
+            Err(SharingError::Duplicate { .. })
+        ));
+        let inv = dgx1_v100().inventory();
+        let err = SharingSpec::parse("2", "9=mps".parse().unwrap())
+            .unwrap()
+            .resolve(&inv, &[0, 1])
+            .unwrap_err();
+        assert!(err.to_string().contains("\"9\""), "{err}");
+    }
+
+    fn spec(s: &str) -> SharingSpec {
+        SharingSpec::parse(s, ModeSpec::uniform(SharingMode::Mps)).unwrap()
+    }
+
+    fn ts() -> ModeSpec {
+        ModeSpec::uniform(SharingMode::TimeSlicing)
+    }
+
+    #[test]
+    fn bare_number_shares_every_gpu_and_entries_override() {
         let inv = dgx1_v100().inventory();
         let all: Vec<u32> = (0..8).collect();
         let plan = spec("4,3=1,7=2").resolve(&inv, &all).unwrap();
@@ -349,9 +580,9 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_bad_specs_name_the_value() {
+    fn bad_specs_name_the_value() {
         for bad in ["", "0", "49", "x=2", "2=", "=2", "1.5", "4,-1=2", "a"] {
-            let err = SharingSpec::parse(bad, SharingMode::TimeSlicing).unwrap_err();
+            let err = SharingSpec::parse(bad, ts()).unwrap_err();
             let last = bad.rsplit(',').next().unwrap();
             assert_eq!(
                 err,
@@ -362,11 +593,15 @@ mod tests {
             );
         }
         assert!(matches!(
-            SharingSpec::parse("2,3", SharingMode::Mps),
+            SharingSpec::parse("2,3", ts()),
             Err(SharingError::Duplicate { .. })
         ));
         assert!(matches!(
-            SharingSpec::parse("1=2,1=3", SharingMode::Mps),
+            SharingSpec::parse("1=2,1=3", ts()),
+            Err(SharingError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            SharingSpec::parse("0-3=2,3=4", ts()),
             Err(SharingError::Duplicate { .. })
         ));
         assert_eq!(
@@ -380,7 +615,7 @@ mod tests {
     }
 
     #[test]
-    fn issue_17_mps_is_refused_before_volta_and_on_mig() {
+    fn mps_is_refused_before_volta_and_on_mig() {
         let mut inv = dgx1_v100().inventory();
         inv.gpus[1].compute_capability = Some((6, 0));
         let err = spec("2").resolve(&inv, &[0, 1]).unwrap_err();
@@ -390,10 +625,17 @@ mod tests {
         );
         assert!(err.to_string().contains("6.0"), "{err}");
         // Time-slicing and a whole GPU 1 are fine.
-        SharingSpec::parse("2", SharingMode::TimeSlicing)
+        SharingSpec::parse("2", ts())
             .unwrap()
             .resolve(&inv, &[0, 1])
             .unwrap();
+        // Per GPU: MPS where the GPU has it, time-slicing on the old one.
+        let modes: ModeSpec = "mps,1=time-slicing".parse().unwrap();
+        let plan = SharingSpec::parse("2", modes)
+            .unwrap()
+            .resolve(&inv, &[0, 1])
+            .unwrap();
+        assert_eq!(plan.modes(), [SharingMode::TimeSlicing, SharingMode::Mps]);
         spec("2,1=1").resolve(&inv, &[0, 1]).unwrap();
         inv.gpus[0].uuid = "MIG-0d9e1b56-4c3a-5f2e-9a7b-1c2d3e4f5a6b".into();
         let err = spec("0=2").resolve(&inv, &[0]).unwrap_err();

@@ -36,8 +36,15 @@ pub struct AgentSpec {
     pub cgroups: AgentCgroups,
     /// Extra environment (e.g. `LD_LIBRARY_PATH` to the simulated NVML).
     pub env: Vec<(String, String)>,
-    /// Extra flags, `--name=value`.
+    /// Extra flags, `--name=value`; one named here replaces the flag of that name the agent
+    /// would otherwise get from the fields above (`--isolation`, `--resources`, `--modules`,
+    /// v2's `--agent_subsystems`, …).
     pub flags: Vec<String>,
+    /// The agent's `--work_dir`; `None` for a private directory.
+    pub work_dir: Option<PathBuf>,
+    /// A [`super::PrivateHost`]'s setup script: the agent then runs in a private mount
+    /// namespace set up by it (on cgroup v1 too).
+    pub private_host: Option<PathBuf>,
 }
 
 impl AgentSpec {
@@ -52,7 +59,21 @@ impl AgentSpec {
             cgroups,
             env: Vec::new(),
             flags: Vec::new(),
+            work_dir: None,
+            private_host: None,
         }
+    }
+
+    /// An agent on `cgroups` started with `flags` as its GPU configuration, exactly as given
+    /// (e.g. what `mesos-gpu agent-flags` printed): their `--isolation`, `--resources`,
+    /// `--modules` and `--agent_subsystems` are the agent's, in place of the harness's.
+    /// Without a flag for them, the agent gets Mesos's default `--isolation`
+    /// (`posix/cpu,posix/mem`) and 4 CPUs and 4 GiB.
+    pub fn with_flags(cgroups: AgentCgroups, flags: Vec<String>) -> AgentSpec {
+        let mut spec = AgentSpec::new("posix/cpu,posix/mem", cgroups, 0);
+        spec.resources = "cpus:4;mem:4096".to_owned();
+        spec.flags = flags;
+        spec
     }
 }
 
@@ -124,6 +145,13 @@ impl Agent {
         Ok((waited?, agent.log()))
     }
 
+    /// The agent's process id while it runs (the `mesos-agent` process itself: a private
+    /// namespace's `unshare` and shell `exec` it).
+    pub fn pid(&mut self) -> Option<u32> {
+        let child = self.child.as_mut()?;
+        matches!(child.try_wait(), Ok(None)).then(|| child.id())
+    }
+
     /// The agent's HTTP port.
     pub fn port(&self) -> u16 {
         self.port
@@ -131,7 +159,10 @@ impl Agent {
 
     /// The agent's work directory.
     pub fn work_dir(&self) -> PathBuf {
-        self.dir.path().join("work")
+        self.spec
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("work"))
     }
 
     /// The agent's runtime directory.
@@ -281,35 +312,45 @@ impl Agent {
         if self.spec.cgroups == AgentCgroups::V2 {
             flags.push("--agent_subsystems=".to_owned());
         }
+        let name = |flag: &str| flag.split('=').next().unwrap_or_default().to_owned();
+        let given: Vec<String> = self.spec.flags.iter().map(|f| name(f)).collect();
+        flags.retain(|f| !given.contains(&name(f)));
         flags.extend(self.spec.flags.iter().cloned());
-        let mut cmd = match self.spec.cgroups {
-            AgentCgroups::V1 => {
-                let mut cmd = Command::new(&agent);
-                cmd.args(&flags);
-                cmd
-            }
-            AgentCgroups::V2 => {
-                let mut cmd = Command::new("unshare");
-                cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
-                    .arg(
-                        "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup \
-                         && exec \"$0\" \"$@\"",
-                    )
-                    .arg(&agent)
-                    .args(&flags);
-                cmd
-            }
+        let mut setup = Vec::new();
+        if let Some(script) = &self.spec.private_host {
+            setup.push(format!(". {}", script.display()));
+        }
+        if self.spec.cgroups == AgentCgroups::V2 {
+            setup.push(
+                "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup".to_owned(),
+            );
+        }
+        let mut cmd = if setup.is_empty() {
+            let mut cmd = Command::new(&agent);
+            cmd.args(&flags);
+            cmd
+        } else {
+            setup.push("exec \"$0\" \"$@\"".to_owned());
+            let mut cmd = Command::new("unshare");
+            cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+                .arg(setup.join(" && "))
+                .arg(&agent)
+                .args(&flags);
+            cmd
         };
         cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.child = Some(spawn_logged(&mut cmd, &log)?);
         Ok(())
     }
 
+    /// Waits until the agent (re-)registered: up to 2 minutes, as a restarted agent first
+    /// recovers every executor checkpointed under its work_dir (thousands after a soak; 30 s
+    /// was not enough for 1,750 on a loaded 2-core host).
     fn wait_registered(&mut self) -> MesosResult {
         let log = self.dir.path().join(format!("agent-{}.log", self.starts));
         let child = &mut self.child;
         wait_for(
-            Duration::from_secs(30),
+            Duration::from_secs(120),
             || {
                 format!(
                     "the agent to register; log:\n{}",

@@ -1,6 +1,8 @@
 //! A real Apache Mesos for end-to-end tests: a master and agents on 127.0.0.1 with free ports
 //! and private work and runtime directories, the C++ module built with its CMakeLists.txt,
-//! mknod'ed device nodes, a static device probe, and `mesos-execute` frameworks.
+//! mknod'ed device nodes, a static device probe, `mesos-execute` frameworks, a pymesos framework
+//! that launches many tasks ([`framework`]), and agents in a private view of the host where
+//! Mesos's own `gpu/nvidia` finds the simulated driver ([`PrivateHost`]).
 //!
 //! The Mesos is the install prefix `shared/mesos/install` beside the workspace (`../shared`, or
 //! further up for a worktree; its README: Mesos 1.12.0 built on Debian 12), or
@@ -25,8 +27,10 @@
 //!   `--agent_subsystems=` (no controller).
 
 mod agent;
+pub mod framework;
 mod master;
 mod module;
+mod private_host;
 mod probe;
 mod task;
 
@@ -38,7 +42,8 @@ use std::time::{Duration, Instant};
 
 pub use agent::{Agent, AgentCgroups, AgentSpec};
 pub use master::{Master, http_get, http_post_json};
-pub use module::build_module;
+pub use module::{DOCKER_HOOK_MODULE, ISOLATOR_MODULE, build_module, modules_json};
+pub use private_host::{DevNode, PrivateHost};
 pub use probe::{DevNodes, ProbeReport, build_probe};
 pub use task::Task;
 

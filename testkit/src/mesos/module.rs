@@ -57,3 +57,23 @@ fn discard_foreign_cache(source: &Path, build: &Path) -> MesosResult {
     }
     std::fs::remove_dir_all(build).map_err(|e| format!("{}: {e}", build.display()))
 }
+
+/// The isolator module's name in `modules.json` and `--isolation`.
+pub const ISOLATOR_MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
+
+/// The Docker hook module's name in `modules.json` and `--hooks`.
+pub const DOCKER_HOOK_MODULE: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
+
+/// `modules.json` loading the isolator module at `module` with `params`.
+pub fn modules_json(module: &Path, params: &[(String, String)]) -> serde_json::Value {
+    let parameters: Vec<serde_json::Value> = params
+        .iter()
+        .map(|(k, v)| serde_json::json!({ "key": k, "value": v }))
+        .collect();
+    serde_json::json!({
+        "libraries": [{
+            "file": module.display().to_string(),
+            "modules": [{ "name": ISOLATOR_MODULE, "parameters": parameters }],
+        }]
+    })
+}

@@ -111,18 +111,26 @@ int main(int argc, char** argv) {
 }
 "#;
 
-/// Builds the static probe into `dir`.
+/// Builds the static probe into `dir`. The binary is compiled under a name of this process's and
+/// renamed into place: tasks of other test processes may be running `dir/probe` meanwhile, and
+/// writing over it in place would make their `exec` fail (`ETXTBSY`) or run a half-written file.
 pub fn build_probe(dir: &Path) -> MesosResult<PathBuf> {
-    let src = dir.join("probe.c");
+    let id = std::process::id();
+    let src = dir.join(format!("probe-{id}.c"));
     fs::write(&src, PROBE_C).map_err(|e| format!("{}: {e}", src.display()))?;
-    let exe = dir.join("probe");
-    run(
+    let built = dir.join(format!("probe-{id}"));
+    let compiled = run(
         Command::new("cc")
             .args(["-std=c11", "-D_DEFAULT_SOURCE", "-O1", "-static", "-o"])
-            .arg(&exe)
+            .arg(&built)
             .arg(&src),
         "cc (probe)",
-    )?;
+    );
+    let _ = fs::remove_file(&src);
+    compiled?;
+    let exe = dir.join("probe");
+    fs::rename(&built, &exe)
+        .map_err(|e| format!("rename {} to {}: {e}", built.display(), exe.display()))?;
     Ok(exe)
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use super::framework::TERMINAL;
 use super::{Master, MesosInstall, MesosResult, read_lossy, spawn_logged, tail, wait_for};
 
 /// A `mesos-execute` framework running one task; killed on drop.
@@ -142,14 +143,6 @@ impl Task {
 
     /// Waits until task `task` reached `state`, as [`Task::wait_state`].
     pub fn wait_task_state(&mut self, task: &str, state: &str, timeout: Duration) -> MesosResult {
-        const TERMINAL: [&str; 6] = [
-            "TASK_FINISHED",
-            "TASK_FAILED",
-            "TASK_KILLED",
-            "TASK_LOST",
-            "TASK_ERROR",
-            "TASK_DROPPED",
-        ];
         wait_for(
             timeout,
             || {

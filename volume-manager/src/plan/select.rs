@@ -6,7 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{
-    ArchSlot, DriverSource, FileStamp, PlannedFile, PlannedLink, SkipReason, Skipped, VolumeDir,
+    ArchSlot, DriverSource, FileStamp, PlannedFile, PlannedLink, ProgramOrigin, SkipReason,
+    Skipped, VolumeDir,
 };
 use crate::catalog::{self, Capability, LibrarySpec, Rule};
 use crate::elf_info::{ElfClass, ElfInfo};
@@ -188,6 +189,7 @@ impl Planner<'_> {
             name: file_name.to_owned(),
             source: resolved.to_owned(),
             found_as: found_as.to_owned(),
+            origin: None,
             capability: spec.capability,
             class: elf.class,
             soname: elf.soname.filter(|s| is_plain_name(s)),
@@ -264,29 +266,76 @@ impl Planner<'_> {
         }
     }
 
+    /// Each program: the first candidate along the search path, then in the driver's `bin`
+    /// dirs, that is a native executable of this driver; every candidate passed over is recorded.
     fn binaries(&mut self) {
+        let dirs = self.program_dirs();
         for &(name, capability) in catalog::BINARIES {
-            let found = self.source.search_path.iter().find_map(|dir| {
+            let mut taken = None;
+            let mut passed_over = false;
+            for (dir, origin) in &dirs {
                 let found_as = dir.join(name);
-                let resolved = resolve_in_root(&self.source.root, &found_as).ok()?;
-                Some((found_as, resolved))
-            });
-            let verdict = match &found {
-                None => Err(SkipReason::NotFound),
-                Some((found_as, resolved)) => self.binary(name, capability, found_as, resolved),
-            };
-            match verdict {
-                Ok(file) => self.files.push(file),
-                Err(reason) => {
-                    tracing::debug!(name, %reason, "skipped binary");
-                    self.skipped.push(Skipped {
-                        name: name.to_owned(),
-                        path: found.map(|(found_as, _)| found_as),
-                        reason,
-                    });
+                let Ok(resolved) = resolve_in_root(&self.source.root, &found_as) else {
+                    continue;
+                };
+                match self.binary(name, capability, &found_as, &resolved, *origin) {
+                    Ok(file) => {
+                        taken = Some(file);
+                        break;
+                    }
+                    Err(reason) => {
+                        tracing::debug!(name, path = %found_as.display(), %reason, "skipped program candidate");
+                        passed_over = true;
+                        self.skipped.push(Skipped {
+                            name: name.to_owned(),
+                            path: Some(found_as),
+                            reason,
+                        });
+                    }
+                }
+            }
+            match taken {
+                Some(file) => self.files.push(file),
+                None if !passed_over => self.skipped.push(Skipped {
+                    name: name.to_owned(),
+                    path: None,
+                    reason: SkipReason::NotFound,
+                }),
+                None => {}
+            }
+        }
+    }
+
+    /// The directories searched for programs, inside the root, in order: the search path, then
+    /// the `bin` next to the directories `libnvidia-ml` and `libcuda` were taken from (the
+    /// cache path's and the resolved file's), each directory once.
+    fn program_dirs(&self) -> Vec<(PathBuf, ProgramOrigin)> {
+        let mut dirs: Vec<(PathBuf, ProgramOrigin)> = Vec::new();
+        let mut push = |dir: PathBuf, origin| {
+            if !dirs.iter().any(|(d, _)| *d == dir) {
+                dirs.push((dir, origin));
+            }
+        };
+        for dir in &self.source.search_path {
+            push(dir.clone(), ProgramOrigin::SearchPath);
+        }
+        let driver_libs = self.files.iter().filter(|f| {
+            f.dir == VolumeDir::Lib64
+                && (f.name.starts_with("libnvidia-ml.so.") || f.name.starts_with("libcuda.so."))
+        });
+        for file in driver_libs {
+            let inside = Path::new("/").join(
+                file.source
+                    .strip_prefix(&self.source.root)
+                    .unwrap_or(&file.source),
+            );
+            for lib in [&file.found_as, &inside] {
+                if let Some(bin) = lib.parent().and_then(bin_beside) {
+                    push(bin, ProgramOrigin::DriverBin);
                 }
             }
         }
+        dirs
     }
 
     fn binary(
@@ -295,6 +344,7 @@ impl Planner<'_> {
         capability: Capability,
         found_as: &Path,
         resolved: &Path,
+        origin: ProgramOrigin,
     ) -> Verdict {
         let meta = regular_file(resolved)?;
         if meta.permissions().mode() & 0o111 == 0 {
@@ -307,17 +357,101 @@ impl Planner<'_> {
                 found: describe_elf(&elf),
             });
         }
+        match program_version(resolved, self.version) {
+            Ok(ProgramVersion::Other(found)) => return Err(SkipReason::OtherVersion { found }),
+            Ok(ProgramVersion::Ours | ProgramVersion::Unknown) => {}
+            Err(e) => {
+                return Err(SkipReason::Unresolvable {
+                    error: e.to_string(),
+                });
+            }
+        }
         Ok(PlannedFile {
             dir: VolumeDir::Bin,
             name: name.to_owned(),
             source: resolved.to_owned(),
             found_as: found_as.to_owned(),
+            origin: Some(origin),
             capability,
             class: elf.class,
             soname: None,
             stamp: FileStamp::of(&meta),
         })
     }
+}
+
+/// The `bin` directory beside a library directory: `<prefix>/bin` for `<prefix>/lib64`,
+/// `<prefix>/lib` and `<prefix>/lib/<multiarch triplet>`.
+fn bin_beside(lib_dir: &Path) -> Option<PathBuf> {
+    let name = lib_dir.file_name()?.to_str()?;
+    let prefix = if name.contains("-linux-") {
+        lib_dir.parent()?.parent()?
+    } else if name.starts_with("lib") {
+        lib_dir.parent()?
+    } else {
+        return None;
+    };
+    Some(prefix.join("bin"))
+}
+
+/// What driver version a program's text names.
+#[derive(Debug, PartialEq, Eq)]
+enum ProgramVersion {
+    /// It holds the driver's version.
+    Ours,
+    /// It holds another driver's version (the first found) and not ours.
+    Other(String),
+    /// It holds no version-shaped text.
+    Unknown,
+}
+
+/// The largest program read for its version; NVIDIA's are a few MiB.
+const MAX_PROGRAM_BYTES: u64 = 256 << 20;
+
+/// Reads the program at `path` and looks for driver versions in it.
+fn program_version(path: &Path, ours: &DriverVersion) -> std::io::Result<ProgramVersion> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_PROGRAM_BYTES)
+        .read_to_end(&mut bytes)?;
+    Ok(versions_in(&bytes, ours))
+}
+
+/// Classifies the driver-version-shaped tokens of `bytes` (`NNN.NN` or `NNN.NN.NN`: three digits,
+/// then one or two groups of two or three digits, not part of a longer run of digits and dots).
+fn versions_in(bytes: &[u8], ours: &DriverVersion) -> ProgramVersion {
+    let mut other = None;
+    let mut at = 0;
+    while at < bytes.len() {
+        let run = bytes[at..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit() || **b == b'.')
+            .count();
+        if run == 0 {
+            at += 1;
+            continue;
+        }
+        let token = &bytes[at..at + run];
+        at += run;
+        // A sentence may end right after the version ("version 550.54.14.").
+        let Ok(text) = std::str::from_utf8(token).map(|t| t.trim_matches('.')) else {
+            continue;
+        };
+        let parts: Vec<&str> = text.split('.').collect();
+        let shaped = (2..=3).contains(&parts.len())
+            && parts[0].len() == 3
+            && parts[1..].iter().all(|p| (2..=3).contains(&p.len()))
+            && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_digit()));
+        if !shaped {
+            continue;
+        }
+        if text == ours.as_str() {
+            return ProgramVersion::Ours;
+        }
+        other.get_or_insert_with(|| text.to_owned());
+    }
+    other.map_or(ProgramVersion::Unknown, ProgramVersion::Other)
 }
 
 fn regular_file(path: &Path) -> Result<std::fs::Metadata, SkipReason> {
@@ -331,8 +465,22 @@ fn regular_file(path: &Path) -> Result<std::fs::Metadata, SkipReason> {
 }
 
 fn read_elf(path: &Path) -> Result<ElfInfo, SkipReason> {
-    ElfInfo::read(path).map_err(|e| SkipReason::NotElf {
-        error: std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string),
+    ElfInfo::read(path).map_err(|e| {
+        let script = std::fs::File::open(path).ok().and_then(|f| {
+            use std::io::Read as _;
+            let mut start = [0u8; 2];
+            f.take(2)
+                .read_exact(&mut start)
+                .ok()
+                .map(|()| start == *b"#!")
+        });
+        SkipReason::NotElf {
+            error: if script == Some(true) {
+                "a #! script (a wrapper?)".to_owned()
+            } else {
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
+            },
+        }
     })
 }
 
@@ -356,4 +504,59 @@ pub(crate) fn is_plain_name(name: &str) -> bool {
         && name != "."
         && name != ".."
         && !name.contains(['/', '\0'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ours() -> DriverVersion {
+        "580.159.04".parse().expect("version")
+    }
+
+    #[test]
+    fn a_program_naming_its_driver_version_is_ours() {
+        let text = b"\0NVIDIA-SMI version  : 580.159.04\0libnvidia-ml.so.1\0";
+        assert_eq!(versions_in(text, &ours()), ProgramVersion::Ours);
+        let also_older = b"from 470.82.01 on\0built as 580.159.04.\0";
+        assert_eq!(versions_in(also_older, &ours()), ProgramVersion::Ours);
+    }
+
+    #[test]
+    fn a_program_naming_only_other_versions_is_another_drivers() {
+        let text = b"nvidia-persistenced: version 470.82.01.\0also 535.104\0";
+        assert_eq!(
+            versions_in(text, &ours()),
+            ProgramVersion::Other("470.82.01".to_owned())
+        );
+    }
+
+    #[test]
+    fn numbers_that_are_not_driver_versions_say_nothing() {
+        for text in [
+            &b"OID 1.2.840.113549.1.1.11 and 10.0.0.1"[..],
+            b"glibc 2.39, 3.14159, 1000.00.00, 58.159.04",
+            b"",
+            b"#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n",
+        ] {
+            assert_eq!(
+                versions_in(text, &ours()),
+                ProgramVersion::Unknown,
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
+    #[test]
+    fn the_bin_beside_a_library_directory() {
+        for (lib, bin) in [
+            ("/usr/local/nvidia/lib64", Some("/usr/local/nvidia/bin")),
+            ("/usr/local/nvidia/lib", Some("/usr/local/nvidia/bin")),
+            ("/usr/lib/x86_64-linux-gnu", Some("/usr/bin")),
+            ("/opt/driver/current", None),
+        ] {
+            assert_eq!(bin_beside(Path::new(lib)), bin.map(PathBuf::from), "{lib}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! - Files are hard-linked when the source is on the volume root's file system, and copied
 //!   otherwise or when the link fails with `EXDEV` (a bind mount of the same file system),
 //!   `EPERM` (`fs.protected_hardlinks`) or `EMLINK`. Copies keep the source's permission bits
-//!   (without set-id bits) and mtime. Every file is hashed; a copy is hashed as it is written.
+//!   (without set-id bits, and without group or world write whatever the source has) and mtime. Every file is hashed; a copy is hashed as it is written.
 //! - Nothing is ever written through a symlink: the directory is new (`mkdir` fails if anything
 //!   has the name), files are created with `O_EXCL`, sources are opened with `O_NOFOLLOW`.
 //! - A source whose size or mtime differs from the plan aborts the build: the volume must hold
@@ -13,13 +13,15 @@
 //! - Links are made first, in one pass that reads no file contents; then a few worker threads,
 //!   largest files first, hash the links and copy (hashing) the rest.
 
-use std::fs::{self, DirBuilder, File, FileTimes, OpenOptions, Permissions};
+use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mesos_gpu_os::fsmode;
 
 use super::{IoContext, Materialize, VolumeError};
 use crate::manifest::{
@@ -83,13 +85,9 @@ pub(crate) fn assemble(
     Ok(manifest)
 }
 
+/// Makes a directory of a volume, 0755 whatever the umask: containers read and traverse it.
 fn make_dir(path: &Path) -> Result<(), VolumeError> {
-    DirBuilder::new()
-        .mode(0o755)
-        .create(path)
-        .at("create directory", path)?;
-    // The umask may have narrowed the mode; containers need to read and traverse.
-    fs::set_permissions(path, Permissions::from_mode(0o755)).at("chmod", path)
+    fsmode::mkdir(path, fsmode::STATE_DIR).at("create directory", path)
 }
 
 /// Fsyncs a directory so that the entries created in it are durable.
@@ -235,11 +233,13 @@ fn hashed_link(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeEr
 fn copy_file(file: &PlannedFile, dest: &Path) -> Result<ManifestFile, VolumeError> {
     let mut src = open_nofollow(&file.source).at("open", &file.source)?;
     let before = src.metadata().at("stat", &file.source)?;
-    let mode = before.permissions().mode() & 0o777;
+    // The source's mode, but never writable by group or others: the copy is what every GPU
+    // container loads.
+    let mode = before.permissions().mode() & 0o777 & !fsmode::GROUP_OTHER_WRITE;
     let mut out = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(fsmode::PRIVATE_FILE)
         .open(dest)
         .at("create", dest)?;
     let digest = copy_hashing(&mut src, &mut out).at("copy into", dest)?;

@@ -4,10 +4,12 @@
 //! that no longer exist. Files, not locks, so that use survives an agent restart (containers keep
 //! running while the agent is down). Callers hold the root lock.
 
-use std::fs::{self, DirBuilder, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use mesos_gpu_os::fsmode;
 
 use super::{IoContext, VolumeError};
 use crate::version::DriverVersion;
@@ -37,15 +39,13 @@ pub fn check_holder(holder: &str) -> Result<(), VolumeError> {
     }
 }
 
-/// Creates `path` as a real directory (mode 0755), refusing a symlink or a file in its place.
+/// Creates `path` as a real directory (mode 0755 whatever the umask), refusing a symlink or a
+/// file in its place.
 pub(crate) fn ensure_dir(path: &Path) -> Result<(), VolumeError> {
     if existing_dir(path)? {
         return Ok(());
     }
-    DirBuilder::new()
-        .mode(0o755)
-        .create(path)
-        .at("create directory", path)
+    fsmode::mkdir(path, fsmode::STATE_DIR).at("create directory", path)
 }
 
 /// True when `path` is a real directory, false when it does not exist; a symlink or a file in
@@ -69,14 +69,16 @@ pub(crate) fn add(root: &Path, version: &DriverVersion, holder: &str) -> Result<
     let dir = refs_dir(root, version);
     ensure_dir(&dir)?;
     let path = dir.join(holder);
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .at("create holder file", &path)?;
+    fsmode::open(
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW),
+        &path,
+        fsmode::STATE_FILE,
+    )
+    .at("create holder file", &path)?;
     Ok(())
 }
 

@@ -164,6 +164,19 @@ pub(crate) fn executable(root: &Path, path: &str) -> io::Result<()> {
     std::fs::remove_file(src)
 }
 
+/// Compiles an executable at `<root>/<path>` that prints `text` (so that `text` is in the file).
+pub(crate) fn program_saying(root: &Path, path: &str, text: &str) -> io::Result<()> {
+    let out = root.join(path);
+    std::fs::create_dir_all(out.parent().unwrap_or(root))?;
+    let src = root.join(".say.c");
+    std::fs::write(
+        &src,
+        format!("#include <stdio.h>\nint main(void) {{ puts({text:?}); return 0; }}\n"),
+    )?;
+    run(Command::new("cc").arg("-o").arg(&out).arg(&src))?;
+    std::fs::remove_file(src)
+}
+
 /// The small driver the tests use:
 ///
 /// - 64-bit `libnvidia-ml`, `libcuda`, `libnvidia-ptxjitcompiler`, `libnvidia-glcore`,

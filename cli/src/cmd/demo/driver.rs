@@ -12,11 +12,12 @@
 //! (`unshare --user --map-root-user`). When neither works the plan is reported as unavailable
 //! with the reason: a cache written without `-r` would also list the host's own libraries.
 
-use std::os::unix::fs::{PermissionsExt as _, symlink};
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
+use mesos_gpu_os::fsmode;
 use mesos_gpu_volume::plan::{DriverSource, VolumePlan};
 use mesos_gpu_volume::{DriverVersion, LdCache};
 
@@ -24,6 +25,9 @@ use mesos_gpu_volume::{DriverVersion, LdCache};
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 /// Where binaries go.
 const BIN_DIR: &str = "usr/bin";
+/// The mode of the generated programs, as a driver installs its binaries; libraries and
+/// directories get [`fsmode::STATE_FILE`] and [`fsmode::STATE_DIR`], whatever the umask.
+const BIN_MODE: u32 = 0o755;
 /// An older driver's version, left behind in `usr/lib64`.
 const OLD_VERSION: &str = "470.82.01";
 
@@ -69,10 +73,10 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
     let mut files = Vec::new();
     let mut lib = |dir: &str, file: &str, soname: Option<&str>| -> anyhow::Result<()> {
         let dir_path = root.join(dir);
-        std::fs::create_dir_all(&dir_path)
+        fsmode::create_dir_all(&dir_path, fsmode::STATE_DIR)
             .with_context(|| format!("cannot create {}", dir_path.display()))?;
         let path = dir_path.join(file);
-        std::fs::write(&path, elf_object(machine, soname))
+        fsmode::write_file(&path, &elf_object(machine, soname), fsmode::STATE_FILE)
             .with_context(|| format!("cannot write {}", path.display()))?;
         files.push(format!("{dir}/{file}"));
         if let Some(soname) = soname.filter(|s| *s != file) {
@@ -100,13 +104,12 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
         Some("libcuda.so.1"),
     )?;
     let bin = root.join(BIN_DIR);
-    std::fs::create_dir_all(&bin).with_context(|| format!("cannot create {}", bin.display()))?;
+    fsmode::create_dir_all(&bin, fsmode::STATE_DIR)
+        .with_context(|| format!("cannot create {}", bin.display()))?;
     for name in BINARIES {
         let path = bin.join(name);
-        std::fs::write(&path, elf_object(machine, None))
+        fsmode::write_file(&path, &elf_object(machine, None), BIN_MODE)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("cannot chmod {}", path.display()))?;
         files.push(format!("{BIN_DIR}/{name}"));
     }
     let (cache_note, plan) =
@@ -130,11 +133,13 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
 }
 
 /// Runs `ldconfig -r` for `dirs` (relative to `root`), as root or in a user namespace.
-fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
     let etc = root.join("etc");
-    std::fs::create_dir_all(&etc).with_context(|| format!("cannot create {}", etc.display()))?;
+    fsmode::create_dir_all(&etc, fsmode::STATE_DIR)
+        .with_context(|| format!("cannot create {}", etc.display()))?;
     let conf: String = dirs.iter().map(|d| format!("/{d}\n")).collect();
-    std::fs::write(etc.join("ld.so.conf"), conf).context("cannot write ld.so.conf")?;
+    fsmode::write_file(&etc.join("ld.so.conf"), conf.as_bytes(), fsmode::STATE_FILE)
+        .context("cannot write ld.so.conf")?;
     let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
         .into_iter()
         .map(Path::new)
@@ -180,7 +185,7 @@ fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `e_machine` of this host's 64-bit libraries, as the planner expects it.
-fn native_machine() -> anyhow::Result<u16> {
+pub(crate) fn native_machine() -> anyhow::Result<u16> {
     let arch = mesos_gpu_volume::plan::HostArch::native();
     if arch.lib64.class != mesos_gpu_volume::elf_info::ElfClass::Elf64 {
         bail!("the demo's driver generator writes 64-bit ELF only");
@@ -201,7 +206,7 @@ struct Section {
 }
 
 /// A minimal little-endian ELF64 shared object for `machine` with an optional `DT_SONAME`.
-fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
+pub(crate) fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
     const EHDR: usize = 64;
     const PHDR: usize = 56;
     const SHDR: usize = 64;

@@ -23,6 +23,7 @@ use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
 use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::{lifecycle::ContainerId, lifecycle::Isolator};
 use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_os::fsmode;
 use serde::Serialize;
 
 /// The image used when `--live-image` is not given.
@@ -167,7 +168,7 @@ impl LiveDocker {
             }
         }
         if self.built
-            && let Err(e) = docker(&["image", "rm", "-f", &self.image])
+            && let Err(e) = docker(&["image", "rm", "-f", "--no-prune", &self.image])
         {
             first_err.get_or_insert(e);
         }
@@ -198,16 +199,15 @@ fn uuid_for(app: &str, seq: u64) -> String {
 
 /// Builds `image` `FROM scratch` with `/bin/busybox` (nothing pulled).
 fn build_image(image: &str) -> anyhow::Result<()> {
-    let ctx = tempfile::Builder::new()
-        .prefix("mesos-gpu-demo-image-")
-        .tempdir()
+    let ctx = fsmode::private_tempdir("mesos-gpu-demo-image-")
         .context("cannot create a temp directory")?;
     std::fs::copy("/bin/busybox", ctx.path().join("busybox")).context(
         "image is missing and cannot be built: no static /bin/busybox (apt install busybox-static)",
     )?;
-    std::fs::write(
-        ctx.path().join("Dockerfile"),
-        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n",
+    fsmode::write_file(
+        &ctx.path().join("Dockerfile"),
+        b"FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n",
+        fsmode::PRIVATE_FILE,
     )
     .context("cannot write the Dockerfile")?;
     let dir = ctx.path().to_string_lossy().into_owned();

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::io::{self, Write};
 
 use mesos_gpu_enforce::cgroup::default_whitelist;
+use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_volume::plan::SkipReason;
 
 use super::Report;
@@ -204,6 +205,27 @@ fn volume(out: &mut impl Write, report: &Report, style: &Style) -> io::Result<()
     writeln!(out)
 }
 
+/// What the allocator did for a single GPU (`docs/allocator.md`, "Order of preference"):
+/// first-fit takes the lowest free index (Mesos's rule); topology takes the free GPU least
+/// joined to the other free ones, so that strong sets stay whole, the lowest index only among
+/// equals.
+fn single_gpu_label(policy: &str, chosen: &[u32], first_fit: &[u32]) -> String {
+    if policy == Policy::FirstFit.name() {
+        return "single GPU: lowest free index (first-fit, Mesos's rule)".to_owned();
+    }
+    if chosen == first_fit {
+        "single GPU: the free GPU least joined to the other free ones (breaks the fewest strong \
+         pairs); here also the lowest free index"
+            .to_owned()
+    } else {
+        format!(
+            "single GPU: the free GPU least joined to the other free ones (breaks the fewest \
+             strong pairs), not the lowest free index {} that first-fit takes",
+            list(first_fit)
+        )
+    }
+}
+
 /// One line of the task log.
 enum Event<'a> {
     Arrive(&'a TaskReport),
@@ -242,13 +264,13 @@ fn tasks(out: &mut impl Write, run: &RunReport, style: &Style) -> io::Result<()>
                     list(gpus)
                 ))
             )?,
-            Event::Arrive(task) => arrival(out, task, style)?,
+            Event::Arrive(task) => arrival(out, task, &run.policy, style)?,
         }
     }
     writeln!(out)
 }
 
-fn arrival(out: &mut impl Write, task: &TaskReport, style: &Style) -> io::Result<()> {
+fn arrival(out: &mut impl Write, task: &TaskReport, policy: &str, style: &Style) -> io::Result<()> {
     let kind = match task.container {
         ContainerType::Mesos if task.image.is_none() => "MESOS (host fs)",
         ContainerType::Mesos => "MESOS",
@@ -304,10 +326,10 @@ fn arrival(out: &mut impl Write, task: &TaskReport, style: &Style) -> io::Result
                     first_fit.links.join(" ")
                 )?;
             } else {
-                writeln!(
-                    out,
-                    "{pad}single GPU: lowest free index, as Mesos and NVIDIA do"
-                )?;
+                let label = single_gpu_label(policy, &chosen.gpus, &first_fit.gpus);
+                for line in wrap(&label, WIDTH - DETAIL) {
+                    writeln!(out, "{pad}{line}")?;
+                }
             }
             writeln!(
                 out,

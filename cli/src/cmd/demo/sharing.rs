@@ -21,6 +21,7 @@ use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
 use mesos_gpu_placement::{
     sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingPlan,
+    sharing::Wanted,
 };
 use serde::Serialize;
 
@@ -76,8 +77,8 @@ pub(crate) struct SharedTask {
 /// The sharing scenario's report.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct SharingReport {
-    /// `time-slicing` or `mps`.
-    pub(crate) mode: SharingMode,
+    /// The shared GPUs' modes: `time-slicing`, `mps`, or both joined with `+`.
+    pub(crate) mode: String,
     /// Shared GPUs: (index, replicas).
     pub(crate) shared: Vec<(u32, u32)>,
     /// GPUs kept whole.
@@ -112,7 +113,12 @@ pub(crate) fn run(
     let mut running: Vec<(u64, String, u32)> = Vec::new();
     let mut plain_running: Vec<(u64, String)> = Vec::new();
     let mut report = SharingReport {
-        mode: plan.mode,
+        mode: plan
+            .modes()
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join("+"),
         shared: plan.shared.iter().map(|g| (g.index, g.replicas)).collect(),
         whole: plan.whole.clone(),
         units: plan.units(),
@@ -217,7 +223,7 @@ fn serve(
         plan.largest()
     );
     if plan.takes_as_share(units) {
-        match book.place(id.as_str(), units, Placement::Pack) {
+        match book.place(id.as_str(), units, Placement::Pack, Wanted::Any) {
             Ok(grant) => {
                 let gpu: Vec<Gpu> = inventory
                     .by_index(grant.index)

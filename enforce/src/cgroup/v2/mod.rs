@@ -1,7 +1,7 @@
 //! cgroups v2 device control: an eBPF program per container cgroup.
 //!
 //! Facts relied on (kernel/bpf/cgroup.c, Documentation/admin-guide/cgroup-v2.rst "Device
-//! controller", `crates.md` §2, `mesos_gpu.md` §3.3):
+//! controller", `docs/reference/mesos-gpu-isolator.md` §5.3):
 //! - A `BPF_PROG_TYPE_CGROUP_DEVICE` program attached with `BPF_CGROUP_DEVICE` decides every
 //!   open and mknod of a device node by the cgroup's processes. With `BPF_F_ALLOW_MULTI` the
 //!   programs of the cgroup and of all its ancestors run and *every* one must allow, so ours can

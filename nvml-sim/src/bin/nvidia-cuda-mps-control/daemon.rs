@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use mesos_gpu_os::fsmode;
 use serde_json::json;
 
 use crate::commands::{Control, Effect};
@@ -31,6 +32,8 @@ const NOTIFY_ENV: &str = "NVML_SIM_MPS_NOTIFY";
 const LOCK: &str = "control_lock";
 /// The daemon's pid file.
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The mode of the simulated control socket: the tests' clients run as the daemon's user.
+const SOCKET_MODE: u32 = fsmode::PRIVATE_FILE;
 /// How long `-d` waits for its daemon.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the idle loop looks at its deadlines.
@@ -192,7 +195,8 @@ struct Daemon {
 impl Daemon {
     fn start(pipe: &Path, logs: &Path, settings: Settings) -> Result<Daemon, String> {
         for dir in [pipe, logs] {
-            fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            fsmode::create_dir_all(dir, fsmode::STATE_DIR)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let record = Record::new(&settings, logs);
         if let Some(reason) = &settings.refuse_start {
@@ -200,12 +204,12 @@ impl Daemon {
             return Err(reason.clone());
         }
         let lock_path = pipe.join(LOCK);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+        let lock = fsmode::open(
+            OpenOptions::new().create(true).truncate(false).write(true),
+            &lock_path,
+            fsmode::LOCK_FILE,
+        )
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
         if lock.try_lock().is_err() {
             return Err(format!(
                 "An instance of this daemon is already running (pipe directory {})",
@@ -221,20 +225,25 @@ impl Daemon {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot remove the stale {}: {e}", socket.display())),
         }
-        let listener = UnixListener::bind(&socket)
+        let listener = fsmode::bind_socket(&socket, SOCKET_MODE, UnixListener::bind)
             .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
         let pid_path = pipe.join(PID_FILE);
-        fs::write(&pid_path, format!("{}\n", std::process::id()))
-            .map_err(|e| format!("cannot write {}: {e}", pid_path.display()))?;
+        fsmode::write_file(
+            &pid_path,
+            format!("{}\n", std::process::id()).as_bytes(),
+            fsmode::STATE_FILE,
+        )
+        .map_err(|e| format!("cannot write {}: {e}", pid_path.display()))?;
         let log_path = logs.join("control.log");
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let log = fsmode::open(
+            OpenOptions::new().create(true).append(true),
+            &log_path,
+            fsmode::STATE_FILE,
+        )
+        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
         let env: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with("CUDA_"))
             .collect();

@@ -18,6 +18,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use mesos_gpu_os::fsmode;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -109,11 +110,12 @@ impl Record {
             obj.extend(more);
         }
         let line = format!("{}\n", Value::Object(obj));
-        let written = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
+        let written = fsmode::open(
+            OpenOptions::new().create(true).append(true),
+            &self.path,
+            fsmode::STATE_FILE,
+        )
+        .and_then(|mut f| f.write_all(line.as_bytes()));
         if let Err(e) = written {
             eprintln!(
                 "nvidia-cuda-mps-control: cannot append to record {}: {e}",

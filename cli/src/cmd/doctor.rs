@@ -1,0 +1,322 @@
+//! `mesos-gpu doctor`: what an operator runs on an agent host before its first task. Each check
+//! prints `ok`, `warn` or `fail` with what it found and what to do; the command exits 0 only when
+//! no check failed (the host is ready), 1 otherwise.
+//!
+//! Checks, in order (`doctor/checks.rs`, `doctor/config.rs`, `doctor/smoke.rs`):
+//! - `driver`: NVML loads; which library, the driver and CUDA versions, the GPUs;
+//! - `device-nodes`: every `/dev/nvidia*` node with the number the driver gives it
+//!   (`nvidia-uvm`'s major from `/proc/devices`, the GPUs' minors from NVML, MIG capability nodes);
+//! - `cgroups`: the hierarchy Mesos uses and the `--isolation` that goes with it, proven by a
+//!   scratch container cgroup made with the module's device control (v2: its eBPF program
+//!   attached) and removed;
+//! - `driver-volume`: the volume would hold `libcuda`, `libnvidia-ml` and `nvidia-smi` of this
+//!   driver (ELF, version-checked), its root is not `noexec`, a built one is intact;
+//! - `directories`: the pool, Docker reservations, volume and agent work directories, the NVML
+//!   library and the device root agree across the module's `modules.json`, the Docker hook's
+//!   command line, the `--docker` wrapper (`mesos-gpu-docker`; it loads no NVML, so only its
+//!   directories count), and `serve`'s unit and `/etc/default/mesos-gpu`;
+//! - `sharing`: `gpu_replicas` with MIG devices is refused; under `mps` the control program exists;
+//! - `cdi`: no device declared twice in one CDI directory;
+//! - with `--smoke`: `nvidia-smi -L` from the volume in a container cgroup with one GPU and one
+//!   with none.
+//!
+//! Under `--simulate` it runs against nvml-sim, the simulated driver tree and, unless
+//! `--dev-root` names one, a scratch device root whose nodes are made with `mknod` as the
+//! simulated driver numbers them; cgroups are the host's.
+
+mod checks;
+mod config;
+mod report;
+mod smoke;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use mesos_gpu_docker::cdi::DEFAULT_SPEC_DIRS;
+use mesos_gpu_isolator::lifecycle::CgroupChoice;
+use mesos_gpu_node::devices::expected_nodes;
+use mesos_gpu_node::discovery::DEFAULT_NVML_LIB;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
+
+use crate::ctx::Ctx;
+use config::{Defaults, Files, Sources, Wrapper};
+use report::Report;
+
+/// The agent's `--docker` wrapper (`examples/mesos-agent/mesos-gpu-docker`), where the package
+/// installs it and where a hand install might.
+const INSTALLED_WRAPPERS: [&str; 2] = [
+    "/usr/bin/mesos-gpu-docker",
+    "/usr/local/bin/mesos-gpu-docker",
+];
+
+/// The systemd unit, where an override (`/etc`) or the package (`/lib`, `/usr/lib`) puts it.
+const UNITS: [&str; 3] = [
+    "/etc/systemd/system/mesos-gpu.service",
+    "/lib/systemd/system/mesos-gpu.service",
+    "/usr/lib/systemd/system/mesos-gpu.service",
+];
+
+#[derive(clap::Args)]
+#[command(
+    long_about = "Check an agent host before its first task: the NVIDIA driver and NVML, every \
+                  device node and its numbers, the cgroup hierarchy and what it means for the \
+                  agent's --isolation (a scratch cgroup is made and removed), the driver volume \
+                  (libcuda, libnvidia-ml, nvidia-smi of this driver, not on a noexec mount), \
+                  that the module, the Docker hook, the --docker wrapper and `serve` agree on \
+                  their directories, NVML library and device root, GPU sharing and MIG settings, and CDI specs that conflict. \
+                  With --smoke, also run nvidia-smi -L from the volume in a container with one \
+                  GPU and one with none. Prints ok/warn/fail per check with what to do; exits 0 \
+                  only when the host is ready, 1 otherwise. Needs root. Changes nothing on the \
+                  GPUs.",
+    after_help = "Examples:\n  \
+    mesos-gpu doctor\n  \
+    mesos-gpu doctor --smoke --modules /etc/mesos/modules.json --wrapper /usr/bin/mesos-gpu-docker\n  \
+    mesos-gpu doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  \
+    mesos-gpu --simulate dgx1-v100 doctor --smoke"
+)]
+pub(crate) struct Args {
+    /// Print the report as JSON (`{"ready": …, "checks": [{name, status, summary, details,
+    /// fix}]}`).
+    #[arg(long)]
+    json: bool,
+
+    /// Also run `nvidia-smi -L` from the driver volume in a container cgroup holding one GPU
+    /// (must list it) and one holding none (must list none), through `mesos-gpu exec`.
+    #[arg(long)]
+    smoke: bool,
+
+    /// Show the details of every check, also of those that pass.
+    #[arg(long, short)]
+    verbose: bool,
+
+    /// The agent's modules.json (the module's parameters and the Docker hook's command line).
+    #[arg(long, value_name = "FILE")]
+    modules: Option<PathBuf>,
+
+    /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`) [default: the first
+    /// of /usr/bin/mesos-gpu-docker, /usr/local/bin/mesos-gpu-docker that exists].
+    #[arg(long, value_name = "FILE")]
+    wrapper: Option<PathBuf>,
+
+    /// `serve`'s options file.
+    #[arg(long, value_name = "FILE", default_value = "/etc/default/mesos-gpu")]
+    defaults: PathBuf,
+
+    /// `serve`'s systemd unit [default: the first of /etc/systemd/system, /lib/systemd/system,
+    /// /usr/lib/systemd/system holding mesos-gpu.service].
+    #[arg(long, value_name = "FILE")]
+    unit: Option<PathBuf>,
+
+    /// Directory of the driver volumes [default: the module's volume_root, else
+    /// /var/run/mesos/isolators/gpu].
+    #[arg(long, value_name = "DIR")]
+    volume_root: Option<PathBuf>,
+
+    /// The driver's file system root; with --simulate and none given, the simulated driver tree
+    /// [default: /].
+    #[arg(long, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
+
+    /// The node's GPU pool `--smoke` takes its GPU from [default: the module's pool_dir, else
+    /// /var/lib/mesos-gpu; with --simulate, a scratch one].
+    #[arg(long, value_name = "DIR", env = POOL_DIR_ENV)]
+    pool_dir: Option<PathBuf>,
+
+    /// Cgroup interface to check and `--smoke` with: auto (as Mesos picks), v1 or v2.
+    #[arg(long, value_name = "VERSION", default_value = "auto", value_parser = parse_choice)]
+    cgroup_version: CgroupChoice,
+
+    /// The CDI spec directories runtimes read, lowest priority first.
+    #[arg(long, value_name = "DIRS", value_delimiter = ',', default_values = DEFAULT_SPEC_DIRS)]
+    cdi_spec_dirs: Vec<PathBuf>,
+}
+
+fn parse_choice(s: &str) -> Result<CgroupChoice, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let inventory = match ctx.inventory() {
+        Ok(inventory) => inventory.clone(),
+        Err(e) => Inventory {
+            absent_reason: Some(format!("{e:#}")),
+            ..Inventory::default()
+        },
+    };
+    let lib = ctx.driver().ok().flatten().map(|d| d.lib_path().to_owned());
+    let proc_root = ctx.proc_root()?;
+    let sim = ctx.simulation()?;
+    // A simulated node without --dev-root gets nodes made as its driver numbers them.
+    let scratch_dev = match (sim, ctx.dev_root()) {
+        (Some(_), None) => Some(scratch_dev_root(&inventory, &proc_root)?),
+        _ => None,
+    };
+    let dev_root = scratch_dev
+        .as_ref()
+        .map(|d| d.path().to_owned())
+        .or_else(|| ctx.dev_root().map(Path::to_owned));
+
+    let unit = args.unit.clone().unwrap_or_else(|| {
+        UNITS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from(UNITS[1]))
+    });
+    let sources = Sources::read(&Files {
+        modules: args.modules.as_deref(),
+        wrapper: args.wrapper.as_deref().map_or_else(
+            || {
+                let installed = INSTALLED_WRAPPERS
+                    .iter()
+                    .map(Path::new)
+                    .find(|p| p.exists())
+                    .unwrap_or(Path::new(INSTALLED_WRAPPERS[0]));
+                Wrapper::Installed(installed)
+            },
+            Wrapper::Named,
+        ),
+        defaults: &args.defaults,
+        unit: &unit,
+    });
+    let volume_root = args
+        .volume_root
+        .clone()
+        .or_else(|| {
+            sources
+                .module
+                .as_ref()?
+                .given
+                .get("volume_root")
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(mesos_gpu_volume::volume::DEFAULT_ROOT));
+    let driver = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
+
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let loaded = checks::loaded_nvml(&maps);
+    let mut all = vec![checks::driver(&inventory, loaded, lib.as_deref())];
+    if let Some(dev_root) = &dev_root {
+        all.push(checks::device_nodes(&inventory, dev_root, &proc_root));
+    }
+    all.push(checks::cgroups(args.cgroup_version));
+    let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root);
+    all.push(volume);
+    all.push(sources.agreement(&Defaults::of_this_build(loader_nvml(ctx, loaded)?)));
+    all.push(checks::sharing(&inventory, &sources, &driver));
+    all.push(checks::cdi(&args.cdi_spec_dirs));
+
+    if args.smoke {
+        let scratch_pool;
+        let pool_dir = match (&args.pool_dir, sim) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(_)) => {
+                scratch_pool = tempfile::Builder::new()
+                    .prefix("mesos-gpu-doctor-pool-")
+                    .tempdir()
+                    .context("cannot make a scratch pool directory")?;
+                scratch_pool.path().to_owned()
+            }
+            (None, None) => sources
+                .agent_setting("pool_dir")
+                .map_or_else(|| PathBuf::from(DEFAULT_POOL_DIR), PathBuf::from),
+        };
+        let mut global: Vec<OsString> = Vec::new();
+        let mut env = Vec::new();
+        if let (Some(spec), Some(sim)) = (&ctx.global.simulate, sim) {
+            global.extend(["--simulate".into(), spec.into()]);
+            env.push((
+                "NVML_SIM_CONFIG".to_owned(),
+                sim.config_path().display().to_string(),
+            ));
+            if let Some(dev) = &dev_root {
+                env.push(("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()));
+            }
+        }
+        if let Some(lib) = &ctx.global.nvml_lib {
+            global.extend(["--nvml-lib".into(), lib.into()]);
+        }
+        if let Some(dev) = &dev_root {
+            global.extend(["--dev-root".into(), dev.into()]);
+        }
+        let exec: Vec<OsString> = vec![
+            "--pool-dir".into(),
+            pool_dir.into(),
+            "--cgroup-version".into(),
+            choice_word(args.cgroup_version).into(),
+        ];
+        all.extend(smoke::run(
+            &smoke::Smoke { global, exec, env },
+            plan.as_ref(),
+        ));
+    }
+
+    let report = Report::new(all);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        std::io::Write::write_all(&mut out, report.text(args.verbose).as_bytes())?;
+    }
+    Ok(if report.ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The NVML library a program naming none opens: the file this process's loader found for
+/// `libnvidia-ml.so.1` when it looked it up itself (no `--nvml-lib`, no `--simulate`), else
+/// that name.
+fn loader_nvml(ctx: &Ctx, loaded: Option<&str>) -> anyhow::Result<String> {
+    let looked_up = ctx.global.nvml_lib.is_none() && ctx.simulation()?.is_none();
+    Ok(loaded
+        .filter(|_| looked_up)
+        .unwrap_or(DEFAULT_NVML_LIB)
+        .to_owned())
+}
+
+fn choice_word(choice: CgroupChoice) -> &'static str {
+    match choice {
+        CgroupChoice::Auto => "auto",
+        CgroupChoice::V1 => "v1",
+        CgroupChoice::V2 => "v2",
+    }
+}
+
+/// A device root holding every node the simulated driver numbers, made with `mknod` (root).
+fn scratch_dev_root(inventory: &Inventory, proc_root: &Path) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("mesos-gpu-doctor-dev-")
+        .tempdir()
+        .context("cannot make a scratch device root")?;
+    let proc_devices = std::fs::read_to_string(proc_root.join("devices")).unwrap_or_default();
+    for node in expected_nodes(inventory, &proc_devices) {
+        let Some(dev) = node.dev else {
+            continue;
+        };
+        let path = dir.path().join(&node.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let out = std::process::Command::new("mknod")
+            .arg(&path)
+            .args(["c", &dev.major.to_string(), &dev.minor.to_string()])
+            .output()
+            .context("cannot run mknod")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mknod {} c {} {} failed (the simulated node's device nodes need root): {}",
+            path.display(),
+            dev.major,
+            dev.minor,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(dir)
+}

@@ -1,0 +1,116 @@
+//! A simulated node's driver files: a driver tree laid out as an NVIDIA driver installed under
+//! `/usr/local/nvidia` (as on GPU cloud hosts that mount the driver there, with `lib -> lib64`),
+//! for the commands that read the driver's files (`volume`, `docker-args`, `serve`, `doctor`).
+//!
+//! - `usr/local/nvidia/lib64/libnvidia-ml.so.<version>` and `libcuda.so.<version>`: stand-in ELF
+//!   shared objects (the demo's generator) with their SONAME links, `<version>` the node's driver
+//!   version;
+//! - `usr/local/nvidia/bin/nvidia-smi`: nvml-sim's `nvidia-smi` stand-in (an ELF program that
+//!   lists the node's GPUs it may open, `nvml-sim/src/bin/nvidia-smi`), and
+//!   `nvidia-cuda-mps-control`, nvml-sim's MPS stand-in, when built;
+//! - `usr/bin/nvidia-smi`: a `#!/bin/sh` wrapper in front of it, as such hosts have, which the
+//!   volume planner passes over for the real program;
+//! - `etc/ld.so.cache`, written by glibc's `ldconfig -r` for `usr/local/nvidia/lib64`.
+//!
+//! The stand-ins are looked for beside the simulator library (`libnvml_sim.so`): cargo builds
+//! them with `cargo build -p nvml-sim`, the package installs them in `/usr/lib/mesos-gpu/`.
+//! Without the `nvidia-smi` stand-in the tree gets a non-runnable ELF in its place, and a
+//! warning says how to build it.
+
+use std::os::unix::fs::{PermissionsExt as _, symlink};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use mesos_gpu_os::fsmode;
+use mesos_gpu_volume::DriverVersion;
+
+use crate::cmd::demo::driver::{elf_object, native_machine, write_cache};
+
+/// The driver's directory inside the tree, as on the host it imitates.
+pub(crate) const DRIVER_DIR: &str = "usr/local/nvidia";
+/// The nvidia-smi stand-in's file name, beside the simulator library.
+pub(crate) const SMI: &str = "nvidia-smi";
+/// The MPS control stand-in's file name.
+const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+
+/// The mode of the tree's programs (its directories and libraries get the state modes, whatever
+/// the umask).
+const PROGRAM: u32 = 0o755;
+
+/// Libraries of the tree as `(prefix, SONAME suffix)`.
+const LIBRARIES: &[(&str, &str)] = &[("libnvidia-ml.so", "1"), ("libcuda.so", "1")];
+
+/// Writes the driver tree of `version` under `root`, taking the program stand-ins from
+/// `programs_dir`.
+pub(crate) fn write(
+    root: &Path,
+    version: &DriverVersion,
+    programs_dir: &Path,
+) -> anyhow::Result<()> {
+    let machine = native_machine()?;
+    let lib64 = root.join(DRIVER_DIR).join("lib64");
+    let bin = root.join(DRIVER_DIR).join("bin");
+    for dir in [&lib64, &bin, &root.join("usr/bin")] {
+        fsmode::create_dir_all(dir, fsmode::STATE_DIR)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    symlink("lib64", root.join(DRIVER_DIR).join("lib")).context("cannot link lib -> lib64")?;
+    for (prefix, suffix) in LIBRARIES {
+        let file = format!("{prefix}.{version}");
+        let soname = format!("{prefix}.{suffix}");
+        let path = lib64.join(&file);
+        fsmode::write_file(
+            &path,
+            &elf_object(machine, Some(&soname)),
+            fsmode::STATE_FILE,
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
+        symlink(&file, lib64.join(&soname))
+            .with_context(|| format!("cannot link {soname} in {}", lib64.display()))?;
+    }
+    let smi = programs_dir.join(SMI);
+    if smi.is_file() {
+        copy_program(&smi, &bin.join(SMI))?;
+    } else {
+        tracing::warn!(
+            looked = %smi.display(),
+            "the simulated driver's nvidia-smi cannot run: its stand-in is not built (cargo build -p nvml-sim)"
+        );
+        let path = bin.join(SMI);
+        fsmode::write_file(&path, &elf_object(machine, None), PROGRAM)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let mps = programs_dir.join(MPS_CONTROL);
+    if mps.is_file() {
+        copy_program(&mps, &bin.join(MPS_CONTROL))?;
+    }
+    let wrapper = root.join("usr/bin").join(SMI);
+    fsmode::write_file(
+        &wrapper,
+        format!("#!/bin/sh\n# The driver's programs are in /{DRIVER_DIR}/bin.\nexec /{DRIVER_DIR}/bin/{SMI} \"$@\"\n").as_bytes(),
+        PROGRAM,
+    )
+    .with_context(|| format!("cannot write {}", wrapper.display()))?;
+    let note = write_cache(root, &[&format!("{DRIVER_DIR}/lib64")])
+        .context("cannot write the simulated driver's ld.so.cache")?;
+    tracing::debug!(root = %root.display(), %version, cache = %note, "simulated driver tree ready");
+    Ok(())
+}
+
+/// The directory the stand-in programs are looked for in: beside the simulator library, or
+/// beside this executable when the library came from cargo's `deps/`.
+pub(crate) fn programs_dir(sim_lib: &Path) -> PathBuf {
+    let dir = sim_lib.parent().unwrap_or(Path::new("/"));
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap_or(dir).to_owned()
+    } else {
+        dir.to_owned()
+    }
+}
+
+fn copy_program(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::copy(from, to)
+        .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(PROGRAM))
+        .with_context(|| format!("cannot chmod {}", to.display()))
+}

@@ -1,0 +1,290 @@
+//! The `--simulate` examples of `volume`, `docker-args` and `serve --help` run as written (the
+//! command line copied from the help, with this build's `mesos-gpu` first on `PATH`): a simulated
+//! node brings a simulated driver tree, so the volume is built from it, `docker-args` binds it,
+//! and `serve`'s volume plugin mounts it. Needs root (`ldconfig -r`, the volume root under
+//! `/var/run`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read as _;
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use mesos_gpu_testkit::{Host, Need, needs};
+
+type TestResult = Result<(), Failed>;
+
+/// How long a command may take on a loaded machine; not a bound.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The simulated node's volume in the default volume root, which the `docker-args` and `serve`
+/// examples use.
+const DEFAULT_VOLUME: &str = "/var/run/mesos/isolators/gpu/nvidia_550.54.14";
+
+/// While held, the default root has no volume of the simulated driver (one left by an earlier
+/// run is moved aside and put back afterwards), so an example passes only by building it. The
+/// examples run one at a time.
+struct NoVolumeYet {
+    aside: Option<PathBuf>,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+impl NoVolumeYet {
+    fn new() -> Result<NoVolumeYet, Failed> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let volume = Path::new(DEFAULT_VOLUME);
+        let aside = if volume.exists() {
+            let aside = PathBuf::from(format!(
+                "{DEFAULT_VOLUME}.help-examples-{}",
+                std::process::id()
+            ));
+            std::fs::rename(volume, &aside)?;
+            Some(aside)
+        } else {
+            None
+        };
+        Ok(NoVolumeYet {
+            aside,
+            _one_at_a_time: guard,
+        })
+    }
+}
+
+impl Drop for NoVolumeYet {
+    fn drop(&mut self) {
+        if let Some(aside) = &self.aside {
+            let _ = std::fs::remove_dir_all(DEFAULT_VOLUME);
+            let _ = std::fs::rename(aside, DEFAULT_VOLUME);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let trials = vec![
+        needs(
+            &host,
+            &[Need::Root],
+            Trial::test("volume_create_simulate_example_works", volume_example),
+        ),
+        needs(
+            &host,
+            &[Need::Root],
+            Trial::test("docker_args_simulate_example_works", docker_args_example),
+        ),
+        needs(
+            &host,
+            &[Need::Root],
+            Trial::test("serve_simulate_example_works", serve_example),
+        ),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The `--simulate` example lines of `mesos-gpu <command> --help`.
+fn simulate_examples(command: &str) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args([command, "--help"])
+        // Unwrapped, one example a line.
+        .env("COLUMNS", "1000")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let examples = help
+        .split_once("Examples:")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("`{command} --help` has no examples:\n{help}"));
+    examples
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("mesos-gpu ") && l.contains("--simulate"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A shell running `line` with this build's `mesos-gpu` first on `PATH`.
+fn shell(line: &str) -> Command {
+    let bin = Path::new(env!("CARGO_BIN_EXE_mesos-gpu")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", line])
+        .env("PATH", path)
+        .env_remove("NVML_SIM_CONFIG");
+    cmd
+}
+
+fn run_example(line: &str) -> Result<String, Failed> {
+    let out = shell(line).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{line}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The one `--simulate` example of `command`.
+fn the_example(command: &str) -> Result<String, Failed> {
+    match &simulate_examples(command)[..] {
+        [one] => Ok(one.clone()),
+        other => Err(
+            format!("`{command} --help`: expected one --simulate example, got {other:?}").into(),
+        ),
+    }
+}
+
+/// The argument after `flag` in `line`.
+fn flag_value(line: &str, flag: &str) -> Result<PathBuf, Failed> {
+    let mut words = line.split_whitespace();
+    words
+        .by_ref()
+        .find(|w| *w == flag)
+        .and_then(|_| words.next())
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("`{line}` has no {flag}").into())
+}
+
+/// The volume under `root` holds the simulated driver's libraries and its `nvidia-smi`.
+fn check_volume(root: &Path) -> TestResult {
+    let volume = std::fs::read_dir(root)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("nvidia_550.54.14"))
+        })
+        .ok_or_else(|| format!("no nvidia_550.54.14 volume under {}", root.display()))?;
+    for file in [
+        "bin/nvidia-smi",
+        "lib64/libnvidia-ml.so.1",
+        "lib64/libcuda.so.1",
+    ] {
+        if !volume.join(file).exists() {
+            return Err(format!("{} lacks {file}", volume.display()).into());
+        }
+    }
+    Ok(())
+}
+
+fn volume_example() -> TestResult {
+    let line = the_example("volume")?;
+    let root = flag_value(&line, "--volume-root")?;
+    let out = run_example(&line)?;
+    if !out.contains("nvidia_550.54.14") {
+        return Err(format!("`{line}` printed: {out}").into());
+    }
+    check_volume(&root)
+}
+
+fn docker_args_example() -> TestResult {
+    let _fresh = NoVolumeYet::new()?;
+    let line = the_example("docker-args")?;
+    let out = run_example(&line)?;
+    let args: Vec<String> = serde_json::from_str(&out)?;
+    let volume = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--volume="))
+        .and_then(|v| v.split(':').next())
+        .ok_or_else(|| format!("no --volume= in {args:?}"))?;
+    check_volume(Path::new(volume).parent().unwrap())
+}
+
+fn serve_example() -> TestResult {
+    let _fresh = NoVolumeYet::new()?;
+    let line = the_example("serve")?;
+    let listen = flag_value(&line, "--listen")?;
+    let socket = flag_value(&line, "--plugin-socket")?;
+    let mut child = shell(&format!("exec {line}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let result = (|| -> TestResult {
+        let deadline = Instant::now() + PATIENCE;
+        let cli = loop {
+            if let Ok(answer) = http(
+                TcpStream::connect(listen.to_str().unwrap()),
+                "GET",
+                "/v1.0/docker/cli",
+                "",
+            ) {
+                break answer;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("`{line}` never answered on {}", listen.display()).into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if !cli.contains("--volume=nvidia_driver_550.54.14:/usr/local/nvidia:ro") {
+            return Err(format!("/v1.0/docker/cli answered {cli}").into());
+        }
+        // Docker's mount of the plugin's volume: it waits for the build from the driver tree.
+        let body = r#"{"Name":"nvidia_driver_550.54.14","ID":"help-example"}"#;
+        let mount = loop {
+            let answer = http(
+                UnixStream::connect(&socket),
+                "POST",
+                "/VolumeDriver.Mount",
+                body,
+            )?;
+            let answer: serde_json::Value =
+                serde_json::from_str(answer.rsplit("\r\n\r\n").next().unwrap_or(""))?;
+            let building = answer["Err"]
+                .as_str()
+                .is_some_and(|e| e.contains("still being built"));
+            if !building || Instant::now() > deadline {
+                break answer;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let point = mount["Mountpoint"].as_str().unwrap_or_default();
+        if mount["Err"].as_str() != Some("") || point.is_empty() {
+            return Err(format!("VolumeDriver.Mount answered {mount}").into());
+        }
+        check_volume(Path::new(point).parent().unwrap())
+    })();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = child.wait()?;
+    let mut log = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut log)?;
+    result.map_err(|e| format!("{}\nserve's log:\n{log}", e.message().unwrap_or("")))?;
+    if !status.success() {
+        return Err(format!("serve ended with {status} after SIGTERM:\n{log}").into());
+    }
+    Ok(())
+}
+
+/// One HTTP/1.0 request on a fresh connection; the whole answer.
+fn http<S: std::io::Read + std::io::Write>(
+    stream: std::io::Result<S>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String, Failed> {
+    let mut stream = stream?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    if !answer.starts_with("HTTP/1.") || !answer.contains(" 200 ") {
+        return Err(format!("{method} {path}: {answer}").into());
+    }
+    Ok(answer)
+}
