@@ -111,9 +111,12 @@ fn get(api: &RestApi, target: &str) -> (StatusCode, String, String) {
     )
 }
 
+/// Every GPU: the devices in minor order, then the grant's variables naming them by UUID in NVML
+/// index order (as `docker-args` sets them).
 const ALL_CLI: &str = "--volume-driver=nvidia-docker --volume=nvidia_driver_550.54.14:/usr/local/nvidia:ro \
 --device=/dev/nvidiactl --device=/dev/nvidia-uvm --device=/dev/nvidia-uvm-tools \
---device=/dev/nvidia0 --device=/dev/nvidia1 --device=/dev/nvidia2";
+--device=/dev/nvidia0 --device=/dev/nvidia1 --device=/dev/nvidia2 \
+--env=NVIDIA_VISIBLE_DEVICES=GPU-0000aaaa-0000-0000-0000-000000000001,GPU-1111aaaa-0000-0000-0000-000000000000,GPU-2222aaaa-0000-0000-0000-000000000002 --env=CUDA_VISIBLE_DEVICES=GPU-0000aaaa-0000-0000-0000-000000000001,GPU-1111aaaa-0000-0000-0000-000000000000,GPU-2222aaaa-0000-0000-0000-000000000002";
 
 #[test]
 fn every_route_answers_with_and_without_prefix() {
@@ -177,15 +180,15 @@ fn docker_cli_selects_by_nvml_index_and_uuid_prefix() {
     for q in ["dev=0+1", "dev=1%200", "dev=1+0+1", "dev=GPU-0000+GPU-1111"] {
         let body = get(&api, &format!("/docker/cli?{q}")).2;
         assert!(
-            body.ends_with(
-                "--device=/dev/nvidia-uvm-tools --device=/dev/nvidia0 --device=/dev/nvidia1"
-            ),
+            body.contains(
+                "--device=/dev/nvidia-uvm-tools --device=/dev/nvidia0 --device=/dev/nvidia1 --env"
+            ) && body.ends_with("--env=CUDA_VISIBLE_DEVICES=GPU-0000aaaa-0000-0000-0000-000000000001,GPU-1111aaaa-0000-0000-0000-000000000000"),
             "{q}: {body}"
         );
     }
     let body = get(&api, "/docker/cli?dev=2").2;
     assert!(
-        body.ends_with("--device=/dev/nvidia-uvm-tools --device=/dev/nvidia2"),
+        body.contains("--device=/dev/nvidia-uvm-tools --device=/dev/nvidia2 --env=NVIDIA_VISIBLE_DEVICES=GPU-2222aaaa-0000-0000-0000-000000000002 "),
         "{body}"
     );
 }
@@ -223,6 +226,7 @@ fn docker_cli_json_has_nvidia_docker_fields() {
             "VolumeDriver": "nvidia-docker",
             "Volumes": ["nvidia_driver_550.54.14:/usr/local/nvidia:ro"],
             "Devices": ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia2"],
+            "Env": ["NVIDIA_VISIBLE_DEVICES=GPU-2222aaaa-0000-0000-0000-000000000002", "CUDA_VISIBLE_DEVICES=GPU-2222aaaa-0000-0000-0000-000000000002"],
         })
     );
 }
@@ -248,7 +252,8 @@ fn bind_mode_names_the_host_directory_once_it_exists() {
         body,
         format!(
             "--volume={}:/usr/local/nvidia:ro --device=/dev/nvidiactl --device=/dev/nvidia-uvm \
-             --device=/dev/nvidia-uvm-tools --device=/dev/nvidia1",
+             --device=/dev/nvidia-uvm-tools --device=/dev/nvidia1 \
+             --env=NVIDIA_VISIBLE_DEVICES=GPU-0000aaaa-0000-0000-0000-000000000001 --env=CUDA_VISIBLE_DEVICES=GPU-0000aaaa-0000-0000-0000-000000000001",
             vol.display()
         )
     );

@@ -185,7 +185,7 @@ async fn serves_rest_and_plugin_then_removes_the_socket() {
     let reply = get(server.addr, "/v1.0/docker/cli?dev=1").await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(
-        reply.ends_with("--device=/dev/nvidiactl --device=/dev/nvidia-uvm --device=/dev/nvidia1"),
+        reply.contains("--device=/dev/nvidiactl --device=/dev/nvidia-uvm --device=/dev/nvidia1 --env=NVIDIA_VISIBLE_DEVICES=GPU-"),
         "{reply}"
     );
     assert!(get(server.addr, "/nope").await.starts_with("HTTP/1.1 404"));
