@@ -390,8 +390,10 @@ fn dgx1_spec_names_every_gpu_by_index_uuid_and_all() {
     );
 }
 
-/// The spec's environment is what the Docker path gives the same GPUs, except
-/// `NVIDIA_VISIBLE_DEVICES`: `void`, as nvidia-ctk writes it, since CDI selects the devices.
+/// The spec's environment is what the Docker path gives the same GPUs, except the variables that
+/// name the devices: `NVIDIA_VISIBLE_DEVICES` is `void`, as nvidia-ctk writes it, and
+/// `CUDA_VISIBLE_DEVICES` is not set, since CDI selects the devices (a grant's own edits,
+/// `cdi::node::container_edits`, name them: see `ffi/tests/parity.rs`).
 #[test]
 fn env_is_the_docker_paths_with_selection_left_to_cdi() {
     let inventory = inventory("pcie-t4x4");
@@ -421,12 +423,14 @@ fn env_is_the_docker_paths_with_selection_left_to_cdi() {
         serde_json::from_value(doc["containerEdits"]["env"].clone()).unwrap();
     let mut expected: Vec<String> = docker_env
         .iter()
-        .filter(|e| !e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+        .filter(|e| {
+            !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with("CUDA_VISIBLE_DEVICES=")
+        })
         .cloned()
         .collect();
     assert_eq!(
         docker_env.len(),
-        expected.len() + 1,
+        expected.len() + 2,
         "the Docker path names the GPUs: {docker_env:?}"
     );
     expected.push("NVIDIA_VISIBLE_DEVICES=void".to_owned());

@@ -28,6 +28,7 @@
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::{Access, DeviceRule, normalize};
+use mesos_gpu_enforce::mps::client_env;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::discovery::UNKNOWN_MINOR;
 use mesos_gpu_node::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
@@ -132,6 +133,23 @@ pub struct ShareAccess {
     pub env: Vec<(String, String)>,
     /// Under MPS: the daemon's pipe directory, bound at the same path.
     pub mps_pipe: Option<PathBuf>,
+}
+
+impl ShareAccess {
+    /// The holder of `grant`: the share's variables and, with `mps_pipe` (the pipe directory of
+    /// the GPU's MPS daemon, for an MPS share), the MPS client's
+    /// ([`mesos_gpu_enforce::mps::client_env`]).
+    pub fn new(grant: ShareGrant, mps_pipe: Option<PathBuf>) -> ShareAccess {
+        let mut env = grant.env();
+        if let Some(pipe) = &mps_pipe {
+            env.extend(client_env(pipe, &grant.limits));
+        }
+        ShareAccess {
+            grant,
+            env,
+            mps_pipe,
+        }
+    }
 }
 
 /// What one container gets: devices, device rules, variables, mounts and cpuset.

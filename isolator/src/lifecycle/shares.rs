@@ -391,15 +391,7 @@ impl Isolator {
                     gpu: grant.uuid.clone(),
                     source: Box::new(source),
                 })?;
-        let mut env = grant.env();
-        if let Some(d) = &daemon {
-            env.extend(d.client_env(&grant.limits));
-        }
-        Ok(ShareAccess {
-            grant: grant.clone(),
-            env,
-            mps_pipe: daemon.map(|d| d.pipe_dir),
-        })
+        Ok(ShareAccess::new(grant.clone(), daemon.map(|d| d.pipe_dir)))
     }
 }
 

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use mesos_gpu_enforce::cgroup::default_whitelist;
-use mesos_gpu_enforce::{mps::MpsConfig, mps::client_env};
-use mesos_gpu_grant::Grant;
+use mesos_gpu_enforce::mps::MpsConfig;
+use mesos_gpu_grant::{Grant, ShareAccess};
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
@@ -230,10 +230,8 @@ fn serve(
                     .cloned()
                     .into_iter()
                     .collect();
-                let mut environment = grant.env();
-                if grant.mode == SharingMode::Mps {
-                    environment.extend(client_env(&mps.pipe_dir(&grant.uuid), &grant.limits));
-                }
+                let pipe = (grant.mode == SharingMode::Mps).then(|| mps.pipe_dir(&grant.uuid));
+                let environment = ShareAccess::new(grant.clone(), pipe).env;
                 let device_rules = match Grant::new(nodes, base, gpu, vec![], None) {
                     Ok(grant) => grant
                         .rules
