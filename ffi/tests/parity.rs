@@ -496,6 +496,13 @@ fn check(case: &str, who: &str, want: &Parts, got: &Parts, cpuset_elsewhere: boo
     problems
 }
 
+/// `same` when `found` is empty, else `DIFFERS` (the differences go to `problems`).
+fn verdict(problems: &mut Vec<String>, found: Vec<String>) -> String {
+    let text = if found.is_empty() { "same" } else { "DIFFERS" };
+    problems.extend(found);
+    text.to_owned()
+}
+
 #[test]
 fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_refuses() {
     let inventory = inventory();
@@ -522,19 +529,19 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
 
         // Mesos: everything but the cpuset, which the isolator writes into the cpuset cgroup.
         match mesos(&case.grant) {
-            Ok(got) => {
-                problems.extend(check(case.name, "Mesos", &want, &got, true));
-                row.push("same".into());
-            }
+            Ok(got) => row.push(verdict(
+                &mut problems,
+                check(case.name, "Mesos", &want, &got, true),
+            )),
             Err(e) => problems.push(format!("{}: Mesos refused: {e}", case.name)),
         }
 
         // Docker: every part.
         match docker(&case.grant) {
-            Ok(got) => {
-                problems.extend(check(case.name, "Docker", &want, &got, false));
-                row.push("same".into());
-            }
+            Ok(got) => row.push(verdict(
+                &mut problems,
+                check(case.name, "Docker", &want, &got, false),
+            )),
             Err(e) => problems.push(format!("{}: Docker refused: {e}", case.name)),
         }
 
@@ -562,10 +569,10 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
 
         // CDI: every part but a cpuset, which it refuses naming it.
         match (cdi(&case.grant), pinned) {
-            (Ok(got), false) => {
-                problems.extend(check(case.name, "CDI", &want, &got, false));
-                row.push("same".into());
-            }
+            (Ok(got), false) => row.push(verdict(
+                &mut problems,
+                check(case.name, "CDI", &want, &got, false),
+            )),
             (Err(e), true) if e.contains("cpuset") && e.contains("0-3") => {
                 row.push(format!("refused: {e}"));
             }
@@ -577,10 +584,10 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
         match (&case.rest_query, shares || pinned) {
             (Err(why), _) => row.push(format!("n/a: {why}")),
             (Ok(query), false) => match rest(&api, query) {
-                Ok(got) => {
-                    problems.extend(check(case.name, "REST /docker/cli", &want, &got, false));
-                    row.push("same".into());
-                }
+                Ok(got) => row.push(verdict(
+                    &mut problems,
+                    check(case.name, "REST /docker/cli", &want, &got, false),
+                )),
                 Err(e) => problems.push(format!("{}: REST refused {query}: {e}", case.name)),
             },
             (Ok(query), true) => match rest(&api, query) {
