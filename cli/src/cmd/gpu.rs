@@ -360,7 +360,15 @@ fn health_json(
     ctx: &Ctx,
 ) -> anyhow::Result<serde_json::Value> {
     let mut value = match snapshot {
-        Some(snapshot) => serde_json::to_value(snapshot)?,
+        Some(snapshot) => {
+            let mut value = serde_json::to_value(snapshot)?;
+            // The schema version the checkpoint file carries (the store writes it beside).
+            if let Some(object) = value.as_object_mut() {
+                let version = <HealthSnapshot as mesos_gpu_os::Document>::VERSION;
+                object.insert("version".to_owned(), version.into());
+            }
+            value
+        }
         None => {
             let gpus: Vec<serde_json::Value> = match ctx.driver()? {
                 Some(driver) => driver
