@@ -5,6 +5,7 @@
 //! Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker
 //! (MESOS-5795, `docs/reference/mesos-gpu-isolator.md` §8); this crate supplies the missing half.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod args;
 pub mod bridge;

@@ -16,6 +16,7 @@
 //!   the proto2 required fields of those that come in, as libprotobuf does and prost does not.
 //!
 //! `unsafe` lives here and in `raw` (pointer checks), each block with its SAFETY reasoning.
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod abi;
 mod containers;

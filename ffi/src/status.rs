@@ -133,7 +133,7 @@ pub enum FfiError {
         known: String,
     },
     /// A `mig-…` resource that is not a whole number.
-    #[error("container {container} asks for {name}:{got}; expected a whole number of MIG devices")]
+    #[error("container {container}: {name}:{got} is not a whole number of MIG devices")]
     MigCount {
         /// The container.
         container: String,

@@ -1079,7 +1079,15 @@ fn docker_and_mesos_share_the_pool(f: &Fixture) -> TestResult {
         format!("--device={dev}/nvidia0:/dev/nvidia0"),
         format!("--device={dev}/nvidia1:/dev/nvidia1"),
     ];
-    check(list == want, format!("{list:?}"))?;
+    // Then the grant's variables, naming both GPUs by UUID, as every Docker path sets them.
+    check(list.len() == 6 && list[..4] == want, format!("{list:?}"))?;
+    let visible = list[4].strip_prefix("--env=NVIDIA_VISIBLE_DEVICES=");
+    let cuda = list[5].strip_prefix("--env=CUDA_VISIBLE_DEVICES=");
+    check(
+        visible.is_some_and(|v| v.split(',').filter(|u| u.starts_with("GPU-")).count() == 2)
+            && visible == cuda,
+        format!("{list:?}"),
+    )?;
     check(bytes.last() == Some(&0), "arguments are NUL-terminated")?;
     h.prepare(&cid("m"), &config(3.0))
         .expect(S::MgpuNotEnoughGpus, "")?;

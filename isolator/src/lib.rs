@@ -4,6 +4,7 @@
 //! ([`mesos_gpu_pool`]), enforcement ([`mesos_gpu_enforce`]) and health ([`mesos_gpu_health`]);
 //! and Mesos's agent-flag rules for what a node offers ([`agent_flags`]).
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod agent_flags;
 pub mod lifecycle;

@@ -9,6 +9,7 @@
 //! As an rlib it offers safe Rust only: the shipped node descriptions ([`TOPOLOGIES`]), a
 //! validator for descriptions ([`validate`]), the `/proc` files the driver would provide for a
 //! node ([`driver_files`]) and the runtime state file ([`runtime`]).
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod abi;
 pub mod api;

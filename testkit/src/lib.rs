@@ -6,6 +6,7 @@
 //! (CI sets `MESOS_GPU_REQUIRE=root,cgroup1,cgroup2,dockerd,cc,mesos`). A test never passes
 //! without running.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod cuda_sim;
 pub mod dockerd;

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod catalog;
 pub mod elf_info;

@@ -93,7 +93,7 @@ pub(crate) struct Checkpoint {
     pub(crate) docker_mig: BTreeMap<String, Vec<String>>,
     /// The daemon and starter of Docker containers by id (absent in older checkpoints).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub(crate) docker_starts: BTreeMap<String, super::DockerStart>,
+    pub(crate) docker_starts: BTreeMap<String, super::docker_owner::DockerStart>,
     /// GPUs whose owner is uncertain, by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, Vec<String>>,
 }
@@ -179,7 +179,7 @@ mod tests {
             docker_mig: BTreeMap::new(),
             docker_starts: BTreeMap::from([(
                 "d1".into(),
-                super::super::DockerStart {
+                super::super::docker_owner::DockerStart {
                     daemon: Some("unix:///var/run/docker.sock".into()),
                     starter: None,
                 },

@@ -9,24 +9,14 @@
 
 use std::ops::Deref;
 
-use serde::{Deserialize, Serialize};
-
+use super::docker_owner::{DockerStart, docker_name, docker_owner};
 use super::state::State;
 use super::taking::Taking;
 use super::{ContainerId, Isolator, LifecycleError};
 use mesos_gpu_grant::Grant;
 use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_placement::sharing::Wanted;
-use mesos_gpu_pool::{Host, Liveness, Owner, ProcessStamp};
-
-/// Where a Docker container runs and which process starts it, for its owner record.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DockerStart {
-    /// The daemon's endpoint (`unix:///var/run/docker.sock`).
-    pub daemon: Option<String>,
-    /// The process that starts the container: the reservation is alive while it runs.
-    pub starter: Option<ProcessStamp>,
-}
+use mesos_gpu_pool::{Host, Liveness};
 
 /// GPUs reserved for a Docker container that is not running yet: the one reserve → plan →
 /// roll back sequence of every entry point (the module's hook, `docker-args`, the bridge, the
@@ -112,20 +102,6 @@ impl<D: Deref<Target = Isolator>> Drop for DockerReservation<D> {
                 "cannot give back the GPUs of a Docker container whose launch failed"
             ),
         }
-    }
-}
-
-/// The Docker name of the container with Mesos id `id`.
-pub(crate) fn docker_name(id: &ContainerId) -> String {
-    format!("mesos-{id}")
-}
-
-/// The pool owner of Docker container `id`.
-pub(crate) fn docker_owner(id: &ContainerId, start: Option<&DockerStart>) -> Owner {
-    Owner::Docker {
-        name: docker_name(id),
-        daemon: start.and_then(|s| s.daemon.clone()),
-        starter: start.and_then(|s| s.starter.clone()),
     }
 }
 

@@ -38,6 +38,7 @@
 mod checkpoint;
 mod config;
 mod docker;
+mod docker_owner;
 mod error;
 pub mod fault;
 mod health;
@@ -57,7 +58,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
-pub use docker::{DockerReservation, DockerStart};
+pub use docker::DockerReservation;
+pub use docker_owner::DockerStart;
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};

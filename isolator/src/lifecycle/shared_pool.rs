@@ -8,7 +8,6 @@
 //! cannot serve reconciles the pool (freeing dead owners) and is tried once more before it is
 //! refused with the pool's counts.
 
-use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::MutexGuard;
@@ -228,7 +227,7 @@ impl Isolator {
             held.extend(named(state.docker_mig.get(id).into_iter().flatten()));
             entries.push((
                 id.to_string(),
-                super::docker::docker_owner(id, state.docker_starts.get(id)),
+                super::docker_owner::docker_owner(id, state.docker_starts.get(id)),
                 held,
             ));
         }
@@ -301,7 +300,7 @@ impl Isolator {
             .iter()
             .filter_map(|(id, c)| Some(share(id, self.owner_of(link, id), c.share.as_ref()?)))
             .chain(state.docker_shares.iter().map(|(id, grant)| {
-                let owner = super::docker::docker_owner(id, state.docker_starts.get(id));
+                let owner = super::docker_owner::docker_owner(id, state.docker_starts.get(id));
                 share(id, owner, grant)
             }))
             .collect();
@@ -434,6 +433,3 @@ fn named<'a>(uuids: impl Iterator<Item = &'a String>) -> Vec<GpuUuid> {
 fn commit(tx: &mut Transaction) -> Result<(), pool::PoolError> {
     tx.commit()
 }
-
-/// A transaction slot in the state (filled while the pool is locked).
-pub(crate) type TxSlot = RefCell<Option<Transaction>>;

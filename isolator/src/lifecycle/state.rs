@@ -90,7 +90,7 @@ pub(crate) struct State {
     /// Docker containers' MIG devices by `MIG-…` UUID.
     pub(crate) docker_mig: BTreeMap<ContainerId, Vec<String>>,
     /// Where each Docker container runs and who starts it (for its owner record).
-    pub(crate) docker_starts: BTreeMap<ContainerId, super::DockerStart>,
+    pub(crate) docker_starts: BTreeMap<ContainerId, super::docker_owner::DockerStart>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them (indices the
     /// allocator does not manage included: they are kept as checkpointed).
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
@@ -101,7 +101,7 @@ pub(crate) struct State {
     /// (marked in the allocator or the MIG units).
     pub(crate) failed: BTreeMap<String, HealthChange>,
     /// The node pool's transaction while a call holds the lock ([`super::shared_pool`]).
-    pub(crate) tx: super::shared_pool::TxSlot,
+    pub(crate) tx: TxSlot,
 }
 
 impl State {
@@ -308,3 +308,6 @@ pub(crate) fn record_of(gpu: &Gpu) -> Option<GpuRecord> {
         }
     }
 }
+
+/// A transaction slot in the state (filled while the pool is locked, see `shared_pool`).
+pub(crate) type TxSlot = std::cell::RefCell<Option<mesos_gpu_pool::Transaction>>;
