@@ -17,10 +17,13 @@ use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::MigUnits;
-use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use serde::Serialize;
 
-use super::stream::Stream;
+use crate::agent::simulated_nodes;
+use crate::error::DemoError;
+use crate::stream::Stream;
+use crate::whole;
 
 /// What one task got.
 #[derive(Debug, Clone, Serialize)]
@@ -67,38 +70,39 @@ pub(crate) struct MigTask {
     pub(crate) got: Got,
 }
 
-/// The MIG scenario's report.
+/// The MIG scenario's report: what each task of the stream got on a node with GPUs in MIG
+/// mode (single strategy), against the same GPUs without MIG; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct MigReport {
+pub struct MigReport {
     /// GPUs in MIG mode.
-    pub(crate) mig_gpus: Vec<u32>,
+    mig_gpus: Vec<u32>,
     /// MIG devices by profile name.
-    pub(crate) devices: BTreeMap<String, u32>,
+    devices: BTreeMap<String, u32>,
     /// `gpus` units the agent offers (single strategy): MIG devices and whole GPUs.
-    pub(crate) units: u32,
+    units: u32,
     /// Tasks in arrival order.
-    pub(crate) tasks: Vec<MigTask>,
+    tasks: Vec<MigTask>,
     /// Tasks refused.
-    pub(crate) refused: u32,
+    refused: u32,
     /// Tasks refused by the same GPUs without MIG (every GPU whole).
-    pub(crate) refused_without_mig: u32,
+    refused_without_mig: u32,
 }
 
 /// Replays `stream` on `inventory` with the single strategy; capability nodes are named under
 /// `/dev`, the driver's files under `proc_root`.
-pub(crate) fn run(
+pub fn run_mig(
     stream: &Stream,
     inventory: &Inventory,
     policy: Policy,
     proc_root: &Path,
-) -> anyhow::Result<MigReport> {
+) -> Result<MigReport, DemoError> {
     let mut units = MigUnits::new(&inventory.mig, false);
     let whole_indices: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
     let mut whole = Allocator::with_devices(inventory, &whole_indices, policy)?;
     let mut plain_inventory = inventory.clone();
     plain_inventory.mig = Default::default();
     let mut plain = Allocator::new(&plain_inventory, policy)?;
-    let nodes = super::simulated_nodes(Path::new("/dev"), inventory);
+    let nodes = simulated_nodes(Path::new("/dev"), inventory);
     let base = default_whitelist();
     let mut running: Vec<(u64, String)> = Vec::new();
     let mut devices: BTreeMap<String, u32> = BTreeMap::new();
@@ -173,13 +177,9 @@ fn serve(
     gpus: f64,
     offered: u32,
 ) -> Got {
-    let k = match GpuRequest::from_scalar(gpus, offered) {
-        Ok(r) => r.count(),
-        Err(e) => {
-            return Got::Refused {
-                error: e.to_string(),
-            };
-        }
+    let k = match whole::units(gpus, offered) {
+        Ok(k) => k,
+        Err(error) => return Got::Refused { error },
     };
     let mig_error = match units.allocate(id.as_str(), k, None) {
         Ok(uuids) => {
@@ -209,23 +209,23 @@ fn serve(
         }
         Err(e) => e.to_string(),
     };
-    match whole.allocate(id.as_str(), k) {
-        Ok(set) => Got::Whole {
-            gpus: set.to_vec(),
+    match whole::take(whole, id.as_str(), k, &mig_error) {
+        Ok(gpus) => Got::Whole {
+            gpus,
             why: mig_error,
         },
-        Err(_) => Got::Refused {
-            error: format!(
-                "{mig_error}; whole GPUs: {k} asked; {} free of {}",
-                whole.free().len(),
-                whole.offered()
-            ),
-        },
+        Err(error) => Got::Refused { error },
     }
 }
 
-/// The report as text.
-pub(crate) fn text(report: &MigReport, node: &str) -> String {
+impl MigReport {
+    /// The report as text, `node` the node's name.
+    pub fn text(&self, node: &str) -> String {
+        text(self, node)
+    }
+}
+
+fn text(report: &MigReport, node: &str) -> String {
     let mut out = format!(
         "MIG on {node} (single strategy): GPUs {:?} in MIG mode with {} MIG devices {:?}; the agent offers gpus:{}\n\n",
         report.mig_gpus,

@@ -11,21 +11,23 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context as _;
 use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_enforce::mps::MpsConfig;
 use mesos_gpu_grant::{Grant, ShareAccess};
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
-use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use mesos_gpu_placement::{
     sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingPlan,
     sharing::Wanted,
 };
 use serde::Serialize;
 
-use super::stream::{ContainerType, Stream};
+use crate::agent::simulated_nodes;
+use crate::error::DemoError;
+use crate::stream::{ContainerType, Stream};
+use crate::whole;
 
 /// What one task got.
 #[derive(Debug, Clone, Serialize)]
@@ -74,40 +76,41 @@ pub(crate) struct SharedTask {
     pub(crate) got: Got,
 }
 
-/// The sharing scenario's report.
+/// The sharing scenario's report: what each task of the stream got on a node that shares GPUs,
+/// against the same node without sharing; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct SharingReport {
+pub struct SharingReport {
     /// The shared GPUs' modes: `time-slicing`, `mps`, or both joined with `+`.
-    pub(crate) mode: String,
+    mode: String,
     /// Shared GPUs: (index, replicas).
-    pub(crate) shared: Vec<(u32, u32)>,
+    shared: Vec<(u32, u32)>,
     /// GPUs kept whole.
-    pub(crate) whole: Vec<u32>,
+    whole: Vec<u32>,
     /// `gpus` units the agent offers.
-    pub(crate) units: u32,
+    units: u32,
     /// Tasks in arrival order.
-    pub(crate) tasks: Vec<SharedTask>,
+    tasks: Vec<SharedTask>,
     /// Most units held at once, shares and whole GPUs together.
-    pub(crate) peak_units: u32,
+    peak_units: u32,
     /// Tasks refused with sharing.
-    pub(crate) refused: u32,
+    refused: u32,
     /// Tasks refused by the same node without sharing (whole GPUs only).
-    pub(crate) refused_without_sharing: u32,
+    refused_without_sharing: u32,
 }
 
-/// Replays `stream` on `inventory` split by `plan`.
-pub(crate) fn run(
+/// Replays `stream` on `inventory` split by `plan`, MPS pipe directories as `mps` names them.
+pub fn run_sharing(
     stream: &Stream,
     inventory: &Inventory,
     plan: &SharingPlan,
     policy: Policy,
     mps: &MpsConfig,
-) -> anyhow::Result<SharingReport> {
+) -> Result<SharingReport, DemoError> {
     let mut book = ShareBook::new(plan);
     let mut whole = Allocator::with_devices(inventory, &plan.whole, policy)
-        .context("cannot build the allocator of the whole GPUs")?;
+        .map_err(|source| DemoError::WholeGpus { source })?;
     let mut plain = Allocator::new(inventory, policy)?;
-    let nodes = super::simulated_nodes(std::path::Path::new("/dev"), inventory);
+    let nodes = simulated_nodes(std::path::Path::new("/dev"), inventory);
     let base = default_whitelist();
     // (end, id, units held) of running tasks; units for the peak.
     let mut running: Vec<(u64, String, u32)> = Vec::new();
@@ -205,13 +208,9 @@ fn serve(
     gpus: f64,
     kind: ContainerType,
 ) -> Got {
-    let units = match GpuRequest::from_scalar(gpus, plan.units()) {
-        Ok(request) => request.count(),
-        Err(e) => {
-            return Got::Refused {
-                error: e.to_string(),
-            };
-        }
+    let units = match whole::units(gpus, plan.units()) {
+        Ok(units) => units,
+        Err(error) => return Got::Refused { error },
     };
     if kind == ContainerType::Docker {
         return Got::Refused {
@@ -255,23 +254,23 @@ fn serve(
             Err(e) => why_whole = e.to_string(),
         }
     }
-    match whole.allocate(id.as_str(), units) {
-        Ok(set) => Got::Whole {
-            gpus: set.to_vec(),
+    match whole::take(whole, id.as_str(), units, &why_whole) {
+        Ok(gpus) => Got::Whole {
+            gpus,
             why: why_whole,
         },
-        Err(_) => Got::Refused {
-            error: format!(
-                "{why_whole}; whole GPUs: {units} asked; {} free of {}",
-                whole.free().len(),
-                whole.offered()
-            ),
-        },
+        Err(error) => Got::Refused { error },
     }
 }
 
-/// The report as text.
-pub(crate) fn text(report: &SharingReport, node: &str) -> String {
+impl SharingReport {
+    /// The report as text, `node` the node's name.
+    pub fn text(&self, node: &str) -> String {
+        text(self, node)
+    }
+}
+
+fn text(report: &SharingReport, node: &str) -> String {
     let mut out = String::new();
     let shared: Vec<String> = report
         .shared
