@@ -229,7 +229,7 @@ pub(crate) fn generate(
                 (note, Ok(plan))
             }
             Err(why) => {
-                let why = crate::error::chain(&why);
+                let why = mesos_gpu_os::chain::error_chain(&why);
                 (format!("no ld.so.cache: {why}"), Err(why))
             }
         };

@@ -1,6 +1,5 @@
 //! The demo's errors: what stopped a run, naming the object and what to do.
 
-use std::error::Error;
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -203,7 +202,7 @@ pub enum DemoError {
         app: ContainerId,
         /// Why.
         #[source]
-        source: BridgeError,
+        source: Box<BridgeError>,
     },
     /// An app's Docker container cannot be stopped.
     #[error("app {app}: cannot stop {name}")]
@@ -214,7 +213,7 @@ pub enum DemoError {
         name: String,
         /// Why.
         #[source]
-        source: BridgeError,
+        source: Box<BridgeError>,
     },
     /// An app's Docker container cannot be removed.
     #[error("cannot remove {name}")]
@@ -231,16 +230,4 @@ pub enum DemoError {
         /// The app's task.
         app: ContainerId,
     },
-}
-
-/// `err` and its causes joined by `: `, as an error chain prints on one line.
-pub(crate) fn chain(err: &dyn Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
 }

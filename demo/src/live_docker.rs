@@ -25,7 +25,9 @@ use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_os::fsmode;
 use serde::Serialize;
 
-use crate::error::{DemoError, chain};
+use mesos_gpu_os::chain::error_chain;
+
+use crate::error::DemoError;
 
 /// The image the live DOCKER containers run unless told otherwise (built `FROM scratch` with
 /// `/bin/busybox` when missing, and removed at exit).
@@ -80,7 +82,7 @@ impl LiveDocker {
             .map_err(|source| DemoError::Runtime { source })?;
         let client = match runtime.block_on(DockerClient::connect(socket)) {
             Ok(client) => client,
-            Err(e) => return Ok(Err(chain(&e))),
+            Err(e) => return Ok(Err(error_chain(&e))),
         };
         let built = match runtime.block_on(client.image_info(image)) {
             Ok(_) => false,
@@ -125,7 +127,7 @@ impl LiveDocker {
             .block_on(self.bridge.launch(&id, requested, &self.image, &cmd))
             .map_err(|source| DemoError::Start {
                 app: app.clone(),
-                source,
+                source: Box::new(source),
             })?;
         tracing::info!(app = %app, container = %id, docker = %container.docker_id, "demo Docker container started");
         self.started.push(LiveContainer {
@@ -152,7 +154,7 @@ impl LiveDocker {
         let code = code.map_err(|source| DemoError::Stop {
             app: app.clone(),
             name: container.name.clone(),
-            source,
+            source: Box::new(source),
         })?;
         self.runtime
             .block_on(self.bridge.client().remove(&container.docker_id, true))

@@ -25,36 +25,24 @@ use crate::error::DemoError;
 use crate::stream::Stream;
 use crate::whole;
 
-/// What one task got.
+/// One MIG device, as a task got it.
 #[derive(Debug, Clone, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub(crate) enum Got {
-    /// One MIG device.
-    Mig {
-        /// Its `MIG-…` UUID.
-        uuid: String,
-        /// Its GPU instance profile, as the driver names it.
-        profile: String,
-        /// The parent GPU's NVML index.
-        parent: u32,
-        /// Its device rules beyond the base whitelist.
-        device_rules: Vec<String>,
-        /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`.
-        environment: Vec<String>,
-    },
-    /// Whole GPUs (not in MIG mode).
-    Whole {
-        /// NVML indices.
-        gpus: Vec<u32>,
-        /// Why not MIG devices.
-        why: String,
-    },
-    /// Refused, with the reason.
-    Refused {
-        /// Why.
-        error: String,
-    },
+#[serde(tag = "outcome", rename = "mig")]
+pub(crate) struct MigDevice {
+    /// Its `MIG-…` UUID.
+    uuid: String,
+    /// Its GPU instance profile, as the driver names it.
+    profile: String,
+    /// The parent GPU's NVML index.
+    parent: u32,
+    /// Its device rules beyond the base whitelist.
+    device_rules: Vec<String>,
+    /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`.
+    environment: Vec<String>,
 }
+
+/// What one task got: a MIG device, whole GPUs (not in MIG mode), or a refusal.
+type Got = whole::Got<MigDevice>;
 
 /// One task of the stream.
 #[derive(Debug, Clone, Serialize)]
@@ -189,7 +177,7 @@ fn serve(
                 .and_then(|d| Some((d, MigAccess::of(d, Path::new("/dev"), proc_root).ok()?)));
             if let Some((d, access)) = device {
                 let accesses = [access];
-                return Got::Mig {
+                return Got::Unit(MigDevice {
                     uuid: d.uuid.clone(),
                     profile: d.profile_name.clone(),
                     parent: d.parent,
@@ -202,20 +190,14 @@ fn serve(
                         .into_iter()
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect(),
-                };
+                });
             }
             units.release(id.as_str());
             "its MIG device cannot be isolated".to_owned()
         }
         Err(e) => e.to_string(),
     };
-    match whole::take(whole, id.as_str(), k, &mig_error) {
-        Ok(gpus) => Got::Whole {
-            gpus,
-            why: mig_error,
-        },
-        Err(error) => Got::Refused { error },
-    }
+    Got::whole(whole, id.as_str(), k, mig_error)
 }
 
 impl MigReport {
@@ -238,21 +220,15 @@ fn text(report: &MigReport, node: &str) -> String {
         "t(s)", "task", "asks"
     ));
     for t in &report.tasks {
-        let got = match &t.got {
-            Got::Mig {
-                uuid,
-                profile,
-                parent,
-                device_rules,
-                ..
-            } => format!(
-                "MIG {profile} on GPU {parent} ({}) [{}]",
-                uuid.get(..13).unwrap_or(uuid),
-                device_rules.join(", ")
-            ),
-            Got::Whole { gpus, why } => format!("whole GPUs {gpus:?} ({why})"),
-            Got::Refused { error } => format!("refused: {error}"),
-        };
+        let got = t.got.text(|d| {
+            format!(
+                "MIG {} on GPU {} ({}) [{}]",
+                d.profile,
+                d.parent,
+                d.uuid.get(..13).unwrap_or(&d.uuid),
+                d.device_rules.join(", ")
+            )
+        });
         out.push_str(&format!(
             "{:>6}  {:<28} {:>5}  {got}\n",
             t.arrival, t.task, t.requested
@@ -261,7 +237,7 @@ fn text(report: &MigReport, node: &str) -> String {
     let on_mig = report
         .tasks
         .iter()
-        .filter(|t| matches!(t.got, Got::Mig { .. }))
+        .filter(|t| matches!(t.got, Got::Unit(_)))
         .count();
     out.push_str(&format!(
         "\n{} tasks: {on_mig} on MIG devices, {} on whole GPUs, {} refused. The same GPUs without MIG: {} refused.\n",

@@ -29,36 +29,25 @@ use crate::error::DemoError;
 use crate::stream::{ContainerType, Stream};
 use crate::whole;
 
-/// What one task got.
+/// k of R units of one GPU, as a task got them.
 #[derive(Debug, Clone, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub(crate) enum Got {
-    /// k of R units of one GPU.
-    Share {
-        /// The GPU's NVML index.
-        gpu: u32,
-        /// Units held.
-        units: u32,
-        /// The GPU's replica count.
-        replicas: u32,
-        /// Its device rules beyond the base whitelist.
-        device_rules: Vec<String>,
-        /// What it is told (`MESOS_GPU_SHARE`, and under mps its limits and pipe directory).
-        environment: Vec<String>,
-    },
-    /// Whole GPUs.
-    Whole {
-        /// NVML indices.
-        gpus: Vec<u32>,
-        /// Why whole: more units than a GPU holds, or no shared GPU had room.
-        why: String,
-    },
-    /// Refused, with the reason.
-    Refused {
-        /// Why.
-        error: String,
-    },
+#[serde(tag = "outcome", rename = "share")]
+pub(crate) struct Share {
+    /// The GPU's NVML index.
+    gpu: u32,
+    /// Units held.
+    units: u32,
+    /// The GPU's replica count.
+    replicas: u32,
+    /// Its device rules beyond the base whitelist.
+    device_rules: Vec<String>,
+    /// What it is told (`MESOS_GPU_SHARE`, and under mps its limits and pipe directory).
+    environment: Vec<String>,
 }
+
+/// What one task got: a share, whole GPUs (more units than a GPU holds, or no shared GPU had
+/// room), or a refusal.
+type Got = whole::Got<Share>;
 
 /// One task of the stream.
 #[derive(Debug, Clone, Serialize)]
@@ -173,7 +162,7 @@ pub fn run_sharing(
                 app.container_type(),
             );
             match &got {
-                Got::Share { units, .. } => running.push((end, id.to_string(), *units)),
+                Got::Unit(share) => running.push((end, id.to_string(), share.units)),
                 Got::Whole { gpus, .. } => {
                     // A whole GPU is as many units as the GPU would have as a share: one.
                     running.push((end, id.to_string(), u32::try_from(gpus.len()).unwrap_or(0)));
@@ -240,7 +229,7 @@ fn serve(
                         .collect(),
                     Err(e) => vec![format!("(no grant: {e})")],
                 };
-                return Got::Share {
+                return Got::Unit(Share {
                     gpu: grant.index,
                     units: grant.units,
                     replicas: grant.replicas,
@@ -249,18 +238,12 @@ fn serve(
                         .into_iter()
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect(),
-                };
+                });
             }
             Err(e) => why_whole = e.to_string(),
         }
     }
-    match whole::take(whole, id.as_str(), units, &why_whole) {
-        Ok(gpus) => Got::Whole {
-            gpus,
-            why: why_whole,
-        },
-        Err(error) => Got::Refused { error },
-    }
+    Got::whole(whole, id.as_str(), units, why_whole)
 }
 
 impl SharingReport {
@@ -289,33 +272,30 @@ fn text(report: &SharingReport, node: &str) -> String {
         "t(s)", "task", "type", "asks"
     ));
     for t in &report.tasks {
-        let got = match &t.got {
-            Got::Share {
+        let got = t.got.text(|share| {
+            let Share {
                 gpu,
                 units,
                 replicas,
                 environment,
                 ..
-            } => {
-                let limit = |key: &str| {
-                    environment
-                        .iter()
-                        .find_map(|e| e.strip_prefix(key))
-                        .map(str::to_owned)
-                };
-                match (
-                    limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
-                    limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
-                ) {
-                    (Some(threads), Some(memory)) => {
-                        format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")
-                    }
-                    _ => format!("share {units}/{replicas} of GPU {gpu}"),
+            } = share;
+            let limit = |key: &str| {
+                environment
+                    .iter()
+                    .find_map(|e| e.strip_prefix(key))
+                    .map(str::to_owned)
+            };
+            match (
+                limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
+                limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
+            ) {
+                (Some(threads), Some(memory)) => {
+                    format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")
                 }
+                _ => format!("share {units}/{replicas} of GPU {gpu}"),
             }
-            Got::Whole { gpus, why } => format!("whole GPUs {gpus:?} ({why})"),
-            Got::Refused { error } => format!("refused: {error}"),
-        };
+        });
         out.push_str(&format!(
             "{:>6}  {:<28} {:<6} {:>5}  {got}\n",
             t.arrival,
@@ -328,7 +308,7 @@ fn text(report: &SharingReport, node: &str) -> String {
         .tasks
         .iter()
         .filter_map(|t| match t.got {
-            Got::Share { gpu, .. } => Some(gpu),
+            Got::Unit(Share { gpu, .. }) => Some(gpu),
             _ => None,
         })
         .fold(BTreeMap::new(), |mut m, g| {

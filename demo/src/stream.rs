@@ -515,7 +515,8 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            let err = crate::error::chain(&MarathonApp::parse("t.json", text).unwrap_err());
+            let err =
+                mesos_gpu_os::chain::error_chain(&MarathonApp::parse("t.json", text).unwrap_err());
             assert!(err.contains(want), "{text}: {err}");
         }
     }
@@ -529,14 +530,14 @@ mod tests {
             r#"{"arrivals": [{"at": 0, "app": "missing.json", "runs_for": 5}]}"#,
         )
         .unwrap();
-        let err = crate::error::chain(&Stream::load(&stream).unwrap_err());
+        let err = mesos_gpu_os::chain::error_chain(&Stream::load(&stream).unwrap_err());
         assert!(err.contains("missing.json"), "{err}");
         std::fs::write(
             &stream,
             r#"{"arrivals": [{"at": 0, "app": "a.json", "runs_for": 5, "extra": 1}]}"#,
         )
         .unwrap();
-        let err = crate::error::chain(&Stream::load(&stream).unwrap_err());
+        let err = mesos_gpu_os::chain::error_chain(&Stream::load(&stream).unwrap_err());
         assert!(err.contains("expected {\"arrivals\""), "{err}");
     }
 }
