@@ -44,20 +44,6 @@ pub(crate) struct MigDevice {
 /// What one task got: a MIG device, whole GPUs (not in MIG mode), or a refusal.
 type Got = whole::Got<MigDevice>;
 
-/// One task of the stream.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct MigTask {
-    /// Container id.
-    pub(crate) task: String,
-    /// Arrival, simulated seconds.
-    pub(crate) arrival: u64,
-    /// The `gpus` value asked for.
-    pub(crate) requested: f64,
-    /// What it got.
-    #[serde(flatten)]
-    pub(crate) got: Got,
-}
-
 /// The MIG scenario's report: what each task of the stream got on a node with GPUs in MIG
 /// mode (single strategy), against the same GPUs without MIG; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
@@ -69,7 +55,7 @@ pub struct MigReport {
     /// `gpus` units the agent offers (single strategy): MIG devices and whole GPUs.
     units: u32,
     /// Tasks in arrival order.
-    tasks: Vec<MigTask>,
+    tasks: Vec<whole::Task<MigDevice>>,
     /// Tasks refused.
     refused: u32,
     /// Tasks refused by the same GPUs without MIG (every GPU whole).
@@ -141,8 +127,9 @@ pub fn run_mig(
                 Got::Refused { .. } => report.refused += 1,
                 _ => running.push((arrival.at + arrival.runs_for, id.to_string())),
             }
-            report.tasks.push(MigTask {
+            report.tasks.push(whole::Task {
                 task: id.to_string(),
+                container: None,
                 arrival: arrival.at,
                 requested: app.gpus,
                 got,

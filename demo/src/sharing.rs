@@ -49,22 +49,6 @@ pub(crate) struct Share {
 /// room), or a refusal.
 type Got = whole::Got<Share>;
 
-/// One task of the stream.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct SharedTask {
-    /// Container id.
-    pub(crate) task: String,
-    /// `MESOS` or `DOCKER`.
-    pub(crate) container: ContainerType,
-    /// Arrival, simulated seconds.
-    pub(crate) arrival: u64,
-    /// The `gpus` value asked for.
-    pub(crate) requested: f64,
-    /// What it got.
-    #[serde(flatten)]
-    pub(crate) got: Got,
-}
-
 /// The sharing scenario's report: what each task of the stream got on a node that shares GPUs,
 /// against the same node without sharing; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
@@ -78,7 +62,7 @@ pub struct SharingReport {
     /// `gpus` units the agent offers.
     units: u32,
     /// Tasks in arrival order.
-    tasks: Vec<SharedTask>,
+    tasks: Vec<whole::Task<Share>>,
     /// Most units held at once, shares and whole GPUs together.
     peak_units: u32,
     /// Tasks refused with sharing.
@@ -171,9 +155,9 @@ pub fn run_sharing(
             }
             let held: u32 = running.iter().map(|(_, _, u)| u).sum();
             report.peak_units = report.peak_units.max(held);
-            report.tasks.push(SharedTask {
+            report.tasks.push(whole::Task {
                 task: id.to_string(),
-                container: app.container_type(),
+                container: Some(app.container_type()),
                 arrival: arrival.at,
                 requested: app.gpus,
                 got,
@@ -300,7 +284,8 @@ fn text(report: &SharingReport, node: &str) -> String {
             "{:>6}  {:<28} {:<6} {:>5}  {got}\n",
             t.arrival,
             t.task,
-            format!("{:?}", t.container).to_uppercase(),
+            t.container
+                .map_or_else(String::new, |c| format!("{c:?}").to_uppercase()),
             t.requested
         ));
     }

@@ -5,6 +5,25 @@
 use mesos_gpu_placement::allocator::{Allocator, GpuRequest};
 use serde::Serialize;
 
+use crate::stream::ContainerType;
+
+/// One task of the stream and what it got.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Task<U> {
+    /// Container id.
+    pub(crate) task: String,
+    /// `MESOS` or `DOCKER`, where the scenario tells them apart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) container: Option<ContainerType>,
+    /// Arrival, simulated seconds.
+    pub(crate) arrival: u64,
+    /// The `gpus` value asked for.
+    pub(crate) requested: f64,
+    /// What it got.
+    #[serde(flatten)]
+    pub(crate) got: Got<U>,
+}
+
 /// What one task got: its unit `U` (a MIG device, a share), whole GPUs, or a refusal.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
