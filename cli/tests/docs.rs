@@ -700,6 +700,7 @@ fn documented_metrics_are_the_registered_ones() {
         out
     };
     let crates = [
+        "mesos_gpu_demo",
         "mesos_gpu_docker",
         "mesos_gpu_enforce",
         "mesos_gpu_grant",

@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use mesos_gpu_os::fsmode;
 use mesos_gpu_volume::DriverVersion;
 
-use crate::cmd::demo::driver::{elf_object, native_machine, write_cache};
+use mesos_gpu_demo::driver::{elf_object, native_machine, write_cache};
 
 /// The driver's directory inside the tree, as on the host it imitates.
 pub(crate) const DRIVER_DIR: &str = "usr/local/nvidia";

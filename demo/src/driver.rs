@@ -11,15 +11,116 @@
 //! aux cache written). `-r` chroots, so it needs root; otherwise it is run in a user namespace
 //! (`unshare --user --map-root-user`). When neither works the plan is reported as unavailable
 //! with the reason: a cache written without `-r` would also list the host's own libraries.
+//!
+//! [`elf_object`], [`native_machine`] and [`write_cache`] also build the driver tree of
+//! `mesos-gpu --simulate`.
 
+use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 
-use anyhow::{Context as _, bail};
 use mesos_gpu_os::fsmode;
-use mesos_gpu_volume::plan::{DriverSource, VolumePlan};
+use mesos_gpu_volume::ldcache::LdCacheError;
+use mesos_gpu_volume::plan::{DriverSource, PlanError, VolumePlan};
 use mesos_gpu_volume::{DriverVersion, LdCache};
+
+/// Why the stand-in driver or its ld.so.cache cannot be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// A directory cannot be created.
+    #[error("cannot create {}", path.display())]
+    Create {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A file cannot be written.
+    #[error("cannot write {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A SONAME link cannot be made.
+    #[error("cannot link {name} in {}", dir.display())]
+    Link {
+        /// The link's name.
+        name: String,
+        /// Its directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `etc/ld.so.conf` cannot be written.
+    #[error("cannot write ld.so.conf")]
+    WriteConf {
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// glibc's `ldconfig` is not installed.
+    #[error("glibc's ldconfig is not installed (looked in /sbin and /usr/sbin)")]
+    NoLdconfig,
+    /// `ldconfig` (or `unshare` in front of it) cannot be started.
+    #[error("cannot run {command}")]
+    Run {
+        /// The command, as Rust's `Command` debug-prints it.
+        command: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `ldconfig -r` failed.
+    #[error("{how} failed ({status}): {stderr}")]
+    Ldconfig {
+        /// How it was run.
+        how: &'static str,
+        /// Its exit status.
+        status: ExitStatus,
+        /// What it wrote on stderr.
+        stderr: String,
+    },
+    /// The cache `ldconfig` wrote cannot be read.
+    #[error("cannot read the generated ld.so.cache")]
+    ReadCache {
+        /// Why.
+        #[source]
+        source: LdCacheError,
+    },
+    /// The volume planner refused the generated driver.
+    #[error("the volume planner failed on the generated driver")]
+    Plan {
+        /// Why.
+        #[source]
+        source: PlanError,
+    },
+    /// This host's libraries are not 64-bit ELF.
+    #[error("the demo's driver generator writes 64-bit ELF only")]
+    NotElf64,
+}
+
+/// Creates `dir` with the state directories' mode.
+fn create_dir(dir: &Path) -> Result<(), DriverError> {
+    fsmode::create_dir_all(dir, fsmode::STATE_DIR).map_err(|source| DriverError::Create {
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+/// Writes `bytes` to `path` with `mode`.
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DriverError> {
+    fsmode::write_file(path, bytes, mode).map_err(|source| DriverError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
 
 /// 64-bit library directory inside the generated root (Debian/Ubuntu layout).
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
@@ -67,21 +168,28 @@ pub(crate) struct GeneratedDriver {
 }
 
 /// Writes the driver of `version` under `root` and plans its volume.
-pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<GeneratedDriver> {
+pub(crate) fn generate(
+    root: &Path,
+    version: &DriverVersion,
+) -> Result<GeneratedDriver, DriverError> {
     let machine = native_machine()?;
     let v = version.as_str();
     let mut files = Vec::new();
-    let mut lib = |dir: &str, file: &str, soname: Option<&str>| -> anyhow::Result<()> {
+    let mut lib = |dir: &str, file: &str, soname: Option<&str>| -> Result<(), DriverError> {
         let dir_path = root.join(dir);
-        fsmode::create_dir_all(&dir_path, fsmode::STATE_DIR)
-            .with_context(|| format!("cannot create {}", dir_path.display()))?;
-        let path = dir_path.join(file);
-        fsmode::write_file(&path, &elf_object(machine, soname), fsmode::STATE_FILE)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        create_dir(&dir_path)?;
+        write_file(
+            &dir_path.join(file),
+            &elf_object(machine, soname),
+            fsmode::STATE_FILE,
+        )?;
         files.push(format!("{dir}/{file}"));
         if let Some(soname) = soname.filter(|s| *s != file) {
-            symlink(file, dir_path.join(soname))
-                .with_context(|| format!("cannot link {soname} in {}", dir_path.display()))?;
+            symlink(file, dir_path.join(soname)).map_err(|source| DriverError::Link {
+                name: soname.to_owned(),
+                dir: dir_path.clone(),
+                source,
+            })?;
             files.push(format!("{dir}/{soname} -> {file}"));
         }
         Ok(())
@@ -104,25 +212,26 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
         Some("libcuda.so.1"),
     )?;
     let bin = root.join(BIN_DIR);
-    fsmode::create_dir_all(&bin, fsmode::STATE_DIR)
-        .with_context(|| format!("cannot create {}", bin.display()))?;
+    create_dir(&bin)?;
     for name in BINARIES {
-        let path = bin.join(name);
-        fsmode::write_file(&path, &elf_object(machine, None), BIN_MODE)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        write_file(&bin.join(name), &elf_object(machine, None), BIN_MODE)?;
         files.push(format!("{BIN_DIR}/{name}"));
     }
     let (cache_note, plan) =
         match write_cache(root, &[LIB_DIR, "usr/lib64", "usr/local/cuda/lib64/stubs"]) {
             Ok(note) => {
-                let cache = LdCache::load(root).context("cannot read the generated ld.so.cache")?;
+                let cache =
+                    LdCache::load(root).map_err(|source| DriverError::ReadCache { source })?;
                 let mut source = DriverSource::at(root);
                 source.search_path = vec![PathBuf::from("/").join(BIN_DIR)];
                 let plan = mesos_gpu_volume::plan::plan_from(&source, &cache, version)
-                    .context("the volume planner failed on the generated driver")?;
+                    .map_err(|source| DriverError::Plan { source })?;
                 (note, Ok(plan))
             }
-            Err(why) => (format!("no ld.so.cache: {why:#}"), Err(format!("{why:#}"))),
+            Err(why) => {
+                let why = mesos_gpu_os::chain::error_chain(&why);
+                (format!("no ld.so.cache: {why}"), Err(why))
+            }
         };
     Ok(GeneratedDriver {
         root: root.to_owned(),
@@ -132,19 +241,19 @@ pub(crate) fn generate(root: &Path, version: &DriverVersion) -> anyhow::Result<G
     })
 }
 
-/// Runs `ldconfig -r` for `dirs` (relative to `root`), as root or in a user namespace.
-pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> {
+/// Runs `ldconfig -r` for `dirs` (relative to `root`), as root or in a user namespace; returns
+/// how the cache was written.
+pub fn write_cache(root: &Path, dirs: &[&str]) -> Result<String, DriverError> {
     let etc = root.join("etc");
-    fsmode::create_dir_all(&etc, fsmode::STATE_DIR)
-        .with_context(|| format!("cannot create {}", etc.display()))?;
+    create_dir(&etc)?;
     let conf: String = dirs.iter().map(|d| format!("/{d}\n")).collect();
     fsmode::write_file(&etc.join("ld.so.conf"), conf.as_bytes(), fsmode::STATE_FILE)
-        .context("cannot write ld.so.conf")?;
+        .map_err(|source| DriverError::WriteConf { source })?;
     let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
         .into_iter()
         .map(Path::new)
         .find(|p| p.exists())
-        .context("glibc's ldconfig is not installed (looked in /sbin and /usr/sbin)")?;
+        .ok_or(DriverError::NoLdconfig)?;
     let args = |cmd: &mut Command| {
         cmd.env("LC_ALL", "C")
             .arg(ldconfig)
@@ -152,7 +261,7 @@ pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> 
             .arg(root)
             .args(["-C", "/etc/ld.so.cache", "-f", "/etc/ld.so.conf"]);
     };
-    let as_root = crate::cmd::demo::is_root();
+    let as_root = rustix::process::geteuid().is_root();
     let mut cmd = if as_root {
         Command::new("env")
     } else {
@@ -161,20 +270,21 @@ pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> 
         c
     };
     args(&mut cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let out = cmd.output().map_err(|source| DriverError::Run {
+        command: format!("{cmd:?}"),
+        source,
+    })?;
     if !out.status.success() {
         let how = if as_root {
             "ldconfig -r"
         } else {
             "ldconfig -r in a user namespace (unshare -r)"
         };
-        bail!(
-            "{how} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(DriverError::Ldconfig {
+            how,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     let how = if as_root {
         "as root"
@@ -185,10 +295,10 @@ pub(crate) fn write_cache(root: &Path, dirs: &[&str]) -> anyhow::Result<String> 
 }
 
 /// `e_machine` of this host's 64-bit libraries, as the planner expects it.
-pub(crate) fn native_machine() -> anyhow::Result<u16> {
+pub fn native_machine() -> Result<u16, DriverError> {
     let arch = mesos_gpu_volume::plan::HostArch::native();
     if arch.lib64.class != mesos_gpu_volume::elf_info::ElfClass::Elf64 {
-        bail!("the demo's driver generator writes 64-bit ELF only");
+        return Err(DriverError::NotElf64);
     }
     Ok(arch.lib64.machine)
 }
@@ -206,7 +316,7 @@ struct Section {
 }
 
 /// A minimal little-endian ELF64 shared object for `machine` with an optional `DT_SONAME`.
-pub(crate) fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
+pub fn elf_object(machine: u16, soname: Option<&str>) -> Vec<u8> {
     const EHDR: usize = 64;
     const PHDR: usize = 56;
     const SHDR: usize = 64;

@@ -12,59 +12,177 @@
 //!   `DOCKER` (the Docker containerizer).
 
 use std::collections::BTreeMap;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, bail, ensure};
+use mesos_gpu_enforce::container_id::{ContainerId, ContainerIdError};
 use serde::{Deserialize, Serialize};
 
+/// Why a stream or one of its app files is refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The stream file cannot be read.
+    #[error("cannot read the stream {}", path.display())]
+    ReadStream {
+        /// The stream file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// An app file next to the stream cannot be read.
+    #[error("cannot read {}", path.display())]
+    ReadApp {
+        /// The app file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A built-in stream names an app file that is not built in.
+    #[error("{name} is not one of the built-in app files")]
+    NotBuiltIn {
+        /// The name asked for.
+        name: String,
+    },
+    /// The stream is not `{"arrivals": [...]}`.
+    #[error(
+        "{stream}: expected {{\"arrivals\": [{{\"at\": SECONDS, \"app\": FILE, \"runs_for\": SECONDS}}, …]}}"
+    )]
+    Format {
+        /// Where the stream came from.
+        stream: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The stream has no arrivals.
+    #[error("{stream}: no arrivals")]
+    NoArrivals {
+        /// Where the stream came from.
+        stream: String,
+    },
+    /// An arrival runs for no time.
+    #[error("{stream}: {app} at {at}s: runs_for=0, expected at least 1 second")]
+    NoRunTime {
+        /// Where the stream came from.
+        stream: String,
+        /// The arrival's app file.
+        app: String,
+        /// The arrival's second.
+        at: u64,
+    },
+    /// An arrival's app file is refused.
+    #[error("{stream}: arrival at {at}s")]
+    Arrival {
+        /// Where the stream came from.
+        stream: String,
+        /// The arrival's second.
+        at: u64,
+        /// Why its app is refused.
+        #[source]
+        source: Box<StreamError>,
+    },
+    /// An app file is not a Marathon app definition.
+    #[error("{name}: not a Marathon app definition")]
+    NotAnApp {
+        /// The app file.
+        name: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An app definition has a field Marathon would refuse.
+    #[error("{name}: app {id:?}")]
+    App {
+        /// The app file.
+        name: String,
+        /// The app's id.
+        id: String,
+        /// The field and what is accepted.
+        #[source]
+        source: AppError,
+    },
+}
+
+/// The field of an app definition that Marathon would refuse, and what it accepts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppError {
+    /// `id` is not a path of valid segments.
+    #[error("id: expected a path of lowercase letters, digits, '-' and '.', e.g. /ml/train")]
+    Id,
+    /// Neither `cmd` nor an image.
+    #[error("neither cmd nor a container image: Marathon needs one of them")]
+    NoCommand,
+    /// `cpus` is not above 0.
+    #[error("cpus={cpus}: expected more than 0")]
+    Cpus {
+        /// The value given.
+        cpus: f64,
+    },
+    /// `mem` is not above 0.
+    #[error("mem={mem}: expected more than 0 MiB")]
+    Mem {
+        /// The value given.
+        mem: f64,
+    },
+    /// `instances` is 0.
+    #[error("instances=0: expected at least 1 for the demo")]
+    NoInstances,
+    /// A DOCKER container without an image.
+    #[error("container.type DOCKER needs container.docker.image")]
+    DockerWithoutImage,
+}
+
 /// The shipped stream, built in so that `mesos-gpu demo` works from any directory.
-const SHIPPED_STREAM: &str = include_str!("../../../../examples/marathon/stream.json");
+const SHIPPED_STREAM: &str = include_str!("../../examples/marathon/stream.json");
 
 /// The shipped stream of small work for a node that shares GPUs (`demo --gpu-replicas`).
-const SHIPPED_SHARING_STREAM: &str =
-    include_str!("../../../../examples/marathon/sharing-stream.json");
+const SHIPPED_SHARING_STREAM: &str = include_str!("../../examples/marathon/sharing-stream.json");
 
 /// The shipped app files, by the name the shipped streams use.
 const SHIPPED_APPS: &[(&str, &str)] = &[
     (
         "resnet50-train.json",
-        include_str!("../../../../examples/marathon/resnet50-train.json"),
+        include_str!("../../examples/marathon/resnet50-train.json"),
     ),
     (
         "bert-finetune.json",
-        include_str!("../../../../examples/marathon/bert-finetune.json"),
+        include_str!("../../examples/marathon/bert-finetune.json"),
     ),
     (
         "render-preview.json",
-        include_str!("../../../../examples/marathon/render-preview.json"),
+        include_str!("../../examples/marathon/render-preview.json"),
     ),
     (
         "half-gpu.json",
-        include_str!("../../../../examples/marathon/half-gpu.json"),
+        include_str!("../../examples/marathon/half-gpu.json"),
     ),
     (
         "jupyter-notebook.json",
-        include_str!("../../../../examples/marathon/jupyter-notebook.json"),
+        include_str!("../../examples/marathon/jupyter-notebook.json"),
     ),
     (
         "llm-pretrain.json",
-        include_str!("../../../../examples/marathon/llm-pretrain.json"),
+        include_str!("../../examples/marathon/llm-pretrain.json"),
     ),
     (
         "hpo-sweep.json",
-        include_str!("../../../../examples/marathon/hpo-sweep.json"),
+        include_str!("../../examples/marathon/hpo-sweep.json"),
     ),
     (
         "triton-inference.json",
-        include_str!("../../../../examples/marathon/triton-inference.json"),
+        include_str!("../../examples/marathon/triton-inference.json"),
     ),
     (
         "inference-small.json",
-        include_str!("../../../../examples/marathon/inference-small.json"),
+        include_str!("../../examples/marathon/inference-small.json"),
     ),
     (
         "notebook-small.json",
-        include_str!("../../../../examples/marathon/notebook-small.json"),
+        include_str!("../../examples/marathon/notebook-small.json"),
     ),
 ];
 
@@ -123,15 +241,21 @@ fn one() -> u32 {
 
 impl MarathonApp {
     /// Parses and checks what Marathon itself would refuse; `gpus` is left to the isolator.
-    pub(crate) fn parse(name: &str, text: &str) -> anyhow::Result<MarathonApp> {
-        let app: MarathonApp = serde_json::from_str(text)
-            .with_context(|| format!("{name}: not a Marathon app definition"))?;
-        app.check()
-            .with_context(|| format!("{name}: app {:?}", app.id))?;
+    pub(crate) fn parse(name: &str, text: &str) -> Result<MarathonApp, StreamError> {
+        let app: MarathonApp =
+            serde_json::from_str(text).map_err(|source| StreamError::NotAnApp {
+                name: name.to_owned(),
+                source,
+            })?;
+        app.check().map_err(|source| StreamError::App {
+            name: name.to_owned(),
+            id: app.id.clone(),
+            source,
+        })?;
         Ok(app)
     }
 
-    fn check(&self) -> anyhow::Result<()> {
+    fn check(&self) -> Result<(), AppError> {
         let segments: Vec<&str> = self.id.trim_start_matches('/').split('/').collect();
         let valid_segment = |s: &str| {
             !s.is_empty()
@@ -140,48 +264,38 @@ impl MarathonApp {
                 && s.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         };
-        ensure!(
-            segments.iter().all(|s| valid_segment(s)),
-            "id: expected a path of lowercase letters, digits, '-' and '.', e.g. /ml/train"
-        );
-        ensure!(
-            self.cmd.as_deref().is_some_and(|c| !c.trim().is_empty()) || self.image().is_some(),
-            "neither cmd nor a container image: Marathon needs one of them"
-        );
-        ensure!(
-            self.cpus.is_finite() && self.cpus > 0.0,
-            "cpus={}: expected more than 0",
-            self.cpus
-        );
-        ensure!(
-            self.mem.is_finite() && self.mem > 0.0,
-            "mem={}: expected more than 0 MiB",
-            self.mem
-        );
-        ensure!(
-            self.instances >= 1,
-            "instances=0: expected at least 1 for the demo"
-        );
+        if !segments.iter().all(|s| valid_segment(s)) {
+            return Err(AppError::Id);
+        }
+        if !(self.cmd.as_deref().is_some_and(|c| !c.trim().is_empty()) || self.image().is_some()) {
+            return Err(AppError::NoCommand);
+        }
+        if !(self.cpus.is_finite() && self.cpus > 0.0) {
+            return Err(AppError::Cpus { cpus: self.cpus });
+        }
+        if !(self.mem.is_finite() && self.mem > 0.0) {
+            return Err(AppError::Mem { mem: self.mem });
+        }
+        if self.instances < 1 {
+            return Err(AppError::NoInstances);
+        }
         if let Some(ContainerSpec {
             kind: ContainerType::Docker,
             docker: None,
         }) = &self.container
         {
-            bail!("container.type DOCKER needs container.docker.image");
+            return Err(AppError::DockerWithoutImage);
         }
         Ok(())
     }
 
     /// The container id of this app's `seq`-th task in a run: `<app id with / as _>.<seq>`.
-    pub(crate) fn task_id(
-        &self,
-        seq: u32,
-    ) -> anyhow::Result<mesos_gpu_isolator::lifecycle::ContainerId> {
+    pub(crate) fn task_id(&self, seq: u32) -> Result<ContainerId, ContainerIdError> {
         let name = format!(
             "{}.{seq}",
             self.id.trim_start_matches('/').replace('/', "_")
         );
-        Ok(mesos_gpu_isolator::lifecycle::ContainerId::new(name)?)
+        ContainerId::new(name)
     }
 
     /// The containerizer.
@@ -224,9 +338,9 @@ pub(crate) struct StreamFile {
     pub(crate) arrivals: Vec<Arrival>,
 }
 
-/// A stream with its apps loaded.
+/// A stream of Marathon apps with its apps loaded: what the demo replays.
 #[derive(Debug, Clone)]
-pub(crate) struct Stream {
+pub struct Stream {
     /// Where it came from (`built-in` or the file).
     pub(crate) source: String,
     /// What it shows.
@@ -237,16 +351,16 @@ pub(crate) struct Stream {
 
 impl Stream {
     /// The stream shipped in `examples/marathon/`.
-    pub(crate) fn shipped() -> anyhow::Result<Stream> {
+    pub fn shipped() -> Result<Stream, StreamError> {
         Stream::built_in("stream.json", SHIPPED_STREAM)
     }
 
     /// The sharing stream shipped in `examples/marathon/`.
-    pub(crate) fn shipped_sharing() -> anyhow::Result<Stream> {
+    pub fn shipped_sharing() -> Result<Stream, StreamError> {
         Stream::built_in("sharing-stream.json", SHIPPED_SHARING_STREAM)
     }
 
-    fn built_in(name: &str, text: &str) -> anyhow::Result<Stream> {
+    fn built_in(name: &str, text: &str) -> Result<Stream, StreamError> {
         let apps: BTreeMap<&str, &str> = SHIPPED_APPS.iter().copied().collect();
         Stream::build(
             &format!("built-in examples/marathon/{name}"),
@@ -254,42 +368,62 @@ impl Stream {
             |name| {
                 apps.get(name)
                     .map(|text| (*text).to_owned())
-                    .with_context(|| format!("{name} is not one of the built-in app files"))
+                    .ok_or_else(|| StreamError::NotBuiltIn {
+                        name: name.to_owned(),
+                    })
             },
         )
     }
 
+    /// How many arrivals it has.
+    pub fn arrival_count(&self) -> usize {
+        self.arrivals.len()
+    }
+
     /// A stream file; its app files are read relative to its directory.
-    pub(crate) fn load(path: &Path) -> anyhow::Result<Stream> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the stream {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Stream, StreamError> {
+        let text = std::fs::read_to_string(path).map_err(|source| StreamError::ReadStream {
+            path: path.to_owned(),
+            source,
+        })?;
         let dir = path.parent().map_or_else(PathBuf::new, Path::to_path_buf);
         Stream::build(&path.display().to_string(), &text, |name| {
             let file = dir.join(name);
             std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))
+                .map_err(|source| StreamError::ReadApp { path: file, source })
         })
     }
 
     fn build(
         source: &str,
         text: &str,
-        read: impl Fn(&str) -> anyhow::Result<String>,
-    ) -> anyhow::Result<Stream> {
-        let file: StreamFile = serde_json::from_str(text).with_context(|| {
-            format!("{source}: expected {{\"arrivals\": [{{\"at\": SECONDS, \"app\": FILE, \"runs_for\": SECONDS}}, …]}}")
+        read: impl Fn(&str) -> Result<String, StreamError>,
+    ) -> Result<Stream, StreamError> {
+        let file: StreamFile = serde_json::from_str(text).map_err(|e| StreamError::Format {
+            stream: source.to_owned(),
+            source: e,
         })?;
-        ensure!(!file.arrivals.is_empty(), "{source}: no arrivals");
+        if file.arrivals.is_empty() {
+            return Err(StreamError::NoArrivals {
+                stream: source.to_owned(),
+            });
+        }
         let mut arrivals = Vec::with_capacity(file.arrivals.len());
         for arrival in file.arrivals {
-            ensure!(
-                arrival.runs_for > 0,
-                "{source}: {} at {}s: runs_for=0, expected at least 1 second",
-                arrival.app,
-                arrival.at
-            );
-            let app = MarathonApp::parse(&arrival.app, &read(&arrival.app)?)
-                .with_context(|| format!("{source}: arrival at {}s", arrival.at))?;
+            if arrival.runs_for == 0 {
+                return Err(StreamError::NoRunTime {
+                    stream: source.to_owned(),
+                    app: arrival.app,
+                    at: arrival.at,
+                });
+            }
+            let app = MarathonApp::parse(&arrival.app, &read(&arrival.app)?).map_err(|e| {
+                StreamError::Arrival {
+                    stream: source.to_owned(),
+                    at: arrival.at,
+                    source: Box::new(e),
+                }
+            })?;
             arrivals.push((arrival, app));
         }
         arrivals.sort_by_key(|(a, _)| a.at);
@@ -381,7 +515,8 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            let err = format!("{:#}", MarathonApp::parse("t.json", text).unwrap_err());
+            let err =
+                mesos_gpu_os::chain::error_chain(&MarathonApp::parse("t.json", text).unwrap_err());
             assert!(err.contains(want), "{text}: {err}");
         }
     }
@@ -395,14 +530,14 @@ mod tests {
             r#"{"arrivals": [{"at": 0, "app": "missing.json", "runs_for": 5}]}"#,
         )
         .unwrap();
-        let err = format!("{:#}", Stream::load(&stream).unwrap_err());
+        let err = mesos_gpu_os::chain::error_chain(&Stream::load(&stream).unwrap_err());
         assert!(err.contains("missing.json"), "{err}");
         std::fs::write(
             &stream,
             r#"{"arrivals": [{"at": 0, "app": "a.json", "runs_for": 5, "extra": 1}]}"#,
         )
         .unwrap();
-        let err = format!("{:#}", Stream::load(&stream).unwrap_err());
+        let err = mesos_gpu_os::chain::error_chain(&Stream::load(&stream).unwrap_err());
         assert!(err.contains("expected {\"arrivals\""), "{err}");
     }
 }

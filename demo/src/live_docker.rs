@@ -17,7 +17,6 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use anyhow::{Context as _, bail};
 use mesos_gpu_docker::args::DriverSpec;
 use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
 use mesos_gpu_docker::client::DockerClient;
@@ -26,11 +25,13 @@ use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_os::fsmode;
 use serde::Serialize;
 
-/// The image used when `--live-image` is not given.
-pub(crate) const DEFAULT_IMAGE: &str = "mesos-gpu-demo-busybox:latest";
+use mesos_gpu_os::chain::error_chain;
 
-/// Where the daemon is asked.
-const DOCKER_SOCKET: &str = "/var/run/docker.sock";
+use crate::error::DemoError;
+
+/// The image the live DOCKER containers run unless told otherwise (built `FROM scratch` with
+/// `/bin/busybox` when missing, and removed at exit).
+pub const DEFAULT_IMAGE: &str = "mesos-gpu-demo-busybox:latest";
 
 /// What each container runs (long enough to outlive the replay; killed when its app finishes).
 const CMD: [&str; 2] = ["sleep", "600"];
@@ -67,20 +68,21 @@ pub(crate) struct LiveDocker {
 }
 
 impl LiveDocker {
-    /// Connects to the daemon; `Ok(None)` (with the reason) when none answers.
+    /// Connects to the daemon at `socket`; `Ok(Err(reason))` when none answers.
     pub(crate) fn connect(
         isolator: Arc<Isolator>,
         driver: Option<DriverSpec>,
         gpus: Vec<Gpu>,
         image: &str,
-    ) -> anyhow::Result<Result<LiveDocker, String>> {
+        socket: &Path,
+    ) -> Result<Result<LiveDocker, String>, DemoError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .context("cannot start the async runtime")?;
-        let client = match runtime.block_on(DockerClient::connect(Path::new(DOCKER_SOCKET))) {
+            .map_err(|source| DemoError::Runtime { source })?;
+        let client = match runtime.block_on(DockerClient::connect(socket)) {
             Ok(client) => client,
-            Err(e) => return Ok(Err(format!("{:#}", anyhow::Error::new(e)))),
+            Err(e) => return Ok(Err(error_chain(&e))),
         };
         let built = match runtime.block_on(client.image_info(image)) {
             Ok(_) => false,
@@ -88,8 +90,11 @@ impl LiveDocker {
                 build_image(image)?;
                 true
             }
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!("cannot inspect image {image}")));
+            Err(source) => {
+                return Err(DemoError::Inspect {
+                    image: image.to_owned(),
+                    source,
+                });
             }
         };
         Ok(Ok(LiveDocker {
@@ -113,14 +118,17 @@ impl LiveDocker {
         &mut self,
         app: &ContainerId,
         requested: f64,
-    ) -> anyhow::Result<&BridgedContainer> {
+    ) -> Result<&BridgedContainer, DemoError> {
         self.seq += 1;
         let id = ContainerId::new(uuid_for(app.as_str(), self.seq))?;
         let cmd: Vec<String> = CMD.iter().map(|s| (*s).to_owned()).collect();
         let container = self
             .runtime
             .block_on(self.bridge.launch(&id, requested, &self.image, &cmd))
-            .with_context(|| format!("app {app}: cannot start its Docker container"))?;
+            .map_err(|source| DemoError::Start {
+                app: app.clone(),
+                source: Box::new(source),
+            })?;
         tracing::info!(app = %app, container = %id, docker = %container.docker_id, "demo Docker container started");
         self.started.push(LiveContainer {
             app: app.to_string(),
@@ -135,18 +143,25 @@ impl LiveDocker {
     }
 
     /// App `app` finished: stops its container, releases its GPUs, removes it.
-    pub(crate) fn finish(&mut self, app: &ContainerId) -> anyhow::Result<()> {
+    pub(crate) fn finish(&mut self, app: &ContainerId) -> Result<(), DemoError> {
         let Some(container) = self.running.remove(app) else {
-            bail!("app {app} has no Docker container running");
+            return Err(DemoError::NotRunning { app: app.clone() });
         };
         let code = self.runtime.block_on(async {
             self.bridge.stop(&container, 0).await?;
             self.bridge.wait_and_release(&container).await
         });
-        let code = code.with_context(|| format!("app {app}: cannot stop {}", container.name))?;
+        let code = code.map_err(|source| DemoError::Stop {
+            app: app.clone(),
+            name: container.name.clone(),
+            source: Box::new(source),
+        })?;
         self.runtime
             .block_on(self.bridge.client().remove(&container.docker_id, true))
-            .with_context(|| format!("cannot remove {}", container.name))?;
+            .map_err(|source| DemoError::RemoveContainer {
+                name: container.name.clone(),
+                source,
+            })?;
         if let Some(record) = self
             .started
             .iter_mut()
@@ -159,7 +174,7 @@ impl LiveDocker {
     }
 
     /// Stops and removes whatever still runs, and the image when the demo built it.
-    pub(crate) fn shutdown(mut self) -> anyhow::Result<()> {
+    pub(crate) fn shutdown(mut self) -> Result<(), DemoError> {
         let mut first_err = None;
         let apps: Vec<ContainerId> = self.running.keys().cloned().collect();
         for app in apps {
@@ -198,35 +213,40 @@ fn uuid_for(app: &str, seq: u64) -> String {
 }
 
 /// Builds `image` `FROM scratch` with `/bin/busybox` (nothing pulled).
-fn build_image(image: &str) -> anyhow::Result<()> {
+fn build_image(image: &str) -> Result<(), DemoError> {
+    let context = |what| move |source| DemoError::ImageContext { what, source };
     let ctx = fsmode::private_tempdir("mesos-gpu-demo-image-")
-        .context("cannot create a temp directory")?;
-    std::fs::copy("/bin/busybox", ctx.path().join("busybox")).context(
+        .map_err(context("cannot create a temp directory"))?;
+    std::fs::copy("/bin/busybox", ctx.path().join("busybox")).map_err(context(
         "image is missing and cannot be built: no static /bin/busybox (apt install busybox-static)",
-    )?;
+    ))?;
     fsmode::write_file(
         &ctx.path().join("Dockerfile"),
         b"FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n",
         fsmode::PRIVATE_FILE,
     )
-    .context("cannot write the Dockerfile")?;
+    .map_err(context("cannot write the Dockerfile"))?;
     let dir = ctx.path().to_string_lossy().into_owned();
-    docker(&["build", "-q", "-t", image, &dir])
-        .with_context(|| format!("image {image} is missing and building it failed"))
+    docker(&["build", "-q", "-t", image, &dir]).map_err(|e| DemoError::BuildImage {
+        image: image.to_owned(),
+        source: Box::new(e),
+    })
 }
 
-fn docker(args: &[&str]) -> anyhow::Result<()> {
+fn docker(args: &[&str]) -> Result<(), DemoError> {
     let out = Command::new("docker")
         .args(args)
         .output()
-        .context("cannot run docker")?;
+        .map_err(|source| DemoError::Run {
+            program: "docker",
+            source,
+        })?;
     if !out.status.success() {
-        bail!(
-            "docker {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(DemoError::DockerCommand {
+            args: args.join(" "),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(())
 }

@@ -17,88 +17,66 @@ use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::MigUnits;
-use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use serde::Serialize;
 
-use super::stream::Stream;
+use crate::agent::simulated_nodes;
+use crate::error::DemoError;
+use crate::stream::Stream;
+use crate::whole;
 
-/// What one task got.
+/// One MIG device, as a task got it.
 #[derive(Debug, Clone, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub(crate) enum Got {
-    /// One MIG device.
-    Mig {
-        /// Its `MIG-…` UUID.
-        uuid: String,
-        /// Its GPU instance profile, as the driver names it.
-        profile: String,
-        /// The parent GPU's NVML index.
-        parent: u32,
-        /// Its device rules beyond the base whitelist.
-        device_rules: Vec<String>,
-        /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`.
-        environment: Vec<String>,
-    },
-    /// Whole GPUs (not in MIG mode).
-    Whole {
-        /// NVML indices.
-        gpus: Vec<u32>,
-        /// Why not MIG devices.
-        why: String,
-    },
-    /// Refused, with the reason.
-    Refused {
-        /// Why.
-        error: String,
-    },
+#[serde(tag = "outcome", rename = "mig")]
+pub(crate) struct MigDevice {
+    /// Its `MIG-…` UUID.
+    uuid: String,
+    /// Its GPU instance profile, as the driver names it.
+    profile: String,
+    /// The parent GPU's NVML index.
+    parent: u32,
+    /// Its device rules beyond the base whitelist.
+    device_rules: Vec<String>,
+    /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`.
+    environment: Vec<String>,
 }
 
-/// One task of the stream.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct MigTask {
-    /// Container id.
-    pub(crate) task: String,
-    /// Arrival, simulated seconds.
-    pub(crate) arrival: u64,
-    /// The `gpus` value asked for.
-    pub(crate) requested: f64,
-    /// What it got.
-    #[serde(flatten)]
-    pub(crate) got: Got,
-}
+/// What one task got: a MIG device, whole GPUs (not in MIG mode), or a refusal.
+type Got = whole::Got<MigDevice>;
 
-/// The MIG scenario's report.
+/// The MIG scenario's report: what each task of the stream got on a node with GPUs in MIG
+/// mode (single strategy), against the same GPUs without MIG; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct MigReport {
+pub struct MigReport {
     /// GPUs in MIG mode.
-    pub(crate) mig_gpus: Vec<u32>,
+    mig_gpus: Vec<u32>,
     /// MIG devices by profile name.
-    pub(crate) devices: BTreeMap<String, u32>,
+    devices: BTreeMap<String, u32>,
     /// `gpus` units the agent offers (single strategy): MIG devices and whole GPUs.
-    pub(crate) units: u32,
+    units: u32,
     /// Tasks in arrival order.
-    pub(crate) tasks: Vec<MigTask>,
+    tasks: Vec<whole::Task<MigDevice>>,
     /// Tasks refused.
-    pub(crate) refused: u32,
+    refused: u32,
     /// Tasks refused by the same GPUs without MIG (every GPU whole).
-    pub(crate) refused_without_mig: u32,
+    refused_without_mig: u32,
 }
 
 /// Replays `stream` on `inventory` with the single strategy; capability nodes are named under
 /// `/dev`, the driver's files under `proc_root`.
-pub(crate) fn run(
+pub fn run_mig(
     stream: &Stream,
     inventory: &Inventory,
     policy: Policy,
     proc_root: &Path,
-) -> anyhow::Result<MigReport> {
+) -> Result<MigReport, DemoError> {
     let mut units = MigUnits::new(&inventory.mig, false);
     let whole_indices: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
     let mut whole = Allocator::with_devices(inventory, &whole_indices, policy)?;
     let mut plain_inventory = inventory.clone();
     plain_inventory.mig = Default::default();
     let mut plain = Allocator::new(&plain_inventory, policy)?;
-    let nodes = super::simulated_nodes(Path::new("/dev"), inventory);
+    let nodes = simulated_nodes(Path::new("/dev"), inventory);
     let base = default_whitelist();
     let mut running: Vec<(u64, String)> = Vec::new();
     let mut devices: BTreeMap<String, u32> = BTreeMap::new();
@@ -149,8 +127,9 @@ pub(crate) fn run(
                 Got::Refused { .. } => report.refused += 1,
                 _ => running.push((arrival.at + arrival.runs_for, id.to_string())),
             }
-            report.tasks.push(MigTask {
+            report.tasks.push(whole::Task {
                 task: id.to_string(),
+                container: None,
                 arrival: arrival.at,
                 requested: app.gpus,
                 got,
@@ -173,13 +152,9 @@ fn serve(
     gpus: f64,
     offered: u32,
 ) -> Got {
-    let k = match GpuRequest::from_scalar(gpus, offered) {
-        Ok(r) => r.count(),
-        Err(e) => {
-            return Got::Refused {
-                error: e.to_string(),
-            };
-        }
+    let k = match whole::units(gpus, offered) {
+        Ok(k) => k,
+        Err(error) => return Got::Refused { error },
     };
     let mig_error = match units.allocate(id.as_str(), k, None) {
         Ok(uuids) => {
@@ -189,7 +164,7 @@ fn serve(
                 .and_then(|d| Some((d, MigAccess::of(d, Path::new("/dev"), proc_root).ok()?)));
             if let Some((d, access)) = device {
                 let accesses = [access];
-                return Got::Mig {
+                return Got::Unit(MigDevice {
                     uuid: d.uuid.clone(),
                     profile: d.profile_name.clone(),
                     parent: d.parent,
@@ -202,30 +177,24 @@ fn serve(
                         .into_iter()
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect(),
-                };
+                });
             }
             units.release(id.as_str());
             "its MIG device cannot be isolated".to_owned()
         }
         Err(e) => e.to_string(),
     };
-    match whole.allocate(id.as_str(), k) {
-        Ok(set) => Got::Whole {
-            gpus: set.to_vec(),
-            why: mig_error,
-        },
-        Err(_) => Got::Refused {
-            error: format!(
-                "{mig_error}; whole GPUs: {k} asked; {} free of {}",
-                whole.free().len(),
-                whole.offered()
-            ),
-        },
+    Got::whole(whole, id.as_str(), k, mig_error)
+}
+
+impl MigReport {
+    /// The report as text, `node` the node's name.
+    pub fn text(&self, node: &str) -> String {
+        text(self, node)
     }
 }
 
-/// The report as text.
-pub(crate) fn text(report: &MigReport, node: &str) -> String {
+fn text(report: &MigReport, node: &str) -> String {
     let mut out = format!(
         "MIG on {node} (single strategy): GPUs {:?} in MIG mode with {} MIG devices {:?}; the agent offers gpus:{}\n\n",
         report.mig_gpus,
@@ -238,21 +207,15 @@ pub(crate) fn text(report: &MigReport, node: &str) -> String {
         "t(s)", "task", "asks"
     ));
     for t in &report.tasks {
-        let got = match &t.got {
-            Got::Mig {
-                uuid,
-                profile,
-                parent,
-                device_rules,
-                ..
-            } => format!(
-                "MIG {profile} on GPU {parent} ({}) [{}]",
-                uuid.get(..13).unwrap_or(uuid),
-                device_rules.join(", ")
-            ),
-            Got::Whole { gpus, why } => format!("whole GPUs {gpus:?} ({why})"),
-            Got::Refused { error } => format!("refused: {error}"),
-        };
+        let got = t.got.text(|d| {
+            format!(
+                "MIG {} on GPU {} ({}) [{}]",
+                d.profile,
+                d.parent,
+                d.uuid.get(..13).unwrap_or(&d.uuid),
+                d.device_rules.join(", ")
+            )
+        });
         out.push_str(&format!(
             "{:>6}  {:<28} {:>5}  {got}\n",
             t.arrival, t.task, t.requested
@@ -261,7 +224,7 @@ pub(crate) fn text(report: &MigReport, node: &str) -> String {
     let on_mig = report
         .tasks
         .iter()
-        .filter(|t| matches!(t.got, Got::Mig { .. }))
+        .filter(|t| matches!(t.got, Got::Unit(_)))
         .count();
     out.push_str(&format!(
         "\n{} tasks: {on_mig} on MIG devices, {} on whole GPUs, {} refused. The same GPUs without MIG: {} refused.\n",

@@ -20,7 +20,11 @@ use mesos_gpu_placement::{
 };
 use serde::Serialize;
 
-use super::stream::{ContainerType, MarathonApp, Stream};
+use crate::error::DemoError;
+use crate::stream::{ContainerType, MarathonApp, Stream};
+
+/// Where a MESOS container's image root filesystem is taken to be (only named, never created).
+const ROOTFS_BASE: &str = "/var/lib/mesos/provisioner/rootfs";
 
 /// What the image of an app is taken to declare. Images are not pulled in a dry run; the
 /// `nvidia/cuda` images set these variables (and so ask for the driver volume), others none.
@@ -47,7 +51,7 @@ pub(crate) trait Agent {
         id: &ContainerId,
         config: PrepareConfig,
         gpus: &[Gpu],
-    ) -> anyhow::Result<LaunchInfo>;
+    ) -> Result<LaunchInfo, DemoError>;
     /// `docker run` plan of a DOCKER container granted `gpus`.
     fn launch_docker(
         &mut self,
@@ -55,9 +59,9 @@ pub(crate) trait Agent {
         requested: f64,
         gpus: &[Gpu],
         image: &ImageInfo,
-    ) -> anyhow::Result<LaunchPlan>;
+    ) -> Result<LaunchPlan, DemoError>;
     /// The container has finished.
-    fn finish(&mut self, id: &ContainerId, kind: ContainerType) -> anyhow::Result<()>;
+    fn finish(&mut self, id: &ContainerId, kind: ContainerType) -> Result<(), DemoError>;
 }
 
 /// A set of GPUs with its score.
@@ -215,6 +219,15 @@ struct Running {
     kind: ContainerType,
 }
 
+/// The allocators of a run and the tasks running on them.
+struct Node {
+    /// The allocator with the run's policy.
+    alloc: Allocator,
+    /// First-fit, holding the same sets, for the comparison.
+    shadow: Allocator,
+    running: Vec<Running>,
+}
+
 /// Runs `stream` on `inventory` with `policy`, launching through `agent`; `progress` is told
 /// each arrival handled.
 pub(crate) fn run(
@@ -223,14 +236,16 @@ pub(crate) fn run(
     policy: Policy,
     agent: &mut dyn Agent,
     progress: &mut dyn FnMut(usize, u64),
-) -> anyhow::Result<RunReport> {
-    let mut alloc = Allocator::new(inventory, policy)?;
-    let mut shadow = Allocator::new(inventory, Policy::FirstFit)?;
-    let mut running: Vec<Running> = Vec::new();
+) -> Result<RunReport, DemoError> {
+    let mut node = Node {
+        alloc: Allocator::new(inventory, policy)?,
+        shadow: Allocator::new(inventory, Policy::FirstFit)?,
+        running: Vec::new(),
+    };
     let mut report = RunReport {
         policy: policy.to_string(),
         tasks: Vec::new(),
-        samples: vec![sample(&alloc, 0)],
+        samples: vec![sample(&node.alloc, 0)],
         end: 0,
         busy_gpu_seconds: 0,
         counters: Counters::default(),
@@ -239,24 +254,17 @@ pub(crate) fn run(
     let mut seq = 0u32;
     let mut labels = ('A'..='Z').chain('a'..='z').chain('0'..='9').cycle();
     for (done, (arrival, app)) in stream.arrivals.iter().enumerate() {
-        finish_until(
-            arrival.at,
-            &mut running,
-            &mut alloc,
-            &mut shadow,
-            agent,
-            &mut report,
-        )?;
+        finish_until(arrival.at, &mut node, agent, &mut report)?;
         for _ in 0..app.instances {
             seq += 1;
             let id = app.task_id(seq)?;
-            let outcome = match grant(&mut alloc, &shadow, inventory, &id, app.gpus) {
+            let outcome = match grant(&mut node.alloc, &node.shadow, inventory, &id, app.gpus) {
                 Err(err) => Outcome::Refused {
                     reason: refusal_kind(&err),
                     error: err.to_string(),
                 },
                 Ok((set, first_fit)) => {
-                    shadow.allocate_specific(id.as_str(), set)?;
+                    node.shadow.allocate_specific(id.as_str(), set)?;
                     let gpus: Vec<Gpu> = set
                         .iter()
                         .filter_map(|i| inventory.by_index(i))
@@ -264,16 +272,16 @@ pub(crate) fn run(
                         .collect();
                     let launch = launch(agent, &id, app, &gpus)?;
                     let ends = arrival.at + arrival.runs_for;
-                    running.push(Running {
+                    node.running.push(Running {
                         ends,
                         id: id.clone(),
                         kind: app.container_type(),
                     });
                     report.busy_gpu_seconds += u64::from(set.len()) * arrival.runs_for;
-                    let chosen = choice(&alloc, inventory, set);
-                    let first_fit = choice(&alloc, inventory, first_fit);
+                    let chosen = choice(&node.alloc, inventory, set);
+                    let first_fit = choice(&node.alloc, inventory, first_fit);
                     tally(&mut report.comparison, &chosen, &first_fit);
-                    let after = sample(&alloc, arrival.at);
+                    let after = sample(&node.alloc, arrival.at);
                     report.samples.push(after);
                     Outcome::Granted {
                         label: labels.next().unwrap_or('?'),
@@ -300,16 +308,9 @@ pub(crate) fn run(
         }
         progress(done + 1, arrival.at);
     }
-    finish_until(
-        u64::MAX,
-        &mut running,
-        &mut alloc,
-        &mut shadow,
-        agent,
-        &mut report,
-    )?;
+    finish_until(u64::MAX, &mut node, agent, &mut report)?;
     report.end = report.samples.iter().map(|s| s.at).max().unwrap_or(0);
-    report.counters = alloc.counters();
+    report.counters = node.alloc.counters();
     Ok(report)
 }
 
@@ -336,7 +337,7 @@ fn launch(
     id: &ContainerId,
     app: &MarathonApp,
     gpus: &[Gpu],
-) -> anyhow::Result<Launch> {
+) -> Result<Launch, DemoError> {
     let image = image_info(app.image());
     Ok(match app.container_type() {
         ContainerType::Docker => {
@@ -350,7 +351,7 @@ fn launch(
                 gpus: app.gpus,
                 rootfs: app
                     .image()
-                    .map(|_| std::path::Path::new(super::ROOTFS_BASE).join(id.as_str())),
+                    .map(|_| std::path::Path::new(ROOTFS_BASE).join(id.as_str())),
                 image_env: image.env.clone(),
                 image_labels: image.labels.keys().cloned().collect(),
                 has_task_info: true,
@@ -388,22 +389,21 @@ fn launch(
     })
 }
 
+/// Finishes the tasks of `node` that end by `until`.
 fn finish_until(
     until: u64,
-    running: &mut Vec<Running>,
-    alloc: &mut Allocator,
-    shadow: &mut Allocator,
+    node: &mut Node,
     agent: &mut dyn Agent,
     report: &mut RunReport,
-) -> anyhow::Result<()> {
+) -> Result<(), DemoError> {
     // Stable sort: equal end times finish in launch order.
-    running.sort_by_key(|r| r.ends);
-    let due = running.partition_point(|r| r.ends <= until);
-    for task in running.drain(..due) {
-        alloc.release_all(task.id.as_str());
-        shadow.release_all(task.id.as_str());
+    node.running.sort_by_key(|r| r.ends);
+    let due = node.running.partition_point(|r| r.ends <= until);
+    for task in node.running.drain(..due) {
+        node.alloc.release_all(task.id.as_str());
+        node.shadow.release_all(task.id.as_str());
         agent.finish(&task.id, task.kind)?;
-        report.samples.push(sample(alloc, task.ends));
+        report.samples.push(sample(&node.alloc, task.ends));
     }
     Ok(())
 }

@@ -11,103 +11,79 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context as _;
 use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_enforce::mps::MpsConfig;
 use mesos_gpu_grant::{Grant, ShareAccess};
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
-use mesos_gpu_placement::{allocator::Allocator, allocator::GpuRequest, allocator::Policy};
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use mesos_gpu_placement::{
     sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingPlan,
     sharing::Wanted,
 };
 use serde::Serialize;
 
-use super::stream::{ContainerType, Stream};
+use crate::agent::simulated_nodes;
+use crate::error::DemoError;
+use crate::stream::{ContainerType, Stream};
+use crate::whole;
 
-/// What one task got.
+/// k of R units of one GPU, as a task got them.
 #[derive(Debug, Clone, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub(crate) enum Got {
-    /// k of R units of one GPU.
-    Share {
-        /// The GPU's NVML index.
-        gpu: u32,
-        /// Units held.
-        units: u32,
-        /// The GPU's replica count.
-        replicas: u32,
-        /// Its device rules beyond the base whitelist.
-        device_rules: Vec<String>,
-        /// What it is told (`MESOS_GPU_SHARE`, and under mps its limits and pipe directory).
-        environment: Vec<String>,
-    },
-    /// Whole GPUs.
-    Whole {
-        /// NVML indices.
-        gpus: Vec<u32>,
-        /// Why whole: more units than a GPU holds, or no shared GPU had room.
-        why: String,
-    },
-    /// Refused, with the reason.
-    Refused {
-        /// Why.
-        error: String,
-    },
+#[serde(tag = "outcome", rename = "share")]
+pub(crate) struct Share {
+    /// The GPU's NVML index.
+    gpu: u32,
+    /// Units held.
+    units: u32,
+    /// The GPU's replica count.
+    replicas: u32,
+    /// Its device rules beyond the base whitelist.
+    device_rules: Vec<String>,
+    /// What it is told (`MESOS_GPU_SHARE`, and under mps its limits and pipe directory).
+    environment: Vec<String>,
 }
 
-/// One task of the stream.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct SharedTask {
-    /// Container id.
-    pub(crate) task: String,
-    /// `MESOS` or `DOCKER`.
-    pub(crate) container: ContainerType,
-    /// Arrival, simulated seconds.
-    pub(crate) arrival: u64,
-    /// The `gpus` value asked for.
-    pub(crate) requested: f64,
-    /// What it got.
-    #[serde(flatten)]
-    pub(crate) got: Got,
-}
+/// What one task got: a share, whole GPUs (more units than a GPU holds, or no shared GPU had
+/// room), or a refusal.
+type Got = whole::Got<Share>;
 
-/// The sharing scenario's report.
+/// The sharing scenario's report: what each task of the stream got on a node that shares GPUs,
+/// against the same node without sharing; `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct SharingReport {
+pub struct SharingReport {
     /// The shared GPUs' modes: `time-slicing`, `mps`, or both joined with `+`.
-    pub(crate) mode: String,
+    mode: String,
     /// Shared GPUs: (index, replicas).
-    pub(crate) shared: Vec<(u32, u32)>,
+    shared: Vec<(u32, u32)>,
     /// GPUs kept whole.
-    pub(crate) whole: Vec<u32>,
+    whole: Vec<u32>,
     /// `gpus` units the agent offers.
-    pub(crate) units: u32,
+    units: u32,
     /// Tasks in arrival order.
-    pub(crate) tasks: Vec<SharedTask>,
+    tasks: Vec<whole::Task<Share>>,
     /// Most units held at once, shares and whole GPUs together.
-    pub(crate) peak_units: u32,
+    peak_units: u32,
     /// Tasks refused with sharing.
-    pub(crate) refused: u32,
+    refused: u32,
     /// Tasks refused by the same node without sharing (whole GPUs only).
-    pub(crate) refused_without_sharing: u32,
+    refused_without_sharing: u32,
 }
 
-/// Replays `stream` on `inventory` split by `plan`.
-pub(crate) fn run(
+/// Replays `stream` on `inventory` split by `plan`, MPS pipe directories as `mps` names them.
+pub fn run_sharing(
     stream: &Stream,
     inventory: &Inventory,
     plan: &SharingPlan,
     policy: Policy,
     mps: &MpsConfig,
-) -> anyhow::Result<SharingReport> {
+) -> Result<SharingReport, DemoError> {
     let mut book = ShareBook::new(plan);
     let mut whole = Allocator::with_devices(inventory, &plan.whole, policy)
-        .context("cannot build the allocator of the whole GPUs")?;
+        .map_err(|source| DemoError::WholeGpus { source })?;
     let mut plain = Allocator::new(inventory, policy)?;
-    let nodes = super::simulated_nodes(std::path::Path::new("/dev"), inventory);
+    let nodes = simulated_nodes(std::path::Path::new("/dev"), inventory);
     let base = default_whitelist();
     // (end, id, units held) of running tasks; units for the peak.
     let mut running: Vec<(u64, String, u32)> = Vec::new();
@@ -170,7 +146,7 @@ pub(crate) fn run(
                 app.container_type(),
             );
             match &got {
-                Got::Share { units, .. } => running.push((end, id.to_string(), *units)),
+                Got::Unit(share) => running.push((end, id.to_string(), share.units)),
                 Got::Whole { gpus, .. } => {
                     // A whole GPU is as many units as the GPU would have as a share: one.
                     running.push((end, id.to_string(), u32::try_from(gpus.len()).unwrap_or(0)));
@@ -179,9 +155,9 @@ pub(crate) fn run(
             }
             let held: u32 = running.iter().map(|(_, _, u)| u).sum();
             report.peak_units = report.peak_units.max(held);
-            report.tasks.push(SharedTask {
+            report.tasks.push(whole::Task {
                 task: id.to_string(),
-                container: app.container_type(),
+                container: Some(app.container_type()),
                 arrival: arrival.at,
                 requested: app.gpus,
                 got,
@@ -205,13 +181,9 @@ fn serve(
     gpus: f64,
     kind: ContainerType,
 ) -> Got {
-    let units = match GpuRequest::from_scalar(gpus, plan.units()) {
-        Ok(request) => request.count(),
-        Err(e) => {
-            return Got::Refused {
-                error: e.to_string(),
-            };
-        }
+    let units = match whole::units(gpus, plan.units()) {
+        Ok(units) => units,
+        Err(error) => return Got::Refused { error },
     };
     if kind == ContainerType::Docker {
         return Got::Refused {
@@ -241,7 +213,7 @@ fn serve(
                         .collect(),
                     Err(e) => vec![format!("(no grant: {e})")],
                 };
-                return Got::Share {
+                return Got::Unit(Share {
                     gpu: grant.index,
                     units: grant.units,
                     replicas: grant.replicas,
@@ -250,28 +222,22 @@ fn serve(
                         .into_iter()
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect(),
-                };
+                });
             }
             Err(e) => why_whole = e.to_string(),
         }
     }
-    match whole.allocate(id.as_str(), units) {
-        Ok(set) => Got::Whole {
-            gpus: set.to_vec(),
-            why: why_whole,
-        },
-        Err(_) => Got::Refused {
-            error: format!(
-                "{why_whole}; whole GPUs: {units} asked; {} free of {}",
-                whole.free().len(),
-                whole.offered()
-            ),
-        },
+    Got::whole(whole, id.as_str(), units, why_whole)
+}
+
+impl SharingReport {
+    /// The report as text, `node` the node's name.
+    pub fn text(&self, node: &str) -> String {
+        text(self, node)
     }
 }
 
-/// The report as text.
-pub(crate) fn text(report: &SharingReport, node: &str) -> String {
+fn text(report: &SharingReport, node: &str) -> String {
     let mut out = String::new();
     let shared: Vec<String> = report
         .shared
@@ -290,38 +256,36 @@ pub(crate) fn text(report: &SharingReport, node: &str) -> String {
         "t(s)", "task", "type", "asks"
     ));
     for t in &report.tasks {
-        let got = match &t.got {
-            Got::Share {
+        let got = t.got.text(|share| {
+            let Share {
                 gpu,
                 units,
                 replicas,
                 environment,
                 ..
-            } => {
-                let limit = |key: &str| {
-                    environment
-                        .iter()
-                        .find_map(|e| e.strip_prefix(key))
-                        .map(str::to_owned)
-                };
-                match (
-                    limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
-                    limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
-                ) {
-                    (Some(threads), Some(memory)) => {
-                        format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")
-                    }
-                    _ => format!("share {units}/{replicas} of GPU {gpu}"),
+            } = share;
+            let limit = |key: &str| {
+                environment
+                    .iter()
+                    .find_map(|e| e.strip_prefix(key))
+                    .map(str::to_owned)
+            };
+            match (
+                limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
+                limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
+            ) {
+                (Some(threads), Some(memory)) => {
+                    format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")
                 }
+                _ => format!("share {units}/{replicas} of GPU {gpu}"),
             }
-            Got::Whole { gpus, why } => format!("whole GPUs {gpus:?} ({why})"),
-            Got::Refused { error } => format!("refused: {error}"),
-        };
+        });
         out.push_str(&format!(
             "{:>6}  {:<28} {:<6} {:>5}  {got}\n",
             t.arrival,
             t.task,
-            format!("{:?}", t.container).to_uppercase(),
+            t.container
+                .map_or_else(String::new, |c| format!("{c:?}").to_uppercase()),
             t.requested
         ));
     }
@@ -329,7 +293,7 @@ pub(crate) fn text(report: &SharingReport, node: &str) -> String {
         .tasks
         .iter()
         .filter_map(|t| match t.got {
-            Got::Share { gpu, .. } => Some(gpu),
+            Got::Unit(Share { gpu, .. }) => Some(gpu),
             _ => None,
         })
         .fold(BTreeMap::new(), |mut m, g| {

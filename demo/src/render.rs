@@ -8,9 +8,9 @@ use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_volume::plan::SkipReason;
 
-use super::Report;
-use super::engine::{Launch, Outcome, RunReport, TaskReport};
-use super::stream::{ContainerType, Stream};
+use crate::Report;
+use crate::engine::{Launch, Outcome, RunReport, TaskReport};
+use crate::stream::{ContainerType, Stream};
 
 /// Output width.
 const WIDTH: usize = 80;
