@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use super::{Out, OutStr, any_device_call, device_call, fill_chars, guard, in_str};
 use crate::abi::{NVML_MEMORY_V2, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlPciInfo};
-use crate::config::fields::{self, PciAddr};
+use crate::fields::{self, PciAddr};
 use crate::node::Memory;
 use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn};
