@@ -224,6 +224,19 @@ pub fn cgroup2_root() -> Option<PathBuf> {
         .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
 }
 
+/// The subdirectories of `path` (none when it cannot be read): the cgroups left under a parent
+/// cgroup, the agents of a Mesos work directory.
+pub fn subdirs(path: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A name unique to this process and call: `mgpu-test-<pid>-<n>`.
 pub fn unique_name(tag: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
