@@ -13,6 +13,7 @@ pub mod mesos;
 pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
+pub mod serve;
 
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
 /// `docs/reference/topology.md` §3: the isolator's test fixtures, compiled into it only for its
