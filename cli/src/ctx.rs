@@ -4,6 +4,7 @@
 //! the same dynamic loading, see [`crate::simulate`]) or from the system's `libnvidia-ml.so.1`.
 
 use std::cell::OnceCell;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -79,9 +80,16 @@ impl Ctx {
         }
     }
 
-    /// True when `--simulate list` asks for the shipped node names instead of a node.
-    pub(crate) fn wants_simulate_list(&self) -> bool {
-        self.global.simulate.as_deref() == Some(crate::simulate::LIST)
+    /// When `--simulate list` asks for the shipped node names instead of a node: writes them to
+    /// `out`, one a line, and returns true (the command has nothing more to do).
+    pub(crate) fn list_simulations(&self, out: &mut impl Write) -> std::io::Result<bool> {
+        if self.global.simulate.as_deref() != Some(crate::simulate::LIST) {
+            return Ok(false);
+        }
+        for name in crate::simulate::shipped_names() {
+            writeln!(out, "{name}")?;
+        }
+        Ok(true)
     }
 
     /// The simulated node, set up on first use, when `--simulate` is given.

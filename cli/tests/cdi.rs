@@ -37,6 +37,11 @@ impl Dirs {
         self.tmp.path().join(rel)
     }
 
+    /// `mesos-gpu serve` on the simulated k80 with its paths in this tree.
+    fn serve(&self) -> Command {
+        mesos_gpu_testkit::serve::command(env!("CARGO_BIN_EXE_mesos-gpu"), "k80", self.tmp.path())
+    }
+
     fn spec(&self) -> PathBuf {
         self.path("run/nvidia.com-gpu.json")
     }
@@ -240,20 +245,9 @@ fn serve_keeps_the_spec_current() {
         .and_then(|l| l.local_addr())
         .unwrap();
     let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["serve", "--simulate", "k80", "--driver-poll", "1"])
-            .arg("--listen")
+        d.serve()
+            .args(["--driver-poll", "1", "--listen"])
             .arg(port.to_string())
-            .arg("--plugin-socket")
-            .arg(d.path("nvidia-docker.sock"))
-            .arg("--volume-root")
-            .arg(d.path("volumes"))
-            .arg("--docker-state-dir")
-            .arg(d.path("work"))
-            .arg("--pool-dir")
-            .arg(d.path("work").join("pool"))
-            .arg("--docker-socket")
-            .arg(d.path("no-docker.sock"))
             .arg("--cdi-spec")
             .arg(d.spec())
             .arg("--cdi-spec-dirs")
@@ -300,20 +294,10 @@ fn serve_on_a_simulated_node_keeps_no_spec_unless_named() {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-        .args(["serve", "--simulate", "k80", "--driver-poll", "0"])
-        .arg("--listen")
+    let mut child = d
+        .serve()
+        .args(["--driver-poll", "0", "--listen"])
         .arg(port.to_string())
-        .arg("--plugin-socket")
-        .arg(d.path("nvidia-docker.sock"))
-        .arg("--volume-root")
-        .arg(d.path("volumes"))
-        .arg("--docker-state-dir")
-        .arg(d.path("work"))
-        .arg("--pool-dir")
-        .arg(d.path("work").join("pool"))
-        .arg("--docker-socket")
-        .arg(d.path("no-docker.sock"))
         .env("MESOS_GPU_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -92,26 +92,16 @@ fn serve_logs_info_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("serve.log");
     let socket = dir.path().join("nvidia-docker.sock");
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-        .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--plugin-socket")
-        .arg(&socket)
-        .arg("--volume-root")
-        .arg(dir.path().join("volumes"))
-        .arg("--docker-state-dir")
-        .arg(dir.path().join("work"))
-        .arg("--pool-dir")
-        .arg(dir.path().join("work").join("pool"))
-        .arg("--docker-socket")
-        .arg(dir.path().join("no-docker.sock"))
-        .env_remove("MESOS_GPU_LOG")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut serve =
+        mesos_gpu_testkit::serve::command(env!("CARGO_BIN_EXE_mesos-gpu"), "dgx1-v100", dir.path())
+            .args(["--driver-poll", "0", "--listen", "127.0.0.1:0"])
+            .env_remove("MESOS_GPU_LOG")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !socket.exists() {
         assert!(serve.try_wait().unwrap().is_none(), "serve exited");

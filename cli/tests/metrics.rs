@@ -45,21 +45,9 @@ fn get(addr: SocketAddr, path: &str) -> Option<String> {
 /// `mesos-gpu serve` on the simulated `node` (a name or a file), listening on `addr`, with every
 /// directory under `dir` and the agent's health read in `agent`; logs at `warn`, to nowhere.
 fn serve_command(node: &Path, addr: SocketAddr, dir: &Path, agent: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
-    cmd.args(["serve", "--driver-poll", "0", "--simulate"])
-        .arg(node)
-        .arg("--listen")
+    let mut cmd = mesos_gpu_testkit::serve::command(env!("CARGO_BIN_EXE_mesos-gpu"), node, dir);
+    cmd.args(["--driver-poll", "0", "--listen"])
         .arg(addr.to_string())
-        .arg("--plugin-socket")
-        .arg(dir.join("nvidia-docker.sock"))
-        .arg("--volume-root")
-        .arg(dir.join("volumes"))
-        .arg("--docker-state-dir")
-        .arg(dir.join("work"))
-        .arg("--pool-dir")
-        .arg(dir.join("work").join("pool"))
-        .arg("--docker-socket")
-        .arg(dir.join("no-docker.sock"))
         .arg("--agent-work-dir")
         .arg(agent)
         .env("MESOS_GPU_LOG", "warn")

@@ -89,24 +89,17 @@ fn signals_leave_no_simulation_behind() {
         assert!(!dir.exists(), "SIG{name} left {}", dir.display());
     }
     // A command with its own handler (serve) ends normally and removes it too.
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-        .args(["serve", "--simulate", "dgx1-v100", "--driver-poll", "0"])
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--plugin-socket")
-        .arg(work.path().join("nvidia-docker.sock"))
-        .arg("--volume-root")
-        .arg(work.path().join("volumes"))
-        .arg("--docker-state-dir")
-        .arg(work.path().join("serve"))
-        .arg("--pool-dir")
-        .arg(work.path().join("serve").join("pool"))
-        .arg("--docker-socket")
-        .arg(work.path().join("no-docker.sock"))
-        .env("MESOS_GPU_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut serve = mesos_gpu_testkit::serve::command(
+        env!("CARGO_BIN_EXE_mesos-gpu"),
+        "dgx1-v100",
+        work.path(),
+    )
+    .args(["--driver-poll", "0", "--listen", "127.0.0.1:0"])
+    .env("MESOS_GPU_LOG", "error")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let dir = wait_for_dir(&mut serve);
     let deadline = Instant::now() + PATIENCE;
     while !work.path().join("nvidia-docker.sock").exists() {

@@ -271,16 +271,7 @@ impl HealthSnapshot {
     /// Marks `gpu` healthy in the checkpoint itself (when no monitor runs); returns whether it
     /// was unhealthy.
     pub fn mark_healthy(&mut self, gpu: &GpuRef) -> Result<bool, HealthError> {
-        let known = known(self.gpus.iter().chain(&self.mig));
-        let record = self
-            .gpus
-            .iter_mut()
-            .chain(&mut self.mig)
-            .find(|g| g.is(gpu))
-            .ok_or_else(|| HealthError::UnknownGpu {
-                gpu: gpu.to_string(),
-                known,
-            })?;
+        let record = find_mut(&mut self.gpus, &mut self.mig, gpu)?;
         let was = !record.health.is_healthy();
         record.health = GpuHealth::Healthy;
         record.recovery.episode = None;
@@ -296,6 +287,23 @@ impl GpuRecord {
             GpuRef::Uuid(u) => self.uuid.eq_ignore_ascii_case(u),
         }
     }
+}
+
+/// The record of `gpu` among a node's GPU and MIG device records; `UnknownGpu` naming the
+/// known ones when none is.
+fn find_mut<'a>(
+    gpus: &'a mut [GpuRecord],
+    mig: &'a mut [GpuRecord],
+    gpu: &GpuRef,
+) -> Result<&'a mut GpuRecord, HealthError> {
+    let known = known(gpus.iter().chain(mig.iter()));
+    gpus.iter_mut()
+        .chain(mig)
+        .find(|g| g.is(gpu))
+        .ok_or_else(|| HealthError::UnknownGpu {
+            gpu: gpu.to_string(),
+            known,
+        })
 }
 
 /// `0 GPU-…, 1 GPU-…, MIG-…` for an unknown-GPU error.
@@ -469,15 +477,7 @@ impl HealthState {
     }
 
     fn find(&mut self, gpu: &GpuRef) -> Result<&mut GpuRecord, HealthError> {
-        let known = known(self.gpus.iter().chain(&self.mig));
-        self.gpus
-            .iter_mut()
-            .chain(&mut self.mig)
-            .find(|g| g.is(gpu))
-            .ok_or_else(|| HealthError::UnknownGpu {
-                gpu: gpu.to_string(),
-                known,
-            })
+        find_mut(&mut self.gpus, &mut self.mig, gpu)
     }
 
     /// Counts an XID seen on GPU `index`, whether or not the policy counts it.

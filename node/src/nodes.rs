@@ -119,8 +119,9 @@ impl NodeBuilder {
     }
 }
 
-/// The NVLink table of a DGX-1 with V100 (hybrid cube-mesh), from `docs/reference/topology.md` §3.
-pub(crate) const DGX1_V100_NVLINKS: [(usize, usize, u32); 16] = [
+/// The NVLink table of a DGX-1 with V100 (hybrid cube-mesh), from `docs/reference/topology.md` §3:
+/// (GPU, GPU with a higher index, NVLinks between them).
+pub const DGX1_V100_NVLINKS: [(usize, usize, u32); 16] = [
     (0, 1, 1),
     (0, 2, 1),
     (0, 3, 2),

@@ -18,10 +18,7 @@ use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::PathBuf;
 
-use crate::abi::{
-    EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, ID_NOT_AVAILABLE, NvmlEventSet,
-};
-use crate::state::Sim;
+use crate::abi::NvmlEventSet;
 
 /// The XID the driver logs when a GPU falls off the bus.
 pub(crate) const XID_FALLEN_OFF_BUS: u64 = 79;
@@ -297,7 +294,7 @@ impl EventLog {
     }
 
     /// Queues an event in every set registered for it.
-    fn deliver(&mut self, event: Pending) {
+    pub(crate) fn deliver(&mut self, event: Pending) {
         for set in &mut self.sets {
             if set
                 .masks
@@ -315,95 +312,13 @@ fn set_handle(set: &EventSet) -> NvmlEventSet {
     token.cast_mut().cast()
 }
 
-/// A GPU reset: the GPU answers again, the driver asks for nothing, a pending remapping is
-/// done (one more row remapped for an uncorrectable error), pending pages are retired, and the
-/// volatile ECC counters start again from zero (they count "since the last driver load or
-/// reset", `nvml.h` `NVML_VOLATILE_ECC`). A failed remapping stays recorded.
-fn reset(state: &mut crate::state::GpuState) {
-    state.lost = false;
-    state.recovery_action = state.recovery_action.map(|_| 0);
-    if let Some(rows) = &mut state.remapped_rows
-        && rows.pending
-    {
-        rows.pending = false;
-        rows.uncorrectable += 1;
-    }
-    state.retired_pages_pending = state.retired_pages_pending.map(|_| false);
-    if let Some(ecc) = &mut state.ecc {
-        ecc.volatile_corrected = 0;
-        ecc.volatile_uncorrected = 0;
-    }
-}
-
-/// Applies an event to the node (lost flag, ECC counters, recovery state) and queues the NVML
-/// events among them for registered sets.
-pub(crate) fn apply(sim: &mut Sim, event: Event) {
-    let gpu = event.gpu;
-    let state = &mut sim.gpus[gpu];
-    let (event_type, data) = match event.kind {
-        EventKind::Xid(xid) => (EVENT_XID, xid),
-        EventKind::Lost => {
-            state.lost = true;
-            (EVENT_XID, XID_FALLEN_OFF_BUS)
-        }
-        EventKind::SingleBitEcc => {
-            if let Some(ecc) = &mut state.ecc {
-                ecc.volatile_corrected += 1;
-                ecc.aggregate_corrected += 1;
-            }
-            (EVENT_SINGLE_BIT_ECC, 0)
-        }
-        EventKind::DoubleBitEcc => {
-            if let Some(ecc) = &mut state.ecc {
-                ecc.volatile_uncorrected += 1;
-                ecc.aggregate_uncorrected += 1;
-            }
-            (EVENT_DOUBLE_BIT_ECC, 0)
-        }
-        EventKind::RecoveryAction(action) => {
-            state.recovery_action = Some(action);
-            return;
-        }
-        EventKind::RemapPending => {
-            if let Some(rows) = &mut state.remapped_rows {
-                rows.pending = true;
-            }
-            return;
-        }
-        EventKind::RemapFailure => {
-            if let Some(rows) = &mut state.remapped_rows {
-                rows.failure = true;
-            }
-            return;
-        }
-        EventKind::RetirePending => {
-            state.retired_pages_pending = state.retired_pages_pending.map(|_| true);
-            return;
-        }
-        EventKind::Reset => {
-            reset(state);
-            return;
-        }
-    };
-    let (gpu_instance, compute_instance) = match event.mig {
-        Some((gi, ci)) => (gi, ci.unwrap_or(ID_NOT_AVAILABLE)),
-        None => (ID_NOT_AVAILABLE, ID_NOT_AVAILABLE),
-    };
-    sim.events.deliver(Pending {
-        gpu,
-        event_type,
-        data,
-        gpu_instance,
-        compute_instance,
-    });
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use std::io::Write as _;
 
     use super::*;
+    use crate::abi::{EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, ID_NOT_AVAILABLE};
 
     #[test]
     fn parses_each_form() {

@@ -9,8 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::abi;
-use crate::config::fields::PciAddr;
-use crate::config::numa::Affinity;
+use crate::fields::PciAddr;
 use crate::mig::Mig;
 use crate::status::NvmlError;
 
@@ -67,17 +66,6 @@ impl ProcDevices {
         nvidia_caps: 235,
         nvidia_uvm: 510,
     };
-
-    pub(crate) fn from_spec(spec: Option<&crate::config::ProcDevicesSpec>) -> ProcDevices {
-        let d = ProcDevices::DEFAULT;
-        match spec {
-            None => d,
-            Some(s) => ProcDevices {
-                nvidia_caps: s.nvidia_caps.unwrap_or(d.nvidia_caps),
-                nvidia_uvm: s.nvidia_uvm.unwrap_or(d.nvidia_uvm),
-            },
-        }
-    }
 }
 
 /// An NVSwitch NVLinks can end at.
@@ -85,6 +73,17 @@ impl ProcDevices {
 pub(crate) struct NvSwitch {
     pub(crate) pci: PciAddr,
     pub(crate) device_id: u32,
+}
+
+/// A GPU's affinities; each list sorted and distinct.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Affinity {
+    /// NUMA nodes near the GPU (node scope).
+    pub(crate) memory_nodes: Option<Vec<u32>>,
+    /// CPUs of the GPU's socket.
+    pub(crate) socket_cpus: Option<Vec<u32>>,
+    /// NUMA nodes of the GPU's socket.
+    pub(crate) socket_memory_nodes: Option<Vec<u32>>,
 }
 
 /// One GPU as configured.

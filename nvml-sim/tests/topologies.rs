@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use mesos_gpu_testkit::nodes::DGX1_V100_NVLINKS;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::{
@@ -356,30 +357,12 @@ fn shipped_topologies_have_the_promised_shape() {
     );
 }
 
-/// The DGX-1 V100 NVLink table of `docs/reference/topology.md` §3.
-const DGX1_NVLINKS: [(u32, u32, u32); 16] = [
-    (0, 1, 1),
-    (0, 2, 1),
-    (0, 3, 2),
-    (0, 4, 2),
-    (1, 2, 2),
-    (1, 3, 1),
-    (1, 5, 2),
-    (2, 3, 2),
-    (2, 6, 1),
-    (3, 7, 1),
-    (4, 5, 1),
-    (4, 6, 1),
-    (4, 7, 2),
-    (5, 6, 2),
-    (5, 7, 1),
-    (6, 7, 2),
-];
-
+/// NVLinks between GPUs `a` and `b` of a DGX-1 V100 board.
 fn dgx1_links(a: u32, b: u32) -> u32 {
-    DGX1_NVLINKS
+    let pair = (a.min(b) as usize, a.max(b) as usize);
+    DGX1_V100_NVLINKS
         .iter()
-        .find(|&&(x, y, _)| (x, y) == (a.min(b), a.max(b)))
+        .find(|&&(x, y, _)| (x, y) == pair)
         .map_or(0, |l| l.2)
 }
 

@@ -14,6 +14,7 @@ pub mod mesos;
 pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
+pub mod serve;
 
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
 /// `docs/reference/topology.md` §3: the isolator's test fixtures, compiled into it only for its
@@ -223,6 +224,19 @@ pub fn cgroup2_root() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// The subdirectories of `path` (none when it cannot be read): the cgroups left under a parent
+/// cgroup, the agents of a Mesos work directory.
+pub fn subdirs(path: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A name unique to this process and call: `mgpu-test-<pid>-<n>`.

@@ -409,20 +409,33 @@ fn parse_old_or_compat(data: &[u8]) -> Result<Parsed, LdCacheError> {
     let mut entries = Vec::with_capacity(usize::try_from(nlibs).unwrap_or(0));
     for index in 0..u64::from(nlibs) {
         let at = OLD_HEADER + index * OLD_ENTRY;
-        let flags = read_i32(data, at, "old entry")?;
-        let key = read_u32(data, at + 4, "old entry")?;
-        let value = read_u32(data, at + 8, "old entry")?;
-        let index = usize::try_from(index).unwrap_or(usize::MAX);
-        entries.push(RawEntry {
-            flags,
-            name: c_string(data, entries_end + u64::from(key), index, "name")?,
-            path: c_string(data, entries_end + u64::from(value), index, "path")?,
-            osversion: 0,
-            hwcap: 0,
-            hwcap_name: None,
-        });
+        entries.push(raw_entry(data, at, entries_end, index, "old entry")?);
     }
     Ok((Layout::Old, entries, None))
+}
+
+/// Reads what old and new entries start with: `flags`, then the offsets of the name and the
+/// path from `strings` (the end of the old entry array; the start of the new header). The
+/// new-format fields are left empty.
+fn raw_entry(
+    data: &[u8],
+    at: u64,
+    strings: u64,
+    index: u64,
+    what: &'static str,
+) -> Result<RawEntry, LdCacheError> {
+    let flags = read_i32(data, at, what)?;
+    let key = read_u32(data, at + 4, what)?;
+    let value = read_u32(data, at + 8, what)?;
+    let index = usize::try_from(index).unwrap_or(usize::MAX);
+    Ok(RawEntry {
+        flags,
+        name: c_string(data, strings + u64::from(key), index, "name")?,
+        path: c_string(data, strings + u64::from(value), index, "path")?,
+        osversion: 0,
+        hwcap: 0,
+        hwcap_name: None,
+    })
 }
 
 fn parse_new(
@@ -450,19 +463,13 @@ fn parse_new(
     let mut entries = Vec::with_capacity(usize::try_from(nlibs).unwrap_or(0));
     for index in 0..u64::from(nlibs) {
         let at = entries_start + index * NEW_ENTRY;
-        let flags = read_i32(data, at, "new entry")?;
-        let key = read_u32(data, at + 4, "new entry")?;
-        let value = read_u32(data, at + 8, "new entry")?;
-        let osversion = read_u32(data, at + 12, "new entry")?;
+        let entry = raw_entry(data, at, base, index, "new entry")?;
         let hwcap = read_u64(data, at + 16, "new entry")?;
-        let index = usize::try_from(index).unwrap_or(usize::MAX);
         entries.push(RawEntry {
-            flags,
-            name: c_string(data, base + u64::from(key), index, "name")?,
-            path: c_string(data, base + u64::from(value), index, "path")?,
-            osversion,
+            osversion: read_u32(data, at + 12, "new entry")?,
             hwcap,
             hwcap_name: extensions.hwcap_name(data, hwcap),
+            ..entry
         });
     }
     Ok((entries, extensions.generator))

@@ -37,7 +37,6 @@ use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::sharing::SharingSpec;
 
 use crate::ctx::Ctx;
-use crate::simulate;
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -165,10 +164,7 @@ fn parse_module_param(text: &str) -> Result<(String, String), String> {
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    if ctx.wants_simulate_list() {
-        for name in simulate::shipped_names() {
-            writeln!(out, "{name}")?;
-        }
+    if ctx.list_simulations(&mut out)? {
         return Ok(ExitCode::SUCCESS);
     }
     let resources = args.resources.as_deref().map(flag_value).transpose()?;

@@ -47,7 +47,6 @@ use mesos_gpu_placement::numa;
 use serde::Serialize;
 
 use crate::ctx::Ctx;
-use crate::simulate;
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -113,10 +112,7 @@ struct DeviceJson {
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    if ctx.wants_simulate_list() {
-        for name in simulate::shipped_names() {
-            writeln!(out, "{name}")?;
-        }
+    if ctx.list_simulations(&mut out)? {
         return Ok(ExitCode::SUCCESS);
     }
     let report = build(ctx, &args.agent.dir()?)?;

@@ -138,14 +138,7 @@ impl Fixture {
 
     /// Container cgroups left under the parent.
     pub(crate) fn leftover_cgroups(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.parent)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default()
+        mesos_gpu_testkit::subdirs(&self.parent)
     }
 }
 

@@ -140,14 +140,7 @@ pub(crate) struct CgroupRoot {
 impl CgroupRoot {
     /// The container cgroups left under the parent.
     pub(crate) fn children(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.parent)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default()
+        mesos_gpu_testkit::subdirs(&self.parent)
     }
 
     /// Kills every process in the container cgroups (what the agent's launcher does to orphans).

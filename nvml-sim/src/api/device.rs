@@ -14,9 +14,9 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use super::{Out, OutStr, any_device_call, device_call, fill_chars, guard, in_str};
+use super::{Out, OutStr, any_device_call, device_call, device_pair, fill_chars, guard, in_str};
 use crate::abi::{NVML_MEMORY_V2, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlPciInfo};
-use crate::config::fields::{self, PciAddr};
+use crate::fields::{self, PciAddr};
 use crate::node::Memory;
 use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn};
@@ -495,21 +495,20 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut c_int,
     minor: *mut c_int,
 ) -> NvmlReturn {
-    guard(|| {
-        // SAFETY: this function's contract.
-        let (out_major, out_minor) = unsafe { (Out::new(major), Out::new(minor)) };
-        let args_ok = out_major.ok() && out_minor.ok();
-        let (ma, mi) = device_call(
+    let int = |n: u32| c_int::try_from(n).unwrap_or(c_int::MAX);
+    // SAFETY: the same contract, forwarded.
+    unsafe {
+        device_pair(
             "nvmlDeviceGetCudaComputeCapability",
             device,
-            args_ok,
+            major,
+            minor,
             |sim, i| {
-                sim.node.gpus[i]
+                let (ma, mi) = sim.node.gpus[i]
                     .compute_capability
-                    .ok_or(NvmlError::NotSupported)
+                    .ok_or(NvmlError::NotSupported)?;
+                Ok((int(ma), int(mi)))
             },
-        )?;
-        out_major.put(c_int::try_from(ma).unwrap_or(c_int::MAX))?;
-        out_minor.put(c_int::try_from(mi).unwrap_or(c_int::MAX))
-    })
+        )
+    }
 }

@@ -23,11 +23,11 @@ use crate::abi::{
     NvmlGpuInstanceInfo, NvmlGpuInstanceProfileInfo, NvmlGpuInstanceProfileInfoV2,
     NvmlGpuInstanceProfileInfoV3, NvmlPlacement,
 };
-use crate::mig::Mig;
 use crate::mig::profiles::{
     self, CI_ENGINE_PROFILE_SHARED, CI_PROFILE_COUNT, CiProfile, GI_PROFILE_COUNT, GiProfile,
     ProfileTable,
 };
+use crate::mig::{ComputeInstance, GpuInstance, Mig};
 use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn};
 
@@ -196,6 +196,29 @@ fn on_mig_device<T>(
     })
 }
 
+/// The shared body of the two id queries of a MIG device: `pick` takes the id from its GPU
+/// instance and compute instance.
+///
+/// # Safety
+/// `id` is NULL or writable for one `unsigned int`.
+unsafe fn mig_instance_id(
+    function: &str,
+    device: NvmlDevice,
+    id: *mut c_uint,
+    pick: impl FnOnce(&GpuInstance, &ComputeInstance) -> u32,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let out = unsafe { Out::new(id) };
+        out.put(on_mig_device(function, device, out.ok(), |sim, g, d| {
+            sim.node.gpus[g].mig.as_ref().map_or(0, |m| {
+                let (gi, ci) = m.device(d);
+                pick(gi, ci)
+            })
+        })?)
+    })
+}
+
 /// `nvmlDeviceGetGpuInstanceId`: the GPU instance id of a MIG device.
 ///
 /// # Safety
@@ -205,21 +228,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    guard(|| {
-        // SAFETY: this function's contract.
-        let out = unsafe { Out::new(id) };
-        out.put(on_mig_device(
-            "nvmlDeviceGetGpuInstanceId",
-            device,
-            out.ok(),
-            |sim, g, d| {
-                sim.node.gpus[g]
-                    .mig
-                    .as_ref()
-                    .map_or(0, |m| m.device(d).0.id)
-            },
-        )?)
-    })
+    // SAFETY: the same contract, forwarded.
+    unsafe { mig_instance_id("nvmlDeviceGetGpuInstanceId", device, id, |gi, _| gi.id) }
 }
 
 /// `nvmlDeviceGetComputeInstanceId`: the compute instance id of a MIG device.
@@ -231,21 +241,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    guard(|| {
-        // SAFETY: this function's contract.
-        let out = unsafe { Out::new(id) };
-        out.put(on_mig_device(
-            "nvmlDeviceGetComputeInstanceId",
-            device,
-            out.ok(),
-            |sim, g, d| {
-                sim.node.gpus[g]
-                    .mig
-                    .as_ref()
-                    .map_or(0, |m| m.device(d).1.id)
-            },
-        )?)
-    })
+    // SAFETY: the same contract, forwarded.
+    unsafe { mig_instance_id("nvmlDeviceGetComputeInstanceId", device, id, |_, ci| ci.id) }
 }
 
 /// `nvmlDeviceGetAttributes_v2`: engine and slice counts of a MIG device (MIG handles only).
@@ -483,12 +480,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
                     .collect::<Vec<_>>())
             },
         )?;
-        let n = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
-        if !placements.is_null() {
-            // SAFETY: this function's contract: room for every placement of the profile.
-            unsafe { OutArray::new(placements, n) }.put(&list)?;
-        }
-        count_out.put(n)
+        // SAFETY: this function's contract: room for every placement of the profile.
+        unsafe { put_list(&list, placements, &count_out) }
     })
 }
 
@@ -570,10 +563,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
                 .map(|(pos, _)| sim.gi_handle(i, pos))
                 .collect::<Vec<_>>())
         })?;
-        let n = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
-        // SAFETY: this function's contract: room for the profile's instance count, which bounds n.
-        unsafe { OutArray::new(gpu_instances, n) }.put(&list)?;
-        count_out.put(n)
+        // SAFETY: this function's contract: room for the profile's instance count, which bounds
+        // the list.
+        unsafe { put_list(&list, gpu_instances, &count_out) }
     })
 }
 
@@ -605,6 +597,25 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     })
 }
 
+/// Runs `query` for the GPU or compute instance `resolve` finds (its GPU and its position),
+/// after the parent GPU's checks.
+fn instance_call<T>(
+    function: &str,
+    resolve: impl FnOnce(&Sim) -> Result<(usize, usize), NvmlError>,
+    args_ok: bool,
+    query: impl FnOnce(&Sim, usize, usize) -> Result<T, NvmlError>,
+) -> Result<T, NvmlError> {
+    let mut reg = state::lock();
+    let sim = reg.sim()?;
+    sim.poll_events();
+    let (gpu, pos) = resolve(sim)?;
+    if !args_ok {
+        return Err(NvmlError::InvalidArgument);
+    }
+    sim.usable(gpu, function)?;
+    query(sim, gpu, pos)
+}
+
 /// Runs `query` for the GPU instance a handle names, after the parent GPU's checks.
 fn gi_call<T>(
     function: &str,
@@ -612,15 +623,24 @@ fn gi_call<T>(
     args_ok: bool,
     query: impl FnOnce(&Sim, usize, usize) -> Result<T, NvmlError>,
 ) -> Result<T, NvmlError> {
-    let mut reg = state::lock();
-    let sim = reg.sim()?;
-    sim.poll_events();
-    let (gpu, gi) = sim.resolve_gi(handle)?;
-    if !args_ok {
-        return Err(NvmlError::InvalidArgument);
+    instance_call(function, |sim| sim.resolve_gi(handle), args_ok, query)
+}
+
+/// Writes a list: its length to `count`, and its entries to `array` unless that is NULL.
+///
+/// # Safety
+/// `array` is NULL or writable for `list.len()` entries.
+unsafe fn put_list<T: Copy>(
+    list: &[T],
+    array: *mut T,
+    count: &Out<c_uint>,
+) -> Result<(), NvmlError> {
+    let n = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
+    if !array.is_null() {
+        // SAFETY: this function's contract.
+        unsafe { OutArray::new(array, n) }.put(list)?;
     }
-    sim.usable(gpu, function)?;
-    query(sim, gpu, gi)
+    count.put(n)
 }
 
 /// `nvmlGpuInstanceGetInfo`: parent, id, profile id and placement of a GPU instance.
@@ -794,10 +814,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
                     .collect::<Vec<_>>())
             },
         )?;
-        let n = c_uint::try_from(list.len()).unwrap_or(c_uint::MAX);
-        // SAFETY: this function's contract: room for the profile's instance count, which bounds n.
-        unsafe { OutArray::new(compute_instances, n) }.put(&list)?;
-        count_out.put(n)
+        // SAFETY: this function's contract: room for the profile's instance count, which bounds
+        // the list.
+        unsafe { put_list(&list, compute_instances, &count_out) }
     })
 }
 
@@ -843,27 +862,25 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     guard(|| {
         // SAFETY: this function's contract.
         let out = unsafe { Out::new(info) };
-        let mut reg = state::lock();
-        let sim = reg.sim()?;
-        sim.poll_events();
-        let (g, d) = sim.resolve_ci(compute_instance)?;
-        if !out.ok() {
-            return Err(NvmlError::InvalidArgument);
-        }
-        sim.usable(g, "nvmlComputeInstanceGetInfo_v2")?;
-        let (mig, _) = mig_on(sim, g)?;
-        let ci = mig.device(d).1;
-        let value = NvmlComputeInstanceInfo {
-            device: sim.handle(g),
-            gpu_instance: sim.gi_handle(g, mig.devices[d].gi),
-            id: ci.id,
-            profile_id: ci.profile.id,
-            placement: NvmlPlacement {
-                start: ci.start,
-                size: ci.profile.slices,
+        out.put(instance_call(
+            "nvmlComputeInstanceGetInfo_v2",
+            |sim| sim.resolve_ci(compute_instance),
+            out.ok(),
+            |sim, g, d| {
+                let (mig, _) = mig_on(sim, g)?;
+                let ci = mig.device(d).1;
+                Ok(NvmlComputeInstanceInfo {
+                    device: sim.handle(g),
+                    gpu_instance: sim.gi_handle(g, mig.devices[d].gi),
+                    id: ci.id,
+                    profile_id: ci.profile.id,
+                    placement: NvmlPlacement {
+                        start: ci.start,
+                        size: ci.profile.slices,
+                    },
+                })
             },
-        };
-        out.put(value)
+        )?)
     })
 }
 

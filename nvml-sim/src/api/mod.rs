@@ -163,6 +163,27 @@ pub(crate) fn any_device_call<T>(
     query(reg.sim()?, dev)
 }
 
+/// The body of a device query answering two values (current and pending, major and minor):
+/// both pointers must be non-NULL, and both are written only on success.
+///
+/// # Safety
+/// `first` and `second` are each NULL or writable for one value of their type.
+pub(crate) unsafe fn device_pair<A, B>(
+    function: &str,
+    device: NvmlDevice,
+    first: *mut A,
+    second: *mut B,
+    query: impl FnOnce(&mut Sim, usize) -> Result<(A, B), NvmlError>,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: this function's contract.
+        let (first, second) = unsafe { (Out::new(first), Out::new(second)) };
+        let (a, b) = device_call(function, device, first.ok() && second.ok(), query)?;
+        first.put(a)?;
+        second.put(b)
+    })
+}
+
 /// A C out-parameter: NULL or writable.
 pub(crate) struct Out<T>(*mut T);
 

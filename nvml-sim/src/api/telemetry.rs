@@ -13,7 +13,7 @@
 
 use std::ffi::{c_uint, c_ulonglong};
 
-use super::{Out, OutArray, any_device_call, device_call, guard};
+use super::{Out, OutArray, any_device_call, device_call, device_pair, guard};
 use mesos_gpu_os::error_chain;
 
 use crate::abi::{ID_NOT_AVAILABLE, NvmlDevice, NvmlProcessInfo, NvmlUtilization, enable_state};
@@ -34,20 +34,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current_mode: *mut c_uint,
     pending_mode: *mut c_uint,
 ) -> NvmlReturn {
-    guard(|| {
-        // SAFETY: this function's contract.
-        let (current, pending) = unsafe { (Out::new(current_mode), Out::new(pending_mode)) };
-        let args_ok = current.ok() && pending.ok();
-        let (now, next) = device_call("nvmlDeviceGetMigMode", device, args_ok, |sim, i| {
-            let mig = sim.node.gpus[i]
-                .mig
-                .as_ref()
-                .ok_or(NvmlError::NotSupported)?;
-            Ok((mig.current, mig.pending))
-        })?;
-        current.put(c_uint::from(now))?;
-        pending.put(c_uint::from(next))
-    })
+    // SAFETY: the same contract, forwarded.
+    unsafe {
+        device_pair(
+            "nvmlDeviceGetMigMode",
+            device,
+            current_mode,
+            pending_mode,
+            |sim, i| {
+                let mig = sim.node.gpus[i]
+                    .mig
+                    .as_ref()
+                    .ok_or(NvmlError::NotSupported)?;
+                Ok((c_uint::from(mig.current), c_uint::from(mig.pending)))
+            },
+        )
+    }
 }
 
 /// `nvmlDeviceGetUtilizationRates`: percent busy over the last sample period.
@@ -258,16 +260,19 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> NvmlReturn {
-    guard(|| {
-        // SAFETY: this function's contract.
-        let (now, next) = unsafe { (Out::new(current), Out::new(pending)) };
-        let args_ok = now.ok() && next.ok();
-        device_call("nvmlDeviceGetEccMode", device, args_ok, |sim, i| {
-            sim.gpus[i].ecc.map(|_| ()).ok_or(NvmlError::NotSupported)
-        })?;
-        now.put(enable_state(true))?;
-        next.put(enable_state(true))
-    })
+    // SAFETY: the same contract, forwarded.
+    unsafe {
+        device_pair(
+            "nvmlDeviceGetEccMode",
+            device,
+            current,
+            pending,
+            |sim, i| {
+                sim.gpus[i].ecc.ok_or(NvmlError::NotSupported)?;
+                Ok((enable_state(true), enable_state(true)))
+            },
+        )
+    }
 }
 
 /// `nvmlDeviceGetTotalEccErrors`: `errorType` 0 corrected / 1 uncorrected, `counterType`

@@ -19,7 +19,7 @@ use crate::abi::{
     AFFINITY_SCOPE_NODE, AFFINITY_SCOPE_SOCKET, NVLINK_MAX_LINKS, NvmlDevice, NvmlPciInfo,
     enable_state,
 };
-use crate::config::fields::MAX_CPU;
+use crate::fields::MAX_CPU;
 use crate::node::{self, NvLink, Remote};
 use crate::state::Sim;
 use crate::status::{NvmlError, NvmlReturn};

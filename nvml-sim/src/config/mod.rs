@@ -1,12 +1,9 @@
 //! Reading and validating a node description (the JSON schema in `nvml-sim/README.md`).
 
-pub(crate) mod fields;
 mod mig;
-pub(crate) mod numa;
+mod numa;
 mod schema;
 mod validate;
-
-pub(crate) use schema::ProcDevicesSpec;
 
 use std::io;
 use std::path::{Path, PathBuf};

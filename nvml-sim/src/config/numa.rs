@@ -7,22 +7,12 @@
 //! `memory_affinity`, a GPU with `numa_node` reports that node.
 
 use super::ConfigError;
-use super::fields;
 use super::schema::SocketAffinitySpec;
+use crate::fields;
+use crate::node::Affinity;
 
 /// The largest NUMA node a node list may name (Linux's `MAX_NUMNODES` with `NODES_SHIFT` 10).
 pub(crate) const MAX_NUMA_NODE: u32 = 1023;
-
-/// A GPU's affinities; each list sorted and distinct.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Affinity {
-    /// NUMA nodes near the GPU (node scope).
-    pub(crate) memory_nodes: Option<Vec<u32>>,
-    /// CPUs of the GPU's socket.
-    pub(crate) socket_cpus: Option<Vec<u32>>,
-    /// NUMA nodes of the GPU's socket.
-    pub(crate) socket_memory_nodes: Option<Vec<u32>>,
-}
 
 fn list(field: String, text: &str, max: u32, what: &str) -> Result<Vec<u32>, ConfigError> {
     fields::parse_cpulist(text)

@@ -8,12 +8,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use super::ConfigError;
-use super::fields::{self, BUS_ID_FORMS, PciAddr};
 use super::schema::{
-    CudaVersionSpec, FailureRateSpec, GpuSpec, NodeSpec, NvLinkSpec, RandomFailuresSpec,
+    CudaVersionSpec, FailureRateSpec, GpuSpec, NodeSpec, NvLinkSpec, ProcDevicesSpec,
+    RandomFailuresSpec,
 };
 use crate::abi::NVLINK_MAX_LINKS;
 use crate::api::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
+use crate::fields::{self, BUS_ID_FORMS, PciAddr};
 use crate::node::{
     EccCounts, FailureRate, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, RandomFailures,
     Remote,
@@ -52,7 +53,7 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
     check_unique(&gpus, &nvswitches)?;
     super::mig::check_unique_uuids(&gpus)?;
     check_pcie_tree(&gpus)?;
-    let proc_devices = ProcDevices::from_spec(spec.proc_devices.as_ref());
+    let proc_devices = proc_devices(spec.proc_devices.as_ref());
     let random = spec
         .random_failures
         .as_ref()
@@ -70,6 +71,18 @@ pub(super) fn node(spec: NodeSpec, base: &Path) -> Result<Node, ConfigError> {
         random,
         gpus,
     })
+}
+
+/// The driver's majors: the description's, each defaulting to what real hosts show.
+fn proc_devices(spec: Option<&ProcDevicesSpec>) -> ProcDevices {
+    let d = ProcDevices::DEFAULT;
+    match spec {
+        None => d,
+        Some(s) => ProcDevices {
+            nvidia_caps: s.nvidia_caps.unwrap_or(d.nvidia_caps),
+            nvidia_uvm: s.nvidia_uvm.unwrap_or(d.nvidia_uvm),
+        },
+    }
 }
 
 fn random_failures(spec: &RandomFailuresSpec) -> Result<RandomFailures, ConfigError> {

@@ -123,7 +123,7 @@ fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
 /// True for `MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits).
 pub(crate) fn is_mig_uuid(text: &str) -> bool {
     text.strip_prefix("MIG-")
-        .is_some_and(|rest| crate::config::fields::is_gpu_uuid(&format!("GPU-{rest}")))
+        .is_some_and(|rest| crate::fields::is_gpu_uuid(&format!("GPU-{rest}")))
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@ use std::time::Duration;
 use mesos_gpu_os::MountTable;
 use tempfile::TempDir;
 
+use crate::subdirs;
+
 use super::{
-    Master, MesosInstall, MesosResult, dirs, free_port, read_lossy, spawn_logged, tail, wait_for,
+    Master, MesosInstall, MesosResult, free_port, read_lossy, spawn_logged, tail, wait_for,
 };
 
 /// Which cgroup version the agent runs.
@@ -93,11 +95,19 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent registered with `master` and waits for its registration.
     pub fn start(install: &MesosInstall, master: &Master, spec: AgentSpec) -> MesosResult<Agent> {
+        let mut agent = Agent::new(install, master, spec)?;
+        agent.launch()?;
+        agent.wait_registered()?;
+        Ok(agent)
+    }
+
+    /// An agent not started yet, with its own work directory and port.
+    fn new(install: &MesosInstall, master: &Master, spec: AgentSpec) -> MesosResult<Agent> {
         let dir = tempfile::Builder::new()
             .prefix("mgpu-mesos-agent")
             .tempdir()
             .map_err(|e| format!("tempdir: {e}"))?;
-        let mut agent = Agent {
+        Ok(Agent {
             install: install.clone(),
             master: master.address(),
             spec,
@@ -105,10 +115,7 @@ impl Agent {
             dir,
             child: None,
             starts: 0,
-        };
-        agent.launch()?;
-        agent.wait_registered()?;
-        Ok(agent)
+        })
     }
 
     /// Starts an agent that is expected to refuse to start; returns its exit status and log.
@@ -117,19 +124,7 @@ impl Agent {
         master: &Master,
         spec: AgentSpec,
     ) -> MesosResult<(ExitStatus, String)> {
-        let dir = tempfile::Builder::new()
-            .prefix("mgpu-mesos-agent")
-            .tempdir()
-            .map_err(|e| format!("tempdir: {e}"))?;
-        let mut agent = Agent {
-            install: install.clone(),
-            master: master.address(),
-            spec,
-            port: free_port()?,
-            dir,
-            child: None,
-            starts: 0,
-        };
+        let mut agent = Agent::new(install, master, spec)?;
         agent.launch()?;
         let log = agent.dir.path().join("agent-1.log");
         let mut child = agent.child.take().ok_or("the agent did not start")?;
@@ -210,8 +205,8 @@ impl Agent {
     /// framework whose task group includes it.
     pub fn group_task_stdout(&self, task: &str) -> MesosResult<String> {
         let slaves = self.work_dir().join("slaves");
-        for agent in dirs(&slaves) {
-            for framework in dirs(&agent.join("frameworks")) {
+        for agent in subdirs(&slaves) {
+            for framework in subdirs(&agent.join("frameworks")) {
                 let path = framework
                     .join("executors/default-executor/runs/latest/tasks")
                     .join(task)
@@ -230,8 +225,8 @@ impl Agent {
     /// The sandbox (`runs/latest`) of task `task`'s executor.
     pub fn sandbox(&self, task: &str) -> MesosResult<PathBuf> {
         let slaves = self.work_dir().join("slaves");
-        for agent in dirs(&slaves) {
-            for framework in dirs(&agent.join("frameworks")) {
+        for agent in subdirs(&slaves) {
+            for framework in subdirs(&agent.join("frameworks")) {
                 let run = framework.join("executors").join(task).join("runs/latest");
                 if run.exists() {
                     return Ok(run);
@@ -275,7 +270,7 @@ impl Agent {
     /// The cgroup directories of the agent's `--cgroups_root` on the host: one per v1
     /// hierarchy that has it, and the cgroup2 one.
     pub fn cgroup_roots(&self) -> Vec<PathBuf> {
-        let mut roots: Vec<PathBuf> = dirs(Path::new("/sys/fs/cgroup"))
+        let mut roots: Vec<PathBuf> = subdirs(Path::new("/sys/fs/cgroup"))
             .into_iter()
             .map(|h| h.join(&self.spec.cgroups_root))
             .filter(|p| p.is_dir())
@@ -409,14 +404,14 @@ fn collect_pids(dir: &Path, pids: &mut Vec<String>) {
             .split_whitespace()
             .map(str::to_owned),
     );
-    for child in dirs(dir) {
+    for child in subdirs(dir) {
         collect_pids(&child, pids);
     }
 }
 
 /// Removes a cgroup tree, deepest first.
 fn remove_tree(dir: &Path) {
-    for child in dirs(dir) {
+    for child in subdirs(dir) {
         remove_tree(&child);
     }
     let _ = fs::remove_dir(dir);

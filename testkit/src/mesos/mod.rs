@@ -203,15 +203,3 @@ pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
-
-/// The subdirectories of `path`.
-pub(crate) fn dirs(path: &Path) -> Vec<PathBuf> {
-    fs::read_dir(path)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default()
-}

@@ -49,25 +49,11 @@ impl Task {
         command: &str,
         framework: &[&str],
     ) -> MesosResult<Task> {
-        let dir = tempfile::Builder::new()
-            .prefix("mgpu-mesos-task")
-            .tempdir()
-            .map_err(|e| format!("tempdir: {e}"))?;
-        let out = dir.path().join("execute.log");
-        let child = spawn_logged(
-            Command::new(install.bin("mesos-execute"))
-                .arg(format!("--master={}", master.address()))
-                .arg(format!("--name={name}"))
+        Task::execute(install, master, name, task_dir()?, |cmd| {
+            cmd.arg(format!("--name={name}"))
                 .args(framework)
                 .arg(format!("--resources={resources}"))
-                .arg(format!("--command={command}")),
-            &out,
-        )?;
-        Ok(Task {
-            name: name.to_owned(),
-            child,
-            out,
-            _dir: dir,
+                .arg(format!("--command={command}"));
         })
     }
 
@@ -80,21 +66,30 @@ impl Task {
         name: &str,
         group: &serde_json::Value,
     ) -> MesosResult<Task> {
-        let dir = tempfile::Builder::new()
-            .prefix("mgpu-mesos-task")
-            .tempdir()
-            .map_err(|e| format!("tempdir: {e}"))?;
+        let dir = task_dir()?;
         let file = dir.path().join("task_group.json");
         fs::write(&file, group.to_string()).map_err(|e| format!("{}: {e}", file.display()))?;
-        let out = dir.path().join("execute.log");
-        let child = spawn_logged(
-            Command::new(install.bin("mesos-execute"))
-                .arg(format!("--master={}", master.address()))
-                .arg("--framework_capabilities=GPU_RESOURCES")
+        Task::execute(install, master, name, dir, |cmd| {
+            cmd.arg("--framework_capabilities=GPU_RESOURCES")
                 .arg("--checkpoint")
-                .arg(format!("--task_group=file://{}", file.display())),
-            &out,
-        )?;
+                .arg(format!("--task_group=file://{}", file.display()));
+        })
+    }
+
+    /// Starts `mesos-execute --master=<master>` with the flags `flags` adds, logging to
+    /// `execute.log` in `dir`, which the task keeps.
+    fn execute(
+        install: &MesosInstall,
+        master: &Master,
+        name: &str,
+        dir: TempDir,
+        flags: impl FnOnce(&mut Command),
+    ) -> MesosResult<Task> {
+        let out = dir.path().join("execute.log");
+        let mut cmd = Command::new(install.bin("mesos-execute"));
+        cmd.arg(format!("--master={}", master.address()));
+        flags(&mut cmd);
+        let child = spawn_logged(&mut cmd, &out)?;
         Ok(Task {
             name: name.to_owned(),
             child,
@@ -180,4 +175,12 @@ impl Drop for Task {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A fresh directory for one task's files.
+fn task_dir() -> MesosResult<TempDir> {
+    tempfile::Builder::new()
+        .prefix("mgpu-mesos-task")
+        .tempdir()
+        .map_err(|e| format!("tempdir: {e}"))
 }

@@ -1,4 +1,5 @@
-//! Parsers for the text fields of a node description: PCI bus ids, CPU lists, hex ids, versions.
+//! The text forms node descriptions and NVML calls share: PCI bus ids, GPU UUIDs, CPU lists,
+//! hex ids, versions.
 //!
 //! PCI bus ids follow `nvmlDeviceGetHandleByPciBusId_v2`'s documented input forms (all numbers
 //! hexadecimal): `domain:bus:device.function`, `domain:bus:device` and `bus:device.function`.
