@@ -290,13 +290,13 @@ fn advertise(
         resolved
     };
     Ok(match &args.gpu_replicas {
-        Some(spec) if !inventory.mig.is_empty() => anyhow::bail!(
-            "--gpu-replicas {spec}: sharing GPUs of a node with MIG devices is not supported; \
-             give MIG devices whole or turn MIG mode off"
-        ),
         Some(spec) => {
             let plan = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
-            let shared = sharing::offer::advertise(&resolved, inventory, &plan)?.0;
+            let shared = if inventory.mig.is_empty() {
+                sharing::offer::advertise(&resolved, inventory, &plan)?.0
+            } else {
+                sharing::offer::advertise_mig(&resolved, inventory, &plan, args.mig_strategy)?.0
+            };
             let module_note = if module {
                 String::new()
             } else {

@@ -219,13 +219,18 @@ impl Isolator {
                 request.gpus,
                 STEP,
                 crate::sharing::Wanted::Any,
+                crate::sharing::Among::All,
             )?;
             (set, grant, Vec::new())
         } else {
-            let (set, mig) = self.take_with_mig(&mut state, id, request, STEP)?;
-            (set, None, mig)
+            let (set, mig, grant) = self.take_with_mig(&mut state, id, request, STEP)?;
+            (set, grant, mig)
         };
-        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
+        // A share of a MIG device gets its nodes and `*_VISIBLE_DEVICES` as the device held
+        // whole does (`mig_args`), and the MPS variables and pipe directory (`share_args`).
+        let shared_mig = grant.iter().filter(|g| g.is_mig()).map(|g| g.uuid.clone());
+        let access_uuids: Vec<String> = mig.iter().cloned().chain(shared_mig).collect();
+        let accesses = self.mig_accesses_or_release(&mut state, id, &access_uuids)?;
         let share = match &grant {
             Some(grant) => match self.share_launch(&state, id, grant) {
                 Ok(launch) => Some(launch.into_docker(grant.clone())),
@@ -260,8 +265,10 @@ impl Isolator {
             None => tracing::info!(gpus = %set, "reserved GPUs for a Docker container"),
         }
         let visible = match &grant {
-            Some(g) => crate::allocator::GpuSet::from_indices([g.index]).unwrap_or_default(),
-            None => set,
+            Some(g) if !g.is_mig() => {
+                crate::allocator::GpuSet::from_indices([g.index]).unwrap_or_default()
+            }
+            _ => set,
         };
         Ok((self.gpus_of(visible), share, accesses))
     }
@@ -322,7 +329,11 @@ impl Isolator {
             return Err(e);
         }
         tracing::info!(gpus = %set, "the Docker container's starter is recorded");
-        let shared = state.docker_shares.get(id).map(|g| g.index);
+        let shared = state
+            .docker_shares
+            .get(id)
+            .filter(|g| !g.is_mig())
+            .map(|g| g.index);
         let visible = set.union(crate::allocator::GpuSet::from_indices(shared).unwrap_or_default());
         Ok(self.gpus_of(visible))
     }

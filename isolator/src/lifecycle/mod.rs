@@ -123,11 +123,6 @@ impl Isolator {
             .devices
             .clone()
             .unwrap_or_else(|| inventory.whole_gpus().map(|g| g.index).collect());
-        if config.sharing.is_some() && !inventory.mig.devices.is_empty() {
-            return Err(LifecycleError::SharingSetup {
-                why: "sharing GPUs of a node with MIG devices is not supported; give MIG devices whole or turn MIG mode off".into(),
-            });
-        }
         let sharing = match &config.sharing {
             Some(c) => Some(shares::Sharing::new(
                 c,
@@ -158,7 +153,7 @@ impl Isolator {
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
-        let mig_units = crate::mig::MigUnits::new(&inventory.mig, config.mig.allow_multiple);
+        let mig_units = mig::units_of(&inventory, sharing.as_ref(), config.mig.allow_multiple);
         Ok(Isolator {
             layout,
             owner: config.owner,
@@ -222,19 +217,30 @@ impl Isolator {
         }
         self.refuse_blind(id, &config, STEP)?;
         let (gpus, share, mig) = if self.inventory.mig.devices.is_empty() {
-            let (gpus, share) =
-                self.take_units(&mut state, id, config.gpus, STEP, config.sharing)?;
+            let (gpus, share) = self.take_units(
+                &mut state,
+                id,
+                config.gpus,
+                STEP,
+                config.sharing,
+                crate::sharing::Among::All,
+            )?;
             (gpus, share, Vec::new())
         } else {
-            let (gpus, mig) = self.take_with_mig(&mut state, id, &config, STEP)?;
-            (gpus, None, mig)
+            let (set, mig, grant) = self.take_with_mig(&mut state, id, &config, STEP)?;
+            (set, grant, mig)
         };
         fault::point("prepare.allocated");
-        let visible = match &share {
-            Some(grant) => GpuSet::from_indices([grant.index]).unwrap_or_default(),
-            None => gpus,
+        let entry = Container {
+            gpus,
+            rules: Vec::new(),
+            cgroup: None,
+            share: share.clone(),
+            mig: mig.clone(),
+            mig_quarantine: Vec::new(),
         };
-        let accesses = self.mig_accesses_or_release(&mut state, id, &mig)?;
+        let visible = entry.visible();
+        let accesses = self.mig_accesses_or_release(&mut state, id, &entry.mig_devices())?;
         let rules = self.with_mig_rules(
             allow_list(&self.base, &self.nodes, self.minors(visible)),
             &accesses,
@@ -277,12 +283,8 @@ impl Isolator {
         state.containers.insert(
             id.clone(),
             Container {
-                gpus,
                 rules: rules.clone(),
-                cgroup: None,
-                share: share.clone(),
-                mig: mig.clone(),
-                mig_quarantine: Vec::new(),
+                ..entry
             },
         );
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.

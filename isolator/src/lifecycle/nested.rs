@@ -34,7 +34,7 @@ impl Isolator {
         let cgroup = own_dir
             .clone()
             .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
-        let accesses = self.mig_accesses(id, &entry.mig)?;
+        let accesses = self.mig_accesses(id, &entry.mig_devices())?;
         let mut info = launch_info(
             config,
             &self.gpus_of(entry.visible()),

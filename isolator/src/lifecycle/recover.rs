@@ -922,25 +922,24 @@ impl Isolator {
                     tracing::error!(container = %id, mig = %uuid, "a checkpointed MIG device is held twice");
                 }
             }
-            // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices': add them.
-            let rules = match self.mig_accesses(&id, &mig) {
+            let mut entry = Container {
+                gpus: own,
+                rules: Vec::new(),
+                cgroup: f.cgroup,
+                share,
+                mig,
+                mig_quarantine: Vec::new(),
+            };
+            // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices' (held
+            // whole or shared): add them.
+            entry.rules = match self.mig_accesses(&id, &entry.mig_devices()) {
                 Ok(accesses) => self.with_mig_rules(f.rules, &accesses),
                 Err(e) => {
                     tracing::error!(container = %id, error = %e, "cannot tell what the container's MIG devices need");
                     f.rules
                 }
             };
-            state.containers.insert(
-                id,
-                Container {
-                    gpus: own,
-                    rules,
-                    cgroup: f.cgroup,
-                    share,
-                    mig,
-                    mig_quarantine: Vec::new(),
-                },
-            );
+            state.containers.insert(id, entry);
         }
         for (id, set) in docker {
             let own = set.difference(quarantined);
