@@ -85,6 +85,10 @@ fn main() -> ExitCode {
             "h100_compute_instance_devices_are_their_own_kind",
             h100_kinds,
         );
+        add(
+            "two_tasks_share_one_mig_device_under_its_own_mps_daemon",
+            mig_mps_shares,
+        );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -383,6 +387,178 @@ fn mixed(version: CgroupVersion) -> TestResult {
     )?;
     for c in ["mig-a", "whole-b", "mig-f"] {
         iso.cleanup(&id(c))?;
+    }
+    Ok(())
+}
+
+/// MIG devices shared under MPS (issue 28): on `dgx-a100-mixed` with `gpu_sharing=mps,0-3=none`
+/// and `gpu_replicas=2` (mixed strategy), two `mig-1g.5gb:1` tasks share one 1g device: each
+/// opens only its parent and capability nodes, sees its MIG UUID, and gets half its threads and
+/// memory from the device's own MPS daemon (started once, `CUDA_VISIBLE_DEVICES=MIG-…`, pipe
+/// directory of its own); a third task takes the next 1g device and a second daemon. A
+/// restarted isolator recovers the shares and adopts the daemons; each daemon is stopped once
+/// its last share ended.
+fn mig_mps_shares(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_isolator::lifecycle::SharingConfig;
+    use mesos_gpu_isolator::sharing::SharingSpec;
+    use mesos_gpu_isolator::sharing::mps::MpsConfig;
+    use mesos_gpu_testkit::mps::MpsControl;
+    let node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let control = MpsControl::install("{}");
+    let mps_root = setup.work.path().join("mps");
+    let shared = || -> TestResult<IsolatorConfig> {
+        let mut c = config(&setup, &node, MigStrategy::Mixed);
+        c.pool = Some(PoolConfig {
+            dir: setup.work.path().join("pool"),
+            role: PoolRole::Agent,
+        });
+        let mut mps = MpsConfig::new(&mps_root);
+        mps.program = control.program();
+        c.sharing = Some(SharingConfig {
+            spec: SharingSpec::parse("2", "mps,0-3=none".parse()?)?,
+            mps,
+        });
+        Ok(c)
+    };
+    let iso = isolator(shared()?, &node)?;
+    let (a, b) = (
+        iso.prepare(&id("share-a"), mig(P_1G, 1))?,
+        iso.prepare(&id("share-b"), mig(P_1G, 1))?,
+    );
+    let uuid = env(&a, "CUDA_VISIBLE_DEVICES").unwrap_or_default().to_owned();
+    let device = node
+        .inventory
+        .mig
+        .by_uuid(&uuid)
+        .ok_or(format!("not a MIG device: {uuid:?}"))?;
+    let pipe = mps_root.join(&uuid).join("pipe");
+    let half_mib = device.memory_total / (1 << 20) / 2;
+    for (name, info) in [("share-a", &a), ("share-b", &b)] {
+        let status = iso.status(&id(name))?;
+        check(
+            device.profile == Some(P_1G)
+                && info.gpus.is_empty()
+                && status.mig.is_empty()
+                && status.share.as_ref().is_some_and(|g| g.uuid == uuid)
+                && env(info, "NVIDIA_VISIBLE_DEVICES") == Some(uuid.as_str())
+                && env(info, "CUDA_VISIBLE_DEVICES") == Some(uuid.as_str())
+                && env(info, "MESOS_GPU_SHARE") == Some("1/2")
+                && env(info, "MESOS_GPU_SHARING") == Some("mps")
+                && env(info, "CUDA_MPS_PIPE_DIRECTORY") == pipe.to_str()
+                && env(info, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some("50")
+                && env(info, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+                    == Some(format!("0={half_mib}M").as_str()),
+            format!("{name}: {status:?} {:?}", info.environment),
+        )?;
+        opens_exactly(&iso, &id(name), &node, &nodes_of(&node, &uuid)?)?;
+    }
+    // The device is full: the next 1g share goes to the next 1g device, with its own daemon.
+    let c = iso.prepare(&id("share-c"), mig(P_1G, 1))?;
+    let c_uuid = env(&c, "CUDA_VISIBLE_DEVICES").unwrap_or_default().to_owned();
+    check(
+        c_uuid != uuid && c_uuid.starts_with("MIG-"),
+        format!("share-c on {c_uuid}"),
+    )?;
+    let starts = || -> Vec<(String, String)> {
+        control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .map(|r| {
+                (
+                    r["env"]["CUDA_VISIBLE_DEVICES"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    r["pipe_dir"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let pipe_of = |u: &str| mps_root.join(u).join("pipe").display().to_string();
+    check(
+        starts() == [(uuid.clone(), pipe_of(&uuid)), (c_uuid.clone(), pipe_of(&c_uuid))],
+        format!("one daemon per MIG device: {:?}", control.records()),
+    )?;
+    let commands: Vec<String> = control
+        .records()
+        .iter()
+        .filter(|r| r["event"] == "command")
+        .filter_map(|r| Some(r["command"].as_str()?.to_owned()))
+        .take(2)
+        .collect();
+    check(
+        commands
+            == [
+                "set_default_active_thread_percentage 50".to_owned(),
+                format!("set_default_device_pinned_mem_limit {uuid} {half_mib}M"),
+            ],
+        format!("the daemon's defaults: {commands:?}"),
+    )?;
+    let ckpt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.checkpoint())?)?;
+    check(
+        ckpt["containers"]["share-a"]["share"]["uuid"] == uuid.as_str(),
+        format!("checkpoint: {ckpt}"),
+    )?;
+
+    // A restarted isolator recovers the shares and adopts both daemons (no new start).
+    drop(iso);
+    let iso = Isolator::new(shared()?, node.inventory.clone(), node.nodes.clone())?;
+    let states: Vec<RecoverState> = ["share-a", "share-b", "share-c"]
+        .into_iter()
+        .map(|c| RecoverState {
+            id: id(c),
+            parent: None,
+            nested_cgroup: None,
+        })
+        .collect();
+    let report = iso.recover(&states, &[])?;
+    check(report.is_clean(), format!("recovery: {report:?}"))?;
+    iso.supervise_mps()?;
+    check(starts().len() == 2, format!("adopted: {:?}", starts()))?;
+    check(
+        iso.status(&id("share-a"))?
+            .share
+            .is_some_and(|g| g.uuid == uuid),
+        "share-a recovered",
+    )?;
+    opens_exactly(&iso, &id("share-b"), &node, &nodes_of(&node, &uuid)?)?;
+
+    // Each daemon stops once its last share ended.
+    let quits = || -> Vec<u64> {
+        control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "exit" && r["reason"] == "quit")
+            .filter_map(|r| r["daemon_pid"].as_u64())
+            .collect()
+    };
+    iso.cleanup(&id("share-a"))?;
+    iso.supervise_mps()?;
+    check(quits().is_empty(), "share-b still holds the device")?;
+    iso.cleanup(&id("share-b"))?;
+    iso.supervise_mps()?;
+    wait(|| quits().len() == 1, "the first device's daemon to quit")?;
+    iso.cleanup(&id("share-c"))?;
+    iso.supervise_mps()?;
+    wait(|| quits().len() == 2, "the second device's daemon to quit")?;
+    let pool = std::fs::read_to_string(setup.work.path().join("pool/gpu/pool.json"))?;
+    check(
+        !pool.contains("MIG-"),
+        format!("shares or daemons left: {pool}"),
+    )
+}
+
+/// Waits up to 10 s for `done`.
+fn wait(done: impl Fn() -> bool, what: &str) -> TestResult {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        if std::time::Instant::now() > end {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }
