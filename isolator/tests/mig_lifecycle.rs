@@ -453,6 +453,13 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
         )?;
         opens_exactly(&iso, &id(name), &node, &nodes_of(&node, &uuid)?)?;
     }
+    // Mesos updates a container whenever a resource changes: its `gpus` stay 0 (the share is
+    // in its mig-1g.5gb scalar); another size is refused.
+    iso.update(&id("share-a"), 0.0)?;
+    check(
+        iso.update(&id("share-a"), 1.0).is_err(),
+        "resizing a share of a MIG device",
+    )?;
     // The device is full: the next 1g share goes to the next 1g device, with its own daemon.
     let c = iso.prepare(&id("share-c"), mig(P_1G, 1))?;
     let c_uuid = env(&c, "CUDA_VISIBLE_DEVICES").unwrap_or_default().to_owned();

@@ -22,6 +22,7 @@ use std::sync::Mutex;
 
 use super::launch::{LaunchInfo, Mount, MountKind};
 use super::{ContainerId, Isolator, LifecycleError};
+use crate::agent_flags::MigStrategy;
 use crate::health::Limitation;
 use crate::pool::{Liveness, PoolState};
 use crate::sharing::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
@@ -505,7 +506,9 @@ pub(crate) fn add_share(
 
 impl Isolator {
     /// `update` of a container holding a share: the same number of units changes nothing (Mesos
-    /// calls `update` whenever any resource of the container changes); another is refused.
+    /// calls `update` whenever any resource of the container changes); another is refused. A
+    /// share of a MIG device under the mixed strategy is held in its `mig-<profile>` scalar, so
+    /// its `gpus` stay 0.
     pub(crate) fn update_share(
         &self,
         id: &ContainerId,
@@ -516,8 +519,13 @@ impl Isolator {
             .sharing
             .as_ref()
             .map_or(grant.replicas, |s| s.plan.units());
+        let in_gpus = if grant.is_mig() && self.mig.strategy == MigStrategy::Mixed {
+            0
+        } else {
+            grant.units
+        };
         let asked = crate::allocator::GpuRequest::from_scalar(gpus, units).map(|r| r.count());
-        if asked.as_ref().ok() == Some(&grant.units) {
+        if asked.as_ref().ok() == Some(&in_gpus) {
             return Ok(());
         }
         Err(LifecycleError::ShareResize {
