@@ -359,6 +359,120 @@ fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `docker-args` on `dgx-a100-mixed` with its MIG devices shared 2 ways under MPS (issue 28):
+/// two containers asking `--mig 19:1` share one 1g.5gb device, and each gets what a Mesos task
+/// holding the share gets: the parent GPU's and the two capability nodes as `--device`, the MIG
+/// UUID in `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` (once each), `1/2` of it, the
+/// pipe directory of the device's own MPS daemon (bound, with `/dev/shm`); one daemon is started,
+/// with `CUDA_VISIBLE_DEVICES` the MIG UUID.
+fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed> {
+    use mesos_gpu_testkit::mps::MpsControl;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let control = MpsControl::install("{}");
+    let mps_root = dir.path().join("mps");
+    let program = control.program();
+    let docker_args = |extra: &[&str]| {
+        let state = dir.path().join("state");
+        let pool = dir.path().join("pool");
+        let mut args = vec![
+            "--simulate",
+            "dgx-a100-mixed",
+            "docker-args",
+            "--mig-strategy",
+            "mixed",
+            "--plugin",
+            "--json",
+            "--docker-state-dir",
+            state.to_str().unwrap_or_default(),
+            "--pool-dir",
+            pool.to_str().unwrap_or_default(),
+            "--gpu-replicas",
+            "2",
+            "--gpu-sharing",
+            "mps,0-3=none",
+            "--mps-root",
+            mps_root.to_str().unwrap_or_default(),
+            "--mps-control",
+            program.to_str().unwrap_or_default(),
+        ];
+        args.extend_from_slice(extra);
+        mesos_gpu(&args)
+    };
+    let node = SimNode::shipped("dgx-a100-mixed").inventory()?;
+    let mut seen = Vec::new();
+    let result = (|| -> Result<(), Failed> {
+        for _ in 0..2 {
+            let out = docker_args(&["--mig", "19:1"])?;
+            if !out.status.success() {
+                return Err(format!(
+                    "--mig 19:1 on a shared node: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            let args: Vec<String> =
+                serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let env = |key: &str| -> Vec<&str> {
+                args.iter()
+                    .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))
+                    .collect()
+            };
+            let visible = env("NVIDIA_VISIBLE_DEVICES");
+            let [uuid] = visible.as_slice() else {
+                return Err(format!("one MIG device named once: {args:?}").into());
+            };
+            let device = node.mig.by_uuid(uuid).ok_or(format!("not a MIG device: {uuid}"))?;
+            let caps = device.caps.as_ref().ok_or("no caps")?;
+            let devices: Vec<&str> = args
+                .iter()
+                .filter_map(|a| a.strip_prefix("--device="))
+                .collect();
+            let named = |path: &str| devices.iter().any(|d| d.split(':').next() == Some(path));
+            let pipe = mps_root.join(uuid).join("pipe").display().to_string();
+            let ok = device.profile == Some(19)
+                && env("CUDA_VISIBLE_DEVICES") == visible
+                && env("MESOS_GPU_SHARE") == ["1/2"]
+                && env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == ["50"]
+                && env("CUDA_MPS_PIPE_DIRECTORY") == [pipe.as_str()]
+                && args.contains(&format!("--volume={pipe}:{pipe}"))
+                && args.contains(&"--volume=/dev/shm:/dev/shm".to_owned())
+                && named(&format!("/dev/nvidia{}", device.parent_minor))
+                && named(&format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    caps.gpu_instance.minor
+                ))
+                && named(&format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    caps.compute_instance.minor
+                ))
+                && named("/dev/nvidiactl")
+                && devices.len() == 2 + 3;
+            if !ok {
+                return Err(format!("the share's docker arguments: {args:?}").into());
+            }
+            seen.push((*uuid).to_owned());
+        }
+        let starts: Vec<String> = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .filter_map(|r| Some(r["env"]["CUDA_VISIBLE_DEVICES"].as_str()?.to_owned()))
+            .collect();
+        if seen[0] != seen[1] || starts != seen[..1] {
+            return Err(format!("one device {seen:?}, one daemon for it {starts:?}").into());
+        }
+        Ok(())
+    })();
+    for r in control.records().iter().filter(|r| r["event"] == "start") {
+        if let Some(pid) = r["daemon_pid"].as_u64() {
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+    result
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -389,6 +503,10 @@ fn main() -> std::process::ExitCode {
     trials.push(Trial::test(
         "docker_args_mig_requests_are_checked",
         docker_args_mig_requests_are_checked,
+    ));
+    trials.push(Trial::test(
+        "docker_args_give_a_mig_share_its_device_and_mps_daemon",
+        docker_args_give_a_mig_share_its_device_and_mps_daemon,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
