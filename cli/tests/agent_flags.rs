@@ -423,7 +423,10 @@ fn shared_mig_devices_are_offered_r_times_in_their_strategys_resource() {
         ])
     };
     let single = flags("single");
-    assert_eq!(single[1], "--resources=gpus:36", "4 + 16 MIG devices x 2: {single:?}");
+    assert_eq!(
+        single[1], "--resources=gpus:36",
+        "4 + 16 MIG devices x 2: {single:?}"
+    );
     let mixed = flags("mixed");
     assert_eq!(
         mixed[1], "--resources='gpus:4;mig-1g.5gb:16;mig-2g.10gb:8;mig-3g.20gb:8'",

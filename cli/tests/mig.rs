@@ -421,7 +421,10 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
             let [uuid] = visible.as_slice() else {
                 return Err(format!("one MIG device named once: {args:?}").into());
             };
-            let device = node.mig.by_uuid(uuid).ok_or(format!("not a MIG device: {uuid}"))?;
+            let device = node
+                .mig
+                .by_uuid(uuid)
+                .ok_or(format!("not a MIG device: {uuid}"))?;
             let caps = device.caps.as_ref().ok_or("no caps")?;
             let devices: Vec<&str> = args
                 .iter()

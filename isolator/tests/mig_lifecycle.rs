@@ -426,7 +426,9 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
         iso.prepare(&id("share-a"), mig(P_1G, 1))?,
         iso.prepare(&id("share-b"), mig(P_1G, 1))?,
     );
-    let uuid = env(&a, "CUDA_VISIBLE_DEVICES").unwrap_or_default().to_owned();
+    let uuid = env(&a, "CUDA_VISIBLE_DEVICES")
+        .unwrap_or_default()
+        .to_owned();
     let device = node
         .inventory
         .mig
@@ -462,7 +464,9 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     )?;
     // The device is full: the next 1g share goes to the next 1g device, with its own daemon.
     let c = iso.prepare(&id("share-c"), mig(P_1G, 1))?;
-    let c_uuid = env(&c, "CUDA_VISIBLE_DEVICES").unwrap_or_default().to_owned();
+    let c_uuid = env(&c, "CUDA_VISIBLE_DEVICES")
+        .unwrap_or_default()
+        .to_owned();
     check(
         c_uuid != uuid && c_uuid.starts_with("MIG-"),
         format!("share-c on {c_uuid}"),
@@ -485,7 +489,11 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     };
     let pipe_of = |u: &str| mps_root.join(u).join("pipe").display().to_string();
     check(
-        starts() == [(uuid.clone(), pipe_of(&uuid)), (c_uuid.clone(), pipe_of(&c_uuid))],
+        starts()
+            == [
+                (uuid.clone(), pipe_of(&uuid)),
+                (c_uuid.clone(), pipe_of(&c_uuid)),
+            ],
         format!("one daemon per MIG device: {:?}", control.records()),
     )?;
     let commands: Vec<String> = control

@@ -293,10 +293,12 @@ impl Isolator {
                     }
                     // A MIG device's parent is no GPU of the container's (its nodes are
                     // added with the device's, below).
-                    let share_set = share.as_ref().filter(|g| !g.is_mig()).map_or(
-                        GpuSet::EMPTY,
-                        |g| GpuSet::from_indices([g.index]).unwrap_or_default(),
-                    );
+                    let share_set = share
+                        .as_ref()
+                        .filter(|g| !g.is_mig())
+                        .map_or(GpuSet::EMPTY, |g| {
+                            GpuSet::from_indices([g.index]).unwrap_or_default()
+                        });
                     let claimed = gpus.union(share_set).union(touched);
                     match self.recover_cgroup(&id, claimed, &rules, &mut report) {
                         Ok(mut entry) => {
