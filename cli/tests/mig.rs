@@ -5,6 +5,7 @@
 //! are ignored without it and fail when `MESOS_GPU_REQUIRE` lists `pynvml`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::Command;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -291,6 +292,28 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --plugin --json` with
+/// its Docker state and pool under `dir`, and `extra`.
+fn docker_args_mixed(dir: &Path, extra: &[&str]) -> Result<std::process::Output, Failed> {
+    let state = dir.join("state");
+    let pool = dir.join("pool");
+    let mut args = vec![
+        "--simulate",
+        "dgx-a100-mixed",
+        "docker-args",
+        "--mig-strategy",
+        "mixed",
+        "--plugin",
+        "--json",
+        "--docker-state-dir",
+        state.to_str().unwrap_or_default(),
+        "--pool-dir",
+        pool.to_str().unwrap_or_default(),
+    ];
+    args.extend_from_slice(extra);
+    mesos_gpu(&args)
+}
+
 /// `docker-args` asked for MIG devices on `dgx-a100-mixed` (GPUs 4-7 in MIG mode), with the
 /// driver volume from the plugin so that no volume need be built: `--mig 19:1` alone reserves
 /// one 1g.5gb device (before: `--gpus` was required, `--gpus 0` with it) and names it once in
@@ -300,25 +323,7 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
 /// the node has (before: "0 free").
 fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let docker_args = |extra: &[&str]| {
-        let state = dir.path().join("state");
-        let pool = dir.path().join("pool");
-        let mut args = vec![
-            "--simulate",
-            "dgx-a100-mixed",
-            "docker-args",
-            "--mig-strategy",
-            "mixed",
-            "--plugin",
-            "--json",
-            "--docker-state-dir",
-            state.to_str().unwrap(),
-            "--pool-dir",
-            pool.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        mesos_gpu(&args)
-    };
+    let docker_args = |extra: &[&str]| docker_args_mixed(dir.path(), extra);
     let out = docker_args(&["--mig", "19:1"])?;
     let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
@@ -372,20 +377,7 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
     let mps_root = dir.path().join("mps");
     let program = control.program();
     let docker_args = |extra: &[&str]| {
-        let state = dir.path().join("state");
-        let pool = dir.path().join("pool");
         let mut args = vec![
-            "--simulate",
-            "dgx-a100-mixed",
-            "docker-args",
-            "--mig-strategy",
-            "mixed",
-            "--plugin",
-            "--json",
-            "--docker-state-dir",
-            state.to_str().unwrap_or_default(),
-            "--pool-dir",
-            pool.to_str().unwrap_or_default(),
             "--gpu-replicas",
             "2",
             "--gpu-sharing",
@@ -396,7 +388,7 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
             program.to_str().unwrap_or_default(),
         ];
         args.extend_from_slice(extra);
-        mesos_gpu(&args)
+        docker_args_mixed(dir.path(), &args)
     };
     let node = SimNode::shipped("dgx-a100-mixed").inventory()?;
     let mut seen = Vec::new();
@@ -466,13 +458,7 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
         }
         Ok(())
     })();
-    for r in control.records().iter().filter(|r| r["event"] == "start") {
-        if let Some(pid) = r["daemon_pid"].as_u64() {
-            let _ = std::process::Command::new("kill")
-                .arg(pid.to_string())
-                .status();
-        }
-    }
+    control.kill_daemons();
     result
 }
 

@@ -1069,15 +1069,6 @@ fn v1_two_tasks_share_one_mig_device_under_mps() -> TestResult {
             no_admin,
         )?);
     }
-    let stop_daemons = || {
-        for r in control.records().iter().filter(|r| r["event"] == "start") {
-            if let Some(pid) = r["daemon_pid"].as_u64() {
-                let _ = std::process::Command::new("kill")
-                    .arg(pid.to_string())
-                    .status();
-            }
-        }
-    };
     let result = (|| -> TestResult<(String, u64)> {
         let mut seen = Vec::new();
         for name in names {
@@ -1162,7 +1153,7 @@ fn v1_two_tasks_share_one_mig_device_under_mps() -> TestResult {
     let (uuid, pid) = match result {
         Ok(daemon) => daemon,
         Err(e) => {
-            stop_daemons();
+            control.kill_daemons();
             return Err(e);
         }
     };
@@ -1183,7 +1174,7 @@ fn v1_two_tasks_share_one_mig_device_under_mps() -> TestResult {
         },
     );
     if quit.is_err() {
-        stop_daemons();
+        control.kill_daemons();
     }
     quit?;
     // The supervisor commits the pool once the daemon quit.
@@ -1546,15 +1537,6 @@ fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
     for (name, mode) in asks {
         tasks.push(c.launch_env(name, 1, true, &[("MESOS_GPU_SHARE_MODE", mode)])?);
     }
-    let stop_daemons = || {
-        for r in control.records().iter().filter(|r| r["event"] == "start") {
-            if let Some(pid) = r["daemon_pid"].as_u64() {
-                let _ = std::process::Command::new("kill")
-                    .arg(pid.to_string())
-                    .status();
-            }
-        }
-    };
     let result = (|| -> TestResult {
         let mut got = BTreeMap::new();
         for (name, _) in asks {
@@ -1615,7 +1597,7 @@ fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
             format!("one MPS daemon, for the MPS task's GPU: {started:?}"),
         )
     })();
-    stop_daemons();
+    control.kill_daemons();
     result?;
     for (i, (name, _)) in asks.iter().enumerate() {
         c.release(name)?;

@@ -181,6 +181,18 @@ fn id(s: &str) -> ContainerId {
     ContainerId::new(s).unwrap()
 }
 
+/// What Mesos tells a restarted isolator of these top-level containers.
+fn top_level(names: &[&str]) -> Vec<RecoverState> {
+    names
+        .iter()
+        .map(|c| RecoverState {
+            id: id(c),
+            parent: None,
+            nested_cgroup: None,
+        })
+        .collect()
+}
+
 fn mig(profile: u32, n: u32) -> PrepareConfig {
     PrepareConfig {
         mig: BTreeMap::from([(MigKind::whole(profile), n)]),
@@ -364,15 +376,7 @@ fn mixed(version: CgroupVersion) -> TestResult {
         node.inventory.clone(),
         node.nodes.clone(),
     )?;
-    let states: Vec<RecoverState> = ["mig-a", "whole-b"]
-        .into_iter()
-        .map(|c| RecoverState {
-            id: id(c),
-            parent: None,
-            nested_cgroup: None,
-        })
-        .collect();
-    let report = iso.recover(&states, &[])?;
+    let report = iso.recover(&top_level(&["mig-a", "whole-b"]), &[])?;
     check(report.is_clean(), format!("recovery: {report:?}"))?;
     check(iso.status(&id("mig-a"))?.mig == [uuid.clone()], "recovered")?;
     let f = iso.prepare(&id("mig-f"), mig(P_1G, 1))?;
@@ -521,15 +525,7 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     // A restarted isolator recovers the shares and adopts both daemons (no new start).
     drop(iso);
     let iso = Isolator::new(shared()?, node.inventory.clone(), node.nodes.clone())?;
-    let states: Vec<RecoverState> = ["share-a", "share-b", "share-c"]
-        .into_iter()
-        .map(|c| RecoverState {
-            id: id(c),
-            parent: None,
-            nested_cgroup: None,
-        })
-        .collect();
-    let report = iso.recover(&states, &[])?;
+    let report = iso.recover(&top_level(&["share-a", "share-b", "share-c"]), &[])?;
     check(report.is_clean(), format!("recovery: {report:?}"))?;
     iso.supervise_mps()?;
     check(starts().len() == 2, format!("adopted: {:?}", starts()))?;
