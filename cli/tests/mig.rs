@@ -369,7 +369,7 @@ fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
 /// holding the share gets: the parent GPU's and the two capability nodes as `--device`, the MIG
 /// UUID in `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` (once each), `1/2` of it, the
 /// pipe directory of the device's own MPS daemon (bound, with `/dev/shm`); one daemon is started,
-/// with `CUDA_VISIBLE_DEVICES` the MIG UUID.
+/// with `CUDA_VISIBLE_DEVICES` the MIG UUID; `gpu list` shows both shares.
 fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed> {
     use mesos_gpu_testkit::mps::MpsControl;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -455,6 +455,24 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
             .collect();
         if seen[0] != seen[1] || starts != seen[..1] {
             return Err(format!("one device {seen:?}, one daemon for it {starts:?}").into());
+        }
+        // `gpu list` shows both shares of the MIG device, as it shows shares of a GPU.
+        let pool = dir.path().join("pool");
+        let list = mesos_gpu(&[
+            "--simulate",
+            "dgx-a100-mixed",
+            "gpu",
+            "list",
+            "--pool-dir",
+            pool.to_str().unwrap_or_default(),
+        ])?;
+        let text = String::from_utf8_lossy(&list.stdout);
+        let shares = text
+            .lines()
+            .filter(|l| l.contains(&format!("{} (mps)", seen[0])) && l.contains(" 1/2 "))
+            .count();
+        if !list.status.success() || shares != 2 {
+            return Err(format!("gpu list: {text}").into());
         }
         Ok(())
     })();
