@@ -400,8 +400,8 @@ fn mixed(version: CgroupVersion) -> TestResult {
 /// opens only its parent and capability nodes, sees its MIG UUID, and gets half its threads and
 /// memory from the device's own MPS daemon (started once, `CUDA_VISIBLE_DEVICES=MIG-…`, pipe
 /// directory of its own); a third task takes the next 1g device and a second daemon. A
-/// restarted isolator recovers the shares and adopts the daemons; each daemon is stopped once
-/// its last share ended.
+/// restarted isolator recovers the shares and adopts the daemons; an XID on the shared device's
+/// instance limits both its holders only; each daemon is stopped once its last share ended.
 fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     use mesos_gpu_isolator::lifecycle::SharingConfig;
     use mesos_gpu_isolator::sharing::SharingSpec;
@@ -525,6 +525,7 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     // A restarted isolator recovers the shares and adopts both daemons (no new start).
     drop(iso);
     let iso = Isolator::new(shared()?, node.inventory.clone(), node.nodes.clone())?;
+    attach_health(&iso, &node)?;
     let report = iso.recover(&top_level(&["share-a", "share-b", "share-c"]), &[])?;
     check(report.is_clean(), format!("recovery: {report:?}"))?;
     iso.supervise_mps()?;
@@ -536,6 +537,26 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
         "share-a recovered",
     )?;
     opens_exactly(&iso, &id("share-b"), &node, &nodes_of(&node, &uuid)?)?;
+
+    // An XID on the shared device's instance: both holders are told, the other device's not.
+    node.sim.append_event(&format!(
+        "xid {} 94 gi {} ci {}",
+        device.parent, device.gpu_instance, device.compute_instance
+    ));
+    for holder in ["share-a", "share-b"] {
+        let told = iso
+            .watch(&id(holder), Some(Duration::from_secs(10)))?
+            .ok_or(format!("{holder} was not told its MIG device failed"))?;
+        check(
+            told.uuid == uuid && told.message.contains("XID 94"),
+            format!("{holder}: {told:?}"),
+        )?;
+    }
+    check(
+        iso.watch(&id("share-c"), Some(Duration::from_millis(300)))?
+            .is_none(),
+        "share-c was told, though its device did not fail",
+    )?;
 
     // Each daemon stops once its last share ended.
     let quits = || -> Vec<u64> {

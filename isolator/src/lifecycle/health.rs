@@ -97,7 +97,8 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
 }
 
 /// Applies a change of one MIG device (an XID NVML attributed to its instance): it leaves or
-/// rejoins the pool (not while its parent is out), and its holder is told.
+/// rejoins the pool (not while its parent is out), and its holder, or every holder of a share of
+/// it, is told.
 fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     let Some(message) = change.limitation() else {
         let parent_out = state
@@ -109,6 +110,19 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         }
         return Vec::new();
     };
+    let sharers: Vec<Limitation> = state
+        .containers
+        .iter()
+        .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
+        .chain(state.docker_shares.iter())
+        .filter(|(_, g)| g.uuid == change.uuid)
+        .map(|(id, _)| Limitation {
+            container: id.to_string(),
+            gpu: change.index,
+            uuid: change.uuid.clone(),
+            message: message.clone(),
+        })
+        .collect();
     state
         .mig
         .mark_unhealthy(&change.uuid)
@@ -121,6 +135,7 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
             })
         })
         .into_iter()
+        .chain(sharers)
         .collect()
 }
 
