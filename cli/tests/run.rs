@@ -329,7 +329,127 @@ fn main() -> ExitCode {
         &[Need::Root, Need::Dockerd],
         Trial::test("docker_args_mig_device_in_a_real_container", docker_mig),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Dockerd],
+        Trial::test(
+            "docker_args_mig_share_in_a_real_container",
+            docker_mig_share,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// Issue 28: `docker-args` on `dgx-a100-mixed` with the MIG devices shared 2 ways under MPS
+/// (`--gpu-replicas 2 --gpu-sharing mps,0-3=none`): a real container started with the printed
+/// arguments for `--mig 19:1` can open exactly its MIG device's parent and capability nodes and
+/// the control nodes (ENXIO), has its MIG UUID in `CUDA_VISIBLE_DEVICES`, `1/2` of it, and finds
+/// the device's MPS pipe directory at `CUDA_MPS_PIPE_DIRECTORY`.
+fn docker_mig_share() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let inventory = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed").inventory()?;
+    mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
+    let control = mesos_gpu_testkit::mps::MpsControl::install("{}");
+    let result = (|| -> TestResult {
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
+            .arg(env.dev.path())
+            .args([
+                "docker-args",
+                "--mig-strategy",
+                "mixed",
+                "--json",
+                "--image",
+                &image,
+            ])
+            .args([
+                "--mig",
+                "19:1",
+                "--gpu-replicas",
+                "2",
+                "--gpu-sharing",
+                "mps,0-3=none",
+            ])
+            .arg("--mps-root")
+            .arg(env.work.path().join("mps"))
+            .arg("--mps-control")
+            .arg(control.program())
+            .arg("--docker-state-dir")
+            .arg(env.work.path())
+            .arg("--pool-dir")
+            .arg(env.work.path().join("pool"))
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("docker-args: {}", text(&out)).into());
+        }
+        let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        let visible = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+            .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?
+            .to_owned();
+        let device = inventory
+            .mig
+            .by_uuid(&visible)
+            .ok_or(format!("not a MIG device: {visible}"))?;
+        let caps = device.caps.as_ref().ok_or("no caps")?;
+        let script = "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; [ -d \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo pipe-dir-mounted; env";
+        let run = Command::new("docker")
+            .arg("run")
+            .arg("--rm")
+            .args(args.iter().filter(|a| !a.starts_with("--name=")))
+            .arg(&image)
+            .args(["sh", "-c", script])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+        println!("the container printed:\n{stdout}");
+        let nodes: BTreeSet<String> = stdout
+            .lines()
+            .filter(|l| l.starts_with("/dev/nvidia"))
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect();
+        let want: BTreeSet<String> = [
+            format!("/dev/nvidia{}", device.parent_minor),
+            format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
+            format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
+            "/dev/nvidiactl".to_owned(),
+            "/dev/nvidia-uvm".to_owned(),
+        ]
+        .into();
+        let all_enxio = stdout
+            .lines()
+            .filter(|l| l.starts_with("/dev/nvidia"))
+            .all(|l| l.contains("No such device or address"));
+        let pipe = env
+            .work
+            .path()
+            .join("mps")
+            .join(&visible)
+            .join("pipe")
+            .display()
+            .to_string();
+        if !run.status.success()
+            || nodes != want
+            || !all_enxio
+            || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
+            || !stdout.contains("MESOS_GPU_SHARE=1/2")
+            || !stdout.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"))
+            || !stdout.contains("pipe-dir-mounted")
+        {
+            return Err(format!(
+                "container: nodes {nodes:?}, expected {want:?}: {}",
+                text(&run)
+            )
+            .into());
+        }
+        Ok(())
+    })();
+    control.kill_daemons();
+    result
 }
 
 /// Issue 18: on `numa-2cpu` (GPU 0 local to CPU 0, GPU 1 to CPU 1), `run --numa-pinning` starts
