@@ -89,6 +89,10 @@ fn main() -> ExitCode {
             "two_tasks_share_one_mig_device_under_its_own_mps_daemon",
             mig_mps_shares,
         );
+        add(
+            "single_strategy_gpus_units_are_shares_of_mig_devices",
+            single_mig_shares,
+        );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -581,6 +585,74 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
         !pool.contains("MIG-"),
         format!("shares or daemons left: {pool}"),
     )
+}
+
+/// The single strategy with MIG devices shared under MPS (`dgx-a100-mig`, every GPU split,
+/// `gpu_replicas=2`, `gpu_sharing=mps`): `gpus:1` is a 1/2 share of a MIG device, a second
+/// `gpus:1` packs onto the same device, `gpus:2` takes a whole share (2/2) of another, and a
+/// request above R is refused saying why, holding nothing.
+fn single_mig_shares(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_isolator::lifecycle::SharingConfig;
+    use mesos_gpu_isolator::sharing::SharingSpec;
+    use mesos_gpu_isolator::sharing::mps::MpsConfig;
+    use mesos_gpu_testkit::mps::MpsControl;
+    let node = mig_node("dgx-a100-mig")?;
+    let setup = Setup::new(version)?;
+    let control = MpsControl::install("{}");
+    let mut c = config(&setup, &node, MigStrategy::Single);
+    c.pool = Some(PoolConfig {
+        dir: setup.work.path().join("pool"),
+        role: PoolRole::Agent,
+    });
+    let mut mps = MpsConfig::new(setup.work.path().join("mps"));
+    mps.program = control.program();
+    c.sharing = Some(SharingConfig {
+        spec: SharingSpec::parse("2", "mps".parse()?)?,
+        mps,
+    });
+    let iso = isolator(c, &node)?;
+    let result = (|| -> TestResult {
+        let gpus = |n: f64| PrepareConfig {
+            gpus: n,
+            ..PrepareConfig::default()
+        };
+        let share = |name: &str| -> TestResult<(String, u32)> {
+            let g = iso
+                .status(&id(name))?
+                .share
+                .ok_or(format!("{name}: no share"))?;
+            Ok((g.uuid, g.units))
+        };
+        let one = iso.prepare(&id("one"), gpus(1.0))?;
+        iso.prepare(&id("two"), gpus(1.0))?;
+        iso.prepare(&id("both"), gpus(2.0))?;
+        let (a, b, c) = (share("one")?, share("two")?, share("both")?);
+        check(
+            a.0.starts_with("MIG-") && a == b && a.1 == 1 && c.1 == 2 && c.0 != a.0,
+            format!("shares: {a:?} {b:?} {c:?}"),
+        )?;
+        check(
+            env(&one, "CUDA_VISIBLE_DEVICES") == Some(a.0.as_str())
+                && env(&one, "MESOS_GPU_SHARE") == Some("1/2")
+                && one.gpus.is_empty(),
+            format!("one: {:?}", one.environment),
+        )?;
+        opens_exactly(&iso, &id("one"), &node, &nodes_of(&node, &a.0)?)?;
+        iso.update(&id("one"), 1.0)?;
+        let three = iso.prepare(&id("three"), gpus(3.0)).unwrap_err();
+        let why = mesos_gpu_os::error_chain(&three);
+        check(
+            iso.status(&id("three")).is_err()
+                && why.contains("CUDA uses only one MIG device per process"),
+            format!("gpus:3, above R, takes whole MIG devices, one per process: {why}"),
+        )?;
+        for name in ["one", "two", "both"] {
+            iso.cleanup(&id(name))?;
+        }
+        Ok(())
+    })();
+    control.kill_daemons();
+    result
 }
 
 /// Waits up to 10 s for `done`.
