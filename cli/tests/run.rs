@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 
-type TestResult = Result<(), Failed>;
+type TestResult<T = ()> = Result<T, Failed>;
 
 /// The simulated node's GPU minors (dgx1-v100: minor = index).
 const MINORS: std::ops::Range<u32> = 0..8;
@@ -340,6 +340,59 @@ fn main() -> ExitCode {
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
+/// Runs `image` with the `docker run` arguments `args` (less `--name`): a script printing each
+/// `/dev/nvidia*` and `/dev/nvidia-caps/*` node with what opening it says, then `extra`, then the
+/// environment. Returns the run and its stdout.
+fn run_mig_container(image: &str, args: &[String], extra: &str) -> TestResult<(Output, String)> {
+    let script = format!(
+        "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; {extra}env"
+    );
+    let run = Command::new("docker")
+        .arg("run")
+        .arg("--rm")
+        .args(args.iter().filter(|a| !a.starts_with("--name=")))
+        .arg(image)
+        .args(["sh", "-c", &script])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    Ok((run, stdout))
+}
+
+/// The nodes [`run_mig_container`] printed, when every one of them opened with ENXIO (the
+/// device cgroup allows it); `None` when one did not.
+fn nodes_opened(stdout: &str) -> Option<BTreeSet<String>> {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("/dev/nvidia"))
+        .collect();
+    lines
+        .iter()
+        .all(|l| l.contains("No such device or address"))
+        .then(|| {
+            lines
+                .iter()
+                .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+                .collect()
+        })
+}
+
+/// The nodes a container holding MIG device `device` (whole or a share) has: its parent GPU's,
+/// its two capability nodes, and the control nodes.
+fn mig_container_nodes(
+    device: &mesos_gpu_isolator::inventory::MigDevice,
+) -> TestResult<BTreeSet<String>> {
+    let caps = device.caps.as_ref().ok_or("no caps")?;
+    Ok([
+        format!("/dev/nvidia{}", device.parent_minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
+        "/dev/nvidiactl".to_owned(),
+        "/dev/nvidia-uvm".to_owned(),
+    ]
+    .into())
+}
+
 /// Issue 28: `docker-args` on `dgx-a100-mixed` with the MIG devices shared 2 ways under MPS
 /// (`--gpu-replicas 2 --gpu-sharing mps,0-3=none`): a real container started with the printed
 /// arguments for `--mig 19:1` can open exactly its MIG device's parent and capability nodes and
@@ -395,35 +448,13 @@ fn docker_mig_share() -> TestResult {
             .mig
             .by_uuid(&visible)
             .ok_or(format!("not a MIG device: {visible}"))?;
-        let caps = device.caps.as_ref().ok_or("no caps")?;
-        let script = "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; [ -d \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo pipe-dir-mounted; env";
-        let run = Command::new("docker")
-            .arg("run")
-            .arg("--rm")
-            .args(args.iter().filter(|a| !a.starts_with("--name=")))
-            .arg(&image)
-            .args(["sh", "-c", script])
-            .output()
-            .map_err(|e| e.to_string())?;
-        let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+        let (run, stdout) = run_mig_container(
+            &image,
+            &args,
+            "[ -d \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo pipe-dir-mounted; ",
+        )?;
         println!("the container printed:\n{stdout}");
-        let nodes: BTreeSet<String> = stdout
-            .lines()
-            .filter(|l| l.starts_with("/dev/nvidia"))
-            .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
-            .collect();
-        let want: BTreeSet<String> = [
-            format!("/dev/nvidia{}", device.parent_minor),
-            format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
-            format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
-            "/dev/nvidiactl".to_owned(),
-            "/dev/nvidia-uvm".to_owned(),
-        ]
-        .into();
-        let all_enxio = stdout
-            .lines()
-            .filter(|l| l.starts_with("/dev/nvidia"))
-            .all(|l| l.contains("No such device or address"));
+        let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(device)?);
         let pipe = env
             .work
             .path()
@@ -433,8 +464,7 @@ fn docker_mig_share() -> TestResult {
             .display()
             .to_string();
         if !run.status.success()
-            || nodes != want
-            || !all_enxio
+            || nodes != Some(want.clone())
             || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
             || !stdout.contains("MESOS_GPU_SHARE=1/2")
             || !stdout.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"))
@@ -678,43 +708,16 @@ fn docker_mig() -> TestResult {
         .mig
         .by_uuid(&visible)
         .ok_or(format!("not a MIG device: {visible}"))?;
-    let caps = device.caps.as_ref().ok_or("no caps")?;
     let name = args
         .iter()
         .find_map(|a| a.strip_prefix("--name="))
         .ok_or("no --name")?
         .to_owned();
-    let script = "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; env";
-    let run = Command::new("docker")
-        .arg("run")
-        .arg("--rm")
-        .args(args.iter().filter(|a| !a.starts_with("--name=")))
-        .arg(&image)
-        .args(["sh", "-c", script])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let (run, stdout) = run_mig_container(&image, &args, "")?;
     println!("{name} printed:\n{stdout}");
-    let nodes: BTreeSet<String> = stdout
-        .lines()
-        .filter(|l| l.starts_with("/dev/nvidia"))
-        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
-        .collect();
-    let want: BTreeSet<String> = [
-        format!("/dev/nvidia{}", device.parent_minor),
-        format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
-        format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
-        "/dev/nvidiactl".to_owned(),
-        "/dev/nvidia-uvm".to_owned(),
-    ]
-    .into();
-    let all_enxio = stdout
-        .lines()
-        .filter(|l| l.starts_with("/dev/nvidia"))
-        .all(|l| l.contains("No such device or address"));
+    let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(device)?);
     if !run.status.success()
-        || nodes != want
-        || !all_enxio
+        || nodes != Some(want.clone())
         || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
     {
         return Err(format!(

@@ -78,22 +78,33 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         }
     }
     if let Some(message) = change.limitation() {
-        limited.extend(
-            state
-                .containers
-                .iter()
-                .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
-                .chain(state.docker_shares.iter())
-                .filter(|(_, g)| g.index == change.index)
-                .map(|(id, _)| Limitation {
-                    container: id.to_string(),
-                    gpu: change.index,
-                    uuid: change.uuid.clone(),
-                    message: message.clone(),
-                }),
-        );
+        limited.extend(share_holders(state, change, &message, |g| {
+            g.index == change.index
+        }));
     }
     limited
+}
+
+/// The limitations of the holders of the shares `of` picks (Mesos and Docker containers alike).
+fn share_holders(
+    state: &State,
+    change: &HealthChange,
+    message: &str,
+    of: impl Fn(&crate::sharing::ShareGrant) -> bool,
+) -> Vec<Limitation> {
+    state
+        .containers
+        .iter()
+        .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
+        .chain(state.docker_shares.iter())
+        .filter(|(_, g)| of(g))
+        .map(|(id, _)| Limitation {
+            container: id.to_string(),
+            gpu: change.index,
+            uuid: change.uuid.clone(),
+            message: message.to_owned(),
+        })
+        .collect()
 }
 
 /// Applies a change of one MIG device (an XID NVML attributed to its instance): it leaves or
@@ -110,19 +121,7 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         }
         return Vec::new();
     };
-    let sharers: Vec<Limitation> = state
-        .containers
-        .iter()
-        .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
-        .chain(state.docker_shares.iter())
-        .filter(|(_, g)| g.uuid == change.uuid)
-        .map(|(id, _)| Limitation {
-            container: id.to_string(),
-            gpu: change.index,
-            uuid: change.uuid.clone(),
-            message: message.clone(),
-        })
-        .collect();
+    let sharers = share_holders(state, change, &message, |g| g.uuid == change.uuid);
     state
         .mig
         .mark_unhealthy(&change.uuid)
