@@ -340,6 +340,52 @@ fn main() -> ExitCode {
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --json` for `image`,
+/// with the env's device root, Docker state and pool, and `extra`.
+fn docker_args_mixed(env: &Env, image: &str, extra: &[&str]) -> TestResult<Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
+        .arg(env.dev.path())
+        .args([
+            "docker-args",
+            "--mig-strategy",
+            "mixed",
+            "--json",
+            "--image",
+            image,
+        ])
+        .args(extra)
+        .arg("--docker-state-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?)
+}
+
+/// The `docker run` arguments `docker-args` printed (`out`, with `--json`) and the MIG device
+/// they name in `NVIDIA_VISIBLE_DEVICES`.
+fn mig_device_args(
+    out: &Output,
+    inventory: &mesos_gpu_isolator::inventory::Inventory,
+) -> TestResult<(Vec<String>, mesos_gpu_isolator::inventory::MigDevice)> {
+    if !out.status.success() {
+        return Err(format!("docker-args: {}", text(out)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let visible = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?;
+    let device = inventory
+        .mig
+        .by_uuid(visible)
+        .ok_or(format!("not a MIG device: {visible}"))?
+        .clone();
+    Ok((args, device))
+}
+
 /// Runs `image` with the `docker run` arguments `args` (less `--name`): a script printing each
 /// `/dev/nvidia*` and `/dev/nvidia-caps/*` node with what opening it says, then `extra`, then the
 /// environment. Returns the run and its stdout.
@@ -405,56 +451,36 @@ fn docker_mig_share() -> TestResult {
     mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
     let control = mesos_gpu_testkit::mps::MpsControl::install("{}");
     let result = (|| -> TestResult {
-        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
-            .arg(env.dev.path())
-            .args([
-                "docker-args",
-                "--mig-strategy",
-                "mixed",
-                "--json",
-                "--image",
-                &image,
-            ])
-            .args([
+        let mps_root = env.work.path().join("mps");
+        let (mps_root_arg, program) = (
+            mps_root.display().to_string(),
+            control.program().display().to_string(),
+        );
+        let out = docker_args_mixed(
+            &env,
+            &image,
+            &[
                 "--mig",
                 "19:1",
                 "--gpu-replicas",
                 "2",
                 "--gpu-sharing",
                 "mps,0-3=none",
-            ])
-            .arg("--mps-root")
-            .arg(env.work.path().join("mps"))
-            .arg("--mps-control")
-            .arg(control.program())
-            .arg("--docker-state-dir")
-            .arg(env.work.path())
-            .arg("--pool-dir")
-            .arg(env.work.path().join("pool"))
-            .env("MESOS_GPU_LOG", "warn")
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("docker-args: {}", text(&out)).into());
-        }
-        let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-        let visible = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
-            .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?
-            .to_owned();
-        let device = inventory
-            .mig
-            .by_uuid(&visible)
-            .ok_or(format!("not a MIG device: {visible}"))?;
+                "--mps-root",
+                &mps_root_arg,
+                "--mps-control",
+                &program,
+            ],
+        )?;
+        let (args, device) = mig_device_args(&out, &inventory)?;
+        let visible = device.uuid.clone();
         let (run, stdout) = run_mig_container(
             &image,
             &args,
             "[ -d \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo pipe-dir-mounted; ",
         )?;
         println!("the container printed:\n{stdout}");
-        let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(device)?);
+        let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(&device)?);
         let pipe = env
             .work
             .path()
@@ -653,27 +679,8 @@ fn docker_mig() -> TestResult {
     let image = env.image(&[])?;
     let inventory = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed").inventory()?;
     mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
-    let docker_args = |env: &Env, extra: &[&str]| -> Output {
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
-            .arg(env.dev.path())
-            .args([
-                "docker-args",
-                "--mig-strategy",
-                "mixed",
-                "--json",
-                "--image",
-                &image,
-            ])
-            .args(extra)
-            .arg("--docker-state-dir")
-            .arg(env.work.path())
-            .arg("--pool-dir")
-            .arg(env.work.path().join("pool"))
-            .env("MESOS_GPU_LOG", "warn")
-            .output()
-            .unwrap()
-    };
+    let docker_args =
+        |env: &Env, extra: &[&str]| -> Output { docker_args_mixed(env, &image, extra).unwrap() };
     let release = |env: &Env, id: &str| -> TestResult {
         let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
             .args([
@@ -695,19 +702,8 @@ fn docker_mig() -> TestResult {
         Ok(())
     };
     let out = docker_args(&env, &["--gpus", "0", "--mig", "19:1"]);
-    if !out.status.success() {
-        return Err(format!("docker-args: {}", text(&out)).into());
-    }
-    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    let visible = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
-        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?
-        .to_owned();
-    let device = inventory
-        .mig
-        .by_uuid(&visible)
-        .ok_or(format!("not a MIG device: {visible}"))?;
+    let (args, device) = mig_device_args(&out, &inventory)?;
+    let visible = device.uuid.clone();
     let name = args
         .iter()
         .find_map(|a| a.strip_prefix("--name="))
@@ -715,7 +711,7 @@ fn docker_mig() -> TestResult {
         .to_owned();
     let (run, stdout) = run_mig_container(&image, &args, "")?;
     println!("{name} printed:\n{stdout}");
-    let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(device)?);
+    let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(&device)?);
     if !run.status.success()
         || nodes != Some(want.clone())
         || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
