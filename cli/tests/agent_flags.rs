@@ -391,7 +391,8 @@ fn replicas_advertise_shared_times_r_plus_whole() {
             "--gpu-replicas",
             "2",
         ],
-        "--gpu-replicas 2: sharing GPUs of a node with MIG devices is not supported",
+        "GPU 4 (GPU-b2c409eb-51ae-5a52-8b2c-13f9428e8a74) is in MIG mode: its MIG devices are \
+         shared only with MPS",
     );
     let out = mesos_gpu(&[&sim[..], &["--gpu-replicas", "2", "--gpu-sharing", "hami"]].concat());
     assert_eq!(out.status.code(), Some(2));
@@ -400,6 +401,60 @@ fn replicas_advertise_shared_times_r_plus_whole() {
             .contains("\"hami\": expected MODE or SEL=MODE (MODE one of time-slicing, mps, none"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn shared_mig_devices_are_offered_r_times_in_their_strategys_resource() {
+    let module = "filesystem/linux,cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+    // dgx-a100-mixed: GPUs 0-3 whole, 4-7 split 3g+2g+1g+1g; the MIG devices shared 2 ways.
+    let flags = |strategy: &str| {
+        lines(&[
+            "--simulate",
+            "dgx-a100-mixed",
+            "--isolation",
+            module,
+            "--mig-strategy",
+            strategy,
+            "--gpu-replicas",
+            "2",
+            "--gpu-sharing",
+            "mps,0-3=none",
+        ])
+    };
+    let single = flags("single");
+    assert_eq!(
+        single[1], "--resources=gpus:36",
+        "4 + 16 MIG devices x 2: {single:?}"
+    );
+    let mixed = flags("mixed");
+    assert_eq!(
+        mixed[1], "--resources='gpus:4;mig-1g.5gb:16;mig-2g.10gb:8;mig-3g.20gb:8'",
+        "{mixed:?}"
+    );
+    for out in [&single, &mixed] {
+        assert!(
+            out[2].ends_with(";gpu_sharing:mps;gpu_shared:16;gpu_whole:4;gpu_replicas:2'"),
+            "{out:?}"
+        );
+        let params = module_parameters(&out.join("\n"));
+        assert_eq!(params["gpu_replicas"], "2");
+        assert_eq!(params["gpu_sharing"], "mps,0-3=none");
+    }
+    // More replicas than a 1g device serves MPS clients (48 lowered to 1 of 7 slices).
+    fails(
+        &[
+            "--simulate",
+            "dgx-a100-mixed",
+            "--isolation",
+            module,
+            "--gpu-replicas",
+            "7",
+            "--gpu-sharing",
+            "mps,0-3=none",
+        ],
+        "(1g.5gb, 1 of 7 compute slices) of GPU 4 serves at most 6 MPS clients, fewer than 7 \
+         replicas",
     );
 }
 

@@ -5,6 +5,7 @@
 //! are ignored without it and fail when `MESOS_GPU_REQUIRE` lists `pynvml`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::Command;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -291,6 +292,28 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --plugin --json` with
+/// its Docker state and pool under `dir`, and `extra`.
+fn docker_args_mixed(dir: &Path, extra: &[&str]) -> Result<std::process::Output, Failed> {
+    let state = dir.join("state");
+    let pool = dir.join("pool");
+    let mut args = vec![
+        "--simulate",
+        "dgx-a100-mixed",
+        "docker-args",
+        "--mig-strategy",
+        "mixed",
+        "--plugin",
+        "--json",
+        "--docker-state-dir",
+        state.to_str().unwrap_or_default(),
+        "--pool-dir",
+        pool.to_str().unwrap_or_default(),
+    ];
+    args.extend_from_slice(extra);
+    mesos_gpu(&args)
+}
+
 /// `docker-args` asked for MIG devices on `dgx-a100-mixed` (GPUs 4-7 in MIG mode), with the
 /// driver volume from the plugin so that no volume need be built: `--mig 19:1` alone reserves
 /// one 1g.5gb device (before: `--gpus` was required, `--gpus 0` with it) and names it once in
@@ -300,25 +323,7 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
 /// the node has (before: "0 free").
 fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let docker_args = |extra: &[&str]| {
-        let state = dir.path().join("state");
-        let pool = dir.path().join("pool");
-        let mut args = vec![
-            "--simulate",
-            "dgx-a100-mixed",
-            "docker-args",
-            "--mig-strategy",
-            "mixed",
-            "--plugin",
-            "--json",
-            "--docker-state-dir",
-            state.to_str().unwrap(),
-            "--pool-dir",
-            pool.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        mesos_gpu(&args)
-    };
+    let docker_args = |extra: &[&str]| docker_args_mixed(dir.path(), extra);
     let out = docker_args(&["--mig", "19:1"])?;
     let said = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
@@ -359,6 +364,122 @@ fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `docker-args` on `dgx-a100-mixed` with its MIG devices shared 2 ways under MPS (issue 28):
+/// two containers asking `--mig 19:1` share one 1g.5gb device, and each gets what a Mesos task
+/// holding the share gets: the parent GPU's and the two capability nodes as `--device`, the MIG
+/// UUID in `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` (once each), `1/2` of it, the
+/// pipe directory of the device's own MPS daemon (bound, with `/dev/shm`); one daemon is started,
+/// with `CUDA_VISIBLE_DEVICES` the MIG UUID; `gpu list` shows both shares.
+fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed> {
+    use mesos_gpu_testkit::mps::MpsControl;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let control = MpsControl::install("{}");
+    let mps_root = dir.path().join("mps");
+    let program = control.program();
+    let docker_args = |extra: &[&str]| {
+        let mut args = vec![
+            "--gpu-replicas",
+            "2",
+            "--gpu-sharing",
+            "mps,0-3=none",
+            "--mps-root",
+            mps_root.to_str().unwrap_or_default(),
+            "--mps-control",
+            program.to_str().unwrap_or_default(),
+        ];
+        args.extend_from_slice(extra);
+        docker_args_mixed(dir.path(), &args)
+    };
+    let node = SimNode::shipped("dgx-a100-mixed").inventory()?;
+    let mut seen = Vec::new();
+    let result = (|| -> Result<(), Failed> {
+        for _ in 0..2 {
+            let out = docker_args(&["--mig", "19:1"])?;
+            if !out.status.success() {
+                return Err(format!(
+                    "--mig 19:1 on a shared node: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            let args: Vec<String> =
+                serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let env = |key: &str| -> Vec<&str> {
+                args.iter()
+                    .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))
+                    .collect()
+            };
+            let visible = env("NVIDIA_VISIBLE_DEVICES");
+            let [uuid] = visible.as_slice() else {
+                return Err(format!("one MIG device named once: {args:?}").into());
+            };
+            let device = node
+                .mig
+                .by_uuid(uuid)
+                .ok_or(format!("not a MIG device: {uuid}"))?;
+            let caps = device.caps.as_ref().ok_or("no caps")?;
+            let devices: Vec<&str> = args
+                .iter()
+                .filter_map(|a| a.strip_prefix("--device="))
+                .collect();
+            let named = |path: &str| devices.iter().any(|d| d.split(':').next() == Some(path));
+            let pipe = mps_root.join(uuid).join("pipe").display().to_string();
+            let ok = device.profile == Some(19)
+                && env("CUDA_VISIBLE_DEVICES") == visible
+                && env("MESOS_GPU_SHARE") == ["1/2"]
+                && env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == ["50"]
+                && env("CUDA_MPS_PIPE_DIRECTORY") == [pipe.as_str()]
+                && args.contains(&format!("--volume={pipe}:{pipe}"))
+                && args.contains(&"--volume=/dev/shm:/dev/shm".to_owned())
+                && named(&format!("/dev/nvidia{}", device.parent_minor))
+                && named(&format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    caps.gpu_instance.minor
+                ))
+                && named(&format!(
+                    "/dev/nvidia-caps/nvidia-cap{}",
+                    caps.compute_instance.minor
+                ))
+                && named("/dev/nvidiactl")
+                && devices.len() == 2 + 3;
+            if !ok {
+                return Err(format!("the share's docker arguments: {args:?}").into());
+            }
+            seen.push((*uuid).to_owned());
+        }
+        let starts: Vec<String> = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .filter_map(|r| Some(r["env"]["CUDA_VISIBLE_DEVICES"].as_str()?.to_owned()))
+            .collect();
+        if seen[0] != seen[1] || starts != seen[..1] {
+            return Err(format!("one device {seen:?}, one daemon for it {starts:?}").into());
+        }
+        // `gpu list` shows both shares of the MIG device, as it shows shares of a GPU.
+        let pool = dir.path().join("pool");
+        let list = mesos_gpu(&[
+            "--simulate",
+            "dgx-a100-mixed",
+            "gpu",
+            "list",
+            "--pool-dir",
+            pool.to_str().unwrap_or_default(),
+        ])?;
+        let text = String::from_utf8_lossy(&list.stdout);
+        let shares = text
+            .lines()
+            .filter(|l| l.contains(&format!("{} (mps)", seen[0])) && l.contains(" 1/2 "))
+            .count();
+        if !list.status.success() || shares != 2 {
+            return Err(format!("gpu list: {text}").into());
+        }
+        Ok(())
+    })();
+    control.kill_daemons();
+    result
+}
+
 fn main() -> std::process::ExitCode {
     let host = Host::probe();
     let mut trials: Vec<Trial> = ["dgx-a100-mig", "dgx-a100-mixed", "hgx-h100"]
@@ -389,6 +510,10 @@ fn main() -> std::process::ExitCode {
     trials.push(Trial::test(
         "docker_args_mig_requests_are_checked",
         docker_args_mig_requests_are_checked,
+    ));
+    trials.push(Trial::test(
+        "docker_args_give_a_mig_share_its_device_and_mps_daemon",
+        docker_args_give_a_mig_share_its_device_and_mps_daemon,
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }

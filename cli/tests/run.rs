@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Failed, Trial};
 use mesos_gpu_testkit::{Host, Need, needs, unique_name};
 
-type TestResult = Result<(), Failed>;
+type TestResult<T = ()> = Result<T, Failed>;
 
 /// The simulated node's GPU minors (dgx1-v100: minor = index).
 const MINORS: std::ops::Range<u32> = 0..8;
@@ -329,7 +329,183 @@ fn main() -> ExitCode {
         &[Need::Root, Need::Dockerd],
         Trial::test("docker_args_mig_device_in_a_real_container", docker_mig),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Dockerd],
+        Trial::test(
+            "docker_args_mig_share_in_a_real_container",
+            docker_mig_share,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --json` for `image`,
+/// with the env's device root, Docker state and pool, and `extra`.
+fn docker_args_mixed(env: &Env, image: &str, extra: &[&str]) -> TestResult<Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
+        .arg(env.dev.path())
+        .args([
+            "docker-args",
+            "--mig-strategy",
+            "mixed",
+            "--json",
+            "--image",
+            image,
+        ])
+        .args(extra)
+        .arg("--docker-state-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?)
+}
+
+/// The `docker run` arguments `docker-args` printed (`out`, with `--json`) and the MIG device
+/// they name in `NVIDIA_VISIBLE_DEVICES`.
+fn mig_device_args(
+    out: &Output,
+    inventory: &mesos_gpu_node::inventory::Inventory,
+) -> TestResult<(Vec<String>, mesos_gpu_node::inventory::MigDevice)> {
+    if !out.status.success() {
+        return Err(format!("docker-args: {}", text(out)).into());
+    }
+    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let visible = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?;
+    let device = inventory
+        .mig
+        .by_uuid(visible)
+        .ok_or(format!("not a MIG device: {visible}"))?
+        .clone();
+    Ok((args, device))
+}
+
+/// Runs `image` with the `docker run` arguments `args` (less `--name`): a script printing each
+/// `/dev/nvidia*` and `/dev/nvidia-caps/*` node with what opening it says, then `extra`, then the
+/// environment. Returns the run and its stdout.
+fn run_mig_container(image: &str, args: &[String], extra: &str) -> TestResult<(Output, String)> {
+    let script = format!(
+        "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; {extra}env"
+    );
+    let run = Command::new("docker")
+        .arg("run")
+        .arg("--rm")
+        .args(args.iter().filter(|a| !a.starts_with("--name=")))
+        .arg(image)
+        .args(["sh", "-c", &script])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    Ok((run, stdout))
+}
+
+/// The nodes [`run_mig_container`] printed, when every one of them opened with ENXIO (the
+/// device cgroup allows it); `None` when one did not.
+fn nodes_opened(stdout: &str) -> Option<BTreeSet<String>> {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("/dev/nvidia"))
+        .collect();
+    lines
+        .iter()
+        .all(|l| l.contains("No such device or address"))
+        .then(|| {
+            lines
+                .iter()
+                .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+                .collect()
+        })
+}
+
+/// The nodes a container holding MIG device `device` (whole or a share) has: its parent GPU's,
+/// its two capability nodes, and the control nodes.
+fn mig_container_nodes(
+    device: &mesos_gpu_node::inventory::MigDevice,
+) -> TestResult<BTreeSet<String>> {
+    let caps = device.caps.as_ref().ok_or("no caps")?;
+    Ok([
+        format!("/dev/nvidia{}", device.parent_minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
+        format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
+        "/dev/nvidiactl".to_owned(),
+        "/dev/nvidia-uvm".to_owned(),
+    ]
+    .into())
+}
+
+/// Issue 28: `docker-args` on `dgx-a100-mixed` with the MIG devices shared 2 ways under MPS
+/// (`--gpu-replicas 2 --gpu-sharing mps,0-3=none`): a real container started with the printed
+/// arguments for `--mig 19:1` can open exactly its MIG device's parent and capability nodes and
+/// the control nodes (ENXIO), has its MIG UUID in `CUDA_VISIBLE_DEVICES`, `1/2` of it, and finds
+/// the device's MPS pipe directory at `CUDA_MPS_PIPE_DIRECTORY`.
+fn docker_mig_share() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let inventory = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed").inventory()?;
+    mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
+    let control = mesos_gpu_testkit::mps::MpsControl::install("{}");
+    let result = (|| -> TestResult {
+        let mps_root = env.work.path().join("mps");
+        let (mps_root_arg, program) = (
+            mps_root.display().to_string(),
+            control.program().display().to_string(),
+        );
+        let out = docker_args_mixed(
+            &env,
+            &image,
+            &[
+                "--mig",
+                "19:1",
+                "--gpu-replicas",
+                "2",
+                "--gpu-sharing",
+                "mps,0-3=none",
+                "--mps-root",
+                &mps_root_arg,
+                "--mps-control",
+                &program,
+            ],
+        )?;
+        let (args, device) = mig_device_args(&out, &inventory)?;
+        let visible = device.uuid.clone();
+        let (run, stdout) = run_mig_container(
+            &image,
+            &args,
+            "[ -d \"$CUDA_MPS_PIPE_DIRECTORY\" ] && echo pipe-dir-mounted; ",
+        )?;
+        println!("the container printed:\n{stdout}");
+        let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(&device)?);
+        let pipe = env
+            .work
+            .path()
+            .join("mps")
+            .join(&visible)
+            .join("pipe")
+            .display()
+            .to_string();
+        if !run.status.success()
+            || nodes != Some(want.clone())
+            || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
+            || !stdout.contains("MESOS_GPU_SHARE=1/2")
+            || !stdout.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"))
+            || !stdout.contains("pipe-dir-mounted")
+        {
+            return Err(format!(
+                "container: nodes {nodes:?}, expected {want:?}: {}",
+                text(&run)
+            )
+            .into());
+        }
+        Ok(())
+    })();
+    control.kill_daemons();
+    result
 }
 
 /// Issue 18: on `numa-2cpu` (GPU 0 local to CPU 0, GPU 1 to CPU 1), `run --numa-pinning` starts
@@ -503,27 +679,8 @@ fn docker_mig() -> TestResult {
     let image = env.image(&[])?;
     let inventory = mesos_gpu_testkit::nvml_sim::SimNode::shipped("dgx-a100-mixed").inventory()?;
     mesos_gpu_testkit::nvml_sim::mknod_mig_caps(env.dev.path(), &inventory)?;
-    let docker_args = |env: &Env, extra: &[&str]| -> Output {
-        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
-            .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
-            .arg(env.dev.path())
-            .args([
-                "docker-args",
-                "--mig-strategy",
-                "mixed",
-                "--json",
-                "--image",
-                &image,
-            ])
-            .args(extra)
-            .arg("--docker-state-dir")
-            .arg(env.work.path())
-            .arg("--pool-dir")
-            .arg(env.work.path().join("pool"))
-            .env("MESOS_GPU_LOG", "warn")
-            .output()
-            .unwrap()
-    };
+    let docker_args =
+        |env: &Env, extra: &[&str]| -> Output { docker_args_mixed(env, &image, extra).unwrap() };
     let release = |env: &Env, id: &str| -> TestResult {
         let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
             .args([
@@ -545,56 +702,18 @@ fn docker_mig() -> TestResult {
         Ok(())
     };
     let out = docker_args(&env, &["--gpus", "0", "--mig", "19:1"]);
-    if !out.status.success() {
-        return Err(format!("docker-args: {}", text(&out)).into());
-    }
-    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    let visible = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
-        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {args:?}"))?
-        .to_owned();
-    let device = inventory
-        .mig
-        .by_uuid(&visible)
-        .ok_or(format!("not a MIG device: {visible}"))?;
-    let caps = device.caps.as_ref().ok_or("no caps")?;
+    let (args, device) = mig_device_args(&out, &inventory)?;
+    let visible = device.uuid.clone();
     let name = args
         .iter()
         .find_map(|a| a.strip_prefix("--name="))
         .ok_or("no --name")?
         .to_owned();
-    let script = "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && echo \"$f $(cat $f 2>&1 >/dev/null)\"; done; env";
-    let run = Command::new("docker")
-        .arg("run")
-        .arg("--rm")
-        .args(args.iter().filter(|a| !a.starts_with("--name=")))
-        .arg(&image)
-        .args(["sh", "-c", script])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let (run, stdout) = run_mig_container(&image, &args, "")?;
     println!("{name} printed:\n{stdout}");
-    let nodes: BTreeSet<String> = stdout
-        .lines()
-        .filter(|l| l.starts_with("/dev/nvidia"))
-        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
-        .collect();
-    let want: BTreeSet<String> = [
-        format!("/dev/nvidia{}", device.parent_minor),
-        format!("/dev/nvidia-caps/nvidia-cap{}", caps.gpu_instance.minor),
-        format!("/dev/nvidia-caps/nvidia-cap{}", caps.compute_instance.minor),
-        "/dev/nvidiactl".to_owned(),
-        "/dev/nvidia-uvm".to_owned(),
-    ]
-    .into();
-    let all_enxio = stdout
-        .lines()
-        .filter(|l| l.starts_with("/dev/nvidia"))
-        .all(|l| l.contains("No such device or address"));
+    let (nodes, want) = (nodes_opened(&stdout), mig_container_nodes(&device)?);
     if !run.status.success()
-        || nodes != want
-        || !all_enxio
+        || nodes != Some(want.clone())
         || !stdout.contains(&format!("CUDA_VISIBLE_DEVICES={visible}"))
     {
         return Err(format!(

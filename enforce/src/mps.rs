@@ -17,6 +17,10 @@
 //!
 //! - NVIDIA's plugin sets the GPU to compute mode EXCLUSIVE_PROCESS before it starts the daemon
 //!   (only the MPS server then holds a context on it) and back to DEFAULT after `quit`.
+//! - On a MIG device (`docs/reference/mig.md` §5) the daemon is started the same way with
+//!   `CUDA_VISIBLE_DEVICES=MIG-<uuid>` and pipe and log directories of its own, one per MIG
+//!   device; the compute mode is left alone: it belongs to the physical GPU, whose other MIG
+//!   devices have daemons or whole holders of their own.
 //!
 //! Layout, as NVIDIA's plugin: `<root>/<GPU UUID>/pipe` and `<root>/<GPU UUID>/log`, each 0755
 //! (NVIDIA's plugin asks for 0755 too, `os.MkdirAll(pipeDir, 0755)`): clients of other users only
@@ -45,6 +49,8 @@ pub const PROGRAM: &str = "nvidia-cuda-mps-control";
 pub const DEFAULT_ROOT: &str = "/var/run/mesos-gpu/mps";
 /// The pid file the daemon writes into its pipe directory.
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// How a MIG device's UUID begins (a GPU's begins with `GPU-`).
+const MIG_PREFIX: &str = "MIG-";
 
 /// Why an MPS daemon could not be started, told or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -424,7 +430,12 @@ impl MpsDaemons {
     }
 
     fn set_mode(&self, gpu: &str, exclusive: bool) -> Result<(), MpsError> {
-        let Some(modes) = &self.config.compute_modes else {
+        let Some(modes) = self
+            .config
+            .compute_modes
+            .as_ref()
+            .filter(|_| !gpu.starts_with(MIG_PREFIX))
+        else {
             return Ok(());
         };
         modes

@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 34] = [
+    let tests: [(&str, &[Need], Test); 35] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -171,6 +171,11 @@ fn main() -> ExitCode {
         ("v1_shared_gpus", v1, || shared_gpus(false)),
         ("v1_shared_gpus_mps", v1, || shared_gpus(true)),
         ("v1_mig_tasks", v1, || mig_tasks(AgentCgroups::V1)),
+        (
+            "v1_two_tasks_share_one_mig_device_under_mps",
+            v1,
+            v1_two_tasks_share_one_mig_device_under_mps,
+        ),
         ("v2_mig_tasks", v2, || mig_tasks(AgentCgroups::V2)),
         (
             "v1_docker_task_gets_its_mig_device",
@@ -1000,6 +1005,189 @@ fn mig_tasks(cgroups: AgentCgroups) -> TestResult {
     Ok(())
 }
 
+/// Issue 28: MIG devices shared under MPS in a real agent. nvml-sim's `dgx-a100-mixed` (GPUs
+/// 0-3 whole, 4-7 split 3g+2g+1g+1g), the module with `mig_strategy=mixed`,
+/// `gpu_sharing=mps,0-3=none` and `gpu_replicas=2`, offering each MIG device twice in its
+/// profile's scalar. Two `mig-1g.5gb:1` tasks running at once share one 1g device: each opens
+/// its parent GPU and its two capability nodes (ENXIO) and no other GPU or capability node
+/// (EPERM), with `NVIDIA_VISIBLE_DEVICES`/`CUDA_VISIBLE_DEVICES` its MIG UUID, `1/2` of it and
+/// the pipe directory of the device's daemon; one MPS daemon runs, started with
+/// `CUDA_VISIBLE_DEVICES=<MIG UUID>`, and it quits once both tasks ended.
+fn v1_two_tasks_share_one_mig_device_under_mps() -> TestResult {
+    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    let control = MpsControl::install("{}");
+    let program = control.program().display().to_string();
+    let scratch_mps = tempfile::Builder::new().prefix("mgpu-mps").tempdir()?;
+    let mps_root = scratch_mps.path().display().to_string();
+    let extra = [
+        ("mig_strategy", "mixed"),
+        ("gpu_replicas", "2"),
+        ("gpu_sharing", "mps,0-3=none"),
+        ("mps_control", program.as_str()),
+        ("mps_root", mps_root.as_str()),
+    ];
+    let setup = ModuleSetup {
+        extra: &extra,
+        node: Some(MIG_NODE),
+        ..EXPLICIT_ROOT
+    };
+    let (_, inventory, _) = sim_with_nodes(MIG_NODE)?;
+    // What `agent-flags --mig-strategy mixed --gpu-replicas 2 --gpu-sharing mps,0-3=none`
+    // advertises: every MIG device twice.
+    let mut offer = MigOffer::of(&inventory, MigStrategy::Mixed);
+    for profile in &mut offer.profiles {
+        profile.count *= 2;
+    }
+    let isolation = format!("filesystem/linux,linux/capabilities,cgroups/devices,{MODULE}");
+    let c = Cluster::start_offering(
+        AgentCgroups::V1,
+        &isolation,
+        &setup,
+        &format!("cpus:4;mem:4096;{}", offer.resources().join(";")),
+    )?;
+    let probe = probe()?;
+    let no_admin: &[&str] = &[
+        "--framework_capabilities=GPU_RESOURCES",
+        "--checkpoint",
+        r#"--effective_capabilities={"capabilities":["CHOWN","DAC_OVERRIDE"]}"#,
+    ];
+    let names = ["share-one", "share-two"];
+    let mut tasks = Vec::new();
+    for name in names {
+        let command = format!(
+            "echo env CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY; {0} {1}; {0} {1}/nvidia-caps {2}",
+            probe.display(),
+            c.dev.path().display(),
+            c.go_file(name).display()
+        );
+        tasks.push(Task::launch_with(
+            &c.install,
+            &c.master,
+            name,
+            "cpus:0.1;mem:32;mig-1g.5gb:1",
+            &command,
+            no_admin,
+        )?);
+    }
+    let result = (|| -> TestResult<(String, u64)> {
+        let mut seen = Vec::new();
+        for name in names {
+            let out = c.agent.wait_stdout(name, "waiting for", TASK_TIMEOUT)?;
+            println!("{name} printed:\n{}", out.trim_end());
+            let opened = |outcome: &str| -> Vec<String> {
+                out.lines()
+                    .filter(|l| l.starts_with("before ") && l.ends_with(outcome))
+                    .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+                    .collect()
+            };
+            let var = |k: &str| {
+                out.lines()
+                    .find_map(|l| l.strip_prefix(&format!("env {k}=")))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let visible = var("NVIDIA_VISIBLE_DEVICES");
+            let device = inventory
+                .mig
+                .by_uuid(&visible)
+                .ok_or(format!("{name}: not a MIG device: {visible:?}"))?;
+            let caps = device.caps.as_ref().ok_or("no caps")?;
+            let mut want = vec![
+                format!("nvidia{}", device.parent_minor),
+                format!("nvidia-cap{}", caps.gpu_instance.minor),
+                format!("nvidia-cap{}", caps.compute_instance.minor),
+            ];
+            want.sort();
+            let all = opened(" ENXIO");
+            let numbered = |n: &&String| {
+                let tail = n
+                    .strip_prefix("nvidia-cap")
+                    .or_else(|| n.strip_prefix("nvidia"))
+                    .unwrap_or_default();
+                tail.parse::<u32>().is_ok()
+            };
+            let mut got: Vec<String> = all.iter().filter(numbered).cloned().collect();
+            got.sort();
+            check(
+                got == want && all.iter().any(|n| n == "nvidiactl"),
+                format!("{name} opened {all:?}, expected {want:?} and the control nodes"),
+            )?;
+            let denied = opened(" EPERM").len();
+            check(
+                denied == inventory.gpus.len() - 1 + 2 * inventory.mig.devices.len() - 2,
+                format!("{name}: every other GPU and capability node must be EPERM ({denied})"),
+            )?;
+            let pipe = Path::new(&mps_root).join(&visible).join("pipe");
+            check(
+                var("CUDA_VISIBLE_DEVICES") == visible
+                    && device.profile == Some(19)
+                    && var("MESOS_GPU_SHARE") == "1/2"
+                    && var("MESOS_GPU_SHARING") == "mps"
+                    && var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == "50"
+                    && var("CUDA_MPS_PIPE_DIRECTORY") == pipe.display().to_string(),
+                format!("{name}'s environment: {out}"),
+            )?;
+            seen.push(visible);
+        }
+        check(
+            seen[0] == seen[1],
+            format!("the two tasks are on one MIG device: {seen:?}"),
+        )?;
+        let starts: Vec<(String, u64)> = control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .filter_map(|r| {
+                Some((
+                    r["env"]["CUDA_VISIBLE_DEVICES"].as_str()?.to_owned(),
+                    r["daemon_pid"].as_u64()?,
+                ))
+            })
+            .collect();
+        check(
+            starts.len() == 1 && starts[0].0 == seen[0],
+            format!("one MPS daemon, for the shared MIG device: {starts:?}"),
+        )?;
+        Ok(starts[0].clone())
+    })();
+    let (uuid, pid) = match result {
+        Ok(daemon) => daemon,
+        Err(e) => {
+            control.kill_daemons();
+            return Err(e);
+        }
+    };
+    for (i, name) in names.iter().enumerate() {
+        c.release(name)?;
+        tasks[i].wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    c.wait_all_released()?;
+    let quit = wait_for(
+        TASK_TIMEOUT,
+        || format!("the MPS daemon of {uuid} to quit: {:?}", control.records()),
+        || {
+            control
+                .records()
+                .iter()
+                .any(|r| r["event"] == "exit" && r["reason"] == "quit" && r["daemon_pid"] == pid)
+                .then_some(())
+        },
+    );
+    if quit.is_err() {
+        control.kill_daemons();
+    }
+    quit?;
+    // The supervisor commits the pool once the daemon quit.
+    let pool_path = c.scratch.path().join("pool/gpu/pool.json");
+    let pool = || std::fs::read_to_string(&pool_path).unwrap_or_default();
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("no share or daemon left in the pool: {}", pool()),
+        || (!pool().contains("MIG-")).then_some(()),
+    )?;
+    Ok(())
+}
+
 /// Issue 17: Mesos's Docker containerizer cannot run on an agent that offers shares: it builds
 /// its own GPU allocator from `--resources` and looks up NVML indices 0 to gpus-1
 /// (`isolators/gpu/allocator.cpp`, `enumerateGpus`), so `gpus:14` on 8 GPUs stops the agent at
@@ -1350,15 +1538,6 @@ fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
     for (name, mode) in asks {
         tasks.push(c.launch_env(name, 1, true, &[("MESOS_GPU_SHARE_MODE", mode)])?);
     }
-    let stop_daemons = || {
-        for r in control.records().iter().filter(|r| r["event"] == "start") {
-            if let Some(pid) = r["daemon_pid"].as_u64() {
-                let _ = std::process::Command::new("kill")
-                    .arg(pid.to_string())
-                    .status();
-            }
-        }
-    };
     let result = (|| -> TestResult {
         let mut got = BTreeMap::new();
         for (name, _) in asks {
@@ -1419,7 +1598,7 @@ fn v1_exclusive_time_sliced_and_mps_gpus_side_by_side() -> TestResult {
             format!("one MPS daemon, for the MPS task's GPU: {started:?}"),
         )
     })();
-    stop_daemons();
+    control.kill_daemons();
     result?;
     for (i, (name, _)) in asks.iter().enumerate() {
         c.release(name)?;

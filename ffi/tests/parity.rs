@@ -1,6 +1,6 @@
 //! One grant, every rendering: for each kind of request (whole GPUs, a share under time-slicing,
-//! a share under MPS, MIG devices of the single and of the mixed strategy, NUMA-pinned GPUs, no
-//! GPU) every renderer of what a container gets is asked, and each must give the same device
+//! a share under MPS, MIG devices of the single and of the mixed strategy, a share of a MIG
+//! device under MPS by either strategy, NUMA-pinned GPUs, no GPU) every renderer of what a container gets is asked, and each must give the same device
 //! nodes and variables (`NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`, a share's
 //! `MESOS_GPU_SHARE*` and `CUDA_MPS_*`, an MPS share's pipe directory and `/dev/shm`, the
 //! cpuset), or refuse the part it cannot carry with the reason. Never drop a part silently.
@@ -194,6 +194,22 @@ fn cases(inventory: &Inventory, nodes: &DeviceNodes) -> Vec<Case> {
             pipe,
         )
     };
+    // A share of a MIG device: its UUID names the device, its index the parent GPU; the pipe
+    // directory is that of the device's own daemon.
+    let mig_share = |uuid: &str, units: u32, replicas: u32| {
+        let device = inventory.mig.by_uuid(uuid).expect("MIG device");
+        ShareAccess::new(
+            ShareGrant {
+                uuid: uuid.to_owned(),
+                index: device.parent,
+                units,
+                replicas,
+                mode: SharingMode::Mps,
+                limits: ShareLimits::of(units, replicas, device.memory_total),
+            },
+            Some(PathBuf::from(format!("/run/mesos-gpu/mps/{uuid}/pipe"))),
+        )
+    };
     let grant = |gpus: Vec<Gpu>, mig: Vec<MigAccess>, share: Option<ShareAccess>| {
         Grant::new(nodes, &base, gpus, mig, share).expect("grant")
     };
@@ -248,6 +264,20 @@ fn cases(inventory: &Inventory, nodes: &DeviceNodes) -> Vec<Case> {
                 "--mig=mig-2g.20gb:1".into(),
             ],
             rest_query: Ok("dev=MIG-a+MIG-b".into()),
+        },
+        Case {
+            name: "a share of a MIG device under MPS (single strategy)",
+            grant: grant(vec![], vec![mig("MIG-a")], Some(mig_share("MIG-a", 1, 2))),
+            resources: vec![scalar("gpus", 1.0)],
+            hook_asks: vec!["--gpus=1".into()],
+            rest_query: Ok("dev=MIG-a&gpu_replicas=2&gpu_sharing=mps".into()),
+        },
+        Case {
+            name: "a share of a MIG device under MPS (mixed strategy)",
+            grant: grant(vec![], vec![mig("MIG-b")], Some(mig_share("MIG-b", 3, 4))),
+            resources: vec![scalar("mig-2g.20gb", 3.0)],
+            hook_asks: vec!["--gpus=0".into(), "--mig=mig-2g.20gb:3".into()],
+            rest_query: Ok("dev=MIG-b&gpu_replicas=4&gpu_sharing=mps".into()),
         },
         Case {
             name: "NUMA-pinned GPUs",
@@ -623,6 +653,15 @@ fn the_table_covers_every_part_it_compares() {
         );
     }
     assert!(all.iter().any(|p| p.cpuset.is_some()), "no pinned case");
+    assert!(
+        all.iter().any(|p| {
+            p.env
+                .get("CUDA_VISIBLE_DEVICES")
+                .is_some_and(|v| v.starts_with("MIG-"))
+                && p.env.contains_key("CUDA_MPS_PIPE_DIRECTORY")
+        }),
+        "no share of a MIG device"
+    );
     assert!(all.iter().any(|p| !p.mounts.is_empty()), "no MPS mounts");
     assert!(
         all.iter()

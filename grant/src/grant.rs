@@ -23,7 +23,10 @@
 //!   mode together: a process could not use both, so such a request is refused with the reason
 //!   ([`GrantError::MigWithGpus`]) instead of rendering devices CUDA would not enumerate;
 //! - a share of a GPU under MPS needs the daemon's pipe directory (same path) and its shared
-//!   memory, the host's `/dev/shm`, besides its variables.
+//!   memory, the host's `/dev/shm`, besides its variables;
+//! - a share of a MIG device (under MPS, one daemon per MIG device: `docs/reference/mig.md` §5)
+//!   holds the device as a whole holder does (parent and capability nodes, its `MIG-…` UUID in
+//!   the variables) and adds the share's variables and its daemon's pipe directory.
 
 use std::path::{Path, PathBuf};
 
@@ -159,7 +162,8 @@ pub struct Grant {
     pub gpus: Vec<Gpu>,
     /// MIG devices, with what each needs.
     pub mig: Vec<MigAccess>,
-    /// The share of one GPU (its GPU is in `gpus`), when the request was served with one.
+    /// The share of one GPU (its GPU is in `gpus`) or of one MIG device (the device is in
+    /// `mig`), when the request was served with one.
     pub share: Option<ShareAccess>,
     /// The CPUs and memory nodes it is pinned to (NUMA pinning), when it is.
     pub cpuset: Option<Pinning>,
@@ -173,7 +177,8 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// The grant of `gpus` (whole, or a share's one GPU with `share`), and MIG devices `mig`,
+    /// The grant of `gpus` (whole, or a share's one GPU with `share`), and MIG devices `mig` (or
+    /// a share's one MIG device),
     /// with the device nodes of `nodes` and the base allow list `base` (Mesos's default
     /// whitelist plus `--allowed_devices`).
     pub fn new(

@@ -86,6 +86,14 @@ fn main() -> ExitCode {
             "h100_compute_instance_devices_are_their_own_kind",
             h100_kinds,
         );
+        add(
+            "two_tasks_share_one_mig_device_under_its_own_mps_daemon",
+            mig_mps_shares,
+        );
+        add(
+            "single_strategy_gpus_units_are_shares_of_mig_devices",
+            single_mig_shares,
+        );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -176,6 +184,18 @@ fn isolator(config: IsolatorConfig, node: &MigNode) -> TestResult<Isolator> {
 
 fn id(s: &str) -> ContainerId {
     ContainerId::new(s).unwrap()
+}
+
+/// What Mesos tells a restarted isolator of these top-level containers.
+fn top_level(names: &[&str]) -> Vec<RecoverState> {
+    names
+        .iter()
+        .map(|c| RecoverState {
+            id: id(c),
+            parent: None,
+            nested_cgroup: None,
+        })
+        .collect()
 }
 
 fn mig(profile: u32, n: u32) -> PrepareConfig {
@@ -361,15 +381,7 @@ fn mixed(version: CgroupVersion) -> TestResult {
         node.inventory.clone(),
         node.nodes.clone(),
     )?;
-    let states: Vec<RecoverState> = ["mig-a", "whole-b"]
-        .into_iter()
-        .map(|c| RecoverState {
-            id: id(c),
-            parent: None,
-            nested_cgroup: None,
-        })
-        .collect();
-    let report = iso.recover(&states, &[])?;
+    let report = iso.recover(&top_level(&["mig-a", "whole-b"]), &[])?;
     check(report.is_clean(), format!("recovery: {report:?}"))?;
     check(iso.status(&id("mig-a"))?.mig == [uuid.clone()], "recovered")?;
     let f = iso.prepare(&id("mig-f"), mig(P_1G, 1))?;
@@ -384,6 +396,274 @@ fn mixed(version: CgroupVersion) -> TestResult {
     )?;
     for c in ["mig-a", "whole-b", "mig-f"] {
         iso.cleanup(&id(c))?;
+    }
+    Ok(())
+}
+
+/// MIG devices shared under MPS (issue 28): on `dgx-a100-mixed` with `gpu_sharing=mps,0-3=none`
+/// and `gpu_replicas=2` (mixed strategy), two `mig-1g.5gb:1` tasks share one 1g device: each
+/// opens only its parent and capability nodes, sees its MIG UUID, and gets half its threads and
+/// memory from the device's own MPS daemon (started once, `CUDA_VISIBLE_DEVICES=MIG-…`, pipe
+/// directory of its own); a third task takes the next 1g device and a second daemon. A
+/// restarted isolator recovers the shares and adopts the daemons; an XID on the shared device's
+/// instance limits both its holders only; each daemon is stopped once its last share ended.
+fn mig_mps_shares(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_enforce::mps::MpsConfig;
+    use mesos_gpu_isolator::lifecycle::SharingConfig;
+    use mesos_gpu_placement::sharing::SharingSpec;
+    use mesos_gpu_testkit::mps::MpsControl;
+    let node = mig_node("dgx-a100-mixed")?;
+    let setup = Setup::new(version)?;
+    let control = MpsControl::install("{}");
+    let mps_root = setup.work.path().join("mps");
+    let shared = || -> TestResult<IsolatorConfig> {
+        let mut c = config(&setup, &node, MigStrategy::Mixed);
+        c.pool = Some(PoolConfig {
+            dir: setup.work.path().join("pool"),
+            role: PoolRole::Agent,
+        });
+        let mut mps = MpsConfig::new(&mps_root);
+        mps.program = control.program();
+        c.sharing = Some(SharingConfig {
+            spec: SharingSpec::parse("2", "mps,0-3=none".parse()?)?,
+            mps,
+        });
+        Ok(c)
+    };
+    let iso = isolator(shared()?, &node)?;
+    let (a, b) = (
+        iso.prepare(&id("share-a"), mig(P_1G, 1))?,
+        iso.prepare(&id("share-b"), mig(P_1G, 1))?,
+    );
+    let uuid = env(&a, "CUDA_VISIBLE_DEVICES")
+        .unwrap_or_default()
+        .to_owned();
+    let device = node
+        .inventory
+        .mig
+        .by_uuid(&uuid)
+        .ok_or(format!("not a MIG device: {uuid:?}"))?;
+    let pipe = mps_root.join(&uuid).join("pipe");
+    let half_mib = device.memory_total / (1 << 20) / 2;
+    for (name, info) in [("share-a", &a), ("share-b", &b)] {
+        let status = iso.status(&id(name))?;
+        check(
+            device.profile == Some(P_1G)
+                && info.gpus.is_empty()
+                && status.mig.is_empty()
+                && status.share.as_ref().is_some_and(|g| g.uuid == uuid)
+                && env(info, "NVIDIA_VISIBLE_DEVICES") == Some(uuid.as_str())
+                && env(info, "CUDA_VISIBLE_DEVICES") == Some(uuid.as_str())
+                && env(info, "MESOS_GPU_SHARE") == Some("1/2")
+                && env(info, "MESOS_GPU_SHARING") == Some("mps")
+                && env(info, "CUDA_MPS_PIPE_DIRECTORY") == pipe.to_str()
+                && env(info, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some("50")
+                && env(info, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+                    == Some(format!("0={half_mib}M").as_str()),
+            format!("{name}: {status:?} {:?}", info.environment),
+        )?;
+        opens_exactly(&iso, &id(name), &node, &nodes_of(&node, &uuid)?)?;
+    }
+    // Mesos updates a container whenever a resource changes: its `gpus` stay 0 (the share is
+    // in its mig-1g.5gb scalar); another size is refused.
+    iso.update(&id("share-a"), 0.0)?;
+    check(
+        iso.update(&id("share-a"), 1.0).is_err(),
+        "resizing a share of a MIG device",
+    )?;
+    // The device is full: the next 1g share goes to the next 1g device, with its own daemon.
+    let c = iso.prepare(&id("share-c"), mig(P_1G, 1))?;
+    let c_uuid = env(&c, "CUDA_VISIBLE_DEVICES")
+        .unwrap_or_default()
+        .to_owned();
+    check(
+        c_uuid != uuid && c_uuid.starts_with("MIG-"),
+        format!("share-c on {c_uuid}"),
+    )?;
+    let starts = || -> Vec<(String, String)> {
+        control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "start")
+            .map(|r| {
+                (
+                    r["env"]["CUDA_VISIBLE_DEVICES"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    r["pipe_dir"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let pipe_of = |u: &str| mps_root.join(u).join("pipe").display().to_string();
+    check(
+        starts()
+            == [
+                (uuid.clone(), pipe_of(&uuid)),
+                (c_uuid.clone(), pipe_of(&c_uuid)),
+            ],
+        format!("one daemon per MIG device: {:?}", control.records()),
+    )?;
+    let commands: Vec<String> = control
+        .records()
+        .iter()
+        .filter(|r| r["event"] == "command")
+        .filter_map(|r| Some(r["command"].as_str()?.to_owned()))
+        .take(2)
+        .collect();
+    check(
+        commands
+            == [
+                "set_default_active_thread_percentage 50".to_owned(),
+                format!("set_default_device_pinned_mem_limit {uuid} {half_mib}M"),
+            ],
+        format!("the daemon's defaults: {commands:?}"),
+    )?;
+    let ckpt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(setup.checkpoint())?)?;
+    check(
+        ckpt["containers"]["share-a"]["share"]["uuid"] == uuid.as_str(),
+        format!("checkpoint: {ckpt}"),
+    )?;
+
+    // A restarted isolator recovers the shares and adopts both daemons (no new start).
+    drop(iso);
+    let iso = Isolator::new(shared()?, node.inventory.clone(), node.nodes.clone())?;
+    attach_health(&iso, &node)?;
+    let report = iso.recover(&top_level(&["share-a", "share-b", "share-c"]), &[])?;
+    check(report.is_clean(), format!("recovery: {report:?}"))?;
+    iso.supervise_mps()?;
+    check(starts().len() == 2, format!("adopted: {:?}", starts()))?;
+    check(
+        iso.status(&id("share-a"))?
+            .share
+            .is_some_and(|g| g.uuid == uuid),
+        "share-a recovered",
+    )?;
+    opens_exactly(&iso, &id("share-b"), &node, &nodes_of(&node, &uuid)?)?;
+
+    // An XID on the shared device's instance: both holders are told, the other device's not.
+    node.sim.append_event(&format!(
+        "xid {} 94 gi {} ci {}",
+        device.parent, device.gpu_instance, device.compute_instance
+    ));
+    for holder in ["share-a", "share-b"] {
+        let told = iso
+            .watch(&id(holder), Some(Duration::from_secs(10)))?
+            .ok_or(format!("{holder} was not told its MIG device failed"))?;
+        check(
+            told.uuid == uuid && told.message.contains("XID 94"),
+            format!("{holder}: {told:?}"),
+        )?;
+    }
+    check(
+        iso.watch(&id("share-c"), Some(Duration::from_millis(300)))?
+            .is_none(),
+        "share-c was told, though its device did not fail",
+    )?;
+
+    // Each daemon stops once its last share ended.
+    let quits = || -> Vec<u64> {
+        control
+            .records()
+            .iter()
+            .filter(|r| r["event"] == "exit" && r["reason"] == "quit")
+            .filter_map(|r| r["daemon_pid"].as_u64())
+            .collect()
+    };
+    iso.cleanup(&id("share-a"))?;
+    iso.supervise_mps()?;
+    check(quits().is_empty(), "share-b still holds the device")?;
+    iso.cleanup(&id("share-b"))?;
+    iso.supervise_mps()?;
+    wait(|| quits().len() == 1, "the first device's daemon to quit")?;
+    iso.cleanup(&id("share-c"))?;
+    iso.supervise_mps()?;
+    wait(|| quits().len() == 2, "the second device's daemon to quit")?;
+    let pool = std::fs::read_to_string(setup.work.path().join("pool/gpu/pool.json"))?;
+    check(
+        !pool.contains("MIG-"),
+        format!("shares or daemons left: {pool}"),
+    )
+}
+
+/// The single strategy with MIG devices shared under MPS (`dgx-a100-mig`, every GPU split,
+/// `gpu_replicas=2`, `gpu_sharing=mps`): `gpus:1` is a 1/2 share of a MIG device, a second
+/// `gpus:1` packs onto the same device, `gpus:2` takes a whole share (2/2) of another, and a
+/// request above R is refused saying why, holding nothing.
+fn single_mig_shares(version: CgroupVersion) -> TestResult {
+    use mesos_gpu_enforce::mps::MpsConfig;
+    use mesos_gpu_isolator::lifecycle::SharingConfig;
+    use mesos_gpu_placement::sharing::SharingSpec;
+    use mesos_gpu_testkit::mps::MpsControl;
+    let node = mig_node("dgx-a100-mig")?;
+    let setup = Setup::new(version)?;
+    let control = MpsControl::install("{}");
+    let mut c = config(&setup, &node, MigStrategy::Single);
+    c.pool = Some(PoolConfig {
+        dir: setup.work.path().join("pool"),
+        role: PoolRole::Agent,
+    });
+    let mut mps = MpsConfig::new(setup.work.path().join("mps"));
+    mps.program = control.program();
+    c.sharing = Some(SharingConfig {
+        spec: SharingSpec::parse("2", "mps".parse()?)?,
+        mps,
+    });
+    let iso = isolator(c, &node)?;
+    let result = (|| -> TestResult {
+        let gpus = |n: f64| PrepareConfig {
+            gpus: n,
+            ..PrepareConfig::default()
+        };
+        let share = |name: &str| -> TestResult<(String, u32)> {
+            let g = iso
+                .status(&id(name))?
+                .share
+                .ok_or(format!("{name}: no share"))?;
+            Ok((g.uuid, g.units))
+        };
+        let one = iso.prepare(&id("one"), gpus(1.0))?;
+        iso.prepare(&id("two"), gpus(1.0))?;
+        iso.prepare(&id("both"), gpus(2.0))?;
+        let (a, b, c) = (share("one")?, share("two")?, share("both")?);
+        check(
+            a.0.starts_with("MIG-") && a == b && a.1 == 1 && c.1 == 2 && c.0 != a.0,
+            format!("shares: {a:?} {b:?} {c:?}"),
+        )?;
+        check(
+            env(&one, "CUDA_VISIBLE_DEVICES") == Some(a.0.as_str())
+                && env(&one, "MESOS_GPU_SHARE") == Some("1/2")
+                && one.gpus.is_empty(),
+            format!("one: {:?}", one.environment),
+        )?;
+        opens_exactly(&iso, &id("one"), &node, &nodes_of(&node, &a.0)?)?;
+        iso.update(&id("one"), 1.0)?;
+        let three = iso.prepare(&id("three"), gpus(3.0)).unwrap_err();
+        let why = mesos_gpu_os::error_chain(&three);
+        check(
+            iso.status(&id("three")).is_err()
+                && why.contains("CUDA uses only one MIG device per process"),
+            format!("gpus:3, above R, takes whole MIG devices, one per process: {why}"),
+        )?;
+        for name in ["one", "two", "both"] {
+            iso.cleanup(&id(name))?;
+        }
+        Ok(())
+    })();
+    control.kill_daemons();
+    result
+}
+
+/// Waits up to 10 s for `done`.
+fn wait(done: impl Fn() -> bool, what: &str) -> TestResult {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        if std::time::Instant::now() > end {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }

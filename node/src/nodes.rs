@@ -174,6 +174,56 @@ pub fn dual_dgx1_v100() -> NodeBuilder {
     dgx1_board(dgx1_board(builder, 0), 8).product("Tesla V100-SXM2-16GB", 16 << 30, (7, 0))
 }
 
+/// A DGX-1 with Ampere compute capability whose GPUs 4 and 5 are in MIG mode, each split
+/// 3g.20gb + 1g.5gb + 1g.5gb (`MIG-<parent>-<i>`): the fixture of the MIG sharing tests.
+pub fn dgx1_with_mig_gpus() -> Inventory {
+    use crate::inventory::{DevNum, MigCaps, MigDevice};
+    let mut inv = dgx1_v100().inventory();
+    for gpu in &mut inv.gpus {
+        gpu.compute_capability = Some((8, 0));
+    }
+    inv.mig.enabled = vec![4, 5];
+    inv.mig.caps_major = Some(235);
+    for parent in [4_u32, 5] {
+        let layout = [
+            (3_u32, 9_u32, "3g.20gb"),
+            (1, 19, "1g.5gb"),
+            (1, 19, "1g.5gb"),
+        ];
+        for (i, (slices, profile, name)) in (0_u32..).zip(layout) {
+            let gi = 10 * parent + i;
+            inv.mig.devices.push(MigDevice {
+                parent,
+                parent_minor: parent,
+                index: i,
+                uuid: format!("MIG-{parent}-{i}"),
+                gpu_instance: gi,
+                compute_instance: 0,
+                profile: Some(profile),
+                profile_name: name.to_owned(),
+                memory_total: u64::from(slices) * (5 << 30),
+                multiprocessors: 14 * slices,
+                gpu_instance_slices: slices,
+                compute_instance_slices: slices,
+                caps: Some(MigCaps {
+                    gpu_instance: DevNum {
+                        major: 235,
+                        minor: 2 * gi,
+                    },
+                    compute_instance: DevNum {
+                        major: 235,
+                        minor: 2 * gi + 1,
+                    },
+                    gpu_instance_file: String::new(),
+                    compute_instance_file: String::new(),
+                }),
+                healthy: true,
+            });
+        }
+    }
+    inv
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {

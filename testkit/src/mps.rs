@@ -86,6 +86,16 @@ impl MpsControl {
             .collect()
     }
 
+    /// Kills every daemon the stand-in started (daemons outlive whoever started them): a test's
+    /// cleanup, whatever happened before.
+    pub fn kill_daemons(&self) {
+        for record in self.records().iter().filter(|r| r["event"] == "start") {
+            if let Some(pid) = record["daemon_pid"].as_u64() {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+            }
+        }
+    }
+
     /// Runs the program with these arguments and pipe/log directories, feeding `stdin`.
     pub fn run(&self, args: &[&str], pipe_dir: &Path, log_dir: &Path, stdin: &str) -> Output {
         use std::io::Write as _;

@@ -286,14 +286,19 @@ fn advertise(
         resolved
     };
     Ok(match &args.gpu_replicas {
-        Some(spec) if !inventory.mig.is_empty() => anyhow::bail!(
-            "--gpu-replicas {spec}: sharing GPUs of a node with MIG devices is not supported; \
-             give MIG devices whole or turn MIG mode off"
-        ),
         Some(spec) => {
             let plan = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
-            let shared =
-                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &plan)?.0;
+            let shared = if inventory.mig.is_empty() {
+                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &plan)?.0
+            } else {
+                mesos_gpu_isolator::agent_flags::advertise_mig_sharing(
+                    &resolved,
+                    inventory,
+                    &plan,
+                    args.mig_strategy,
+                )?
+                .0
+            };
             let module_note = if module {
                 String::new()
             } else {

@@ -88,13 +88,15 @@ impl Command {
 pub(crate) struct SharingArgs {
     /// Share GPUs: `R` shares every GPU R ways (1-48); `SEL=R` (SEL an NVML index or UUID) sets
     /// one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`. A request of k ≤ R units is a k/R
-    /// share of one shared GPU.
+    /// share of one shared GPU. A GPU in MIG mode under mps shares each of its MIG devices R
+    /// ways (R at most 48 × the device's compute slices / 7, e.g. 6 for a 1g device).
     #[arg(long, value_name = "SPEC", env = "MESOS_GPU_REPLICAS")]
     pub(crate) gpu_replicas: Option<String>,
 
     /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
     /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
-    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`.
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. GPUs in MIG
+    /// mode take mps (one daemon per MIG device) or none, never time-slicing.
     #[arg(
         long,
         value_name = "SPEC",

@@ -5,6 +5,9 @@
 //! - `mixed`: GPUs not in MIG mode stay `gpus`, and each MIG profile is its own scalar,
 //!   `mig-<profile>` (`mig-1g.5gb`), plus an attribute of the same name holding the profile id.
 //!
+//! MIG devices shared under MPS count R units each, in the same resource
+//! ([`MigOffer::of_units`], [`super::advertise_mig_sharing`]).
+//!
 //! A MIG scalar's name never contains `gpus`: Mesos's built-in code treats any `--resources`
 //! entry whose name contains it as a GPU request. MIG devices the driver gives no capability
 //! nodes for, or that are unhealthy, are not offered.
@@ -90,18 +93,32 @@ pub struct MigOffer {
 impl MigOffer {
     /// The offer of `inventory` with `strategy`.
     pub fn of(inventory: &Inventory, strategy: MigStrategy) -> MigOffer {
-        let whole = inventory.whole_gpus().filter(|g| g.healthy).count();
+        MigOffer::of_units(inventory, strategy, |_| 1)
+    }
+
+    /// The offer of `inventory` with `strategy` when the GPU or MIG device with UUID `u` counts
+    /// `units(u)` units (R for one shared R ways, [`super::advertise_mig_sharing`]; 1 for one given
+    /// whole).
+    pub fn of_units(
+        inventory: &Inventory,
+        strategy: MigStrategy,
+        units: impl Fn(&str) -> u32,
+    ) -> MigOffer {
+        let whole: u32 = inventory
+            .whole_gpus()
+            .filter(|g| g.healthy)
+            .map(|g| units(&g.uuid))
+            .sum();
         let offered: Vec<_> = inventory
             .mig
             .devices
             .iter()
             .filter(|d| d.healthy && d.caps.is_some())
             .collect();
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         match strategy {
             MigStrategy::Single => MigOffer {
                 strategy,
-                gpus: count(whole + offered.len()),
+                gpus: whole + offered.iter().map(|d| units(&d.uuid)).sum::<u32>(),
                 profiles: Vec::new(),
             },
             MigStrategy::Mixed => {
@@ -116,11 +133,11 @@ impl MigOffer {
                             kind: mesos_gpu_placement::mig::MigKind::of(d),
                             count: 0,
                         })
-                        .count += 1;
+                        .count += units(&d.uuid);
                 }
                 MigOffer {
                     strategy,
-                    gpus: count(whole),
+                    gpus: whole,
                     profiles: by_name.into_values().collect(),
                 }
             }

@@ -39,7 +39,7 @@ pub use module::{MODULE_ISOLATOR, ModuleParameters};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 pub use sharing::{
     ATTR_REPLICAS, ATTR_SHARED, ATTR_SHARING, ATTR_WHOLE, OfferError,
-    advertise as advertise_sharing,
+    advertise as advertise_sharing, advertise_mig as advertise_mig_sharing,
 };
 
 use mesos_gpu_node::inventory::Inventory;

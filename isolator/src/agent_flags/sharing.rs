@@ -2,9 +2,9 @@
 //! `--resources` becomes Σ R over shared GPUs + the whole GPUs, and `--attributes` says how
 //! (so frameworks can constrain on it). `--nvidia_gpu_devices` still lists physical GPUs.
 
-use crate::{
-    agent_flags::AgentGpus, agent_flags::Attribute, agent_flags::AttributesError,
-    agent_flags::Resources, agent_flags::ResourcesError, agent_flags::merge_attributes,
+use crate::agent_flags::{
+    AgentGpus, Attribute, AttributesError, GPUS, MigOffer, MigStrategy, Resources, ResourcesError,
+    merge_attributes,
 };
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::sharing::{SharingError, SharingPlan, SharingSpec};
@@ -15,7 +15,7 @@ pub const ATTR_SHARING: &str = "gpu_sharing";
 /// Attributes (only when modes differ): how many GPUs each mode shares (`gpu_shared_mps`,
 /// `gpu_shared_time_slicing`).
 pub(crate) const ATTR_SHARED_PREFIX: &str = "gpu_shared_";
-/// Attribute: how many physical GPUs are shared (scalar).
+/// Attribute: how many physical GPUs and MIG devices are shared (scalar).
 pub const ATTR_SHARED: &str = "gpu_shared";
 /// Attribute: the replica count R of the shared GPUs (scalar; `+`-joined text when they differ).
 pub const ATTR_REPLICAS: &str = "gpu_replicas";
@@ -68,6 +68,44 @@ pub fn advertise(
         whole = plan.whole.len(),
         units,
         "advertising shared GPUs as replicas"
+    );
+    Ok((out, plan))
+}
+
+/// [`advertise`] on a node with GPUs in MIG mode (`resolved` by
+/// [`crate::agent_flags::AgentGpuFlags::resolve_mig`]): the offer of `strategy` with every
+/// shared GPU and MIG device counted R times, in the resource it is offered in (single: `gpus`;
+/// mixed: `gpus`, or its `mig-<profile>` scalar).
+pub fn advertise_mig(
+    resolved: &AgentGpus,
+    inventory: &Inventory,
+    spec: &SharingSpec,
+    strategy: MigStrategy,
+) -> Result<(AgentGpus, SharingPlan), OfferError> {
+    let whole: Vec<u32> = inventory
+        .whole_gpus()
+        .filter(|g| g.healthy)
+        .map(|g| g.index)
+        .collect();
+    let plan = spec.resolve(inventory, &whole)?;
+    let offer = MigOffer::of_units(inventory, strategy, |uuid| {
+        plan.shared_gpu(uuid).map_or(1, |g| g.replicas)
+    });
+    let mut scalars = Vec::new();
+    if offer.gpus > 0 {
+        scalars.push((GPUS.to_owned(), offer.gpus));
+    }
+    scalars.extend(offer.profiles.iter().map(|p| (p.resource.clone(), p.count)));
+    let mut out = resolved.clone();
+    out.gpus = f64::from(offer.gpus);
+    out.resources = Resources::parse(&resolved.resources)?.render_with_scalars(&scalars);
+    out.attributes = merge_attributes(Some(&resolved.attributes), &attributes(&plan))?;
+    tracing::info!(
+        modes = ?plan.modes(),
+        shared = plan.shared.len(),
+        whole = plan.whole.len(),
+        resources = %out.resources,
+        "advertising shared GPUs and MIG devices as replicas"
     );
     Ok((out, plan))
 }
@@ -188,5 +226,39 @@ mod tests {
         let taken = flags("gpu/nvidia", "cpus:1", Some("gpu_sharing:yes"));
         let err = advertise(&taken, &inv, &spec).unwrap_err();
         assert!(err.to_string().contains("gpu_sharing"), "{err}");
+    }
+
+    #[test]
+    fn shared_mig_devices_are_offered_r_times_in_the_strategys_resource() {
+        let mut inv = mesos_gpu_node::nodes::dgx1_with_mig_gpus();
+        inv.driver = node().driver;
+        let modes = "mps,0-3=none,6-7=none".parse().unwrap();
+        let spec = SharingSpec::parse("4,5=2", modes).unwrap();
+        let isolation = format!("cgroups/devices,{}", crate::agent_flags::MODULE_ISOLATOR);
+        let flags = AgentGpuFlags::parse(&isolation, Some("cpus:8"), None, None).unwrap();
+        let single = flags.resolve_mig(&inv, MigStrategy::Single).unwrap();
+        let (out, plan) = advertise_mig(&single, &inv, &spec, MigStrategy::Single).unwrap();
+        // 6 whole GPUs (0-3, 6-7), GPU 4's 3 MIG devices 4 ways, GPU 5's 2 ways.
+        assert_eq!(out.gpus, f64::from(6 + 3 * 4 + 3 * 2));
+        assert_eq!(out.resources, "cpus:8;gpus:24");
+        assert_eq!(plan.shared.len(), 6);
+        assert!(
+            out.attributes
+                .ends_with(";gpu_sharing:mps;gpu_shared:6;gpu_whole:6;gpu_replicas:4+2"),
+            "{}",
+            out.attributes
+        );
+        let mixed = flags.resolve_mig(&inv, MigStrategy::Mixed).unwrap();
+        let (out, _) = advertise_mig(&mixed, &inv, &spec, MigStrategy::Mixed).unwrap();
+        assert_eq!(
+            out.resources, "cpus:8;gpus:6;mig-1g.5gb:12;mig-3g.20gb:6",
+            "1g: 2 devices x 4 + 2 x 2; 3g: 4 + 2"
+        );
+        assert!(
+            out.attributes
+                .contains("mig_strategy:mixed;mig-1g.5gb:19;mig-3g.20gb:9;"),
+            "{}",
+            out.attributes
+        );
     }
 }

@@ -242,7 +242,11 @@ impl Isolator {
             return Err(e);
         }
         tracing::info!(gpus = %set, "the Docker container's starter is recorded");
-        let shared = state.docker_shares.get(id).map(|g| g.index);
+        let shared = state
+            .docker_shares
+            .get(id)
+            .filter(|g| !g.is_mig())
+            .map(|g| g.index);
         let visible = set.union(
             mesos_gpu_placement::allocator::GpuSet::from_indices(shared).unwrap_or_default(),
         );

@@ -30,6 +30,7 @@ use mesos_gpu_health::{
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_node::{usage::ContainerCgroup, usage::ContainerUsage, usage::UsageReader};
+use mesos_gpu_placement::sharing::ShareGrant;
 
 /// The attached monitor and the NVML session it and `usage` read.
 #[derive(Debug)]
@@ -78,26 +79,38 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         }
     }
     if let Some(message) = change.limitation() {
-        limited.extend(
-            state
-                .containers
-                .iter()
-                .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
-                .chain(state.docker_shares.iter())
-                .filter(|(_, g)| g.index == change.index)
-                .map(|(id, _)| Limitation {
-                    container: id.to_string(),
-                    gpu: change.index,
-                    uuid: change.uuid.clone(),
-                    message: message.clone(),
-                }),
-        );
+        limited.extend(share_holders(state, change, &message, |g| {
+            g.index == change.index
+        }));
     }
     limited
 }
 
+/// The limitations of the holders of the shares `of` picks (Mesos and Docker containers alike).
+fn share_holders(
+    state: &State,
+    change: &HealthChange,
+    message: &str,
+    of: impl Fn(&ShareGrant) -> bool,
+) -> Vec<Limitation> {
+    state
+        .containers
+        .iter()
+        .filter_map(|(id, c)| Some((id, c.share.as_ref()?)))
+        .chain(state.docker_shares.iter())
+        .filter(|(_, g)| of(g))
+        .map(|(id, _)| Limitation {
+            container: id.to_string(),
+            gpu: change.index,
+            uuid: change.uuid.clone(),
+            message: message.to_owned(),
+        })
+        .collect()
+}
+
 /// Applies a change of one MIG device (an XID NVML attributed to its instance): it leaves or
-/// rejoins the pool (not while its parent is out), and its holder is told.
+/// rejoins the pool (not while its parent is out), and its holder, or every holder of a share of
+/// it, is told.
 fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     let Some(message) = change.limitation() else {
         let parent_out = state
@@ -109,6 +122,7 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         }
         return Vec::new();
     };
+    let sharers = share_holders(state, change, &message, |g| g.uuid == change.uuid);
     state
         .mig
         .mark_unhealthy(&change.uuid)
@@ -121,6 +135,7 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
             })
         })
         .into_iter()
+        .chain(sharers)
         .collect()
 }
 

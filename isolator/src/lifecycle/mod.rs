@@ -128,11 +128,6 @@ impl Isolator {
             .devices
             .clone()
             .unwrap_or_else(|| inventory.whole_gpus().map(|g| g.index).collect());
-        if config.sharing.is_some() && !inventory.mig.devices.is_empty() {
-            return Err(LifecycleError::SharingSetup {
-                why: "sharing GPUs of a node with MIG devices is not supported; give MIG devices whole or turn MIG mode off".into(),
-            });
-        }
         let sharing = match &config.sharing {
             Some(c) => Some(shares::Sharing::new(
                 c,
@@ -163,8 +158,7 @@ impl Isolator {
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
-        let mig_units =
-            mesos_gpu_placement::mig::MigUnits::new(&inventory.mig, config.mig.allow_multiple);
+        let mig_units = mig::units_of(&inventory, sharing.as_ref(), config.mig.allow_multiple);
         Ok(Isolator {
             layout,
             owner: config.owner,

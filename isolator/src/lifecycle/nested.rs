@@ -35,7 +35,7 @@ impl Isolator {
         let cgroup = own_dir
             .clone()
             .or_else(|| entry.cgroup.as_ref().map(|c| c.path().to_owned()));
-        let accesses = self.mig_accesses(id, &entry.mig)?;
+        let accesses = self.mig_accesses(id, &entry.mig_devices())?;
         let grant = Grant::new(
             &self.nodes,
             &self.base,

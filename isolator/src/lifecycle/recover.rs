@@ -295,9 +295,14 @@ impl Isolator {
                     if !known_mig.is_empty() {
                         migs.insert(id.clone(), known_mig);
                     }
-                    let share_set = share.as_ref().map_or(GpuSet::EMPTY, |g| {
-                        GpuSet::from_indices([g.index]).unwrap_or_default()
-                    });
+                    // A MIG device's parent is no GPU of the container's (its nodes are
+                    // added with the device's, below).
+                    let share_set = share
+                        .as_ref()
+                        .filter(|g| !g.is_mig())
+                        .map_or(GpuSet::EMPTY, |g| {
+                            GpuSet::from_indices([g.index]).unwrap_or_default()
+                        });
                     let claimed = gpus.union(share_set).union(touched);
                     match self.recover_cgroup(&id, claimed, &rules, &mut report) {
                         Ok(mut entry) => {
@@ -920,25 +925,24 @@ impl Isolator {
                     tracing::error!(container = %id, mig = %uuid, "a checkpointed MIG device is held twice");
                 }
             }
-            // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices': add them.
-            let rules = match self.mig_accesses(&id, &mig) {
+            let mut entry = Container {
+                gpus: own,
+                rules: Vec::new(),
+                cgroup: f.cgroup,
+                share,
+                mig,
+                mig_quarantine: Vec::new(),
+            };
+            // Rules recomputed from the GPUs (Mesos's cgroups) lack the MIG devices' (held
+            // whole or shared): add them.
+            entry.rules = match self.mig_accesses(&id, &entry.mig_devices()) {
                 Ok(accesses) => device_rules(&self.nodes, &f.rules, &[], &accesses),
                 Err(e) => {
                     tracing::error!(container = %id, error = %e, "cannot tell what the container's MIG devices need");
                     f.rules
                 }
             };
-            state.containers.insert(
-                id,
-                Container {
-                    gpus: own,
-                    rules,
-                    cgroup: f.cgroup,
-                    share,
-                    mig,
-                    mig_quarantine: Vec::new(),
-                },
-            );
+            state.containers.insert(id, entry);
         }
         for (id, set) in docker {
             let own = set.difference(quarantined);

@@ -11,7 +11,8 @@
 //! takes whole GPUs only. A share is never spread across GPUs.
 //!
 //! Under `mps`, the GPU's control daemon is made sure of before the share is handed out (one
-//! per GPU for the whole node: its record lives in the pool, so another process adopts it
+//! per GPU, or per MIG device, for the whole node; a MIG device's is stopped once its last
+//! share ended: its record lives in the pool, so another process adopts it
 //! instead of starting a second), and the container gets the client environment with its k/R
 //! limits; a container with an image also gets the pipe directory bind-mounted at the same path
 //! and the daemon's shared memory (the host's `/dev/shm`) at `/dev/shm`.
@@ -19,12 +20,13 @@
 use std::sync::Mutex;
 
 use super::{ContainerId, Isolator, LifecycleError};
+use crate::agent_flags::MigStrategy;
 use mesos_gpu_enforce::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
 use mesos_gpu_grant::ShareAccess;
 use mesos_gpu_health::Limitation;
 use mesos_gpu_placement::sharing::{
-    Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan, SharingSpec,
-    Wanted,
+    Among, Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan,
+    SharingSpec, Wanted,
 };
 use mesos_gpu_pool::{Liveness, PoolState};
 
@@ -93,6 +95,13 @@ impl Sharing {
             .is_some_and(|g| g.mode == SharingMode::Mps)
     }
 
+    /// True when the shared unit with this UUID is a MIG device.
+    fn is_mig(&self, uuid: &str) -> bool {
+        self.plan
+            .shared_gpu(uuid)
+            .is_some_and(|g| g.mig_parent.is_some())
+    }
+
     /// Says, once per GPU, which running shares keep a mode the operator has since changed
     /// (they run on as they were until they end; the GPU takes no new share meanwhile).
     pub(crate) fn report_mode_changes(&self, pool: &PoolState) {
@@ -124,11 +133,13 @@ impl Sharing {
                 .values()
                 .any(|s| s.grant.uuid == gpu && s.grant.mode == SharingMode::Mps)
         };
-        // Daemons of GPUs this node no longer shares under MPS, that no share holds: stopped.
+        // Daemons that no share holds of GPUs this node no longer shares under MPS, and of MIG
+        // devices (a MIG device's daemon runs only while a share of it does: a process on the
+        // device would keep the operator from changing its GPU's MIG layout): stopped.
         let leaving: Vec<String> = pool
             .mps
             .keys()
-            .filter(|gpu| !self.is_mps(gpu))
+            .filter(|gpu| !self.is_mps(gpu) || self.is_mig(gpu))
             .filter(|gpu| !pool.shares.values().any(|s| &s.grant.uuid == *gpu))
             .cloned()
             .collect();
@@ -136,12 +147,17 @@ impl Sharing {
             let Some(record) = pool.mps.remove(&gpu) else {
                 continue;
             };
+            let why = if self.is_mps(&gpu) {
+                "the MIG device's last share ended"
+            } else {
+                "the GPU left sharing"
+            };
             match daemons.retire(record.daemon, record.per_replica) {
                 Ok(()) => {
-                    tracing::info!(gpu = %gpu, "the GPU left sharing; its MPS daemon is stopped")
+                    tracing::info!(gpu = %gpu, "{why}; its MPS daemon is stopped")
                 }
                 Err(e) => {
-                    tracing::error!(gpu = %gpu, error = %e, "the GPU left sharing, but its MPS daemon could not be stopped")
+                    tracing::error!(gpu = %gpu, error = %e, "{why}, but its MPS daemon could not be stopped")
                 }
             }
         }
@@ -228,8 +244,9 @@ enum Kind {
 
 impl Isolator {
     /// What a top-level container asking `gpus` gets: whole GPUs without sharing; with it, a
-    /// share for 1 ≤ k ≤ the largest R, whole GPUs above (refused when the node has fewer).
-    /// `wanted` whole GPUs are whole GPUs; a share mode no GPU is shared under is refused.
+    /// share (of a unit of `among`) for 1 ≤ k ≤ the largest R, whole GPUs above (refused when
+    /// the node has fewer). `wanted` whole GPUs are whole GPUs; a share mode no GPU is shared
+    /// under is refused.
     fn request_kind(
         &self,
         state: &mut super::state::State,
@@ -237,6 +254,7 @@ impl Isolator {
         gpus: f64,
         step: &'static str,
         wanted: Wanted,
+        among: Among,
     ) -> Result<Kind, LifecycleError> {
         let alloc = |source| LifecycleError::Allocation {
             container: id.clone(),
@@ -278,7 +296,7 @@ impl Isolator {
                 modes.join(", ")
             }));
         }
-        if wanted != Wanted::Whole && sharing.plan.takes_as_share(k) {
+        if wanted != Wanted::Whole && sharing.plan.takes_as_share_in(k, among) {
             return Ok(Kind::Share(k));
         }
         // Valid in units, but more than one GPU's share and more than the whole GPUs.
@@ -289,7 +307,7 @@ impl Isolator {
                 placement: Box::new(PlacementError::TooLarge {
                     owner: id.to_string(),
                     asked: k,
-                    largest: sharing.plan.largest(),
+                    largest: sharing.plan.largest_in(among),
                 }),
                 whole: self.shortage(state, k),
             });
@@ -308,10 +326,11 @@ impl Isolator {
         gpus: f64,
         step: &'static str,
         wanted: Wanted,
+        among: Among,
     ) -> Result<(mesos_gpu_placement::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
-        match self.request_kind(state, id, gpus, step, wanted)? {
+        match self.request_kind(state, id, gpus, step, wanted, among)? {
             Kind::Whole(count) => Ok((self.allocate_shared(state, id, count, step)?, None)),
-            Kind::Share(k) => match self.place_share(state, id, k, wanted)? {
+            Kind::Share(k) => match self.place_share(state, id, k, wanted, among)? {
                 Ok(grant) => Ok((mesos_gpu_placement::allocator::GpuSet::EMPTY, Some(grant))),
                 Err(placement) if wanted != Wanted::Any => Err(LifecycleError::ShareRefused {
                     container: id.clone(),
@@ -335,15 +354,53 @@ impl Isolator {
         }
     }
 
-    /// Places a share of `k` units for `id` among the shares the pool records (and this
-    /// isolator's own, published at its next save); the placement's refusal when no shared GPU
-    /// has room (the caller then tries whole GPUs).
+    /// A share of `k` units of a unit of `among` for `id` when the request is served with one
+    /// (MIG nodes, [`super::mig`]); `None` when it takes whole units: no sharing, whole units
+    /// wanted, k above the largest R among them, or (asking any share) none has room. Asking one
+    /// mode, it is refused when none has room.
+    pub(crate) fn try_share(
+        &self,
+        state: &mut super::state::State,
+        id: &ContainerId,
+        k: u32,
+        step: &'static str,
+        wanted: Wanted,
+        among: Among,
+    ) -> Result<Option<ShareGrant>, LifecycleError> {
+        let shares = self
+            .sharing
+            .as_ref()
+            .is_some_and(|s| s.plan.takes_as_share_in(k, among));
+        if wanted == Wanted::Whole || !shares {
+            if let Wanted::Mode(_) = wanted {
+                return self
+                    .request_kind(state, id, f64::from(k), step, wanted, among)
+                    .map(|_| None);
+            }
+            return Ok(None);
+        }
+        match self.place_share(state, id, k, wanted, among)? {
+            Ok(grant) => Ok(Some(grant)),
+            Err(placement) if wanted != Wanted::Any => Err(LifecycleError::ShareRefused {
+                container: id.clone(),
+                step,
+                placement: Box::new(placement),
+                whole: self.shortage(state, k),
+            }),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Places a share of `k` units of a unit of `among` for `id` among the shares the pool
+    /// records (and this isolator's own, published at its next save); the placement's refusal
+    /// when no shared GPU has room (the caller then tries whole GPUs).
     fn place_share(
         &self,
         state: &mut super::state::State,
         id: &ContainerId,
         k: u32,
         wanted: Wanted,
+        among: Among,
     ) -> Result<Result<ShareGrant, PlacementError>, LifecycleError> {
         let Some(sharing) = &self.sharing else {
             return Err(LifecycleError::SharingSetup {
@@ -366,7 +423,7 @@ impl Isolator {
         for (other, grant) in mine {
             book.record(other.as_str(), &grant.uuid, grant.units, grant.mode);
         }
-        Ok(book.place(id.as_str(), k, Placement::Pack, wanted))
+        Ok(book.place_in(id.as_str(), k, Placement::Pack, wanted, among))
     }
 
     /// What a holder of `grant` is launched with: the share's variables, and under `mps` the
@@ -397,7 +454,9 @@ impl Isolator {
 
 impl Isolator {
     /// `update` of a container holding a share: the same number of units changes nothing (Mesos
-    /// calls `update` whenever any resource of the container changes); another is refused.
+    /// calls `update` whenever any resource of the container changes); another is refused. A
+    /// share of a MIG device under the mixed strategy is held in its `mig-<profile>` scalar, so
+    /// its `gpus` stay 0.
     pub(crate) fn update_share(
         &self,
         id: &ContainerId,
@@ -408,9 +467,14 @@ impl Isolator {
             .sharing
             .as_ref()
             .map_or(grant.replicas, |s| s.plan.units());
+        let in_gpus = if grant.is_mig() && self.mig.strategy == MigStrategy::Mixed {
+            0
+        } else {
+            grant.units
+        };
         let asked =
             mesos_gpu_placement::allocator::GpuRequest::from_scalar(gpus, units).map(|r| r.count());
-        if asked.as_ref().ok() == Some(&grant.units) {
+        if asked.as_ref().ok() == Some(&in_gpus) {
             return Ok(());
         }
         Err(LifecycleError::ShareResize {
@@ -477,12 +541,12 @@ impl Isolator {
                 .map(|(id, _)| id.clone())
                 .collect();
             let failed = restart.outcome.as_ref().err().map(ToString::to_string);
-            let index = self
-                .inventory
-                .gpus
-                .iter()
-                .find(|g| g.uuid == restart.gpu)
-                .map_or(0, |g| g.index);
+            let index = sharing
+                .plan
+                .shared_gpu(&restart.gpu)
+                .map(|g| g.index)
+                .or_else(|| self.inventory.by_uuid(&restart.gpu).map(|g| g.index))
+                .unwrap_or(0);
             let message = format!(
                 "the MPS control daemon of GPU {index} ({}) died ({}); {}: the task's CUDA clients lost their server",
                 restart.gpu,

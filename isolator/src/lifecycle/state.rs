@@ -46,14 +46,25 @@ pub(crate) struct Container {
 }
 
 impl Container {
-    /// Every GPU it may open: its whole GPUs and the GPU of its share.
+    /// Every GPU it may open whole: its whole GPUs and the GPU of its share (not a MIG
+    /// device's parent: see [`Container::mig_devices`]).
     pub(crate) fn visible(&self) -> GpuSet {
         match &self.share {
-            Some(share) => self
+            Some(share) if !share.is_mig() => self
                 .gpus
                 .union(GpuSet::from_indices([share.index]).unwrap_or_default()),
-            None => self.gpus,
+            _ => self.gpus,
         }
+    }
+
+    /// The MIG devices it may open: those it holds whole, then the one it holds a share of.
+    pub(crate) fn mig_devices(&self) -> Vec<String> {
+        let shared = self.share.as_ref().filter(|g| g.is_mig());
+        self.mig
+            .iter()
+            .cloned()
+            .chain(shared.map(|g| g.uuid.clone()))
+            .collect()
     }
 }
 

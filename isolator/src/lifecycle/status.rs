@@ -67,7 +67,8 @@ pub struct ContainerStatus {
     pub gpus: Vec<u32>,
     /// Its device cgroup directory, if it has one.
     pub cgroup: Option<PathBuf>,
-    /// Its share of a shared GPU (the GPU is in `gpus`), when it holds one.
+    /// Its share of a shared GPU (the GPU is in `gpus`; a shared MIG device is not, as a MIG
+    /// device held whole is not), when it holds one.
     pub share: Option<mesos_gpu_placement::sharing::ShareGrant>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub mig: Vec<String>,

@@ -14,7 +14,7 @@ use std::ops::{Deref, DerefMut};
 use mesos_gpu_enforce::cgroup::DeviceRule;
 use mesos_gpu_grant::Grant;
 use mesos_gpu_placement::allocator::{GpuSet, Resize};
-use mesos_gpu_placement::sharing::Wanted;
+use mesos_gpu_placement::sharing::{Among, Wanted};
 
 use super::launch::PrepareConfig;
 use super::state::{Container, State};
@@ -69,8 +69,9 @@ impl Drop for Taking<'_> {
 
 impl Isolator {
     /// What `id` asking `request` gets, taken from `state` and the node's pool: whole GPUs, a
-    /// share of one GPU (its MPS daemon made sure of) or MIG devices, as one [`Grant`]. On a node
-    /// sharing GPUs, `wanted` says whether a share (of which mode) or whole GPUs.
+    /// share of one GPU or MIG device (its MPS daemon made sure of) or MIG devices, as one
+    /// [`Grant`]. On a node sharing GPUs, `wanted` says whether a share (of which mode) or whole
+    /// GPUs.
     pub(crate) fn take(
         &self,
         state: &mut Taking<'_>,
@@ -80,20 +81,29 @@ impl Isolator {
         wanted: Wanted,
     ) -> Result<Grant, LifecycleError> {
         let (set, share, mig) = if self.inventory.mig.devices.is_empty() {
-            let (set, share) = self.take_units(state, id, request.gpus, step, wanted)?;
+            let (set, share) =
+                self.take_units(state, id, request.gpus, step, wanted, Among::All)?;
             (set, share, Vec::new())
         } else {
-            let (set, mig) = self.take_with_mig(state, id, request, step)?;
-            (set, None, mig)
+            let (set, mig, share) = self.take_with_mig(state, id, request, step, wanted)?;
+            (set, share, mig)
         };
-        let accesses = self.mig_accesses(id, &mig)?;
+        // A share of a MIG device needs what the device held whole does.
+        let shared_mig = share
+            .as_ref()
+            .filter(|g| g.is_mig())
+            .map(|g| g.uuid.clone());
+        let uuids: Vec<String> = mig.into_iter().chain(shared_mig).collect();
+        let accesses = self.mig_accesses(id, &uuids)?;
         let share = match &share {
             Some(grant) => Some(self.share_access(state, id, grant)?),
             None => None,
         };
         let visible = match &share {
-            Some(s) => GpuSet::from_indices([s.grant.index]).unwrap_or_default(),
-            None => set,
+            Some(s) if !s.grant.is_mig() => {
+                GpuSet::from_indices([s.grant.index]).unwrap_or_default()
+            }
+            _ => set,
         };
         Grant::new(
             &self.nodes,
@@ -110,18 +120,26 @@ impl Isolator {
 }
 
 /// The checkpointed entry of a container holding `grant`: the allocator's GPUs (none for a
-/// share, which the pool records), the rules, the share and the MIG devices.
+/// share, which the pool records), the rules, the share and the MIG devices held whole (not a
+/// shared one, which the share names).
 pub(crate) fn container_of(grant: &Grant) -> Container {
     let gpus = match &grant.share {
         Some(_) => GpuSet::EMPTY,
         None => GpuSet::from_indices(grant.gpus.iter().map(|g| g.index)).unwrap_or_default(),
     };
+    let shared = grant.share.as_ref().filter(|s| s.grant.is_mig());
+    let whole_mig = grant
+        .mig
+        .iter()
+        .filter(|m| shared.is_none_or(|s| s.grant.uuid != m.uuid))
+        .map(|m| m.uuid.clone())
+        .collect();
     Container {
         gpus,
         rules: grant.rules.clone(),
         cgroup: None,
         share: grant.share.as_ref().map(|s| s.grant.clone()),
-        mig: grant.mig.iter().map(|m| m.uuid.clone()).collect(),
+        mig: whole_mig,
         mig_quarantine: Vec::new(),
     }
 }

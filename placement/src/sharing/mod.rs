@@ -27,5 +27,6 @@ pub use packing::{
     Placement, PlacementError, SHARE_MODE_ENV, ShareBook, ShareGrant, ShareLimits, Wanted,
 };
 pub use plan::{
-    ModeChoice, ModeSpec, SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec,
+    Among, ModeChoice, ModeSpec, SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec,
+    mig_max_clients,
 };

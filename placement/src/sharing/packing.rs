@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::plan::{SharingMode, SharingPlan};
+use super::plan::{Among, SharingMode, SharingPlan};
+use crate::mig::MigKind;
 
 const MIB: u64 = 1 << 20;
 
@@ -167,6 +168,12 @@ pub struct ShareGrant {
 }
 
 impl ShareGrant {
+    /// True when the share is of a MIG device (its UUID is the device's `MIG-…`, its index the
+    /// parent GPU's).
+    pub fn is_mig(&self) -> bool {
+        self.uuid.starts_with("MIG-")
+    }
+
     /// What every holder is told: `MESOS_GPU_SHARE=k/R` and `MESOS_GPU_SHARING=<mode>`.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
@@ -200,9 +207,16 @@ struct Slot {
     holders: BTreeMap<String, u32>,
     unusable: Option<String>,
     mode: SharingMode,
+    /// A MIG device's parent GPU UUID, and its kind.
+    mig_parent: Option<String>,
+    mig_kind: Option<MigKind>,
 }
 
 impl Slot {
+    fn admits(&self, wanted: Wanted, among: Among) -> bool {
+        wanted.admits(self.mode) && among.admits(self.mig_parent.as_deref(), self.mig_kind)
+    }
+
     fn used(&self) -> u32 {
         self.holders.values().sum()
     }
@@ -233,21 +247,27 @@ impl ShareBook {
                     holders: BTreeMap::new(),
                     unusable: None,
                     mode: g.mode,
+                    mig_parent: g.mig_parent.clone(),
+                    mig_kind: g.mig_kind,
                 })
                 .collect(),
         }
     }
 
-    /// Marks a GPU unusable for new shares (unhealthy, held whole); its holders keep their
-    /// shares. Returns false when the GPU is not shared.
+    /// Marks a GPU unusable for new shares (unhealthy, held whole), with its MIG devices when
+    /// it is in MIG mode; their holders keep their shares. Returns false when neither the GPU
+    /// nor a MIG device of it is shared.
     pub fn mark_unusable(&mut self, uuid: &str, why: &str) -> bool {
-        match self.slots.iter_mut().find(|s| s.uuid == uuid) {
-            Some(slot) => {
-                slot.unusable = Some(why.to_owned());
-                true
-            }
-            None => false,
+        let mut found = false;
+        for slot in self
+            .slots
+            .iter_mut()
+            .filter(|s| s.uuid == uuid || s.mig_parent.as_deref() == Some(uuid))
+        {
+            slot.unusable = Some(why.to_owned());
+            found = true;
         }
+        found
     }
 
     /// Records a share that already exists (recovery, the pool's records), even past R (an
@@ -279,6 +299,19 @@ impl ShareBook {
         policy: Placement,
         wanted: Wanted,
     ) -> Result<ShareGrant, PlacementError> {
+        self.place_in(owner, units, policy, wanted, Among::All)
+    }
+
+    /// [`ShareBook::place`] among the shared units of `among` only (shared GPUs, or shared MIG
+    /// devices of one kind).
+    pub fn place_in(
+        &mut self,
+        owner: &str,
+        units: u32,
+        policy: Placement,
+        wanted: Wanted,
+        among: Among,
+    ) -> Result<ShareGrant, PlacementError> {
         if units == 0 {
             return Err(PlacementError::Zero {
                 owner: owner.to_owned(),
@@ -290,7 +323,7 @@ impl ShareBook {
                 uuid: slot.uuid.clone(),
             });
         }
-        if !self.slots.iter().any(|s| wanted.admits(s.mode)) {
+        if !self.slots.iter().any(|s| s.admits(wanted, among)) {
             return Err(PlacementError::NoSuchMode {
                 owner: owner.to_owned(),
                 wanted,
@@ -300,7 +333,7 @@ impl ShareBook {
         let largest = self
             .slots
             .iter()
-            .filter(|s| wanted.admits(s.mode))
+            .filter(|s| s.admits(wanted, among))
             .map(|s| s.replicas)
             .max()
             .unwrap_or(0);
@@ -313,7 +346,7 @@ impl ShareBook {
         }
         let candidates =
             self.slots.iter().enumerate().filter(|(_, s)| {
-                s.unusable.is_none() && s.free() >= units && wanted.admits(s.mode)
+                s.unusable.is_none() && s.free() >= units && s.admits(wanted, among)
             });
         let chosen = match policy {
             // Partly used first, then the tightest fit, then the lowest index.
@@ -425,6 +458,49 @@ mod tests {
                 .resolve(&inv, gpus)
                 .unwrap(),
         )
+    }
+
+    #[test]
+    fn shares_of_mig_devices_pack_within_their_kind_and_leave_with_their_parent() {
+        use crate::sharing::plan::ModeSpec;
+        let inv = mesos_gpu_node::nodes::dgx1_with_mig_gpus();
+        let plan = SharingSpec::parse("4", "mps,0-3=none".parse::<ModeSpec>().unwrap())
+            .unwrap()
+            .resolve(&inv, &[0, 1, 2, 3])
+            .unwrap();
+        let mut b = ShareBook::new(&plan);
+        let one_g = Among::Mig(MigKind::whole(19));
+        let any = Wanted::Any;
+        let a = b.place_in("a", 2, Placement::Pack, any, one_g).unwrap();
+        let c = b.place_in("c", 2, Placement::Pack, any, one_g).unwrap();
+        assert_eq!((a.uuid.as_str(), a.index), ("MIG-4-1", 4));
+        assert_eq!(c.uuid, a.uuid, "packed onto the partly used 1g device");
+        assert!(a.is_mig() && a.mode == SharingMode::Mps);
+        assert_eq!(a.limits.active_thread_percentage, 50);
+        assert_eq!(
+            a.limits.pinned_mem_limit_mib,
+            5 * 1024 / 2,
+            "half the 1g's 5 GiB"
+        );
+        let three_g = b
+            .place_in("t", 1, Placement::Pack, any, Among::Mig(MigKind::whole(9)))
+            .unwrap();
+        assert_eq!(three_g.uuid, "MIG-4-0");
+        assert!(matches!(
+            b.place_in("g", 1, Placement::Pack, any, Among::Gpus),
+            Err(PlacementError::NoSuchMode { .. })
+        ));
+        let err = b
+            .place_in("big", 5, Placement::Pack, any, one_g)
+            .unwrap_err();
+        assert!(
+            matches!(err, PlacementError::TooLarge { largest: 4, .. }),
+            "{err}"
+        );
+        // The parent GPU out of service: none of its MIG devices takes a new share.
+        assert!(b.mark_unusable(&inv.gpus[4].uuid, "unhealthy: XID 79"));
+        let next = b.place_in("d", 1, Placement::Pack, any, one_g).unwrap();
+        assert_eq!(next.index, 5, "{next:?}");
     }
 
     #[test]

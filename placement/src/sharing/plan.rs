@@ -11,16 +11,52 @@
 //! instead of R: `mps,4-5=time-slicing,6-7=none` enforces shares with MPS on every GPU but 4-5
 //! (time-slicing) and keeps 6-7 whole (`none`, exclusive), so exclusive, time-sliced and MPS
 //! GPUs serve side by side on one node (NVIDIA's device plugin allows one mode per node).
+//!
+//! A GPU in MIG mode is selected by its index or GPU UUID like any other; its entries apply to
+//! each of its MIG devices. Under `mps` with R > 1 every MIG device of the GPU is offered as R
+//! units, with one MPS control daemon per MIG device (NVIDIA runs MPS on top of MIG, one
+//! daemon per MIG device; `docs/reference/mig.md` §5). R is at most the device's client limit,
+//! 48 lowered in proportion to its compute instance's size ([`mig_max_clients`]).
+//! `time-slicing` on a GPU in MIG mode is refused ([`SharingError::MigTimeSlicing`]).
 
 use std::fmt;
 use std::str::FromStr;
 
-use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_node::inventory::{Gpu, Inventory, MigDevice};
+
+use crate::mig::MigKind;
 
 /// The most replicas one GPU may have (MPS serves at most 48 clients per GPU on SM 7.0+).
 pub const MAX_REPLICAS: u32 = 48;
 /// The oldest compute capability MPS is accepted on (Volta: per-client limits).
 pub const MPS_MIN_COMPUTE_CAPABILITY: (u32, u32) = (7, 0);
+/// The compute slices of a whole GPU in MIG mode that [`mig_max_clients`] divides by: 7 on the
+/// A100, H100, H200 and B200 (MIG user guide, "Supported GPUs"); GPUs with fewer (A30: 4) get a
+/// lower limit than NVIDIA's, never a higher one.
+pub const MIG_GPU_COMPUTE_SLICES: u32 = 7;
+
+/// The most MPS clients (so the largest R) a MIG device serves: [`MAX_REPLICAS`] lowered in
+/// proportion to its compute instance's size (MIG user guide, "CUDA Concurrency Mechanisms":
+/// "the maximum number of clients (48) is lowered proportionally to the Compute Instance
+/// size"), i.e. ⌊48·c/7⌋ for a compute instance of c slices: 6 for 1g, 13 for 2g, 20 for 3g,
+/// 27 for 4g, 48 for 7g.
+pub fn mig_max_clients(device: &MigDevice) -> u32 {
+    (MAX_REPLICAS * device.compute_instance_slices.min(MIG_GPU_COMPUTE_SLICES)
+        / MIG_GPU_COMPUTE_SLICES)
+        .max(1)
+}
+
+/// Which shared units a request may take its share of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Among {
+    /// Any shared GPU or MIG device (`gpus` on a node without MIG, or under the single MIG
+    /// strategy, where every MIG device counts as `gpus`).
+    All,
+    /// Shared GPUs not in MIG mode (`gpus` under the mixed MIG strategy).
+    Gpus,
+    /// Shared MIG devices of this kind (a `mig-<profile>` request under the mixed strategy).
+    Mig(MigKind),
+}
 
 /// How the shares of a GPU are enforced.
 #[derive(
@@ -208,14 +244,33 @@ pub enum SharingError {
         /// `major.minor`, or `unknown`.
         capability: String,
     },
-    /// MPS on a MIG device: NVIDIA supports it (one MPS server per MIG device, MIG user guide
-    /// "CUDA Concurrency Mechanisms"), mesos-gpu does not offer it yet (`docs/operator-guide.md`).
+    /// Time-slicing on a GPU in MIG mode: its MIG devices are shared only under MPS.
     #[error(
-        "GPU {uuid} is a MIG device; mesos-gpu does not share MIG devices (with MPS or otherwise): give it whole"
+        "GPU {index} ({uuid}) is in MIG mode: its MIG devices are shared only with MPS, which limits each holder's threads and memory within the device; time-slicing would only count holders (set {index}=mps or {index}=none in --gpu-sharing)"
     )]
-    MpsOnMig {
+    MigTimeSlicing {
+        /// NVML index of the GPU in MIG mode.
+        index: u32,
+        /// Its UUID.
+        uuid: String,
+    },
+    /// More replicas than a MIG device's MPS client limit.
+    #[error(
+        "MIG device {uuid} ({profile}, {slices} of {MIG_GPU_COMPUTE_SLICES} compute slices) of GPU {index} serves at most {max} MPS clients, fewer than {replicas} replicas: give GPU {index} at most {max} replicas ({index}={max} in --gpu-replicas)"
+    )]
+    MigClients {
         /// The MIG device's UUID.
         uuid: String,
+        /// Its profile name.
+        profile: String,
+        /// Its compute instance's slices.
+        slices: u32,
+        /// NVML index of its parent.
+        index: u32,
+        /// The replicas asked for.
+        replicas: u32,
+        /// Its client limit ([`mig_max_clients`]).
+        max: u32,
     },
 }
 
@@ -344,15 +399,22 @@ impl SharingSpec {
         let gpus: Vec<&Gpu> = advertised
             .iter()
             .filter_map(|i| inventory.by_index(*i))
+            .filter(|g| !inventory.mig.is_enabled(g.index))
             .collect();
+        let mig_parents: Vec<&Gpu> = inventory
+            .gpus
+            .iter()
+            .filter(|g| inventory.mig.is_enabled(g.index))
+            .collect();
+        let known: Vec<&Gpu> = gpus.iter().chain(&mig_parents).copied().collect();
         let selectors = self
             .per_gpu
             .iter()
             .map(|(s, _)| s)
             .chain(self.modes.per_gpu.iter().map(|(s, _)| s));
         for selector in selectors {
-            if !gpus.iter().any(|g| selector.matches(g)) {
-                let known = gpus
+            if !known.iter().any(|g| selector.matches(g)) {
+                let known = known
                     .iter()
                     .map(|g| format!("{} ({})", g.index, g.uuid))
                     .collect::<Vec<_>>()
@@ -372,13 +434,7 @@ impl SharingSpec {
             whole: Vec::new(),
         };
         for gpu in gpus {
-            let r = self
-                .per_gpu
-                .iter()
-                .find(|(s, _)| s.matches(gpu))
-                .map(|(_, r)| *r)
-                .or(self.default)
-                .unwrap_or(1);
+            let r = self.replicas_of(gpu);
             let mode = match self.modes.choice(gpu) {
                 ModeChoice::Shared(mode) if r > 1 => mode,
                 _ => {
@@ -395,18 +451,78 @@ impl SharingSpec {
                 replicas: r,
                 memory_total: gpu.memory_total,
                 mode,
+                mig_parent: None,
+                mig_kind: None,
             });
         }
+        for parent in mig_parents {
+            self.share_mig_devices(inventory, parent, &mut plan)?;
+        }
         Ok(plan)
+    }
+
+    /// The replica count of `gpu`: its entry's, else the bare number, else 1.
+    fn replicas_of(&self, gpu: &Gpu) -> u32 {
+        self.per_gpu
+            .iter()
+            .find(|(s, _)| s.matches(gpu))
+            .map(|(_, r)| *r)
+            .or(self.default)
+            .unwrap_or(1)
+    }
+
+    /// Adds the MIG devices of `parent` (a GPU in MIG mode) to `plan` when its mode is `mps`
+    /// and R > 1: R units each, within its client limit. Devices the driver gives no capability
+    /// nodes for cannot be isolated and stay out, as they do whole.
+    fn share_mig_devices(
+        &self,
+        inventory: &Inventory,
+        parent: &Gpu,
+        plan: &mut SharingPlan,
+    ) -> Result<(), SharingError> {
+        let r = self.replicas_of(parent);
+        match self.modes.choice(parent) {
+            ModeChoice::Shared(_) if r <= 1 => return Ok(()),
+            ModeChoice::Exclusive => return Ok(()),
+            ModeChoice::Shared(SharingMode::TimeSlicing) => {
+                return Err(SharingError::MigTimeSlicing {
+                    index: parent.index,
+                    uuid: parent.uuid.clone(),
+                });
+            }
+            ModeChoice::Shared(SharingMode::Mps) => check_mps(parent)?,
+        }
+        for device in inventory
+            .mig
+            .of_parent(parent.index)
+            .filter(|d| d.caps.is_some())
+        {
+            let max = mig_max_clients(device);
+            if r > max {
+                return Err(SharingError::MigClients {
+                    uuid: device.uuid.clone(),
+                    profile: device.profile_name.clone(),
+                    slices: device.compute_instance_slices,
+                    index: parent.index,
+                    replicas: r,
+                    max,
+                });
+            }
+            plan.shared.push(SharedGpu {
+                index: parent.index,
+                uuid: device.uuid.clone(),
+                replicas: r,
+                memory_total: device.memory_total,
+                mode: SharingMode::Mps,
+                mig_parent: Some(parent.uuid.clone()),
+                mig_kind: MigKind::of(device),
+            });
+        }
+        Ok(())
     }
 }
 
 fn check_mps(gpu: &Gpu) -> Result<(), SharingError> {
-    if gpu.uuid.starts_with("MIG-") {
-        return Err(SharingError::MpsOnMig {
-            uuid: gpu.uuid.clone(),
-        });
-    }
     match gpu.compute_capability {
         Some(cc) if cc >= MPS_MIN_COMPUTE_CAPABILITY => Ok(()),
         other => Err(SharingError::MpsTooOld {
@@ -430,12 +546,38 @@ pub struct SharedGpu {
     pub memory_total: u64,
     /// How its shares are enforced.
     pub mode: SharingMode,
+    /// For a MIG device: its parent GPU's UUID (then `uuid` is the MIG device's, `index` the
+    /// parent's NVML index and `memory_total` the GPU instance's memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent: Option<String>,
+    /// For a MIG device: its kind, what a `mig-<profile>` request names (`None` when NVML did
+    /// not say its profile).
+    #[serde(skip)]
+    pub mig_kind: Option<MigKind>,
+}
+
+impl SharedGpu {
+    /// True when a request limited to `among` may take a share of it.
+    pub fn is_in(&self, among: Among) -> bool {
+        among.admits(self.mig_parent.as_deref(), self.mig_kind)
+    }
+}
+
+impl Among {
+    /// True for a shared unit whose MIG parent (a MIG device's) and kind are these.
+    pub(crate) fn admits(self, mig_parent: Option<&str>, kind: Option<MigKind>) -> bool {
+        match self {
+            Among::All => true,
+            Among::Gpus => mig_parent.is_none(),
+            Among::Mig(k) => mig_parent.is_some() && kind == Some(k),
+        }
+    }
 }
 
 /// A node's static split into shared and whole GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharingPlan {
-    /// The shared GPUs, in index order.
+    /// The shared GPUs, in index order, then the shared MIG devices by parent.
     pub shared: Vec<SharedGpu>,
     /// NVML indices of the GPUs that stay whole.
     pub whole: Vec<u32>,
@@ -450,7 +592,22 @@ impl SharingPlan {
 
     /// The largest replica count (0 when no GPU is shared).
     pub fn largest(&self) -> u32 {
-        self.shared.iter().map(|g| g.replicas).max().unwrap_or(0)
+        self.largest_in(Among::All)
+    }
+
+    /// The largest replica count among the shared units of `among` (0 when none).
+    pub fn largest_in(&self, among: Among) -> u32 {
+        self.shared
+            .iter()
+            .filter(|g| g.is_in(among))
+            .map(|g| g.replicas)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// True when some MIG device is shared.
+    pub fn shares_mig(&self) -> bool {
+        self.shared.iter().any(|g| g.mig_parent.is_some())
     }
 
     /// The modes of the shared GPUs, each once, in order.
@@ -468,7 +625,12 @@ impl SharingPlan {
     /// True when a request of `units` is served as a share of one shared GPU (1 to the
     /// largest R); larger requests take whole GPUs.
     pub fn takes_as_share(&self, units: u32) -> bool {
-        units >= 1 && units <= self.largest()
+        self.takes_as_share_in(units, Among::All)
+    }
+
+    /// [`SharingPlan::takes_as_share`] among the shared units of `among`.
+    pub fn takes_as_share_in(&self, units: u32, among: Among) -> bool {
+        units >= 1 && units <= self.largest_in(among)
     }
 
     /// The shared GPU with this UUID.
@@ -482,6 +644,129 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use mesos_gpu_node::nodes::dgx1_v100;
+
+    #[test]
+    fn mig_devices_of_an_mps_gpu_are_shared_r_ways_within_their_client_limit() {
+        let inv = mesos_gpu_node::nodes::dgx1_with_mig_gpus();
+        let whole: Vec<u32> = (0..4).collect();
+        let modes: ModeSpec = "mps,0-3=none".parse().unwrap();
+        let plan = SharingSpec::parse("4,5=2", modes)
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap();
+        assert_eq!(plan.whole, [0, 1, 2, 3]);
+        let shared: Vec<(&str, u32, u32, Option<&str>)> = plan
+            .shared
+            .iter()
+            .map(|g| {
+                (
+                    g.uuid.as_str(),
+                    g.index,
+                    g.replicas,
+                    g.mig_parent.as_deref(),
+                )
+            })
+            .collect();
+        let (p4, p5) = (inv.gpus[4].uuid.as_str(), inv.gpus[5].uuid.as_str());
+        assert_eq!(
+            shared,
+            [
+                ("MIG-4-0", 4, 4, Some(p4)),
+                ("MIG-4-1", 4, 4, Some(p4)),
+                ("MIG-4-2", 4, 4, Some(p4)),
+                ("MIG-5-0", 5, 2, Some(p5)),
+                ("MIG-5-1", 5, 2, Some(p5)),
+                ("MIG-5-2", 5, 2, Some(p5)),
+            ]
+        );
+        assert!(plan.shared.iter().all(|g| g.mode == SharingMode::Mps));
+        assert_eq!(
+            plan.shared[0].memory_total,
+            15 << 30,
+            "the GPU instance's memory"
+        );
+        assert_eq!(plan.units(), 3 * 4 + 3 * 2 + 4);
+        let one_g = Among::Mig(MigKind::whole(19));
+        assert_eq!(plan.largest_in(one_g), 4);
+        assert_eq!(
+            plan.largest_in(Among::Gpus),
+            0,
+            "no GPU outside MIG is shared"
+        );
+        assert!(plan.takes_as_share_in(4, one_g) && !plan.takes_as_share_in(5, one_g));
+        assert!(!plan.takes_as_share_in(1, Among::Gpus));
+        // A 1g device serves at most 6 clients (48 lowered to its 1 of 7 compute slices).
+        let limits: Vec<u32> = [1, 2, 3, 4, 7]
+            .map(|c| {
+                let mut d = inv.mig.devices[1].clone();
+                d.compute_instance_slices = c;
+                mig_max_clients(&d)
+            })
+            .to_vec();
+        assert_eq!(limits, [6, 13, 20, 27, 48]);
+        let err = SharingSpec::parse("7", "mps,0-3=none".parse().unwrap())
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            SharingError::MigClients {
+                uuid: "MIG-4-1".into(),
+                profile: "1g.5gb".into(),
+                slices: 1,
+                index: 4,
+                replicas: 7,
+                max: 6
+            }
+        );
+        assert!(err.to_string().contains("4=6 in --gpu-replicas"), "{err}");
+        // `none` (or R = 1) keeps a MIG GPU's devices whole.
+        let plan = SharingSpec::parse("4,4=1", "mps,5=none".parse().unwrap())
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap();
+        assert!(!plan.shares_mig(), "{:?}", plan.shared);
+        assert_eq!(
+            plan.shared.len(),
+            4,
+            "GPUs 0-3 shared, their MIG devices whole"
+        );
+    }
+
+    #[test]
+    fn time_slicing_a_gpu_in_mig_mode_is_refused_saying_what_to_set() {
+        let inv = mesos_gpu_node::nodes::dgx1_with_mig_gpus();
+        let whole: Vec<u32> = (0..4).collect();
+        let err = SharingSpec::parse("2", ModeSpec::default())
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap_err();
+        assert!(
+            matches!(err, SharingError::MigTimeSlicing { index: 4, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("4=mps or 4=none in --gpu-sharing"),
+            "{err}"
+        );
+        // Time-slicing on the whole GPUs, MPS on the MIG devices, by index or GPU UUID.
+        let by_uuid = format!("time-slicing,4=mps,{}=mps", inv.gpus[5].uuid);
+        let plan = SharingSpec::parse("2", by_uuid.parse().unwrap())
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap();
+        assert_eq!(plan.modes(), [SharingMode::TimeSlicing, SharingMode::Mps]);
+        assert_eq!(plan.shared.len(), 4 + 6);
+        // A selector may name a GPU in MIG mode, but not one the node lacks.
+        let err = SharingSpec::parse("2", "mps,9=none".parse().unwrap())
+            .unwrap()
+            .resolve(&inv, &whole)
+            .unwrap_err();
+        assert!(
+            matches!(err, SharingError::UnknownGpu { .. }) && err.to_string().contains("5 ("),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_mode_per_gpu_puts_exclusive_time_sliced_and_mps_gpus_side_by_side() {
@@ -615,7 +900,7 @@ mod tests {
     }
 
     #[test]
-    fn mps_is_refused_before_volta_and_on_mig() {
+    fn mps_is_refused_before_volta() {
         let mut inv = dgx1_v100().inventory();
         inv.gpus[1].compute_capability = Some((6, 0));
         let err = spec("2").resolve(&inv, &[0, 1]).unwrap_err();
@@ -637,8 +922,5 @@ mod tests {
             .unwrap();
         assert_eq!(plan.modes(), [SharingMode::TimeSlicing, SharingMode::Mps]);
         spec("2,1=1").resolve(&inv, &[0, 1]).unwrap();
-        inv.gpus[0].uuid = "MIG-0d9e1b56-4c3a-5f2e-9a7b-1c2d3e4f5a6b".into();
-        let err = spec("0=2").resolve(&inv, &[0]).unwrap_err();
-        assert!(matches!(err, SharingError::MpsOnMig { .. }), "{err}");
     }
 }
