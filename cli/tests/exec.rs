@@ -781,7 +781,7 @@ fn execs_share_a_gpu(version: &'static str) -> TestResult {
         .collect();
     check(
         allowed == ["nvidia-uvm 6", "nvidia0 6", "nvidiactl 6"],
-        format!("the share holder opens: {allowed:?}\n{stdout}"),
+        format!("the share owner opens: {allowed:?}\n{stdout}"),
     )?;
     let refused = String::from_utf8_lossy(&too_big.stderr);
     check(

@@ -12,7 +12,7 @@ use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan};
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::DeviceRule, cgroup::default_whitelist};
 use mesos_gpu_grant::Grant;
 use mesos_gpu_isolator::{
-    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerReservation,
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerGuard,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
     lifecycle::PrepareConfig, lifecycle::plan_launch,
 };
@@ -331,7 +331,7 @@ impl Agent for LiveAgent {
             return Ok(plan);
         }
         let reservation =
-            DockerReservation::reserve(&*self.isolator, id, requested, DockerStart::default())?;
+            DockerGuard::reserve(&*self.isolator, id, requested, DockerStart::default())?;
         check_same(id, reservation.gpus(), gpus)?;
         let plan = LaunchPlan::new(reservation.grant(), image, self.driver.as_ref())?;
         reservation.keep();

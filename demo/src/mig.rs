@@ -3,7 +3,7 @@
 //!
 //! Every decision is the isolator's own pieces: a `gpus:k` request takes k MIG devices
 //! ([`MigUnits::allocate`], one per task unless allowed) and else k whole GPUs (the allocator over
-//! the GPUs not in MIG mode), else it is refused with both reasons; a MIG holder's device rules
+//! the GPUs not in MIG mode), else it is refused with both reasons; a MIG owner's device rules
 //! come from [`mesos_gpu_grant::mig::allow_list`] (its parent and its two capability nodes)
 //! and its environment from [`mesos_gpu_grant::mig::environment`]. The same stream on the same
 //! GPUs without MIG (every GPU whole) is counted for comparison. Nothing is started.

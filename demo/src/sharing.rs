@@ -3,8 +3,8 @@
 //! Every decision is the isolator's own: the node's split ([`SharingPlan`]), which requests are
 //! shares ([`SharingPlan::takes_as_share`]), where a share goes ([`ShareBook::place`], packed),
 //! whole GPUs for the rest and for shares no shared GPU has room for (the allocator over the
-//! whole GPUs, as the lifecycle does), each holder's limits ([`ShareLimits`]) and what it is
-//! launched with (its device rules from its [`Grant`], [`ShareGrant::env`] and, under `mps`,
+//! whole GPUs, as the lifecycle does), each owner's limits ([`ShareLimits`]) and what it is
+//! launched with (its device rules from its [`Grant`], [`PlacedShare::env`] and, under `mps`,
 //! [`client_env`] with the daemon's pipe directory). DOCKER apps are refused: Mesos's Docker
 //! containerizer cannot run on an agent that offers shares (see the operator guide). The same stream on the same node without sharing is counted for
 //! comparison. Nothing is started: no cgroup, no MPS daemon.
@@ -301,7 +301,7 @@ fn text(report: &SharingReport, node: &str) -> String {
             m
         });
     out.push_str(
-        "\nEach holder's device cgroup allows its GPU's node only (--json shows the rules and the environment).\n",
+        "\nEach owner's device cgroup allows its GPU's node only (--json shows the rules and the environment).\n",
     );
     out.push_str(&format!(
         "{} tasks: {} as shares (placed per GPU: {by_gpu:?}), {} on whole GPUs, {} refused; at most {} of {} units held at once.\nThe same stream without sharing: {} refused.\n",

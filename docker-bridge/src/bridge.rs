@@ -27,7 +27,7 @@ use std::sync::Arc;
 use mesos_gpu_grant::Grant;
 
 use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::ContainerKind, lifecycle::DockerReservation,
+    lifecycle::ContainerId, lifecycle::ContainerKind, lifecycle::DockerGuard,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::LifecycleError,
     lifecycle::RecoveryReport,
 };
@@ -328,7 +328,7 @@ impl DockerBridge {
             })
             .collect();
         let (before, report) = tokio::task::spawn_blocking(move || {
-            let before = docker_holders(&isolator)?;
+            let before = docker_owners(&isolator)?;
             isolator
                 .recover_docker(&held)
                 .map(|report| (before, report))
@@ -375,11 +375,11 @@ impl DockerBridge {
         &self,
         id: &ContainerId,
         gpus: f64,
-    ) -> Result<DockerReservation<Arc<Isolator>>, BridgeError> {
+    ) -> Result<DockerGuard<Arc<Isolator>>, BridgeError> {
         let isolator = Arc::clone(&self.isolator);
         let owned = id.clone();
         tokio::task::spawn_blocking(move || {
-            DockerReservation::reserve(isolator, &owned, gpus, DockerStart::default())
+            DockerGuard::reserve(isolator, &owned, gpus, DockerStart::default())
         })
         .await
         .map_err(|source| BridgeError::Panicked { source })?
@@ -387,7 +387,7 @@ impl DockerBridge {
     }
 
     /// Gives a failed launch's GPUs back off the async threads (the pool's file lock).
-    async fn give_back_or_log(&self, reservation: DockerReservation<Arc<Isolator>>) {
+    async fn give_back_or_log(&self, reservation: DockerGuard<Arc<Isolator>>) {
         if let Err(e) = tokio::task::spawn_blocking(move || drop(reservation)).await {
             tracing::error!(error = %e, "giving back the GPUs of a failed launch panicked");
         }
@@ -435,17 +435,17 @@ impl DockerBridge {
 }
 
 /// The Docker containers holding GPUs in the pool now.
-fn docker_holders(isolator: &Isolator) -> Result<BTreeSet<ContainerId>, LifecycleError> {
-    let mut holders = BTreeSet::new();
+fn docker_owners(isolator: &Isolator) -> Result<BTreeSet<ContainerId>, LifecycleError> {
+    let mut owners = BTreeSet::new();
     for (owner, _) in isolator.allocations()?.owners {
         let Ok(id) = ContainerId::new(owner) else {
             continue;
         };
         if matches!(isolator.status(&id), Ok(s) if s.kind == ContainerKind::Docker) {
-            holders.insert(id);
+            owners.insert(id);
         }
     }
-    Ok(holders)
+    Ok(owners)
 }
 
 fn minors(gpus: &[Gpu]) -> Vec<u32> {

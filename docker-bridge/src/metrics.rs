@@ -2,7 +2,7 @@
 //! (`prometheus-client`).
 //!
 //! Figures are read when scraped (NVML through [`GpuReadings`], health from a [`HealthSource`]:
-//! the running [`HealthMonitor`] or the checkpoint a monitor keeps ([`HealthStore`]), holders
+//! the running [`HealthMonitor`] or the checkpoint a monitor keeps ([`HealthStore`]), owners
 //! and counters from an [`AllocatorSource`]: the [`Isolator`] of this process) and cached for a
 //! short time so that several scrapers do not each hit NVML. A figure NVML does not have is left
 //! out, never reported as 0. A fresh registry is encoded per collection, so a GPU or container
@@ -213,12 +213,12 @@ impl HealthSource for HealthStore {
 }
 
 /// A container and the GPUs it holds, by NVML index.
-pub type Holder = (String, Vec<u32>);
+pub type OwnerGpus = (String, Vec<u32>);
 
-/// Where allocator figures and holders come from.
+/// Where allocator figures and owners come from.
 pub trait AllocatorSource: Send + Sync {
     /// The allocator's figures and the containers holding GPUs; `None` when unavailable.
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)>;
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)>;
 }
 
 fn figures_of(alloc: &Allocator, quarantined: u32) -> AllocatorFigures {
@@ -232,7 +232,7 @@ fn figures_of(alloc: &Allocator, quarantined: u32) -> AllocatorFigures {
     }
 }
 
-fn holders_of(alloc: &Allocator) -> Vec<Holder> {
+fn owners_of(alloc: &Allocator) -> Vec<OwnerGpus> {
     alloc
         .owners()
         .into_iter()
@@ -243,25 +243,25 @@ fn holders_of(alloc: &Allocator) -> Vec<Holder> {
 
 /// A bare allocator (tools and tests).
 impl AllocatorSource for Mutex<Allocator> {
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)> {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)> {
         let alloc = self.lock().unwrap_or_else(PoisonError::into_inner);
         let quarantined = alloc
             .owners()
             .into_iter()
             .find(|(owner, _)| *owner == QUARANTINE_OWNER)
             .map_or(0, |(_, set)| set.len());
-        Some((figures_of(&alloc, quarantined), holders_of(&alloc)))
+        Some((figures_of(&alloc, quarantined), owners_of(&alloc)))
     }
 }
 
 /// The isolator of this process (the module in mesos-agent).
 impl AllocatorSource for Isolator {
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holder>)> {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)> {
         let quarantined = self
             .allocations()
             .map(|a| u32::try_from(a.quarantined.len()).unwrap_or(u32::MAX));
         let result = quarantined.and_then(|quarantined| {
-            self.inspect_allocator(|alloc| (figures_of(alloc, quarantined), holders_of(alloc)))
+            self.inspect_allocator(|alloc| (figures_of(alloc, quarantined), owners_of(alloc)))
         });
         match result {
             Ok(found) => Some(found),

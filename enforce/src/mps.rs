@@ -20,7 +20,7 @@
 //! - On a MIG device (`docs/reference/mig.md` §5) the daemon is started the same way with
 //!   `CUDA_VISIBLE_DEVICES=MIG-<uuid>` and pipe and log directories of its own, one per MIG
 //!   device; the compute mode is left alone: it belongs to the physical GPU, whose other MIG
-//!   devices have daemons or whole holders of their own.
+//!   devices have daemons or whole owners of their own.
 //!
 //! Layout, as NVIDIA's plugin: `<root>/<GPU UUID>/pipe` and `<root>/<GPU UUID>/log`, each 0755
 //! (NVIDIA's plugin asks for 0755 too, `os.MkdirAll(pipeDir, 0755)`): clients of other users only
@@ -288,7 +288,7 @@ impl MpsDaemons {
     }
 
     /// Restarts every daemon that is no longer running (a crash, a kill) with its limits. Its
-    /// holders must be told: their clients lost their server.
+    /// owners must be told: their clients lost their server.
     pub fn supervise(&mut self) -> Vec<Restart> {
         let dead: Vec<(String, String, ShareLimits)> = self
             .daemons

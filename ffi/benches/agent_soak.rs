@@ -34,7 +34,7 @@
 //! - no GPU is open to two tasks at once: on each agent, for every pair of tasks whose lives
 //!   (their own uptime stamps; for a killed task without an end stamp, its terminal update)
 //!   overlap, no whole GPU and no MIG capability node opens in both, a MIG parent opens only
-//!   for MIG holders, and the holders of a shared GPU at any moment hold at most 4 units;
+//!   for MIG owners, and the owners of a shared GPU at any moment hold at most 4 units;
 //! - every task opened what it asked for, at its start and its end: `gpus:k` whole GPUs exactly
 //!   k GPU nodes, a share one, a MIG device its parent and two capability nodes, `gpus:0` none;
 //! - every resource is back to its baseline at each idle point (fds within 8; the module's
@@ -1195,7 +1195,7 @@ fn wrong_grant(a: &SoakAgent, o: &Outcome) -> Option<String> {
 fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
     let mut found = Vec::new();
     // node -> (start, end, task, units)
-    let mut holders: BTreeMap<String, Vec<(f64, f64, &str, u32)>> = BTreeMap::new();
+    let mut owners: BTreeMap<String, Vec<(f64, f64, &str, u32)>> = BTreeMap::new();
     for o in outcomes {
         let Some((start, end)) = o.life() else {
             continue;
@@ -1203,7 +1203,7 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
         let got = classify(a, &o.probe);
         let id = o.planned.id.as_str();
         let mut hold = |node: String, units: u32| {
-            holders
+            owners
                 .entry(node)
                 .or_default()
                 .push((start, end, id, units));
@@ -1225,7 +1225,7 @@ fn double_bookings(a: &SoakAgent, outcomes: &[&Outcome]) -> Vec<String> {
             ));
         }
     }
-    for (node, mut lives) in holders {
+    for (node, mut lives) in owners {
         lives.sort_by(|x, y| x.0.total_cmp(&y.0));
         for (i, x) in lives.iter().enumerate() {
             // Units held by the tasks alive when `x` started (x included).

@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use mesos_gpu_health::GpuHealth;
 use mesos_gpu_isolator::lifecycle::{ContainerKind, Isolator, LifecycleError};
-use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::sharing::PlacedShare;
 use serde::Serialize;
 
 /// The endpoint's answer.
@@ -37,7 +37,7 @@ struct ContainerView {
     parent: Option<String>,
     gpus: Vec<GpuView>,
     mig: Vec<String>,
-    share: Option<ShareGrant>,
+    share: Option<PlacedShare>,
 }
 
 /// One GPU of a container.

@@ -22,8 +22,7 @@ use mesos_gpu_isolator::{
     agent_flags::MigOffer, agent_flags::MigStrategy,
 };
 use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::DockerReservation, lifecycle::DockerStart,
-    lifecycle::Isolator,
+    lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
 };
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
@@ -393,7 +392,7 @@ impl MgpuIsolator {
     }
 
     /// This node's GPU metrics as OpenMetrics text: NVML figures, health, and the allocator's
-    /// holders, states and counters (`mesos_gpu_docker::metrics`).
+    /// owners, states and counters (`mesos_gpu_docker::metrics`).
     pub fn metrics(&self) -> Result<Vec<u8>, FfiError> {
         self.panic_point("metrics");
         let text = self.metrics.render().map_err(|_| FfiError::Metrics)?;
@@ -442,7 +441,7 @@ impl MgpuIsolator {
                 env: c.env.clone(),
             });
         let reservation =
-            DockerReservation::reserve(&*self.isolator, &cid, gpus, DockerStart::default())?;
+            DockerGuard::reserve(&*self.isolator, &cid, gpus, DockerStart::default())?;
         let driver = self
             .inventory
             .driver
@@ -583,7 +582,7 @@ fn supervise_mps(isolator: std::sync::Weak<Isolator>) {
                 match isolator.supervise_mps() {
                     Ok(restarts) => {
                         for r in restarts {
-                            tracing::warn!(gpu = %r.gpu, why = %r.why, failed = ?r.failed, holders = ?r.holders, "MPS control daemon found dead");
+                            tracing::warn!(gpu = %r.gpu, why = %r.why, failed = ?r.failed, owners = ?r.owners, "MPS control daemon found dead");
                         }
                     }
                     Err(e) => tracing::error!(error = %mesos_gpu_os::error_chain(&e), "cannot supervise the MPS daemons"),

@@ -20,7 +20,7 @@ use mesos_gpu_health::{
 };
 use mesos_gpu_isolator::agent_flags::{ContainerizerFlags, ContainerizerFlagsError};
 use mesos_gpu_isolator::lifecycle::{
-    CgroupChoice, CgroupOwner, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
+    CgroupChoice, CgroupMaker, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
 };
 use mesos_gpu_node::devices::DevicesError;
 use mesos_gpu_node::discovery::{DEFAULT_NVML_LIB, DiscoveryError};
@@ -251,7 +251,7 @@ pub struct ModuleParams {
     /// What to do about the driver volume.
     pub driver_volume: DriverVolume,
     /// `container_cgroups`: `None` for `auto` (the agent's flags decide; outside an agent, own).
-    pub container_cgroups: Option<CgroupOwner>,
+    pub container_cgroups: Option<CgroupMaker>,
     /// True when `cgroups_root` was given.
     pub cgroups_root_given: bool,
     /// True when `cgroups_hierarchy` was given.
@@ -324,7 +324,7 @@ impl ModuleParams {
             "auto" => None,
             other => Some(
                 other
-                    .parse::<CgroupOwner>()
+                    .parse::<CgroupMaker>()
                     .map_err(|_| ParamError::BadValue {
                         key: "container_cgroups",
                         got: other.to_owned(),
@@ -332,8 +332,8 @@ impl ModuleParams {
                     })?,
             ),
         };
-        if let Some(owner) = container_cgroups {
-            isolator.owner = owner;
+        if let Some(cgroup_maker) = container_cgroups {
+            isolator.cgroup_maker = cgroup_maker;
         }
         let driver_volume = match get("driver_volume").unwrap_or("existing") {
             "existing" => DriverVolume::Existing,
@@ -428,7 +428,7 @@ impl ModuleParams {
     /// Fits the parameters to the running agent's flags: `cgroups_root` and `cgroups_hierarchy`
     /// default to the agent's (and must equal them when given), and who makes the container
     /// cgroups follows from the agent's `--isolation` on the cgroup version `version` resolves
-    /// (see `ContainerizerFlags::cgroup_owner`); an explicit `container_cgroups` must agree.
+    /// (see `ContainerizerFlags::cgroup_maker`); an explicit `container_cgroups` must agree.
     pub fn apply_agent(
         &mut self,
         agent: &ContainerizerFlags,
@@ -455,11 +455,11 @@ impl ModuleParams {
         self.isolator.cgroups_root.clone_from(&agent.cgroups_root);
         self.isolator.v1_root.clone_from(&agent.cgroups_hierarchy);
         let version = version(&self.isolator)?;
-        let owner = agent
-            .cgroup_owner(version)
+        let cgroup_maker = agent
+            .cgroup_maker(version)
             .map_err(|source| ParamError::Agent { source })?;
         if let Some(given) = self.container_cgroups
-            && given != owner
+            && given != cgroup_maker
         {
             return Err(ParamError::ContradictsAgent {
                 key: "container_cgroups",
@@ -472,11 +472,11 @@ impl ModuleParams {
                       `container_cgroups` is `mesos`; remove the parameter",
             });
         }
-        self.isolator.owner = owner;
+        self.isolator.cgroup_maker = cgroup_maker;
         self.isolator.pinning.mesos_cpuset =
             agent.isolates("cgroups/cpuset") || agent.isolates("cgroups/all");
         tracing::info!(
-            cgroups = %version, owner = %owner, cgroups_root = %agent.cgroups_root,
+            cgroups = %version, cgroup_maker = %cgroup_maker, cgroups_root = %agent.cgroups_root,
             isolation = %agent.isolation.join(","), "fitted the module to the agent's flags"
         );
         Ok(())
@@ -701,7 +701,7 @@ mod tests {
             ("container_cgroups", "mesos"),
         ]))
         .unwrap();
-        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
+        assert_eq!(p.isolator.cgroup_maker, CgroupMaker::Mesos);
         assert_eq!(p.isolator.policy, Policy::FirstFit);
         assert_eq!(p.isolator.cgroup_version, CgroupChoice::V2);
         assert_eq!(p.isolator.v2_mount, Some(PathBuf::from("/cg2")));
@@ -780,21 +780,25 @@ mod tests {
         let v1 = |_: &IsolatorConfig| Ok(CgroupVersion::V1);
         let v2 = |_: &IsolatorConfig| Ok(CgroupVersion::V2);
         let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
-        assert_eq!(p.isolator.owner, CgroupOwner::Own, "outside an agent");
+        assert_eq!(
+            p.isolator.cgroup_maker,
+            CgroupMaker::Own,
+            "outside an agent"
+        );
         p.apply_agent(&agent("filesystem/linux,cgroups/devices,m", "agents"), v1)
             .unwrap();
         assert_eq!(p.isolator.cgroups_root, "agents");
-        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
+        assert_eq!(p.isolator.cgroup_maker, CgroupMaker::Mesos);
 
         let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         p.apply_agent(&agent("filesystem/linux,m", "mesos"), v1)
             .unwrap();
-        assert_eq!(p.isolator.owner, CgroupOwner::Own);
+        assert_eq!(p.isolator.cgroup_maker, CgroupMaker::Own);
 
         let mut p = ModuleParams::parse(&params(&[("work_dir", "/w")])).unwrap();
         p.apply_agent(&agent("filesystem/linux,m", "mesos"), v2)
             .unwrap();
-        assert_eq!(p.isolator.owner, CgroupOwner::Mesos);
+        assert_eq!(p.isolator.cgroup_maker, CgroupMaker::Mesos);
 
         let mut p = ModuleParams::parse(&params(&[
             ("work_dir", "/w"),

@@ -356,7 +356,7 @@ fn lifecycle_status(e: &LifecycleError) -> MgpuStatus {
         | LifecycleError::MesosCgroupAllowsAll { .. }
         | LifecycleError::ForeignDeviceProgram { .. }
         | LifecycleError::Blind { .. } => MgpuStatus::MgpuInvalidState,
-        LifecycleError::UnknownCgroupChoice { .. } | LifecycleError::UnknownCgroupOwner { .. } => {
+        LifecycleError::UnknownCgroupChoice { .. } | LifecycleError::UnknownCgroupMaker { .. } => {
             MgpuStatus::MgpuBadArgument
         }
         LifecycleError::Allocation {

@@ -38,8 +38,8 @@ fn main() -> ExitCode {
         ));
     };
     add(
-        "xid_limits_the_holder_until_marked_healthy",
-        xid_limits_the_holder_until_marked_healthy,
+        "xid_limits_the_owner_until_marked_healthy",
+        xid_limits_the_owner_until_marked_healthy,
     );
     add(
         "health_checks_parameter_ignores_xids",
@@ -110,7 +110,7 @@ fn try_prepare(h: &Handle, name: &str, gpus: f64) -> TestResult<Answer> {
     Ok(a)
 }
 
-fn xid_limits_the_holder_until_marked_healthy(f: &Fixture) -> TestResult {
+fn xid_limits_the_owner_until_marked_healthy(f: &Fixture) -> TestResult {
     let h = Handle::new(&f.params(&[]))?;
     let c1 = cid("c1");
     let held = prepared_indices(f, &h.prepare(&c1, &config(2.0)).ok()?)?;
@@ -235,7 +235,7 @@ unsafe extern "C" fn record(
 }
 
 /// One XID on a GPU a container holds: one WARN line (the monitor's, naming GPU and XID), and
-/// the holder named at INFO, not three warnings for one failure.
+/// the owner named at INFO, not three warnings for one failure.
 fn a_gpu_failure_is_logged_once_at_warn(f: &Fixture) -> TestResult {
     // SAFETY: `record` is thread-safe; no userdata.
     call_plain(|e, c| unsafe {
@@ -243,13 +243,13 @@ fn a_gpu_failure_is_logged_once_at_warn(f: &Fixture) -> TestResult {
     })
     .ok()?;
     let h = Handle::new(&f.params(&[]))?;
-    let holder = cid("logged-once");
-    let held = prepared_indices(f, &h.prepare(&holder, &config(1.0)).ok()?)?;
+    let owner = cid("logged-once");
+    let held = prepared_indices(f, &h.prepare(&owner, &config(1.0)).ok()?)?;
     let gpu = *held.first().ok_or("no GPU held")?;
     // XID 119 (GSP RPC timeout): counted, and used by no other test of this binary.
     f.sim.append_event(&format!("xid {gpu} 119"));
-    limitation(watch(&h, &holder, EVENT_WAIT_MS))?;
-    h.cleanup(&holder).ok()?;
+    limitation(watch(&h, &owner, EVENT_WAIT_MS))?;
+    h.cleanup(&owner).ok()?;
     // SAFETY: clearing the callback.
     call_plain(|e, c| unsafe {
         mesos_gpu::mgpu_set_log_callback(None, std::ptr::null_mut(), 2, e, c)
@@ -273,6 +273,6 @@ fn a_gpu_failure_is_logged_once_at_warn(f: &Fixture) -> TestResult {
         about
             .iter()
             .any(|(l, m)| *l == MgpuLogLevel::MgpuLogInfo && m.contains("container=logged-once")),
-        format!("the holder is named: {about:#?}"),
+        format!("the owner is named: {about:#?}"),
     )
 }

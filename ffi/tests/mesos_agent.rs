@@ -625,9 +625,9 @@ fn v1_gpus_on_mesos_devices_cgroup() -> TestResult {
 /// pack onto one shared GPU, `gpus:4` takes all of the other, `gpus:5` five whole GPUs; each opens exactly
 /// its GPUs and is told its share; the pool records the shares while they run and none after.
 /// With `mps`, the module starts one MPS daemon per shared GPU (nvml-sim's stand-in, run by
-/// the agent's module itself) and each share holder gets its k/4 limits; after an agent
+/// the agent's module itself) and each share owner gets its k/4 limits; after an agent
 /// SIGKILL and restart the tasks keep their shares and the daemons are adopted; when the daemon
-/// of the 1- and 2-unit shares' GPU is killed, the module starts it again and those two holders
+/// of the 1- and 2-unit shares' GPU is killed, the module starts it again and those two owners
 /// fail saying why.
 fn shared_gpus(mps: bool) -> TestResult {
     let control = MpsControl::install("{}");
@@ -777,8 +777,8 @@ fn shared_gpus(mps: bool) -> TestResult {
                 starts(&control)
             ),
         )?;
-        // GPU 0's daemon dies: the module's supervisor starts it again and the holders of its
-        // shares fail saying why; GPU 1's holder runs on.
+        // GPU 0's daemon dies: the module's supervisor starts it again and the owners of its
+        // shares fail saying why; GPU 1's owner runs on.
         // The daemon of the GPU the 1- and 2-unit shares are on.
         let gpu0 = c.uuids(&[pair])?.concat();
         let old = *recorded.get(&gpu0).ok_or(format!("no daemon for {gpu0}"))?;
@@ -805,7 +805,7 @@ fn shared_gpus(mps: bool) -> TestResult {
         )?;
         check(
             !tasks[2].states().iter().any(|s| s == "TASK_FAILED"),
-            "the other shared GPU's holder runs on",
+            "the other shared GPU's owner runs on",
         )
     })();
     stop_daemons();

@@ -49,7 +49,7 @@ use mesos_gpu_isolator::lifecycle::{ContainerId, PrepareConfig, plan_launch};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::{DevNum, DriverInfo, Gpu, Inventory, MigCaps, MigDevice};
 use mesos_gpu_placement::numa::Pinning;
-use mesos_gpu_placement::sharing::{ShareGrant, ShareLimits, SharingMode};
+use mesos_gpu_placement::sharing::{PlacedShare, ShareLimits, SharingMode};
 use prost::Message as _;
 
 /// The variables a renderer must agree on.
@@ -183,7 +183,7 @@ fn cases(inventory: &Inventory, nodes: &DeviceNodes) -> Vec<Case> {
     };
     let share = |mode: SharingMode, pipe: Option<PathBuf>| {
         ShareAccess::new(
-            ShareGrant {
+            PlacedShare {
                 uuid: "GPU-2".to_owned(),
                 index: 2,
                 units: 1,
@@ -199,7 +199,7 @@ fn cases(inventory: &Inventory, nodes: &DeviceNodes) -> Vec<Case> {
     let mig_share = |uuid: &str, units: u32, replicas: u32| {
         let device = inventory.mig.by_uuid(uuid).expect("MIG device");
         ShareAccess::new(
-            ShareGrant {
+            PlacedShare {
                 uuid: uuid.to_owned(),
                 index: device.parent,
                 units,

@@ -25,7 +25,7 @@
 //! - a share of a GPU under MPS needs the daemon's pipe directory (same path) and its shared
 //!   memory, the host's `/dev/shm`, besides its variables;
 //! - a share of a MIG device (under MPS, one daemon per MIG device: `docs/reference/mig.md` §5)
-//!   holds the device as a whole holder does (parent and capability nodes, its `MIG-…` UUID in
+//!   holds the device as a whole owner does (parent and capability nodes, its `MIG-…` UUID in
 //!   the variables) and adds the share's variables and its daemon's pipe directory.
 
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::discovery::UNKNOWN_MINOR;
 use mesos_gpu_node::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
 use mesos_gpu_placement::numa::Pinning;
-use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::sharing::PlacedShare;
 
 use crate::mig::MigAccess;
 
@@ -127,11 +127,11 @@ pub struct GrantedMount {
     pub kind: MountKind,
 }
 
-/// A share of one GPU, with what its holder is launched with.
+/// A share of one GPU, with what its owner is launched with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareAccess {
     /// The share: GPU, k of R units, mode, limits.
-    pub grant: ShareGrant,
+    pub grant: PlacedShare,
     /// `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under MPS, the client variables.
     pub env: Vec<(String, String)>,
     /// Under MPS: the daemon's pipe directory, bound at the same path.
@@ -139,10 +139,10 @@ pub struct ShareAccess {
 }
 
 impl ShareAccess {
-    /// The holder of `grant`: the share's variables and, with `mps_pipe` (the pipe directory of
+    /// The owner of `grant`: the share's variables and, with `mps_pipe` (the pipe directory of
     /// the GPU's MPS daemon, for an MPS share), the MPS client's
     /// ([`mesos_gpu_enforce::mps::client_env`]).
-    pub fn new(grant: ShareGrant, mps_pipe: Option<PathBuf>) -> ShareAccess {
+    pub fn new(grant: PlacedShare, mps_pipe: Option<PathBuf>) -> ShareAccess {
         let mut env = grant.env();
         if let Some(pipe) = &mps_pipe {
             env.extend(client_env(pipe, &grant.limits));
@@ -550,7 +550,7 @@ mod tests {
     #[test]
     fn an_mps_share_gets_its_variables_pipe_directory_and_shared_memory() {
         let share = ShareAccess {
-            grant: ShareGrant {
+            grant: PlacedShare {
                 uuid: "GPU-2".into(),
                 index: 2,
                 units: 1,

@@ -7,7 +7,7 @@
 //!
 //! GPUs fail far more often than CPUs (XID errors, ECC errors, GPUs falling off the bus);
 //! Mesos hands a broken GPU to the next task. Here a failure takes the GPU out of the free pool
-//! at once and resolves the holder's `watch` with a limitation naming the GPU and the error.
+//! at once and resolves the owner's `watch` with a limitation naming the GPU and the error.
 //!
 //! Wiring, for the lifecycle: start one [`HealthMonitor`] per agent with a callback that, under
 //! the allocator's lock, calls [`apply_to_allocator`] and resolves the returned

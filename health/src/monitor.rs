@@ -18,7 +18,7 @@
 //!   a new event set after an exponential backoff. Events during the gap are not seen.
 //! - Single-bit (corrected) ECC errors are counted, never acted on.
 //! - At a counted event the driver's evidence is read (`super::evidence`): the error counters
-//!   then, and whether it asks for a reset, which the holder's limitation says.
+//!   then, and whether it asks for a reset, which the owner's limitation says.
 //! - Recovery (`super::recovery`): every wait timeout the loop looks for GPUs whose recovery
 //!   check is due, reads the evidence, and when it holds starts the probe on a thread of its
 //!   own (`gpu-probe`), so events keep being seen while it runs; its outcome is applied at a

@@ -107,7 +107,7 @@ impl fmt::Display for Failure {
 pub enum GpuHealth {
     /// Usable.
     Healthy,
-    /// Not to be granted; its holder is told.
+    /// Not to be granted; its owner is told.
     Unhealthy {
         /// The first failure (a later `Lost` replaces it).
         reason: Failure,
@@ -200,7 +200,7 @@ pub struct HealthChange {
 }
 
 impl HealthChange {
-    /// For a GPU turning unhealthy, the limitation its holder is told, e.g.
+    /// For a GPU turning unhealthy, the limitation its owner is told, e.g.
     /// `GPU 3 (GPU-…) failed: XID 79 (GPU has fallen off the bus); it needs a node reboot …` or
     /// `MIG device MIG-… (GPU 3, GPU instance 1, compute instance 0) failed: XID 43 (…)`.
     pub fn limitation(&self) -> Option<String> {
@@ -703,7 +703,7 @@ fn quiet_words(calm_ms: u64, quiet: Duration, class: EventClass, flaps: u32) -> 
     )
 }
 
-/// How a GPU out of the pool comes back, for its holder and the operator.
+/// How a GPU out of the pool comes back, for its owner and the operator.
 fn advice(g: &GpuRecord) -> Option<String> {
     let episode = g.recovery.episode.as_ref()?;
     let asks = episode
@@ -852,7 +852,7 @@ mod tests {
         let back = s.recovered(1, vec![], 18_000).unwrap();
         assert!(back.health.is_healthy() && back.limitation().is_none());
         assert_eq!(s.get(1).unwrap().recovery.recoveries, 1);
-        // XID 48 needs a reset: never due, and its holder is told what to do.
+        // XID 48 needs a reset: never due, and its owner is told what to do.
         let ch = s.record(2, Failure::Xid { xid: 48 }, 20_000, &AT).unwrap();
         assert!(
             ch.limitation().unwrap().contains("nvidia-smi -r -i 2"),
@@ -910,7 +910,7 @@ mod tests {
     }
 
     #[test]
-    fn the_driver_asking_for_a_reset_is_told_to_the_holder() {
+    fn the_driver_asking_for_a_reset_is_told_to_the_owner() {
         let mut s = HealthState::new(&inventory(2), Duration::from_secs(1), 0);
         let at = AtEvent {
             baseline: Baseline::default(),

@@ -27,7 +27,7 @@ pub struct Limitation {
 }
 
 /// Applies a health change to the pool: an unhealthy GPU leaves the free pool at once (and
-/// stays with its holder until released), a healthy one may be granted again once free.
+/// stays with its owner until released), a healthy one may be granted again once free.
 /// Returns the limitation for the container holding a GPU that just failed. A change of one
 /// MIG device ([`HealthChange::mig`]) is not the allocator's: it changes nothing here.
 pub fn apply_to_allocator(
@@ -168,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn failed_gpu_leaves_the_pool_and_names_its_holder() {
+    fn failed_gpu_leaves_the_pool_and_names_its_owner() {
         let mut a = allocator();
         let held = a.allocate("c1", 2).unwrap();
         let first = held.iter().next().unwrap();

@@ -112,7 +112,7 @@ fn healthy(r: &Running, indices: &[u32]) -> TestResult {
     Ok(())
 }
 
-fn xid79_takes_the_gpu_out_and_tells_its_holder() -> TestResult {
+fn xid79_takes_the_gpu_out_and_tells_its_owner() -> TestResult {
     let sim = node(|_| {});
     let driver = open(&sim)?;
     let mut alloc =
@@ -1013,8 +1013,8 @@ fn main() -> ExitCode {
     let plain = |name: &str, f: fn() -> TestResult| Trial::test(name, f);
     let trials = vec![
         plain(
-            "xid79_takes_the_gpu_out_and_tells_its_holder",
-            xid79_takes_the_gpu_out_and_tells_its_holder,
+            "xid79_takes_the_gpu_out_and_tells_its_owner",
+            xid79_takes_the_gpu_out_and_tells_its_owner,
         ),
         plain("ignored_xids_change_nothing", ignored_xids_change_nothing),
         plain(

@@ -17,8 +17,8 @@ use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::DockerReservation, lifecycle::DockerStart,
-    lifecycle::Isolator, lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
+    lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
+    lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
     lifecycle::QUARANTINE_OWNER, lifecycle::RecoverState, lifecycle::RecoveryIssue,
 };
 use mesos_gpu_placement::allocator::Policy;
@@ -746,17 +746,16 @@ fn docker_reservation_rolls_back_unless_kept(version: CgroupVersion) -> TestResu
         Ok(node.inventory.gpus.len() - iso.allocations()?.free.len())
     };
     {
-        let failed = DockerReservation::reserve(&iso, &d, 3.0, DockerStart::default())?;
+        let failed = DockerGuard::reserve(&iso, &d, 3.0, DockerStart::default())?;
         check(failed.gpus().len() == 3, "three reserved")?;
         check(held(&iso)? == 3, "held while planning")?;
     }
     all_free(&iso, &node)?;
-    let failed = DockerReservation::reserve(&iso, &d, 2.0, DockerStart::default())?;
+    let failed = DockerGuard::reserve(&iso, &d, 2.0, DockerStart::default())?;
     failed.give_back()?;
     all_free(&iso, &node)?;
     let shared = Arc::new(iso);
-    let kept =
-        DockerReservation::reserve(Arc::clone(&shared), &d, 2.0, DockerStart::default())?.keep();
+    let kept = DockerGuard::reserve(Arc::clone(&shared), &d, 2.0, DockerStart::default())?.keep();
     check(
         kept.len() == 2 && held(&shared)? == 2,
         "kept past the guard",

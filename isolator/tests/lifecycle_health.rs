@@ -19,7 +19,7 @@ use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::mps::MpsConfig;
 use mesos_gpu_health::{GpuRef, HealthPolicy, MonitorConfig};
 use mesos_gpu_isolator::{
-    lifecycle::CgroupOwner, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::PoolConfig,
+    lifecycle::CgroupMaker, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::PoolConfig,
     lifecycle::PoolRole, lifecycle::PrepareConfig, lifecycle::RecoverState,
     lifecycle::SharingConfig,
 };
@@ -49,8 +49,8 @@ fn main() -> ExitCode {
             trials.push(needs(&host, &[Need::Root, need], t));
         };
         add(
-            "failed_gpu_limits_its_holder_only",
-            failed_gpu_limits_its_holder_only,
+            "failed_gpu_limits_its_owner_only",
+            failed_gpu_limits_its_owner_only,
         );
         add(
             "health_changes_never_deadlock_the_lifecycle",
@@ -61,8 +61,8 @@ fn main() -> ExitCode {
             usage_and_watch_in_mesos_cgroups,
         );
         add(
-            "share_holders_usage_and_a_failed_shared_gpu",
-            share_holders_usage_and_failure,
+            "share_owners_usage_and_a_failed_shared_gpu",
+            share_owners_usage_and_failure,
         );
     }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -200,7 +200,7 @@ fn usage_and_watch_in_mesos_cgroups(version: CgroupVersion) -> TestResult {
     let node = node(child.pid())?;
     let mut setup = Setup::new(version)?;
     setup.config.policy = Policy::FirstFit;
-    setup.config.owner = CgroupOwner::Mesos;
+    setup.config.cgroup_maker = CgroupMaker::Mesos;
     let dir = setup.guard.parent.join("mesos-c");
     let procs = match version {
         CgroupVersion::V1 => {
@@ -244,7 +244,7 @@ fn usage_and_watch_in_mesos_cgroups(version: CgroupVersion) -> TestResult {
     Ok(())
 }
 
-fn failed_gpu_limits_its_holder_only(version: CgroupVersion) -> TestResult {
+fn failed_gpu_limits_its_owner_only(version: CgroupVersion) -> TestResult {
     let mut child = Sleeper::spawn()?;
     let node = node(child.pid())?;
     let mut setup = Setup::new(version)?;
@@ -460,8 +460,8 @@ fn health_changes_never_deadlock_the_lifecycle(version: CgroupVersion) -> TestRe
 }
 
 /// Issue 17: two tasks holding shares of GPU 0 (shared two ways) each see in `usage` only their
-/// own process and its memory on that GPU; an XID on it limits both holders.
-fn share_holders_usage_and_failure(version: CgroupVersion) -> TestResult {
+/// own process and its memory on that GPU; an XID on it limits both owners.
+fn share_owners_usage_and_failure(version: CgroupVersion) -> TestResult {
     let (a_proc, b_proc) = (Sleeper::spawn()?, Sleeper::spawn()?);
     let node = node_with(&[(a_proc.pid(), 1000), (b_proc.pid(), 2000)])?;
     let mut setup = Setup::new(version)?;

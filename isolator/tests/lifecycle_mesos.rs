@@ -1,4 +1,4 @@
-//! Issue 11: the lifecycle on the container cgroups Mesos makes ([`CgroupOwner::Mesos`]),
+//! Issue 11: the lifecycle on the container cgroups Mesos makes ([`CgroupMaker::Mesos`]),
 //! replaying Mesos's sequence against the real kernel, on cgroup v1 and v2, with nvml-sim and
 //! mknod'ed nodes (`ENXIO`: allowed, `EPERM`: denied).
 //!
@@ -25,7 +25,7 @@ use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, kill_cgroup, trial};
 use mesos_gpu_enforce::{cgroup::CgroupVersion, cgroup::default_whitelist};
 use mesos_gpu_isolator::{
-    lifecycle::CgroupOwner, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::LifecycleError,
+    lifecycle::CgroupMaker, lifecycle::ContainerId, lifecycle::Isolator, lifecycle::LifecycleError,
     lifecycle::PrepareConfig, lifecycle::RecoverState, lifecycle::RecoveryIssue,
 };
 use mesos_gpu_placement::allocator::Policy;
@@ -117,7 +117,7 @@ fn gpus(n: f64) -> PrepareConfig {
 /// A setup whose container cgroups Mesos makes, with first-fit (predictable GPUs).
 fn mesos_setup(version: CgroupVersion) -> TestResult<Setup> {
     let mut setup = Setup::new(version)?;
-    setup.config.owner = CgroupOwner::Mesos;
+    setup.config.cgroup_maker = CgroupMaker::Mesos;
     setup.config.policy = Policy::FirstFit;
     Ok(setup)
 }

@@ -9,11 +9,11 @@
 //!   checkpoint records the device and a restarted isolator keeps it held; update keeps it.
 //! - `single` strategy (`dgx-a100-mig`, every GPU split): `gpus:1` is one MIG device, `gpus:2`
 //!   is refused (CUDA uses one MIG device per process).
-//! - An XID 79 on a GPU in MIG mode limits the holder of its MIG device (`watch` names it), and
+//! - An XID 79 on a GPU in MIG mode limits the owner of its MIG device (`watch` names it), and
 //!   its other MIG devices are no longer handed out.
 //! - An XID NVML attributes to one MIG instance (`gi`/`ci` in the event data) limits that
-//!   device's holder only; the GPU's other MIG devices are still handed out, by this isolator and
-//!   by another holder of the node's pool, the failed one by neither until the operator marks it
+//!   device's owner only; the GPU's other MIG devices are still handed out, by this isolator and
+//!   by another publisher of the node's pool, the failed one by neither until the operator marks it
 //!   healthy.
 //! - `hgx-h100`: `mig-1c.3g.40gb` and `mig-3g.40gb` are both GPU instance profile 9, yet each
 //!   scalar is served from its own kind of device only.
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             mixed,
         );
         add("single_gpus_are_mig_devices", single);
-        add("an_xid_on_the_parent_limits_its_mig_holders", parent_xid);
+        add("an_xid_on_the_parent_limits_its_mig_owners", parent_xid);
         add(
             "an_xid_on_a_mig_instance_takes_out_that_device_only",
             instance_xid,
@@ -213,7 +213,7 @@ fn env<'a>(info: &'a LaunchInfo, key: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// The nodes a holder of MIG device `uuid` may open: its parent and its two capability nodes.
+/// The nodes a owner of MIG device `uuid` may open: its parent and its two capability nodes.
 fn nodes_of(node: &MigNode, uuid: &str) -> TestResult<Vec<PathBuf>> {
     let d = node
         .inventory
@@ -406,7 +406,7 @@ fn mixed(version: CgroupVersion) -> TestResult {
 /// memory from the device's own MPS daemon (started once, `CUDA_VISIBLE_DEVICES=MIG-…`, pipe
 /// directory of its own); a third task takes the next 1g device and a second daemon. A
 /// restarted isolator recovers the shares and adopts the daemons; an XID on the shared device's
-/// instance limits both its holders only; each daemon is stopped once its last share ended.
+/// instance limits both its owners only; each daemon is stopped once its last share ended.
 fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     use mesos_gpu_enforce::mps::MpsConfig;
     use mesos_gpu_isolator::lifecycle::SharingConfig;
@@ -543,18 +543,18 @@ fn mig_mps_shares(version: CgroupVersion) -> TestResult {
     )?;
     opens_exactly(&iso, &id("share-b"), &node, &nodes_of(&node, &uuid)?)?;
 
-    // An XID on the shared device's instance: both holders are told, the other device's not.
+    // An XID on the shared device's instance: both owners are told, the other device's not.
     node.sim.append_event(&format!(
         "xid {} 94 gi {} ci {}",
         device.parent, device.gpu_instance, device.compute_instance
     ));
-    for holder in ["share-a", "share-b"] {
+    for owner in ["share-a", "share-b"] {
         let told = iso
-            .watch(&id(holder), Some(Duration::from_secs(10)))?
-            .ok_or(format!("{holder} was not told its MIG device failed"))?;
+            .watch(&id(owner), Some(Duration::from_secs(10)))?
+            .ok_or(format!("{owner} was not told its MIG device failed"))?;
         check(
             told.uuid == uuid && told.message.contains("XID 94"),
-            format!("{holder}: {told:?}"),
+            format!("{owner}: {told:?}"),
         )?;
     }
     check(
@@ -726,7 +726,7 @@ fn parent_xid(version: CgroupVersion) -> TestResult {
     node.sim.append_event(&format!("xid {parent} 79"));
     let told = iso
         .watch(&id("mig-held"), Some(Duration::from_secs(10)))?
-        .ok_or("the MIG holder was not told")?;
+        .ok_or("the MIG owner was not told")?;
     check(
         told.uuid == uuid && told.gpu == parent && told.message.contains("XID 79"),
         format!("limitation: {told:?}"),
@@ -744,9 +744,9 @@ fn parent_xid(version: CgroupVersion) -> TestResult {
     Ok(())
 }
 
-/// An XID 94 (contained ECC error) NVML attributes to the GPU and compute instance of one 1g device: its holder is
-/// told, naming the device; the holder of the 3g device of the same GPU is not. Once the
-/// holder is gone, another holder of the node's pool (an `exec`) gets the GPU's other 1g device,
+/// An XID 94 (contained ECC error) NVML attributes to the GPU and compute instance of one 1g device: its owner is
+/// told, naming the device; the owner of the 3g device of the same GPU is not. Once the
+/// owner is gone, another publisher of the node's pool (an `exec`) gets the GPU's other 1g device,
 /// not the failed one (which comes first); this isolator does not hand it out either, until the
 /// operator marks it healthy.
 fn instance_xid(version: CgroupVersion) -> TestResult {
@@ -785,7 +785,7 @@ fn instance_xid(version: CgroupVersion) -> TestResult {
     ));
     let told = iso
         .watch(&a, Some(Duration::from_secs(10)))?
-        .ok_or("the holder of the failed MIG device was not told")?;
+        .ok_or("the owner of the failed MIG device was not told")?;
     check(
         told.uuid == ua
             && told.gpu == da.parent
@@ -795,7 +795,7 @@ fn instance_xid(version: CgroupVersion) -> TestResult {
     )?;
     check(
         iso.watch(&b, Some(Duration::from_millis(300)))?.is_none(),
-        "the 3g holder was told, though only the 1g instance failed",
+        "the 3g owner was told, though only the 1g instance failed",
     )?;
     let exec_dir = tempfile::tempdir()?;
     let mut exec_config = agent_config.clone();

@@ -2,13 +2,13 @@
 //!
 //! - a stray container cgroup (with a process, granting every GPU) that this pool did not
 //!   record never quarantines GPUs of a `docker-args`-like isolator, nor of an agent when
-//!   another holder of the pool records it;
+//!   another publisher of the pool records it;
 //! - the agent's module and an `exec` on one pool get disjoint GPUs, a shortage is refused with
 //!   the pool's counts, and what one releases the other can take.
 //!
 //! Issue 12: a Docker reservation is alive while the process that starts its container runs,
 //! then as long as its daemon runs the container; a reservation whose starter died before the
-//! container existed comes back to the pool and is not resurrected by its holder.
+//! container existed comes back to the pool and is not resurrected by its publisher.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod lifecycle_common;
@@ -60,9 +60,9 @@ fn main() -> ExitCode {
         &host,
         &[Need::Root, Need::Cgroup1],
         trial(
-            "records_a_holder_cannot_map_are_kept_as_written_and_their_gpus_never_granted"
+            "records_a_publisher_cannot_map_are_kept_as_written_and_their_gpus_never_granted"
                 .to_owned(),
-            records_kept_by_a_holder_that_cannot_map_them,
+            records_kept_by_a_publisher_that_cannot_map_them,
         ),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -111,7 +111,7 @@ fn stray_cgroup(version: CgroupVersion) -> TestResult {
         let gpus = docker.reserve_docker(&ContainerId::new("d1")?, 8.0)?;
         check(gpus.len() == 8, format!("got {} GPUs", gpus.len()))?;
         docker.release_docker(&ContainerId::new("d1")?)?;
-        // The agent adopts an unrecorded cgroup, but not one another holder records.
+        // The agent adopts an unrecorded cgroup, but not one another publisher records.
         let exec = isolator(
             with_pool(
                 &setup.config,
@@ -151,7 +151,7 @@ fn stray_cgroup(version: CgroupVersion) -> TestResult {
             .collect();
         check(
             !claimants.iter().any(|c| c == "exec-1-abc"),
-            format!("the agent quarantined for another holder's cgroup: {claimants:?}"),
+            format!("the agent quarantined for another publisher's cgroup: {claimants:?}"),
         )?;
         check(
             claimants.iter().all(|c| c == "exec-99999"),
@@ -314,7 +314,7 @@ fn docker_starter_then_daemon() -> TestResult {
                 .contains("has no Docker container mesos-3d8a52b4"),
         format!("{done:?}"),
     )?;
-    // The holder does not record it again, and a wrapper that comes too late is refused.
+    // The publisher does not record it again, and a wrapper that comes too late is refused.
     let docker = open()?;
     let err = docker
         .claim_docker(&started, DockerStart::default())
@@ -368,7 +368,7 @@ fn docker_starter_then_daemon() -> TestResult {
     )?;
     drop(docker);
     check(state_of(running.as_str())?.is_none(), "still reserved")?;
-    // All 8 GPUs are free again for the holder.
+    // All 8 GPUs are free again for the publisher.
     let docker = open()?;
     let again = ContainerId::new("1d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f13")?;
     check(
@@ -379,12 +379,12 @@ fn docker_starter_then_daemon() -> TestResult {
     Ok(())
 }
 
-/// A holder that cannot map its records onto the GPUs it sees (it sees none, fewer, or another
+/// A publisher that cannot map its records onto the GPUs it sees (it sees none, fewer, or another
 /// GPU at an index) keeps them byte for byte in its checkpoint and the pool, reports them, grants
 /// none of their GPUs (nothing at all when it sees none, saying why), and still acts on its own
-/// records by id: it claims one for its starter and releases another. A holder with the full
+/// records by id: it claims one for its starter and releases another. A publisher with the full
 /// view maps them again, and an older checkpoint (index, minor, UUID) loads as ever.
-fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
+fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
     let node = Node::new("dgx1-v100")?;
     let setup = Setup::new(CgroupVersion::V1)?;
     let pool_dir = setup.work.path().join("pool");
@@ -436,7 +436,7 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
     )?;
     check(
         files()? == written,
-        "a holder that sees no GPU rewrote its records",
+        "a publisher that sees no GPU rewrote its records",
     )?;
     let err = iso
         .reserve_docker(&ContainerId::new("d4")?, 1.0)
@@ -493,7 +493,7 @@ fn records_kept_by_a_holder_that_cannot_map_them() -> TestResult {
     )?;
     check(
         files()? == written,
-        "a holder that sees fewer GPUs rewrote its records",
+        "a publisher that sees fewer GPUs rewrote its records",
     )?;
     let taken: std::collections::BTreeSet<u32> = held
         .iter()

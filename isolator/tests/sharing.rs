@@ -2,14 +2,14 @@
 //! simulated DGX-1 (nvml-sim) and mknod'ed device nodes.
 //!
 //! The node shares GPUs 0 and 1 four ways and keeps 2-7 whole (`4,2=1,…,7=1`: 14 `gpus` units).
-//! - Shares pack onto a partly used GPU first; every holder's cgroup opens exactly its GPU
+//! - Shares pack onto a partly used GPU first; every owner's cgroup opens exactly its GPU
 //!   (ENXIO) and no other (EPERM); a request no shared GPU has room for takes whole GPUs when
 //!   enough are free, and is refused with both reasons when not; the pool records each share
 //!   under its owner; `update` keeps a share's size and refuses another; cleanup frees it.
 //! - Two isolators on one pool (the agent's module and an `exec`) never over-commit a GPU.
 //! - Under `mps` (nvml-sim's `nvidia-cuda-mps-control` stand-in, started for real): one daemon
 //!   per GPU for the whole node, adopted by a second process; killed, it is started again by
-//!   supervision and every holder (in both processes) is told through `watch`; each holder gets
+//!   supervision and every owner (in both processes) is told through `watch`; each owner gets
 //!   its k/R limits in its environment, and a container with an image the pipe directory and
 //!   `/dev/shm`.
 //! - A restarted isolator recovers its shares from its checkpoint.
@@ -59,7 +59,7 @@ fn main() -> ExitCode {
             shares_pack_isolate_fall_back_and_refuse,
         );
         add(
-            "mps_daemons_limits_and_mounts_for_every_holder",
+            "mps_daemons_limits_and_mounts_for_every_owner",
             mps_daemons_limits_and_mounts,
         );
         add("shares_survive_a_restart", shares_survive_a_restart);
@@ -258,7 +258,7 @@ fn shares_pack_isolate_fall_back_and_refuse(version: CgroupVersion) -> TestResul
         format!("more units than the node offers is a bad request: {fifteen}"),
     )?;
 
-    // A second holder of the pool (an exec) sees the shares: GPU 1 has room for 2.
+    // A second owner of the pool (an exec) sees the shares: GPU 1 has room for 2.
     let exec_dir = setup.work.path().join("exec");
     let exec = isolator(
         shared(
@@ -449,19 +449,19 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
         )?;
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // Supervision starts it again and limits the holders: the agent's `one` here, and the
+    // Supervision starts it again and limits the owners: the agent's `one` here, and the
     // exec's `exec-2-two` when the exec supervises (another process restarted it).
     let restarts = agent.supervise_mps()?;
     check(
         restarts.len() == 1
             && restarts[0].gpu == gpu0.uuid
             && restarts[0].failed.is_none()
-            && restarts[0].holders == [id("one")],
+            && restarts[0].owners == [id("one")],
         format!("agent's supervision: {restarts:?}"),
     )?;
     let told = agent
         .watch(&id("one"), Some(std::time::Duration::from_secs(5)))?
-        .ok_or("the holder was not told")?;
+        .ok_or("the owner was not told")?;
     check(
         told.uuid == gpu0.uuid
             && told.message.contains("MPS control daemon of GPU 0")
@@ -471,7 +471,7 @@ fn mps_daemons_limits_and_mounts(version: CgroupVersion) -> TestResult {
     let exec_restarts = exec.supervise_mps()?;
     check(
         exec_restarts.len() == 1
-            && exec_restarts[0].holders == [id("exec-2-two")]
+            && exec_restarts[0].owners == [id("exec-2-two")]
             && exec_restarts[0]
                 .why
                 .contains("another process started it again"),

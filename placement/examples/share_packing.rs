@@ -11,7 +11,7 @@
 //! units asked `LOAD` times what the node offers. The same requests go to both policies.
 //! Counted: requests **refused** (no single GPU had k free units), of which **fragmented**
 //! (the node had k free units in all, but spread over GPUs: a share never spans GPUs), and the
-//! mean number of **idle GPUs** (no holder) seen by arriving requests.
+//! mean number of **idle GPUs** (no owner) seen by arriving requests.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

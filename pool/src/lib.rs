@@ -15,12 +15,12 @@
 //!   ([`mesos_gpu_os::fsmode`]), since whoever can rename `pool.json` frees every reservation.
 //! - **Reservations** are keyed by the owner's id (a container id, unique on the node) and
 //!   name GPUs by UUID (NVML indices can change across reboots and driver reloads; a unit may
-//!   later be a MIG device). Each carries the checkpoint that recorded it (its *holder*): a
-//!   holder rewrites only its own reservations ([`PoolState::publish`]).
+//!   later be a MIG device). Each carries the checkpoint that recorded it (its *publisher*): a
+//!   publisher rewrites only its own reservations ([`PoolState::publish`]).
 //! - **Reconciliation** ([`reconcile`]) frees exactly the reservations whose owner is dead
 //!   ([`owner::Host::liveness`]), removing the empty cgroup and private directory a dead
 //!   `exec` left; alive and uncertain owners keep their GPUs, with the reason visible.
-//! - **Health:** holders that run a health monitor register its work directory
+//! - **Health:** publishers that run a health monitor register its work directory
 //!   ([`PoolState::health_dirs`]); every allocation reads those checkpoints, so every path
 //!   honours the same health state.
 #![forbid(unsafe_code)]
@@ -108,7 +108,8 @@ pub enum PoolError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
     /// The checkpoint (a file path) that records the reservation; only it rewrites it.
-    pub holder: String,
+    #[serde(rename = "holder")]
+    pub publisher: String,
     /// Who holds the GPUs.
     pub owner: Owner,
     /// The GPUs, by UUID, as the process that granted them wrote them.
@@ -150,17 +151,17 @@ impl mesos_gpu_os::Document for PoolState {
 }
 
 impl PoolState {
-    /// UUIDs held by reservations of holders other than `holder`, and GPUs with a share.
-    pub fn held_by_others(&self, holder: &str) -> BTreeSet<&str> {
+    /// UUIDs held by reservations of publishers other than `publisher`, and GPUs with a share.
+    pub fn held_by_others(&self, publisher: &str) -> BTreeSet<&str> {
         self.reservations
             .values()
-            .filter(|r| r.holder != holder)
+            .filter(|r| r.publisher != publisher)
             .flat_map(|r| r.gpus.iter().map(GpuUuid::as_str))
             .chain(self.shares.values().map(|s| s.grant.uuid.as_str()))
             .collect()
     }
 
-    /// UUIDs held by quarantine reservations, of any holder.
+    /// UUIDs held by quarantine reservations, of any publisher.
     pub fn quarantined(&self) -> BTreeSet<&str> {
         self.reservations
             .values()
@@ -169,12 +170,12 @@ impl PoolState {
             .collect()
     }
 
-    /// Replaces every reservation of `holder` with `entries` (id, owner, UUIDs); an entry that
+    /// Replaces every reservation of `publisher` with `entries` (id, owner, UUIDs); an entry that
     /// was there already keeps its `since`.
-    pub fn publish(&mut self, holder: &str, entries: Vec<(String, Owner, Vec<GpuUuid>)>) {
+    pub fn publish(&mut self, publisher: &str, entries: Vec<(String, Owner, Vec<GpuUuid>)>) {
         let mut old: BTreeMap<String, Reservation> = BTreeMap::new();
         self.reservations.retain(|id, r| {
-            if r.holder == holder {
+            if r.publisher == publisher {
                 old.insert(id.clone(), r.clone());
                 false
             } else {
@@ -187,17 +188,17 @@ impl PoolState {
             }
             let since = old.get(&id).map_or_else(now, |r| r.since);
             if let Some(other) = self.reservations.get(&id) {
-                tracing::error!(id, holder, other = %other.holder, "two holders record one owner id; keeping both GPUs reserved under a new id");
+                tracing::error!(id, publisher, other = %other.publisher, "two publishers record one owner id; keeping both GPUs reserved under a new id");
             }
             let key = if self.reservations.contains_key(&id) {
-                format!("{id}@{holder}")
+                format!("{id}@{publisher}")
             } else {
                 id
             };
             self.reservations.insert(
                 key,
                 Reservation {
-                    holder: holder.to_owned(),
+                    publisher: publisher.to_owned(),
                     owner,
                     gpus,
                     since,
@@ -206,12 +207,12 @@ impl PoolState {
         }
     }
 
-    /// Replaces every share of `holder` with `entries` (id, share); an entry that was there
+    /// Replaces every share of `publisher` with `entries` (id, share); an entry that was there
     /// already keeps its `since`.
-    pub fn publish_shares(&mut self, holder: &str, entries: Vec<(String, ShareReservation)>) {
+    pub fn publish_shares(&mut self, publisher: &str, entries: Vec<(String, ShareReservation)>) {
         let mut old: BTreeMap<String, u64> = BTreeMap::new();
         self.shares.retain(|id, s| {
-            if s.holder == holder {
+            if s.publisher == publisher {
                 old.insert(id.clone(), s.since);
                 false
             } else {
@@ -355,7 +356,7 @@ fn remove_leftovers(owner: &Owner) -> io::Result<()> {
     Ok(())
 }
 
-/// Frees every reservation and GPU share (of a holder other than `keep`) whose owner is dead;
+/// Frees every reservation and GPU share (of a publisher other than `keep`) whose owner is dead;
 /// before freeing a dead `exec`'s its empty cgroup and private directory are removed (a cgroup
 /// that cannot be removed keeps the reservation).
 pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reconciled {
@@ -363,7 +364,7 @@ pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reco
     let ids: Vec<String> = state
         .reservations
         .iter()
-        .filter(|(_, r)| Some(r.holder.as_str()) != keep)
+        .filter(|(_, r)| Some(r.publisher.as_str()) != keep)
         .map(|(id, _)| id.clone())
         .collect();
     for id in ids {
@@ -388,7 +389,7 @@ pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reco
     let shares: Vec<String> = state
         .shares
         .iter()
-        .filter(|(_, s)| Some(s.holder.as_str()) != keep)
+        .filter(|(_, s)| Some(s.publisher.as_str()) != keep)
         .map(|(id, _)| id.clone())
         .collect();
     for id in shares {
@@ -483,14 +484,14 @@ impl Pool {
 
     /// Releases the reservation (or GPU share) of owner `id`, refused unless its owner is dead
     /// or `force`; returns the freed reservation (a share as a reservation of its one GPU). The
-    /// holder of a live owner records it again at its next change, so `force` is for owners the
+    /// publisher of a live owner records it again at its next change, so `force` is for owners the
     /// operator knows are gone.
     pub fn release(&self, id: &str, force: bool, host: &Host) -> Result<Reservation, PoolError> {
         let mut tx = self.begin()?;
         let freed = match (tx.state.reservations.get(id), tx.state.shares.get(id)) {
             (Some(r), _) => r.clone(),
             (None, Some(share)) => Reservation {
-                holder: share.holder.clone(),
+                publisher: share.publisher.clone(),
                 owner: share.owner.clone(),
                 gpus: GpuUuid::new(share.grant.uuid.clone()).into_iter().collect(),
                 since: share.since,
@@ -641,11 +642,11 @@ mod tests {
         }
     }
 
-    fn share(holder: &str, owner: Owner, uuid: &str) -> ShareReservation {
+    fn share(publisher: &str, owner: Owner, uuid: &str) -> ShareReservation {
         ShareReservation {
-            holder: holder.into(),
+            publisher: publisher.into(),
             owner,
-            grant: mesos_gpu_placement::sharing::ShareGrant {
+            grant: mesos_gpu_placement::sharing::PlacedShare {
                 uuid: uuid.into(),
                 index: 0,
                 units: 1,
@@ -658,7 +659,7 @@ mod tests {
     }
 
     #[test]
-    fn shares_are_published_per_holder_and_dead_ones_freed() {
+    fn shares_are_published_per_publisher_and_dead_ones_freed() {
         let host = Host::default();
         let alive = Owner::Process {
             process: host.this_process().unwrap(),
@@ -674,14 +675,14 @@ mod tests {
             ],
         );
         state.publish_shares("h2", vec![("b".into(), share("h2", process(2), "GPU-1"))]);
-        // A holder's publish replaces its own shares only, keeping `since` of those it keeps.
+        // A publisher's publish replaces its own shares only, keeping `since` of those it keeps.
         let mut again = share("h1", alive, "GPU-0");
         again.since = 99;
         state.publish_shares("h1", vec![("a".into(), again)]);
         assert_eq!(state.shares.keys().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(state.shares["a"].since, 7);
         assert!(state.held_by_others("h9").contains("GPU-1"));
-        // Dead owners' shares are freed, except the keeping holder's own.
+        // Dead owners' shares are freed, except the keeping publisher's own.
         let done = reconcile(&mut state.clone(), &host, Some("h2"));
         assert!(done.freed.is_empty(), "{done:?}");
         let done = reconcile(&mut state, &host, None);
@@ -691,7 +692,7 @@ mod tests {
     }
 
     #[test]
-    fn transactions_round_trip_and_publish_only_their_holder() {
+    fn transactions_round_trip_and_publish_only_their_publisher() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
         assert_eq!(pool.read().unwrap(), PoolState::default());
@@ -797,7 +798,7 @@ mod tests {
             state.reservations.keys().collect::<Vec<_>>(),
             ["alive", "docker", "q"]
         );
-        // A holder's own reservations are left to it.
+        // A publisher's own reservations are left to it.
         let mut state2 = state.clone();
         state2.publish("h2", vec![("dead2".into(), process(5), uuids(&["GPU-5"]))]);
         assert!(reconcile(&mut state2, &host, Some("h2")).freed.is_empty());

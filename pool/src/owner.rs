@@ -1,4 +1,4 @@
-//! Who holds a reservation, and whether that holder is still there.
+//! Who a reservation belongs to, and whether that owner is still there.
 //!
 //! A process owner (a Mesos agent, `mesos-gpu exec`) is checked through
 //! [`mesos_gpu_os::liveness`]: its pid, start time and boot id, and its cgroup's processes.
@@ -55,8 +55,8 @@ pub enum Owner {
         /// Its private checkpoint directory, removed with the reservation.
         private_dir: Option<PathBuf>,
     },
-    /// GPUs whose holder recovery could not establish, held until the named containers are
-    /// cleaned up by the holder that recorded them.
+    /// GPUs whose owner recovery could not establish, held until the named containers are
+    /// cleaned up by the publisher that recorded them.
     Quarantine {
         /// Why, for the operator.
         reason: String,

@@ -8,17 +8,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Host, Owner, PoolState, Transaction};
 use mesos_gpu_placement::sharing::SharingPlan;
-use mesos_gpu_placement::sharing::{Placement, PlacementError, ShareBook, ShareGrant, Wanted};
+use mesos_gpu_placement::sharing::{PlacedShare, Placement, PlacementError, ShareBook, Wanted};
 
 /// A share as the pool records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareReservation {
     /// The checkpoint (a file path) that records the share; only it rewrites it.
-    pub holder: String,
+    #[serde(rename = "holder")]
+    pub publisher: String,
     /// Who holds the share.
     pub owner: Owner,
     /// The share: GPU, k of R units, limits.
-    pub grant: ShareGrant,
+    pub grant: PlacedShare,
     /// When it was made, seconds since the Unix epoch.
     pub since: u64,
 }
@@ -53,18 +54,18 @@ pub fn reserve(
     tx: &mut Transaction,
     plan: &SharingPlan,
     host: &Host,
-    holder: &str,
+    publisher: &str,
     id: &str,
     owner: Owner,
     units: u32,
-) -> Result<ShareGrant, PlacementError> {
+) -> Result<PlacedShare, PlacementError> {
     crate::reconcile(&mut tx.state, host, None);
     let mut book = book(&tx.state, plan);
     let grant = book.place(id, units, Placement::Pack, Wanted::Any)?;
     tx.state.shares.insert(
         id.to_owned(),
         ShareReservation {
-            holder: holder.to_owned(),
+            publisher: publisher.to_owned(),
             owner,
             grant: grant.clone(),
             since: crate::now(),
@@ -128,7 +129,7 @@ mod tests {
         tx.state.reservations.insert(
             "whole".into(),
             Reservation {
-                holder: "h".into(),
+                publisher: "h".into(),
                 owner: me(&host),
                 gpus: vec![crate::GpuUuid::new(uuids[1].clone()).unwrap()],
                 since: 0,
@@ -151,7 +152,7 @@ mod tests {
                 .contains(&format!("{} (time-slicing): 0/2", uuids[0])),
             "{err}"
         );
-        // A shared GPU with holders is held for whole-GPU reservations.
+        // A shared GPU with share owners is held for whole-GPU reservations.
         assert!(tx.state.held_by_others("x").contains(uuids[0].as_str()));
         // A dead owner's share is freed by the next reservation.
         tx.state.shares.get_mut("a").unwrap().owner = dead();

@@ -23,7 +23,7 @@ use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::client::DockerClient;
 use mesos_gpu_isolator::agent_flags::{MIG_RESOURCE_PREFIX, MigOffer, MigStrategy};
 use mesos_gpu_isolator::lifecycle::{
-    ContainerId, DockerReservation, DockerStart, MigConfig, PrepareConfig,
+    ContainerId, DockerGuard, DockerStart, MigConfig, PrepareConfig,
 };
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::MigKind;
@@ -293,7 +293,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         mig: mig_request(ctx.inventory()?, &args.mig)?,
         ..PrepareConfig::default()
     };
-    let reservation = DockerReservation::reserve_request(&pool, &id, &request, start)?;
+    let reservation = DockerGuard::reserve_request(&pool, &id, &request, start)?;
     let pinning = if args.numa.numa_pinning {
         let inventory = ctx.inventory()?;
         let mut indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();

@@ -197,7 +197,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         ))
     });
     runtime.block_on(async {
-        recover_docker_holders(ctx, args).await;
+        recover_docker_records(ctx, args).await;
         let volumes = DriverVolumes::new(Arc::new(ManagerBuilder::new(manager, driver_source)));
         volumes.set_driver(inventory.driver.as_ref().map(|d| d.version.as_str()));
         let mut rest = RestApi::new(inventory, host, volume, status);
@@ -238,12 +238,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 /// Reconciles the shared pool with the Docker daemon once (see the module docs); every outcome
 /// is logged, none stops the service.
-async fn recover_docker_holders(ctx: &Ctx, args: &Args) {
+async fn recover_docker_records(ctx: &Ctx, args: &Args) {
     let socket = &args.daemon.docker_socket;
     let client = match DockerClient::connect(socket).await {
         Ok(client) => client,
         Err(e) => {
-            tracing::info!(socket = %socket.display(), reason = %format!("{e:#}"), "no Docker daemon; Docker GPU holders not recovered");
+            tracing::info!(socket = %socket.display(), reason = %format!("{e:#}"), "no Docker daemon; Docker GPU records not recovered");
             return;
         }
     };
@@ -254,14 +254,14 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args) {
             return;
         }
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "cannot open the GPU pool; Docker GPU holders not recovered");
+            tracing::error!(error = %format!("{e:#}"), "cannot open the GPU pool; Docker GPU records not recovered");
             return;
         }
     };
     let gpus = match ctx.inventory() {
         Ok(inventory) => inventory.gpus.clone(),
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "no inventory; Docker GPU holders not recovered");
+            tracing::error!(error = %format!("{e:#}"), "no inventory; Docker GPU records not recovered");
             return;
         }
     };
@@ -284,7 +284,7 @@ async fn recover_docker_holders(ctx: &Ctx, args: &Args) {
                 tracing::warn!(?issue, "GPU pool recovery issue");
             }
         }
-        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot recover Docker GPU holders"),
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot recover Docker GPU records"),
     }
 }
 

@@ -9,12 +9,12 @@
 //! `--cgroups_hierarchy=/sys/fs/cgroup`, `--launcher=linux` when the linux launcher is available
 //! (root and cgroups), else `posix`.
 //!
-//! What each supported configuration means ([`ContainerizerFlags::cgroup_owner`]):
+//! What each supported configuration means ([`ContainerizerFlags::cgroup_maker`]):
 //! - **cgroup v1** with `cgroups/devices` (or `cgroups/all`) in `--isolation`: Mesos makes each
 //!   container's devices cgroup, deny-by-default with its whitelist, and the module adds the
-//!   control nodes and GPUs there ([`CgroupOwner::Mesos`]);
+//!   control nodes and GPUs there ([`CgroupMaker::Mesos`]);
 //! - **cgroup v1** without it: Mesos makes no devices cgroup, so the module makes its own, under
-//!   the same `--cgroups_root`, where nothing of Mesos can collide ([`CgroupOwner::Own`]);
+//!   the same `--cgroups_root`, where nothing of Mesos can collide ([`CgroupMaker::Own`]);
 //! - **cgroup v2**: Mesos's cgroups isolator makes every container cgroup (the linux launcher
 //!   is required); `cgroups/devices` and `cgroups/all` are refused, since Mesos's device manager
 //!   then attaches a program of its own that denies the GPUs (`src/linux/ebpf.cpp` 143-149,
@@ -25,7 +25,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::lifecycle::CgroupOwner;
+use crate::lifecycle::CgroupMaker;
 use mesos_gpu_enforce::{cgroup::CgroupVersion, cgroup::DEFAULT_PARENT};
 
 /// The environment prefix of Mesos agent flags.
@@ -143,10 +143,10 @@ impl ContainerizerFlags {
 
     /// Who makes the container cgroups on this agent, which runs cgroup `version`, or why the
     /// module does not support its configuration (see the module docs).
-    pub fn cgroup_owner(
+    pub fn cgroup_maker(
         &self,
         version: CgroupVersion,
-    ) -> Result<CgroupOwner, ContainerizerFlagsError> {
+    ) -> Result<CgroupMaker, ContainerizerFlagsError> {
         let isolation = || self.isolation.join(",");
         if self.isolates(super::GPU_ISOLATOR) {
             return Err(ContainerizerFlagsError::TwoGpuIsolators {
@@ -169,10 +169,10 @@ impl ContainerizerFlags {
                         launcher: launcher.to_owned(),
                     });
                 }
-                Ok(CgroupOwner::Mesos)
+                Ok(CgroupMaker::Mesos)
             }
-            CgroupVersion::V1 if devices.is_some() => Ok(CgroupOwner::Mesos),
-            CgroupVersion::V1 => Ok(CgroupOwner::Own),
+            CgroupVersion::V1 if devices.is_some() => Ok(CgroupMaker::Mesos),
+            CgroupVersion::V1 => Ok(CgroupMaker::Own),
         }
     }
 }
@@ -272,32 +272,32 @@ mod tests {
             launcher: launcher.map(str::to_owned),
         };
         let m = "org_apache_mesos_gpu_MesosGpuIsolator";
-        let owner = |iso: &str, v| with(iso, None).cgroup_owner(v);
+        let cgroup_maker = |iso: &str, v| with(iso, None).cgroup_maker(v);
         assert_eq!(
-            owner(
+            cgroup_maker(
                 &format!("filesystem/linux,cgroups/devices,{m}"),
                 CgroupVersion::V1
             )
             .unwrap(),
-            CgroupOwner::Mesos
+            CgroupMaker::Mesos
         );
         assert_eq!(
-            owner(&format!("cgroups/all,{m}"), CgroupVersion::V1).unwrap(),
-            CgroupOwner::Mesos
+            cgroup_maker(&format!("cgroups/all,{m}"), CgroupVersion::V1).unwrap(),
+            CgroupMaker::Mesos
         );
         assert_eq!(
-            owner(&format!("filesystem/linux,{m}"), CgroupVersion::V1).unwrap(),
-            CgroupOwner::Own
+            cgroup_maker(&format!("filesystem/linux,{m}"), CgroupVersion::V1).unwrap(),
+            CgroupMaker::Own
         );
         assert_eq!(
-            owner(
+            cgroup_maker(
                 &format!("filesystem/linux,cgroups/cpu,{m}"),
                 CgroupVersion::V2
             )
             .unwrap(),
-            CgroupOwner::Mesos
+            CgroupMaker::Mesos
         );
-        let err = owner(
+        let err = cgroup_maker(
             &format!("filesystem/linux,cgroups/devices,{m}"),
             CgroupVersion::V2,
         )
@@ -307,7 +307,7 @@ mod tests {
                 .contains("drop `cgroups/devices` from --isolation"),
             "{err}"
         );
-        let err = owner(&format!("cgroups/all,{m}"), CgroupVersion::V2).unwrap_err();
+        let err = cgroup_maker(&format!("cgroups/all,{m}"), CgroupVersion::V2).unwrap_err();
         assert!(matches!(
             err,
             ContainerizerFlagsError::DevicesOnV2 {
@@ -315,7 +315,7 @@ mod tests {
                 ..
             }
         ));
-        let err = owner(
+        let err = cgroup_maker(
             &format!("cgroups/devices,gpu/nvidia,{m}"),
             CgroupVersion::V1,
         )
@@ -325,14 +325,14 @@ mod tests {
             ContainerizerFlagsError::TwoGpuIsolators { .. }
         ));
         let err = with(m, Some("posix"))
-            .cgroup_owner(CgroupVersion::V2)
+            .cgroup_maker(CgroupVersion::V2)
             .unwrap_err();
         assert!(err.to_string().contains("use --launcher=linux"), "{err}");
         assert_eq!(
             with(m, Some("posix"))
-                .cgroup_owner(CgroupVersion::V1)
+                .cgroup_maker(CgroupVersion::V1)
                 .unwrap(),
-            CgroupOwner::Own
+            CgroupMaker::Own
         );
     }
 }

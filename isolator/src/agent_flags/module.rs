@@ -86,7 +86,7 @@ pub fn check_module_isolation(
         cgroups_hierarchy: "/sys/fs/cgroup".into(),
         launcher: None,
     };
-    flags.cgroup_owner(version).map(|_| ())
+    flags.cgroup_maker(version).map(|_| ())
 }
 
 /// The module's parameters, in the order given; a key set twice keeps its last value.

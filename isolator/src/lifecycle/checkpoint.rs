@@ -69,7 +69,7 @@ pub(crate) struct ContainerRecord {
     pub(crate) rules: Vec<String>,
     /// Its share of a shared GPU (absent for whole GPUs and in older checkpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) share: Option<mesos_gpu_placement::sharing::ShareGrant>,
+    pub(crate) share: Option<mesos_gpu_placement::sharing::PlacedShare>,
     /// Its MIG devices by `MIG-…` UUID (absent without and in older checkpoints).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) mig: Vec<String>,
@@ -87,7 +87,7 @@ pub(crate) struct Checkpoint {
     pub(crate) docker: BTreeMap<String, Vec<GpuRecord>>,
     /// The shares of Docker containers holding one, by id (their `docker` entry is empty).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub(crate) docker_shares: BTreeMap<String, mesos_gpu_placement::sharing::ShareGrant>,
+    pub(crate) docker_shares: BTreeMap<String, mesos_gpu_placement::sharing::PlacedShare>,
     /// The MIG devices of Docker containers holding some, by id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) docker_mig: BTreeMap<String, Vec<String>>,

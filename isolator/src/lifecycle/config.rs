@@ -17,7 +17,7 @@ use mesos_gpu_placement::allocator::Policy;
 
 /// Who makes each container's device cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CgroupOwner {
+pub enum CgroupMaker {
     /// The isolator makes `<cgroups root>/<id>` at `prepare`, moves the container's process
     /// into it at `isolate` and removes it at `cleanup` (`mesos-gpu exec`, and a cgroup v1 agent
     /// without `cgroups/devices`, where Mesos makes no devices cgroup).
@@ -30,17 +30,17 @@ pub enum CgroupOwner {
     Mesos,
 }
 
-impl CgroupOwner {
+impl CgroupMaker {
     /// The word used for it in module parameters.
     pub fn word(self) -> &'static str {
         match self {
-            CgroupOwner::Own => "own",
-            CgroupOwner::Mesos => "mesos",
+            CgroupMaker::Own => "own",
+            CgroupMaker::Mesos => "mesos",
         }
     }
 }
 
-impl std::fmt::Display for CgroupOwner {
+impl std::fmt::Display for CgroupMaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.word())
     }
@@ -71,14 +71,14 @@ impl FromStr for CgroupChoice {
     }
 }
 
-impl FromStr for CgroupOwner {
+impl FromStr for CgroupMaker {
     type Err = LifecycleError;
 
-    fn from_str(s: &str) -> Result<CgroupOwner, LifecycleError> {
+    fn from_str(s: &str) -> Result<CgroupMaker, LifecycleError> {
         match s {
-            "own" => Ok(CgroupOwner::Own),
-            "mesos" => Ok(CgroupOwner::Mesos),
-            _ => Err(LifecycleError::UnknownCgroupOwner { got: s.to_owned() }),
+            "own" => Ok(CgroupMaker::Own),
+            "mesos" => Ok(CgroupMaker::Mesos),
+            _ => Err(LifecycleError::UnknownCgroupMaker { got: s.to_owned() }),
         }
     }
 }
@@ -99,7 +99,7 @@ pub struct IsolatorConfig {
     /// The parent of container cgroups (Mesos `--cgroups_root`).
     pub cgroups_root: String,
     /// Who makes the container cgroups.
-    pub owner: CgroupOwner,
+    pub cgroup_maker: CgroupMaker,
     /// Where the checkpoint lives (`<work_dir>/gpu/allocations.json`).
     pub work_dir: PathBuf,
     /// Host path of the `nvidia_<version>` driver volume, when one exists.
@@ -128,7 +128,7 @@ impl IsolatorConfig {
             v1_root: PathBuf::from("/sys/fs/cgroup"),
             v2_mount: None,
             cgroups_root: mesos_gpu_enforce::cgroup::DEFAULT_PARENT.to_owned(),
-            owner: CgroupOwner::Own,
+            cgroup_maker: CgroupMaker::Own,
             work_dir: work_dir.into(),
             driver_volume: None,
             allowed_devices: default_whitelist(),
@@ -191,15 +191,15 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_owner_names() {
-        assert_eq!("own".parse::<CgroupOwner>().unwrap(), CgroupOwner::Own);
-        assert_eq!("mesos".parse::<CgroupOwner>().unwrap(), CgroupOwner::Mesos);
-        let err = "agent".parse::<CgroupOwner>().unwrap_err();
+    fn cgroup_maker_names() {
+        assert_eq!("own".parse::<CgroupMaker>().unwrap(), CgroupMaker::Own);
+        assert_eq!("mesos".parse::<CgroupMaker>().unwrap(), CgroupMaker::Mesos);
+        let err = "agent".parse::<CgroupMaker>().unwrap_err();
         assert_eq!(
             err.to_string(),
             "container cgroups \"agent\": expected one of mesos, own"
         );
-        assert_eq!(CgroupOwner::default(), CgroupOwner::Own);
+        assert_eq!(CgroupMaker::default(), CgroupMaker::Own);
     }
 
     #[test]

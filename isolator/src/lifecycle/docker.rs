@@ -20,19 +20,19 @@ use mesos_gpu_pool::{Host, Liveness};
 
 /// GPUs reserved for a Docker container that is not running yet: the one reserve → plan →
 /// roll back sequence of every entry point (the module's hook, `docker-args`, the bridge, the
-/// demo). Dropped without [`DockerReservation::keep`], it gives the GPUs back (a failed give-back
-/// is logged); [`DockerReservation::give_back`] does the same and returns the error. `D` is
+/// demo). Dropped without [`DockerGuard::keep`], it gives the GPUs back (a failed give-back
+/// is logged); [`DockerGuard::give_back`] does the same and returns the error. `D` is
 /// whatever reaches the isolator: `&Isolator`, or `Arc<Isolator>` to carry it across threads.
 #[derive(Debug)]
 #[must_use = "a reservation dropped without `keep` gives its GPUs back"]
-pub struct DockerReservation<D: Deref<Target = Isolator>> {
+pub struct DockerGuard<D: Deref<Target = Isolator>> {
     isolator: D,
     id: ContainerId,
     grant: Grant,
     kept: bool,
 }
 
-impl<D: Deref<Target = Isolator>> DockerReservation<D> {
+impl<D: Deref<Target = Isolator>> DockerGuard<D> {
     /// Reserves `gpus` GPUs for Docker container `id`, recording `start` in its owner.
     pub fn reserve(
         isolator: D,
@@ -56,7 +56,7 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
         start: DockerStart,
     ) -> Result<Self, LifecycleError> {
         let grant = isolator.reserve_docker_units(id, request, start)?;
-        Ok(DockerReservation {
+        Ok(DockerGuard {
             isolator,
             id: id.clone(),
             grant,
@@ -87,7 +87,7 @@ impl<D: Deref<Target = Isolator>> DockerReservation<D> {
     }
 }
 
-impl<D: Deref<Target = Isolator>> Drop for DockerReservation<D> {
+impl<D: Deref<Target = Isolator>> Drop for DockerGuard<D> {
     fn drop(&mut self) {
         if self.kept {
             return;
@@ -201,7 +201,7 @@ impl Isolator {
             return Err(LifecycleError::WrongContainerizer {
                 container: id.clone(),
                 step: STEP,
-                owner: "mesos",
+                containerizer: "mesos",
             });
         }
         if !state.docker.contains_key(id) {

@@ -1,5 +1,5 @@
 //! The pool owner of a Docker container: its name, the daemon it runs under and the process
-//! that starts it ([`DockerStart`]), recorded so that any holder of the node's pool can tell
+//! that starts it ([`DockerStart`]), recorded so that any publisher of the node's pool can tell
 //! whether the container still runs.
 
 use serde::{Deserialize, Serialize};

@@ -188,14 +188,14 @@ pub enum LifecycleError {
         step: &'static str,
     },
     /// A Mesos-containerizer call for a Docker container, or the reverse.
-    #[error("cannot {step} container {container}: it belongs to the {owner} containerizer")]
+    #[error("cannot {step} container {container}: it belongs to the {containerizer} containerizer")]
     WrongContainerizer {
         /// The container.
         container: ContainerId,
         /// The lifecycle call.
         step: &'static str,
         /// `docker` or `mesos`.
-        owner: &'static str,
+        containerizer: &'static str,
     },
     /// `isolate`/`update` of a recovered container whose cgroup was gone.
     #[error(
@@ -267,9 +267,9 @@ pub enum LifecycleError {
         /// The name given.
         got: String,
     },
-    /// A container-cgroups owner name that is not `mesos` or `own`.
+    /// A container-cgroups maker name that is not `mesos` or `own`.
     #[error("container cgroups {got:?}: expected one of mesos, own")]
-    UnknownCgroupOwner {
+    UnknownCgroupMaker {
         /// The name given.
         got: String,
     },

@@ -4,7 +4,7 @@
 //! Facts and decisions:
 //! - The monitor's callback runs on the monitor thread (and, for GPUs checkpointed unhealthy,
 //!   inside [`HealthMonitor::start`]); it locks the isolator's state, applies the change to the
-//!   allocator ([`apply_to_allocator`]) and resolves the holder's [`Limitation`].
+//!   allocator ([`apply_to_allocator`]) and resolves the owner's [`Limitation`].
 //! - **Lock order** is state → limitations → nothing. No lifecycle path holds the state mutex
 //!   while calling into the monitor (`start`, `mark_healthy`, drop): those publish to the
 //!   callback, which takes the state mutex, so holding it there would deadlock. The monitor
@@ -30,7 +30,7 @@ use mesos_gpu_health::{
 use mesos_gpu_node::discovery::GpuDriver;
 use mesos_gpu_node::inventory::Gpu;
 use mesos_gpu_node::{usage::ContainerCgroup, usage::ContainerUsage, usage::UsageReader};
-use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::sharing::PlacedShare;
 
 /// The attached monitor and the NVML session it and `usage` read.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub(crate) struct HealthLink {
 }
 
 /// Applies one change to the state; the limitations of the containers holding the GPU: its
-/// holder in the allocator, or every holder of a share of it.
+/// owner in the allocator, or every owner of a share of it.
 fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     if change.health.is_healthy() {
         state.failed.remove(&change.uuid);
@@ -60,17 +60,17 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
             Vec::new()
         }
     };
-    // A GPU in MIG mode: its MIG devices share its fate, and their holders are told.
+    // A GPU in MIG mode: its MIG devices share its fate, and their owners are told.
     if change.health.is_healthy() {
         state.mig.mark_parent_healthy(change.index);
         for own in state.failed.values().filter(|f| f.mig.is_some()) {
             state.mig.mark_unhealthy(&own.uuid);
         }
     } else if let Some(message) = change.limitation() {
-        for (uuid, holder) in state.mig.mark_parent_unhealthy(change.index) {
-            if let Some(holder) = holder.filter(|h| !h.starts_with('!')) {
+        for (uuid, owner) in state.mig.mark_parent_unhealthy(change.index) {
+            if let Some(owner) = owner.filter(|h| !h.starts_with('!')) {
                 limited.push(Limitation {
-                    container: holder,
+                    container: owner,
                     gpu: change.index,
                     uuid: uuid.clone(),
                     message: format!("{message}; its MIG device {uuid} is lost with it"),
@@ -86,12 +86,12 @@ fn apply(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     limited
 }
 
-/// The limitations of the holders of the shares `of` picks (Mesos and Docker containers alike).
+/// The limitations of the owners of the shares `of` picks (Mesos and Docker containers alike).
 fn share_holders(
     state: &State,
     change: &HealthChange,
     message: &str,
-    of: impl Fn(&ShareGrant) -> bool,
+    of: impl Fn(&PlacedShare) -> bool,
 ) -> Vec<Limitation> {
     state
         .containers
@@ -109,7 +109,7 @@ fn share_holders(
 }
 
 /// Applies a change of one MIG device (an XID NVML attributed to its instance): it leaves or
-/// rejoins the pool (not while its parent is out), and its holder, or every holder of a share of
+/// rejoins the pool (not while its parent is out), and its owner, or every owner of a share of
 /// it, is told.
 fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     let Some(message) = change.limitation() else {
@@ -126,9 +126,9 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
     state
         .mig
         .mark_unhealthy(&change.uuid)
-        .and_then(|(uuid, holder)| {
+        .and_then(|(uuid, owner)| {
             Some(Limitation {
-                container: holder.filter(|h| !h.starts_with('!'))?,
+                container: owner.filter(|h| !h.starts_with('!'))?,
                 gpu: change.index,
                 uuid,
                 message,
@@ -139,7 +139,7 @@ fn apply_mig(state: &mut State, change: &HealthChange) -> Vec<Limitation> {
         .collect()
 }
 
-/// Marks `failed` again in a rebuilt state and resolves the limitations of their holders.
+/// Marks `failed` again in a rebuilt state and resolves the limitations of their owners.
 pub(crate) fn reapply(
     state: &mut State,
     failed: std::collections::BTreeMap<String, HealthChange>,
@@ -154,7 +154,7 @@ pub(crate) fn reapply(
 
 impl Isolator {
     /// Starts the agent's GPU health monitor over `driver` and feeds it into this isolator:
-    /// a failed GPU leaves the pool at once and its holder's [`Isolator::watch`] resolves.
+    /// a failed GPU leaves the pool at once and its owner's [`Isolator::watch`] resolves.
     /// `config.work_dir` defaults to the isolator's work directory (health checkpoint and
     /// operator requests under `<work_dir>/gpu/`), and the recovery probe's cgroup to one made
     /// like a container's; GPUs checkpointed unhealthy are out of the pool before this returns. With a driver attached, [`Isolator::usage`] carries NVML
@@ -319,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn changes_follow_the_holder_and_skip_quarantine_and_unoffered_gpus() {
+    fn changes_follow_the_owner_and_skip_quarantine_and_unoffered_gpus() {
         let mut s = state();
         let one = GpuSet::from_indices([1]).unwrap();
         s.allocator.allocate_specific("c1", one).unwrap();
@@ -337,7 +337,7 @@ mod tests {
     }
 
     #[test]
-    fn reapply_marks_a_rebuilt_allocator_and_tells_holders() {
+    fn reapply_marks_a_rebuilt_allocator_and_tells_owners() {
         let mut old = state();
         apply(&mut old, &change(0, false));
         let mut rebuilt = state();

@@ -36,7 +36,7 @@ use crate::agent_flags::MigStrategy;
 use mesos_gpu_grant::{mig::MigAccess, mig::check_capabilities};
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::{MigError, MigUnits};
-use mesos_gpu_placement::sharing::{Among, ShareGrant, Wanted};
+use mesos_gpu_placement::sharing::{Among, PlacedShare, Wanted};
 use mesos_gpu_placement::{allocator::GpuRequest, allocator::GpuSet};
 
 /// How MIG devices are handed out.
@@ -78,7 +78,7 @@ impl Isolator {
         config: &PrepareConfig,
         step: &'static str,
         wanted: Wanted,
-    ) -> Result<(GpuSet, Vec<String>, Option<ShareGrant>), LifecycleError> {
+    ) -> Result<(GpuSet, Vec<String>, Option<PlacedShare>), LifecycleError> {
         let mig_err = |source| LifecycleError::Mig {
             container: id.clone(),
             step,
@@ -178,7 +178,7 @@ impl Isolator {
                 }
             }
         };
-        let holds_mig = !taken.1.is_empty() || taken.2.as_ref().is_some_and(ShareGrant::is_mig);
+        let holds_mig = !taken.1.is_empty() || taken.2.as_ref().is_some_and(PlacedShare::is_mig);
         if holds_mig {
             check_capabilities(id.as_str(), &config.capabilities, self.mig.allow_sys_admin)
                 .map_err(mig_err)?;
@@ -197,7 +197,7 @@ impl Isolator {
         config: &PrepareConfig,
         step: &'static str,
         wanted: Wanted,
-    ) -> Result<Option<ShareGrant>, LifecycleError> {
+    ) -> Result<Option<PlacedShare>, LifecycleError> {
         let Some(plan) = self.sharing.as_ref().map(|s| &s.plan) else {
             return Ok(None);
         };

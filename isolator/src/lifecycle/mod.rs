@@ -9,14 +9,14 @@
 //!   below true for every interleaving.
 //! - **The container's device cgroup** is `<v1 root>/devices/<cgroups root>/<id>` or
 //!   `<cgroup2 mount>/<cgroups root>/<id>`, Mesos's own layout, made by Mesos or by us
-//!   ([`CgroupOwner`], `placement`): with [`CgroupOwner::Mesos`] (the module in an agent
+//!   ([`CgroupMaker`], `placement`): with [`CgroupMaker::Mesos`] (the module in an agent
 //!   whose Mesos makes a devices cgroup: v1 with `cgroups/devices`, and always v2) we add our
 //!   rules to the cgroup Mesos made before our `prepare`, never move a process and never remove
-//!   it; with [`CgroupOwner::Own`] (v1 without `cgroups/devices`, `mesos-gpu exec`) we make it
+//!   it; with [`CgroupMaker::Own`] (v1 without `cgroups/devices`, `mesos-gpu exec`) we make it
 //!   deny-all with the base whitelist (Mesos's default), the control devices and the GPUs,
 //!   move the process in at `isolate` and remove it at `cleanup`; `prepare` fails if it
 //!   already exists. Either way the cgroups root is the agent's own `--cgroups_root`, and the
-//!   two cannot collide: in an agent the owner follows from its flags, which decide whether
+//!   two cannot collide: in an agent the cgroup maker follows from its flags, which decide whether
 //!   Mesos makes a devices cgroup.
 //! - A container that asked for no GPU gets nothing beyond what isolation requires: no rule of
 //!   ours in Mesos's v1 cgroup (its whitelist already denies every GPU), the base list in our own
@@ -57,8 +57,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use checkpoint::CheckpointError;
-pub use config::{CgroupChoice, CgroupOwner, IsolatorConfig};
-pub use docker::DockerReservation;
+pub use config::{CgroupChoice, CgroupMaker, IsolatorConfig};
+pub use docker::DockerGuard;
 pub use docker_owner::DockerStart;
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
@@ -91,7 +91,7 @@ use taking::{Resizing, Taking};
 #[derive(Debug)]
 pub struct Isolator {
     layout: CgroupLayout,
-    owner: CgroupOwner,
+    cgroup_maker: CgroupMaker,
     inventory: Inventory,
     nodes: DeviceNodes,
     base: Vec<DeviceRule>,
@@ -154,14 +154,14 @@ impl Isolator {
         };
         tracing::info!(
             pool = %pool.as_ref().map_or_else(|| "none".to_owned(), |p| p.pool().state_path().display().to_string()),
-            cgroups = %layout.version(), parent = %layout.parent_dir().display(), owner = %config.owner, policy = %config.policy,
+            cgroups = %layout.version(), parent = %layout.parent_dir().display(), cgroup_maker = %config.cgroup_maker, policy = %config.policy,
             offered = allocator.offered(), checkpoint = %store.path().display(), "GPU isolator ready"
         );
         let pinning = Pinner::new(config.pinning, &layout, &config.v1_root);
         let mig_units = mig::units_of(&inventory, sharing.as_ref(), config.mig.allow_multiple);
         Ok(Isolator {
             layout,
-            owner: config.owner,
+            cgroup_maker: config.cgroup_maker,
             inventory,
             nodes,
             base: config.allowed_devices,
@@ -187,8 +187,8 @@ impl Isolator {
     }
 
     /// Who makes the container cgroups.
-    pub fn cgroup_owner(&self) -> CgroupOwner {
-        self.owner
+    pub fn cgroup_maker(&self) -> CgroupMaker {
+        self.cgroup_maker
     }
 
     /// The cgroup directory a container gets.
@@ -267,22 +267,22 @@ impl Isolator {
     }
 
     /// The container's device cgroup, allowing `rules`: its own, made deny-all, or Mesos's at
-    /// `dir`, joined ([`CgroupOwner`]).
+    /// `dir`, joined ([`CgroupMaker`]).
     fn place(
         &self,
         id: &ContainerId,
         dir: PathBuf,
         rules: &[DeviceRule],
     ) -> Result<PlacedCgroup, LifecycleError> {
-        match self.owner {
-            CgroupOwner::Own => PlacedCgroup::create(&self.layout, id, rules).map_err(|source| {
+        match self.cgroup_maker {
+            CgroupMaker::Own => PlacedCgroup::create(&self.layout, id, rules).map_err(|source| {
                 LifecycleError::Cgroup {
                     container: id.clone(),
                     step: "prepare",
                     source,
                 }
             }),
-            CgroupOwner::Mesos => PlacedCgroup::join(&self.layout, id, dir, rules, &self.base),
+            CgroupMaker::Mesos => PlacedCgroup::join(&self.layout, id, dir, rules, &self.base),
         }
     }
 
@@ -355,7 +355,7 @@ impl Isolator {
                 step: STEP,
                 source,
             })?;
-        tracing::info!(cgroup = %cgroup.path().display(), owner = %self.owner, "isolated process");
+        tracing::info!(cgroup = %cgroup.path().display(), cgroup_maker = %self.cgroup_maker, "isolated process");
         Ok(())
     }
 
@@ -515,7 +515,7 @@ impl Isolator {
             return Err(LifecycleError::WrongContainerizer {
                 container: id.clone(),
                 step: STEP,
-                owner: "docker",
+                containerizer: "docker",
             });
         }
         let cgroup_err = |source| LifecycleError::Cgroup {
@@ -535,7 +535,7 @@ impl Isolator {
             None if state.quarantine.values().any(|c| c.contains(id)) => {
                 // Recovery found a cgroup it could not account for: remove it before freeing
                 // (one of Mesos's is Mesos's to remove, after its processes were killed).
-                if self.owner == CgroupOwner::Own {
+                if self.cgroup_maker == CgroupMaker::Own {
                     mesos_gpu_enforce::cgroup::remove_cgroup_dir(&self.layout.container_dir(id))
                         .map_err(cgroup_err)?;
                 }
@@ -588,7 +588,7 @@ impl Isolator {
             return Err(LifecycleError::WrongContainerizer {
                 container: id.clone(),
                 step,
-                owner: "docker",
+                containerizer: "docker",
             });
         }
         match state.containers.get(id) {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::placement::{self, PlacedCgroup};
 use super::state::State;
-use super::{CgroupOwner, ContainerId, Isolator, LaunchInfo, LifecycleError, PrepareConfig};
+use super::{CgroupMaker, ContainerId, Isolator, LaunchInfo, LifecycleError, PrepareConfig};
 use super::{RecoverState, launch_info};
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
 use mesos_gpu_grant::Grant;
@@ -74,11 +74,11 @@ impl Isolator {
     }
 
     /// The directory of a nested container's own devices cgroup, when Mesos made one: only
-    /// with [`CgroupOwner::Mesos`] on v1 (on v2 every nested cgroup lies below its parent's,
+    /// with [`CgroupMaker::Mesos`] on v1 (on v2 every nested cgroup lies below its parent's,
     /// where our program rules it already).
     pub(super) fn nested_cgroup_dir(&self, relative: Option<&Path>) -> Option<PathBuf> {
         let relative = relative?;
-        if self.owner != CgroupOwner::Mesos || self.layout.version() != CgroupVersion::V1 {
+        if self.cgroup_maker != CgroupMaker::Mesos || self.layout.version() != CgroupVersion::V1 {
             return None;
         }
         let dir = self.layout.parent_dir().join(relative);
@@ -97,7 +97,7 @@ impl Isolator {
             }
             state.nested.insert(s.id.clone(), root);
             if let Some(dir) = self.nested_cgroup_dir(s.nested_cgroup.as_deref()) {
-                match PlacedCgroup::open(CgroupOwner::Mesos, &self.layout, &s.id, dir) {
+                match PlacedCgroup::open(CgroupMaker::Mesos, &self.layout, &s.id, dir) {
                     Ok(cgroup) => {
                         state.nested_cgroups.insert(s.id.clone(), cgroup);
                     }

@@ -1,5 +1,5 @@
 //! A container's device cgroup as the lifecycle drives it, made by the isolator or by Mesos
-//! ([`CgroupOwner`]).
+//! ([`CgroupMaker`]).
 //!
 //! **Own**: the isolator made `<cgroups root>/<id>` deny-by-default with the container's whole
 //! allow list; `isolate` moves the process in; `cleanup` removes it (refused while processes
@@ -39,7 +39,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{CgroupOwner, LifecycleError};
+use super::{CgroupMaker, LifecycleError};
 use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
     cgroup::CgroupError, cgroup::CgroupLayout, cgroup::DeviceCgroup, cgroup::DeviceRule,
@@ -49,7 +49,7 @@ use mesos_gpu_enforce::{
 /// A container's device cgroup and who made it.
 #[derive(Debug)]
 pub(crate) struct PlacedCgroup {
-    owner: CgroupOwner,
+    cgroup_maker: CgroupMaker,
     cgroup: DeviceCgroup,
 }
 
@@ -61,7 +61,7 @@ impl PlacedCgroup {
         rules: &[DeviceRule],
     ) -> Result<PlacedCgroup, CgroupError> {
         Ok(PlacedCgroup {
-            owner: CgroupOwner::Own,
+            cgroup_maker: CgroupMaker::Own,
             cgroup: DeviceCgroup::create(layout, id, rules)?,
         })
     }
@@ -109,7 +109,7 @@ impl PlacedCgroup {
             }
         }
         let mut placed = PlacedCgroup {
-            owner: CgroupOwner::Mesos,
+            cgroup_maker: CgroupMaker::Mesos,
             cgroup,
         };
         placed.grant(rules, base).map_err(cgroup_err)?;
@@ -119,20 +119,23 @@ impl PlacedCgroup {
 
     /// Takes over an existing cgroup after an agent restart, changing nothing.
     pub(crate) fn open(
-        owner: CgroupOwner,
+        cgroup_maker: CgroupMaker,
         layout: &CgroupLayout,
         id: &ContainerId,
         dir: PathBuf,
     ) -> Result<PlacedCgroup, CgroupError> {
         Ok(PlacedCgroup {
-            owner,
+            cgroup_maker,
             cgroup: DeviceCgroup::open_at(layout, dir, id)?,
         })
     }
 
     /// Wraps a cgroup recovery already took over.
-    pub(crate) fn from_parts(owner: CgroupOwner, cgroup: DeviceCgroup) -> PlacedCgroup {
-        PlacedCgroup { owner, cgroup }
+    pub(crate) fn from_parts(cgroup_maker: CgroupMaker, cgroup: DeviceCgroup) -> PlacedCgroup {
+        PlacedCgroup {
+            cgroup_maker,
+            cgroup,
+        }
     }
 
     /// The cgroup directory.
@@ -152,8 +155,8 @@ impl PlacedCgroup {
         rules: &[DeviceRule],
         base: &[DeviceRule],
     ) -> Result<(), CgroupError> {
-        match (self.owner, &mut self.cgroup) {
-            (CgroupOwner::Mesos, DeviceCgroup::V1(cg)) => {
+        match (self.cgroup_maker, &mut self.cgroup) {
+            (CgroupMaker::Mesos, DeviceCgroup::V1(cg)) => {
                 let ours = ours(rules, base);
                 if ours.is_empty() {
                     return Ok(());
@@ -176,8 +179,8 @@ impl PlacedCgroup {
         if normalize(old) == normalize(new) {
             return Ok(());
         }
-        match (self.owner, &mut self.cgroup) {
-            (CgroupOwner::Mesos, DeviceCgroup::V1(cg)) => {
+        match (self.cgroup_maker, &mut self.cgroup) {
+            (CgroupMaker::Mesos, DeviceCgroup::V1(cg)) => {
                 let (old, new) = (ours(old, base), ours(new, base));
                 let gone: Vec<DeviceRule> =
                     old.iter().filter(|r| !new.contains(r)).copied().collect();
@@ -204,9 +207,9 @@ impl PlacedCgroup {
 
     /// Moves `pid` into an own cgroup; Mesos placed it in its cgroup already.
     pub(crate) fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
-        match self.owner {
-            CgroupOwner::Own => self.cgroup.add_process(pid),
-            CgroupOwner::Mesos => {
+        match self.cgroup_maker {
+            CgroupMaker::Own => self.cgroup.add_process(pid),
+            CgroupMaker::Mesos => {
                 tracing::debug!(pid, path = %self.path().display(), "Mesos places the process in its cgroup");
                 Ok(())
             }
@@ -222,7 +225,7 @@ impl PlacedCgroup {
         rules: &[DeviceRule],
         base: &[DeviceRule],
     ) -> Result<(), CgroupError> {
-        if self.owner == CgroupOwner::Own {
+        if self.cgroup_maker == CgroupMaker::Own {
             return self.cgroup.destroy();
         }
         if !self.path().is_dir() {

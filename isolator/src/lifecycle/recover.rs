@@ -16,7 +16,7 @@
 //! - a cgroup without a checkpoint entry (lost checkpoint, or made by someone else): its v1
 //!   GPUs, or on v2 — where the list is unknowable — every GPU when processes are in it, are
 //!   quarantined until that container's cleanup. Where Mesos makes the container cgroups
-//!   ([`CgroupOwner::Mesos`]) every container has one, GPUs or not: a v1 cgroup granting no GPU
+//!   ([`CgroupMaker::Mesos`]) every container has one, GPUs or not: a v1 cgroup granting no GPU
 //!   and a v2 cgroup without our program are Mesos's containers without GPUs and are left
 //!   alone, as are Mesos's own `<cgroups_root>/agent` (v2) and `<cgroups_root>/slave` (v1);
 //! - v1 with Mesos's cgroups: a mismatch is repaired by adding the union's entries, never by
@@ -36,7 +36,7 @@ use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord};
 use super::launch::allowed_minors;
 use super::placement::PlacedCgroup;
 use super::state::{Carried, Container, QUARANTINE_OWNER, State};
-use super::{CgroupOwner, Isolator, LifecycleError, health};
+use super::{CgroupMaker, Isolator, LifecycleError, health};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
@@ -45,7 +45,7 @@ use mesos_gpu_enforce::{
 };
 use mesos_gpu_grant::device_rules;
 use mesos_gpu_node::inventory::DevNum;
-use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::sharing::PlacedShare;
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
 use mesos_gpu_pool::Liveness;
 
@@ -217,13 +217,13 @@ impl Isolator {
             .map_err(|source| LifecycleError::Checkpoint { step: STEP, source })?;
         let mut report = RecoveryReport::default();
         let mut found: BTreeMap<ContainerId, Found> = BTreeMap::new();
-        let mut shares: BTreeMap<ContainerId, ShareGrant> = BTreeMap::new();
+        let mut shares: BTreeMap<ContainerId, PlacedShare> = BTreeMap::new();
         let mut migs: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
         let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
         let mut carried: BTreeMap<ContainerId, Carried> = BTreeMap::new();
 
-        // Owner ids other holders of the node's pool record: their cgroups are theirs.
+        // Owner ids other publishers of the node's pool record: their cgroups are theirs.
         let elsewhere: BTreeSet<String> = guard
             .tx
             .borrow()
@@ -232,7 +232,7 @@ impl Isolator {
                 tx.state
                     .reservations
                     .iter()
-                    .filter(|(_, r)| Some(r.holder.as_str()) != self.pool_holder())
+                    .filter(|(_, r)| Some(r.publisher.as_str()) != self.pool_publisher())
                     .map(|(id, _)| id.clone())
                     .collect()
             })
@@ -241,10 +241,10 @@ impl Isolator {
         let others: BTreeSet<String> = {
             let slot = guard.tx.borrow();
             slot.as_ref()
-                .zip(self.pool_holder())
-                .map(|(tx, holder)| {
+                .zip(self.pool_publisher())
+                .map(|(tx, publisher)| {
                     tx.state
-                        .held_by_others(holder)
+                        .held_by_others(publisher)
                         .into_iter()
                         .map(str::to_owned)
                         .collect()
@@ -344,7 +344,7 @@ impl Isolator {
                     let Some(held) = self.unexplained_cgroup(&id) else {
                         continue;
                     };
-                    // GPUs another holder of the node's pool reserves are not ours to quarantine.
+                    // GPUs another publisher of the node's pool reserves are not ours to quarantine.
                     let held = held.difference(reserved_elsewhere);
                     for i in held.iter() {
                         quarantine.entry(i).or_default().insert(id.clone());
@@ -481,7 +481,7 @@ impl Isolator {
             *state.tx.get_mut() = Some(tx);
         }
         *guard = state;
-        // Owners of other holders that died while nobody looked (an agent SIGKILLed before
+        // Owners of other publishers that died while nobody looked (an agent SIGKILLed before
         // its Docker container existed, a container that died with its daemon) free their GPUs.
         self.reconcile_pool(&mut guard);
         self.save(&guard, STEP)?;
@@ -530,7 +530,7 @@ impl Isolator {
                 return Err(LifecycleError::WrongContainerizer {
                     container: id.clone(),
                     step: STEP,
-                    owner: "mesos",
+                    containerizer: "mesos",
                 });
             }
             let mut want = Vec::new();
@@ -589,7 +589,7 @@ impl Isolator {
     /// already held out that the node still has and, when one of its own MIG devices is gone
     /// (`layout_changed`), every other MIG device whose capability node its `rules` let it open
     /// (read or write): a new layout reuses GPU and compute instance ids, and their nodes' minors
-    /// with them. Devices another holder of the pool (`others`) reserves are its own and only
+    /// with them. Devices another publisher of the pool (`others`) reserves are its own and only
     /// reported.
     fn mig_held_out(
         &self,
@@ -623,7 +623,7 @@ impl Isolator {
                 continue;
             }
             if others.contains(&d.uuid) {
-                tracing::error!(mig = %d.uuid, "a MIG device a recovered container's cgroup can open is reserved by another holder of the pool; run `mesos-gpu gpu list`");
+                tracing::error!(mig = %d.uuid, "a MIG device a recovered container's cgroup can open is reserved by another publisher of the pool; run `mesos-gpu gpu list`");
                 continue;
             }
             out.push(d.uuid.clone());
@@ -639,7 +639,7 @@ impl Isolator {
             .filter_map(|k| ContainerId::new(k.as_str()).ok())
             .collect();
         // With the node's pool, only the agent adopts cgroups it has no record of, and never
-        // one another holder of the pool records.
+        // one another publisher of the pool records.
         let adopts = self.pool.as_ref().is_none_or(|link| link.adopts_cgroups());
         if !adopts {
             return ids;
@@ -778,15 +778,16 @@ impl Isolator {
         }
         match self.layout.version() {
             CgroupVersion::V1 => {
-                let mut cgroup = PlacedCgroup::open(self.owner, &self.layout, id, cgroup_dir)
-                    .map_err(|e| error_chain(&e))?;
+                let mut cgroup =
+                    PlacedCgroup::open(self.cgroup_maker, &self.layout, id, cgroup_dir)
+                        .map_err(|e| error_chain(&e))?;
                 let live_rules = cgroup.cgroup().allowed().map_err(|e| error_chain(&e))?;
                 let live = self.indices_of_minors(&allowed_minors(&live_rules));
                 if live == gpus {
                     // Own cgroups hold exactly our list; Mesos's hold its entries and ours.
-                    let rules = match self.owner {
-                        CgroupOwner::Own => live_rules,
-                        CgroupOwner::Mesos => self.rules_of(gpus),
+                    let rules = match self.cgroup_maker {
+                        CgroupMaker::Own => live_rules,
+                        CgroupMaker::Mesos => self.rules_of(gpus),
                     };
                     return Ok(Found {
                         gpus,
@@ -824,7 +825,7 @@ impl Isolator {
                 Ok(Found {
                     gpus,
                     rules: rules.to_vec(),
-                    cgroup: Some(PlacedCgroup::from_parts(self.owner, cgroup)),
+                    cgroup: Some(PlacedCgroup::from_parts(self.cgroup_maker, cgroup)),
                 })
             }
         }
@@ -841,7 +842,7 @@ impl Isolator {
     fn unexplained_cgroup(&self, id: &ContainerId) -> Option<GpuSet> {
         let path = self.layout.container_dir(id);
         let every = || GpuSet::from_indices(self.devices.iter().copied()).unwrap_or_default();
-        let mesos = self.owner == CgroupOwner::Mesos;
+        let mesos = self.cgroup_maker == CgroupMaker::Mesos;
         match self.layout.version() {
             CgroupVersion::V1 => {
                 match DeviceCgroup::recover(&self.layout, id, None).and_then(|cg| cg.allowed()) {
@@ -893,7 +894,7 @@ impl Isolator {
     fn rebuild(
         &self,
         found: BTreeMap<ContainerId, Found>,
-        mut shares: BTreeMap<ContainerId, ShareGrant>,
+        mut shares: BTreeMap<ContainerId, PlacedShare>,
         mut migs: BTreeMap<ContainerId, Vec<String>>,
         docker: BTreeMap<ContainerId, GpuSet>,
         quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
@@ -954,26 +955,26 @@ impl Isolator {
     }
 }
 
-/// Moves GPU `index` from `holder` to quarantine, claimed by `holder` and `claimant`; returns
+/// Moves GPU `index` from `owner` to quarantine, claimed by `owner` and `claimant`; returns
 /// every claimant.
 fn quarantine_gpu(
     state: &mut State,
     index: u32,
-    holder: &str,
+    owner: &str,
     claimant: &ContainerId,
 ) -> Vec<ContainerId> {
     let single = GpuSet::from_indices([index]).unwrap_or_default();
-    if holder != QUARANTINE_OWNER {
-        let _ = state.allocator.release(holder, single);
+    if owner != QUARANTINE_OWNER {
+        let _ = state.allocator.release(owner, single);
         let _ = state.allocator.recover(QUARANTINE_OWNER, single);
-        if let Ok(holder_id) = ContainerId::new(holder) {
-            if let Some(c) = state.containers.get_mut(&holder_id) {
+        if let Ok(owner_id) = ContainerId::new(owner) {
+            if let Some(c) = state.containers.get_mut(&owner_id) {
                 c.gpus = c.gpus.difference(single);
             }
-            if let Some(d) = state.docker.get_mut(&holder_id) {
+            if let Some(d) = state.docker.get_mut(&owner_id) {
                 *d = d.difference(single);
             }
-            state.quarantine.entry(index).or_default().insert(holder_id);
+            state.quarantine.entry(index).or_default().insert(owner_id);
         }
     }
     let claimants = state.quarantine.entry(index).or_default();

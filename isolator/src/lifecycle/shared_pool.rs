@@ -2,7 +2,7 @@
 //!
 //! Every call that takes the isolator's lock also takes the pool's `flock` for the same
 //! duration (a call, well under a millisecond plus cgroup writes): it reads the pool, puts the
-//! GPUs other holders reserve (and those a registered health checkpoint marks unhealthy) under
+//! GPUs other publishers reserve (and those a registered health checkpoint marks unhealthy) under
 //! [`ELSEWHERE_OWNER`] in the allocator, decides, and at every checkpoint write publishes this
 //! isolator's reservations to the pool first, then its own checkpoint. A request the free GPUs
 //! cannot serve reconciles the pool (freeing dead owners) and is tried once more before it is
@@ -19,7 +19,7 @@ use mesos_gpu_pool as pool;
 use mesos_gpu_pool::shares::ShareReservation;
 use mesos_gpu_pool::{GpuUuid, Host, Owner, Pool, PoolState, ProcessStamp, Shortage, Transaction};
 
-/// The allocator owner of GPUs other holders of the node's pool reserve, or that a health
+/// The allocator owner of GPUs other publishers of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
 pub(crate) const ELSEWHERE_OWNER: &str = "!pool";
 
@@ -52,8 +52,8 @@ pub enum PoolRole {
 #[derive(Debug)]
 pub(crate) struct PoolLink {
     pool: Pool,
-    /// The isolator's checkpoint path: the holder name of its reservations.
-    holder: String,
+    /// The isolator's checkpoint path: the publisher name of its reservations.
+    publisher: String,
     role: PoolRole,
     host: Host,
     me: ProcessStamp,
@@ -72,7 +72,7 @@ impl PoolLink {
         })?;
         Ok(PoolLink {
             pool: Pool::at(&config.dir),
-            holder: checkpoint.display().to_string(),
+            publisher: checkpoint.display().to_string(),
             role: config.role.clone(),
             host,
             me,
@@ -91,9 +91,9 @@ impl PoolLink {
 }
 
 impl Isolator {
-    /// The holder name of this isolator's reservations in the node's pool.
-    pub(crate) fn pool_holder(&self) -> Option<&str> {
-        self.pool.as_ref().map(|l| l.holder.as_str())
+    /// The publisher name of this isolator's reservations in the node's pool.
+    pub(crate) fn pool_publisher(&self) -> Option<&str> {
+        self.pool.as_ref().map(|l| l.publisher.as_str())
     }
 
     /// Where the liveness of the pool's owners is read from.
@@ -152,19 +152,19 @@ impl Isolator {
     }
 
     /// Locks the state only, for calls that change no reservation (`isolate`, `status`,
-    /// `usage`, metrics): other holders' reservations are as the last change saw them.
+    /// `usage`, metrics): other publishers' reservations are as the last change saw them.
     pub(crate) fn lock_local(&self) -> Result<Locked<'_>, LifecycleError> {
         let guard = self.state.lock().map_err(|_| LifecycleError::Poisoned)?;
         Ok(Locked { guard })
     }
 
-    /// Puts the GPUs other holders reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`].
+    /// Puts the GPUs other publishers reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`].
     pub(crate) fn mark_elsewhere(&self, state: &mut State, pool: &PoolState) {
         let Some(link) = &self.pool else {
             return;
         };
         let unhealthy = pool.unhealthy();
-        let others = pool.held_by_others(&link.holder);
+        let others = pool.held_by_others(&link.publisher);
         let wanted: Vec<u32> = self
             .inventory
             .gpus
@@ -184,7 +184,7 @@ impl Isolator {
             })
             .collect();
         if !clash.is_empty() {
-            tracing::error!(gpus = ?clash, pool = %link.pool.state_path().display(), "GPUs this isolator holds are reserved by another holder of the pool too (run `mesos-gpu gpu list`)");
+            tracing::error!(gpus = ?clash, pool = %link.pool.state_path().display(), "GPUs this isolator holds are reserved by another publisher of the pool too (run `mesos-gpu gpu list`)");
         }
         state.allocator.hold_elsewhere(ELSEWHERE_OWNER, wanted);
         state.mig.hold_only(ELSEWHERE_OWNER, &others);
@@ -232,7 +232,7 @@ impl Isolator {
             ));
         }
         let quarantined = state.allocator.held_by(QUARANTINE_OWNER);
-        let key = format!("quarantine@{}", link.holder);
+        let key = format!("quarantine@{}", link.publisher);
         let mut held: Vec<GpuUuid> = quarantined
             .iter()
             .filter_map(|i| self.inventory.by_index(i))
@@ -246,7 +246,7 @@ impl Isolator {
                 .state
                 .reservations
                 .get(&key)
-                .filter(|r| r.holder == link.holder)
+                .filter(|r| r.publisher == link.publisher)
                 .into_iter()
                 .flat_map(|r| r.gpus.iter())
                 .filter(|u| self.inventory.by_uuid(u.as_str()).is_none() && !held.contains(u))
@@ -275,20 +275,20 @@ impl Isolator {
                 Owner::Quarantine {
                     reason: format!(
                         "recovery of {} could not account for containers {}; freed when they are cleaned up",
-                        link.holder,
+                        link.publisher,
                         claimants.join(", ")
                     ),
                 },
                 held,
             ));
         }
-        tx.state.publish(&link.holder, entries);
+        tx.state.publish(&link.publisher, entries);
         let share =
-            |id: &ContainerId, owner: Owner, grant: &mesos_gpu_placement::sharing::ShareGrant| {
+            |id: &ContainerId, owner: Owner, grant: &mesos_gpu_placement::sharing::PlacedShare| {
                 (
                     id.to_string(),
                     ShareReservation {
-                        holder: link.holder.clone(),
+                        publisher: link.publisher.clone(),
                         owner,
                         grant: grant.clone(),
                         since: pool::now(),
@@ -304,7 +304,7 @@ impl Isolator {
                 share(id, owner, grant)
             }))
             .collect();
-        tx.state.publish_shares(&link.holder, shares);
+        tx.state.publish_shares(&link.publisher, shares);
         if self.health.get().is_some() {
             tx.state.health_dirs.insert(self.work_dir.clone());
         }
@@ -342,7 +342,7 @@ impl Isolator {
         })
     }
 
-    /// Frees the pool's dead owners (other holders'), and marks the rest again; true when
+    /// Frees the pool's dead owners (other publishers'), and marks the rest again; true when
     /// something was freed.
     pub(crate) fn reconcile_pool(&self, state: &mut State) -> bool {
         let Some(link) = &self.pool else {
@@ -351,7 +351,7 @@ impl Isolator {
         let Some(mut tx) = state.tx.get_mut().take() else {
             return false;
         };
-        let done = pool::reconcile(&mut tx.state, &link.host, Some(&link.holder));
+        let done = pool::reconcile(&mut tx.state, &link.host, Some(&link.publisher));
         let freed = !done.freed.is_empty();
         if freed {
             if let Err(e) = commit(&mut tx) {

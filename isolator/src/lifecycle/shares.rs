@@ -25,7 +25,7 @@ use mesos_gpu_enforce::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart
 use mesos_gpu_grant::ShareAccess;
 use mesos_gpu_health::Limitation;
 use mesos_gpu_placement::sharing::{
-    Among, Placement, PlacementError, ShareGrant, ShareLimits, SharingMode, SharingPlan,
+    Among, PlacedShare, Placement, PlacementError, ShareLimits, SharingMode, SharingPlan,
     SharingSpec, Wanted,
 };
 use mesos_gpu_pool::{Liveness, PoolState};
@@ -173,7 +173,7 @@ impl Sharing {
             .map(|r| (r.daemon.clone(), r.per_replica))
             .collect();
         // A daemon this process knew died and another process already started the GPU's next
-        // one: the holders here lost their server all the same.
+        // one: the owners here lost their server all the same.
         let mut replaced = Vec::new();
         for (daemon, _) in &recorded {
             if let Some(known) = daemons.get(&daemon.gpu)
@@ -202,7 +202,7 @@ impl Sharing {
     /// of it first; records it back in `pool`. `None` for a time-slicing share.
     fn daemon(
         &self,
-        grant: &ShareGrant,
+        grant: &PlacedShare,
         pool: &mut PoolState,
     ) -> Result<Option<MpsDaemon>, MpsError> {
         let Some(daemons) = &self
@@ -327,7 +327,7 @@ impl Isolator {
         step: &'static str,
         wanted: Wanted,
         among: Among,
-    ) -> Result<(mesos_gpu_placement::allocator::GpuSet, Option<ShareGrant>), LifecycleError> {
+    ) -> Result<(mesos_gpu_placement::allocator::GpuSet, Option<PlacedShare>), LifecycleError> {
         match self.request_kind(state, id, gpus, step, wanted, among)? {
             Kind::Whole(count) => Ok((self.allocate_shared(state, id, count, step)?, None)),
             Kind::Share(k) => match self.place_share(state, id, k, wanted, among)? {
@@ -366,7 +366,7 @@ impl Isolator {
         step: &'static str,
         wanted: Wanted,
         among: Among,
-    ) -> Result<Option<ShareGrant>, LifecycleError> {
+    ) -> Result<Option<PlacedShare>, LifecycleError> {
         let shares = self
             .sharing
             .as_ref()
@@ -401,7 +401,7 @@ impl Isolator {
         k: u32,
         wanted: Wanted,
         among: Among,
-    ) -> Result<Result<ShareGrant, PlacementError>, LifecycleError> {
+    ) -> Result<Result<PlacedShare, PlacementError>, LifecycleError> {
         let Some(sharing) = &self.sharing else {
             return Err(LifecycleError::SharingSetup {
                 why: "no GPU is shared on this node".into(),
@@ -426,13 +426,13 @@ impl Isolator {
         Ok(book.place_in(id.as_str(), k, Placement::Pack, wanted, among))
     }
 
-    /// What a holder of `grant` is launched with: the share's variables, and under `mps` the
+    /// What a owner of `grant` is launched with: the share's variables, and under `mps` the
     /// daemon of its GPU (made sure of) and the client environment for its limits.
     pub(crate) fn share_access(
         &self,
         state: &super::state::State,
         id: &ContainerId,
-        grant: &ShareGrant,
+        grant: &PlacedShare,
     ) -> Result<ShareAccess, LifecycleError> {
         let mut slot = state.tx.borrow_mut();
         let (Some(sharing), Some(tx)) = (&self.sharing, slot.as_mut()) else {
@@ -460,7 +460,7 @@ impl Isolator {
     pub(crate) fn update_share(
         &self,
         id: &ContainerId,
-        grant: &ShareGrant,
+        grant: &PlacedShare,
         gpus: f64,
     ) -> Result<(), LifecycleError> {
         let units = self
@@ -498,7 +498,7 @@ pub struct MpsRestart {
     pub failed: Option<String>,
     /// The containers holding a share of the GPU, now limited: their clients lost their
     /// server.
-    pub holders: Vec<ContainerId>,
+    pub owners: Vec<ContainerId>,
 }
 
 impl Isolator {
@@ -509,7 +509,7 @@ impl Isolator {
     }
 
     /// Under `mps`: restarts every shared GPU's daemon found dead (those the pool records for
-    /// the node included) and limits the holders of its shares (their `watch` resolves naming
+    /// the node included) and limits the owners of its shares (their `watch` resolves naming
     /// the GPU and the cause: a client's CUDA context does not survive its server). Call it
     /// periodically (the module does, every few seconds) and after `recover`.
     pub fn supervise_mps(&self) -> Result<Vec<MpsRestart>, LifecycleError> {
@@ -534,7 +534,7 @@ impl Isolator {
         };
         let mut out = Vec::new();
         for restart in restarts {
-            let holders: Vec<ContainerId> = state
+            let owners: Vec<ContainerId> = state
                 .containers
                 .iter()
                 .filter(|(_, c)| c.share.as_ref().is_some_and(|g| g.uuid == restart.gpu))
@@ -556,10 +556,10 @@ impl Isolator {
                     |e| format!("it could not be started again: {e}")
                 ),
             );
-            for holder in &holders {
-                tracing::warn!(container = %holder, gpu = %restart.gpu, why = %restart.why, "container limited: its GPU's MPS daemon died");
+            for owner in &owners {
+                tracing::warn!(container = %owner, gpu = %restart.gpu, why = %restart.why, "container limited: its GPU's MPS daemon died");
                 self.limitations.resolve(Limitation {
-                    container: holder.to_string(),
+                    container: owner.to_string(),
                     gpu: index,
                     uuid: restart.gpu.clone(),
                     message: message.clone(),
@@ -569,7 +569,7 @@ impl Isolator {
                 gpu: restart.gpu,
                 why: restart.why,
                 failed,
-                holders,
+                owners,
             });
         }
         Ok(out)

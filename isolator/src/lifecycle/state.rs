@@ -20,7 +20,7 @@ use mesos_gpu_enforce::cgroup::DeviceRule;
 use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_health::HealthChange;
 use mesos_gpu_node::inventory::{Gpu, Inventory};
-use mesos_gpu_placement::sharing::ShareGrant;
+use mesos_gpu_placement::sharing::PlacedShare;
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
 use mesos_gpu_pool::GpuUuid;
 
@@ -37,7 +37,7 @@ pub(crate) struct Container {
     /// Its device cgroup; `None` when recovery found it gone.
     pub(crate) cgroup: Option<PlacedCgroup>,
     /// Its share of a shared GPU (then `gpus` is empty), recorded in the node's pool.
-    pub(crate) share: Option<ShareGrant>,
+    pub(crate) share: Option<PlacedShare>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub(crate) mig: Vec<String>,
     /// MIG devices of a layout made after it started that its cgroup can reach (recovery found
@@ -97,7 +97,7 @@ pub(crate) struct State {
     pub(crate) nested_cgroups: BTreeMap<ContainerId, PlacedCgroup>,
     pub(crate) docker: BTreeMap<ContainerId, GpuSet>,
     /// Docker containers holding a share of a shared GPU (their `docker` entry is empty).
-    pub(crate) docker_shares: BTreeMap<ContainerId, ShareGrant>,
+    pub(crate) docker_shares: BTreeMap<ContainerId, PlacedShare>,
     /// Docker containers' MIG devices by `MIG-…` UUID.
     pub(crate) docker_mig: BTreeMap<ContainerId, Vec<String>>,
     /// Where each Docker container runs and who starts it (for its owner record).

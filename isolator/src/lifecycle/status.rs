@@ -17,7 +17,7 @@ use mesos_gpu_placement::allocator::GpuSet;
 pub struct Allocations {
     /// GPUs nobody holds (healthy and free).
     pub free: Vec<u32>,
-    /// Every holder (container id, or [`QUARANTINE_OWNER`]) and its GPUs by NVML index.
+    /// Every owner (container id, or [`QUARANTINE_OWNER`]) and its GPUs by NVML index.
     pub owners: Vec<(String, Vec<u32>)>,
     /// Quarantined GPUs and the containers whose cleanup frees them.
     pub quarantined: Vec<(u32, Vec<ContainerId>)>,
@@ -69,7 +69,7 @@ pub struct ContainerStatus {
     pub cgroup: Option<PathBuf>,
     /// Its share of a shared GPU (the GPU is in `gpus`; a shared MIG device is not, as a MIG
     /// device held whole is not), when it holds one.
-    pub share: Option<mesos_gpu_placement::sharing::ShareGrant>,
+    pub share: Option<mesos_gpu_placement::sharing::PlacedShare>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub mig: Vec<String>,
 }

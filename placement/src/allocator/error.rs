@@ -51,12 +51,12 @@ pub enum AllocError {
         held: GpuSet,
     },
     /// GPUs asked for by name that another (or the same) owner already holds.
-    #[error("GPUs {gpus} are already allocated to {holder}")]
+    #[error("GPUs {gpus} are already allocated to {owner}")]
     AlreadyAllocated {
         /// The GPUs already held.
         gpus: GpuSet,
         /// Who holds them.
-        holder: String,
+        owner: String,
     },
     /// A GPU this allocator does not manage.
     #[error("GPU {index} is not managed by this allocator (managed: {managed})")]

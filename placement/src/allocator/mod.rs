@@ -414,7 +414,7 @@ impl Allocator {
         }
     }
 
-    /// Refuses a set with unknown GPUs or GPUs held by anyone, naming the first holder found.
+    /// Refuses a set with unknown GPUs or GPUs held by anyone, naming the first owner found.
     fn check_takeable(&self, set: GpuSet) -> Result<(), AllocError> {
         self.check_known(set)?;
         match self
@@ -423,9 +423,9 @@ impl Allocator {
             .find(|&(_, &held)| held & set.mask() != 0)
         {
             None => Ok(()),
-            Some((holder, &held)) => Err(AllocError::AlreadyAllocated {
+            Some((owner, &held)) => Err(AllocError::AlreadyAllocated {
                 gpus: GpuSet::from_mask(held & set.mask()),
-                holder: holder.clone(),
+                owner: owner.clone(),
             }),
         }
     }

@@ -13,7 +13,7 @@ pub enum UnitState {
     /// Held by this owner.
     Held(String),
     /// Out of service (an XID on it or its parent, or its capability nodes are unknown); the
-    /// holder, if any, keeps it until it gives it back.
+    /// owner, if any, keeps it until it gives it back.
     Unhealthy(Option<String>),
 }
 
@@ -25,10 +25,10 @@ struct Unit {
     profile_name: String,
     isolatable: bool,
     healthy: bool,
-    /// A health checkpoint of another holder of the node's pool marks it (or its parent)
+    /// A health checkpoint of another publisher of the node's pool marks it (or its parent)
     /// unhealthy.
     out_elsewhere: bool,
-    holder: Option<String>,
+    owner: Option<String>,
 }
 
 /// The MIG devices of a node as allocation units, keyed by UUID, in (parent, MIG index) order.
@@ -53,7 +53,7 @@ impl MigUnits {
                 isolatable: d.caps.is_some(),
                 healthy: d.healthy,
                 out_elsewhere: false,
-                holder: None,
+                owner: None,
             })
             .collect();
         MigUnits {
@@ -73,7 +73,7 @@ impl MigUnits {
     }
 
     fn usable(u: &Unit, kind: Option<MigKind>) -> bool {
-        u.holder.is_none()
+        u.owner.is_none()
             && u.healthy
             && !u.out_elsewhere
             && u.isolatable
@@ -133,7 +133,7 @@ impl MigUnits {
         Ok(picked
             .into_iter()
             .map(|i| {
-                self.units[i].holder = Some(owner.to_owned());
+                self.units[i].owner = Some(owner.to_owned());
                 self.units[i].uuid.clone()
             })
             .collect())
@@ -168,22 +168,22 @@ impl MigUnits {
     /// another owner holds it.
     pub fn hold(&mut self, owner: &str, uuid: &str) -> bool {
         match self.units.iter_mut().find(|u| u.uuid == uuid) {
-            Some(u) if u.holder.as_deref().is_none_or(|h| h == owner) => {
-                u.holder = Some(owner.to_owned());
+            Some(u) if u.owner.as_deref().is_none_or(|h| h == owner) => {
+                u.owner = Some(owner.to_owned());
                 true
             }
             _ => false,
         }
     }
 
-    /// Makes `owner` hold exactly the devices of `uuids` nobody else holds (what other holders
+    /// Makes `owner` hold exactly the devices of `uuids` nobody else holds (what other owners
     /// of the node's pool reserve).
     pub fn hold_only(&mut self, owner: &str, uuids: &std::collections::BTreeSet<&str>) {
         for u in &mut self.units {
             let wanted = uuids.contains(u.uuid.as_str());
-            match u.holder.as_deref() {
-                Some(h) if h == owner && !wanted => u.holder = None,
-                None if wanted => u.holder = Some(owner.to_owned()),
+            match u.owner.as_deref() {
+                Some(h) if h == owner && !wanted => u.owner = None,
+                None if wanted => u.owner = Some(owner.to_owned()),
                 _ => {}
             }
         }
@@ -205,9 +205,9 @@ impl MigUnits {
     pub fn release(&mut self, owner: &str) -> Vec<String> {
         self.units
             .iter_mut()
-            .filter(|u| u.holder.as_deref() == Some(owner))
+            .filter(|u| u.owner.as_deref() == Some(owner))
             .map(|u| {
-                u.holder = None;
+                u.owner = None;
                 u.uuid.clone()
             })
             .collect()
@@ -215,14 +215,14 @@ impl MigUnits {
 
     /// How many MIG devices some owner holds.
     pub fn held(&self) -> usize {
-        self.units.iter().filter(|u| u.holder.is_some()).count()
+        self.units.iter().filter(|u| u.owner.is_some()).count()
     }
 
     /// The UUIDs `owner` holds.
     pub fn held_by(&self, owner: &str) -> Vec<&str> {
         self.units
             .iter()
-            .filter(|u| u.holder.as_deref() == Some(owner))
+            .filter(|u| u.owner.as_deref() == Some(owner))
             .map(|u| u.uuid.as_str())
             .collect()
     }
@@ -231,8 +231,8 @@ impl MigUnits {
     pub fn state(&self, uuid: &str) -> Option<UnitState> {
         let u = self.units.iter().find(|u| u.uuid == uuid)?;
         Some(
-            match (&u.holder, u.healthy && !u.out_elsewhere && u.isolatable) {
-                (holder, false) => UnitState::Unhealthy(holder.clone()),
+            match (&u.owner, u.healthy && !u.out_elsewhere && u.isolatable) {
+                (owner, false) => UnitState::Unhealthy(owner.clone()),
                 (Some(h), true) => UnitState::Held(h.clone()),
                 (None, true) => UnitState::Free,
             },
@@ -240,11 +240,11 @@ impl MigUnits {
     }
 
     /// Takes the MIG device `uuid` out of service (an XID attributed to it); returns its
-    /// holder, whose `watch` should name the device.
+    /// owner, whose `watch` should name the device.
     pub fn mark_unhealthy(&mut self, uuid: &str) -> Option<(String, Option<String>)> {
         let u = self.units.iter_mut().find(|u| u.uuid == uuid)?;
         u.healthy = false;
-        Some((u.uuid.clone(), u.holder.clone()))
+        Some((u.uuid.clone(), u.owner.clone()))
     }
 
     /// Puts the MIG device `uuid` back in service (its quiet period passed, or the operator
@@ -264,14 +264,14 @@ impl MigUnits {
     }
 
     /// Takes every MIG device of the GPU with NVML index `parent` out of service (an XID on the
-    /// parent); returns each device with its holder.
+    /// parent); returns each device with its owner.
     pub fn mark_parent_unhealthy(&mut self, parent: u32) -> Vec<(String, Option<String>)> {
         self.units
             .iter_mut()
             .filter(|u| u.parent == parent)
             .map(|u| {
                 u.healthy = false;
-                (u.uuid.clone(), u.holder.clone())
+                (u.uuid.clone(), u.owner.clone())
             })
             .collect()
     }
@@ -465,7 +465,7 @@ mod tests {
         let hit = units.mark_parent_unhealthy(5);
         assert_eq!(hit.len(), 4);
         assert_eq!(hit[0], ("MIG-5-0".into(), Some("b".into())));
-        assert!(hit[1..].iter().all(|(_, holder)| holder.is_none()));
+        assert!(hit[1..].iter().all(|(_, owner)| owner.is_none()));
         assert_eq!(units.free(None), 3, "GPU 4's 2g and two 1g remain");
         units.release("a");
         assert_eq!(units.state("MIG-4-0"), Some(UnitState::Unhealthy(None)));

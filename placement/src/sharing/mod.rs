@@ -24,7 +24,7 @@ pub mod packing;
 pub mod plan;
 
 pub use packing::{
-    Placement, PlacementError, SHARE_MODE_ENV, ShareBook, ShareGrant, ShareLimits, Wanted,
+    PlacedShare, Placement, PlacementError, SHARE_MODE_ENV, ShareBook, ShareLimits, Wanted,
 };
 pub use plan::{
     Among, ModeChoice, ModeSpec, SharedGpu, SharingError, SharingMode, SharingPlan, SharingSpec,

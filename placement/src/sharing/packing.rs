@@ -152,7 +152,7 @@ pub struct ShareLimits {
 
 /// One placed share.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ShareGrant {
+pub struct PlacedShare {
     /// The GPU's UUID.
     pub uuid: String,
     /// The GPU's NVML index.
@@ -167,14 +167,14 @@ pub struct ShareGrant {
     pub limits: ShareLimits,
 }
 
-impl ShareGrant {
+impl PlacedShare {
     /// True when the share is of a MIG device (its UUID is the device's `MIG-…`, its index the
     /// parent GPU's).
     pub fn is_mig(&self) -> bool {
         self.uuid.starts_with("MIG-")
     }
 
-    /// What every holder is told: `MESOS_GPU_SHARE=k/R` and `MESOS_GPU_SHARING=<mode>`.
+    /// What every owner is told: `MESOS_GPU_SHARE=k/R` and `MESOS_GPU_SHARING=<mode>`.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
             (
@@ -204,7 +204,7 @@ struct Slot {
     uuid: String,
     replicas: u32,
     memory_total: u64,
-    holders: BTreeMap<String, u32>,
+    owners: BTreeMap<String, u32>,
     unusable: Option<String>,
     mode: SharingMode,
     /// A MIG device's parent GPU UUID, and its kind.
@@ -218,7 +218,7 @@ impl Slot {
     }
 
     fn used(&self) -> u32 {
-        self.holders.values().sum()
+        self.owners.values().sum()
     }
 
     fn free(&self) -> u32 {
@@ -244,7 +244,7 @@ impl ShareBook {
                     uuid: g.uuid.clone(),
                     replicas: g.replicas,
                     memory_total: g.memory_total,
-                    holders: BTreeMap::new(),
+                    owners: BTreeMap::new(),
                     unusable: None,
                     mode: g.mode,
                     mig_parent: g.mig_parent.clone(),
@@ -255,7 +255,7 @@ impl ShareBook {
     }
 
     /// Marks a GPU unusable for new shares (unhealthy, held whole), with its MIG devices when
-    /// it is in MIG mode; their holders keep their shares. Returns false when neither the GPU
+    /// it is in MIG mode; their owners keep their shares. Returns false when neither the GPU
     /// nor a MIG device of it is shared.
     pub fn mark_unusable(&mut self, uuid: &str, why: &str) -> bool {
         let mut found = false;
@@ -278,7 +278,7 @@ impl ShareBook {
     pub fn record(&mut self, owner: &str, uuid: &str, units: u32, mode: SharingMode) -> bool {
         match self.slots.iter_mut().find(|s| s.uuid == uuid) {
             Some(slot) => {
-                slot.holders.insert(owner.to_owned(), units);
+                slot.owners.insert(owner.to_owned(), units);
                 if mode != slot.mode {
                     slot.unusable = Some(format!(
                         "holds {mode} shares begun before it became {}; it takes new shares once they end",
@@ -298,7 +298,7 @@ impl ShareBook {
         units: u32,
         policy: Placement,
         wanted: Wanted,
-    ) -> Result<ShareGrant, PlacementError> {
+    ) -> Result<PlacedShare, PlacementError> {
         self.place_in(owner, units, policy, wanted, Among::All)
     }
 
@@ -311,13 +311,13 @@ impl ShareBook {
         policy: Placement,
         wanted: Wanted,
         among: Among,
-    ) -> Result<ShareGrant, PlacementError> {
+    ) -> Result<PlacedShare, PlacementError> {
         if units == 0 {
             return Err(PlacementError::Zero {
                 owner: owner.to_owned(),
             });
         }
-        if let Some(slot) = self.slots.iter().find(|s| s.holders.contains_key(owner)) {
+        if let Some(slot) = self.slots.iter().find(|s| s.owners.contains_key(owner)) {
             return Err(PlacementError::AlreadyHolds {
                 owner: owner.to_owned(),
                 uuid: slot.uuid.clone(),
@@ -367,8 +367,8 @@ impl ShareBook {
             });
         };
         let slot = &mut self.slots[at];
-        slot.holders.insert(owner.to_owned(), units);
-        Ok(ShareGrant {
+        slot.owners.insert(owner.to_owned(), units);
+        Ok(PlacedShare {
             uuid: slot.uuid.clone(),
             index: slot.index,
             units,
@@ -387,7 +387,7 @@ impl ShareBook {
     pub fn release(&mut self, owner: &str) -> Option<(String, u32)> {
         self.slots
             .iter_mut()
-            .find_map(|s| s.holders.remove(owner).map(|units| (s.uuid.clone(), units)))
+            .find_map(|s| s.owners.remove(owner).map(|units| (s.uuid.clone(), units)))
     }
 
     /// Units free on each usable shared GPU, by UUID.
@@ -399,21 +399,21 @@ impl ShareBook {
             .collect()
     }
 
-    /// Shared GPUs with no holder.
+    /// Shared GPUs with no owner.
     pub fn idle(&self) -> BTreeSet<&str> {
         self.slots
             .iter()
-            .filter(|s| s.holders.is_empty())
+            .filter(|s| s.owners.is_empty())
             .map(|s| s.uuid.as_str())
             .collect()
     }
 
-    /// The holders of a GPU and their units.
-    pub fn holders(&self, uuid: &str) -> Vec<(&str, u32)> {
+    /// The owners of a GPU and their units.
+    pub fn owners(&self, uuid: &str) -> Vec<(&str, u32)> {
         self.slots
             .iter()
             .filter(|s| s.uuid == uuid)
-            .flat_map(|s| s.holders.iter().map(|(o, k)| (o.as_str(), *k)))
+            .flat_map(|s| s.owners.iter().map(|(o, k)| (o.as_str(), *k)))
             .collect()
     }
 
@@ -571,7 +571,7 @@ mod tests {
         assert!(b.mark_unusable(&uuid, "XID 79"));
         let err = b.place("new", 1, Placement::Pack, Wanted::Any).unwrap_err();
         assert!(err.to_string().contains("unusable (XID 79)"), "{err}");
-        assert_eq!(b.holders(&uuid), vec![("old", 1)]);
+        assert_eq!(b.owners(&uuid), vec![("old", 1)]);
     }
 }
 

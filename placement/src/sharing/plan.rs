@@ -64,9 +64,9 @@ pub enum Among {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum SharingMode {
-    /// Shares are only accounted: no memory or compute isolation between holders.
+    /// Shares are only accounted: no memory or compute isolation between owners.
     TimeSlicing,
-    /// One MPS control daemon per shared GPU; each holder gets its k/R thread and memory limits.
+    /// One MPS control daemon per shared GPU; each owner gets its k/R thread and memory limits.
     Mps,
 }
 
@@ -246,7 +246,7 @@ pub enum SharingError {
     },
     /// Time-slicing on a GPU in MIG mode: its MIG devices are shared only under MPS.
     #[error(
-        "GPU {index} ({uuid}) is in MIG mode: its MIG devices are shared only with MPS, which limits each holder's threads and memory within the device; time-slicing would only count holders (set {index}=mps or {index}=none in --gpu-sharing)"
+        "GPU {index} ({uuid}) is in MIG mode: its MIG devices are shared only with MPS, which limits each owner's threads and memory within the device; time-slicing would only count owners (set {index}=mps or {index}=none in --gpu-sharing)"
     )]
     MigTimeSlicing {
         /// NVML index of the GPU in MIG mode.
