@@ -733,6 +733,39 @@ mod tests {
     }
 
     #[test]
+    fn pool_files_keep_the_holder_key_for_the_publisher() {
+        // pool.json as every mesos-gpu so far writes it: the publisher under "holder". Older
+        // processes on the node (a docker-wrapper outliving an upgrade) read the same file.
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::at(dir.path());
+        fs::create_dir_all(dir.path().join("gpu")).unwrap();
+        let written = br#"{"version": 1, "reservations": {"task-1": {
+            "holder": "/var/lib/mesos/gpu/allocations.json",
+            "owner": {"kind": "process", "process": {"pid": 7, "start_time": 1,
+                "boot_id": "b"}, "cgroup": null, "private_dir": null},
+            "gpus": ["GPU-1"], "since": 5}}, "health_dirs": []}"#;
+        fs::write(pool.state_path(), written).unwrap();
+        let mut tx = pool.begin().unwrap();
+        let r = &tx.state.reservations["task-1"];
+        assert_eq!(r.publisher, "/var/lib/mesos/gpu/allocations.json");
+        assert_eq!(r.gpus, uuids(&["GPU-1"]));
+        tx.state
+            .shares
+            .insert("task-2".into(), share("/p", process(8), "GPU-2"));
+        tx.commit().unwrap();
+        drop(tx);
+
+        let doc: serde_json::Value =
+            serde_json::from_slice(&fs::read(pool.state_path()).unwrap()).unwrap();
+        for record in [&doc["reservations"]["task-1"], &doc["shares"]["task-2"]] {
+            assert!(record.get("holder").is_some(), "{record}");
+            assert!(record.get("publisher").is_none(), "{record}");
+        }
+        let back = pool.read().unwrap();
+        assert_eq!(back.shares["task-2"].publisher, "/p");
+    }
+
+    #[test]
     fn other_versions_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Pool::at(dir.path());
