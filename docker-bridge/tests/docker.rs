@@ -302,7 +302,16 @@ fn devices_and_denials_in_a_plain_image(fx: &Fixture) -> TestResult {
             Some(&fx.driver((12, 4))),
         )
         .map_err(|e| e.to_string())?;
-        assert!(plan.volume.is_none() && plan.env.is_empty());
+        // A plain image gets no driver volume and none of its variables, only the grant's
+        // visible-device variables (every Docker path sets them for a container holding a
+        // device, as the Mesos path does).
+        let names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(plan.volume.is_none(), "{plan:?}");
+        assert_eq!(
+            names,
+            ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"],
+            "{plan:?}"
+        );
         let (code, out, id) = run_in(
             fx,
             &client,
@@ -342,7 +351,10 @@ fn labelled_image_gets_the_volume_read_only(fx: &Fixture) -> TestResult {
         assert!(info.wants_driver(), "{info:?}");
         let gpus = fx.gpus(&[0, 2]);
         let plan = LaunchPlan::for_gpus(&gpus, &fx.host.nodes, &info, Some(&fx.driver((12, 4)))).map_err(|e| e.to_string())?;
-        let uuids = format!("{},{}", gpus.iter().find(|g| g.minor == 0).map(|g| g.uuid.as_str()).unwrap_or(""), gpus.iter().find(|g| g.minor == 2).map(|g| g.uuid.as_str()).unwrap_or(""));
+        // The grant names its GPUs in NVML index order, in every renderer.
+        let mut by_index = gpus.clone();
+        by_index.sort_by_key(|g| g.index);
+        let uuids = by_index.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",");
         let mut script = check_script(&[0, 2], &[1, 3], true);
         script = format!("[ \"$NVIDIA_VISIBLE_DEVICES\" = \"{uuids}\" ] || {{ echo \"env: $NVIDIA_VISIBLE_DEVICES\"; exit 9; }}\n{script}");
         let (code, out, _) = run_in(fx, &client, &fx.labelled, &plan, script).await?;
