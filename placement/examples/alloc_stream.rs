@@ -30,6 +30,10 @@
 
 #[path = "support/besteffort.rs"]
 mod besteffort;
+#[path = "support/rng.rs"]
+mod rng;
+
+use rng::Rng;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -52,40 +56,17 @@ const SIZE_WEIGHTS: [u32; 8] = [30, 24, 6, 18, 3, 3, 2, 14];
 /// Mean time a request holds its GPUs, in hours.
 const MEAN_HOLD_HOURS: f64 = 0.1;
 
-/// SplitMix64: a small deterministic generator, so a seed gives the same day everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        #[allow(clippy::cast_precision_loss)] // 53 bits are exact in an f64
-        let x = (self.next() >> 11) as f64;
-        (x + 1.0) / 9_007_199_254_740_992.0
-    }
-
-    fn exponential(&mut self, mean: f64) -> f64 {
-        -mean * self.unit().ln()
-    }
-
-    fn weighted(&mut self, weights: &[u32]) -> usize {
-        let total: u32 = weights.iter().sum();
-        let mut pick = u32::try_from(self.next() % u64::from(total)).unwrap_or(0);
-        for (i, &w) in weights.iter().enumerate() {
-            if pick < w {
-                return i;
-            }
-            pick -= w;
+/// An index of `weights`, drawn in proportion to them.
+fn weighted(rng: &mut Rng, weights: &[u32]) -> usize {
+    let total: u32 = weights.iter().sum();
+    let mut pick = u32::try_from(rng.next() % u64::from(total)).unwrap_or(0);
+    for (i, &w) in weights.iter().enumerate() {
+        if pick < w {
+            return i;
         }
-        weights.len() - 1
+        pick -= w;
     }
+    weights.len() - 1
 }
 
 /// One request of the day.
@@ -114,7 +95,7 @@ fn day(gpus: u32, seed: u64, load: f64) -> Vec<Request> {
         if at >= 24.0 {
             return requests;
         }
-        let size = u32::try_from(rng.weighted(weights) + 1).unwrap_or(1);
+        let size = u32::try_from(weighted(&mut rng, weights) + 1).unwrap_or(1);
         let hold = rng.exponential(MEAN_HOLD_HOURS);
         requests.push(Request { at, size, hold });
     }
