@@ -122,8 +122,9 @@ impl MgpuIsolator {
     /// creates the isolator, from the module parameters.
     pub fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
         let mut params = ModuleParams::parse(params)?;
-        if let Some(agent) = crate::params::running_agent()? {
-            params.apply_agent(&agent, crate::params::host_cgroup_version)?;
+        let agent = crate::params::running_agent()?;
+        if let Some(agent) = &agent {
+            params.apply_agent(agent, crate::params::host_cgroup_version)?;
         }
         // The default library goes through the loader's search, and its absence means "no
         // driver"; a library named in `nvml_lib` that cannot be loaded is an error of its own.
@@ -141,6 +142,9 @@ impl MgpuIsolator {
         };
         let driver: Arc<GpuDriver> = Arc::from(driver);
         let inventory = driver.inventory().clone();
+        if let Some(agent) = &agent {
+            params.check_agent_resources(agent, &inventory)?;
+        }
         let nodes = DeviceNodes::scan(&params.dev_root, &inventory).map_err(|source| {
             ParamError::Devices {
                 dev_root: params.dev_root.clone(),

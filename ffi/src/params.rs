@@ -18,7 +18,10 @@ use mesos_gpu_health::{
     HealthPolicy, PolicyError, ProbeConfig, ProbeError, QuietTimes, RecoveryConfig, RecoveryError,
     parse_duration, probe::DEFAULT_PROBE, probe::DEFAULT_PROBE_TIMEOUT,
 };
-use mesos_gpu_isolator::agent_flags::{ContainerizerFlags, ContainerizerFlagsError};
+use mesos_gpu_isolator::agent_flags::{
+    ContainerizerFlags, ContainerizerFlagsError, ModuleGpus, OfferMismatch, Resources,
+    check_agent_resources,
+};
 use mesos_gpu_isolator::lifecycle::{
     CgroupChoice, CgroupMaker, IsolatorConfig, LifecycleError, PoolConfig, PoolRole, SharingConfig,
 };
@@ -174,6 +177,14 @@ pub enum ParamError {
         #[source]
         source: ContainerizerFlagsError,
     },
+    /// The agent's `--resources` advertise GPU units the module does not hand out (or the
+    /// reverse), which Mesos's `gpu/nvidia` refuses at start too.
+    #[error("the agent's --resources do not match the GPUs this module hands out")]
+    Resources {
+        /// Why.
+        #[source]
+        source: OfferMismatch,
+    },
     /// A module parameter that contradicts the running agent's flags.
     #[error("module parameter {key}={got:?} contradicts the agent's {agent}: {why}")]
     ContradictsAgent {
@@ -217,6 +228,7 @@ impl ParamError {
                 | ParamError::HealthProbe { .. }
                 | ParamError::Sharing { .. }
                 | ParamError::Agent { .. }
+                | ParamError::Resources { .. }
                 | ParamError::ContradictsAgent { .. }
         )
     }
@@ -479,6 +491,44 @@ impl ModuleParams {
             cgroups = %version, cgroup_maker = %cgroup_maker, cgroups_root = %agent.cgroups_root,
             isolation = %agent.isolation.join(","), "fitted the module to the agent's flags"
         );
+        Ok(())
+    }
+
+    /// Checks that the agent's `--resources` advertise exactly the GPU units these parameters
+    /// hand out on `inventory` (`check_agent_resources`: Mesos's `gpu/nvidia` rules, with the
+    /// `nvidia_gpu_devices` parameter for `--nvidia_gpu_devices`, replicas and MIG devices
+    /// counted), as Mesos's own GPU isolator refuses an agent advertising GPUs it cannot back.
+    pub fn check_agent_resources(
+        &self,
+        agent: &ContainerizerFlags,
+        inventory: &mesos_gpu_node::inventory::Inventory,
+    ) -> Result<(), ParamError> {
+        let module = ModuleGpus {
+            devices: self.isolator.devices.as_deref(),
+            strategy: self.isolator.mig.strategy,
+            sharing: self.isolator.sharing.as_ref().map(|s| &s.spec),
+        };
+        let offer = check_agent_resources(agent.resources.as_deref(), inventory, &module)
+            .map_err(|source| ParamError::Resources { source })?;
+        let advertised: Vec<String> = offer
+            .scalars
+            .iter()
+            .map(|(name, n)| format!("{name}:{n}"))
+            .collect();
+        let gpus = agent
+            .resources
+            .as_deref()
+            .and_then(|r| Resources::parse(r).ok())
+            .and_then(|r| r.gpus());
+        if gpus.is_none() {
+            tracing::warn!(
+                offered = %advertised.join(";"),
+                "the agent's --resources advertise no gpus: no task can be given this node's GPUs \
+                 (`mesos-gpu agent-flags` prints the agent's flags)"
+            );
+        } else {
+            tracing::info!(advertised = %advertised.join(";"), what = %offer.what, "the agent's --resources match the GPUs the module hands out");
+        }
         Ok(())
     }
 
@@ -768,6 +818,7 @@ mod tests {
 
     fn agent(isolation: &str, root: &str) -> ContainerizerFlags {
         ContainerizerFlags {
+            resources: None,
             isolation: isolation.split(',').map(str::to_owned).collect(),
             cgroups_root: root.into(),
             cgroups_hierarchy: "/sys/fs/cgroup".into(),

@@ -49,8 +49,14 @@ pub struct Attribute {
     pub value: String,
 }
 
-/// The GPU attributes for the GPUs with these NVML indices (unknown indices are skipped).
-pub(crate) fn gpu_attributes(inventory: &Inventory, indices: &[u32]) -> Vec<Attribute> {
+/// The GPU attributes for the GPUs with these NVML indices (unknown indices are skipped); the
+/// driver's (`nvidia_driver`, `cuda_version`) only with `driver`: they change with every driver
+/// upgrade, and Mesos refuses to recover an agent whose attributes changed.
+pub(crate) fn gpu_attributes(
+    inventory: &Inventory,
+    indices: &[u32],
+    driver: bool,
+) -> Vec<Attribute> {
     let gpus: Vec<_> = indices
         .iter()
         .filter_map(|&i| inventory.by_index(i))
@@ -83,7 +89,8 @@ pub(crate) fn gpu_attributes(inventory: &Inventory, indices: &[u32]) -> Vec<Attr
             cc.map(|(major, minor)| format!("{major}.{minor}")),
         );
     }
-    if !gpus.is_empty()
+    if driver
+        && !gpus.is_empty()
         && let Some(driver) = &inventory.driver
     {
         push(ATTR_DRIVER, Some(safe_text(&driver.version)));
@@ -186,7 +193,7 @@ mod tests {
             gpu(0, "Tesla V100-SXM2-16GB", 16160, Some((7, 0))),
             gpu(1, "Tesla V100-SXM2-16GB", 16160, Some((7, 0))),
         ]);
-        let attrs = merge(None, &gpu_attributes(&inv, &[0, 1])).expect("merge");
+        let attrs = merge(None, &gpu_attributes(&inv, &[0, 1], true)).expect("merge");
         assert_eq!(
             attrs,
             "gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
@@ -201,14 +208,14 @@ mod tests {
             gpu(1, "Tesla T4", 15360, Some((7, 5))),
             gpu(2, "Tesla T4", 15360, None),
         ]);
-        let all = gpu_attributes(&inv, &[0, 1, 2]);
+        let all = gpu_attributes(&inv, &[0, 1, 2], true);
         assert_eq!(all[0].value, "NVIDIA-A100-SXM4-80GB+Tesla-T4");
         assert_eq!(all[1].value, "15360");
         assert!(
             all.iter().all(|a| a.name != ATTR_COMPUTE_CAPABILITY),
             "unknown cc on GPU 2: {all:?}"
         );
-        let first = gpu_attributes(&inv, &[0]);
+        let first = gpu_attributes(&inv, &[0], true);
         assert_eq!(
             first[2],
             Attribute {
@@ -216,7 +223,7 @@ mod tests {
                 value: "8.0".into()
             }
         );
-        assert!(gpu_attributes(&inv, &[]).is_empty());
+        assert!(gpu_attributes(&inv, &[], true).is_empty());
     }
 
     #[test]

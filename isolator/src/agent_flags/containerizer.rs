@@ -84,6 +84,9 @@ pub struct ContainerizerFlags {
     pub cgroups_hierarchy: PathBuf,
     /// `--launcher`; `None` when not given (Mesos picks `linux` where it can run it).
     pub launcher: Option<String>,
+    /// `--resources`, when given (`file://` values read): what the agent advertises, which the
+    /// module checks against what it hands out ([`super::check_agent_resources`]).
+    pub resources: Option<String>,
 }
 
 impl ContainerizerFlags {
@@ -120,6 +123,7 @@ impl ContainerizerFlags {
         let cgroups_root = get("cgroups_root")?;
         let cgroups_hierarchy = get("cgroups_hierarchy")?;
         let launcher = get("launcher")?;
+        let resources = get("resources")?;
         Ok(ContainerizerFlags {
             isolation: isolation
                 .as_deref()
@@ -133,6 +137,7 @@ impl ContainerizerFlags {
             cgroups_hierarchy: cgroups_hierarchy
                 .map_or_else(|| PathBuf::from("/sys/fs/cgroup"), PathBuf::from),
             launcher,
+            resources,
         })
     }
 
@@ -235,8 +240,10 @@ mod tests {
                 ("MESOS_launcher", "posix"),
                 ("MESOS_CGROUPS_HIERARCHY", "/cg"),
                 ("OTHER_ISOLATION", "x"),
+                ("MESOS_RESOURCES", "cpus:1;gpus:16"),
             ],
         );
+        assert_eq!(f.resources.as_deref(), Some("cpus:1;gpus:16"));
         assert_eq!(f.cgroups_root, "agents");
         assert_eq!(f.launcher.as_deref(), Some("posix"));
         assert_eq!(f.cgroups_hierarchy, PathBuf::from("/cg"));
@@ -266,6 +273,7 @@ mod tests {
     #[test]
     fn supported_configurations() {
         let with = |isolation: &str, launcher: Option<&str>| ContainerizerFlags {
+            resources: None,
             isolation: isolation.split(',').map(str::to_owned).collect(),
             cgroups_root: "mesos".into(),
             cgroups_hierarchy: "/sys/fs/cgroup".into(),

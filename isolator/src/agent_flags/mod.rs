@@ -24,6 +24,7 @@ mod attributes;
 mod containerizer;
 mod mig;
 pub mod module;
+mod offer;
 mod resources;
 mod sharing;
 
@@ -36,6 +37,7 @@ pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
 };
 pub use module::{MODULE_ISOLATOR, ModuleParameters};
+pub use offer::{ModuleGpus, ModuleOffer, OfferMismatch, check_agent_resources};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 pub use sharing::{
     ATTR_REPLICAS, ATTR_SHARED, ATTR_SHARING, ATTR_WHOLE, OfferError,
@@ -43,6 +45,7 @@ pub use sharing::{
 };
 
 use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_placement::sharing::SharingSpec;
 
 /// The `--isolation` token that turns on GPU isolation.
 pub const GPU_ISOLATOR: &str = "gpu/nvidia";
@@ -158,6 +161,9 @@ pub enum AgentFlagsError {
         /// The index listed.
         index: u32,
     },
+    /// The shares asked for do not fit the advertised GPUs.
+    #[error(transparent)]
+    Sharing(#[from] OfferError),
 }
 
 /// Which GPU isolator an `--isolation` names.
@@ -179,6 +185,7 @@ pub struct AgentGpuFlags {
     resources: Resources,
     devices: Option<Vec<u32>>,
     attributes: Option<String>,
+    driver_attributes: bool,
 }
 
 /// Where the advertised GPU count came from.
@@ -278,6 +285,58 @@ impl AgentGpuFlags {
             resources,
             devices,
             attributes: attributes.map(str::to_owned),
+            driver_attributes: false,
+        })
+    }
+
+    /// With `on`, the attributes also name the driver (`nvidia_driver`, `cuda_version`). Off by
+    /// default: both change with every driver upgrade, and Mesos then refuses to recover the
+    /// agent (`Incompatible agent info detected` under `--reconfiguration_policy=equal`, a
+    /// changed text attribute under `additive`), so the agent would lose its ID and abandon its
+    /// executors.
+    pub fn with_driver_attributes(mut self, on: bool) -> AgentGpuFlags {
+        self.driver_attributes = on;
+        self
+    }
+
+    /// The flags as the module sees them: its `nvidia_gpu_devices` (`devices`) stands for
+    /// `--nvidia_gpu_devices` with as many `gpus`, and without a list it offers every usable
+    /// GPU (rule 6), as `agent-flags` leaves the parameter out then.
+    pub fn for_module(devices: Option<&[u32]>) -> AgentGpuFlags {
+        let resources =
+            Resources::only_gpus(devices.map(|d| u32::try_from(d.len()).unwrap_or(u32::MAX)));
+        AgentGpuFlags {
+            isolation: MODULE_ISOLATOR.to_owned(),
+            isolator: GpuIsolator::Module,
+            resources,
+            devices: devices.map(<[u32]>::to_vec),
+            attributes: None,
+            driver_attributes: false,
+        }
+    }
+
+    /// Everything the agent advertises: the GPUs by Mesos's rules ([`Self::resolve`]), or on a
+    /// node with GPUs in MIG mode its MIG devices by `strategy` ([`Self::resolve_mig`]), then,
+    /// with `sharing`, every shared GPU or MIG device counted R times.
+    pub fn advertise(
+        &self,
+        inventory: &Inventory,
+        strategy: MigStrategy,
+        sharing: Option<&SharingSpec>,
+    ) -> Result<AgentGpus, AgentFlagsError> {
+        let mig = !inventory.mig.is_empty();
+        let resolved = if mig {
+            self.resolve_mig(inventory, strategy)?
+        } else {
+            self.resolve(inventory)?
+        };
+        let Some(spec) = sharing else {
+            return Ok(resolved);
+        };
+        Ok(if mig {
+            advertise_mig_sharing(&resolved, inventory, spec, strategy)?.0
+        } else {
+            advertise_sharing(&resolved, inventory, spec)?.0
         })
     }
 
@@ -455,7 +514,7 @@ impl AgentGpuFlags {
             .filter(|g| g.healthy)
             .map(|g| g.index)
             .collect();
-        let mut ours = gpu_attributes(inventory, &whole);
+        let mut ours = gpu_attributes(inventory, &whole, self.driver_attributes);
         ours.extend(offer.attributes());
         let attributes = attributes::merge(self.attributes.as_deref(), &ours)?;
         Ok(AgentGpus {
@@ -478,7 +537,7 @@ impl AgentGpuFlags {
         advertised: &[u32],
     ) -> Result<AgentGpus, AgentFlagsError> {
         let ours = if gpus > 0.0 {
-            gpu_attributes(inventory, advertised)
+            gpu_attributes(inventory, advertised, self.driver_attributes)
         } else {
             Vec::new()
         };
@@ -853,7 +912,8 @@ mod tests {
     #[test]
     fn attributes_and_flags_lines() {
         let flags = AgentGpuFlags::parse(ISO, Some("cpus:8;mem:4096"), None, Some("rack:a1"))
-            .expect("parse");
+            .expect("parse")
+            .with_driver_attributes(true);
         let got = flags.resolve(&node(2)).expect("resolve");
         assert_eq!(
             got.flags(),
@@ -867,6 +927,23 @@ mod tests {
         let flags = AgentGpuFlags::parse(ISO, None, None, Some("gpu_model:x")).expect("parse");
         assert!(matches!(
             flags.resolve(&node(1)),
+            Err(AgentFlagsError::Attributes(_))
+        ));
+    }
+
+    #[test]
+    fn driver_attributes_are_left_out_unless_asked_for() {
+        let flags = AgentGpuFlags::parse(ISO, Some("cpus:8"), None, Some("nvidia_driver:pinned"))
+            .expect("parse");
+        let got = flags.resolve(&node(2)).expect("resolve");
+        assert_eq!(
+            got.attributes,
+            "nvidia_driver:pinned;gpu_model:Tesla-T4;gpu_memory_mib:16384;gpu_compute_capability:7.5",
+            "a driver upgrade must not change the agent's attributes (Mesos refuses to recover then)"
+        );
+        let asked = flags.with_driver_attributes(true);
+        assert!(matches!(
+            asked.resolve(&node(2)),
             Err(AgentFlagsError::Attributes(_))
         ));
     }

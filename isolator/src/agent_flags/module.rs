@@ -85,6 +85,7 @@ pub fn check_module_isolation(
         cgroups_root: mesos_gpu_enforce::cgroup::DEFAULT_PARENT.to_owned(),
         cgroups_hierarchy: "/sys/fs/cgroup".into(),
         launcher: None,
+        resources: None,
     };
     flags.cgroup_maker(version).map(|_| ())
 }

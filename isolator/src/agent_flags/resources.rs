@@ -161,6 +161,22 @@ impl Resources {
         Ok(resources)
     }
 
+    /// Text-form resources holding only `gpus:n` (nothing when `n` is `None`).
+    pub(crate) fn only_gpus(n: Option<u32>) -> Resources {
+        Resources {
+            json: false,
+            entries: n
+                .map(|n| Resource {
+                    name: GPUS.to_owned(),
+                    role: None,
+                    value: ResourceValue::Scalar(f64::from(n)),
+                    raw: Raw::Text,
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
     /// Every entry, in the order given.
     pub fn entries(&self) -> &[Resource] {
         &self.entries

@@ -47,6 +47,13 @@ pub struct AgentSpec {
     /// A [`super::PrivateHost`]'s setup script: the agent then runs in a private mount
     /// namespace set up by it (on cgroup v1 too).
     pub private_host: Option<PathBuf>,
+    /// A shell command that starts `mesos-agent` itself (e.g. `examples/mesos-agent/agent.sh`
+    /// as the operator guide runs it), run by `sh -c` in place of the agent: its GPU
+    /// configuration (`--isolation`, `--resources`, `--modules`, `--agent_subsystems`, and
+    /// [`Self::flags`]) is its own, and what only this harness knows (`--master`, `--ip`,
+    /// `--port`, `--work_dir`, `--runtime_dir`, `--launcher_dir`, `--cgroups_root`, …) reaches
+    /// the agent as `MESOS_*` variables, which the command's own flags override.
+    pub script: Option<String>,
 }
 
 impl AgentSpec {
@@ -63,7 +70,21 @@ impl AgentSpec {
             flags: Vec::new(),
             work_dir: None,
             private_host: None,
+            script: None,
         }
+    }
+
+    /// An agent on `cgroups` started by the shell command `script` (see [`Self::script`]), with
+    /// `env` (the command's own variables, e.g. `PATH` and `AGENT_FLAGS_OPTS`).
+    pub fn with_script(
+        cgroups: AgentCgroups,
+        script: &str,
+        env: Vec<(String, String)>,
+    ) -> AgentSpec {
+        let mut spec = AgentSpec::new("posix/cpu,posix/mem", cgroups, 0);
+        spec.script = Some(script.to_owned());
+        spec.env = env;
+        spec
     }
 
     /// An agent on `cgroups` started with `flags` as its GPU configuration, exactly as given
@@ -288,6 +309,9 @@ impl Agent {
         self.starts += 1;
         let log = self.dir.path().join(format!("agent-{}.log", self.starts));
         let agent = self.install.sbin("mesos-agent");
+        if let Some(script) = self.spec.script.clone() {
+            return self.launch_script(&script, &log);
+        }
         let mut flags = vec![
             format!("--master={}", self.master),
             "--ip=127.0.0.1".to_owned(),
@@ -335,6 +359,44 @@ impl Agent {
         };
         cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.child = Some(spawn_logged(&mut cmd, &log)?);
+        Ok(())
+    }
+
+    /// Starts `script` (see [`AgentSpec::script`]) with the harness's flags as `MESOS_*`
+    /// variables.
+    fn launch_script(&mut self, script: &str, log: &Path) -> MesosResult {
+        let harness = [
+            ("MASTER", self.master.clone()),
+            ("IP", "127.0.0.1".to_owned()),
+            ("PORT", self.port.to_string()),
+            ("WORK_DIR", self.work_dir().display().to_string()),
+            ("RUNTIME_DIR", self.runtime_dir().display().to_string()),
+            (
+                "LAUNCHER_DIR",
+                self.install.launcher_dir().display().to_string(),
+            ),
+            ("CGROUPS_ROOT", self.spec.cgroups_root.clone()),
+            ("SYSTEMD_ENABLE_SUPPORT", "false".to_owned()),
+            ("EXECUTOR_REGISTRATION_TIMEOUT", "30secs".to_owned()),
+        ];
+        let mut setup = vec!["set -e".to_owned()];
+        if let Some(private) = &self.spec.private_host {
+            setup.push(format!(". {}", private.display()));
+        }
+        if self.spec.cgroups == AgentCgroups::V2 {
+            setup.push(
+                "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup".to_owned(),
+            );
+        }
+        setup.push(script.to_owned());
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+            .arg(setup.join("\n"));
+        for (name, value) in harness {
+            cmd.env(format!("MESOS_{name}"), value);
+        }
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.child = Some(spawn_logged(&mut cmd, log)?);
         Ok(())
     }
 

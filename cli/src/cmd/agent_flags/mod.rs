@@ -30,13 +30,18 @@ use mesos_gpu_isolator::agent_flags::module::{
     module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
-    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleParameters,
+    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleGpus,
+    ModuleParameters, check_agent_resources,
 };
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::sharing::SharingSpec;
 
 use crate::ctx::Ctx;
+
+mod command_line;
+
+use command_line::{AgentCommandLine, Source, one_value};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -130,6 +135,21 @@ pub(crate) struct Args {
     /// from its own options are refused, naming the option.
     #[arg(long = "module-param", value_name = "KEY=VALUE", value_parser = parse_module_param)]
     module_params: Vec<(String, String)>,
+
+    /// Also name the driver in --attributes (nvidia_driver, cuda_version). Off by default: both
+    /// change with every driver upgrade, and Mesos refuses to recover an agent whose attributes
+    /// changed, so the upgraded agent needs a new agent ID and abandons its executors (operator
+    /// guide, "Driver upgrades").
+    #[arg(long)]
+    driver_attributes: bool,
+
+    /// The rest of the agent's command line, after `--`: read as mesos-agent reads it (then its
+    /// MESOS_* environment), and printed back after this command's flags, each flag once. Its
+    /// --resources, --attributes, --isolation, --nvidia_gpu_devices and --work_dir stand for
+    /// this command's options; its --modules keeps its libraries and gains the module; its
+    /// --agent_subsystems is kept. A flag given twice is refused, as mesos-agent refuses it.
+    #[arg(last = true, value_name = "AGENT_FLAG")]
+    agent_flags: Vec<String>,
 }
 
 /// The module parameters this command sets, with the option that sets each.
@@ -167,14 +187,29 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if ctx.list_simulations(&mut out)? {
         return Ok(ExitCode::SUCCESS);
     }
-    let resources = args.resources.as_deref().map(flag_value).transpose()?;
-    let devices = args
-        .nvidia_gpu_devices
-        .as_deref()
-        .map(flag_value)
-        .transpose()?;
-    let attributes = args.attributes.as_deref().map(flag_value).transpose()?;
-    let given = args.isolation.as_deref().map(flag_value).transpose()?;
+    let mut agent = AgentCommandLine::parse(&args.agent_flags, std::env::vars().collect())?;
+    let mut merged = |option: &str, given: &Option<String>, flag: &str| {
+        one_value(option, given.as_deref(), flag, agent.take(flag))?
+            .as_deref()
+            .map(flag_value)
+            .transpose()
+    };
+    let resources = merged("--resources", &args.resources, "resources")?;
+    let attributes = merged("--attributes", &args.attributes, "attributes")?;
+    let given = merged("--isolation", &args.isolation, "isolation")?;
+    let agent_devices = agent.take("nvidia_gpu_devices");
+    let devices = one_value(
+        "--nvidia-gpu-devices",
+        args.nvidia_gpu_devices.as_deref(),
+        "nvidia_gpu_devices",
+        agent_devices.clone(),
+    )?
+    .as_deref()
+    .map(flag_value)
+    .transpose()?;
+    let work_dir = agent_work_dir(args, agent.take("work_dir"))?;
+    let caller_modules = agent.take("modules");
+    let caller_subsystems = agent.take("agent_subsystems");
     // The cgroup version matters only when the module is (or will be) in --isolation.
     let (isolation, module_version) = match given {
         None => {
@@ -191,9 +226,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         resources.as_deref(),
         devices.as_deref().map(str::trim),
         attributes.as_deref(),
-    )?;
+    )?
+    .with_driver_attributes(args.driver_attributes);
     if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
         check_module_isolation(&isolation, version)?;
+    }
+    if let (GpuIsolator::Module, Some((value, Source::CommandLine))) =
+        (flags.isolator(), &agent_devices)
+    {
+        anyhow::bail!(
+            "the agent's --nvidia_gpu_devices={value} belongs to Mesos's gpu/nvidia, which the \
+             agent refuses without gpu/nvidia in --isolation: give the module's device list as \
+             agent-flags --nvidia-gpu-devices {value} (AGENT_FLAGS_OPTS with agent.sh)"
+        );
     }
     ctx.simulation()?;
     let empty = Inventory::default();
@@ -205,11 +250,29 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         Err(err) => return Err(err),
     };
-    let resolved = advertise(args, &flags, inventory)?;
+    let sharing = args
+        .gpu_replicas
+        .as_deref()
+        .map(|spec| SharingSpec::parse(spec, args.gpu_sharing.parse()?))
+        .transpose()?;
+    let resolved = advertise(args, &flags, inventory, sharing.as_ref())?;
     let module = module_version.filter(|_| flags.isolator() == GpuIsolator::Module);
-    let lines = match module {
+    let mut lines = match module {
         Some(version) if !inventory.gpus.is_empty() => {
-            module_lines(args, ctx, &isolation, version, &resolved, inventory)?
+            let offer = Offer {
+                resolved: &resolved,
+                inventory,
+                sharing: sharing.as_ref(),
+            };
+            module_lines(
+                args,
+                ctx,
+                &isolation,
+                version,
+                &offer,
+                &work_dir,
+                caller_modules.as_ref(),
+            )?
         }
         // The module would refuse to start: the same agent without it.
         Some(version) => {
@@ -223,6 +286,19 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         None => resolved.flags(),
     };
+    // The operator's --agent_subsystems also makes the agent's cgroups root: keep it, not ours.
+    if let Some((value, source)) = caller_subsystems {
+        lines.retain(|l| !l.starts_with("--agent_subsystems="));
+        if source == Source::CommandLine {
+            agent.put_back("agent_subsystems", &value);
+        }
+    }
+    if let Some((value, Source::CommandLine)) = caller_modules
+        && !lines.iter().any(|l| l.starts_with("--modules="))
+    {
+        agent.put_back("modules", &value);
+    }
+    let rest = agent.rest(&lines)?;
     if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
         // Not a log line: the answer to the command, for whoever reads an empty stdout.
         eprintln!(
@@ -235,10 +311,29 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "no GPUs advertised: Mesos discovers GPUs only when --isolation contains gpu/nvidia"
         );
     }
-    for flag in lines {
-        writeln!(out, "{}", shell_quote_flag(&flag))?;
+    for flag in lines.iter().chain(&rest) {
+        writeln!(out, "{}", shell_quote_flag(flag))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The module's `work_dir`: the agent's `--work_dir` (its command line, then `MESOS_WORK_DIR`)
+/// when there is one, which `--agent-work-dir` must then equal unless left at its default.
+fn agent_work_dir(args: &Args, agent: Option<(String, Source)>) -> anyhow::Result<PathBuf> {
+    let option = &args.agent.agent_work_dir;
+    match agent {
+        None => Ok(option.clone()),
+        Some((dir, _))
+            if option == Path::new(super::DEFAULT_AGENT_WORK_DIR) || *option == Path::new(&dir) =>
+        {
+            Ok(PathBuf::from(dir))
+        }
+        Some((dir, _)) => anyhow::bail!(
+            "--agent-work-dir {} and the agent's --work_dir={dir} disagree: the module's work_dir \
+             is the agent's --work_dir; give it once",
+            option.display()
+        ),
+    }
 }
 
 /// The cgroup version `choice` stands for on this host (`auto`: as Mesos decides).
@@ -258,12 +353,11 @@ fn advertise(
     args: &Args,
     flags: &AgentGpuFlags,
     inventory: &Inventory,
+    sharing: Option<&SharingSpec>,
 ) -> anyhow::Result<AgentGpus> {
     let module = flags.isolator() == GpuIsolator::Module;
-    let resolved = if inventory.mig.is_empty() {
-        flags.resolve(inventory)?
-    } else {
-        let resolved = flags.resolve_mig(inventory, args.mig_strategy)?;
+    let advertised = flags.advertise(inventory, args.mig_strategy, sharing)?;
+    if !inventory.mig.is_empty() {
         let docker = match args.mig_strategy {
             MigStrategy::Mixed => {
                 "Docker-containerizer tasks get MIG devices through the Docker hook when its \
@@ -283,56 +377,59 @@ fn advertise(
             )
         };
         eprintln!("mesos-gpu: note: this node has MIG devices; {module_note}{docker}");
-        resolved
-    };
-    Ok(match &args.gpu_replicas {
-        Some(spec) => {
-            let plan = SharingSpec::parse(spec, args.gpu_sharing.parse()?)?;
-            let shared = if inventory.mig.is_empty() {
-                mesos_gpu_isolator::agent_flags::advertise_sharing(&resolved, inventory, &plan)?.0
-            } else {
-                mesos_gpu_isolator::agent_flags::advertise_mig_sharing(
-                    &resolved,
-                    inventory,
-                    &plan,
-                    args.mig_strategy,
-                )?
-                .0
-            };
-            let module_note = if module {
-                String::new()
-            } else {
-                format!(
-                    "give the module the same parameters (gpu_replicas={spec}, gpu_sharing={}), \
-                     and ",
-                    args.gpu_sharing
-                )
-            };
-            eprintln!(
-                "mesos-gpu: note: {module_note}start the agent with --containerizers=mesos: \
-                 Mesos's Docker containerizer cannot start with more gpus than the node has GPUs"
-            );
-            shared
-        }
-        None => resolved,
-    })
+    }
+    if let Some(spec) = &args.gpu_replicas {
+        let module_note = if module {
+            String::new()
+        } else {
+            format!(
+                "give the module the same parameters (gpu_replicas={spec}, gpu_sharing={}), \
+                 and ",
+                args.gpu_sharing
+            )
+        };
+        eprintln!(
+            "mesos-gpu: note: {module_note}start the agent with --containerizers=mesos: \
+             Mesos's Docker containerizer cannot start with more gpus than the node has GPUs"
+        );
+    }
+    Ok(advertised)
 }
 
 /// The module's flags: `--isolation`, the advertised `--resources` and `--attributes`, the
-/// cgroup version's own flags, and `--modules` with the parameters that match them.
+/// cgroup version's own flags, and `--modules` with the parameters that match them. The
+/// advertised `--resources` pass the rule the module applies when the agent starts
+/// ([`check_agent_resources`]).
 fn module_lines(
     args: &Args,
     ctx: &Ctx,
     isolation: &str,
     version: CgroupVersion,
-    resolved: &AgentGpus,
-    inventory: &Inventory,
+    offer: &Offer<'_>,
+    work_dir: &Path,
+    caller_modules: Option<&(String, Source)>,
 ) -> anyhow::Result<Vec<String>> {
+    let Offer {
+        resolved,
+        inventory,
+        sharing,
+    } = *offer;
     let mut params = ModuleParameters::default();
-    params.set("work_dir", path_text(&args.agent.agent_work_dir)?);
+    params.set("work_dir", path_text(work_dir)?);
     params.set("pool_dir", path_text(&args.pool.pool_dir)?);
     params.set("volume_root", path_text(&args.volume.volume_root)?);
-    if let Some(devices) = resolved.module_devices(inventory) {
+    let devices = resolved.module_devices(inventory);
+    let listed = devices.as_ref().and(resolved.devices.as_deref());
+    check_agent_resources(
+        Some(&resolved.resources),
+        inventory,
+        &ModuleGpus {
+            devices: listed,
+            strategy: args.mig_strategy,
+            sharing,
+        },
+    )?;
+    if let Some(devices) = devices {
         params.set("nvidia_gpu_devices", devices);
     }
     if !inventory.mig.is_empty() {
@@ -363,7 +460,10 @@ fn module_lines(
             sim.name()
         );
     }
-    let json = params.modules_json(&path_text(&args.module_library)?);
+    let mut json = params.modules_json(&path_text(&args.module_library)?);
+    if let Some((value, _)) = caller_modules {
+        json = merge_modules(value, json)?;
+    }
     let modules = match &args.modules_file {
         Some(file) => {
             let file = std::path::absolute(file)
@@ -381,6 +481,43 @@ fn module_lines(
     lines.extend(module_agent_flags(version));
     lines.push(format!("--modules={modules}"));
     Ok(lines)
+}
+
+/// What the agent advertises, with the node and shares it comes from.
+#[derive(Clone, Copy)]
+struct Offer<'a> {
+    resolved: &'a AgentGpus,
+    inventory: &'a Inventory,
+    sharing: Option<&'a SharingSpec>,
+}
+
+/// The agent's own `--modules` (inline JSON or `file://`) with the module's library added;
+/// refused when it already loads the module (its parameters would be given twice).
+fn merge_modules(caller: &str, ours: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    let text = flag_value(caller)?;
+    let mut doc: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!("the agent's --modules={caller} is not a modules JSON document")
+    })?;
+    let libraries = doc
+        .get_mut("libraries")
+        .and_then(serde_json::Value::as_array_mut)
+        .with_context(|| format!("the agent's --modules={caller} has no \"libraries\" array"))?;
+    let loads_ours = libraries.iter().any(|library| {
+        library["modules"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["name"] == MODULE_ISOLATOR))
+    });
+    if loads_ours {
+        anyhow::bail!(
+            "the agent's --modules={caller} already loads {MODULE_ISOLATOR}: agent-flags writes \
+             the module and its parameters itself; remove it from that document (module \
+             parameters go to agent-flags as --module-param KEY=VALUE)"
+        );
+    }
+    if let Some(ours) = ours["libraries"].as_array() {
+        libraries.extend(ours.iter().cloned());
+    }
+    Ok(doc)
 }
 
 /// A path as the text a flag or JSON carries.
@@ -428,20 +565,27 @@ fn flag_value(value: &str) -> anyhow::Result<String> {
     }
 }
 
-/// `--name=value` with the value single-quoted when a shell would otherwise split or expand it.
+/// `--name=value` with the value single-quoted when a shell would otherwise split or expand it
+/// (any other word quoted whole).
 fn shell_quote_flag(flag: &str) -> String {
-    let Some((name, value)) = flag.split_once('=') else {
-        return flag.to_owned();
+    let plain = |text: &str| {
+        !text.is_empty()
+            && text.chars().all(|c| {
+                c.is_ascii_alphanumeric()
+                    || matches!(c, '_' | '-' | '.' | '/' | ':' | ',' | '+' | '@' | '%')
+            })
     };
-    let plain = !value.is_empty()
-        && value.chars().all(|c| {
-            c.is_ascii_alphanumeric()
-                || matches!(c, '_' | '-' | '.' | '/' | ':' | ',' | '+' | '@' | '%')
-        });
-    if plain {
-        format!("{name}={value}")
-    } else {
-        format!("{name}='{}'", value.replace('\'', r"'\''"))
+    let quoted = |text: &str| format!("'{}'", text.replace('\'', r"'\''"));
+    match flag.split_once('=') {
+        Some((name, value)) if plain(name) => {
+            if plain(value) {
+                format!("{name}={value}")
+            } else {
+                format!("{name}={}", quoted(value))
+            }
+        }
+        _ if plain(flag) => flag.to_owned(),
+        _ => quoted(flag),
     }
 }
 

@@ -1,0 +1,623 @@
+//! Issue 34: the operator guide's agent paths, run as written against the real Mesos 1.12 agent.
+//!
+//! Each test gives a real `mesos-agent` a private view of a simulated node as a driver install
+//! lays it out ([`PrivateHost`]: the GPUs' and control nodes in `/dev`, nvml-sim as the
+//! `libnvidia-ml.so.1` of `ld.so.cache`), so that Mesos's own `gpu/nvidia` runs beside the
+//! module, and `examples/mesos-agent/agent.sh` (shipped as
+//! `/usr/share/doc/mesos-gpu/examples/agent.sh`) finds `mesos-gpu` and `mesos-agent` on `PATH`
+//! as on an agent host. What only this harness knows (the master's address, the agent's port,
+//! its directories and cgroups root) reaches the agent as `MESOS_*` variables, which the
+//! documented command's own flags override; `agent-flags` gets the simulated driver's `/proc`
+//! files and scratch pool and volume directories through `AGENT_FLAGS_OPTS`, put ahead of the
+//! documented value.
+//!
+//! - every `agent.sh` command in the docs starts the agent and it registers with the module;
+//! - an agent advertising GPUs its isolator cannot back (phantom GPUs) does not start, with
+//!   Mesos's `gpu/nvidia` and with the module, each saying why in the agent log;
+//! - the guide's driver upgrade keeps the agent's ID and its running tasks; naming the driver in
+//!   the attributes (`--driver-attributes`) makes Mesos refuse the recovery, as the guide says.
+
+mod agents;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agents::{mesos_gpu_exe, module};
+use libtest_mimic::{Arguments, Trial};
+use mesos_gpu_testkit::mesos::{
+    Agent, AgentCgroups, AgentSpec, DevNode, ISOLATOR_MODULE, Master, MesosInstall, PrivateHost,
+    Task, http_get, modules_json,
+};
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use support::{TestResult, check, trial};
+
+const TASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let v1: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
+    type Test = fn() -> TestResult;
+    let tests: [(&str, Test); 4] = [
+        (
+            "every_documented_agent_sh_command_starts_the_real_agent",
+            every_documented_agent_sh_command_starts_the_real_agent,
+        ),
+        (
+            "phantom_gpus_stop_the_agent_with_gpu_nvidia_and_with_the_module",
+            phantom_gpus_stop_the_agent_with_gpu_nvidia_and_with_the_module,
+        ),
+        (
+            "the_documented_driver_upgrade_keeps_the_agent_id_and_its_tasks",
+            the_documented_driver_upgrade_keeps_the_agent_id_and_its_tasks,
+        ),
+        (
+            "driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade",
+            driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade,
+        ),
+    ];
+    let trials: Vec<Trial> = tests
+        .into_iter()
+        .map(|(name, f)| needs(&host, v1, trial(name, f)))
+        .collect();
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A simulated node seen through a private host view, with a `PATH` directory holding
+/// `mesos-gpu` and `mesos-agent` as a package install puts them there.
+struct Node {
+    sim: SimNode,
+    host: PrivateHost,
+    scratch: tempfile::TempDir,
+    install: MesosInstall,
+}
+
+impl Node {
+    fn new(name: &str) -> TestResult<Node> {
+        let install = MesosInstall::locate()?;
+        let sim = SimNode::shipped(name);
+        let minors: Vec<u32> = sim.inventory()?.gpus.iter().map(|g| g.minor).collect();
+        let host = PrivateHost::new(&DevNode::nvidia(&minors), &[sim.dir()])?;
+        let scratch = tempfile::Builder::new().prefix("mgpu-guide").tempdir()?;
+        let bin = scratch.path().join("bin");
+        std::fs::create_dir_all(&bin)?;
+        std::os::unix::fs::symlink(mesos_gpu_exe()?, bin.join("mesos-gpu"))?;
+        let agent = bin.join("mesos-agent");
+        std::fs::write(
+            &agent,
+            format!(
+                "#!/bin/sh\nexec {} \"$@\"\n",
+                install.sbin("mesos-agent").display()
+            ),
+        )?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))?;
+        let version = sim
+            .inventory()?
+            .driver
+            .map(|d| d.version)
+            .unwrap_or_default();
+        driver_tree(&scratch.path().join("driver"), &version)?;
+        Ok(Node {
+            sim,
+            host,
+            scratch,
+            install,
+        })
+    }
+
+    /// What `agent.sh` needs from this host: `PATH`, the module library, and the options that
+    /// point `agent-flags` at the simulated driver's `/proc` files and scratch directories.
+    fn env(&self) -> TestResult<Vec<(String, String)>> {
+        let s = self.scratch.path();
+        let path = format!(
+            "{}:{}",
+            s.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Ok(vec![
+            ("PATH".into(), path),
+            ("MODULE_LIBRARY".into(), module()?.display().to_string()),
+            ("AGENT_FLAGS_OPTS".into(), self.agent_flags_opts()),
+        ])
+    }
+
+    fn agent_flags_opts(&self) -> String {
+        let s = self.scratch.path();
+        format!(
+            "--proc-root {} --pool-dir {} --volume-root {} --module-param driver_root={}",
+            self.sim.proc_root().display(),
+            s.join("pool").display(),
+            s.join("volumes").display(),
+            s.join("driver").display()
+        )
+    }
+
+    /// An agent started by the documented shell command `command` (see [`as_run_here`]).
+    fn script_spec(&self, master: &Master, command: &str) -> TestResult<AgentSpec> {
+        let script = as_run_here(command, master, &self.agent_flags_opts())?;
+        let mut spec = AgentSpec::with_script(AgentCgroups::V1, &script, self.env()?);
+        spec.private_host = Some(self.host.setup_script());
+        spec.work_dir = Some(self.scratch.path().join("work"));
+        Ok(spec)
+    }
+}
+
+/// One `agent.sh` command of the docs.
+struct Documented {
+    /// The file.
+    doc: &'static str,
+    /// The heading of the section it is in.
+    section: String,
+    /// The command, continuation lines joined.
+    command: String,
+}
+
+/// The driver's libraries as an install lays them out under `root` (`usr/local/nvidia/lib64`,
+/// shared objects built by `cc` with their SONAMEs, `etc/ld.so.cache` by `ldconfig -r`), for
+/// the module's `driver_volume=build`: nvml-sim is the NVML the processes load, these are the
+/// files the volume is built from.
+fn driver_tree(root: &Path, version: &str) -> TestResult {
+    let lib64 = root.join("usr/local/nvidia/lib64");
+    std::fs::create_dir_all(&lib64)?;
+    std::fs::create_dir_all(root.join("etc"))?;
+    for (name, soname) in [("libnvidia-ml.so", "1"), ("libcuda.so", "1")] {
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-x", "c", "/dev/null", "-o"])
+            .arg(lib64.join(format!("{name}.{version}")))
+            .arg(format!("-Wl,-soname,{name}.{soname}"))
+            .output()?;
+        check(
+            out.status.success(),
+            format!("cc {name}: {}", String::from_utf8_lossy(&out.stderr)),
+        )?;
+    }
+    std::fs::write(root.join("etc/ld.so.conf"), "/usr/local/nvidia/lib64\n")?;
+    let out = std::process::Command::new("ldconfig")
+        .arg("-r")
+        .arg(root)
+        .output()?;
+    check(
+        out.status.success(),
+        format!("ldconfig -r: {}", String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+/// Every `agent.sh` command line in the docs' shell blocks.
+fn documented_agent_sh_commands() -> TestResult<Vec<Documented>> {
+    let mut out = Vec::new();
+    for doc in [
+        "docs/operator-guide.md",
+        "examples/mesos-agent/README.md",
+        "README.md",
+    ] {
+        let text = std::fs::read_to_string(repo().join(doc))?;
+        let mut in_shell = false;
+        let mut pending = String::new();
+        let mut section = String::new();
+        for line in text.lines() {
+            let trimmed = line.trim();
+            if !in_shell && line.starts_with('#') {
+                section = line.trim_start_matches('#').trim().to_owned();
+            }
+            if trimmed.starts_with("```") {
+                in_shell = !in_shell && trimmed.trim_start_matches('`') == "sh";
+                continue;
+            }
+            if !in_shell || trimmed.starts_with('#') {
+                continue;
+            }
+            pending.push_str(trimmed.trim_end_matches('\\'));
+            pending.push(' ');
+            if trimmed.ends_with('\\') {
+                continue;
+            }
+            let command = std::mem::take(&mut pending);
+            if command.contains("agent.sh") {
+                out.push(Documented {
+                    doc,
+                    section: section.clone(),
+                    command: command.trim().to_owned(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `command` as run on this test host: its words as the shell reads them, `agent.sh` (either
+/// path the docs give) this checkout's, `MASTER` the test's master, `host_opts` put ahead of
+/// the command's own `AGENT_FLAGS_OPTS`, and run with `exec env` so that the agent keeps the
+/// process the harness started.
+fn as_run_here(command: &str, master: &Master, host_opts: &str) -> TestResult<String> {
+    let words = shell_words(command)?;
+    let script = repo().join("examples/mesos-agent/agent.sh");
+    let mut out = vec!["exec".to_owned(), "env".to_owned()];
+    let mut seen_script = false;
+    for word in words {
+        let word = if seen_script {
+            word
+        } else if let Some(value) = word.strip_prefix("AGENT_FLAGS_OPTS=") {
+            format!("AGENT_FLAGS_OPTS={host_opts} {value}")
+        } else if word.starts_with("MASTER=") {
+            format!("MASTER={}", master.address())
+        } else if word.ends_with("agent.sh") {
+            seen_script = true;
+            script.display().to_string()
+        } else {
+            word
+        };
+        out.push(format!("'{}'", word.replace('\'', r"'\''")));
+    }
+    check(seen_script, format!("no agent.sh in {command:?}"))?;
+    Ok(out.join(" "))
+}
+
+/// `text` split into words as the shell reads it.
+fn shell_words(text: &str) -> TestResult<Vec<String>> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
+        .arg(text)
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "sh could not read {text:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8(out.stdout)?
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The agent's `/state`.
+fn state(agent: &Agent) -> TestResult<serde_json::Value> {
+    Ok(serde_json::from_str(&http_get(agent.port(), "/state")?)?)
+}
+
+/// Every `agent.sh` command the docs show (`--attributes=rack:r7` among them, which the agent
+/// refused as a duplicate flag before issue 34), run as written: the agent registers with the
+/// module loaded, advertising the node's 8 GPUs, and keeps the operator's attributes ahead of
+/// the GPU attributes.
+fn every_documented_agent_sh_command_starts_the_real_agent() -> TestResult {
+    let commands = documented_agent_sh_commands()?;
+    check(
+        commands.len() >= 3,
+        format!(
+            "the docs show at least three agent.sh commands: {:?}",
+            commands.iter().map(|c| &c.command).collect::<Vec<_>>()
+        ),
+    )?;
+    for Documented { doc, command, .. } in commands {
+        println!("{doc}: {command}");
+        let node = Node::new("dgx1-v100")?;
+        let master = Master::start(&node.install)?;
+        let spec = node.script_spec(&master, &command)?;
+        let agent = Agent::start(&node.install, &master, spec)
+            .map_err(|e| format!("{doc}: `{command}` did not start the agent: {e}"))?;
+        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        let state = state(&agent)?;
+        let gpus = state["resources"]["gpus"].as_f64().unwrap_or(0.0);
+        check(
+            gpus == 8.0,
+            format!("{doc}: `{command}`: the agent offers gpus:{gpus}, the node has 8"),
+        )?;
+        let attributes = &state["attributes"];
+        check(
+            attributes["gpu_model"] == "Tesla-V100-SXM2-16GB"
+                && attributes.get("nvidia_driver").is_none(),
+            format!("{doc}: `{command}`: GPU attributes, no driver ones: {attributes}"),
+        )?;
+        if command.contains("--attributes=rack:r7") {
+            check(
+                attributes["rack"] == "r7",
+                format!("{doc}: `{command}`: the operator's attribute is kept: {attributes}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The isolator whose start-time rules a case checks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Isolator {
+    GpuNvidia,
+    Module,
+}
+
+/// An agent on `node` with `isolator`, `--resources` `resources` and the device list `devices`
+/// (`--nvidia_gpu_devices` for `gpu/nvidia`, the module's `nvidia_gpu_devices` parameter).
+fn isolator_spec(
+    node: &Node,
+    isolator: Isolator,
+    resources: &str,
+    devices: Option<&str>,
+) -> TestResult<AgentSpec> {
+    let isolation = match isolator {
+        Isolator::GpuNvidia => "filesystem/linux,cgroups/devices,gpu/nvidia".to_owned(),
+        Isolator::Module => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
+    };
+    let mut spec = AgentSpec::new(&isolation, AgentCgroups::V1, 0);
+    spec.resources = resources.to_owned();
+    spec.private_host = Some(node.host.setup_script());
+    match isolator {
+        Isolator::GpuNvidia => {
+            if let Some(devices) = devices {
+                spec.flags.push(format!("--nvidia_gpu_devices={devices}"));
+            }
+        }
+        Isolator::Module => {
+            let s = node.scratch.path();
+            let mut params: Vec<(String, String)> = vec![
+                (
+                    "work_dir".into(),
+                    s.join("module-work").display().to_string(),
+                ),
+                ("pool_dir".into(), s.join("pool").display().to_string()),
+                (
+                    "proc_root".into(),
+                    node.sim.proc_root().display().to_string(),
+                ),
+                ("driver_volume".into(), "off".into()),
+            ];
+            if let Some(devices) = devices {
+                params.push(("nvidia_gpu_devices".into(), devices.to_owned()));
+            }
+            let modules = s.join("modules.json");
+            std::fs::write(&modules, modules_json(&module()?, &params).to_string())?;
+            spec.modules = Some(modules);
+        }
+    }
+    Ok(spec)
+}
+
+/// Every refusal Mesos's `gpu/nvidia` makes at agent start for the `gpus` it advertises
+/// (`enumerateGpuResources` and `enumerateGpus`, `isolators/gpu/allocator.cpp`), on an 8-GPU
+/// node: the real agent refuses to start with `gpu/nvidia`, and with the module given the same
+/// numbers (its `nvidia_gpu_devices` parameter for the device list), each log saying why. The
+/// configurations `agent-flags` prints start with both.
+fn phantom_gpus_stop_the_agent_with_gpu_nvidia_and_with_the_module() -> TestResult {
+    // (--resources, device list, what gpu/nvidia logs, what the module logs)
+    let cases: [(&str, Option<&str>, &str, &str); 8] = [
+        (
+            "cpus:1;gpus:16",
+            None,
+            "cannot be set without also setting `--nvidia_gpu_devices`",
+            "advertise gpus:16, but the GPU module hands out gpus:8",
+        ),
+        (
+            "cpus:1;gpus:2",
+            Some("0"),
+            "specify different numbers of GPU devices",
+            "advertise gpus:2, but the GPU module hands out gpus:1",
+        ),
+        (
+            "cpus:1;gpus:1.5",
+            Some("0"),
+            "must be an non-negative integer",
+            "gpus:1.5: the 'gpus' resource must be a non-negative whole number",
+        ),
+        (
+            "cpus:1;gpus:2",
+            Some("0,0"),
+            "contains duplicates",
+            "contains duplicates: [0]",
+        ),
+        (
+            "cpus:1;gpus:0",
+            Some("0"),
+            "cannot be specified when '--resources' specifies 0 GPUs",
+            "but the agent's --resources specify gpus:0",
+        ),
+        (
+            "cpus:1",
+            Some("0,1"),
+            "cannot be set without also setting 'gpus'",
+            "but the agent's --resources have no 'gpus'",
+        ),
+        (
+            "cpus:1;gpus:9",
+            Some("0,1,2,3,4,5,6,7,8"),
+            "greater than the number of GPUs available",
+            "is greater than the number of GPUs on this node (8)",
+        ),
+        (
+            "cpus:1;gpus:1",
+            Some("9"),
+            "deviceGetHandleByIndex",
+            "lists GPU 9, which this node does not have",
+        ),
+    ];
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    for (resources, devices, builtin_says, module_says) in cases {
+        for (isolator, says) in [
+            (Isolator::GpuNvidia, builtin_says),
+            (Isolator::Module, module_says),
+        ] {
+            let spec = isolator_spec(&node, isolator, resources, devices)?;
+            let (status, log) = Agent::start_refused(&node.install, &master, spec)?;
+            let tail = mesos_gpu_testkit::mesos::tail(&log, 15);
+            println!("{isolator:?} --resources={resources} devices={devices:?}: {status}\n{tail}");
+            check(
+                !status.success() && !log.contains("Registered with master"),
+                format!(
+                    "{isolator:?} must refuse --resources={resources} devices={devices:?}:\n{tail}"
+                ),
+            )?;
+            check(
+                log.contains(says),
+                format!(
+                    "{isolator:?} --resources={resources} devices={devices:?}: the log must say {says:?}:\n{tail}"
+                ),
+            )?;
+        }
+    }
+    for (isolator, resources, devices) in [
+        (
+            Isolator::GpuNvidia,
+            "cpus:1;gpus:8",
+            Some("0,1,2,3,4,5,6,7"),
+        ),
+        (Isolator::Module, "cpus:1;gpus:8", None),
+        (Isolator::Module, "cpus:1;gpus:2", Some("3,5")),
+    ] {
+        let spec = isolator_spec(&node, isolator, resources, devices)?;
+        let agent = Agent::start(&node.install, &master, spec)
+            .map_err(|e| format!("{isolator:?} {resources} {devices:?} must start: {e}"))?;
+        drop(agent);
+    }
+    Ok(())
+}
+
+/// The driver the node moves to.
+const NEW_DRIVER: (&str, &str) = ("555.42.06", "12.5");
+
+/// The command the guide's "Driver upgrades" section starts the agent with.
+fn upgrade_command() -> TestResult<String> {
+    let found: Vec<String> = documented_agent_sh_commands()?
+        .into_iter()
+        .filter(|c| c.doc == "docs/operator-guide.md" && c.section == "Driver upgrades")
+        .map(|c| c.command)
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        other => Err(format!(
+            "the guide's Driver upgrades section shows one agent.sh command: {other:?}"
+        )
+        .into()),
+    }
+}
+
+/// Moves the simulated node to driver `version` (CUDA `cuda`), as installing a new driver and
+/// reloading the kernel module would.
+fn upgrade_driver(node: &mut Node, version: &str, cuda: &str) -> TestResult {
+    let mut description: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(node.sim.config_path())?)?;
+    description["driver_version"] = version.into();
+    description["cuda_driver_version"] = cuda.into();
+    node.sim.set_description(&description.to_string());
+    Ok(())
+}
+
+/// The guide's driver upgrade ("Driver upgrades"), step by step on the real agent started by
+/// `agent.sh`: a checkpointed task without GPUs and one with a GPU run; the agent stops, the
+/// driver changes, the agent starts again with the same command (its flags regenerated). It
+/// recovers with the same agent ID, both tasks keep running, and a new task launches.
+fn the_documented_driver_upgrade_keeps_the_agent_id_and_its_tasks() -> TestResult {
+    let mut node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let spec = node.script_spec(&master, &upgrade_command()?)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let before = state(&agent)?["id"].clone();
+    let mut plain = Task::launch(
+        &node.install,
+        &master,
+        "plain",
+        "cpus:0.1;mem:32",
+        "sleep 600",
+    )?;
+    let mut gpu = Task::launch(
+        &node.install,
+        &master,
+        "gpu",
+        "cpus:0.1;mem:32;gpus:1",
+        "sleep 600",
+    )?;
+    plain.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    gpu.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+
+    agent.kill()?;
+    upgrade_driver(&mut node, NEW_DRIVER.0, NEW_DRIVER.1)?;
+    agent
+        .restart()
+        .map_err(|e| format!("the agent must recover after the driver upgrade: {e}"))?;
+    let after = state(&agent)?;
+    check(
+        after["id"] == before,
+        format!("the agent keeps its ID: {before} then {}", after["id"]),
+    )?;
+    let log = agent.log();
+    check(
+        !log.contains("Incompatible agent info"),
+        "Mesos must not find the agent info changed",
+    )?;
+    check(
+        log.contains(&format!("driver={}", NEW_DRIVER.0)),
+        format!(
+            "the restarted module reads the new driver {}:\n{}",
+            NEW_DRIVER.0,
+            mesos_gpu_testkit::mesos::tail(&log, 20)
+        ),
+    )?;
+    check(
+        plain.is_running() && gpu.is_running(),
+        format!(
+            "both tasks keep running: {:?} {:?}",
+            plain.states(),
+            gpu.states()
+        ),
+    )?;
+    let tasks: Vec<String> = after["frameworks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["executors"].as_array().into_iter().flatten())
+        .flat_map(|e| e["tasks"].as_array().into_iter().flatten())
+        .filter(|t| t["state"] == "TASK_RUNNING")
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    check(
+        tasks.contains(&"plain".to_owned()) && tasks.contains(&"gpu".to_owned()),
+        format!("the recovered agent runs both tasks: {tasks:?}"),
+    )?;
+    let mut fresh = Task::launch(
+        &node.install,
+        &master,
+        "fresh",
+        "cpus:0.1;mem:32;gpus:1",
+        "true",
+    )?;
+    fresh.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    Ok(())
+}
+
+/// With `--driver-attributes` (the opt-in the guide describes), the agent advertises the
+/// driver; after the same driver upgrade, Mesos refuses to recover it (the default
+/// `--reconfiguration_policy=equal`), as the guide says: the reason the driver stays out of the
+/// attributes by default.
+fn driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade() -> TestResult {
+    let mut node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let command = format!(
+        "AGENT_FLAGS_OPTS=--driver-attributes {}",
+        upgrade_command()?
+    );
+    let spec = node.script_spec(&master, &command)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let attributes = state(&agent)?["attributes"].clone();
+    check(
+        attributes["nvidia_driver"] == "550.54.14",
+        format!("the driver is advertised: {attributes}"),
+    )?;
+    agent.kill()?;
+    upgrade_driver(&mut node, NEW_DRIVER.0, NEW_DRIVER.1)?;
+    let refused = agent.restart();
+    check(
+        refused.is_err() && agent.log().contains("Incompatible agent info detected"),
+        format!(
+            "Mesos refuses to recover an agent whose attributes changed: {refused:?}\n{}",
+            mesos_gpu_testkit::mesos::tail(&agent.log(), 15)
+        ),
+    )
+}
