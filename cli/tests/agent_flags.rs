@@ -70,10 +70,27 @@ fn discovers_every_gpu_with_the_isolator() {
         got,
         [
             "--resources='cpus:32;mem:245760;gpus:8'",
-            "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
-             nvidia_driver:550.54.14;cuda_version:12.4'",
+            "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0'",
             "--nvidia_gpu_devices=0,1,2,3,4,5,6,7",
         ]
+    );
+}
+
+#[test]
+fn the_driver_is_in_the_attributes_only_when_asked_for() {
+    let got = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--isolation",
+        ISO,
+        "--resources",
+        "cpus:32",
+        "--driver-attributes",
+    ]);
+    assert_eq!(
+        got[1],
+        "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
+         nvidia_driver:550.54.14;cuda_version:12.4'"
     );
 }
 
@@ -356,7 +373,7 @@ fn replicas_advertise_shared_times_r_plus_whole() {
         [
             "--resources='cpus:32;gpus:26'",
             "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
-             nvidia_driver:550.54.14;cuda_version:12.4;gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4'",
+             gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4'",
             "--nvidia_gpu_devices=0,1,2,3,4,5,6,7",
         ]
     );
@@ -794,9 +811,14 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
             env!("CARGO_BIN_EXE_mesos-gpu")
         ),
     );
+    let environ = bin.join("environ");
     script(
         "mesos-agent",
-        &format!("#!/bin/sh\nprintf '%s\\0' \"$@\" > '{}'\n", argv.display()),
+        &format!(
+            "#!/bin/sh\nprintf '%s\\0' \"$@\" > '{}'\nenv > '{}'\n",
+            argv.display(),
+            environ.display()
+        ),
     );
     let agent_sh =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/agent.sh");
@@ -804,6 +826,8 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
     let out = Command::new("sh")
         .arg(&agent_sh)
         .arg("--port=5061")
+        .arg("--attributes=rack:r7")
+        .arg("--hostname=gpu 07")
         .env("PATH", path)
         .env("MASTER", "zk://zk1:2181/mesos")
         .env("RESOURCES", "cpus:8;mem:1024")
@@ -836,9 +860,31 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
         "{args:?}"
     );
     assert_eq!(value("resources"), "cpus:8;mem:1024;gpus:56");
-    assert_eq!(value("master"), "zk://zk1:2181/mesos");
-    assert_eq!(value("containerizers"), "mesos");
-    assert_eq!(args.last().map(String::as_str), Some("--port=5061"));
+    assert_eq!(value("attributes"), "rack:r7;mig_strategy:single");
+    let environ = std::fs::read_to_string(&environ).unwrap();
+    for want in [
+        "MESOS_MASTER=zk://zk1:2181/mesos",
+        "MESOS_CONTAINERIZERS=mesos",
+        "MESOS_WORK_DIR=/var/lib/mesos",
+    ] {
+        assert!(
+            environ.lines().any(|l| l == want),
+            "{want} not in the agent's environment"
+        );
+    }
+    assert_eq!(
+        args[args.len() - 2..],
+        ["--port=5061", "--hostname=gpu 07"],
+        "the operator's other flags come last, unchanged: {args:?}"
+    );
+    for name in ["attributes", "resources", "isolation", "modules"] {
+        let prefix = format!("--{name}=");
+        assert_eq!(
+            args.iter().filter(|a| a.starts_with(&prefix)).count(),
+            1,
+            "--{name} reaches the agent once: {args:?}"
+        );
+    }
     let modules: serde_json::Value = serde_json::from_str(&value("modules")).unwrap();
     let params = &modules["libraries"][0]["modules"][0]["parameters"];
     for want in [
