@@ -20,6 +20,7 @@
 mod agents;
 mod support;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,7 +41,11 @@ fn main() -> ExitCode {
     let host = Host::probe();
     let v1: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos];
     type Test = fn() -> TestResult;
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
+        (
+            "moving_between_gpu_nvidia_and_the_module_in_place_keeps_every_tasks_gpus",
+            moving_between_gpu_nvidia_and_the_module_in_place_keeps_every_tasks_gpus,
+        ),
         (
             "every_documented_agent_sh_command_starts_the_real_agent",
             every_documented_agent_sh_command_starts_the_real_agent,
@@ -287,8 +292,8 @@ fn state(agent: &Agent) -> TestResult<serde_json::Value> {
 
 /// Every `agent.sh` command the docs show (`--attributes=rack:r7` among them, which the agent
 /// refused as a duplicate flag before issue 34), run as written: the agent registers with the
-/// module loaded, advertising the node's 8 GPUs, and keeps the operator's attributes ahead of
-/// the GPU attributes.
+/// module loaded (or Mesos's `gpu/nvidia`, where the command names it), advertising the node's 8
+/// GPUs, and keeps the operator's attributes ahead of the GPU attributes.
 fn every_documented_agent_sh_command_starts_the_real_agent() -> TestResult {
     let commands = documented_agent_sh_commands()?;
     check(
@@ -305,7 +310,9 @@ fn every_documented_agent_sh_command_starts_the_real_agent() -> TestResult {
         let spec = node.script_spec(&master, &command)?;
         let agent = Agent::start(&node.install, &master, spec)
             .map_err(|e| format!("{doc}: `{command}` did not start the agent: {e}"))?;
-        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        if !command.contains("gpu/nvidia") {
+            agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        }
         let state = state(&agent)?;
         let gpus = state["resources"]["gpus"].as_f64().unwrap_or(0.0);
         check(
@@ -620,4 +627,164 @@ fn driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade() -> TestRe
             mesos_gpu_testkit::mesos::tail(&agent.log(), 15)
         ),
     )
+}
+
+/// The heading of the guide's section on moving between the isolators.
+const MOVING: &str = "Moving between Mesos's gpu/nvidia and the module";
+
+/// The GPU minors each running task's devices cgroup allows (cgroup v1), by task name.
+fn task_gpus(agent: &Agent) -> TestResult<BTreeMap<String, BTreeSet<u32>>> {
+    let state = state(agent)?;
+    let mut out = BTreeMap::new();
+    let executors = state["frameworks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["executors"].as_array().into_iter().flatten());
+    for executor in executors {
+        let Some(container) = executor["container"].as_str() else {
+            continue;
+        };
+        for task in executor["tasks"].as_array().into_iter().flatten() {
+            let name = task["name"].as_str().unwrap_or_default().to_owned();
+            let list = Path::new("/sys/fs/cgroup/devices")
+                .join(&agent.spec().cgroups_root)
+                .join(container)
+                .join("devices.list");
+            let text =
+                std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+            let minors = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("c 195:"))
+                .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+                .filter(|m| *m < 255)
+                .collect();
+            out.insert(name, minors);
+        }
+    }
+    Ok(out)
+}
+
+/// A task that runs until the file `go` exists.
+fn until(go: &Path) -> String {
+    format!("while [ ! -e {} ]; do sleep 0.2; done", go.display())
+}
+
+/// The guide's in-place move between Mesos's `gpu/nvidia` and the module ([`MOVING`]), its
+/// two `agent.sh` commands as written, on cgroup v1: a task with GPUs and one without keep
+/// running across each agent restart (before issue 34 the module did not know the first one's
+/// container and the agent destroyed it at its first `update`), keep their GPUs (the module
+/// adopts them from the devices cgroup, `gpu/nvidia` recovers them from it), and the other
+/// isolator never hands those GPUs to a new task; the agent keeps its ID.
+fn moving_between_gpu_nvidia_and_the_module_in_place_keeps_every_tasks_gpus() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let commands: Vec<String> = documented_agent_sh_commands()?
+        .into_iter()
+        .filter(|c| c.doc == "docs/operator-guide.md" && c.section == MOVING)
+        .map(|c| c.command)
+        .collect();
+    let (Some(builtin), Some(module)) = (
+        commands.iter().find(|c| c.contains("gpu/nvidia")),
+        commands.iter().find(|c| !c.contains("gpu/nvidia")),
+    ) else {
+        return Err(format!(
+            "the guide's {MOVING:?} section shows both agent.sh commands: {commands:?}"
+        )
+        .into());
+    };
+    let spec = node.script_spec(&master, builtin)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let id = state(&agent)?["id"].clone();
+    let go = node.scratch.path().join("go");
+    let (go_a, go_b, go_c) = (
+        go.with_extension("a"),
+        go.with_extension("b"),
+        go.with_extension("c"),
+    );
+    let mut a = Task::launch(
+        &node.install,
+        &master,
+        "a",
+        "cpus:0.1;mem:32;gpus:2",
+        &until(&go_a),
+    )?;
+    let go_p = go.with_extension("p");
+    let mut p = Task::launch(
+        &node.install,
+        &master,
+        "p",
+        "cpus:0.1;mem:32",
+        &until(&go_p),
+    )?;
+    a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    p.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let before = task_gpus(&agent)?;
+    println!("gpu/nvidia: {before:?}");
+
+    // gpu/nvidia -> the module, task a running.
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(module, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    check(
+        state(&agent)?["id"] == id,
+        "the agent keeps its ID (module)",
+    )?;
+    let mut b = Task::launch(
+        &node.install,
+        &master,
+        "b",
+        "cpus:0.1;mem:32;gpus:6",
+        &until(&go_b),
+    )?;
+    b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let moved = task_gpus(&agent)?;
+    println!(
+        "module: {moved:?}\n{}",
+        mesos_gpu_testkit::mesos::tail(&agent.log(), 40)
+    );
+    check(
+        moved["a"] == before["a"] && moved["a"].is_disjoint(&moved["b"]) && moved["b"].len() == 6,
+        format!("a keeps its GPUs and b gets others: {moved:?}"),
+    )?;
+    std::fs::write(&go_a, "")?;
+    a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+
+    // The module -> gpu/nvidia, task b running.
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(builtin, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    check(
+        state(&agent)?["id"] == id,
+        "the agent keeps its ID (gpu/nvidia)",
+    )?;
+    let mut c = Task::launch(
+        &node.install,
+        &master,
+        "c",
+        "cpus:0.1;mem:32;gpus:2",
+        &until(&go_c),
+    )?;
+    c.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let back = task_gpus(&agent)?;
+    println!(
+        "gpu/nvidia again: {back:?}\n{}",
+        mesos_gpu_testkit::mesos::tail(&agent.log(), 40)
+    );
+    check(
+        back["b"] == moved["b"] && back["b"].is_disjoint(&back["c"]) && back["c"].len() == 2,
+        format!("b keeps its GPUs and c gets others: {back:?}"),
+    )?;
+    check(
+        back["p"].is_empty(),
+        format!("the task without GPUs ran through both moves with none: {back:?}"),
+    )?;
+    for go in [&go_b, &go_c, &go_p] {
+        std::fs::write(go, "")?;
+    }
+    b.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    p.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    Ok(())
 }

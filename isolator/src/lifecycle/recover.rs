@@ -79,6 +79,15 @@ pub enum RecoveryIssue {
         /// The GPUs quarantined for it.
         quarantined: Vec<u32>,
     },
+    /// A container the agent recovered with no checkpoint entry (started before the module was
+    /// loaded, e.g. by Mesos's `gpu/nvidia`): it now holds `gpus`, the GPUs its cgroup allows,
+    /// until its cleanup.
+    Adopted {
+        /// The container.
+        container: ContainerId,
+        /// The GPUs it holds.
+        gpus: Vec<u32>,
+    },
     /// v1: `devices.list` and the checkpoint disagree (a crash mid-update); the union is kept.
     Mismatch {
         /// The container.
@@ -259,6 +268,14 @@ impl Isolator {
                 .map(|g| g.index),
         )
         .unwrap_or_default();
+        // The agent's own top-level containers without a record here (started before the
+        // module was loaded, e.g. by Mesos's gpu/nvidia): the agent will update and clean them
+        // up, so they are adopted with the GPUs their cgroup allows.
+        let mut adoptable: BTreeSet<ContainerId> = states
+            .iter()
+            .filter(|s| s.parent.is_none() && !ckpt.containers.contains_key(s.id.as_str()))
+            .map(|s| s.id.clone())
+            .collect();
         for id in self.candidates(&ckpt, &elsewhere) {
             let (gpus, touched) = self.checkpointed_gpus(&ckpt, &id, &mut report, &mut carried);
             match ckpt.containers.get(id.as_str()) {
@@ -340,6 +357,9 @@ impl Isolator {
                         }
                     }
                 }
+                None if adoptable.contains(&id) => {
+                    self.adopt(&id, &mut found, &mut claims, &mut quarantine, &mut report);
+                }
                 None => {
                     let Some(held) = self.unexplained_cgroup(&id) else {
                         continue;
@@ -355,6 +375,10 @@ impl Isolator {
                     });
                 }
             }
+        }
+        adoptable.retain(|id| !found.contains_key(id));
+        for id in adoptable {
+            self.adopt(&id, &mut found, &mut claims, &mut quarantine, &mut report);
         }
         let mut docker = BTreeMap::new();
         let mut docker_starts = BTreeMap::new();
@@ -827,6 +851,42 @@ impl Isolator {
                     rules: rules.to_vec(),
                     cgroup: Some(PlacedCgroup::from_parts(self.cgroup_maker, cgroup)),
                 })
+            }
+        }
+    }
+
+    /// Takes on a container the agent recovered that has no record here, holding the GPUs its
+    /// cgroup allows (v1 `devices.list`; v2 what [`Self::unexplained_cgroup`] finds), so that the
+    /// agent's `update` and `cleanup` of it succeed; one whose cgroup cannot be read has those
+    /// GPUs quarantined until its cleanup, as before.
+    fn adopt(
+        &self,
+        id: &ContainerId,
+        found: &mut BTreeMap<ContainerId, Found>,
+        claims: &mut BTreeMap<u32, BTreeSet<ContainerId>>,
+        quarantine: &mut BTreeMap<u32, BTreeSet<ContainerId>>,
+        report: &mut RecoveryReport,
+    ) {
+        let held = self.unexplained_cgroup(id).unwrap_or(GpuSet::EMPTY);
+        match self.recover_cgroup(id, held, &self.rules_of(held), report) {
+            Ok(entry) => {
+                for i in entry.gpus.iter() {
+                    claims.entry(i).or_default().insert(id.clone());
+                }
+                report.issues.push(RecoveryIssue::Adopted {
+                    container: id.clone(),
+                    gpus: entry.gpus.to_vec(),
+                });
+                found.insert(id.clone(), entry);
+            }
+            Err(error) => {
+                for i in held.iter() {
+                    quarantine.entry(i).or_default().insert(id.clone());
+                }
+                report.issues.push(RecoveryIssue::Unrecoverable {
+                    container: id.clone(),
+                    error,
+                });
             }
         }
     }

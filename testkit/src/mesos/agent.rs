@@ -191,6 +191,11 @@ impl Agent {
         &self.spec
     }
 
+    /// The spec the next [`Agent::restart`] runs with (e.g. another `--isolation`).
+    pub fn spec_mut(&mut self) -> &mut AgentSpec {
+        &mut self.spec
+    }
+
     /// Everything the agent logged, over all its starts.
     pub fn log(&self) -> String {
         (1..=self.starts)

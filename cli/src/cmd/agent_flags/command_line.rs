@@ -102,6 +102,16 @@ impl AgentCommandLine {
             .map(|(_, v)| (v.clone(), Source::Environment))
     }
 
+    /// Reads `--name=value` as [`Self::take`] does, leaving it on the command line (a flag the
+    /// agent needs that `agent-flags` only reads, such as `--work_dir`).
+    pub(super) fn peek(&self, flag: &str) -> Option<(String, Source)> {
+        let mut copy = AgentCommandLine {
+            args: self.args.clone(),
+            env: self.env.clone(),
+        };
+        copy.take(flag)
+    }
+
     /// Puts `--flag=value` back (a merged flag `agent-flags` has nothing to add to).
     pub(super) fn put_back(&mut self, flag: &str, value: &str) {
         self.args.insert(0, format!("--{flag}={value}"));
@@ -181,7 +191,16 @@ mod tests {
             Some(("cpus:2".to_owned(), Source::Environment))
         );
         assert_eq!(l.take("isolation"), None);
-        assert_eq!(l.rest(&[]).unwrap(), ["--hostname=h"]);
+        let mut l = line(&["--work_dir=/w", "--hostname=h"], &[]).unwrap();
+        assert_eq!(
+            l.peek("work_dir"),
+            Some(("/w".to_owned(), Source::CommandLine))
+        );
+        l.put_back("isolation", "posix/cpu");
+        assert_eq!(
+            l.rest(&[]).unwrap(),
+            ["--isolation=posix/cpu", "--work_dir=/w", "--hostname=h"]
+        );
     }
 
     #[test]

@@ -196,7 +196,16 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
     let resources = merged("--resources", &args.resources, "resources")?;
     let attributes = merged("--attributes", &args.attributes, "attributes")?;
-    let given = merged("--isolation", &args.isolation, "isolation")?;
+    let caller_isolation = agent.take("isolation");
+    let given = one_value(
+        "--isolation",
+        args.isolation.as_deref(),
+        "isolation",
+        caller_isolation.clone(),
+    )?
+    .as_deref()
+    .map(flag_value)
+    .transpose()?;
     let agent_devices = agent.take("nvidia_gpu_devices");
     let devices = one_value(
         "--nvidia-gpu-devices",
@@ -207,7 +216,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     .as_deref()
     .map(flag_value)
     .transpose()?;
-    let work_dir = agent_work_dir(args, agent.take("work_dir"))?;
+    let work_dir = agent_work_dir(args, agent.peek("work_dir"))?;
     let caller_modules = agent.take("modules");
     let caller_subsystems = agent.take("agent_subsystems");
     // The cgroup version matters only when the module is (or will be) in --isolation.
@@ -293,10 +302,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             agent.put_back("agent_subsystems", &value);
         }
     }
-    if let Some((value, Source::CommandLine)) = caller_modules
-        && !lines.iter().any(|l| l.starts_with("--modules="))
-    {
-        agent.put_back("modules", &value);
+    // A flag of the agent's that this command read but prints nothing for goes back as given.
+    for (flag, given) in [("modules", caller_modules), ("isolation", caller_isolation)] {
+        if let Some((value, Source::CommandLine)) = given
+            && !lines.iter().any(|l| l.starts_with(&format!("--{flag}=")))
+        {
+            agent.put_back(flag, &value);
+        }
     }
     let rest = agent.rest(&lines)?;
     if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
