@@ -140,6 +140,18 @@ impl ModuleNode {
         resources: &str,
         extra: &[(&str, &str)],
     ) -> TestResult<AgentSpec> {
+        self.spec_loading(&module()?, isolation, cgroups, resources, extra)
+    }
+
+    /// [`Self::spec`] loading the module library `module` (e.g. one of an earlier release).
+    pub(crate) fn spec_loading(
+        &self,
+        module: &Path,
+        isolation: &str,
+        cgroups: AgentCgroups,
+        resources: &str,
+        extra: &[(&str, &str)],
+    ) -> TestResult<AgentSpec> {
         let mut spec = AgentSpec::new(isolation, cgroups, 0);
         spec.resources = resources.to_owned();
         let mut params: Vec<(String, String)> = vec![
@@ -159,7 +171,7 @@ impl ModuleNode {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
         let modules = self.scratch.path().join("modules.json");
-        std::fs::write(&modules, modules_json(&module()?, &params).to_string())?;
+        std::fs::write(&modules, modules_json(module, &params).to_string())?;
         spec.modules = Some(modules);
         spec.env.push((
             "LD_LIBRARY_PATH".into(),

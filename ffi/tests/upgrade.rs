@@ -1,0 +1,293 @@
+//! Issue 34 item 7: upgrading mesos-gpu under running tasks, from earlier commits built from git
+//! history, in a real Mesos 1.12 agent.
+//!
+//! Each earlier commit's tree is taken out of git (`git archive`), its module library built with
+//! cargo (one target directory for all of them, under `CARGO_TARGET_TMPDIR`) and its C++ shim with
+//! its own CMakeLists.txt against the Mesos in `../shared/mesos`. The agent loads the module from
+//! a prefix it was installed into as the guide installs it (`cmake --install … --prefix`); the
+//! upgrade installs this build's module over it into the same prefix and restarts the agent, as
+//! the guide's "Upgrading mesos-gpu" section says. Tasks started by the earlier module keep
+//! exactly their GPUs (the pool's reservations and, on cgroup v1, their devices cgroups), a task
+//! started after the upgrade gets only free GPUs, nothing is reserved twice, and no file is
+//! edited by hand.
+
+mod agents;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use agents::{ModuleNode, module};
+use libtest_mimic::{Arguments, Trial};
+use mesos_gpu_testkit::mesos::{
+    Agent, AgentCgroups, ISOLATOR_MODULE, Master, MesosInstall, Task, build_module, http_get,
+    wait_for,
+};
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use support::{TestResult, check, trial};
+
+/// The earlier commits upgraded from: the module and CLI an operator ran when issue 34 was
+/// filed, and the previous landing.
+const EARLIER: [&str; 2] = ["f192993", "e1d0892"];
+const TASK_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let mut trials = Vec::new();
+    for commit in EARLIER {
+        for (cgroups, need) in [
+            (AgentCgroups::V1, Need::Cgroup1),
+            (AgentCgroups::V2, Need::Cgroup2),
+        ] {
+            let name = format!(
+                "upgrading_from_{commit}_{}_keeps_every_tasks_gpus",
+                if cgroups == AgentCgroups::V1 { "v1" } else { "v2" }
+            );
+            trials.push(needs(
+                &host,
+                &[Need::Root, need, Need::Cc, Need::Mesos],
+                trial(name, move || upgrade_keeps_every_tasks_gpus(commit, cgroups)),
+            ));
+        }
+    }
+    let trials: Vec<Trial> = trials;
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn run(cmd: &mut Command, what: &str) -> TestResult<String> {
+    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    check(
+        out.status.success(),
+        format!(
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The module of `commit`, built from git history: its tree (`git archive`), its
+/// `libmesos_gpu.so` (cargo, dev profile) and its shim (its own CMakeLists.txt). Built once per
+/// commit; later runs reuse it.
+fn earlier_module(commit: &str) -> TestResult<PathBuf> {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("upgrade");
+    let tree = base.join(commit);
+    if !tree.join("Cargo.toml").is_file() {
+        run(
+            Command::new("git")
+                .arg("-C")
+                .arg(repo())
+                .args(["cat-file", "-e", &format!("{commit}^{{commit}}")]),
+            &format!(
+                "commit {commit} in this clone's history (the upgrade test builds it; a shallow \
+                 clone lacks it: fetch the full history)"
+            ),
+        )?;
+        std::fs::create_dir_all(&tree)?;
+        let archive = base.join(format!("{commit}.tar"));
+        run(
+            Command::new("git")
+                .arg("-C")
+                .arg(repo())
+                .args(["archive", "--format=tar", "-o"])
+                .arg(&archive)
+                .arg(commit),
+            "git archive",
+        )?;
+        run(
+            Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(&tree),
+            "tar",
+        )?;
+    }
+    let target = base.join("target");
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // Only what cargo needs: this process runs under `cargo test`, whose variables describe
+    // this crate.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" {
+            cargo.env_remove(key);
+        }
+    }
+    run(
+        cargo
+            .args(["build", "--quiet", "-p", "mesos-gpu-ffi", "--manifest-path"])
+            .arg(tree.join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target),
+        &format!("cargo build of {commit}'s module library"),
+    )?;
+    let install = MesosInstall::locate()?;
+    Ok(build_module(
+        &install,
+        &tree.join("ffi/mesos-module"),
+        &target.join("debug"),
+        &base.join(format!("module-{commit}")),
+        &[],
+    )?)
+}
+
+/// Installs the module built in `module`'s directory into `prefix`, as the guide installs it
+/// (`cmake --install build/module --prefix …`); returns the installed module library.
+fn install_module(module: &Path, prefix: &Path) -> TestResult<PathBuf> {
+    let build = module.parent().ok_or("the module has no build directory")?;
+    run(
+        Command::new("cmake")
+            .arg("--install")
+            .arg(build)
+            .arg("--prefix")
+            .arg(prefix),
+        "cmake --install",
+    )?;
+    Ok(prefix.join("lib/mesos/modules/libmesos_gpu_module.so"))
+}
+
+/// The agent's running tasks' container ids, by task name.
+fn containers(agent: &Agent) -> TestResult<BTreeMap<String, String>> {
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    let mut out = BTreeMap::new();
+    let executors = state["frameworks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["executors"].as_array().into_iter().flatten());
+    for executor in executors {
+        for task in executor["tasks"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(container)) =
+                (task["name"].as_str(), executor["container"].as_str())
+            {
+                out.insert(name.to_owned(), container.to_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The GPUs (UUIDs) the node's pool reserves for each container, refusing a GPU reserved twice.
+fn reserved(node: &ModuleNode) -> TestResult<BTreeMap<String, BTreeSet<String>>> {
+    let pool = node.pool();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for (id, record) in pool["reservations"].as_object().into_iter().flatten() {
+        for uuid in record["gpus"].as_array().into_iter().flatten() {
+            let uuid = uuid.as_str().unwrap_or_default().to_owned();
+            check(
+                seen.insert(uuid.clone()),
+                format!("{uuid} is reserved twice: {pool}"),
+            )?;
+            out.entry(id.clone()).or_default().insert(uuid);
+        }
+    }
+    Ok(out)
+}
+
+/// The GPU minors a v1 container's devices cgroup allows.
+fn allowed(agent: &Agent, container: &str) -> TestResult<BTreeSet<u32>> {
+    let list = Path::new("/sys/fs/cgroup/devices")
+        .join(&agent.spec().cgroups_root)
+        .join(container)
+        .join("devices.list");
+    let text =
+        std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("c 195:"))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|m| *m < 255)
+        .collect())
+}
+
+/// A task that runs until the file `go` exists.
+fn until(go: &Path) -> String {
+    format!("while [ ! -e {} ]; do sleep 0.2; done", go.display())
+}
+
+/// An agent on a DGX-1 running the module of `commit` (installed into a prefix) with a `gpus:2`
+/// task and a task without GPUs; this build's module installed over it and the agent restarted:
+/// both tasks keep running with exactly their GPUs, a `gpus:6` task gets the six others, and
+/// every GPU comes back when the tasks end.
+fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestResult {
+    let earlier = earlier_module(commit)?;
+    let current = module()?;
+    let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
+    let prefix = node.scratch.path().join("usr");
+    let installed = install_module(&earlier, &prefix)?;
+    let install = MesosInstall::locate()?;
+    let master = Master::start(&install)?;
+    let isolation = match cgroups {
+        AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
+        AgentCgroups::V2 => format!("filesystem/linux,{ISOLATOR_MODULE}"),
+    };
+    let spec = node.spec_loading(&installed, &isolation, cgroups, "cpus:4;mem:4096;gpus:8", &[])?;
+    let mut agent = Agent::start(&install, &master, spec)?;
+    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    let go = node.scratch.path().join("go");
+    let mut a = Task::launch(&install, &master, "a", "cpus:0.1;mem:32;gpus:2", &until(&go))?;
+    let mut p = Task::launch(&install, &master, "p", "cpus:0.1;mem:32", &until(&go))?;
+    a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    p.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = containers(&agent)?;
+    let before = reserved(&node)?;
+    let held = before.get(&ids["a"]).cloned().unwrap_or_default();
+    check(
+        held.len() == 2,
+        format!("{commit}: the earlier module reserved a's two GPUs: {before:?}"),
+    )?;
+    let minors = if cgroups == AgentCgroups::V1 {
+        Some(allowed(&agent, &ids["a"])?)
+    } else {
+        None
+    };
+
+    agent.kill()?;
+    install_module(&current, &prefix)?;
+    agent.restart()?;
+    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    check(
+        a.is_running() && p.is_running(),
+        format!("{commit}: both tasks run on: {:?} {:?}", a.states(), p.states()),
+    )?;
+    let go_b = go.with_extension("b");
+    let mut b = Task::launch(&install, &master, "b", "cpus:0.1;mem:32;gpus:6", &until(&go_b))?;
+    b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = containers(&agent)?;
+    let after = reserved(&node)?;
+    check(
+        after.get(&ids["a"]) == Some(&held),
+        format!("{commit}: a keeps exactly its GPUs {held:?} after the upgrade: {after:?}"),
+    )?;
+    let got = after.get(&ids["b"]).cloned().unwrap_or_default();
+    check(
+        got.len() == 6 && got.is_disjoint(&held),
+        format!("{commit}: b gets the six other GPUs: {after:?}"),
+    )?;
+    if let Some(minors) = minors {
+        check(
+            allowed(&agent, &ids["a"])? == minors,
+            format!("{commit}: a's devices cgroup still allows exactly {minors:?}"),
+        )?;
+        check(
+            allowed(&agent, &ids["b"])?.is_disjoint(&minors),
+            format!("{commit}: b's devices cgroup allows none of a's GPUs"),
+        )?;
+    }
+    std::fs::write(&go, "")?;
+    std::fs::write(&go_b, "")?;
+    for task in [&mut a, &mut p, &mut b] {
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{commit}: every GPU back in the pool: {}", node.pool()),
+        || reserved(&node).ok().filter(BTreeMap::is_empty),
+    )?;
+    Ok(())
+}
