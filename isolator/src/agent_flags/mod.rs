@@ -24,6 +24,7 @@ mod attributes;
 mod containerizer;
 mod mig;
 pub mod module;
+mod module_config;
 mod resources;
 mod sharing;
 
@@ -36,6 +37,7 @@ pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
 };
 pub use module::{MODULE_ISOLATOR, ModuleParameters};
+pub use module_config::{DriverVolume, MODULE_KEYS, ModuleConfig, ModuleParamError};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 pub use sharing::{
     ATTR_REPLICAS, ATTR_SHARED, ATTR_SHARING, ATTR_WHOLE, OfferError,
