@@ -107,12 +107,16 @@ pub enum ParamError {
 }
 
 impl ParamError {
-    /// True when the parameters themselves are wrong (as opposed to the host).
+    /// True when the parameters themselves are wrong (as opposed to the host), also when the
+    /// isolator refuses their values against the node while it is created.
     pub fn is_bad_value(&self) -> bool {
-        matches!(
-            self,
-            ParamError::Refused(_) | ParamError::Agent { .. } | ParamError::ContradictsAgent { .. }
-        )
+        match self {
+            ParamError::Refused(_)
+            | ParamError::Agent { .. }
+            | ParamError::ContradictsAgent { .. } => true,
+            ParamError::Isolator { source } => source.is_refused_setup(),
+            _ => false,
+        }
     }
 }
 
