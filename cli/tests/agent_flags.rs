@@ -731,6 +731,63 @@ fn module_parameters_and_modules_file() {
     );
 }
 
+/// Issue 34: the whole parameter set goes through the module's own parser before anything is
+/// printed or written; a parameter it would refuse fails the command with the parser's words,
+/// naming the key and value, and for an unknown key the accepted ones (before: written into
+/// `--modules` with exit 0, for the agent to die on).
+#[test]
+fn issue_34_module_params_the_module_would_refuse_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("modules.json");
+    for (param, says) in [
+        (
+            "bogus_key=1",
+            "the module would refuse its parameters: unknown module parameter \"bogus_key\": \
+             expected one of work_dir, pool_dir, nvml_lib, dev_root, policy",
+        ),
+        (
+            "numa_pinning=maybe",
+            "module parameter numa_pinning=\"maybe\": expected one of off, on",
+        ),
+        (
+            "driver_volume=sometimes",
+            "module parameter driver_volume=\"sometimes\": expected one of existing, build, off",
+        ),
+        (
+            "health_quiet=memory=soon",
+            "module parameter health_quiet: ",
+        ),
+        (
+            "mps_root=/run/mps",
+            "module parameter mps_root=\"/run/mps\": expected to be given only with gpu_replicas",
+        ),
+    ] {
+        fails(
+            &[
+                "--simulate",
+                "pcie-t4x4",
+                "--cgroups",
+                "v1",
+                "--modules-file",
+                file.to_str().unwrap(),
+                "--module-param",
+                param,
+            ],
+            says,
+        );
+        assert!(!file.exists(), "{param}: the modules file was written");
+    }
+    let ok = lines(&[
+        "--simulate",
+        "pcie-t4x4",
+        "--cgroups",
+        "v1",
+        "--module-param",
+        "numa_pinning=on",
+    ]);
+    assert_eq!(module_parameters(&ok.join("\n"))["numa_pinning"], "on");
+}
+
 /// Without a driver, or without GPUs, the module cannot start: the flags are the same agent's
 /// without it, and stderr says why. `--isolation` keeps a `cgroups/*` isolator on v1, where
 /// Mesos 1.12 aborts at start without one (before: only `--resources` was printed, the agent got

@@ -8,7 +8,7 @@
 //! `--agent_subsystems=` on cgroup v2, and `--modules` with the module's parameters
 //! (`work_dir`, `pool_dir`, `volume_root`, and `nvidia_gpu_devices`, `mig_strategy`,
 //! `gpu_replicas`, `gpu_sharing`, `nvml_lib`, `dev_root`, `proc_root` when they apply), inline
-//! or in `--modules-file`. With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
+//! or in `--modules-file`, checked first by the module's own parser ([`ModuleConfig::parse`]). With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
 //! `--attributes` and `--nvidia_gpu_devices`.
 //!
 //! NVML is read only when a GPU isolator is in `--isolation` or GPUs are advertised (for the
@@ -30,7 +30,8 @@ use mesos_gpu_isolator::agent_flags::module::{
     module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
-    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleParameters,
+    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleConfig,
+    ModuleParameters,
 };
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::inventory::Inventory;
@@ -127,7 +128,8 @@ pub(crate) struct Args {
 
     /// One more module parameter, KEY=VALUE (repeatable), e.g. driver_volume=build,
     /// health_checks=all, numa_pinning=on (every key: ffi/README.md). The keys this command sets
-    /// from its own options are refused, naming the option.
+    /// from its own options are refused, naming the option; the whole set is checked by the
+    /// module's own parser, so a key or value the module would refuse fails the command.
     #[arg(long = "module-param", value_name = "KEY=VALUE", value_parser = parse_module_param)]
     module_params: Vec<(String, String)>,
 }
@@ -356,6 +358,9 @@ fn module_lines(
     for (key, value) in &args.module_params {
         params.set(key, value.as_str());
     }
+    // The module's own parser, before anything is printed or written: a parameter it would
+    // refuse must not reach the agent.
+    ModuleConfig::parse(&params).context("the module would refuse its parameters")?;
     if let Some(sim) = ctx.simulation()? {
         eprintln!(
             "mesos-gpu: note: these flags describe the simulated node {}; the module on this \
