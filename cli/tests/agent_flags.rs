@@ -209,6 +209,63 @@ fn rule_violations_exit_1_with_the_rule() {
     );
 }
 
+/// Issue 34: with the module the device list is this command's `--nvidia-gpu-devices` (the
+/// module's parameter), and the rules' messages say so; with `gpu/nvidia` they keep the agent's
+/// `--nvidia_gpu_devices`, which the operator then passes to the agent (before: Mesos's spelling
+/// either way).
+#[test]
+fn issue_34_rule_violations_name_the_flag_to_fix() {
+    let module = ["--simulate", "pcie-t4x4", "--cgroups", "v1"];
+    let builtin = ["--simulate", "pcie-t4x4", "--isolation", ISO];
+    for (base, spelled, not) in [
+        (module, "--nvidia-gpu-devices", "--nvidia_gpu_devices"),
+        (builtin, "--nvidia_gpu_devices", "--nvidia-gpu-devices"),
+    ] {
+        for (args, says) in [
+            (
+                &["--resources", "gpus:2"][..],
+                format!(
+                    "the 'gpus' resource (gpus:2) cannot be set without also setting {spelled} \
+                     (the NVML indices of those GPUs, e.g. {spelled}=0,1)"
+                ),
+            ),
+            (
+                &["--resources", "gpus:1", "--nvidia-gpu-devices", "9"][..],
+                format!("{spelled} lists GPU 9, which this node does not have"),
+            ),
+            (
+                &["--resources", "gpus:2", "--nvidia-gpu-devices", "0,0"][..],
+                format!("{spelled} contains duplicates: [0]"),
+            ),
+        ] {
+            let all = [&base[..], args].concat();
+            fails(&all, &says);
+            let stderr = String::from_utf8_lossy(&mesos_gpu(&all).stderr).into_owned();
+            assert!(!stderr.contains(not), "{all:?}: {stderr}");
+        }
+    }
+}
+
+/// Issue 34: Mesos's `gpu/nvidia` shares no GPU, and its agent refuses more `gpus` than
+/// `--nvidia_gpu_devices` lists: `--gpu-replicas` with it is refused, naming the module (before:
+/// `--resources=gpus:26` beside 8 devices, which Mesos refuses at start).
+#[test]
+fn issue_34_gpu_nvidia_cannot_share() {
+    fails(
+        &[
+            "--simulate",
+            "dgx1-v100",
+            "--isolation",
+            "filesystem/linux,cgroups/devices,gpu/nvidia",
+            "--gpu-replicas",
+            "4",
+        ],
+        "Mesos's gpu/nvidia cannot share a GPU between tasks: its agent refuses more `gpus` than \
+         --nvidia_gpu_devices lists GPUs; use mesos-gpu's module \
+         (org_apache_mesos_gpu_MesosGpuIsolator) in place of gpu/nvidia to share GPUs",
+    );
+}
+
 #[test]
 fn explicit_zero_keeps_gpus_zero() {
     let got = lines(&[
@@ -342,8 +399,8 @@ fn replicas_advertise_shared_times_r_plus_whole() {
     let got = lines(&[
         "--simulate",
         "dgx1-v100",
-        "--isolation",
-        ISO,
+        "--cgroups",
+        "v1",
         "--resources",
         "cpus:32",
         "--gpu-replicas",
@@ -352,15 +409,18 @@ fn replicas_advertise_shared_times_r_plus_whole() {
         "mps",
     ]);
     assert_eq!(
-        got,
+        got[1..3],
         [
             "--resources='cpus:32;gpus:26'",
             "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
              nvidia_driver:550.54.14;cuda_version:12.4;gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4'",
-            "--nvidia_gpu_devices=0,1,2,3,4,5,6,7",
         ]
     );
-    let sim = ["--simulate", "dgx1-v100", "--isolation", ISO];
+    let params = module_parameters(&got.join("\n"));
+    assert_eq!(params["gpu_replicas"], "4,6=1,7=1");
+    assert_eq!(params["gpu_sharing"], "mps");
+    assert!(!params.contains_key("nvidia_gpu_devices"), "{params:?}");
+    let sim = ["--simulate", "dgx1-v100", "--cgroups", "v1"];
     fails(
         &[&sim[..], &["--gpu-replicas", "4,9=2"]].concat(),
         "names GPU \"9\", which is not advertised",
@@ -373,8 +433,8 @@ fn replicas_advertise_shared_times_r_plus_whole() {
         &[
             "--simulate",
             "k80",
-            "--isolation",
-            ISO,
+            "--cgroups",
+            "v1",
             "--gpu-replicas",
             "2",
             "--gpu-sharing",
@@ -479,16 +539,14 @@ fn offers_say_what_the_module_needs() {
         "--simulate",
         "dgx1-v100",
         "--isolation",
-        ISO,
+        module,
         "--gpu-replicas",
         "4",
     ]);
     assert!(shared.status.success());
     let err = String::from_utf8_lossy(&shared.stderr);
     assert!(
-        err.contains(
-            "give the module the same parameters (gpu_replicas=4, gpu_sharing=time-slicing)"
-        ) && err.contains("start the agent with --containerizers=mesos"),
+        err.contains("start the agent with --containerizers=mesos"),
         "{err}"
     );
     let whole = mesos_gpu(&["--simulate", "dgx1-v100", "--isolation", ISO]);

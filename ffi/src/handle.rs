@@ -18,8 +18,8 @@ use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, Nvml
 use mesos_gpu_enforce::mps::ComputeModes;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::{
-    agent_flags::AgentGpuFlags, agent_flags::GPU_ISOLATOR, agent_flags::MIG_RESOURCE_PREFIX,
-    agent_flags::MigOffer, agent_flags::MigStrategy,
+    agent_flags::AgentGpuFlags, agent_flags::DEVICES_FLAG, agent_flags::GPU_ISOLATOR,
+    agent_flags::MIG_RESOURCE_PREFIX, agent_flags::MigOffer, agent_flags::MigStrategy,
 };
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
@@ -499,6 +499,7 @@ impl MgpuIsolator {
             get("resources"),
             get("nvidia_gpu_devices"),
             get("attributes"),
+            DEVICES_FLAG,
         )
         .map_err(agent_err)?;
         let resolved = parsed.resolve(&self.inventory).map_err(agent_err)?;

@@ -30,8 +30,8 @@ use mesos_gpu_isolator::agent_flags::module::{
     module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
-    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleConfig,
-    ModuleParameters,
+    AgentGpuFlags, AgentGpus, DEVICES_FLAG, GpuIsolator, MODULE_ISOLATOR, MigStrategy,
+    ModuleConfig, ModuleParameters,
 };
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::inventory::Inventory;
@@ -87,15 +87,16 @@ pub(crate) struct Args {
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
     /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. The module's
-    /// `gpu_replicas`; only with `--containerizers=mesos`: Mesos's Docker containerizer cannot
-    /// start with more `gpus` than the node has GPUs.
+    /// `gpu_replicas`, so not with gpu/nvidia in --isolation (Mesos's isolator shares no GPU);
+    /// only with `--containerizers=mesos`: Mesos's Docker containerizer cannot start with more
+    /// `gpus` than the node has GPUs.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
     /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
     /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
-    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. Give the
-    /// module the same spec (parameter `gpu_sharing`).
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. The
+    /// module's `gpu_sharing`.
     #[arg(
         long,
         value_name = "SPEC",
@@ -188,11 +189,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         Some(iso) => (iso.trim().to_owned(), None),
     };
+    // With the module the device list is this command's option (the module's parameter, never
+    // an agent flag); with gpu/nvidia it is the agent's own --nvidia_gpu_devices.
+    let devices_flag = match module_version {
+        Some(_) => "--nvidia-gpu-devices",
+        None => DEVICES_FLAG,
+    };
     let flags = AgentGpuFlags::parse(
         &isolation,
         resources.as_deref(),
         devices.as_deref().map(str::trim),
         attributes.as_deref(),
+        devices_flag,
     )?;
     if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
         check_module_isolation(&isolation, version)?;
@@ -301,18 +309,11 @@ fn advertise(
                 )?
                 .0
             };
-            let module_note = if module {
-                String::new()
-            } else {
-                format!(
-                    "give the module the same parameters (gpu_replicas={spec}, gpu_sharing={}), \
-                     and ",
-                    args.gpu_sharing
-                )
-            };
+            // Only the module shares GPUs (advertising refuses gpu/nvidia): the module's
+            // parameters already carry the spec.
             eprintln!(
-                "mesos-gpu: note: {module_note}start the agent with --containerizers=mesos: \
-                 Mesos's Docker containerizer cannot start with more gpus than the node has GPUs"
+                "mesos-gpu: note: start the agent with --containerizers=mesos: Mesos's Docker \
+                 containerizer cannot start with more gpus than the node has GPUs"
             );
             shared
         }
