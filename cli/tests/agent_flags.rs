@@ -956,10 +956,22 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
     assert_eq!(args.last().map(String::as_str), Some("--port=5061"));
     let modules: serde_json::Value = serde_json::from_str(&value("modules")).unwrap();
     let params = &modules["libraries"][0]["modules"][0]["parameters"];
+    // The module's volume root is serve's in the shipped /etc/default/mesos-gpu.
+    let defaults = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/default/mesos-gpu"),
+    )
+    .unwrap();
+    let serve_volume_root = defaults
+        .lines()
+        .find_map(|l| l.strip_prefix("MESOS_GPU_SERVE_OPTS="))
+        .and_then(|opts| opts.split(" --volume-root ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("--volume-root in MESOS_GPU_SERVE_OPTS");
     for want in [
         serde_json::json!({"key": "work_dir", "value": "/var/lib/mesos"}),
         serde_json::json!({"key": "mig_strategy", "value": "single"}),
         serde_json::json!({"key": "driver_volume", "value": "build"}),
+        serde_json::json!({"key": "volume_root", "value": serve_volume_root}),
     ] {
         assert!(
             params.as_array().unwrap().contains(&want),

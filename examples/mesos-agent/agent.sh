@@ -11,6 +11,9 @@
 # GPUs it prints the same --isolation without the module (and no --modules), says why on stderr,
 # and the agent starts without the module.
 #
+# VOLUME_ROOT: the module's volume_root, the same as serve's --volume-root in
+# /etc/default/mesos-gpu (both /var/lib/mesos-gpu/volumes as shipped).
+#
 # AGENT_FLAGS_OPTS: more options of `mesos-gpu agent-flags`, split at spaces, e.g.
 #   AGENT_FLAGS_OPTS='--mig-strategy mixed --module-param driver_volume=build'
 set -eu
@@ -19,11 +22,12 @@ MASTER=${MASTER:-zk://localhost:2181/mesos}
 WORK_DIR=${WORK_DIR:-/var/lib/mesos}
 RESOURCES=${RESOURCES:-cpus:8;mem:32768}
 MODULE_LIBRARY=${MODULE_LIBRARY:-/usr/lib/mesos/modules/libmesos_gpu_module.so}
+VOLUME_ROOT=${VOLUME_ROOT:-/var/lib/mesos-gpu/volumes}
 AGENT_FLAGS_OPTS=${AGENT_FLAGS_OPTS:-}
 
 # shellcheck disable=SC2086 # AGENT_FLAGS_OPTS is split on purpose
 flags=$(mesos-gpu agent-flags --agent-work-dir "$WORK_DIR" --resources "$RESOURCES" \
-  --module-library "$MODULE_LIBRARY" $AGENT_FLAGS_OPTS)
+  --module-library "$MODULE_LIBRARY" --volume-root "$VOLUME_ROOT" $AGENT_FLAGS_OPTS)
 # Each line is one flag, shell-quoted by mesos-gpu; the caller's flags come after them.
 eval "set -- $(printf '%s\n' "$flags" | tr '\n' ' ') \"\$@\""
 

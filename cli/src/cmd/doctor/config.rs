@@ -691,6 +691,7 @@ fn same_path(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::accepted;
     use super::*;
 
     fn defaults() -> Defaults {
@@ -997,70 +998,80 @@ mod tests {
         out
     }
 
-    /// The shipped Docker setup with one of the shipped wrappers: `modules-docker.json`, the
-    /// systemd unit with `/etc/default/mesos-gpu` (`serve_opts` edited by `edit`).
-    fn shipped_docker_setup(wrapper: (&str, &str), edit: &dyn Fn(String) -> String) -> Sources {
-        let modules = shipped("examples/mesos-agent/modules-docker.json");
+    /// A shipped setup: a shipped modules file, a shipped wrapper (or none), the systemd unit
+    /// with `/etc/default/mesos-gpu` (edited by `edit`).
+    fn shipped_setup(
+        modules: &str,
+        wrapper: Option<(&str, &str)>,
+        edit: &dyn Fn(String) -> String,
+    ) -> Sources {
+        let modules_text = shipped(modules);
         let unit = shipped("examples/systemd/mesos-gpu.service");
         let defaults_file = edit(shipped("examples/default/mesos-gpu"));
         let mut s = Sources::default();
         s.parse(&Texts {
-            modules: Some((
-                Path::new("examples/mesos-agent/modules-docker.json"),
-                &modules,
-            )),
-            wrapper: Some((Path::new(wrapper.0), wrapper.1)),
+            modules: Some((Path::new(modules), &modules_text)),
+            wrapper: wrapper.map(|(path, text)| (Path::new(path), text)),
             defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
             unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
         });
         assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
         assert!(
-            s.module.is_some() && s.hook.is_some() && s.wrapper.is_some() && s.serve.is_some(),
+            s.module.is_some() && s.serve.is_some() && s.wrapper.is_some() == wrapper.is_some(),
             "{s:#?}"
         );
         s
-    }
-
-    /// What `examples/mesos-agent/README.md` says to write in `/etc/default/mesos-gpu` for the
-    /// Docker setup: serve's volume root is the module's and the hook's.
-    fn docker_volume_root(defaults_file: String) -> String {
-        defaults_file.replace(
-            "--volume-root /var/run/mesos/isolators/gpu",
-            "--volume-root /var/lib/mesos-gpu/volumes",
-        )
     }
 
     fn this_build() -> Defaults {
         Defaults::of_this_build(mesos_gpu_node::discovery::DEFAULT_NVML_LIB.to_owned())
     }
 
+    /// Issue 34: every combination of the shipped files an operator may install together (the
+    /// package's one `/etc/default/mesos-gpu` and unit, either modules file, any shipped
+    /// wrapper or none) agrees on directories, NVML and device root, and each is accepted by
+    /// its program: the isolator's parameters by the module's parser, serve's options by
+    /// serve's (before: `modules-docker.json` and `/etc/default/mesos-gpu` named two volume
+    /// roots, and `doctor` said NOT READY on the shipped files). The module library is not
+    /// installed here, so its symbols are checked on built ones (`accepted.rs`).
     #[test]
     fn shipped_files_agree_on_directories_nvml_and_device_root() {
-        let modules = shipped("examples/mesos-agent/modules.json");
-        let unit = shipped("examples/systemd/mesos-gpu.service");
-        let defaults_file = shipped("examples/default/mesos-gpu");
-        let mut s = Sources::default();
-        s.parse(&Texts {
-            modules: Some((Path::new("examples/mesos-agent/modules.json"), &modules)),
-            wrapper: None,
-            defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
-            unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
-        });
-        let check = s.agreement(&this_build());
-        assert_eq!(check.status, Status::Ok, "{check:#?}");
-        for wrapper in shipped_wrappers() {
-            let s = shipped_docker_setup((&wrapper.0, &wrapper.1), &docker_volume_root);
-            let check = s.agreement(&this_build());
-            assert_eq!(check.status, Status::Ok, "{}: {check:#?}", wrapper.0);
-            for want in [
-                "the node's GPU pool directory: /var/lib/mesos-gpu everywhere",
-                "the Docker containers' records directory (--docker-state-dir): /var/run/mesos-gpu everywhere",
-                "the driver volume root: /var/lib/mesos-gpu/volumes everywhere",
+        let wrappers = shipped_wrappers();
+        let wrappers = std::iter::once(None)
+            .chain(wrappers.iter().map(|(p, t)| Some((p.as_str(), t.as_str()))));
+        for wrapper in wrappers {
+            for modules in [
+                "examples/mesos-agent/modules.json",
+                "examples/mesos-agent/modules-docker.json",
             ] {
-                assert!(
-                    check.details.iter().any(|d| d == want),
-                    "{want}: {check:#?}"
-                );
+                let s = shipped_setup(modules, wrapper, &|text| text);
+                let which = format!("{modules} with {:?}", wrapper.map(|w| w.0));
+                let check = s.agreement(&this_build());
+                assert_eq!(check.status, Status::Ok, "{which}: {check:#?}");
+                let mut wants = vec![
+                    "the node's GPU pool directory: /var/lib/mesos-gpu everywhere",
+                    "the driver volume root: /var/lib/mesos-gpu/volumes everywhere",
+                    "the NVML library: libnvidia-ml.so.1 everywhere",
+                    "the device root: /dev everywhere",
+                ];
+                if s.hook.is_some() || s.wrapper.is_some() {
+                    wants.push(
+                        "the Docker containers' records directory (--docker-state-dir): \
+                         /var/run/mesos-gpu everywhere",
+                    );
+                }
+                for want in wants {
+                    assert!(
+                        check.details.iter().any(|d| d == want),
+                        "{which}: {want}: {check:#?}"
+                    );
+                }
+                let params = s.modules.as_ref().and_then(|m| m.isolator.as_ref());
+                let accepted = accepted::module_parameters(params.expect("params"));
+                assert!(accepted.is_ok(), "{which}: {accepted:?}");
+                let (_, command) = s.serve_command.as_ref().expect("serve's command line");
+                let accepted = accepted::serve_command(command);
+                assert!(accepted.is_ok(), "{which}: {accepted:?}");
             }
         }
     }
@@ -1072,7 +1083,11 @@ mod tests {
             "MESOS_GPU_SERVE_OPTS=\"--work-dir /var/run/mesos-gpu --dev-root /tmp/nodes --volume-root /var/lib/mesos-gpu/volumes\"\nMESOS_GPU_NVML_LIB=/opt/libnvidia-ml.so.1\n"
                 .to_owned()
         };
-        let s = shipped_docker_setup(("/usr/bin/mesos-gpu-docker", wrapper), &edit);
+        let s = shipped_setup(
+            "examples/mesos-agent/modules-docker.json",
+            Some(("/usr/bin/mesos-gpu-docker", wrapper)),
+            &edit,
+        );
         let check = s.agreement(&this_build());
         assert_eq!(check.status, Status::Fail, "{check:#?}");
         for what in [
