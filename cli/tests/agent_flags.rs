@@ -226,6 +226,63 @@ fn rule_violations_exit_1_with_the_rule() {
     );
 }
 
+/// Issue 34: with the module the device list is this command's `--nvidia-gpu-devices` (the
+/// module's parameter), and the rules' messages say so; with `gpu/nvidia` they keep the agent's
+/// `--nvidia_gpu_devices`, which the operator then passes to the agent (before: Mesos's spelling
+/// either way).
+#[test]
+fn issue_34_rule_violations_name_the_flag_to_fix() {
+    let module = ["--simulate", "pcie-t4x4", "--cgroups", "v1"];
+    let builtin = ["--simulate", "pcie-t4x4", "--isolation", ISO];
+    for (base, spelled, not) in [
+        (module, "--nvidia-gpu-devices", "--nvidia_gpu_devices"),
+        (builtin, "--nvidia_gpu_devices", "--nvidia-gpu-devices"),
+    ] {
+        for (args, says) in [
+            (
+                &["--resources", "gpus:2"][..],
+                format!(
+                    "the 'gpus' resource (gpus:2) cannot be set without also setting {spelled} \
+                     (the NVML indices of those GPUs, e.g. {spelled}=0,1)"
+                ),
+            ),
+            (
+                &["--resources", "gpus:1", "--nvidia-gpu-devices", "9"][..],
+                format!("{spelled} lists GPU 9, which this node does not have"),
+            ),
+            (
+                &["--resources", "gpus:2", "--nvidia-gpu-devices", "0,0"][..],
+                format!("{spelled} contains duplicates: [0]"),
+            ),
+        ] {
+            let all = [&base[..], args].concat();
+            fails(&all, &says);
+            let stderr = String::from_utf8_lossy(&mesos_gpu(&all).stderr).into_owned();
+            assert!(!stderr.contains(not), "{all:?}: {stderr}");
+        }
+    }
+}
+
+/// Issue 34: Mesos's `gpu/nvidia` shares no GPU, and its agent refuses more `gpus` than
+/// `--nvidia_gpu_devices` lists: `--gpu-replicas` with it is refused, naming the module (before:
+/// `--resources=gpus:26` beside 8 devices, which Mesos refuses at start).
+#[test]
+fn issue_34_gpu_nvidia_cannot_share() {
+    fails(
+        &[
+            "--simulate",
+            "dgx1-v100",
+            "--isolation",
+            "filesystem/linux,cgroups/devices,gpu/nvidia",
+            "--gpu-replicas",
+            "4",
+        ],
+        "Mesos's gpu/nvidia cannot share a GPU between tasks: its agent refuses more `gpus` than \
+         --nvidia_gpu_devices lists GPUs; use mesos-gpu's module \
+         (org_apache_mesos_gpu_MesosGpuIsolator) in place of gpu/nvidia to share GPUs",
+    );
+}
+
 #[test]
 fn explicit_zero_keeps_gpus_zero() {
     let got = lines(&[
@@ -359,8 +416,8 @@ fn replicas_advertise_shared_times_r_plus_whole() {
     let got = lines(&[
         "--simulate",
         "dgx1-v100",
-        "--isolation",
-        ISO,
+        "--cgroups",
+        "v1",
         "--resources",
         "cpus:32",
         "--gpu-replicas",
@@ -369,15 +426,18 @@ fn replicas_advertise_shared_times_r_plus_whole() {
         "mps",
     ]);
     assert_eq!(
-        got,
+        got[1..3],
         [
             "--resources='cpus:32;gpus:26'",
             "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
              gpu_sharing:mps;gpu_shared:6;gpu_whole:2;gpu_replicas:4'",
-            "--nvidia_gpu_devices=0,1,2,3,4,5,6,7",
         ]
     );
-    let sim = ["--simulate", "dgx1-v100", "--isolation", ISO];
+    let params = module_parameters(&got.join("\n"));
+    assert_eq!(params["gpu_replicas"], "4,6=1,7=1");
+    assert_eq!(params["gpu_sharing"], "mps");
+    assert!(!params.contains_key("nvidia_gpu_devices"), "{params:?}");
+    let sim = ["--simulate", "dgx1-v100", "--cgroups", "v1"];
     fails(
         &[&sim[..], &["--gpu-replicas", "4,9=2"]].concat(),
         "names GPU \"9\", which is not advertised",
@@ -390,8 +450,8 @@ fn replicas_advertise_shared_times_r_plus_whole() {
         &[
             "--simulate",
             "k80",
-            "--isolation",
-            ISO,
+            "--cgroups",
+            "v1",
             "--gpu-replicas",
             "2",
             "--gpu-sharing",
@@ -496,16 +556,14 @@ fn offers_say_what_the_module_needs() {
         "--simulate",
         "dgx1-v100",
         "--isolation",
-        ISO,
+        module,
         "--gpu-replicas",
         "4",
     ]);
     assert!(shared.status.success());
     let err = String::from_utf8_lossy(&shared.stderr);
     assert!(
-        err.contains(
-            "give the module the same parameters (gpu_replicas=4, gpu_sharing=time-slicing)"
-        ) && err.contains("start the agent with --containerizers=mesos"),
+        err.contains("start the agent with --containerizers=mesos"),
         "{err}"
     );
     let whole = mesos_gpu(&["--simulate", "dgx1-v100", "--isolation", ISO]);
@@ -748,6 +806,63 @@ fn module_parameters_and_modules_file() {
     );
 }
 
+/// Issue 34: the whole parameter set goes through the module's own parser before anything is
+/// printed or written; a parameter it would refuse fails the command with the parser's words,
+/// naming the key and value, and for an unknown key the accepted ones (before: written into
+/// `--modules` with exit 0, for the agent to die on).
+#[test]
+fn issue_34_module_params_the_module_would_refuse_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("modules.json");
+    for (param, says) in [
+        (
+            "bogus_key=1",
+            "the module would refuse its parameters: unknown module parameter \"bogus_key\": \
+             expected one of work_dir, pool_dir, nvml_lib, dev_root, policy",
+        ),
+        (
+            "numa_pinning=maybe",
+            "module parameter numa_pinning=\"maybe\": expected one of off, on",
+        ),
+        (
+            "driver_volume=sometimes",
+            "module parameter driver_volume=\"sometimes\": expected one of existing, build, off",
+        ),
+        (
+            "health_quiet=memory=soon",
+            "module parameter health_quiet: ",
+        ),
+        (
+            "mps_root=/run/mps",
+            "module parameter mps_root=\"/run/mps\": expected to be given only with gpu_replicas",
+        ),
+    ] {
+        fails(
+            &[
+                "--simulate",
+                "pcie-t4x4",
+                "--cgroups",
+                "v1",
+                "--modules-file",
+                file.to_str().unwrap(),
+                "--module-param",
+                param,
+            ],
+            says,
+        );
+        assert!(!file.exists(), "{param}: the modules file was written");
+    }
+    let ok = lines(&[
+        "--simulate",
+        "pcie-t4x4",
+        "--cgroups",
+        "v1",
+        "--module-param",
+        "numa_pinning=on",
+    ]);
+    assert_eq!(module_parameters(&ok.join("\n"))["numa_pinning"], "on");
+}
+
 /// Without a driver, or without GPUs, the module cannot start: the flags are the same agent's
 /// without it, and stderr says why. `--isolation` keeps a `cgroups/*` isolator on v1, where
 /// Mesos 1.12 aborts at start without one (before: only `--resources` was printed, the agent got
@@ -887,10 +1002,22 @@ fn agent_sh_runs_the_agent_with_the_module_flags() {
     }
     let modules: serde_json::Value = serde_json::from_str(&value("modules")).unwrap();
     let params = &modules["libraries"][0]["modules"][0]["parameters"];
+    // The module's volume root is serve's in the shipped /etc/default/mesos-gpu.
+    let defaults = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/default/mesos-gpu"),
+    )
+    .unwrap();
+    let serve_volume_root = defaults
+        .lines()
+        .find_map(|l| l.strip_prefix("MESOS_GPU_SERVE_OPTS="))
+        .and_then(|opts| opts.split(" --volume-root ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("--volume-root in MESOS_GPU_SERVE_OPTS");
     for want in [
         serde_json::json!({"key": "work_dir", "value": "/var/lib/mesos"}),
         serde_json::json!({"key": "mig_strategy", "value": "single"}),
         serde_json::json!({"key": "driver_volume", "value": "build"}),
+        serde_json::json!({"key": "volume_root", "value": serve_volume_root}),
     ] {
         assert!(
             params.as_array().unwrap().contains(&want),

@@ -634,24 +634,20 @@ fn claims_of_unfinished_work_match_the_not_done_list() {
 }
 
 /// The operator guide's module parameter table and `ffi/README.md`'s list the keys the module
-/// accepts (`ffi/src/params.rs`), with the same defaults.
+/// accepts (`MODULE_KEYS` in `isolator/src/agent_flags/module_config.rs`, the one parser of
+/// them), with the same defaults.
 #[test]
 fn module_parameter_tables_agree_with_the_code() {
-    let params = read("ffi/src/params.rs");
-    let keys_start = params.find("pub const KEYS").expect("KEYS in params.rs");
-    let keys_end = keys_start + params[keys_start..].find("];").expect("end of KEYS");
-    // Keys behind `#[cfg(feature = "testing")]` are for tests, not operators.
-    let mut code = BTreeSet::new();
-    let mut test_only = false;
-    for line in params[keys_start..keys_end].lines() {
-        if line.contains("#[cfg(") {
-            test_only = true;
-            continue;
-        }
-        if !std::mem::take(&mut test_only) {
-            code.extend(string_literals(line));
-        }
-    }
+    let rel = "isolator/src/agent_flags/module_config.rs";
+    let params = read(rel);
+    let keys_start = params
+        .find("pub const MODULE_KEYS")
+        .unwrap_or_else(|| panic!("MODULE_KEYS in {rel}"));
+    let keys_end = keys_start + params[keys_start..].find("];").expect("end of MODULE_KEYS");
+    let code: BTreeSet<String> = params[keys_start..keys_end]
+        .lines()
+        .flat_map(string_literals)
+        .collect();
     let table = |rel: &str, text: &str| -> BTreeMap<String, String> {
         let rows = table_rows(text, "Key");
         assert!(!rows.is_empty(), "{rel}: no `| Key |` table");
@@ -662,8 +658,8 @@ fn module_parameter_tables_agree_with_the_code() {
     let guide = table("docs/operator-guide.md", &read("docs/operator-guide.md"));
     let ffi = table("ffi/README.md", &read("ffi/README.md"));
     let keys = |t: &BTreeMap<String, String>| t.keys().cloned().collect::<BTreeSet<_>>();
-    assert_eq!(keys(&guide), code, "operator guide vs params.rs KEYS");
-    assert_eq!(keys(&ffi), code, "ffi/README.md vs params.rs KEYS");
+    assert_eq!(keys(&guide), code, "operator guide vs MODULE_KEYS");
+    assert_eq!(keys(&ffi), code, "ffi/README.md vs MODULE_KEYS");
     for (key, default) in &guide {
         assert_eq!(
             Some(default),
@@ -737,8 +733,9 @@ fn documented_metrics_are_the_registered_ones() {
     );
 }
 
-/// The `serve` defaults the guide quotes are those of `/etc/default/mesos-gpu` and of
-/// `mesos-gpu serve --help`.
+/// The `serve` options the guide quotes are those of `/etc/default/mesos-gpu`, each of them
+/// `mesos-gpu serve --help`'s default but the volume root, which every shipped file sets to
+/// `/var/lib/mesos-gpu/volumes` (the guide says why; `doctor`'s tests check that they agree).
 #[test]
 fn documented_serve_defaults_are_the_real_ones() {
     let guide = read("docs/operator-guide.md");
@@ -767,6 +764,9 @@ fn documented_serve_defaults_are_the_real_ones() {
         let [flag, value] = pair else {
             panic!("not --flag value pairs: {shipped}");
         };
+        if [*flag, *value] == ["--volume-root", "/var/lib/mesos-gpu/volumes"] {
+            continue;
+        }
         // clap prints `--flag <VALUE>` … `[default: value]` in the flag's paragraph.
         let at = help
             .find(&format!("{flag} <"))

@@ -3,8 +3,9 @@
 //! it — a missing node, a wrong `nvidia-uvm` major, cgroup v2 where the device program cannot be
 //! attached (the command run without CAP_SYS_ADMIN and CAP_BPF, through `setpriv`), a driver
 //! without its `nvidia-smi` or of another version, a volume root on a `noexec` mount, directories
-//! that disagree, `mps` without its control program, two CDI specs declaring one device. Needs
-//! root, cgroups, `cc`.
+//! that disagree, `mps` without its control program, two CDI specs declaring one device, module
+//! parameters the module refuses and a module library without the module. Needs root, cgroups,
+//! `cc` (the module library is a real ELF shared object).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -23,10 +24,11 @@ const UVM_MAJOR: u32 = 510;
 fn main() -> ExitCode {
     let host = Host::probe();
     let root: &[Need] = &[Need::Root, Need::Cgroup1];
+    let with_cc: &[Need] = &[Need::Root, Need::Cgroup1, Need::Cc];
     let mut trials = vec![
         (
             "good_simulated_host_is_ready",
-            root,
+            with_cc,
             good_host_is_ready as fn() -> TestResult,
         ),
         ("missing_gpu_node_fails_device_nodes", root, missing_node),
@@ -48,23 +50,28 @@ fn main() -> ExitCode {
         ),
         (
             "disagreeing_directories_fail",
-            root,
+            with_cc,
             disagreeing_directories,
         ),
         (
             "serve_on_another_device_root_fails_directories",
-            root,
+            with_cc,
             serve_on_another_dev_root,
         ),
         (
             "serve_with_another_nvml_fails_directories",
-            root,
+            with_cc,
             serve_with_another_nvml,
         ),
         (
             "mps_without_its_control_program_fails_sharing",
-            root,
+            with_cc,
             mps_without_control,
+        ),
+        (
+            "issue_34_refused_configuration_fails",
+            with_cc,
+            refused_configuration,
         ),
         ("conflicting_cdi_specs_fail", root, conflicting_cdi),
         (
@@ -220,7 +227,7 @@ fn expect_fail(out: &Output, name: &str, needle: &str) -> TestResult {
     Ok(())
 }
 
-const MODULES: &str = r#"{"libraries": [{"file": "/usr/lib/mesos/modules/libmesos_gpu_module.so", "modules": [
+const MODULES: &str = r#"{"libraries": [{"file": "LIBRARY", "modules": [
   {"name": "org_apache_mesos_gpu_MesosGpuIsolator", "parameters": [
     {"key": "work_dir", "value": "/var/lib/mesos"},
     {"key": "pool_dir", "value": "/var/lib/mesos-gpu"},
@@ -231,11 +238,31 @@ const MODULES: &str = r#"{"libraries": [{"file": "/usr/lib/mesos/modules/libmeso
 const WRAPPER: &str = "#!/bin/sh\nexec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n  --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu -- \"$@\"\n";
 
 impl Scratch {
+    /// `modules.json` (`LIBRARY` a module library defining both modules, built with `cc`) and
+    /// the wrapper script.
     fn config(&self, modules: &str, wrapper: &str) -> Vec<String> {
         let volumes = self.path("volumes").display().to_string();
+        let src = self.path("module.c");
+        std::fs::write(
+            &src,
+            "int org_apache_mesos_gpu_MesosGpuIsolator = 1;\n\
+             int org_apache_mesos_gpu_MesosGpuDockerHook = 2;\n",
+        )
+        .unwrap();
+        let library = self.path("libmesos_gpu_module.so");
+        let ok = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&src)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cc {}", library.display());
         std::fs::write(
             self.path("modules.json"),
-            modules.replace("VOLUMES", &volumes),
+            modules
+                .replace("VOLUMES", &volumes)
+                .replace("LIBRARY", &library.display().to_string()),
         )
         .unwrap();
         std::fs::write(self.path("wrapper"), wrapper).unwrap();
@@ -267,6 +294,7 @@ fn good_host_is_ready() -> TestResult {
         "device-nodes",
         "cgroups",
         "directories",
+        "configuration",
         "sharing",
         "cdi",
         "smoke-one-gpu",
@@ -476,6 +504,48 @@ fn mps_without_control() -> TestResult {
         &out,
         "sharing",
         "/nonexistent/nvidia-cuda-mps-control is not found",
+    )
+}
+
+/// Issue 34: `doctor --modules` with parameters the module refuses, or a library that does not
+/// exist, and `--defaults` with an option serve refuses, is not ready, each in its program's
+/// words (before: READY).
+fn refused_configuration() -> TestResult {
+    let s = Scratch::new();
+    let good = serve_config(&s, "", "");
+    let (ready, json) = report(&s.doctor(&[], &strs(&good)))?;
+    let check = find(&json, "configuration")?;
+    if !ready || check["status"] != "ok" {
+        return Err(format!("a good configuration: {json:#}").into());
+    }
+    let modules = MODULES.replace(
+        r#"{"key": "pool_dir", "value": "/var/lib/mesos-gpu"},"#,
+        r#"{"key": "pool_dir", "value": "/var/lib/mesos-gpu"}, {"key": "numa_pinning", "value": "maybe"},"#,
+    );
+    let config = s.config(&modules, WRAPPER);
+    let out = s.doctor(&[], &strs(&config));
+    expect_fail(
+        &out,
+        "configuration",
+        r#"the module would refuse its parameters: module parameter numa_pinning=\"maybe\": expected one of off, on"#,
+    )?;
+    let config = s.config(MODULES, WRAPPER);
+    std::fs::remove_file(s.path("libmesos_gpu_module.so")).unwrap();
+    let out = s.doctor(&[], &strs(&config));
+    expect_fail(
+        &out,
+        "configuration",
+        &format!(
+            "the module library {} does not exist",
+            s.path("libmesos_gpu_module.so").display()
+        ),
+    )?;
+    let config = serve_config(&s, "--driver-poll soon", "");
+    let out = s.doctor(&[], &strs(&config));
+    expect_fail(
+        &out,
+        "configuration",
+        "serve would refuse its options: invalid value 'soon' for '--driver-poll",
     )
 }
 

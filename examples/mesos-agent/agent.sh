@@ -20,6 +20,8 @@
 # MASTER, WORK_DIR, RESOURCES: the agent's --master, --work_dir and --resources (given to the
 #   agent as MESOS_MASTER, MESOS_WORK_DIR and MESOS_RESOURCES, which its command line overrides).
 # MODULE_LIBRARY: the module library --modules loads.
+# VOLUME_ROOT: the module's volume_root, the same as serve's --volume-root in
+#   /etc/default/mesos-gpu (both /var/lib/mesos-gpu/volumes as shipped).
 # AGENT_FLAGS_OPTS: more options of `mesos-gpu agent-flags`, split at spaces, e.g.
 #   AGENT_FLAGS_OPTS='--mig-strategy mixed --module-param driver_volume=build'
 set -eu
@@ -30,10 +32,12 @@ MESOS_RESOURCES=${RESOURCES:-${MESOS_RESOURCES:-cpus:8;mem:32768}}
 MESOS_CONTAINERIZERS=${MESOS_CONTAINERIZERS:-mesos}
 export MESOS_MASTER MESOS_WORK_DIR MESOS_RESOURCES MESOS_CONTAINERIZERS
 MODULE_LIBRARY=${MODULE_LIBRARY:-/usr/lib/mesos/modules/libmesos_gpu_module.so}
+VOLUME_ROOT=${VOLUME_ROOT:-/var/lib/mesos-gpu/volumes}
 AGENT_FLAGS_OPTS=${AGENT_FLAGS_OPTS:-}
 
 # shellcheck disable=SC2086 # AGENT_FLAGS_OPTS is split on purpose
-flags=$(mesos-gpu agent-flags --module-library "$MODULE_LIBRARY" $AGENT_FLAGS_OPTS -- "$@")
+flags=$(mesos-gpu agent-flags --module-library "$MODULE_LIBRARY" --volume-root "$VOLUME_ROOT" \
+  $AGENT_FLAGS_OPTS -- "$@")
 # Each line is one flag, shell-quoted by mesos-gpu: its own, then yours.
 eval "set -- $(printf '%s\n' "$flags" | tr '\n' ' ')"
 

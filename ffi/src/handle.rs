@@ -18,8 +18,8 @@ use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, Nvml
 use mesos_gpu_enforce::mps::ComputeModes;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::{
-    agent_flags::AgentGpuFlags, agent_flags::GPU_ISOLATOR, agent_flags::MIG_RESOURCE_PREFIX,
-    agent_flags::MigOffer, agent_flags::MigStrategy,
+    agent_flags::AgentGpuFlags, agent_flags::DEVICES_FLAG, agent_flags::GPU_ISOLATOR,
+    agent_flags::MIG_RESOURCE_PREFIX, agent_flags::MigOffer, agent_flags::MigStrategy,
 };
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
@@ -128,8 +128,9 @@ impl MgpuIsolator {
         }
         // The default library goes through the loader's search, and its absence means "no
         // driver"; a library named in `nvml_lib` that cannot be loaded is an error of its own.
-        let named = (params.nvml_lib != Path::new(DEFAULT_NVML_LIB)).then_some(&params.nvml_lib);
-        let driver = match GpuDriver::open_at(named.map(PathBuf::as_path), &params.proc_root)
+        let named = (params.config.nvml_lib != Path::new(DEFAULT_NVML_LIB))
+            .then_some(&params.config.nvml_lib);
+        let driver = match GpuDriver::open_at(named.map(PathBuf::as_path), &params.config.proc_root)
             .map_err(|source| ParamError::Discovery { source })?
         {
             Discovery::Driver(driver) => driver,
@@ -145,9 +146,9 @@ impl MgpuIsolator {
         if let Some(agent) = &agent {
             params.check_agent_resources(agent, &inventory)?;
         }
-        let nodes = DeviceNodes::scan(&params.dev_root, &inventory).map_err(|source| {
+        let nodes = DeviceNodes::scan(&params.config.dev_root, &inventory).map_err(|source| {
             ParamError::Devices {
-                dev_root: params.dev_root.clone(),
+                dev_root: params.config.dev_root.clone(),
                 source,
             }
         })?;
@@ -155,14 +156,14 @@ impl MgpuIsolator {
             Some(info) => params.resolve_volume(&info.version)?,
             None => None,
         };
-        let mut config = params.isolator.clone();
+        let mut config = params.config.isolator.clone();
         config.driver_volume.clone_from(&driver_volume);
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
         }
         // MIG capability nodes live under the same device root as the GPU nodes.
-        config.mig.dev_root.clone_from(&params.dev_root);
-        config.mig.proc_root.clone_from(&params.proc_root);
+        config.mig.dev_root.clone_from(&params.config.dev_root);
+        config.mig.proc_root.clone_from(&params.config.proc_root);
         if let Some(sharing) = &mut config.sharing {
             // Shared GPUs go to EXCLUSIVE_PROCESS while their MPS daemon runs.
             sharing.mps.compute_modes = Some(Arc::clone(&driver) as Arc<dyn ComputeModes>);
@@ -173,7 +174,7 @@ impl MgpuIsolator {
         // daemon a Docker reservation names whether its container still runs.
         isolator.set_docker_daemons(Arc::new(EngineDaemons::new()));
         // The isolator keeps the NVML session open for the agent's lifetime (health, usage).
-        let mut recovery = params.health_recovery.clone();
+        let mut recovery = params.config.health_recovery.clone();
         if let Some(r) = &mut recovery {
             // The default probe is `mesos-gpu gpu probe`: it must open the same driver library.
             r.probe.env.push((
@@ -182,7 +183,7 @@ impl MgpuIsolator {
             ));
         }
         let health = MonitorConfig {
-            policy: params.health_checks.clone(),
+            policy: params.config.health_checks.clone(),
             recovery,
             ..MonitorConfig::default()
         };
@@ -502,6 +503,7 @@ impl MgpuIsolator {
             get("resources"),
             get("nvidia_gpu_devices"),
             get("attributes"),
+            DEVICES_FLAG,
         )
         .map_err(agent_err)?;
         let resolved = parsed.resolve(&self.inventory).map_err(agent_err)?;

@@ -44,6 +44,10 @@ fn main() -> ExitCode {
         ));
     };
     add("null_pointers_everywhere", null_pointers_everywhere);
+    add(
+        "issue_34_values_refused_at_creation_are_bad_arguments",
+        issue_34_values_refused_at_creation_are_bad_arguments,
+    );
     add("garbage_and_truncated_bytes", garbage_and_truncated_bytes);
     add("usage_carries_nvml_figures", usage_carries_nvml_figures);
     add(
@@ -221,6 +225,40 @@ fn bad_module_parameters_are_named() -> TestResult {
             ),
         text(&err),
     )
+}
+
+/// Issue 34: a parameter value the isolator refuses while it is created from the parameters (a
+/// device list or a share naming a GPU the 4-GPU node lacks, a GPU listed twice) is
+/// `MGPU_BAD_ARGUMENT`, as every refused parameter (before: `MGPU_INTERNAL`, kept for the host).
+fn issue_34_values_refused_at_creation_are_bad_arguments(f: &Fixture) -> TestResult {
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (
+            &[("nvidia_gpu_devices", "9")],
+            "cannot create the GPU isolator: cannot set up the isolator's allocator: GPU 9 is not \
+             managed by this allocator",
+        ),
+        (
+            &[("nvidia_gpu_devices", "0,0")],
+            "GPU 0 is listed more than once",
+        ),
+        (
+            &[("gpu_replicas", "7=2")],
+            "GPU sharing spec names GPU \"7\", which is not advertised",
+        ),
+    ];
+    for (extra, says) in cases {
+        match support::new_handle(&f.params(extra)) {
+            Ok(handle) => {
+                drop(Handle(handle));
+                return Err(format!("{extra:?}: the isolator was created").into());
+            }
+            Err(a) => check(
+                a.status == S::MgpuBadArgument && a.err.contains(says),
+                format!("{extra:?}: {:?}: {}", a.status, a.err),
+            )?,
+        }
+    }
+    Ok(())
 }
 
 fn null_pointers_everywhere(f: &Fixture) -> TestResult {

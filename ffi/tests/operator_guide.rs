@@ -8,8 +8,8 @@
 //! as on an agent host. What only this harness knows (the master's address, the agent's port,
 //! its directories and cgroups root) reaches the agent as `MESOS_*` variables, which the
 //! documented command's own flags override; `agent-flags` gets the simulated driver's `/proc`
-//! files and scratch pool and volume directories through `AGENT_FLAGS_OPTS`, put ahead of the
-//! documented value.
+//! files, a scratch pool and the driver's files through `AGENT_FLAGS_OPTS`, put ahead of the
+//! documented value, and a scratch volume root through `VOLUME_ROOT`.
 //!
 //! - every `agent.sh` command in the docs starts the agent and it registers with the module;
 //! - an agent advertising GPUs its isolator cannot back (phantom GPUs) does not start, with
@@ -130,6 +130,10 @@ impl Node {
         Ok(vec![
             ("PATH".into(), path),
             ("MODULE_LIBRARY".into(), module()?.display().to_string()),
+            (
+                "VOLUME_ROOT".into(),
+                s.join("volumes").display().to_string(),
+            ),
             ("AGENT_FLAGS_OPTS".into(), self.agent_flags_opts()),
         ])
     }
@@ -137,10 +141,9 @@ impl Node {
     fn agent_flags_opts(&self) -> String {
         let s = self.scratch.path();
         format!(
-            "--proc-root {} --pool-dir {} --volume-root {} --module-param driver_root={}",
+            "--proc-root {} --pool-dir {} --module-param driver_root={}",
             self.sim.proc_root().display(),
             s.join("pool").display(),
-            s.join("volumes").display(),
             s.join("driver").display()
         )
     }

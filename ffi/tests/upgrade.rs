@@ -44,12 +44,18 @@ fn main() -> ExitCode {
         ] {
             let name = format!(
                 "upgrading_from_{commit}_{}_keeps_every_tasks_gpus",
-                if cgroups == AgentCgroups::V1 { "v1" } else { "v2" }
+                if cgroups == AgentCgroups::V1 {
+                    "v1"
+                } else {
+                    "v2"
+                }
             );
             trials.push(needs(
                 &host,
                 &[Need::Root, need, Need::Cc, Need::Mesos],
-                trial(name, move || upgrade_keeps_every_tasks_gpus(commit, cgroups)),
+                trial(name, move || {
+                    upgrade_keeps_every_tasks_gpus(commit, cgroups)
+                }),
             ));
         }
     }
@@ -84,10 +90,11 @@ fn earlier_module(commit: &str) -> TestResult<PathBuf> {
     let tree = base.join(commit);
     if !tree.join("Cargo.toml").is_file() {
         run(
-            Command::new("git")
-                .arg("-C")
-                .arg(repo())
-                .args(["cat-file", "-e", &format!("{commit}^{{commit}}")]),
+            Command::new("git").arg("-C").arg(repo()).args([
+                "cat-file",
+                "-e",
+                &format!("{commit}^{{commit}}"),
+            ]),
             &format!(
                 "commit {commit} in this clone's history (the upgrade test builds it; a shallow \
                  clone lacks it: fetch the full history)"
@@ -105,7 +112,11 @@ fn earlier_module(commit: &str) -> TestResult<PathBuf> {
             "git archive",
         )?;
         run(
-            Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(&tree),
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&tree),
             "tar",
         )?;
     }
@@ -195,8 +206,7 @@ fn allowed(agent: &Agent, container: &str) -> TestResult<BTreeSet<u32>> {
         .join(&agent.spec().cgroups_root)
         .join(container)
         .join("devices.list");
-    let text =
-        std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+    let text = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
     Ok(text
         .lines()
         .filter_map(|l| l.strip_prefix("c 195:"))
@@ -226,11 +236,23 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
         AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
         AgentCgroups::V2 => format!("filesystem/linux,{ISOLATOR_MODULE}"),
     };
-    let spec = node.spec_loading(&installed, &isolation, cgroups, "cpus:4;mem:4096;gpus:8", &[])?;
+    let spec = node.spec_loading(
+        &installed,
+        &isolation,
+        cgroups,
+        "cpus:4;mem:4096;gpus:8",
+        &[],
+    )?;
     let mut agent = Agent::start(&install, &master, spec)?;
     agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
     let go = node.scratch.path().join("go");
-    let mut a = Task::launch(&install, &master, "a", "cpus:0.1;mem:32;gpus:2", &until(&go))?;
+    let mut a = Task::launch(
+        &install,
+        &master,
+        "a",
+        "cpus:0.1;mem:32;gpus:2",
+        &until(&go),
+    )?;
     let mut p = Task::launch(&install, &master, "p", "cpus:0.1;mem:32", &until(&go))?;
     a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     p.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
@@ -253,10 +275,20 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
     agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
     check(
         a.is_running() && p.is_running(),
-        format!("{commit}: both tasks run on: {:?} {:?}", a.states(), p.states()),
+        format!(
+            "{commit}: both tasks run on: {:?} {:?}",
+            a.states(),
+            p.states()
+        ),
     )?;
     let go_b = go.with_extension("b");
-    let mut b = Task::launch(&install, &master, "b", "cpus:0.1;mem:32;gpus:6", &until(&go_b))?;
+    let mut b = Task::launch(
+        &install,
+        &master,
+        "b",
+        "cpus:0.1;mem:32;gpus:6",
+        &until(&go_b),
+    )?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     let ids = containers(&agent)?;
     let after = reserved(&node)?;

@@ -7,6 +7,9 @@
 //! - `DT_SONAME` names the link loaders look for; `DT_NEEDED` tells NVIDIA's GL libraries from
 //!   Mesa's (nvidia-docker 1.0 `blacklisted()`, libnvidia-container `select_libraries()`).
 //! - The `.note.ABI-tag` of `libnvidia-tls` must say Linux 2.3.99 (the TLS ABI the driver needs).
+//!
+//! [`missing_dynamic_symbols`] reads the dynamic symbol table, which `dlsym` searches: `mesos-gpu
+//! doctor` checks with it that a Mesos module library defines its modules, without loading it.
 
 use std::fs::File;
 use std::io;
@@ -82,6 +85,38 @@ impl ElfInfo {
             .iter()
             .any(|n| prefixes.iter().any(|p| n.starts_with(p)))
     }
+}
+
+/// The names among `names` that the ELF file at `path` does not define as dynamic symbols, in
+/// the order given: a `.dynsym` entry with a section (an undefined entry is a reference to
+/// another object), which is what `dlsym` finds.
+pub fn missing_dynamic_symbols<'a>(
+    path: &Path,
+    names: &[&'a str],
+) -> Result<Vec<&'a str>, ElfError> {
+    let file = File::open(path).map_err(|source| ElfError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    missing_among(file, names).map_err(|source| ElfError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn missing_among<'a>(file: File, names: &[&'a str]) -> Result<Vec<&'a str>, elf::ParseError> {
+    let mut elf = ElfStream::<AnyEndian, _>::open_stream(file)?;
+    let mut missing = names.to_vec();
+    if let Some((symbols, strings)) = elf.dynamic_symbol_table()? {
+        for symbol in symbols.iter().filter(|s| !s.is_undefined()) {
+            let Ok(offset) = usize::try_from(symbol.st_name) else {
+                continue;
+            };
+            let name = strings.get_raw(offset)?;
+            missing.retain(|m| m.as_bytes() != name);
+        }
+    }
+    Ok(missing)
 }
 
 fn read_stream(file: File) -> Result<ElfInfo, elf::ParseError> {
@@ -203,6 +238,27 @@ mod tests {
             std::fs::write(&path, &bytes[..len.min(bytes.len())]).expect("write");
             let _ = ElfInfo::read(&path);
         }
+    }
+
+    #[test]
+    fn dynamic_symbols_defined_are_told_from_those_missing() {
+        let libc = libc_path();
+        assert_eq!(
+            missing_dynamic_symbols(&libc, &["malloc", "mgpu_no_such_symbol", "free"])
+                .expect("libc parses"),
+            ["mgpu_no_such_symbol"]
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = dir.path().join("text");
+        std::fs::write(&text, "not ELF").expect("write");
+        assert!(matches!(
+            missing_dynamic_symbols(&text, &["malloc"]),
+            Err(ElfError::Parse { .. })
+        ));
+        assert!(matches!(
+            missing_dynamic_symbols(&dir.path().join("missing"), &["malloc"]),
+            Err(ElfError::Open { .. })
+        ));
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   library and the device root agree across the module's `modules.json`, the Docker hook's
 //!   command line, the `--docker` wrapper (`mesos-gpu-docker`; it loads no NVML, so only its
 //!   directories count), and `serve`'s unit and `/etc/default/mesos-gpu`;
+//! - `configuration`: each file is one its program accepts, checked as it checks it: the
+//!   isolator's parameters by the module's own parser, the module library by the symbols Mesos
+//!   looks up in it, `serve`'s options by `serve`'s own parser;
 //! - `sharing`: `gpu_replicas` with MIG devices is refused; under `mps` the control program exists;
 //! - `cdi`: no device declared twice in one CDI directory;
 //! - with `--smoke`: `nvidia-smi -L` from the volume in a container cgroup with one GPU and one
@@ -24,6 +27,7 @@
 //! `--dev-root` names one, a scratch device root whose nodes are made with `mknod` as the
 //! simulated driver numbers them; cgroups are the host's.
 
+mod accepted;
 mod checks;
 mod config;
 mod report;
@@ -66,7 +70,10 @@ const UNITS: [&str; 3] = [
                   agent's --isolation (a scratch cgroup is made and removed), the driver volume \
                   (libcuda, libnvidia-ml, nvidia-smi of this driver, not on a noexec mount), \
                   that the module, the Docker hook, the --docker wrapper and `serve` agree on \
-                  their directories, NVML library and device root, GPU sharing and MIG settings, and CDI specs that conflict. \
+                  their directories, NVML library and device root, that the module's parameters \
+                  (by the module's own parser), its library (the module's symbol in it) and \
+                  serve's options (by serve's own parser) would be accepted, GPU sharing and MIG \
+                  settings, and CDI specs that conflict. \
                   With --smoke, also run nvidia-smi -L from the volume in a container with one \
                   GPU and one with none. Prints ok/warn/fail per check with what to do; exits 0 \
                   only when the host is ready, 1 otherwise. Needs root. Changes nothing on the \
@@ -92,7 +99,8 @@ pub(crate) struct Args {
     #[arg(long, short)]
     verbose: bool,
 
-    /// The agent's modules.json (the module's parameters and the Docker hook's command line).
+    /// The agent's modules.json (the module's parameters, checked by the module's own parser, its
+    /// library, which must define the modules it loads, and the Docker hook's command line).
     #[arg(long, value_name = "FILE")]
     modules: Option<PathBuf>,
 
@@ -101,7 +109,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     wrapper: Option<PathBuf>,
 
-    /// `serve`'s options file.
+    /// `serve`'s options file (MESOS_GPU_SERVE_OPTS, checked by serve's own parser).
     #[arg(long, value_name = "FILE", default_value = "/etc/default/mesos-gpu")]
     defaults: PathBuf,
 
@@ -206,6 +214,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root);
     all.push(volume);
     all.push(sources.agreement(&Defaults::of_this_build(loader_nvml(ctx, loaded)?)));
+    all.push(accepted::configuration(&sources));
     all.push(checks::sharing(&inventory, &sources, &driver));
     all.push(checks::cdi(&args.cdi_spec_dirs));
 

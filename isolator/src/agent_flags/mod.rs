@@ -15,6 +15,10 @@
 //! GPUs by the same rules, but its device list is the module's `nvidia_gpu_devices` parameter,
 //! never the agent's `--nvidia_gpu_devices`, and it also serves nodes with GPUs in MIG mode.
 //!
+//! Messages name the device list as the caller spells it ([`AgentGpuFlags::parse`]'s
+//! `devices_flag`): Mesos's [`DEVICES_FLAG`] for the agent's flag, or e.g. `mesos-gpu
+//! agent-flags --nvidia-gpu-devices` with the module, where the list is that command's option.
+//!
 //! Departures from upstream, all stricter: explicit `gpus:0` is found by parsing, not by a
 //! substring test; every listed index must exist and not be lost (upstream finds out later, in
 //! `enumerateGpus`); auto-discovery leaves out GPUs NVML reports as lost. Messages do not copy the
@@ -24,6 +28,7 @@ mod attributes;
 mod containerizer;
 mod mig;
 pub mod module;
+mod module_config;
 mod offer;
 mod resources;
 mod sharing;
@@ -37,6 +42,7 @@ pub use mig::{
     ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
 };
 pub use module::{MODULE_ISOLATOR, ModuleParameters};
+pub use module_config::{DriverVolume, MODULE_KEYS, ModuleConfig, ModuleParamError};
 pub use offer::{ModuleGpus, ModuleOffer, OfferMismatch, check_agent_resources};
 pub use resources::{GPUS, GpusGiven, Resource, ResourceValue, Resources, ResourcesError};
 pub use sharing::{
@@ -53,6 +59,12 @@ pub const GPU_ISOLATOR: &str = "gpu/nvidia";
 /// Mesos's default `--isolation`.
 pub const DEFAULT_ISOLATION: &str = "posix/cpu,posix/mem";
 
+/// The agent flag listing the GPUs `gpu/nvidia` advertises, as Mesos spells it.
+pub const DEVICES_FLAG: &str = "--nvidia_gpu_devices";
+
+/// The module's device list, as messages about the module's own parameters name it.
+const MODULE_DEVICES_PARAM: &str = "the module parameter nvidia_gpu_devices";
+
 /// Why the agent's GPU flags are rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentFlagsError {
@@ -62,34 +74,44 @@ pub enum AgentFlagsError {
     /// `--attributes` is malformed or overrides a GPU attribute.
     #[error(transparent)]
     Attributes(#[from] AttributesError),
-    /// `--nvidia_gpu_devices` is not a comma-separated list of indices.
-    #[error(
-        "--nvidia_gpu_devices={value:?}: expected a comma-separated list of NVML GPU indices, e.g. 0,1,2"
-    )]
+    /// The device list is not a comma-separated list of indices.
+    #[error("{flag}={value:?}: expected a comma-separated list of NVML GPU indices, e.g. 0,1,2")]
     BadDevices {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The value as given.
         value: String,
     },
     /// Rule 1.
     #[error(
-        "--nvidia_gpu_devices can only be set when --isolation contains '{GPU_ISOLATOR}' (got --isolation={isolation:?})"
+        "{flag} can only be set when --isolation contains '{GPU_ISOLATOR}' (got --isolation={isolation:?})"
     )]
     DevicesWithoutIsolator {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The `--isolation` value.
         isolation: String,
     },
     /// Rule 3.
-    #[error("--nvidia_gpu_devices cannot be set when --resources specifies 0 GPUs")]
-    DevicesWithZeroGpus,
+    #[error("{flag} cannot be set when --resources specifies 0 GPUs")]
+    DevicesWithZeroGpus {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
+    },
     /// Rule 4, first half.
-    #[error("--nvidia_gpu_devices cannot be set without also setting 'gpus' in --resources")]
-    DevicesWithoutGpus,
+    #[error("{flag} cannot be set without also setting 'gpus' in --resources")]
+    DevicesWithoutGpus {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
+    },
     /// Rule 4, second half.
     #[error(
-        "the 'gpus' resource (gpus:{gpus}) cannot be set without also setting --nvidia_gpu_devices \
-         (the NVML indices of those GPUs, e.g. --nvidia_gpu_devices=0,1)"
+        "the 'gpus' resource (gpus:{gpus}) cannot be set without also setting {flag} \
+         (the NVML indices of those GPUs, e.g. {flag}=0,1)"
     )]
     GpusWithoutDevices {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The `gpus` total.
         gpus: f64,
     },
@@ -100,17 +122,21 @@ pub enum AgentFlagsError {
         gpus: f64,
     },
     /// Rule 5: duplicates.
-    #[error("--nvidia_gpu_devices contains duplicates: {duplicates:?}")]
+    #[error("{flag} contains duplicates: {duplicates:?}")]
     Duplicates {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// Each index listed more than once.
         duplicates: Vec<u32>,
     },
     /// Rule 5: count mismatch.
     #[error(
-        "--resources and --nvidia_gpu_devices specify different numbers of GPU devices: gpus:{gpus} but {listed} \
+        "--resources and {flag} specify different numbers of GPU devices: gpus:{gpus} but {listed} \
          devices listed"
     )]
     Mismatch {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The `gpus` total.
         gpus: f64,
         /// Number of indices listed.
@@ -127,10 +153,10 @@ pub enum AgentFlagsError {
         available: usize,
     },
     /// A listed index is not a GPU of this node.
-    #[error(
-        "--nvidia_gpu_devices lists GPU {index}, which this node does not have (indices: {known:?})"
-    )]
+    #[error("{flag} lists GPU {index}, which this node does not have (indices: {known:?})")]
     UnknownDevice {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The index listed.
         index: u32,
         /// The indices NVML reports.
@@ -156,8 +182,10 @@ pub enum AgentFlagsError {
         gpus: Vec<u32>,
     },
     /// A listed GPU is lost.
-    #[error("--nvidia_gpu_devices lists GPU {index}, which NVML reports as lost or unusable")]
+    #[error("{flag} lists GPU {index}, which NVML reports as lost or unusable")]
     LostDevice {
+        /// The device list's flag, as the caller spells it.
+        flag: &'static str,
         /// The index listed.
         index: u32,
     },
@@ -184,6 +212,7 @@ pub struct AgentGpuFlags {
     isolator: GpuIsolator,
     resources: Resources,
     devices: Option<Vec<u32>>,
+    devices_flag: &'static str,
     attributes: Option<String>,
     driver_attributes: bool,
 }
@@ -259,12 +288,14 @@ fn join_indices(indices: &[u32]) -> String {
 
 impl AgentGpuFlags {
     /// Parses the agent's `--isolation`, `--resources`, `--nvidia_gpu_devices` and
-    /// `--attributes` values (`None` = flag not given).
+    /// `--attributes` values (`None` = flag not given). Errors about the device list name it
+    /// `devices_flag`: [`DEVICES_FLAG`] for the agent's, or the option it came from.
     pub fn parse(
         isolation: &str,
         resources: Option<&str>,
         nvidia_gpu_devices: Option<&str>,
         attributes: Option<&str>,
+        devices_flag: &'static str,
     ) -> Result<Self, AgentFlagsError> {
         let names = |token: &str| isolation.split(',').any(|t| t.trim() == token);
         let isolator = match (names(GPU_ISOLATOR), names(MODULE_ISOLATOR)) {
@@ -278,12 +309,15 @@ impl AgentGpuFlags {
             (false, false) => GpuIsolator::None,
         };
         let resources = Resources::parse(resources.unwrap_or(""))?;
-        let devices = nvidia_gpu_devices.map(parse_devices).transpose()?;
+        let devices = nvidia_gpu_devices
+            .map(|value| parse_devices(value, devices_flag))
+            .transpose()?;
         Ok(AgentGpuFlags {
             isolation: isolation.to_owned(),
             isolator,
             resources,
             devices,
+            devices_flag,
             attributes: attributes.map(str::to_owned),
             driver_attributes: false,
         })
@@ -310,6 +344,7 @@ impl AgentGpuFlags {
             isolator: GpuIsolator::Module,
             resources,
             devices: devices.map(<[u32]>::to_vec),
+            devices_flag: MODULE_DEVICES_PARAM,
             attributes: None,
             driver_attributes: false,
         }
@@ -363,6 +398,7 @@ impl AgentGpuFlags {
         // Rule 1.
         if self.devices.is_some() && !self.isolates() {
             return Err(AgentFlagsError::DevicesWithoutIsolator {
+                flag: self.devices_flag,
                 isolation: self.isolation.clone(),
             });
         }
@@ -401,7 +437,9 @@ impl AgentGpuFlags {
             // Rule 3.
             (Some(g), devices) if g.total == 0.0 => {
                 if devices.is_some() {
-                    return Err(AgentFlagsError::DevicesWithZeroGpus);
+                    return Err(AgentFlagsError::DevicesWithZeroGpus {
+                        flag: self.devices_flag,
+                    });
                 }
                 self.build(
                     inventory,
@@ -413,17 +451,26 @@ impl AgentGpuFlags {
                 )
             }
             // Rule 4.
-            (None, Some(_)) => Err(AgentFlagsError::DevicesWithoutGpus),
-            (Some(g), None) => Err(AgentFlagsError::GpusWithoutDevices { gpus: g.total }),
+            (None, Some(_)) => Err(AgentFlagsError::DevicesWithoutGpus {
+                flag: self.devices_flag,
+            }),
+            (Some(g), None) => Err(AgentFlagsError::GpusWithoutDevices {
+                flag: self.devices_flag,
+                gpus: g.total,
+            }),
             // Rule 5.
             (Some(g), Some(devices)) => {
                 let gpus = g.total;
                 let duplicates = duplicates(devices);
                 if !duplicates.is_empty() {
-                    return Err(AgentFlagsError::Duplicates { duplicates });
+                    return Err(AgentFlagsError::Duplicates {
+                        flag: self.devices_flag,
+                        duplicates,
+                    });
                 }
                 if gpus != devices.len() as f64 {
                     return Err(AgentFlagsError::Mismatch {
+                        flag: self.devices_flag,
                         gpus,
                         listed: devices.len(),
                     });
@@ -438,10 +485,17 @@ impl AgentGpuFlags {
                     match inventory.by_index(index) {
                         None => {
                             let known = inventory.gpus.iter().map(|g| g.index).collect();
-                            return Err(AgentFlagsError::UnknownDevice { index, known });
+                            return Err(AgentFlagsError::UnknownDevice {
+                                flag: self.devices_flag,
+                                index,
+                                known,
+                            });
                         }
                         Some(gpu) if !gpu.healthy => {
-                            return Err(AgentFlagsError::LostDevice { index });
+                            return Err(AgentFlagsError::LostDevice {
+                                flag: self.devices_flag,
+                                index,
+                            });
                         }
                         Some(_) => {}
                     }
@@ -495,6 +549,7 @@ impl AgentGpuFlags {
     ) -> Result<AgentGpus, AgentFlagsError> {
         if self.devices.is_some() && !self.isolates() {
             return Err(AgentFlagsError::DevicesWithoutIsolator {
+                flag: self.devices_flag,
                 isolation: self.isolation.clone(),
             });
         }
@@ -563,8 +618,9 @@ fn healthy_indices(inventory: &Inventory) -> Vec<u32> {
         .collect()
 }
 
-fn parse_devices(value: &str) -> Result<Vec<u32>, AgentFlagsError> {
+fn parse_devices(value: &str, flag: &'static str) -> Result<Vec<u32>, AgentFlagsError> {
     let bad = || AgentFlagsError::BadDevices {
+        flag,
         value: value.to_owned(),
     };
     if value.trim().is_empty() {
@@ -632,7 +688,7 @@ mod tests {
         devices: Option<&str>,
         inv: &Inventory,
     ) -> Result<AgentGpus, AgentFlagsError> {
-        AgentGpuFlags::parse(isolation, resources, devices, None)?.resolve(inv)
+        AgentGpuFlags::parse(isolation, resources, devices, None, DEVICES_FLAG)?.resolve(inv)
     }
 
     fn ok(
@@ -647,6 +703,64 @@ mod tests {
 
     fn list(n: u32) -> String {
         join_indices(&(0..n).collect::<Vec<_>>())
+    }
+
+    /// Issue 34: the device list is named as the caller spells it (`mesos-gpu agent-flags
+    /// --nvidia-gpu-devices` with the module), Mesos's `--nvidia_gpu_devices` for the agent's.
+    #[test]
+    fn the_device_list_is_named_as_the_caller_spells_it() {
+        let module = format!("filesystem/linux,cgroups/devices,{MODULE_ISOLATOR}");
+        let err = |devices_flag, resources, devices| {
+            AgentGpuFlags::parse(&module, Some(resources), devices, None, devices_flag)
+                .and_then(|f| f.resolve(&node(4)))
+                .expect_err("refused")
+                .to_string()
+        };
+        assert_eq!(
+            err("--nvidia-gpu-devices", "gpus:2", None),
+            "the 'gpus' resource (gpus:2) cannot be set without also setting --nvidia-gpu-devices \
+             (the NVML indices of those GPUs, e.g. --nvidia-gpu-devices=0,1)"
+        );
+        assert_eq!(
+            err(DEVICES_FLAG, "gpus:2", None),
+            "the 'gpus' resource (gpus:2) cannot be set without also setting --nvidia_gpu_devices \
+             (the NVML indices of those GPUs, e.g. --nvidia_gpu_devices=0,1)"
+        );
+        for (resources, devices, says) in [
+            (
+                "gpus:1",
+                "0,a",
+                "--nvidia-gpu-devices=\"0,a\": expected a comma-separated list",
+            ),
+            (
+                "gpus:1",
+                "9",
+                "--nvidia-gpu-devices lists GPU 9, which this node does not have",
+            ),
+            (
+                "gpus:2",
+                "0,0",
+                "--nvidia-gpu-devices contains duplicates: [0]",
+            ),
+            (
+                "gpus:2",
+                "0",
+                "--resources and --nvidia-gpu-devices specify different numbers",
+            ),
+            (
+                "gpus:0",
+                "0",
+                "--nvidia-gpu-devices cannot be set when --resources specifies 0",
+            ),
+            (
+                "cpus:1",
+                "0",
+                "--nvidia-gpu-devices cannot be set without also setting 'gpus'",
+            ),
+        ] {
+            let got = err("--nvidia-gpu-devices", resources, Some(devices));
+            assert!(got.starts_with(says), "{got}");
+        }
     }
 
     // Mesos NvidiaGpuTest.ROOT_CGROUPS_NVIDIA_GPU_FlagValidation, case by case.
@@ -732,14 +846,17 @@ mod tests {
     #[test]
     fn g_devices_without_gpus_fail() {
         let err = resolve(ISO, Some("cpus:1"), Some("0"), &node(4)).expect_err("rule 4");
-        assert!(matches!(err, AgentFlagsError::DevicesWithoutGpus), "{err}");
+        assert!(
+            matches!(err, AgentFlagsError::DevicesWithoutGpus { .. }),
+            "{err}"
+        );
     }
 
     #[test]
     fn h_gpus_without_devices_fail() {
         let err = resolve(ISO, Some("gpus:4"), None, &node(4)).expect_err("rule 4");
         assert!(
-            matches!(err, AgentFlagsError::GpusWithoutDevices { gpus } if gpus == 4.0),
+            matches!(err, AgentFlagsError::GpusWithoutDevices { gpus, .. } if gpus == 4.0),
             "{err}"
         );
     }
@@ -756,7 +873,10 @@ mod tests {
     #[test]
     fn j_devices_with_zero_gpus_fail() {
         let err = resolve(ISO, Some("gpus:0"), Some("0"), &node(4)).expect_err("rule 3");
-        assert!(matches!(err, AgentFlagsError::DevicesWithZeroGpus), "{err}");
+        assert!(
+            matches!(err, AgentFlagsError::DevicesWithZeroGpus { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -773,7 +893,7 @@ mod tests {
         let err =
             resolve(ISO, Some("cpus:1;gpus:1"), Some("0,0"), &node(4)).expect_err("duplicates");
         assert!(
-            matches!(&err, AgentFlagsError::Duplicates { duplicates } if duplicates == &[0]),
+            matches!(&err, AgentFlagsError::Duplicates { duplicates, .. } if duplicates == &[0]),
             "{err}"
         );
     }
@@ -858,7 +978,7 @@ mod tests {
         inv.gpus[1].healthy = false;
         let err = resolve(ISO, Some("gpus:1"), Some("1"), &inv).expect_err("lost");
         assert!(
-            matches!(err, AgentFlagsError::LostDevice { index: 1 }),
+            matches!(err, AgentFlagsError::LostDevice { index: 1, .. }),
             "{err}"
         );
         let got = ok(ISO, None, None, &inv);
@@ -911,9 +1031,15 @@ mod tests {
 
     #[test]
     fn attributes_and_flags_lines() {
-        let flags = AgentGpuFlags::parse(ISO, Some("cpus:8;mem:4096"), None, Some("rack:a1"))
-            .expect("parse")
-            .with_driver_attributes(true);
+        let flags = AgentGpuFlags::parse(
+            ISO,
+            Some("cpus:8;mem:4096"),
+            None,
+            Some("rack:a1"),
+            DEVICES_FLAG,
+        )
+        .expect("parse")
+        .with_driver_attributes(true);
         let got = flags.resolve(&node(2)).expect("resolve");
         assert_eq!(
             got.flags(),
@@ -924,7 +1050,8 @@ mod tests {
                 "--nvidia_gpu_devices=0,1",
             ]
         );
-        let flags = AgentGpuFlags::parse(ISO, None, None, Some("gpu_model:x")).expect("parse");
+        let flags = AgentGpuFlags::parse(ISO, None, None, Some("gpu_model:x"), DEVICES_FLAG)
+            .expect("parse");
         assert!(matches!(
             flags.resolve(&node(1)),
             Err(AgentFlagsError::Attributes(_))
@@ -933,8 +1060,14 @@ mod tests {
 
     #[test]
     fn driver_attributes_are_left_out_unless_asked_for() {
-        let flags = AgentGpuFlags::parse(ISO, Some("cpus:8"), None, Some("nvidia_driver:pinned"))
-            .expect("parse");
+        let flags = AgentGpuFlags::parse(
+            ISO,
+            Some("cpus:8"),
+            None,
+            Some("nvidia_driver:pinned"),
+            DEVICES_FLAG,
+        )
+        .expect("parse");
         let got = flags.resolve(&node(2)).expect("resolve");
         assert_eq!(
             got.attributes,
@@ -1008,8 +1141,14 @@ mod tests {
             matches!(err, AgentFlagsError::GpusWithoutDevices { .. }),
             "{err}"
         );
-        let err = AgentGpuFlags::parse(&format!("gpu/nvidia,{MODULE}"), None, None, None)
-            .expect_err("two isolators");
+        let err = AgentGpuFlags::parse(
+            &format!("gpu/nvidia,{MODULE}"),
+            None,
+            None,
+            None,
+            DEVICES_FLAG,
+        )
+        .expect_err("two isolators");
         assert!(
             matches!(err, AgentFlagsError::TwoGpuIsolators { .. }),
             "{err}"

@@ -17,8 +17,8 @@
 //! - `--modules` takes the JSON inline or `file://<path>` (`slave/flags.cpp`, `--modules`);
 //! - the module reads `work_dir` (required), `pool_dir`, `volume_root`, `nvidia_gpu_devices`,
 //!   `mig_strategy`, `gpu_replicas`, `gpu_sharing`, `nvml_lib`, `dev_root`, `proc_root` and more
-//!   (`ffi/src/params.rs`); `--nvidia_gpu_devices` is never an agent flag with the module (it
-//!   belongs to Mesos's `gpu/nvidia`, which is refused beside the module).
+//!   (checked by [`super::ModuleConfig::parse`]); `--nvidia_gpu_devices` is never an agent flag
+//!   with the module (it belongs to Mesos's `gpu/nvidia`, which is refused beside the module).
 
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 
@@ -90,10 +90,20 @@ pub fn check_module_isolation(
     flags.cgroup_maker(version).map(|_| ())
 }
 
-/// The module's parameters, in the order given; a key set twice keeps its last value.
+/// The module's parameters, in the order given: [`ModuleParameters::set`] replaces a key's
+/// value, while one collected from `(key, value)` pairs (a `modules.json`, the module's
+/// `mesos.Parameters`) keeps a key given twice, which [`super::ModuleConfig::parse`] refuses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModuleParameters {
     entries: Vec<(String, String)>,
+}
+
+impl FromIterator<(String, String)> for ModuleParameters {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> ModuleParameters {
+        ModuleParameters {
+            entries: pairs.into_iter().collect(),
+        }
+    }
 }
 
 impl ModuleParameters {
@@ -106,7 +116,7 @@ impl ModuleParameters {
         }
     }
 
-    /// The value of `key`, when set.
+    /// The value of `key`, when set (the first, when given twice).
     pub fn get(&self, key: &str) -> Option<&str> {
         self.entries
             .iter()

@@ -29,7 +29,7 @@ use super::{
 pub struct ModuleOffer {
     /// The `gpus` units and each `mig-<profile>` scalar the module serves, by name (`gpus`
     /// always present).
-    pub scalars: BTreeMap<String, u32>,
+    pub scalars: BTreeMap<String, f64>,
     /// How the units come about, for messages: `8 GPUs`, `GPUs 0,1 (nvidia_gpu_devices)`, ….
     pub what: String,
 }
@@ -51,7 +51,7 @@ pub enum OfferMismatch {
         /// The amount in `--resources`.
         given: f64,
         /// The units the module serves.
-        offered: u32,
+        offered: f64,
         /// How those units come about.
         what: String,
     },
@@ -76,7 +76,7 @@ pub enum OfferMismatch {
         /// The list, as given.
         devices: String,
         /// The units those GPUs make.
-        offered: u32,
+        offered: f64,
     },
     /// The module's device list with `gpus:0` (Mesos's rule 3).
     #[error(
@@ -87,7 +87,7 @@ pub enum OfferMismatch {
         /// The list, as given.
         devices: String,
         /// The units those GPUs make.
-        offered: u32,
+        offered: f64,
     },
     /// The module's parameters do not fit the node (a listed GPU it does not have, …).
     #[error("the GPU module's parameters do not fit this node")]
@@ -179,7 +179,7 @@ pub fn check_agent_resources(
     let offer = module
         .offer(inventory)
         .map_err(|source| OfferMismatch::Module { source })?;
-    let offered = |name: &str| offer.scalars.get(name).copied().unwrap_or(0);
+    let offered = |name: &str| offer.scalars.get(name).copied().unwrap_or(0.0);
     let listed = module.devices.map(super::join_indices);
     match (gpus, listed) {
         (None, Some(devices)) => {
@@ -197,7 +197,10 @@ pub fn check_agent_resources(
         (None | Some(0.0), None) => {}
         (Some(given), _) => compare(GPUS, given, offered(GPUS), &offer)?,
     }
-    for (name, amount) in gpu_scalars_given(&given) {
+    let mig = gpu_scalars(&given)
+        .into_iter()
+        .filter(|(name, _)| name != GPUS);
+    for (name, amount) in mig {
         if module.strategy == MigStrategy::Single {
             return Err(OfferMismatch::MigScalarUnderSingle {
                 resource: name,
@@ -212,10 +215,10 @@ pub fn check_agent_resources(
 fn compare(
     resource: &str,
     given: f64,
-    offered: u32,
+    offered: f64,
     offer: &ModuleOffer,
 ) -> Result<(), OfferMismatch> {
-    if given == f64::from(offered) {
+    if given == offered {
         return Ok(());
     }
     Err(OfferMismatch::Count {
@@ -226,31 +229,18 @@ fn compare(
     })
 }
 
-/// The `gpus` total and each `mig-<profile>` scalar of an advertised `--resources`.
-fn gpu_scalars(resources: &Resources) -> BTreeMap<String, u32> {
-    let mut out = BTreeMap::from([(GPUS.to_owned(), 0)]);
+/// The `gpus` total (always present) and each `mig-<profile>` scalar of a `--resources`,
+/// summed over roles.
+fn gpu_scalars(resources: &Resources) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::from([(GPUS.to_owned(), 0.0)]);
     for r in resources.entries() {
         if let ResourceValue::Scalar(v) = r.value
             && (r.name == GPUS || r.name.starts_with(MIG_RESOURCE_PREFIX))
         {
-            // Whole, non-negative and small: what the offer renders.
-            *out.entry(r.name.clone()).or_default() += v as u32;
-        }
-    }
-    out
-}
-
-/// Each `mig-<profile>` scalar of the agent's `--resources`, summed over roles.
-fn gpu_scalars_given(resources: &Resources) -> Vec<(String, f64)> {
-    let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for r in resources.entries() {
-        if let ResourceValue::Scalar(v) = r.value
-            && r.name.starts_with(MIG_RESOURCE_PREFIX)
-        {
             *out.entry(r.name.clone()).or_default() += v;
         }
     }
-    out.into_iter().collect()
+    out
 }
 
 #[cfg(test)]
@@ -292,7 +282,7 @@ mod tests {
     #[test]
     fn the_agent_advertising_what_agent_flags_prints_starts() {
         let offer = check("cpus:4;mem:4096;gpus:8", &dgx1(), &WHOLE).unwrap();
-        assert_eq!(offer.scalars[GPUS], 8);
+        assert_eq!(offer.scalars[GPUS], 8.0);
         check("cpus:4;gpus(ml):2;gpus:6", &dgx1(), &WHOLE).unwrap();
         check("cpus:4;gpus:0", &dgx1(), &WHOLE).unwrap();
         check_agent_resources(None, &dgx1(), &WHOLE).unwrap();
@@ -308,7 +298,7 @@ mod tests {
         );
         let err = check("cpus:1;gpus:4", &dgx1(), &WHOLE).unwrap_err();
         assert!(
-            matches!(err, OfferMismatch::Count { offered: 8, .. }),
+            matches!(err, OfferMismatch::Count { offered: 8.0, .. }),
             "{err}"
         );
     }
@@ -378,7 +368,7 @@ mod tests {
         check("gpus:26", &dgx1(), &shared).unwrap();
         let err = check("gpus:8", &dgx1(), &shared).unwrap_err();
         assert!(
-            matches!(err, OfferMismatch::Count { offered: 26, .. }),
+            matches!(err, OfferMismatch::Count { offered: 26.0, .. }),
             "{err}"
         );
     }
@@ -422,7 +412,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(err, OfferMismatch::Count { offered: 0, .. }),
+            matches!(err, OfferMismatch::Count { offered: 0.0, .. }),
             "a profile the node lacks: {err}"
         );
     }

@@ -1,10 +1,13 @@
 //! The agent flags that advertise a node's split into shared and whole GPUs: `gpus` in
 //! `--resources` becomes Σ R over shared GPUs + the whole GPUs, and `--attributes` says how
 //! (so frameworks can constrain on it). `--nvidia_gpu_devices` still lists physical GPUs.
+//! Only mesos-gpu's module shares GPUs: Mesos's `gpu/nvidia` gives each GPU to one task, and its
+//! agent refuses more `gpus` than `--nvidia_gpu_devices` lists
+//! (`isolators/gpu/allocator.cpp`, `resources`).
 
 use crate::agent_flags::{
-    AgentGpus, Attribute, AttributesError, GPUS, MigOffer, MigStrategy, Resources, ResourcesError,
-    merge_attributes,
+    AgentGpus, Attribute, AttributesError, DEVICES_FLAG, GPU_ISOLATOR, GPUS, GpuIsolator,
+    MODULE_ISOLATOR, MigOffer, MigStrategy, Resources, ResourcesError, merge_attributes,
 };
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::sharing::{SharingError, SharingPlan, SharingSpec};
@@ -28,14 +31,22 @@ pub enum OfferError {
     /// The spec does not fit the node.
     #[error(transparent)]
     Sharing(#[from] SharingError),
-    /// The flags have no GPU list to share: GPUs are not isolated by `gpu/nvidia` with NVML.
+    /// The flags have no GPU list to share: GPUs are not isolated by the module with NVML.
     #[error(
-        "GPU sharing needs the gpu/nvidia isolator and NVML (the agent advertises {gpus} gpus unchecked, so no GPU can be shared)"
+        "GPU sharing needs mesos-gpu's module isolator ({MODULE_ISOLATOR}) and NVML (the agent \
+         advertises {gpus} gpus unchecked, so no GPU can be shared)"
     )]
     NotIsolated {
         /// The `gpus` passed through.
         gpus: f64,
     },
+    /// The flags are Mesos's `gpu/nvidia`'s, which shares no GPU.
+    #[error(
+        "Mesos's {GPU_ISOLATOR} cannot share a GPU between tasks: its agent refuses more `gpus` \
+         than {DEVICES_FLAG} lists GPUs; use mesos-gpu's module ({MODULE_ISOLATOR}) in place of \
+         {GPU_ISOLATOR} to share GPUs"
+    )]
+    BuiltinIsolator,
     /// `--attributes` already sets a sharing attribute.
     #[error(transparent)]
     Attributes(#[from] AttributesError),
@@ -51,6 +62,7 @@ pub fn advertise(
     inventory: &Inventory,
     spec: &SharingSpec,
 ) -> Result<(AgentGpus, SharingPlan), OfferError> {
+    refuse_builtin(resolved)?;
     let Some(devices) = &resolved.devices else {
         return Err(OfferError::NotIsolated {
             gpus: resolved.gpus,
@@ -82,6 +94,7 @@ pub fn advertise_mig(
     spec: &SharingSpec,
     strategy: MigStrategy,
 ) -> Result<(AgentGpus, SharingPlan), OfferError> {
+    refuse_builtin(resolved)?;
     let whole: Vec<u32> = inventory
         .whole_gpus()
         .filter(|g| g.healthy)
@@ -108,6 +121,14 @@ pub fn advertise_mig(
         "advertising shared GPUs and MIG devices as replicas"
     );
     Ok((out, plan))
+}
+
+/// Refuses the flags of Mesos's `gpu/nvidia`, which cannot share a GPU.
+fn refuse_builtin(resolved: &AgentGpus) -> Result<(), OfferError> {
+    match resolved.isolator {
+        GpuIsolator::Builtin => Err(OfferError::BuiltinIsolator),
+        GpuIsolator::Module | GpuIsolator::None => Ok(()),
+    }
 }
 
 fn attributes(plan: &SharingPlan) -> Vec<Attribute> {
@@ -152,10 +173,31 @@ fn attributes(plan: &SharingPlan) -> Vec<Attribute> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::agent_flags::AgentGpuFlags;
+    use crate::agent_flags::{AgentGpuFlags, DEVICES_FLAG};
     use mesos_gpu_node::inventory::DriverInfo;
     use mesos_gpu_node::nodes::dgx1_v100;
     use mesos_gpu_placement::sharing::plan::{ModeSpec, SharingMode};
+
+    const MODULE: &str = "cgroups/devices,org_apache_mesos_gpu_MesosGpuIsolator";
+
+    /// Issue 34: Mesos's `gpu/nvidia` would be given `gpus:26` beside 8 devices, which its agent
+    /// refuses; the refusal names the module as the way to share.
+    #[test]
+    fn issue_34_mesos_gpu_nvidia_cannot_share() {
+        let inv = node();
+        let spec = SharingSpec::parse("4", ModeSpec::default()).unwrap();
+        let builtin = flags("cgroups/devices,gpu/nvidia", "cpus:8", None);
+        let err = advertise(&builtin, &inv, &spec).unwrap_err();
+        assert!(matches!(err, OfferError::BuiltinIsolator), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "Mesos's gpu/nvidia cannot share a GPU between tasks: its agent refuses more `gpus` \
+             than --nvidia_gpu_devices lists GPUs; use mesos-gpu's module \
+             (org_apache_mesos_gpu_MesosGpuIsolator) in place of gpu/nvidia to share GPUs"
+        );
+        let err = advertise_mig(&builtin, &inv, &spec, MigStrategy::Single).unwrap_err();
+        assert!(matches!(err, OfferError::BuiltinIsolator), "{err}");
+    }
 
     fn node() -> Inventory {
         let mut inv = dgx1_v100().inventory();
@@ -167,7 +209,7 @@ mod tests {
     }
 
     fn flags(isolation: &str, resources: &str, attributes: Option<&str>) -> AgentGpus {
-        AgentGpuFlags::parse(isolation, Some(resources), None, attributes)
+        AgentGpuFlags::parse(isolation, Some(resources), None, attributes, DEVICES_FLAG)
             .unwrap()
             .resolve(&node())
             .unwrap()
@@ -176,7 +218,7 @@ mod tests {
     #[test]
     fn r4_node_advertises_shared_times_r_plus_whole() {
         let inv = node();
-        let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", Some("rack:r1"));
+        let resolved = flags(MODULE, "cpus:8", Some("rack:r1"));
         let spec = SharingSpec::parse("4,6=1,7=1", ModeSpec::uniform(SharingMode::Mps)).unwrap();
         let (out, plan) = advertise(&resolved, &inv, &spec).unwrap();
         assert_eq!(out.gpus, 26.0);
@@ -202,7 +244,7 @@ mod tests {
     #[test]
     fn modes_per_gpu_are_advertised_with_their_counts() {
         let inv = node();
-        let resolved = flags("cgroups/devices,gpu/nvidia", "cpus:8", None);
+        let resolved = flags(MODULE, "cpus:8", None);
         let modes: ModeSpec = "mps,4-5=time-slicing,6-7=none".parse().unwrap();
         let (out, _) =
             advertise(&resolved, &inv, &SharingSpec::parse("4", modes).unwrap()).unwrap();
@@ -217,13 +259,13 @@ mod tests {
     }
 
     #[test]
-    fn sharing_needs_the_isolator_and_owns_its_attributes() {
+    fn sharing_needs_the_module_and_owns_its_attributes() {
         let inv = node();
         let spec = SharingSpec::parse("4", ModeSpec::uniform(SharingMode::TimeSlicing)).unwrap();
         let passthrough = flags("cgroups/devices", "gpus:2", None);
         let err = advertise(&passthrough, &inv, &spec).unwrap_err();
         assert!(matches!(err, OfferError::NotIsolated { .. }), "{err}");
-        let taken = flags("gpu/nvidia", "cpus:1", Some("gpu_sharing:yes"));
+        let taken = flags(MODULE, "cpus:1", Some("gpu_sharing:yes"));
         let err = advertise(&taken, &inv, &spec).unwrap_err();
         assert!(err.to_string().contains("gpu_sharing"), "{err}");
     }
@@ -235,7 +277,8 @@ mod tests {
         let modes = "mps,0-3=none,6-7=none".parse().unwrap();
         let spec = SharingSpec::parse("4,5=2", modes).unwrap();
         let isolation = format!("cgroups/devices,{}", crate::agent_flags::MODULE_ISOLATOR);
-        let flags = AgentGpuFlags::parse(&isolation, Some("cpus:8"), None, None).unwrap();
+        let flags =
+            AgentGpuFlags::parse(&isolation, Some("cpus:8"), None, None, DEVICES_FLAG).unwrap();
         let single = flags.resolve_mig(&inv, MigStrategy::Single).unwrap();
         let (out, plan) = advertise_mig(&single, &inv, &spec, MigStrategy::Single).unwrap();
         // 6 whole GPUs (0-3, 6-7), GPU 4's 3 MIG devices 4 ways, GPU 5's 2 ways.

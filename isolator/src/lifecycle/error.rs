@@ -379,6 +379,16 @@ impl LifecycleError {
         matches!(self, LifecycleError::Health { source, .. } if source.is_unknown_gpu())
     }
 
+    /// For an error of [`super::Isolator::new`]: true when it refused the configuration's values
+    /// against the node (a device list or a sharing spec naming GPUs it lacks, a GPU listed
+    /// twice or in MIG mode), as opposed to a failure of the host.
+    pub fn is_refused_setup(&self) -> bool {
+        matches!(
+            self,
+            LifecycleError::SetupAllocator { .. } | LifecycleError::SharingSetup { .. }
+        )
+    }
+
     /// True when a cgroup could not be removed because processes remain in it.
     pub fn is_busy(&self) -> bool {
         matches!(self, LifecycleError::Cgroup { source, .. } if source.is_busy())

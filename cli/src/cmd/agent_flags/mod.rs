@@ -8,7 +8,7 @@
 //! `--agent_subsystems=` on cgroup v2, and `--modules` with the module's parameters
 //! (`work_dir`, `pool_dir`, `volume_root`, and `nvidia_gpu_devices`, `mig_strategy`,
 //! `gpu_replicas`, `gpu_sharing`, `nvml_lib`, `dev_root`, `proc_root` when they apply), inline
-//! or in `--modules-file`. With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
+//! or in `--modules-file`, checked first by the module's own parser ([`ModuleConfig::parse`]). With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
 //! `--attributes` and `--nvidia_gpu_devices`.
 //!
 //! NVML is read only when a GPU isolator is in `--isolation` or GPUs are advertised (for the
@@ -30,8 +30,8 @@ use mesos_gpu_isolator::agent_flags::module::{
     module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
-    AgentGpuFlags, AgentGpus, GpuIsolator, MODULE_ISOLATOR, MigStrategy, ModuleGpus,
-    ModuleParameters, check_agent_resources,
+    AgentGpuFlags, AgentGpus, DEVICES_FLAG, GpuIsolator, MODULE_ISOLATOR, MigStrategy,
+    ModuleConfig, ModuleGpus, ModuleParameters, check_agent_resources,
 };
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::inventory::Inventory;
@@ -91,15 +91,16 @@ pub(crate) struct Args {
 
     /// Share GPUs: `R` shares every advertised GPU R ways (1-48); `SEL=R` (SEL an NVML index or
     /// UUID) sets one GPU; R=1 keeps a GPU whole. E.g. `4`, `4,3=1`, `0=2,1=2`. The module's
-    /// `gpu_replicas`; only with `--containerizers=mesos`: Mesos's Docker containerizer cannot
-    /// start with more `gpus` than the node has GPUs.
+    /// `gpu_replicas`, so not with gpu/nvidia in --isolation (Mesos's isolator shares no GPU);
+    /// only with `--containerizers=mesos`: Mesos's Docker containerizer cannot start with more
+    /// `gpus` than the node has GPUs.
     #[arg(long, value_name = "SPEC")]
     gpu_replicas: Option<String>,
 
     /// How each GPU's shares are enforced: a MODE for every GPU and SEL=MODE entries (SEL an
     /// index, a range such as 4-5, or a UUID); MODE is time-slicing (accounting only, no
-    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. Give the
-    /// module the same spec (parameter `gpu_sharing`).
+    /// isolation), mps, or none (kept whole). E.g. `mps,4-5=time-slicing,6-7=none`. The
+    /// module's `gpu_sharing`.
     #[arg(
         long,
         value_name = "SPEC",
@@ -132,7 +133,8 @@ pub(crate) struct Args {
 
     /// One more module parameter, KEY=VALUE (repeatable), e.g. driver_volume=build,
     /// health_checks=all, numa_pinning=on (every key: ffi/README.md). The keys this command sets
-    /// from its own options are refused, naming the option.
+    /// from its own options are refused, naming the option; the whole set is checked by the
+    /// module's own parser, so a key or value the module would refuse fails the command.
     #[arg(long = "module-param", value_name = "KEY=VALUE", value_parser = parse_module_param)]
     module_params: Vec<(String, String)>,
 
@@ -230,11 +232,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         Some(iso) => (iso.trim().to_owned(), None),
     };
+    // With the module the device list is this command's option (the module's parameter, never
+    // an agent flag); with gpu/nvidia it is the agent's own --nvidia_gpu_devices.
+    let devices_flag = match module_version {
+        Some(_) => "--nvidia-gpu-devices",
+        None => DEVICES_FLAG,
+    };
     let flags = AgentGpuFlags::parse(
         &isolation,
         resources.as_deref(),
         devices.as_deref().map(str::trim),
         attributes.as_deref(),
+        devices_flag,
     )?
     .with_driver_attributes(args.driver_attributes);
     if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
@@ -390,19 +399,12 @@ fn advertise(
         };
         eprintln!("mesos-gpu: note: this node has MIG devices; {module_note}{docker}");
     }
-    if let Some(spec) = &args.gpu_replicas {
-        let module_note = if module {
-            String::new()
-        } else {
-            format!(
-                "give the module the same parameters (gpu_replicas={spec}, gpu_sharing={}), \
-                 and ",
-                args.gpu_sharing
-            )
-        };
+    if args.gpu_replicas.is_some() {
+        // Only the module shares GPUs (advertising refuses gpu/nvidia): the module's
+        // parameters already carry the spec.
         eprintln!(
-            "mesos-gpu: note: {module_note}start the agent with --containerizers=mesos: \
-             Mesos's Docker containerizer cannot start with more gpus than the node has GPUs"
+            "mesos-gpu: note: start the agent with --containerizers=mesos: Mesos's Docker \
+             containerizer cannot start with more gpus than the node has GPUs"
         );
     }
     Ok(advertised)
@@ -465,6 +467,9 @@ fn module_lines(
     for (key, value) in &args.module_params {
         params.set(key, value.as_str());
     }
+    // The module's own parser, before anything is printed or written: a parameter it would
+    // refuse must not reach the agent.
+    ModuleConfig::parse(&params).context("the module would refuse its parameters")?;
     if let Some(sim) = ctx.simulation()? {
         eprintln!(
             "mesos-gpu: note: these flags describe the simulated node {}; the module on this \

@@ -20,18 +20,19 @@
 //! the guides' wrapper scripts, `docker-wrapper --help`): they must agree.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use mesos_gpu_isolator::agent_flags::ModuleParameters;
 use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
 use serde::Serialize;
 
 use super::report::{Check, Status};
 
-/// The module's name in `modules.json`.
+/// The module's name in `modules.json`, and the symbol its library defines.
 pub(crate) const ISOLATOR_MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
-/// The Docker hook's name.
-const HOOK_MODULE: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
+/// The Docker hook's name, and the symbol its library defines.
+pub(crate) const HOOK_MODULE: &str = "org_apache_mesos_gpu_MesosGpuDockerHook";
 /// The variable of `/etc/default/mesos-gpu` holding `serve`'s flags.
 const SERVE_OPTS: &str = "MESOS_GPU_SERVE_OPTS";
 
@@ -55,6 +56,26 @@ pub(crate) struct View {
     pub(crate) given: BTreeMap<&'static str, String>,
 }
 
+/// What a `modules.json` loads of ours, as Mesos reads it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Modules {
+    /// The file.
+    pub(crate) path: PathBuf,
+    /// The isolator module's parameters as the module gets them (a key given twice kept).
+    pub(crate) isolator: Option<ModuleParameters>,
+    /// Each library that one of our modules is loaded from.
+    pub(crate) libraries: Vec<Library>,
+}
+
+/// A library `modules.json` loads our modules from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Library {
+    /// Its `file`; `None` when the entry names the library by `name` only (the loader's search).
+    pub(crate) file: Option<String>,
+    /// Our modules loaded from it, each the name of a symbol it must define.
+    pub(crate) modules: Vec<&'static str>,
+}
+
 /// Every view found.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sources {
@@ -66,6 +87,10 @@ pub(crate) struct Sources {
     pub(crate) wrapper: Option<View>,
     /// `serve`'s flags (the unit's `ExecStart`, with `/etc/default/mesos-gpu`'s variables).
     pub(crate) serve: Option<View>,
+    /// What `modules.json` loads, for the module's own checks.
+    pub(crate) modules: Option<Modules>,
+    /// `serve`'s command line as systemd runs it, its variables expanded, with its name.
+    pub(crate) serve_command: Option<(String, Vec<String>)>,
     /// Files that were named but could not be used, with why.
     pub(crate) unreadable: Vec<String>,
 }
@@ -120,14 +145,18 @@ impl Sources {
     fn parse(&mut self, texts: &Texts<'_>) {
         if let Some((path, text)) = texts.modules {
             match parse_modules(text) {
-                Ok((module, hook)) => {
-                    self.module = module.map(|given| View {
+                Ok((modules, hook)) => {
+                    self.module = modules.isolator.as_ref().map(|params| View {
                         name: format!("the module ({})", path.display()),
-                        given,
+                        given: compared_parameters(params),
                     });
                     self.hook = hook.map(|given| View {
                         name: format!("the Docker hook's docker_args ({})", path.display()),
                         given,
+                    });
+                    self.modules = Some(Modules {
+                        path: path.to_owned(),
+                        ..modules
                     });
                 }
                 Err(e) => self.unreadable.push(format!("{}: {e:#}", path.display())),
@@ -147,7 +176,10 @@ impl Sources {
                 )),
             }
         }
-        self.serve = serve_view(texts.unit, texts.defaults);
+        if let Some((view, command)) = serve_view(texts.unit, texts.defaults) {
+            self.serve_command = Some((view.name.clone(), command));
+            self.serve = Some(view);
+        }
     }
 }
 
@@ -159,17 +191,13 @@ struct Texts<'a> {
     unit: Option<(&'a Path, &'a str)>,
 }
 
-/// The module's and the hook's settings in a `modules.json`.
-#[allow(clippy::type_complexity)]
-fn parse_modules(
-    text: &str,
-) -> anyhow::Result<(
-    Option<BTreeMap<&'static str, String>>,
-    Option<BTreeMap<&'static str, String>>,
-)> {
+/// What a `modules.json` loads of ours (its `path` left empty), and the hook's settings.
+fn parse_modules(text: &str) -> anyhow::Result<(Modules, Option<BTreeMap<&'static str, String>>)> {
     let json: serde_json::Value = serde_json::from_str(text).context("not JSON")?;
-    let (mut module, mut hook) = (None, None);
+    let mut modules = Modules::default();
+    let mut hook = None;
     for library in json["libraries"].as_array().into_iter().flatten() {
+        let mut ours = Vec::new();
         for m in library["modules"].as_array().into_iter().flatten() {
             let params: Vec<(&str, &str)> = m["parameters"]
                 .as_array()
@@ -179,15 +207,16 @@ fn parse_modules(
                 .collect();
             match m["name"].as_str() {
                 Some(ISOLATOR_MODULE) => {
-                    let mut given = BTreeMap::new();
-                    for (key, value) in params {
-                        if let Some(known) = MODULE_KEYS.iter().find(|k| **k == key) {
-                            given.insert(*known, value.to_owned());
-                        }
-                    }
-                    module = Some(given);
+                    ours.push(ISOLATOR_MODULE);
+                    modules.isolator = Some(
+                        params
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect(),
+                    );
                 }
                 Some(HOOK_MODULE) => {
+                    ours.push(HOOK_MODULE);
                     let line = params
                         .iter()
                         .find(|(k, _)| *k == "docker_args")
@@ -198,8 +227,25 @@ fn parse_modules(
                 _ => {}
             }
         }
+        if !ours.is_empty() {
+            modules.libraries.push(Library {
+                file: library["file"].as_str().map(str::to_owned),
+                modules: ours,
+            });
+        }
     }
-    Ok((module, hook))
+    Ok((modules, hook))
+}
+
+/// The isolator's parameters that matter here, under the names the report uses.
+fn compared_parameters(params: &ModuleParameters) -> BTreeMap<&'static str, String> {
+    let mut given = BTreeMap::new();
+    for (key, value) in params.entries() {
+        if let Some(known) = MODULE_KEYS.iter().find(|k| *k == key) {
+            given.insert(*known, value.clone());
+        }
+    }
+    given
 }
 
 /// Module parameters that matter here, under the names the report uses.
@@ -304,9 +350,13 @@ fn is_assignment(word: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// `serve`'s settings: the unit's `ExecStart` with its `$VARIABLES` taken from its `Environment=`
-/// lines and the defaults file, else (no unit) the defaults file's `MESOS_GPU_SERVE_OPTS`.
-fn serve_view(unit: Option<(&Path, &str)>, defaults: Option<(&Path, &str)>) -> Option<View> {
+/// `serve`'s settings and command line: the unit's `ExecStart` with its `$VARIABLES` taken from
+/// its `Environment=` lines and the defaults file, else (no unit) the defaults file's
+/// `MESOS_GPU_SERVE_OPTS`.
+fn serve_view(
+    unit: Option<(&Path, &str)>,
+    defaults: Option<(&Path, &str)>,
+) -> Option<(View, Vec<String>)> {
     let mut env = defaults.map(|(_, t)| env_file(t)).unwrap_or_default();
     let (name, line) = match unit {
         Some((path, text)) => {
@@ -356,7 +406,7 @@ fn serve_view(unit: Option<(&Path, &str)>, defaults: Option<(&Path, &str)>) -> O
     if let Some(lib) = env.get("MESOS_GPU_NVML_LIB") {
         given.entry("nvml_lib").or_insert_with(|| lib.clone());
     }
-    Some(View { name, given })
+    Some((View { name, given }, words))
 }
 
 /// `VAR="value"` lines of an environment file (systemd's `EnvironmentFile`), comments skipped.
@@ -641,6 +691,7 @@ fn same_path(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::accepted;
     use super::*;
 
     fn defaults() -> Defaults {
@@ -670,11 +721,11 @@ mod tests {
     }
 
     fn sources(wrapper: &str) -> Sources {
-        let (module, hook) = parse_modules(MODULES).expect("modules");
+        let (modules, hook) = parse_modules(MODULES).expect("modules");
         Sources {
-            module: module.map(|given| View {
+            module: modules.isolator.as_ref().map(|params| View {
                 name: "module".into(),
-                given,
+                given: compared_parameters(params),
             }),
             hook: hook.map(|given| View {
                 name: "hook".into(),
@@ -801,11 +852,24 @@ mod tests {
     fn serve_flags_come_from_the_unit_and_the_defaults_file() {
         let unit = "[Service]\nEnvironmentFile=-/etc/default/mesos-gpu\nExecStart=/usr/bin/mesos-gpu serve $MESOS_GPU_SERVE_OPTS\n";
         let defaults_file = "# c\nMESOS_GPU_SERVE_OPTS=\"--volume-root /v --work-dir /w --agent-work-dir /a\"\nMESOS_GPU_POOL_DIR=/p\n";
-        let view = serve_view(
+        let (view, command) = serve_view(
             Some((Path::new("/u"), unit)),
             Some((Path::new("/d"), defaults_file)),
         )
         .expect("view");
+        assert_eq!(
+            command,
+            [
+                "/usr/bin/mesos-gpu",
+                "serve",
+                "--volume-root",
+                "/v",
+                "--work-dir",
+                "/w",
+                "--agent-work-dir",
+                "/a"
+            ]
+        );
         let want: BTreeMap<&str, String> = [
             ("volume_root", "/v"),
             ("docker_state_dir", "/w"),
@@ -816,6 +880,47 @@ mod tests {
         .map(|(k, v)| (k, v.to_owned()))
         .collect();
         assert_eq!(view.given, want);
+    }
+
+    /// What Mesos would load: the isolator's parameters as given (a key twice kept, for the
+    /// module's parser to refuse), and each library with the modules of ours it loads.
+    #[test]
+    fn modules_json_gives_the_isolators_parameters_and_our_libraries() {
+        let text = r#"{"libraries": [
+          {"file": "/a.so", "modules": [{"name": "org_apache_mesos_gpu_MesosGpuIsolator",
+            "parameters": [{"key": "work_dir", "value": "/w"}, {"key": "work_dir", "value": "/v"},
+                           {"key": "numa_pinning", "value": "on"}]}]},
+          {"file": "/other.so", "modules": [{"name": "com_example_Other"}]},
+          {"name": "mesos_gpu_module", "modules": [{"name": "org_apache_mesos_gpu_MesosGpuDockerHook",
+            "parameters": [{"key": "docker_args", "value": "mesos-gpu docker-args"}]}]}]}"#;
+        let (modules, hook) = parse_modules(text).expect("modules");
+        let params = modules.isolator.expect("the isolator");
+        assert_eq!(
+            params.entries(),
+            [
+                ("work_dir".to_owned(), "/w".to_owned()),
+                ("work_dir".to_owned(), "/v".to_owned()),
+                ("numa_pinning".to_owned(), "on".to_owned())
+            ]
+        );
+        assert_eq!(
+            compared_parameters(&params),
+            [("work_dir", "/v".to_owned())].into_iter().collect()
+        );
+        assert_eq!(
+            modules.libraries,
+            [
+                Library {
+                    file: Some("/a.so".into()),
+                    modules: vec![ISOLATOR_MODULE],
+                },
+                Library {
+                    file: None,
+                    modules: vec![HOOK_MODULE],
+                },
+            ]
+        );
+        assert!(hook.is_some());
     }
 
     #[test]
@@ -893,70 +998,80 @@ mod tests {
         out
     }
 
-    /// The shipped Docker setup with one of the shipped wrappers: `modules-docker.json`, the
-    /// systemd unit with `/etc/default/mesos-gpu` (`serve_opts` edited by `edit`).
-    fn shipped_docker_setup(wrapper: (&str, &str), edit: &dyn Fn(String) -> String) -> Sources {
-        let modules = shipped("examples/mesos-agent/modules-docker.json");
+    /// A shipped setup: a shipped modules file, a shipped wrapper (or none), the systemd unit
+    /// with `/etc/default/mesos-gpu` (edited by `edit`).
+    fn shipped_setup(
+        modules: &str,
+        wrapper: Option<(&str, &str)>,
+        edit: &dyn Fn(String) -> String,
+    ) -> Sources {
+        let modules_text = shipped(modules);
         let unit = shipped("examples/systemd/mesos-gpu.service");
         let defaults_file = edit(shipped("examples/default/mesos-gpu"));
         let mut s = Sources::default();
         s.parse(&Texts {
-            modules: Some((
-                Path::new("examples/mesos-agent/modules-docker.json"),
-                &modules,
-            )),
-            wrapper: Some((Path::new(wrapper.0), wrapper.1)),
+            modules: Some((Path::new(modules), &modules_text)),
+            wrapper: wrapper.map(|(path, text)| (Path::new(path), text)),
             defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
             unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
         });
         assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
         assert!(
-            s.module.is_some() && s.hook.is_some() && s.wrapper.is_some() && s.serve.is_some(),
+            s.module.is_some() && s.serve.is_some() && s.wrapper.is_some() == wrapper.is_some(),
             "{s:#?}"
         );
         s
-    }
-
-    /// What `examples/mesos-agent/README.md` says to write in `/etc/default/mesos-gpu` for the
-    /// Docker setup: serve's volume root is the module's and the hook's.
-    fn docker_volume_root(defaults_file: String) -> String {
-        defaults_file.replace(
-            "--volume-root /var/run/mesos/isolators/gpu",
-            "--volume-root /var/lib/mesos-gpu/volumes",
-        )
     }
 
     fn this_build() -> Defaults {
         Defaults::of_this_build(mesos_gpu_node::discovery::DEFAULT_NVML_LIB.to_owned())
     }
 
+    /// Issue 34: every combination of the shipped files an operator may install together (the
+    /// package's one `/etc/default/mesos-gpu` and unit, either modules file, any shipped
+    /// wrapper or none) agrees on directories, NVML and device root, and each is accepted by
+    /// its program: the isolator's parameters by the module's parser, serve's options by
+    /// serve's (before: `modules-docker.json` and `/etc/default/mesos-gpu` named two volume
+    /// roots, and `doctor` said NOT READY on the shipped files). The module library is not
+    /// installed here, so its symbols are checked on built ones (`accepted.rs`).
     #[test]
     fn shipped_files_agree_on_directories_nvml_and_device_root() {
-        let modules = shipped("examples/mesos-agent/modules.json");
-        let unit = shipped("examples/systemd/mesos-gpu.service");
-        let defaults_file = shipped("examples/default/mesos-gpu");
-        let mut s = Sources::default();
-        s.parse(&Texts {
-            modules: Some((Path::new("examples/mesos-agent/modules.json"), &modules)),
-            wrapper: None,
-            defaults: Some((Path::new("examples/default/mesos-gpu"), &defaults_file)),
-            unit: Some((Path::new("examples/systemd/mesos-gpu.service"), &unit)),
-        });
-        let check = s.agreement(&this_build());
-        assert_eq!(check.status, Status::Ok, "{check:#?}");
-        for wrapper in shipped_wrappers() {
-            let s = shipped_docker_setup((&wrapper.0, &wrapper.1), &docker_volume_root);
-            let check = s.agreement(&this_build());
-            assert_eq!(check.status, Status::Ok, "{}: {check:#?}", wrapper.0);
-            for want in [
-                "the node's GPU pool directory: /var/lib/mesos-gpu everywhere",
-                "the Docker containers' records directory (--docker-state-dir): /var/run/mesos-gpu everywhere",
-                "the driver volume root: /var/lib/mesos-gpu/volumes everywhere",
+        let wrappers = shipped_wrappers();
+        let wrappers = std::iter::once(None)
+            .chain(wrappers.iter().map(|(p, t)| Some((p.as_str(), t.as_str()))));
+        for wrapper in wrappers {
+            for modules in [
+                "examples/mesos-agent/modules.json",
+                "examples/mesos-agent/modules-docker.json",
             ] {
-                assert!(
-                    check.details.iter().any(|d| d == want),
-                    "{want}: {check:#?}"
-                );
+                let s = shipped_setup(modules, wrapper, &|text| text);
+                let which = format!("{modules} with {:?}", wrapper.map(|w| w.0));
+                let check = s.agreement(&this_build());
+                assert_eq!(check.status, Status::Ok, "{which}: {check:#?}");
+                let mut wants = vec![
+                    "the node's GPU pool directory: /var/lib/mesos-gpu everywhere",
+                    "the driver volume root: /var/lib/mesos-gpu/volumes everywhere",
+                    "the NVML library: libnvidia-ml.so.1 everywhere",
+                    "the device root: /dev everywhere",
+                ];
+                if s.hook.is_some() || s.wrapper.is_some() {
+                    wants.push(
+                        "the Docker containers' records directory (--docker-state-dir): \
+                         /var/run/mesos-gpu everywhere",
+                    );
+                }
+                for want in wants {
+                    assert!(
+                        check.details.iter().any(|d| d == want),
+                        "{which}: {want}: {check:#?}"
+                    );
+                }
+                let params = s.modules.as_ref().and_then(|m| m.isolator.as_ref());
+                let accepted = accepted::module_parameters(params.expect("params"));
+                assert!(accepted.is_ok(), "{which}: {accepted:?}");
+                let (_, command) = s.serve_command.as_ref().expect("serve's command line");
+                let accepted = accepted::serve_command(command);
+                assert!(accepted.is_ok(), "{which}: {accepted:?}");
             }
         }
     }
@@ -968,7 +1083,11 @@ mod tests {
             "MESOS_GPU_SERVE_OPTS=\"--work-dir /var/run/mesos-gpu --dev-root /tmp/nodes --volume-root /var/lib/mesos-gpu/volumes\"\nMESOS_GPU_NVML_LIB=/opt/libnvidia-ml.so.1\n"
                 .to_owned()
         };
-        let s = shipped_docker_setup(("/usr/bin/mesos-gpu-docker", wrapper), &edit);
+        let s = shipped_setup(
+            "examples/mesos-agent/modules-docker.json",
+            Some(("/usr/bin/mesos-gpu-docker", wrapper)),
+            &edit,
+        );
         let check = s.agreement(&this_build());
         assert_eq!(check.status, Status::Fail, "{check:#?}");
         for what in [
