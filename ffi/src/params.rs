@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::{CgroupError, CgroupVersion};
 use mesos_gpu_isolator::agent_flags::{
-    ContainerizerFlags, ContainerizerFlagsError, DriverVolume, ModuleConfig, ModuleGpus,
-    ModuleParamError, ModuleParameters, OfferMismatch, Resources, check_agent_resources,
+    ContainerizerFlags, ContainerizerFlagsError, DriverVolume, ModuleConfig, ModuleParamError,
+    ModuleParameters, OfferMismatch, Resources, check_agent_resources,
 };
 use mesos_gpu_isolator::lifecycle::{IsolatorConfig, LifecycleError};
 use mesos_gpu_node::devices::DevicesError;
@@ -242,13 +242,9 @@ impl ModuleParams {
         agent: &ContainerizerFlags,
         inventory: &mesos_gpu_node::inventory::Inventory,
     ) -> Result<(), ParamError> {
-        let module = ModuleGpus {
-            devices: self.config.isolator.devices.as_deref(),
-            strategy: self.config.isolator.mig.strategy,
-            sharing: self.config.isolator.sharing.as_ref().map(|s| &s.spec),
-        };
-        let offer = check_agent_resources(agent.resources.as_deref(), inventory, &module)
-            .map_err(|source| ParamError::Resources { source })?;
+        let offer =
+            check_agent_resources(agent.resources.as_deref(), inventory, &self.config.gpus())
+                .map_err(|source| ParamError::Resources { source })?;
         let advertised: Vec<String> = offer
             .scalars
             .iter()

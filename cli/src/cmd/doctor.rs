@@ -104,6 +104,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     modules: Option<PathBuf>,
 
+    /// The agent's --resources (text, JSON or file://), checked against what the module's
+    /// parameters (--modules) hand out on this node, by the rule the module applies when the
+    /// agent starts: exactly the GPU units it serves, no phantom ones.
+    #[arg(long, value_name = "RESOURCES", env = "MESOS_RESOURCES")]
+    resources: Option<String>,
+
     /// The agent's `--docker` wrapper script (`mesos-gpu docker-wrapper …`) [default: the first
     /// of /usr/bin/mesos-gpu-docker, /usr/local/bin/mesos-gpu-docker that exists].
     #[arg(long, value_name = "FILE")]
@@ -214,7 +220,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root);
     all.push(volume);
     all.push(sources.agreement(&Defaults::of_this_build(loader_nvml(ctx, loaded)?)));
-    all.push(accepted::configuration(&sources));
+    let resources = args
+        .resources
+        .as_deref()
+        .map(super::agent_flags::flag_value)
+        .transpose()?;
+    let agent = resources
+        .as_deref()
+        .map(|resources| accepted::AgentResources {
+            resources,
+            inventory: &inventory,
+        });
+    all.push(accepted::configuration(&sources, agent.as_ref()));
     all.push(checks::sharing(&inventory, &sources, &driver));
     all.push(checks::cdi(&args.cdi_spec_dirs));
 

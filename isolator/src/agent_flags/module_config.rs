@@ -170,6 +170,16 @@ pub struct ModuleConfig {
 }
 
 impl ModuleConfig {
+    /// The parameters that decide what the module hands out (its offer), for
+    /// [`super::check_agent_resources`].
+    pub fn gpus(&self) -> super::ModuleGpus<'_> {
+        super::ModuleGpus {
+            devices: self.isolator.devices.as_deref(),
+            strategy: self.isolator.mig.strategy,
+            sharing: self.isolator.sharing.as_ref().map(|s| &s.spec),
+        }
+    }
+
     /// Checks `params`: every key known and given once, `work_dir` given, every value one the
     /// module accepts.
     pub fn parse(params: &ModuleParameters) -> Result<ModuleConfig, ModuleParamError> {

@@ -573,7 +573,7 @@ fn why_none(isolation: &str, flags: &AgentGpuFlags, inventory: &Inventory) -> St
 }
 
 /// The flag's value, read from the file for `file://` values as mesos-agent does.
-fn flag_value(value: &str) -> anyhow::Result<String> {
+pub(crate) fn flag_value(value: &str) -> anyhow::Result<String> {
     match value.strip_prefix("file://") {
         Some(path) => std::fs::read_to_string(path)
             .map(|s| s.trim().to_owned())

@@ -12,7 +12,8 @@
 
 use std::path::Path;
 
-use mesos_gpu_isolator::agent_flags::{ModuleConfig, ModuleParameters};
+use mesos_gpu_isolator::agent_flags::{ModuleConfig, ModuleParameters, check_agent_resources};
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_os::error_chain;
 use mesos_gpu_volume::elf_info::missing_dynamic_symbols;
 
@@ -23,8 +24,17 @@ use crate::cmd::Command;
 /// What one look at a file found: accepted (a detail) or refused (what is wrong).
 type Finding = Result<String, String>;
 
-/// The `configuration` check over everything `sources` found.
-pub(crate) fn configuration(sources: &Sources) -> Check {
+/// The agent's `--resources` and the node they are checked on (see [`agent_resources`]).
+pub(crate) struct AgentResources<'a> {
+    /// `--resources`, as the agent gets it.
+    pub(crate) resources: &'a str,
+    /// This node's GPUs.
+    pub(crate) inventory: &'a Inventory,
+}
+
+/// The `configuration` check over everything `sources` found, and the agent's `--resources`
+/// when given.
+pub(crate) fn configuration(sources: &Sources, agent: Option<&AgentResources<'_>>) -> Check {
     let mut findings = Vec::new();
     if let Some(modules) = &sources.modules {
         let file = modules.path.display();
@@ -34,6 +44,9 @@ pub(crate) fn configuration(sources: &Sources) -> Check {
                     .map(|ok| format!("{file}: {ok}"))
                     .map_err(|refused| format!("{file}: {refused}")),
             );
+            if let Some(finding) = agent.and_then(|agent| agent_resources(params, agent)) {
+                findings.push(finding.map_err(|refused| format!("{file}: {refused}")));
+            }
         }
         findings.extend(
             modules
@@ -100,6 +113,27 @@ pub(crate) fn module_parameters(params: &ModuleParameters) -> Finding {
     }
 }
 
+/// The agent's `--resources` against what the module's parameters hand out on this node, by the
+/// rule the module applies when the agent starts ([`check_agent_resources`]); `None` when the
+/// parameters are refused (reported by themselves) or the node has no driver (the `driver`
+/// check says so, and the module refuses to start).
+fn agent_resources(params: &ModuleParameters, agent: &AgentResources<'_>) -> Option<Finding> {
+    let config = ModuleConfig::parse(params).ok()?;
+    agent.inventory.driver.as_ref()?;
+    Some(
+        match check_agent_resources(Some(agent.resources), agent.inventory, &config.gpus()) {
+            Ok(offer) => Ok(format!(
+                "the agent's --resources advertise what the module hands out ({})",
+                offer.what
+            )),
+            Err(e) => Err(format!(
+                "the module would stop the agent: {}",
+                error_chain(&e)
+            )),
+        },
+    )
+}
+
 /// A library our modules are loaded from: it exists and defines every module's symbol.
 fn library(library: &Library) -> Finding {
     let modules = library.modules.join(", ");
@@ -162,6 +196,50 @@ pub(crate) fn serve_command(command: &[String]) -> Finding {
 mod tests {
     use super::super::config::{HOOK_MODULE, ISOLATOR_MODULE, Modules};
     use super::*;
+
+    /// The check without the agent's `--resources`.
+    fn configuration(sources: &Sources) -> Check {
+        super::configuration(sources, None)
+    }
+
+    #[test]
+    fn the_agents_resources_are_checked_by_the_modules_start_rule() {
+        let mut inventory = mesos_gpu_node::nodes::dgx1_v100().inventory();
+        inventory.driver = Some(mesos_gpu_node::inventory::DriverInfo {
+            version: "550.54.14".into(),
+            cuda_version: Some((12, 4)),
+        });
+        let sources = with_modules(
+            params(&[("work_dir", "/var/lib/mesos"), ("nvidia_gpu_devices", "0")]),
+            Vec::new(),
+        );
+        let check = |resources| {
+            super::configuration(
+                &sources,
+                Some(&AgentResources {
+                    resources,
+                    inventory: &inventory,
+                }),
+            )
+        };
+        let phantom = check("cpus:4;gpus:2");
+        assert_eq!(phantom.status, Status::Fail, "{phantom:#?}");
+        assert!(
+            phantom
+                .summary
+                .contains("advertise gpus:2, but the GPU module hands out gpus:1"),
+            "{phantom:#?}"
+        );
+        let exact = check("cpus:4;gpus:1");
+        assert_eq!(exact.status, Status::Ok, "{exact:#?}");
+        assert!(
+            exact
+                .details
+                .iter()
+                .any(|d| d.contains("advertise what the module hands out")),
+            "{exact:#?}"
+        );
+    }
 
     fn params(pairs: &[(&str, &str)]) -> ModuleParameters {
         pairs
