@@ -9,7 +9,8 @@
 //! the guide's "Upgrading mesos-gpu" section says. Tasks started by the earlier module keep
 //! exactly their GPUs (the pool's reservations and, on cgroup v1, their devices cgroups), a task
 //! started after the upgrade gets only free GPUs, nothing is reserved twice, and no file is
-//! edited by hand.
+//! edited by hand. The same holds for a GPU shared under MPS: the task keeps its share, and the
+//! new module packs a new share beside it.
 
 mod agents;
 mod support;
@@ -25,6 +26,7 @@ use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, ISOLATOR_MODULE, Master, MesosInstall, Task, build_module, http_get,
     wait_for,
 };
+use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use support::{TestResult, check, trial};
@@ -320,6 +322,113 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
         TASK_TIMEOUT,
         || format!("{commit}: every GPU back in the pool: {}", node.pool()),
         || reserved(&node).ok().filter(BTreeMap::is_empty),
+    )?;
+    Ok(())
+}
+
+/// The share each container holds in the node's pool: (GPU UUID, units).
+fn shares(node: &ModuleNode) -> BTreeMap<String, (String, u64)> {
+    node.pool()["shares"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(id, share)| {
+            let grant = &share["grant"];
+            (
+                id.clone(),
+                (
+                    grant["uuid"].as_str().unwrap_or_default().to_owned(),
+                    grant["units"].as_u64().unwrap_or_default(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// An agent on a DGX-1 whose GPUs are shared two ways under MPS by the module of `commit`, with
+/// a task holding a 1/2 share; this build's module installed over it and the agent restarted:
+/// the task keeps its share of the same GPU (and its MPS daemon keeps serving it), a new 1/2
+/// task is packed onto the other half of that GPU, and every share comes back at the end.
+fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
+    let earlier = earlier_module(commit)?;
+    let current = module()?;
+    let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
+    let control = MpsControl::install("{}");
+    let program = control.program().display().to_string();
+    let mps_root = node.scratch.path().join("mps").display().to_string();
+    let extra = [
+        ("gpu_replicas", "2"),
+        ("gpu_sharing", "mps"),
+        ("mps_control", program.as_str()),
+        ("mps_root", mps_root.as_str()),
+    ];
+    let prefix = node.scratch.path().join("usr");
+    let installed = install_module(&earlier, &prefix)?;
+    let install = MesosInstall::locate()?;
+    let master = Master::start(&install)?;
+    let isolation = format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}");
+    let spec = node.spec_loading(
+        &installed,
+        &isolation,
+        AgentCgroups::V1,
+        "cpus:4;mem:4096;gpus:16",
+        &extra,
+    )?;
+    let mut agent = Agent::start(&install, &master, spec)?;
+    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    let go = node.scratch.path().join("go");
+    let mut a = Task::launch(
+        &install,
+        &master,
+        "a",
+        "cpus:0.1;mem:32;gpus:1",
+        &until(&go),
+    )?;
+    a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = containers(&agent)?;
+    let before = shares(&node);
+    let held = before.get(&ids["a"]).cloned();
+    check(
+        held.as_ref().is_some_and(|(_, units)| *units == 1),
+        format!("{commit}: the earlier module recorded a's 1/2 share: {before:?}"),
+    )?;
+
+    agent.kill()?;
+    install_module(&current, &prefix)?;
+    agent.restart()?;
+    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    check(
+        a.is_running(),
+        format!("{commit}: a runs on: {:?}", a.states()),
+    )?;
+    let go_c = go.with_extension("c");
+    let mut c = Task::launch(
+        &install,
+        &master,
+        "c",
+        "cpus:0.1;mem:32;gpus:1",
+        &until(&go_c),
+    )?;
+    c.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = containers(&agent)?;
+    let after = shares(&node);
+    check(
+        after.get(&ids["a"]) == held.as_ref(),
+        format!("{commit}: a keeps its share {held:?} after the upgrade: {after:?}"),
+    )?;
+    check(
+        after.get(&ids["c"]).map(|(uuid, _)| uuid) == held.as_ref().map(|(uuid, _)| uuid),
+        format!("{commit}: c is packed onto the other half of a's GPU: {after:?}"),
+    )?;
+    reserved(&node)?;
+    std::fs::write(&go, "")?;
+    std::fs::write(&go_c, "")?;
+    a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    c.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{commit}: every share back: {}", node.pool()),
+        || shares(&node).is_empty().then_some(()),
     )?;
     Ok(())
 }
