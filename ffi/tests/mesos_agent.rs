@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agents::{mesos_gpu_exe, module, probe, which};
+use agents::{mesos_gpu_exe, module, probe, shell_words, which};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
@@ -3713,25 +3713,4 @@ fn agent_flags_start_the_agent(node: &str, cgroups: AgentCgroups) -> TestResult 
         agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
     }
     Ok(())
-}
-
-/// `text` split into words as the shell reads it (`eval "set -- $text"`), as `agent.sh` takes
-/// `agent-flags`' lines.
-fn shell_words(text: &str) -> TestResult<Vec<String>> {
-    let out = std::process::Command::new("sh")
-        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
-        .arg(text.replace('\n', " "))
-        .output()?;
-    check(
-        out.status.success(),
-        format!(
-            "sh could not read {text:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )?;
-    Ok(String::from_utf8(out.stdout)?
-        .split('\0')
-        .filter(|w| !w.is_empty())
-        .map(str::to_owned)
-        .collect())
 }

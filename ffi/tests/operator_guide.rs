@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agents::{mesos_gpu_exe, module};
+use agents::{allowed_minors, mesos_gpu_exe, module, shell_words, task_containers, until};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DevNode, ISOLATOR_MODULE, Master, MesosInstall, PrivateHost,
@@ -266,26 +266,6 @@ fn as_run_here(command: &str, master: &Master, host_opts: &str) -> TestResult<St
     }
     check(seen_script, format!("no agent.sh in {command:?}"))?;
     Ok(out.join(" "))
-}
-
-/// `text` split into words as the shell reads it.
-fn shell_words(text: &str) -> TestResult<Vec<String>> {
-    let out = std::process::Command::new("sh")
-        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
-        .arg(text)
-        .output()?;
-    check(
-        out.status.success(),
-        format!(
-            "sh could not read {text:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )?;
-    Ok(String::from_utf8(out.stdout)?
-        .split('\0')
-        .filter(|w| !w.is_empty())
-        .map(str::to_owned)
-        .collect())
 }
 
 /// The agent's `/state`.
@@ -637,40 +617,10 @@ const MOVING: &str = "Moving between Mesos's gpu/nvidia and the module";
 
 /// The GPU minors each running task's devices cgroup allows (cgroup v1), by task name.
 fn task_gpus(agent: &Agent) -> TestResult<BTreeMap<String, BTreeSet<u32>>> {
-    let state = state(agent)?;
-    let mut out = BTreeMap::new();
-    let executors = state["frameworks"]
-        .as_array()
+    task_containers(agent)?
         .into_iter()
-        .flatten()
-        .flat_map(|f| f["executors"].as_array().into_iter().flatten());
-    for executor in executors {
-        let Some(container) = executor["container"].as_str() else {
-            continue;
-        };
-        for task in executor["tasks"].as_array().into_iter().flatten() {
-            let name = task["name"].as_str().unwrap_or_default().to_owned();
-            let list = Path::new("/sys/fs/cgroup/devices")
-                .join(&agent.spec().cgroups_root)
-                .join(container)
-                .join("devices.list");
-            let text =
-                std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
-            let minors = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("c 195:"))
-                .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
-                .filter(|m| *m < 255)
-                .collect();
-            out.insert(name, minors);
-        }
-    }
-    Ok(out)
-}
-
-/// A task that runs until the file `go` exists.
-fn until(go: &Path) -> String {
-    format!("while [ ! -e {} ]; do sleep 0.2; done", go.display())
+        .map(|(name, container)| Ok((name, allowed_minors(agent, &container)?)))
+        .collect()
 }
 
 /// The guide's in-place move between Mesos's `gpu/nvidia` and the module ([`MOVING`]), its

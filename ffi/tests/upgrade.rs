@@ -20,11 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use agents::{ModuleNode, module};
+use agents::{ModuleNode, allowed_minors, module, task_containers, until};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu_testkit::mesos::{
-    Agent, AgentCgroups, ISOLATOR_MODULE, Master, MesosInstall, Task, build_module, http_get,
-    wait_for,
+    Agent, AgentCgroups, ISOLATOR_MODULE, Master, MesosInstall, Task, build_module, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
@@ -60,6 +59,14 @@ fn main() -> ExitCode {
                 }),
             ));
         }
+        trials.push(needs(
+            &host,
+            &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos],
+            trial(
+                format!("upgrading_from_{commit}_v1_keeps_every_share_under_mps"),
+                move || upgrade_keeps_every_share_under_mps(commit),
+            ),
+        ));
     }
     let trials: Vec<Trial> = trials;
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -163,27 +170,6 @@ fn install_module(module: &Path, prefix: &Path) -> TestResult<PathBuf> {
     Ok(prefix.join("lib/mesos/modules/libmesos_gpu_module.so"))
 }
 
-/// The agent's running tasks' container ids, by task name.
-fn containers(agent: &Agent) -> TestResult<BTreeMap<String, String>> {
-    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
-    let mut out = BTreeMap::new();
-    let executors = state["frameworks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|f| f["executors"].as_array().into_iter().flatten());
-    for executor in executors {
-        for task in executor["tasks"].as_array().into_iter().flatten() {
-            if let (Some(name), Some(container)) =
-                (task["name"].as_str(), executor["container"].as_str())
-            {
-                out.insert(name.to_owned(), container.to_owned());
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The GPUs (UUIDs) the node's pool reserves for each container, refusing a GPU reserved twice.
 fn reserved(node: &ModuleNode) -> TestResult<BTreeMap<String, BTreeSet<String>>> {
     let pool = node.pool();
@@ -202,24 +188,66 @@ fn reserved(node: &ModuleNode) -> TestResult<BTreeMap<String, BTreeSet<String>>>
     Ok(out)
 }
 
-/// The GPU minors a v1 container's devices cgroup allows.
-fn allowed(agent: &Agent, container: &str) -> TestResult<BTreeSet<u32>> {
-    let list = Path::new("/sys/fs/cgroup/devices")
-        .join(&agent.spec().cgroups_root)
-        .join(container)
-        .join("devices.list");
-    let text = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.strip_prefix("c 195:"))
-        .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
-        .filter(|m| *m < 255)
-        .collect())
+/// An agent on a DGX-1 running the module of an earlier commit, installed into a prefix as the
+/// guide installs it.
+struct Upgrade {
+    node: ModuleNode,
+    prefix: PathBuf,
+    install: MesosInstall,
+    master: Master,
+    agent: Agent,
 }
 
-/// A task that runs until the file `go` exists.
-fn until(go: &Path) -> String {
-    format!("while [ ! -e {} ]; do sleep 0.2; done", go.display())
+impl Upgrade {
+    /// Starts the agent with the module of `commit` on `cgroups`, advertising `resources`, with
+    /// the module parameters `extra`.
+    fn start(
+        commit: &str,
+        cgroups: AgentCgroups,
+        resources: &str,
+        extra: &[(&str, &str)],
+    ) -> TestResult<Upgrade> {
+        let earlier = earlier_module(commit)?;
+        let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
+        let prefix = node.scratch.path().join("usr");
+        let installed = install_module(&earlier, &prefix)?;
+        let install = MesosInstall::locate()?;
+        let master = Master::start(&install)?;
+        let isolation = match cgroups {
+            AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
+            AgentCgroups::V2 => format!("filesystem/linux,{ISOLATOR_MODULE}"),
+        };
+        let spec = node.spec_loading(&installed, &isolation, cgroups, resources, extra)?;
+        let agent = Agent::start(&install, &master, spec)?;
+        agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        Ok(Upgrade {
+            node,
+            prefix,
+            install,
+            master,
+            agent,
+        })
+    }
+
+    /// Launches task `name` with `resources`, running until the file `go` exists.
+    fn launch(&self, name: &str, resources: &str, go: &Path) -> TestResult<Task> {
+        Ok(Task::launch(
+            &self.install,
+            &self.master,
+            name,
+            resources,
+            &until(go),
+        )?)
+    }
+
+    /// The upgrade: the agent stops, this build's module is installed over the earlier one and
+    /// the agent starts again.
+    fn upgrade(&mut self) -> TestResult {
+        self.agent.kill()?;
+        install_module(&module()?, &self.prefix)?;
+        self.agent.restart()?;
+        Ok(self.agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?)
+    }
 }
 
 /// An agent on a DGX-1 running the module of `commit` (installed into a prefix) with a `gpus:2`
@@ -227,54 +255,26 @@ fn until(go: &Path) -> String {
 /// both tasks keep running with exactly their GPUs, a `gpus:6` task gets the six others, and
 /// every GPU comes back when the tasks end.
 fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestResult {
-    let earlier = earlier_module(commit)?;
-    let current = module()?;
-    let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
-    let prefix = node.scratch.path().join("usr");
-    let installed = install_module(&earlier, &prefix)?;
-    let install = MesosInstall::locate()?;
-    let master = Master::start(&install)?;
-    let isolation = match cgroups {
-        AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
-        AgentCgroups::V2 => format!("filesystem/linux,{ISOLATOR_MODULE}"),
-    };
-    let spec = node.spec_loading(
-        &installed,
-        &isolation,
-        cgroups,
-        "cpus:4;mem:4096;gpus:8",
-        &[],
-    )?;
-    let mut agent = Agent::start(&install, &master, spec)?;
-    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
-    let go = node.scratch.path().join("go");
-    let mut a = Task::launch(
-        &install,
-        &master,
-        "a",
-        "cpus:0.1;mem:32;gpus:2",
-        &until(&go),
-    )?;
-    let mut p = Task::launch(&install, &master, "p", "cpus:0.1;mem:32", &until(&go))?;
+    let mut u = Upgrade::start(commit, cgroups, "cpus:4;mem:4096;gpus:8", &[])?;
+    let go = u.node.scratch.path().join("go");
+    let mut a = u.launch("a", "cpus:0.1;mem:32;gpus:2", &go)?;
+    let mut p = u.launch("p", "cpus:0.1;mem:32", &go)?;
     a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     p.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = containers(&agent)?;
-    let before = reserved(&node)?;
+    let ids = task_containers(&u.agent)?;
+    let before = reserved(&u.node)?;
     let held = before.get(&ids["a"]).cloned().unwrap_or_default();
     check(
         held.len() == 2,
         format!("{commit}: the earlier module reserved a's two GPUs: {before:?}"),
     )?;
     let minors = if cgroups == AgentCgroups::V1 {
-        Some(allowed(&agent, &ids["a"])?)
+        Some(allowed_minors(&u.agent, &ids["a"])?)
     } else {
         None
     };
 
-    agent.kill()?;
-    install_module(&current, &prefix)?;
-    agent.restart()?;
-    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    u.upgrade()?;
     check(
         a.is_running() && p.is_running(),
         format!(
@@ -284,16 +284,10 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
         ),
     )?;
     let go_b = go.with_extension("b");
-    let mut b = Task::launch(
-        &install,
-        &master,
-        "b",
-        "cpus:0.1;mem:32;gpus:6",
-        &until(&go_b),
-    )?;
+    let mut b = u.launch("b", "cpus:0.1;mem:32;gpus:6", &go_b)?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = containers(&agent)?;
-    let after = reserved(&node)?;
+    let ids = task_containers(&u.agent)?;
+    let after = reserved(&u.node)?;
     check(
         after.get(&ids["a"]) == Some(&held),
         format!("{commit}: a keeps exactly its GPUs {held:?} after the upgrade: {after:?}"),
@@ -305,11 +299,11 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
     )?;
     if let Some(minors) = minors {
         check(
-            allowed(&agent, &ids["a"])? == minors,
+            allowed_minors(&u.agent, &ids["a"])? == minors,
             format!("{commit}: a's devices cgroup still allows exactly {minors:?}"),
         )?;
         check(
-            allowed(&agent, &ids["b"])?.is_disjoint(&minors),
+            allowed_minors(&u.agent, &ids["b"])?.is_disjoint(&minors),
             format!("{commit}: b's devices cgroup allows none of a's GPUs"),
         )?;
     }
@@ -320,8 +314,8 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
     }
     wait_for(
         TASK_TIMEOUT,
-        || format!("{commit}: every GPU back in the pool: {}", node.pool()),
-        || reserved(&node).ok().filter(BTreeMap::is_empty),
+        || format!("{commit}: every GPU back in the pool: {}", u.node.pool()),
+        || reserved(&u.node).ok().filter(BTreeMap::is_empty),
     )?;
     Ok(())
 }
@@ -350,68 +344,40 @@ fn shares(node: &ModuleNode) -> BTreeMap<String, (String, u64)> {
 /// the task keeps its share of the same GPU (and its MPS daemon keeps serving it), a new 1/2
 /// task is packed onto the other half of that GPU, and every share comes back at the end.
 fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
-    let earlier = earlier_module(commit)?;
-    let current = module()?;
-    let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
     let control = MpsControl::install("{}");
     let program = control.program().display().to_string();
-    let mps_root = node.scratch.path().join("mps").display().to_string();
+    let mps = tempfile::Builder::new()
+        .prefix("mgpu-upgrade-mps")
+        .tempdir()?;
+    let mps_root = mps.path().display().to_string();
     let extra = [
         ("gpu_replicas", "2"),
         ("gpu_sharing", "mps"),
         ("mps_control", program.as_str()),
         ("mps_root", mps_root.as_str()),
     ];
-    let prefix = node.scratch.path().join("usr");
-    let installed = install_module(&earlier, &prefix)?;
-    let install = MesosInstall::locate()?;
-    let master = Master::start(&install)?;
-    let isolation = format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}");
-    let spec = node.spec_loading(
-        &installed,
-        &isolation,
-        AgentCgroups::V1,
-        "cpus:4;mem:4096;gpus:16",
-        &extra,
-    )?;
-    let mut agent = Agent::start(&install, &master, spec)?;
-    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
-    let go = node.scratch.path().join("go");
-    let mut a = Task::launch(
-        &install,
-        &master,
-        "a",
-        "cpus:0.1;mem:32;gpus:1",
-        &until(&go),
-    )?;
+    let mut u = Upgrade::start(commit, AgentCgroups::V1, "cpus:4;mem:4096;gpus:16", &extra)?;
+    let go = u.node.scratch.path().join("go");
+    let mut a = u.launch("a", "cpus:0.1;mem:32;gpus:1", &go)?;
     a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = containers(&agent)?;
-    let before = shares(&node);
+    let ids = task_containers(&u.agent)?;
+    let before = shares(&u.node);
     let held = before.get(&ids["a"]).cloned();
     check(
         held.as_ref().is_some_and(|(_, units)| *units == 1),
         format!("{commit}: the earlier module recorded a's 1/2 share: {before:?}"),
     )?;
 
-    agent.kill()?;
-    install_module(&current, &prefix)?;
-    agent.restart()?;
-    agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+    u.upgrade()?;
     check(
         a.is_running(),
         format!("{commit}: a runs on: {:?}", a.states()),
     )?;
     let go_c = go.with_extension("c");
-    let mut c = Task::launch(
-        &install,
-        &master,
-        "c",
-        "cpus:0.1;mem:32;gpus:1",
-        &until(&go_c),
-    )?;
+    let mut c = u.launch("c", "cpus:0.1;mem:32;gpus:1", &go_c)?;
     c.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = containers(&agent)?;
-    let after = shares(&node);
+    let ids = task_containers(&u.agent)?;
+    let after = shares(&u.node);
     check(
         after.get(&ids["a"]) == held.as_ref(),
         format!("{commit}: a keeps its share {held:?} after the upgrade: {after:?}"),
@@ -420,15 +386,15 @@ fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
         after.get(&ids["c"]).map(|(uuid, _)| uuid) == held.as_ref().map(|(uuid, _)| uuid),
         format!("{commit}: c is packed onto the other half of a's GPU: {after:?}"),
     )?;
-    reserved(&node)?;
+    reserved(&u.node)?;
     std::fs::write(&go, "")?;
     std::fs::write(&go_c, "")?;
     a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     c.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     wait_for(
         TASK_TIMEOUT,
-        || format!("{commit}: every share back: {}", node.pool()),
-        || shares(&node).is_empty().then_some(()),
+        || format!("{commit}: every share back: {}", u.node.pool()),
+        || shares(&u.node).is_empty().then_some(()),
     )?;
     Ok(())
 }

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use mesos_gpu_testkit::mesos::{
-    AgentCgroups, AgentSpec, DevNodes, ISOLATOR_MODULE, MesosInstall, build_module, build_probe,
-    modules_json,
+    Agent, AgentCgroups, AgentSpec, DevNodes, ISOLATOR_MODULE, MesosInstall, build_module,
+    build_probe, http_get, modules_json,
 };
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 
@@ -313,4 +313,70 @@ pub(crate) fn probe_command(probe: &Path, dev: &Path, hold: Hold<'_>, code: i32)
          trap 'echo end $(up); exit 143' TERM; {wait}; \
          echo phase end; {both}; echo end $(up); exit {code}"
     )
+}
+
+/// `text` split into words as the shell reads it (`eval "set -- $text"`, lines joined), as
+/// `agent.sh` takes `agent-flags`' lines and as a documented command is run.
+pub(crate) fn shell_words(text: &str) -> TestResult<Vec<String>> {
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "set -- $1"; printf '%s\0' "$@""#, "sh"])
+        .arg(text.replace('\n', " "))
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "sh could not read {text:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8(out.stdout)?
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// A task command that runs until the file `go` exists.
+pub(crate) fn until(go: &Path) -> String {
+    format!("while [ ! -e {} ]; do sleep 0.2; done", go.display())
+}
+
+/// The container id of each task the agent runs, by task name (from its `/state`).
+pub(crate) fn task_containers(agent: &Agent) -> TestResult<BTreeMap<String, String>> {
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    let mut out = BTreeMap::new();
+    let executors = state["frameworks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["executors"].as_array().into_iter().flatten());
+    for executor in executors {
+        for task in executor["tasks"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(container)) =
+                (task["name"].as_str(), executor["container"].as_str())
+            {
+                out.insert(name.to_owned(), container.to_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The GPU minors (not the control devices) the cgroup v1 devices cgroup of `agent`'s
+/// container `container` allows.
+pub(crate) fn allowed_minors(
+    agent: &Agent,
+    container: &str,
+) -> TestResult<std::collections::BTreeSet<u32>> {
+    let list = Path::new("/sys/fs/cgroup/devices")
+        .join(&agent.spec().cgroups_root)
+        .join(container)
+        .join("devices.list");
+    let text = std::fs::read_to_string(&list).map_err(|e| format!("{}: {e}", list.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("c 195:"))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|m| *m < 255)
+        .collect())
 }
