@@ -190,39 +190,17 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut agent = AgentCommandLine::parse(&args.agent_flags, std::env::vars().collect())?;
-    let mut merged = |option: &str, given: &Option<String>, flag: &str| {
-        one_value(option, given.as_deref(), flag, agent.take(flag))?
-            .as_deref()
-            .map(flag_value)
-            .transpose()
-    };
-    let resources = merged("--resources", &args.resources, "resources")?;
-    let attributes = merged("--attributes", &args.attributes, "attributes")?;
-    let caller_isolation = agent.take("isolation");
-    let given = one_value(
-        "--isolation",
-        args.isolation.as_deref(),
-        "isolation",
-        caller_isolation.clone(),
-    )?
-    .as_deref()
-    .map(flag_value)
-    .transpose()?;
-    let agent_devices = agent.take("nvidia_gpu_devices");
-    let devices = one_value(
-        "--nvidia-gpu-devices",
-        args.nvidia_gpu_devices.as_deref(),
-        "nvidia_gpu_devices",
-        agent_devices.clone(),
-    )?
-    .as_deref()
-    .map(flag_value)
-    .transpose()?;
-    let work_dir = agent_work_dir(args, agent.peek("work_dir"))?;
-    let caller_modules = agent.take("modules");
-    let caller_subsystems = agent.take("agent_subsystems");
+    let values = AgentValues::read(args, &mut agent)?;
+    let AgentValues {
+        resources,
+        attributes,
+        isolation: given,
+        devices,
+        work_dir,
+        ..
+    } = &values;
     // The cgroup version matters only when the module is (or will be) in --isolation.
-    let (isolation, module_version) = match given {
+    let (isolation, module_version) = match given.clone() {
         None => {
             let version = cgroup_version(args.cgroups)?;
             (module_isolation(version), Some(version))
@@ -250,7 +228,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         check_module_isolation(&isolation, version)?;
     }
     if let (GpuIsolator::Module, Some((value, Source::CommandLine))) =
-        (flags.isolator(), &agent_devices)
+        (flags.isolator(), &values.caller_devices)
     {
         anyhow::bail!(
             "the agent's --nvidia_gpu_devices={value} belongs to Mesos's gpu/nvidia, which the \
@@ -288,8 +266,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 &isolation,
                 version,
                 &offer,
-                &work_dir,
-                caller_modules.as_ref(),
+                work_dir,
+                values.caller_modules.as_ref(),
             )?
         }
         // The module would refuse to start: the same agent without it.
@@ -304,21 +282,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
         None => resolved.flags(),
     };
-    // The operator's --agent_subsystems also makes the agent's cgroups root: keep it, not ours.
-    if let Some((value, source)) = caller_subsystems {
-        lines.retain(|l| !l.starts_with("--agent_subsystems="));
-        if source == Source::CommandLine {
-            agent.put_back("agent_subsystems", &value);
-        }
-    }
-    // A flag of the agent's that this command read but prints nothing for goes back as given.
-    for (flag, given) in [("modules", caller_modules), ("isolation", caller_isolation)] {
-        if let Some((value, Source::CommandLine)) = given
-            && !lines.iter().any(|l| l.starts_with(&format!("--{flag}=")))
-        {
-            agent.put_back(flag, &value);
-        }
-    }
+    values.give_back(&mut lines, &mut agent);
     let rest = agent.rest(&lines)?;
     if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
         // Not a log line: the answer to the command, for whoever reads an empty stdout.
@@ -336,6 +300,78 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         writeln!(out, "{}", shell_quote_flag(flag))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The agent's values this command reads, each from this command's option or the agent's own
+/// flag (its command line after `--`, then `MESOS_*`), and the agent's flags it merges.
+struct AgentValues {
+    resources: Option<String>,
+    attributes: Option<String>,
+    /// `--isolation`, when given either way.
+    isolation: Option<String>,
+    /// The device list, when given either way.
+    devices: Option<String>,
+    /// The module's `work_dir`.
+    work_dir: PathBuf,
+    caller_isolation: Option<(String, Source)>,
+    caller_devices: Option<(String, Source)>,
+    caller_modules: Option<(String, Source)>,
+    caller_subsystems: Option<(String, Source)>,
+}
+
+impl AgentValues {
+    /// Reads them, taking the merged flags out of `agent`; `file://` values are read.
+    fn read(args: &Args, agent: &mut AgentCommandLine) -> anyhow::Result<AgentValues> {
+        let mut merged = |option: &str, given: &Option<String>, flag: &str| {
+            let caller = agent.take(flag);
+            let value = one_value(option, given.as_deref(), flag, caller.clone())?
+                .as_deref()
+                .map(flag_value)
+                .transpose()?;
+            anyhow::Ok((value, caller))
+        };
+        let (resources, _) = merged("--resources", &args.resources, "resources")?;
+        let (attributes, _) = merged("--attributes", &args.attributes, "attributes")?;
+        let (isolation, caller_isolation) = merged("--isolation", &args.isolation, "isolation")?;
+        let (devices, caller_devices) = merged(
+            "--nvidia-gpu-devices",
+            &args.nvidia_gpu_devices,
+            "nvidia_gpu_devices",
+        )?;
+        Ok(AgentValues {
+            resources,
+            attributes,
+            isolation,
+            devices,
+            work_dir: agent_work_dir(args, agent.peek("work_dir"))?,
+            caller_isolation,
+            caller_devices,
+            caller_modules: agent.take("modules"),
+            caller_subsystems: agent.take("agent_subsystems"),
+        })
+    }
+
+    /// Puts back on `agent`'s command line what `lines` (this command's flags) print nothing
+    /// for: the operator's `--agent_subsystems` (which also makes the agent's cgroups root) in
+    /// place of ours, and an `--isolation` or `--modules` read but not printed.
+    fn give_back(&self, lines: &mut Vec<String>, agent: &mut AgentCommandLine) {
+        if let Some((value, source)) = &self.caller_subsystems {
+            lines.retain(|l| !l.starts_with("--agent_subsystems="));
+            if *source == Source::CommandLine {
+                agent.put_back("agent_subsystems", value);
+            }
+        }
+        for (flag, given) in [
+            ("modules", &self.caller_modules),
+            ("isolation", &self.caller_isolation),
+        ] {
+            if let Some((value, Source::CommandLine)) = given
+                && !lines.iter().any(|l| l.starts_with(&format!("--{flag}=")))
+            {
+                agent.put_back(flag, value);
+            }
+        }
+    }
 }
 
 /// The module's `work_dir`: the agent's `--work_dir` (its command line, then `MESOS_WORK_DIR`)
