@@ -9,8 +9,8 @@
 //! the guide's "Upgrading mesos-gpu" section says. Tasks started by the earlier module keep
 //! exactly their GPUs (the pool's reservations and, on cgroup v1, their devices cgroups), a task
 //! started after the upgrade gets only free GPUs, nothing is reserved twice, and no file is
-//! edited by hand. The same holds for a GPU shared under MPS: the task keeps its share, and the
-//! new module packs a new share beside it.
+//! edited by hand. The same holds for a GPU shared under MPS (the task keeps its share, and the
+//! new module packs a new share beside it) and for a MIG device.
 
 mod agents;
 mod support;
@@ -34,6 +34,8 @@ use support::{TestResult, check, trial};
 /// filed, and the previous landing.
 const EARLIER: [&str; 2] = ["f192993", "e1d0892"];
 const TASK_TIMEOUT: Duration = Duration::from_secs(60);
+/// The node with GPUs in MIG mode.
+const MIG_NODE: &str = "dgx-a100-mixed";
 
 fn main() -> ExitCode {
     let host = Host::probe();
@@ -65,6 +67,14 @@ fn main() -> ExitCode {
             trial(
                 format!("upgrading_from_{commit}_v1_keeps_every_share_under_mps"),
                 move || upgrade_keeps_every_share_under_mps(commit),
+            ),
+        ));
+        trials.push(needs(
+            &host,
+            &[Need::Root, Need::Cgroup1, Need::Cc, Need::Mesos],
+            trial(
+                format!("upgrading_from_{commit}_v1_keeps_every_mig_device"),
+                move || upgrade_keeps_every_mig_device(commit),
             ),
         ));
     }
@@ -199,25 +209,37 @@ struct Upgrade {
 }
 
 impl Upgrade {
-    /// Starts the agent with the module of `commit` on `cgroups`, advertising `resources`, with
-    /// the module parameters `extra`.
+    /// Starts the agent with the module of `commit` on a DGX-1 on `cgroups`, advertising
+    /// `resources`, with the module parameters `extra`.
     fn start(
         commit: &str,
         cgroups: AgentCgroups,
         resources: &str,
         extra: &[(&str, &str)],
     ) -> TestResult<Upgrade> {
-        let earlier = earlier_module(commit)?;
-        let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
-        let prefix = node.scratch.path().join("usr");
-        let installed = install_module(&earlier, &prefix)?;
-        let install = MesosInstall::locate()?;
-        let master = Master::start(&install)?;
         let isolation = match cgroups {
             AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}"),
             AgentCgroups::V2 => format!("filesystem/linux,{ISOLATOR_MODULE}"),
         };
-        let spec = node.spec_loading(&installed, &isolation, cgroups, resources, extra)?;
+        Upgrade::start_on(commit, "dgx1-v100", &isolation, cgroups, resources, extra)
+    }
+
+    /// [`Self::start`] on the shipped node `node` with `isolation`.
+    fn start_on(
+        commit: &str,
+        node: &str,
+        isolation: &str,
+        cgroups: AgentCgroups,
+        resources: &str,
+        extra: &[(&str, &str)],
+    ) -> TestResult<Upgrade> {
+        let earlier = earlier_module(commit)?;
+        let node = ModuleNode::new(SimNode::shipped(node))?;
+        let prefix = node.scratch.path().join("usr");
+        let installed = install_module(&earlier, &prefix)?;
+        let install = MesosInstall::locate()?;
+        let master = Master::start(&install)?;
+        let spec = node.spec_loading(&installed, isolation, cgroups, resources, extra)?;
         let agent = Agent::start(&install, &master, spec)?;
         agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
         Ok(Upgrade {
@@ -237,6 +259,24 @@ impl Upgrade {
             name,
             resources,
             &until(go),
+        )?)
+    }
+
+    /// [`Self::launch`] through a framework set up by `framework` (`mesos-execute` flags).
+    fn launch_with(
+        &self,
+        name: &str,
+        resources: &str,
+        go: &Path,
+        framework: &[&str],
+    ) -> TestResult<Task> {
+        Ok(Task::launch_with(
+            &self.install,
+            &self.master,
+            name,
+            resources,
+            &until(go),
+            framework,
         )?)
     }
 
@@ -395,6 +435,72 @@ fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
         TASK_TIMEOUT,
         || format!("{commit}: every share back: {}", u.node.pool()),
         || shares(&u.node).is_empty().then_some(()),
+    )?;
+    Ok(())
+}
+
+/// An agent on a node of A100s in MIG mode (mixed strategy) running the module of `commit`,
+/// with a task holding a `mig-1g.5gb` device; this build's module installed over it and the
+/// agent restarted: the task keeps exactly its MIG device, a new `mig-1g.5gb` task gets another.
+fn upgrade_keeps_every_mig_device(commit: &str) -> TestResult {
+    use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
+    let inventory = SimNode::shipped(MIG_NODE).inventory()?;
+    let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
+    let resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
+    let isolation =
+        format!("filesystem/linux,linux/capabilities,cgroups/devices,{ISOLATOR_MODULE}");
+    let mut u = Upgrade::start_on(
+        commit,
+        MIG_NODE,
+        &isolation,
+        AgentCgroups::V1,
+        &resources,
+        &[("mig_strategy", "mixed")],
+    )?;
+    // Without CAP_SYS_ADMIN, which the module refuses to a MIG task.
+    let no_admin: &[&str] = &[
+        "--framework_capabilities=GPU_RESOURCES",
+        "--checkpoint",
+        r#"--effective_capabilities={"capabilities":["CHOWN","DAC_OVERRIDE"]}"#,
+    ];
+    let go = u.node.scratch.path().join("go");
+    let mut a = u.launch_with("a", "cpus:0.1;mem:32;mig-1g.5gb:1", &go, no_admin)?;
+    a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = task_containers(&u.agent)?;
+    let before = reserved(&u.node)?;
+    let held = before.get(&ids["a"]).cloned().unwrap_or_default();
+    check(
+        held.len() == 1 && held.iter().all(|u| u.starts_with("MIG-")),
+        format!("{commit}: the earlier module reserved a's MIG device: {before:?}"),
+    )?;
+
+    u.upgrade()?;
+    check(
+        a.is_running(),
+        format!("{commit}: a runs on: {:?}", a.states()),
+    )?;
+    let go_b = go.with_extension("b");
+    let mut b = u.launch_with("b", "cpus:0.1;mem:32;mig-1g.5gb:1", &go_b, no_admin)?;
+    b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let ids = task_containers(&u.agent)?;
+    let after = reserved(&u.node)?;
+    check(
+        after.get(&ids["a"]) == Some(&held),
+        format!("{commit}: a keeps exactly its MIG device {held:?}: {after:?}"),
+    )?;
+    let got = after.get(&ids["b"]).cloned().unwrap_or_default();
+    check(
+        got.len() == 1 && got.is_disjoint(&held),
+        format!("{commit}: b gets another MIG device: {after:?}"),
+    )?;
+    std::fs::write(&go, "")?;
+    std::fs::write(&go_b, "")?;
+    a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    b.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    wait_for(
+        TASK_TIMEOUT,
+        || format!("{commit}: every MIG device back: {}", u.node.pool()),
+        || reserved(&u.node).ok().filter(BTreeMap::is_empty),
     )?;
     Ok(())
 }
