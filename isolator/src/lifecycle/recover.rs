@@ -270,12 +270,18 @@ impl Isolator {
         .unwrap_or_default();
         // The agent's own top-level containers without a record here (started before the
         // module was loaded, e.g. by Mesos's gpu/nvidia): the agent will update and clean them
-        // up, so they are adopted with the GPUs their cgroup allows.
-        let mut adoptable: BTreeSet<ContainerId> = states
-            .iter()
-            .filter(|s| s.parent.is_none() && !ckpt.containers.contains_key(s.id.as_str()))
-            .map(|s| s.id.clone())
-            .collect();
+        // up, so they are adopted with the GPUs their cgroup allows. Only on cgroup v1, where
+        // `devices.list` says which; a v2 cgroup may carry a device program of Mesos's that the
+        // module cannot read (the guide says to drain before such a move).
+        let mut adoptable: BTreeSet<ContainerId> = if self.layout.version() == CgroupVersion::V1 {
+            states
+                .iter()
+                .filter(|s| s.parent.is_none() && !ckpt.containers.contains_key(s.id.as_str()))
+                .map(|s| s.id.clone())
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         for id in self.candidates(&ckpt, &elsewhere) {
             let (gpus, touched) = self.checkpointed_gpus(&ckpt, &id, &mut report, &mut carried);
             match ckpt.containers.get(id.as_str()) {
@@ -855,10 +861,10 @@ impl Isolator {
         }
     }
 
-    /// Takes on a container the agent recovered that has no record here, holding the GPUs its
-    /// cgroup allows (v1 `devices.list`; v2 what [`Self::unexplained_cgroup`] finds), so that the
-    /// agent's `update` and `cleanup` of it succeed; one whose cgroup cannot be read has those
-    /// GPUs quarantined until its cleanup, as before.
+    /// Takes on a container the agent recovered that has no record here (cgroup v1), holding
+    /// the GPUs its `devices.list` allows, so that the agent's `update` and `cleanup` of it
+    /// succeed; one whose cgroup cannot be read has those GPUs quarantined until its cleanup, as
+    /// before.
     fn adopt(
         &self,
         id: &ContainerId,
