@@ -180,8 +180,11 @@ fn install_module(module: &Path, prefix: &Path) -> TestResult<PathBuf> {
     Ok(prefix.join("lib/mesos/modules/libmesos_gpu_module.so"))
 }
 
+/// The GPUs (UUIDs) of each reservation of the node's pool, by owner id.
+type Reserved = BTreeMap<String, BTreeSet<String>>;
+
 /// The GPUs (UUIDs) the node's pool reserves for each container, refusing a GPU reserved twice.
-fn reserved(node: &ModuleNode) -> TestResult<BTreeMap<String, BTreeSet<String>>> {
+fn reserved(node: &ModuleNode) -> TestResult<Reserved> {
     let pool = node.pool();
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
@@ -280,6 +283,64 @@ impl Upgrade {
         )?)
     }
 
+    /// The GPUs (UUIDs) the pool reserves for task `name`, and every reservation.
+    fn reserved_for(&self, name: &str) -> TestResult<(BTreeSet<String>, Reserved)> {
+        let ids = task_containers(&self.agent)?;
+        let all = reserved(&self.node)?;
+        let id = ids
+            .get(name)
+            .ok_or_else(|| format!("no task {name}: {ids:?}"))?;
+        Ok((all.get(id).cloned().unwrap_or_default(), all))
+    }
+
+    /// After the upgrade: task `kept` still holds exactly `held`, and task `new` holds `count`
+    /// GPUs (or MIG devices) none of which is `kept`'s.
+    fn check_kept_and_new(
+        &self,
+        commit: &str,
+        kept: &str,
+        held: &BTreeSet<String>,
+        new: &str,
+        count: usize,
+    ) -> TestResult {
+        let (now, all) = self.reserved_for(kept)?;
+        check(
+            now == *held,
+            format!("{commit}: {kept} keeps exactly {held:?} after the upgrade: {all:?}"),
+        )?;
+        let (got, all) = self.reserved_for(new)?;
+        check(
+            got.len() == count && got.is_disjoint(held),
+            format!("{commit}: {new} gets {count} others: {all:?}"),
+        )
+    }
+
+    /// Ends the tasks (the files `goes` made), waits for them to finish and for the pool to be
+    /// empty.
+    fn finish(&self, commit: &str, goes: &[&Path], tasks: &mut [&mut Task]) -> TestResult {
+        for go in goes {
+            std::fs::write(go, "")?;
+        }
+        for task in tasks {
+            task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+        }
+        wait_for(
+            TASK_TIMEOUT,
+            || {
+                format!(
+                    "{commit}: everything back in the pool: {}",
+                    self.node.pool()
+                )
+            },
+            || {
+                let pool = self.node.pool();
+                let empty = |key: &str| pool[key].as_object().is_none_or(|m| m.is_empty());
+                (empty("reservations") && empty("shares")).then_some(())
+            },
+        )?;
+        Ok(())
+    }
+
     /// The upgrade: the agent stops, this build's module is installed over the earlier one and
     /// the agent starts again.
     fn upgrade(&mut self) -> TestResult {
@@ -301,13 +362,12 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
     let mut p = u.launch("p", "cpus:0.1;mem:32", &go)?;
     a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     p.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = task_containers(&u.agent)?;
-    let before = reserved(&u.node)?;
-    let held = before.get(&ids["a"]).cloned().unwrap_or_default();
+    let (held, before) = u.reserved_for("a")?;
     check(
         held.len() == 2,
         format!("{commit}: the earlier module reserved a's two GPUs: {before:?}"),
     )?;
+    let ids = task_containers(&u.agent)?;
     let minors = if cgroups == AgentCgroups::V1 {
         Some(allowed_minors(&u.agent, &ids["a"])?)
     } else {
@@ -326,18 +386,9 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
     let go_b = go.with_extension("b");
     let mut b = u.launch("b", "cpus:0.1;mem:32;gpus:6", &go_b)?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = task_containers(&u.agent)?;
-    let after = reserved(&u.node)?;
-    check(
-        after.get(&ids["a"]) == Some(&held),
-        format!("{commit}: a keeps exactly its GPUs {held:?} after the upgrade: {after:?}"),
-    )?;
-    let got = after.get(&ids["b"]).cloned().unwrap_or_default();
-    check(
-        got.len() == 6 && got.is_disjoint(&held),
-        format!("{commit}: b gets the six other GPUs: {after:?}"),
-    )?;
+    u.check_kept_and_new(commit, "a", &held, "b", 6)?;
     if let Some(minors) = minors {
+        let ids = task_containers(&u.agent)?;
         check(
             allowed_minors(&u.agent, &ids["a"])? == minors,
             format!("{commit}: a's devices cgroup still allows exactly {minors:?}"),
@@ -347,17 +398,7 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
             format!("{commit}: b's devices cgroup allows none of a's GPUs"),
         )?;
     }
-    std::fs::write(&go, "")?;
-    std::fs::write(&go_b, "")?;
-    for task in [&mut a, &mut p, &mut b] {
-        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    }
-    wait_for(
-        TASK_TIMEOUT,
-        || format!("{commit}: every GPU back in the pool: {}", u.node.pool()),
-        || reserved(&u.node).ok().filter(BTreeMap::is_empty),
-    )?;
-    Ok(())
+    u.finish(commit, &[&go, &go_b], &mut [&mut a, &mut p, &mut b])
 }
 
 /// The share each container holds in the node's pool: (GPU UUID, units).
@@ -427,16 +468,7 @@ fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
         format!("{commit}: c is packed onto the other half of a's GPU: {after:?}"),
     )?;
     reserved(&u.node)?;
-    std::fs::write(&go, "")?;
-    std::fs::write(&go_c, "")?;
-    a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    c.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    wait_for(
-        TASK_TIMEOUT,
-        || format!("{commit}: every share back: {}", u.node.pool()),
-        || shares(&u.node).is_empty().then_some(()),
-    )?;
-    Ok(())
+    u.finish(commit, &[&go, &go_c], &mut [&mut a, &mut c])
 }
 
 /// An agent on a node of A100s in MIG mode (mixed strategy) running the module of `commit`,
@@ -466,9 +498,7 @@ fn upgrade_keeps_every_mig_device(commit: &str) -> TestResult {
     let go = u.node.scratch.path().join("go");
     let mut a = u.launch_with("a", "cpus:0.1;mem:32;mig-1g.5gb:1", &go, no_admin)?;
     a.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = task_containers(&u.agent)?;
-    let before = reserved(&u.node)?;
-    let held = before.get(&ids["a"]).cloned().unwrap_or_default();
+    let (held, before) = u.reserved_for("a")?;
     check(
         held.len() == 1 && held.iter().all(|u| u.starts_with("MIG-")),
         format!("{commit}: the earlier module reserved a's MIG device: {before:?}"),
@@ -482,25 +512,6 @@ fn upgrade_keeps_every_mig_device(commit: &str) -> TestResult {
     let go_b = go.with_extension("b");
     let mut b = u.launch_with("b", "cpus:0.1;mem:32;mig-1g.5gb:1", &go_b, no_admin)?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
-    let ids = task_containers(&u.agent)?;
-    let after = reserved(&u.node)?;
-    check(
-        after.get(&ids["a"]) == Some(&held),
-        format!("{commit}: a keeps exactly its MIG device {held:?}: {after:?}"),
-    )?;
-    let got = after.get(&ids["b"]).cloned().unwrap_or_default();
-    check(
-        got.len() == 1 && got.is_disjoint(&held),
-        format!("{commit}: b gets another MIG device: {after:?}"),
-    )?;
-    std::fs::write(&go, "")?;
-    std::fs::write(&go_b, "")?;
-    a.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    b.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
-    wait_for(
-        TASK_TIMEOUT,
-        || format!("{commit}: every MIG device back: {}", u.node.pool()),
-        || reserved(&u.node).ok().filter(BTreeMap::is_empty),
-    )?;
-    Ok(())
+    u.check_kept_and_new(commit, "a", &held, "b", 1)?;
+    u.finish(commit, &[&go, &go_b], &mut [&mut a, &mut b])
 }
