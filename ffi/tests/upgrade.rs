@@ -342,12 +342,23 @@ impl Upgrade {
     }
 
     /// The upgrade: the agent stops, this build's module is installed over the earlier one and
-    /// the agent starts again.
-    fn upgrade(&mut self) -> TestResult {
+    /// the agent starts again; every task of `running` still runs.
+    fn upgrade(&mut self, commit: &str, running: &mut [&mut Task]) -> TestResult {
         self.agent.kill()?;
         install_module(&module()?, &self.prefix)?;
         self.agent.restart()?;
-        Ok(self.agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?)
+        self.agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        for task in running {
+            check(
+                task.is_running(),
+                format!(
+                    "{commit}: {} runs on after the upgrade: {:?}",
+                    task.name(),
+                    task.states()
+                ),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -374,15 +385,7 @@ fn upgrade_keeps_every_tasks_gpus(commit: &str, cgroups: AgentCgroups) -> TestRe
         None
     };
 
-    u.upgrade()?;
-    check(
-        a.is_running() && p.is_running(),
-        format!(
-            "{commit}: both tasks run on: {:?} {:?}",
-            a.states(),
-            p.states()
-        ),
-    )?;
+    u.upgrade(commit, &mut [&mut a, &mut p])?;
     let go_b = go.with_extension("b");
     let mut b = u.launch("b", "cpus:0.1;mem:32;gpus:6", &go_b)?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
@@ -449,11 +452,7 @@ fn upgrade_keeps_every_share_under_mps(commit: &str) -> TestResult {
         format!("{commit}: the earlier module recorded a's 1/2 share: {before:?}"),
     )?;
 
-    u.upgrade()?;
-    check(
-        a.is_running(),
-        format!("{commit}: a runs on: {:?}", a.states()),
-    )?;
+    u.upgrade(commit, &mut [&mut a])?;
     let go_c = go.with_extension("c");
     let mut c = u.launch("c", "cpus:0.1;mem:32;gpus:1", &go_c)?;
     c.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
@@ -504,11 +503,7 @@ fn upgrade_keeps_every_mig_device(commit: &str) -> TestResult {
         format!("{commit}: the earlier module reserved a's MIG device: {before:?}"),
     )?;
 
-    u.upgrade()?;
-    check(
-        a.is_running(),
-        format!("{commit}: a runs on: {:?}", a.states()),
-    )?;
+    u.upgrade(commit, &mut [&mut a])?;
     let go_b = go.with_extension("b");
     let mut b = u.launch_with("b", "cpus:0.1;mem:32;mig-1g.5gb:1", &go_b, no_admin)?;
     b.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;

@@ -66,6 +66,17 @@ impl FromStr for MigStrategy {
     }
 }
 
+/// The MIG devices a node offers: healthy, with the capability nodes the driver gives them.
+pub(crate) fn offered_devices(
+    inventory: &Inventory,
+) -> impl Iterator<Item = &mesos_gpu_node::inventory::MigDevice> {
+    inventory
+        .mig
+        .devices
+        .iter()
+        .filter(|d| d.healthy && d.caps.is_some())
+}
+
 /// One MIG profile offered as its own scalar (mixed strategy).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProfileOffer {
@@ -109,12 +120,7 @@ impl MigOffer {
             .filter(|g| g.healthy)
             .map(|g| units(&g.uuid))
             .sum();
-        let offered: Vec<_> = inventory
-            .mig
-            .devices
-            .iter()
-            .filter(|d| d.healthy && d.caps.is_some())
-            .collect();
+        let offered: Vec<_> = offered_devices(inventory).collect();
         match strategy {
             MigStrategy::Single => MigOffer {
                 strategy,

@@ -140,12 +140,7 @@ impl ModuleGpus<'_> {
         };
         parts.push(whole);
         if !inventory.mig.is_empty() {
-            let mig = inventory
-                .mig
-                .devices
-                .iter()
-                .filter(|d| d.healthy && d.caps.is_some())
-                .count();
+            let mig = super::mig::offered_devices(inventory).count();
             parts.push(format!("{mig} MIG devices, mig_strategy {}", self.strategy));
         }
         if self.sharing.is_some() {
