@@ -155,7 +155,111 @@ fn main() -> ExitCode {
             ));
         }
     }
+    trials.push(needs(
+        &host,
+        &[Need::Root],
+        Trial::test(
+            "records_written_without_uuids_are_listed_and_repaired_by_the_next_command",
+            records_without_uuids_repaired_by_commands,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// Issue 34 item 7: a pool holding records an earlier release wrote with empty UUIDs
+/// (`"gpus": [""]`) no longer stops every command. `gpu list` lists them; `docker-args` (which
+/// sees the GPUs) drops the one whose owner is gone and, while a live owner's GPUs cannot be read
+/// off its devices, refuses saying why; once that owner ends, it grants, and no record is left
+/// holding a GPU it does not name.
+fn records_without_uuids_repaired_by_commands() -> TestResult {
+    use mesos_gpu_pool::{Owner, Pool, Reservation};
+    let sim = SimNode::from_json(&shipped_json());
+    let dev = DevNodes::nvidia(&(0..8).collect::<Vec<u32>>())?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-test-unnamed")
+        .tempdir()?;
+    let pool_dir = scratch.path().join("pool");
+    let host = mesos_gpu_pool::Host::default();
+    let mut live = Command::new("sleep").arg("600").spawn()?;
+    let mut gone = Command::new("sleep").arg("600").spawn()?;
+    let gone_stamp = host.stamp(gone.id())?;
+    gone.kill()?;
+    gone.wait()?;
+    let record = |process, unnamed| Reservation {
+        publisher: "/var/run/mesos-gpu/gpu/allocations.json".into(),
+        owner: Owner::Process {
+            process,
+            cgroup: None,
+            private_dir: None,
+        },
+        gpus: Vec::new(),
+        unnamed,
+        since: 1,
+    };
+    {
+        let mut tx = Pool::at(&pool_dir).begin()?;
+        let r = &mut tx.state.reservations;
+        r.insert("live".into(), record(host.stamp(live.id())?, 2));
+        r.insert("gone".into(), record(gone_stamp, 1));
+        tx.commit()?;
+    }
+    let mesos_gpu = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
+        cmd.env("MESOS_GPU_LOG", "warn")
+            .env_remove("MESOS_GPU_NVML_LIB")
+            .env_remove("LD_LIBRARY_PATH")
+            .arg("--nvml-lib")
+            .arg(sim.lib_path())
+            .arg("--dev-root")
+            .arg(dev.path());
+        cmd
+    };
+    let listed = mesos_gpu()
+        .args(["gpu", "list", "--pool-dir"])
+        .arg(&pool_dir)
+        .output()?;
+    check(
+        listed.status.success() && text(&listed).contains("2 GPU(s) recorded without a UUID"),
+        || format!("gpu list: {}", text(&listed)),
+    )?;
+    let docker_args = || {
+        let mut cmd = mesos_gpu();
+        cmd.args(["docker-args", "--gpus", "1", "--work-dir"])
+            .arg(scratch.path().join("docker-work"))
+            .arg("--pool-dir")
+            .arg(&pool_dir);
+        cmd
+    };
+    let refused = docker_args().output()?;
+    check(
+        !refused.status.success()
+            && text(&refused)
+                .contains("2 GPU(s) are held by live owners whose records do not say which"),
+        || {
+            format!(
+                "docker-args beside a live unnamed record: {}",
+                text(&refused)
+            )
+        },
+    )?;
+    let pool: Value =
+        serde_json::from_str(&std::fs::read_to_string(pool_dir.join("gpu/pool.json"))?)?;
+    check(
+        pool["reservations"]["gone"].is_null()
+            && pool["reservations"]["live"]["gpus"] == serde_json::json!(["", ""]),
+        || format!("the gone owner's record dropped, the live one's kept: {pool}"),
+    )?;
+    live.kill()?;
+    live.wait()?;
+    let granted = docker_args().output()?;
+    check(granted.status.success(), || {
+        format!("docker-args once the owner ended: {}", text(&granted))
+    })?;
+    let pool = Pool::at(&pool_dir).read()?;
+    check(pool.unnamed().is_empty(), || {
+        format!("records still hold GPUs without naming them: {pool:?}")
+    })?;
+    Ok(())
 }
 
 fn shipped_json() -> String {

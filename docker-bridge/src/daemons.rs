@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mesos_gpu_pool::{DaemonAnswer, DockerDaemons};
 
-use crate::client::DockerClient;
+use crate::client::{DockerClient, DockerError, gpu_minor};
 
 /// How long one question to a daemon may take.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -33,10 +33,16 @@ impl EngineDaemons {
     }
 }
 
-impl DockerDaemons for EngineDaemons {
-    fn container(&self, endpoint: &str, name: &str) -> DaemonAnswer {
+impl EngineDaemons {
+    /// Asks the daemon at `endpoint` with `question` (bounded by [`ASK_TIMEOUT`], on a thread of
+    /// its own); a daemon that did not answer is remembered for [`UNREACHABLE_FOR`].
+    fn ask<T: Send>(
+        &self,
+        endpoint: &str,
+        question: impl AsyncFnOnce(&DockerClient) -> Result<T, DockerError> + Send,
+    ) -> Result<T, String> {
         let Some(socket) = endpoint.strip_prefix("unix://") else {
-            return DaemonAnswer::Unreachable(format!(
+            return Err(format!(
                 "{endpoint:?}: only unix:// daemon endpoints are supported"
             ));
         };
@@ -44,16 +50,14 @@ impl DockerDaemons for EngineDaemons {
             && let Some((at, why)) = cache.get(endpoint)
             && at.elapsed() < UNREACHABLE_FOR
         {
-            return DaemonAnswer::Unreachable(why.clone());
+            return Err(why.clone());
         }
         let answer = std::thread::scope(|s| {
-            s.spawn(|| ask(Path::new(socket), name))
+            s.spawn(|| ask(Path::new(socket), question))
                 .join()
-                .unwrap_or_else(|_| {
-                    DaemonAnswer::Unreachable("the Docker client panicked".to_owned())
-                })
+                .unwrap_or_else(|_| Err("the Docker client panicked".to_owned()))
         });
-        if let DaemonAnswer::Unreachable(why) = &answer
+        if let Err(why) = &answer
             && let Ok(mut cache) = self.unreachable.lock()
         {
             cache.insert(endpoint.to_owned(), (Instant::now(), why.clone()));
@@ -62,28 +66,41 @@ impl DockerDaemons for EngineDaemons {
     }
 }
 
+impl DockerDaemons for EngineDaemons {
+    fn container(&self, endpoint: &str, name: &str) -> DaemonAnswer {
+        match self.ask(endpoint, async |client| client.container_status(name).await) {
+            Ok(Some(status)) => DaemonAnswer::State(status),
+            Ok(None) => DaemonAnswer::NoSuchContainer,
+            Err(why) => DaemonAnswer::Unreachable(why),
+        }
+    }
+
+    fn gpu_minors(&self, endpoint: &str, name: &str) -> Result<Vec<u32>, String> {
+        let devices = self.ask(endpoint, async |client| client.devices(name).await)?;
+        Ok(devices
+            .iter()
+            .filter_map(|d| d.path_on_host.as_deref().and_then(gpu_minor))
+            .collect())
+    }
+}
+
 /// One question, on the calling thread (which must not be in a tokio runtime).
-fn ask(socket: &Path, name: &str) -> DaemonAnswer {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+fn ask<T>(
+    socket: &Path,
+    question: impl AsyncFnOnce(&DockerClient) -> Result<T, DockerError>,
+) -> Result<T, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return DaemonAnswer::Unreachable(format!("cannot start a runtime: {e}")),
-    };
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
     runtime.block_on(async {
         let asked = tokio::time::timeout(ASK_TIMEOUT, async {
-            DockerClient::connect(socket)
-                .await?
-                .container_status(name)
-                .await
+            question(&DockerClient::connect(socket).await?).await
         })
         .await;
         match asked {
-            Err(_) => DaemonAnswer::Unreachable(format!("no answer within {ASK_TIMEOUT:?}")),
-            Ok(Ok(Some(status))) => DaemonAnswer::State(status),
-            Ok(Ok(None)) => DaemonAnswer::NoSuchContainer,
-            Ok(Err(e)) => DaemonAnswer::Unreachable(error_chain(&e)),
+            Err(_) => Err(format!("no answer within {ASK_TIMEOUT:?}")),
+            Ok(answer) => answer.map_err(|e| error_chain(&e)),
         }
     })
 }

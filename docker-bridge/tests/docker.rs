@@ -675,13 +675,15 @@ fn plugin_volume_is_mounted_by_dockerd(fx: &Fixture) -> TestResult {
 #[path = "bridge/mod.rs"]
 mod pool;
 use pool::{
+    a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices,
     concurrent_launches_never_share_a_gpu, mesos_and_docker_containers_share_one_pool,
     restart_keeps_running_gpus_and_frees_dead_ones,
 };
 
 /// Trials that run `mesos-<id>` GPU containers or scan for them: one at a time, since a scan
 /// adopts every such container on the daemon, as the agent would.
-const SCANNED: [&str; 3] = [
+const SCANNED: [&str; 4] = [
+    "a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices",
     "recovery_finds_the_gpus_of_running_mesos_containers",
     "concurrent_launches_never_share_a_gpu",
     "restart_keeps_running_gpus_and_frees_dead_ones",
@@ -695,7 +697,7 @@ fn main() -> ExitCode {
         Arc::new(Fixture::new().map_err(|e| format!("fixture: {}", e.message().unwrap_or(""))))
     });
     type Case = fn(&Fixture) -> TestResult;
-    let cases: [(&str, Case); 8] = [
+    let cases: [(&str, Case); 9] = [
         (
             "devices_and_denials_in_a_plain_image",
             devices_and_denials_in_a_plain_image,
@@ -727,6 +729,10 @@ fn main() -> ExitCode {
         (
             "restart_keeps_running_gpus_and_frees_dead_ones",
             restart_keeps_running_gpus_and_frees_dead_ones,
+        ),
+        (
+            "a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices",
+            a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices,
         ),
     ];
     let trials = cases

@@ -65,6 +65,14 @@ fn main() -> ExitCode {
             records_kept_by_a_publisher_that_cannot_map_them,
         ),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        trial(
+            "records_written_without_a_uuid_are_repaired_on_evidence_about_their_owner".to_owned(),
+            records_without_a_uuid_repaired_on_evidence,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -246,6 +254,10 @@ impl DockerDaemons for FakeDaemons {
             .get(name)
             .cloned()
             .unwrap_or(DaemonAnswer::NoSuchContainer)
+    }
+
+    fn gpu_minors(&self, _endpoint: &str, name: &str) -> Result<Vec<u32>, String> {
+        Err(format!("the table does not record {name}'s devices"))
     }
 }
 
@@ -576,5 +588,144 @@ fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
         format!("{after}"),
     )?;
     iso.release_docker(&ContainerId::new("d9")?)?;
+    Ok(())
+}
+
+/// Issue 34 item 7: records an earlier mesos-gpu wrote with empty UUIDs (`"gpus": [""]`, the
+/// double-booking bug's) are repaired on evidence by the next process that sees the GPUs, instead
+/// of every command refusing the pool: a record whose owner is gone is dropped; a live owner's
+/// GPUs are named from its devices cgroup (a real v1 cgroup allowing `c 195:5` and `c 195:6`)
+/// and never granted while it lives; while a live owner's devices cannot be read, no GPU is
+/// granted (saying why) until it ends. Records leave their publisher (whose checkpoint lost the
+/// GPUs) and go with their owner.
+fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let setup = Setup::new(CgroupVersion::V1)?;
+    let pool_dir = setup.work.path().join("pool");
+    let host = pool::Host::default();
+    let uuid_of_minor = |minor: u32| -> TestResult<pool::GpuUuid> {
+        let gpu = node.inventory.gpus.iter().find(|g| g.minor == minor);
+        Ok(pool::GpuUuid::new(
+            gpu.ok_or("no such minor")?.uuid.clone(),
+        )?)
+    };
+    // A live owner in a devices cgroup that allows GPUs 5 and 6 (minors 5, 6), one whose process
+    // is gone, and a live one whose devices cannot be read (no cgroup recorded).
+    std::fs::create_dir_all(&setup.guard.parent)?;
+    let cgroup = setup.guard.parent.join("exec-old");
+    std::fs::create_dir_all(&cgroup)?;
+    std::fs::write(cgroup.join("devices.deny"), "a")?;
+    for rule in ["c 195:5 rwm", "c 195:6 rwm", "c 1:3 rwm"] {
+        std::fs::write(cgroup.join("devices.allow"), rule)?;
+    }
+    let mut in_cgroup = Command::new("sleep").arg("100").spawn()?;
+    std::fs::write(cgroup.join("cgroup.procs"), in_cgroup.id().to_string())?;
+    let mut gone = Command::new("sleep").arg("100").spawn()?;
+    let gone_stamp = host.stamp(gone.id())?;
+    gone.kill()?;
+    gone.wait()?;
+    let mut unreadable = Command::new("sleep").arg("100").spawn()?;
+    let old_publisher = "/var/run/mesos-gpu/gpu/allocations.json";
+    let record = |process, cgroup, unnamed| pool::Reservation {
+        publisher: old_publisher.to_owned(),
+        owner: pool::Owner::Process {
+            process,
+            cgroup,
+            private_dir: None,
+        },
+        gpus: Vec::new(),
+        unnamed,
+        since: 1,
+    };
+    {
+        let mut tx = Pool::at(&pool_dir).begin()?;
+        let r = &mut tx.state.reservations;
+        r.insert(
+            "mapped".into(),
+            record(host.stamp(in_cgroup.id())?, Some(cgroup.clone()), 2),
+        );
+        r.insert("gone".into(), record(gone_stamp, None, 1));
+        r.insert(
+            "unreadable".into(),
+            record(host.stamp(unreadable.id())?, None, 1),
+        );
+        tx.commit()?;
+    }
+    let file = || -> TestResult<serde_json::Value> {
+        Ok(serde_json::from_str(&std::fs::read_to_string(
+            pool_dir.join("gpu/pool.json"),
+        )?)?)
+    };
+    check(
+        file()?["reservations"]["mapped"]["gpus"] == serde_json::json!(["", ""]),
+        format!("the records are written as the bug wrote them: {}", file()?),
+    )?;
+
+    let docker = isolator(
+        with_pool(
+            &setup.config,
+            &setup.work.path().join("docker"),
+            &pool_dir,
+            PoolRole::Docker,
+        ),
+        &node,
+    )?;
+    let d1 = ContainerId::new("d1")?;
+    let err = docker.reserve_docker(&d1, 1.0).unwrap_err();
+    check(
+        err.is_not_enough()
+            && err
+                .to_string()
+                .contains("1 GPU(s) are held by live owners whose records do not say which"),
+        format!("refused while a live owner's GPUs are unnamed: {err}"),
+    )?;
+    let now = file()?;
+    let named = serde_json::json!([uuid_of_minor(5)?.as_str(), uuid_of_minor(6)?.as_str()]);
+    check(
+        now["reservations"]["gone"].is_null()
+            && now["reservations"]["mapped"]["gpus"] == named
+            && now["reservations"]["mapped"]["holder"] == pool::EVIDENCE_PUBLISHER
+            && now["reservations"]["unreadable"]["gpus"] == serde_json::json!([""])
+            && now["reservations"]["unreadable"]["holder"] == pool::EVIDENCE_PUBLISHER,
+        format!("dropped, named from the cgroup, kept: {now}"),
+    )?;
+
+    // The unreadable owner ends: every GPU but the named ones is granted, those never.
+    unreadable.kill()?;
+    unreadable.wait()?;
+    let got: Vec<u32> = docker
+        .reserve_docker(&d1, 6.0)?
+        .iter()
+        .map(|g| g.minor)
+        .collect();
+    check(
+        got == [0, 1, 2, 3, 4, 7],
+        format!("granted minors {got:?}, expected all but 5 and 6"),
+    )?;
+    check(
+        file()?["reservations"]["unreadable"].is_null(),
+        format!("a gone owner's record stays: {}", file()?),
+    )?;
+    let err = docker
+        .reserve_docker(&ContainerId::new("d2")?, 1.0)
+        .unwrap_err();
+    check(err.is_not_enough(), format!("{err}"))?;
+    docker.release_docker(&d1)?;
+
+    // The named owner ends (its process gone, its cgroup empty): its GPUs come back.
+    in_cgroup.kill()?;
+    in_cgroup.wait()?;
+    let d3 = ContainerId::new("d3")?;
+    check(
+        docker.reserve_docker(&d3, 8.0)?.len() == 8,
+        "the named GPUs did not come back with their owner",
+    )?;
+    docker.release_docker(&d3)?;
+    check(
+        file()?["reservations"]
+            .as_object()
+            .is_none_or(serde_json::Map::is_empty),
+        format!("records left: {}", file()?),
+    )?;
     Ok(())
 }

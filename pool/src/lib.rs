@@ -106,17 +106,79 @@ pub enum PoolError {
 
 /// One reservation: an owner's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ReservationRecord", into = "ReservationRecord")]
 pub struct Reservation {
-    /// The checkpoint (a file path) that records the reservation; only it rewrites it.
-    #[serde(rename = "holder")]
+    /// The checkpoint (a file path) that records the reservation; only it rewrites it (see
+    /// [`EVIDENCE_PUBLISHER`] for records no checkpoint holds).
     pub publisher: String,
     /// Who holds the GPUs.
     pub owner: Owner,
     /// The GPUs, by UUID, as the process that granted them wrote them.
     pub gpus: Vec<GpuUuid>,
+    /// GPUs the record holds without naming them: each an empty string in the file, written by
+    /// a mesos-gpu from before the fix for processes that cannot see the GPUs. Which GPUs they
+    /// are is unknown until [`repair_unnamed`] reads them off the owner's devices.
+    pub unnamed: u32,
     /// When it was made, seconds since the Unix epoch.
     pub since: u64,
 }
+
+/// A [`Reservation`] as the file spells it: its GPUs one list of strings, an unnamed GPU an
+/// empty one (so the file reads the same to every release, before and after a repair).
+#[derive(Serialize, Deserialize)]
+struct ReservationRecord {
+    holder: String,
+    owner: Owner,
+    gpus: Vec<String>,
+    since: u64,
+}
+
+impl From<ReservationRecord> for Reservation {
+    fn from(r: ReservationRecord) -> Reservation {
+        let mut unnamed = 0u32;
+        let gpus = r
+            .gpus
+            .into_iter()
+            .filter_map(|uuid| match GpuUuid::new(uuid) {
+                Ok(uuid) => Some(uuid),
+                Err(EmptyUuid) => {
+                    unnamed = unnamed.saturating_add(1);
+                    None
+                }
+            })
+            .collect();
+        Reservation {
+            publisher: r.holder,
+            owner: r.owner,
+            gpus,
+            unnamed,
+            since: r.since,
+        }
+    }
+}
+
+impl From<Reservation> for ReservationRecord {
+    fn from(r: Reservation) -> ReservationRecord {
+        let unnamed = (0..r.unnamed).map(|_| String::new());
+        ReservationRecord {
+            holder: r.publisher,
+            owner: r.owner,
+            gpus: r
+                .gpus
+                .into_iter()
+                .map(String::from)
+                .chain(unnamed)
+                .collect(),
+            since: r.since,
+        }
+    }
+}
+
+/// The publisher of a record that no checkpoint holds any more: one with GPUs recorded without
+/// a UUID, kept (and once named, held) on evidence about its owner by [`repair_unnamed`]. No
+/// checkpoint path spells it, so no publisher rewrites such a record; it leaves with its owner
+/// ([`reconcile`], `mesos-gpu gpu release`).
+pub const EVIDENCE_PUBLISHER: &str = "evidence";
 
 /// The pool's durable state (schema [`SCHEMA_VERSION`], kept by [`mesos_gpu_os::store`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,12 +232,22 @@ impl PoolState {
             .collect()
     }
 
+    /// The records holding GPUs without naming them ([`Reservation::unnamed`]), by owner id.
+    pub fn unnamed(&self) -> BTreeMap<&str, u32> {
+        self.reservations
+            .iter()
+            .filter(|(_, r)| r.unnamed > 0)
+            .map(|(id, r)| (id.as_str(), r.unnamed))
+            .collect()
+    }
+
     /// Replaces every reservation of `publisher` with `entries` (id, owner, UUIDs); an entry that
-    /// was there already keeps its `since`.
+    /// was there already keeps its `since`. A record holding GPUs it does not name is kept: the
+    /// publisher's checkpoint lost them, so it is no evidence about them ([`repair_unnamed`]).
     pub fn publish(&mut self, publisher: &str, entries: Vec<(String, Owner, Vec<GpuUuid>)>) {
         let mut old: BTreeMap<String, Reservation> = BTreeMap::new();
         self.reservations.retain(|id, r| {
-            if r.publisher == publisher {
+            if r.publisher == publisher && r.unnamed == 0 {
                 old.insert(id.clone(), r.clone());
                 false
             } else {
@@ -201,6 +273,7 @@ impl PoolState {
                     publisher: publisher.to_owned(),
                     owner,
                     gpus,
+                    unnamed: 0,
                     since,
                 },
             );
@@ -263,15 +336,27 @@ pub struct Shortage {
     pub quarantined: u32,
     /// Held by live or uncertain owners.
     pub held: u32,
+    /// GPUs live (or uncertain) owners' records hold without naming them
+    /// ([`Reservation::unnamed`]): while there are any, every GPU not otherwise held counts as
+    /// held, since any may be one of them.
+    pub unnamed: u32,
 }
 
 impl std::fmt::Display for Shortage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} asked; {} free, {} unhealthy, {} quarantined, {} held (run `mesos-gpu gpu list`)",
+            "{} asked; {} free, {} unhealthy, {} quarantined, {} held",
             self.asked, self.free, self.unhealthy, self.quarantined, self.held
-        )
+        )?;
+        if self.unnamed > 0 {
+            write!(
+                f,
+                "; {} GPU(s) are held by live owners whose records do not say which (written by a mesos-gpu from before the double-booking fix), so no GPU is granted until a process that sees the GPUs names them from their owners' devices or the owners end",
+                self.unnamed
+            )?;
+        }
+        f.write_str(" (run `mesos-gpu gpu list`)")
     }
 }
 
@@ -412,6 +497,74 @@ pub fn reconcile(state: &mut PoolState, host: &Host, keep: Option<&str>) -> Reco
     done
 }
 
+/// What [`repair_unnamed`] did with the records holding GPUs they do not name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Repaired {
+    /// Records dropped, with why their owner is gone.
+    pub freed: Vec<(String, String)>,
+    /// Records whose GPUs are now named, with the GPUs read off their owner's devices.
+    pub named: Vec<(String, Vec<GpuUuid>)>,
+    /// Records still holding GPUs without naming them: how many, and why they cannot be named.
+    pub unnamed: Vec<(String, u32, String)>,
+}
+
+/// Repairs the records holding GPUs without naming them (an empty UUID, written by a mesos-gpu
+/// from before the fix for processes that cannot see the GPUs), on evidence about their owner
+/// only: a record whose owner is gone is dropped (with what a dead `exec` left); a live (or
+/// uncertain) owner's GPUs are named from `devices`, the GPUs its devices let it open (its
+/// devices cgroup, its Docker container's devices) as the calling process (which must see the
+/// node's GPUs) names them. A named record holds exactly the GPUs it named before and those its
+/// owner can open. Either way a record leaves its publisher, whose checkpoint lost those GPUs,
+/// for [`EVIDENCE_PUBLISHER`], and leaves the pool with its owner. A record whose owner's
+/// devices cannot be read keeps holding GPUs it does not name; while one does, no process may
+/// grant a GPU (the callers' rule: any GPU may be one of them).
+pub fn repair_unnamed(
+    state: &mut PoolState,
+    host: &Host,
+    devices: &dyn Fn(&Owner) -> Result<Vec<GpuUuid>, String>,
+) -> Repaired {
+    let mut done = Repaired::default();
+    let ids: Vec<String> = state.unnamed().keys().map(|&id| id.to_owned()).collect();
+    for id in ids {
+        let Some(r) = state.reservations.get(&id) else {
+            continue;
+        };
+        let count = r.unnamed;
+        if let Liveness::Dead(why) = host.liveness(&r.owner) {
+            match free_reservation(state, &id) {
+                Ok(()) => {
+                    tracing::info!(owner = %id, why, "dropped a pool record holding GPUs without naming them: its owner is gone");
+                    done.freed.push((id, why));
+                }
+                Err(e) => done.unnamed.push((id, count, format!("{why}; {e}"))),
+            }
+            continue;
+        }
+        let seen = devices(&r.owner);
+        let Some(r) = state.reservations.get_mut(&id) else {
+            continue;
+        };
+        r.publisher = EVIDENCE_PUBLISHER.to_owned();
+        match seen {
+            Ok(uuids) => {
+                r.unnamed = 0;
+                let added: Vec<GpuUuid> =
+                    uuids.into_iter().filter(|u| !r.gpus.contains(u)).collect();
+                r.gpus.extend(added.iter().cloned());
+                tracing::warn!(owner = %id, recorded_without_uuid = count, named = ?added, held = ?r.gpus, "named the GPUs of a pool record that held them without a UUID, from its owner's devices");
+                if r.gpus.is_empty() {
+                    state.reservations.remove(&id);
+                }
+                done.named.push((id, added));
+            }
+            Err(why) => {
+                done.unnamed.push((id, r.unnamed, why));
+            }
+        }
+    }
+    done
+}
+
 fn remove_dir_if_present(dir: &Path) -> io::Result<()> {
     match fs::remove_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -494,6 +647,7 @@ impl Pool {
                 publisher: share.publisher.clone(),
                 owner: share.owner.clone(),
                 gpus: GpuUuid::new(share.grant.uuid.clone()).into_iter().collect(),
+                unnamed: 0,
                 since: share.since,
             },
             (None, None) => {
@@ -640,6 +794,40 @@ mod tests {
             cgroup: None,
             private_dir: None,
         }
+    }
+
+    #[test]
+    fn records_with_empty_uuids_are_read_as_unnamed_gpus_and_written_back_as_read() {
+        let text = r#"{"reservations":{"c1":{"holder":"/ckpt","owner":{"kind":"quarantine","reason":"r"},"gpus":["GPU-a","",""],"since":7}},"health_dirs":[]}"#;
+        let state: PoolState = serde_json::from_str(text).unwrap();
+        let r = &state.reservations["c1"];
+        assert_eq!((r.gpus.clone(), r.unnamed), (uuids(&["GPU-a"]), 2));
+        assert_eq!(state.unnamed(), BTreeMap::from([("c1", 2)]));
+        let again = serde_json::to_value(&state).unwrap();
+        assert_eq!(
+            again["reservations"]["c1"]["gpus"],
+            serde_json::json!(["GPU-a", "", ""])
+        );
+    }
+
+    #[test]
+    fn a_publisher_never_drops_gpus_its_record_holds_without_naming_them() {
+        let mut state = PoolState::default();
+        state.reservations.insert(
+            "old".into(),
+            Reservation {
+                publisher: "p".into(),
+                owner: process(1),
+                gpus: Vec::new(),
+                unnamed: 1,
+                since: 0,
+            },
+        );
+        state.publish("p", vec![("new".into(), process(2), uuids(&["GPU-b"]))]);
+        assert_eq!(state.reservations["old"].unnamed, 1);
+        assert_eq!(state.reservations["new"].gpus, uuids(&["GPU-b"]));
+        state.publish("p", Vec::new());
+        assert_eq!(state.reservations.keys().collect::<Vec<_>>(), ["old"]);
     }
 
     fn share(publisher: &str, owner: Owner, uuid: &str) -> ShareReservation {

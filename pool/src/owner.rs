@@ -100,6 +100,10 @@ pub enum DaemonAnswer {
 pub trait DockerDaemons: fmt::Debug + Send + Sync {
     /// What the daemon at `endpoint` (`unix:///PATH`) says of container `name`.
     fn container(&self, endpoint: &str, name: &str) -> DaemonAnswer;
+
+    /// The minors of the GPU device nodes (`…/nvidia<minor>`) the daemon at `endpoint` gave
+    /// container `name` (its `HostConfig.Devices`), or why it cannot say.
+    fn gpu_minors(&self, endpoint: &str, name: &str) -> Result<Vec<u32>, String>;
 }
 
 /// Where liveness is read from: `/proc` (rooted, for tests), and Docker daemons when a client
@@ -163,6 +167,17 @@ impl Host {
                 "cannot ask {daemon} about Docker container {name}: {why}"
             )),
         }
+    }
+
+    /// The minors of the GPU device nodes the daemon of a Docker owner gave its container, or
+    /// why they cannot be read (no Docker client, no recorded daemon, no answer).
+    pub fn docker_gpu_minors(&self, name: &str, daemon: Option<&str>) -> Result<Vec<u32>, String> {
+        let daemon = daemon
+            .ok_or_else(|| format!("Docker container {name} was recorded without its daemon"))?;
+        let daemons = self.docker.as_ref().ok_or_else(|| {
+            format!("this process has no Docker client to ask {daemon} about container {name}")
+        })?;
+        daemons.gpu_minors(daemon, name)
     }
 
     /// The stamp of this process.

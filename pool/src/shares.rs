@@ -132,6 +132,7 @@ mod tests {
                 publisher: "h".into(),
                 owner: me(&host),
                 gpus: vec![crate::GpuUuid::new(uuids[1].clone()).unwrap()],
+                unnamed: 0,
                 since: 0,
             },
         );

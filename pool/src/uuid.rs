@@ -3,9 +3,11 @@
 //! A record's GPUs are their UUIDs, written once by the process that granted them, which saw
 //! them through NVML (`nvmlDeviceGetUUID`: `GPU-…` for a GPU, `MIG-…` for a MIG device). A
 //! process that cannot map a recorded GPU onto the GPUs it sees keeps the UUID as it was
-//! written; it never makes one up. The empty string is refused here, so no record can name
-//! "some GPU" without saying which (an empty UUID in the node's pool matched no GPU, and so
-//! reserved none).
+//! written; it never makes one up. The empty string is refused here, so no record written now
+//! can name "some GPU" without saying which (an empty UUID in the node's pool matched no GPU, and
+//! so reserved none). The pool's records written so by an earlier release are read as GPUs held
+//! without a name ([`crate::Reservation::unnamed`]) and repaired on evidence
+//! ([`crate::repair_unnamed`]).
 
 use std::fmt;
 
@@ -18,9 +20,7 @@ pub struct GpuUuid(String);
 
 /// An empty string where a GPU UUID belongs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "an empty GPU UUID: a record names its GPUs by the UUID NVML reports (GPU-… or MIG-…); one written empty (by a mesos-gpu that could not see the GPUs) names no GPU: check its owner and remove that record from the file"
-)]
+#[error("an empty GPU UUID: records name GPUs by the UUID NVML reports (GPU-… or MIG-…)")]
 pub struct EmptyUuid;
 
 impl GpuUuid {

@@ -257,7 +257,7 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "{:<40} {:<10} {:<8} {:<10} {:<9} {}",
             r.id,
             r.reservation.owner.kind(),
-            r.reservation.gpus.len(),
+            r.reservation.gpus.len() + r.reservation.unnamed as usize,
             age(r.reservation.since.saturating_mul(1000)),
             state,
             r.reservation
@@ -270,6 +270,13 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         writeln!(out, "{:>80} {why_state}", "")?;
         if let Some(gpus) = unseen.get(&r.id) {
             writeln!(out, "{:>80} not seen here: {} ({why})", "", gpus.join(","))?;
+        }
+        if r.reservation.unnamed > 0 {
+            writeln!(
+                out,
+                "{:>80} {} GPU(s) recorded without a UUID (by a mesos-gpu from before the double-booking fix): no GPU is granted until a process that sees the GPUs names them from the owner's devices, or the owner ends",
+                "", r.reservation.unnamed
+            )?;
         }
         if let mesos_gpu_pool::Owner::Quarantine { reason } = &r.reservation.owner {
             writeln!(out, "{:>80} quarantined: {reason}", "")?;

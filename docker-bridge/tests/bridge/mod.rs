@@ -397,3 +397,107 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         every_gpu_free(&isolator)
     })
 }
+
+/// Issue 34 item 7: a pool record an earlier mesos-gpu wrote without UUIDs (`"gpus": ["", ""]`,
+/// the double-booking bug's) for a running Docker container is named from the devices the real
+/// daemon gave the container, by the next isolator that sees the GPUs and asks the daemon: those
+/// GPUs are never granted while it runs, the others are, and they come back once the daemon no
+/// longer has the container.
+pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices(
+    fx: &Fixture,
+) -> TestResult {
+    use mesos_gpu_isolator::lifecycle::{PoolConfig, PoolRole};
+    use mesos_gpu_pool::{GpuUuid, Owner, Pool, Reservation};
+    let work = tempfile::tempdir().map_err(fail)?;
+    let pool_dir = work.path().join("pool");
+    let rt = rt()?;
+    let owner = uuid();
+    let name = DockerBridge::docker_name(&owner);
+    fx.cleanup.container(&name);
+    let held = [1u32, 3];
+    rt.block_on(async {
+        let client = DockerClient::connect(Path::new(SOCKET))
+            .await
+            .map_err(fail)?;
+        let plan =
+            LaunchPlan::for_gpus(&fx.gpus(&held), &fx.host.nodes, &ImageInfo::default(), None)
+                .map_err(fail)?;
+        let spec = ContainerSpec {
+            name: name.clone(),
+            image: fx.plain.clone(),
+            cmd: vec!["sleep".into(), "300".into()],
+            env: vec![],
+        };
+        let id = client.create(&spec, &plan).await.map_err(fail)?;
+        client.start(&id).await.map_err(fail)
+    })?;
+    {
+        let mut tx = Pool::at(&pool_dir).begin().map_err(fail)?;
+        tx.state.reservations.insert(
+            owner.to_string(),
+            Reservation {
+                publisher: "/var/run/mesos-gpu/gpu/allocations.json".into(),
+                owner: Owner::Docker {
+                    name: name.clone(),
+                    daemon: Some(format!("unix://{SOCKET}")),
+                    starter: None,
+                },
+                gpus: Vec::new(),
+                unnamed: 2,
+                since: 1,
+            },
+        );
+        tx.commit().map_err(fail)?;
+    }
+    let mut config = IsolatorConfig::new(work.path().join("docker"));
+    config.cgroup_version = CgroupChoice::V1;
+    config.cgroups_root = unique_name("unnamed");
+    config.pool = Some(PoolConfig {
+        dir: pool_dir.clone(),
+        role: PoolRole::Docker,
+    });
+    let nodes = DeviceNodes::scan(&fx.host.dev_root, &fx.inventory).map_err(fail)?;
+    let mut isolator = Isolator::new(config, fx.inventory.clone(), nodes).map_err(fail)?;
+    isolator.set_docker_daemons(Arc::new(mesos_gpu_docker::daemons::EngineDaemons::new()));
+    isolator.recover(&[], &[]).map_err(fail)?;
+
+    let mine = uuid();
+    let got: BTreeSet<u32> = isolator
+        .reserve_docker(&mine, 2.0)
+        .map_err(fail)?
+        .iter()
+        .map(|g| g.minor)
+        .collect();
+    if got != BTreeSet::from([0, 2]) {
+        return Err(format!("granted minors {got:?} beside a container holding {held:?}").into());
+    }
+    let err = isolator
+        .reserve_docker(&uuid(), 1.0)
+        .expect_err("every GPU is held");
+    if !err.is_not_enough() {
+        return Err(format!("unexpected refusal: {}", error_chain(&err)).into());
+    }
+    let record = Pool::at(&pool_dir).read().map_err(fail)?.reservations[owner.as_str()].clone();
+    let named: BTreeSet<GpuUuid> = fx
+        .gpus(&held)
+        .iter()
+        .map(|g| GpuUuid::new(g.uuid.clone()))
+        .collect::<Result<_, _>>()
+        .map_err(fail)?;
+    if record.gpus.iter().cloned().collect::<BTreeSet<_>>() != named
+        || record.unnamed != 0
+        || record.publisher != mesos_gpu_pool::EVIDENCE_PUBLISHER
+    {
+        return Err(
+            format!("the record is not named from the container's devices: {record:?}").into(),
+        );
+    }
+    isolator.release_docker(&mine).map_err(fail)?;
+    run(Command::new("docker").args(["rm", "-f", &name]))?;
+    let all = isolator.reserve_docker(&mine, 4.0).map_err(fail)?;
+    isolator.release_docker(&mine).map_err(fail)?;
+    if all.len() != 4 {
+        return Err(format!("the container's GPUs did not come back: {all:?}").into());
+    }
+    Ok(())
+}

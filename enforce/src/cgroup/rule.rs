@@ -218,7 +218,7 @@ impl DeviceRule {
     }
 
     /// True for `a *:* rwm`, the rule that allows everything.
-    pub(crate) fn is_allow_all(&self) -> bool {
+    pub fn is_allow_all(&self) -> bool {
         *self == DeviceRule::all(Access::RWM)
     }
 }

@@ -141,10 +141,13 @@ impl Isolator {
     pub(crate) fn lock(&self) -> Result<Locked<'_>, LifecycleError> {
         let mut guard = self.state.lock().map_err(|_| LifecycleError::Poisoned)?;
         if let Some(link) = &self.pool {
-            let tx = link.pool.begin().map_err(|source| LifecycleError::Pool {
+            let mut tx = link.pool.begin().map_err(|source| LifecycleError::Pool {
                 step: "lock",
                 source,
             })?;
+            if !tx.state.unnamed().is_empty() {
+                self.repair_unnamed(link, &mut tx);
+            }
             self.mark_elsewhere(&mut guard, &tx.state);
             *guard.tx.get_mut() = Some(tx);
         }
@@ -158,18 +161,113 @@ impl Isolator {
         Ok(Locked { guard })
     }
 
-    /// Puts the GPUs other publishers reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`].
+    /// Names the GPUs of the pool's records that hold some without a UUID (written by a
+    /// mesos-gpu from before the fix for processes that cannot see the GPUs), from what their
+    /// owners' devices allow, and drops those whose owner is gone ([`pool::repair_unnamed`]);
+    /// commits what changed. A process that sees no GPU names nothing.
+    fn repair_unnamed(&self, link: &PoolLink, tx: &mut Transaction) {
+        if self.inventory.gpus.is_empty() {
+            return;
+        }
+        let before = tx.state.clone();
+        let done = pool::repair_unnamed(&mut tx.state, &link.host, &|owner| {
+            self.gpus_opened_by(&link.host, owner)
+        });
+        for (id, count, why) in &done.unnamed {
+            tracing::error!(owner = %id, gpus = count, why, "a live owner's pool record holds GPUs without naming them and its devices cannot be read: no GPU is granted until it ends or is released (`mesos-gpu gpu release`)");
+        }
+        if tx.state != before
+            && let Err(e) = tx.commit()
+        {
+            tracing::warn!(error = %e, "cannot record the repaired pool records");
+        }
+    }
+
+    /// The GPUs (as this process names them) that `owner`'s devices let it open: a Mesos or
+    /// `exec` owner's devices cgroup (`devices.list`, cgroup v1), a Docker owner's container
+    /// devices as its daemon reports them.
+    fn gpus_opened_by(&self, host: &Host, owner: &Owner) -> Result<Vec<GpuUuid>, String> {
+        let minors = match owner {
+            Owner::Docker { name, daemon, .. } => {
+                host.docker_gpu_minors(name, daemon.as_deref())?
+            }
+            Owner::Mesos {
+                cgroup: Some(cgroup),
+                ..
+            }
+            | Owner::Process {
+                cgroup: Some(cgroup),
+                ..
+            } => {
+                let list = cgroup.join("devices.list");
+                let text = std::fs::read_to_string(&list).map_err(|e| {
+                    format!(
+                        "cannot read {} ({e}): a cgroup v2 cgroup has no device list to read",
+                        list.display()
+                    )
+                })?;
+                let rules = mesos_gpu_enforce::cgroup::parse_list(&text)
+                    .map_err(|e| format!("{}: {e}", list.display()))?;
+                if rules
+                    .iter()
+                    .any(mesos_gpu_enforce::cgroup::DeviceRule::is_allow_all)
+                {
+                    return Err(format!("{} allows every device", list.display()));
+                }
+                super::launch::allowed_minors(&rules)
+            }
+            Owner::Mesos { cgroup: None, .. } | Owner::Process { cgroup: None, .. } => {
+                return Err("its record names no cgroup".into());
+            }
+            Owner::Quarantine { reason } => return Err(reason.clone()),
+        };
+        let mut uuids = Vec::new();
+        for minor in minors {
+            let gpu = self
+                .inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| {
+                    format!("it may open /dev/nvidia{minor}, no GPU this process sees")
+                })?;
+            // A GPU in MIG mode: any of its MIG devices may be the one it uses.
+            let mig = self
+                .inventory
+                .mig
+                .devices
+                .iter()
+                .filter(|d| d.parent_minor == minor)
+                .map(|d| d.uuid.as_str());
+            uuids.extend(
+                std::iter::once(gpu.uuid.as_str())
+                    .chain(mig)
+                    .filter_map(|u| GpuUuid::new(u).ok()),
+            );
+        }
+        Ok(uuids)
+    }
+
+    /// Puts the GPUs other publishers reserve, and the unhealthy ones, under [`ELSEWHERE_OWNER`];
+    /// while a record holds GPUs without naming them, every GPU (and MIG device) this isolator
+    /// does not hold, since any may be one of them.
     pub(crate) fn mark_elsewhere(&self, state: &mut State, pool: &PoolState) {
         let Some(link) = &self.pool else {
             return;
         };
         let unhealthy = pool.unhealthy();
-        let others = pool.held_by_others(&link.publisher);
+        let unnamed = !pool.unnamed().is_empty();
+        let mut others = pool.held_by_others(&link.publisher);
+        if unnamed {
+            others.extend(self.inventory.mig.devices.iter().map(|d| d.uuid.as_str()));
+        }
         let wanted: Vec<u32> = self
             .inventory
             .gpus
             .iter()
-            .filter(|g| others.contains(g.uuid.as_str()) || unhealthy.contains_key(&g.uuid))
+            .filter(|g| {
+                unnamed || others.contains(g.uuid.as_str()) || unhealthy.contains_key(&g.uuid)
+            })
             .map(|g| g.index)
             .collect();
         let wanted = GpuSet::from_indices(wanted).unwrap_or_default();
@@ -375,6 +473,7 @@ impl Isolator {
             unhealthy: 0,
             quarantined: 0,
             held: 0,
+            unnamed: pool.map_or(0, |p| p.unnamed().values().sum()),
         };
         for i in state.allocator.managed().iter() {
             let uuid = self.uuid(i);

@@ -413,6 +413,17 @@ impl Isolator {
                 why: "the node's GPU pool is not locked".into(),
             });
         };
+        let unnamed: u32 = tx.state.unnamed().values().sum();
+        if unnamed > 0 {
+            // Any shared GPU may be one a live owner holds without its record naming it.
+            return Ok(Err(PlacementError::NoRoom {
+                owner: id.to_string(),
+                asked: k,
+                free: format!(
+                    "none while live owners hold {unnamed} GPU(s) their pool records do not name"
+                ),
+            }));
+        }
         let mut book = mesos_gpu_pool::shares::book(&tx.state, &sharing.plan);
         // Shares this isolator holds are published at its next save; count them now.
         let mine = state
