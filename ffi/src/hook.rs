@@ -58,14 +58,15 @@ pub(crate) fn launch_argv(
         if count <= 0.0 {
             continue;
         }
-        if count.fract() != 0.0 || count > f64::from(u32::MAX) {
-            return Err(FfiError::MigCount {
+        // One whole-number rule for every `gpus`-like scalar (Mesos's 0.001 precision first), as
+        // the module's `prepare` reads the same resource.
+        let whole = mesos_gpu_placement::allocator::GpuRequest::from_scalar(count, u32::MAX)
+            .map_err(|_| FfiError::MigCount {
                 container: id.to_owned(),
-                name: resource,
+                name: resource.clone(),
                 got: count,
-            });
-        }
-        mig.push(format!("--mig={resource}:{count}"));
+            })?;
+        mig.push(format!("--mig={resource}:{}", whole.count()));
     }
     if gpus <= 0.0 && mig.is_empty() {
         return Ok(None);
@@ -177,6 +178,25 @@ mod tests {
         assert_eq!(
             nul_separated(&release_argv(LINE, "x").unwrap()),
             b"/usr/bin/mesos-gpu\0docker-args\0--pool-dir\0/p\0--release=x\0"
+        );
+    }
+
+    #[test]
+    fn a_mig_count_is_whole_by_the_rule_the_module_applies() {
+        // Mesos keeps scalars to 0.001: 0.9999 is one MIG device, as the module's `prepare`
+        // reads it (GpuRequest::from_scalar), not a refusal.
+        let cfg = config(vec![scalar("mig-1g.5gb", 0.9999)], None);
+        let argv = launch_argv(LINE, &cfg, "mesos-a").unwrap().unwrap();
+        assert!(argv.contains(&"--mig=mig-1g.5gb:1".to_owned()), "{argv:?}");
+        let err = launch_argv(
+            LINE,
+            &config(vec![scalar("mig-1g.5gb", 1e20)], None),
+            "mesos-a",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("mig-1g.5gb:100000000000000000000"),
+            "{err}"
         );
     }
 

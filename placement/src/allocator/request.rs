@@ -28,12 +28,15 @@ impl GpuRequest {
             return Err(bad());
         }
         let whole = milli / 1000.0;
-        // A search instead of a float-to-int cast: `offered` is at most 64, and no cast means no
-        // truncation to reason about.
-        (0..=offered)
-            .find(|&n| f64::from(n) == whole)
-            .map(|count| GpuRequest { count })
-            .ok_or_else(bad)
+        if whole > f64::from(offered) {
+            return Err(bad());
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a whole number from 0 to `offered`, checked above: exact in u32"
+        )]
+        let count = whole as u32;
+        Ok(GpuRequest { count })
     }
 
     /// The number of GPUs requested.
@@ -90,9 +93,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn counts_checked_against_no_offer_are_exact_up_to_u32_max() {
+        // `mig-<profile>` scalars are checked against no offer (u32::MAX).
+        assert_eq!(
+            GpuRequest::from_scalar(4e9, u32::MAX).unwrap().count(),
+            4_000_000_000
+        );
+        assert!(GpuRequest::from_scalar(1e20, u32::MAX).is_err());
+        assert_eq!(
+            GpuRequest::from_scalar(0.9999, u32::MAX).unwrap().count(),
+            1
+        );
+    }
+
     proptest! {
         #[test]
-        fn accepted_values_are_whole_and_in_range(value in prop::num::f64::ANY, offered in 0u32..=64) {
+        fn accepted_values_are_whole_and_in_range(value in prop::num::f64::ANY, offered in prop_oneof![0u32..=64, Just(u32::MAX)]) {
             match GpuRequest::from_scalar(value, offered) {
                 Ok(request) => {
                     prop_assert!(request.count() <= offered);
