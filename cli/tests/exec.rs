@@ -76,6 +76,10 @@ fn main() -> ExitCode {
             "execs_share_a_gpu_and_refuse_what_fits_none",
             execs_share_a_gpu,
         ));
+        trials.push(add(
+            "exec_names_the_mig_device_it_grants",
+            exec_names_the_mig_device_it_grants,
+        ));
     }
     trials.push(needs(
         &host,
@@ -157,8 +161,13 @@ impl Env {
     }
 
     fn command(&self, gpus: &str, cmd: &[&str]) -> Command {
+        self.command_on("dgx1-v100", gpus, cmd)
+    }
+
+    /// [`Self::command`] on the shipped simulated node `node`.
+    fn command_on(&self, node: &str, gpus: &str, cmd: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"));
-        c.args(["--simulate", "dgx1-v100", "--dev-root"])
+        c.args(["--simulate", node, "--dev-root"])
             .arg(self.dev.path())
             .args([
                 "exec",
@@ -603,6 +612,29 @@ fn exec_refuses_an_unhealthy_gpu(version: &'static str) -> TestResult {
     check(out.status.success(), text(&out))?;
     let gpus = granted(&String::from_utf8_lossy(&out.stderr));
     check(!gpus.contains(&3), format!("granted {gpus:?}"))?;
+    env.check_clean()
+}
+
+/// Issue 37: on a node whose GPUs are in MIG mode, `exec --gpus 1` is granted a MIG device and
+/// says so (it printed `GPUs: none`), naming the device its variables name.
+fn exec_names_the_mig_device_it_grants(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    let out = env
+        .command_on("dgx-a100-mig", "1", &["busybox", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let device = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("env: NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_default();
+    check(
+        out.status.success()
+            && device.starts_with("MIG-")
+            && stderr.contains(&format!("  MIG devices: {device}\n"))
+            && !stderr.contains("GPUs: none\n"),
+        text(&out),
+    )?;
     env.check_clean()
 }
 

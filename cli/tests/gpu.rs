@@ -296,3 +296,37 @@ fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
         "{said}"
     );
 }
+
+#[test]
+fn gpu_list_and_docker_args_release_say_what_they_did_not_find() {
+    let scratch = tempfile::tempdir().unwrap();
+    let typo = scratch.path().join("mesos-gpu-typo");
+    let out = mesos_gpu(&["gpu", "list", "--pool-dir", typo.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("no pool file there: nothing has reserved GPUs through")
+            && text.contains(typo.to_str().unwrap())
+            && !text.contains("no reservations"),
+        "{text}"
+    );
+    assert!(!typo.exists(), "gpu list created the pool directory");
+    let state = scratch.path().join("docker-state");
+    let out = mesos_gpu(&[
+        "docker-args",
+        "--release",
+        "3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11",
+        "--docker-state-dir",
+        state.to_str().unwrap(),
+        "--pool-dir",
+        scratch.path().join("pool").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "container 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 holds no GPUs in the Docker record in"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -435,6 +435,19 @@ fn work_dir_health_checkpoint_is_shown_by_uuid() {
         v["notes"]
     );
     assert!(v["gpus"][3]["health"].is_null());
+    // A damaged checkpoint says nothing of any GPU: unknown, never `ok`.
+    assert!(
+        v["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["health_unknown"] == true),
+        "{}",
+        v["gpus"]
+    );
+    let text = ok(&["info", "--simulate", "dgx1-v100", "--agent-work-dir", dir]);
+    let health: Vec<String> = gpu_rows(&text).iter().map(|r| r[9].clone()).collect();
+    assert_eq!(health, ["unknown"; 8], "{text}");
 }
 
 #[test]

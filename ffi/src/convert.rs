@@ -512,6 +512,7 @@ mod tests {
     fn launch_info_uses_mesos_mount_flags_and_value_variables() {
         let info = LaunchInfo {
             gpus: vec![],
+            mig: vec![],
             device_rules: vec![],
             cgroup: None,
             mounts: vec![

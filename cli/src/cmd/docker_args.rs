@@ -224,6 +224,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
         let pool = open_records(&args.reservations, "docker-args --release")?;
+        if !pool.holds_docker(id)? {
+            // Not an error: the hook releases every Docker container at its end, GPUs or not.
+            eprintln!(
+                "docker-args: container {id} holds no GPUs in the Docker record in {} (nothing released)",
+                args.reservations.state_dir()?.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         let kept = if args.force {
             pool.release_docker(id).map(|()| None)
         } else {

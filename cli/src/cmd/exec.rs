@@ -367,12 +367,15 @@ fn print_allocation(id: &ContainerId, info: &LaunchInfo) {
     let _ = writeln!(
         err,
         "  GPUs: {}",
-        if gpus.is_empty() {
-            "none".to_owned()
-        } else {
-            gpus.join(", ")
+        match (gpus.is_empty(), info.mig.is_empty()) {
+            (true, true) => "none".to_owned(),
+            (true, false) => "none whole (MIG devices below)".to_owned(),
+            (false, _) => gpus.join(", "),
         }
     );
+    if !info.mig.is_empty() {
+        let _ = writeln!(err, "  MIG devices: {}", info.mig.join(", "));
+    }
     let env = |key: &str| {
         info.environment
             .iter()

@@ -241,7 +241,14 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "GPU pool {}", listing.path.display())?;
-    if listing.reservations.is_empty() && listing.shares.is_empty() {
+    if !listing.path.exists() {
+        writeln!(
+            out,
+            "no pool file there: nothing has reserved GPUs through {} (check --pool-dir or {}: the module's pool_dir parameter, serve's and docker-args' --pool-dir must all name one directory)",
+            args.pool.pool_dir.display(),
+            mesos_gpu_pool::POOL_DIR_ENV
+        )?;
+    } else if listing.reservations.is_empty() && listing.shares.is_empty() {
         writeln!(out, "no reservations")?;
     } else {
         writeln!(

@@ -14,7 +14,9 @@
 //!   `health` (the health monitor's checkpointed state of this GPU, matched by UUID, from
 //!   `<--agent-work-dir>/gpu/health.json`: `{"state": "healthy"}` or `{"state": "unhealthy",
 //!   "reason": {"kind": "xid", "xid": 79}, "since_ms": …, "last_error_ms": …, "errors": …}`;
-//!   null when nothing is checkpointed for it). `healthy` is discovery's flag (NVML answers);
+//!   null when nothing is checkpointed for it), `health_unknown` (true, only when the checkpoint
+//!   exists but cannot be read: then nothing is known of the GPU's health). `healthy` is
+//!   discovery's flag (NVML answers);
 //! - `topology`: an N×N matrix of `nvidia-smi topo -m` labels (`X`, `NV2`, `PIX`, `PXB`, `PHB`,
 //!   `NODE`, `SYS`, `PSB`, `?`), row = from, column = to, by position in `gpus`;
 //! - `control_devices`: `[{"path": "/dev/nvidiactl", "device": "195:255"}, …]`;
@@ -32,7 +34,7 @@
 //!
 //! The table's HEALTH column is `LOST` when discovery could not reach the GPU, else
 //! `UNHEALTHY:<reason>` (`xid-79`, `ecc-dbe`, `lost`, `unwatchable`) when the health checkpoint
-//! says so, else `ok`.
+//! says so, `unknown` when the checkpoint cannot be read, else `ok`.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -102,6 +104,8 @@ struct GpuJson {
     pinned_mems: Option<String>,
     device: Option<String>,
     health: Option<GpuHealth>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    health_unknown: bool,
 }
 
 #[derive(Serialize)]
@@ -149,14 +153,17 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         },
     };
     let store = HealthStore::at(work_dir);
-    let (records, mig_records) = match store.load() {
-        Ok(snapshot) => snapshot.map(|s| (s.gpus, s.mig)).unwrap_or_default(),
+    let (records, mig_records, health_unknown) = match store.load() {
+        Ok(snapshot) => {
+            let (gpus, mig) = snapshot.map(|s| (s.gpus, s.mig)).unwrap_or_default();
+            (gpus, mig, false)
+        }
         Err(err) => {
             notes.push(format!(
                 "GPU health checkpoint not shown: {:#}",
                 anyhow::Error::new(err)
             ));
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), true)
         }
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
@@ -235,6 +242,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
                 .and_then(|n| n.gpu(g.index))
                 .map(|n| n.dev.to_string()),
             health: recorded(g).map(|r| r.health.clone()),
+            health_unknown,
         })
         .collect();
     let control_devices = nodes
@@ -322,6 +330,7 @@ fn cpu_list(cpus: &[u32]) -> String {
 fn health_cell(g: &GpuJson) -> String {
     match (&g.health, g.healthy) {
         (_, false) => "LOST".to_owned(),
+        (_, true) if g.health_unknown => "unknown".to_owned(),
         (Some(GpuHealth::Unhealthy { reason, .. }), true) => {
             let short = match reason {
                 Failure::Xid { xid } => format!("xid-{xid}"),

@@ -253,6 +253,11 @@ impl Isolator {
         Ok(self.gpus_of(visible))
     }
 
+    /// True when Docker container `id` holds a reservation of this isolator.
+    pub fn holds_docker(&self, id: &ContainerId) -> Result<bool, LifecycleError> {
+        Ok(self.lock_local()?.docker.contains_key(id))
+    }
+
     /// Releases Docker container `id`'s GPUs unless its daemon says the container still runs,
     /// or cannot tell: then nothing changes and the answer says why. A record without a daemon
     /// (an older release, `serve`, `run`) is released as [`Isolator::release_docker`] does.

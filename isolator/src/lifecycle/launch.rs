@@ -88,6 +88,8 @@ pub struct Mount {
 pub struct LaunchInfo {
     /// The GPUs the container may use.
     pub gpus: Vec<Gpu>,
+    /// The MIG devices it may use, by `MIG-…` UUID.
+    pub mig: Vec<String>,
     /// Its full device allow list, base whitelist included, normalized.
     pub device_rules: Vec<DeviceRule>,
     /// Its cgroup directory: its own, or for a nested container without one its ancestor's.
@@ -186,6 +188,7 @@ pub(crate) fn launch_info(
     };
     Ok(LaunchInfo {
         gpus: grant.gpus.clone(),
+        mig: grant.mig.iter().map(|m| m.uuid.clone()).collect(),
         device_rules: grant.rules.clone(),
         cgroup,
         mounts,
