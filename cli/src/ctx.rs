@@ -81,13 +81,14 @@ impl Ctx {
     }
 
     /// When `--simulate list` asks for the shipped node names instead of a node: writes them to
-    /// `out`, one a line, and returns true (the command has nothing more to do).
+    /// `out`, one a line with what the node is, and returns true (the command has nothing more
+    /// to do).
     pub(crate) fn list_simulations(&self, out: &mut impl Write) -> std::io::Result<bool> {
         if self.global.simulate.as_deref() != Some(crate::simulate::LIST) {
             return Ok(false);
         }
-        for name in crate::simulate::shipped_names() {
-            writeln!(out, "{name}")?;
+        for (name, summary) in crate::simulate::shipped_summaries() {
+            writeln!(out, "{name:<16} {summary}")?;
         }
         Ok(true)
     }

@@ -247,6 +247,38 @@ pub(crate) fn shipped_names() -> Vec<&'static str> {
     nvml_sim::TOPOLOGIES.iter().map(|(name, _)| *name).collect()
 }
 
+/// One line on each shipped node: how many GPUs of which model, how many in MIG mode, and the
+/// driver (`8 × Tesla V100-SXM2-16GB, driver 550.54.14`).
+pub(crate) fn shipped_summaries() -> Vec<(&'static str, String)> {
+    nvml_sim::TOPOLOGIES
+        .iter()
+        .map(|(name, json)| (*name, summary(json)))
+        .collect()
+}
+
+fn summary(json: &str) -> String {
+    let node: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let gpus = node["gpus"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut models: Vec<&str> = gpus.iter().filter_map(|g| g["name"].as_str()).collect();
+    models.dedup();
+    let mig = gpus.iter().filter(|g| g["mig"]["current"] == true).count();
+    let mut text = if gpus.is_empty() {
+        "no GPUs".to_owned()
+    } else {
+        format!("{} × {}", gpus.len(), models.join(" + "))
+    };
+    if mig > 0 {
+        text.push_str(&format!(" ({mig} in MIG mode)"));
+    }
+    if let Some(driver) = node["driver_version"].as_str() {
+        text.push_str(&format!(", driver {driver}"));
+    }
+    text
+}
+
 /// The node's display name and its description, with a relative `events_file` made absolute.
 fn node_description(spec: &str) -> anyhow::Result<(String, String)> {
     if let Some((name, json)) = nvml_sim::TOPOLOGIES.iter().find(|(name, _)| *name == spec) {

@@ -174,7 +174,17 @@ fn driver_without_gpus() {
 #[test]
 fn json_for_every_shipped_node() {
     let list = ok(&["info", "--simulate", "list"]);
-    let names: Vec<&str> = list.lines().collect();
+    let names: Vec<&str> = list
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or_default())
+        .collect();
+    // Each name with what the node is.
+    assert!(
+        list.lines().any(|l| l.starts_with("dgx-a100-mig ")
+            && l.ends_with("8 × NVIDIA A100-SXM4-40GB (8 in MIG mode), driver 550.54.14"))
+            && list.contains("driver-no-gpus   no GPUs, driver"),
+        "{list}"
+    );
     assert_eq!(
         names,
         [

@@ -897,7 +897,54 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
 
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &r)?;
-    Ok(out)
+    Ok(sorted_samples(&out))
+}
+
+/// `text` with the samples of each metric family in a stable order, by their label values read
+/// as numbers where they are (`gpu="2"` before `gpu="10"`): the registry keeps a family's series
+/// in a hash map, so they came in a different order at each scrape.
+fn sorted_samples(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut samples: Vec<&str> = Vec::new();
+    let flush = |samples: &mut Vec<&str>, out: &mut String| {
+        samples.sort_by_cached_key(|line| natural_key(line));
+        for line in samples.drain(..) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut samples, &mut out);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            samples.push(line);
+        }
+    }
+    flush(&mut samples, &mut out);
+    out
+}
+
+/// A sort key reading runs of digits as numbers.
+fn natural_key(line: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut text = String::new();
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut number = u64::from(c.to_digit(10).unwrap_or(0));
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                number = number.saturating_mul(10).saturating_add(u64::from(d));
+                chars.next();
+            }
+            key.push((std::mem::take(&mut text), number));
+        } else {
+            text.push(c);
+        }
+    }
+    key.push((text, 0));
+    key
 }
 
 /// The `/metrics` endpoint: collects (at most once per cache period) and encodes.
@@ -1064,6 +1111,35 @@ mod tests {
             "no module, no module figures: {text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn series_come_in_gpu_order_at_every_scrape() {
+        let gpu = |index: u32| GpuFigures {
+            readings: GpuReadings {
+                index,
+                uuid: format!("GPU-{index}"),
+                utilization_gpu: Some(10),
+                ..GpuReadings::default()
+            },
+            ..GpuFigures::default()
+        };
+        let figures = NodeFigures {
+            gpus: (0..16).rev().map(gpu).collect(),
+            ..NodeFigures::default()
+        };
+        let order = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with("mesos_gpu_utilization_percent{"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let want: Vec<String> = (0..16)
+            .map(|i| format!(r#"mesos_gpu_utilization_percent{{gpu="{i}",uuid="GPU-{i}"}} 10"#))
+            .collect();
+        for _ in 0..5 {
+            assert_eq!(order(&encode(&figures).unwrap()), want);
+        }
     }
 
     #[test]

@@ -54,14 +54,29 @@ use crate::ctx::Ctx;
 /// Where `/gpu/status` reads process names NVML does not give.
 const PROC_ROOT: &str = "/proc";
 
+/// `--listen`: `HOST:PORT`, the host an address or a name resolved as `getaddrinfo` does (the
+/// first address it gives).
+fn listen_address(value: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    let expected = "expected HOST:PORT, such as 127.0.0.1:3476 or localhost:3476";
+    let mut addrs = std::net::ToSocketAddrs::to_socket_addrs(value)
+        .map_err(|e| format!("{value:?}: {e} ({expected})"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("{value:?} resolves to no address ({expected})"))
+}
+
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     mesos-gpu serve\n  \
     mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 --plugin-socket /tmp/mesos-gpu-demo/nvidia-docker.sock\n  \
     docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE")]
 pub(crate) struct Args {
-    /// TCP address of the REST API (nvidia-docker's remote API).
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    /// TCP address of the REST API (nvidia-docker's remote API): HOST:PORT, the host an IP
+    /// address or a name (`localhost:3476`: its first address).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN, value_parser = listen_address)]
     listen: SocketAddr,
 
     /// Unix socket of the Docker volume plugin; Docker names the plugin after the file
@@ -295,4 +310,23 @@ fn is_locked(err: &anyhow::Error) -> bool {
             Some(CheckpointError::Locked { .. })
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_takes_host_names_as_well_as_addresses() {
+        let named = listen_address("localhost:13476").expect("localhost resolves");
+        assert!(named.ip().is_loopback() && named.port() == 13476, "{named}");
+        assert_eq!(
+            listen_address("0.0.0.0:3476"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 3476)))
+        );
+        for bad in ["localhost", "localhost:port", ":3476"] {
+            let err = listen_address(bad).expect_err(bad);
+            assert!(err.contains("expected HOST:PORT"), "{bad}: {err}");
+        }
+    }
 }

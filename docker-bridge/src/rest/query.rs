@@ -27,6 +27,14 @@ pub enum QueryError {
         /// The identifier as given.
         id: String,
     },
+    /// An NVML index this node has no GPU at.
+    #[error("no GPU {index} on this node (its GPUs: {known})")]
+    NoSuchGpu {
+        /// The index asked for.
+        index: u32,
+        /// The node's indices (`0-7`, or `none`).
+        known: String,
+    },
     /// A UUID prefix matching several GPUs.
     #[error("ambiguous device: {id} matches {matches}")]
     AmbiguousDevice {
@@ -238,7 +246,10 @@ pub(crate) fn select_gpus<'a>(
                 .gpus
                 .iter()
                 .position(|g| g.index == index)
-                .ok_or_else(invalid)?
+                .ok_or_else(|| QueryError::NoSuchGpu {
+                    index,
+                    known: index_ranges(inventory.gpus.iter().map(|g| g.index)),
+                })?
         };
         chosen[position] = true;
     }
@@ -248,6 +259,31 @@ pub(crate) fn select_gpus<'a>(
         .zip(chosen)
         .filter_map(|(g, c)| c.then_some(g))
         .collect())
+}
+
+/// Indices as ranges, `0-3,5`; `none` for no index.
+fn index_ranges(indices: impl Iterator<Item = u32>) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for i in indices {
+        match ranges.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(i) => *end = i,
+            _ => ranges.push((i, i)),
+        }
+    }
+    if ranges.is_empty() {
+        return "none".to_owned();
+    }
+    ranges
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Checks `vol`; the only volume is the driver volume, so a valid selection always holds it.
@@ -334,9 +370,12 @@ mod tests {
 
     #[test]
     fn bad_devices_are_named() {
+        let err = pick(Some("3")).expect_err("no GPU 3");
+        assert_eq!(err.to_string(), "no GPU 3 on this node (its GPUs: 0-2)");
+        assert_eq!(index_ranges([0, 1, 2, 5, 7, 8].into_iter()), "0-2,5,7-8");
+        assert_eq!(index_ranges(std::iter::empty()), "none");
         for bad in [
             "0,1",
-            "3",
             "-1",
             "GPU-zzzz",
             "x",

@@ -198,7 +198,7 @@ fn docker_cli_rejects_bad_parameters_with_400() {
     let api = api();
     for (q, reason) in [
         ("dev=0,1", "invalid device: 0,1"),
-        ("dev=7", "invalid device: 7"),
+        ("dev=7", "no GPU 7 on this node (its GPUs: 0-2)"),
         ("dev=GPU-ffff", "invalid device: GPU-ffff"),
         ("dev=GPU-", "ambiguous device: GPU-"),
         ("vol=nvidia_other", "invalid volume: nvidia_other"),

@@ -185,9 +185,23 @@ pub enum DiscoveryError {
 
 /// An NVML call's failure, as the library reported it; its text is NVML's (or the loader's).
 /// The NVML binding's own type stays out of this crate's API.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
+#[derive(Debug)]
 pub struct NvmlFailure(pub(crate) NvmlError);
+
+impl std::fmt::Display for NvmlFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for NvmlFailure {
+    /// The binding's cause, unless its message already holds it (`a libloading error occurred:
+    /// <the loader's message>`): an error chain then gives the reason once.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let own = self.0.to_string();
+        std::error::Error::source(&self.0).filter(|cause| !own.contains(&cause.to_string()))
+    }
+}
 
 /// What opening NVML found.
 #[derive(Debug)]
@@ -717,10 +731,16 @@ mod tests {
             garbage.as_path(),
         ] {
             match GpuDriver::open(Some(lib)) {
-                Err(err @ DiscoveryError::Load { .. }) => assert_eq!(
-                    err.to_string(),
-                    format!("cannot load the NVML library {}", lib.display())
-                ),
+                Err(err @ DiscoveryError::Load { .. }) => {
+                    assert_eq!(
+                        err.to_string(),
+                        format!("cannot load the NVML library {}", lib.display())
+                    );
+                    // The loader's reason, once (the binding's message holds it already).
+                    let chain = mesos_gpu_os::error_chain(&err);
+                    let reason = chain.rsplit(": ").next().unwrap_or_default();
+                    assert_eq!(chain.matches(reason).count(), 1, "{chain}");
+                }
                 other => panic!("{}: {other:?}", lib.display()),
             }
         }

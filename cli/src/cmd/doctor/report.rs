@@ -81,14 +81,51 @@ impl Report {
             }
         }
         let count = |s: Status| self.checks.iter().filter(|c| c.status == s).count();
+        let warnings = count(Status::Warn);
         let _ = writeln!(
             out,
-            "{}: {} checks, {} failed, {} warnings",
+            "{}: {} checks, {} failed, {warnings} warning{}",
             if self.ready { "READY" } else { "NOT READY" },
             self.checks.len(),
             count(Status::Fail),
-            count(Status::Warn)
+            if warnings == 1 { "" } else { "s" }
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(status: Status) -> Check {
+        Check {
+            name: "a",
+            status,
+            summary: String::new(),
+            details: Vec::new(),
+            fix: None,
+        }
+    }
+
+    #[test]
+    fn the_last_line_counts_in_words_that_agree() {
+        let last = |statuses: &[Status]| {
+            let report = Report::new(statuses.iter().map(|&s| check(s)).collect());
+            report
+                .text(false)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(
+            last(&[Status::Ok, Status::Warn]),
+            "READY: 2 checks, 0 failed, 1 warning"
+        );
+        assert_eq!(
+            last(&[Status::Fail, Status::Warn, Status::Warn]),
+            "NOT READY: 3 checks, 1 failed, 2 warnings"
+        );
     }
 }
