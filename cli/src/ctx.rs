@@ -41,7 +41,10 @@ pub(crate) struct GlobalArgs {
     pub(crate) proc_root: Option<PathBuf>,
 
     /// Run on a simulated node: a topology shipped with nvml-sim (see `mesos-gpu info --simulate
-    /// list`) or a node description file. NVML is still loaded dynamically, from nvml-sim.
+    /// list`) or a node description file. NVML is still loaded dynamically, from nvml-sim. The
+    /// node's state (GPU pool, Docker record, driver volumes, agent work directory, MPS
+    /// directories, plugin socket) then lives in a scratch directory per node,
+    /// `<tmp>/mesos-gpu-sim/<node>/`, unless a path is given: the host's is never touched.
     #[arg(long, global = true, value_name = "NAME|FILE")]
     pub(crate) simulate: Option<String>,
 
@@ -91,6 +94,18 @@ impl Ctx {
             writeln!(out, "{name:<16} {summary}")?;
         }
         Ok(true)
+    }
+
+    /// Where state `rel` (a path in the simulated node's scratch directory) lives when no path is
+    /// given: under `--simulate`, in the node's scratch directory
+    /// ([`crate::simulate::scratch_state`]); else `default`.
+    pub(crate) fn state_default(&self, rel: &str, default: &str) -> PathBuf {
+        match self.global.simulate.as_deref() {
+            Some(spec) if spec != crate::simulate::LIST => {
+                crate::simulate::scratch_state(spec).join(rel)
+            }
+            _ => PathBuf::from(default),
+        }
     }
 
     /// The simulated node, set up on first use, when `--simulate` is given.

@@ -14,11 +14,11 @@ mod simulate;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 
 use crate::ctx::{Ctx, GlobalArgs};
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "mesos-gpu",
     version,
@@ -35,7 +35,11 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    if let Some(spec) = simulate::spec_in_args(std::env::args_os()) {
+        command = simulate::with_scratch_defaults(command, &simulate::scratch_state(&spec));
+    }
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     if let Err(err) = ctx::init_logging(&cli.global, cli.command.is_daemon()) {
         eprintln!("mesos-gpu: {err:#}");
         return ExitCode::FAILURE;

@@ -279,6 +279,87 @@ fn summary(json: &str) -> String {
     text
 }
 
+/// The state a command keeps by default (flag id, path in the node's scratch directory), which
+/// on a simulated node goes to [`scratch_state`] unless a path is given: the node's GPU pool,
+/// the agent's work directory, the driver volumes, the MPS daemons' directories and `serve`'s
+/// plugin socket (the Docker record and `info`/`gpu`'s agent work directory have no clap default:
+/// see [`crate::ctx::Ctx::state_default`]).
+const STATE_ARGS: [(&str, &str); 5] = [
+    ("pool_dir", "pool"),
+    ("agent_work_dir", "agent"),
+    ("volume_root", "volumes"),
+    ("mps_root", "mps"),
+    ("plugin_socket", "plugin/nvidia-docker.sock"),
+];
+
+/// Where a simulated node's state lives unless a path is given: one scratch directory per node,
+/// `<tmp>/mesos-gpu-sim/<node>/`, kept across commands (as a real node's state is), so that
+/// `docker-args`, `gpu list` and `serve` of one simulated node share its pool and records and
+/// never touch the host's.
+pub(crate) fn scratch_state(spec: &str) -> PathBuf {
+    let key = if nvml_sim::TOPOLOGIES.iter().any(|(name, _)| *name == spec) {
+        spec.to_owned()
+    } else {
+        // A description file: its name and a digest of its path, so two files never share.
+        let path = std::fs::canonicalize(spec).unwrap_or_else(|_| PathBuf::from(spec));
+        let stem = path
+            .file_stem()
+            .map_or_else(|| "node".to_owned(), |s| s.to_string_lossy().into_owned());
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&path, &mut hasher);
+        format!("file-{stem}-{:016x}", std::hash::Hasher::finish(&hasher))
+    };
+    std::env::temp_dir().join("mesos-gpu-sim").join(key)
+}
+
+/// The `--simulate` value on a command line (`--simulate X` or `--simulate=X`, before any `--`),
+/// unless it is `list`.
+pub(crate) fn spec_in_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Option<String> {
+    let mut args = args.into_iter();
+    let mut spec = None;
+    while let Some(arg) = args.next() {
+        let arg = arg.to_string_lossy().into_owned();
+        if arg == "--" {
+            break;
+        }
+        if arg == "--simulate" {
+            spec = args.next().map(|v| v.to_string_lossy().into_owned());
+        } else if let Some(value) = arg.strip_prefix("--simulate=") {
+            spec = Some(value.to_owned());
+        }
+    }
+    spec.filter(|s| s != LIST)
+}
+
+/// Subcommands whose path flags are not state they keep but values they print or check for a
+/// real agent (`agent-flags` writes them into the agent's flags; `doctor` checks the host's
+/// configuration, its `--smoke` run having scratch state of its own).
+const NOT_STATE: [&str; 2] = ["agent-flags", "doctor"];
+
+/// `command` with the defaults of its state flags ([`STATE_ARGS`]), in it and every
+/// subcommand but [`NOT_STATE`], moved into the simulated node's scratch directory `root` (shown
+/// so by `--help`).
+pub(crate) fn with_scratch_defaults(mut command: clap::Command, root: &Path) -> clap::Command {
+    for (id, rel) in STATE_ARGS {
+        let has_default = command
+            .get_arguments()
+            .any(|a| a.get_id() == id && !a.get_default_values().is_empty());
+        if has_default {
+            let value = root.join(rel).into_os_string();
+            command = command.mut_arg(id, |a| a.default_value(value));
+        }
+    }
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .filter(|name| !NOT_STATE.contains(&name.as_str()))
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, |s| with_scratch_defaults(s, root));
+    }
+    command
+}
+
 /// The node's display name and its description, with a relative `events_file` made absolute.
 fn node_description(spec: &str) -> anyhow::Result<(String, String)> {
     if let Some((name, json)) = nvml_sim::TOPOLOGIES.iter().find(|(name, _)| *name == spec) {

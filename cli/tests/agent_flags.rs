@@ -618,7 +618,10 @@ fn module_parameters(out: &str) -> std::collections::BTreeMap<String, String> {
 /// nodes alike (before: nothing on dgx1-v100, `--resources=gpus:56` alone on dgx-a100-mig).
 #[test]
 fn without_isolation_every_node_gets_the_module_flags() {
-    let nodes = lines(&["--simulate", "list"]);
+    let nodes: Vec<String> = lines(&["--simulate", "list"])
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect();
     for node in &nodes {
         for (cgroups, isolation) in [
             (

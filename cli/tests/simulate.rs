@@ -129,3 +129,83 @@ fn a_killed_simulation_is_swept_by_the_next() {
     assert!(out.status.success());
     assert!(!dir.exists(), "{} was not swept", dir.display());
 }
+
+/// Issue 37: under `--simulate`, state a command keeps goes to the node's scratch directory
+/// (`<tmp>/mesos-gpu-sim/<node>/`) unless a path is given, never to the host's: the reservation
+/// of `docker-args` lands in the scratch pool and record, `gpu list` of the same node finds it,
+/// `--help` shows the scratch default, and an explicit `--pool-dir` still wins.
+#[test]
+fn simulated_state_defaults_to_the_nodes_scratch_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    std::fs::create_dir(&dev).unwrap();
+    for (name, major, minor) in (0..8).map(|m| (format!("nvidia{m}"), 195, m)).chain([
+        ("nvidiactl".to_owned(), 195, 255),
+        ("nvidia-uvm".to_owned(), 240, 0),
+    ]) {
+        let made = Command::new("mknod")
+            .arg(dev.join(name))
+            .args(["c", &major.to_string(), &minor.to_string()])
+            .status()
+            .unwrap();
+        assert!(made.success(), "mknod (needs root)");
+    }
+    let mesos_gpu = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx1-v100", "--dev-root"])
+            .arg(&dev)
+            .args(args)
+            .env("TMPDIR", tmp.path())
+            .env_remove("MESOS_GPU_POOL_DIR")
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let id = "3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f19";
+    let out = mesos_gpu(&["docker-args", "--gpus", "2", "--container-id", id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scratch = tmp.path().join("mesos-gpu-sim/dgx1-v100");
+    let pool = std::fs::read_to_string(scratch.join("pool/gpu/pool.json")).unwrap();
+    assert!(pool.contains(id), "{pool}");
+    let record = std::fs::read_to_string(scratch.join("docker/gpu/allocations.json")).unwrap();
+    assert!(record.contains(id), "{record}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!(
+            "--volume={}",
+            scratch.join("volumes/nvidia_550.54.14").display()
+        )),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let host_pool = std::fs::read_to_string("/var/lib/mesos-gpu/gpu/pool.json").unwrap_or_default();
+    assert!(
+        !host_pool.contains(id),
+        "the host's pool was written: {host_pool}"
+    );
+    let listed = mesos_gpu(&["gpu", "list"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(id));
+    let help = mesos_gpu(&["gpu", "list", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout)
+            .contains(&format!("[default: {}]", scratch.join("pool").display())),
+        "{}",
+        String::from_utf8_lossy(&help.stdout)
+    );
+    let elsewhere = tmp.path().join("given");
+    let listed = mesos_gpu(&["gpu", "list", "--pool-dir", elsewhere.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("no pool file there"),
+        "{}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+    let out = mesos_gpu(&["docker-args", "--release", id, "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -223,12 +223,12 @@ fn mig_request(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
-        let pool = open_records(&args.reservations, "docker-args --release")?;
+        let pool = open_records(ctx, &args.reservations, "docker-args --release")?;
         if !pool.holds_docker(id)? {
             // Not an error: the hook releases every Docker container at its end, GPUs or not.
             eprintln!(
                 "docker-args: container {id} holds no GPUs in the Docker record in {} (nothing released)",
-                args.reservations.state_dir()?.display()
+                args.reservations.state_dir(ctx)?.display()
             );
             return Ok(ExitCode::SUCCESS);
         }

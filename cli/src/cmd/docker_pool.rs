@@ -64,7 +64,7 @@ pub(crate) fn open_pool_sharing(
     mig.proc_root = ctx.proc_root()?;
     let inventory = ctx.inventory()?.clone();
     let nodes = device_nodes(ctx)?;
-    let work_dir = args.state_dir()?;
+    let work_dir = args.state_dir(ctx)?;
     let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, nodes)?;
     if let Some(unchecked) = &report.unchecked {
         tracing::warn!(records = %unchecked, docker_state_dir = %work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
@@ -75,12 +75,16 @@ pub(crate) fn open_pool_sharing(
 /// Opens the Docker containers' reservations like [`open_pool`], loading no NVML: for what
 /// needs no GPU seen (`what`: claiming a reservation for its container, releasing it), by
 /// container id. Every record is kept as written; nothing can be granted.
-pub(crate) fn open_records(args: &super::DockerPoolArgs, what: &str) -> anyhow::Result<Isolator> {
+pub(crate) fn open_records(
+    ctx: &Ctx,
+    args: &super::DockerPoolArgs,
+    what: &str,
+) -> anyhow::Result<Isolator> {
     let inventory = Inventory {
         absent_reason: Some(format!("{what} loads no NVML")),
         ..Inventory::default()
     };
-    let work_dir = args.state_dir()?;
+    let work_dir = args.state_dir(ctx)?;
     let (isolator, report) = open_on(
         &work_dir,
         args,

@@ -234,7 +234,7 @@ fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
     }))
 }
 
-pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let text: Option<Vec<String>> = args
         .args
         .iter()
@@ -261,11 +261,11 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Ok(wants) => wants,
         Err(e) => {
             // The container never runs: its GPUs go back now.
-            give_back(args, &id);
+            give_back(ctx, args, &id);
             return Err(e);
         }
     };
-    claim(args, &id, &socket)?;
+    claim(ctx, args, &id, &socket)?;
     let line = found.command_line(wants_driver);
     tracing::info!(container = %id, args = ?line, "docker run with reserved GPUs");
     let status = Command::new(&args.docker)
@@ -274,7 +274,7 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot run {}", args.docker.display()));
     let status = status?;
     match container_state(&args.docker, &found) {
-        ContainerState::Gone => give_back(args, &id),
+        ContainerState::Gone => give_back(ctx, args, &id),
         ContainerState::Running(why) => {
             // `docker run` lost its container (the daemon restarted with live-restore): its
             // GPUs stay reserved for mesos-<id> until it is gone (`gpu release`, `serve`).
@@ -291,8 +291,8 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
-fn give_back(args: &Args, id: &ContainerId) {
-    let released = super::docker_pool::open_records(&args.reservations, "docker-wrapper")
+fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
+    let released = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")
         .and_then(|pool| Ok(pool.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
@@ -303,7 +303,7 @@ fn give_back(args: &Args, id: &ContainerId) {
 /// Records this process as the starter of container `id` on the daemon at `socket`, so that
 /// its reservation stays while `docker run` runs whoever reserved it; refused when the
 /// reservation is gone (its reserver died before the container existed and the pool freed it).
-fn claim(args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Result<()> {
+fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Result<()> {
     let me = Host::default()
         .this_process()
         .context("cannot read this process's stamp")?;
@@ -311,7 +311,7 @@ fn claim(args: &Args, id: &ContainerId, socket: &std::path::Path) -> anyhow::Res
         daemon: Some(super::docker_pool::daemon_endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_pool::open_records(&args.reservations, "docker-wrapper")?;
+    let pool = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
     match pool.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(

@@ -425,7 +425,7 @@ fn health_json(
 }
 
 fn health(args: &HealthArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let store = HealthStore::at(&args.store.dir()?);
+    let store = HealthStore::at(&args.store.dir(ctx)?);
     let snapshot = store.load()?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -681,7 +681,7 @@ fn probe_isolated(
 fn mark_healthy(args: &MarkArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let gpu = args.gpu.clone();
-    let store = HealthStore::at(&args.store.dir()?);
+    let store = HealthStore::at(&args.store.dir(ctx)?);
     if !store.monitor_running()? {
         return mark_in_checkpoint(&store, &gpu, ctx);
     }

@@ -119,7 +119,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if ctx.list_simulations(&mut out)? {
         return Ok(ExitCode::SUCCESS);
     }
-    let report = build(ctx, &args.agent.dir()?)?;
+    let report = build(ctx, &args.agent.dir(ctx)?)?;
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;

@@ -172,7 +172,8 @@ pub(crate) struct AgentWorkDirArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct AgentWorkDirCompatArgs {
     /// The mesos-agent's --work_dir, which is the module's `work_dir`: its GPU checkpoint and
-    /// GPU health (`<DIR>/gpu/`) [default: /var/lib/mesos].
+    /// GPU health (`<DIR>/gpu/`); under --simulate, the node's scratch directory unless given
+    /// [default: /var/lib/mesos].
     #[arg(long, value_name = "DIR", env = AGENT_WORK_DIR_ENV)]
     agent_work_dir: Option<PathBuf>,
 
@@ -183,8 +184,8 @@ pub(crate) struct AgentWorkDirCompatArgs {
 
 impl AgentWorkDirCompatArgs {
     /// `--agent-work-dir`, else the deprecated `--work-dir` or `MESOS_GPU_WORK_DIR` (with a
-    /// warning), else the default.
-    pub(crate) fn dir(&self) -> anyhow::Result<PathBuf> {
+    /// warning), else the default ([`Ctx::state_default`]).
+    pub(crate) fn dir(&self, ctx: &Ctx) -> anyhow::Result<PathBuf> {
         match (&self.agent_work_dir, &self.legacy_work_dir) {
             (Some(_), Some(old)) => anyhow::bail!(
                 "--work-dir {} and --agent-work-dir (or {AGENT_WORK_DIR_ENV}) both given: \
@@ -208,7 +209,7 @@ impl AgentWorkDirCompatArgs {
                     ));
                     Ok(PathBuf::from(old))
                 }
-                None => Ok(PathBuf::from(DEFAULT_AGENT_WORK_DIR)),
+                None => Ok(ctx.state_default("agent", DEFAULT_AGENT_WORK_DIR)),
             },
         }
     }
@@ -229,7 +230,8 @@ pub(crate) const DEFAULT_DOCKER_STATE_DIR: &str = "/var/run/mesos-gpu";
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct DockerPoolArgs {
     /// Where the Docker containers' reservations are recorded (`<DIR>/gpu/allocations.json`;
-    /// the GPUs themselves come from --pool-dir) [default: /var/run/mesos-gpu].
+    /// the GPUs themselves come from --pool-dir); under --simulate, the node's scratch directory
+    /// unless given [default: /var/run/mesos-gpu].
     #[arg(long, value_name = "DIR")]
     docker_state_dir: Option<PathBuf>,
 
@@ -243,8 +245,8 @@ pub(crate) struct DockerPoolArgs {
 
 impl DockerPoolArgs {
     /// `--docker-state-dir`, else the deprecated `--work-dir` (with a warning), else the
-    /// default.
-    pub(crate) fn state_dir(&self) -> anyhow::Result<PathBuf> {
+    /// default ([`Ctx::state_default`]).
+    pub(crate) fn state_dir(&self, ctx: &Ctx) -> anyhow::Result<PathBuf> {
         match (&self.docker_state_dir, &self.legacy_work_dir) {
             (Some(_), Some(old)) => anyhow::bail!(
                 "--work-dir {} and --docker-state-dir both given: --work-dir is the old name of \
@@ -260,7 +262,7 @@ impl DockerPoolArgs {
                 ));
                 Ok(old.clone())
             }
-            (None, None) => Ok(PathBuf::from(DEFAULT_DOCKER_STATE_DIR)),
+            (None, None) => Ok(ctx.state_default("docker", DEFAULT_DOCKER_STATE_DIR)),
         }
     }
 }

@@ -165,7 +165,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             },
         };
         if ended {
-            release(args, &id)?;
+            release(ctx, args, &id)?;
         }
         let code = outcome?;
         tracing::info!(container = %container.name, code, "container ended; GPUs released");
@@ -174,8 +174,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 /// Gives the container's GPUs back, by its id: no NVML is needed for that.
-fn release(args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_records(&args.reservations, "mesos-gpu run's release")?;
+fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
+    let pool = open_records(ctx, &args.reservations, "mesos-gpu run's release")?;
     pool.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })

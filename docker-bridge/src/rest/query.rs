@@ -374,15 +374,7 @@ mod tests {
         assert_eq!(err.to_string(), "no GPU 3 on this node (its GPUs: 0-2)");
         assert_eq!(index_ranges([0, 1, 2, 5, 7, 8].into_iter()), "0-2,5,7-8");
         assert_eq!(index_ranges(std::iter::empty()), "none");
-        for bad in [
-            "0,1",
-            "-1",
-            "GPU-zzzz",
-            "x",
-            "* 0",
-            "+1",
-            "99999999999",
-        ] {
+        for bad in ["0,1", "-1", "GPU-zzzz", "x", "* 0", "+1", "99999999999"] {
             let err = pick(Some(bad)).expect_err(bad);
             assert!(
                 matches!(err, QueryError::InvalidDevice { .. }),
