@@ -941,7 +941,12 @@ fn moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_ag
     let check_exact = |agent: &Agent, tasks: &mut [(Task, u32)], isolator: &str| -> TestResult {
         let mut seen = BTreeSet::new();
         for (task, count) in tasks.iter_mut() {
-            task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+            task.wait_state("TASK_RUNNING", TASK_TIMEOUT).map_err(|e| {
+                format!(
+                    "{isolator}: {e}\nagent log:\n{}",
+                    mesos_gpu_testkit::mesos::tail(&agent.log(), 15)
+                )
+            })?;
             let gpus = opened_gpus(agent, task.name())?;
             println!("{isolator}: {} opened {gpus:?}", task.name());
             check(
