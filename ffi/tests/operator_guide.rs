@@ -79,6 +79,14 @@ fn main() -> ExitCode {
             moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_agent_id,
         ),
     ));
+    trials.push(needs(
+        &host,
+        v2,
+        trial(
+            "moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks",
+            moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -1012,5 +1020,91 @@ fn moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_ag
         std::fs::write(go.with_extension(task.name()), "")?;
         task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     }
+    Ok(())
+}
+
+/// Why the guide drains on cgroup v2 ([`MOVING_V2`]): the guide's two `agent.sh` commands run in
+/// place, without the drain, on a real v2 agent. From `gpu/nvidia` to the module, the module
+/// knows none of the running containers and refuses the agent's first `update` of each, so the
+/// agent destroys every task (`TASK_GONE`). From the module to `gpu/nvidia`, the module's task
+/// keeps running with its GPUs, but `gpu/nvidia` finds no device-manager state for its cgroup
+/// (`isolators/gpu/isolator.cpp` 348-356), counts its GPUs as free, and a new task opens some
+/// of them too.
+fn moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks() -> TestResult {
+    let (builtin, module) = moving_commands()?;
+
+    // gpu/nvidia -> the module, in place.
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let spec = node.script_spec_on(AgentCgroups::V2, &master, &builtin)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let go = node.scratch.path().join("go");
+    let mut tasks = [
+        probe_task(&node, &master, "a", 2, &go)?,
+        probe_task(&node, &master, "p", 0, &go)?,
+    ];
+    for task in &mut tasks {
+        task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    }
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(&module, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    for task in &mut tasks {
+        task.wait_state("TASK_GONE", TASK_TIMEOUT).map_err(|e| {
+            format!(
+                "in place to the module, the agent destroys {}: {e}\n{}",
+                task.name(),
+                mesos_gpu_testkit::mesos::tail(&agent.log(), 20)
+            )
+        })?;
+    }
+    let log = agent.log();
+    check(
+        log.contains("MGPU_UNKNOWN_CONTAINER") && log.contains("destroying container"),
+        format!(
+            "the agent log says why: {}",
+            mesos_gpu_testkit::mesos::tail(&log, 20)
+        ),
+    )?;
+    drop(agent);
+
+    // The module -> gpu/nvidia, in place.
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let spec = node.script_spec_on(AgentCgroups::V2, &master, &module)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let go = node.scratch.path().join("go");
+    let mut held = probe_task(&node, &master, "held", 2, &go)?;
+    held.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let before = opened_gpus(&agent, "held")?;
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(&builtin, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    let mut fresh = probe_task(&node, &master, "fresh", 6, &go)?;
+    fresh.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let fresh_gpus = opened_gpus(&agent, "fresh")?;
+    println!("module's task: {before:?}, gpu/nvidia's new task: {fresh_gpus:?}");
+    check(
+        held.is_running()
+            && held.task_states("held").last().map(String::as_str) == Some("TASK_RUNNING"),
+        format!("the module's task keeps running: {:?}", held.states()),
+    )?;
+    let log = agent.log();
+    check(
+        log.contains("in the device manager for container"),
+        format!(
+            "gpu/nvidia finds no device state for the module's container:\n{}",
+            mesos_gpu_testkit::mesos::tail(&log, 20)
+        ),
+    )?;
+    check(
+        !before.is_disjoint(&fresh_gpus),
+        format!(
+            "gpu/nvidia hands the module's task's GPUs {before:?} to a new task: {fresh_gpus:?}"
+        ),
+    )?;
+    std::fs::write(&go, "")?;
+    held.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    fresh.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     Ok(())
 }
