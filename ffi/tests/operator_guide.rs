@@ -15,7 +15,10 @@
 //! - an agent advertising GPUs its isolator cannot back (phantom GPUs) does not start, with
 //!   Mesos's `gpu/nvidia` and with the module, each saying why in the agent log;
 //! - the guide's driver upgrade keeps the agent's ID and its running tasks; naming the driver in
-//!   the attributes (`--driver-attributes`) makes Mesos refuse the recovery, as the guide says.
+//!   the attributes (`--driver-attributes`) makes Mesos refuse the recovery, as the guide says;
+//! - the guide's moves between Mesos's `gpu/nvidia` and the module: in place on cgroup v1; on
+//!   cgroup v2 drained first (the guide's `curl` blocks run as written), and what an in-place
+//!   move does there instead.
 
 mod agents;
 mod support;
