@@ -61,6 +61,8 @@ fn discovers_every_gpu_with_the_isolator() {
     let got = lines(&[
         "--simulate",
         "dgx1-v100",
+        "--cgroups",
+        "v1",
         "--isolation",
         ISO,
         "--resources",
@@ -91,6 +93,53 @@ fn the_driver_is_in_the_attributes_only_when_asked_for() {
         got[1],
         "--attributes='gpu_model:Tesla-V100-SXM2-16GB;gpu_memory_mib:16160;gpu_compute_capability:7.0;\
          nvidia_driver:550.54.14;cuda_version:12.4'"
+    );
+}
+
+/// Issue 34: Mesos's `gpu/nvidia` needs `cgroups/devices`, whose cgroups v2 isolator aborts the
+/// agent at its first task unless `--agent_subsystems` made `<cgroups_root>`
+/// (`isolators/cgroups2/cgroups2.cpp` 192): on v2 its flags end with `--agent_subsystems=`, as
+/// the module's do (before: none, and the agent died at the first task); on v1 there is none.
+#[test]
+fn issue_34_gpu_nvidia_on_cgroup_v2_gets_agent_subsystems() {
+    let args = |cgroups| {
+        [
+            "--simulate",
+            "dgx1-v100",
+            "--cgroups",
+            cgroups,
+            "--isolation",
+            ISO,
+        ]
+    };
+    let v2 = lines(&args("v2"));
+    assert_eq!(
+        v2.last().map(String::as_str),
+        Some("--agent_subsystems=''"),
+        "{v2:?}"
+    );
+    assert_eq!(v2[2], "--nvidia_gpu_devices=0,1,2,3,4,5,6,7", "{v2:?}");
+    let v1 = lines(&args("v1"));
+    assert!(
+        !v1.iter().any(|l| l.starts_with("--agent_subsystems")),
+        "{v1:?}"
+    );
+    let mine = lines(&[
+        "--simulate",
+        "dgx1-v100",
+        "--cgroups",
+        "v2",
+        "--isolation",
+        ISO,
+        "--",
+        "--agent_subsystems=memory",
+    ]);
+    assert_eq!(
+        mine.iter()
+            .filter(|l| l.starts_with("--agent_subsystems"))
+            .collect::<Vec<_>>(),
+        ["--agent_subsystems=memory"],
+        "the operator's own --agent_subsystems is kept, once: {mine:?}"
     );
 }
 
@@ -288,6 +337,8 @@ fn explicit_zero_keeps_gpus_zero() {
     let got = lines(&[
         "--simulate",
         "dgx-a100",
+        "--cgroups",
+        "v1",
         "--isolation",
         ISO,
         "--resources",

@@ -15,7 +15,10 @@
 //! - an agent advertising GPUs its isolator cannot back (phantom GPUs) does not start, with
 //!   Mesos's `gpu/nvidia` and with the module, each saying why in the agent log;
 //! - the guide's driver upgrade keeps the agent's ID and its running tasks; naming the driver in
-//!   the attributes (`--driver-attributes`) makes Mesos refuse the recovery, as the guide says.
+//!   the attributes (`--driver-attributes`) makes Mesos refuse the recovery, as the guide says;
+//! - the guide's moves between Mesos's `gpu/nvidia` and the module: in place on cgroup v1; on
+//!   cgroup v2 drained first (the guide's `curl` blocks run as written), and what an in-place
+//!   move does there instead.
 
 mod agents;
 mod support;
@@ -25,11 +28,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agents::{allowed_minors, mesos_gpu_exe, module, shell_words, task_containers, until};
+use agents::{
+    Hold, TaskProbe, allowed_minors, mesos_gpu_exe, module, probe, probe_command, shell_words,
+    task_containers, until,
+};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DevNode, ISOLATOR_MODULE, Master, MesosInstall, PrivateHost,
-    Task, http_get, modules_json,
+    Task, http_get, http_post_json, modules_json,
 };
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
@@ -63,10 +69,27 @@ fn main() -> ExitCode {
             driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade,
         ),
     ];
-    let trials: Vec<Trial> = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| needs(&host, v1, trial(name, f)))
         .collect();
+    let v2: &[Need] = &[Need::Root, Need::Cgroup2, Need::Cc, Need::Mesos];
+    trials.push(needs(
+        &host,
+        v2,
+        trial(
+            "moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_agent_id",
+            moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_agent_id,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        v2,
+        trial(
+            "moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks",
+            moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -148,10 +171,21 @@ impl Node {
         )
     }
 
-    /// An agent started by the documented shell command `command` (see [`as_run_here`]).
+    /// An agent on cgroup v1 started by the documented shell command `command` (see
+    /// [`as_run_here`]).
     fn script_spec(&self, master: &Master, command: &str) -> TestResult<AgentSpec> {
+        self.script_spec_on(AgentCgroups::V1, master, command)
+    }
+
+    /// [`Self::script_spec`] on `cgroups`.
+    fn script_spec_on(
+        &self,
+        cgroups: AgentCgroups,
+        master: &Master,
+        command: &str,
+    ) -> TestResult<AgentSpec> {
         let script = as_run_here(command, master, &self.agent_flags_opts())?;
-        let mut spec = AgentSpec::with_script(AgentCgroups::V1, &script, self.env()?);
+        let mut spec = AgentSpec::with_script(cgroups, &script, self.env()?);
         spec.private_host = Some(self.host.setup_script());
         spec.work_dir = Some(self.scratch.path().join("work"));
         Ok(spec)
@@ -615,6 +649,26 @@ fn driver_attributes_make_mesos_refuse_the_recovery_after_an_upgrade() -> TestRe
 /// The heading of the guide's section on moving between the isolators.
 const MOVING: &str = "Moving between Mesos's gpu/nvidia and the module";
 
+/// The two `agent.sh` commands of the guide's [`MOVING`] section: Mesos's `gpu/nvidia`'s, then
+/// the module's.
+fn moving_commands() -> TestResult<(String, String)> {
+    let commands: Vec<String> = documented_agent_sh_commands()?
+        .into_iter()
+        .filter(|c| c.doc == "docs/operator-guide.md" && c.section == MOVING)
+        .map(|c| c.command)
+        .collect();
+    match (
+        commands.iter().find(|c| c.contains("gpu/nvidia")),
+        commands.iter().find(|c| !c.contains("gpu/nvidia")),
+    ) {
+        (Some(builtin), Some(module)) => Ok((builtin.clone(), module.clone())),
+        _ => Err(format!(
+            "the guide's {MOVING:?} section shows both agent.sh commands: {commands:?}"
+        )
+        .into()),
+    }
+}
+
 /// The GPU minors each running task's devices cgroup allows (cgroup v1), by task name.
 fn task_gpus(agent: &Agent) -> TestResult<BTreeMap<String, BTreeSet<u32>>> {
     task_containers(agent)?
@@ -632,20 +686,8 @@ fn task_gpus(agent: &Agent) -> TestResult<BTreeMap<String, BTreeSet<u32>>> {
 fn moving_between_gpu_nvidia_and_the_module_in_place_keeps_every_tasks_gpus() -> TestResult {
     let node = Node::new("dgx1-v100")?;
     let master = Master::start(&node.install)?;
-    let commands: Vec<String> = documented_agent_sh_commands()?
-        .into_iter()
-        .filter(|c| c.doc == "docs/operator-guide.md" && c.section == MOVING)
-        .map(|c| c.command)
-        .collect();
-    let (Some(builtin), Some(module)) = (
-        commands.iter().find(|c| c.contains("gpu/nvidia")),
-        commands.iter().find(|c| !c.contains("gpu/nvidia")),
-    ) else {
-        return Err(format!(
-            "the guide's {MOVING:?} section shows both agent.sh commands: {commands:?}"
-        )
-        .into());
-    };
+    let (builtin, module) = moving_commands()?;
+    let (builtin, module) = (&builtin, &module);
     let spec = node.script_spec(&master, builtin)?;
     let mut agent = Agent::start(&node.install, &master, spec)?;
     let id = state(&agent)?["id"].clone();
@@ -739,5 +781,333 @@ fn moving_between_gpu_nvidia_and_the_module_in_place_keeps_every_tasks_gpus() ->
     b.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     c.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     p.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    Ok(())
+}
+
+/// The heading of the guide's cgroup v2 procedure, below [`MOVING`].
+const MOVING_V2: &str = "On cgroup v2: drain, restart, reactivate";
+
+/// The shell blocks (```` ```sh ````) of the guide's section `section`, each as written.
+fn guide_shell_blocks(section: &str) -> TestResult<Vec<String>> {
+    let text = std::fs::read_to_string(repo().join("docs/operator-guide.md"))?;
+    let mut blocks = Vec::new();
+    let mut heading = "";
+    // In a fenced block: `Some(text)` for a shell block, `Some(None)` for another language.
+    let mut fenced: Option<Option<String>> = None;
+    for line in text.lines() {
+        let fence = line.trim_start().starts_with("```");
+        match (&mut fenced, fence) {
+            (None, true) => fenced = Some((line.trim() == "```sh").then(String::new)),
+            (None, false) if line.starts_with('#') => {
+                heading = line.trim_start_matches('#').trim();
+            }
+            (None, false) => {}
+            (Some(block), true) => {
+                if let Some(block) = block.take().filter(|_| heading == section) {
+                    blocks.push(block);
+                }
+                fenced = None;
+            }
+            (Some(Some(block)), false) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (Some(None), false) => {}
+        }
+    }
+    Ok(blocks)
+}
+
+/// The guide's cgroup v2 procedure ([`MOVING_V2`]): its three shell blocks, the one that names
+/// the agent and the master and defines `api`, the drain (it ends when the agent runs no
+/// container), and the reactivation (once the master says `DRAINED`).
+struct V2Procedure {
+    setup: String,
+    drain: String,
+    reactivate: String,
+}
+
+impl V2Procedure {
+    fn from_guide() -> TestResult<V2Procedure> {
+        let blocks = guide_shell_blocks(MOVING_V2)?;
+        let find = |needle: &str| {
+            let found: Vec<&String> = blocks.iter().filter(|b| b.contains(needle)).collect();
+            match found.as_slice() {
+                [one] => Ok((*one).clone()),
+                other => Err(format!(
+                    "the guide's {MOVING_V2:?} section has one shell block with {needle}: {other:?}"
+                )),
+            }
+        };
+        Ok(V2Procedure {
+            setup: find("MASTER_API=")?,
+            drain: find("DRAIN_AGENT")?,
+            reactivate: find("REACTIVATE_AGENT")?,
+        })
+    }
+
+    /// Runs the setup block then `block` in one shell, as an operator pastes them, with the
+    /// guide's example hosts (`agent1:5051`, `master1:5050`) this test's agent and master;
+    /// returns what it printed.
+    fn run(&self, block: &str, agent: &Agent, master: &Master) -> TestResult<String> {
+        let hosts = [
+            ("agent1:5051", format!("127.0.0.1:{}", agent.port())),
+            ("master1:5050", master.address()),
+        ];
+        let mut setup = self.setup.clone();
+        for (example, here) in &hosts {
+            check(
+                setup.contains(example),
+                format!("the guide's setup names {example}: {setup}"),
+            )?;
+            setup = setup.replace(example, here);
+        }
+        let out = std::process::Command::new("timeout")
+            .args(["120", "sh", "-c"])
+            .arg(format!("{setup}{block}"))
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            let agents = http_post_json(master.port(), "/api/v1", r#"{"type":"GET_AGENTS"}"#)
+                .ok()
+                .and_then(|a| serde_json::from_str::<serde_json::Value>(&a).ok())
+                .unwrap_or_default();
+            let drain: Vec<&serde_json::Value> = agents["get_agents"]["agents"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| &a["drain_info"])
+                .collect();
+            let master_log: Vec<String> = master
+                .log()
+                .lines()
+                .filter(|l| l.contains("rain") || l.contains("task"))
+                .map(str::to_owned)
+                .collect();
+            return Err(format!(
+                "the guide's block failed ({}):\n{block}\nstdout: {stdout}\nstderr: {}\n\
+                 the master's drain_info: {drain:?}\nmaster log:\n{}\nagent log:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                mesos_gpu_testkit::mesos::tail(&master_log.join("\n"), 40),
+                mesos_gpu_testkit::mesos::tail(&agent.log(), 30)
+            )
+            .into());
+        }
+        Ok(stdout)
+    }
+}
+
+/// A task of `gpus` GPUs (none for 0) that probes every `nvidia*` node of its `/dev` (the
+/// private host's), then holds them until `go` exists.
+fn probe_task(node: &Node, master: &Master, name: &str, gpus: u32, go: &Path) -> TestResult<Task> {
+    let resources = match gpus {
+        0 => "cpus:0.1;mem:32".to_owned(),
+        n => format!("cpus:0.1;mem:32;gpus:{n}"),
+    };
+    let command = probe_command(&probe()?, Path::new("/dev"), Hold::Until(go), 0);
+    Ok(Task::launch(
+        &node.install,
+        master,
+        name,
+        &resources,
+        &command,
+    )?)
+}
+
+/// The GPU minors task `name` could open, from its probe at start (cgroup v2: Mesos's or the
+/// module's device program decides, as a process in the task sees it).
+fn opened_gpus(agent: &Agent, name: &str) -> TestResult<BTreeSet<u32>> {
+    let stdout = agent.wait_stdout(name, "probed", TASK_TIMEOUT)?;
+    Ok(TaskProbe::parse(&stdout).gpus().into_iter().collect())
+}
+
+/// The guide's cgroup v2 move ([`MOVING_V2`]) on a real agent on cgroup v2, both ways, every
+/// command as written: `agent.sh` with `gpu/nvidia` (which, since issue 34, gets
+/// `--agent_subsystems=` from `agent-flags`; before, the agent aborted at its first task), tasks
+/// with and without GPUs; the drain block kills them (`TASK_KILLED`, reason
+/// `REASON_AGENT_DRAINING`) and ends with no container left; `agent.sh` for the module; the
+/// reactivation block; new tasks open exactly their GPUs, disjoint; then the same back to
+/// `gpu/nvidia`. The agent keeps its ID throughout.
+fn moving_between_gpu_nvidia_and_the_module_on_cgroup_v2_drains_and_keeps_the_agent_id()
+-> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let (builtin, module) = moving_commands()?;
+    let procedure = V2Procedure::from_guide()?;
+    let spec = node.script_spec_on(AgentCgroups::V2, &master, &builtin)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let id = state(&agent)?["id"].clone();
+    let go = node.scratch.path().join("go");
+    let mut running = vec![
+        (
+            probe_task(&node, &master, "a", 2, &go.with_extension("a"))?,
+            2,
+        ),
+        (
+            probe_task(&node, &master, "p", 0, &go.with_extension("p"))?,
+            0,
+        ),
+    ];
+    let check_exact = |agent: &Agent, tasks: &mut [(Task, u32)], isolator: &str| -> TestResult {
+        let mut seen = BTreeSet::new();
+        for (task, count) in tasks.iter_mut() {
+            task.wait_state("TASK_RUNNING", TASK_TIMEOUT).map_err(|e| {
+                format!(
+                    "{isolator}: {e}\nagent log:\n{}",
+                    mesos_gpu_testkit::mesos::tail(&agent.log(), 15)
+                )
+            })?;
+            let gpus = opened_gpus(agent, task.name())?;
+            println!("{isolator}: {} opened {gpus:?}", task.name());
+            check(
+                gpus.len() == *count as usize && gpus.is_disjoint(&seen),
+                format!(
+                    "{isolator}: task {} (gpus:{count}) opens exactly its own GPUs: {gpus:?}, \
+                     others hold {seen:?}",
+                    task.name()
+                ),
+            )?;
+            seen.extend(gpus);
+        }
+        Ok(())
+    };
+    check_exact(&agent, &mut running, "gpu/nvidia")?;
+
+    for (isolator, command, counts) in [
+        ("the module", &module, [("b", 6), ("c", 2)]),
+        ("gpu/nvidia", &builtin, [("d", 2), ("e", 6)]),
+    ] {
+        procedure.run(&procedure.drain, &agent, &master)?;
+        let containers = http_get(agent.port(), "/containers")?;
+        check(
+            containers.trim() == "[]",
+            format!("the drained agent runs no container: {containers}"),
+        )?;
+        for (task, _) in &mut running {
+            task.wait_state("TASK_KILLED", TASK_TIMEOUT)?;
+            check(
+                task.output().contains("reason: REASON_AGENT_DRAINING"),
+                format!(
+                    "{} was killed by the drain: {}",
+                    task.name(),
+                    mesos_gpu_testkit::mesos::tail(&task.output(), 8)
+                ),
+            )?;
+        }
+        agent.kill()?;
+        agent.spec_mut().script = Some(as_run_here(command, &master, &node.agent_flags_opts())?);
+        agent
+            .restart()
+            .map_err(|e| format!("the drained agent starts with {isolator}: {e}"))?;
+        if isolator == "the module" {
+            agent.wait_log("GPU isolator ready", TASK_TIMEOUT)?;
+        }
+        check(
+            state(&agent)?["id"] == id,
+            format!("the agent keeps its ID ({isolator})"),
+        )?;
+        procedure.run(&procedure.reactivate, &agent, &master)?;
+        running = counts
+            .into_iter()
+            .map(|(name, n)| {
+                Ok((
+                    probe_task(&node, &master, name, n, &go.with_extension(name))?,
+                    n,
+                ))
+            })
+            .collect::<TestResult<_>>()?;
+        check_exact(&agent, &mut running, isolator)?;
+    }
+    for (task, _) in &mut running {
+        std::fs::write(go.with_extension(task.name()), "")?;
+        task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    }
+    Ok(())
+}
+
+/// Why the guide drains on cgroup v2 ([`MOVING_V2`]): the guide's two `agent.sh` commands run in
+/// place, without the drain, on a real v2 agent. From `gpu/nvidia` to the module, the module
+/// knows none of the running containers and refuses the agent's first `update` of each, so the
+/// agent destroys every task (`TASK_GONE`). From the module to `gpu/nvidia`, the module's task
+/// keeps running with its GPUs, but `gpu/nvidia` finds no device-manager state for its cgroup
+/// (`isolators/gpu/isolator.cpp` 348-356), counts its GPUs as free, and a new task opens some
+/// of them too.
+fn moving_in_place_on_cgroup_v2_destroys_or_double_books_the_running_tasks() -> TestResult {
+    let (builtin, module) = moving_commands()?;
+
+    // gpu/nvidia -> the module, in place.
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let spec = node.script_spec_on(AgentCgroups::V2, &master, &builtin)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let go = node.scratch.path().join("go");
+    let mut tasks = [
+        probe_task(&node, &master, "a", 2, &go)?,
+        probe_task(&node, &master, "p", 0, &go)?,
+    ];
+    for task in &mut tasks {
+        task.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    }
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(&module, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    for task in &mut tasks {
+        task.wait_state("TASK_GONE", TASK_TIMEOUT).map_err(|e| {
+            format!(
+                "in place to the module, the agent destroys {}: {e}\n{}",
+                task.name(),
+                mesos_gpu_testkit::mesos::tail(&agent.log(), 20)
+            )
+        })?;
+    }
+    let log = agent.log();
+    check(
+        log.contains("MGPU_UNKNOWN_CONTAINER") && log.contains("destroying container"),
+        format!(
+            "the agent log says why: {}",
+            mesos_gpu_testkit::mesos::tail(&log, 20)
+        ),
+    )?;
+    drop(agent);
+
+    // The module -> gpu/nvidia, in place.
+    let node = Node::new("dgx1-v100")?;
+    let master = Master::start(&node.install)?;
+    let spec = node.script_spec_on(AgentCgroups::V2, &master, &module)?;
+    let mut agent = Agent::start(&node.install, &master, spec)?;
+    let go = node.scratch.path().join("go");
+    let mut held = probe_task(&node, &master, "held", 2, &go)?;
+    held.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let before = opened_gpus(&agent, "held")?;
+    agent.kill()?;
+    agent.spec_mut().script = Some(as_run_here(&builtin, &master, &node.agent_flags_opts())?);
+    agent.restart()?;
+    let mut fresh = probe_task(&node, &master, "fresh", 6, &go)?;
+    fresh.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    let fresh_gpus = opened_gpus(&agent, "fresh")?;
+    println!("module's task: {before:?}, gpu/nvidia's new task: {fresh_gpus:?}");
+    check(
+        held.is_running()
+            && held.task_states("held").last().map(String::as_str) == Some("TASK_RUNNING"),
+        format!("the module's task keeps running: {:?}", held.states()),
+    )?;
+    let log = agent.log();
+    check(
+        log.contains("in the device manager for container"),
+        format!(
+            "gpu/nvidia finds no device state for the module's container:\n{}",
+            mesos_gpu_testkit::mesos::tail(&log, 20)
+        ),
+    )?;
+    check(
+        !before.is_disjoint(&fresh_gpus),
+        format!(
+            "gpu/nvidia hands the module's task's GPUs {before:?} to a new task: {fresh_gpus:?}"
+        ),
+    )?;
+    std::fs::write(&go, "")?;
+    held.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    fresh.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     Ok(())
 }

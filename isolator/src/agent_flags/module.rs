@@ -60,9 +60,13 @@ pub fn isolation_without_module(isolation: &str, version: CgroupVersion) -> Stri
     }
 }
 
-/// The agent flags, besides `--isolation`, that the module needs on a cgroup `version` host:
-/// `--agent_subsystems=` on v2 (see the module docs), none on v1.
-pub fn module_agent_flags(version: CgroupVersion) -> Vec<String> {
+/// The agent flags, besides `--isolation`, that an agent with a GPU isolator (the module or
+/// Mesos's `gpu/nvidia`) needs on a cgroup `version` host: `--agent_subsystems=` on v2, none on
+/// v1. On v2 Mesos's cgroups v2 isolator (`gpu/nvidia`'s `cgroups/devices`, or the one the linux
+/// launcher creates anyway) aborts the agent at its first container without `<cgroups_root>`
+/// (`isolators/cgroups2/cgroups2.cpp` 192, `CHECK(cgroups2::exists(flags.cgroups_root))`), see
+/// the module docs.
+pub fn cgroup_agent_flags(version: CgroupVersion) -> Vec<String> {
     match version {
         CgroupVersion::V1 => Vec::new(),
         CgroupVersion::V2 => vec!["--agent_subsystems=".to_owned()],
@@ -160,10 +164,10 @@ mod tests {
         assert!(module_isolation(CgroupVersion::V1).contains("cgroups/devices"));
         assert!(!module_isolation(CgroupVersion::V2).contains("cgroups/"));
         assert_eq!(
-            module_agent_flags(CgroupVersion::V2),
+            cgroup_agent_flags(CgroupVersion::V2),
             ["--agent_subsystems="]
         );
-        assert!(module_agent_flags(CgroupVersion::V1).is_empty());
+        assert!(cgroup_agent_flags(CgroupVersion::V1).is_empty());
         let v1 = module_isolation(CgroupVersion::V1);
         let err = check_module_isolation(&v1, CgroupVersion::V2).unwrap_err();
         assert!(matches!(err, ContainerizerFlagsError::DevicesOnV2 { .. }));

@@ -362,7 +362,7 @@ impl Agent {
                 .args(&flags);
             cmd
         };
-        cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.set_env(&mut cmd);
         self.child = Some(spawn_logged(&mut cmd, &log)?);
         Ok(())
     }
@@ -400,9 +400,20 @@ impl Agent {
         for (name, value) in harness {
             cmd.env(format!("MESOS_{name}"), value);
         }
-        cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.set_env(&mut cmd);
         self.child = Some(spawn_logged(&mut cmd, log)?);
         Ok(())
+    }
+
+    /// The agent's environment: this process's without `LD_LIBRARY_PATH`, plus the spec's.
+    /// `cargo test` puts `target/<profile>` ahead of `target/<profile>/deps` there, so an agent
+    /// inheriting it loads whatever `libmesos_gpu.so` an earlier `cargo build` left in
+    /// `target/<profile>` in place of the one the module was linked with (its RUNPATH), and a
+    /// test runs stale module code (seen in issue 34: a v2 agent ran a module without the
+    /// commit under test).
+    fn set_env(&self, cmd: &mut Command) {
+        cmd.env_remove("LD_LIBRARY_PATH");
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     }
 
     /// Waits until the agent (re-)registered: up to 2 minutes, as a restarted agent first

@@ -89,6 +89,9 @@ impl PrivateHost {
             "ldconfig (private ld.so.cache)",
         )?;
         fs::create_dir(d.join("stage")).map_err(|e| format!("{}: {e}", d.display()))?;
+        // `shadow DIR "NAMES"`: DIR becomes a tmpfs of links to the host's entries, except NAMES
+        // (before issue 34 NAMES was ignored, so Mesos's driver volume went to the host's
+        // `/run/mesos` whenever the host had one).
         let mut script = String::from(
             "set -e\n\
              shadow() {\n\
@@ -96,7 +99,9 @@ impl PrivateHost {
              \x20 mkdir -p \"$s\"\n\
              \x20 mount --rbind \"$1\" \"$s\"\n\
              \x20 mount -t tmpfs -o mode=755 mgpu-private \"$1\"\n\
-             \x20 for e in $(ls -A \"$s\"); do ln -s \"$s/$e\" \"$1/$e\"; done\n\
+             \x20 for e in $(ls -A \"$s\"); do\n\
+             \x20   case \" $2 \" in *\" $e \"*) ;; *) ln -s \"$s/$e\" \"$1/$e\" ;; esac\n\
+             \x20 done\n\
              }\n",
         );
         let _ = writeln!(script, "STAGE={}", d.join("stage").display());

@@ -9,7 +9,8 @@
 //! (`work_dir`, `pool_dir`, `volume_root`, and `nvidia_gpu_devices`, `mig_strategy`,
 //! `gpu_replicas`, `gpu_sharing`, `nvml_lib`, `dev_root`, `proc_root` when they apply), inline
 //! or in `--modules-file`, checked first by the module's own parser ([`ModuleConfig::parse`]). With `gpu/nvidia` they are Mesos's own isolator's: `--resources`,
-//! `--attributes` and `--nvidia_gpu_devices`.
+//! `--attributes` and `--nvidia_gpu_devices`, and `--agent_subsystems=` on cgroup v2 (its
+//! `cgroups/devices` aborts the agent at the first container without it).
 //!
 //! NVML is read only when a GPU isolator is in `--isolation` or GPUs are advertised (for the
 //! attributes); without one a broken driver is only a warning, as Mesos never loads NVML then,
@@ -26,7 +27,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_enforce::cgroup::{CgroupLayout, CgroupVersion};
 use mesos_gpu_isolator::agent_flags::module::{
-    DEFAULT_MODULE_LIBRARY, check_module_isolation, isolation_without_module, module_agent_flags,
+    DEFAULT_MODULE_LIBRARY, cgroup_agent_flags, check_module_isolation, isolation_without_module,
     module_isolation,
 };
 use mesos_gpu_isolator::agent_flags::{
@@ -64,8 +65,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LIST")]
     isolation: Option<String>,
 
-    /// The agent's cgroup version, for the module: v1, v2, or auto (v2 exactly when cgroup2 is
-    /// mounted at /sys/fs/cgroup, as Mesos decides).
+    /// The agent's cgroup version, for the module and gpu/nvidia (both need
+    /// --agent_subsystems= on v2): v1, v2, or auto (v2 exactly when cgroup2 is mounted at
+    /// /sys/fs/cgroup, as Mesos decides).
     #[arg(long, value_name = "auto|v1|v2", default_value = "auto")]
     cgroups: CgroupChoice,
 
@@ -277,7 +279,15 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 isolation_without_module(&isolation, version)
             )];
             lines.extend(resolved.flags());
-            lines.extend(module_agent_flags(version));
+            lines.extend(cgroup_agent_flags(version));
+            lines
+        }
+        // Mesos's gpu/nvidia needs `cgroups/devices`, so on cgroup v2 the same
+        // `--agent_subsystems=` as the module (before: the agent aborted at its first task).
+        // Without GPUs gpu/nvidia does not start at all, and stderr says why.
+        None if flags.isolator() == GpuIsolator::Builtin && !inventory.gpus.is_empty() => {
+            let mut lines = resolved.flags();
+            lines.extend(cgroup_agent_flags(cgroup_version(args.cgroups)?));
             lines
         }
         None => resolved.flags(),
@@ -531,7 +541,7 @@ fn module_lines(
     };
     let mut lines = vec![format!("--isolation={isolation}")];
     lines.extend(resolved.flags());
-    lines.extend(module_agent_flags(version));
+    lines.extend(cgroup_agent_flags(version));
     lines.push(format!("--modules={modules}"));
     Ok(lines)
 }
