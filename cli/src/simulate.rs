@@ -145,6 +145,18 @@ impl Simulation {
         Ok(self.driver_root.get_or_init(|| root))
     }
 
+    /// The node's device nodes, as its driver numbers them, in its scratch directory
+    /// ([`scratch_state`]`/dev`), made with `mknod` (root) on first use.
+    pub(crate) fn device_root(
+        &self,
+        inventory: &mesos_gpu_node::inventory::Inventory,
+        proc_root: &Path,
+    ) -> anyhow::Result<PathBuf> {
+        let dir = scratch_state(&self.name).join("dev");
+        make_device_nodes(&dir, inventory, proc_root)?;
+        Ok(dir)
+    }
+
     /// The node's name (a shipped name, or the description file's path).
     pub(crate) fn name(&self) -> &str {
         &self.name
@@ -358,6 +370,43 @@ pub(crate) fn with_scratch_defaults(mut command: clap::Command, root: &Path) -> 
         command = command.mut_subcommand(name, |s| with_scratch_defaults(s, root));
     }
     command
+}
+
+/// Makes under `dir` every device node the simulated driver of `inventory` numbers (its
+/// `devices` table in `proc_root`), with `mknod` (root); a node already there is kept.
+pub(crate) fn make_device_nodes(
+    dir: &Path,
+    inventory: &mesos_gpu_node::inventory::Inventory,
+    proc_root: &Path,
+) -> anyhow::Result<()> {
+    let proc_devices = std::fs::read_to_string(proc_root.join("devices")).unwrap_or_default();
+    for node in mesos_gpu_node::devices::expected_nodes(inventory, &proc_devices) {
+        let Some(dev) = node.dev else {
+            continue;
+        };
+        let path = dir.join(&node.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        if path.symlink_metadata().is_ok() {
+            continue;
+        }
+        let out = std::process::Command::new("mknod")
+            .arg(&path)
+            .args(["c", &dev.major.to_string(), &dev.minor.to_string()])
+            .output()
+            .context("cannot run mknod")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mknod {} c {} {} failed (the simulated node's device nodes need root): {}",
+            path.display(),
+            dev.major,
+            dev.minor,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// The node's display name and its description, with a relative `events_file` made absolute.

@@ -86,9 +86,13 @@ fn main() -> ExitCode {
         &[Need::Root, Need::Cgroup1, Need::Cpuset1],
         Trial::test("v1_exec_pins_the_command_to_its_gpus_cpu", numa_pinning),
     ));
-    trials.push(Trial::test(
-        "simulation_without_dev_root_is_refused",
-        simulation_without_dev_root_is_refused,
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        Trial::test(
+            "simulation_without_dev_root_runs_on_the_nodes_of_its_driver",
+            simulation_without_dev_root_runs_on_the_nodes_of_its_driver,
+        ),
     ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
@@ -662,24 +666,38 @@ fn bad_gpus_change_nothing(version: &'static str) -> TestResult {
     env.check_clean()
 }
 
-fn simulation_without_dev_root_is_refused() -> TestResult {
+/// Issue 37: `exec --simulate` without `--dev-root` runs (it refused), on the nodes the
+/// simulated driver numbers, made in the node's scratch directory; the command is told the node
+/// (`NVML_SIM_CONFIG`, `NVML_SIM_DEV_ROOT`), so the volume's `nvidia-smi` needs nothing by hand.
+fn simulation_without_dev_root_runs_on_the_nodes_of_its_driver() -> TestResult {
+    let env = Env::new("v1");
+    let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "exec", "--gpus", "1"])
+        .args(["--cgroup-version", "v1", "--cgroups-root", &env.root])
+        .arg("--pool-dir")
+        .arg(env.work.path())
         .args([
-            "--simulate",
-            "dgx1-v100",
-            "exec",
-            "--gpus",
-            "1",
             "--",
-            "true",
+            "sh",
+            "-c",
+            "echo config=$NVML_SIM_CONFIG; echo dev=$NVML_SIM_DEV_ROOT; ls $NVML_SIM_DEV_ROOT",
         ])
+        .env("TMPDIR", tmp.path())
+        .env("MESOS_GPU_LOG", "warn")
         .output()
         .unwrap();
-    check(out.status.code() == Some(1), text(&out))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dev = tmp.path().join("mesos-gpu-sim/dgx1-v100/dev");
     check(
-        String::from_utf8_lossy(&out.stderr).contains("pass --dev-root"),
+        out.status.success()
+            && stdout.contains(&format!("dev={}\n", dev.display()))
+            && stdout.contains("config=/")
+            && stdout.lines().any(|l| l == "nvidia7")
+            && stdout.lines().any(|l| l == "nvidiactl"),
         text(&out),
-    )
+    )?;
+    env.check_clean()
 }
 
 /// Issue 18: on `numa-2cpu` (GPU 0 local to CPU 0), `--numa-pinning` runs the command on CPU 0

@@ -1,8 +1,9 @@
 //! The `--simulate` examples of `volume`, `docker-args` and `serve --help` run as written (the
 //! command line copied from the help, with this build's `mesos-gpu` first on `PATH`): a simulated
 //! node brings a simulated driver tree, so the volume is built from it, `docker-args` binds it,
-//! and `serve`'s volume plugin mounts it. Needs root (`ldconfig -r`, the volume root under
-//! `/var/run`).
+//! and `serve`'s volume plugin mounts it. Each runs with a fresh `TMPDIR`, so the simulated node's
+//! scratch state (its volume root included) starts empty and the example passes only by building
+//! the volume there, never reading or writing the host's. Needs root (`ldconfig -r`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read as _;
@@ -19,51 +20,6 @@ type TestResult = Result<(), Failed>;
 
 /// How long a command may take on a loaded machine; not a bound.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// The simulated node's volume in the default volume root, which the `docker-args` and `serve`
-/// examples use.
-const DEFAULT_VOLUME: &str = "/var/run/mesos/isolators/gpu/nvidia_550.54.14";
-
-/// While held, the default root has no volume of the simulated driver (one left by an earlier
-/// run is moved aside and put back afterwards), so an example passes only by building it. The
-/// examples run one at a time.
-struct NoVolumeYet {
-    aside: Option<PathBuf>,
-    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
-}
-
-impl NoVolumeYet {
-    fn new() -> Result<NoVolumeYet, Failed> {
-        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let guard = ONE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let volume = Path::new(DEFAULT_VOLUME);
-        let aside = if volume.exists() {
-            let aside = PathBuf::from(format!(
-                "{DEFAULT_VOLUME}.help-examples-{}",
-                std::process::id()
-            ));
-            std::fs::rename(volume, &aside)?;
-            Some(aside)
-        } else {
-            None
-        };
-        Ok(NoVolumeYet {
-            aside,
-            _one_at_a_time: guard,
-        })
-    }
-}
-
-impl Drop for NoVolumeYet {
-    fn drop(&mut self) {
-        if let Some(aside) = &self.aside {
-            let _ = std::fs::remove_dir_all(DEFAULT_VOLUME);
-            let _ = std::fs::rename(aside, DEFAULT_VOLUME);
-        }
-    }
-}
 
 fn main() -> ExitCode {
     let host = Host::probe();
@@ -108,8 +64,8 @@ fn simulate_examples(command: &str) -> Vec<String> {
         .collect()
 }
 
-/// A shell running `line` with this build's `mesos-gpu` first on `PATH`.
-fn shell(line: &str) -> Command {
+/// A shell running `line` with this build's `mesos-gpu` first on `PATH` and `tmp` as `TMPDIR`.
+fn shell(line: &str, tmp: &Path) -> Command {
     let bin = Path::new(env!("CARGO_BIN_EXE_mesos-gpu")).parent().unwrap();
     let path = format!(
         "{}:{}",
@@ -119,12 +75,13 @@ fn shell(line: &str) -> Command {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", line])
         .env("PATH", path)
+        .env("TMPDIR", tmp)
         .env_remove("NVML_SIM_CONFIG");
     cmd
 }
 
-fn run_example(line: &str) -> Result<String, Failed> {
-    let out = shell(line).output()?;
+fn run_example(line: &str, tmp: &Path) -> Result<String, Failed> {
+    let out = shell(line, tmp).output()?;
     if !out.status.success() {
         return Err(format!(
             "`{line}` failed ({}): {}",
@@ -182,32 +139,44 @@ fn check_volume(root: &Path) -> TestResult {
 fn volume_example() -> TestResult {
     let line = the_example("volume")?;
     let root = flag_value(&line, "--volume-root")?;
-    let out = run_example(&line)?;
+    let tmp = tempfile::tempdir()?;
+    let out = run_example(&line, tmp.path())?;
     if !out.contains("nvidia_550.54.14") {
         return Err(format!("`{line}` printed: {out}").into());
     }
     check_volume(&root)
 }
 
+/// The simulated node's volume root in its scratch state under `tmp`.
+fn scratch_volumes(tmp: &Path) -> PathBuf {
+    tmp.join("mesos-gpu-sim/dgx1-v100/volumes")
+}
+
 fn docker_args_example() -> TestResult {
-    let _fresh = NoVolumeYet::new()?;
+    let tmp = tempfile::tempdir()?;
     let line = the_example("docker-args")?;
-    let out = run_example(&line)?;
+    let out = run_example(&line, tmp.path())?;
     let args: Vec<String> = serde_json::from_str(&out)?;
     let volume = args
         .iter()
         .find_map(|a| a.strip_prefix("--volume="))
         .and_then(|v| v.split(':').next())
         .ok_or_else(|| format!("no --volume= in {args:?}"))?;
-    check_volume(Path::new(volume).parent().unwrap())
+    let root = Path::new(volume).parent().unwrap();
+    if root != scratch_volumes(tmp.path()) {
+        return Err(
+            format!("the volume {volume} is not in the simulated node's scratch state").into(),
+        );
+    }
+    check_volume(root)
 }
 
 fn serve_example() -> TestResult {
-    let _fresh = NoVolumeYet::new()?;
+    let tmp = tempfile::tempdir()?;
     let line = the_example("serve")?;
     let listen = flag_value(&line, "--listen")?;
     let socket = flag_value(&line, "--plugin-socket")?;
-    let mut child = shell(&format!("exec {line}"))
+    let mut child = shell(&format!("exec {line}"), tmp.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -250,8 +219,13 @@ fn serve_example() -> TestResult {
             std::thread::sleep(Duration::from_millis(200));
         };
         let point = mount["Mountpoint"].as_str().unwrap_or_default();
-        if mount["Err"].as_str() != Some("") || point.is_empty() {
-            return Err(format!("VolumeDriver.Mount answered {mount}").into());
+        if mount["Err"].as_str() != Some("")
+            || !point.starts_with(&*scratch_volumes(tmp.path()).to_string_lossy())
+        {
+            return Err(format!(
+                "VolumeDriver.Mount answered {mount}, not a volume of the node's scratch state"
+            )
+            .into());
         }
         check_volume(Path::new(point).parent().unwrap())
     })();

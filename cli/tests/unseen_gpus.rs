@@ -224,10 +224,16 @@ fn records_without_uuids_repaired_by_commands() -> TestResult {
     )?;
     let docker_args = || {
         let mut cmd = mesos_gpu();
-        cmd.args(["docker-args", "--gpus", "1", "--plugin", "--docker-state-dir"])
-            .arg(scratch.path().join("docker-work"))
-            .arg("--pool-dir")
-            .arg(&pool_dir);
+        cmd.args([
+            "docker-args",
+            "--gpus",
+            "1",
+            "--plugin",
+            "--docker-state-dir",
+        ])
+        .arg(scratch.path().join("docker-work"))
+        .arg("--pool-dir")
+        .arg(&pool_dir);
         cmd
     };
     let refused = docker_args().output()?;

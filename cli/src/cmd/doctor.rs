@@ -40,7 +40,6 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use mesos_gpu_docker::cdi::DEFAULT_SPEC_DIRS;
 use mesos_gpu_isolator::lifecycle::CgroupChoice;
-use mesos_gpu_node::devices::expected_nodes;
 use mesos_gpu_node::discovery::DEFAULT_NVML_LIB;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
@@ -320,29 +319,6 @@ fn scratch_dev_root(inventory: &Inventory, proc_root: &Path) -> anyhow::Result<t
         .prefix("mesos-gpu-doctor-dev-")
         .tempdir()
         .context("cannot make a scratch device root")?;
-    let proc_devices = std::fs::read_to_string(proc_root.join("devices")).unwrap_or_default();
-    for node in expected_nodes(inventory, &proc_devices) {
-        let Some(dev) = node.dev else {
-            continue;
-        };
-        let path = dir.path().join(&node.name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
-        let out = std::process::Command::new("mknod")
-            .arg(&path)
-            .args(["c", &dev.major.to_string(), &dev.minor.to_string()])
-            .output()
-            .context("cannot run mknod")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "mknod {} c {} {} failed (the simulated node's device nodes need root): {}",
-            path.display(),
-            dev.major,
-            dev.minor,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    crate::simulate::make_device_nodes(dir.path(), inventory, proc_root)?;
     Ok(dir)
 }

@@ -57,7 +57,7 @@ const GO: &[u8] = b"go";
     after_help = "Examples:\n  \
     mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
     mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
-    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes exec --gpus 4 -- sh -c 'ls -l /tmp/nodes'\n  \
+    mesos-gpu --simulate dgx1-v100 exec --gpus 4 -- sh -c 'ls -l $NVML_SIM_DEV_ROOT'\n  \
     mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status\n  \
     mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python infer.py   # a 1/4 share under MPS\n  \
     mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps,4-7=time-slicing --share-mode time-slicing -- ./job"
@@ -121,12 +121,29 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return launch(socket, &args.command);
     }
     let gpus = args.gpus.context("--gpus is required")?;
-    let Some(dev_root) = ctx.dev_root() else {
-        bail!(
-            "a simulated node has no device nodes, so their numbers are unknown: pass --dev-root DIR \
-             holding nodes made with mknod (nvidiactl c 195 255, nvidia-uvm, nvidia<minor> c 195 <minor>)"
-        );
+    // A simulated node without --dev-root: the nodes its driver numbers, made once in its
+    // scratch directory; its programs (the volume's nvidia-smi) are told the node.
+    let (dev_root, simulated_env) = match (ctx.simulation()?, ctx.dev_root()) {
+        (Some(sim), given) => {
+            let dev = match given {
+                Some(dev) => dev.to_owned(),
+                None => sim.device_root(ctx.inventory()?, &ctx.proc_root()?)?,
+            };
+            let env = vec![
+                (
+                    "NVML_SIM_CONFIG".to_owned(),
+                    sim.config_path().display().to_string(),
+                ),
+                ("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()),
+            ];
+            (dev, env)
+        }
+        (None, given) => (
+            given.map_or_else(|| std::path::PathBuf::from("/dev"), Path::to_owned),
+            Vec::new(),
+        ),
     };
+    let dev_root = dev_root.as_path();
     super::require_gpus(ctx, gpus)?;
     let inventory = ctx.inventory()?.clone();
     let nodes = DeviceNodes::scan(dev_root, &inventory).with_context(|| {
@@ -205,22 +222,23 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             return Err(anyhow::Error::new(e).context("cannot pin the container to its GPUs' CPUs"));
         }
     }
-    let outcome = start(&isolator, &id, &info, &args.command).and_then(|mut child| {
-        let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
-        let waited = runtime.block_on(async {
-            let wait = tokio::task::spawn_blocking(move || child.wait());
-            tokio::pin!(wait);
-            loop {
-                tokio::select! {
-                    status = &mut wait => break status,
-                    _ = sigint.recv() => forward(pid, Signal::INT),
-                    _ = sigterm.recv() => forward(pid, Signal::TERM),
-                    _ = sighup.recv() => forward(pid, Signal::HUP),
+    let outcome =
+        start(&isolator, &id, &info, &simulated_env, &args.command).and_then(|mut child| {
+            let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
+            let waited = runtime.block_on(async {
+                let wait = tokio::task::spawn_blocking(move || child.wait());
+                tokio::pin!(wait);
+                loop {
+                    tokio::select! {
+                        status = &mut wait => break status,
+                        _ = sigint.recv() => forward(pid, Signal::INT),
+                        _ = sigterm.recv() => forward(pid, Signal::TERM),
+                        _ = sighup.recv() => forward(pid, Signal::HUP),
+                    }
                 }
-            }
+            });
+            Ok(waited??)
         });
-        Ok(waited??)
-    });
     let cleaned = clean_up(&isolator, &id);
     let status = outcome?;
     cleaned?;
@@ -245,6 +263,7 @@ fn start(
     isolator: &Isolator,
     id: &ContainerId,
     info: &LaunchInfo,
+    simulated_env: &[(String, String)],
     command: &[OsString],
 ) -> anyhow::Result<Child> {
     let dir = fsmode::private_tempdir("mesos-gpu-exec")?;
@@ -259,7 +278,12 @@ fn start(
             .arg(&socket)
             .arg("--")
             .args(command)
-            .envs(info.environment.iter().map(|(k, v)| (k, v)))
+            .envs(
+                info.environment
+                    .iter()
+                    .chain(simulated_env)
+                    .map(|(k, v)| (k, v)),
+            )
             .spawn()
             .context("cannot start the launcher")?;
     let released = isolator
