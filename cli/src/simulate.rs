@@ -60,7 +60,9 @@ pub(crate) struct Simulation {
     driver_version: Option<String>,
     proc_root: PathBuf,
     driver_root: OnceCell<PathBuf>,
-    dir: tempfile::TempDir,
+    /// The process's private directory (the NVML copy, the description, `/proc`), removed with
+    /// the simulation.
+    _private: tempfile::TempDir,
 }
 
 impl Simulation {
@@ -112,7 +114,7 @@ impl Simulation {
             driver_version,
             proc_root,
             driver_root: OnceCell::new(),
-            dir,
+            _private: dir,
         })
     }
 
@@ -122,9 +124,9 @@ impl Simulation {
         &self.config
     }
 
-    /// The simulated driver's file system root, written on first use: the node's driver
-    /// libraries and programs under `usr/local/nvidia`, and an `etc/ld.so.cache` for them
-    /// (`driver_tree`).
+    /// The simulated driver's file system root, in the node's scratch directory (written on
+    /// first use, then kept, as a real driver stays where it is): the node's driver libraries and
+    /// programs under `usr/local/nvidia`, and an `etc/ld.so.cache` for them (`driver_tree`).
     pub(crate) fn driver_root(&self) -> anyhow::Result<&Path> {
         if let Some(root) = self.driver_root.get() {
             return Ok(root);
@@ -134,10 +136,10 @@ impl Simulation {
             .as_deref()
             .with_context(|| format!("simulated node {} has no driver version", self.name))?
             .parse()?;
-        let root = self.dir.path().join("driver");
+        let root = scratch_state(&self.name).join(format!("driver-{version}"));
         {
             let _setup = SETUP.lock().unwrap_or_else(PoisonError::into_inner);
-            driver_tree::write(&root, &version, &driver_tree::programs_dir(&self.sim_lib))
+            driver_tree::ensure(&root, &version, &driver_tree::programs_dir(&self.sim_lib))
                 .with_context(|| {
                     format!("cannot write the simulated driver under {}", root.display())
                 })?;

@@ -209,3 +209,41 @@ fn simulated_state_defaults_to_the_nodes_scratch_directory() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 37: a simulated node's driver stays where it is, as a real one does, so the volume one
+/// command builds verifies in the next (each process had a driver tree of its own, so every
+/// volume was "damaged"), and both live in the node's scratch state, not the host's volume root.
+#[test]
+fn a_simulated_nodes_volume_verifies_in_the_next_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let volume = |verb: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx1-v100", "volume", verb])
+            .env("TMPDIR", tmp.path())
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let created = volume("create");
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let root = tmp
+        .path()
+        .join("mesos-gpu-sim/dgx1-v100/volumes/nvidia_550.54.14");
+    assert!(
+        String::from_utf8_lossy(&created.stdout).contains(&format!("created {}", root.display())),
+        "{}",
+        String::from_utf8_lossy(&created.stdout)
+    );
+    let verified = volume("verify");
+    assert!(
+        verified.status.success()
+            && String::from_utf8_lossy(&verified.stdout).starts_with("intact"),
+        "{}{}",
+        String::from_utf8_lossy(&verified.stdout),
+        String::from_utf8_lossy(&verified.stderr)
+    );
+}

@@ -40,7 +40,8 @@ pub(crate) struct Args {
     command: Command,
 
     /// Directory holding the `nvidia_<driver version>` volumes (the module's `volume_root`,
-    /// `serve`'s and `docker-args`' --volume-root) [default: /var/run/mesos/isolators/gpu].
+    /// `serve`'s and `docker-args`' --volume-root); under --simulate, the node's scratch directory
+    /// unless given [default: /var/run/mesos/isolators/gpu].
     #[arg(long, global = true, value_name = "DIR")]
     volume_root: Option<PathBuf>,
 
@@ -67,8 +68,9 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    /// `--volume-root`, else the deprecated `--root` (with a warning), else the default.
-    fn root(&self) -> anyhow::Result<PathBuf> {
+    /// `--volume-root`, else the deprecated `--root` (with a warning), else the default
+    /// ([`Ctx::state_default`]).
+    fn root(&self, ctx: &Ctx) -> anyhow::Result<PathBuf> {
         match (&self.volume_root, &self.legacy_root) {
             (Some(_), Some(old)) => anyhow::bail!(
                 "--root {} and --volume-root both given: --root is the old name of --volume-root; \
@@ -83,7 +85,7 @@ impl Args {
                 );
                 Ok(old.clone())
             }
-            (None, None) => Ok(PathBuf::from(DEFAULT_ROOT)),
+            (None, None) => Ok(ctx.state_default("volumes", DEFAULT_ROOT)),
         }
     }
 }
@@ -150,7 +152,7 @@ enum Command {
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let root = args.root()?;
+    let root = args.root(ctx)?;
     let manager = VolumeManager::at(&root);
     let driver = driver_source(ctx, args.driver_root.as_deref())?;
     let args = &Located { args, driver };

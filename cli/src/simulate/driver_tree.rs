@@ -40,13 +40,93 @@ const PROGRAM: u32 = 0o755;
 /// Libraries of the tree as `(prefix, SONAME suffix)`.
 const LIBRARIES: &[(&str, &str)] = &[("libnvidia-ml.so", "1"), ("libcuda.so", "1")];
 
-/// Writes the driver tree of `version` under `root`, taking the program stand-ins from
-/// `programs_dir`.
-pub(crate) fn write(
+/// The file in a tree saying what it was made from: a tree whose stamp differs (another
+/// version, rebuilt stand-ins) is made again.
+const STAMP: &str = ".mesos-gpu-sim-stamp";
+
+/// Makes sure `root` holds the driver tree of `version` from the stand-ins in `programs_dir`,
+/// kept across commands (a simulated node's driver stays where it is, as a real one does, so a
+/// volume built from it verifies in the next command). A missing or stale tree is written beside
+/// `root` and renamed into place, so that concurrent commands of the node see a whole tree.
+pub(crate) fn ensure(
     root: &Path,
     version: &DriverVersion,
     programs_dir: &Path,
 ) -> anyhow::Result<()> {
+    let stamp = stamp_of(version, programs_dir);
+    let current = |root: &Path| std::fs::read_to_string(root.join(STAMP)).ok();
+    if current(root).as_deref() == Some(stamp.as_str()) {
+        return Ok(());
+    }
+    let parent = root.parent().unwrap_or(Path::new("/"));
+    fsmode::create_dir_all(parent, fsmode::STATE_DIR)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".driver-new-")
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot make a directory in {}", parent.display()))?;
+    write(staging.path(), version, programs_dir)?;
+    fsmode::write_file(
+        &staging.path().join(STAMP),
+        stamp.as_bytes(),
+        fsmode::STATE_FILE,
+    )
+    .context("cannot stamp the simulated driver tree")?;
+    std::fs::set_permissions(
+        staging.path(),
+        std::fs::Permissions::from_mode(fsmode::STATE_DIR),
+    )?;
+    if root.exists() {
+        // Stale: moved aside, then removed.
+        let old = tempfile::Builder::new()
+            .prefix(".driver-old-")
+            .tempdir_in(parent)?
+            .keep();
+        std::fs::rename(root, old.join("tree"))
+            .with_context(|| format!("cannot move the stale tree {} aside", root.display()))?;
+        if let Err(e) = std::fs::remove_dir_all(&old) {
+            tracing::debug!(dir = %old.display(), error = %e, "cannot remove a stale simulated driver tree");
+        }
+    }
+    let staged = staging.keep();
+    match std::fs::rename(&staged, root) {
+        Ok(()) => Ok(()),
+        // Another command of the node made it first.
+        Err(_) if current(root).as_deref() == Some(stamp.as_str()) => {
+            let _ = std::fs::remove_dir_all(&staged);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staged);
+            Err(e).with_context(|| {
+                format!("cannot put the simulated driver tree at {}", root.display())
+            })
+        }
+    }
+}
+
+/// What a tree is made from: the version, and each stand-in program's size and modification
+/// time.
+fn stamp_of(version: &DriverVersion, programs_dir: &Path) -> String {
+    let mut stamp = format!("version {version}\n");
+    for program in [SMI, MPS_CONTROL] {
+        let path = programs_dir.join(program);
+        let seen = std::fs::metadata(&path).ok().map(|m| {
+            let modified = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            (m.len(), modified)
+        });
+        stamp.push_str(&format!("{} {seen:?}\n", path.display()));
+    }
+    stamp
+}
+
+/// Writes the driver tree of `version` under `root`, taking the program stand-ins from
+/// `programs_dir`.
+fn write(root: &Path, version: &DriverVersion, programs_dir: &Path) -> anyhow::Result<()> {
     let machine = native_machine()?;
     let lib64 = root.join(DRIVER_DIR).join("lib64");
     let bin = root.join(DRIVER_DIR).join("bin");
