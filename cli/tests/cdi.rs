@@ -132,6 +132,13 @@ fn generate_writes_once_and_reports_it() {
 fn generate_on_a_simulated_node_prints_unless_told_where() {
     let out = mesos_gpu(&["cdi", "generate", "--simulate", "pcie-t4x4"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // The guide's promise: the output says the numbers are computed, and what is left out.
+    assert!(
+        stderr(&out).contains("device numbers computed (195:<minor> for GPUs")
+            && stderr(&out).contains("the optional nvidia-uvm-tools left out"),
+        "{}",
+        stderr(&out)
+    );
     let spec: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(spec["cdiVersion"], "0.5.0");
     assert_eq!(spec["devices"].as_array().unwrap().len(), 9);

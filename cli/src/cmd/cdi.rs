@@ -105,6 +105,11 @@ fn generate(args: &GenerateArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             }
         };
         warn_missing_volume(&devices.driver_volume);
+        if numbers == DeviceNumbers::Computed {
+            eprintln!(
+                "mesos-gpu cdi: device numbers {numbers}: --dev-root DIR reads them from nodes"
+            );
+        }
         out.write_all(&devices.spec()?.to_json())?;
         return Ok(ExitCode::SUCCESS);
     }

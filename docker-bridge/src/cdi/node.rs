@@ -195,7 +195,7 @@ impl fmt::Display for DeviceNumbers {
             }
             DeviceNumbers::Computed => f.write_str(
                 "computed (195:<minor> for GPUs, 195:255 for nvidiactl; nvidia-uvm left for the \
-                 runtime to stat)",
+                 runtime to stat; the optional nvidia-uvm-tools left out)",
             ),
         }
     }
