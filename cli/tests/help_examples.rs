@@ -218,6 +218,14 @@ fn serve_example() -> TestResult {
             }
             std::thread::sleep(Duration::from_millis(200));
         };
+        // Docker's mount is the volume's holder while it lasts (issue 37: HOLDERS was empty).
+        let listed = run_example(
+            "mesos-gpu --simulate dgx1-v100 volume list --json",
+            tmp.path(),
+        )?;
+        if !listed.contains("docker-help-example") {
+            return Err(format!("`volume list` shows no holder for the mount: {listed}").into());
+        }
         let point = mount["Mountpoint"].as_str().unwrap_or_default();
         if mount["Err"].as_str() != Some("")
             || !point.starts_with(&*scratch_volumes(tmp.path()).to_string_lossy())

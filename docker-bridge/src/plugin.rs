@@ -51,6 +51,11 @@ pub trait VolumeBuilder: Send + Sync + 'static {
     /// Creates or verifies the volume for `version` and returns its host directory. Blocking:
     /// it runs on a blocking thread, never inside a request.
     fn build(&self, version: &str) -> Result<PathBuf, BuildError>;
+
+    /// Records `holder` (a Docker mount) as using the volume of `version` (`held`), or no longer
+    /// (`!held`), so that `mesos-gpu volume list` shows it and `volume gc` keeps the volume.
+    /// Blocking, and quick (a file in the volume root).
+    fn hold(&self, version: &str, holder: &str, held: bool) -> Result<(), BuildError>;
 }
 
 /// Builds volumes with the volume manager from the driver files under a root (`/` normally).
@@ -74,6 +79,16 @@ impl VolumeBuilder for ManagerBuilder {
         let cache = LdCache::load(&self.source.root)?;
         let plan = self.manager.plan(&self.source, &cache, &version)?;
         Ok(self.manager.create(&plan)?.path)
+    }
+
+    fn hold(&self, version: &str, holder: &str, held: bool) -> Result<(), BuildError> {
+        let version: DriverVersion = version.parse()?;
+        if held {
+            self.manager.acquire(&version, holder)?;
+        } else {
+            self.manager.release(&version, holder)?;
+        }
+        Ok(())
     }
 }
 
@@ -195,6 +210,31 @@ impl DriverVolumes {
         });
     }
 
+    /// Records Docker's mount `id` of the current volume as its holder (`held`), or no longer:
+    /// the holder is `docker-<id>`. A failure is logged: the mount itself is not refused.
+    async fn hold(&self, id: &str, held: bool) {
+        let Some(version) = self.state().version().map(str::to_owned) else {
+            return;
+        };
+        let holder = format!("docker-{id}");
+        let builder = Arc::clone(&self.builder);
+        let done = tokio::task::spawn_blocking(move || {
+            builder
+                .hold(&version, &holder, held)
+                .map_err(|e| (holder, error_chain(e.as_ref())))
+        })
+        .await;
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err((holder, reason))) => {
+                tracing::warn!(holder, held, %reason, "cannot record a Docker mount of the driver volume")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "recording a Docker mount of the driver volume failed")
+            }
+        }
+    }
+
     /// The state once it is no longer `Building`, or after `wait`, whichever is first.
     pub async fn settled(&self, wait: Duration) -> VolumeState {
         let mut rx = self.state.subscribe();
@@ -276,6 +316,12 @@ fn split_name(name: &str) -> Option<(&str, &str)> {
     let version_ok =
         !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     (base_ok && version_ok).then_some((base, version))
+}
+
+/// The `ID` Docker gives a mount (in `Mount` and `Unmount`), when there is one.
+fn mount_id(body: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    value.get("ID").and_then(Value::as_str).map(str::to_owned)
 }
 
 fn name_of(body: &[u8]) -> Result<String, PluginError> {
@@ -367,6 +413,12 @@ impl PluginApi {
                     Err(e) => json!({"Err": e.to_string()}),
                     Ok(mountpoint) => match path {
                         "/VolumeDriver.Create" => ok(json!({})),
+                        "/VolumeDriver.Mount" => {
+                            if let Some(id) = mount_id(body) {
+                                self.volumes.hold(&id, true).await;
+                            }
+                            ok(json!({"Mountpoint": mountpoint}))
+                        }
                         "/VolumeDriver.Get" => ok(
                             json!({"Volume": {"Name": name, "Mountpoint": mountpoint, "Status": {}}}),
                         ),
@@ -381,6 +433,8 @@ impl PluginApi {
                     Ok(name) => {
                         if path == "/VolumeDriver.Remove" {
                             tracing::info!(volume = %name, "Docker forgot the driver volume; its directory stays with the volume manager");
+                        } else if let Some(id) = mount_id(body) {
+                            self.volumes.hold(&id, false).await;
                         }
                         ok(json!({}))
                     }
@@ -463,9 +517,19 @@ mod tests {
         fail: bool,
         gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
         calls: AtomicUsize,
+        /// Every `hold` call: (version, holder, held).
+        holds: Mutex<Vec<(String, String, bool)>>,
     }
 
     impl VolumeBuilder for FakeBuilder {
+        fn hold(&self, version: &str, holder: &str, held: bool) -> Result<(), BuildError> {
+            self.holds
+                .lock()
+                .expect("lock")
+                .push((version.to_owned(), holder.to_owned(), held));
+            Ok(())
+        }
+
         fn build(&self, version: &str) -> Result<PathBuf, BuildError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if let Some(gate) = self.gate.lock().expect("lock").take() {
@@ -484,6 +548,7 @@ mod tests {
             fail,
             gate: Mutex::new(gate),
             calls: AtomicUsize::new(0),
+            holds: Mutex::new(Vec::new()),
         })
     }
 
@@ -553,6 +618,25 @@ mod tests {
         assert_eq!(
             call(&api, "/VolumeDriver.Remove", body).await,
             json!({"Err": ""})
+        );
+    }
+
+    #[tokio::test]
+    async fn docker_mounts_hold_the_volume_until_unmounted() {
+        let fake = builder(false, None);
+        let volumes = DriverVolumes::new(fake.clone());
+        volumes.set_driver(Some("550.54.14"));
+        let _ = volumes.settled(Duration::from_secs(5)).await;
+        let api = PluginApi::new(volumes, Duration::from_secs(1));
+        let body = r#"{"Name": "nvidia_driver_550.54.14", "ID": "abc123"}"#;
+        assert_eq!(call(&api, "/VolumeDriver.Mount", body).await["Err"], "");
+        assert_eq!(call(&api, "/VolumeDriver.Unmount", body).await["Err"], "");
+        assert_eq!(
+            *fake.holds.lock().expect("lock"),
+            [
+                ("550.54.14".to_owned(), "docker-abc123".to_owned(), true),
+                ("550.54.14".to_owned(), "docker-abc123".to_owned(), false)
+            ]
         );
     }
 

@@ -472,6 +472,15 @@ impl mesos_gpu_docker::plugin::VolumeBuilder for NoBuild {
     fn build(&self, version: &str) -> Result<PathBuf, mesos_gpu_docker::plugin::BuildError> {
         Err(format!("no volume manager in this test (driver {version})").into())
     }
+
+    fn hold(
+        &self,
+        version: &str,
+        _holder: &str,
+        _held: bool,
+    ) -> Result<(), mesos_gpu_docker::plugin::BuildError> {
+        Err(format!("no volume manager in this test (driver {version})").into())
+    }
 }
 
 fn recovery_finds_the_gpus_of_running_mesos_containers(fx: &Fixture) -> TestResult {
@@ -556,12 +565,26 @@ fn recovery_finds_the_gpus_of_running_mesos_containers(fx: &Fixture) -> TestResu
     })
 }
 
-/// Serves the fixture's volume directory for any version, as the volume manager would.
-struct FixtureVolume(PathBuf);
+/// Serves the fixture's volume directory for any version, as the volume manager would, and
+/// records the holders Docker's mounts give it.
+struct FixtureVolume(PathBuf, Arc<Mutex<Vec<(String, bool)>>>);
 
 impl mesos_gpu_docker::plugin::VolumeBuilder for FixtureVolume {
     fn build(&self, _version: &str) -> Result<PathBuf, mesos_gpu_docker::plugin::BuildError> {
         Ok(self.0.clone())
+    }
+
+    fn hold(
+        &self,
+        _version: &str,
+        holder: &str,
+        held: bool,
+    ) -> Result<(), mesos_gpu_docker::plugin::BuildError> {
+        self.1
+            .lock()
+            .map_err(|_| "poisoned")?
+            .push((holder.to_owned(), held));
+        Ok(())
     }
 }
 
@@ -575,7 +598,8 @@ fn plugin_volume_is_mounted_by_dockerd(fx: &Fixture) -> TestResult {
     let version = format!("1.{}", std::process::id());
     let volume_name = format!("nvidia_driver_{version}");
     let socket = PathBuf::from(format!("/run/docker/plugins/{plugin_name}.sock"));
-    let volumes = DriverVolumes::new(Arc::new(FixtureVolume(fx.volume_dir())));
+    let holds = Arc::new(Mutex::new(Vec::new()));
+    let volumes = DriverVolumes::new(Arc::new(FixtureVolume(fx.volume_dir(), Arc::clone(&holds))));
     let mut inventory = fx.inventory.clone();
     if let Some(d) = inventory.driver.as_mut() {
         d.version = version.clone();
@@ -640,6 +664,17 @@ fn plugin_volume_is_mounted_by_dockerd(fx: &Fixture) -> TestResult {
         ]))?;
         if inspect != format!("{plugin_name} {}", fx.volume_dir().display()) {
             return Err(Failed::from(format!("docker volume inspect: {inspect}")));
+        }
+        // The container's mount held the volume while it ran, under Docker's mount ID, and let
+        // go of it when it ended (issue 37: `volume list` showed no holder).
+        let held = holds.lock().map_err(|_| "poisoned")?.clone();
+        match held.as_slice() {
+            [(on, true), (off, false)] if on == off && on.starts_with("docker-") => {}
+            other => {
+                return Err(Failed::from(format!(
+                    "Docker's mount and unmount of the volume held it as {other:?}"
+                )));
+            }
         }
         // A name for another driver version is refused by the plugin, through dockerd.
         let wrong = Command::new("docker")

@@ -22,6 +22,10 @@ impl VolumeBuilder for DirBuilder {
         std::fs::create_dir_all(&dir)?;
         Ok(dir)
     }
+
+    fn hold(&self, _version: &str, _holder: &str, _held: bool) -> Result<(), BuildError> {
+        Ok(())
+    }
 }
 
 fn inventory() -> Inventory {
