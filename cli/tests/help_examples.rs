@@ -24,6 +24,10 @@ const PATIENCE: Duration = Duration::from_secs(60);
 fn main() -> ExitCode {
     let host = Host::probe();
     let trials = vec![
+        Trial::test(
+            "examples_are_never_wrapped_mid_command",
+            examples_are_never_wrapped_mid_command,
+        ),
         needs(
             &host,
             &[Need::Root],
@@ -56,12 +60,95 @@ fn simulate_examples(command: &str) -> Vec<String> {
         .split_once("Examples:")
         .map(|(_, rest)| rest)
         .unwrap_or_else(|| panic!("`{command} --help` has no examples:\n{help}"));
-    examples
-        .lines()
-        .map(str::trim)
+    joined_examples(examples)
+        .into_iter()
         .filter(|l| l.starts_with("mesos-gpu ") && l.contains("--simulate"))
+        .collect()
+}
+
+/// The example commands of a help's `Examples:` section, each on one line (a line ending in
+/// ` \` goes on with the next, as in a shell).
+fn joined_examples(section: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut continued = false;
+    for line in section.lines().map(str::trim) {
+        if continued {
+            if let Some(last) = out.last_mut() {
+                last.push(' ');
+                last.push_str(line.trim_end_matches(" \\"));
+            }
+        } else {
+            out.push(line.trim_end_matches(" \\").to_owned());
+        }
+        continued = line.ends_with(" \\");
+    }
+    out
+}
+
+/// The names of `mesos-gpu <path…>`'s subcommands, from its help's `Commands:` section.
+fn subcommands(path: &[&str]) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(path)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    help.split_once("Commands:\n")
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
         .map(str::to_owned)
         .collect()
+}
+
+/// The `Examples:` section of `mesos-gpu <path…> --help` at a terminal `columns` wide.
+fn examples_at(path: &[String], columns: u32) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(path)
+        .arg("--help")
+        .env("COLUMNS", columns.to_string())
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    help.split_once("Example")
+        .map(|(_, rest)| rest.split("\n\n").next().unwrap_or(rest).to_owned())
+        .unwrap_or_default()
+}
+
+/// Issue 37: on an 80-column terminal no example of any command's `--help` is broken mid-command
+/// (clap wrapped long example lines, and a wrapped line pasted into a shell runs half a
+/// command): long examples go on on the next line after ` \`, as in a shell.
+fn examples_are_never_wrapped_mid_command() -> TestResult {
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    for command in subcommands(&[]) {
+        let nested = subcommands(&[command.as_str()]);
+        if nested.is_empty() {
+            paths.push(vec![command]);
+        } else {
+            paths.extend(nested.into_iter().map(|sub| vec![command.clone(), sub]));
+        }
+    }
+    if paths.len() < 20 {
+        return Err(format!("too few commands found: {paths:?}").into());
+    }
+    let mut wrapped = Vec::new();
+    for path in &paths {
+        let wide = examples_at(path, 1000);
+        if examples_at(path, 80) != wide {
+            wrapped.push(path.join(" "));
+        }
+        if joined_examples(&wide).iter().any(|e| e.len() > 1000) {
+            return Err(format!("`{}`: an example never ends", path.join(" ")).into());
+        }
+    }
+    if wrapped.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("examples wrapped at 80 columns: {wrapped:?}").into())
+    }
 }
 
 /// A shell running `line` with this build's `mesos-gpu` first on `PATH` and `tmp` as `TMPDIR`.

@@ -41,9 +41,11 @@ enum Command {
 #[command(after_help = "Examples:\n  \
     mesos-gpu cdi generate\n  \
     mesos-gpu cdi generate --output - | jq '.devices[].name'\n  \
-    mesos-gpu cdi generate --simulate dgx1-v100 --output /tmp/cdi/nvidia.com-gpu.json --json\n  \
+    mesos-gpu cdi generate --simulate dgx1-v100 --output \\\n      \
+    /tmp/cdi/nvidia.com-gpu.json --json\n  \
     podman run --device nvidia.com/gpu=0 IMAGE nvidia-smi\n  \
-    docker run --device nvidia.com/gpu=all IMAGE   # Docker >= 25 with features.cdi")]
+    # Docker >= 25 with features.cdi\n  \
+    docker run --device nvidia.com/gpu=all IMAGE")]
 pub(crate) struct GenerateArgs {
     /// Where to write the spec (atomically); `-` prints it on stdout instead
     /// [default: /var/run/cdi/nvidia.com-gpu.json; with --simulate, `-`: a simulated node's spec

@@ -33,13 +33,14 @@ const DEFAULT_NODE: &str = "dgx1-v100";
                   in a temp directory removed at exit. --live (root only) also creates and removes \
                   the containers' device cgroups through the isolator.",
     after_help = "Examples:\n  \
-    cargo run --release -p mesos-gpu -- demo\n  \
-    mesos-gpu demo --policy first-fit\n  \
-    mesos-gpu --simulate hgx16 demo --json | jq '.run.tasks[] | {task, outcome, gpus: .chosen.gpus}'\n  \
-    mesos-gpu demo --stream my-apps/stream.json --pace 600\n  \
-    mesos-gpu demo --gpu-replicas 4,4=1,5=1,6=1,7=1 --gpu-sharing mps\n  \
-    mesos-gpu --simulate dgx-a100-mig demo\n  \
-    sudo mesos-gpu demo --live"
+        cargo run --release -p mesos-gpu -- demo\n  \
+        mesos-gpu demo --policy first-fit\n  \
+        mesos-gpu --simulate hgx16 demo --json | jq \\\n      \
+        '.run.tasks[] | {task, outcome, gpus: .chosen.gpus}'\n  \
+        mesos-gpu demo --stream my-apps/stream.json --pace 600\n  \
+        mesos-gpu demo --gpu-replicas 4,4=1,5=1,6=1,7=1 --gpu-sharing mps\n  \
+        mesos-gpu --simulate dgx-a100-mig demo\n  \
+        sudo mesos-gpu demo --live"
 )]
 pub(crate) struct Args {
     /// Stream file (`{"arrivals": [{"at", "app", "runs_for"}]}`, app files relative to it)

@@ -45,12 +45,17 @@ use crate::ctx::Ctx;
                   `--release ID`, or until the process that asked for them (--starter-pid) has \
                   ended and the daemon (--docker-socket) has no running container mesos-<ID>.",
     after_help = "Examples:\n  \
-    docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
-    mesos-gpu docker-args --gpus 1 --plugin --container-id 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
-    mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state\n  \
-    docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) busybox grep Cpus_allowed /proc/self/status\n  \
-    docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
+        docker run $(mesos-gpu docker-args --gpus 2 --image \\\n      \
+        nvidia/cuda:12.4.1-base) nvidia/cuda:12.4.1-base nvidia-smi\n  \
+        mesos-gpu docker-args --gpus 1 --plugin --container-id \\\n      \
+        3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
+        mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
+        mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir \\\n      \
+        /tmp/pool --docker-state-dir /tmp/docker-state\n  \
+        docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) \\\n      \
+        busybox grep Cpus_allowed /proc/self/status\n  \
+        docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 \\\n      \
+        --gpu-sharing mps --image IMAGE) IMAGE python infer.py"
 )]
 pub(crate) struct Args {
     /// Number of whole GPUs to reserve (a whole number from 0 to the GPUs of the node); none

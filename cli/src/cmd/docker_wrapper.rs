@@ -97,7 +97,8 @@ const RUN_VALUE_OPTIONS: [&str; 32] = [
                   org_apache_mesos_gpu_MesosGpuDockerHook, which reserved the GPUs with \
                   `mesos-gpu docker-args`): the variable becomes the GPUs' docker run arguments, \
                   and the GPUs go back to the pool when docker run ends.",
-    after_help = "Example, /usr/bin/mesos-gpu-docker (shipped by the package) for `mesos-agent --docker=/usr/bin/mesos-gpu-docker`:\n  \
+    after_help = "Example: /usr/bin/mesos-gpu-docker (shipped by the package), for\n\
+    `mesos-agent --docker=/usr/bin/mesos-gpu-docker`:\n  \
     #!/bin/sh\n  \
     exec /usr/bin/mesos-gpu docker-wrapper --docker /usr/bin/docker \\\n    \
     --pool-dir /var/lib/mesos-gpu --docker-state-dir /var/run/mesos-gpu -- \"$@\"\n\n\

@@ -78,10 +78,11 @@ const UNITS: [&str; 3] = [
                   only when the host is ready, 1 otherwise. Needs root. Changes nothing on the \
                   GPUs.",
     after_help = "Examples:\n  \
-    mesos-gpu doctor\n  \
-    mesos-gpu doctor --smoke --modules /etc/mesos/modules.json --wrapper /usr/bin/mesos-gpu-docker\n  \
-    mesos-gpu doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  \
-    mesos-gpu --simulate dgx1-v100 doctor --smoke"
+        mesos-gpu doctor\n  \
+        mesos-gpu doctor --smoke --modules /etc/mesos/modules.json --wrapper \\\n      \
+        /usr/bin/mesos-gpu-docker\n  \
+        mesos-gpu doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  \
+        mesos-gpu --simulate dgx1-v100 doctor --smoke"
 )]
 pub(crate) struct Args {
     /// Print the report as JSON (`{"ready": …, "checks": [{name, status, summary, details,

@@ -55,12 +55,18 @@ const GO: &[u8] = b"go";
                   to the command. Exits with the command's status, or 128+N when it is killed by \
                   signal N. Needs root.",
     after_help = "Examples:\n  \
-    mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
-    mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python train.py\n  \
-    mesos-gpu --simulate dgx1-v100 exec --gpus 4 -- sh -c 'ls -l $NVML_SIM_DEV_ROOT'\n  \
-    mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep Cpus_allowed_list /proc/self/status\n  \
-    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python infer.py   # a 1/4 share under MPS\n  \
-    mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps,4-7=time-slicing --share-mode time-slicing -- ./job"
+        mesos-gpu exec --gpus 2 -- nvidia-smi\n  \
+        mesos-gpu exec --gpus 1 --policy first-fit --cgroup-version v2 -- python \\\n      \
+        train.py\n  \
+        mesos-gpu --simulate dgx1-v100 exec --gpus 4 -- sh -c \\\n      \
+        'ls -l $NVML_SIM_DEV_ROOT'\n  \
+        mesos-gpu exec --gpus 1 --numa-pinning --cpus 4 -- grep \\\n      \
+        Cpus_allowed_list /proc/self/status\n  \
+        # a 1/4 share under MPS\n  \
+        mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python \\\n      \
+        infer.py\n  \
+        mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing \\\n      \
+        mps,4-7=time-slicing --share-mode time-slicing -- ./job"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).

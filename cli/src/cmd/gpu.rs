@@ -53,8 +53,10 @@ enum GpuCommand {
     )]
     Health(HealthArgs),
     /// Declare a GPU healthy again (after the operator has checked or reset it).
-    #[command(after_help = "Examples:\n  mesos-gpu gpu mark-healthy 3\n  \
-        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --agent-work-dir /var/lib/mesos")]
+    #[command(after_help = "Examples:\n  \
+        mesos-gpu gpu mark-healthy 3\n  \
+        mesos-gpu gpu mark-healthy GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 \\\n      \
+        --agent-work-dir /var/lib/mesos")]
     MarkHealthy(MarkArgs),
     /// List what the node's GPU pool holds: owner, GPUs, since when, whether the owner is still
     /// there (and why), unhealthy GPUs. Reads only.
@@ -66,11 +68,15 @@ enum GpuCommand {
     /// Check GPUs through NVML and the CUDA driver API, step by step: what the health monitor's
     /// default probe runs before a GPU comes back by itself. Reads and allocates only; changes
     /// no GPU setting. Exits 1 when a step fails.
-    #[command(after_help = "Examples:\n  mesos-gpu gpu probe --gpu 0\n  \
+    #[command(after_help = "Examples:\n  \
+        mesos-gpu gpu probe --gpu 0\n  \
         mesos-gpu gpu probe                            # every GPU in turn\n  \
-        mesos-gpu gpu probe --gpu GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 --cuda-lib /usr/lib64/libcuda.so.1\n  \
-        mesos-gpu gpu probe --gpu 0 --isolated         # in a one-GPU cgroup, as the monitor runs it (root)\n  \
-        mesos-gpu gpu probe --gpu 0 --isolated --command '/usr/local/bin/check-gpu {index}'")]
+        mesos-gpu gpu probe --gpu GPU-8a2d4c6e-1f3b-4a5c-9e7d-2b4f6a8c0e12 \\\n      \
+        --cuda-lib /usr/lib64/libcuda.so.1\n  \
+        # in a one-GPU cgroup, as the monitor runs it (root)\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated\n  \
+        mesos-gpu gpu probe --gpu 0 --isolated --command \\\n      \
+        '/usr/local/bin/check-gpu {index}'")]
     Probe(ProbeArgs),
     /// Give back the GPUs of an owner that is gone (`gpu list` shows it dead), or of every dead
     /// owner with --dead. An owner still alive, or that cannot be checked, is refused unless

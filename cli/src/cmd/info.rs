@@ -55,7 +55,8 @@ use crate::ctx::Ctx;
     mesos-gpu info\n  \
     mesos-gpu info --simulate dgx1-v100\n  \
     mesos-gpu info --simulate list\n  \
-    mesos-gpu info --json --nvml-lib /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n  \
+    mesos-gpu info --json --nvml-lib \\\n      \
+    /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n  \
     mesos-gpu info --agent-work-dir /var/lib/mesos")]
 pub(crate) struct Args {
     /// Print JSON (fields documented in the module) instead of tables.

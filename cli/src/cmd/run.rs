@@ -33,10 +33,14 @@ use crate::ctx::Ctx;
                   stop). Exits with the container's status. Images built for a newer CUDA than \
                   the driver's are refused.",
     after_help = "Examples:\n  \
-    mesos-gpu run --gpus 2 nvidia/cuda:12.4.1-base nvidia-smi\n  \
-    mesos-gpu run --gpus 1 --plugin nvidia/cuda:12.4.1-base sh -c 'ls /dev/nvidia*'\n  \
-    mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state busybox ls /dev\n  \
-    mesos-gpu run --gpus 1 --numa-pinning busybox grep Cpus_allowed_list /proc/self/status"
+        mesos-gpu run --gpus 2 nvidia/cuda:12.4.1-base nvidia-smi\n  \
+        mesos-gpu run --gpus 1 --plugin nvidia/cuda:12.4.1-base sh -c \\\n      \
+        'ls /dev/nvidia*'\n  \
+        mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run --gpus 4 \\\n      \
+        --pool-dir /tmp/pool --docker-state-dir /tmp/docker-state busybox ls \\\n      \
+        /dev\n  \
+        mesos-gpu run --gpus 1 --numa-pinning busybox grep Cpus_allowed_list \\\n      \
+        /proc/self/status"
 )]
 pub(crate) struct Args {
     /// Number of GPUs (a whole number from 0 to the GPUs of the node).

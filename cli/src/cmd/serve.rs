@@ -71,7 +71,8 @@ fn listen_address(value: &str) -> Result<SocketAddr, String> {
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     mesos-gpu serve\n  \
-    mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 --plugin-socket /tmp/mesos-gpu-demo/nvidia-docker.sock\n  \
+    mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 \\\n      \
+    --plugin-socket /tmp/mesos-gpu-demo/nvidia-docker.sock\n  \
     docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE")]
 pub(crate) struct Args {
     /// TCP address of the REST API (nvidia-docker's remote API): HOST:PORT, the host an IP

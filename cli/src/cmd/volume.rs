@@ -33,7 +33,8 @@ use crate::ctx::Ctx;
     mesos-gpu volume list\n  \
     mesos-gpu volume gc\n  \
     mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes\n  \
-    mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy\n  \
+    mesos-gpu volume create --volume-root /tmp/volumes --driver-root \\\n      \
+    /mnt/image --copy\n  \
     mesos-gpu --simulate dgx1-v100 volume create --volume-root /tmp/volumes")]
 pub(crate) struct Args {
     #[command(subcommand)]
@@ -93,15 +94,19 @@ impl Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Show which driver files the volume would hold, and every candidate skipped and why.
-    #[command(
-        after_help = "Examples:\n  mesos-gpu volume plan\n  mesos-gpu volume plan --json\n  \
-        mesos-gpu volume plan --driver-root /mnt/image --cache /mnt/image/etc/ld.so.cache"
-    )]
+    #[command(after_help = "Examples:\n  \
+            mesos-gpu volume plan\n  \
+            mesos-gpu volume plan --json\n  \
+            mesos-gpu volume plan --driver-root /mnt/image --cache \\\n      \
+            /mnt/image/etc/ld.so.cache")]
     Plan,
     /// Build the volume, or reuse an intact one; rebuild a stale or damaged one.
-    #[command(after_help = "Examples:\n  mesos-gpu volume create\n  \
-        mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes --checksums\n  \
-        mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image --copy")]
+    #[command(after_help = "Examples:\n  \
+        mesos-gpu volume create\n  \
+        mesos-gpu volume create --volume-root /var/lib/mesos-gpu/volumes \\\n      \
+        --checksums\n  \
+        mesos-gpu volume create --volume-root /tmp/volumes --driver-root \\\n      \
+        /mnt/image --copy")]
     Create {
         /// Copy every file instead of hard-linking those on the volume root's file system.
         #[arg(long)]
@@ -135,7 +140,8 @@ enum Command {
     },
     /// Record HOLDER (a container id) as using the volume.
     #[command(after_help = "Example:\n  \
-        mesos-gpu volume acquire 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
+        mesos-gpu volume acquire 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 \\\n      \
+        --driver-version 550.54.14")]
     Acquire {
         /// The container id.
         #[arg(value_parser = parse_holder)]
@@ -143,7 +149,8 @@ enum Command {
     },
     /// Remove HOLDER's use of the volume.
     #[command(after_help = "Example:\n  \
-        mesos-gpu volume release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 --driver-version 550.54.14")]
+        mesos-gpu volume release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11 \\\n      \
+        --driver-version 550.54.14")]
     Release {
         /// The container id.
         #[arg(value_parser = parse_holder)]

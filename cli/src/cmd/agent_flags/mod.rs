@@ -47,12 +47,18 @@ use command_line::{AgentCommandLine, Source, one_value};
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     mesos-gpu agent-flags\n  \
-    mesos-gpu agent-flags --resources 'cpus:32;mem:245760' --cgroups v2 --modules-file /etc/mesos/gpu-modules.json\n  \
+    mesos-gpu agent-flags --resources 'cpus:32;mem:245760' --cgroups v2 \\\n      \
+    --modules-file /etc/mesos/gpu-modules.json\n  \
     mesos-gpu agent-flags --simulate dgx-a100-mig --mig-strategy mixed\n  \
-    mesos-gpu agent-flags --module-param driver_volume=build --module-param health_checks=all\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4,6=1,7=1 --gpu-sharing mps\n  \
-    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4 --gpu-sharing mps,4-5=time-slicing,6-7=none\n  \
-    mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources gpus:2 --nvidia-gpu-devices 0,1\n\n\
+    mesos-gpu agent-flags --module-param driver_volume=build --module-param \\\n      \
+    health_checks=all\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4,6=1,7=1 \\\n      \
+    --gpu-sharing mps\n  \
+    mesos-gpu agent-flags --simulate dgx1-v100 --gpu-replicas 4 \\\n      \
+    --gpu-sharing mps,4-5=time-slicing,6-7=none\n  \
+    mesos-gpu agent-flags --isolation cgroups/devices,gpu/nvidia --resources \\\n      \
+    gpus:2 --nvidia-gpu-devices 0,1\n\
+    \n\
     Without --isolation the flags load mesos-gpu's module (org_apache_mesos_gpu_MesosGpuIsolator) and end with\n\
     --modules, the module's parameters matching the advertised GPUs; `eval` them into the agent's command line\n\
     (examples/mesos-agent/agent.sh). With --gpu-replicas, each shared GPU is advertised as R `gpus` units (a task's\n\
