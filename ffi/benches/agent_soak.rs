@@ -215,7 +215,48 @@ fn ready(opts: &Options) -> Result<(), String> {
         _ => {}
     }
     MesosInstall::locate()?.check_runs()?;
-    check_pymesos()
+    check_pymesos()?;
+    build_stand_ins()
+}
+
+/// Builds nvml-sim's program stand-ins (`nvidia-cuda-mps-control` for the shared GPUs) in this
+/// bench's profile when they are not built yet: `cargo bench` builds the bench, not another
+/// package's binaries (issue 37: the soak panicked on a fresh checkout).
+fn build_stand_ins() -> Result<(), String> {
+    let Err(missing) = mesos_gpu_testkit::mps::find_program() else {
+        return Ok(());
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("this bench's path: {e}"))?;
+    // `target/<dir>/deps/agent_soak-…`: `debug` is the dev profile's directory.
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|d| d.to_str())
+        .map(|d| if d == "debug" { "dev" } else { d })
+        .ok_or_else(|| format!("{missing}; and this bench's profile is unknown"))?
+        .to_owned();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!(
+        "agent_soak: building nvml-sim's program stand-ins (cargo build --profile {profile} -p nvml-sim --bins)"
+    );
+    let status = std::process::Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--profile",
+            &profile,
+            "-p",
+            "nvml-sim",
+            "--bins",
+        ])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .status()
+        .map_err(|e| format!("{missing}; and {cargo} cannot run: {e}"))?;
+    if !status.success() {
+        return Err(format!("{missing}; and building them failed ({status})"));
+    }
+    mesos_gpu_testkit::mps::find_program().map(drop)
 }
 
 /// A seeded generator (splitmix64).

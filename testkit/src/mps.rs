@@ -135,27 +135,31 @@ impl MpsControl {
     }
 }
 
-/// The built stand-in: `$NVML_SIM_MPS_CONTROL`, else in the target directory beside the
-/// current test or example executable.
+/// The built stand-in: [`BIN_ENV`], else beside the test executable or one directory up (where
+/// cargo puts a package's binaries: `target/<profile>/`).
 ///
 /// Panics, saying how to build it, when none exists.
 pub fn program() -> PathBuf {
+    find_program().unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// [`program`], or why there is none (with how to build it).
+pub fn find_program() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os(BIN_ENV) {
         let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "{BIN_ENV}={} does not name a file",
-            path.display()
-        );
-        return path;
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("{BIN_ENV}={} does not name a file", path.display()))
+        };
     }
     let exe =
-        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test executable: {e}"));
+        std::env::current_exe().map_err(|e| format!("cannot find the test executable: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let candidates = [dir.join(PROGRAM), dir.join("..").join(PROGRAM)];
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
-        panic!(
-            "{PROGRAM} not found (looked at {}); build it with `cargo build -p nvml-sim --bins` or set {BIN_ENV}",
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        format!(
+            "{PROGRAM} not found (looked at {}); build it with `cargo build -p nvml-sim --bins` (the profile of the test: `--release` for `cargo bench`) or set {BIN_ENV}",
             candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )
     })
