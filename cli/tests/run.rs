@@ -255,6 +255,20 @@ fn sigint_stops_the_container_and_releases() -> TestResult {
         .spawn()
         .map_err(|e| e.to_string())?;
     wait_for_reservation(&env, &mut child)?;
+    // While `run` runs its container, the pool knows its owner is alive (issue 37: a `run`
+    // reservation named no daemon and no starter, so it was "uncertain" for ever).
+    let listed = check(
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["gpu", "list", "--pool-dir"])
+            .arg(env.work.path().join("pool")),
+    )?;
+    let row = listed
+        .lines()
+        .find(|l| l.contains(" docker "))
+        .ok_or_else(|| format!("no Docker reservation listed: {listed}"))?;
+    if !row.split_whitespace().any(|w| w == "alive") {
+        return Err(format!("run's reservation is not alive: {listed}").into());
+    }
     let started = Instant::now();
     check(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
     let out = child.wait_with_output().map_err(|e| e.to_string())?;

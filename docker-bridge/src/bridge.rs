@@ -261,6 +261,23 @@ impl DockerBridge {
             });
         }
         tracing::info!(container = %id, docker = %container.docker_id, gpus = ?minors(&container.gpus), "started GPU container");
+        // Running now: from here the daemon alone says whether it still holds its GPUs (this
+        // process may outlive it).
+        let isolator = Arc::clone(&self.isolator);
+        let owned = id.clone();
+        let start = DockerStart {
+            daemon: Some(self.client.endpoint().to_owned()),
+            starter: None,
+        };
+        match tokio::task::spawn_blocking(move || isolator.claim_docker(&owned, start)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(container = %id, error = %e, "cannot hand the container's reservation to its daemon")
+            }
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "handing the container's reservation to its daemon panicked")
+            }
+        }
         Ok(container)
     }
 
@@ -378,12 +395,18 @@ impl DockerBridge {
     ) -> Result<DockerGuard<Arc<Isolator>>, BridgeError> {
         let isolator = Arc::clone(&self.isolator);
         let owned = id.clone();
-        tokio::task::spawn_blocking(move || {
-            DockerGuard::reserve(isolator, &owned, gpus, DockerStart::default())
-        })
-        .await
-        .map_err(|source| BridgeError::Panicked { source })?
-        .map_err(|source| BridgeError::Pool { source })
+        // The reservation names the daemon and this process, which starts the container: it is
+        // alive while this process runs (or, once `launch` started the container, while the
+        // daemon runs it), then as long as the daemon runs the container (without them it stayed
+        // "uncertain" for ever).
+        let start = DockerStart {
+            daemon: Some(self.client.endpoint().to_owned()),
+            starter: mesos_gpu_pool::Host::default().this_process().ok(),
+        };
+        tokio::task::spawn_blocking(move || DockerGuard::reserve(isolator, &owned, gpus, start))
+            .await
+            .map_err(|source| BridgeError::Panicked { source })?
+            .map_err(|source| BridgeError::Pool { source })
     }
 
     /// Gives a failed launch's GPUs back off the async threads (the pool's file lock).

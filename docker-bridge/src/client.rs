@@ -249,6 +249,14 @@ pub fn held_minors(devices: &[BollardDevice], gpus: &[Gpu]) -> (Vec<u32>, Vec<u3
 #[derive(Debug, Clone)]
 pub struct DockerClient {
     docker: Docker,
+    /// The daemon's endpoint (`unix:///PATH`), as owner records name it.
+    endpoint: String,
+}
+
+/// The endpoint of the daemon at unix socket `socket` (`unix:///var/run/docker.sock`), as the
+/// pool's owner records name a container's daemon.
+pub fn endpoint(socket: &Path) -> String {
+    format!("unix://{}", socket.display())
 }
 
 impl DockerClient {
@@ -262,7 +270,15 @@ impl DockerClient {
             .map_err(err)?;
         let docker = docker.negotiate_version().await.map_err(err)?;
         tracing::debug!(socket = %socket.display(), api = %docker.client_version(), "connected to dockerd");
-        Ok(DockerClient { docker })
+        Ok(DockerClient {
+            docker,
+            endpoint: endpoint(socket),
+        })
+    }
+
+    /// The daemon's endpoint (`unix:///PATH`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// The bollard handle, for calls this type does not wrap.

@@ -30,7 +30,7 @@ use mesos_gpu_placement::mig::MigKind;
 use mesos_gpu_pool::Host;
 
 use super::docker_pool::{
-    container_id, daemon_endpoint, driver_spec, new_container_id, open_pool_sharing, open_records,
+    container_id, driver_spec, new_container_id, open_pool_sharing, open_records,
 };
 use crate::ctx::Ctx;
 
@@ -293,7 +293,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .stamp(starter_pid)
         .with_context(|| format!("--starter-pid {starter_pid}: no such process"))?;
     let start = DockerStart {
-        daemon: Some(daemon_endpoint(&args.daemon.docker_socket)),
+        daemon: Some(mesos_gpu_docker::client::endpoint(
+            &args.daemon.docker_socket,
+        )),
         starter: Some(starter),
     };
     let mig = MigConfig {

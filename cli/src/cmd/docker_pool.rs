@@ -140,11 +140,6 @@ fn open_on(
     Ok((isolator, report))
 }
 
-/// The endpoint recorded for the daemon at `socket`, as `docker -H` spells it.
-pub(crate) fn daemon_endpoint(socket: &Path) -> String {
-    format!("unix://{}", socket.display())
-}
-
 /// A new container id: a random UUID from the kernel.
 pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
     let text = std::fs::read_to_string(UUID_SOURCE)

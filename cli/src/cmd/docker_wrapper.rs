@@ -309,7 +309,7 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         .this_process()
         .context("cannot read this process's stamp")?;
     let start = DockerStart {
-        daemon: Some(super::docker_pool::daemon_endpoint(socket)),
+        daemon: Some(mesos_gpu_docker::client::endpoint(socket)),
         starter: Some(me),
     };
     let pool = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
