@@ -187,7 +187,34 @@ fn simulated_state_defaults_to_the_nodes_scratch_directory() {
         "the host's pool was written: {host_pool}"
     );
     let listed = mesos_gpu(&["gpu", "list"]);
-    assert!(String::from_utf8_lossy(&listed.stdout).contains(id));
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains(id), "{listed}");
+    // Who holds each GPU, by NVML index: two GPUs held by the reservation, six free.
+    let view: Vec<&str> = listed
+        .split("HELD BY\n")
+        .nth(1)
+        .unwrap_or_default()
+        .lines()
+        .collect();
+    assert_eq!(view.len(), 8, "{listed}");
+    assert_eq!(
+        view.iter()
+            .filter(|l| l.ends_with(&format!("{id} (docker, alive)")))
+            .count(),
+        2,
+        "{listed}"
+    );
+    assert_eq!(
+        view.iter().filter(|l| l.ends_with(" free")).count(),
+        6,
+        "{listed}"
+    );
+    assert!(
+        view.iter()
+            .enumerate()
+            .all(|(i, l)| l.starts_with(&format!("{i} "))),
+        "{listed}"
+    );
     let help = mesos_gpu(&["gpu", "list", "--help"]);
     assert!(
         String::from_utf8_lossy(&help.stdout)

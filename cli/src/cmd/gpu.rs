@@ -323,7 +323,70 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
         )?;
     }
+    if let Ok(inventory) = ctx.inventory()
+        && !inventory.gpus.is_empty()
+    {
+        writeln!(out)?;
+        writeln!(out, "{:<4} {:<40} HELD BY", "GPU", "UUID")?;
+        for (index, uuid, holders) in holders_by_gpu(&listing, inventory) {
+            let held = match (holders.is_empty(), listing.unhealthy.get(&uuid)) {
+                (true, None) => "free".to_owned(),
+                (true, Some(reason)) => format!("none (unhealthy: {reason})"),
+                (false, _) => holders.join(", "),
+            };
+            writeln!(out, "{index:<4} {uuid:<40} {held}")?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who holds each GPU this process sees, in NVML index order: the owners of its reservations
+/// (`id (kind, state)`), of its shares (`id (k/R share, state)`) and of its MIG devices
+/// (`id (MIG-…, state)`).
+fn holders_by_gpu(
+    listing: &Listing,
+    inventory: &mesos_gpu_node::inventory::Inventory,
+) -> Vec<(u32, String, Vec<String>)> {
+    inventory
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let mig: Vec<&str> = inventory
+                .mig
+                .devices
+                .iter()
+                .filter(|d| d.parent == gpu.index)
+                .map(|d| d.uuid.as_str())
+                .collect();
+            let mut holders: Vec<String> = Vec::new();
+            for r in &listing.reservations {
+                let state = r.liveness.describe().0;
+                for uuid in &r.reservation.gpus {
+                    if uuid.as_str() == gpu.uuid {
+                        holders.push(format!(
+                            "{} ({}, {state})",
+                            r.id,
+                            r.reservation.owner.kind()
+                        ));
+                    } else if mig.contains(&uuid.as_str()) {
+                        holders.push(format!("{} ({uuid}, {state})", r.id));
+                    }
+                }
+            }
+            for s in &listing.shares {
+                if s.share.grant.uuid == gpu.uuid || mig.contains(&s.share.grant.uuid.as_str()) {
+                    holders.push(format!(
+                        "{} ({}/{} share, {})",
+                        s.id,
+                        s.share.grant.units,
+                        s.share.grant.replicas,
+                        s.liveness.describe().0
+                    ));
+                }
+            }
+            (gpu.index, gpu.uuid.clone(), holders)
+        })
+        .collect()
 }
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
