@@ -172,7 +172,7 @@ fn main() -> ExitCode {
 /// off its devices, refuses saying why; once that owner ends, it grants, and no record is left
 /// holding a GPU it does not name.
 fn records_without_uuids_repaired_by_commands() -> TestResult {
-    use mesos_gpu_pool::{Owner, Pool, Reservation};
+    use mesos_gpu_pool::Pool;
     let sim = SimNode::from_json(&shipped_json());
     let dev = DevNodes::nvidia(&(0..8).collect::<Vec<u32>>())?;
     let scratch = tempfile::Builder::new()
@@ -185,17 +185,7 @@ fn records_without_uuids_repaired_by_commands() -> TestResult {
     let gone_stamp = host.stamp(gone.id())?;
     gone.kill()?;
     gone.wait()?;
-    let record = |process, unnamed| Reservation {
-        publisher: "/var/run/mesos-gpu/gpu/allocations.json".into(),
-        owner: Owner::Process {
-            process,
-            cgroup: None,
-            private_dir: None,
-        },
-        gpus: Vec::new(),
-        unnamed,
-        since: 1,
-    };
+    let record = |process, unnamed| mesos_gpu_testkit::pool::without_uuids(process, None, unnamed);
     {
         let mut tx = Pool::at(&pool_dir).begin()?;
         let r = &mut tx.state.reservations;

@@ -625,18 +625,7 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
     gone.kill()?;
     gone.wait()?;
     let mut unreadable = Command::new("sleep").arg("100").spawn()?;
-    let old_publisher = "/var/run/mesos-gpu/gpu/allocations.json";
-    let record = |process, cgroup, unnamed| pool::Reservation {
-        publisher: old_publisher.to_owned(),
-        owner: pool::Owner::Process {
-            process,
-            cgroup,
-            private_dir: None,
-        },
-        gpus: Vec::new(),
-        unnamed,
-        since: 1,
-    };
+    let record = mesos_gpu_testkit::pool::without_uuids;
     {
         let mut tx = Pool::at(&pool_dir).begin()?;
         let r = &mut tx.state.reservations;

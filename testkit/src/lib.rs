@@ -14,6 +14,7 @@ pub mod mesos;
 pub mod modes;
 pub mod mps;
 pub mod nvml_sim;
+pub mod pool;
 pub mod serve;
 
 /// Nodes built in code (an NVLink table and PCIe groups) and the reference nodes of
