@@ -27,10 +27,10 @@ MESOS_DIR="$(mesos_dir)"
 # Not required: cgroup2-cpuset (the cpuset controller on cgroup2), which a hybrid host like the CI
 # machine cannot offer while cpuset is bound to its v1 hierarchy; its tests are counted as ignored.
 if [ -n "$MESOS_DIR" ]; then
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos,pymesos}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos,pymesos,dpkg}"
 else
     log "no shared/mesos/install beside this checkout: the real mesos-agent tests are ignored"
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,dpkg}"
 fi
 
 install_packages() {
