@@ -475,6 +475,22 @@ impl Upgrade {
         )
     }
 
+    /// Gives back the GPUs of every owner this build's `mesos-gpu` finds gone (`gpu release
+    /// --dead`, as an operator checks a node).
+    fn release_dead(&self) -> TestResult {
+        run(
+            Command::new(mesos_gpu_exe()?)
+                .arg("--nvml-lib")
+                .arg(self.node.sim.lib_path())
+                .arg("--dev-root")
+                .arg(&self.node.dev_root)
+                .args(["gpu", "release", "--dead", "--pool-dir"])
+                .arg(self.node.pool_dir()),
+            "mesos-gpu gpu release --dead",
+        )?;
+        Ok(())
+    }
+
     /// Ends the tasks (the files `goes` made), waits for them to finish and for the pool to be
     /// empty.
     fn finish(&self, commit: &str, goes: &[&Path], tasks: &mut [&mut Task]) -> TestResult {
@@ -715,6 +731,8 @@ fn upgrade_keeps_every_docker_tasks_gpus(commit: &str) -> TestResult {
     let mut n = u.launch("n", "cpus:0.1;mem:32;gpus:2", &go_n)?;
     e.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     n.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
+    // Every owner the earlier release recorded is judged alive by this one: nothing to free.
+    u.release_dead()?;
     u.check_kept_and_new(commit, "d", &held_d, "e", 3)?;
     u.check_kept_and_new(commit, "m", &held_m, "n", 2)?;
     let all = reserved(&u.node)?;

@@ -7,8 +7,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use mesos_gpu_testkit::mesos::{AgentSpec, DOCKER_HOOK_MODULE, Master, MesosInstall, Task};
+use mesos_gpu_testkit::mesos::{
+    AgentSpec, DOCKER_HOOK_MODULE, Master, MesosInstall, Task, wait_for,
+};
 
 use super::{probe, which};
 use crate::support::{TestResult, check};
@@ -275,4 +278,161 @@ pub(crate) fn docker_reservations(pool_dir: &Path) -> TestResult<Vec<String>> {
         .filter(|(_, r)| r["owner"].to_string().contains("docker"))
         .map(|(k, _)| k.clone())
         .collect())
+}
+
+/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so
+/// that a test may restart it. It runs in a network namespace of its own: its default bridge
+/// `docker0` must not be the machine's (a daemon started with `--bridge=none` in the machine's
+/// namespace deletes the machine's `docker0`). Stopped, its containers and files removed, on
+/// drop.
+pub(crate) struct PrivateDockerd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+    /// Its `--cgroup-parent`, removed on drop.
+    cgroup_parent: String,
+}
+
+impl PrivateDockerd {
+    pub(crate) fn start(live_restore: bool) -> TestResult<PrivateDockerd> {
+        let dir = tempfile::Builder::new()
+            .prefix("mgpu-dockerd")
+            .tempdir_in("/tmp")?;
+        let mut d = PrivateDockerd {
+            dir,
+            child: None,
+            cgroup_parent: mesos_gpu_testkit::unique_name("dockerd"),
+        };
+        d.launch(live_restore)?;
+        Ok(d)
+    }
+
+    /// Its socket.
+    pub(crate) fn socket(&self) -> PathBuf {
+        self.dir.path().join("docker.sock")
+    }
+
+    fn launch(&mut self, live_restore: bool) -> TestResult {
+        let dir = self.dir.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("dockerd.log"))?;
+        let mut command = std::process::Command::new("unshare");
+        command
+            .args(["--net", "/bin/sh", "-c"])
+            .arg("ip link set lo up && exec dockerd \"$@\"")
+            .arg("dockerd")
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("dockerd.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg(format!("--cgroup-parent={}", self.cgroup_parent))
+            .args(["--iptables=false", "--shutdown-timeout=1"])
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if live_restore {
+            command.arg("--live-restore");
+        }
+        self.child = Some(command.spawn()?);
+        let socket = self.socket();
+        wait_for(
+            Duration::from_secs(60),
+            || {
+                format!(
+                    "the private dockerd to answer; its log:\n{}",
+                    mesos_gpu_testkit::mesos::tail(
+                        &std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default(),
+                        20
+                    )
+                )
+            },
+            || {
+                std::process::Command::new("docker")
+                    .arg("-H")
+                    .arg(format!("unix://{}", socket.display()))
+                    .arg("version")
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|_| ())
+            },
+        )?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait: without live-restore the daemon stops its containers.
+    pub(crate) fn stop(&mut self) -> TestResult {
+        if let Some(mut child) = self.child.take() {
+            std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn restart(&mut self, live_restore: bool) -> TestResult {
+        self.stop()?;
+        self.launch(live_restore)
+    }
+
+    /// `.State.Status` of container `name`, or what `docker inspect` said.
+    pub(crate) fn status(&self, name: &str) -> String {
+        std::process::Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.socket().display()))
+            .args(["inspect", "--format", "{{.State.Status}}", name])
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout).trim(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )
+            })
+            .unwrap_or_else(|e| e.to_string())
+    }
+}
+
+impl Drop for PrivateDockerd {
+    fn drop(&mut self) {
+        let host = format!("unix://{}", self.socket().display());
+        if self.child.is_some()
+            && let Ok(out) = std::process::Command::new("docker")
+                .args(["-H", &host, "ps", "-aq"])
+                .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = std::process::Command::new("docker")
+                    .args(["-H", &host, "rm", "-f", id])
+                    .output();
+            }
+        }
+        let _ = self.stop();
+        // dockerd leaves its data root bind-mounted on itself and its network namespace file
+        // mounted: unmount them (deepest first) so that the directory can be removed.
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&dir))
+            .map(str::to_owned)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in mounts {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", &mount])
+                .status();
+        }
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for controller in controllers.flatten() {
+                let _ = std::fs::remove_dir(controller.path().join(&self.cgroup_parent));
+            }
+        }
+    }
 }

@@ -36,11 +36,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use mesos_gpu_testkit::mesos::{http_get, wait_for};
+use mesos_gpu_testkit::mesos::{http_get, tail, wait_for};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
 use crate::agents::ModuleNode;
-use crate::agents::docker::Images;
+use crate::agents::docker::{Images, PrivateDockerd};
 use crate::agents::read_json;
 use crate::support::{TestResult, check};
 use crate::{Reserved, earlier_tree, one_build, repo, reservations, run, upgrade_dir};
@@ -243,9 +243,7 @@ impl Service {
         // Never a service on this machine's own paths (its plugin socket, pool, volumes).
         for arg in args.iter().filter(|a| a.starts_with('/')) {
             check(
-                arg == "/"
-                    || arg == "/var/run/docker.sock"
-                    || self.allowed.iter().any(|p| Path::new(arg).starts_with(p)),
+                arg == "/" || self.allowed.iter().any(|p| Path::new(arg).starts_with(p)),
                 format!(
                     "the service would run on {arg}, outside the test's root: not started \
                      ({exec} with {env:?})"
@@ -364,6 +362,10 @@ struct PackagedNode {
     containers: Vec<String>,
     /// `/etc/default/mesos-gpu` as the operator edited it.
     edited: String,
+    /// The node's Docker daemon, of its own: the service reconciles its reservations with every
+    /// `mesos-…` container of its daemon, which on the machine's daemon would include other
+    /// tests' (whose GPU nodes have the same minors). Dropped last.
+    _daemon: PrivateDockerd,
 }
 
 impl PackagedNode {
@@ -372,6 +374,7 @@ impl PackagedNode {
     /// the installed `MESOS_GPU_SERVE_OPTS` with every path moved into the scratch root, its
     /// own port, the simulated NVML and device nodes, no CDI spec; then the unit started.
     fn install(deb: &Path) -> TestResult<PackagedNode> {
+        let daemon = PrivateDockerd::start(false)?;
         let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
         let root = DebRoot::new()?;
         root.sh(&format!("dpkg -i {}", deb.display()))?;
@@ -383,7 +386,7 @@ impl PackagedNode {
             if let Some(opts) = line.strip_prefix("MESOS_GPU_SERVE_OPTS=") {
                 edited.push_str(&format!(
                     "MESOS_GPU_SERVE_OPTS={}\n",
-                    serve_opts_for(opts.trim_matches('"'), &root, &node, port)
+                    serve_opts_for(opts.trim_matches('"'), &root, &node, port, &daemon.socket())
                 ));
             } else {
                 edited.push_str(line);
@@ -395,10 +398,10 @@ impl PackagedNode {
             node.sim.lib_path().display()
         ));
         std::fs::write(&conffile, &edited)?;
-        let mut images = Images::on(None);
+        let mut images = Images::on(Some(&daemon.socket()));
         let image = images.build(node.scratch.path(), &[])?;
         let log = node.scratch.path().join("service.log");
-        let allowed = vec![root.path("/"), node.dev_root.clone()];
+        let allowed = vec![root.path("/"), node.dev_root.clone(), daemon.socket()];
         let mut n = PackagedNode {
             node,
             root,
@@ -408,6 +411,7 @@ impl PackagedNode {
             image,
             containers: Vec::new(),
             edited,
+            _daemon: daemon,
         };
         n.service.start(&n.root)?;
         n.wait_serving()?;
@@ -429,19 +433,24 @@ impl PackagedNode {
         std::fs::read_to_string(self.root.path("/etc/default/mesos-gpu")).unwrap_or_default()
     }
 
-    /// `mesos-gpu` as installed, with the conffile's NVML and the service's pool, device root
-    /// and Docker state directory (as the service's options name them), running `args`.
-    fn mesos_gpu(&self, args: &[&str]) -> TestResult<String> {
-        let mut command = Command::new(self.root.path("/usr/bin/mesos-gpu"));
+    /// `mesos-gpu` as installed, with the conffile's NVML and the service's pool and device root
+    /// (as the service's options name them), running `args`; `docker` adds the service's Docker
+    /// state directory option.
+    fn mesos_gpu(&self, args: &[&str], docker: bool) -> TestResult<String> {
+        // Under a shell that outlives it only briefly: `docker-args` records its parent as the
+        // container's starter, alive while it may still start the container (as the agent
+        // is), so a reservation's life is then its container's, not this test's.
+        let mut command = Command::new("sh");
         command
+            .args(["-c", r#""$@"; status=$?; exit $status"#, "sh"])
+            .arg(self.root.path("/usr/bin/mesos-gpu"))
             .env("MESOS_GPU_NVML_LIB", self.node.sim.lib_path())
             .args(args);
-        for name in [
-            "--pool-dir",
-            "--dev-root",
-            "--work-dir",
-            "--docker-state-dir",
-        ] {
+        let mut options = vec!["--pool-dir", "--dev-root"];
+        if docker {
+            options.extend(["--work-dir", "--docker-state-dir", "--docker-socket"]);
+        }
+        for name in options {
             if let Some(value) = self.option(name) {
                 command.arg(name).arg(value);
             }
@@ -449,21 +458,31 @@ impl PackagedNode {
         run(&mut command, &format!("mesos-gpu {args:?}"))
     }
 
+    /// The reservations the installed release judges alive (their containers running): every
+    /// owner it finds gone released (`gpu release --dead`), then the pool read.
+    fn alive(&self) -> TestResult<Reserved> {
+        self.mesos_gpu(&["gpu", "release", "--dead"], false)?;
+        self.reserved()
+    }
+
     /// Reserves `gpus` GPUs for a new container through the installed `docker-args` and starts
     /// it (`docker run -d` with the arguments printed, running until removed); returns its
     /// container id.
     fn reserve(&mut self, gpus: u32) -> TestResult<String> {
         let id = uuid_like();
-        let printed = self.mesos_gpu(&[
-            "docker-args",
-            "--gpus",
-            &gpus.to_string(),
-            "--container-id",
-            &id,
-            "--image",
-            &self.image,
-            "--json",
-        ])?;
+        let printed = self.mesos_gpu(
+            &[
+                "docker-args",
+                "--gpus",
+                &gpus.to_string(),
+                "--container-id",
+                &id,
+                "--image",
+                &self.image,
+                "--json",
+            ],
+            true,
+        )?;
         let args: Vec<String> = serde_json::from_str(&printed)?;
         self.containers.push(id.clone());
         run(
@@ -566,7 +585,7 @@ impl PackagedNode {
                     .args(["rm", "-f", &format!("mesos-{id}")]),
                 "docker rm",
             )?;
-            self.mesos_gpu(&["docker-args", "--release", &id])?;
+            self.mesos_gpu(&["docker-args", "--release", &id], true)?;
         }
         let left = self.reserved()?;
         check(
@@ -592,10 +611,16 @@ impl Drop for PackagedNode {
 }
 
 /// The service's options for this test's node: `opts` (the shipped ones) with every path under
-/// `/var` or `/run` moved into the scratch root (the Docker daemon's socket excepted), the REST
-/// API on `port`, the node's device root, the CDI spec off, and the pool named when the shipped
-/// options leave it to the default.
-fn serve_opts_for(opts: &str, root: &DebRoot, node: &ModuleNode, port: u16) -> String {
+/// `/var` or `/run` moved into the scratch root but the Docker daemon's socket, which is
+/// `docker`, the REST API on `port`, the node's device root, the CDI spec off, and the pool
+/// named when the shipped options leave it to the default.
+fn serve_opts_for(
+    opts: &str,
+    root: &DebRoot,
+    node: &ModuleNode,
+    port: u16,
+    docker: &Path,
+) -> String {
     let mut out = Vec::new();
     let mut words = opts.split_whitespace().peekable();
     while let Some(word) = words.next() {
@@ -608,7 +633,9 @@ fn serve_opts_for(opts: &str, root: &DebRoot, node: &ModuleNode, port: u16) -> S
     let moved: Vec<String> = out
         .into_iter()
         .map(|w| {
-            if (w.starts_with("/var/") || w.starts_with("/run/")) && w != "/var/run/docker.sock" {
+            if w == "/var/run/docker.sock" {
+                docker.display().to_string()
+            } else if w.starts_with("/var/") || w.starts_with("/run/") {
                 root.path(&w).display().to_string()
             } else {
                 w
@@ -646,7 +673,8 @@ fn uuid_like() -> String {
 /// with the operator's edited `/etc/default/mesos-gpu`, Docker containers holding 2 and 1 GPUs
 /// reserved through its `docker-args`; the guide's "Upgrading the Debian package" commands run
 /// with this build's package: this build's files are installed, the edited conffile is kept, the
-/// restarted service serves, both containers keep exactly their GPUs and a 3-GPU reservation of
+/// restarted service serves, both containers keep exactly their GPUs (the new release finds
+/// both alive: `gpu release --dead` frees nothing) and a 3-GPU reservation of
 /// the new `docker-args` gets only free ones. The same commands with the earlier package (a
 /// downgrade, the state formats being the same) keep every reservation, and the earlier
 /// `docker-args` reserves the two GPUs left. Everything comes back when the containers go.
@@ -668,10 +696,14 @@ pub(crate) fn package_upgrade_keeps_every_reservation(commit: &str) -> TestResul
             && n.installed_from("/usr/lib/mesos-gpu/libmesos_gpu.so", &new)?,
         format!("{commit}: the upgrade installed this build's mesos-gpu and module library"),
     )?;
-    let after = n.reserved()?;
+    let after = n.alive()?;
     check(
         after == before,
-        format!("{commit}: every reservation keeps exactly its GPUs: {after:?}, before {before:?}"),
+        format!(
+            "{commit}: every reservation is alive and keeps exactly its GPUs: {after:?}, before \
+             {before:?}; the service's log:\n{}",
+            tail(&n.service.log(), 40)
+        ),
     )?;
     let c = n.reserve(3)?;
     let now = n.reserved()?;
@@ -687,7 +719,7 @@ pub(crate) fn package_upgrade_keeps_every_reservation(commit: &str) -> TestResul
         n.installed_from("/usr/bin/mesos-gpu", &old)?,
         format!("{commit}: the downgrade installed the earlier mesos-gpu"),
     )?;
-    let back = n.reserved()?;
+    let back = n.alive()?;
     check(
         back == now,
         format!(
