@@ -733,6 +733,14 @@ fn upgrade_keeps_every_docker_tasks_gpus(commit: &str) -> TestResult {
     n.wait_state("TASK_RUNNING", TASK_TIMEOUT)?;
     // Every owner the earlier release recorded is judged alive by this one: nothing to free.
     u.release_dead()?;
+    let earlier: BTreeSet<String> = held_d.union(&held_m).cloned().collect();
+    for (new, count) in [("e", 3), ("n", 2)] {
+        let (got, all) = u.reserved_for(new)?;
+        check(
+            got.len() == count && got.is_disjoint(&earlier),
+            format!("{commit}: {new} gets {count} GPUs none of the earlier tasks holds: {all:?}"),
+        )?;
+    }
     u.check_kept_and_new(commit, "d", &held_d, "e", 3)?;
     u.check_kept_and_new(commit, "m", &held_m, "n", 2)?;
     let all = reserved(&u.node)?;
