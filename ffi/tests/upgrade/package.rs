@@ -15,13 +15,18 @@
 //! else without a running systemd. The root's dpkg database holds this machine's `libc6` record,
 //! the package's one dependency.
 //!
-//! **Emulated: systemd.** systemd is installed here but is not PID 1, so `systemctl` cannot start
-//! the unit. [`Service`] starts it as systemd would from the installed unit file: the
-//! `EnvironmentFile=` (optional with `-`, `KEY="value"` lines) and the `ExecStart=` command line
-//! read from the installed `mesos-gpu.service`, `$VAR` split into words and `${VAR}` kept one word
-//! as systemd expands them, a clean environment, SIGTERM to stop; the unit's sandboxing
-//! (`ProtectSystem=` …) is not applied. `systemctl daemon-reload` has nothing to do here (the unit
-//! file is read at each start) and `systemctl restart mesos-gpu.service` is the stop and start.
+//! **Emulated: systemd.** systemd is installed here but is not PID 1, so `systemctl` has no
+//! manager to talk to. (systemd does run as PID 1 of private namespaces on this machine: tried
+//! with `unshare --pid --mount --cgroup` and a chroot over an overlay of `/usr`, it reaches
+//! `running`. Running this unit there needs the simulated NVML, the device nodes and the Docker
+//! socket outside `/tmp` (the unit has `PrivateTmp=yes`) at the same paths inside and out
+//! (Docker resolves `--device` paths in its own mount namespace); not done yet.) [`Service`]
+//! starts the unit as systemd would from the installed unit file: the `EnvironmentFile=`
+//! (optional with `-`, `KEY="value"` lines) and the `ExecStart=` command line read from the
+//! installed `mesos-gpu.service`, `$VAR` split into words and `${VAR}` kept one word as systemd
+//! expands them, a clean environment, SIGTERM to stop; the unit's sandboxing (`ProtectSystem=`
+//! …) is not applied. `systemctl daemon-reload` has nothing to do here (the unit file is read at
+//! each start) and `systemctl restart mesos-gpu.service` is the stop and start.
 //!
 //! **The state formats did not change** between the earlier commits and this build: the pool
 //! (`pool.json`) and the Docker containers' record (`allocations.json`) are schema version 1 in
