@@ -1,16 +1,22 @@
 //! Issue 34 item 7: upgrading mesos-gpu under running tasks, from earlier commits built from git
 //! history, in a real Mesos 1.12 agent.
 //!
-//! Each earlier commit's tree is taken out of git (`git archive`), its module library built with
-//! cargo (one target directory for all of them, under `CARGO_TARGET_TMPDIR`) and its C++ shim with
-//! its own CMakeLists.txt against the Mesos in `../shared/mesos`. The agent loads the module from
+//! Each earlier commit's tree is taken out of git (`git archive`), its module library and
+//! `mesos-gpu` built with cargo (one target directory for all of them, under
+//! `CARGO_TARGET_TMPDIR`, each build copied out of it) and its C++ shim with its own
+//! CMakeLists.txt against the Mesos in `../shared/mesos`. The agent loads the module from
 //! a prefix it was installed into as the guide installs it (`cmake --install … --prefix`); the
 //! upgrade installs this build's module over it into the same prefix and restarts the agent, as
 //! the guide's "Upgrading mesos-gpu" section says. Tasks started by the earlier module keep
 //! exactly their GPUs (the pool's reservations and, on cgroup v1, their devices cgroups), a task
 //! started after the upgrade gets only free GPUs, nothing is reserved twice, and no file is
 //! edited by hand. The same holds for a GPU shared under MPS (the task keeps its share, and the
-//! new module packs a new share beside it) and for a MIG device.
+//! new module packs a new share beside it), for a MIG device, and for a task of Mesos's Docker
+//! containerizer (the hook and the `--docker` wrapper running the earlier `mesos-gpu`, which this
+//! build's replaces) beside a unified-containerizer task.
+//!
+//! The Debian package's own upgrade (`dpkg -i` of this build's package over an earlier one's,
+//! the unit restarted) is in `upgrade/package.rs`.
 
 mod agents;
 // In a directory of its own: a file in tests/ would be a test target of its own.
