@@ -105,7 +105,13 @@ fn main() -> ExitCode {
     for commit in EARLIER {
         trials.push(needs(
             &host,
-            &[Need::Root, Need::Dockerd, Need::Dpkg, Need::Cc],
+            &[
+                Need::Root,
+                Need::Dockerd,
+                Need::Dpkg,
+                Need::Systemd,
+                Need::Cc,
+            ],
             trial(
                 format!("debian_package_upgrade_from_{commit}_keeps_every_reservation"),
                 move || package::package_upgrade_keeps_every_reservation(commit),

@@ -58,6 +58,9 @@ pub enum Need {
     /// What building and installing Debian packages takes: `dpkg`, `dpkg-deb` and
     /// `dpkg-shlibdeps` (dpkg-dev); `scripts/package.sh` installs its pinned cargo-deb itself.
     Dpkg,
+    /// systemd (`/lib/systemd/systemd`, run as PID 1 of private namespaces) with `unshare` and
+    /// `nsenter`, to run a package's unit as on a node.
+    Systemd,
 }
 
 impl Need {
@@ -76,6 +79,7 @@ impl Need {
             Need::Cpuset2 => "cgroup2-cpuset",
             Need::Pymesos => "pymesos",
             Need::Dpkg => "dpkg",
+            Need::Systemd => "systemd",
         }
     }
 }
@@ -176,6 +180,15 @@ impl Host {
             missing.push((
                 Need::Dpkg,
                 "no working dpkg, dpkg-deb or dpkg-shlibdeps (apt-get install dpkg-dev)".to_owned(),
+            ));
+        }
+        if !(Path::new("/lib/systemd/systemd").is_file()
+            && runs("unshare", &["--version"])
+            && runs("nsenter", &["--version"]))
+        {
+            missing.push((
+                Need::Systemd,
+                "no /lib/systemd/systemd (apt-get install systemd), unshare or nsenter".to_owned(),
             ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")

@@ -3,30 +3,19 @@
 //! (each with its own `scripts/package.sh`, dev profile, in the upgrade target directory) to this
 //! build's package, and back.
 //!
-//! **Where the packages go.** Into a scratch root (`DPKG_ROOT`, dpkg ≥ 1.21: dpkg's root and
-//! administrative directory `<root>/var/lib/dpkg`), not into this machine's `/`: the trials of the
-//! two earlier commits run at the same time, other test binaries (and other checkouts' tests on
-//! a shared machine) look at `/usr/bin` and `/usr/lib`, and a failed run must leave nothing
-//! behind. The guide's commands are run exactly as written (only the package file name
-//! substituted); the root comes from the environment, which is why it is `DPKG_ROOT` and not
-//! `--root`. Maintainer scripts run outside a chroot (`force-script-chrootless` in the
-//! `~/.dpkg.cfg` of a scratch `HOME`: the scratch root has no shell to chroot into); the package's
-//! (cargo-deb's debhelper snippets) honour `DPKG_ROOT` through `deb-systemd-helper` and do nothing
-//! else without a running systemd. The root's dpkg database holds this machine's `libc6` record,
-//! the package's one dependency.
-//!
-//! **Emulated: systemd.** systemd is installed here but is not PID 1, so `systemctl` has no
-//! manager to talk to. (systemd does run as PID 1 of private namespaces on this machine: tried
-//! with `unshare --pid --mount --cgroup` and a chroot over an overlay of `/usr`, it reaches
-//! `running`. Running this unit there needs the simulated NVML, the device nodes and the Docker
-//! socket outside `/tmp` (the unit has `PrivateTmp=yes`) at the same paths inside and out
-//! (Docker resolves `--device` paths in its own mount namespace); not done yet.) [`Service`]
-//! starts the unit as systemd would from the installed unit file: the `EnvironmentFile=`
-//! (optional with `-`, `KEY="value"` lines) and the `ExecStart=` command line read from the
-//! installed `mesos-gpu.service`, `$VAR` split into words and `${VAR}` kept one word as systemd
-//! expands them, a clean environment, SIGTERM to stop; the unit's sandboxing (`ProtectSystem=`
-//! …) is not applied. `systemctl daemon-reload` has nothing to do here (the unit file is read at
-//! each start) and `systemctl restart mesos-gpu.service` is the stop and start.
+//! **The node.** Each trial's packages go onto a node of its own on this machine: systemd as
+//! PID 1 of private namespaces (pid, mount, cgroup, uts, ipc; [`SystemdNode`]) in a root under
+//! `/run` whose `/usr` is an overlay of this machine's (mounted here for the node's life), `/etc` a copy (none of its units enabled), `/var` its
+//! own (with a copy of this machine's dpkg database) and `/run` a tmpfs. There the guide's
+//! commands run exactly as written, with the package file of that name in `/root`: `dpkg -i`,
+//! `systemctl enable --now`, `systemctl daemon-reload`, `systemctl restart` are the real ones,
+//! and the unit runs with all its sandboxing. Nothing is installed on this machine, the two
+//! earlier commits' trials run at the same time, and everything goes with the namespaces. The
+//! node's GPUs are simulated (`--simulate dgx1-v100`, the package's own nvml-sim) with device
+//! nodes in a directory bound at the same path inside and out (Docker resolves `--device` paths
+//! in its own mount namespace), and its Docker daemon is a private one
+//! ([`PrivateDockerd`]): `serve` reconciles its reservations with every `mesos-…` container of
+//! its daemon, which on the machine's would include other tests'.
 //!
 //! **The state formats did not change** between the earlier commits and this build: the pool
 //! (`pool.json`) and the Docker containers' record (`allocations.json`) are schema version 1 in
@@ -44,13 +33,14 @@ use std::time::Duration;
 use mesos_gpu_testkit::mesos::{http_get, tail, wait_for};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
-use crate::agents::ModuleNode;
+use crate::agents::dev_nodes;
 use crate::agents::docker::{Images, PrivateDockerd};
 use crate::agents::read_json;
 use crate::support::{TestResult, check};
 use crate::{Reserved, earlier_tree, one_build, repo, reservations, run, upgrade_dir};
 
-/// The package file name the guide's commands name; the test substitutes the package's path.
+/// The package file name the guide's commands name: the package is put in the node's `/root`
+/// under this name.
 const DOCUMENTED_DEB: &str = "mesos-gpu_0.1.0-1_amd64.deb";
 /// The guide's section run by this test.
 const SECTION: &str = "Upgrading the Debian package";
@@ -151,200 +141,146 @@ fn documented_commands() -> TestResult<Vec<String>> {
     Ok(out)
 }
 
-/// A scratch root for dpkg (see the module's notes): `<root>/var/lib/dpkg` with this machine's
-/// `libc6` record, and a `HOME` whose `.dpkg.cfg` runs maintainer scripts without a chroot.
-struct DebRoot {
-    root: tempfile::TempDir,
-    home: tempfile::TempDir,
+/// A node run by systemd as PID 1 of private namespaces (see the module's notes). Its files
+/// are under `base` (a directory of `/run`, bound at the same path inside): `root` is its root.
+struct SystemdNode {
+    base: PathBuf,
+    /// `unshare`, whose child is the node's systemd.
+    init: Child,
+    /// systemd's pid on this machine.
+    systemd: u32,
 }
 
-impl DebRoot {
-    fn new() -> TestResult<DebRoot> {
-        let root = tempfile::Builder::new().prefix("mgpu-deb-root").tempdir()?;
-        let admin = root.path().join("var/lib/dpkg");
-        for dir in ["info", "updates", "triggers"] {
-            std::fs::create_dir_all(admin.join(dir))?;
+impl SystemdNode {
+    /// Prepares the root, starts systemd and waits until it is running; `docker` (a private
+    /// daemon's directory) is bound at `<base>/docker`.
+    fn start(docker: &Path) -> TestResult<SystemdNode> {
+        let base = Path::new("/run").join(mesos_gpu_testkit::unique_name("deb-node"));
+        for dir in ["root/usr", "upper", "work", "dev", "docker"] {
+            std::fs::create_dir_all(base.join(dir))?;
         }
-        let libc = run(
-            Command::new("dpkg-query").args(["-s", "libc6"]),
-            "dpkg-query -s libc6",
+        let setup = r#"set -e
+B="$1"; R="$B/root"
+mount -t overlay overlay -o "lowerdir=/usr,upperdir=$B/upper,workdir=$B/work" "$R/usr"
+for l in bin lib lib64 sbin; do ln -s "usr/$l" "$R/$l"; done
+mkdir -p "$R/etc" "$R/proc" "$R/sys" "$R/dev" "$R/run" "$R/tmp" "$R/var/lib" "$R/root"
+cp -a /etc/. "$R/etc/"
+rm -rf "$R"/etc/systemd/system/*.wants
+printf '[Unit]
+Description=mesos-gpu test node
+Wants=systemd-journald.service
+'     > "$R/etc/systemd/system/mgpu-node.target"
+cp -a /var/lib/dpkg "$R/var/lib/""#;
+        let node = SystemdNode {
+            base: base.clone(),
+            // Replaced below; a node is dropped (unmounted and removed) from here on.
+            init: Command::new("true").spawn()?,
+            systemd: 0,
+        };
+        run(
+            Command::new("sh").args(["-c", setup, "sh"]).arg(&base),
+            "the node's root",
         )?;
-        std::fs::write(admin.join("status"), format!("{libc}\n"))?;
-        std::fs::write(admin.join("available"), "")?;
-        let home = tempfile::Builder::new().prefix("mgpu-deb-home").tempdir()?;
-        std::fs::write(home.path().join(".dpkg.cfg"), "force-script-chrootless\n")?;
-        Ok(DebRoot { root, home })
+        // Inside: the root a mount point of its own (systemd's namespacing needs one), /proc,
+        // /sys, /dev, a tmpfs /run and /tmp, `base` and the Docker daemon bound, then pivot_root.
+        let init = r#"set -e
+B="$1"; R="$B/root"
+mount --rbind "$R" "$R"
+mount -t proc proc "$R/proc"
+mount --rbind /sys "$R/sys"
+mount --rbind /dev "$R/dev"
+mount -t tmpfs tmpfs "$R/run"
+mount -t tmpfs tmpfs "$R/tmp"
+mkdir -p "$R$B"
+mount --bind "$B" "$R$B"
+mount --bind "$2" "$R$B/docker"
+cd "$R"; mkdir -p oldroot; pivot_root . oldroot
+exec chroot . /lib/systemd/systemd --system --unit=mgpu-node.target"#;
+        let log = std::fs::File::create(base.join("init.log"))?;
+        let mut node = node;
+        node.init = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount", "--cgroup", "--uts", "--ipc"])
+            .args(["--propagation", "private", "sh", "-c", init, "sh"])
+            .arg(&base)
+            .arg(docker)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let unshare = node.init.id();
+        node.systemd = wait_for(
+            TIMEOUT,
+            || {
+                format!(
+                    "systemd to start in the node: {}",
+                    std::fs::read_to_string(base.join("init.log")).unwrap_or_default()
+                )
+            },
+            || {
+                std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+                    .ok()?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            },
+        )?;
+        wait_for(
+            TIMEOUT,
+            || "the node's systemd to be running".to_owned(),
+            || {
+                let state = node.sh("systemctl is-system-running").unwrap_or_default();
+                matches!(state.trim(), "running" | "degraded").then_some(())
+            },
+        )?;
+        Ok(node)
     }
 
-    /// `path` (absolute, as installed) in the scratch root.
+    /// This machine's path of the node's file `path`.
     fn path(&self, path: &str) -> PathBuf {
-        self.root.path().join(path.trim_start_matches('/'))
+        self.base.join("root").join(path.trim_start_matches('/'))
     }
 
-    /// Runs `command` (a documented shell command) with `sh` on this root, stdin closed (no
-    /// conffile question can be answered).
+    /// Runs `command` with `sh` in the node, in `/root`, stdin closed (no question of dpkg's
+    /// can be answered); its stdout.
     fn sh(&self, command: &str) -> TestResult<String> {
         run(
-            Command::new("sh")
-                .args(["-c", command])
-                .env("DPKG_ROOT", self.root.path())
-                .env("HOME", self.home.path())
+            Command::new("nsenter")
+                .args(["-t", &self.systemd.to_string(), "-a", "-r", "-w"])
+                .args(["sh", "-c", &format!("cd /root && {command}")])
                 .stdin(Stdio::null()),
             command,
         )
     }
-}
 
-/// The installed unit's service, run as systemd runs it (emulated, see the module's notes),
-/// its output in `log`.
-struct Service {
-    child: Option<Child>,
-    log: PathBuf,
-    /// The paths its command line may name: the scratch root, the node's device nodes, the
-    /// driver root `/` (read only) and the Docker daemon's socket.
-    allowed: Vec<PathBuf>,
-}
-
-impl Service {
-    fn new(log: PathBuf, allowed: Vec<PathBuf>) -> Service {
-        Service {
-            child: None,
-            log,
-            allowed,
-        }
-    }
-
-    /// Starts the unit from the files installed in `root`, as `systemctl start` would.
-    fn start(&mut self, root: &DebRoot) -> TestResult {
-        let unit_path = ["/usr/lib/systemd/system", "/lib/systemd/system"]
-            .iter()
-            .map(|d| root.path(&format!("{d}/mesos-gpu.service")))
-            .find(|p| p.is_file())
-            .ok_or("no mesos-gpu.service installed")?;
-        let unit = std::fs::read_to_string(&unit_path)?;
-        let mut env: Vec<(String, String)> = vec![(
-            "PATH".into(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        )];
-        let mut exec = None;
-        for line in unit.lines().map(str::trim) {
-            if let Some(file) = line.strip_prefix("EnvironmentFile=") {
-                let (optional, file) = match file.strip_prefix('-') {
-                    Some(f) => (true, f),
-                    None => (false, file),
-                };
-                match std::fs::read_to_string(root.path(file)) {
-                    Ok(text) => env.extend(environment_file(&text)),
-                    Err(_) if optional => {}
-                    Err(e) => return Err(format!("EnvironmentFile {file}: {e}").into()),
-                }
-            } else if let Some(command) = line.strip_prefix("ExecStart=") {
-                exec = Some(command.to_owned());
-            }
-        }
-        let exec = exec.ok_or("the unit has no ExecStart=")?;
-        let words = exec_words(&exec, &env)?;
-        let (program, args) = words.split_first().ok_or("ExecStart= is empty")?;
-        // Never a service on this machine's own paths (its plugin socket, pool, volumes).
-        for arg in args.iter().filter(|a| a.starts_with('/')) {
-            check(
-                arg == "/" || self.allowed.iter().any(|p| Path::new(arg).starts_with(p)),
-                format!(
-                    "the service would run on {arg}, outside the test's root: not started \
-                     ({exec} with {env:?})"
-                ),
-            )?;
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = Command::new(root.path(program))
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("ExecStart {program}: {e}"))?;
-        self.child = Some(child);
+    /// Puts `deb` into the node's `/root` under the name the guide gives it.
+    fn put_deb(&self, deb: &Path) -> TestResult {
+        std::fs::copy(deb, self.path(&format!("/root/{DOCUMENTED_DEB}")))?;
         Ok(())
     }
 
-    /// Stops the service as systemd does (SIGTERM, SIGKILL after `TimeoutStopSec=`).
-    fn stop(&mut self) -> TestResult {
-        if let Some(mut child) = self.child.take() {
-            let pid = child.id().to_string();
-            let _ = Command::new("kill").args(["-TERM", &pid]).status();
-            let stopped = wait_for(
-                Duration::from_secs(15),
-                || "the service to stop on SIGTERM".to_owned(),
-                || child.try_wait().ok().flatten(),
-            );
-            if stopped.is_err() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        Ok(())
-    }
-
-    /// The service's output so far.
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    /// The service's journal.
+    fn journal(&self) -> String {
+        self.sh("journalctl -u mesos-gpu.service --no-pager")
+            .unwrap_or_else(|e| e.to_string())
     }
 }
 
-impl Drop for Service {
+impl Drop for SystemdNode {
     fn drop(&mut self) {
-        let _ = self.stop();
-    }
-}
-
-/// The variables of an `EnvironmentFile=` as systemd reads them: `KEY=value` lines, `#` and `;`
-/// comments, one pair of surrounding quotes removed.
-fn environment_file(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with(';'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| {
-            let v = v.trim();
-            let unquoted = ['"', '\'']
-                .iter()
-                .find_map(|q| v.strip_prefix(*q)?.strip_suffix(*q))
-                .unwrap_or(v);
-            (k.trim().to_owned(), unquoted.to_owned())
-        })
-        .collect()
-}
-
-/// The words of an `ExecStart=` line as systemd expands them: `$VAR` alone as a word becomes the
-/// variable's whitespace-separated words, `${VAR}` one word; no shell.
-fn exec_words(line: &str, env: &[(String, String)]) -> TestResult<Vec<String>> {
-    let value = |name: &str| {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let mut out = Vec::new();
-    for word in line.split_whitespace() {
-        if let Some(name) = word.strip_prefix("${").and_then(|w| w.strip_suffix('}')) {
-            out.push(value(name));
-        } else if let Some(name) = word.strip_prefix('$') {
-            out.extend(value(name).split_whitespace().map(str::to_owned));
-        } else if word.contains(['"', '\'', '$', '\\']) {
-            return Err(
-                format!("ExecStart word {word:?}: this emulation does not expand it").into(),
-            );
-        } else {
-            out.push(word.to_owned());
+        if self.systemd != 0 {
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.systemd.to_string()])
+                .status();
         }
+        let _ = self.init.kill();
+        let _ = self.init.wait();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.path("/usr"))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.base);
     }
-    Ok(out)
 }
 
 /// A free TCP port on 127.0.0.1.
@@ -354,71 +290,80 @@ fn free_port() -> TestResult<u16> {
         .port())
 }
 
-/// One node with the package installed in a scratch root, the unit's service and Docker
+/// One node ([`SystemdNode`]) with the package installed and its service running, and Docker
 /// containers holding GPUs reserved through the package's `mesos-gpu docker-args`.
 struct PackagedNode {
-    node: ModuleNode,
-    root: DebRoot,
-    service: Service,
-    port: u16,
+    /// The test's scratch directory (the image's build context).
+    _scratch: tempfile::TempDir,
     images: Images,
     image: String,
     /// The containers started, by the container id their GPUs are reserved for.
     containers: Vec<String>,
+    port: u16,
     /// `/etc/default/mesos-gpu` as the operator edited it.
     edited: String,
-    /// The node's Docker daemon, of its own: the service reconciles its reservations with every
-    /// `mesos-…` container of its daemon, which on the machine's daemon would include other
-    /// tests' (whose GPU nodes have the same minors). Dropped last.
+    node: SystemdNode,
+    /// The node's Docker daemon, of its own (see the module's notes). Dropped last.
     _daemon: PrivateDockerd,
 }
 
 impl PackagedNode {
-    /// A DGX-1 (simulated) with `deb` installed (`dpkg -i`, as the earlier release's guide
-    /// installs it) and `/etc/default/mesos-gpu` edited as an operator would for this node:
-    /// the installed `MESOS_GPU_SERVE_OPTS` with every path moved into the scratch root, its
-    /// own port, the simulated NVML and device nodes, no CDI spec; then the unit started.
+    /// A node with `deb` installed as the guide's "From the Debian package" installs it
+    /// (`dpkg -i` of the file, as the earlier release's `apt install` of a local file does),
+    /// `/etc/default/mesos-gpu` edited as an operator would for this node (its own REST port,
+    /// the node's Docker daemon, the simulated GPUs and their device nodes), and the service
+    /// enabled and started (`systemctl enable --now mesos-gpu.service`).
     fn install(deb: &Path) -> TestResult<PackagedNode> {
         let daemon = PrivateDockerd::start(false)?;
-        let node = ModuleNode::new(SimNode::shipped("dgx1-v100"))?;
-        let root = DebRoot::new()?;
-        root.sh(&format!("dpkg -i {}", deb.display()))?;
+        let docker_dir = daemon
+            .socket()
+            .parent()
+            .ok_or("the Docker socket has no directory")?
+            .to_path_buf();
+        let node = SystemdNode::start(&docker_dir)?;
+        let dev = node.base.join("dev");
+        let sim = SimNode::shipped("dgx1-v100");
+        let devices = dev_nodes(&[&sim])?;
+        run(
+            Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", devices.path().display()))
+                .arg(&dev),
+            "cp -a of the device nodes",
+        )?;
+        node.put_deb(deb)?;
+        node.sh(&format!("dpkg -i {DOCUMENTED_DEB}"))?;
         let port = free_port()?;
-        let conffile = root.path("/etc/default/mesos-gpu");
+        let conffile = node.path("/etc/default/mesos-gpu");
         let shipped = std::fs::read_to_string(&conffile)?;
+        let socket = node.base.join("docker/docker.sock");
         let mut edited = String::new();
         for line in shipped.lines() {
             if let Some(opts) = line.strip_prefix("MESOS_GPU_SERVE_OPTS=") {
                 edited.push_str(&format!(
-                    "MESOS_GPU_SERVE_OPTS={}\n",
-                    serve_opts_for(opts.trim_matches('"'), &root, &node, port, &daemon.socket())
+                    "MESOS_GPU_SERVE_OPTS=\"{}\"\n",
+                    serve_opts_for(opts.trim_matches('"'), port, &socket, &dev)
                 ));
             } else {
                 edited.push_str(line);
                 edited.push('\n');
             }
         }
-        edited.push_str(&format!(
-            "MESOS_GPU_NVML_LIB={}\n",
-            node.sim.lib_path().display()
-        ));
         std::fs::write(&conffile, &edited)?;
+        node.sh("systemctl enable --now mesos-gpu.service")?;
+        let scratch = tempfile::Builder::new().prefix("mgpu-deb-node").tempdir()?;
         let mut images = Images::on(Some(&daemon.socket()));
-        let image = images.build(node.scratch.path(), &[])?;
-        let log = node.scratch.path().join("service.log");
-        let allowed = vec![root.path("/"), node.dev_root.clone(), daemon.socket()];
-        let mut n = PackagedNode {
-            node,
-            root,
-            service: Service::new(log, allowed),
-            port,
+        let image = images.build(scratch.path(), &[])?;
+        let n = PackagedNode {
+            _scratch: scratch,
             images,
             image,
             containers: Vec::new(),
+            port,
             edited,
+            node,
             _daemon: daemon,
         };
-        n.service.start(&n.root)?;
         n.wait_serving()?;
         Ok(n)
     }
@@ -427,7 +372,7 @@ impl PackagedNode {
     fn wait_serving(&self) -> TestResult {
         wait_for(
             TIMEOUT,
-            || format!("the service to serve:\n{}", self.service.log()),
+            || format!("the service to serve:\n{}", self.node.journal()),
             || http_get(self.port, "/v1.0/gpu/info/json").ok().map(|_| ()),
         )?;
         Ok(())
@@ -435,32 +380,37 @@ impl PackagedNode {
 
     /// The conffile as it is now.
     fn conffile(&self) -> String {
-        std::fs::read_to_string(self.root.path("/etc/default/mesos-gpu")).unwrap_or_default()
+        std::fs::read_to_string(self.node.path("/etc/default/mesos-gpu")).unwrap_or_default()
     }
 
-    /// `mesos-gpu` as installed, with the conffile's NVML and the service's pool and device root
-    /// (as the service's options name them), running `args`; `docker` adds the service's Docker
-    /// state directory option.
+    /// The installed `mesos-gpu` run in the node with `args` and the service's options that
+    /// select the node and its pool (as the conffile names them); `docker` adds those of the
+    /// Docker state directory and daemon.
     fn mesos_gpu(&self, args: &[&str], docker: bool) -> TestResult<String> {
-        // Under a shell that outlives it only briefly: `docker-args` records its parent as the
-        // container's starter, alive while it may still start the container (as the agent
-        // is), so a reservation's life is then its container's, not this test's.
-        let mut command = Command::new("sh");
-        command
-            .args(["-c", r#""$@"; status=$?; exit $status"#, "sh"])
-            .arg(self.root.path("/usr/bin/mesos-gpu"))
-            .env("MESOS_GPU_NVML_LIB", self.node.sim.lib_path())
-            .args(args);
-        let mut options = vec!["--pool-dir", "--dev-root"];
+        let mut words: Vec<String> = vec!["mesos-gpu".into()];
+        words.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut options = vec!["--simulate", "--pool-dir", "--dev-root"];
         if docker {
             options.extend(["--work-dir", "--docker-state-dir", "--docker-socket"]);
         }
         for name in options {
             if let Some(value) = self.option(name) {
-                command.arg(name).arg(value);
+                words.extend([name.to_owned(), value]);
             }
         }
-        run(&mut command, &format!("mesos-gpu {args:?}"))
+        check(
+            words.iter().all(|w| {
+                !w.is_empty()
+                    && w.chars()
+                        .all(|c| c.is_ascii_graphic() && c != '\'' && c != '"')
+            }),
+            format!("words the shell would split: {words:?}"),
+        )?;
+        // Not the shell's last command: `docker-args` records its parent as the container's
+        // starter, alive while it may still start the container (as the agent is), so a
+        // reservation's life is then its container's.
+        self.node
+            .sh(&format!("{}; status=$?; exit $status", words.join(" ")))
     }
 
     /// The reservations the installed release judges alive (their containers running): every
@@ -506,8 +456,8 @@ impl PackagedNode {
     fn reserved(&self) -> TestResult<Reserved> {
         let pool = self
             .option("--pool-dir")
-            .ok_or("the service's options name no --pool-dir")?;
-        reservations(&read_json(&Path::new(&pool).join("gpu/pool.json")))
+            .unwrap_or_else(|| "/var/lib/mesos-gpu".to_owned());
+        reservations(&read_json(&self.node.path(&pool).join("gpu/pool.json")))
     }
 
     /// The value of option `name` in the conffile's `MESOS_GPU_SERVE_OPTS`.
@@ -542,42 +492,27 @@ impl PackagedNode {
                 String::from_utf8_lossy(&out.stderr)
             ),
         )?;
-        Ok(std::fs::read(self.root.path(path))? == out.stdout)
+        Ok(std::fs::read(self.node.path(path))? == out.stdout)
     }
 
-    /// Runs the guide's section with `deb` in place of the documented package file: `dpkg`
-    /// commands as written, `systemctl` ones emulated.
+    /// Runs the guide's section in the node, as written, with `deb` as the package file it
+    /// names; after each `dpkg` command the edited conffile must be there still.
     fn upgrade_as_documented(&mut self, deb: &Path) -> TestResult {
+        self.node.put_deb(deb)?;
         for command in documented_commands()? {
-            match command.as_str() {
-                "systemctl daemon-reload" => {}
-                "systemctl restart mesos-gpu.service" => {
-                    self.service.stop()?;
-                    self.service.start(&self.root)?;
-                    self.wait_serving()?;
-                }
-                c if c.starts_with("dpkg ") => {
-                    self.root
-                        .sh(&c.replace(DOCUMENTED_DEB, &deb.display().to_string()))?;
-                    check(
-                        self.conffile() == self.edited,
-                        format!(
-                            "{c}: the edited /etc/default/mesos-gpu is kept:\n{}\nexpected:\n{}",
-                            self.conffile(),
-                            self.edited
-                        ),
-                    )?;
-                }
-                other => {
-                    return Err(format!(
-                        "the guide's {SECTION:?} section runs {other:?}, which this test does \
-                         not know how to run"
-                    )
-                    .into());
-                }
+            self.node.sh(&command)?;
+            if command.starts_with("dpkg ") {
+                check(
+                    self.conffile() == self.edited,
+                    format!(
+                        "{command}: the edited /etc/default/mesos-gpu is kept:\n{}\nexpected:\n{}",
+                        self.conffile(),
+                        self.edited
+                    ),
+                )?;
             }
         }
-        Ok(())
+        self.wait_serving()
     }
 
     /// Removes the containers, releases their reservations with the installed `docker-args`
@@ -597,8 +532,8 @@ impl PackagedNode {
             left.is_empty(),
             format!("every GPU back in the pool: {left:?}"),
         )?;
-        self.service.stop()?;
-        self.root.sh("dpkg --purge mesos-gpu")?;
+        self.node.sh("systemctl disable --now mesos-gpu.service")?;
+        self.node.sh("dpkg --purge mesos-gpu")?;
         Ok(())
     }
 }
@@ -615,47 +550,54 @@ impl Drop for PackagedNode {
     }
 }
 
-/// The service's options for this test's node: `opts` (the shipped ones) with every path under
-/// `/var` or `/run` moved into the scratch root but the Docker daemon's socket, which is
-/// `docker`, the REST API on `port`, the node's device root, the CDI spec off, and the pool
-/// named when the shipped options leave it to the default.
-fn serve_opts_for(
-    opts: &str,
-    root: &DebRoot,
-    node: &ModuleNode,
-    port: u16,
-    docker: &Path,
-) -> String {
+/// The service's options for this test's node: `opts` (the shipped ones) with the REST API on
+/// `port`, the node's Docker daemon `socket`, its simulated GPUs (`--simulate dgx1-v100`, the
+/// package's nvml-sim) and their device nodes in `dev`.
+fn serve_opts_for(opts: &str, port: u16, socket: &Path, dev: &Path) -> String {
     let mut out = Vec::new();
-    let mut words = opts.split_whitespace().peekable();
+    let mut words = opts.split_whitespace();
     while let Some(word) = words.next() {
         out.push(word.to_owned());
-        if word == "--listen" {
-            words.next();
-            out.push(format!("127.0.0.1:{port}"));
+        match word {
+            "--listen" => {
+                words.next();
+                out.push(format!("127.0.0.1:{port}"));
+            }
+            "--docker-socket" => {
+                words.next();
+                out.push(socket.display().to_string());
+            }
+            _ => {}
         }
     }
-    let moved: Vec<String> = out
-        .into_iter()
-        .map(|w| {
-            if w == "/var/run/docker.sock" {
-                docker.display().to_string()
-            } else if w.starts_with("/var/") || w.starts_with("/run/") {
-                root.path(&w).display().to_string()
-            } else {
-                w
-            }
-        })
-        .collect();
-    let mut opts = moved.join(" ");
-    if !opts.contains("--pool-dir") {
-        opts.push_str(&format!(
-            " --pool-dir {}",
-            root.path("/var/lib/mesos-gpu").display()
-        ));
+    if !out.iter().any(|w| w == "--docker-socket") {
+        out.extend(["--docker-socket".to_owned(), socket.display().to_string()]);
     }
-    opts.push_str(&format!(" --dev-root {} --no-cdi", node.dev_root.display()));
-    format!("\"{opts}\"")
+    out.extend([
+        "--simulate".to_owned(),
+        "dgx1-v100".to_owned(),
+        "--dev-root".to_owned(),
+        dev.display().to_string(),
+    ]);
+    out.join(" ")
+}
+
+/// The variables of an `EnvironmentFile=` as systemd reads them: `KEY=value` lines, `#` and `;`
+/// comments, one pair of surrounding quotes removed.
+fn environment_file(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with(';'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let v = v.trim();
+            let unquoted = ['"', '\'']
+                .iter()
+                .find_map(|q| v.strip_prefix(*q)?.strip_suffix(*q))
+                .unwrap_or(v);
+            (k.trim().to_owned(), unquoted.to_owned())
+        })
+        .collect()
 }
 
 /// A fresh container id (a UUID, as Mesos's).
@@ -706,8 +648,8 @@ pub(crate) fn package_upgrade_keeps_every_reservation(commit: &str) -> TestResul
         after == before,
         format!(
             "{commit}: every reservation is alive and keeps exactly its GPUs: {after:?}, before \
-             {before:?}; the service's log:\n{}",
-            tail(&n.service.log(), 40)
+             {before:?}; the service's journal:\n{}",
+            tail(&n.node.journal(), 40)
         ),
     )?;
     let c = n.reserve(3)?;
