@@ -27,15 +27,15 @@ MESOS_DIR="$(mesos_dir)"
 # Not required: cgroup2-cpuset (the cpuset controller on cgroup2), which a hybrid host like the CI
 # machine cannot offer while cpuset is bound to its v1 hierarchy; its tests are counted as ignored.
 if [ -n "$MESOS_DIR" ]; then
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos,pymesos}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,mesos,pymesos,dpkg,systemd}"
 else
     log "no shared/mesos/install beside this checkout: the real mesos-agent tests are ignored"
-    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman}"
+    export MESOS_GPU_REQUIRE="${MESOS_GPU_REQUIRE:-root,cgroup1,cgroup2,cpuset1,dockerd,cc,pynvml,podman,dpkg,systemd}"
 fi
 
 install_packages() {
     local missing=() pkg packages
-    packages=(docker.io busybox-static gcc-multilib g++ wrk dpkg-dev podman)
+    packages=(docker.io busybox-static gcc-multilib g++ wrk dpkg-dev podman systemd)
     if [ -n "$MESOS_DIR" ]; then
         # Mesos's run-time libraries, and what building the module against its headers needs.
         packages+=(cmake libprotobuf-dev libgoogle-glog-dev libgflags-dev libcurl4-openssl-dev)

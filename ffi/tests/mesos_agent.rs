@@ -21,14 +21,18 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agents::{mesos_gpu_exe, module, probe, shell_words, which};
+use agents::docker::{
+    DockerTools, Images, PrivateDockerd, STALL, Wrapper, docker_reservations, launch_docker_task,
+    one_docker_agent,
+};
+use agents::{mesos_gpu_exe, module, probe, shell_words};
 use libtest_mimic::{Arguments, Trial};
 use mesos_gpu::proto::mesos::ContainerId;
 use mesos_gpu::{MgpuStatus, proto::mesos::Parameter};
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_testkit::mesos::{
-    Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNodes, ISOLATOR_MODULE, Master,
-    MesosInstall, ProbeReport, Task, http_get, http_post_json, modules_json, wait_for,
+    Agent, AgentCgroups, AgentSpec, DevNodes, ISOLATOR_MODULE, Master, MesosInstall, ProbeReport,
+    Task, http_get, http_post_json, modules_json, wait_for,
 };
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
@@ -2314,32 +2318,16 @@ fn v1_gpu_agents_are_shared_as_the_guide_says() -> TestResult {
 // `org_apache_mesos_gpu_MesosGpuDockerHook` (which reserves with `mesos-gpu docker-args`) and
 // the agent's `--docker` program, `mesos-gpu docker-wrapper`.
 
-/// The hook module's name in modules.json and `--hooks`.
-const HOOK: &str = DOCKER_HOOK_MODULE;
-/// The simulated node's driver version (its driver volume's name).
-const DRIVER_VERSION: &str = "550.54.14";
-
 /// A cluster whose agent runs `--containerizers=docker,mesos` with the isolator and the
-/// Docker hook loaded and `--docker` naming a script that runs `mesos-gpu docker-wrapper`;
-/// both containerizers draw from one pool. Images it builds are removed on drop.
+/// Docker hook loaded and `--docker` naming a script that runs `mesos-gpu docker-wrapper`
+/// ([`DockerTools`]); both containerizers draw from one pool. Images it builds are removed on
+/// drop.
 struct DockerCluster {
     c: Cluster,
-    images: Vec<String>,
-    /// `-H unix://<socket>` of a private daemon, empty for the machine's.
-    host: Vec<String>,
+    images: Images,
     /// Held for the cluster's life, after its agent is gone (the last field drops last).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
-
-/// One Docker-containerizer agent at a time: at start (and restart) Mesos's Docker
-/// containerizer lists every `mesos-…` container of the daemon and inspects each one, and an
-/// inspect of another trial's container that is removed meanwhile fails the agent's recovery
-/// (`Docker ps batch failed … Failed to run '… inspect …'`).
-static DOCKER_AGENTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The image name the Docker cluster's `docker` program stalls on (every command naming it
-/// sleeps, writing its pid to `<scratch>/stalled.pid`): the agent's pull never ends.
-const STALL: &str = "mgpu-stall";
 
 impl Drop for DockerCluster {
     fn drop(&mut self) {
@@ -2347,22 +2335,6 @@ impl Drop for DockerCluster {
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", pid.trim()])
                 .status();
-        }
-        for image in &self.images {
-            let listed = self
-                .docker()
-                .args(["ps", "-aq", "--filter"])
-                .arg(format!("ancestor={image}"))
-                .output();
-            if let Ok(out) = listed {
-                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = self.docker().args(["rm", "-f", id]).output();
-                }
-            }
-            let _ = self
-                .docker()
-                .args(["rmi", "-f", "--no-prune", image])
-                .output();
         }
     }
 }
@@ -2390,9 +2362,7 @@ impl DockerCluster {
             AgentCgroups::V1 => format!("filesystem/linux,cgroups/devices,{MODULE}"),
             AgentCgroups::V2 => format!("filesystem/linux,{MODULE}"),
         };
-        let serial = DOCKER_AGENTS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let serial = one_docker_agent();
         let ((install, sim, dev, scratch, master), mut spec) =
             Cluster::prepare(cgroups, &isolation, setup)?;
         if let Some(resources) = resources {
@@ -2400,74 +2370,27 @@ impl DockerCluster {
         }
         let exe = mesos_gpu_exe()?;
         let s = scratch.path();
-        let volumes = s.join("volumes");
-        let volume = volumes.join(format!("nvidia_{DRIVER_VERSION}"));
-        std::fs::create_dir_all(volume.join("bin"))?;
-        std::fs::write(volume.join("bin/driver-volume-marker"), b"")?;
         // A MIG node's capability nodes are found through the driver's `/proc` files, which
         // only a simulation of the node (not its library alone) gives `mesos-gpu`.
         let nvml = match setup.node {
             Some(node) => format!("--simulate {node}"),
             None => format!("--nvml-lib {}", sim.lib_path().display()),
         };
-        let global = format!(
-            "{} {nvml} --dev-root {}",
-            exe.display(),
-            dev.path().display()
-        );
-        let pool = s.join("pool");
-        let docker_work = s.join("docker-work");
-        let mut docker_args = format!(
-            "{global} docker-args --pool-dir {} --docker-state-dir {} --volume-root {}",
-            pool.display(),
-            docker_work.display(),
-            volumes.display()
-        );
-        for arg in setup.docker_args {
-            docker_args.push_str(&format!(" {arg}"));
+        DockerTools {
+            exe: &exe,
+            node: format!("{nvml} --dev-root {}", dev.path().display()),
+            pool: &s.join("pool"),
+            state_dir: &s.join("docker-work"),
+            state_flag: "--docker-state-dir",
+            docker_args: setup.docker_args,
+            socket,
+            wrapper: if setup.shipped_wrapper {
+                Wrapper::Shipped
+            } else {
+                Wrapper::Stalling
+            },
         }
-        if let Some(socket) = socket {
-            docker_args.push_str(&format!(" --docker-socket {}", socket.display()));
-            spec.flags
-                .push(format!("--docker_socket={}", socket.display()));
-        }
-        let wrapper = s.join("mesos-gpu-docker");
-        let script = if setup.shipped_wrapper {
-            shipped_wrapper(&exe, &which("docker")?, &pool, &docker_work)?
-        } else {
-            format!(
-                "#!/bin/sh\ncase \"$*\" in *{STALL}*) echo $$ > {}; exec sleep 600;; esac\nexec {global} docker-wrapper --docker {} --pool-dir {} --docker-state-dir {} -- \"$@\"\n",
-                s.join("stalled.pid").display(),
-                which("docker")?.display(),
-                pool.display(),
-                docker_work.display()
-            )
-        };
-        std::fs::write(&wrapper, script)?;
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-        // Both modules: the isolator's parameters as `prepare` wrote them, and the hook.
-        let modules = spec.modules.clone().ok_or("no modules.json")?;
-        let mut json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&modules)?)?;
-        json["libraries"][0]["modules"]
-            .as_array_mut()
-            .ok_or("modules.json has no modules")?
-            .push(serde_json::json!({
-                "name": HOOK,
-                "parameters": [{ "key": "docker_args", "value": docker_args }],
-            }));
-        std::fs::write(&modules, json.to_string())?;
-        spec.flags.extend([
-            "--containerizers=docker,mesos".to_owned(),
-            format!("--docker={}", wrapper.display()),
-            format!("--hooks={HOOK}"),
-            "--docker_remove_delay=1secs".to_owned(),
-            // Tests run several agents on the machine's one Docker daemon: at each start an agent
-            // stops every `mesos-` container it did not launch (`docker.cpp` 1073-1107), which
-            // would include the other tests' tasks.
-            "--docker_kill_orphans=false".to_owned(),
-        ]);
+        .add_to(&mut spec, s)?;
         let agent = Agent::start(&install, &master, spec)?;
         Ok(DockerCluster {
             c: Cluster {
@@ -2478,19 +2401,14 @@ impl DockerCluster {
                 master,
                 agent,
             },
-            images: Vec::new(),
-            host: socket
-                .map(|p| vec!["-H".to_owned(), format!("unix://{}", p.display())])
-                .unwrap_or_default(),
+            images: Images::on(socket),
             _serial: serial,
         })
     }
 
     /// `docker` talking to this cluster's daemon.
     fn docker(&self) -> std::process::Command {
-        let mut command = std::process::Command::new("docker");
-        command.args(&self.host);
-        command
+        self.images.docker()
     }
 
     /// `mesos-gpu` on this cluster's simulated node and pool.
@@ -2540,44 +2458,16 @@ impl DockerCluster {
 
     /// [`DockerCluster::image`] with these labels (`KEY=VALUE`).
     fn image_with(&mut self, labels: &[&str]) -> TestResult<String> {
-        let dir = self
-            .c
-            .scratch
-            .path()
-            .join(mesos_gpu_testkit::unique_name("image"));
-        std::fs::create_dir(&dir)?;
-        std::fs::copy("/bin/busybox", dir.join("busybox"))?;
-        std::fs::copy(probe()?, dir.join("probe"))?;
-        let name = format!("{}:1", mesos_gpu_testkit::unique_name("mesos-docker"));
-        let mut dockerfile = format!(
-            "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nCOPY probe /probe\nLABEL mgpu.test={name}\n"
-        );
-        for label in labels {
-            dockerfile.push_str(&format!("LABEL {label}\n"));
-        }
-        std::fs::write(dir.join("Dockerfile"), dockerfile)?;
-        self.images.push(name.clone());
-        let out = self
-            .docker()
-            .args(["build", "-q", "-t", &name])
-            .arg(&dir)
-            .output()?;
-        check(
-            out.status.success(),
-            format!("docker build: {}", String::from_utf8_lossy(&out.stderr)),
-        )?;
-        Ok(name)
+        self.images.build(self.c.scratch.path(), labels)
     }
 
-    /// Launches Docker task `name` in `image` asking for `gpus` GPUs: it probes `/dev`, prints
-    /// the mounts at /usr/local/nvidia and the volume's files, waits for its go file (in the
-    /// sandbox, `touch`ed by [`DockerCluster::release`]) when `wait`, and prints `done`.
+    /// Launches Docker task `name` in `image` asking for `gpus` GPUs ([`launch_docker_task`]);
+    /// its go file is `touch`ed by [`DockerCluster::release`].
     fn launch(&self, name: &str, image: &str, gpus: u32, wait: bool) -> TestResult<Task> {
         self.launch_asking(name, image, &format!("cpus:0.1;mem:32;gpus:{gpus}"), wait)
     }
 
-    /// [`DockerCluster::launch`] asking for `resources`; the probe also looks at
-    /// `/dev/nvidia-caps` when the container has it.
+    /// [`DockerCluster::launch`] asking for `resources`.
     fn launch_asking(
         &self,
         name: &str,
@@ -2585,26 +2475,14 @@ impl DockerCluster {
         resources: &str,
         wait: bool,
     ) -> TestResult<Task> {
-        let mut command = "/probe /dev; if [ -d /dev/nvidia-caps ]; then /probe /dev/nvidia-caps; fi; grep ' /usr/local/nvidia ' /proc/mounts | sed 's/^/mount /'; ls /usr/local/nvidia/bin 2>/dev/null | sed 's/^/volume /'".to_owned();
-        if wait {
-            command
-                .push_str("; echo waiting; while [ ! -e $MESOS_SANDBOX/go ]; do sleep 0.1; done");
-        }
-        command.push_str("; echo done");
-        let docker_image = format!("--docker_image={image}");
-        Ok(Task::launch_with(
+        launch_docker_task(
             &self.c.install,
             &self.c.master,
             name,
+            image,
             resources,
-            &command,
-            &[
-                "--framework_capabilities=GPU_RESOURCES",
-                "--checkpoint",
-                "--containerizer=docker",
-                &docker_image,
-            ],
-        )?)
+            wait,
+        )
     }
 
     /// Lets a waiting task finish.
@@ -2635,42 +2513,8 @@ impl DockerCluster {
 
     /// The Docker containers' reservations in the node's pool (owner ids).
     fn docker_reservations(&self) -> TestResult<Vec<String>> {
-        let path = self.c.scratch.path().join("pool/gpu/pool.json");
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-        Ok(json["reservations"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(_, r)| r["owner"].to_string().contains("docker"))
-            .map(|(k, _)| k.clone())
-            .collect())
+        docker_reservations(&self.c.scratch.path().join("pool"))
     }
-}
-
-/// `examples/mesos-agent/mesos-gpu-docker` with this build's `mesos-gpu`, this host's `docker`
-/// and the test's pool and work directories in place of the installed paths.
-fn shipped_wrapper(exe: &Path, docker: &Path, pool: &Path, work: &Path) -> TestResult<String> {
-    let shipped = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mesos-agent/mesos-gpu-docker"),
-    )?;
-    let script = shipped
-        .replace("/usr/bin/mesos-gpu ", &format!("{} ", exe.display()))
-        .replace("/usr/bin/docker ", &format!("{} ", docker.display()))
-        .replace("/var/lib/mesos-gpu ", &format!("{} ", pool.display()))
-        .replace("/var/run/mesos-gpu ", &format!("{} ", work.display()));
-    // What it runs (its comments aside) names this build's paths, and no NVML or device root.
-    let command: String = script
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .collect();
-    check(
-        command.contains(&exe.display().to_string())
-            && command.contains(&work.display().to_string())
-            && !command.contains("--nvml-lib")
-            && !command.contains("--dev-root"),
-        format!("the shipped wrapper is not as this trial expects:\n{script}"),
-    )?;
-    Ok(script)
 }
 
 /// A `gpus:2` Docker task in an image labelled `com.nvidia.volumes.needed` sees exactly two
@@ -3132,162 +2976,6 @@ fn v1_docker_tasks_get_disjoint_gpus_through_the_shipped_wrapper() -> TestResult
         task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     }
     d.wait_released("the Docker tasks' GPUs")
-}
-
-/// A private dockerd (its own data root, exec root, pid file, socket and cgroup parent), so
-/// that a test may restart it. It runs in a network namespace of its own: its default bridge
-/// `docker0` must not be the machine's (a daemon started with `--bridge=none` in the machine's
-/// namespace deletes the machine's `docker0`). Stopped, its containers and files removed, on
-/// drop.
-struct PrivateDockerd {
-    dir: tempfile::TempDir,
-    child: Option<std::process::Child>,
-    /// Its `--cgroup-parent`, removed on drop.
-    cgroup_parent: String,
-}
-
-impl PrivateDockerd {
-    fn start(live_restore: bool) -> TestResult<PrivateDockerd> {
-        let dir = tempfile::Builder::new()
-            .prefix("mgpu-dockerd")
-            .tempdir_in("/tmp")?;
-        let mut d = PrivateDockerd {
-            dir,
-            child: None,
-            cgroup_parent: mesos_gpu_testkit::unique_name("dockerd"),
-        };
-        d.launch(live_restore)?;
-        Ok(d)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("docker.sock")
-    }
-
-    fn launch(&mut self, live_restore: bool) -> TestResult {
-        let dir = self.dir.path();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("dockerd.log"))?;
-        let mut command = std::process::Command::new("unshare");
-        command
-            .args(["--net", "/bin/sh", "-c"])
-            .arg("ip link set lo up && exec dockerd \"$@\"")
-            .arg("dockerd")
-            .arg("--data-root")
-            .arg(dir.join("data"))
-            .arg("--exec-root")
-            .arg(dir.join("exec"))
-            .arg("--pidfile")
-            .arg(dir.join("dockerd.pid"))
-            .arg("-H")
-            .arg(format!("unix://{}", self.socket().display()))
-            .arg(format!("--cgroup-parent={}", self.cgroup_parent))
-            .args(["--iptables=false", "--shutdown-timeout=1"])
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        if live_restore {
-            command.arg("--live-restore");
-        }
-        self.child = Some(command.spawn()?);
-        let socket = self.socket();
-        wait_for(
-            Duration::from_secs(60),
-            || {
-                format!(
-                    "the private dockerd to answer; its log:\n{}",
-                    mesos_gpu_testkit::mesos::tail(
-                        &std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default(),
-                        20
-                    )
-                )
-            },
-            || {
-                std::process::Command::new("docker")
-                    .arg("-H")
-                    .arg(format!("unix://{}", socket.display()))
-                    .arg("version")
-                    .output()
-                    .ok()
-                    .filter(|o| o.status.success())
-                    .map(|_| ())
-            },
-        )?;
-        Ok(())
-    }
-
-    /// SIGTERM and wait: without live-restore the daemon stops its containers.
-    fn stop(&mut self) -> TestResult {
-        if let Some(mut child) = self.child.take() {
-            std::process::Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()?;
-            child.wait()?;
-        }
-        Ok(())
-    }
-
-    fn restart(&mut self, live_restore: bool) -> TestResult {
-        self.stop()?;
-        self.launch(live_restore)
-    }
-
-    /// `.State.Status` of container `name`, or what `docker inspect` said.
-    fn status(&self, name: &str) -> String {
-        std::process::Command::new("docker")
-            .arg("-H")
-            .arg(format!("unix://{}", self.socket().display()))
-            .args(["inspect", "--format", "{{.State.Status}}", name])
-            .output()
-            .map(|o| {
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout).trim(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )
-            })
-            .unwrap_or_else(|e| e.to_string())
-    }
-}
-
-impl Drop for PrivateDockerd {
-    fn drop(&mut self) {
-        let host = format!("unix://{}", self.socket().display());
-        if self.child.is_some()
-            && let Ok(out) = std::process::Command::new("docker")
-                .args(["-H", &host, "ps", "-aq"])
-                .output()
-        {
-            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = std::process::Command::new("docker")
-                    .args(["-H", &host, "rm", "-f", id])
-                    .output();
-            }
-        }
-        let _ = self.stop();
-        // dockerd leaves its data root bind-mounted on itself and its network namespace file
-        // mounted: unmount them (deepest first) so that the directory can be removed.
-        let dir = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1))
-            .filter(|m| m.starts_with(&dir))
-            .map(str::to_owned)
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for mount in mounts {
-            let _ = std::process::Command::new("umount")
-                .args(["-l", &mount])
-                .status();
-        }
-        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-            for controller in controllers.flatten() {
-                let _ = std::fs::remove_dir(controller.path().join(&self.cgroup_parent));
-            }
-        }
-    }
 }
 
 /// dockerd restarts (a private daemon; the agent's `--docker_socket` and the hook's

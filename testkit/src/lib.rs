@@ -56,6 +56,12 @@ pub enum Need {
     Cpuset2,
     /// `python3` with pymesos (PyPI), the client library of the real-agent frameworks.
     Pymesos,
+    /// What building and installing Debian packages takes: `dpkg`, `dpkg-deb` and
+    /// `dpkg-shlibdeps` (dpkg-dev); `scripts/package.sh` installs its pinned cargo-deb itself.
+    Dpkg,
+    /// systemd (`/lib/systemd/systemd`, run as PID 1 of private namespaces) with `unshare` and
+    /// `nsenter`, to run a package's unit as on a node.
+    Systemd,
 }
 
 impl Need {
@@ -73,6 +79,8 @@ impl Need {
             Need::Cpuset1 => "cpuset1",
             Need::Cpuset2 => "cgroup2-cpuset",
             Need::Pymesos => "pymesos",
+            Need::Dpkg => "dpkg",
+            Need::Systemd => "systemd",
         }
     }
 }
@@ -159,6 +167,30 @@ impl Host {
         }
         if let Err(why) = mesos::framework::check_pymesos() {
             missing.push((Need::Pymesos, why));
+        }
+        let runs = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !(runs("dpkg", &["--version"])
+            && runs("dpkg-deb", &["--version"])
+            && runs("dpkg-shlibdeps", &["--version"]))
+        {
+            missing.push((
+                Need::Dpkg,
+                "no working dpkg, dpkg-deb or dpkg-shlibdeps (apt-get install dpkg-dev)".to_owned(),
+            ));
+        }
+        if !(Path::new("/lib/systemd/systemd").is_file()
+            && runs("unshare", &["--version"])
+            && runs("nsenter", &["--version"]))
+        {
+            missing.push((
+                Need::Systemd,
+                "no /lib/systemd/systemd (apt-get install systemd), unshare or nsenter".to_owned(),
+            ));
         }
         let required: Vec<String> = std::env::var("MESOS_GPU_REQUIRE")
             .unwrap_or_default()

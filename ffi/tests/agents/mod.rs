@@ -5,6 +5,8 @@
 //! directory) and its module parameters, and what a task's probe printed.
 #![allow(dead_code)]
 
+pub(crate) mod docker;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
