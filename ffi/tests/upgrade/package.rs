@@ -552,7 +552,7 @@ impl Drop for PackagedNode {
 
 /// The service's options for this test's node: `opts` (the shipped ones) with the REST API on
 /// `port`, the node's Docker daemon `socket`, its simulated GPUs (`--simulate dgx1-v100`, the
-/// package's nvml-sim) and their device nodes in `dev`.
+/// package's nvml-sim), their device nodes in `dev`, and the pool directory named.
 fn serve_opts_for(opts: &str, port: u16, socket: &Path, dev: &Path) -> String {
     let mut out = Vec::new();
     let mut words = opts.split_whitespace();
@@ -572,6 +572,12 @@ fn serve_opts_for(opts: &str, port: u16, socket: &Path, dev: &Path) -> String {
     }
     if !out.iter().any(|w| w == "--docker-socket") {
         out.extend(["--docker-socket".to_owned(), socket.display().to_string()]);
+    }
+    // The pool named, as on a real node's default: under --simulate a release with issue 37's
+    // scratch state keeps an unnamed pool in `$TMPDIR/mesos-gpu-sim/<node>/`, and f192993's
+    // shipped options do not name it.
+    if !out.iter().any(|w| w == "--pool-dir") {
+        out.extend(["--pool-dir".to_owned(), "/var/lib/mesos-gpu".to_owned()]);
     }
     out.extend([
         "--simulate".to_owned(),
