@@ -54,7 +54,7 @@ use mesos_gpu_placement::allocator::{Allocator, GpuSet, Policy};
 use mesos_gpu_testkit::mesos::framework::{Framework, FrameworkSpec, check_pymesos};
 use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNode, DevNodes, ISOLATOR_MODULE, Master,
-    MesosInstall, PrivateHost, http_get, modules_json, tail,
+    MesosInstall, PrivateHost, add_docker_hook, http_get, modules_json, tail,
 };
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use support::{TestResult, check};
@@ -174,13 +174,8 @@ impl Side {
                 if docker {
                     let dev = docker_dev.as_ref().ok_or("no device nodes for Docker")?;
                     let docker_args = docker_wrapper(&scratch, &sim, dev.path(), &mut spec)?;
-                    json["libraries"][0]["modules"]
-                        .as_array_mut()
-                        .ok_or("modules.json has no modules")?
-                        .push(serde_json::json!({
-                            "name": DOCKER_HOOK_MODULE,
-                            "parameters": [{ "key": "docker_args", "value": docker_args }],
-                        }));
+                    add_docker_hook(&mut json, &docker_args)
+                        .ok_or("modules.json has no modules")?;
                     spec.flags.push(format!("--hooks={DOCKER_HOOK_MODULE}"));
                 }
                 let modules = scratch.path().join("modules.json");

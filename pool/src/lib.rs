@@ -232,6 +232,12 @@ impl PoolState {
             .collect()
     }
 
+    /// True when a record holds GPUs without naming them (checked at every pool lock: no
+    /// allocation).
+    pub fn holds_unnamed(&self) -> bool {
+        self.reservations.values().any(|r| r.unnamed > 0)
+    }
+
     /// The records holding GPUs without naming them ([`Reservation::unnamed`]), by owner id.
     pub fn unnamed(&self) -> BTreeMap<&str, u32> {
         self.reservations

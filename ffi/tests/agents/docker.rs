@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use mesos_gpu_testkit::mesos::{
-    AgentSpec, DOCKER_HOOK_MODULE, Master, MesosInstall, Task, wait_for,
+    AgentSpec, DOCKER_HOOK_MODULE, Master, MesosInstall, Task, add_docker_hook, wait_for,
 };
 
 use super::{probe, which};
@@ -111,13 +111,7 @@ impl DockerTools<'_> {
         let modules = spec.modules.clone().ok_or("no modules.json")?;
         let mut json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&modules)?)?;
-        json["libraries"][0]["modules"]
-            .as_array_mut()
-            .ok_or("modules.json has no modules")?
-            .push(serde_json::json!({
-                "name": DOCKER_HOOK_MODULE,
-                "parameters": [{ "key": "docker_args", "value": docker_args }],
-            }));
+        add_docker_hook(&mut json, &docker_args).ok_or("modules.json has no modules")?;
         std::fs::write(&modules, json.to_string())?;
         spec.flags.extend([
             "--containerizers=docker,mesos".to_owned(),

@@ -145,7 +145,7 @@ impl Isolator {
                 step: "lock",
                 source,
             })?;
-            if !tx.state.unnamed().is_empty() {
+            if tx.state.holds_unnamed() {
                 self.repair_unnamed(link, &mut tx);
             }
             self.mark_elsewhere(&mut guard, &tx.state);
@@ -256,7 +256,7 @@ impl Isolator {
             return;
         };
         let unhealthy = pool.unhealthy();
-        let unnamed = !pool.unnamed().is_empty();
+        let unnamed = pool.holds_unnamed();
         let mut others = pool.held_by_others(&link.publisher);
         if unnamed {
             others.extend(self.inventory.mig.devices.iter().map(|d| d.uuid.as_str()));

@@ -42,7 +42,9 @@ use std::time::{Duration, Instant};
 
 pub use agent::{Agent, AgentCgroups, AgentSpec};
 pub use master::{Master, http_get, http_post_json};
-pub use module::{DOCKER_HOOK_MODULE, ISOLATOR_MODULE, build_module, modules_json};
+pub use module::{
+    DOCKER_HOOK_MODULE, ISOLATOR_MODULE, add_docker_hook, build_module, modules_json,
+};
 pub use private_host::{DevNode, PrivateHost};
 pub use probe::{DevNodes, ProbeReport, build_probe};
 pub use task::Task;

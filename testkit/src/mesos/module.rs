@@ -77,3 +77,15 @@ pub fn modules_json(module: &Path, params: &[(String, String)]) -> serde_json::V
         }]
     })
 }
+
+/// Adds the Docker hook module, with its `docker_args` command line, to the library of a
+/// `modules.json` made by [`modules_json`]; `None` when it holds no module list.
+pub fn add_docker_hook(json: &mut serde_json::Value, docker_args: &str) -> Option<()> {
+    json["libraries"][0]["modules"]
+        .as_array_mut()?
+        .push(serde_json::json!({
+            "name": DOCKER_HOOK_MODULE,
+            "parameters": [{ "key": "docker_args", "value": docker_args }],
+        }));
+    Some(())
+}
