@@ -34,16 +34,19 @@ pub(crate) fn affinities(ctx: &Ctx) -> anyhow::Result<Affinities> {
     Ok(ctx.driver()?.map(|d| d.affinities()).unwrap_or_default())
 }
 
-/// The pinning of a Docker container holding `gpus` (NVML indices) that asked for `cpus`;
-/// `None`, with the reason logged, when it is not pinned.
+/// The pinning of a Docker container that asked for `cpus` and holds `local_gpus` (NVML
+/// indices: its GPUs, a share's GPU, its MIG devices' parents, as `Grant::local_gpus` lists
+/// them), within the machine's online CPUs and memory nodes (a Docker container is in no cgroup
+/// of ours); `None`, with the reason logged, when it is not pinned. `docker-args` and `run` both
+/// pin here.
 pub(crate) fn docker_pinning(
     ctx: &Ctx,
-    gpus: &[u32],
+    local_gpus: &[u32],
     cpus: Option<f64>,
 ) -> anyhow::Result<Option<Pinning>> {
     let allowed =
         mesos_gpu_node::numa::online(Path::new(SYS)).context("cannot read the online CPUs")?;
-    match numa::plan(gpus, &affinities(ctx)?, &allowed, cpus) {
+    match numa::plan(local_gpus, &affinities(ctx)?, &allowed, cpus) {
         Decision::Pin(pinning) => Ok(Some(pinning)),
         Decision::Skip(reason) => {
             tracing::warn!(%reason, "not pinning the container to its GPUs' local CPUs");

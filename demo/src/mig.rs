@@ -4,15 +4,15 @@
 //! Every decision is the isolator's own pieces: a `gpus:k` request takes k MIG devices
 //! ([`MigUnits::allocate`], one per task unless allowed) and else k whole GPUs (the allocator over
 //! the GPUs not in MIG mode), else it is refused with both reasons; a MIG owner's device rules
-//! come from [`mesos_gpu_grant::mig::allow_list`] (its parent and its two capability nodes)
-//! and its environment from [`mesos_gpu_grant::mig::environment`]. The same stream on the same
+//! (its parent and its two capability nodes) and its variables are those of its grant
+//! ([`mesos_gpu_grant::Grant`]), as every renderer reads them. The same stream on the same
 //! GPUs without MIG (every GPU whole) is counted for comparison. Nothing is started.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use mesos_gpu_enforce::cgroup::default_whitelist;
-use mesos_gpu_grant::{mig::MigAccess, mig::allow_list, mig::environment};
+use mesos_gpu_grant::{Grant, mig::MigAccess};
 use mesos_gpu_isolator::lifecycle::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
@@ -161,19 +161,23 @@ fn serve(
             let device = uuids
                 .first()
                 .and_then(|u| inventory.mig.by_uuid(u))
-                .and_then(|d| Some((d, MigAccess::of(d, Path::new("/dev"), proc_root).ok()?)));
-            if let Some((d, access)) = device {
-                let accesses = [access];
+                .and_then(|d| {
+                    let access = MigAccess::of(d, Path::new("/dev"), proc_root).ok()?;
+                    Some((d, Grant::new(nodes, base, vec![], vec![access], None).ok()?))
+                });
+            if let Some((d, grant)) = device {
                 return Got::Unit(MigDevice {
                     uuid: d.uuid.clone(),
                     profile: d.profile_name.clone(),
                     parent: d.parent,
-                    device_rules: allow_list(base, nodes, &accesses)
+                    device_rules: grant
+                        .rules()
                         .iter()
                         .filter(|r| !base.contains(r))
                         .map(ToString::to_string)
                         .collect(),
-                    environment: environment(&accesses)
+                    environment: grant
+                        .env()
                         .into_iter()
                         .map(|(k, v)| format!("{k}={v}"))
                         .collect(),

@@ -203,16 +203,20 @@ fn serve(
                     .into_iter()
                     .collect();
                 let pipe = (grant.mode == SharingMode::Mps).then(|| mps.pipe_dir(&grant.uuid));
-                let environment = ShareAccess::new(grant.clone(), pipe).env;
-                let device_rules = match Grant::new(nodes, base, gpu, vec![], None) {
-                    Ok(grant) => grant
-                        .rules
-                        .iter()
-                        .filter(|r| !base.contains(r))
-                        .map(ToString::to_string)
-                        .collect(),
-                    Err(e) => vec![format!("(no grant: {e})")],
-                };
+                let access = ShareAccess::new(grant.clone(), pipe);
+                let (device_rules, environment) =
+                    match Grant::new(nodes, base, gpu, vec![], Some(access)) {
+                        Ok(grant) => (
+                            grant
+                                .rules()
+                                .iter()
+                                .filter(|r| !base.contains(r))
+                                .map(ToString::to_string)
+                                .collect(),
+                            grant.env(),
+                        ),
+                        Err(e) => (vec![format!("(no grant: {e})")], Vec::new()),
+                    };
                 return Got::Unit(Share {
                     gpu: grant.index,
                     units: grant.units,

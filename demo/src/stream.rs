@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_enforce::container_id::{ContainerId, ContainerIdError};
+use mesos_gpu_os::container_id::{ContainerId, ContainerIdError};
 use serde::{Deserialize, Serialize};
 
 /// Why a stream or one of its app files is refused.

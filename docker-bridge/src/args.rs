@@ -345,7 +345,7 @@ impl LaunchPlan {
             .check_nodes()
             .map_err(|index| ArgsError::NoDeviceNode { index })?;
         let devices = grant
-            .devices
+            .devices()
             .iter()
             .map(DeviceMapping::of)
             .collect::<Result<Vec<_>, _>>()?;
@@ -382,7 +382,7 @@ impl LaunchPlan {
             volume,
             binds,
             env,
-            cpuset: grant.cpuset.clone(),
+            cpuset: grant.cpuset().cloned(),
         })
     }
 

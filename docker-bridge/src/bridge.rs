@@ -128,6 +128,8 @@ pub struct BridgedContainer {
     pub name: String,
     /// The GPUs reserved for it, by NVML index.
     pub gpus: Vec<Gpu>,
+    /// The GPUs whose NUMA affinity decides its pinning ([`Grant::local_gpus`]).
+    pub local_gpus: Vec<u32>,
     /// What Docker was given.
     pub plan: LaunchPlan,
 }
@@ -229,6 +231,7 @@ impl DockerBridge {
                 id: id.clone(),
                 docker_id,
                 name,
+                local_gpus: reservation.grant().local_gpus(),
                 gpus: reservation.keep(),
                 plan,
             }),

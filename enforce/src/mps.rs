@@ -32,13 +32,14 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use mesos_gpu_os::fsmode;
 use serde::{Deserialize, Serialize};
 
+use mesos_gpu_grant::env::{CUDA_MPS_LOG_DIRECTORY, CUDA_MPS_PIPE_DIRECTORY, CUDA_VISIBLE_DEVICES};
 use mesos_gpu_node::{discovery::DiscoveryError, discovery::GpuDriver};
 use mesos_gpu_os::{Liveness, ProcessStamp, Processes};
 use mesos_gpu_placement::sharing::ShareLimits;
@@ -174,35 +175,6 @@ pub struct MpsDaemon {
     pub log_dir: PathBuf,
     /// The control daemon.
     pub process: ProcessStamp,
-}
-
-impl MpsDaemon {
-    /// What a client holding `limits` of this GPU needs in its environment: the pipe directory
-    /// (mounted at the same path) and its limits, set before its CUDA context exists. Inside the
-    /// container the GPU is the only one visible, so its ordinal is 0.
-    pub fn client_env(&self, limits: &ShareLimits) -> Vec<(String, String)> {
-        client_env(&self.pipe_dir, limits)
-    }
-}
-
-/// What an MPS client holding `limits` needs in its environment: the daemon's pipe directory
-/// (mounted at the same path) and its limits, set before its CUDA context exists. Inside the
-/// container the GPU is the only one visible, so its ordinal is 0.
-pub fn client_env(pipe_dir: &Path, limits: &ShareLimits) -> Vec<(String, String)> {
-    vec![
-        (
-            "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
-            pipe_dir.display().to_string(),
-        ),
-        (
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_owned(),
-            limits.active_thread_percentage.to_string(),
-        ),
-        (
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
-            format!("0={}M", limits.pinned_mem_limit_mib),
-        ),
-    ]
 }
 
 /// What [`MpsDaemons::supervise`] did about one daemon found dead.
@@ -379,9 +351,9 @@ impl MpsDaemons {
         }
         let output = Command::new(&self.config.program)
             .arg("-d")
-            .env("CUDA_VISIBLE_DEVICES", gpu)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe_dir)
-            .env("CUDA_MPS_LOG_DIRECTORY", &log_dir)
+            .env(CUDA_VISIBLE_DEVICES, gpu)
+            .env(CUDA_MPS_PIPE_DIRECTORY, &pipe_dir)
+            .env(CUDA_MPS_LOG_DIRECTORY, &log_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -454,8 +426,8 @@ impl MpsDaemons {
     fn command(&self, daemon: &MpsDaemon, commands: &str) -> Result<String, MpsError> {
         let gpu = &daemon.gpu;
         let mut child = Command::new(&self.config.program)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir)
-            .env("CUDA_MPS_LOG_DIRECTORY", &daemon.log_dir)
+            .env(CUDA_MPS_PIPE_DIRECTORY, &daemon.pipe_dir)
+            .env(CUDA_MPS_LOG_DIRECTORY, &daemon.log_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

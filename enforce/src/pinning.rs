@@ -17,9 +17,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::container_id::ContainerId;
 use crate::{cgroup::CgroupError, cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::cpuset};
 use mesos_gpu_node::numa::Affinities;
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::{numa::Decision, numa::Pinning, numa::SkipReason, numa::plan};
 
 /// How NUMA pinning is set up.

@@ -193,7 +193,8 @@ fn clients_get_the_pipe_and_their_share_of_the_limits() {
         .unwrap()
         .clone();
     // A task holding 2 of the 4 units.
-    let env = daemon.client_env(&ShareLimits::of(2, 4, V100_MEMORY));
+    let env =
+        mesos_gpu_grant::env::mps_client(&daemon.pipe_dir, &ShareLimits::of(2, 4, V100_MEMORY));
     assert_eq!(
         env,
         [

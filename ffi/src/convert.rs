@@ -53,7 +53,7 @@ pub enum ConvertError {
         id: String,
         /// Why.
         #[source]
-        source: mesos_gpu_enforce::container_id::ContainerIdError,
+        source: mesos_gpu_os::container_id::ContainerIdError,
     },
     /// A `gpus` resource that is not a scalar.
     #[error("resource `gpus` of container {container} has type {got}: expected SCALAR")]

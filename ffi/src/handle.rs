@@ -19,7 +19,7 @@ use mesos_gpu_enforce::mps::ComputeModes;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::{
     agent_flags::AgentGpuFlags, agent_flags::DEVICES_FLAG, agent_flags::GPU_ISOLATOR,
-    agent_flags::MIG_RESOURCE_PREFIX, agent_flags::MigOffer, agent_flags::MigStrategy,
+    agent_flags::MigOffer, agent_flags::MigStrategy,
 };
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
@@ -301,7 +301,7 @@ impl MgpuIsolator {
         resources: &[crate::proto::mesos::Resource],
     ) -> Result<std::collections::BTreeMap<mesos_gpu_placement::mig::MigKind, u32>, FfiError> {
         let mut out = std::collections::BTreeMap::new();
-        for (name, value) in convert::requested_scalars(resources, MIG_RESOURCE_PREFIX) {
+        for (name, count) in crate::hook::mig_counts(&id.to_string(), resources)? {
             let Some(&Some(kind)) = self.mig_profiles.get(&name) else {
                 let known: Vec<&str> = self.mig_profiles.keys().map(String::as_str).collect();
                 return Err(FfiError::MigResource {
@@ -314,13 +314,6 @@ impl MgpuIsolator {
                     },
                 });
             };
-            let count = mesos_gpu_placement::allocator::GpuRequest::from_scalar(value, u32::MAX)
-                .map_err(|_| FfiError::MigCount {
-                    container: id.to_string(),
-                    name: name.clone(),
-                    got: value,
-                })?
-                .count();
             *out.entry(kind).or_insert(0) += count;
         }
         Ok(out)

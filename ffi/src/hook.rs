@@ -5,8 +5,8 @@
 //! `/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu`, split on spaces, as Mesos's
 //! `strings::tokenize` splits it). For a task asking for `gpus` or `mig-<profile>` scalars (the
 //! MIG devices an agent offers with the mixed strategy), the hook runs it with `--gpus=N`, one
-//! `--mig=mig-<profile>:N` per MIG scalar (a whole number), `--cpus=C` (its `cpus`, when the
-//! command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
+//! `--mig=mig-<profile>:N` per MIG scalar (each `N` a whole number by the module's rule,
+//! [`mig_counts`]), `--cpus=C` (its `cpus`, when the command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
 //! for), `--container-id=<id>` (the Mesos id in `mesos-<id>`), `--json` and, with an image,
 //! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and renders the task's
 //! grant as every Docker path does. A task asking for neither gets no command: the hook runs
@@ -21,6 +21,30 @@ use crate::status::FfiError;
 const MIG_PREFIX: &str = mesos_gpu_isolator::agent_flags::MIG_RESOURCE_PREFIX;
 /// Docker containerizer containers are named this prefix and the Mesos container id.
 const NAME_PREFIX: &str = "mesos-";
+
+/// The MIG devices `resources` of container `id` ask for: each `mig-<profile>` scalar but 0
+/// (the MIG devices an agent offers with the mixed strategy) and its count, a whole number by the
+/// one rule of every `gpus`-like scalar (`GpuRequest::from_scalar`: Mesos's 0.001 precision
+/// first). The module's `prepare` and the Docker hook both read a task's MIG request here.
+pub(crate) fn mig_counts(
+    id: &str,
+    resources: &[crate::proto::mesos::Resource],
+) -> Result<Vec<(String, u32)>, FfiError> {
+    let mut out = Vec::new();
+    for (resource, count) in convert::requested_scalars(resources, MIG_PREFIX) {
+        if count == 0.0 {
+            continue;
+        }
+        let whole = mesos_gpu_placement::allocator::GpuRequest::from_scalar(count, u32::MAX)
+            .map_err(|_| FfiError::MigCount {
+                container: id.to_owned(),
+                name: resource.clone(),
+                got: count,
+            })?;
+        out.push((resource, whole.count()));
+    }
+    Ok(out)
+}
 
 /// The operator's command, split on spaces; refused when empty.
 fn command(line: &str) -> Result<Vec<String>, FfiError> {
@@ -53,26 +77,21 @@ pub(crate) fn launch_argv(
         parent: None,
     };
     let gpus = convert::requested_gpus(&cid, &config.resources)?;
-    let mut mig = Vec::new();
-    for (resource, count) in convert::requested_scalars(&config.resources, MIG_PREFIX) {
-        if count <= 0.0 {
-            continue;
-        }
-        // One whole-number rule for every `gpus`-like scalar (Mesos's 0.001 precision first), as
-        // the module's `prepare` reads the same resource.
-        let whole = mesos_gpu_placement::allocator::GpuRequest::from_scalar(count, u32::MAX)
-            .map_err(|_| FfiError::MigCount {
-                container: id.to_owned(),
-                name: resource.clone(),
-                got: count,
-            })?;
-        mig.push(format!("--mig={resource}:{}", whole.count()));
-    }
+    let mig: Vec<String> = mig_counts(id, &config.resources)?
+        .into_iter()
+        .map(|(resource, count)| format!("--mig={resource}:{count}"))
+        .collect();
     if gpus <= 0.0 && mig.is_empty() {
         return Ok(None);
     }
     let mut argv = command(line)?;
-    argv.push(format!("--gpus={gpus}"));
+    // A whole number by the module's rule (0.9999 and 2.0000000001 left by Mesos's scalar sums
+    // are 1 and 2, as `prepare` reads them); any other value goes as given, for docker-args to
+    // refuse with its reason.
+    match mesos_gpu_placement::allocator::GpuRequest::from_scalar(gpus, u32::MAX) {
+        Ok(whole) => argv.push(format!("--gpus={}", whole.count())),
+        Err(_) => argv.push(format!("--gpus={gpus}")),
+    }
     argv.extend(mig);
     if argv.iter().any(|a| a == "--numa-pinning")
         && let Some(cpus) = convert::requested_cpus(&config.resources)
@@ -188,6 +207,14 @@ mod tests {
         let cfg = config(vec![scalar("mig-1g.5gb", 0.9999)], None);
         let argv = launch_argv(LINE, &cfg, "mesos-a").unwrap().unwrap();
         assert!(argv.contains(&"--mig=mig-1g.5gb:1".to_owned()), "{argv:?}");
+        // The same rule for `gpus`: before, "--gpus=0.9999" reached docker-args, which refused
+        // what the module grants as one GPU.
+        let cfg = config(vec![scalar("gpus", 0.9999)], None);
+        let argv = launch_argv(LINE, &cfg, "mesos-a").unwrap().unwrap();
+        assert!(argv.contains(&"--gpus=1".to_owned()), "{argv:?}");
+        let cfg = config(vec![scalar("gpus", 1.5)], None);
+        let argv = launch_argv(LINE, &cfg, "mesos-a").unwrap().unwrap();
+        assert!(argv.contains(&"--gpus=1.5".to_owned()), "{argv:?}");
         let err = launch_argv(
             LINE,
             &config(vec![scalar("mig-1g.5gb", 1e20)], None),

@@ -300,13 +300,12 @@ fn cases(inventory: &Inventory, nodes: &DeviceNodes) -> Vec<Case> {
 fn expected(grant: &Grant) -> Parts {
     let mut parts = Parts {
         devices: grant
-            .devices
+            .devices()
             .iter()
             .map(|d| d.host.display().to_string())
             .collect(),
         cpuset: grant
-            .cpuset
-            .as_ref()
+            .cpuset()
             .map(|p| (p.cpus.to_string(), p.mems.as_ref().map(ToString::to_string))),
         mounts: grant
             .mounts()
@@ -553,8 +552,8 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
     let mut table = Vec::new();
     for case in cases(&inventory, &nodes) {
         let want = expected(&case.grant);
-        let shares = case.grant.share.is_some();
-        let pinned = case.grant.cpuset.is_some();
+        let shares = case.grant.share().is_some();
+        let pinned = case.grant.cpuset().is_some();
         let mut row = vec![case.name.to_owned()];
 
         // Mesos: everything but the cpuset, which the isolator writes into the cpuset cgroup.

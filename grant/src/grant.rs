@@ -30,20 +30,16 @@
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_enforce::cgroup::{Access, DeviceRule, normalize};
-use mesos_gpu_enforce::mps::client_env;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::discovery::UNKNOWN_MINOR;
 use mesos_gpu_node::inventory::{DevNum, Gpu, NVIDIA_GPU_MAJOR};
+use mesos_gpu_node::rules::{Access, DeviceRule, normalize};
 use mesos_gpu_placement::numa::Pinning;
 use mesos_gpu_placement::sharing::PlacedShare;
 
+use crate::env;
 use crate::mig::MigAccess;
 
-/// The variable the NVIDIA container toolkit reads to choose a container's devices.
-pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
-/// The variable CUDA reads to choose its devices.
-pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// Where MPS clients find the daemon's shared memory.
 pub const SHM: &str = "/dev/shm";
 
@@ -78,9 +74,10 @@ pub enum GrantError {
     },
 }
 
-/// What a device node is, for renderers that treat kinds differently.
+/// What a granted device node is for, for renderers that treat them differently (not the
+/// kernel's device type, which is `mesos_gpu_node::rules::DeviceKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
+pub enum NodeKind {
     /// `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`.
     Control,
     /// A GPU's `/dev/nvidia<minor>` (a whole GPU, a share's GPU, or a MIG device's parent).
@@ -99,7 +96,7 @@ pub struct GrantedDevice {
     /// Its device number.
     pub dev: DevNum,
     /// What it is.
-    pub kind: DeviceKind,
+    pub kind: NodeKind,
 }
 
 /// Why a bind mount is there.
@@ -130,8 +127,8 @@ pub struct GrantedMount {
 /// A share of one GPU, with what its owner is launched with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareAccess {
-    /// The share: GPU, k of R units, mode, limits.
-    pub grant: PlacedShare,
+    /// The share as placed: GPU, k of R units, mode, limits.
+    pub placed: PlacedShare,
     /// `MESOS_GPU_SHARE`, `MESOS_GPU_SHARING` and, under MPS, the client variables.
     pub env: Vec<(String, String)>,
     /// Under MPS: the daemon's pipe directory, bound at the same path.
@@ -139,41 +136,41 @@ pub struct ShareAccess {
 }
 
 impl ShareAccess {
-    /// The owner of `grant`: the share's variables and, with `mps_pipe` (the pipe directory of
-    /// the GPU's MPS daemon, for an MPS share), the MPS client's
-    /// ([`mesos_gpu_enforce::mps::client_env`]).
-    pub fn new(grant: PlacedShare, mps_pipe: Option<PathBuf>) -> ShareAccess {
-        let mut env = grant.env();
+    /// The owner of `placed`: the share's variables and, with `mps_pipe` (the pipe directory of
+    /// the GPU's MPS daemon, for an MPS share), the MPS client's ([`env::mps_client`]).
+    pub fn new(placed: PlacedShare, mps_pipe: Option<PathBuf>) -> ShareAccess {
+        let mut env = env::share(&placed);
         if let Some(pipe) = &mps_pipe {
-            env.extend(client_env(pipe, &grant.limits));
+            env.extend(env::mps_client(pipe, &placed.limits));
         }
         ShareAccess {
-            grant,
+            placed,
             env,
             mps_pipe,
         }
     }
 }
 
-/// What one container gets: devices, device rules, variables, mounts and cpuset.
+/// What one container gets: devices, device rules, variables, mounts and cpuset. Made only by
+/// [`Grant::new`] (and [`Grant::pinned`]); every renderer reads it through its methods.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Grant {
     /// Whole GPUs and the GPU of a share, by NVML index.
-    pub gpus: Vec<Gpu>,
+    gpus: Vec<Gpu>,
     /// MIG devices, with what each needs.
-    pub mig: Vec<MigAccess>,
+    mig: Vec<MigAccess>,
     /// The share of one GPU (its GPU is in `gpus`) or of one MIG device (the device is in
     /// `mig`), when the request was served with one.
-    pub share: Option<ShareAccess>,
+    share: Option<ShareAccess>,
     /// The CPUs and memory nodes it is pinned to (NUMA pinning), when it is.
-    pub cpuset: Option<Pinning>,
+    cpuset: Option<Pinning>,
     /// Its device nodes: control nodes, GPU nodes by minor, MIG capability nodes.
-    pub devices: Vec<GrantedDevice>,
+    devices: Vec<GrantedDevice>,
     /// GPUs of `gpus` (NVML indices) with no device node on this host: a renderer that mounts
     /// or passes nodes refuses the grant ([`Grant::check_nodes`]).
-    pub missing: Vec<u32>,
+    missing: Vec<u32>,
     /// Its full device allow list (the base list included), normalized.
-    pub rules: Vec<DeviceRule>,
+    rules: Vec<DeviceRule>,
 }
 
 impl Grant {
@@ -208,26 +205,26 @@ impl Grant {
         let mut missing = Vec::new();
         if !gpus.is_empty() || !mig.is_empty() {
             for node in &nodes.control {
-                devices.push(granted(&node.path, "dev", node.dev, DeviceKind::Control));
+                devices.push(granted(&node.path, "dev", node.dev, NodeKind::Control));
             }
         }
         let mut by_minor: Vec<&Gpu> = gpus.iter().collect();
         by_minor.sort_by_key(|g| g.minor);
         for gpu in &by_minor {
             match nodes.gpu(gpu.index) {
-                Some(node) => devices.push(granted(&node.path, "dev", node.dev, DeviceKind::Gpu)),
+                Some(node) => devices.push(granted(&node.path, "dev", node.dev, NodeKind::Gpu)),
                 None => missing.push(gpu.index),
             }
         }
         for access in &mig {
             if let Some(parent) = nodes.gpus.iter().find(|g| g.node.dev == access.parent) {
-                let node = granted(&parent.node.path, "dev", parent.node.dev, DeviceKind::Gpu);
+                let node = granted(&parent.node.path, "dev", parent.node.dev, NodeKind::Gpu);
                 if !devices.contains(&node) {
                     devices.push(node);
                 }
             }
             for (path, dev) in access.cap_nodes.iter().zip(access.caps) {
-                let node = granted(path, "dev/nvidia-caps", dev, DeviceKind::MigCapability);
+                let node = granted(path, "dev/nvidia-caps", dev, NodeKind::MigCapability);
                 if !devices.contains(&node) {
                     devices.push(node);
                 }
@@ -251,6 +248,50 @@ impl Grant {
         self
     }
 
+    /// Whole GPUs and the GPU of a share, by NVML index.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// MIG devices (held whole, or the one a share is of), with what each needs.
+    pub fn mig(&self) -> &[MigAccess] {
+        &self.mig
+    }
+
+    /// The share, when the request was served with one.
+    pub fn share(&self) -> Option<&ShareAccess> {
+        self.share.as_ref()
+    }
+
+    /// The CPUs and memory nodes it is pinned to, when it is.
+    pub fn cpuset(&self) -> Option<&Pinning> {
+        self.cpuset.as_ref()
+    }
+
+    /// Its device nodes: control nodes, GPU nodes by minor, MIG capability nodes.
+    pub fn devices(&self) -> &[GrantedDevice] {
+        &self.devices
+    }
+
+    /// Its full device allow list (the base list included), normalized.
+    pub fn rules(&self) -> &[DeviceRule] {
+        &self.rules
+    }
+
+    /// The GPUs whose NUMA affinity decides its pinning (NVML indices, ascending): its GPUs, a
+    /// share's GPU and each MIG device's parent.
+    pub fn local_gpus(&self) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self
+            .gpus
+            .iter()
+            .map(|g| g.index)
+            .chain(self.mig.iter().map(|m| m.parent_index))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
     /// True when the grant holds no device (the container asked for no GPU).
     pub fn is_empty(&self) -> bool {
         self.gpus.is_empty() && self.mig.is_empty()
@@ -258,7 +299,7 @@ impl Grant {
 
     /// The devices by UUID, as `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name them:
     /// the GPUs by NVML index, then the MIG devices.
-    pub fn visible(&self) -> Vec<&str> {
+    pub fn uuids(&self) -> Vec<&str> {
         self.gpus
             .iter()
             .map(|g| g.uuid.as_str())
@@ -269,7 +310,7 @@ impl Grant {
     /// The container's variables: `NVIDIA_VISIBLE_DEVICES` (`none` with no device),
     /// `CUDA_VISIBLE_DEVICES`, then a share's.
     pub fn env(&self) -> Vec<(String, String)> {
-        let mut env = visible_env(&self.visible());
+        let mut env = env::visible(&self.uuids());
         if let Some(share) = &self.share {
             env.extend(share.env.iter().cloned());
         }
@@ -329,21 +370,6 @@ impl Grant {
     }
 }
 
-/// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` naming the devices `uuids`
-/// (`none` and empty with none).
-pub fn visible_env(uuids: &[&str]) -> Vec<(String, String)> {
-    let list = uuids.join(",");
-    let nvidia = if list.is_empty() {
-        "none".to_owned()
-    } else {
-        list.clone()
-    };
-    vec![
-        (NVIDIA_VISIBLE_DEVICES.to_owned(), nvidia),
-        (CUDA_VISIBLE_DEVICES.to_owned(), list),
-    ]
-}
-
 /// The full allow list of a container holding the GPUs with `minors` and the MIG devices `mig`:
 /// `base`, and when it holds any device the control nodes `rwm`, `c 195:<minor> rw` per GPU and
 /// each MIG device's parent and capability nodes `rw`; normalized.
@@ -376,7 +402,7 @@ pub fn device_rules(
 }
 
 /// A node at `host`, in the container at `/<dir>/<its name>`.
-fn granted(host: &Path, dir: &str, dev: DevNum, kind: DeviceKind) -> GrantedDevice {
+fn granted(host: &Path, dir: &str, dev: DevNum, kind: NodeKind) -> GrantedDevice {
     let name = host.file_name().unwrap_or(host.as_os_str());
     GrantedDevice {
         host: host.to_owned(),
@@ -390,8 +416,8 @@ fn granted(host: &Path, dir: &str, dev: DevNum, kind: DeviceKind) -> GrantedDevi
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-    use mesos_gpu_enforce::cgroup::default_whitelist;
     use mesos_gpu_node::devices::{DeviceNode, GpuNode};
+    use mesos_gpu_node::rules::default_whitelist;
 
     pub(crate) fn gpu(index: u32) -> Gpu {
         Gpu {
@@ -426,6 +452,7 @@ mod tests {
     fn mig(uuid: &str, parent: u32, caps: [u32; 2]) -> MigAccess {
         MigAccess {
             uuid: uuid.into(),
+            parent_index: parent - 10,
             parent: DevNum {
                 major: 195,
                 minor: parent,
@@ -483,6 +510,7 @@ mod tests {
             ]
         );
         assert_eq!(grant.minors(), [11, 13]);
+        assert_eq!(grant.local_gpus(), [1, 3]);
     }
 
     #[test]
@@ -521,7 +549,9 @@ mod tests {
                 "/dev/nvidia-caps/nvidia-cap23"
             ]
         );
-        assert_eq!(grant.visible(), ["MIG-a", "MIG-b"]);
+        assert_eq!(grant.uuids(), ["MIG-a", "MIG-b"]);
+        // Pinned by its parent's affinity: a MIG device has none of its own.
+        assert_eq!(grant.local_gpus(), [1]);
         let files = grant
             .mounts()
             .into_iter()
@@ -550,7 +580,7 @@ mod tests {
     #[test]
     fn an_mps_share_gets_its_variables_pipe_directory_and_shared_memory() {
         let share = ShareAccess {
-            grant: PlacedShare {
+            placed: PlacedShare {
                 uuid: "GPU-2".into(),
                 index: 2,
                 units: 1,

@@ -1,10 +1,9 @@
-//! [`MigAccess`]: the device rules, device nodes, `/proc` mounts and environment of a container
-//! holding MIG devices.
+//! [`MigAccess`]: the device rules, device nodes and `/proc` mounts of a container holding MIG
+//! devices (its variables and the rest of its grant: [`crate::Grant`]).
 
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_enforce::{cgroup::Access, cgroup::DeviceRule, cgroup::normalize};
-use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::rules::{Access, DeviceRule};
 use mesos_gpu_node::{inventory::DevNum, inventory::MigDevice, inventory::NVIDIA_GPU_MAJOR};
 use mesos_gpu_placement::mig::MigError;
 
@@ -16,6 +15,8 @@ const CAPS_DIR: &str = "nvidia-caps";
 pub struct MigAccess {
     /// The device's `MIG-…` UUID.
     pub uuid: String,
+    /// The parent GPU's NVML index (whose NUMA affinity the device has).
+    pub parent_index: u32,
     /// The parent GPU's `/dev/nvidia<minor>` number.
     pub parent: DevNum,
     /// The GPU instance's and the compute instance's capability node numbers.
@@ -46,6 +47,7 @@ impl MigAccess {
         let file = |rel: &str| (proc_root.join(rel), Path::new("/proc").join(rel));
         Ok(MigAccess {
             uuid: device.uuid.clone(),
+            parent_index: device.parent,
             parent: DevNum {
                 major: NVIDIA_GPU_MAJOR,
                 minor: device.parent_minor,
@@ -67,50 +69,6 @@ impl MigAccess {
             .map(|dev| DeviceRule::char_device(dev, Access::RW))
             .collect()
     }
-
-    /// `docker run --device` values for the parent and both capability nodes (the control
-    /// nodes are added as for any GPU container).
-    pub fn docker_devices(&self, dev_root: &Path) -> Vec<String> {
-        let parent = dev_root.join(format!("nvidia{}", self.parent.minor));
-        std::iter::once(&parent)
-            .chain(&self.cap_nodes)
-            .map(|p| format!("{0}:{0}:rw", p.display()))
-            .collect()
-    }
-}
-
-/// The environment of a task holding `devices`: `NVIDIA_VISIBLE_DEVICES` and
-/// `CUDA_VISIBLE_DEVICES`, both the `MIG-…` UUIDs, comma-separated.
-pub fn environment(devices: &[MigAccess]) -> Vec<(String, String)> {
-    let uuids = devices
-        .iter()
-        .map(|d| d.uuid.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
-    vec![
-        ("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.clone()),
-        ("CUDA_VISIBLE_DEVICES".to_owned(), uuids),
-    ]
-}
-
-/// The full allow list of a container holding `devices`: `base`, the control nodes `rwm`, and
-/// each device's rules; nothing else of any GPU.
-pub fn allow_list(
-    base: &[DeviceRule],
-    nodes: &DeviceNodes,
-    devices: &[MigAccess],
-) -> Vec<DeviceRule> {
-    let mut rules = base.to_vec();
-    if !devices.is_empty() {
-        rules.extend(
-            nodes
-                .control
-                .iter()
-                .map(|n| DeviceRule::char_device(n.dev, Access::RWM)),
-        );
-    }
-    rules.extend(devices.iter().flat_map(MigAccess::rules));
-    normalize(&rules)
 }
 
 /// Refuses a task holding MIG devices whose capabilities include `CAP_SYS_ADMIN` (names as
@@ -174,13 +132,10 @@ mod tests {
         let access = MigAccess::of(&device(), Path::new("/dev"), Path::new("/proc")).unwrap();
         let rules: Vec<String> = access.rules().iter().map(ToString::to_string).collect();
         assert_eq!(rules, ["c 195:4 rw", "c 235:624 rw", "c 235:625 rw"]);
+        assert_eq!(access.parent_index, 4);
         assert_eq!(
-            access.docker_devices(Path::new("/dev")),
-            [
-                "/dev/nvidia4:/dev/nvidia4:rw",
-                "/dev/nvidia-caps/nvidia-cap624:/dev/nvidia-caps/nvidia-cap624:rw",
-                "/dev/nvidia-caps/nvidia-cap625:/dev/nvidia-caps/nvidia-cap625:rw",
-            ]
+            access.cap_nodes[0],
+            PathBuf::from("/dev/nvidia-caps/nvidia-cap624")
         );
         assert_eq!(
             access.proc_files[1],
@@ -188,13 +143,6 @@ mod tests {
                 PathBuf::from("/proc/driver/nvidia/capabilities/gpu4/mig/gi9/ci0/access"),
                 PathBuf::from("/proc/driver/nvidia/capabilities/gpu4/mig/gi9/ci0/access")
             )
-        );
-        assert_eq!(
-            environment(std::slice::from_ref(&access)),
-            [
-                ("NVIDIA_VISIBLE_DEVICES".to_owned(), access.uuid.clone()),
-                ("CUDA_VISIBLE_DEVICES".to_owned(), access.uuid.clone())
-            ]
         );
         let mut bare = device();
         bare.caps = None;

@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mesos_gpu_enforce::cgroup::{CgroupLayout, DeviceCgroup, DeviceRule};
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_os::container_id::ContainerId;
 
 /// The default probe command.
 pub const DEFAULT_PROBE: &str = "mesos-gpu gpu probe --gpu {uuid}";

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use libtest_mimic::Arguments;
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
     cgroup::Access, cgroup::CgroupError, cgroup::CgroupLayout, cgroup::CgroupVersion,
     cgroup::DeviceCgroup, cgroup::DeviceRule, cgroup::Hierarchy, cgroup::V2DeviceCgroup,
     cgroup::default_whitelist, cgroup::normalize, cgroup::parse_list,
 };
 use mesos_gpu_node::{inventory::DevNum, inventory::NVIDIA_GPU_MAJOR};
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_testkit::{Host, Need, cgroup2_root, needs, unique_name};
 use support::{ALLOWED, Cleanup, DENIED, Mode, Nodes, Outcome, Probe, TestResult, check};
 

@@ -13,15 +13,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use libtest_mimic::Arguments;
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
     cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceCgroup, cgroup::Hierarchy,
     cgroup::default_whitelist,
 };
-use mesos_gpu_grant::{mig::MigAccess, mig::allow_list};
+use mesos_gpu_grant::{Grant, mig::MigAccess};
 use mesos_gpu_node::{devices::DeviceNode, devices::DeviceNodes};
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_node::{inventory::DevNum, inventory::Inventory};
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::{mig::MigKind, mig::MigUnits};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, cgroup2_root, needs, unique_name};
@@ -155,16 +155,19 @@ fn isolate(hierarchy: Hierarchy) -> TestResult {
         }],
         gpus: Vec::new(),
     };
-    let rules = allow_list(
-        &default_whitelist(),
+    let grant = Grant::new(
         &control,
-        std::slice::from_ref(&access),
-    );
+        &default_whitelist(),
+        vec![],
+        vec![access.clone()],
+        None,
+    )?;
+    let rules = grant.rules();
 
     let layout = CgroupLayout::new(hierarchy, unique_name("mig"))?;
     let id = ContainerId::new("mig-task")?;
     let _cleanup = Cleanup::new(vec![layout.parent_dir(), layout.container_dir(&id)]);
-    let cgroup = DeviceCgroup::create(&layout, &id, &rules)?;
+    let cgroup = DeviceCgroup::create(&layout, &id, rules)?;
     let mut probe = Probe::spawn()?;
     cgroup.add_process(probe.pid())?;
 

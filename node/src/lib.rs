@@ -1,6 +1,6 @@
 //! The GPU node as discovered, read-only: NVML loaded at run time ([`discovery`]), what the
 //! node has ([`inventory`]: GPUs, driver, topology, MIG layout), the `/dev/nvidia*` nodes
-//! ([`devices`]), NUMA affinities and online CPUs ([`numa`]) and live per-GPU figures
+//! ([`devices`]), the device-rule vocabulary of the devices cgroup ([`rules`]), NUMA affinities and online CPUs ([`numa`]) and live per-GPU figures
 //! ([`usage`]). Nothing here decides or changes anything.
 //!
 //! `unsafe` is denied everywhere but in `sys`, which wraps the NVML calls nvml-wrapper has no
@@ -14,6 +14,7 @@ pub mod inventory;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod nodes;
 pub mod numa;
+pub mod rules;
 mod sys;
 pub mod usage;
 

@@ -2,7 +2,7 @@
 //! file crash-safely ([`durable`]), versioned JSON documents kept that way ([`store`]), taking
 //! `flock(2)` locks with a bounded wait ([`lock`]), whether a process still runs ([`liveness`]),
 //! reading the mount table ([`mountinfo`]), a failed file-system call ([`io`]), printing an error
-//! with its causes ([`chain`]), and giving what the project creates its mode whatever the umask,
+//! with its causes ([`chain`]), a container id checked once as one file name ([`container_id`]), and giving what the project creates its mode whatever the umask,
 //! refusing a state directory others can write ([`fsmode`]).
 //!
 //! Every function takes the paths it works on; nothing here knows `/proc`, `/sys` or a work
@@ -11,6 +11,7 @@
 #![warn(unreachable_pub, missing_docs)]
 
 pub mod chain;
+pub mod container_id;
 pub mod durable;
 pub mod fsmode;
 pub mod io;

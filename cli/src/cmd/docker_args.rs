@@ -310,18 +310,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
     let reservation = DockerGuard::reserve_request(&pool, &id, &request, start)?;
     let pinning = if args.numa.numa_pinning {
-        let inventory = ctx.inventory()?;
-        let mut indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
-        indices.extend(
-            reservation
-                .grant()
-                .mig
-                .iter()
-                .filter_map(|m| inventory.mig.by_uuid(&m.uuid).map(|d| d.parent)),
-        );
-        indices.sort_unstable();
-        indices.dedup();
-        crate::numa::docker_pinning(ctx, &indices, args.numa.cpus)?
+        crate::numa::docker_pinning(ctx, &reservation.grant().local_gpus(), args.numa.cpus)?
     } else {
         None
     };

@@ -126,8 +126,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         );
         let outcome = async {
             let pinning = if args.numa.numa_pinning {
-                let indices: Vec<u32> = container.gpus.iter().map(|g| g.index).collect();
-                crate::numa::docker_pinning(ctx, &indices, args.numa.cpus)?
+                crate::numa::docker_pinning(ctx, &container.local_gpus, args.numa.cpus)?
             } else {
                 None
             };

@@ -73,7 +73,7 @@ const VOLUME_MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 /// edits cannot set one. A device number of major 0 (`nvidia-uvm` named but not read, on a
 /// simulated node) is left for the runtime to `stat`.
 pub fn container_edits(grant: &Grant) -> Result<ContainerEdits, CdiError> {
-    if let Some(pinning) = &grant.cpuset {
+    if let Some(pinning) = grant.cpuset() {
         return Err(CdiError::Cpuset {
             cpus: pinning.cpus.to_string(),
         });
@@ -82,7 +82,7 @@ pub fn container_edits(grant: &Grant) -> Result<ContainerEdits, CdiError> {
         .check_nodes()
         .map_err(|index| CdiError::NoDeviceNode { index })?;
     let device_nodes = grant
-        .devices
+        .devices()
         .iter()
         .map(|d| {
             NodeEntry {

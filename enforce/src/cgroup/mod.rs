@@ -19,7 +19,6 @@
 
 pub(crate) mod cpuset;
 mod mount;
-pub mod rule;
 pub mod v1;
 pub mod v2;
 
@@ -29,12 +28,12 @@ use std::path::{Component, Path, PathBuf};
 
 use mesos_gpu_os::fsmode;
 
-use crate::container_id::ContainerId;
+pub use mesos_gpu_node::rules::{
+    Access, DeviceKind, DeviceRule, RuleError, default_whitelist, normalize, parse_list,
+};
+use mesos_gpu_os::container_id::ContainerId;
 pub use mount::CgroupMounts;
 pub use mount::Hierarchy;
-pub use rule::DeviceKind;
-pub use rule::RuleError;
-pub use rule::{Access, DeviceRule, default_whitelist, normalize, parse_list};
 pub use v1::V1DeviceCgroup;
 pub use v2::V2DeviceCgroup;
 pub use v2::program::DeviceProgram;

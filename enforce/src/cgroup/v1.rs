@@ -28,11 +28,11 @@ use cgroups_rs::CgroupPid;
 use cgroups_rs::fs::Controller;
 use cgroups_rs::fs::devices::{DevicePermissions, DeviceType, DevicesController};
 
-use super::rule::{Access, DeviceKind, DeviceRule, normalize};
 use super::{
     CgroupError, CgroupLayout, CgroupVersion, ContainerId, check_pid, create_container_dir,
     remove_cgroup_dir,
 };
+use mesos_gpu_node::rules::{Access, DeviceKind, DeviceRule, normalize};
 
 /// One write to the controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,12 +414,10 @@ fn io_cause(err: cgroups_rs::fs::error::Error) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::rule::tests::arb_rule;
     use crate::{cgroup::CgroupVersion, cgroup::Hierarchy};
-    use crate::{
-        cgroup::rule::default_whitelist, cgroup::rule::is_allowed, cgroup::rule::parse_list,
-    };
     use mesos_gpu_node::inventory::DevNum;
+    use mesos_gpu_node::rules::arb::arb_rule;
+    use mesos_gpu_node::rules::{default_whitelist, is_allowed, parse_list};
     use proptest::prelude::*;
 
     fn rules(text: &str) -> Vec<DeviceRule> {

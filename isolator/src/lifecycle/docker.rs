@@ -71,13 +71,13 @@ impl<D: Deref<Target = Isolator>> DockerGuard<D> {
 
     /// The reserved GPUs (for a share, its one GPU).
     pub fn gpus(&self) -> &[Gpu] {
-        &self.grant.gpus
+        self.grant.gpus()
     }
 
     /// The container launches: the GPUs stay reserved until it is released.
     pub fn keep(mut self) -> Vec<Gpu> {
         self.kept = true;
-        std::mem::take(&mut self.grant.gpus)
+        self.grant.gpus().to_vec()
     }
 
     /// The launch failed: gives the GPUs back now.
@@ -148,7 +148,10 @@ impl Isolator {
             gpus,
             ..super::PrepareConfig::default()
         };
-        Ok(self.reserve_docker_units(id, &request, start)?.gpus)
+        Ok(self
+            .reserve_docker_units(id, &request, start)?
+            .gpus()
+            .to_vec())
     }
 
     /// Reserves what `request` asks for Docker container `id`: whole GPUs, a share of one GPU
@@ -182,12 +185,12 @@ impl Isolator {
         taking.docker_starts.insert(id.clone(), start);
         self.save(&taking, STEP)?;
         taking.keep();
-        match &grant.share {
+        match grant.share() {
             Some(share) => {
-                let g = &share.grant;
+                let g = &share.placed;
                 tracing::info!(gpu = %g.uuid, units = g.units, replicas = g.replicas, mode = %g.mode, "reserved a GPU share for a Docker container")
             }
-            None => tracing::info!(gpus = ?grant.visible(), "reserved GPUs for a Docker container"),
+            None => tracing::info!(gpus = ?grant.uuids(), "reserved GPUs for a Docker container"),
         }
         Ok(grant)
     }

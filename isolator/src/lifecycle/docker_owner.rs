@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use mesos_gpu_enforce::container_id::ContainerId;
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_pool::{Owner, ProcessStamp};
 
 /// Where a Docker container runs and which process starts it, for its owner record.

@@ -25,9 +25,9 @@
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::{DeviceKind, DeviceRule};
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_grant::{Grant, MountKind as GrantMountKind};
 use mesos_gpu_node::inventory::{Gpu, NVIDIA_GPU_MAJOR};
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_volume::injection::CONTAINER_PATH;
 
 /// What the containerizer tells the isolator about a container being prepared.
@@ -44,7 +44,7 @@ pub struct PrepareConfig {
     /// True when the container has task info (command executor): env goes to `task_environment`.
     pub has_task_info: bool,
     /// The parent of a nested container; a nested container shares its parent's GPUs.
-    pub parent: Option<mesos_gpu_enforce::container_id::ContainerId>,
+    pub parent: Option<mesos_gpu_os::container_id::ContainerId>,
     /// Where Mesos puts a nested container's own cgroup, relative to the cgroups root:
     /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611).
     pub nested_cgroup: Option<PathBuf>,
@@ -146,7 +146,7 @@ pub(crate) fn launch_info(
     if let Some(rootfs) = &config.rootfs {
         grant.check_nodes().map_err(|index| MissingNode { index })?;
         let inside = |path: &Path| rootfs.join(path.strip_prefix("/").unwrap_or(path));
-        for device in &grant.devices {
+        for device in grant.devices() {
             mounts.push(Mount {
                 source: device.host.clone(),
                 target: inside(&device.container),
@@ -187,9 +187,9 @@ pub(crate) fn launch_info(
         (env, Vec::new())
     };
     Ok(LaunchInfo {
-        gpus: grant.gpus.clone(),
-        mig: grant.mig.iter().map(|m| m.uuid.clone()).collect(),
-        device_rules: grant.rules.clone(),
+        gpus: grant.gpus().to_vec(),
+        mig: grant.mig().iter().map(|m| m.uuid.clone()).collect(),
+        device_rules: grant.rules().to_vec(),
         cgroup,
         mounts,
         environment,
@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn allowed_minors_counts_exact_gpu_entries_only() {
-        let rules = grant(vec![gpu(1), gpu(3)]).rules;
+        let rules = grant(vec![gpu(1), gpu(3)]).rules().to_vec();
         let mut minors = allowed_minors(&rules);
         minors.sort_unstable();
         assert_eq!(minors, [11, 13, 255]);
@@ -358,7 +358,7 @@ mod tests {
         };
         let empty = grant(vec![]);
         assert_eq!(
-            empty.rules,
+            empty.rules(),
             normalize(&default_whitelist()),
             "no control devices"
         );

@@ -72,13 +72,13 @@ pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 
 use checkpoint::Store;
 use launch::launch_info;
-pub use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::pinning::Pinner;
 use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::DeviceRule};
 use mesos_gpu_grant::device_rules;
 use mesos_gpu_health::Limitations;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+pub use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::{
     allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,
     allocator::Resize,
@@ -241,7 +241,7 @@ impl Isolator {
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
         self.save(&taking, STEP)?;
         fault::point("prepare.checkpointed");
-        let cgroup = match self.place(id, dir, &grant.rules) {
+        let cgroup = match self.place(id, dir, grant.rules()) {
             Ok(cgroup) => cgroup,
             Err(e) => {
                 drop(taking);
@@ -254,13 +254,13 @@ impl Isolator {
             entry.cgroup = Some(cgroup);
         }
         taking.keep();
-        match &grant.share {
+        match grant.share() {
             Some(share) => {
-                let g = &share.grant;
+                let g = &share.placed;
                 tracing::info!(gpu = %g.uuid, units = g.units, replicas = g.replicas, mode = %g.mode, cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container with a GPU share")
             }
             None => {
-                tracing::info!(gpus = ?grant.visible(), cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container")
+                tracing::info!(gpus = ?grant.uuids(), cgroup = %self.layout.container_dir(id).display(), mounts = info.mounts.len(), "prepared container")
             }
         }
         Ok(info)

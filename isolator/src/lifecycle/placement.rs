@@ -40,11 +40,11 @@
 use std::path::{Path, PathBuf};
 
 use super::{CgroupMaker, LifecycleError};
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
     cgroup::CgroupError, cgroup::CgroupLayout, cgroup::DeviceCgroup, cgroup::DeviceRule,
     cgroup::normalize,
 };
+use mesos_gpu_os::container_id::ContainerId;
 
 /// A container's device cgroup and who made it.
 #[derive(Debug)]

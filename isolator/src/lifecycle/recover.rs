@@ -38,13 +38,13 @@ use super::placement::PlacedCgroup;
 use super::state::{Carried, Container, QUARANTINE_OWNER, State};
 use super::{CgroupMaker, Isolator, LifecycleError, health};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
-use mesos_gpu_enforce::container_id::ContainerId;
 use mesos_gpu_enforce::{
     cgroup::Access, cgroup::DeviceCgroup, cgroup::DeviceKind, cgroup::DeviceRule,
     cgroup::V2DeviceCgroup, cgroup::read_procs,
 };
 use mesos_gpu_grant::device_rules;
 use mesos_gpu_node::inventory::DevNum;
+use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::sharing::PlacedShare;
 use mesos_gpu_placement::{allocator::Allocator, allocator::GpuSet};
 use mesos_gpu_pool::Liveness;

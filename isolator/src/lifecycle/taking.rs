@@ -100,8 +100,8 @@ impl Isolator {
             None => None,
         };
         let visible = match &share {
-            Some(s) if !s.grant.is_mig() => {
-                GpuSet::from_indices([s.grant.index]).unwrap_or_default()
+            Some(s) if !s.placed.is_mig() => {
+                GpuSet::from_indices([s.placed.index]).unwrap_or_default()
             }
             _ => set,
         };
@@ -123,22 +123,22 @@ impl Isolator {
 /// share, which the pool records), the rules, the share and the MIG devices held whole (not a
 /// shared one, which the share names).
 pub(crate) fn container_of(grant: &Grant) -> Container {
-    let gpus = match &grant.share {
+    let gpus = match grant.share() {
         Some(_) => GpuSet::EMPTY,
-        None => GpuSet::from_indices(grant.gpus.iter().map(|g| g.index)).unwrap_or_default(),
+        None => GpuSet::from_indices(grant.gpus().iter().map(|g| g.index)).unwrap_or_default(),
     };
-    let shared = grant.share.as_ref().filter(|s| s.grant.is_mig());
+    let shared = grant.share().filter(|s| s.placed.is_mig());
     let whole_mig = grant
-        .mig
+        .mig()
         .iter()
-        .filter(|m| shared.is_none_or(|s| s.grant.uuid != m.uuid))
+        .filter(|m| shared.is_none_or(|s| s.placed.uuid != m.uuid))
         .map(|m| m.uuid.clone())
         .collect();
     Container {
         gpus,
-        rules: grant.rules.clone(),
+        rules: grant.rules().to_vec(),
         cgroup: None,
-        share: grant.share.as_ref().map(|s| s.grant.clone()),
+        share: grant.share().map(|s| s.placed.clone()),
         mig: whole_mig,
         mig_quarantine: Vec::new(),
     }

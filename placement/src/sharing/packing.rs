@@ -173,17 +173,6 @@ impl PlacedShare {
     pub fn is_mig(&self) -> bool {
         self.uuid.starts_with("MIG-")
     }
-
-    /// What every owner is told: `MESOS_GPU_SHARE=k/R` and `MESOS_GPU_SHARING=<mode>`.
-    pub fn env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                "MESOS_GPU_SHARE".to_owned(),
-                format!("{}/{}", self.units, self.replicas),
-            ),
-            ("MESOS_GPU_SHARING".to_owned(), self.mode.to_string()),
-        ]
-    }
 }
 
 impl ShareLimits {

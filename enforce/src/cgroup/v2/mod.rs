@@ -27,12 +27,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use self::program::DeviceProgram;
-use super::rule::{Access, DeviceRule, normalize};
 use super::{
     CgroupError, CgroupLayout, CgroupVersion, ContainerId, IoResultExt, check_pid,
     create_container_dir, remove_cgroup_dir,
 };
 use crate::sys;
+use mesos_gpu_node::rules::{Access, DeviceRule, normalize};
 
 /// The name our device programs are loaded with (`bpftool prog` shows it).
 pub(crate) const PROGRAM_NAME: &str = "mgpu_devices";

@@ -17,10 +17,7 @@
 //! returns "allow" when it falls through; after the last block, return "deny". Comparisons are
 //! 32-bit (`BPF_JMP32`, Linux 5.1) so that numbers above `i32::MAX` compare correctly.
 
-use crate::{
-    cgroup::rule::Access, cgroup::rule::DeviceKind, cgroup::rule::DeviceRule,
-    cgroup::rule::normalize,
-};
+use mesos_gpu_node::rules::{Access, DeviceKind, DeviceRule, normalize};
 
 /// `BPF_DEVCG_DEV_BLOCK`.
 const DEV_BLOCK: u32 = 1;
@@ -104,7 +101,7 @@ pub struct DeviceProgram {
 
 impl DeviceProgram {
     /// Builds the program that allows exactly what the allow list `rules` allows (default deny;
-    /// see `cgroup::rule::is_allowed`). The list is normalized first, as the v1
+    /// see `mesos_gpu_node::rules::is_allowed`). The list is normalized first, as the v1
     /// kernel does.
     pub fn build(rules: &[DeviceRule]) -> DeviceProgram {
         let mut insns = vec![
@@ -195,11 +192,9 @@ fn jne_imm(reg: u8, value: u32) -> Insn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        cgroup::rule::default_whitelist, cgroup::rule::is_allowed, cgroup::rule::parse_list,
-    };
-    use crate::{cgroup::rule::tests::arb_access, cgroup::rule::tests::arb_rule};
     use mesos_gpu_node::inventory::DevNum;
+    use mesos_gpu_node::rules::arb::{arb_access, arb_rule};
+    use mesos_gpu_node::rules::{default_whitelist, is_allowed, parse_list};
     use proptest::prelude::*;
 
     /// Runs `program` in rbpf on one request and returns its verdict.

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use mesos_gpu_node::inventory::DevNum;
+use crate::inventory::DevNum;
 
 /// The shape of a rule, quoted in every parse error.
 const SYNTAX: &str = "`<a|b|c> <major|*>:<minor|*> <one or more of r, w, m>`, e.g. `c 195:3 rwm`";
@@ -75,7 +75,7 @@ pub struct Access(u8);
 
 impl Access {
     /// No access at all.
-    pub(crate) const NONE: Access = Access(0);
+    pub const NONE: Access = Access(0);
     /// `m`: create the device node with mknod(2) (`BPF_DEVCG_ACC_MKNOD`).
     pub const MKNOD: Access = Access(1);
     /// `r`: open for reading (`BPF_DEVCG_ACC_READ`).
@@ -211,9 +211,8 @@ impl DeviceRule {
             && self.minor.is_none_or(|m| m == dev.minor)
     }
 
-    #[cfg(test)]
     /// True when this rule allows `access` to device `dev` of type `kind`.
-    pub(crate) fn permits(&self, kind: DeviceKind, dev: DevNum, access: Access) -> bool {
+    fn permits(&self, kind: DeviceKind, dev: DevNum, access: Access) -> bool {
         self.covers(kind, dev) && self.access.contains(access)
     }
 
@@ -322,15 +321,10 @@ pub fn normalize(rules: &[DeviceRule]) -> Vec<DeviceRule> {
         .collect()
 }
 
-#[cfg(test)]
 /// True when the allow list `rules` allows `access` to device `dev` of type `kind`: the
-/// reference semantics that both the v1 kernel and the v2 program implement.
-pub(crate) fn is_allowed(
-    rules: &[DeviceRule],
-    kind: DeviceKind,
-    dev: DevNum,
-    access: Access,
-) -> bool {
+/// reference semantics that both the v1 kernel and the v2 program implement (their tests check
+/// them against it).
+pub fn is_allowed(rules: &[DeviceRule], kind: DeviceKind, dev: DevNum, access: Access) -> bool {
     rules.iter().any(|r| r.permits(kind, dev, access))
 }
 
@@ -372,16 +366,19 @@ pub fn default_whitelist() -> Vec<DeviceRule> {
     ]
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
+/// Proptest strategies for rules, for this crate's tests and those of the v1 and v2 enforcers.
+#[cfg(any(test, feature = "fixtures"))]
+pub mod arb {
+    use super::{Access, DeviceKind, DeviceRule};
     use proptest::prelude::*;
 
-    pub(crate) fn arb_access() -> impl Strategy<Value = Access> {
+    /// Any non-empty access.
+    pub fn arb_access() -> impl Strategy<Value = Access> {
         (1u8..=7).prop_map(Access::from_bits_truncate)
     }
 
-    pub(crate) fn arb_rule() -> impl Strategy<Value = DeviceRule> {
+    /// Any rule, with small and large device numbers and wildcards.
+    pub fn arb_rule() -> impl Strategy<Value = DeviceRule> {
         let num = prop_oneof![
             Just(None),
             (0u32..8).prop_map(Some),
@@ -403,6 +400,13 @@ pub(crate) mod tests {
                 }),
         ]
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arb::{arb_access, arb_rule};
+    use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn parses_and_prints_kernel_forms() {
