@@ -1,0 +1,774 @@
+//! One decision, whatever the entry point: each kind of request is sent through every way a
+//! container gets GPUs on a simulated node, and what each finally gives the container is
+//! compared with what the module gives it through its C ABI. Where `ffi/tests/parity.rs` hands
+//! every renderer the same hand-made grant, here each entry point makes its own, as in
+//! production:
+//!
+//! - **module**: `mgpu_prepare` (then the cpuset the module wrote into the container's cpuset
+//!   cgroup), the reference;
+//! - **hook → wrapper**: the Docker hook's C ABI (`mgpu_docker_hook_launch_argv`) gives the
+//!   `docker-args` command the agent runs; its answer goes, as the agent passes it, into
+//!   `MESOS_GPU_DOCKER_ARGS` of a `docker run` given to the real `mesos-gpu docker-wrapper`, and
+//!   what the wrapper finally passes to `docker` is compared (a stand-in `docker` records it);
+//! - **docker-args**: the command as an operator runs it, `--image` named;
+//! - **CDI**: the node's spec from `mesos-gpu cdi generate`, the devices the module granted asked
+//!   by UUID (CDI carries no cpuset: a pinned request is not asked; a CDI device carries no
+//!   variables, as NVIDIA's: the common edits' `NVIDIA_VISIBLE_DEVICES=void` is checked instead);
+//! - **REST**: nvidia-docker 1.0's `/docker/cli/json` for the same devices (it reserves nothing
+//!   and pins nothing: a pinned request is not asked).
+//!
+//! Each Docker entry point runs twice: for an image that asks for the driver (a CUDA image's
+//! `com.nvidia.volumes.needed` label) and for a plain one. A container holding a device gets the
+//! same device nodes, `NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`, share variables, MPS
+//! mounts and cpuset either way (e1d0892's wrapper gave a plain image only the device nodes).
+//! The driver volume is not compared: the module runs with `driver_volume=off`.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+
+use http_body_util::BodyExt as _;
+use hyper::{Method, StatusCode};
+use libtest_mimic::Arguments;
+use mesos_gpu::abi::mgpu_docker_hook_launch_argv;
+use mesos_gpu::proto::mesos::slave::{ContainerConfig, ContainerLaunchInfo};
+use mesos_gpu::proto::mesos::{Resource, value};
+use mesos_gpu::status::MgpuStatus;
+use mesos_gpu_docker::args::VolumeSource;
+use mesos_gpu_docker::rest::status::NoStatus;
+use mesos_gpu_docker::rest::{Devices, RestApi};
+use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_testkit::dockerd::FakeDockerd;
+use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::{Host, Need, needs};
+use prost::Message as _;
+use support::{Handle, TestResult, check, trial};
+
+/// The variables every entry point must agree on.
+const COMPARED_ENV: [&str; 7] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "MESOS_GPU_SHARE",
+    "MESOS_GPU_SHARING",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+];
+/// The label by which an image asks for the driver (CUDA images carry it).
+const DRIVER_LABEL: (&str, &str) = ("com.nvidia.volumes.needed", "nvidia_driver");
+
+fn main() -> ExitCode {
+    let host = Host::probe();
+    let trials = vec![needs(
+        &host,
+        &[Need::Root, Need::Cgroup1, Need::Cpuset1],
+        trial(
+            "every_entry_point_gives_every_kind_of_request_what_the_module_gives",
+            every_entry_point_agrees,
+        ),
+    )];
+    libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
+}
+
+/// What a container gets, as an entry point gave it: host device nodes, variables, bind mounts
+/// (besides the driver volume and MIG `access` files) and cpuset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Parts {
+    devices: BTreeSet<String>,
+    env: BTreeMap<String, String>,
+    mounts: BTreeSet<(String, String)>,
+    cpuset: Option<(String, Option<String>)>,
+}
+
+impl Parts {
+    fn keep_env<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        for (k, v) in pairs {
+            if COMPARED_ENV.contains(&k) {
+                self.env.insert(k.to_owned(), v.to_owned());
+            }
+        }
+    }
+
+    /// The `GPU-…`/`MIG-…` UUIDs it names.
+    fn uuids(&self) -> Vec<String> {
+        self.env
+            .get("CUDA_VISIBLE_DEVICES")
+            .map(|v| {
+                v.split(',')
+                    .filter(|u| !u.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// One kind of request, as a Mesos task asks for it.
+struct Case {
+    name: &'static str,
+    /// The simulated node (`nvml-sim/topologies/<node>.json`).
+    node: &'static str,
+    /// `gpus`.
+    gpus: f64,
+    /// `mig-<profile>` scalars.
+    mig: Vec<(&'static str, f64)>,
+    /// `cpus`, when NUMA pinning is on.
+    pinned_cpus: Option<f64>,
+    /// Module parameters and the same as `docker-args` options.
+    params: Vec<(&'static str, &'static str)>,
+    docker_options: Vec<&'static str>,
+}
+
+fn cases() -> Vec<Case> {
+    let plain = |name, node, gpus| Case {
+        name,
+        node,
+        gpus,
+        mig: Vec::new(),
+        pinned_cpus: None,
+        params: Vec::new(),
+        docker_options: Vec::new(),
+    };
+    vec![
+        plain("one GPU", "numa-2cpu", 1.0),
+        plain("two GPUs", "numa-2cpu", 2.0),
+        plain("no GPU", "numa-2cpu", 0.0),
+        Case {
+            pinned_cpus: Some(1.0),
+            params: vec![("numa_pinning", "on")],
+            docker_options: vec!["--numa-pinning"],
+            ..plain("one GPU, NUMA-pinned", "numa-2cpu", 1.0)
+        },
+        Case {
+            params: vec![("mig_strategy", "mixed")],
+            docker_options: vec!["--mig-strategy", "mixed"],
+            ..plain(
+                "a whole GPU beside MIG devices (mixed)",
+                "dgx-a100-mixed",
+                1.0,
+            )
+        },
+        Case {
+            mig: vec![("mig-1g.5gb", 1.0)],
+            params: vec![("mig_strategy", "mixed")],
+            docker_options: vec!["--mig-strategy", "mixed"],
+            ..plain("one MIG device (mixed)", "dgx-a100-mixed", 0.0)
+        },
+    ]
+}
+
+/// A simulated node with its device nodes, and the places each entry point keeps its state.
+struct Node {
+    sim: SimNode,
+    inventory: Inventory,
+    dev: tempfile::TempDir,
+    scratch: tempfile::TempDir,
+}
+
+impl Node {
+    fn new(name: &str) -> TestResult<Node> {
+        let sim = SimNode::shipped(name);
+        let inventory = sim.inventory()?;
+        let dev = tempfile::Builder::new()
+            .prefix("mgpu-entry-dev")
+            .tempdir()?;
+        let mut specs: Vec<(String, u32, u32)> = inventory
+            .gpus
+            .iter()
+            .map(|g| (format!("nvidia{}", g.minor), 195, g.minor))
+            .collect();
+        specs.push(("nvidiactl".into(), 195, 255));
+        specs.push(("nvidia-uvm".into(), 240, 0));
+        for (name, major, minor) in specs {
+            mknod(&dev.path().join(name), major, minor)?;
+        }
+        mesos_gpu_testkit::nvml_sim::mknod_mig_caps(dev.path(), &inventory)?;
+        let scratch = tempfile::Builder::new()
+            .prefix("mgpu-entry-state")
+            .tempdir()?;
+        Ok(Node {
+            sim,
+            inventory,
+            dev,
+            scratch,
+        })
+    }
+
+    /// A fresh state directory `name` (each entry point gets an empty pool).
+    fn state(&self, name: &str) -> TestResult<PathBuf> {
+        let dir = self.scratch.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// `mesos-gpu` on this node.
+    fn cli(&self) -> TestResult<Command> {
+        let mut cmd = Command::new(mesos_gpu_bin()?);
+        cmd.arg("--nvml-lib")
+            .arg(self.sim.lib_path())
+            .arg("--dev-root")
+            .arg(self.dev.path())
+            .arg("--proc-root")
+            .arg(self.sim.proc_root());
+        Ok(cmd)
+    }
+
+    /// The `docker-args` command line for `case` with its state under `state` (as the hook's
+    /// module parameter gives it: split on spaces).
+    fn docker_args_line(&self, case: &Case, state: &Path, socket: &Path) -> TestResult<String> {
+        let mut line = vec![
+            mesos_gpu_bin()?.display().to_string(),
+            "--nvml-lib".into(),
+            self.sim.lib_path().display().to_string(),
+            "--dev-root".into(),
+            self.dev.path().display().to_string(),
+            "--proc-root".into(),
+            self.sim.proc_root().display().to_string(),
+            "docker-args".into(),
+            "--plugin".into(),
+            "--pool-dir".into(),
+            state.join("pool").display().to_string(),
+            "--docker-state-dir".into(),
+            state.join("docker").display().to_string(),
+            "--docker-socket".into(),
+            socket.display().to_string(),
+        ];
+        line.extend(case.docker_options.iter().map(|o| (*o).to_owned()));
+        Ok(line.join(" "))
+    }
+}
+
+fn mknod(path: &Path, major: u32, minor: u32) -> TestResult {
+    let out = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "mknod {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The built `mesos-gpu`: `$MESOS_GPU_BIN`, else beside this test.
+fn mesos_gpu_bin() -> TestResult<PathBuf> {
+    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the test has no directory")?;
+    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
+                .into()
+        })
+}
+
+fn scalar(name: &str, v: f64) -> Resource {
+    Resource {
+        name: name.into(),
+        r#type: value::Type::Scalar as i32,
+        scalar: Some(value::Scalar { value: v }),
+        ..Resource::default()
+    }
+}
+
+/// The task's resources.
+fn resources(case: &Case) -> Vec<Resource> {
+    let mut out = vec![scalar("gpus", case.gpus)];
+    out.extend(case.mig.iter().map(|(name, n)| scalar(name, *n)));
+    if let Some(cpus) = case.pinned_cpus {
+        out.push(scalar("cpus", cpus));
+    }
+    out
+}
+
+/// The module, through its C ABI: the launch info, and the cpuset it wrote.
+fn module(node: &Node, case: &Case) -> TestResult<Parts> {
+    let state = node.state("module")?;
+    let cgroups_root = mesos_gpu_testkit::unique_name("entry");
+    let mut pairs: Vec<(String, String)> = vec![
+        ("nvml_lib".into(), node.sim.lib_path().display().to_string()),
+        ("dev_root".into(), node.dev.path().display().to_string()),
+        (
+            "proc_root".into(),
+            node.sim.proc_root().display().to_string(),
+        ),
+        ("work_dir".into(), state.join("work").display().to_string()),
+        ("pool_dir".into(), state.join("pool").display().to_string()),
+        ("cgroups_root".into(), cgroups_root.clone()),
+        ("cgroup_version".into(), "v1".into()),
+        ("cgroups_hierarchy".into(), "/sys/fs/cgroup".into()),
+        ("driver_volume".into(), "off".into()),
+    ];
+    pairs.extend(
+        case.params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let params = mesos_gpu::proto::mesos::Parameters {
+        parameter: pairs
+            .into_iter()
+            .map(|(key, value)| mesos_gpu::proto::mesos::Parameter { key, value })
+            .collect(),
+    };
+    let handle = Handle::new(&params)?;
+    let rootfs = node.state("module-rootfs")?;
+    let config = ContainerConfig {
+        resources: resources(case),
+        directory: "/tmp/sandbox".into(),
+        rootfs: Some(rootfs.display().to_string()),
+        // Not root, so without CAP_SYS_ADMIN (a MIG device is refused to a task with it).
+        user: Some("nobody".into()),
+        ..ContainerConfig::default()
+    }
+    .encode_to_vec();
+    let id = support::cid("entry-parity");
+    let answer = handle.prepare(&id, &config);
+    let bytes = answer.ok()?;
+    let info = ContainerLaunchInfo::decode(bytes.as_slice())?;
+    let mut parts = launch_parts(&info, &rootfs, node.dev.path());
+    let cpuset = Path::new("/sys/fs/cgroup/cpuset")
+        .join(&cgroups_root)
+        .join(&id.value);
+    if case.pinned_cpus.is_some() {
+        let read = |f: &str| std::fs::read_to_string(cpuset.join(f)).map(|s| s.trim().to_owned());
+        parts.cpuset = Some((read("cpuset.cpus")?, Some(read("cpuset.mems")?)));
+    }
+    let cleaned = handle.cleanup(&id);
+    check(
+        cleaned.status == MgpuStatus::MgpuOk,
+        format!("cleanup: {:?} {}", cleaned.status, cleaned.err),
+    )?;
+    for dir in [
+        PathBuf::from("/sys/fs/cgroup/cpuset").join(&cgroups_root),
+        PathBuf::from("/sys/fs/cgroup/devices").join(&cgroups_root),
+    ] {
+        let _ = std::fs::remove_dir(dir);
+    }
+    Ok(parts)
+}
+
+/// The parts of the module's launch info: device nodes (bind mounts of nodes under `dev`),
+/// other mounts, variables.
+fn launch_parts(info: &ContainerLaunchInfo, rootfs: &Path, dev: &Path) -> Parts {
+    let mut parts = Parts::default();
+    for m in &info.mounts {
+        let source = m.source.clone().unwrap_or_default();
+        let target = Path::new(&m.target)
+            .strip_prefix(rootfs)
+            .map(|t| Path::new("/").join(t).display().to_string())
+            .unwrap_or_else(|_| m.target.clone());
+        if source.contains("/driver/nvidia/capabilities/") {
+            continue; // MIG access files: Mesos only (runc refuses mounts inside /proc).
+        }
+        if Path::new(&source).starts_with(dev) {
+            parts.devices.insert(source);
+        } else {
+            parts.mounts.insert((source, target));
+        }
+    }
+    for env in info.environment.iter().chain(&info.task_environment) {
+        parts.keep_env(
+            env.variables
+                .iter()
+                .map(|v| (v.name.as_str(), v.value.as_deref().unwrap_or(""))),
+        );
+    }
+    parts
+}
+
+/// The parts of `docker run` arguments.
+fn docker_parts(args: &[String]) -> Parts {
+    let mut parts = Parts::default();
+    let mut mems = None;
+    let mut cpus = None;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        // `-e KEY=VALUE` as Mesos writes its own variables, `--env=` as ours.
+        let (option, value) = match arg.split_once('=') {
+            Some((o, v)) if o.starts_with("--") => (o, v.to_owned()),
+            _ if arg == "-e" || arg == "--env" || arg == "--device" || arg == "--volume" => {
+                i += 1;
+                (arg.as_str(), args.get(i).cloned().unwrap_or_default())
+            }
+            _ => (arg.as_str(), String::new()),
+        };
+        match option {
+            "--device" => {
+                parts
+                    .devices
+                    .insert(value.split(':').next().unwrap_or(&value).to_owned());
+            }
+            "-e" | "--env" => {
+                let (k, v) = value.split_once('=').unwrap_or((&value, ""));
+                parts.keep_env([(k, v)]);
+            }
+            "--volume" => {
+                let mut fields = value.split(':');
+                let (source, target) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+                if target != "/usr/local/nvidia" {
+                    parts.mounts.insert((source.to_owned(), target.to_owned()));
+                }
+            }
+            "--cpuset-cpus" => cpus = Some(value),
+            "--cpuset-mems" => mems = Some(value),
+            _ => {}
+        }
+        i += 1;
+    }
+    parts.cpuset = cpus.map(|c| (c, mems));
+    parts
+}
+
+/// The `docker-args` command the hook runs for `case`, through the hook's C ABI.
+fn hook_argv(line: &str, case: &Case, image: &str, name: &str) -> TestResult<Vec<String>> {
+    let config = ContainerConfig {
+        resources: resources(case),
+        container_info: Some(mesos_gpu::proto::mesos::ContainerInfo {
+            docker: Some(mesos_gpu::proto::mesos::container_info::DockerInfo {
+                image: image.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..ContainerConfig::default()
+    }
+    .encode_to_vec();
+    let command = CString::new(line)?;
+    let name = CString::new(name)?;
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0usize;
+    let mut err = vec![0u8; 1024];
+    // SAFETY: both strings are NUL-terminated and live across the call; `config` is valid for
+    // its length; `buf`, `len` and `err` are live, writable and as large as said.
+    let status = unsafe {
+        mgpu_docker_hook_launch_argv(
+            command.as_ptr(),
+            config.as_ptr(),
+            config.len(),
+            name.as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+            &raw mut len,
+            err.as_mut_ptr().cast(),
+            err.len(),
+        )
+    };
+    if status != MgpuStatus::MgpuOk {
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        return Err(String::from_utf8_lossy(&err[..end]).into_owned().into());
+    }
+    Ok(buf[..len]
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect())
+}
+
+/// Runs `argv`, its stdout when it succeeds.
+fn output(argv: &[String]) -> TestResult<String> {
+    let out = Command::new(&argv[0]).args(&argv[1..]).output()?;
+    check(
+        out.status.success(),
+        format!(
+            "{}: {}",
+            argv.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+/// The agent's Docker path: the hook's command, its answer in `MESOS_GPU_DOCKER_ARGS`, the real
+/// `docker-wrapper`, and what it passes to `docker` (recorded by a stand-in).
+fn hook_and_wrapper(
+    node: &Node,
+    case: &Case,
+    daemon: &FakeDockerd,
+    tag: &str,
+) -> TestResult<Parts> {
+    let state = node.state(&format!("hook-{tag}"))?;
+    let line = node.docker_args_line(case, &state, daemon.socket())?;
+    let id = "3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11";
+    let name = format!("mesos-{id}");
+    let argv = hook_argv(&line, case, "img", &name)?;
+    if argv.is_empty() {
+        return Ok(Parts::default());
+    }
+    let answer = output(&argv)?;
+    let recorded = state.join("docker-run.args");
+    let fake = state.join("docker-cli");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in\n  *\" inspect \"*) echo false;;\n  *) for a in \"$@\"; do printf '%s\\n' \"$a\"; done > {};;\nesac\nexit 0\n",
+            recorded.display()
+        ),
+    )?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755))?;
+    let out = Command::new(mesos_gpu_bin()?)
+        .args(["docker-wrapper", "--docker"])
+        .arg(&fake)
+        .arg("--pool-dir")
+        .arg(state.join("pool"))
+        .arg("--docker-state-dir")
+        .arg(state.join("docker"))
+        .arg("--")
+        .arg("-H")
+        .arg(format!("unix://{}", daemon.socket().display()))
+        .args(["run", "-e"])
+        .arg(format!("MESOS_GPU_DOCKER_ARGS={answer}"))
+        .args([
+            "-e",
+            "MESOS_SANDBOX=/mnt/mesos/sandbox",
+            "--name",
+            &name,
+            "img",
+            "true",
+        ])
+        .output()?;
+    check(
+        out.status.success(),
+        format!("docker-wrapper: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    let args: Vec<String> = std::fs::read_to_string(&recorded)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    Ok(docker_parts(&args))
+}
+
+/// `docker-args` as an operator runs it, for the image of `daemon`; its reservation given back.
+fn docker_args(node: &Node, case: &Case, daemon: &FakeDockerd, tag: &str) -> TestResult<Parts> {
+    let state = node.state(&format!("docker-args-{tag}"))?;
+    let line = node.docker_args_line(case, &state, daemon.socket())?;
+    let mut argv: Vec<String> = line.split(' ').map(str::to_owned).collect();
+    argv.push(format!("--gpus={}", case.gpus));
+    for (name, n) in &case.mig {
+        argv.push(format!("--mig={name}:{n}"));
+    }
+    if let Some(cpus) = case.pinned_cpus {
+        argv.push(format!("--cpus={cpus}"));
+    }
+    let id = "0f5f4a36-0d43-4a8b-9a4b-6c2f1e0b7a11";
+    argv.extend([format!("--container-id={id}"), "--image=img".to_owned()]);
+    let answer = output(&argv)?;
+    let args: Vec<String> = answer.split(' ').map(str::to_owned).collect();
+    output(
+        &[
+            argv[..argv.iter().position(|a| a == "docker-args").unwrap_or(0) + 1].to_vec(),
+            vec![
+                "--pool-dir".into(),
+                state.join("pool").display().to_string(),
+                "--docker-state-dir".into(),
+                state.join("docker").display().to_string(),
+                format!("--release={id}"),
+                "--force".into(),
+            ],
+        ]
+        .concat(),
+    )?;
+    Ok(docker_parts(&args))
+}
+
+/// The node's CDI spec (`cdi generate`), for the devices `uuids` names: the common edits and
+/// each device's.
+fn cdi(node: &Node, uuids: &[String]) -> TestResult<Parts> {
+    let out = node
+        .cli()?
+        .args(["cdi", "generate", "--output", "-"])
+        .output()?;
+    check(
+        out.status.success(),
+        format!("cdi generate: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    let spec: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut edits = vec![spec["containerEdits"].clone()];
+    for uuid in uuids {
+        let device = spec["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["name"] == uuid.as_str())
+            .ok_or_else(|| format!("the CDI spec has no device {uuid}"))?;
+        edits.push(device["containerEdits"].clone());
+    }
+    let mut parts = Parts::default();
+    for e in &edits {
+        for node in e["deviceNodes"].as_array().into_iter().flatten() {
+            let path = node["hostPath"].as_str().or(node["path"].as_str());
+            parts.devices.insert(path.unwrap_or_default().to_owned());
+        }
+        for env in e["env"].as_array().into_iter().flatten() {
+            let env = env.as_str().unwrap_or_default();
+            let (k, v) = env.split_once('=').unwrap_or((env, ""));
+            parts.keep_env([(k, v)]);
+        }
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            let (source, target) = (m["hostPath"].as_str(), m["containerPath"].as_str());
+            if target != Some("/usr/local/nvidia") {
+                parts.mounts.insert((
+                    source.unwrap_or_default().to_owned(),
+                    target.unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// nvidia-docker 1.0's `/docker/cli/json` for the devices `uuids` names.
+fn rest(node: &Node, uuids: &[String]) -> TestResult<Parts> {
+    let api = RestApi::new(
+        Arc::new(node.inventory.clone()),
+        Devices {
+            nodes: DeviceNodes::scan(node.dev.path(), &node.inventory)?,
+            dev_root: node.dev.path().to_owned(),
+            proc_root: node.sim.proc_root(),
+        },
+        VolumeSource::Plugin {
+            plugin: "nvidia-docker".to_owned(),
+        },
+        Arc::new(NoStatus),
+    );
+    let query = format!("dev={}", uuids.join("+"));
+    let resp = api.respond(&Method::GET, "/docker/cli/json", Some(&query));
+    let status = resp.status();
+    let body = futures_util::FutureExt::now_or_never(resp.into_body().collect())
+        .ok_or("the REST answer is not ready")??
+        .to_bytes();
+    let text = String::from_utf8(body.to_vec())?;
+    check(status == StatusCode::OK, format!("REST {query}: {text}"))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)?;
+    let mut args: Vec<String> = Vec::new();
+    for d in doc["Devices"].as_array().into_iter().flatten() {
+        args.push(format!("--device={}", d.as_str().unwrap_or_default()));
+    }
+    for e in doc["Env"].as_array().into_iter().flatten() {
+        args.push(format!("--env={}", e.as_str().unwrap_or_default()));
+    }
+    Ok(docker_parts(&args))
+}
+
+/// The differences between `got` (entry point `who`) and the module's `want`.
+fn differences(case: &str, who: &str, want: &Parts, got: &Parts, cpuset: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut say = |part: &str, want: &dyn std::fmt::Debug, got: &dyn std::fmt::Debug| {
+        out.push(format!(
+            "{case}: {who} gives {part} {got:?}, the module {want:?}"
+        ));
+    };
+    if got.devices != want.devices {
+        say("device nodes", &want.devices, &got.devices);
+    }
+    if got.env != want.env {
+        say("variables", &want.env, &got.env);
+    }
+    if got.mounts != want.mounts {
+        say("mounts", &want.mounts, &got.mounts);
+    }
+    if cpuset && got.cpuset != want.cpuset {
+        say("cpuset", &want.cpuset, &got.cpuset);
+    }
+    out
+}
+
+fn every_entry_point_agrees() -> TestResult {
+    let sockets = tempfile::Builder::new().prefix("mgpu-entry-d").tempdir()?;
+    let cuda = FakeDockerd::start(&sockets.path().join("cuda.sock"), &[DRIVER_LABEL])?;
+    let plain = FakeDockerd::start(&sockets.path().join("plain.sock"), &[])?;
+    let mut problems = Vec::new();
+    let mut table = vec![format!(
+        "{:<40} {:<28} {}",
+        "request",
+        "module",
+        "CUDA image: hook→wrapper · docker-args, plain image: the same, CDI, REST"
+    )];
+    for case in cases() {
+        let node = Node::new(case.node)?;
+        let want = module(&node, &case).map_err(|e| format!("{}: module: {e}", case.name))?;
+        check(
+            case.gpus == 0.0 && case.mig.is_empty() || !want.devices.is_empty(),
+            format!("{}: the module granted no device: {want:?}", case.name),
+        )?;
+        check(
+            case.pinned_cpus.is_none() || want.cpuset.is_some(),
+            format!("{}: the module pinned nothing", case.name),
+        )?;
+        let holds = !want.devices.is_empty();
+        let mut row = Vec::new();
+        for (tag, daemon) in [("cuda", &cuda), ("plain", &plain)] {
+            for (who, got) in [
+                ("hook→wrapper", hook_and_wrapper(&node, &case, daemon, tag)),
+                ("docker-args", docker_args(&node, &case, daemon, tag)),
+            ] {
+                let who = format!("{who} ({tag} image)");
+                let found = match got {
+                    Ok(got) if holds => differences(case.name, &who, &want, &got, true),
+                    // No device: no NVIDIA node, and the variables, when set, name none.
+                    Ok(got) => {
+                        let mut found = Vec::new();
+                        if !got.devices.is_empty() || got.uuids().iter().any(|u| !u.is_empty()) {
+                            found.push(format!("{}: {who} gives {got:?} for no GPU", case.name));
+                        }
+                        found
+                    }
+                    Err(e) => vec![format!("{}: {who} failed: {e}", case.name)],
+                };
+                row.push(if found.is_empty() { "same" } else { "DIFFERS" });
+                problems.extend(found);
+            }
+        }
+        let uuids = want.uuids();
+        if holds && case.pinned_cpus.is_none() {
+            for (who, got) in [("CDI", cdi(&node, &uuids)), ("REST", rest(&node, &uuids))] {
+                let found = match got {
+                    // A CDI device carries no variables (devices asked together would overwrite
+                    // each other's, as in NVIDIA's specs): the runtime makes only the granted
+                    // nodes, and the common edits set `NVIDIA_VISIBLE_DEVICES=void` so NVIDIA's
+                    // legacy hook adds none.
+                    Ok(mut got) if who == "CDI" => {
+                        let mut found = Vec::new();
+                        let void = BTreeMap::from([(
+                            "NVIDIA_VISIBLE_DEVICES".to_owned(),
+                            "void".to_owned(),
+                        )]);
+                        if got.env != void {
+                            found.push(format!("{}: CDI sets {:?}, not void", case.name, got.env));
+                        }
+                        got.env = want.env.clone();
+                        found.extend(differences(case.name, who, &want, &got, false));
+                        found
+                    }
+                    Ok(got) => differences(case.name, who, &want, &got, false),
+                    Err(e) => vec![format!("{}: {who} failed: {e}", case.name)],
+                };
+                row.push(if found.is_empty() { "same" } else { "DIFFERS" });
+                problems.extend(found);
+            }
+        } else {
+            row.extend(["n/a", "n/a"]);
+        }
+        table.push(format!(
+            "{:<40} {:<28} {}",
+            case.name,
+            format!("{} node(s)", want.devices.len()),
+            row.join(" · ")
+        ));
+    }
+    println!("{}", table.join("\n"));
+    check(problems.is_empty(), problems.join("\n"))
+}
