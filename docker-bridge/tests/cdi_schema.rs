@@ -5,13 +5,18 @@
 //!
 //! Each spec is made from a shipped nvml-sim node, through the same dynamic NVML loading and
 //! discovery as production, with device numbers computed (no device nodes are needed here; the
-//! podman test reads real ones).
+//! podman test reads real ones). Each device of a spec is also checked against the CDI rendering
+//! of the grant of that device alone (issue 35).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
-use mesos_gpu_docker::cdi::{DeviceNumbers, Gathered, NodeDevices};
+use mesos_gpu_docker::cdi::{
+    ContainerEdits, DeviceNumbers, Gathered, NodeDevices, container_edits,
+};
+use mesos_gpu_grant::env::{CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
+use mesos_gpu_grant::{Grant, MigAccess, NodeKind};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_os::error_chain;
@@ -482,4 +487,103 @@ fn bad_values_are_named() {
     )
     .expect_err("bad version");
     assert!(error_chain(&err).contains("\"../etc\""), "{err}");
+}
+
+/// The grant of one device alone, made here as for any container (`Grant::new` over the nodes the
+/// driver names under `/dev`), with the spec's names for the device; one per healthy GPU not in
+/// MIG mode and per healthy MIG device with capability nodes.
+fn grants_alone(inventory: &Inventory) -> Vec<([String; 2], Grant)> {
+    let nodes = DeviceNodes::named(Path::new("/dev"), inventory);
+    let grant = |gpus, mig| Grant::new(&nodes, &[], gpus, mig, None).expect("grant");
+    let mut grants = Vec::new();
+    for gpu in inventory.gpus.iter().filter(|g| g.healthy) {
+        if !inventory.mig.is_enabled(gpu.index) {
+            let names = [gpu.index.to_string(), gpu.uuid.clone()];
+            grants.push((names, grant(vec![gpu.clone()], Vec::new())));
+            continue;
+        }
+        for mig in inventory.mig.of_parent(gpu.index).filter(|d| d.healthy) {
+            let Ok(access) = MigAccess::of(mig, Path::new("/dev"), Path::new("/proc")) else {
+                continue;
+            };
+            let names = [format!("{}:{}", gpu.index, mig.index), mig.uuid.clone()];
+            grants.push((names, grant(Vec::new(), vec![access])));
+        }
+    }
+    grants
+}
+
+/// Issue 35: the node's spec is the rendering of one grant per GPU and per MIG device. On every
+/// shipped node (whole GPUs, MIG devices, both), each device of the spec has exactly the device
+/// nodes, variables and mounts of `container_edits` of its grant, less what the common edits
+/// hold instead: the grant's control nodes (the common edits' nodes, the same for every grant)
+/// and the variables naming its devices (`NVIDIA_VISIBLE_DEVICES=void` there); `all` has every
+/// device's nodes.
+#[test]
+fn issue_35_each_device_is_the_rendering_of_its_grant_alone() {
+    let (mut gpus, mut migs) = (0, 0);
+    for node in shipped_nodes() {
+        let inventory = inventory(&node);
+        let Gathered::Devices(devices) = computed(&inventory) else {
+            continue;
+        };
+        let spec = devices.spec().expect("spec");
+        let device = |name: &str| {
+            spec.devices()
+                .iter()
+                .find(|d| d.name == name)
+                .unwrap_or_else(|| panic!("{node}: no device {name}"))
+        };
+        let common = spec.common_edits();
+        let mut all = ContainerEdits::default();
+        let mut named = vec!["all".to_owned()];
+        for (names, grant) in grants_alone(&inventory) {
+            if grant.mig().is_empty() {
+                gpus += 1;
+            } else {
+                migs += 1;
+            }
+            let whole = container_edits(&grant).expect("container edits");
+            assert_eq!(whole.device_nodes.len(), grant.devices().len(), "{node}");
+            let (control, own): (Vec<_>, Vec<_>) = grant
+                .devices()
+                .iter()
+                .zip(whole.device_nodes)
+                .partition(|(granted, _)| granted.kind == NodeKind::Control);
+            let control: Vec<_> = control.into_iter().map(|(_, n)| n).collect();
+            assert_eq!(
+                control, common.device_nodes,
+                "{node} {names:?}: control nodes"
+            );
+            let naming = |var: &String| {
+                [NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES]
+                    .iter()
+                    .any(|key| var.starts_with(&format!("{key}=")))
+            };
+            let expected = ContainerEdits {
+                env: whole.env.into_iter().filter(|v| !naming(v)).collect(),
+                device_nodes: own.into_iter().map(|(_, n)| n).collect(),
+                mounts: whole.mounts,
+            };
+            for name in &names {
+                assert_eq!(device(name).container_edits, expected, "{node} {name}");
+            }
+            for n in expected.device_nodes {
+                if !all.device_nodes.iter().any(|a| a.path == n.path) {
+                    all.device_nodes.push(n);
+                }
+            }
+            named.extend(names);
+        }
+        assert_eq!(device("all").container_edits, all, "{node} all");
+        let mut in_spec: Vec<&str> = spec.devices().iter().map(|d| d.name.as_str()).collect();
+        let mut named: Vec<&str> = named.iter().map(String::as_str).collect();
+        in_spec.sort_unstable();
+        named.sort_unstable();
+        assert_eq!(in_spec, named, "{node}: devices that are not one grant's");
+    }
+    assert!(
+        gpus > 0 && migs > 0,
+        "whole GPUs {gpus}, MIG devices {migs}"
+    );
 }

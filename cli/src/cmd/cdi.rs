@@ -33,7 +33,8 @@ pub(crate) struct Args {
 
 #[derive(clap::Subcommand)]
 enum Command {
-    /// Write the node's CDI spec: every GPU by index and UUID, and `all`.
+    /// Write the node's CDI spec: every GPU (each MIG device of a GPU in MIG mode) by index and
+    /// UUID, and `all`.
     Generate(GenerateArgs),
 }
 
@@ -112,7 +113,9 @@ fn generate(args: &GenerateArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 "mesos-gpu cdi: device numbers {numbers}: --dev-root DIR reads them from nodes"
             );
         }
-        out.write_all(&devices.spec()?.to_json())?;
+        let spec = devices.spec()?;
+        note_left_out(&numbers);
+        out.write_all(&spec.to_json())?;
         return Ok(ExitCode::SUCCESS);
     }
     let file = SpecFile::new(output, args.spec_dirs.clone());
@@ -120,6 +123,7 @@ fn generate(args: &GenerateArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot keep {} current", output.display()))?;
     if let Some(spec) = &sync.spec {
         warn_missing_volume(&spec.driver_volume);
+        note_left_out(&numbers);
     }
     if args.json {
         serde_json::to_writer_pretty(&mut out, &sync)?;
@@ -128,6 +132,19 @@ fn generate(args: &GenerateArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         write_text(&mut out, &sync)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line on stderr per node the host may have that the spec leaves out (`nvidia-uvm-tools`
+/// from computed numbers), naming the option that includes it (issue 37: it was dropped
+/// silently).
+fn note_left_out(numbers: &DeviceNumbers) {
+    for node in numbers.left_out() {
+        eprintln!(
+            "mesos-gpu: note: {} is left out of the spec (its number is not computed); \
+             --dev-root /dev reads the nodes and includes it where the host has it",
+            node.display()
+        );
+    }
 }
 
 fn warn_missing_volume(volume: &Path) {

@@ -22,7 +22,8 @@ use mesos_gpu_volume::VolumeManager;
 use serde::Serialize;
 
 pub use node::{
-    CdiError, DeviceNumbers, Gathered, KIND, NodeDevices, SpecSummary, container_edits,
+    CdiError, DeviceNumbers, Gathered, GrantEdits, KIND, NodeDevices, SpecSummary, container_edits,
+    grant_edits,
 };
 pub use spec::{CdiVersion, ContainerEdits, Spec};
 pub use store::{
