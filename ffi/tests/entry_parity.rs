@@ -12,10 +12,11 @@
 //!   what the wrapper finally passes to `docker` is compared (a stand-in `docker` records it);
 //! - **docker-args**: the command as an operator runs it, `--image` named;
 //! - **CDI**: the node's spec from `mesos-gpu cdi generate`, the devices the module granted asked
-//!   by UUID (CDI carries no cpuset: a pinned request is not asked; a CDI device carries no
-//!   variables, as NVIDIA's: the common edits' `NVIDIA_VISIBLE_DEVICES=void` is checked instead);
-//! - **REST**: nvidia-docker 1.0's `/docker/cli/json` for the same devices (it reserves nothing
-//!   and pins nothing: a pinned request is not asked).
+//!   by UUID (a CDI device is a whole GPU or MIG device: a share or a pinned request is not
+//!   asked; a CDI device carries no variables, as NVIDIA's: the common edits'
+//!   `NVIDIA_VISIBLE_DEVICES=void` is checked instead);
+//! - **REST**: nvidia-docker 1.0's `/docker/cli/json` for the same devices (it reserves nothing,
+//!   so neither shares nor pins: those requests are not asked).
 //!
 //! Each Docker entry point runs twice: for an image that asks for the driver (a CUDA image's
 //! `com.nvidia.volumes.needed` label) and for a plain one. A container holding a device gets the
@@ -44,6 +45,7 @@ use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_testkit::dockerd::FakeDockerd;
+use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message as _;
@@ -94,6 +96,15 @@ impl Parts {
         }
     }
 
+    /// The same, the MPS root `root` of its entry point written `<mps>`.
+    fn with_mps_root(mut self, root: &Path) -> Parts {
+        let root = root.display().to_string();
+        let cut = |s: &str| s.replace(&root, "<mps>");
+        self.env = self.env.iter().map(|(k, v)| (k.clone(), cut(v))).collect();
+        self.mounts = self.mounts.iter().map(|(a, b)| (cut(a), cut(b))).collect();
+        self
+    }
+
     /// The `GPU-…`/`MIG-…` UUIDs it names.
     fn uuids(&self) -> Vec<String> {
         self.env
@@ -122,6 +133,11 @@ struct Case {
     /// Module parameters and the same as `docker-args` options.
     params: Vec<(&'static str, &'static str)>,
     docker_options: Vec<&'static str>,
+    /// Whether CDI and REST can be asked: they name devices, and neither shares nor pins one.
+    names_devices: bool,
+    /// Shares under MPS: each entry point starts its own daemons (the stand-in
+    /// `nvidia-cuda-mps-control`) under its own MPS root, written `<mps>` when compared.
+    mps: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -133,6 +149,8 @@ fn cases() -> Vec<Case> {
         pinned_cpus: None,
         params: Vec::new(),
         docker_options: Vec::new(),
+        names_devices: true,
+        mps: false,
     };
     vec![
         plain("one GPU", "numa-2cpu", 1.0),
@@ -142,7 +160,22 @@ fn cases() -> Vec<Case> {
             pinned_cpus: Some(1.0),
             params: vec![("numa_pinning", "on")],
             docker_options: vec!["--numa-pinning"],
+            names_devices: false,
             ..plain("one GPU, NUMA-pinned", "numa-2cpu", 1.0)
+        },
+        Case {
+            params: vec![("gpu_replicas", "4")],
+            docker_options: vec!["--gpu-replicas", "4"],
+            names_devices: false,
+            // On a node sharing its GPUs `gpus` counts units: one of a GPU's four.
+            ..plain("a share, time-slicing (1 of 4)", "numa-2cpu", 1.0)
+        },
+        Case {
+            params: vec![("gpu_replicas", "4")],
+            docker_options: vec!["--gpu-replicas", "4"],
+            names_devices: false,
+            mps: true,
+            ..plain("a share, MPS (2 of 4)", "numa-2cpu", 2.0)
         },
         Case {
             params: vec![("mig_strategy", "mixed")],
@@ -168,6 +201,9 @@ struct Node {
     inventory: Inventory,
     dev: tempfile::TempDir,
     scratch: tempfile::TempDir,
+    mps: MpsControl,
+    /// MPS roots, short: a daemon's socket path must fit in `sun_path`.
+    mps_roots: tempfile::TempDir,
 }
 
 impl Node {
@@ -196,6 +232,8 @@ impl Node {
             inventory,
             dev,
             scratch,
+            mps: MpsControl::install("{}"),
+            mps_roots: tempfile::Builder::new().prefix("mps").tempdir_in("/tmp")?,
         })
     }
 
@@ -204,6 +242,13 @@ impl Node {
         let dir = self.scratch.path().join(name);
         std::fs::create_dir_all(&dir)?;
         Ok(dir)
+    }
+
+    /// The MPS root of the entry point whose state is `state`.
+    fn mps_root(&self, state: &Path) -> PathBuf {
+        self.mps_roots
+            .path()
+            .join(state.file_name().unwrap_or_default())
     }
 
     /// `mesos-gpu` on this node.
@@ -239,6 +284,16 @@ impl Node {
             socket.display().to_string(),
         ];
         line.extend(case.docker_options.iter().map(|o| (*o).to_owned()));
+        if case.mps {
+            line.extend([
+                "--gpu-sharing".to_owned(),
+                "mps".to_owned(),
+                "--mps-root".to_owned(),
+                self.mps_root(state).display().to_string(),
+                "--mps-control".to_owned(),
+                self.mps.program().display().to_string(),
+            ]);
+        }
         Ok(line.join(" "))
     }
 }
@@ -316,6 +371,19 @@ fn module(node: &Node, case: &Case) -> TestResult<Parts> {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
+    if case.mps {
+        pairs.extend([
+            ("gpu_sharing".to_owned(), "mps".to_owned()),
+            (
+                "mps_root".to_owned(),
+                node.mps_root(&state).display().to_string(),
+            ),
+            (
+                "mps_control".to_owned(),
+                node.mps.program().display().to_string(),
+            ),
+        ]);
+    }
     let params = mesos_gpu::proto::mesos::Parameters {
         parameter: pairs
             .into_iter()
@@ -337,7 +405,8 @@ fn module(node: &Node, case: &Case) -> TestResult<Parts> {
     let answer = handle.prepare(&id, &config);
     let bytes = answer.ok()?;
     let info = ContainerLaunchInfo::decode(bytes.as_slice())?;
-    let mut parts = launch_parts(&info, &rootfs, node.dev.path());
+    let mut parts =
+        launch_parts(&info, &rootfs, node.dev.path()).with_mps_root(&node.mps_root(&state));
     let cpuset = Path::new("/sys/fs/cgroup/cpuset")
         .join(&cgroups_root)
         .join(&id.value);
@@ -548,7 +617,7 @@ fn hook_and_wrapper(
         .lines()
         .map(str::to_owned)
         .collect();
-    Ok(docker_parts(&args))
+    Ok(docker_parts(&args).with_mps_root(&node.mps_root(&state)))
 }
 
 /// `docker-args` as an operator runs it, for the image of `daemon`; its reservation given back.
@@ -581,7 +650,7 @@ fn docker_args(node: &Node, case: &Case, daemon: &FakeDockerd, tag: &str) -> Tes
         ]
         .concat(),
     )?;
-    Ok(docker_parts(&args))
+    Ok(docker_parts(&args).with_mps_root(&node.mps_root(&state)))
 }
 
 /// The node's CDI spec (`cdi generate`), for the devices `uuids` names: the common edits and
@@ -733,7 +802,7 @@ fn every_entry_point_agrees() -> TestResult {
             }
         }
         let uuids = want.uuids();
-        if holds && case.pinned_cpus.is_none() {
+        if holds && case.names_devices {
             for (who, got) in [("CDI", cdi(&node, &uuids)), ("REST", rest(&node, &uuids))] {
                 let found = match got {
                     // A CDI device carries no variables (devices asked together would overwrite
@@ -762,6 +831,11 @@ fn every_entry_point_agrees() -> TestResult {
         } else {
             row.extend(["n/a", "n/a"]);
         }
+        // The daemons the entry points started (the stand-in's own copy, unique to this node).
+        let _ = Command::new("pkill")
+            .arg("-f")
+            .arg(node.mps.program())
+            .status();
         table.push(format!(
             "{:<40} {:<28} {}",
             case.name,
