@@ -35,7 +35,7 @@ use mesos_gpu_node::inventory::Gpu;
 
 use crate::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan};
 use crate::client::{
-    ContainerSpec, DockerClient, DockerError, MESOS_NAME_PREFIX, RecoveredContainer,
+    ContainerSpec, DockerClient, DockerError, MESOS_NAME_PREFIX, RecoveredContainer, docker_name,
     mesos_container_id,
 };
 
@@ -185,11 +185,6 @@ impl DockerBridge {
         &self.client
     }
 
-    /// The Docker name of container `id`.
-    pub fn docker_name(id: &ContainerId) -> String {
-        format!("{MESOS_NAME_PREFIX}{id}")
-    }
-
     /// Reserves `gpus` for `id` and creates (does not start) its container running `cmd` (the
     /// image's command when empty) in `image`. Nothing is reserved when the image cannot run
     /// here; the reservation is given back when `docker create` fails.
@@ -201,7 +196,7 @@ impl DockerBridge {
         image: &str,
         cmd: &[String],
     ) -> Result<BridgedContainer, BridgeError> {
-        let name = Self::docker_name(id);
+        let name = docker_name(id);
         if mesos_container_id(&name) != Some(id.as_str()) {
             return Err(BridgeError::UnrecoverableId { id: id.clone() });
         }
@@ -219,7 +214,7 @@ impl DockerBridge {
             source,
         };
         // Everything but the GPUs themselves, checked before anything is reserved.
-        LaunchPlan::check_image(&info, self.driver.as_ref()).map_err(plan_err)?;
+        LaunchPlan::check_image(Some(&info), self.driver.as_ref()).map_err(plan_err)?;
         let reservation = self.reserve(id, gpus).await?;
         let created = self
             .create_reserved(id, &name, reservation.grant(), &info, image, cmd)
@@ -482,11 +477,11 @@ mod tests {
     #[test]
     fn docker_names_round_trip_only_for_uuids() {
         let uuid = ContainerId::new("3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11").expect("id");
-        let name = DockerBridge::docker_name(&uuid);
+        let name = docker_name(&uuid);
         assert_eq!(name, "mesos-3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11");
         assert_eq!(mesos_container_id(&name), Some(uuid.as_str()));
         let plain = ContainerId::new("task-1").expect("id");
-        assert_eq!(mesos_container_id(&DockerBridge::docker_name(&plain)), None);
+        assert_eq!(mesos_container_id(&docker_name(&plain)), None);
     }
 
     #[test]

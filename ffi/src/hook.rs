@@ -19,8 +19,6 @@ use crate::status::FfiError;
 
 /// The scalar resources of MIG devices (`mesos-gpu agent-flags --mig-strategy mixed`).
 const MIG_PREFIX: &str = mesos_gpu_isolator::agent_flags::MIG_RESOURCE_PREFIX;
-/// Docker containerizer containers are named this prefix and the Mesos container id.
-const NAME_PREFIX: &str = "mesos-";
 
 /// The operator's command, split on spaces; refused when empty.
 fn command(line: &str) -> Result<Vec<String>, FfiError> {
@@ -43,7 +41,7 @@ pub(crate) fn launch_argv(
     name: &str,
 ) -> Result<Option<Vec<String>>, FfiError> {
     let id = name
-        .strip_prefix(NAME_PREFIX)
+        .strip_prefix(mesos_gpu_docker::client::MESOS_NAME_PREFIX)
         .filter(|id| !id.is_empty())
         .ok_or_else(|| FfiError::HookContainerName {
             name: name.to_owned(),

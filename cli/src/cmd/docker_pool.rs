@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use mesos_gpu_docker::args::{DEFAULT_PLUGIN_NAME, DriverSpec, VolumeSource};
-use mesos_gpu_docker::bridge::DockerBridge;
-use mesos_gpu_docker::client::mesos_container_id;
+use mesos_gpu_docker::client::{docker_name, mesos_container_id};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::agent_flags::MigStrategy;
 use mesos_gpu_isolator::lifecycle::{
@@ -151,7 +150,7 @@ pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
 pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
     let parsed = ContainerId::new(id)?;
     anyhow::ensure!(
-        mesos_container_id(&DockerBridge::docker_name(&parsed)).is_some(),
+        mesos_container_id(&docker_name(&parsed)).is_some(),
         "container id {id:?}: expected a UUID such as 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11"
     );
     Ok(parsed)
