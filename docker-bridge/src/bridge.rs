@@ -1,7 +1,8 @@
 //! One GPU pool for both containerizers: a Docker container's `gpus` are drawn from the same
-//! lifecycle [`Isolator`] as the Mesos containerizer's (its `reserve_docker`), checkpointed in
+//! lifecycle [`Isolator`] as the Mesos containerizer's (its `DockerGuard`), checkpointed in
 //! the same work directory, so the two never get the same GPU. Docker applies the devices itself
-//! from the [`LaunchPlan`] built over the reserved GPUs.
+//! from the [`LaunchPlan`] rendered for the image from the reserved GPUs
+//! ([`crate::args::DockerLaunch::render`]).
 //!
 //! Facts and decisions (`docs/reference/mesos-gpu-isolator.md` §8, §9; `nvidia-docker.md` §4):
 //! - Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker, and

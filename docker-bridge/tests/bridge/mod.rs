@@ -463,8 +463,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     isolator.recover(&[], &[]).map_err(fail)?;
 
     let mine = uuid();
-    let got: BTreeSet<u32> = isolator
-        .reserve_docker(&mine, 2.0)
+    let got: BTreeSet<u32> = reserve(&isolator, &mine, 2.0)
         .map_err(fail)?
         .iter()
         .map(|g| g.minor)
@@ -472,9 +471,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     if got != BTreeSet::from([0, 2]) {
         return Err(format!("granted minors {got:?} beside a container holding {held:?}").into());
     }
-    let err = isolator
-        .reserve_docker(&uuid(), 1.0)
-        .expect_err("every GPU is held");
+    let err = reserve(&isolator, &uuid(), 1.0).expect_err("every GPU is held");
     if !err.is_not_enough() {
         return Err(format!("unexpected refusal: {}", error_chain(&err)).into());
     }
@@ -495,10 +492,29 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     }
     isolator.release_docker(&mine).map_err(fail)?;
     run(Command::new("docker").args(["rm", "-f", &name]))?;
-    let all = isolator.reserve_docker(&mine, 4.0).map_err(fail)?;
+    let all = reserve(&isolator, &mine, 4.0).map_err(fail)?;
     isolator.release_docker(&mine).map_err(fail)?;
     if all.len() != 4 {
         return Err(format!("the container's GPUs did not come back: {all:?}").into());
     }
     Ok(())
+}
+
+/// Reserves `gpus` GPUs for Docker container `id` through [`DockerGuard`], as every entry point
+/// does, and keeps them.
+fn reserve(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve(
+        iso,
+        id,
+        gpus,
+        mesos_gpu_isolator::lifecycle::DockerStart::default(),
+    )
+    .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
 }
