@@ -8,8 +8,10 @@
 //! `--mig=mig-<profile>:N` per MIG scalar (a whole number), `--cpus=C` (its `cpus`, when the
 //! command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
 //! for), `--container-id=<id>` (the Mesos id in `mesos-<id>`), `--json` and, with an image,
-//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and renders the task's
-//! grant as every Docker path does. A task asking for neither gets no command: the hook runs
+//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and prints the task's
+//! grant as a versioned JSON launch, which the hook passes on unchanged in
+//! `MESOS_GPU_DOCKER_ARGS` and `docker-wrapper` renders for the pulled image as every Docker
+//! path renders one. A task asking for neither gets no command: the hook runs
 //! nothing. Its release runs the same command with `--release=<id>`.
 
 use crate::convert;
