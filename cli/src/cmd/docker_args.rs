@@ -238,8 +238,8 @@ fn mig_request(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
-        let pool = open_records(ctx, &args.reservations, "docker-args --release")?;
-        if !pool.holds_docker(id)? {
+        let records = open_records(ctx, &args.reservations, "docker-args --release")?;
+        if !records.holds_docker(id)? {
             // Not an error: the hook releases every Docker container at its end, GPUs or not.
             eprintln!(
                 "docker-args: container {id} holds no GPUs in the Docker record in {} (nothing released)",
@@ -248,9 +248,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         let kept = if args.force {
-            pool.release_docker(id).map(|()| None)
+            records.release_docker(id).map(|()| None)
         } else {
-            pool.release_docker_if_gone(id)
+            records.release_docker_if_gone(id)
         };
         if let Some(why) = kept.with_context(|| format!("cannot release the GPUs of {id}"))? {
             anyhow::bail!("the GPUs of {id} stay reserved: {why} (--force releases them anyway)");
@@ -310,13 +310,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         strategy: args.mig_strategy,
         ..MigConfig::default()
     };
-    let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
+    let records = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
     let request = PrepareConfig {
         gpus: f64::from(gpus),
         mig: mig_request(ctx.inventory()?, &args.mig)?,
         ..PrepareConfig::default()
     };
-    let reservation = DockerGuard::reserve_request(&pool, &id, &request, start)?;
+    let reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;
     let pinning = if args.numa.numa_pinning {
         let inventory = ctx.inventory()?;
         let mut indices: Vec<u32> = reservation.gpus().iter().map(|g| g.index).collect();
@@ -339,7 +339,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     // Rendered here too, so that what the image refuses is refused before the GPUs are kept.
     let plan = launch.render(image.as_ref())?;
     reservation.keep();
-    drop(pool);
+    drop(records);
     let text = if args.json {
         serde_json::to_string(&launch)?
     } else {

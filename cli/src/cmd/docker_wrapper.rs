@@ -290,7 +290,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
 fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
     let released = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")
-        .and_then(|pool| Ok(pool.release_docker(id)?))
+        .and_then(|records| Ok(records.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
         eprintln!("mesos-gpu: error: {e:#}");
@@ -308,8 +308,8 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         daemon: Some(mesos_gpu_docker::client::endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
-    match pool.claim_docker(id, start) {
+    let records = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
+    match records.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(
             "the GPUs reserved for container mesos-{id} are no longer reserved (the process that reserved them ended before the container started, and the pool gave them back); not starting it"
