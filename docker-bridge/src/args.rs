@@ -412,7 +412,7 @@ pub struct LaunchDriver {
 
 impl LaunchDriver {
     /// The driver `spec` offers, its volume checked.
-    pub fn of(spec: &DriverSpec) -> Result<LaunchDriver, ArgsError> {
+    fn of(spec: &DriverSpec) -> Result<LaunchDriver, ArgsError> {
         Ok(LaunchDriver {
             version: spec.info.version.clone(),
             cuda: spec.info.cuda_version.map(CudaVersion::from),
