@@ -360,19 +360,16 @@ fn docker_loop(c: &Chaos, seed: u64) {
     while Instant::now() < c.until {
         let gpus = 1 + rng.next() % 3;
         let mut cmd = mesos_gpu(c);
-        cmd.args([
-            "docker-args",
-            "--gpus",
-            &gpus.to_string(),
-            "--plugin",
-            "--json",
-        ])
-        .arg("--docker-state-dir")
-        .arg(&work);
+        cmd.args(["docker-args", "--gpus", &gpus.to_string(), "--plugin"])
+            .arg("--docker-state-dir")
+            .arg(&work);
         let Some(out) = docker_args(c, cmd, "docker-args") else {
             continue;
         };
-        let args: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+        let args: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
         let id = args
             .iter()
             .find_map(|a| a.strip_prefix("--name=mesos-"))

@@ -243,12 +243,11 @@ fn docker_args_example() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let line = the_example("docker-args")?;
     let out = run_example(&line, tmp.path())?;
-    let args: Vec<String> = serde_json::from_str(&out)?;
-    let volume = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--volume="))
-        .and_then(|v| v.split(':').next())
-        .ok_or_else(|| format!("no --volume= in {args:?}"))?;
+    // The launch (`--json`): the driver volume is the driver's bind.
+    let launch: serde_json::Value = serde_json::from_str(&out)?;
+    let volume = launch["driver"]["volume"]["host_path"]
+        .as_str()
+        .ok_or_else(|| format!("no driver volume host_path in {launch}"))?;
     let root = Path::new(volume).parent().unwrap();
     if root != scratch_volumes(tmp.path()) {
         return Err(

@@ -293,8 +293,8 @@ fn info_notes_an_unhealthy_mig_device() -> Result<(), Failed> {
     Ok(())
 }
 
-/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --plugin --json` with
-/// its Docker state and pool under `dir`, and `extra`.
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --plugin` (one line of
+/// arguments) with its Docker state and pool under `dir`, and `extra`.
 fn docker_args_mixed(dir: &Path, extra: &[&str]) -> Result<std::process::Output, Failed> {
     let state = dir.join("state");
     let pool = dir.join("pool");
@@ -305,7 +305,6 @@ fn docker_args_mixed(dir: &Path, extra: &[&str]) -> Result<std::process::Output,
         "--mig-strategy",
         "mixed",
         "--plugin",
-        "--json",
         "--docker-state-dir",
         state.to_str().unwrap_or_default(),
         "--pool-dir",
@@ -313,6 +312,14 @@ fn docker_args_mixed(dir: &Path, extra: &[&str]) -> Result<std::process::Output,
     ];
     args.extend_from_slice(extra);
     mesos_gpu(&args)
+}
+
+/// The arguments of `docker-args`' one line.
+fn words(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `docker-args` asked for MIG devices on `dgx-a100-mixed` (GPUs 4-7 in MIG mode), with the
@@ -330,7 +337,7 @@ fn docker_args_mig_requests_are_checked() -> Result<(), Failed> {
     if !out.status.success() {
         return Err(format!("--mig 19:1 alone: {}", said(&out)).into());
     }
-    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let args = words(&out.stdout);
     let env = |key: &str| -> Vec<&str> {
         args.iter()
             .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))
@@ -403,8 +410,7 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
                 )
                 .into());
             }
-            let args: Vec<String> =
-                serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let args = words(&out.stdout);
             let env = |key: &str| -> Vec<&str> {
                 args.iter()
                     .filter_map(|a| a.strip_prefix(&format!("--env={key}=")))

@@ -45,7 +45,6 @@ fn docker_args_pin_to_the_reserved_gpus_cpus() {
             "--gpus",
             "1",
             "--plugin",
-            "--json",
             "--docker-state-dir",
             dir,
             "--pool-dir",
@@ -54,7 +53,10 @@ fn docker_args_pin_to_the_reserved_gpus_cpus() {
         a.extend_from_slice(extra);
         let out = mesos_gpu(&a);
         assert!(out.status.success(), "{}", text(&out));
-        let line: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+        let line: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
         (line, String::from_utf8_lossy(&out.stderr).into_owned())
     };
     // First fit on an empty pool: GPU 0, local to CPU 0; then GPU 1, local to CPU 1.

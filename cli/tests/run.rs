@@ -351,23 +351,294 @@ fn main() -> ExitCode {
             docker_mig_share,
         ),
     ));
+    let wrapper: [Case; 3] = [
+        (
+            "issue_35_wrapper_keeps_the_pinning_and_variables_of_a_plain_image",
+            issue_35_wrapper_keeps_the_pinning_and_variables_of_a_plain_image,
+        ),
+        (
+            "issue_35_wrapper_reads_the_old_array_format",
+            issue_35_wrapper_reads_the_old_array_format,
+        ),
+        (
+            "issue_35_wrapper_refuses_too_new_cuda_and_gives_back",
+            issue_35_wrapper_refuses_too_new_cuda_and_gives_back,
+        ),
+    ];
+    trials.extend(
+        wrapper
+            .into_iter()
+            .map(|(name, f)| needs(&host, &[Need::Root, Need::Dockerd], Trial::test(name, f))),
+    );
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
-/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed --json` for `image`,
+/// `mesos-gpu --simulate dgx1-v100 docker-args --json` (the agent's hook's command) with the
+/// env's device root, Docker state and pool, and `extra`: the launch, as JSON text.
+fn docker_args_launch(env: &Env, extra: &[&str]) -> TestResult<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "--dev-root"])
+        .arg(env.dev.path())
+        .args(["docker-args", "--json"])
+        .args(extra)
+        .arg("--docker-state-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("docker-args: {}", text(&out)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A `docker` program for `docker-wrapper` that writes the arguments of its `run`, one a line,
+/// to `<work>/<tag>.argv` (returned) and answers `inspect` (does the container still run?)
+/// with `false`.
+fn recording_docker(env: &Env, tag: &str) -> TestResult<(std::path::PathBuf, std::path::PathBuf)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let script = env.work.path().join(format!("{tag}-docker"));
+    let argv = env.work.path().join(format!("{tag}.argv"));
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh
+case \" $* \" in *\" inspect \"*) echo false; exit 0;; esac
+             for a in \"$@\"; do printf '%s\\n' \"$a\"; done > {}
+exit 0
+",
+            argv.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())?;
+    Ok((script, argv))
+}
+
+/// `mesos-gpu docker-wrapper --docker <docker>` as the agent runs it for a Docker task: `docker
+/// -H <the host's daemon> run -e MESOS_GPU_DOCKER_ARGS=<carried> --name <name> <image> true`.
+fn docker_wrapper(
+    env: &Env,
+    docker: &std::path::Path,
+    carried: &str,
+    name: &str,
+    image: &str,
+) -> TestResult<Output> {
+    Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["docker-wrapper", "--docker"])
+        .arg(docker)
+        .arg("--docker-state-dir")
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .args(["--", "-H", "unix:///var/run/docker.sock", "run", "-e"])
+        .arg(format!("MESOS_GPU_DOCKER_ARGS={carried}"))
+        .args(["--name", name, image, "true"])
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string().into())
+}
+
+/// The container name a launch was reserved for (`"name"`; in 0.1's array, its `--name=`, so
+/// that these tests run against 0.1 too).
+fn launch_name(launch: &str) -> TestResult<String> {
+    let json: serde_json::Value =
+        serde_json::from_str(launch).map_err(|e| format!("{e}: {launch}"))?;
+    let old = || {
+        json.as_array()?
+            .iter()
+            .find_map(|a| a.as_str()?.strip_prefix("--name="))
+    };
+    json["name"]
+        .as_str()
+        .or_else(old)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no name in {launch}").into())
+}
+
+/// Fails unless `argv` (what `docker` was given) holds the pinning and the GPU's variables of a
+/// container of one pinned GPU of a plain image, and no driver volume or `PATH`.
+fn check_plain_pinned(argv: &[String]) -> TestResult {
+    let has = |prefix: &str| argv.iter().any(|a| a.starts_with(prefix));
+    for wanted in [
+        "--device=",
+        "--cpuset-cpus=0",
+        "--cpuset-mems=0",
+        "--env=NVIDIA_VISIBLE_DEVICES=GPU-",
+        "--env=CUDA_VISIBLE_DEVICES=GPU-",
+    ] {
+        if !has(wanted) {
+            return Err(format!("docker was not given {wanted}…: {argv:?}").into());
+        }
+    }
+    for unwanted in [
+        "--volume",
+        "--env=PATH=",
+        "--env=LD_LIBRARY_PATH=",
+        "--label",
+    ] {
+        if has(unwanted) {
+            return Err(format!("docker was given {unwanted}… for a plain image: {argv:?}").into());
+        }
+    }
+    Ok(())
+}
+
+/// The arguments the recording `docker` was given.
+fn recorded(argv: &std::path::Path) -> TestResult<Vec<String>> {
+    let text = std::fs::read_to_string(argv).map_err(|e| format!("{}: {e}", argv.display()))?;
+    Ok(text.lines().map(str::to_owned).collect())
+}
+
+/// Issue 35 (reproduced on a simulated DGX-1): for an image that does not ask for the driver,
+/// `docker-args --numa-pinning` renders a cpuset and the GPU's variables, but `docker-wrapper`
+/// passed `docker` only the `--device=` arguments, so the task lost both. Now the wrapper renders
+/// the launch for the pulled image and gives them all.
+fn issue_35_wrapper_keeps_the_pinning_and_variables_of_a_plain_image() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let launch = docker_args_launch(
+        &env,
+        &[
+            "--gpus",
+            "1",
+            "--numa-pinning",
+            "--cpus",
+            "1",
+            "--image",
+            &image,
+        ],
+    )?;
+    let name = launch_name(&launch)?;
+    let (docker, argv) = recording_docker(&env, "plain")?;
+    let out = docker_wrapper(&env, &docker, &launch, &name, &image)?;
+    if !out.status.success() {
+        return Err(format!("docker-wrapper: {}", text(&out)).into());
+    }
+    check_plain_pinned(&recorded(&argv)?)?;
+    // `docker run` ended and the container is gone: the GPUs went back.
+    let left = env.reserved()?;
+    if !left.is_empty() {
+        return Err(format!("still reserved: {left:?}").into());
+    }
+    Ok(())
+}
+
+/// A wrapper newer than the agent's hook on a node being upgraded: `MESOS_GPU_DOCKER_ARGS` in
+/// the format of mesos-gpu 0.1 (a JSON array of arguments, the driver named in labels) is still
+/// read, and rendered for the image as a launch of today is (before: only the `--device=`
+/// arguments reached `docker` for a plain image).
+fn issue_35_wrapper_reads_the_old_array_format() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    // The reservation, and its name and devices from `docker-args`' one line (the same in 0.1).
+    let line = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "--dev-root"])
+        .arg(env.dev.path())
+        .args([
+            "docker-args",
+            "--gpus",
+            "1",
+            "--plugin",
+            "--docker-state-dir",
+        ])
+        .arg(env.work.path())
+        .arg("--pool-dir")
+        .arg(env.work.path().join("pool"))
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !line.status.success() {
+        return Err(format!("docker-args: {}", text(&line)).into());
+    }
+    let line = words(&line.stdout);
+    let name = line
+        .iter()
+        .find_map(|a| a.strip_prefix("--name="))
+        .ok_or(format!("no --name in {line:?}"))?
+        .to_owned();
+    let visible = line
+        .iter()
+        .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
+        .ok_or(format!("no NVIDIA_VISIBLE_DEVICES in {line:?}"))?
+        .to_owned();
+    // What 0.1's `docker-args --json --plugin --numa-pinning` printed without `--image`.
+    let mut old = vec![format!("--name={name}")];
+    old.extend(line.iter().filter(|a| a.starts_with("--device=")).cloned());
+    old.extend([
+        "--volume-driver=nvidia-docker".to_owned(),
+        "--volume=nvidia_driver_550.54.14:/usr/local/nvidia:ro".to_owned(),
+        format!("--env=NVIDIA_VISIBLE_DEVICES={visible}"),
+        format!("--env=CUDA_VISIBLE_DEVICES={visible}"),
+        "--env=PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+        "--env=LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64".to_owned(),
+        "--cpuset-cpus=0".to_owned(),
+        "--cpuset-mems=0".to_owned(),
+        "--label=mesos-gpu.driver=550.54.14".to_owned(),
+        "--label=mesos-gpu.driver-cuda=12.4".to_owned(),
+    ]);
+    let old = serde_json::to_string(&old).map_err(|e| e.to_string())?;
+    let (docker, argv) = recording_docker(&env, "old")?;
+    let out = docker_wrapper(&env, &docker, &old, &name, &image)?;
+    if !out.status.success() {
+        return Err(format!("docker-wrapper: {}", text(&out)).into());
+    }
+    check_plain_pinned(&recorded(&argv)?)?;
+    let left = env.reserved()?;
+    if !left.is_empty() {
+        return Err(format!("still reserved: {left:?}").into());
+    }
+    Ok(())
+}
+
+/// The hook reserves before the image is pulled; an image that asks for the driver and needs a
+/// CUDA version newer than the launch's driver supports is refused by the wrapper at `docker
+/// run`, which never runs `docker run`, and its GPUs are given back.
+fn issue_35_wrapper_refuses_too_new_cuda_and_gives_back() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[
+        "ENV NVIDIA_VISIBLE_DEVICES=all",
+        "LABEL com.nvidia.cuda.version=99.0",
+    ])?;
+    let launch = docker_args_launch(&env, &["--gpus", "2", "--plugin"])?;
+    let name = launch_name(&launch)?;
+    if env.reserved()?.is_empty() {
+        return Err("docker-args reserved nothing".into());
+    }
+    let (docker, argv) = recording_docker(&env, "cuda")?;
+    let out = docker_wrapper(&env, &docker, &launch, &name, &image)?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !said.contains("CUDA 99.0") {
+        return Err(format!("expected a refusal naming CUDA 99.0: {}", text(&out)).into());
+    }
+    if argv.exists() {
+        return Err(format!("docker run was run: {:?}", recorded(&argv)?).into());
+    }
+    let left = env.reserved()?;
+    if !left.is_empty() {
+        return Err(format!("still reserved after the refusal: {left:?}").into());
+    }
+    Ok(())
+}
+
+/// The arguments of `docker-args`' one line.
+fn words(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `mesos-gpu --simulate dgx-a100-mixed docker-args --mig-strategy mixed` for `image`,
 /// with the env's device root, Docker state and pool, and `extra`.
 fn docker_args_mixed(env: &Env, image: &str, extra: &[&str]) -> TestResult<Output> {
     Ok(Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["--simulate", "dgx-a100-mixed", "--dev-root"])
         .arg(env.dev.path())
-        .args([
-            "docker-args",
-            "--mig-strategy",
-            "mixed",
-            "--json",
-            "--image",
-            image,
-        ])
+        .args(["docker-args", "--mig-strategy", "mixed", "--image", image])
         .args(extra)
         .arg("--docker-state-dir")
         .arg(env.work.path())
@@ -378,7 +649,7 @@ fn docker_args_mixed(env: &Env, image: &str, extra: &[&str]) -> TestResult<Outpu
         .map_err(|e| e.to_string())?)
 }
 
-/// The `docker run` arguments `docker-args` printed (`out`, with `--json`) and the MIG device
+/// The `docker run` arguments `docker-args` printed (`out`, one line) and the MIG device
 /// they name in `NVIDIA_VISIBLE_DEVICES`.
 fn mig_device_args(
     out: &Output,
@@ -387,7 +658,7 @@ fn mig_device_args(
     if !out.status.success() {
         return Err(format!("docker-args: {}", text(out)).into());
     }
-    let args: Vec<String> = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let args = words(&out.stdout);
     let visible = args
         .iter()
         .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))
@@ -572,14 +843,7 @@ fn docker_shares() -> TestResult {
         let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
             .args(["--simulate", "dgx1-v100", "--dev-root"])
             .arg(env.dev.path())
-            .args([
-                "docker-args",
-                "--gpus",
-                "1",
-                "--json",
-                "--gpu-replicas",
-                "4",
-            ])
+            .args(["docker-args", "--gpus", "1", "--gpu-replicas", "4"])
             .args(["--gpu-sharing", "mps", "--mps-control"])
             .arg(control.program())
             .arg("--mps-root")
@@ -594,7 +858,7 @@ fn docker_shares() -> TestResult {
         if !out.status.success() {
             return Err(format!("docker-args: {}", text(&out)).into());
         }
-        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string().into())
+        Ok(words(&out.stdout))
     };
     let result = (|| -> TestResult {
         let mut names = Vec::new();
@@ -754,7 +1018,7 @@ fn docker_mig() -> TestResult {
     if !by_name.status.success() {
         return Err(format!("--mig mig-2g.10gb:1: {}", text(&by_name)).into());
     }
-    let args: Vec<String> = serde_json::from_slice(&by_name.stdout).map_err(|e| e.to_string())?;
+    let args = words(&by_name.stdout);
     let got = args
         .iter()
         .find_map(|a| a.strip_prefix("--env=NVIDIA_VISIBLE_DEVICES="))

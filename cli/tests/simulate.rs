@@ -274,3 +274,62 @@ fn a_simulated_nodes_volume_verifies_in_the_next_command() {
         String::from_utf8_lossy(&verified.stderr)
     );
 }
+
+/// Issue 37: `docker-args` without `--image` does not know the image's `PATH`, so it sets none
+/// (before: `--env=PATH=<a fixed list>`, replacing the image's) and no `LD_LIBRARY_PATH`; it
+/// still gives the driver volume and the devices' variables, as nvidia-docker 1.0's
+/// `/docker/cli` did. Its `--json` launch carries only the grant's variables.
+#[test]
+fn issue_37_docker_args_without_an_image_sets_no_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let docker_args = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", "dgx1-v100", "docker-args", "--gpus", "2"])
+            .args(["--plugin", "--docker-state-dir", dir, "--pool-dir", dir])
+            .args(extra)
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let line = docker_args(&[]);
+    let args: Vec<&str> = line.split_whitespace().collect();
+    for variable in ["PATH", "LD_LIBRARY_PATH"] {
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with(&format!("--env={variable}="))),
+            "{variable} set for an image not known: {line}"
+        );
+    }
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--volume=nvidia_driver_")
+                && a.ends_with(":/usr/local/nvidia:ro")),
+        "{line}"
+    );
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--env=NVIDIA_VISIBLE_DEVICES=GPU-")),
+        "{line}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&docker_args(&["--json"])).unwrap();
+    assert_eq!(json["version"], 1, "{json}");
+    let names: Vec<&str> = json["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| pair[0].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"],
+        "{json}"
+    );
+}

@@ -1,8 +1,11 @@
-//! The Docker renderer of a [`Grant`]: what `docker run` needs for one container, decided once in
-//! a [`LaunchPlan`] that both the CLI arguments ([`LaunchPlan::cli_args`]) and bollard's
-//! `HostConfig` (`crate::client`) are built from. Every Docker path renders its grant here:
-//! `docker-args` (and so the agent's Docker hook and `docker-wrapper`), the module's C ABI, the
-//! bridge behind `run` and `serve`, the REST `/docker/cli` and the demo.
+//! The Docker renderer of a [`Grant`]: what `docker run` needs for one container. A grant
+//! becomes a [`DockerLaunch`] (devices, variables, binds, cpuset and the node's driver, as data;
+//! versioned JSON that `docker-args --json` prints and `docker-wrapper` reads), and
+//! [`DockerLaunch::render`] decides, for one image, what of it the container gets: a
+//! [`LaunchPlan`], which the CLI arguments ([`LaunchPlan::cli_args`]) and bollard's `HostConfig`
+//! (`crate::client`) only format. Every Docker path renders its grant there: `docker-args`,
+//! `docker-wrapper` (for the pulled image), the bridge behind `run` and `serve`, the REST
+//! `/docker/cli` (for an image not known) and the demo.
 //!
 //! Facts relied on (`docs/reference/nvidia-docker.md` §1, §4; `mesos-gpu-isolator.md` §6.4, §8;
 //! `mig.md`; `mps.md`):
@@ -108,10 +111,39 @@ pub enum ArgsError {
     /// What was allocated cannot be granted to one container.
     #[error(transparent)]
     Grant(#[from] GrantError),
+    /// A launch's JSON is not one ([`DockerLaunch::parse`]).
+    #[error(
+        "the Docker launch is not valid JSON of a launch (expected an object with version, name, \
+         devices, env, binds, cpuset and driver, as `mesos-gpu docker-args --json` prints)"
+    )]
+    LaunchJson {
+        /// What serde_json found.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A launch of another format version.
+    #[error(
+        "Docker launch version {got}: this mesos-gpu reads version {LAUNCH_VERSION} only (were \
+         `docker-args` and `docker-wrapper` upgraded together?)"
+    )]
+    LaunchVersion {
+        /// The version the launch names.
+        got: u64,
+    },
+    /// A launch names a variable Docker cannot set.
+    #[error("variable name {name:?} in a Docker launch: expected a non-empty name without '='")]
+    BadVariable {
+        /// The name as written.
+        name: String,
+    },
 }
 
-/// A CUDA version as (major, minor); patch levels do not matter for driver compatibility.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// A CUDA version as (major, minor); patch levels do not matter for driver compatibility. In a
+/// [`DockerLaunch`] it is the text `MAJOR.MINOR`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(into = "String", try_from = "String")]
 pub struct CudaVersion {
     /// Major version.
     pub major: u32,
@@ -149,6 +181,20 @@ impl From<(u32, u32)> for CudaVersion {
     }
 }
 
+impl From<CudaVersion> for String {
+    fn from(version: CudaVersion) -> String {
+        version.to_string()
+    }
+}
+
+impl TryFrom<String> for CudaVersion {
+    type Error = ArgsError;
+
+    fn try_from(text: String) -> Result<CudaVersion, ArgsError> {
+        CudaVersion::parse(&text)
+    }
+}
+
 impl fmt::Display for CudaVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}", self.major, self.minor)
@@ -156,7 +202,7 @@ impl fmt::Display for CudaVersion {
 }
 
 /// One `--device`: a host node and where it appears in the container, with `rwm` access.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceMapping {
     /// Node on the host.
     pub host: PathBuf,
@@ -202,8 +248,10 @@ pub enum VolumeSource {
     },
 }
 
-/// The driver volume as mounted in a container.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The driver volume as mounted in a container; in a [`DockerLaunch`],
+/// `{"kind":"bind","host_path":…}` or `{"kind":"named","plugin":…,"name":…}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum VolumeMount {
     /// `--volume=HOST:/usr/local/nvidia:ro`.
     Bind {
@@ -295,8 +343,270 @@ impl ImageInfo {
     }
 }
 
-/// Everything `docker run` must be given for one container: one source for the CLI arguments
-/// and for bollard's `HostConfig`.
+/// The version of [`DockerLaunch`] this build writes; [`DockerLaunch::parse`] reads only it.
+pub const LAUNCH_VERSION: u32 = 1;
+
+/// A container's grant for `docker run`, as data, before any image is known: what
+/// `docker-args --json` prints, the agent's Docker hook puts in the task's
+/// `MESOS_GPU_DOCKER_ARGS` and `docker-wrapper` renders for the pulled image. Every Docker path
+/// turns it into arguments with [`DockerLaunch::render`], the one place that decides, for an
+/// image, whether the variables and the driver volume are given and whether the image's CUDA
+/// version is refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DockerLaunch {
+    /// The format's version, [`LAUNCH_VERSION`].
+    pub version: u32,
+    /// The container's Docker name (`mesos-<id>`) the grant was reserved for, when it was.
+    pub name: Option<String>,
+    /// The grant's device nodes: control nodes, GPU nodes by minor, MIG capability nodes.
+    pub devices: Vec<DeviceMapping>,
+    /// The grant's variables, in order (`NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`, a
+    /// share's).
+    pub env: Vec<(String, String)>,
+    /// The grant's bind mounts besides the driver volume (an MPS share's pipe directory and
+    /// `/dev/shm`).
+    pub binds: Vec<BindMount>,
+    /// The CPUs and memory nodes the container is pinned to (NUMA pinning).
+    #[serde(with = "cpuset_text")]
+    pub cpuset: Option<Pinning>,
+    /// The node's driver, for images that ask for it; `None` on a node without one.
+    pub driver: Option<LaunchDriver>,
+}
+
+/// A bind mount of the grant: `SOURCE:TARGET[:ro]`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BindMount {
+    /// Host path.
+    pub source: PathBuf,
+    /// Path in the container.
+    pub target: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+impl BindMount {
+    /// The `--volume` / `HostConfig.Binds` entry.
+    fn spec(&self) -> Result<String, ArgsError> {
+        check_path(&self.source)?;
+        check_path(&self.target)?;
+        let ro = if self.read_only { ":ro" } else { "" };
+        Ok(format!(
+            "{}:{}{ro}",
+            self.source.display(),
+            self.target.display()
+        ))
+    }
+}
+
+/// The node's driver as a [`DockerLaunch`] carries it: enough for the CUDA check and the
+/// volume, with no NVML loaded where it is rendered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LaunchDriver {
+    /// The driver version (`550.54.14`).
+    pub version: String,
+    /// The newest CUDA version the driver supports, when known.
+    pub cuda: Option<CudaVersion>,
+    /// The driver volume to mount for images that ask for it.
+    pub volume: VolumeMount,
+}
+
+impl LaunchDriver {
+    /// The driver `spec` offers, its volume checked.
+    fn of(spec: &DriverSpec) -> Result<LaunchDriver, ArgsError> {
+        Ok(LaunchDriver {
+            version: spec.info.version.clone(),
+            cuda: spec.info.cuda_version.map(CudaVersion::from),
+            volume: VolumeMount::new(&spec.volume, &spec.info.version)?,
+        })
+    }
+
+    /// Refuses an image whose `com.nvidia.cuda.version` is newer than this driver's CUDA
+    /// version (nvidia-docker's check), or names one when this driver's is unknown.
+    fn check_cuda(&self, image: &ImageInfo) -> Result<(), ArgsError> {
+        let Some((needed, label)) = image.cuda_requirement()? else {
+            return Ok(());
+        };
+        match self.cuda {
+            Some(have) if needed <= have => Ok(()),
+            Some(have) => Err(ArgsError::CudaTooNew {
+                image: needed,
+                label: label.to_owned(),
+                driver_version: self.version.clone(),
+                driver_cuda: have,
+            }),
+            None => Err(ArgsError::CudaUnknown {
+                image: needed,
+                label: label.to_owned(),
+                driver_version: self.version.clone(),
+            }),
+        }
+    }
+}
+
+impl DockerLaunch {
+    /// The launch of `grant`, with the node's driver `driver` for images that ask for it; its
+    /// device and mount paths are checked here, the image is not known yet.
+    pub fn new(grant: &Grant, driver: Option<&DriverSpec>) -> Result<DockerLaunch, ArgsError> {
+        grant
+            .check_nodes()
+            .map_err(|index| ArgsError::NoDeviceNode { index })?;
+        let devices = grant
+            .devices()
+            .iter()
+            .map(DeviceMapping::of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let binds = grant
+            .mounts()
+            .into_iter()
+            .filter(|m| m.kind != MountKind::MigAccessFile)
+            .map(|m| BindMount {
+                source: m.source,
+                target: m.target,
+                read_only: m.read_only,
+            })
+            .collect::<Vec<_>>();
+        for bind in &binds {
+            bind.spec()?;
+        }
+        Ok(DockerLaunch {
+            version: LAUNCH_VERSION,
+            name: None,
+            devices,
+            env: grant.env(),
+            binds,
+            cpuset: grant.cpuset().cloned(),
+            driver: driver.map(LaunchDriver::of).transpose()?,
+        })
+    }
+
+    /// This launch, reserved for the container Docker names `name` (`mesos-<id>`).
+    pub fn named(self, name: String) -> DockerLaunch {
+        DockerLaunch {
+            name: Some(name),
+            ..self
+        }
+    }
+
+    /// Reads a launch from its JSON; refused when its `version` is not [`LAUNCH_VERSION`].
+    pub fn parse(json: &str) -> Result<DockerLaunch, ArgsError> {
+        #[derive(serde::Deserialize)]
+        struct Versioned {
+            version: u64,
+        }
+        let Versioned { version } =
+            serde_json::from_str(json).map_err(|source| ArgsError::LaunchJson { source })?;
+        if version != u64::from(LAUNCH_VERSION) {
+            return Err(ArgsError::LaunchVersion { got: version });
+        }
+        serde_json::from_str(json).map_err(|source| ArgsError::LaunchJson { source })
+    }
+
+    /// What `docker run` is given for a container of `image` (`None`: an image not known), the
+    /// one decision every Docker renderer uses:
+    /// - the grant's devices, binds and cpuset, always;
+    /// - the grant's variables when it holds a device or the image asks for the driver;
+    /// - for an image that asks for the driver: the driver volume (none on the node is an
+    ///   error), the image's CUDA version checked against the driver's, and `PATH` and
+    ///   `LD_LIBRARY_PATH` extended from the image's own values;
+    /// - for an image not known: the driver volume and the variables, as nvidia-docker 1.0's
+    ///   `/docker/cli` gave any image, and no `PATH` or `LD_LIBRARY_PATH`, so that the image's
+    ///   own (CUDA images set `/usr/local/nvidia` in their `ENV`) are kept.
+    pub fn render(&self, image: Option<&ImageInfo>) -> Result<LaunchPlan, ArgsError> {
+        if self.version != LAUNCH_VERSION {
+            return Err(ArgsError::LaunchVersion {
+                got: u64::from(self.version),
+            });
+        }
+        for device in &self.devices {
+            check_path(&device.host)?;
+            check_path(&device.container)?;
+        }
+        let binds = self
+            .binds
+            .iter()
+            .map(BindMount::spec)
+            .collect::<Result<Vec<_>, _>>()?;
+        for (name, _) in &self.env {
+            if name.is_empty() || name.contains('=') {
+                return Err(ArgsError::BadVariable { name: name.clone() });
+            }
+        }
+        let wants = image.is_none_or(ImageInfo::wants_driver);
+        let mut env = if wants || !self.devices.is_empty() {
+            self.env.clone()
+        } else {
+            Vec::new()
+        };
+        let volume = if wants {
+            let driver = self.driver.as_ref().ok_or(ArgsError::NoDriver)?;
+            if let Some(image) = image {
+                driver.check_cuda(image)?;
+                env.extend(mesos_gpu_volume::container_env(&image.env));
+            }
+            if let VolumeMount::Bind { host_path } = &driver.volume {
+                check_path(host_path)?;
+            }
+            Some(driver.volume.clone())
+        } else {
+            None
+        };
+        Ok(LaunchPlan {
+            devices: self.devices.clone(),
+            volume,
+            binds,
+            env,
+            cpuset: self.cpuset.clone(),
+        })
+    }
+}
+
+/// A [`DockerLaunch`]'s cpuset as text: `{"cpus":"0-3,8","mems":"0"}` (`mems` may be `null`).
+mod cpuset_text {
+    use mesos_gpu_placement::numa::{CpuList, Pinning};
+    use serde::{Deserialize as _, Deserializer, Serialize as _, Serializer};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Text {
+        cpus: String,
+        mems: Option<String>,
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        pinning: &Option<Pinning>,
+        out: S,
+    ) -> Result<S::Ok, S::Error> {
+        pinning
+            .as_ref()
+            .map(|p| Text {
+                cpus: p.cpus.to_string(),
+                mems: p.mems.as_ref().map(ToString::to_string),
+            })
+            .serialize(out)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        input: D,
+    ) -> Result<Option<Pinning>, D::Error> {
+        let parse = |text: &str| {
+            text.parse::<CpuList>().map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "cpuset {text:?}: {e} (expected a Linux CPU list such as 0-3,8)"
+                ))
+            })
+        };
+        let Some(text) = Option::<Text>::deserialize(input)? else {
+            return Ok(None);
+        };
+        Ok(Some(Pinning {
+            cpus: parse(&text.cpus)?,
+            mems: text.mems.as_deref().map(parse).transpose()?,
+        }))
+    }
+}
+
+/// What `docker run` is given for one container, as [`DockerLaunch::render`] decided it for
+/// its image: one source for the CLI arguments ([`LaunchPlan::cli_args`]) and for bollard's
+/// `HostConfig` (`crate::client::host_config`), which only format it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LaunchPlan {
     /// The grant's device nodes: control nodes, GPU nodes by minor, MIG capability nodes.
@@ -316,8 +626,13 @@ impl LaunchPlan {
     /// Checks what does not depend on the devices (the driver and the image's CUDA version),
     /// before anything is reserved: [`LaunchPlan::new`] refuses a grant exactly when this does,
     /// or for its devices.
-    pub fn check_image(image: &ImageInfo, driver: Option<&DriverSpec>) -> Result<(), ArgsError> {
-        LaunchPlan::new(&Grant::default(), image, driver).map(drop)
+    pub fn check_image(
+        image: Option<&ImageInfo>,
+        driver: Option<&DriverSpec>,
+    ) -> Result<(), ArgsError> {
+        DockerLaunch::new(&Grant::default(), driver)?
+            .render(image)
+            .map(drop)
     }
 
     /// The plan for a container of `image` given `gpus` whole (no MIG device, share or
@@ -332,58 +647,14 @@ impl LaunchPlan {
         LaunchPlan::new(&Grant::new(nodes, &[], owned, vec![], None)?, image, driver)
     }
 
-    /// The plan for a container of `image` given `grant`.
-    ///
-    /// The driver volume is added only when the image asks for the driver; such an image is
-    /// refused when its `com.nvidia.cuda.version` is newer than the driver's CUDA version.
+    /// The plan for a container of `image` given `grant`: [`DockerLaunch::new`] rendered for
+    /// `image` ([`DockerLaunch::render`]).
     pub fn new(
         grant: &Grant,
         image: &ImageInfo,
         driver: Option<&DriverSpec>,
     ) -> Result<LaunchPlan, ArgsError> {
-        grant
-            .check_nodes()
-            .map_err(|index| ArgsError::NoDeviceNode { index })?;
-        let devices = grant
-            .devices()
-            .iter()
-            .map(DeviceMapping::of)
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut binds = Vec::new();
-        for mount in grant.mounts() {
-            if mount.kind == MountKind::MigAccessFile {
-                continue;
-            }
-            check_path(&mount.source)?;
-            check_path(&mount.target)?;
-            let ro = if mount.read_only { ":ro" } else { "" };
-            binds.push(format!(
-                "{}:{}{ro}",
-                mount.source.display(),
-                mount.target.display()
-            ));
-        }
-        let wants = image.wants_driver();
-        let mut env = if wants || !grant.is_empty() {
-            grant.env()
-        } else {
-            Vec::new()
-        };
-        let volume = if wants {
-            let driver = driver.ok_or(ArgsError::NoDriver)?;
-            check_cuda(image, &driver.info)?;
-            env.extend(mesos_gpu_volume::container_env(&image.env));
-            Some(VolumeMount::new(&driver.volume, &driver.info.version)?)
-        } else {
-            None
-        };
-        Ok(LaunchPlan {
-            devices,
-            volume,
-            binds,
-            env,
-            cpuset: grant.cpuset().cloned(),
-        })
+        DockerLaunch::new(grant, driver)?.render(Some(image))
     }
 
     /// `docker run` arguments, in a stable order: `--device` (the grant's order), then
@@ -415,28 +686,6 @@ impl LaunchPlan {
     /// The environment as Docker's `KEY=VALUE` strings.
     pub fn env_strings(&self) -> Vec<String> {
         self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
-    }
-}
-
-/// Refuses an image whose `com.nvidia.cuda.version` is newer than the driver's CUDA version
-/// (nvidia-docker's check; [`LaunchPlan::new`] applies it to images that ask for the driver).
-pub fn check_cuda(image: &ImageInfo, driver: &DriverInfo) -> Result<(), ArgsError> {
-    let Some((needed, label)) = image.cuda_requirement()? else {
-        return Ok(());
-    };
-    match driver.cuda_version.map(CudaVersion::from) {
-        Some(have) if needed <= have => Ok(()),
-        Some(have) => Err(ArgsError::CudaTooNew {
-            image: needed,
-            label: label.to_owned(),
-            driver_version: driver.version.clone(),
-            driver_cuda: have,
-        }),
-        None => Err(ArgsError::CudaUnknown {
-            image: needed,
-            label: label.to_owned(),
-            driver_version: driver.version.clone(),
-        }),
     }
 }
 
@@ -845,6 +1094,101 @@ mod tests {
             .find(|(k, _)| k == "PATH")
             .map(|(_, v)| v.as_str());
         assert_eq!(path, Some("/opt/bin:/bin:/usr/local/nvidia/bin"));
+    }
+
+    #[test]
+    fn a_launch_is_versioned_json_and_reads_back() {
+        let a = gpu(0, 0);
+        let pinning = Pinning {
+            cpus: "0-3,8".parse().expect("list"),
+            mems: Some("0".parse().expect("list")),
+        };
+        let launch = DockerLaunch::new(
+            &grant(&[&a], false).pinned(Some(pinning)),
+            Some(&driver(Some((12, 4)), bind())),
+        )
+        .expect("launch")
+        .named("mesos-x".to_owned());
+        let json = serde_json::to_value(&launch).expect("json");
+        assert_eq!(json["version"], 1);
+        assert_eq!(json["name"], "mesos-x");
+        assert_eq!(json["devices"][2]["host"], "/dev/nvidia0");
+        assert_eq!(json["env"][0][0], VISIBLE_DEVICES_ENV);
+        assert_eq!(
+            json["cpuset"],
+            serde_json::json!({"cpus": "0-3,8", "mems": "0"})
+        );
+        assert_eq!(
+            json["driver"],
+            serde_json::json!({
+                "version": "550.54.14",
+                "cuda": "12.4",
+                "volume": {
+                    "kind": "bind",
+                    "host_path": "/var/run/mesos/isolators/gpu/nvidia_550.54.14"
+                }
+            })
+        );
+        let back = DockerLaunch::parse(&json.to_string()).expect("parse");
+        assert_eq!(back, launch);
+    }
+
+    #[test]
+    fn a_launch_of_another_version_or_shape_is_refused() {
+        let err = DockerLaunch::parse(r#"{"version":2,"anything":[]}"#).expect_err("v2");
+        assert!(matches!(err, ArgsError::LaunchVersion { got: 2 }), "{err}");
+        assert!(err.to_string().contains("version 1"), "{err}");
+        let err = DockerLaunch::parse(r#"["--device=/dev/nvidia0"]"#).expect_err("array");
+        assert!(matches!(err, ArgsError::LaunchJson { .. }), "{err}");
+        let bad_cpuset = r#"{"version":1,"name":null,"devices":[],"env":[],"binds":[],
+            "cpuset":{"cpus":"x","mems":null},"driver":null}"#;
+        let err = DockerLaunch::parse(bad_cpuset).expect_err("cpuset");
+        assert!(
+            mesos_gpu_os::error_chain(&err).contains("\"x\""),
+            "{}",
+            mesos_gpu_os::error_chain(&err)
+        );
+    }
+
+    #[test]
+    fn an_image_not_known_gets_the_volume_and_variables_but_no_path() {
+        let a = gpu(0, 0);
+        let launch =
+            DockerLaunch::new(&grant(&[&a], false), Some(&driver(None, bind()))).expect("launch");
+        let plan = launch.render(None).expect("plan");
+        assert!(plan.volume.is_some());
+        let names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, [VISIBLE_DEVICES_ENV, "CUDA_VISIBLE_DEVICES"]);
+        // Not known, so no CUDA label to refuse; a node without a driver has no volume to give.
+        let bare = DockerLaunch::new(&grant(&[&a], false), None).expect("launch");
+        assert!(matches!(bare.render(None), Err(ArgsError::NoDriver)));
+    }
+
+    #[test]
+    fn a_plain_image_keeps_the_cpuset_and_variables_and_gets_no_volume() {
+        let a = gpu(0, 0);
+        let pinning = Pinning {
+            cpus: "0-1".parse().expect("list"),
+            mems: Some("0".parse().expect("list")),
+        };
+        let launch = DockerLaunch::new(
+            &grant(&[&a], false).pinned(Some(pinning)),
+            Some(&driver(Some((12, 4)), bind())),
+        )
+        .expect("launch");
+        let args = launch
+            .render(Some(&ImageInfo::default()))
+            .expect("plan")
+            .cli_args();
+        assert_eq!(
+            args[3..],
+            [
+                format!("--env=NVIDIA_VISIBLE_DEVICES={}", a.uuid),
+                format!("--env=CUDA_VISIBLE_DEVICES={}", a.uuid),
+                "--cpuset-cpus=0-1".to_owned(),
+                "--cpuset-mems=0".to_owned(),
+            ]
+        );
     }
 
     proptest! {

@@ -1,7 +1,8 @@
 //! One GPU pool for both containerizers: a Docker container's `gpus` are drawn from the same
-//! lifecycle [`Isolator`] as the Mesos containerizer's (its `reserve_docker`), checkpointed in
+//! lifecycle [`Isolator`] as the Mesos containerizer's (its `DockerGuard`), checkpointed in
 //! the same work directory, so the two never get the same GPU. Docker applies the devices itself
-//! from the [`LaunchPlan`] built over the reserved GPUs.
+//! from the [`LaunchPlan`] rendered for the image from the reserved GPUs
+//! ([`crate::args::DockerLaunch::render`]).
 //!
 //! Facts and decisions (`docs/reference/mesos-gpu-isolator.md` §8, §9; `nvidia-docker.md` §4):
 //! - Upstream Mesos books GPUs for its Docker containerizer but never passes them to Docker, and
@@ -35,7 +36,7 @@ use mesos_gpu_node::inventory::Gpu;
 
 use crate::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan};
 use crate::client::{
-    ContainerSpec, DockerClient, DockerError, MESOS_NAME_PREFIX, RecoveredContainer,
+    ContainerSpec, DockerClient, DockerError, MESOS_NAME_PREFIX, RecoveredContainer, docker_name,
     mesos_container_id,
 };
 
@@ -187,11 +188,6 @@ impl DockerBridge {
         &self.client
     }
 
-    /// The Docker name of container `id`.
-    pub fn docker_name(id: &ContainerId) -> String {
-        format!("{MESOS_NAME_PREFIX}{id}")
-    }
-
     /// Reserves `gpus` for `id` and creates (does not start) its container running `cmd` (the
     /// image's command when empty) in `image`. Nothing is reserved when the image cannot run
     /// here; the reservation is given back when `docker create` fails.
@@ -203,7 +199,7 @@ impl DockerBridge {
         image: &str,
         cmd: &[String],
     ) -> Result<BridgedContainer, BridgeError> {
-        let name = Self::docker_name(id);
+        let name = docker_name(id);
         if mesos_container_id(&name) != Some(id.as_str()) {
             return Err(BridgeError::UnrecoverableId { id: id.clone() });
         }
@@ -221,7 +217,7 @@ impl DockerBridge {
             source,
         };
         // Everything but the GPUs themselves, checked before anything is reserved.
-        LaunchPlan::check_image(&info, self.driver.as_ref()).map_err(plan_err)?;
+        LaunchPlan::check_image(Some(&info), self.driver.as_ref()).map_err(plan_err)?;
         let reservation = self.reserve(id, gpus).await?;
         let created = self
             .create_reserved(id, &name, reservation.grant(), &info, image, cmd)
@@ -485,11 +481,11 @@ mod tests {
     #[test]
     fn docker_names_round_trip_only_for_uuids() {
         let uuid = ContainerId::new("3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11").expect("id");
-        let name = DockerBridge::docker_name(&uuid);
+        let name = docker_name(&uuid);
         assert_eq!(name, "mesos-3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11");
         assert_eq!(mesos_container_id(&name), Some(uuid.as_str()));
         let plain = ContainerId::new("task-1").expect("id");
-        assert_eq!(mesos_container_id(&DockerBridge::docker_name(&plain)), None);
+        assert_eq!(mesos_container_id(&docker_name(&plain)), None);
     }
 
     #[test]

@@ -32,8 +32,7 @@ use mesos_gpu_placement::numa::Pinning;
 
 use crate::args::{DeviceMapping, ImageInfo, LaunchPlan};
 
-/// Prefix of the names Mesos's Docker containerizer gives its containers.
-pub const MESOS_NAME_PREFIX: &str = "mesos-";
+pub use mesos_gpu_isolator::lifecycle::{MESOS_NAME_PREFIX, docker_name};
 /// The oldest Docker API this client asks for (Docker 20.10).
 const MIN_API: ClientVersion = ClientVersion {
     major_version: 1,

@@ -28,7 +28,7 @@ typedef enum MgpuStatus {
   MGPU_DECODE_ERROR = 4,
   // The container is not known to the isolator.
   MGPU_UNKNOWN_CONTAINER = 5,
-  // `prepare` (or `mgpu_docker_args`) of a container already prepared.
+  // `prepare` of a container already prepared.
   MGPU_ALREADY_PREPARED = 6,
   // Not enough free GPUs for the request.
   MGPU_NOT_ENOUGH_GPUS = 7,
@@ -232,27 +232,6 @@ enum MgpuStatus mgpu_cleanup(const struct MgpuIsolator *handle,
                              size_t id_len,
                              char *err,
                              size_t err_cap);
-
-// For the Docker containerizer: reserves `gpus` GPUs for the container from the agent's pool
-// and answers its `docker run` arguments (`--device=…`, and for images asking for it the driver
-// volume and `--env=…`), each NUL-terminated, back to back. `manifest` is a serialized
-// `docker.spec.v1.ImageManifest`, or no bytes for an image that does not ask for the driver.
-// Retry after `MGPU_BUFFER_TOO_SMALL` as for `mgpu_prepare`. Release with
-// `mgpu_docker_release`.
-//
-// # Safety
-// As `mgpu_prepare`, with `manifest` NULL or valid for `manifest_len` bytes.
-enum MgpuStatus mgpu_docker_args(const struct MgpuIsolator *handle,
-                                 const uint8_t *id,
-                                 size_t id_len,
-                                 double gpus,
-                                 const uint8_t *manifest,
-                                 size_t manifest_len,
-                                 uint8_t *buf,
-                                 size_t cap,
-                                 size_t *len,
-                                 char *err,
-                                 size_t err_cap);
 
 // For the Docker containerizer: releases the container's GPUs; an unknown container is
 // `MGPU_OK`.

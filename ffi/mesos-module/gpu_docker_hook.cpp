@@ -9,20 +9,20 @@
 // (module parameter, e.g. `/usr/bin/mesos-gpu docker-args --pool-dir /var/lib/mesos-gpu`) with
 // the task's `--gpus`, `--mig=mig-<profile>:N`, `--cpus` (with `--numa-pinning`),
 // `--container-id` and `--json` appended. `mesos-gpu docker-args` reserves from the node's pool
-// for that container name and prints the `docker run` arguments that give the task its grant
-// (devices, variables, share, cpuset and, when the image asks, the driver volume), as every
-// Docker path renders one. The hook runs
+// for that container name and prints the task's grant as a versioned JSON launch (devices,
+// variables, share, cpuset and the node's driver), which the wrapper renders for the image as
+// every Docker path renders one. The hook runs
 // before the agent pulls the image, so the task's image is given with `--unpulled-image-ok`:
 // an image the daemon already has is checked now (an image whose `com.nvidia.cuda.version` is
 // newer than the driver's CUDA fails the launch, and so the task, with a message saying so);
-// one not pulled yet is checked by the wrapper at `docker run`, which also drops the volume and
-// environment for an image that does not ask for the driver. `docker-args` records its parent,
+// one not pulled yet is checked by the wrapper at `docker run`, which gives the driver volume
+// only to an image that asks for the driver. `docker-args` records its parent,
 // this agent, as the process that starts the container: the reservation is alive while the
 // agent runs, until the wrapper records itself at `docker run`; an agent that dies before that
 // leaves a reservation the pool frees once the daemon has no such container. The hook
-// hands the arguments to the container's `docker run` in the task environment variable
-// MESOS_GPU_DOCKER_ARGS, which `mesos-gpu docker-wrapper` (the agent's `--docker` program) turns
-// back into arguments and removes. When the pool cannot serve the task, the command's error becomes the launch failure
+// hands the launch, unchanged, to the container's `docker run` in the task environment variable
+// MESOS_GPU_DOCKER_ARGS, which `mesos-gpu docker-wrapper` (the agent's `--docker` program)
+// renders into arguments for the pulled image and removes. When the pool cannot serve the task, the command's error becomes the launch failure
 // and so the task's status message. When the agent removes the task's executor
 // (`slaveRemoveExecutorHook`), the hook runs the same command line with `--release ID`, so GPUs
 // reserved for a container that never ran (its image could not be pulled, its launch failed)
@@ -88,7 +88,7 @@ using process::Subprocess;
 
 namespace {
 
-// The task environment variable that carries the `docker run` arguments to the wrapper.
+// The task environment variable that carries `docker-args`' launch (JSON) to the wrapper.
 const char kArgsVariable[] = "MESOS_GPU_DOCKER_ARGS";
 // Room for the library's error message.
 const size_t kErrCap = 4096;

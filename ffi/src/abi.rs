@@ -4,8 +4,8 @@
 //! function returning [`MgpuStatus`] writes its out-parameters only on `MGPU_OK`, except `*len`,
 //! which `MGPU_BUFFER_TOO_SMALL` sets to the size needed.
 //!
-//! `prepare` and `mgpu_docker_args` have side effects (GPUs allocated, a cgroup made), so their
-//! answer is not computed twice: when it does not fit, it is kept, and the retry with the same
+//! `prepare` has side effects (GPUs allocated, a cgroup made), so its answer is not computed
+//! twice: when it does not fit, it is kept, and the retry with the same
 //! container and the same request bytes returns exactly those bytes (`MgpuIsolator::replay`).
 
 use std::ffi::{c_char, c_void};
@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use crate::handle::{MgpuIsolator, Replayable};
 use crate::log::{MgpuLogCallback, MgpuLogLevel};
-use crate::proto::docker::spec::v1::ImageManifest;
 use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
 use crate::proto::mesos::{ContainerId, Parameters};
 use crate::raw::{
@@ -322,57 +321,6 @@ pub unsafe extern "C" fn mgpu_cleanup(
         // SAFETY: contract above.
         let cid: ContainerId = unsafe { decode(id, id_len, "id") }?;
         h.cleanup(&cid)
-    })
-}
-
-/// For the Docker containerizer: reserves `gpus` GPUs for the container from the agent's pool
-/// and answers its `docker run` arguments (`--device=…`, and for images asking for it the driver
-/// volume and `--env=…`), each NUL-terminated, back to back. `manifest` is a serialized
-/// `docker.spec.v1.ImageManifest`, or no bytes for an image that does not ask for the driver.
-/// Retry after `MGPU_BUFFER_TOO_SMALL` as for `mgpu_prepare`. Release with
-/// `mgpu_docker_release`.
-///
-/// # Safety
-/// As `mgpu_prepare`, with `manifest` NULL or valid for `manifest_len` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mgpu_docker_args(
-    handle: *const MgpuIsolator,
-    id: *const u8,
-    id_len: usize,
-    gpus: f64,
-    manifest: *const u8,
-    manifest_len: usize,
-    buf: *mut u8,
-    cap: usize,
-    len: *mut usize,
-    err: *mut c_char,
-    err_cap: usize,
-) -> MgpuStatus {
-    guard_handle(handle, err, err_cap, |h| {
-        // SAFETY: contract above (all four).
-        let (out, cid, image) = unsafe {
-            (
-                OutBuf::new(buf, cap, len)?,
-                decode::<ContainerId>(id, id_len, "id")?,
-                in_bytes(manifest, manifest_len, "manifest")?,
-            )
-        };
-        let mut request = gpus.to_le_bytes().to_vec();
-        request.extend_from_slice(image);
-        let compute = || {
-            // SAFETY: contract above.
-            let parsed: Option<ImageManifest> = (manifest_len > 0)
-                .then(|| unsafe { decode(manifest, manifest_len, "manifest") })
-                .transpose()?;
-            h.docker_args(&cid, gpus, parsed.as_ref())
-        };
-        h.replay(
-            Replayable::DockerArgs,
-            &cid.to_string(),
-            &request,
-            compute,
-            |bytes| out.write(bytes),
-        )
     })
 }
 

@@ -1,6 +1,7 @@
 //! The isolator behind an `MgpuIsolator *`: one per agent, shared by the Mesos containerizer
-//! (the isolator calls) and the Docker containerizer (`docker_args`/`docker_release`), so both
-//! draw GPUs from one allocator.
+//! (the isolator calls) and `docker_release` for the Docker containerizer, so both draw GPUs
+//! from one allocator. (The Docker containerizer's tasks reserve through the hook's `mesos-gpu
+//! docker-args` command, on the node's pool.)
 //!
 //! Calls take decoded Mesos messages and answer Mesos messages; bytes, pointers and status codes
 //! are `crate::abi`'s business. Every method takes `&self` and may run on many threads at once:
@@ -12,7 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, NvmlFigures};
 use mesos_gpu_enforce::mps::ComputeModes;
@@ -21,9 +21,7 @@ use mesos_gpu_isolator::{
     agent_flags::AgentGpuFlags, agent_flags::DEVICES_FLAG, agent_flags::GPU_ISOLATOR,
     agent_flags::MigOffer, agent_flags::MigStrategy,
 };
-use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
-};
+use mesos_gpu_isolator::{lifecycle::ContainerId, lifecycle::Isolator};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_node::usage::UsageReader;
@@ -32,7 +30,6 @@ use prost::Message;
 
 use crate::convert;
 use crate::params::{ModuleParams, ParamError};
-use crate::proto::docker::spec::v1::ImageManifest;
 use crate::proto::mesos::slave::{ContainerConfig, ContainerRecoverInfo};
 use crate::proto::mesos::{self, Parameter, Parameters};
 use crate::status::FfiError;
@@ -42,14 +39,12 @@ use crate::status::FfiError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Replayable {
     Prepare,
-    DockerArgs,
 }
 
 impl Replayable {
     fn name(self) -> &'static str {
         match self {
             Replayable::Prepare => "prepare",
-            Replayable::DockerArgs => "mgpu_docker_args",
         }
     }
 }
@@ -107,7 +102,6 @@ pub struct MgpuIsolator {
     /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
     /// MIG device each stands for.
     mig_profiles: std::collections::BTreeMap<String, Option<mesos_gpu_placement::mig::MigKind>>,
-    driver_volume: Option<PathBuf>,
     /// Shared with the metrics, which count its entries.
     pending: Arc<PendingReplies>,
     poisoned: AtomicBool,
@@ -157,7 +151,7 @@ impl MgpuIsolator {
             None => None,
         };
         let mut config = params.config.isolator.clone();
-        config.driver_volume.clone_from(&driver_volume);
+        config.driver_volume = driver_volume;
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
         }
@@ -210,7 +204,6 @@ impl MgpuIsolator {
                 .map(|p| (p.resource, p.kind))
                 .collect(),
             inventory,
-            driver_volume,
             pending,
             poisoned: AtomicBool::new(false),
             mps_supervisor: std::sync::Once::new(),
@@ -422,54 +415,11 @@ impl MgpuIsolator {
         Ok(())
     }
 
-    /// Reserves `gpus` GPUs for a Docker container and answers its `docker run` arguments,
-    /// each NUL-terminated. `manifest` `None`: an image that does not ask for the driver volume.
-    pub fn docker_args(
-        &self,
-        id: &mesos::ContainerId,
-        gpus: f64,
-        manifest: Option<&ImageManifest>,
-    ) -> Result<Vec<u8>, FfiError> {
-        self.panic_point("docker_args");
-        let cid = convert::container_id(id)?;
-        let image = manifest
-            .and_then(|m| m.config.as_ref())
-            .map_or_else(ImageInfo::default, |c| ImageInfo {
-                labels: c.labels.clone(),
-                env: c.env.clone(),
-            });
-        let reservation =
-            DockerGuard::reserve(&*self.isolator, &cid, gpus, DockerStart::default())?;
-        let driver = self
-            .inventory
-            .driver
-            .clone()
-            .zip(self.driver_volume.clone())
-            .map(|(info, host_path)| DriverSpec {
-                info,
-                volume: VolumeSource::Bind { host_path },
-            });
-        let plan =
-            LaunchPlan::new(reservation.grant(), &image, driver.as_ref()).map_err(|source| {
-                FfiError::DockerArgs {
-                    container: cid.to_string(),
-                    source,
-                }
-            })?;
-        reservation.keep();
-        Ok(plan
-            .cli_args()
-            .into_iter()
-            .flat_map(|a| a.into_bytes().into_iter().chain([0]))
-            .collect())
-    }
-
     /// Releases a Docker container's GPUs; an unknown container is not an error.
     pub fn docker_release(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
         self.panic_point("docker_release");
         let cid = convert::container_id(id)?;
         self.isolator.release_docker(&cid)?;
-        self.forget(&cid, Replayable::DockerArgs);
         Ok(())
     }
 

@@ -8,8 +8,10 @@
 //! `--mig=mig-<profile>:N` per MIG scalar (each `N` a whole number by the module's rule,
 //! [`mig_counts`]), `--cpus=C` (its `cpus`, when the command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
 //! for), `--container-id=<id>` (the Mesos id in `mesos-<id>`), `--json` and, with an image,
-//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and renders the task's
-//! grant as every Docker path does. A task asking for neither gets no command: the hook runs
+//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and prints the task's
+//! grant as a versioned JSON launch, which the hook passes on unchanged in
+//! `MESOS_GPU_DOCKER_ARGS` and `docker-wrapper` renders for the pulled image as every Docker
+//! path renders one. A task asking for neither gets no command: the hook runs
 //! nothing. Its release runs the same command with `--release=<id>`.
 
 use crate::convert;
@@ -19,8 +21,6 @@ use crate::status::FfiError;
 
 /// The scalar resources of MIG devices (`mesos-gpu agent-flags --mig-strategy mixed`).
 const MIG_PREFIX: &str = mesos_gpu_isolator::agent_flags::MIG_RESOURCE_PREFIX;
-/// Docker containerizer containers are named this prefix and the Mesos container id.
-const NAME_PREFIX: &str = "mesos-";
 
 /// The MIG devices `resources` of container `id` ask for: each `mig-<profile>` scalar but 0
 /// (the MIG devices an agent offers with the mixed strategy) and its count, a whole number by the
@@ -67,7 +67,7 @@ pub(crate) fn launch_argv(
     name: &str,
 ) -> Result<Option<Vec<String>>, FfiError> {
     let id = name
-        .strip_prefix(NAME_PREFIX)
+        .strip_prefix(mesos_gpu_docker::client::MESOS_NAME_PREFIX)
         .filter(|id| !id.is_empty())
         .ok_or_else(|| FfiError::HookContainerName {
             name: name.to_owned(),

@@ -32,7 +32,7 @@ pub enum MgpuStatus {
     MgpuDecodeError = 4,
     /// The container is not known to the isolator.
     MgpuUnknownContainer = 5,
-    /// `prepare` (or `mgpu_docker_args`) of a container already prepared.
+    /// `prepare` of a container already prepared.
     MgpuAlreadyPrepared = 6,
     /// Not enough free GPUs for the request.
     MgpuNotEnoughGpus = 7,
@@ -213,15 +213,6 @@ pub enum FfiError {
     /// The isolator refused or failed.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
-    /// No Docker arguments can be made for the container.
-    #[error("cannot build the Docker arguments of container {container}")]
-    DockerArgs {
-        /// The container.
-        container: String,
-        /// Why.
-        #[source]
-        source: mesos_gpu_docker::args::ArgsError,
-    },
     /// A key `mgpu_agent_resources` does not take.
     #[error(
         "unknown agent flag {key:?}: expected one of resources, nvidia_gpu_devices, attributes"
@@ -237,7 +228,7 @@ pub enum FfiError {
         #[source]
         source: mesos_gpu_isolator::agent_flags::AgentFlagsError,
     },
-    /// `prepare` or `mgpu_docker_args` retried after `MGPU_BUFFER_TOO_SMALL` with other input.
+    /// `prepare` retried after `MGPU_BUFFER_TOO_SMALL` with other input.
     #[error(
         "{call} of container {container} was retried with a different request; retry a call that \
          answered MGPU_BUFFER_TOO_SMALL with the same bytes"
@@ -315,8 +306,7 @@ impl FfiError {
                 MgpuStatus::MgpuInternal
             }
             FfiError::Lifecycle(e) => lifecycle_status(e),
-            FfiError::DockerArgs { .. }
-            | FfiError::AgentFlags { .. }
+            FfiError::AgentFlags { .. }
             | FfiError::MigResource { .. }
             | FfiError::MigCount { .. }
             | FfiError::HookContainerName { .. }

@@ -70,10 +70,6 @@ fn main() -> ExitCode {
         many_threads_never_share_a_gpu,
     );
     add(
-        "docker_and_mesos_share_the_pool",
-        docker_and_mesos_share_the_pool,
-    );
-    add(
         "watch_times_out_and_ends_at_cleanup",
         watch_times_out_and_ends_at_cleanup,
     );
@@ -479,60 +475,6 @@ fn null_pointers_everywhere(f: &Fixture) -> TestResult {
             (
                 "handle",
                 Box::new(|e, ec| mesos_gpu::mgpu_cleanup(noh, id.as_ptr(), id.len(), e, ec)),
-            ),
-            (
-                "manifest",
-                Box::new(|e, ec| {
-                    mesos_gpu::mgpu_docker_args(
-                        h.0,
-                        id.as_ptr(),
-                        id.len(),
-                        1.0,
-                        std::ptr::null(),
-                        3,
-                        b,
-                        c,
-                        l,
-                        e,
-                        ec,
-                    )
-                }),
-            ),
-            (
-                "buf",
-                Box::new(|e, ec| {
-                    mesos_gpu::mgpu_docker_args(
-                        h.0,
-                        id.as_ptr(),
-                        id.len(),
-                        1.0,
-                        std::ptr::null(),
-                        0,
-                        nul,
-                        c,
-                        l,
-                        e,
-                        ec,
-                    )
-                }),
-            ),
-            (
-                "handle",
-                Box::new(|e, ec| {
-                    mesos_gpu::mgpu_docker_args(
-                        noh,
-                        id.as_ptr(),
-                        id.len(),
-                        1.0,
-                        std::ptr::null(),
-                        0,
-                        b,
-                        c,
-                        l,
-                        e,
-                        ec,
-                    )
-                }),
             ),
             (
                 "id",
@@ -1082,62 +1024,6 @@ fn many_threads_never_share_a_gpu(f: &Fixture) -> TestResult {
     all_free(&h)
 }
 
-fn docker_and_mesos_share_the_pool(f: &Fixture) -> TestResult {
-    let h = Handle::new(&f.params(&[]))?;
-    let d = cid("docker-1").encode_to_vec();
-    // SAFETY: live handle and locals of the lengths given.
-    let mut args = |b: *mut u8, c, l, e, ec| unsafe {
-        // SAFETY: live locals of the given lengths; no manifest.
-        mesos_gpu::mgpu_docker_args(
-            h.0,
-            d.as_ptr(),
-            d.len(),
-            2.0,
-            std::ptr::null(),
-            0,
-            b,
-            c,
-            l,
-            e,
-            ec,
-        )
-    };
-    let q = call_cap(0, &mut args);
-    q.expect(S::MgpuBufferTooSmall, "")?;
-    let bytes = call(&mut args).ok()?;
-    let list: Vec<String> = bytes
-        .split(|&b| b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect();
-    let dev = f.dev.path().display().to_string();
-    let want = [
-        format!("--device={dev}/nvidiactl:/dev/nvidiactl"),
-        format!("--device={dev}/nvidia-uvm:/dev/nvidia-uvm"),
-        format!("--device={dev}/nvidia0:/dev/nvidia0"),
-        format!("--device={dev}/nvidia1:/dev/nvidia1"),
-    ];
-    // Then the grant's variables, naming both GPUs by UUID, as every Docker path sets them.
-    check(list.len() == 6 && list[..4] == want, format!("{list:?}"))?;
-    let visible = list[4].strip_prefix("--env=NVIDIA_VISIBLE_DEVICES=");
-    let cuda = list[5].strip_prefix("--env=CUDA_VISIBLE_DEVICES=");
-    check(
-        visible.is_some_and(|v| v.split(',').filter(|u| u.starts_with("GPU-")).count() == 2)
-            && visible == cuda,
-        format!("{list:?}"),
-    )?;
-    check(bytes.last() == Some(&0), "arguments are NUL-terminated")?;
-    h.prepare(&cid("m"), &config(3.0))
-        .expect(S::MgpuNotEnoughGpus, "")?;
-    call(&mut args).expect(S::MgpuAlreadyPrepared, "already been prepared")?;
-    h.cleanup(&cid("docker-1"))
-        .expect(S::MgpuInvalidState, "belongs to the docker containerizer")?;
-    // SAFETY: as above.
-    call_plain(|e, c| unsafe { mesos_gpu::mgpu_docker_release(h.0, d.as_ptr(), d.len(), e, c) })
-        .ok()?;
-    all_free(&h)
-}
-
 fn watch_times_out_and_ends_at_cleanup(f: &Fixture) -> TestResult {
     let h = Arc::new(Handle::new(&f.params(&[]))?);
     let c1 = cid("c1");
@@ -1277,8 +1163,8 @@ fn prepare_of<'a>(
 }
 
 /// Many containers through every call that records something per container (prepare, with a
-/// retry after a short buffer and without one; watch; usage; status; Docker reservations;
-/// cleanup and release) leave every table of the module empty again.
+/// retry after a short buffer and without one; watch; usage; status; cleanup) leave every
+/// table of the module empty again.
 fn tables_return_to_idle_after_many_containers(f: &Fixture) -> TestResult {
     const ROUNDS: usize = 60;
     let h = Handle::new(&f.params(&[]))?;
@@ -1308,26 +1194,6 @@ fn tables_return_to_idle_after_many_containers(f: &Fixture) -> TestResult {
         })
         .ok()?;
         h.status(&c).ok()?;
-        // A Docker container, its arguments fetched after a short buffer.
-        let d = cid(&format!("docker-{round}")).encode_to_vec();
-        // SAFETY: live locals of the given lengths; no manifest.
-        let mut args = |b: *mut u8, cap, l, e, ec| unsafe {
-            mesos_gpu::mgpu_docker_args(
-                h.0,
-                d.as_ptr(),
-                d.len(),
-                1.0,
-                std::ptr::null(),
-                0,
-                b,
-                cap,
-                l,
-                e,
-                ec,
-            )
-        };
-        let _ = call_cap(0, &mut args);
-        call(&mut args).ok()?;
         if round == ROUNDS / 2 {
             let live = module_entries(&h)?;
             let containers = live
@@ -1339,15 +1205,9 @@ fn tables_return_to_idle_after_many_containers(f: &Fixture) -> TestResult {
                 format!("one container live: {live:?}"),
             )?;
         }
-        // SAFETY: as above.
-        call_plain(|e, cap| unsafe {
-            mesos_gpu::mgpu_docker_release(h.0, d.as_ptr(), d.len(), e, cap)
-        })
-        .ok()?;
         h.cleanup(&c).ok()?;
     }
-    // A prepare whose answer was never fetched, and a Docker reservation whose arguments were
-    // not: cleanup and release forget them.
+    // A prepare whose answer was never fetched: cleanup forgets it.
     let c = cid("abandoned");
     let id = c.encode_to_vec();
     let cfg = config(1.0);

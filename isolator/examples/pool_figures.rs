@@ -111,7 +111,7 @@ fn child(index: u64, dir: &Path, length: Duration) -> Result<()> {
         let id = ContainerId::new(format!("c{index}-{n}"))?;
         n += 1;
         let start = Instant::now();
-        match isolator.reserve_docker(&id, want as f64) {
+        match reserve(&isolator, &id, want as f64) {
             Ok(gpus) => {
                 latencies.push(start.elapsed().as_micros());
                 allocs += 1;
@@ -142,4 +142,23 @@ fn child(index: u64, dir: &Path, length: Duration) -> Result<()> {
     let lat: Vec<String> = latencies.iter().map(ToString::to_string).collect();
     println!("{allocs} {refused} {doubles} {}", lat.join(" "));
     Ok(())
+}
+
+/// Reserves `gpus` GPUs for Docker container `id` through [`DockerGuard`], as every entry point
+/// does, and keeps them.
+fn reserve(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve(
+        iso,
+        id,
+        gpus,
+        mesos_gpu_isolator::lifecycle::DockerStart::default(),
+    )
+    .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
 }

@@ -702,7 +702,7 @@ fn docker_shares_the_pool(version: CgroupVersion) -> TestResult {
     let d = id("docker-1");
     let docker_minors: Vec<u32> = {
         let iso = isolator(&setup, &node)?;
-        let got = iso.reserve_docker(&d, 4.0)?;
+        let got = reserve(&iso, &d, 4.0)?;
         check(!iso.cgroup_path(&d).exists(), "no cgroup for Docker")?;
         let mesos = iso.prepare(&id("mesos-1"), gpus(4.0))?;
         check(mesos.gpus.iter().all(|g| !got.contains(g)), "one pool")?;
@@ -762,4 +762,23 @@ fn docker_reservation_rolls_back_unless_kept(version: CgroupVersion) -> TestResu
     )?;
     shared.release_docker(&d)?;
     all_free(&shared, &node)
+}
+
+/// Reserves `gpus` GPUs for Docker container `id` through [`DockerGuard`], as every entry point
+/// does, and keeps them.
+fn reserve(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve(
+        iso,
+        id,
+        gpus,
+        mesos_gpu_isolator::lifecycle::DockerStart::default(),
+    )
+    .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
 }

@@ -116,7 +116,7 @@ fn stray_cgroup(version: CgroupVersion) -> TestResult {
         &node,
     );
     let result = docker.and_then(|docker| {
-        let gpus = docker.reserve_docker(&ContainerId::new("d1")?, 8.0)?;
+        let gpus = reserve(&docker, &ContainerId::new("d1")?, 8.0)?;
         check(gpus.len() == 8, format!("got {} GPUs", gpus.len()))?;
         docker.release_docker(&ContainerId::new("d1")?)?;
         // The agent adopts an unrecorded cgroup, but not one another publisher records.
@@ -297,7 +297,8 @@ fn docker_starter_then_daemon() -> TestResult {
     let mut agent = Command::new("sleep").arg("100").spawn()?;
     let started = ContainerId::new("3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11")?;
     let docker = open()?;
-    docker.reserve_docker_started(
+    reserve_started(
+        &docker,
         &started,
         8.0,
         DockerStart {
@@ -338,7 +339,7 @@ fn docker_starter_then_daemon() -> TestResult {
     check(state_of(started.as_str())?.is_none(), "resurrected")?;
     // The wrapper claims a new reservation; once it is gone the daemon decides.
     let running = ContainerId::new("0d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f12")?;
-    docker.reserve_docker_started(&running, 8.0, DockerStart::default())?;
+    reserve_started(&docker, &running, 8.0, DockerStart::default())?;
     let mut wrapper = Command::new("sleep").arg("100").spawn()?;
     let claimed = docker.claim_docker(
         &running,
@@ -383,10 +384,7 @@ fn docker_starter_then_daemon() -> TestResult {
     // All 8 GPUs are free again for the publisher.
     let docker = open()?;
     let again = ContainerId::new("1d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f13")?;
-    check(
-        docker.reserve_docker(&again, 8.0)?.len() == 8,
-        "8 GPUs not free",
-    )?;
+    check(reserve(&docker, &again, 8.0)?.len() == 8, "8 GPUs not free")?;
     docker.release_docker(&again)?;
     Ok(())
 }
@@ -426,7 +424,7 @@ fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
     let (full, _) = open(&node.inventory)?;
     let mut held = std::collections::BTreeMap::new();
     for (id, n) in [(&d1, 2.0), (&d2, 3.0), (&d3, 2.0)] {
-        let gpus = full.reserve_docker(id, n)?;
+        let gpus = reserve(&full, id, n)?;
         held.insert(id.clone(), gpus.iter().map(|g| g.index).collect::<Vec<_>>());
     }
     drop(full);
@@ -450,9 +448,7 @@ fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
         files()? == written,
         "a publisher that sees no GPU rewrote its records",
     )?;
-    let err = iso
-        .reserve_docker(&ContainerId::new("d4")?, 1.0)
-        .unwrap_err();
+    let err = reserve(&iso, &ContainerId::new("d4")?, 1.0).unwrap_err();
     check(
         err.to_string()
             == "cannot reserve GPUs for container d4: this process sees no GPU (NVIDIA driver not found: libnvidia-ml.so.1: cannot open): granting no GPU",
@@ -514,14 +510,12 @@ fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
         .collect();
     let free_seen = (0..4).filter(|i| !taken.contains(i)).count();
     let d5 = ContainerId::new("d5")?;
-    let got = iso.reserve_docker(&d5, free_seen as f64)?;
+    let got = reserve(&iso, &d5, free_seen as f64)?;
     check(
         got.iter().all(|g| g.index < 4 && !taken.contains(&g.index)),
         format!("granted {got:?}; held {taken:?}"),
     )?;
-    let err = iso
-        .reserve_docker(&ContainerId::new("d6")?, 1.0)
-        .unwrap_err();
+    let err = reserve(&iso, &ContainerId::new("d6")?, 1.0).unwrap_err();
     check(err.is_not_enough(), format!("{err}"))?;
     iso.release_docker(&d5)?;
     drop(iso);
@@ -541,7 +535,7 @@ fn records_kept_by_a_publisher_that_cannot_map_them() -> TestResult {
         report.unchecked.is_some() == on_01,
         format!("{:?}", report.unchecked),
     )?;
-    let got = iso.reserve_docker(&ContainerId::new("d7")?, 1.0);
+    let got = reserve(&iso, &ContainerId::new("d7")?, 1.0);
     if let Ok(got) = &got {
         check(
             got.iter().all(|g| g.index > 1 || !on_01),
@@ -660,7 +654,7 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
         &node,
     )?;
     let d1 = ContainerId::new("d1")?;
-    let err = docker.reserve_docker(&d1, 1.0).unwrap_err();
+    let err = reserve(&docker, &d1, 1.0).unwrap_err();
     check(
         err.is_not_enough()
             && err
@@ -682,8 +676,7 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
     // The unreadable owner ends: every GPU but the named ones is granted, those never.
     unreadable.kill()?;
     unreadable.wait()?;
-    let got: Vec<u32> = docker
-        .reserve_docker(&d1, 6.0)?
+    let got: Vec<u32> = reserve(&docker, &d1, 6.0)?
         .iter()
         .map(|g| g.minor)
         .collect();
@@ -695,9 +688,7 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
         file()?["reservations"]["unreadable"].is_null(),
         format!("a gone owner's record stays: {}", file()?),
     )?;
-    let err = docker
-        .reserve_docker(&ContainerId::new("d2")?, 1.0)
-        .unwrap_err();
+    let err = reserve(&docker, &ContainerId::new("d2")?, 1.0).unwrap_err();
     check(err.is_not_enough(), format!("{err}"))?;
     docker.release_docker(&d1)?;
 
@@ -706,7 +697,7 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
     in_cgroup.wait()?;
     let d3 = ContainerId::new("d3")?;
     check(
-        docker.reserve_docker(&d3, 8.0)?.len() == 8,
+        reserve(&docker, &d3, 8.0)?.len() == 8,
         "the named GPUs did not come back with their owner",
     )?;
     docker.release_docker(&d3)?;
@@ -717,4 +708,36 @@ fn records_without_a_uuid_repaired_on_evidence() -> TestResult {
         format!("records left: {}", file()?),
     )?;
     Ok(())
+}
+
+/// Reserves `gpus` GPUs for Docker container `id` through [`DockerGuard`], as every entry point
+/// does, and keeps them.
+fn reserve(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    reserve_started(
+        iso,
+        id,
+        gpus,
+        mesos_gpu_isolator::lifecycle::DockerStart::default(),
+    )
+}
+
+/// [`reserve`], recording `start` (the daemon and the starting process) in the owner.
+fn reserve_started(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+    start: mesos_gpu_isolator::lifecycle::DockerStart,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve(iso, id, gpus, start)
+        .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
 }

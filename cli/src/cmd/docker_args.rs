@@ -4,9 +4,13 @@
 //! The GPUs come from the node's one pool (`--pool-dir`, shared with the agent's module,
 //! `exec`, `run` and `serve`); the Docker containers' own record is checkpointed in
 //! `--docker-state-dir` (default [`super::DEFAULT_DOCKER_STATE_DIR`], see [`super::docker_pool`]).
-//! What the container gets is its grant, rendered as every Docker path renders one
-//! ([`LaunchPlan`]): device nodes, the driver volume for images that ask for it, the devices'
-//! variables, a share's and, with `--numa-pinning`, a cpuset.
+//! What the container gets is its grant as a [`DockerLaunch`], rendered for the image as every
+//! Docker path renders one ([`DockerLaunch::render`]): device nodes, the devices' variables, a
+//! share's and, with `--numa-pinning`, a cpuset; the driver volume (and `PATH` and
+//! `LD_LIBRARY_PATH` from the image's own) for images that ask for it. Without `--image` the
+//! image is not known: the driver volume and the variables are given, as nvidia-docker 1.0's
+//! `/docker/cli` did, and no `PATH`, which would replace the image's. `--json` prints the
+//! launch itself, for `docker-wrapper` to render once the image is pulled.
 //!
 //! The arguments start with `--name=mesos-<ID>`: the reservation records that name, the daemon
 //! (`--docker-socket`) and the process that starts the container (`--starter-pid`, default the
@@ -18,9 +22,8 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use mesos_gpu_docker::args::{ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL};
-use mesos_gpu_docker::bridge::DockerBridge;
-use mesos_gpu_docker::client::DockerClient;
+use mesos_gpu_docker::args::{DockerLaunch, LaunchPlan};
+use mesos_gpu_docker::client::{DockerClient, docker_name};
 use mesos_gpu_isolator::agent_flags::{MIG_RESOURCE_PREFIX, MigOffer, MigStrategy};
 use mesos_gpu_isolator::lifecycle::{
     ContainerId, DockerGuard, DockerStart, MigConfig, PrepareConfig,
@@ -40,8 +43,11 @@ use crate::ctx::Ctx;
                   and `mesos-gpu run` draw from; the reservation is recorded in \
                   --docker-state-dir) and print the \
                   `docker run` arguments that give them to a container: --name=mesos-<ID>, the \
-                  device nodes, and for images that ask for it the driver volume at \
-                  /usr/local/nvidia plus NVIDIA_VISIBLE_DEVICES. The GPUs stay reserved until \
+                  device nodes and NVIDIA_VISIBLE_DEVICES, and for images that ask for it the \
+                  driver volume at /usr/local/nvidia (without --image: the volume, and no \
+                  PATH, so the image's own is kept). With --json, the reservation as a \
+                  versioned JSON object (what docker-wrapper reads from MESOS_GPU_DOCKER_ARGS \
+                  and renders for the pulled image). The GPUs stay reserved until \
                   `--release ID`, or until the process that asked for them (--starter-pid) has \
                   ended and the daemon (--docker-socket) has no running container mesos-<ID>.",
     after_help = "Examples:\n  \
@@ -88,7 +94,8 @@ pub(crate) struct Args {
     container_id: Option<ContainerId>,
 
     /// Image to inspect (labels, env, CUDA version) through the Docker daemon. Without it the
-    /// image is taken to ask for the driver volume, as nvidia-docker's /docker/cli assumed.
+    /// driver volume is given, as nvidia-docker's /docker/cli gave it to any image, and no
+    /// PATH or LD_LIBRARY_PATH (the image's own are kept).
     #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
 
@@ -98,9 +105,9 @@ pub(crate) struct Args {
     #[command(flatten)]
     reservations: super::DockerPoolArgs,
 
-    /// With --image: an image the daemon does not have yet is taken to ask for the driver
-    /// volume instead of being an error (the agent's hook reserves before the agent pulls the
-    /// image; `docker-wrapper` checks the image again at `docker run`).
+    /// With --image: an image the daemon does not have yet is taken as not known (as without
+    /// --image) instead of being an error (the agent's hook reserves before the agent pulls the
+    /// image; `docker-wrapper` renders the --json launch for it at `docker run`).
     #[arg(long, requires = "image")]
     unpulled_image_ok: bool,
 
@@ -130,7 +137,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "PROFILE:N", value_parser = parse_mig)]
     mig: Vec<(MigProfile, u32)>,
 
-    /// Print a JSON array of arguments instead of one line.
+    /// Print the reservation as a JSON object instead of one line of arguments: {"version":1,
+    /// "name":"mesos-<ID>", "devices", "env", "binds", "cpuset", "driver"}, the launch
+    /// `docker-wrapper` renders for the image (the agent's hook passes it in
+    /// MESOS_GPU_DOCKER_ARGS).
     #[arg(long)]
     json: bool,
 }
@@ -228,8 +238,8 @@ fn mig_request(
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     if let Some(id) = &args.release {
         // Releasing a container's own reservation needs no GPU seen: no NVML is loaded.
-        let pool = open_records(ctx, &args.reservations, "docker-args --release")?;
-        if !pool.holds_docker(id)? {
+        let records = open_records(ctx, &args.reservations, "docker-args --release")?;
+        if !records.holds_docker(id)? {
             // Not an error: the hook releases every Docker container at its end, GPUs or not.
             eprintln!(
                 "docker-args: container {id} holds no GPUs in the Docker record in {} (nothing released)",
@@ -238,9 +248,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         let kept = if args.force {
-            pool.release_docker(id).map(|()| None)
+            records.release_docker(id).map(|()| None)
         } else {
-            pool.release_docker_if_gone(id)
+            records.release_docker_if_gone(id)
         };
         if let Some(why) = kept.with_context(|| format!("cannot release the GPUs of {id}"))? {
             anyhow::bail!("the GPUs of {id} stay reserved: {why} (--force releases them anyway)");
@@ -260,10 +270,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Some(id) => id.clone(),
         None => new_container_id()?,
     };
-    let assumed = || ImageInfo {
-        labels: [(VOLUMES_NEEDED_LABEL.to_owned(), "nvidia_driver".to_owned())].into(),
-        env: Vec::new(),
-    };
+    // `None`: the image is not known (not named, or not pulled yet).
     let image = match &args.image {
         Some(name) => {
             let runtime =
@@ -273,19 +280,20 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 client.image_info(name).await
             });
             match found {
-                Ok(info) => info,
+                Ok(info) => Some(info),
                 Err(e) if args.unpulled_image_ok && e.is_not_found() => {
-                    tracing::info!(image = %name, "the image is not pulled yet; docker-wrapper checks it at docker run");
-                    assumed()
+                    tracing::info!(image = %name, "the image is not pulled yet; docker-wrapper renders for it at docker run");
+                    None
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        None => assumed(),
+        None => None,
     };
-    let driver = driver_spec(ctx, &args.volume, image.wants_driver())?;
+    let wants_driver = image.as_ref().is_none_or(|i| i.wants_driver());
+    let driver = driver_spec(ctx, &args.volume, wants_driver)?;
     // Everything but the devices is checked before anything is reserved.
-    LaunchPlan::check_image(&image, driver.as_ref())?;
+    LaunchPlan::check_image(image.as_ref(), driver.as_ref())?;
     let starter_pid = args
         .starter_pid
         .unwrap_or_else(std::os::unix::process::parent_id);
@@ -302,31 +310,30 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         strategy: args.mig_strategy,
         ..MigConfig::default()
     };
-    let pool = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
+    let records = open_pool_sharing(ctx, &args.reservations, args.sharing.config(ctx)?, mig)?;
     let request = PrepareConfig {
         gpus: f64::from(gpus),
         mig: mig_request(ctx.inventory()?, &args.mig)?,
         ..PrepareConfig::default()
     };
-    let reservation = DockerGuard::reserve_request(&pool, &id, &request, start)?;
+    let reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;
     let pinning = if args.numa.numa_pinning {
         crate::numa::docker_pinning(ctx, &reservation.grant().local_gpus(), args.numa.cpus)?
     } else {
         None
     };
     let grant = reservation.grant().clone().pinned(pinning);
-    let plan = LaunchPlan::new(&grant, &image, driver.as_ref())?;
+    let name = docker_name(&id);
+    let launch = DockerLaunch::new(&grant, driver.as_ref())?.named(name.clone());
+    // Rendered here too, so that what the image refuses is refused before the GPUs are kept.
+    let plan = launch.render(image.as_ref())?;
     reservation.keep();
-    drop(pool);
-    let mut line = vec![format!("--name={}", DockerBridge::docker_name(&id))];
-    line.extend(plan.cli_args());
-    // The driver seen here, for `docker-wrapper`'s CUDA check (it loads no NVML).
-    if let Some(driver) = &driver {
-        line.extend(super::docker_wrapper::driver_labels(&driver.info));
-    }
+    drop(records);
     let text = if args.json {
-        serde_json::to_string(&line)?
+        serde_json::to_string(&launch)?
     } else {
+        let mut line = vec![format!("--name={name}")];
+        line.extend(plan.cli_args());
         line.join(" ")
     };
     let mut out = std::io::stdout().lock();

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use mesos_gpu_docker::args::{DEFAULT_PLUGIN_NAME, DriverSpec, VolumeSource};
-use mesos_gpu_docker::bridge::DockerBridge;
-use mesos_gpu_docker::client::mesos_container_id;
+use mesos_gpu_docker::client::{docker_name, mesos_container_id};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_isolator::agent_flags::MigStrategy;
 use mesos_gpu_isolator::lifecycle::{
@@ -26,6 +25,11 @@ use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
 
+/// The Docker containers' reservations: the isolator of `--docker-state-dir` on the node's pool,
+/// on which only the Docker calls are made (reserve through `DockerGuard`, claim, release). A
+/// name, not a new type: `DockerBridge` takes the isolator itself.
+pub(crate) type DockerRecords = Isolator;
+
 /// The default Docker daemon socket.
 pub(crate) const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// How long a call waits for another user of the work directory to finish.
@@ -36,7 +40,7 @@ const UUID_SOURCE: &str = "/proc/sys/kernel/random/uuid";
 /// Opens the Docker containers' reservations in `--docker-state-dir` on the node's pool and
 /// recovers them from their checkpoint, waiting up to [`LOCK_WAIT`] while another process holds
 /// the directory. Drop it to let others in.
-pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<Isolator> {
+pub(crate) fn open_pool(ctx: &Ctx, args: &super::DockerPoolArgs) -> anyhow::Result<DockerRecords> {
     // `gpus` are whole GPUs here (`run`, `serve`): the mixed strategy never turns them into MIG
     // devices.
     open_pool_sharing(ctx, args, None, whole_gpus())
@@ -57,7 +61,7 @@ pub(crate) fn open_pool_sharing(
     args: &super::DockerPoolArgs,
     sharing: Option<SharingConfig>,
     mut mig: MigConfig,
-) -> anyhow::Result<Isolator> {
+) -> anyhow::Result<DockerRecords> {
     mig.dev_root = ctx
         .dev_root()
         .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
@@ -79,7 +83,7 @@ pub(crate) fn open_records(
     ctx: &Ctx,
     args: &super::DockerPoolArgs,
     what: &str,
-) -> anyhow::Result<Isolator> {
+) -> anyhow::Result<DockerRecords> {
     let inventory = Inventory {
         absent_reason: Some(format!("{what} loads no NVML")),
         ..Inventory::default()
@@ -107,7 +111,7 @@ fn open_on(
     mig: MigConfig,
     inventory: Inventory,
     nodes: DeviceNodes,
-) -> anyhow::Result<(Isolator, RecoveryReport)> {
+) -> anyhow::Result<(DockerRecords, RecoveryReport)> {
     let deadline = Instant::now() + LOCK_WAIT;
     let mut isolator = loop {
         let mut config = IsolatorConfig::new(work_dir);
@@ -151,7 +155,7 @@ pub(crate) fn new_container_id() -> anyhow::Result<ContainerId> {
 pub(crate) fn container_id(id: &str) -> anyhow::Result<ContainerId> {
     let parsed = ContainerId::new(id)?;
     anyhow::ensure!(
-        mesos_container_id(&DockerBridge::docker_name(&parsed)).is_some(),
+        mesos_container_id(&docker_name(&parsed)).is_some(),
         "container id {id:?}: expected a UUID such as 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11"
     );
     Ok(parsed)

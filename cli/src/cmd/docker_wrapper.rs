@@ -3,20 +3,24 @@
 //!
 //! The agent and `mesos-docker-executor` run `<docker> -H <socket> <command> …`. Every command
 //! is passed to the real `docker` unchanged, except a `docker run` whose environment holds
-//! `MESOS_GPU_DOCKER_ARGS` (a JSON array of arguments, put there by the agent's hook module
-//! `org_apache_mesos_gpu_MesosGpuDockerHook` after `mesos-gpu docker-args` reserved the task's
-//! GPUs for the container `mesos-<id>`): the variable is removed, its arguments (devices,
-//! driver volume, `NVIDIA_VISIBLE_DEVICES`) are added after `run`, and when `docker run` ends
+//! `MESOS_GPU_DOCKER_ARGS` (the launch `mesos-gpu docker-args --json` printed, a
+//! [`DockerLaunch`], put there by the agent's hook module
+//! `org_apache_mesos_gpu_MesosGpuDockerHook` after `docker-args` reserved the task's GPUs for the
+//! container `mesos-<id>`): the variable is removed, the launch is rendered for the image, now
+//! pulled ([`DockerLaunch::render`]: devices, variables, cpuset, and the driver volume for an
+//! image that asks for it), the arguments are added after `run`, and when `docker run` ends
 //! (the task finished, was killed, or its container died) the container's GPUs go back to the
 //! pool, once the daemon says the container is not running (a `docker run` that lost a live
 //! container, or a daemon that cannot answer, leaves them reserved for `mesos-<id>`).
 //!
 //! It loads no NVML: what it does needs no GPU seen. It claims and releases the reservation by
-//! container id, keeping every record as written ([`super::docker_pool::open_records`]), and
-//! checks an image's CUDA version against the driver `docker-args` saw, which it named in the
-//! container's labels ([`DRIVER_LABEL`], [`DRIVER_CUDA_LABEL`]); an image that needs a CUDA
-//! version when the arguments name no driver is refused (its reservation given back: the
-//! container never ran).
+//! container id, keeping every record as written ([`super::docker_pool::open_records`]); the
+//! launch names the driver `docker-args` saw, for the image's CUDA check. An image the launch
+//! refuses (a CUDA version newer than the driver's) is not started and its reservation is given
+//! back: the container never ran.
+//!
+//! The variable may also hold the format of mesos-gpu 0.1 (see [`legacy`]): a hook older than
+//! this wrapper on a node being upgraded.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
@@ -24,21 +28,17 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::Context as _;
-use mesos_gpu_docker::args::{CudaVersion, check_cuda};
-use mesos_gpu_docker::client::{DockerClient, mesos_container_id};
+use mesos_gpu_docker::args::DockerLaunch;
+use mesos_gpu_docker::client::{DockerClient, docker_name, mesos_container_id};
 use mesos_gpu_isolator::lifecycle::{ContainerId, DockerStart, LifecycleError};
-use mesos_gpu_node::inventory::DriverInfo;
 use mesos_gpu_pool::Host;
 
 use crate::ctx::Ctx;
 
-/// The task environment variable that carries the reserved GPUs' `docker run` arguments.
-pub(crate) const ARGS_VARIABLE: &str = "MESOS_GPU_DOCKER_ARGS";
+mod legacy;
 
-/// The container label `docker-args` gives the NVIDIA driver's version (`550.54.14`).
-pub(crate) const DRIVER_LABEL: &str = "mesos-gpu.driver";
-/// The container label `docker-args` gives the newest CUDA the driver supports (`12.4`).
-pub(crate) const DRIVER_CUDA_LABEL: &str = "mesos-gpu.driver-cuda";
+/// The task environment variable that carries the reserved GPUs' launch.
+pub(crate) const ARGS_VARIABLE: &str = "MESOS_GPU_DOCKER_ARGS";
 
 /// Global `docker` options that take a value in the next argument.
 const GLOBAL_VALUE_OPTIONS: [&str; 7] = [
@@ -95,8 +95,12 @@ const RUN_VALUE_OPTIONS: [&str; 32] = [
                   Every docker command passes through to --docker unchanged, except `docker run` \
                   with MESOS_GPU_DOCKER_ARGS in its environment (set by the agent's hook module \
                   org_apache_mesos_gpu_MesosGpuDockerHook, which reserved the GPUs with \
-                  `mesos-gpu docker-args`): the variable becomes the GPUs' docker run arguments, \
-                  and the GPUs go back to the pool when docker run ends.",
+                  `mesos-gpu docker-args`): the variable holds the launch `docker-args --json` \
+                  printed, rendered here for the image (now pulled) into the GPUs' docker run \
+                  arguments (devices, variables, cpuset, and the driver volume for an image that \
+                  asks for it; an image needing a newer CUDA than the driver is refused and its \
+                  GPUs given back), and the GPUs go back to the pool when docker run ends. The \
+                  JSON array of arguments of mesos-gpu 0.1's docker-args is still read.",
     after_help = "Example: /usr/bin/mesos-gpu-docker (shipped by the package), for\n\
     `mesos-agent --docker=/usr/bin/mesos-gpu-docker`:\n  \
     #!/bin/sh\n  \
@@ -128,8 +132,8 @@ struct GpuRun {
     socket: Option<PathBuf>,
     /// The image to run.
     image: Option<String>,
-    /// The GPUs' arguments (from the variable, without `--name`).
-    gpu_args: Vec<String>,
+    /// The GPUs' launch (from the variable).
+    launch: DockerLaunch,
     /// The docker command line without the variable.
     args: Vec<String>,
     /// Where the GPUs' arguments go in `args` (right after `run`).
@@ -137,16 +141,10 @@ struct GpuRun {
 }
 
 impl GpuRun {
-    /// The command line to run: the GPUs' arguments after `run`, all of them when the image
-    /// asks for the driver (`wants_driver`), else only the devices.
-    fn command_line(&self, wants_driver: bool) -> Vec<String> {
+    /// The command line to run: `gpu_args` (the launch rendered for the image) after `run`.
+    fn command_line(&self, gpu_args: &[String]) -> Vec<String> {
         let mut out = self.args[..self.at].to_vec();
-        out.extend(
-            self.gpu_args
-                .iter()
-                .filter(|a| wants_driver || a.starts_with("--device="))
-                .cloned(),
-        );
+        out.extend_from_slice(gpu_args);
         out.extend_from_slice(&self.args[self.at..]);
         out
     }
@@ -205,17 +203,19 @@ fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
     let id = mesos_container_id(&name)
         .with_context(|| format!("docker run --name {name:?}: expected mesos-<container id>"))?
         .to_owned();
-    let gpu_args: Vec<String> = serde_json::from_str(&json)
-        .with_context(|| format!("{ARGS_VARIABLE}={json:?}: expected a JSON array of strings"))?;
-    let mut injected = Vec::with_capacity(gpu_args.len());
-    for arg in gpu_args {
-        match arg.strip_prefix("--name=") {
-            Some(reserved) if reserved != name => anyhow::bail!(
-                "{ARGS_VARIABLE} holds GPUs reserved for {reserved}, not for the container {name}"
-            ),
-            Some(_) => {}
-            None => injected.push(arg),
-        }
+    let launch = if json.trim_start().starts_with('[') {
+        legacy::launch(&json)?
+    } else {
+        DockerLaunch::parse(&json).with_context(|| format!("{ARGS_VARIABLE}={json:?}"))?
+    };
+    match &launch.name {
+        Some(reserved) if *reserved == name => {}
+        Some(reserved) => anyhow::bail!(
+            "{ARGS_VARIABLE} holds GPUs reserved for {reserved}, not for the container {name}"
+        ),
+        None => anyhow::bail!(
+            "{ARGS_VARIABLE} names no container (expected \"name\":\"{name}\", as `mesos-gpu docker-args --container-id` writes it)"
+        ),
     }
     let image = args
         .get(i)
@@ -229,7 +229,7 @@ fn gpu_run(args: &[String]) -> anyhow::Result<Option<GpuRun>> {
         id,
         socket,
         image,
-        gpu_args: injected,
+        launch,
         args: out,
         at: run_at + 1,
     }))
@@ -254,12 +254,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(super::docker_pool::DEFAULT_DOCKER_SOCKET));
-    let checked = match &found.image {
-        Some(image) => image_wants_driver(&socket, image, &found.gpu_args),
-        None => Ok(true),
-    };
-    let wants_driver = match checked {
-        Ok(wants) => wants,
+    let gpu_args = match render(&socket, &found) {
+        Ok(gpu_args) => gpu_args,
         Err(e) => {
             // The container never runs: its GPUs go back now.
             give_back(ctx, args, &id);
@@ -267,14 +263,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
     };
     claim(ctx, args, &id, &socket)?;
-    let line = found.command_line(wants_driver);
+    let line = found.command_line(&gpu_args);
     tracing::info!(container = %id, args = ?line, "docker run with reserved GPUs");
     let status = Command::new(&args.docker)
         .args(&line)
         .status()
         .with_context(|| format!("cannot run {}", args.docker.display()));
     let status = status?;
-    match container_state(&args.docker, &found) {
+    match container_state(&args.docker, &found, &id) {
         ContainerState::Gone => give_back(ctx, args, &id),
         ContainerState::Running(why) => {
             // `docker run` lost its container (the daemon restarted with live-restore): its
@@ -294,7 +290,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 /// Gives container `id`'s GPUs back to the pool, saying so on stderr when that fails.
 fn give_back(ctx: &Ctx, args: &Args, id: &ContainerId) {
     let released = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")
-        .and_then(|pool| Ok(pool.release_docker(id)?))
+        .and_then(|records| Ok(records.release_docker(id)?))
         .with_context(|| format!("cannot give back the GPUs of {id}"));
     if let Err(e) = released {
         eprintln!("mesos-gpu: error: {e:#}");
@@ -312,8 +308,8 @@ fn claim(ctx: &Ctx, args: &Args, id: &ContainerId, socket: &std::path::Path) -> 
         daemon: Some(mesos_gpu_docker::client::endpoint(socket)),
         starter: Some(me),
     };
-    let pool = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
-    match pool.claim_docker(id, start) {
+    let records = super::docker_pool::open_records(ctx, &args.reservations, "docker-wrapper")?;
+    match records.claim_docker(id, start) {
         Ok(_) => Ok(()),
         Err(LifecycleError::UnknownContainer { .. }) => anyhow::bail!(
             "the GPUs reserved for container mesos-{id} are no longer reserved (the process that reserved them ended before the container started, and the pool gave them back); not starting it"
@@ -331,8 +327,8 @@ enum ContainerState {
 }
 
 /// The state of the container of `run`, asked of the daemon with the same global options.
-fn container_state(docker: &std::path::Path, run: &GpuRun) -> ContainerState {
-    let name = format!("mesos-{}", run.id);
+fn container_state(docker: &std::path::Path, run: &GpuRun, id: &ContainerId) -> ContainerState {
+    let name = docker_name(id);
     let out = Command::new(docker)
         .args(&run.args[..run.at - 1])
         .args([
@@ -361,64 +357,31 @@ fn container_state(docker: &std::path::Path, run: &GpuRun) -> ContainerState {
     }
 }
 
-/// Whether `image` (pulled by now) asks for the driver volume: its labels and environment, read
-/// from the daemon at `socket`. The hook reserves before the agent pulls the image, so this is
-/// decided here; an image that asks for the driver and needs a newer CUDA than the driver's
-/// (named in `gpu_args` by `docker-args`) is refused, as `docker-args --image` refuses it, and so
-/// is one that needs a CUDA version when `gpu_args` name no driver.
-fn image_wants_driver(
-    socket: &std::path::Path,
-    image: &str,
-    gpu_args: &[String],
-) -> anyhow::Result<bool> {
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let info = runtime.block_on(async {
-        let client = DockerClient::connect(socket).await?;
-        client.image_info(image).await
-    })?;
-    let wants = info.wants_driver();
-    if !wants {
-        return Ok(false);
-    }
-    match driver_of(gpu_args) {
-        Some(driver) => check_cuda(&info, &driver).with_context(|| format!("image {image}"))?,
-        None => {
-            if let Some((needed, _)) = info.cuda_requirement()? {
-                anyhow::bail!(
-                    "image {image} needs CUDA {needed}, and {ARGS_VARIABLE} names no NVIDIA driver to check it against (label {DRIVER_CUDA_LABEL}; made by an older `mesos-gpu docker-args`?): not starting it"
-                );
-            }
+/// The `docker run` arguments of `run`'s launch rendered for its image (pulled by now: the hook
+/// reserves before the agent pulls it), read from the daemon at `socket`; refused when the image
+/// cannot run with it (a CUDA version newer than the driver's, or the driver asked for on a node
+/// without one), as `docker-args --image` refuses it.
+fn render(socket: &std::path::Path, run: &GpuRun) -> anyhow::Result<Vec<String>> {
+    let info = match &run.image {
+        Some(image) => {
+            let runtime =
+                tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            let info = runtime.block_on(async {
+                let client = DockerClient::connect(socket).await?;
+                client.image_info(image).await
+            })?;
+            Some(info)
         }
-    }
-    Ok(true)
-}
-
-/// The driver `docker-args` saw, from the labels it gave the container (`--label=KEY=VALUE` in
-/// `gpu_args`); `None` when they name none.
-fn driver_of(gpu_args: &[String]) -> Option<DriverInfo> {
-    let label = |key: &str| {
-        gpu_args.iter().find_map(|a| {
-            a.strip_prefix("--label=")?
-                .strip_prefix(key)?
-                .strip_prefix('=')
-        })
+        None => None,
     };
-    let version = label(DRIVER_LABEL)?;
-    let cuda_version = label(DRIVER_CUDA_LABEL).and_then(|v| CudaVersion::parse(v).ok());
-    Some(DriverInfo {
-        version: version.to_owned(),
-        cuda_version: cuda_version.map(|v| (v.major, v.minor)),
-    })
-}
-
-/// The labels naming `driver` for the wrapper's CUDA check ([`DRIVER_LABEL`],
-/// [`DRIVER_CUDA_LABEL`]), as `docker run` arguments.
-pub(crate) fn driver_labels(driver: &DriverInfo) -> Vec<String> {
-    let mut labels = vec![format!("--label={DRIVER_LABEL}={}", driver.version)];
-    if let Some((major, minor)) = driver.cuda_version {
-        labels.push(format!("--label={DRIVER_CUDA_LABEL}={major}.{minor}"));
-    }
-    labels
+    let plan = run.launch.render(info.as_ref()).with_context(|| {
+        format!(
+            "image {}: not starting container mesos-{}",
+            run.image.as_deref().unwrap_or("(none named)"),
+            run.id
+        )
+    })?;
+    Ok(plan.cli_args())
 }
 
 #[cfg(test)]
@@ -431,11 +394,23 @@ mod tests {
 
     const ID: &str = "3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11";
 
+    /// A launch of one GPU for container `mesos-<ID>`, as `docker-args --json` writes it.
+    fn launch_json() -> String {
+        serde_json::json!({
+            "version": 1,
+            "name": format!("mesos-{ID}"),
+            "devices": [{"host": "/dev/nvidia0", "container": "/dev/nvidia0"}],
+            "env": [["NVIDIA_VISIBLE_DEVICES", "GPU-1"]],
+            "binds": [],
+            "cpuset": {"cpus": "0-1", "mems": "0"},
+            "driver": null
+        })
+        .to_string()
+    }
+
     #[test]
-    fn mesos_run_gets_the_gpu_arguments_after_run() {
-        let value = format!(
-            "{ARGS_VARIABLE}=[\"--name=mesos-{ID}\",\"--device=/dev/nvidia0\",\"--env=NVIDIA_VISIBLE_DEVICES=GPU-1\"]"
-        );
+    fn mesos_run_gets_the_rendered_launch_after_run() {
+        let value = format!("{ARGS_VARIABLE}={}", launch_json());
         let name = format!("mesos-{ID}");
         let args = strings(&[
             "-H",
@@ -471,69 +446,55 @@ mod tests {
             "-e",
             "x",
         ];
-        let gpus = [
-            "--device=/dev/nvidia0",
-            "--env=NVIDIA_VISIBLE_DEVICES=GPU-1",
-        ];
+        // A plain image: no driver needed, and everything the grant holds is given.
+        let gpus = found
+            .launch
+            .render(Some(&mesos_gpu_docker::args::ImageInfo::default()))
+            .expect("rendered")
+            .cli_args();
         assert_eq!(
-            found.command_line(true),
-            strings(&[&head[..], &gpus[..], &tail[..]].concat())
-        );
-        assert_eq!(
-            found.command_line(false),
-            strings(&[&head[..], &gpus[..1], &tail[..]].concat())
-        );
-    }
-
-    #[test]
-    fn other_commands_and_runs_without_gpus_pass_through() {
-        for args in [
-            strings(&["-H", "unix:///s", "inspect", "mesos-x"]),
-            strings(&["--version"]),
+            gpus,
             strings(&[
-                "run",
-                "--name",
-                "mesos-x",
-                "img",
-                "-e",
-                "MESOS_GPU_DOCKER_ARGS=[]",
-            ]),
-        ] {
-            assert_eq!(gpu_run(&args).expect("well-formed"), None, "{args:?}");
-        }
-    }
-
-    #[test]
-    fn the_driver_docker_args_saw_comes_back_from_its_labels() {
-        let driver = DriverInfo {
-            version: "550.54.14".into(),
-            cuda_version: Some((12, 4)),
-        };
-        let mut args = strings(&["--device=/dev/nvidia0", "--env=A=B"]);
-        args.extend(driver_labels(&driver));
-        assert_eq!(
-            args[2..],
-            strings(&[
-                "--label=mesos-gpu.driver=550.54.14",
-                "--label=mesos-gpu.driver-cuda=12.4"
+                "--device=/dev/nvidia0",
+                "--env=NVIDIA_VISIBLE_DEVICES=GPU-1",
+                "--cpuset-cpus=0-1",
+                "--cpuset-mems=0"
             ])
         );
-        assert_eq!(driver_of(&args), Some(driver));
+        let gpus: Vec<&str> = gpus.iter().map(String::as_str).collect();
         assert_eq!(
-            driver_of(&args[..2]),
-            None,
-            "older docker-args name no driver"
+            found.command_line(&strings(&gpus)),
+            strings(&[&head[..], &gpus[..], &tail[..]].concat())
         );
-        let unknown = DriverInfo {
-            version: "550.54.14".into(),
-            cuda_version: None,
-        };
-        assert_eq!(driver_of(&driver_labels(&unknown)), Some(unknown));
+    }
+
+    #[test]
+    fn the_old_array_format_is_still_read() {
+        let value = format!(
+            "{ARGS_VARIABLE}=[\"--name=mesos-{ID}\",\"--device=/dev/nvidia0\",\"--env=NVIDIA_VISIBLE_DEVICES=GPU-1\",\"--label=mesos-gpu.driver=550.54.14\"]"
+        );
+        let name = format!("mesos-{ID}");
+        let args = strings(&["run", "-e", &value, "--name", &name, "img"]);
+        let found = gpu_run(&args).expect("well-formed").expect("GPUs");
+        assert_eq!(found.launch.name.as_deref(), Some(name.as_str()));
+        assert_eq!(found.launch.devices.len(), 1);
+    }
+
+    #[test]
+    fn a_launch_of_another_version_is_refused_naming_it() {
+        let value = format!(
+            "{ARGS_VARIABLE}={}",
+            launch_json().replace("\"version\":1", "\"version\":2")
+        );
+        let name = format!("mesos-{ID}");
+        let args = strings(&["run", "-e", &value, "--name", &name, "img"]);
+        let err = format!("{:#}", gpu_run(&args).expect_err("refused"));
+        assert!(err.contains("version 2"), "{err}");
     }
 
     #[test]
     fn arguments_reserved_for_another_container_are_refused() {
-        let value = format!("{ARGS_VARIABLE}=[\"--name=mesos-{ID}\"]");
+        let value = format!("{ARGS_VARIABLE}={}", launch_json());
         let args = strings(&[
             "run",
             "-e",

@@ -109,8 +109,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let driver = driver_spec(ctx, &args.volume, image.wants_driver())?;
         // Reserve and create with the pool open; it is closed again while the container runs.
         let container = {
-            let pool = Arc::new(open_pool(ctx, &args.reservations)?);
-            let bridge = DockerBridge::new(pool, client.clone(), driver, gpus);
+            let records = Arc::new(open_pool(ctx, &args.reservations)?);
+            let bridge = DockerBridge::new(records, client.clone(), driver, gpus);
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)
                 .await?
@@ -178,8 +178,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 /// Gives the container's GPUs back, by its id: no NVML is needed for that.
 fn release(ctx: &Ctx, args: &Args, id: &ContainerId) -> anyhow::Result<()> {
-    let pool = open_records(ctx, &args.reservations, "mesos-gpu run's release")?;
-    pool.release_docker(id).with_context(|| {
+    let records = open_records(ctx, &args.reservations, "mesos-gpu run's release")?;
+    records.release_docker(id).with_context(|| {
         format!("cannot release the GPUs of {id}; `mesos-gpu docker-args --release {id}` retries")
     })
 }

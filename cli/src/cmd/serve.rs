@@ -263,8 +263,8 @@ async fn recover_docker_records(ctx: &Ctx, args: &Args) {
             return;
         }
     };
-    let pool = match open_pool(ctx, &args.reservations) {
-        Ok(pool) => pool,
+    let records = match open_pool(ctx, &args.reservations) {
+        Ok(records) => records,
         Err(e) if is_locked(&e) => {
             tracing::warn!(pool_dir = %args.reservations.pool.pool_dir.display(), "the GPU pool is held by another process (the agent's isolator recovers its own Docker containers); not recovered here");
             return;
@@ -281,7 +281,7 @@ async fn recover_docker_records(ctx: &Ctx, args: &Args) {
             return;
         }
     };
-    let bridge = DockerBridge::new(Arc::new(pool), client, None, gpus);
+    let bridge = DockerBridge::new(Arc::new(records), client, None, gpus);
     match bridge.recover().await {
         Ok(found) => {
             for c in &found.running {

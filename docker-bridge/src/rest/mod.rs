@@ -10,7 +10,8 @@
 //! With [`RestApi::with_metrics`], `/metrics` answers the Prometheus metrics as well.
 //!
 //! `/docker/cli` renders what it selects as every Docker path of mesos-gpu does
-//! ([`crate::args::LaunchPlan`] over a [`Grant`]): the devices' nodes and their variables, which
+//! ([`crate::args::DockerLaunch::render`] of a [`Grant`], for an image not known): the devices'
+//! nodes, the driver volume and the devices' variables (no `PATH`: the image's is kept), which
 //! also name MIG devices (`dev=MIG-…`, a UUID prefix). It reserves nothing, so it gives no share
 //! of a GPU and pins nothing: a query asking for either (`gpu_replicas=`, `numa_pinning=`,
 //! `cpus=`) is refused with the reason, as is a GPU in MIG mode (its MIG devices are named
@@ -43,7 +44,7 @@ use mesos_gpu_grant::{Grant, MigAccess};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Gpu;
 
-use crate::args::{ImageInfo, LaunchPlan, VolumeMount, VolumeSource};
+use crate::args::{DockerLaunch, DriverSpec, VolumeMount, VolumeSource};
 use crate::metrics::Metrics;
 
 /// The default REST listen address of nvidia-docker-plugin.
@@ -252,9 +253,19 @@ impl RestApi {
         let gpus = selected.gpus.into_iter().cloned().collect();
         let grant = Grant::new(&self.devices.nodes, &[], gpus, mig, None)
             .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let plan = LaunchPlan::new(&grant, &ImageInfo::default(), None).map_err(internal)?;
-        let volume = VolumeMount::new(&self.volume, &driver.version).map_err(internal)?;
-        if let VolumeMount::Bind { host_path } = &volume
+        let spec = DriverSpec {
+            info: driver.clone(),
+            volume: self.volume.clone(),
+        };
+        // The image is not known: the driver volume and the variables, no PATH.
+        let plan = DockerLaunch::new(&grant, Some(&spec))
+            .and_then(|launch| launch.render(None))
+            .map_err(internal)?;
+        let volume = plan
+            .volume
+            .as_ref()
+            .ok_or_else(|| internal(crate::args::ArgsError::NoDriver))?;
+        if let VolumeMount::Bind { host_path } = volume
             && !host_path.is_dir()
         {
             return Err((

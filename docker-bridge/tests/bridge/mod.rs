@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use mesos_gpu_docker::bridge::{BridgedContainer, DockerBridge};
+use mesos_gpu_docker::client::docker_name;
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
     lifecycle::IsolatorConfig, lifecycle::PrepareConfig,
@@ -105,7 +106,7 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
         .map(|_| {
             let (isolator, start) = (Arc::clone(&isolator), Arc::clone(&start));
             let id = uuid();
-            fx.cleanup.container(&DockerBridge::docker_name(&id));
+            fx.cleanup.container(&docker_name(&id));
             let image = fx.plain.clone();
             let driver = fx.driver((12, 4));
             let gpus = fx.inventory.gpus.clone();
@@ -138,7 +139,7 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
         let bridge = bridge(fx, &isolator).await?;
         // Every GPU is taken: a third request is refused, and leaves no container behind.
         let third = uuid();
-        fx.cleanup.container(&DockerBridge::docker_name(&third));
+        fx.cleanup.container(&docker_name(&third));
         let err = bridge
             .launch(&third, 1.0, &fx.plain, &[])
             .await
@@ -151,7 +152,7 @@ pub(crate) fn concurrent_launches_never_share_a_gpu(fx: &Fixture) -> TestResult 
             return Err(format!("unclear refusal: {text}").into());
         }
         let leftover = Command::new("docker")
-            .args(["inspect", &DockerBridge::docker_name(&third)])
+            .args(["inspect", &docker_name(&third)])
             .output()
             .map_err(fail)?;
         if leftover.status.success() {
@@ -208,7 +209,7 @@ pub(crate) fn mesos_and_docker_containers_share_one_pool(fx: &Fixture) -> TestRe
     let result: TestResult = rt()?.block_on(async {
         let bridge = bridge(fx, &isolator).await?;
         let id = uuid();
-        fx.cleanup.container(&DockerBridge::docker_name(&id));
+        fx.cleanup.container(&docker_name(&id));
         // The Docker container must get exactly the GPUs Mesos did not, and be denied Mesos's.
         let absent: Vec<u32> = mesos_minors.iter().copied().collect();
         let cmd = [
@@ -281,7 +282,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
             let bridge = bridge(fx, &isolator).await?;
             let (a, b) = (uuid(), uuid());
             for id in [&a, &b] {
-                fx.cleanup.container(&DockerBridge::docker_name(id));
+                fx.cleanup.container(&docker_name(id));
             }
             let kept = bridge
                 .launch(&a, 1.0, &fx.plain, &sleep)
@@ -307,7 +308,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         .filter(|m| !taken.contains(m))
         .collect();
     let stranger = uuid();
-    let stranger_name = DockerBridge::docker_name(&stranger);
+    let stranger_name = docker_name(&stranger);
     fx.cleanup.container(&stranger_name);
     rt.block_on(async {
         let client = DockerClient::connect(Path::new(SOCKET))
@@ -367,7 +368,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         // Not double-booked: three GPUs are more than are free; two are exactly the dead one's.
         let (big, next) = (uuid(), uuid());
         for id in [&big, &next] {
-            fx.cleanup.container(&DockerBridge::docker_name(id));
+            fx.cleanup.container(&docker_name(id));
         }
         let err = bridge
             .launch(&big, 3.0, &fx.plain, &[])
@@ -412,7 +413,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     let pool_dir = work.path().join("pool");
     let rt = rt()?;
     let owner = uuid();
-    let name = DockerBridge::docker_name(&owner);
+    let name = docker_name(&owner);
     fx.cleanup.container(&name);
     let held = [1u32, 3];
     rt.block_on(async {
@@ -462,8 +463,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     isolator.recover(&[], &[]).map_err(fail)?;
 
     let mine = uuid();
-    let got: BTreeSet<u32> = isolator
-        .reserve_docker(&mine, 2.0)
+    let got: BTreeSet<u32> = reserve(&isolator, &mine, 2.0)
         .map_err(fail)?
         .iter()
         .map(|g| g.minor)
@@ -471,9 +471,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     if got != BTreeSet::from([0, 2]) {
         return Err(format!("granted minors {got:?} beside a container holding {held:?}").into());
     }
-    let err = isolator
-        .reserve_docker(&uuid(), 1.0)
-        .expect_err("every GPU is held");
+    let err = reserve(&isolator, &uuid(), 1.0).expect_err("every GPU is held");
     if !err.is_not_enough() {
         return Err(format!("unexpected refusal: {}", error_chain(&err)).into());
     }
@@ -494,10 +492,29 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
     }
     isolator.release_docker(&mine).map_err(fail)?;
     run(Command::new("docker").args(["rm", "-f", &name]))?;
-    let all = isolator.reserve_docker(&mine, 4.0).map_err(fail)?;
+    let all = reserve(&isolator, &mine, 4.0).map_err(fail)?;
     isolator.release_docker(&mine).map_err(fail)?;
     if all.len() != 4 {
         return Err(format!("the container's GPUs did not come back: {all:?}").into());
     }
     Ok(())
+}
+
+/// Reserves `gpus` GPUs for Docker container `id` through [`DockerGuard`], as every entry point
+/// does, and keeps them.
+fn reserve(
+    iso: &mesos_gpu_isolator::lifecycle::Isolator,
+    id: &mesos_gpu_isolator::lifecycle::ContainerId,
+    gpus: f64,
+) -> std::result::Result<
+    Vec<mesos_gpu_node::inventory::Gpu>,
+    mesos_gpu_isolator::lifecycle::LifecycleError,
+> {
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve(
+        iso,
+        id,
+        gpus,
+        mesos_gpu_isolator::lifecycle::DockerStart::default(),
+    )
+    .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
 }

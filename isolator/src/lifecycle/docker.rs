@@ -130,32 +130,9 @@ impl Isolator {
         }
     }
 
-    /// Reserves GPUs for a Docker containerizer container from the same pool (Docker applies
-    /// the devices itself, so no cgroup is made), with no daemon or starter recorded.
-    pub fn reserve_docker(&self, id: &ContainerId, gpus: f64) -> Result<Vec<Gpu>, LifecycleError> {
-        self.reserve_docker_started(id, gpus, DockerStart::default())
-    }
-
-    /// Reserves GPUs for Docker container `id`, recording the daemon that will run it and the
-    /// process that starts it.
-    pub fn reserve_docker_started(
-        &self,
-        id: &ContainerId,
-        gpus: f64,
-        start: DockerStart,
-    ) -> Result<Vec<Gpu>, LifecycleError> {
-        let request = super::PrepareConfig {
-            gpus,
-            ..super::PrepareConfig::default()
-        };
-        Ok(self
-            .reserve_docker_units(id, &request, start)?
-            .gpus()
-            .to_vec())
-    }
-
     /// Reserves what `request` asks for Docker container `id`: whole GPUs, a share of one GPU
-    /// on a sharing node or MIG devices, as [`Isolator::prepare`] decides.
+    /// on a sharing node or MIG devices, as [`Isolator::prepare`] decides. Only through
+    /// [`DockerGuard`], which gives them back unless the launch keeps them.
     #[tracing::instrument(skip_all, fields(container = %id, requested = request.gpus, daemon = ?start.daemon))]
     fn reserve_docker_units(
         &self,

@@ -16,9 +16,15 @@ pub struct DockerStart {
     pub starter: Option<ProcessStamp>,
 }
 
-/// The Docker name of the container with Mesos id `id`.
-pub(crate) fn docker_name(id: &ContainerId) -> String {
-    format!("mesos-{id}")
+/// Prefix of the names Mesos's Docker containerizer gives its containers (`mesos-<id>`): the one
+/// spelling of it, used by the pool's owner records, `mesos_gpu_docker` (which re-exports it)
+/// and the agent's Docker hook.
+pub const MESOS_NAME_PREFIX: &str = "mesos-";
+
+/// The Docker name of the container with Mesos id `id` (`mesos-<id>`); the name's id is
+/// `mesos_gpu_docker::client::mesos_container_id`.
+pub fn docker_name(id: &ContainerId) -> String {
+    format!("{MESOS_NAME_PREFIX}{id}")
 }
 
 /// The pool owner of Docker container `id`.

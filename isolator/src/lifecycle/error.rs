@@ -151,7 +151,7 @@ pub enum LifecycleError {
         /// What this process cannot see, and why.
         why: String,
     },
-    /// `prepare` (or `reserve_docker`) of an id already in use.
+    /// `prepare` (or `DockerGuard::reserve`) of an id already in use.
     #[error("cannot {step} container {container}: it has already been prepared")]
     AlreadyPrepared {
         /// The container.

@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub use checkpoint::CheckpointError;
 pub use config::{CgroupChoice, CgroupMaker, IsolatorConfig};
 pub use docker::DockerGuard;
-pub use docker_owner::DockerStart;
+pub use docker_owner::{DockerStart, MESOS_NAME_PREFIX, docker_name};
 pub use error::LifecycleError;
 pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
