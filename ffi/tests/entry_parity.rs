@@ -192,6 +192,21 @@ fn cases() -> Vec<Case> {
             docker_options: vec!["--mig-strategy", "mixed"],
             ..plain("one MIG device (mixed)", "dgx-a100-mixed", 0.0)
         },
+        Case {
+            mig: vec![("mig-1g.5gb", 1.0)],
+            pinned_cpus: Some(1.0),
+            params: vec![("mig_strategy", "mixed"), ("numa_pinning", "on")],
+            docker_options: vec!["--mig-strategy", "mixed", "--numa-pinning"],
+            names_devices: false,
+            // A MIG device has no affinity of its own: its parent GPU's decides.
+            ..plain("one MIG device, NUMA-pinned", "dgx-a100-mixed@2cpu", 0.0)
+        },
+        Case {
+            params: vec![("mig_strategy", "single")],
+            docker_options: vec!["--mig-strategy", "single"],
+            // Every GPU in MIG mode: `gpus:1` is one MIG device.
+            ..plain("one MIG device (single)", "dgx-a100-mig", 1.0)
+        },
     ]
 }
 
@@ -207,8 +222,24 @@ struct Node {
 }
 
 impl Node {
+    /// The shipped node `name`; `<name>@2cpu`: the same with every GPU local to CPUs 0-1 and
+    /// memory node 0, so that pinning has CPUs of this host to give.
     fn new(name: &str) -> TestResult<Node> {
-        let sim = SimNode::shipped(name);
+        let sim = match name.strip_suffix("@2cpu") {
+            None => SimNode::shipped(name),
+            Some(base) => {
+                let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../nvml-sim/topologies")
+                    .join(format!("{base}.json"));
+                let mut json: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(path)?)?;
+                for gpu in json["gpus"].as_array_mut().into_iter().flatten() {
+                    gpu["cpu_affinity"] = "0-1".into();
+                    gpu["memory_affinity"] = "0".into();
+                }
+                SimNode::from_json(&json.to_string())
+            }
+        };
         let inventory = sim.inventory()?;
         let dev = tempfile::Builder::new()
             .prefix("mgpu-entry-dev")
@@ -410,7 +441,8 @@ fn module(node: &Node, case: &Case) -> TestResult<Parts> {
     let cpuset = Path::new("/sys/fs/cgroup/cpuset")
         .join(&cgroups_root)
         .join(&id.value);
-    if case.pinned_cpus.is_some() {
+    // No cpuset cgroup: the module pinned nothing (checked by the caller).
+    if case.pinned_cpus.is_some() && cpuset.is_dir() {
         let read = |f: &str| std::fs::read_to_string(cpuset.join(f)).map(|s| s.trim().to_owned());
         parts.cpuset = Some((read("cpuset.cpus")?, Some(read("cpuset.mems")?)));
     }

@@ -303,8 +303,23 @@ impl Isolator {
                 mesos_gpu_placement::numa::SkipReason::Nested,
             ));
         }
+        // The GPUs whose affinity decides, as `Grant::local_gpus` lists them for the Docker
+        // paths: its GPUs, a share's GPU, and each MIG device's parent (a MIG device has no
+        // affinity of its own).
         let gpus: Vec<u32> = match state.containers.get(id) {
-            Some(entry) => entry.visible().iter().collect(),
+            Some(entry) => {
+                let mut gpus: Vec<u32> = entry.visible().iter().collect();
+                gpus.extend(
+                    entry
+                        .mig_devices()
+                        .iter()
+                        .filter_map(|uuid| self.inventory.mig.by_uuid(uuid))
+                        .map(|device| device.parent),
+                );
+                gpus.sort_unstable();
+                gpus.dedup();
+                gpus
+            }
             None => {
                 return Err(LifecycleError::UnknownContainer {
                     container: id.clone(),
