@@ -1,14 +1,14 @@
 //! NUMA pinning for the commands that start containers (`exec`, `run`, `docker-args`): the
-//! GPUs' local CPUs and memory nodes from the driver (or the simulated node), and the decision
-//! for a Docker container, which is not in a cgroup of ours: its GPUs' local sets within the
-//! machine's online CPUs and memory nodes.
+//! GPUs' local CPUs and memory nodes from the driver (or the simulated node), and the machine's
+//! online CPUs and memory nodes a Docker container (in no cgroup of ours) is pinned within. The
+//! decision is the isolator's (`Isolator::pin`, `DockerGuard::pin`).
 
 use std::path::Path;
 
 use anyhow::Context as _;
 use mesos_gpu_isolator::lifecycle::PinOutcome;
 use mesos_gpu_node::numa::Affinities;
-use mesos_gpu_placement::{numa, numa::Decision, numa::Pinning};
+use mesos_gpu_placement::numa::Allowed;
 
 use crate::ctx::Ctx;
 
@@ -34,25 +34,10 @@ pub(crate) fn affinities(ctx: &Ctx) -> anyhow::Result<Affinities> {
     Ok(ctx.driver()?.map(|d| d.affinities()).unwrap_or_default())
 }
 
-/// The pinning of a Docker container that asked for `cpus` and holds `local_gpus` (NVML
-/// indices: its GPUs, a share's GPU, its MIG devices' parents, as `Grant::local_gpus` lists
-/// them), within the machine's online CPUs and memory nodes (a Docker container is in no cgroup
-/// of ours); `None`, with the reason logged, when it is not pinned. `docker-args` and `run` both
-/// pin here.
-pub(crate) fn docker_pinning(
-    ctx: &Ctx,
-    local_gpus: &[u32],
-    cpus: Option<f64>,
-) -> anyhow::Result<Option<Pinning>> {
-    let allowed =
-        mesos_gpu_node::numa::online(Path::new(SYS)).context("cannot read the online CPUs")?;
-    match numa::plan(local_gpus, &affinities(ctx)?, &allowed, cpus) {
-        Decision::Pin(pinning) => Ok(Some(pinning)),
-        Decision::Skip(reason) => {
-            tracing::warn!(%reason, "not pinning the container to its GPUs' local CPUs");
-            Ok(None)
-        }
-    }
+/// The machine's online CPUs and memory nodes: what a Docker container may be pinned within
+/// (it is in no cgroup of ours; `DockerGuard::pin` decides).
+pub(crate) fn online() -> anyhow::Result<Allowed> {
+    mesos_gpu_node::numa::online(Path::new(SYS)).context("cannot read the online CPUs")
 }
 
 /// What NUMA pinning would give a task on this node, GPUs with the same local sets grouped:

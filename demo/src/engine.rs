@@ -10,9 +10,8 @@
 use std::collections::BTreeMap;
 
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan};
-use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
-};
+use mesos_gpu_grant::MountKind;
+use mesos_gpu_isolator::{lifecycle::ContainerId, lifecycle::LaunchInfo, lifecycle::PrepareConfig};
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory, inventory::Link};
 use mesos_gpu_placement::{
     allocator::AllocError, allocator::Allocator, allocator::Counters, allocator::GpuSet,

@@ -100,14 +100,6 @@ pub enum ArgsError {
         /// The offending path.
         path: PathBuf,
     },
-    /// A GPU of the grant has no device node on this host.
-    #[error(
-        "GPU {index} has no device node under the device root (was it healthy at start?); it cannot be given to a container"
-    )]
-    NoDeviceNode {
-        /// NVML index of the GPU.
-        index: u32,
-    },
     /// What was allocated cannot be granted to one container.
     #[error(transparent)]
     Grant(#[from] GrantError),
@@ -447,9 +439,7 @@ impl DockerLaunch {
     /// The launch of `grant`, with the node's driver `driver` for images that ask for it; its
     /// device and mount paths are checked here, the image is not known yet.
     pub fn new(grant: &Grant, driver: Option<&DriverSpec>) -> Result<DockerLaunch, ArgsError> {
-        grant
-            .check_nodes()
-            .map_err(|index| ArgsError::NoDeviceNode { index })?;
+        grant.check_nodes()?;
         let devices = grant
             .devices()
             .iter()
@@ -1075,7 +1065,10 @@ mod tests {
         let grant =
             Grant::new(&nodes_at("/dev", &[], false), &[], vec![a], vec![], None).expect("grant");
         let err = LaunchPlan::new(&grant, &ImageInfo::default(), None).expect_err("no node");
-        assert!(matches!(err, ArgsError::NoDeviceNode { index: 4 }), "{err}");
+        assert!(
+            matches!(err, ArgsError::Grant(GrantError::MissingNode { index: 4 })),
+            "{err}"
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ use mesos_gpu_isolator::{
     lifecycle::RecoveryReport,
 };
 use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_placement::numa::Allowed;
 
 use crate::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan};
 use crate::client::{
@@ -129,8 +130,6 @@ pub struct BridgedContainer {
     pub name: String,
     /// The GPUs reserved for it, by NVML index.
     pub gpus: Vec<Gpu>,
-    /// The GPUs whose NUMA affinity decides its pinning ([`Grant::local_gpus`]).
-    pub local_gpus: Vec<u32>,
     /// What Docker was given.
     pub plan: LaunchPlan,
 }
@@ -158,6 +157,9 @@ pub struct DockerBridge {
     client: DockerClient,
     driver: Option<DriverSpec>,
     gpus: Vec<Gpu>,
+    /// NUMA pinning: the CPUs a container needs and the CPUs and memory nodes it may be pinned
+    /// within ([`DockerBridge::pinned`]).
+    pin: Option<(Option<f64>, Allowed)>,
 }
 
 impl DockerBridge {
@@ -175,7 +177,16 @@ impl DockerBridge {
             client,
             driver,
             gpus,
+            pin: None,
         }
+    }
+
+    /// The same bridge pinning each container it creates to its GPUs' local CPUs and memory
+    /// nodes within `allowed` (the machine's online ones), never fewer CPUs than `cpus`
+    /// ([`DockerGuard::pin`]): its `HostConfig` carries the cpuset.
+    pub fn pinned(mut self, cpus: Option<f64>, allowed: Allowed) -> DockerBridge {
+        self.pin = Some((cpus, allowed));
+        self
     }
 
     /// The pool.
@@ -218,7 +229,10 @@ impl DockerBridge {
         };
         // Everything but the GPUs themselves, checked before anything is reserved.
         LaunchPlan::check_image(Some(&info), self.driver.as_ref()).map_err(plan_err)?;
-        let reservation = self.reserve(id, gpus).await?;
+        let mut reservation = self.reserve(id, gpus).await?;
+        if let Some((cpus, allowed)) = &self.pin {
+            reservation.pin(*cpus, allowed);
+        }
         let created = self
             .create_reserved(id, &name, reservation.grant(), &info, image, cmd)
             .await;
@@ -227,7 +241,6 @@ impl DockerBridge {
                 id: id.clone(),
                 docker_id,
                 name,
-                local_gpus: reservation.grant().local_gpus(),
                 gpus: reservation.keep(),
                 plan,
             }),

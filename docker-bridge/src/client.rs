@@ -28,7 +28,6 @@ use bollard::query_parameters::{
 use bollard::{ClientVersion, Docker};
 use futures_util::{Stream, StreamExt};
 use mesos_gpu_node::inventory::Gpu;
-use mesos_gpu_placement::numa::Pinning;
 
 use crate::args::{DeviceMapping, ImageInfo, LaunchPlan};
 
@@ -321,23 +320,6 @@ impl DockerClient {
         Ok(created.id)
     }
 
-    /// Narrows a created (or running) container to `pinning`'s CPUs and memory nodes
-    /// (`POST /containers/{id}/update` with `CpusetCpus`/`CpusetMems`, as `docker update
-    /// --cpuset-cpus/--cpuset-mems`).
-    pub async fn set_cpuset(&self, container: &str, pinning: &Pinning) -> Result<(), DockerError> {
-        let body = bollard::models::ContainerUpdateBody {
-            cpuset_cpus: Some(pinning.cpus.to_string()),
-            cpuset_mems: pinning.mems.as_ref().map(ToString::to_string),
-            ..Default::default()
-        };
-        self.docker
-            .update_container(container, body)
-            .await
-            .map_err(call("update container", container))?;
-        tracing::info!(container, cpus = %pinning.cpus, "pinned the container to its GPUs' local CPUs");
-        Ok(())
-    }
-
     /// Starts a created container.
     pub async fn start(&self, container: &str) -> Result<(), DockerError> {
         self.docker
@@ -375,22 +357,18 @@ impl DockerClient {
         }
     }
 
-    /// Runs a created container in the foreground, as `docker run` does: narrows it to
-    /// `pinning`, attaches to its output before starting it (so nothing a short-lived container
+    /// Runs a created container in the foreground, as `docker run` does: attaches to its output
+    /// before starting it (so nothing a short-lived container
     /// prints is lost), starts it, passes its output to `out` (`true` for stderr), stops it
     /// (`docker stop -t grace_secs`) each time `stops` yields, and returns its exit code once it
     /// has ended and its output is drained (at most [`OUTPUT_DRAIN`] after its end).
     pub async fn run_foreground(
         &self,
         container: &str,
-        pinning: Option<&Pinning>,
         grace_secs: i32,
         stops: impl Stream<Item = ()>,
         out: impl FnMut(bool, &[u8]),
     ) -> Result<i64, DockerError> {
-        if let Some(pinning) = pinning {
-            self.set_cpuset(container, pinning).await?;
-        }
         let attached = self.attach_output(container).await?;
         self.start(container).await?;
         let output = attached.forward(out);

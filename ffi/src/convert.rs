@@ -397,7 +397,8 @@ mod tests {
         );
     }
 
-    use mesos_gpu_isolator::{lifecycle::Mount, lifecycle::MountKind};
+    use mesos_gpu_grant::MountKind;
+    use mesos_gpu_isolator::lifecycle::Mount;
 
     use super::*;
     use crate::proto::docker::spec::v1::{ImageManifest, image_manifest};

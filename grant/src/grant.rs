@@ -54,6 +54,15 @@ pub enum GrantError {
         /// NVML index of the GPU.
         index: u32,
     },
+    /// A GPU of the grant has no device node on this host, for a renderer that passes or mounts
+    /// nodes ([`Grant::check_nodes`]).
+    #[error(
+        "GPU {index} has no device node under the device root (was it healthy at start?); it cannot be given to a container"
+    )]
+    MissingNode {
+        /// NVML index of the GPU.
+        index: u32,
+    },
     /// Two GPUs of the grant have the same minor number.
     #[error("GPU minor {minor} appears twice in the allocation")]
     DuplicateMinor {
@@ -99,9 +108,15 @@ pub struct GrantedDevice {
     pub kind: NodeKind,
 }
 
-/// Why a bind mount is there.
+/// Why a bind mount is there: one vocabulary for the grant's own mounts ([`Grant::mounts`]:
+/// `Mps`, `MigAccessFile`) and for the renderers that also mount device nodes and the driver
+/// volume (the Mesos launch info).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MountKind {
+    /// A device node (`/dev/nvidia*`, `/dev/nvidia-caps/*`), bound into a container's rootfs.
+    Device,
+    /// The driver volume at `/usr/local/nvidia`.
+    DriverVolume,
     /// An MPS daemon's pipe directory, or its shared memory at `/dev/shm` (a GPU share).
     Mps,
     /// A MIG device's `access` capability file under `/proc/driver/nvidia/capabilities`.
@@ -348,10 +363,11 @@ impl Grant {
         mounts
     }
 
-    /// The first GPU without a device node, for renderers that pass or mount nodes.
-    pub fn check_nodes(&self) -> Result<(), u32> {
+    /// Refuses a grant with a GPU without a device node ([`GrantError::MissingNode`]), for the
+    /// renderers that pass or mount nodes: every one of them refuses with this one error.
+    pub fn check_nodes(&self) -> Result<(), GrantError> {
         match self.missing.first() {
-            Some(&index) => Err(index),
+            Some(&index) => Err(GrantError::MissingNode { index }),
             None => Ok(()),
         }
     }
@@ -617,7 +633,10 @@ mod tests {
         let mut far = gpu(7);
         far.minor = 77;
         let grant = Grant::new(&nodes(), &[], vec![far], vec![], None).unwrap();
-        assert_eq!(grant.check_nodes(), Err(7));
+        assert_eq!(
+            grant.check_nodes(),
+            Err(GrantError::MissingNode { index: 7 })
+        );
         let mut unknown = gpu(1);
         unknown.minor = UNKNOWN_MINOR;
         assert_eq!(

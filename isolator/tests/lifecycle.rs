@@ -16,10 +16,11 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_grant::MountKind;
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::DockerGuard, lifecycle::DockerStart, lifecycle::Isolator,
-    lifecycle::LaunchInfo, lifecycle::MountKind, lifecycle::PrepareConfig,
-    lifecycle::QUARANTINE_OWNER, lifecycle::RecoverState, lifecycle::RecoveryIssue,
+    lifecycle::LaunchInfo, lifecycle::PrepareConfig, lifecycle::QUARANTINE_OWNER,
+    lifecycle::RecoverState, lifecycle::RecoveryIssue,
 };
 use mesos_gpu_placement::allocator::Policy;
 use mesos_gpu_testkit::{Host, Need, needs};

@@ -34,12 +34,13 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Setup, TestResult, check, trial};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
+use mesos_gpu_grant::MountKind;
 use mesos_gpu_health::GpuRef;
 use mesos_gpu_isolator::agent_flags::MigStrategy;
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
-    lifecycle::MigConfig, lifecycle::MountKind, lifecycle::PoolConfig, lifecycle::PoolRole,
-    lifecycle::PrepareConfig, lifecycle::RecoverState,
+    lifecycle::MigConfig, lifecycle::PoolConfig, lifecycle::PoolRole, lifecycle::PrepareConfig,
+    lifecycle::RecoverState,
 };
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};

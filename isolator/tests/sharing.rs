@@ -26,9 +26,10 @@ use libtest_mimic::{Arguments, Trial};
 use lifecycle_common::{Node, Setup, TestResult, check, trial};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::mps::MpsConfig;
+use mesos_gpu_grant::MountKind;
 use mesos_gpu_isolator::{
     lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
-    lifecycle::LifecycleError, lifecycle::MountKind, lifecycle::PoolConfig, lifecycle::PoolRole,
+    lifecycle::LifecycleError, lifecycle::PoolConfig, lifecycle::PoolRole,
     lifecycle::PrepareConfig, lifecycle::SharingConfig,
 };
 use mesos_gpu_placement::sharing::{ModeSpec, SharingMode, SharingSpec};

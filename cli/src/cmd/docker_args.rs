@@ -316,15 +316,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         mig: mig_request(ctx.inventory()?, &args.mig)?,
         ..PrepareConfig::default()
     };
-    let reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;
-    let pinning = if args.numa.numa_pinning {
-        crate::numa::docker_pinning(ctx, &reservation.grant().local_gpus(), args.numa.cpus)?
-    } else {
-        None
-    };
-    let grant = reservation.grant().clone().pinned(pinning);
+    let mut reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;
+    if args.numa.numa_pinning {
+        reservation.pin(args.numa.cpus, &crate::numa::online()?);
+    }
     let name = docker_name(&id);
-    let launch = DockerLaunch::new(&grant, driver.as_ref())?.named(name.clone());
+    let launch = DockerLaunch::new(reservation.grant(), driver.as_ref())?.named(name.clone());
     // Rendered here too, so that what the image refuses is refused before the GPUs are kept.
     let plan = launch.render(image.as_ref())?;
     reservation.keep();

@@ -110,7 +110,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         // Reserve and create with the pool open; it is closed again while the container runs.
         let container = {
             let records = Arc::new(open_pool(ctx, &args.reservations)?);
-            let bridge = DockerBridge::new(records, client.clone(), driver, gpus);
+            let mut bridge = DockerBridge::new(records, client.clone(), driver, gpus);
+            if args.numa.numa_pinning {
+                bridge = bridge.pinned(args.numa.cpus, crate::numa::online()?);
+            }
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)
                 .await?
@@ -125,15 +128,9 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             futures_util::stream::unfold(sigterm, |mut s| async { s.recv().await.map(|()| ((), s)) }),
         );
         let outcome = async {
-            let pinning = if args.numa.numa_pinning {
-                crate::numa::docker_pinning(ctx, &container.local_gpus, args.numa.cpus)?
-            } else {
-                None
-            };
             let code = client
                 .run_foreground(
                     &container.docker_id,
-                    pinning.as_ref(),
                     i32::from(args.stop_timeout),
                     stops,
                     |stderr, bytes| {

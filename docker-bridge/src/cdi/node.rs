@@ -103,9 +103,10 @@ pub fn grant_edits(grant: &Grant) -> Result<GrantEdits, CdiError> {
             cpus: pinning.cpus.to_string(),
         });
     }
-    grant
-        .check_nodes()
-        .map_err(|index| CdiError::NoDeviceNode { index })?;
+    grant.check_nodes().map_err(|source| CdiError::Grant {
+        device: grant.uuids().join(","),
+        source,
+    })?;
     let mut control = Vec::new();
     let mut device = ContainerEdits::default();
     for granted in grant.devices() {
@@ -218,12 +219,6 @@ pub enum CdiError {
     Cpuset {
         /// The CPUs it is pinned to.
         cpus: String,
-    },
-    /// A GPU of a grant has no device node on this host.
-    #[error("GPU {index} has no device node under the device root")]
-    NoDeviceNode {
-        /// NVML index of the GPU.
-        index: u32,
     },
     /// The grant of one device alone cannot be made.
     #[error("cannot grant device {device} alone")]
@@ -451,7 +446,10 @@ impl NodeDevices {
                 let grant = alone(Vec::new(), vec![access], &mig.uuid)?;
                 // The parent's node is found by number among the scanned or named GPU nodes.
                 if !grant.devices().iter().any(|d| d.kind == NodeKind::Gpu) {
-                    return Err(CdiError::NoDeviceNode { index: gpu.index });
+                    return Err(CdiError::Grant {
+                        device: mig.uuid.clone(),
+                        source: GrantError::MissingNode { index: gpu.index },
+                    });
                 }
                 devices.push(CdiDevice {
                     id: DeviceId::Mig {

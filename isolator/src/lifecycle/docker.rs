@@ -13,8 +13,10 @@ use super::docker_owner::{DockerStart, docker_name, docker_owner};
 use super::state::State;
 use super::taking::Taking;
 use super::{ContainerId, Isolator, LifecycleError};
+use mesos_gpu_enforce::pinning::PinOutcome;
 use mesos_gpu_grant::Grant;
 use mesos_gpu_node::inventory::Gpu;
+use mesos_gpu_placement::numa::{self, Allowed, Decision};
 use mesos_gpu_placement::sharing::Wanted;
 use mesos_gpu_pool::{Host, Liveness};
 
@@ -64,9 +66,30 @@ impl<D: Deref<Target = Isolator>> DockerGuard<D> {
         })
     }
 
-    /// What the container gets: GPUs (for a share, its one GPU), MIG devices, the share.
+    /// What the container gets: GPUs (for a share, its one GPU), MIG devices, the share, and
+    /// once [`DockerGuard::pin`] pinned it, its cpuset.
     pub fn grant(&self) -> &Grant {
         &self.grant
+    }
+
+    /// NUMA pinning of the container, decided as for a Mesos container
+    /// ([`mesos_gpu_placement::numa::plan`] over the GPUs whose affinity counts,
+    /// [`Grant::local_gpus`]: MIG parents included) with the affinities the isolator was
+    /// configured with, within `allowed` (the machine's online CPUs and memory nodes: a Docker
+    /// container is in no cgroup of ours), never leaving it fewer than `cpus`. A pinned grant
+    /// carries its cpuset, so every Docker renderer gives it; a skipped one is logged.
+    pub fn pin(&mut self, cpus: Option<f64>, allowed: &Allowed) -> PinOutcome {
+        let local = self.grant.local_gpus();
+        match numa::plan(&local, self.isolator.affinities(), allowed, cpus) {
+            Decision::Pin(pinning) => {
+                self.grant = self.grant.clone().pinned(Some(pinning.clone()));
+                PinOutcome::Pinned(pinning)
+            }
+            Decision::Skip(reason) => {
+                tracing::warn!(container = %self.id, %reason, "not pinning the container to its GPUs' local CPUs");
+                PinOutcome::Skipped(reason)
+            }
+        }
     }
 
     /// The reserved GPUs (for a share, its one GPU).

@@ -227,18 +227,8 @@ pub enum LifecycleError {
         #[source]
         source: CheckpointError,
     },
-    /// An allocated GPU has no device node to mount.
-    #[error(
-        "cannot prepare container {container}: GPU {index} has no device node (was it healthy at start?)"
-    )]
-    MissingNode {
-        /// The container.
-        container: ContainerId,
-        /// NVML index of the GPU.
-        index: u32,
-    },
     /// What was taken cannot be granted to one container (MIG devices with whole GPUs, a GPU
-    /// without a known minor).
+    /// without a known minor, a GPU without a device node to mount).
     #[error("cannot grant container {container} what it asked for")]
     Grant {
         /// The container.

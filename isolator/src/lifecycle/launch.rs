@@ -25,7 +25,7 @@
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::{DeviceKind, DeviceRule};
-use mesos_gpu_grant::{Grant, MountKind as GrantMountKind};
+use mesos_gpu_grant::{Grant, GrantError, MountKind};
 use mesos_gpu_node::inventory::{Gpu, NVIDIA_GPU_MAJOR};
 use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_volume::injection::CONTAINER_PATH;
@@ -55,19 +55,6 @@ pub struct PrepareConfig {
     /// On a node sharing GPUs: any share, a share under one mode, or whole GPUs (the task's
     /// `MESOS_GPU_SHARE_MODE`).
     pub sharing: mesos_gpu_placement::sharing::Wanted,
-}
-
-/// Why a bind mount is there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MountKind {
-    /// A device node (`/dev/nvidia*`, `/dev/nvidia-caps/*`).
-    Device,
-    /// The driver volume at `/usr/local/nvidia`.
-    DriverVolume,
-    /// An MPS daemon's pipe directory, or its shared memory at `/dev/shm` (a GPU share).
-    Mps,
-    /// A MIG device's `access` capability file under `/proc/driver/nvidia/capabilities`.
-    MigAccessFile,
 }
 
 /// One bind mount into the container's rootfs.
@@ -121,12 +108,6 @@ pub(crate) fn allowed_minors(rules: &[DeviceRule]) -> Vec<u32> {
         .collect()
 }
 
-/// A GPU has no device node in the scanned set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MissingNode {
-    pub(crate) index: u32,
-}
-
 /// Renders `grant` for a container prepared with `config`: the grant's device nodes, the driver
 /// volume when the image asks for it and the grant's other mounts, bound into the rootfs (none
 /// for a host-filesystem container); the grant's variables (and the volume's `PATH` and
@@ -136,7 +117,7 @@ pub(crate) fn launch_info(
     config: &PrepareConfig,
     driver_volume: Option<&Path>,
     cgroup: Option<PathBuf>,
-) -> Result<LaunchInfo, MissingNode> {
+) -> Result<LaunchInfo, GrantError> {
     let mut mounts = Vec::new();
     let mut env = if grant.is_empty() && config.rootfs.is_none() {
         Vec::new()
@@ -144,7 +125,7 @@ pub(crate) fn launch_info(
         grant.env()
     };
     if let Some(rootfs) = &config.rootfs {
-        grant.check_nodes().map_err(|index| MissingNode { index })?;
+        grant.check_nodes()?;
         let inside = |path: &Path| rootfs.join(path.strip_prefix("/").unwrap_or(path));
         for device in grant.devices() {
             mounts.push(Mount {
@@ -174,10 +155,7 @@ pub(crate) fn launch_info(
                 target: inside(&mount.target),
                 source: mount.source,
                 read_only: mount.read_only,
-                kind: match mount.kind {
-                    GrantMountKind::Mps => MountKind::Mps,
-                    GrantMountKind::MigAccessFile => MountKind::MigAccessFile,
-                },
+                kind: mount.kind,
             });
         }
     }
@@ -209,10 +187,10 @@ pub fn plan_launch(
     driver_volume: Option<&Path>,
     cgroup: Option<PathBuf>,
 ) -> Result<LaunchInfo, super::LifecycleError> {
-    launch_info(grant, config, driver_volume, cgroup).map_err(|m| {
-        super::LifecycleError::MissingNode {
+    launch_info(grant, config, driver_volume, cgroup).map_err(|source| {
+        super::LifecycleError::Grant {
             container: id.clone(),
-            index: m.index,
+            source,
         }
     })
 }
@@ -377,6 +355,6 @@ mod tests {
         let mut far = gpu(7);
         far.minor = 77;
         let err = launch_info(&grant(vec![far]), &config, None, None).unwrap_err();
-        assert_eq!(err, MissingNode { index: 7 });
+        assert_eq!(err, GrantError::MissingNode { index: 7 });
     }
 }

@@ -61,7 +61,7 @@ pub use config::{CgroupChoice, CgroupMaker, IsolatorConfig};
 pub use docker::DockerGuard;
 pub use docker_owner::{DockerStart, MESOS_NAME_PREFIX, docker_name};
 pub use error::LifecycleError;
-pub use launch::{LaunchInfo, Mount, MountKind, PrepareConfig, plan_launch};
+pub use launch::{LaunchInfo, Mount, PrepareConfig, plan_launch};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
@@ -231,9 +231,9 @@ impl Isolator {
             self.driver_volume.as_deref(),
             Some(dir.clone()),
         )
-        .map_err(|missing| LifecycleError::MissingNode {
+        .map_err(|source| LifecycleError::Grant {
             container: id.clone(),
-            index: missing.index,
+            source,
         })?;
         taking
             .containers

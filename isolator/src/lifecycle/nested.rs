@@ -47,13 +47,12 @@ impl Isolator {
             container: id.clone(),
             source,
         })?;
-        let info =
-            launch_info(&grant, config, self.driver_volume.as_deref(), cgroup).map_err(|m| {
-                LifecycleError::MissingNode {
-                    container: id.clone(),
-                    index: m.index,
-                }
-            })?;
+        let info = launch_info(&grant, config, self.driver_volume.as_deref(), cgroup).map_err(
+            |source| LifecycleError::Grant {
+                container: id.clone(),
+                source,
+            },
+        )?;
         if let Some(dir) = own_dir {
             let rules = entry.rules.clone();
             if let Some(top) = entry.cgroup.as_ref().map(|c| c.path().to_owned()) {
