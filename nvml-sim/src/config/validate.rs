@@ -13,7 +13,7 @@ use super::schema::{
     RandomFailuresSpec,
 };
 use crate::abi::NVLINK_MAX_LINKS;
-use crate::api::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
+use crate::failable::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
 use crate::fields::{self, BUS_ID_FORMS, PciAddr};
 use crate::node::{
     EccCounts, FailureRate, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, RandomFailures,
