@@ -35,12 +35,11 @@ mod sharing;
 
 use std::collections::BTreeSet;
 
+pub use crate::mig_strategy::{MigStrategy, MigStrategyError};
 pub use attributes::{Attribute, AttributesError};
 pub(crate) use attributes::{gpu_attributes, merge as merge_attributes};
 pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
-pub use mig::{
-    ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
-};
+pub use mig::{ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, ProfileOffer};
 pub use module::{MODULE_ISOLATOR, ModuleParameters};
 pub use module_config::{DriverVolume, MODULE_KEYS, ModuleConfig, ModuleParamError};
 pub use offer::{ModuleGpus, ModuleOffer, OfferMismatch, check_agent_resources};
