@@ -24,6 +24,7 @@ use mesos_gpu_node::{
     inventory::DevNum, inventory::Gpu, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR,
 };
 use mesos_gpu_os::fsmode;
+use mesos_gpu_os::io::{IoContext as _, IoError};
 use mesos_gpu_placement::allocator::Policy;
 
 use crate::engine::Agent;
@@ -162,10 +163,9 @@ impl LiveAgent {
         driver: Option<DriverSpec>,
     ) -> Result<LiveAgent, DemoError> {
         let dev = scratch.join("dev");
-        fsmode::create_dir_all(&dev, fsmode::STATE_DIR).map_err(|source| DemoError::Create {
-            path: dev.clone(),
-            source,
-        })?;
+        fsmode::create_dir_all(&dev, fsmode::STATE_DIR)
+            .at("create", &dev)
+            .map_err(DemoError::Create)?;
         for node in simulated_nodes(&dev, inventory).control.iter().chain(
             simulated_nodes(&dev, inventory)
                 .gpus
@@ -277,10 +277,11 @@ impl LiveAgent {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
-                first_err.get_or_insert(DemoError::Remove {
-                    path: self.cgroups_parent.clone(),
+                first_err.get_or_insert(DemoError::Remove(IoError::new(
+                    "remove",
+                    &self.cgroups_parent,
                     source,
-                });
+                )));
             }
         }
         (started, first_err.map_or(Ok(()), Err))

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
 use mesos_gpu_os::fsmode;
+use mesos_gpu_os::io::{IoContext as _, IoError};
 use mesos_gpu_volume::ldcache::LdCacheError;
 use mesos_gpu_volume::plan::{DriverSource, PlanError, VolumePlan};
 use mesos_gpu_volume::{DriverVersion, LdCache};
@@ -30,41 +31,17 @@ use mesos_gpu_volume::{DriverVersion, LdCache};
 #[non_exhaustive]
 pub enum DriverError {
     /// A directory cannot be created.
-    #[error("cannot create {}", path.display())]
-    Create {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Create(IoError),
     /// A file cannot be written.
-    #[error("cannot write {}", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Write(IoError),
     /// A SONAME link cannot be made.
-    #[error("cannot link {name} in {}", dir.display())]
-    Link {
-        /// The link's name.
-        name: String,
-        /// Its directory.
-        dir: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Link(IoError),
     /// `etc/ld.so.conf` cannot be written.
-    #[error("cannot write ld.so.conf")]
-    WriteConf {
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    WriteConf(IoError),
     /// glibc's `ldconfig` is not installed.
     #[error("glibc's ldconfig is not installed (looked in /sbin and /usr/sbin)")]
     NoLdconfig,
@@ -108,18 +85,16 @@ pub enum DriverError {
 
 /// Creates `dir` with the state directories' mode.
 fn create_dir(dir: &Path) -> Result<(), DriverError> {
-    fsmode::create_dir_all(dir, fsmode::STATE_DIR).map_err(|source| DriverError::Create {
-        path: dir.to_owned(),
-        source,
-    })
+    fsmode::create_dir_all(dir, fsmode::STATE_DIR)
+        .at("create", dir)
+        .map_err(DriverError::Create)
 }
 
 /// Writes `bytes` to `path` with `mode`.
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DriverError> {
-    fsmode::write_file(path, bytes, mode).map_err(|source| DriverError::Write {
-        path: path.to_owned(),
-        source,
-    })
+    fsmode::write_file(path, bytes, mode)
+        .at("write", path)
+        .map_err(DriverError::Write)
 }
 
 /// 64-bit library directory inside the generated root (Debian/Ubuntu layout).
@@ -185,11 +160,10 @@ pub(crate) fn generate(
         )?;
         files.push(format!("{dir}/{file}"));
         if let Some(soname) = soname.filter(|s| *s != file) {
-            symlink(file, dir_path.join(soname)).map_err(|source| DriverError::Link {
-                name: soname.to_owned(),
-                dir: dir_path.clone(),
-                source,
-            })?;
+            let link = dir_path.join(soname);
+            symlink(file, &link)
+                .at("link", &link)
+                .map_err(DriverError::Link)?;
             files.push(format!("{dir}/{soname} -> {file}"));
         }
         Ok(())
@@ -247,8 +221,10 @@ pub fn write_cache(root: &Path, dirs: &[&str]) -> Result<String, DriverError> {
     let etc = root.join("etc");
     create_dir(&etc)?;
     let conf: String = dirs.iter().map(|d| format!("/{d}\n")).collect();
-    fsmode::write_file(&etc.join("ld.so.conf"), conf.as_bytes(), fsmode::STATE_FILE)
-        .map_err(|source| DriverError::WriteConf { source })?;
+    let conf_path = etc.join("ld.so.conf");
+    fsmode::write_file(&conf_path, conf.as_bytes(), fsmode::STATE_FILE)
+        .at("write", &conf_path)
+        .map_err(DriverError::WriteConf)?;
     let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
         .into_iter()
         .map(Path::new)

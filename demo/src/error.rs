@@ -11,6 +11,7 @@ use mesos_gpu_grant::GrantError;
 use mesos_gpu_isolator::lifecycle::LifecycleError;
 use mesos_gpu_node::devices::DevicesError;
 use mesos_gpu_node::inventory::DevNum;
+use mesos_gpu_os::IoError;
 use mesos_gpu_os::container_id::{ContainerId, ContainerIdError};
 use mesos_gpu_placement::allocator::AllocError;
 use mesos_gpu_volume::VolumeError;
@@ -68,23 +69,11 @@ pub enum DemoError {
         source: VolumeError,
     },
     /// A directory cannot be created.
-    #[error("cannot create {}", path.display())]
-    Create {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Create(IoError),
     /// A directory cannot be removed.
-    #[error("cannot remove {}", path.display())]
-    Remove {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Remove(IoError),
     /// A program cannot be started.
     #[error("cannot run {program}")]
     Run {

@@ -12,10 +12,10 @@
 //!   `DOCKER` (the Docker containerizer).
 
 use std::collections::BTreeMap;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_os::container_id::{ContainerId, ContainerIdError};
+use mesos_gpu_os::io::{IoContext as _, IoError};
 use serde::{Deserialize, Serialize};
 
 /// Why a stream or one of its app files is refused.
@@ -23,23 +23,11 @@ use serde::{Deserialize, Serialize};
 #[non_exhaustive]
 pub enum StreamError {
     /// The stream file cannot be read.
-    #[error("cannot read the stream {}", path.display())]
-    ReadStream {
-        /// The stream file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    ReadStream(IoError),
     /// An app file next to the stream cannot be read.
-    #[error("cannot read {}", path.display())]
-    ReadApp {
-        /// The app file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    ReadApp(IoError),
     /// A built-in stream names an app file that is not built in.
     #[error("{name} is not one of the built-in app files")]
     NotBuiltIn {
@@ -382,15 +370,15 @@ impl Stream {
 
     /// A stream file; its app files are read relative to its directory.
     pub fn load(path: &Path) -> Result<Stream, StreamError> {
-        let text = std::fs::read_to_string(path).map_err(|source| StreamError::ReadStream {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .at("read the stream", path)
+            .map_err(StreamError::ReadStream)?;
         let dir = path.parent().map_or_else(PathBuf::new, Path::to_path_buf);
         Stream::build(&path.display().to_string(), &text, |name| {
             let file = dir.join(name);
             std::fs::read_to_string(&file)
-                .map_err(|source| StreamError::ReadApp { path: file, source })
+                .at("read", &file)
+                .map_err(StreamError::ReadApp)
         })
     }
 

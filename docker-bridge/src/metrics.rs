@@ -565,115 +565,191 @@ fn int(v: u64) -> i64 {
 }
 
 /// Encodes figures as OpenMetrics text.
+///
+/// Families are registered, and so printed, in this order: per GPU, per container, the
+/// allocator, the health checkpoint and loop, then the module's own memory.
 pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
     let mut r = Registry::default();
-    let healthy = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_healthy",
-        "1 when the GPU is healthy, 0 when marked unhealthy",
-    );
-    let util = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_utilization_percent",
-        "Percent of time a kernel ran (NVML)",
-    );
-    let mem_util = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_memory_utilization_percent",
-        "Percent of time memory was read or written (NVML)",
-    );
-    let used = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_memory_used_bytes",
-        "Framebuffer memory in use (NVML)",
-    );
-    let total = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_memory_total_bytes",
-        "Framebuffer memory in all (NVML)",
-    );
-    let temp = gauge::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_temperature_celsius",
-        "GPU temperature (NVML)",
-    );
-    let power = Family::<GpuLabels, GaugeF>::default();
-    r.register("mesos_gpu_power_watts", "Power draw (NVML)", power.clone());
-    let lost = gauge::<GpuLabels>(&mut r, "mesos_gpu_lost", "1 when NVML answers GPU_IS_LOST");
-    let health = gauge::<HealthLabels>(
-        &mut r,
-        "mesos_gpu_health",
-        "1 for the GPU's health: state healthy, unhealthy or lost, the failure's reason, and how it comes back (recovery)",
-    );
-    let recoveries = counter::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_health_recoveries",
-        "Times the GPU came back in the pool by itself, on evidence",
-    );
-    let probe_failures = counter::<GpuLabels>(
-        &mut r,
-        "mesos_gpu_health_probe_failures",
-        "Recovery probes of the GPU that failed",
-    );
-    let xids = counter::<XidLabels>(
-        &mut r,
-        "mesos_gpu_xid_errors",
-        "XID errors seen since start, counted or ignored",
-    );
-    let ecc = counter::<EccLabels>(
-        &mut r,
-        "mesos_gpu_ecc_errors",
-        "ECC error events seen since start",
-    );
+    let gpus = GpuFamilies::register(&mut r);
     for g in &figures.gpus {
-        let rd = &g.readings;
+        gpus.record(g);
+    }
+    register_containers(&mut r, &figures.containers);
+    if let Some(a) = &figures.allocator {
+        register_allocator_counters(&mut r, &a.counters);
+        register_allocator_gpus(&mut r, a);
+    }
+    if let Some(c) = &figures.health_checkpoint {
+        register_health_checkpoint(&mut r, c);
+    }
+    if let Some(s) = &figures.health_loop {
+        register_health_loop(&mut r, s);
+    }
+    if let Some(m) = &figures.module {
+        register_module(&mut r, m);
+    }
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &r)?;
+    Ok(sorted_samples(&out))
+}
+
+/// The per-GPU families (`mesos_gpu_*` with `gpu` and `uuid` labels), registered once and
+/// filled GPU by GPU.
+struct GpuFamilies {
+    healthy: Family<GpuLabels, Gauge>,
+    util: Family<GpuLabels, Gauge>,
+    mem_util: Family<GpuLabels, Gauge>,
+    used: Family<GpuLabels, Gauge>,
+    total: Family<GpuLabels, Gauge>,
+    temp: Family<GpuLabels, Gauge>,
+    power: Family<GpuLabels, GaugeF>,
+    lost: Family<GpuLabels, Gauge>,
+    health: Family<HealthLabels, Gauge>,
+    recoveries: Family<GpuLabels, Counter>,
+    probe_failures: Family<GpuLabels, Counter>,
+    xids: Family<XidLabels, Counter>,
+    ecc: Family<EccLabels, Counter>,
+}
+
+impl GpuFamilies {
+    /// Registers the per-GPU families in `r`, empty.
+    fn register(r: &mut Registry) -> GpuFamilies {
+        let healthy = gauge(
+            r,
+            "mesos_gpu_healthy",
+            "1 when the GPU is healthy, 0 when marked unhealthy",
+        );
+        let util = gauge(
+            r,
+            "mesos_gpu_utilization_percent",
+            "Percent of time a kernel ran (NVML)",
+        );
+        let mem_util = gauge(
+            r,
+            "mesos_gpu_memory_utilization_percent",
+            "Percent of time memory was read or written (NVML)",
+        );
+        let used = gauge(
+            r,
+            "mesos_gpu_memory_used_bytes",
+            "Framebuffer memory in use (NVML)",
+        );
+        let total = gauge(
+            r,
+            "mesos_gpu_memory_total_bytes",
+            "Framebuffer memory in all (NVML)",
+        );
+        let temp = gauge(r, "mesos_gpu_temperature_celsius", "GPU temperature (NVML)");
+        let power = Family::<GpuLabels, GaugeF>::default();
+        r.register("mesos_gpu_power_watts", "Power draw (NVML)", power.clone());
+        let lost = gauge(r, "mesos_gpu_lost", "1 when NVML answers GPU_IS_LOST");
+        let health = gauge(
+            r,
+            "mesos_gpu_health",
+            "1 for the GPU's health: state healthy, unhealthy or lost, the failure's reason, and how it comes back (recovery)",
+        );
+        let recoveries = counter(
+            r,
+            "mesos_gpu_health_recoveries",
+            "Times the GPU came back in the pool by itself, on evidence",
+        );
+        let probe_failures = counter(
+            r,
+            "mesos_gpu_health_probe_failures",
+            "Recovery probes of the GPU that failed",
+        );
+        let xids = counter(
+            r,
+            "mesos_gpu_xid_errors",
+            "XID errors seen since start, counted or ignored",
+        );
+        let ecc = counter(
+            r,
+            "mesos_gpu_ecc_errors",
+            "ECC error events seen since start",
+        );
+        GpuFamilies {
+            healthy,
+            util,
+            mem_util,
+            used,
+            total,
+            temp,
+            power,
+            lost,
+            health,
+            recoveries,
+            probe_failures,
+            xids,
+            ecc,
+        }
+    }
+
+    /// Adds one GPU's series: its health (when known), NVML readings and error counts.
+    fn record(&self, g: &GpuFigures) {
         let labels = GpuLabels {
-            gpu: rd.index.to_string(),
-            uuid: rd.uuid.clone(),
+            gpu: g.readings.index.to_string(),
+            uuid: g.readings.uuid.clone(),
         };
         if let Some(h) = g.healthy {
-            healthy.get_or_create(&labels).set(i64::from(h));
-            let reason = g.failure.clone().unwrap_or_default();
-            let state = match (h, reason.as_str()) {
-                (true, _) => "healthy",
-                (false, "lost") => "lost",
-                (false, _) => "unhealthy",
-            };
-            health
-                .get_or_create(&HealthLabels {
-                    gpu: labels.gpu.clone(),
-                    uuid: labels.uuid.clone(),
-                    state,
-                    reason,
-                    recovery: g.recovery.clone().unwrap_or_default(),
-                })
-                .set(1);
-            recoveries.get_or_create(&labels).inc_by(g.recoveries);
-            probe_failures
-                .get_or_create(&labels)
-                .inc_by(g.probe_failures);
+            self.record_health(&labels, g, h);
         }
-        lost.get_or_create(&labels).set(i64::from(rd.lost));
+        self.record_readings(&labels, &g.readings);
+        self.record_errors(&labels, g);
+    }
+
+    /// The GPU's health series: healthy or not, state with reason and recovery, and the
+    /// recovery and probe-failure counts.
+    fn record_health(&self, labels: &GpuLabels, g: &GpuFigures, healthy: bool) {
+        self.healthy.get_or_create(labels).set(i64::from(healthy));
+        let reason = g.failure.clone().unwrap_or_default();
+        let state = match (healthy, reason.as_str()) {
+            (true, _) => "healthy",
+            (false, "lost") => "lost",
+            (false, _) => "unhealthy",
+        };
+        self.health
+            .get_or_create(&HealthLabels {
+                gpu: labels.gpu.clone(),
+                uuid: labels.uuid.clone(),
+                state,
+                reason,
+                recovery: g.recovery.clone().unwrap_or_default(),
+            })
+            .set(1);
+        self.recoveries.get_or_create(labels).inc_by(g.recoveries);
+        self.probe_failures
+            .get_or_create(labels)
+            .inc_by(g.probe_failures);
+    }
+
+    /// The GPU's NVML readings; a reading NVML does not have is left out.
+    fn record_readings(&self, labels: &GpuLabels, rd: &GpuReadings) {
+        self.lost.get_or_create(labels).set(i64::from(rd.lost));
         let set = |family: &Family<GpuLabels, Gauge>, v: Option<i64>| {
             if let Some(v) = v {
-                family.get_or_create(&labels).set(v);
+                family.get_or_create(labels).set(v);
             }
         };
-        set(&util, rd.utilization_gpu.map(i64::from));
-        set(&mem_util, rd.utilization_memory.map(i64::from));
-        set(&used, rd.memory_used.map(int));
-        set(&total, rd.memory_total.map(int));
-        set(&temp, rd.temperature_c.map(i64::from));
+        set(&self.util, rd.utilization_gpu.map(i64::from));
+        set(&self.mem_util, rd.utilization_memory.map(i64::from));
+        set(&self.used, rd.memory_used.map(int));
+        set(&self.total, rd.memory_total.map(int));
+        set(&self.temp, rd.temperature_c.map(i64::from));
         if let Some(mw) = rd.power_mw {
-            power.get_or_create(&labels).set(f64::from(mw) / 1000.0);
+            self.power.get_or_create(labels).set(f64::from(mw) / 1000.0);
         }
+    }
+
+    /// The GPU's XID counts by XID, and its ECC counts by kind (a kind never seen is left out).
+    fn record_errors(&self, labels: &GpuLabels, g: &GpuFigures) {
         for (xid, n) in &g.xids {
             let l = XidLabels {
                 gpu: labels.gpu.clone(),
                 uuid: labels.uuid.clone(),
                 xid: xid.to_string(),
             };
-            xids.get_or_create(&l).inc_by(*n);
+            self.xids.get_or_create(&l).inc_by(*n);
         }
         for (kind, n) in [
             ("single_bit", g.ecc_single_bit),
@@ -685,27 +761,31 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
                     uuid: labels.uuid.clone(),
                     kind,
                 };
-                ecc.get_or_create(&l).inc_by(n);
+                self.ecc.get_or_create(&l).inc_by(n);
             }
         }
     }
+}
 
+/// Registers the per-container families (`mesos_gpu_container_*`): GPUs held, and each held
+/// GPU's utilization and the container's memory on it.
+fn register_containers(r: &mut Registry, containers: &[ContainerFigures]) {
     let held = gauge::<ContainerLabels>(
-        &mut r,
+        r,
         "mesos_gpu_container_gpus",
         "GPUs allocated to the container",
     );
     let c_util = gauge::<ContainerGpuLabels>(
-        &mut r,
+        r,
         "mesos_gpu_container_utilization_percent",
         "Utilization of a GPU the container holds",
     );
     let c_mem = gauge::<ContainerGpuLabels>(
-        &mut r,
+        r,
         "mesos_gpu_container_memory_used_bytes",
         "Framebuffer memory used by the container's own processes on the GPU",
     );
-    for c in &figures.containers {
+    for c in containers {
         let count = i64::try_from(c.gpus.len()).unwrap_or(i64::MAX);
         held.get_or_create(&ContainerLabels {
             container: c.container.clone(),
@@ -725,179 +805,185 @@ pub fn encode(figures: &NodeFigures) -> Result<String, std::fmt::Error> {
             }
         }
     }
+}
 
-    if let Some(a) = &figures.allocator {
-        let one = |r: &mut Registry, name: &str, help: &str, v: u64| {
-            let c = Counter::<u64>::default();
-            c.inc_by(v);
-            r.register(name, help, c);
-        };
-        let c = &a.counters;
-        one(
-            &mut r,
-            "mesos_gpu_allocator_requests",
-            "Allocator calls, refused ones included",
-            c.requests,
-        );
-        one(
-            &mut r,
-            "mesos_gpu_allocator_granted_gpus",
-            "GPUs handed out",
-            c.granted,
-        );
-        one(
-            &mut r,
-            "mesos_gpu_allocator_released_gpus",
-            "GPUs given back",
-            c.released,
-        );
-        one(
-            &mut r,
-            "mesos_gpu_allocator_greedy_picks",
-            "Topology picks made by the greedy fallback",
-            c.greedy_picks,
-        );
-        let refused = counter::<ReasonLabels>(
-            &mut r,
-            "mesos_gpu_allocator_refusals",
-            "Refused allocator calls by reason",
-        );
-        let f = &c.refused;
-        for (reason, n) in [
-            ("not_enough", f.not_enough),
-            ("bad_request", f.bad_request),
-            ("not_allocated", f.not_allocated),
-            ("already_allocated", f.already_allocated),
-            ("unknown_gpu", f.unknown_gpu),
-            ("unhealthy", f.unhealthy),
-        ] {
-            refused.get_or_create(&ReasonLabels { reason }).inc_by(n);
-        }
-        let g = |r: &mut Registry, name: &str, help: &str, v: u32| {
-            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
-            gauge.set(i64::from(v));
-            r.register(name, help, gauge);
-        };
-        g(
-            &mut r,
-            "mesos_gpu_allocator_managed_gpus",
-            "GPUs the allocator manages",
-            a.managed,
-        );
-        g(
-            &mut r,
-            "mesos_gpu_allocator_allocated_gpus",
-            "GPUs held by containers",
-            a.allocated,
-        );
-        g(
-            &mut r,
-            "mesos_gpu_allocator_unhealthy_gpus",
-            "GPUs marked unhealthy",
-            a.unhealthy,
-        );
-        g(
-            &mut r,
-            "mesos_gpu_allocator_free_gpus",
-            "Healthy GPUs held by nobody",
-            a.fragmentation.free,
-        );
-        let by_state = gauge::<StateLabels>(
-            &mut r,
-            "mesos_gpu_allocator_gpus",
-            "GPUs by state: allocated (held by containers), free (healthy, held by nobody), \
-             quarantined (held until unexplained containers are cleaned up), unhealthy (held or not)",
-        );
-        for (state, n) in [
-            ("allocated", a.allocated.saturating_sub(a.quarantined)),
-            ("free", a.fragmentation.free),
-            ("quarantined", a.quarantined),
-            ("unhealthy", a.unhealthy),
-        ] {
-            by_state
-                .get_or_create(&StateLabels { state })
-                .set(i64::from(n));
-        }
-        g(
-            &mut r,
-            "mesos_gpu_allocator_nvlink_set_gpus",
-            "Largest request the free GPUs can serve with every pair NVLinked",
-            a.fragmentation.nvlink_set,
-        );
-        let best = gauge::<SizeLabels>(
-            &mut r,
-            "mesos_gpu_allocator_best_free_score",
-            "Highest topology score of any set of this many free GPUs (a drop shows fragmentation)",
-        );
-        for (size, score) in a.fragmentation.best_score.iter().enumerate().skip(2) {
-            best.get_or_create(&SizeLabels {
-                size: size.to_string(),
-            })
-            .set(int(*score));
-        }
-    }
-
-    if let Some(c) = &figures.health_checkpoint {
-        gauge::<CheckpointLabels>(
-            &mut r,
-            "mesos_gpu_health_checkpoint",
-            "1 for the state of the GPU health checkpoint read (present, absent or unreadable); \
-             GPUs it has no record of get NVML's health",
-        )
-        .get_or_create(&CheckpointLabels {
-            path: c.path.clone(),
-            state: c.state,
-        })
-        .set(1);
-    }
-    if let Some(s) = &figures.health_loop {
+/// Registers the allocator's running totals: requests, GPUs granted and released, greedy
+/// picks, and refusals by reason.
+fn register_allocator_counters(r: &mut Registry, c: &Counters) {
+    let one = |r: &mut Registry, name: &str, help: &str, v: u64| {
         let c = Counter::<u64>::default();
-        c.inc_by(s.loop_failures);
-        r.register(
-            "mesos_gpu_health_loop_failures",
-            "Failures of the NVML health event loop (each retried)",
-            c,
-        );
-        let e = Counter::<u64>::default();
-        e.inc_by(s.events);
-        r.register("mesos_gpu_health_events", "NVML health events received", e);
+        c.inc_by(v);
+        r.register(name, help, c);
+    };
+    one(
+        r,
+        "mesos_gpu_allocator_requests",
+        "Allocator calls, refused ones included",
+        c.requests,
+    );
+    one(
+        r,
+        "mesos_gpu_allocator_granted_gpus",
+        "GPUs handed out",
+        c.granted,
+    );
+    one(
+        r,
+        "mesos_gpu_allocator_released_gpus",
+        "GPUs given back",
+        c.released,
+    );
+    one(
+        r,
+        "mesos_gpu_allocator_greedy_picks",
+        "Topology picks made by the greedy fallback",
+        c.greedy_picks,
+    );
+    let refused = counter::<ReasonLabels>(
+        r,
+        "mesos_gpu_allocator_refusals",
+        "Refused allocator calls by reason",
+    );
+    let f = &c.refused;
+    for (reason, n) in [
+        ("not_enough", f.not_enough),
+        ("bad_request", f.bad_request),
+        ("not_allocated", f.not_allocated),
+        ("already_allocated", f.already_allocated),
+        ("unknown_gpu", f.unknown_gpu),
+        ("unhealthy", f.unhealthy),
+    ] {
+        refused.get_or_create(&ReasonLabels { reason }).inc_by(n);
     }
+}
 
-    if let Some(m) = &figures.module {
-        for (name, help, v) in [
-            (
-                "mesos_gpu_module_heap_bytes",
-                "Bytes the module's own code holds on the agent's heap",
-                m.heap_bytes,
-            ),
-            (
-                "mesos_gpu_module_heap_blocks",
-                "Heap blocks the module's own code holds",
-                m.heap_blocks,
-            ),
-        ] {
-            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
-            gauge.set(int(v));
-            r.register(name, help, gauge);
-        }
-        let entries = gauge::<TableLabels>(
-            &mut r,
-            "mesos_gpu_module_entries",
-            "Entries of the module's tables that grow with containers (0 when idle but \
-             mps_daemons)",
-        );
-        for (table, n) in &m.entries {
-            entries
-                .get_or_create(&TableLabels {
-                    table: table.clone(),
-                })
-                .set(int(*n));
-        }
+/// Registers the allocator's GPU counts (managed, allocated, unhealthy, free, by state) and
+/// the free GPUs' fragmentation (largest NVLinked set, best score by size).
+fn register_allocator_gpus(r: &mut Registry, a: &AllocatorFigures) {
+    let g = |r: &mut Registry, name: &str, help: &str, v: u32| {
+        let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        gauge.set(i64::from(v));
+        r.register(name, help, gauge);
+    };
+    g(
+        r,
+        "mesos_gpu_allocator_managed_gpus",
+        "GPUs the allocator manages",
+        a.managed,
+    );
+    g(
+        r,
+        "mesos_gpu_allocator_allocated_gpus",
+        "GPUs held by containers",
+        a.allocated,
+    );
+    g(
+        r,
+        "mesos_gpu_allocator_unhealthy_gpus",
+        "GPUs marked unhealthy",
+        a.unhealthy,
+    );
+    g(
+        r,
+        "mesos_gpu_allocator_free_gpus",
+        "Healthy GPUs held by nobody",
+        a.fragmentation.free,
+    );
+    let by_state = gauge::<StateLabels>(
+        r,
+        "mesos_gpu_allocator_gpus",
+        "GPUs by state: allocated (held by containers), free (healthy, held by nobody), \
+         quarantined (held until unexplained containers are cleaned up), unhealthy (held or not)",
+    );
+    for (state, n) in [
+        ("allocated", a.allocated.saturating_sub(a.quarantined)),
+        ("free", a.fragmentation.free),
+        ("quarantined", a.quarantined),
+        ("unhealthy", a.unhealthy),
+    ] {
+        by_state
+            .get_or_create(&StateLabels { state })
+            .set(i64::from(n));
     }
+    g(
+        r,
+        "mesos_gpu_allocator_nvlink_set_gpus",
+        "Largest request the free GPUs can serve with every pair NVLinked",
+        a.fragmentation.nvlink_set,
+    );
+    let best = gauge::<SizeLabels>(
+        r,
+        "mesos_gpu_allocator_best_free_score",
+        "Highest topology score of any set of this many free GPUs (a drop shows fragmentation)",
+    );
+    for (size, score) in a.fragmentation.best_score.iter().enumerate().skip(2) {
+        best.get_or_create(&SizeLabels {
+            size: size.to_string(),
+        })
+        .set(int(*score));
+    }
+}
 
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &r)?;
-    Ok(sorted_samples(&out))
+/// Registers the state of the health checkpoint read from another process.
+fn register_health_checkpoint(r: &mut Registry, c: &CheckpointStatus) {
+    gauge::<CheckpointLabels>(
+        r,
+        "mesos_gpu_health_checkpoint",
+        "1 for the state of the GPU health checkpoint read (present, absent or unreadable); \
+         GPUs it has no record of get NVML's health",
+    )
+    .get_or_create(&CheckpointLabels {
+        path: c.path.clone(),
+        state: c.state,
+    })
+    .set(1);
+}
+
+/// Registers the health event loop's failure and event counts.
+fn register_health_loop(r: &mut Registry, s: &LoopStats) {
+    let c = Counter::<u64>::default();
+    c.inc_by(s.loop_failures);
+    r.register(
+        "mesos_gpu_health_loop_failures",
+        "Failures of the NVML health event loop (each retried)",
+        c,
+    );
+    let e = Counter::<u64>::default();
+    e.inc_by(s.events);
+    r.register("mesos_gpu_health_events", "NVML health events received", e);
+}
+
+/// Registers the module's own heap use and the sizes of its tables.
+fn register_module(r: &mut Registry, m: &ModuleFigures) {
+    for (name, help, v) in [
+        (
+            "mesos_gpu_module_heap_bytes",
+            "Bytes the module's own code holds on the agent's heap",
+            m.heap_bytes,
+        ),
+        (
+            "mesos_gpu_module_heap_blocks",
+            "Heap blocks the module's own code holds",
+            m.heap_blocks,
+        ),
+    ] {
+        let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        gauge.set(int(v));
+        r.register(name, help, gauge);
+    }
+    let entries = gauge::<TableLabels>(
+        r,
+        "mesos_gpu_module_entries",
+        "Entries of the module's tables that grow with containers (0 when idle but \
+         mps_daemons)",
+    );
+    for (table, n) in &m.entries {
+        entries
+            .get_or_create(&TableLabels {
+                table: table.clone(),
+            })
+            .set(int(*n));
+    }
 }
 
 /// `text` with the samples of each metric family in a stable order, by their label values read

@@ -8,3 +8,4 @@
 
 pub mod agent_flags;
 pub mod lifecycle;
+mod mig_strategy;

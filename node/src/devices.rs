@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use crate::{inventory::DevNum, inventory::Inventory, inventory::NVIDIA_GPU_MAJOR};
 
+use mesos_gpu_os::IoError;
+
 mod expected;
 
 pub use expected::{ExpectedNode, NodeFinding, NodeState, char_major, check_nodes, expected_nodes};
@@ -41,14 +43,8 @@ pub enum DevicesError {
         hint: &'static str,
     },
     /// `stat` failed for another reason.
-    #[error("cannot stat {path}")]
-    Stat {
-        /// The node's path.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Stat(IoError),
     /// The path is not a character device.
     #[error("{path} is not a character device")]
     NotCharDevice {
@@ -189,10 +185,7 @@ fn stat_char(path: &Path) -> Result<Option<DevNum>, DevicesError> {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(DevicesError::Stat {
-                path: path.to_path_buf(),
-                source,
-            });
+            return Err(DevicesError::Stat(IoError::new("stat", path, source)));
         }
     };
     if !meta.file_type().is_char_device() {

@@ -29,18 +29,14 @@ use serde::Serialize;
 use crate::discovery::GpuDriver;
 use crate::inventory::Gpu;
 
+use mesos_gpu_os::IoError;
+
 /// Why a container's processes could not be told apart.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UsageError {
     /// `/proc/<pid>/cgroup` exists but cannot be read.
-    #[error("cannot read {path}")]
-    ProcCgroup {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    ProcCgroup(IoError),
 }
 
 /// Where a container's processes live.
@@ -299,7 +295,7 @@ impl UsageReader {
             {
                 Ok(false)
             }
-            Err(source) => Err(UsageError::ProcCgroup { path, source }),
+            Err(source) => Err(UsageError::ProcCgroup(IoError::new("read", path, source))),
         }
     }
 

@@ -22,7 +22,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mesos_gpu_os::fsmode;
+use mesos_gpu_os::{IoError, fsmode};
 
 use crate::config::{self, ConfigError};
 use crate::node::Node;
@@ -77,14 +77,8 @@ pub enum DriverFilesError {
         source: ConfigError,
     },
     /// Creating, removing or writing under the root failed.
-    #[error("cannot write {path}")]
-    Write {
-        /// The path involved.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Write(IoError),
 }
 
 /// The driver files of the node a description describes.
@@ -184,7 +178,7 @@ pub fn write(json: &str, proc_root: &Path) -> Result<Vec<PathBuf>, DriverFilesEr
     let files = render(json).map_err(|source| DriverFilesError::Config { source })?;
     let wrap = |path: &Path| {
         let path = path.to_owned();
-        move |source| DriverFilesError::Write { path, source }
+        move |source| DriverFilesError::Write(IoError::new("write", path, source))
     };
     let caps = proc_root.join("driver/nvidia/capabilities");
     match fs::remove_dir_all(&caps) {

@@ -18,6 +18,8 @@ use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::PathBuf;
 
+use mesos_gpu_os::IoError;
+
 use crate::abi::NvmlEventSet;
 
 /// The XID the driver logs when a GPU falls off the bus.
@@ -55,12 +57,8 @@ pub(crate) struct Event {
 /// A problem with the events file.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EventsError {
-    #[error("cannot read events file {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     // The line itself is never shown: the file is named by the node description, and may be
     // any file (`/etc/shadow`) whose contents are not ours to print.
     #[error(
@@ -208,7 +206,10 @@ impl EventLog {
         let bytes = match self.read_tail() {
             Ok(bytes) => bytes,
             Err(source) if source.kind() == io::ErrorKind::NotFound => return Vec::new(),
-            Err(source) => return vec![Err(EventsError::Read { path, source })],
+            Err(source) => {
+                let error = IoError::new("read events file", path, source);
+                return vec![Err(EventsError::Read(error))];
+            }
         };
         let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
             return Vec::new();

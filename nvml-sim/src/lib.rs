@@ -16,6 +16,7 @@ pub mod api;
 mod config;
 pub mod driver_files;
 mod events;
+mod failable;
 mod fields;
 mod mig;
 mod node;

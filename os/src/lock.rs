@@ -14,6 +14,8 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::io::{IoContext as _, IoError};
+
 /// The first pause between attempts of [`LockFile::lock_within`]; it doubles up to
 /// [`MAX_POLL`], so a lock held for a short transaction is taken within a millisecond or two
 /// and a long wait costs few wake-ups.
@@ -21,18 +23,16 @@ const FIRST_POLL: Duration = Duration::from_millis(1);
 /// The longest pause between attempts of [`LockFile::lock_within`].
 const MAX_POLL: Duration = Duration::from_millis(20);
 
+/// The step named when a lock file cannot be opened.
+const OPEN: &str = "open lock file";
+
 /// Why a lock file could not be opened or locked.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// Opening failed. `ELOOP` here means the lock file is a symlink, which is refused.
-    #[error("cannot open lock file {path}")]
-    Open {
-        /// The lock file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// Opening failed ("cannot open lock file <path>"). `ELOOP` here means the lock file is a
+    /// symlink, which is refused.
+    #[error(transparent)]
+    Open(IoError),
     /// The lock file exists but is not a regular file.
     #[error("{path} is not a regular file; refusing to use it as a lock file")]
     NotAFile {
@@ -40,14 +40,8 @@ pub enum LockError {
         path: PathBuf,
     },
     /// `flock` itself failed (not "held by another": that is an answer, not an error).
-    #[error("cannot lock {path}")]
-    Lock {
-        /// The lock file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Lock(IoError),
 }
 
 /// An open lock file. A lock taken through it is held until it is dropped.
@@ -70,10 +64,9 @@ impl LockFile {
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path);
         let lock = LockFile::checked(path, opened)?;
-        crate::fsmode::set_mode(&lock.file, mode).map_err(|source| LockError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
+        crate::fsmode::set_mode(&lock.file, mode)
+            .at(OPEN, path)
+            .map_err(LockError::Open)?;
         Ok(lock)
     }
 
@@ -91,10 +84,7 @@ impl LockFile {
     }
 
     fn checked(path: &Path, opened: io::Result<File>) -> Result<LockFile, LockError> {
-        let open_err = |source| LockError::Open {
-            path: path.to_owned(),
-            source,
-        };
+        let open_err = |source| LockError::Open(IoError::new(OPEN, path, source));
         let file = opened.map_err(open_err)?;
         if !file.metadata().map_err(open_err)?.is_file() {
             return Err(LockError::NotAFile {
@@ -118,10 +108,7 @@ impl LockFile {
     }
 
     fn lock_err(&self, source: io::Error) -> LockError {
-        LockError::Lock {
-            path: self.path.clone(),
-            source,
-        }
+        LockError::Lock(IoError::new("lock", &self.path, source))
     }
 
     /// Takes the exclusive lock, waiting as long as it takes.
@@ -238,7 +225,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), &link).expect("ln");
         let err = LockFile::create(&link, 0o600).expect_err("symlink");
         assert!(
-            matches!(&err, LockError::Open { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+            matches!(&err, LockError::Open(e) if e.source.raw_os_error() == Some(libc::ELOOP)),
             "{err}"
         );
         let err = LockFile::open_existing(dir.path()).expect_err("a directory");

@@ -13,18 +13,14 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
+use crate::io::{IoContext as _, IoError};
+
 /// Why a mount table could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum MountinfoError {
     /// The file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The mountinfo file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// A line is not in mountinfo format.
     #[error("line {line} of mountinfo is malformed: {text:?}")]
     Malformed {
@@ -69,10 +65,9 @@ pub struct MountTable {
 impl MountTable {
     /// Reads and parses the mountinfo file at `path` (e.g. `/proc/self/mountinfo`).
     pub fn read(path: &Path) -> Result<MountTable, MountinfoError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MountinfoError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .at("read", path)
+            .map_err(MountinfoError::Read)?;
         MountTable::parse(&text)
     }
 

@@ -12,7 +12,6 @@
 //! doctor` checks with it that a Mesos module library defines its modules, without loading it.
 
 use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use elf::ElfStream;
@@ -20,19 +19,14 @@ use elf::abi;
 use elf::endian::AnyEndian;
 use elf::file::Class;
 use elf::note::Note;
+use mesos_gpu_os::io::{IoContext as _, IoError};
 
 /// Why an ELF file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
     /// The file could not be opened.
-    #[error("cannot open {path}")]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Open(IoError),
     /// The file is not a well-formed ELF object.
     #[error("{path} is not a readable ELF file")]
     Parse {
@@ -69,10 +63,7 @@ pub(crate) struct ElfInfo {
 impl ElfInfo {
     /// Reads the headers of the file at `path`.
     pub(crate) fn read(path: &Path) -> Result<ElfInfo, ElfError> {
-        let file = File::open(path).map_err(|source| ElfError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
+        let file = File::open(path).at("open", path).map_err(ElfError::Open)?;
         read_stream(file).map_err(|source| ElfError::Parse {
             path: path.to_owned(),
             source,
@@ -94,10 +85,7 @@ pub fn missing_dynamic_symbols<'a>(
     path: &Path,
     names: &[&'a str],
 ) -> Result<Vec<&'a str>, ElfError> {
-    let file = File::open(path).map_err(|source| ElfError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
+    let file = File::open(path).at("open", path).map_err(ElfError::Open)?;
     missing_among(file, names).map_err(|source| ElfError::Parse {
         path: path.to_owned(),
         source,
@@ -225,7 +213,7 @@ mod tests {
         assert!(matches!(err, ElfError::Parse { .. }), "{err}");
         assert!(matches!(
             ElfInfo::read(&dir.path().join("missing")),
-            Err(ElfError::Open { .. })
+            Err(ElfError::Open(_))
         ));
     }
 
@@ -257,7 +245,7 @@ mod tests {
         ));
         assert!(matches!(
             missing_dynamic_symbols(&dir.path().join("missing"), &["malloc"]),
-            Err(ElfError::Open { .. })
+            Err(ElfError::Open(_))
         ));
     }
 

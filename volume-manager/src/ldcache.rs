@@ -31,12 +31,16 @@ mod flags;
 mod listing;
 
 use std::ffi::OsStr;
-use std::io;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::io::{IoContext as _, IoError};
+
 use crate::rooted::resolve_in_root;
+
+/// The step named when the cache cannot be read ("cannot read ld.so.cache <path>").
+const READ: &str = "read ld.so.cache";
 
 pub use flags::{CacheArch, EntryFlags, LibKind};
 
@@ -70,14 +74,8 @@ pub const MAX_CACHE_BYTES: u64 = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum LdCacheError {
     /// The file could not be read.
-    #[error("cannot read ld.so.cache {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// The path names a device, FIFO, directory or socket, not a file.
     #[error("{path} is a {kind}, not a regular file; an ld.so.cache is a regular file")]
     NotRegular {
@@ -167,10 +165,7 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, LdCacheError> {
     use std::io::Read as _;
     use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 
-    let read_err = |source| LdCacheError::Read {
-        path: path.to_owned(),
-        source,
-    };
+    let read_err = |source| LdCacheError::Read(IoError::new(READ, path, source));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -312,12 +307,9 @@ impl LdCache {
     /// file system sees them: a link to `/dev/zero` names `<root>/dev/zero`, not the host's.
     pub fn load(root: &Path) -> Result<LdCache, LdCacheError> {
         let named = root.join(DEFAULT_CACHE);
-        let resolved = resolve_in_root(root, Path::new(DEFAULT_CACHE)).map_err(|source| {
-            LdCacheError::Read {
-                path: named.clone(),
-                source,
-            }
-        })?;
+        let resolved = resolve_in_root(root, Path::new(DEFAULT_CACHE))
+            .at(READ, &named)
+            .map_err(LdCacheError::Read)?;
         let bytes = read_bounded(&resolved)?;
         LdCache::parse(&bytes).map_err(|e| LdCacheError::Invalid {
             path: named,
@@ -643,7 +635,7 @@ mod tests {
         // `<root>/dev/zero` does not exist: the host's /dev/zero is never opened.
         let err = LdCache::load(root).expect_err("dangling inside the root");
         assert!(
-            matches!(&err, LdCacheError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound),
+            matches!(&err, LdCacheError::Read(e) if e.kind() == std::io::ErrorKind::NotFound),
             "{err:?}"
         );
         std::fs::create_dir_all(root.join("dev")).expect("mkdir");

@@ -32,11 +32,11 @@ mod select;
 
 use std::ffi::OsStr;
 use std::fmt;
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use elf::abi;
+use mesos_gpu_os::io::{IoContext as _, IoError};
 
 use crate::catalog::Capability;
 use crate::elf_info::ElfClass;
@@ -59,15 +59,9 @@ pub const DEFAULT_SEARCH_PATH: &[&str] = &[
 /// Why no plan could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    /// The driver root is not a readable directory.
-    #[error("driver root {path} is not a readable directory")]
-    DriverRoot {
-        /// The root.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// The driver root is not a readable directory ("cannot read driver root <path>").
+    #[error(transparent)]
+    DriverRoot(IoError),
     /// No `libnvidia-ml.so.<version>` in the cache tells the driver version.
     #[error(
         "cannot tell the driver version: no ld.so.cache entry under {root} resolves to a \
@@ -468,10 +462,9 @@ pub fn plan_from(
     cache: &LdCache,
     version: &DriverVersion,
 ) -> Result<VolumePlan, PlanError> {
-    std::fs::read_dir(&source.root).map_err(|e| PlanError::DriverRoot {
-        path: source.root.clone(),
-        source: e,
-    })?;
+    std::fs::read_dir(&source.root)
+        .at("read driver root", &source.root)
+        .map_err(PlanError::DriverRoot)?;
     let Selection {
         files,
         links,

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail, ensure};
 use mesos_gpu_demo::{Live, Setup, Stream};
 use mesos_gpu_enforce::cgroup::CgroupLayout;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_os::fsmode;
 use mesos_gpu_placement::allocator::Policy;
 use serde::Serialize;
@@ -109,18 +110,7 @@ pub(crate) fn is_root() -> bool {
 }
 
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    if let Some(pace) = args.pace {
-        ensure!(
-            pace.is_finite() && pace > 0.0,
-            "--pace {pace}: expected a speed-up factor above 0, e.g. 600"
-        );
-    }
-    if args.live && !is_root() {
-        bail!(
-            "--live creates device cgroups and device nodes and needs root; run it with sudo, or drop --live for the dry run (which changes nothing)"
-        );
-    }
-
+    check_options(args)?;
     // The demo runs on a simulated DGX-1 unless told otherwise.
     let default_ctx;
     let ctx = if ctx.global.simulate.is_none() && ctx.global.nvml_lib.is_none() {
@@ -170,25 +160,37 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             mesos_gpu_demo::run_sharing(&stream, &inventory, &plan, args.policy, &config.mps)?;
         return print_scenario(args.json, &report, || report.text(&node));
     }
+    run_whole_gpus(args, ctx, node, &inventory, &stream)
+}
+
+/// Refuses a `--pace` that is no speed-up factor, and `--live` without root.
+fn check_options(args: &Args) -> anyhow::Result<()> {
+    if let Some(pace) = args.pace {
+        ensure!(
+            pace.is_finite() && pace > 0.0,
+            "--pace {pace}: expected a speed-up factor above 0, e.g. 600"
+        );
+    }
+    if args.live && !is_root() {
+        bail!(
+            "--live creates device cgroups and device nodes and needs root; run it with sudo, or drop --live for the dry run (which changes nothing)"
+        );
+    }
+    Ok(())
+}
+
+/// The whole-GPU scenario: the stream through the allocator (and with `--live` the isolator),
+/// paced by `--pace`, with progress on a terminal, then the report.
+fn run_whole_gpus(
+    args: &Args,
+    ctx: &Ctx,
+    node: String,
+    inventory: &Inventory,
+    stream: &Stream,
+) -> anyhow::Result<ExitCode> {
     let scratch =
         fsmode::private_tempdir("mesos-gpu-demo-").context("cannot create a temp directory")?;
-    let mut notes = Vec::new();
-    if inventory.gpus.is_empty() {
-        notes.push(format!(
-            "{node} has no GPUs ({}): every GPU task is refused; try --simulate {DEFAULT_NODE}",
-            inventory
-                .absent_reason
-                .as_deref()
-                .unwrap_or("no reason given")
-        ));
-    }
-
-    let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
-    notes.extend(crate::numa::summary(
-        &crate::numa::affinities(ctx)?,
-        &indices,
-    ));
-
+    let notes = node_notes(ctx, &node, inventory)?;
     let progress_tty = std::io::stderr().is_terminal() && !args.json;
     let total = stream.arrival_count();
     let mut last_at = 0u64;
@@ -211,11 +213,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             }
         }
     };
-
     let setup = Setup {
         node,
-        inventory: &inventory,
-        stream: &stream,
+        inventory,
+        stream,
         policy: args.policy,
         scratch: scratch.path(),
         notes,
@@ -232,8 +233,28 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         writeln!(out)?;
     } else {
         let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        report.write_text(&mut out, &stream, color)?;
+        report.write_text(&mut out, stream, color)?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The report's notes on the node: no GPUs (and why), and its NUMA layout.
+fn node_notes(ctx: &Ctx, node: &str, inventory: &Inventory) -> anyhow::Result<Vec<String>> {
+    let mut notes = Vec::new();
+    if inventory.gpus.is_empty() {
+        notes.push(format!(
+            "{node} has no GPUs ({}): every GPU task is refused; try --simulate {DEFAULT_NODE}",
+            inventory
+                .absent_reason
+                .as_deref()
+                .unwrap_or("no reason given")
+        ));
+    }
+    let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+    notes.extend(crate::numa::summary(
+        &crate::numa::affinities(ctx)?,
+        &indices,
+    ));
+    Ok(notes)
 }

@@ -43,10 +43,11 @@ use mesos_gpu_isolator::lifecycle::CgroupChoice;
 use mesos_gpu_node::discovery::DEFAULT_NVML_LIB;
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_pool::{DEFAULT_POOL_DIR, POOL_DIR_ENV};
+use mesos_gpu_volume::VolumePlan;
 
 use crate::ctx::Ctx;
 use config::{Defaults, Files, Sources, Wrapper};
-use report::Report;
+use report::{Check, Report};
 
 /// The agent's `--docker` wrapper (`examples/mesos-agent/mesos-gpu-docker`), where the package
 /// installs it and where a hand install might.
@@ -172,42 +173,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|d| d.path().to_owned())
         .or_else(|| ctx.dev_root().map(Path::to_owned));
-
-    let unit = args.unit.clone().unwrap_or_else(|| {
-        UNITS
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .unwrap_or_else(|| PathBuf::from(UNITS[1]))
-    });
-    let sources = Sources::read(&Files {
-        modules: args.modules.as_deref(),
-        wrapper: args.wrapper.as_deref().map_or_else(
-            || {
-                let installed = INSTALLED_WRAPPERS
-                    .iter()
-                    .map(Path::new)
-                    .find(|p| p.exists())
-                    .unwrap_or(Path::new(INSTALLED_WRAPPERS[0]));
-                Wrapper::Installed(installed)
-            },
-            Wrapper::Named,
-        ),
-        defaults: &args.defaults,
-        unit: &unit,
-    });
-    let volume_root = args
-        .volume_root
-        .clone()
-        .or_else(|| {
-            sources
-                .module
-                .as_ref()?
-                .given
-                .get("volume_root")
-                .map(PathBuf::from)
-        })
-        .unwrap_or_else(|| PathBuf::from(mesos_gpu_volume::volume::DEFAULT_ROOT));
+    let sources = read_sources(args);
+    let volume_root = volume_root(args, &sources);
     let driver = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
 
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
@@ -234,56 +201,117 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     all.push(accepted::configuration(&sources, agent.as_ref()));
     all.push(checks::sharing(&inventory, &sources, &driver));
     all.push(checks::cdi(&args.cdi_spec_dirs));
-
     if args.smoke {
-        let scratch_pool;
-        let pool_dir = match (&args.pool_dir, sim) {
-            (Some(dir), _) => dir.clone(),
-            (None, Some(_)) => {
-                scratch_pool = tempfile::Builder::new()
-                    .prefix("mesos-gpu-doctor-pool-")
-                    .tempdir()
-                    .context("cannot make a scratch pool directory")?;
-                scratch_pool.path().to_owned()
-            }
-            (None, None) => sources
-                .agent_setting("pool_dir")
-                .map_or_else(|| PathBuf::from(DEFAULT_POOL_DIR), PathBuf::from),
-        };
-        let mut global: Vec<OsString> = Vec::new();
-        let mut env = Vec::new();
-        if let (Some(spec), Some(sim)) = (&ctx.global.simulate, sim) {
-            global.extend(["--simulate".into(), spec.into()]);
-            env.push((
-                "NVML_SIM_CONFIG".to_owned(),
-                sim.config_path().display().to_string(),
-            ));
-            if let Some(dev) = &dev_root {
-                env.push(("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()));
-            }
-        }
-        if let Some(lib) = &ctx.global.nvml_lib {
-            global.extend(["--nvml-lib".into(), lib.into()]);
-        }
-        if let Some(dev) = &dev_root {
-            global.extend(["--dev-root".into(), dev.into()]);
-        }
-        let exec: Vec<OsString> = vec![
-            "--pool-dir".into(),
-            pool_dir.into(),
-            "--cgroup-version".into(),
-            choice_word(args.cgroup_version).into(),
-        ];
-        all.extend(smoke::run(
-            &smoke::Smoke { global, exec, env },
+        all.extend(smoke_checks(
+            args,
+            ctx,
+            dev_root.as_deref(),
+            &sources,
             plan.as_ref(),
-        ));
+        )?);
     }
+    print_report(args, &Report::new(all))
+}
 
-    let report = Report::new(all);
+/// The configuration sources `doctor` compares: the module parameters, the Docker wrapper
+/// (the one named, else the installed one), the defaults file and the agent's unit.
+fn read_sources(args: &Args) -> Sources {
+    let unit = args.unit.clone().unwrap_or_else(|| {
+        UNITS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from(UNITS[1]))
+    });
+    Sources::read(&Files {
+        modules: args.modules.as_deref(),
+        wrapper: args.wrapper.as_deref().map_or_else(
+            || {
+                let installed = INSTALLED_WRAPPERS
+                    .iter()
+                    .map(Path::new)
+                    .find(|p| p.exists())
+                    .unwrap_or(Path::new(INSTALLED_WRAPPERS[0]));
+                Wrapper::Installed(installed)
+            },
+            Wrapper::Named,
+        ),
+        defaults: &args.defaults,
+        unit: &unit,
+    })
+}
+
+/// `--volume-root`, else the module's `volume_root`, else the default.
+fn volume_root(args: &Args, sources: &Sources) -> PathBuf {
+    args.volume_root
+        .clone()
+        .or_else(|| {
+            sources
+                .module
+                .as_ref()?
+                .given
+                .get("volume_root")
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(mesos_gpu_volume::volume::DEFAULT_ROOT))
+}
+
+/// `--smoke`: runs a task through `mesos-gpu exec` in a child, with this node's options and
+/// a pool directory (`--pool-dir`; a scratch one on a simulated node; else the agent's).
+fn smoke_checks(
+    args: &Args,
+    ctx: &Ctx,
+    dev_root: Option<&Path>,
+    sources: &Sources,
+    plan: Option<&VolumePlan>,
+) -> anyhow::Result<Vec<Check>> {
+    let sim = ctx.simulation()?;
+    let scratch_pool;
+    let pool_dir = match (&args.pool_dir, sim) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(_)) => {
+            scratch_pool = tempfile::Builder::new()
+                .prefix("mesos-gpu-doctor-pool-")
+                .tempdir()
+                .context("cannot make a scratch pool directory")?;
+            scratch_pool.path().to_owned()
+        }
+        (None, None) => sources
+            .agent_setting("pool_dir")
+            .map_or_else(|| PathBuf::from(DEFAULT_POOL_DIR), PathBuf::from),
+    };
+    let mut global: Vec<OsString> = Vec::new();
+    let mut env = Vec::new();
+    if let (Some(spec), Some(sim)) = (&ctx.global.simulate, sim) {
+        global.extend(["--simulate".into(), spec.into()]);
+        env.push((
+            "NVML_SIM_CONFIG".to_owned(),
+            sim.config_path().display().to_string(),
+        ));
+        if let Some(dev) = dev_root {
+            env.push(("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()));
+        }
+    }
+    if let Some(lib) = &ctx.global.nvml_lib {
+        global.extend(["--nvml-lib".into(), lib.into()]);
+    }
+    if let Some(dev) = dev_root {
+        global.extend(["--dev-root".into(), dev.into()]);
+    }
+    let exec: Vec<OsString> = vec![
+        "--pool-dir".into(),
+        pool_dir.into(),
+        "--cgroup-version".into(),
+        choice_word(args.cgroup_version).into(),
+    ];
+    Ok(smoke::run(&smoke::Smoke { global, exec, env }, plan))
+}
+
+/// Prints the report (`--json`, or text) and exits 1 when the host is not ready.
+fn print_report(args: &Args, report: &Report) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
+        serde_json::to_writer_pretty(&mut out, report)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
         std::io::Write::write_all(&mut out, report.text(args.verbose).as_bytes())?;

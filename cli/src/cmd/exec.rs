@@ -127,28 +127,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return launch(socket, &args.command);
     }
     let gpus = args.gpus.context("--gpus is required")?;
-    // A simulated node without --dev-root: the nodes its driver numbers, made once in its
-    // scratch directory; its programs (the volume's nvidia-smi) are told the node.
-    let (dev_root, simulated_env) = match (ctx.simulation()?, ctx.dev_root()) {
-        (Some(sim), given) => {
-            let dev = match given {
-                Some(dev) => dev.to_owned(),
-                None => sim.device_root(ctx.inventory()?, &ctx.proc_root()?)?,
-            };
-            let env = vec![
-                (
-                    "NVML_SIM_CONFIG".to_owned(),
-                    sim.config_path().display().to_string(),
-                ),
-                ("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()),
-            ];
-            (dev, env)
-        }
-        (None, given) => (
-            given.map_or_else(|| std::path::PathBuf::from("/dev"), Path::to_owned),
-            Vec::new(),
-        ),
-    };
+    let (dev_root, simulated_env) = device_root(ctx)?;
     let dev_root = dev_root.as_path();
     super::require_gpus(ctx, gpus)?;
     let inventory = ctx.inventory()?.clone();
@@ -168,32 +147,18 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             .unwrap_or_default()
     ))?;
     let private = args.pool.pool_dir.join("exec").join(id.as_str());
-    let mut config = IsolatorConfig::new(&private);
-    config.pool = Some(PoolConfig {
-        dir: args.pool.pool_dir.clone(),
-        role: PoolRole::Exec {
-            private_dir: private.clone(),
-        },
-    });
-    config.policy = args.policy;
-    config.sharing = args.sharing.config(ctx)?;
-    config.cgroup_version = args.cgroup_version;
-    config.cgroups_root.clone_from(&args.cgroups_root);
-    if args.numa.numa_pinning {
-        config.pinning.enabled = true;
-        config.pinning.affinities = crate::numa::affinities(ctx)?;
-    }
+    let config = isolator_config(args, ctx, &private)?;
     // Handlers first: from here on SIGINT/SIGTERM no longer kill us before we clean up.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (mut sigint, mut sigterm, mut sighup) = {
+    let signals = {
         let _enter = runtime.enter();
-        (
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::hangup())?,
-        )
+        Caught {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        }
     };
     let _private = PrivateDir(private);
     let isolator = Isolator::new(config, inventory, nodes).context("cannot set up the isolator")?;
@@ -211,7 +176,66 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         )
         .context("cannot prepare the container")?;
     print_allocation(&id, &info);
-    match isolator.pin(&id, args.numa.cpus) {
+    pin(args, &isolator, &id)?;
+    let outcome = start(&isolator, &id, &info, &simulated_env, &args.command)
+        .and_then(|child| wait_forwarding(&runtime, signals, child));
+    let cleaned = clean_up(&isolator, &id);
+    let status = outcome?;
+    cleaned?;
+    Ok(exit_code(status))
+}
+
+/// The device root and the environment the task's programs get. A simulated node without
+/// --dev-root: the nodes its driver numbers, made once in its scratch directory; its programs
+/// (the volume's nvidia-smi) are told the node.
+fn device_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, Vec<(String, String)>)> {
+    Ok(match (ctx.simulation()?, ctx.dev_root()) {
+        (Some(sim), given) => {
+            let dev = match given {
+                Some(dev) => dev.to_owned(),
+                None => sim.device_root(ctx.inventory()?, &ctx.proc_root()?)?,
+            };
+            let env = vec![
+                (
+                    "NVML_SIM_CONFIG".to_owned(),
+                    sim.config_path().display().to_string(),
+                ),
+                ("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()),
+            ];
+            (dev, env)
+        }
+        (None, given) => (
+            given.map_or_else(|| PathBuf::from("/dev"), Path::to_owned),
+            Vec::new(),
+        ),
+    })
+}
+
+/// The isolator's configuration: records under `private`, the node's pool as an exec, and
+/// the policy, sharing, cgroup and pinning options.
+fn isolator_config(args: &Args, ctx: &Ctx, private: &Path) -> anyhow::Result<IsolatorConfig> {
+    let mut config = IsolatorConfig::new(private);
+    config.pool = Some(PoolConfig {
+        dir: args.pool.pool_dir.clone(),
+        role: PoolRole::Exec {
+            private_dir: private.to_owned(),
+        },
+    });
+    config.policy = args.policy;
+    config.sharing = args.sharing.config(ctx)?;
+    config.cgroup_version = args.cgroup_version;
+    config.cgroups_root.clone_from(&args.cgroups_root);
+    if args.numa.numa_pinning {
+        config.pinning.enabled = true;
+        config.pinning.affinities = crate::numa::affinities(ctx)?;
+    }
+    Ok(config)
+}
+
+/// Pins the container to its GPUs' CPUs (telling how with --numa-pinning); a failure cleans the
+/// container up.
+fn pin(args: &Args, isolator: &Isolator, id: &ContainerId) -> anyhow::Result<()> {
+    match isolator.pin(id, args.numa.cpus) {
         Ok(outcome) => {
             if args.numa.numa_pinning {
                 let _ = writeln!(
@@ -220,35 +244,44 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     crate::numa::describe(&outcome)
                 );
             }
+            Ok(())
         }
         Err(e) => {
-            if let Err(c) = clean_up(&isolator, &id) {
+            if let Err(c) = clean_up(isolator, id) {
                 tracing::error!(error = %format!("{c:#}"), "cannot clean up after a failed pinning");
             }
-            return Err(anyhow::Error::new(e).context("cannot pin the container to its GPUs' CPUs"));
+            Err(anyhow::Error::new(e).context("cannot pin the container to its GPUs' CPUs"))
         }
     }
-    let outcome =
-        start(&isolator, &id, &info, &simulated_env, &args.command).and_then(|mut child| {
-            let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
-            let waited = runtime.block_on(async {
-                let wait = tokio::task::spawn_blocking(move || child.wait());
-                tokio::pin!(wait);
-                loop {
-                    tokio::select! {
-                        status = &mut wait => break status,
-                        _ = sigint.recv() => forward(pid, Signal::INT),
-                        _ = sigterm.recv() => forward(pid, Signal::TERM),
-                        _ = sighup.recv() => forward(pid, Signal::HUP),
-                    }
-                }
-            });
-            Ok(waited??)
-        });
-    let cleaned = clean_up(&isolator, &id);
-    let status = outcome?;
-    cleaned?;
-    Ok(exit_code(status))
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught from when they are made: forwarded to the task.
+struct Caught {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// Waits for `child`, forwarding the signals caught to it.
+fn wait_forwarding(
+    runtime: &tokio::runtime::Runtime,
+    mut signals: Caught,
+    mut child: Child,
+) -> anyhow::Result<ExitStatus> {
+    let pid = Pid::from_raw(i32::try_from(child.id())?).context("child pid")?;
+    let waited = runtime.block_on(async {
+        let wait = tokio::task::spawn_blocking(move || child.wait());
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                status = &mut wait => break status,
+                _ = signals.int.recv() => forward(pid, Signal::INT),
+                _ = signals.term.recv() => forward(pid, Signal::TERM),
+                _ = signals.hup.recv() => forward(pid, Signal::HUP),
+            }
+        }
+    });
+    Ok(waited??)
 }
 
 /// The exec's private record directory, removed when the exec ends.

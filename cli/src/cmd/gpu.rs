@@ -246,6 +246,41 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
         return Ok(ExitCode::SUCCESS);
     }
+    write_reservations(&mut out, args, &listing, &unseen, &why)?;
+    write_shares(&mut out, &listing)?;
+    for (uuid, reason) in &listing.unhealthy {
+        writeln!(
+            out,
+            "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
+        )?;
+    }
+    if let Ok(inventory) = ctx.inventory()
+        && !inventory.gpus.is_empty()
+    {
+        writeln!(out)?;
+        writeln!(out, "{:<4} {:<40} HELD BY", "GPU", "UUID")?;
+        for (index, uuid, holders) in holders_by_gpu(&listing, inventory) {
+            let held = match (holders.is_empty(), listing.unhealthy.get(&uuid)) {
+                (true, None) => "free".to_owned(),
+                (true, Some(reason)) => format!("none (unhealthy: {reason})"),
+                (false, _) => holders.join(", "),
+            };
+            writeln!(out, "{index:<4} {uuid:<40} {held}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gpu list`'s pool file and reservations table: each owner with its GPUs, state and why,
+/// the GPUs of it not seen here (`unseen`, and `why`), those recorded without a UUID, and a
+/// quarantine's reason.
+fn write_reservations(
+    out: &mut impl std::io::Write,
+    args: &ListArgs,
+    listing: &Listing,
+    unseen: &BTreeMap<String, Vec<String>>,
+    why: &str,
+) -> std::io::Result<()> {
     writeln!(out, "GPU pool {}", listing.path.display())?;
     if !listing.path.exists() {
         writeln!(
@@ -295,6 +330,11 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             writeln!(out, "{:>80} quarantined: {reason}", "")?;
         }
     }
+    Ok(())
+}
+
+/// `gpu list`'s shares table: each share's owner, units, state and GPU, and why.
+fn write_shares(out: &mut impl std::io::Write, listing: &Listing) -> std::io::Result<()> {
     if !listing.shares.is_empty() {
         writeln!(
             out,
@@ -317,27 +357,7 @@ fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         )?;
         writeln!(out, "{:>80} {why}", "")?;
     }
-    for (uuid, reason) in &listing.unhealthy {
-        writeln!(
-            out,
-            "unhealthy {uuid}: {reason} (`mesos-gpu gpu mark-healthy {uuid}` once fixed)"
-        )?;
-    }
-    if let Ok(inventory) = ctx.inventory()
-        && !inventory.gpus.is_empty()
-    {
-        writeln!(out)?;
-        writeln!(out, "{:<4} {:<40} HELD BY", "GPU", "UUID")?;
-        for (index, uuid, holders) in holders_by_gpu(&listing, inventory) {
-            let held = match (holders.is_empty(), listing.unhealthy.get(&uuid)) {
-                (true, None) => "free".to_owned(),
-                (true, Some(reason)) => format!("none (unhealthy: {reason})"),
-                (false, _) => holders.join(", "),
-            };
-            writeln!(out, "{index:<4} {uuid:<40} {held}")?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Who holds each GPU this process sees, in NVML index order: the owners of its reservations

@@ -135,24 +135,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     let inventory = ctx.inventory()?;
     let driver = ctx.driver()?;
     let mut notes = Vec::new();
-    let nodes = match ctx.dev_root() {
-        _ if inventory.driver.is_none() => None,
-        None => {
-            notes.push(
-                "simulated node: device nodes are not read (a simulated node has none); \
-                 give --dev-root to read a directory of nodes"
-                    .to_owned(),
-            );
-            None
-        }
-        Some(root) => match DeviceNodes::scan(root, inventory) {
-            Ok(nodes) => Some(nodes),
-            Err(err) => {
-                notes.push(format!("device nodes not usable: {err:#}"));
-                None
-            }
-        },
-    };
+    let nodes = device_nodes(ctx, inventory, &mut notes);
     let store = HealthStore::at(work_dir);
     let (records, mig_records, health_unknown) = match store.load() {
         Ok(snapshot) => {
@@ -169,27 +152,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
     };
     let recorded = |g: &Gpu| -> Option<&GpuRecord> { records.iter().find(|r| r.uuid == g.uuid) };
     let affinities = driver.map(GpuDriver::affinities).unwrap_or_default();
-    let online = match (&simulated, driver) {
-        // A simulated node's facts only: its CPUs are those its GPUs are local to.
-        (Some(name), Some(driver)) => {
-            notes.push(format!(
-                "simulated node {name}: NUMA pinning is shown within the CPUs its GPUs are local \
-                 to, not this host's CPUs (host CPUs are not shown under --simulate)"
-            ));
-            Some(simulated_cpus(driver, inventory.gpus.len()))
-        }
-        (Some(_), None) => None,
-        (None, _) => match mesos_gpu_node::numa::online(Path::new("/sys")) {
-            Ok(online) => Some(online),
-            Err(err) => {
-                notes.push(format!(
-                    "NUMA pinning not shown: {:#}",
-                    anyhow::Error::new(err)
-                ));
-                None
-            }
-        },
-    };
+    let online = online_cpus(simulated.as_deref(), driver, inventory, &mut notes);
     let pinned = |g: &Gpu| match online
         .as_ref()
         .map(|o| numa::plan(&[g.index], &affinities, o, None))
@@ -197,31 +160,7 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         Some(numa::Decision::Pin(p)) => (Some(p.cpus.to_string()), p.mems.map(|m| m.to_string())),
         _ => (None, None),
     };
-    for g in &inventory.gpus {
-        if let Some(GpuHealth::Unhealthy { reason, .. }) = recorded(g).map(|r| &r.health) {
-            notes.push(format!(
-                "GPU {} ({}) is checkpointed unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
-                g.index,
-                g.uuid,
-                store.checkpoint_path().display(),
-                g.index
-            ));
-        }
-    }
-    for r in &mig_records {
-        if let (Some(m), GpuHealth::Unhealthy { reason, .. }) = (&r.mig, &r.health) {
-            notes.push(format!(
-                "MIG device {} (GPU {}, GPU instance {}, compute instance {}) is checkpointed \
-                 unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
-                r.uuid,
-                r.index,
-                m.gpu_instance,
-                m.compute_instance,
-                store.checkpoint_path().display(),
-                r.uuid
-            ));
-        }
-    }
+    unhealthy_notes(inventory, &records, &mig_records, &store, &mut notes);
     let gpus = (0..)
         .zip(&inventory.gpus)
         .map(|(pos, g): (usize, &Gpu)| GpuJson {
@@ -267,6 +206,97 @@ fn build(ctx: &Ctx, work_dir: &Path) -> anyhow::Result<Report> {
         mig: inventory.mig.clone(),
         notes,
     })
+}
+
+/// The device nodes under `--dev-root` (none without a driver, or for a simulated node without
+/// `--dev-root`); why they are not shown goes to `notes`.
+fn device_nodes(ctx: &Ctx, inventory: &Inventory, notes: &mut Vec<String>) -> Option<DeviceNodes> {
+    match ctx.dev_root() {
+        _ if inventory.driver.is_none() => None,
+        None => {
+            notes.push(
+                "simulated node: device nodes are not read (a simulated node has none); \
+                 give --dev-root to read a directory of nodes"
+                    .to_owned(),
+            );
+            None
+        }
+        Some(root) => match DeviceNodes::scan(root, inventory) {
+            Ok(nodes) => Some(nodes),
+            Err(err) => {
+                notes.push(format!("device nodes not usable: {err:#}"));
+                None
+            }
+        },
+    }
+}
+
+/// The CPUs and memory nodes NUMA pinning chooses among: this host's online ones, or for
+/// simulated node `simulated` those its GPUs are local to; why none goes to `notes`.
+fn online_cpus(
+    simulated: Option<&str>,
+    driver: Option<&GpuDriver>,
+    inventory: &Inventory,
+    notes: &mut Vec<String>,
+) -> Option<numa::Allowed> {
+    match (simulated, driver) {
+        // A simulated node's facts only: its CPUs are those its GPUs are local to.
+        (Some(name), Some(driver)) => {
+            notes.push(format!(
+                "simulated node {name}: NUMA pinning is shown within the CPUs its GPUs are local \
+                 to, not this host's CPUs (host CPUs are not shown under --simulate)"
+            ));
+            Some(simulated_cpus(driver, inventory.gpus.len()))
+        }
+        (Some(_), None) => None,
+        (None, _) => match mesos_gpu_node::numa::online(Path::new("/sys")) {
+            Ok(online) => Some(online),
+            Err(err) => {
+                notes.push(format!(
+                    "NUMA pinning not shown: {:#}",
+                    anyhow::Error::new(err)
+                ));
+                None
+            }
+        },
+    }
+}
+
+/// A note for each GPU and MIG device the health checkpoint in `store` records unhealthy, with
+/// the command that clears it.
+fn unhealthy_notes(
+    inventory: &Inventory,
+    records: &[GpuRecord],
+    mig_records: &[GpuRecord],
+    store: &HealthStore,
+    notes: &mut Vec<String>,
+) {
+    for g in &inventory.gpus {
+        let health = records.iter().find(|r| r.uuid == g.uuid).map(|r| &r.health);
+        if let Some(GpuHealth::Unhealthy { reason, .. }) = health {
+            notes.push(format!(
+                "GPU {} ({}) is checkpointed unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
+                g.index,
+                g.uuid,
+                store.checkpoint_path().display(),
+                g.index
+            ));
+        }
+    }
+    for r in mig_records {
+        if let (Some(m), GpuHealth::Unhealthy { reason, .. }) = (&r.mig, &r.health) {
+            notes.push(format!(
+                "MIG device {} (GPU {}, GPU instance {}, compute instance {}) is checkpointed \
+                 unhealthy in {}: {reason}; `mesos-gpu gpu mark-healthy {}` clears it",
+                r.uuid,
+                r.index,
+                m.gpu_instance,
+                m.compute_instance,
+                store.checkpoint_path().display(),
+                r.uuid
+            ));
+        }
+    }
 }
 
 fn matrix(inventory: &Inventory) -> Vec<Vec<String>> {

@@ -19,8 +19,12 @@ use anyhow::Context as _;
 use mesos_gpu_os::{ErrorChain, MountTable};
 use mesos_gpu_volume::mountinfo;
 use mesos_gpu_volume::plan::{self, DriverSource, VolumePlan};
-use mesos_gpu_volume::volume::{DEFAULT_ROOT, KeepReason, Outcome};
-use mesos_gpu_volume::{Check, CreateOptions, DriverVersion, LdCache, Materialize, VolumeManager};
+use mesos_gpu_volume::volume::{
+    DEFAULT_ROOT, GcReport, KeepReason, Outcome, VerifyReport, VolumeInfo,
+};
+use mesos_gpu_volume::{
+    Check, CreateOptions, DriverVersion, LdCache, Materialize, Volume, VolumeManager,
+};
 use serde::Serialize;
 
 use crate::ctx::Ctx;
@@ -168,122 +172,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let plan = host_plan(args)?;
             emit(args, &plan, plan_text)
         }
-        Command::Create { copy, checksums } => {
-            let plan = host_plan(args)?;
-            let options = CreateOptions {
-                materialize: if *copy {
-                    Materialize::Copy
-                } else {
-                    Materialize::LinkOrCopy
-                },
-                check: if *checksums {
-                    Check::Checksums
-                } else {
-                    Check::Metadata
-                },
-            };
-            let volume = manager
-                .create_with(&plan, options)
-                .with_context(|| format!("cannot create the volume under {}", root.display()))?;
-            warn_if_noexec(&volume.path);
-            emit(args, &volume, |v| {
-                let mut s = match &v.outcome {
-                    Outcome::Created => "created".to_owned(),
-                    Outcome::Reused => "reused".to_owned(),
-                    Outcome::Rebuilt { problems } => {
-                        format!("rebuilt ({} problems)", problems.len())
-                    }
-                };
-                let _ = writeln!(
-                    s,
-                    " {}: {} files ({} hard links, {} copies), {} links, {}",
-                    v.path.display(),
-                    v.files,
-                    v.hardlinked,
-                    v.copied,
-                    v.links,
-                    size(v.bytes)
-                );
-                if let Outcome::Rebuilt { problems } = &v.outcome {
-                    for p in problems {
-                        let _ = writeln!(s, "  was: {p}");
-                    }
-                }
-                s
-            })
-        }
+        Command::Create { copy, checksums } => create(args, &manager, &root, *copy, *checksums),
         Command::Verify {
             metadata_only,
             volume_only,
-        } => {
-            let check = if *metadata_only {
-                Check::Metadata
-            } else {
-                Check::Checksums
-            };
-            let (version, plan) = if *volume_only {
-                (version_of(args, &load_cache(args)?)?, None)
-            } else {
-                let plan = host_plan(args)?;
-                (plan.driver_version.clone(), Some(plan))
-            };
-            let report = manager.verify(&version, plan.as_ref(), check)?;
-            emit(args, &report, |r| {
-                let scope = if r.against_host {
-                    "against its manifest and the host"
-                } else {
-                    "against its manifest"
-                };
-                if r.is_intact() {
-                    let depth = match r.check {
-                        Check::Metadata => "metadata",
-                        Check::Checksums => "checksum",
-                    };
-                    return format!("intact: {} ({depth} check {scope})\n", r.path.display());
-                }
-                let mut s = format!(
-                    "damaged: {} ({} problems, {scope})\n",
-                    r.path.display(),
-                    r.problems.len()
-                );
-                for p in &r.problems {
-                    let _ = writeln!(s, "  {p}");
-                }
-                s
-            })?;
-            Ok(if report.is_intact() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Command::List => {
-            let volumes = manager.list()?;
-            emit(args, &volumes, |vs| {
-                let rows: Vec<Vec<String>> = vs
-                    .iter()
-                    .map(|v| {
-                        let state = if v.problems.is_empty() {
-                            "intact".to_owned()
-                        } else {
-                            format!("{} problems", v.problems.len())
-                        };
-                        vec![
-                            v.driver_version.to_string(),
-                            v.path.display().to_string(),
-                            v.files.to_string(),
-                            size(v.bytes),
-                            state,
-                            v.holders.join(","),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &["VERSION", "PATH", "FILES", "SIZE", "STATE", "HOLDERS"],
-                    &rows,
-                )
-            })
-        }
+        } => verify(args, &manager, *metadata_only, *volume_only),
+        Command::List => emit(args, &manager.list()?, |vs| list_text(vs)),
         Command::Gc { all } => {
             let keep = if *all {
                 Vec::new()
@@ -295,26 +189,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
                         .context("pass --all to collect every unused volume")?,
                 ]
             };
-            let report = manager.gc(&keep)?;
-            emit(args, &report, |r| {
-                let mut s = String::new();
-                for path in &r.removed {
-                    let _ = writeln!(s, "removed {}", path.display());
-                }
-                for kept in &r.kept {
-                    let why = match &kept.reason {
-                        KeepReason::Requested => "current driver".to_owned(),
-                        KeepReason::InUse { holders } => {
-                            format!("in use by {}", holders.join(", "))
-                        }
-                    };
-                    let _ = writeln!(s, "kept {} ({why})", kept.path.display());
-                }
-                if s.is_empty() {
-                    s.push_str("no volumes\n");
-                }
-                s
-            })
+            emit(args, &manager.gc(&keep)?, gc_text)
         }
         Command::Acquire { holder } => {
             let version = version_of(args, &load_cache(args)?)?;
@@ -341,6 +216,161 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             )
         }
     }
+}
+
+/// `volume create`: builds (or reuses) the volume of the host's driver under `root`.
+fn create(
+    args: &Located<'_>,
+    manager: &VolumeManager,
+    root: &std::path::Path,
+    copy: bool,
+    checksums: bool,
+) -> anyhow::Result<ExitCode> {
+    let plan = host_plan(args)?;
+    let options = CreateOptions {
+        materialize: if copy {
+            Materialize::Copy
+        } else {
+            Materialize::LinkOrCopy
+        },
+        check: if checksums {
+            Check::Checksums
+        } else {
+            Check::Metadata
+        },
+    };
+    let volume = manager
+        .create_with(&plan, options)
+        .with_context(|| format!("cannot create the volume under {}", root.display()))?;
+    warn_if_noexec(&volume.path);
+    emit(args, &volume, created_text)
+}
+
+/// `create`'s text: what was done, the volume's counts, and what a rebuilt volume had wrong.
+fn created_text(v: &Volume) -> String {
+    let mut s = match &v.outcome {
+        Outcome::Created => "created".to_owned(),
+        Outcome::Reused => "reused".to_owned(),
+        Outcome::Rebuilt { problems } => {
+            format!("rebuilt ({} problems)", problems.len())
+        }
+    };
+    let _ = writeln!(
+        s,
+        " {}: {} files ({} hard links, {} copies), {} links, {}",
+        v.path.display(),
+        v.files,
+        v.hardlinked,
+        v.copied,
+        v.links,
+        size(v.bytes)
+    );
+    if let Outcome::Rebuilt { problems } = &v.outcome {
+        for p in problems {
+            let _ = writeln!(s, "  was: {p}");
+        }
+    }
+    s
+}
+
+/// `volume verify`: checks the volume against its manifest (and the host's driver unless
+/// `volume_only`); exits 1 when it is damaged.
+fn verify(
+    args: &Located<'_>,
+    manager: &VolumeManager,
+    metadata_only: bool,
+    volume_only: bool,
+) -> anyhow::Result<ExitCode> {
+    let check = if metadata_only {
+        Check::Metadata
+    } else {
+        Check::Checksums
+    };
+    let (version, plan) = if volume_only {
+        (version_of(args, &load_cache(args)?)?, None)
+    } else {
+        let plan = host_plan(args)?;
+        (plan.driver_version.clone(), Some(plan))
+    };
+    let report = manager.verify(&version, plan.as_ref(), check)?;
+    emit(args, &report, verify_text)?;
+    Ok(if report.is_intact() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `verify`'s text: intact with the depth and scope of the check, or damaged with each problem.
+fn verify_text(r: &VerifyReport) -> String {
+    let scope = if r.against_host {
+        "against its manifest and the host"
+    } else {
+        "against its manifest"
+    };
+    if r.is_intact() {
+        let depth = match r.check {
+            Check::Metadata => "metadata",
+            Check::Checksums => "checksum",
+        };
+        return format!("intact: {} ({depth} check {scope})\n", r.path.display());
+    }
+    let mut s = format!(
+        "damaged: {} ({} problems, {scope})\n",
+        r.path.display(),
+        r.problems.len()
+    );
+    for p in &r.problems {
+        let _ = writeln!(s, "  {p}");
+    }
+    s
+}
+
+/// `list`'s text: a table of the volumes, their state and holders.
+fn list_text(vs: &[VolumeInfo]) -> String {
+    let rows: Vec<Vec<String>> = vs
+        .iter()
+        .map(|v| {
+            let state = if v.problems.is_empty() {
+                "intact".to_owned()
+            } else {
+                format!("{} problems", v.problems.len())
+            };
+            vec![
+                v.driver_version.to_string(),
+                v.path.display().to_string(),
+                v.files.to_string(),
+                size(v.bytes),
+                state,
+                v.holders.join(","),
+            ]
+        })
+        .collect();
+    table(
+        &["VERSION", "PATH", "FILES", "SIZE", "STATE", "HOLDERS"],
+        &rows,
+    )
+}
+
+/// `gc`'s text: the volumes removed, and those kept with why.
+fn gc_text(r: &GcReport) -> String {
+    let mut s = String::new();
+    for path in &r.removed {
+        let _ = writeln!(s, "removed {}", path.display());
+    }
+    for kept in &r.kept {
+        let why = match &kept.reason {
+            KeepReason::Requested => "current driver".to_owned(),
+            KeepReason::InUse { holders } => {
+                format!("in use by {}", holders.join(", "))
+            }
+        };
+        let _ = writeln!(s, "kept {} ({why})", kept.path.display());
+    }
+    if s.is_empty() {
+        s.push_str("no volumes\n");
+    }
+    s
 }
 
 /// A holder (container id) of the right form, checked by clap: a wrong one is a usage error.

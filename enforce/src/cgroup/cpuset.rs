@@ -17,6 +17,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::IoError;
 use mesos_gpu_os::fsmode;
 
 use super::{CgroupError, IoResultExt, remove_cgroup_dir};
@@ -61,10 +62,7 @@ pub(crate) fn v1_make(mount: &Path, rel: &Path) -> Result<Vec<PathBuf>, CgroupEr
             continue;
         }
         let filled = fsmode::mkdir(&dir, super::CGROUP_DIR_MODE)
-            .map_err(|source| CgroupError::Create {
-                path: dir.clone(),
-                source,
-            })
+            .map_err(|source| CgroupError::Create(IoError::new(super::CREATE, &dir, source)))
             .and_then(|()| {
                 made.push(dir.clone());
                 for file in ["cpuset.cpus", "cpuset.mems"] {
@@ -159,9 +157,12 @@ fn read_list(dir: &Path, file: &str, fallback: &str) -> Result<CpuList, CgroupEr
         dir.join(fallback)
     };
     let text = read(&path)?;
-    text.parse().map_err(|e| CgroupError::Read {
-        path,
-        source: io::Error::new(io::ErrorKind::InvalidData, e),
+    text.parse().map_err(|e| {
+        CgroupError::Read(IoError::new(
+            "read",
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, e),
+        ))
     })
 }
 

@@ -27,6 +27,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use mesos_gpu_os::fsmode;
+use mesos_gpu_os::io::{IoContext as _, IoError};
 
 pub use mesos_gpu_node::rules::{
     Access, DeviceKind, DeviceRule, RuleError, default_whitelist, normalize, parse_list,
@@ -118,14 +119,8 @@ pub enum CgroupError {
         path: PathBuf,
     },
     /// A cgroup directory could not be created.
-    #[error("cannot create cgroup {path}")]
-    Create {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Create(IoError),
     /// A cgroup control file could not be written.
     #[error("cannot write {value:?} to {path}")]
     Write {
@@ -138,14 +133,8 @@ pub enum CgroupError {
         source: io::Error,
     },
     /// A file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// `devices.list` (v1) holds a line that is not a device rule.
     #[error("{path} holds an invalid device rule")]
     List {
@@ -164,14 +153,8 @@ pub enum CgroupError {
         pids: Vec<u32>,
     },
     /// A cgroup directory could not be removed.
-    #[error("cannot remove cgroup {path}")]
-    Remove {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Remove(IoError),
     /// A rule cgroups v1 cannot express.
     #[error("cgroups v1 cannot apply {rule}: type a (all devices) can only be `a *:* rwm` there")]
     Unsupported {
@@ -249,6 +232,9 @@ impl CgroupError {
     }
 }
 
+/// The step named when a cgroup directory cannot be made ("cannot create cgroup <path>").
+const CREATE: &str = "create cgroup";
+
 /// Context for io errors in one call.
 pub(crate) trait IoResultExt<T> {
     /// Maps the error to [`CgroupError::Read`] of `path`.
@@ -261,10 +247,7 @@ pub(crate) trait IoResultExt<T> {
 
 impl<T> IoResultExt<T> for io::Result<T> {
     fn wrap_read(self, path: &Path) -> Result<T, CgroupError> {
-        self.map_err(|source| CgroupError::Read {
-            path: path.to_owned(),
-            source,
-        })
+        self.map_err(|source| CgroupError::Read(IoError::new("read", path, source)))
     }
 
     fn wrap_write(self, path: &Path, value: &str) -> Result<T, CgroupError> {
@@ -527,9 +510,10 @@ pub fn read_procs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
     let text = std::fs::read_to_string(&path).wrap_read(&path)?;
     text.split_whitespace()
         .map(|pid| {
-            pid.parse().map_err(|_| CgroupError::Read {
-                path: path.clone(),
-                source: io::Error::new(io::ErrorKind::InvalidData, format!("{pid:?} is not a pid")),
+            pid.parse().map_err(|_| {
+                let source =
+                    io::Error::new(io::ErrorKind::InvalidData, format!("{pid:?} is not a pid"));
+                CgroupError::Read(IoError::new("read", &path, source))
             })
         })
         .collect()
@@ -542,10 +526,9 @@ pub(crate) fn create_container_dir(
     container: &ContainerId,
 ) -> Result<PathBuf, CgroupError> {
     let parent = layout.parent_dir();
-    fsmode::create_dir_all(&parent, CGROUP_DIR_MODE).map_err(|source| CgroupError::Create {
-        path: parent,
-        source,
-    })?;
+    fsmode::create_dir_all(&parent, CGROUP_DIR_MODE)
+        .at(CREATE, &parent)
+        .map_err(CgroupError::Create)?;
     let path = layout.container_dir(container);
     match fsmode::mkdir(&path, CGROUP_DIR_MODE) {
         Ok(()) => Ok(path),
@@ -553,7 +536,7 @@ pub(crate) fn create_container_dir(
             container: container.clone(),
             path,
         }),
-        Err(source) => Err(CgroupError::Create { path, source }),
+        Err(source) => Err(CgroupError::Create(IoError::new(CREATE, path, source))),
     }
 }
 
@@ -573,10 +556,11 @@ pub fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
                 pids,
             })
         }
-        Err(source) => Err(CgroupError::Remove {
-            path: path.to_owned(),
+        Err(source) => Err(CgroupError::Remove(IoError::new(
+            "remove cgroup",
+            path,
             source,
-        }),
+        ))),
     }
 }
 
@@ -624,10 +608,7 @@ mod tests {
         std::fs::write(tmp.path().join("cgroup.procs"), "12\n345\n").expect("write");
         assert_eq!(read_procs(tmp.path()).expect("parse"), [12, 345]);
         std::fs::write(tmp.path().join("cgroup.procs"), "12\nx\n").expect("write");
-        assert!(matches!(
-            read_procs(tmp.path()),
-            Err(CgroupError::Read { .. })
-        ));
+        assert!(matches!(read_procs(tmp.path()), Err(CgroupError::Read(_))));
 
         let layout = CgroupLayout::new(
             Hierarchy {

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use cgroups_rs::CgroupPid;
 use cgroups_rs::fs::Controller;
 use cgroups_rs::fs::devices::{DevicePermissions, DeviceType, DevicesController};
+use mesos_gpu_os::IoError;
 
 use super::{
     CgroupError, CgroupLayout, CgroupVersion, ContainerId, check_pid, create_container_dir,
@@ -136,21 +137,16 @@ impl V1DeviceCgroup {
         let resources = self
             .controller
             .allowed_devices()
-            .map_err(|e| CgroupError::Read {
-                path: path.clone(),
-                source: io_cause(e),
-            })?;
+            .map_err(|e| CgroupError::Read(IoError::new("read", &path, io_cause(e))))?;
         let rules = resources
             .iter()
             .map(|r| {
                 from_resource(r.devtype, r.major, r.minor, &r.access).ok_or_else(|| {
-                    CgroupError::Read {
-                        path: path.clone(),
-                        source: io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!("unexpected entry {r:?}"),
-                        ),
-                    }
+                    let source = io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("unexpected entry {r:?}"),
+                    );
+                    CgroupError::Read(IoError::new("read", &path, source))
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -13,10 +13,9 @@
 //! nodes for, or that are unhealthy, are not offered.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use super::attributes::{Attribute, safe_text};
+use crate::mig_strategy::MigStrategy;
 use mesos_gpu_node::inventory::Inventory;
 
 /// The prefix of a MIG profile's scalar resource and attribute.
@@ -24,47 +23,6 @@ pub const MIG_RESOURCE_PREFIX: &str = "mig-";
 
 /// The attribute naming the strategy.
 pub const ATTR_MIG_STRATEGY: &str = "mig_strategy";
-
-/// How MIG devices are offered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MigStrategy {
-    /// Every MIG device is one `gpus` unit.
-    #[default]
-    Single,
-    /// Each MIG profile is its own scalar resource.
-    Mixed,
-}
-
-impl fmt::Display for MigStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MigStrategy::Single => "single",
-            MigStrategy::Mixed => "mixed",
-        })
-    }
-}
-
-/// A MIG strategy that is neither `single` nor `mixed`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("MIG strategy {got:?}: expected single or mixed")]
-pub struct MigStrategyError {
-    /// The value as given.
-    pub got: String,
-}
-
-impl FromStr for MigStrategy {
-    type Err = MigStrategyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "single" => Ok(MigStrategy::Single),
-            "mixed" => Ok(MigStrategy::Mixed),
-            other => Err(MigStrategyError {
-                got: other.to_owned(),
-            }),
-        }
-    }
-}
 
 /// The MIG devices a node offers: healthy, with the capability nodes the driver gives them.
 pub(crate) fn offered_devices(
@@ -184,16 +142,6 @@ impl MigOffer {
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
-
-    #[test]
-    fn strategies_parse_and_name_the_accepted_values() {
-        assert_eq!("single".parse::<MigStrategy>(), Ok(MigStrategy::Single));
-        assert_eq!(" mixed".parse::<MigStrategy>(), Ok(MigStrategy::Mixed));
-        assert_eq!(
-            "none".parse::<MigStrategy>().unwrap_err().to_string(),
-            "MIG strategy \"none\": expected single or mixed"
-        );
-    }
 
     #[test]
     fn a_node_without_mig_offers_its_gpus_in_both_strategies() {

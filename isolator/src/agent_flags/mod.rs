@@ -35,12 +35,11 @@ mod sharing;
 
 use std::collections::BTreeSet;
 
+pub use crate::mig_strategy::{MigStrategy, MigStrategyError};
 pub use attributes::{Attribute, AttributesError};
 pub(crate) use attributes::{gpu_attributes, merge as merge_attributes};
 pub use containerizer::{ContainerizerFlags, ContainerizerFlagsError};
-pub use mig::{
-    ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, MigStrategy, MigStrategyError, ProfileOffer,
-};
+pub use mig::{ATTR_MIG_STRATEGY, MIG_RESOURCE_PREFIX, MigOffer, ProfileOffer};
 pub use module::{MODULE_ISOLATOR, ModuleParameters};
 pub use module_config::{DriverVolume, MODULE_KEYS, ModuleConfig, ModuleParamError};
 pub use offer::{ModuleGpus, ModuleOffer, OfferMismatch, check_agent_resources};
@@ -404,27 +403,7 @@ impl AgentGpuFlags {
         }
         // Rule 2.
         if !self.isolates() || inventory.driver.is_none() {
-            if self.isolates() {
-                tracing::warn!(
-                    reason = inventory.absent_reason.as_deref().unwrap_or("unknown"),
-                    "a GPU isolator is in --isolation but NVML is not available; gpus from \
-                     --resources pass through unchecked"
-                );
-            }
-            let gpus = given.map_or(0.0, |g| g.total);
-            let advertised: Vec<u32> = if gpus > 0.0 {
-                healthy_indices(inventory)
-            } else {
-                Vec::new()
-            };
-            return self.build(
-                inventory,
-                GpuSource::Passthrough,
-                gpus,
-                self.resources.render(),
-                None,
-                &advertised,
-            );
+            return self.passthrough(inventory, given.map_or(0.0, |g| g.total));
         }
         // Rule 5's whole-number check comes first: a fractional count is wrong whatever else is
         // (Mesos would first ask for --nvidia_gpu_devices, then refuse the count).
@@ -460,82 +439,121 @@ impl AgentGpuFlags {
             }),
             // Rule 5.
             (Some(g), Some(devices)) => {
-                let gpus = g.total;
-                let duplicates = duplicates(devices);
-                if !duplicates.is_empty() {
-                    return Err(AgentFlagsError::Duplicates {
-                        flag: self.devices_flag,
-                        duplicates,
-                    });
-                }
-                if gpus != devices.len() as f64 {
-                    return Err(AgentFlagsError::Mismatch {
-                        flag: self.devices_flag,
-                        gpus,
-                        listed: devices.len(),
-                    });
-                }
-                if gpus > inventory.gpus.len() as f64 {
-                    return Err(AgentFlagsError::MoreThanAvailable {
-                        gpus,
-                        available: inventory.gpus.len(),
-                    });
-                }
-                for &index in devices {
-                    match inventory.by_index(index) {
-                        None => {
-                            let known = inventory.gpus.iter().map(|g| g.index).collect();
-                            return Err(AgentFlagsError::UnknownDevice {
-                                flag: self.devices_flag,
-                                index,
-                                known,
-                            });
-                        }
-                        Some(gpu) if !gpu.healthy => {
-                            return Err(AgentFlagsError::LostDevice {
-                                flag: self.devices_flag,
-                                index,
-                            });
-                        }
-                        Some(_) => {}
-                    }
-                }
-                let resources = self.resources.render();
+                self.check_devices(inventory, g.total, devices)?;
                 self.build(
                     inventory,
                     GpuSource::Explicit,
-                    gpus,
-                    resources,
+                    g.total,
+                    self.resources.render(),
                     Some(devices.clone()),
                     devices,
                 )
             }
             // Rule 6.
-            (None, None) => {
-                let indices = healthy_indices(inventory);
-                let lost = inventory.gpus.len() - indices.len();
-                if lost > 0 {
-                    tracing::warn!(lost, "leaving out GPUs that NVML reports as lost");
+            (None, None) => self.discovered(inventory),
+        }
+    }
+
+    /// Rule 2: without a GPU isolator, or without NVML, `gpus` from `--resources` pass through
+    /// unchecked (the healthy GPUs advertised when there are any).
+    fn passthrough(&self, inventory: &Inventory, gpus: f64) -> Result<AgentGpus, AgentFlagsError> {
+        if self.isolates() {
+            tracing::warn!(
+                reason = inventory.absent_reason.as_deref().unwrap_or("unknown"),
+                "a GPU isolator is in --isolation but NVML is not available; gpus from \
+                 --resources pass through unchecked"
+            );
+        }
+        let advertised: Vec<u32> = if gpus > 0.0 {
+            healthy_indices(inventory)
+        } else {
+            Vec::new()
+        };
+        self.build(
+            inventory,
+            GpuSource::Passthrough,
+            gpus,
+            self.resources.render(),
+            None,
+            &advertised,
+        )
+    }
+
+    /// Rule 5: the device list names `gpus` GPUs, each once, each one the node has and NVML
+    /// does not report lost.
+    fn check_devices(
+        &self,
+        inventory: &Inventory,
+        gpus: f64,
+        devices: &[u32],
+    ) -> Result<(), AgentFlagsError> {
+        let duplicates = duplicates(devices);
+        if !duplicates.is_empty() {
+            return Err(AgentFlagsError::Duplicates {
+                flag: self.devices_flag,
+                duplicates,
+            });
+        }
+        if gpus != devices.len() as f64 {
+            return Err(AgentFlagsError::Mismatch {
+                flag: self.devices_flag,
+                gpus,
+                listed: devices.len(),
+            });
+        }
+        if gpus > inventory.gpus.len() as f64 {
+            return Err(AgentFlagsError::MoreThanAvailable {
+                gpus,
+                available: inventory.gpus.len(),
+            });
+        }
+        for &index in devices {
+            match inventory.by_index(index) {
+                None => {
+                    let known = inventory.gpus.iter().map(|g| g.index).collect();
+                    return Err(AgentFlagsError::UnknownDevice {
+                        flag: self.devices_flag,
+                        index,
+                        known,
+                    });
                 }
-                let n = u32::try_from(indices.len()).unwrap_or(u32::MAX);
-                let (resources, devices) = if n == 0 {
-                    (self.resources.render(), None)
-                } else {
-                    (
-                        self.resources.render_with_gpus(Some(n)),
-                        Some(indices.clone()),
-                    )
-                };
-                self.build(
-                    inventory,
-                    GpuSource::Discovered,
-                    f64::from(n),
-                    resources,
-                    devices,
-                    &indices,
-                )
+                Some(gpu) if !gpu.healthy => {
+                    return Err(AgentFlagsError::LostDevice {
+                        flag: self.devices_flag,
+                        index,
+                    });
+                }
+                Some(_) => {}
             }
         }
+        Ok(())
+    }
+
+    /// Rule 6: neither `gpus` nor a device list given, every GPU NVML does not report lost is
+    /// advertised.
+    fn discovered(&self, inventory: &Inventory) -> Result<AgentGpus, AgentFlagsError> {
+        let indices = healthy_indices(inventory);
+        let lost = inventory.gpus.len() - indices.len();
+        if lost > 0 {
+            tracing::warn!(lost, "leaving out GPUs that NVML reports as lost");
+        }
+        let n = u32::try_from(indices.len()).unwrap_or(u32::MAX);
+        let (resources, devices) = if n == 0 {
+            (self.resources.render(), None)
+        } else {
+            (
+                self.resources.render_with_gpus(Some(n)),
+                Some(indices.clone()),
+            )
+        };
+        self.build(
+            inventory,
+            GpuSource::Discovered,
+            f64::from(n),
+            resources,
+            devices,
+            &indices,
+        )
     }
 
     /// The flags of a node with GPUs in MIG mode: `gpus` and (mixed) one scalar per MIG profile

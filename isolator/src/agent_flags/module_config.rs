@@ -183,16 +183,7 @@ impl ModuleConfig {
     /// Checks `params`: every key known and given once, `work_dir` given, every value one the
     /// module accepts.
     pub fn parse(params: &ModuleParameters) -> Result<ModuleConfig, ModuleParamError> {
-        let mut seen: Vec<&str> = Vec::new();
-        for (key, _) in params.entries() {
-            if !MODULE_KEYS.contains(&key.as_str()) {
-                return Err(ModuleParamError::UnknownKey { key: key.clone() });
-            }
-            if seen.contains(&key.as_str()) {
-                return Err(ModuleParamError::Duplicate { key: key.clone() });
-            }
-            seen.push(key);
-        }
+        check_keys(params)?;
         let get = |key: &str| params.get(key);
         let path = |key: &str, default: &str| PathBuf::from(get(key).unwrap_or(default));
         let work_dir = get("work_dir").ok_or(ModuleParamError::Missing { key: "work_dir" })?;
@@ -202,114 +193,11 @@ impl ModuleConfig {
             dir: path("pool_dir", DEFAULT_POOL_DIR),
             role: PoolRole::Agent,
         });
-        if let Some(policy) = get("policy") {
-            isolator.policy = policy
-                .parse::<Policy>()
-                .map_err(|source| ModuleParamError::Policy { source })?;
-        }
-        if let Some(version) = get("cgroup_version") {
-            isolator.cgroup_version =
-                version
-                    .parse::<CgroupChoice>()
-                    .map_err(|_| ModuleParamError::BadValue {
-                        key: "cgroup_version",
-                        got: version.to_owned(),
-                        expected: "one of auto, v1, v2",
-                    })?;
-        }
-        if let Some(devices) = get("nvidia_gpu_devices") {
-            isolator.devices = Some(parse_indices(devices)?);
-        }
-        if let Some(root) = get("cgroups_hierarchy") {
-            isolator.v1_root = root.into();
-        }
-        isolator.v2_mount = get("cgroup2_mount").map(PathBuf::from);
-        if let Some(name) = get("cgroups_root") {
-            isolator.cgroups_root = name.to_owned();
-        }
-        let container_cgroups = match get("container_cgroups").unwrap_or("auto") {
-            "auto" => None,
-            other => {
-                Some(
-                    other
-                        .parse::<CgroupMaker>()
-                        .map_err(|_| ModuleParamError::BadValue {
-                            key: "container_cgroups",
-                            got: other.to_owned(),
-                            expected: "one of auto, mesos, own",
-                        })?,
-                )
-            }
-        };
-        if let Some(cgroup_maker) = container_cgroups {
-            isolator.cgroup_maker = cgroup_maker;
-        }
-        let driver_volume = match get("driver_volume").unwrap_or("existing") {
-            "existing" => DriverVolume::Existing,
-            "build" => DriverVolume::Build,
-            "off" => DriverVolume::Off,
-            other => {
-                return Err(ModuleParamError::BadValue {
-                    key: "driver_volume",
-                    got: other.to_owned(),
-                    expected: "one of existing, build, off",
-                });
-            }
-        };
-        isolator.pinning.enabled = match get("numa_pinning").unwrap_or("off") {
-            "off" => false,
-            "on" => true,
-            other => {
-                return Err(ModuleParamError::BadValue {
-                    key: "numa_pinning",
-                    got: other.to_owned(),
-                    expected: "one of off, on",
-                });
-            }
-        };
-        if let Some(spec) = get("gpu_replicas") {
-            let mode = get("gpu_sharing")
-                .unwrap_or("time-slicing")
-                .parse::<ModeSpec>()
-                .map_err(|source| ModuleParamError::Sharing { source })?;
-            let spec = SharingSpec::parse(spec, mode)
-                .map_err(|source| ModuleParamError::Sharing { source })?;
-            let mut mps = MpsConfig::new(path("mps_root", DEFAULT_MPS_ROOT));
-            mps.program = path("mps_control", MPS_CONTROL);
-            isolator.sharing = Some(SharingConfig { spec, mps });
-        } else if let Some(key) = ["gpu_sharing", "mps_root", "mps_control"]
-            .into_iter()
-            .find(|k| get(k).is_some())
-        {
-            return Err(ModuleParamError::BadValue {
-                key,
-                got: get(key).unwrap_or_default().to_owned(),
-                expected: "to be given only with gpu_replicas",
-            });
-        }
-        if let Some(strategy) = get("mig_strategy") {
-            isolator.mig.strategy = strategy.parse().map_err(|_| ModuleParamError::BadValue {
-                key: "mig_strategy",
-                got: strategy.to_owned(),
-                expected: "one of single, mixed",
-            })?;
-        }
-        for (key, slot) in [
-            ("mig_allow_multiple", &mut isolator.mig.allow_multiple),
-            ("mig_allow_sys_admin", &mut isolator.mig.allow_sys_admin),
-        ] {
-            *slot = match get(key).unwrap_or("off") {
-                "off" => false,
-                "on" => true,
-                other => {
-                    return Err(ModuleParamError::BadValue {
-                        key,
-                        got: other.to_owned(),
-                        expected: "one of off, on",
-                    });
-                }
-            };
-        }
+        let container_cgroups = gpus_and_cgroups(&get, &mut isolator)?;
+        let driver_volume = driver_volume(get("driver_volume").unwrap_or("existing"))?;
+        isolator.pinning.enabled = on_off("numa_pinning", get("numa_pinning"))?;
+        isolator.sharing = sharing(&get)?;
+        mig_config(&get, &mut isolator)?;
         let health_checks = get("health_checks")
             .map(HealthPolicy::parse)
             .transpose()
@@ -331,6 +219,145 @@ impl ModuleConfig {
             health_recovery,
         })
     }
+}
+
+/// Refuses a key that is no module parameter, or one given twice.
+fn check_keys(params: &ModuleParameters) -> Result<(), ModuleParamError> {
+    let mut seen: Vec<&str> = Vec::new();
+    for (key, _) in params.entries() {
+        if !MODULE_KEYS.contains(&key.as_str()) {
+            return Err(ModuleParamError::UnknownKey { key: key.clone() });
+        }
+        if seen.contains(&key.as_str()) {
+            return Err(ModuleParamError::Duplicate { key: key.clone() });
+        }
+        seen.push(key);
+    }
+    Ok(())
+}
+
+/// Sets the allocation policy, the GPUs offered (`nvidia_gpu_devices`) and the cgroup
+/// parameters in `isolator`; returns `container_cgroups` (`None` for `auto`).
+fn gpus_and_cgroups<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    isolator: &mut IsolatorConfig,
+) -> Result<Option<CgroupMaker>, ModuleParamError> {
+    if let Some(policy) = get("policy") {
+        isolator.policy = policy
+            .parse::<Policy>()
+            .map_err(|source| ModuleParamError::Policy { source })?;
+    }
+    if let Some(version) = get("cgroup_version") {
+        isolator.cgroup_version =
+            version
+                .parse::<CgroupChoice>()
+                .map_err(|_| ModuleParamError::BadValue {
+                    key: "cgroup_version",
+                    got: version.to_owned(),
+                    expected: "one of auto, v1, v2",
+                })?;
+    }
+    if let Some(devices) = get("nvidia_gpu_devices") {
+        isolator.devices = Some(parse_indices(devices)?);
+    }
+    if let Some(root) = get("cgroups_hierarchy") {
+        isolator.v1_root = root.into();
+    }
+    isolator.v2_mount = get("cgroup2_mount").map(PathBuf::from);
+    if let Some(name) = get("cgroups_root") {
+        isolator.cgroups_root = name.to_owned();
+    }
+    let container_cgroups = match get("container_cgroups").unwrap_or("auto") {
+        "auto" => None,
+        other => Some(
+            other
+                .parse::<CgroupMaker>()
+                .map_err(|_| ModuleParamError::BadValue {
+                    key: "container_cgroups",
+                    got: other.to_owned(),
+                    expected: "one of auto, mesos, own",
+                })?,
+        ),
+    };
+    if let Some(cgroup_maker) = container_cgroups {
+        isolator.cgroup_maker = cgroup_maker;
+    }
+    Ok(container_cgroups)
+}
+
+/// `driver_volume`'s value.
+fn driver_volume(value: &str) -> Result<DriverVolume, ModuleParamError> {
+    match value {
+        "existing" => Ok(DriverVolume::Existing),
+        "build" => Ok(DriverVolume::Build),
+        "off" => Ok(DriverVolume::Off),
+        other => Err(ModuleParamError::BadValue {
+            key: "driver_volume",
+            got: other.to_owned(),
+            expected: "one of existing, build, off",
+        }),
+    }
+}
+
+/// A switch `key` that is `off` unless given as `on`.
+fn on_off(key: &'static str, value: Option<&str>) -> Result<bool, ModuleParamError> {
+    match value.unwrap_or("off") {
+        "off" => Ok(false),
+        "on" => Ok(true),
+        other => Err(ModuleParamError::BadValue {
+            key,
+            got: other.to_owned(),
+            expected: "one of off, on",
+        }),
+    }
+}
+
+/// The GPU sharing configuration (`gpu_replicas`, `gpu_sharing`, `mps_root`, `mps_control`);
+/// `None` without `gpu_replicas`, when none of the others may be given.
+fn sharing<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+) -> Result<Option<SharingConfig>, ModuleParamError> {
+    let path = |key: &str, default: &str| PathBuf::from(get(key).unwrap_or(default));
+    if let Some(spec) = get("gpu_replicas") {
+        let mode = get("gpu_sharing")
+            .unwrap_or("time-slicing")
+            .parse::<ModeSpec>()
+            .map_err(|source| ModuleParamError::Sharing { source })?;
+        let spec = SharingSpec::parse(spec, mode)
+            .map_err(|source| ModuleParamError::Sharing { source })?;
+        let mut mps = MpsConfig::new(path("mps_root", DEFAULT_MPS_ROOT));
+        mps.program = path("mps_control", MPS_CONTROL);
+        return Ok(Some(SharingConfig { spec, mps }));
+    }
+    match ["gpu_sharing", "mps_root", "mps_control"]
+        .into_iter()
+        .find(|k| get(k).is_some())
+    {
+        Some(key) => Err(ModuleParamError::BadValue {
+            key,
+            got: get(key).unwrap_or_default().to_owned(),
+            expected: "to be given only with gpu_replicas",
+        }),
+        None => Ok(None),
+    }
+}
+
+/// Sets the MIG parameters in `isolator` (`mig_strategy`, `mig_allow_multiple`,
+/// `mig_allow_sys_admin`).
+fn mig_config<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    isolator: &mut IsolatorConfig,
+) -> Result<(), ModuleParamError> {
+    if let Some(strategy) = get("mig_strategy") {
+        isolator.mig.strategy = strategy.parse().map_err(|_| ModuleParamError::BadValue {
+            key: "mig_strategy",
+            got: strategy.to_owned(),
+            expected: "one of single, mixed",
+        })?;
+    }
+    isolator.mig.allow_multiple = on_off("mig_allow_multiple", get("mig_allow_multiple"))?;
+    isolator.mig.allow_sys_admin = on_off("mig_allow_sys_admin", get("mig_allow_sys_admin"))?;
+    Ok(())
 }
 
 /// The recovery parameters; `None` with `health_recovery=off`.

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use super::launch::PrepareConfig;
 use super::state::State;
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::agent_flags::MigStrategy;
+use crate::mig_strategy::MigStrategy;
 
 use mesos_gpu_grant::{mig::MigAccess, mig::check_capabilities};
 use mesos_gpu_node::inventory::Inventory;

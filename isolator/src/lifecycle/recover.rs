@@ -33,9 +33,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use mesos_gpu_os::error_chain;
 
 use super::checkpoint::{Checkpoint, ContainerRecord, GpuRecord};
+use super::docker_owner::DockerStart;
 use super::launch::allowed_minors;
 use super::placement::PlacedCgroup;
-use super::state::{Carried, Container, QUARANTINE_OWNER, State};
+use super::state::{Carried, Container, QUARANTINE_OWNER, State, TxSlot};
 use super::{CgroupMaker, Isolator, LifecycleError, health};
 use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::{
@@ -205,6 +206,110 @@ struct Found {
     cgroup: Option<PlacedCgroup>,
 }
 
+/// What recovery has found so far, before the state is rebuilt from it.
+#[derive(Default)]
+struct Scan {
+    /// The report under way.
+    report: RecoveryReport,
+    /// Mesos containers kept, with their GPUs, rules and cgroup.
+    found: BTreeMap<ContainerId, Found>,
+    /// Mesos containers' shares of shared GPUs.
+    shares: BTreeMap<ContainerId, PlacedShare>,
+    /// Mesos containers' MIG devices that this process sees.
+    migs: BTreeMap<ContainerId, Vec<String>>,
+    /// Every container claiming each GPU, by index.
+    claims: BTreeMap<u32, BTreeSet<ContainerId>>,
+    /// Quarantined GPUs by index, with the containers whose cleanup frees them.
+    quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
+    /// Records this process cannot map onto the GPUs it sees.
+    carried: BTreeMap<ContainerId, Carried>,
+    /// MIG devices of a new layout that a container's cgroup can open, held out of service.
+    mig_quarantine: BTreeMap<ContainerId, Vec<String>>,
+    /// Docker containers still alive, with their GPUs.
+    docker: BTreeMap<ContainerId, GpuSet>,
+    /// Where each Docker container runs and who starts it.
+    docker_starts: BTreeMap<ContainerId, DockerStart>,
+    /// Docker containers' shares of shared GPUs.
+    docker_shares: BTreeMap<ContainerId, PlacedShare>,
+    /// Docker containers' MIG devices by UUID.
+    docker_mig: BTreeMap<ContainerId, Vec<String>>,
+}
+
+/// What the node's pool says of its other publishers, read once when recovery starts.
+struct PoolView {
+    /// Owner ids other publishers record: their cgroups are theirs.
+    elsewhere: BTreeSet<String>,
+    /// UUIDs of the GPUs and MIG devices other publishers hold.
+    others: BTreeSet<String>,
+    /// The GPUs of `others` that this process sees, by index.
+    reserved_elsewhere: GpuSet,
+}
+
+impl Scan {
+    /// Keeps a recorded container whose cgroup was recovered, with its share, and counts its
+    /// claims.
+    fn keep_recorded(
+        &mut self,
+        id: ContainerId,
+        mut entry: Found,
+        rules: &[DeviceRule],
+        share: Option<PlacedShare>,
+    ) {
+        if self.carried.get(&id).is_some_and(|c| !c.gpus.is_empty()) {
+            // Rules recomputed from the GPUs this process sees (Mesos's cgroups) lack the
+            // carried GPUs' entries: keep the recorded ones.
+            entry.rules = mesos_gpu_enforce::cgroup::normalize(
+                &entry.rules.iter().chain(rules).cloned().collect::<Vec<_>>(),
+            );
+        }
+        if let Some(grant) = share {
+            self.shares.insert(id.clone(), grant);
+        }
+        for i in entry.gpus.iter() {
+            self.claims.entry(i).or_default().insert(id.clone());
+        }
+        self.found.insert(id, entry);
+    }
+
+    /// Reports a recorded container whose cgroup could not be recovered and quarantines its
+    /// GPUs, mapped or carried, until its cleanup.
+    fn unrecoverable(&mut self, id: ContainerId, gpus: GpuSet, error: String) {
+        self.report.issues.push(RecoveryIssue::Unrecoverable {
+            container: id.clone(),
+            error,
+        });
+        // Its carried GPUs stay quarantined by their recorded index.
+        let recorded = self.carried.remove(&id).unwrap_or_default().gpus;
+        for i in gpus.iter().chain(recorded.iter().map(|r| r.index)) {
+            self.quarantine.entry(i).or_default().insert(id.clone());
+        }
+    }
+
+    /// Adds the checkpoint's quarantine, then quarantines every GPU with several claimants, or
+    /// already quarantined, for all of them.
+    fn settle_claims(&mut self, ckpt: &Checkpoint) {
+        for (&index, names) in &ckpt.quarantine {
+            for name in names {
+                if let Ok(id) = ContainerId::new(name.as_str()) {
+                    self.quarantine.entry(index).or_default().insert(id);
+                }
+            }
+        }
+        for (index, claimants) in &self.claims {
+            if claimants.len() > 1 || self.quarantine.contains_key(index) {
+                let all = self.quarantine.entry(*index).or_default();
+                all.extend(claimants.iter().cloned());
+                if claimants.len() > 1 {
+                    self.report.issues.push(RecoveryIssue::ClaimedTwice {
+                        gpu: *index,
+                        claimants: all.iter().cloned().collect(),
+                    });
+                }
+            }
+        }
+    }
+}
+
 impl Isolator {
     /// Rebuilds the state from the checkpoint and the live cgroups (see the module docs). Must
     /// be the first call; `states` are the containers the agent recovered, `orphans` those it
@@ -224,18 +329,38 @@ impl Isolator {
             .store
             .load()
             .map_err(|source| LifecycleError::Checkpoint { step: STEP, source })?;
-        let mut report = RecoveryReport::default();
-        let mut found: BTreeMap<ContainerId, Found> = BTreeMap::new();
-        let mut shares: BTreeMap<ContainerId, PlacedShare> = BTreeMap::new();
-        let mut migs: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
-        let mut claims: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
-        let mut quarantine: BTreeMap<u32, BTreeSet<ContainerId>> = BTreeMap::new();
-        let mut carried: BTreeMap<ContainerId, Carried> = BTreeMap::new();
+        let pool = self.pool_view(&guard.tx);
+        let mut scan = Scan::default();
+        let mut adoptable = self.adoptable(states, &ckpt);
+        for id in self.candidates(&ckpt, &pool.elsewhere) {
+            self.recover_candidate(id, &ckpt, &adoptable, &pool, &mut scan);
+        }
+        adoptable.retain(|id| !scan.found.contains_key(id));
+        for id in adoptable {
+            self.adopt(&id, &mut scan);
+        }
+        self.recover_docker_records(&ckpt, &mut scan);
+        scan.settle_claims(&ckpt);
+        scan.report.unchecked = self.unchecked(&scan.carried);
+        let (mut state, mut report) = self.restore(scan)?;
+        sort_by_agent(&state, states, orphans, &mut report);
+        self.recover_nested(&mut state, states);
+        self.install(&mut guard, state);
+        self.save(&guard, STEP)?;
+        for issue in &report.issues {
+            tracing::warn!(?issue, "recovery found an inconsistency");
+        }
+        tracing::info!(
+            recovered = report.recovered.len(), orphans = report.orphans.len(), docker = report.docker.len(),
+            issues = report.issues.len(), free = %guard.allocator.free(), "recovered GPU allocations"
+        );
+        Ok(report)
+    }
 
-        // Owner ids other publishers of the node's pool record: their cgroups are theirs.
-        let elsewhere: BTreeSet<String> = guard
-            .tx
-            .borrow()
+    /// Reads what the node's pool (in `tx`, when there is one) says of its other publishers.
+    fn pool_view(&self, tx: &TxSlot) -> PoolView {
+        let slot = tx.borrow();
+        let elsewhere: BTreeSet<String> = slot
             .as_ref()
             .map(|tx| {
                 tx.state
@@ -246,20 +371,17 @@ impl Isolator {
                     .collect()
             })
             .unwrap_or_default();
-        let mut mig_quarantine: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
-        let others: BTreeSet<String> = {
-            let slot = guard.tx.borrow();
-            slot.as_ref()
-                .zip(self.pool_publisher())
-                .map(|(tx, publisher)| {
-                    tx.state
-                        .held_by_others(publisher)
-                        .into_iter()
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let others: BTreeSet<String> = slot
+            .as_ref()
+            .zip(self.pool_publisher())
+            .map(|(tx, publisher)| {
+                tx.state
+                    .held_by_others(publisher)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
         let reserved_elsewhere = GpuSet::from_indices(
             self.inventory
                 .gpus
@@ -268,128 +390,146 @@ impl Isolator {
                 .map(|g| g.index),
         )
         .unwrap_or_default();
-        // The agent's own top-level containers without a record here (started before the
-        // module was loaded, e.g. by Mesos's gpu/nvidia): the agent will update and clean them
-        // up, so they are adopted with the GPUs their cgroup allows. Only on cgroup v1, where
-        // `devices.list` says which; a v2 cgroup may carry a device program of Mesos's that the
-        // module cannot read (the guide says to drain before such a move).
-        let mut adoptable: BTreeSet<ContainerId> = if self.layout.version() == CgroupVersion::V1 {
-            states
-                .iter()
-                .filter(|s| s.parent.is_none() && !ckpt.containers.contains_key(s.id.as_str()))
-                .map(|s| s.id.clone())
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
-        for id in self.candidates(&ckpt, &elsewhere) {
-            let (gpus, touched) = self.checkpointed_gpus(&ckpt, &id, &mut report, &mut carried);
-            match ckpt.containers.get(id.as_str()) {
-                Some(record) => {
-                    let rules: Vec<DeviceRule> =
-                        record.rules.iter().filter_map(|r| r.parse().ok()).collect();
-                    // A share stays a share, whatever this process's sharing plan: it is a
-                    // fact about a running container, and the pool counts it as such.
-                    let share = record.share.clone();
-                    let (known_mig, mut gone): (Vec<String>, Vec<String>) = record
-                        .mig
-                        .iter()
-                        .cloned()
-                        .partition(|uuid| self.inventory.mig.by_uuid(uuid).is_some());
-                    if self.inventory.mig.devices.is_empty() && !gone.is_empty() {
-                        // This process sees no MIG device at all: it cannot tell a device that
-                        // is gone from one it does not see, so the record stays as written.
-                        let entry = carried.entry(id.clone()).or_default();
-                        entry.mig = std::mem::take(&mut gone);
-                        entry.mig_written.clone_from(&record.mig);
-                    }
-                    let held_out =
-                        self.mig_held_out(record, &rules, &known_mig, !gone.is_empty(), &others);
-                    for uuid in gone {
-                        report.issues.push(RecoveryIssue::MigChanged {
-                            container: id.clone(),
-                            uuid,
-                            quarantined: held_out.clone(),
-                        });
-                    }
-                    if !held_out.is_empty() {
-                        mig_quarantine.insert(id.clone(), held_out);
-                    }
-                    if !known_mig.is_empty() {
-                        migs.insert(id.clone(), known_mig);
-                    }
-                    // A MIG device's parent is no GPU of the container's (its nodes are
-                    // added with the device's, below).
-                    let share_set = share
-                        .as_ref()
-                        .filter(|g| !g.is_mig())
-                        .map_or(GpuSet::EMPTY, |g| {
-                            GpuSet::from_indices([g.index]).unwrap_or_default()
-                        });
-                    let claimed = gpus.union(share_set).union(touched);
-                    match self.recover_cgroup(&id, claimed, &rules, &mut report) {
-                        Ok(mut entry) => {
-                            entry.gpus = entry.gpus.difference(share_set).difference(touched);
-                            if carried.get(&id).is_some_and(|c| !c.gpus.is_empty()) {
-                                // Rules recomputed from the GPUs this process sees (Mesos's
-                                // cgroups) lack the carried GPUs' entries: keep the recorded ones.
-                                entry.rules = mesos_gpu_enforce::cgroup::normalize(
-                                    &entry
-                                        .rules
-                                        .iter()
-                                        .chain(&rules)
-                                        .cloned()
-                                        .collect::<Vec<_>>(),
-                                );
-                            }
-                            if let Some(grant) = share {
-                                shares.insert(id.clone(), grant);
-                            }
-                            for i in entry.gpus.iter() {
-                                claims.entry(i).or_default().insert(id.clone());
-                            }
-                            found.insert(id, entry);
-                        }
-                        Err(error) => {
-                            report.issues.push(RecoveryIssue::Unrecoverable {
-                                container: id.clone(),
-                                error,
-                            });
-                            // Its carried GPUs stay quarantined by their recorded index.
-                            let recorded = carried.remove(&id).unwrap_or_default().gpus;
-                            for i in gpus.iter().chain(recorded.iter().map(|r| r.index)) {
-                                quarantine.entry(i).or_default().insert(id.clone());
-                            }
-                        }
-                    }
-                }
-                None if adoptable.contains(&id) => {
-                    self.adopt(&id, &mut found, &mut claims, &mut quarantine, &mut report);
-                }
-                None => {
-                    let Some(held) = self.unexplained_cgroup(&id) else {
-                        continue;
-                    };
-                    // GPUs another publisher of the node's pool reserves are not ours to quarantine.
-                    let held = held.difference(reserved_elsewhere);
-                    for i in held.iter() {
-                        quarantine.entry(i).or_default().insert(id.clone());
-                    }
-                    report.issues.push(RecoveryIssue::NoCheckpoint {
-                        container: id.clone(),
-                        quarantined: held.to_vec(),
-                    });
-                }
+        PoolView {
+            elsewhere,
+            others,
+            reserved_elsewhere,
+        }
+    }
+
+    /// The agent's own top-level containers without a record here (started before the module
+    /// was loaded, e.g. by Mesos's gpu/nvidia): the agent will update and clean them up, so they
+    /// are adopted with the GPUs their cgroup allows. Only on cgroup v1, where `devices.list`
+    /// says which; a v2 cgroup may carry a device program of Mesos's that the module cannot
+    /// read (the guide says to drain before such a move).
+    fn adoptable(&self, states: &[RecoverState], ckpt: &Checkpoint) -> BTreeSet<ContainerId> {
+        if self.layout.version() != CgroupVersion::V1 {
+            return BTreeSet::new();
+        }
+        states
+            .iter()
+            .filter(|s| s.parent.is_none() && !ckpt.containers.contains_key(s.id.as_str()))
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// Recovers one candidate: from its record when it has one; else adopts it when the agent
+    /// recovered it, or quarantines the GPUs its cgroup may reach.
+    fn recover_candidate(
+        &self,
+        id: ContainerId,
+        ckpt: &Checkpoint,
+        adoptable: &BTreeSet<ContainerId>,
+        pool: &PoolView,
+        scan: &mut Scan,
+    ) {
+        let (gpus, touched) =
+            self.checkpointed_gpus(ckpt, &id, &mut scan.report, &mut scan.carried);
+        match ckpt.containers.get(id.as_str()) {
+            Some(record) => self.recover_recorded(id, record, gpus, touched, &pool.others, scan),
+            None if adoptable.contains(&id) => self.adopt(&id, scan),
+            None => self.quarantine_unexplained(&id, pool.reserved_elsewhere, scan),
+        }
+    }
+
+    /// Recovers a container from its record: its MIG devices, its share, and its cgroup
+    /// holding `gpus` (mapped) and `touched` (GPUs its carried records may name).
+    fn recover_recorded(
+        &self,
+        id: ContainerId,
+        record: &ContainerRecord,
+        gpus: GpuSet,
+        touched: GpuSet,
+        others: &BTreeSet<String>,
+        scan: &mut Scan,
+    ) {
+        let rules: Vec<DeviceRule> = record.rules.iter().filter_map(|r| r.parse().ok()).collect();
+        // A share stays a share, whatever this process's sharing plan: it is a fact about a
+        // running container, and the pool counts it as such.
+        let share = record.share.clone();
+        self.recover_recorded_mig(&id, record, &rules, others, scan);
+        // A MIG device's parent is no GPU of the container's (its nodes are added with the
+        // device's, in `rebuild`).
+        let share_set = share
+            .as_ref()
+            .filter(|g| !g.is_mig())
+            .map_or(GpuSet::EMPTY, |g| {
+                GpuSet::from_indices([g.index]).unwrap_or_default()
+            });
+        let claimed = gpus.union(share_set).union(touched);
+        match self.recover_cgroup(&id, claimed, &rules, &mut scan.report) {
+            Ok(mut entry) => {
+                entry.gpus = entry.gpus.difference(share_set).difference(touched);
+                scan.keep_recorded(id, entry, &rules, share);
             }
+            Err(error) => scan.unrecoverable(id, gpus, error),
         }
-        adoptable.retain(|id| !found.contains_key(id));
-        for id in adoptable {
-            self.adopt(&id, &mut found, &mut claims, &mut quarantine, &mut report);
+    }
+
+    /// Sorts a record's MIG devices into those the node still has and those gone (reported,
+    /// or carried as written when this process sees no MIG device at all), and holds out the
+    /// devices of a new layout its cgroup can open.
+    fn recover_recorded_mig(
+        &self,
+        id: &ContainerId,
+        record: &ContainerRecord,
+        rules: &[DeviceRule],
+        others: &BTreeSet<String>,
+        scan: &mut Scan,
+    ) {
+        let (known_mig, mut gone): (Vec<String>, Vec<String>) = record
+            .mig
+            .iter()
+            .cloned()
+            .partition(|uuid| self.inventory.mig.by_uuid(uuid).is_some());
+        if self.inventory.mig.devices.is_empty() && !gone.is_empty() {
+            // This process sees no MIG device at all: it cannot tell a device that is gone
+            // from one it does not see, so the record stays as written.
+            let entry = scan.carried.entry(id.clone()).or_default();
+            entry.mig = std::mem::take(&mut gone);
+            entry.mig_written.clone_from(&record.mig);
         }
-        let mut docker = BTreeMap::new();
-        let mut docker_starts = BTreeMap::new();
-        let mut docker_shares = BTreeMap::new();
-        let mut docker_mig: BTreeMap<ContainerId, Vec<String>> = BTreeMap::new();
+        let held_out = self.mig_held_out(record, rules, &known_mig, !gone.is_empty(), others);
+        for uuid in gone {
+            scan.report.issues.push(RecoveryIssue::MigChanged {
+                container: id.clone(),
+                uuid,
+                quarantined: held_out.clone(),
+            });
+        }
+        if !held_out.is_empty() {
+            scan.mig_quarantine.insert(id.clone(), held_out);
+        }
+        if !known_mig.is_empty() {
+            scan.migs.insert(id.clone(), known_mig);
+        }
+    }
+
+    /// Quarantines, until its cleanup, the GPUs a cgroup without a record may reach (but those
+    /// another publisher of the node's pool reserves), and reports it.
+    fn quarantine_unexplained(
+        &self,
+        id: &ContainerId,
+        reserved_elsewhere: GpuSet,
+        scan: &mut Scan,
+    ) {
+        let Some(held) = self.unexplained_cgroup(id) else {
+            return;
+        };
+        // GPUs another publisher of the node's pool reserves are not ours to quarantine.
+        let held = held.difference(reserved_elsewhere);
+        for i in held.iter() {
+            scan.quarantine.entry(i).or_default().insert(id.clone());
+        }
+        scan.report.issues.push(RecoveryIssue::NoCheckpoint {
+            container: id.clone(),
+            quarantined: held.to_vec(),
+        });
+    }
+
+    /// Restores the checkpointed Docker containers that are still alive, with their GPUs,
+    /// shares, MIG devices and starts; a dead one's GPUs go back to the pool.
+    fn recover_docker_records(&self, ckpt: &Checkpoint, scan: &mut Scan) {
         for (name, records) in &ckpt.docker {
             let Ok(id) = ContainerId::new(name.as_str()) else {
                 continue;
@@ -402,48 +542,46 @@ impl Isolator {
                 continue;
             }
             if let Some(start) = start {
-                docker_starts.insert(id.clone(), start.clone());
+                scan.docker_starts.insert(id.clone(), start.clone());
             }
             let mapped = self.map_records(records);
             if !mapped.carried.is_empty() {
-                let entry = carried.entry(id.clone()).or_default();
+                let entry = scan.carried.entry(id.clone()).or_default();
                 entry.gpus = mapped.carried;
                 entry.touched = mapped.touched;
             }
             let set = mapped.set;
             for i in set.iter() {
-                claims.entry(i).or_default().insert(id.clone());
+                scan.claims.entry(i).or_default().insert(id.clone());
             }
-            report.docker.push(id.clone());
+            scan.report.docker.push(id.clone());
             if let Some(grant) = ckpt.docker_shares.get(name) {
-                docker_shares.insert(id.clone(), grant.clone());
+                scan.docker_shares.insert(id.clone(), grant.clone());
             }
             if let Some(uuids) = ckpt.docker_mig.get(name) {
-                docker_mig.insert(id.clone(), uuids.clone());
+                scan.docker_mig.insert(id.clone(), uuids.clone());
             }
-            docker.insert(id, set);
+            scan.docker.insert(id, set);
         }
-        for (&index, names) in &ckpt.quarantine {
-            for name in names {
-                if let Ok(id) = ContainerId::new(name.as_str()) {
-                    quarantine.entry(index).or_default().insert(id);
-                }
-            }
-        }
-        // A GPU with several claimants, or already quarantined, goes to quarantine for all.
-        for (index, claimants) in claims.iter() {
-            if claimants.len() > 1 || quarantine.contains_key(index) {
-                let all = quarantine.entry(*index).or_default();
-                all.extend(claimants.iter().cloned());
-                if claimants.len() > 1 {
-                    report.issues.push(RecoveryIssue::ClaimedTwice {
-                        gpu: *index,
-                        claimants: all.iter().cloned().collect(),
-                    });
-                }
-            }
-        }
-        report.unchecked = self.unchecked(&carried);
+    }
+
+    /// A fresh state from what the scan found, holding out the GPUs carried records may name,
+    /// the Docker containers' MIG devices and the MIG devices of a new layout; with the report.
+    fn restore(&self, scan: Scan) -> Result<(State, RecoveryReport), LifecycleError> {
+        let Scan {
+            mut report,
+            found,
+            shares,
+            migs,
+            claims: _,
+            quarantine,
+            carried,
+            mig_quarantine,
+            docker,
+            docker_starts,
+            docker_shares,
+            docker_mig,
+        } = scan;
         let mut state = self.rebuild(found, shares, migs, docker, quarantine)?;
         // GPUs a carried record may name are held out while this view lasts (not checkpointed:
         // the next view decides again).
@@ -457,52 +595,23 @@ impl Isolator {
         state.carried = carried;
         state.docker_starts = docker_starts;
         state.docker_shares = docker_shares;
-        for (id, uuids) in &docker_mig {
-            for uuid in uuids {
-                if !state.mig.hold(id.as_str(), uuid) {
-                    report.issues.push(RecoveryIssue::MigChanged {
-                        container: id.clone(),
-                        uuid: uuid.clone(),
-                        quarantined: Vec::new(),
-                    });
-                }
-            }
-        }
+        hold_docker_mig(&mut state, &docker_mig, &mut report);
         state.docker_mig = docker_mig;
-        for (id, uuids) in mig_quarantine {
-            let Some(container) = state.containers.get_mut(&id) else {
-                continue;
-            };
-            for uuid in uuids {
-                if state.mig.hold(id.as_str(), &uuid) {
-                    tracing::warn!(container = %id, mig = %uuid, "MIG device of a new layout held out of service: the container's cgroup can open it");
-                    container.mig_quarantine.push(uuid);
-                } else {
-                    tracing::error!(container = %id, mig = %uuid, "a MIG device this container's cgroup can open is held by another container; run `mesos-gpu gpu list`");
-                }
-            }
-        }
-        let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
-        let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
-        for id in state.containers.keys() {
-            if known.contains(id) {
-                report.recovered.push(id.clone());
-            } else if orphan_set.contains(id) {
-                report.orphans.push(id.clone());
-            } else {
-                report.issues.push(RecoveryIssue::Unclaimed {
-                    container: id.clone(),
-                });
-            }
-        }
-        self.recover_nested(&mut state, states);
+        hold_mig_quarantine(&mut state, mig_quarantine);
+        Ok((state, report))
+    }
+
+    /// Puts the recovered `state` in place of `current`: GPUs the health monitor failed stay
+    /// out of the pool, the node pool's transaction moves over, and owners of other publishers
+    /// that died while nobody looked free their GPUs.
+    fn install(&self, current: &mut State, mut state: State) {
         // The allocator is rebuilt: GPUs the health monitor failed stay out of the pool.
         health::reapply(
             &mut state,
-            std::mem::take(&mut guard.failed),
+            std::mem::take(&mut current.failed),
             &self.limitations,
         );
-        state.tx = std::mem::take(&mut guard.tx);
+        state.tx = std::mem::take(&mut current.tx);
         if let Some(tx) = state.tx.get_mut().take() {
             self.mark_elsewhere(&mut state, &tx.state);
             if let Some(sharing) = &self.sharing {
@@ -510,19 +619,10 @@ impl Isolator {
             }
             *state.tx.get_mut() = Some(tx);
         }
-        *guard = state;
+        *current = state;
         // Owners of other publishers that died while nobody looked (an agent SIGKILLed before
         // its Docker container existed, a container that died with its daemon) free their GPUs.
-        self.reconcile_pool(&mut guard);
-        self.save(&guard, STEP)?;
-        for issue in &report.issues {
-            tracing::warn!(?issue, "recovery found an inconsistency");
-        }
-        tracing::info!(
-            recovered = report.recovered.len(), orphans = report.orphans.len(), docker = report.docker.len(),
-            issues = report.issues.len(), free = %guard.allocator.free(), "recovered GPU allocations"
-        );
-        Ok(report)
+        self.reconcile_pool(current);
     }
 
     /// Reconciles the Docker containers' GPUs with what Docker reports (`held`: container and
@@ -865,31 +965,24 @@ impl Isolator {
     /// the GPUs its `devices.list` allows, so that the agent's `update` and `cleanup` of it
     /// succeed; one whose cgroup cannot be read has those GPUs quarantined until its cleanup, as
     /// before.
-    fn adopt(
-        &self,
-        id: &ContainerId,
-        found: &mut BTreeMap<ContainerId, Found>,
-        claims: &mut BTreeMap<u32, BTreeSet<ContainerId>>,
-        quarantine: &mut BTreeMap<u32, BTreeSet<ContainerId>>,
-        report: &mut RecoveryReport,
-    ) {
+    fn adopt(&self, id: &ContainerId, scan: &mut Scan) {
         let held = self.unexplained_cgroup(id).unwrap_or(GpuSet::EMPTY);
-        match self.recover_cgroup(id, held, &self.rules_of(held), report) {
+        match self.recover_cgroup(id, held, &self.rules_of(held), &mut scan.report) {
             Ok(entry) => {
                 for i in entry.gpus.iter() {
-                    claims.entry(i).or_default().insert(id.clone());
+                    scan.claims.entry(i).or_default().insert(id.clone());
                 }
-                report.issues.push(RecoveryIssue::Adopted {
+                scan.report.issues.push(RecoveryIssue::Adopted {
                     container: id.clone(),
                     gpus: entry.gpus.to_vec(),
                 });
-                found.insert(id.clone(), entry);
+                scan.found.insert(id.clone(), entry);
             }
             Err(error) => {
                 for i in held.iter() {
-                    quarantine.entry(i).or_default().insert(id.clone());
+                    scan.quarantine.entry(i).or_default().insert(id.clone());
                 }
-                report.issues.push(RecoveryIssue::Unrecoverable {
+                scan.report.issues.push(RecoveryIssue::Unrecoverable {
                     container: id.clone(),
                     error,
                 });
@@ -1046,4 +1139,65 @@ fn quarantine_gpu(
     let claimants = state.quarantine.entry(index).or_default();
     claimants.insert(claimant.clone());
     claimants.iter().cloned().collect()
+}
+
+/// Sorts the recovered containers by what the agent said of them: listed (recovered), orphans,
+/// or neither (unclaimed, reported).
+fn sort_by_agent(
+    state: &State,
+    states: &[RecoverState],
+    orphans: &[ContainerId],
+    report: &mut RecoveryReport,
+) {
+    let known: BTreeSet<&ContainerId> = states.iter().map(|s| &s.id).collect();
+    let orphan_set: BTreeSet<&ContainerId> = orphans.iter().collect();
+    for id in state.containers.keys() {
+        if known.contains(id) {
+            report.recovered.push(id.clone());
+        } else if orphan_set.contains(id) {
+            report.orphans.push(id.clone());
+        } else {
+            report.issues.push(RecoveryIssue::Unclaimed {
+                container: id.clone(),
+            });
+        }
+    }
+}
+
+/// Holds the Docker containers' checkpointed MIG devices; one the node no longer has, or
+/// already held, is reported.
+fn hold_docker_mig(
+    state: &mut State,
+    docker_mig: &BTreeMap<ContainerId, Vec<String>>,
+    report: &mut RecoveryReport,
+) {
+    for (id, uuids) in docker_mig {
+        for uuid in uuids {
+            if !state.mig.hold(id.as_str(), uuid) {
+                report.issues.push(RecoveryIssue::MigChanged {
+                    container: id.clone(),
+                    uuid: uuid.clone(),
+                    quarantined: Vec::new(),
+                });
+            }
+        }
+    }
+}
+
+/// Holds out of service, for the container whose cgroup can open them, the MIG devices of a
+/// new layout.
+fn hold_mig_quarantine(state: &mut State, mig_quarantine: BTreeMap<ContainerId, Vec<String>>) {
+    for (id, uuids) in mig_quarantine {
+        let Some(container) = state.containers.get_mut(&id) else {
+            continue;
+        };
+        for uuid in uuids {
+            if state.mig.hold(id.as_str(), &uuid) {
+                tracing::warn!(container = %id, mig = %uuid, "MIG device of a new layout held out of service: the container's cgroup can open it");
+                container.mig_quarantine.push(uuid);
+            } else {
+                tracing::error!(container = %id, mig = %uuid, "a MIG device this container's cgroup can open is held by another container; run `mesos-gpu gpu list`");
+            }
+        }
+    }
 }

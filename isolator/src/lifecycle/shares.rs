@@ -20,7 +20,7 @@
 use std::sync::Mutex;
 
 use super::{ContainerId, Isolator, LifecycleError};
-use crate::agent_flags::MigStrategy;
+use crate::mig_strategy::MigStrategy;
 use mesos_gpu_enforce::mps::{MpsConfig, MpsDaemon, MpsDaemons, MpsError, Restart};
 use mesos_gpu_grant::ShareAccess;
 use mesos_gpu_health::Limitation;

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use crate::{inventory::DevNum, inventory::MigCaps};
 
+use mesos_gpu_os::IoError;
+
 /// `/proc/devices`, relative to the proc root.
 const PROC_DEVICES: &str = "devices";
 /// The capability table, relative to the proc root.
@@ -29,14 +31,8 @@ const CAPABILITIES: &str = "driver/nvidia/capabilities";
 #[derive(Debug, thiserror::Error)]
 pub enum CapsError {
     /// A file the driver provides could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// The driver's two sources disagree about a capability's minor.
     #[error(
         "{file} says DeviceFileMinor {in_file} but {table} lists {capability} as {in_table}; \
@@ -74,7 +70,7 @@ impl CapsTable {
             match std::fs::read_to_string(&path) {
                 Ok(text) => Ok(Some(text)),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(source) => Err(CapsError::Read { path, source }),
+                Err(source) => Err(CapsError::Read(IoError::new("read", path, source))),
             }
         };
         Ok(CapsTable {
@@ -136,7 +132,7 @@ impl CapsTable {
         let in_file = match std::fs::read_to_string(&path) {
             Ok(text) => device_file_minor(&text),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CapsError::Read { path, source }),
+            Err(source) => return Err(CapsError::Read(IoError::new("read", path, source))),
         };
         let in_table = self.minors.get(name).copied();
         match (in_table, in_file) {

@@ -3,23 +3,18 @@
 //! Documentation/ABI/stable/sysfs-devices-system-cpu and sysfs-devices-node). A kernel without
 //! NUMA support has no `node` directory: everything is memory node 0.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{Allowed, CpuList, CpuListError};
+
+use mesos_gpu_os::io::{IoContext as _, IoError};
 
 /// Why the online sets could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum OnlineError {
     /// A sysfs file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// A sysfs file does not hold a list.
     #[error("{path} does not hold a CPU list")]
     Parse {
@@ -45,10 +40,9 @@ pub fn online(sys: &Path) -> Result<Allowed, OnlineError> {
 }
 
 fn read(path: &Path) -> Result<CpuList, OnlineError> {
-    let text = std::fs::read_to_string(path).map_err(|source| OnlineError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path)
+        .at("read", path)
+        .map_err(OnlineError::Read)?;
     text.parse().map_err(|source| OnlineError::Parse {
         path: path.to_owned(),
         source,

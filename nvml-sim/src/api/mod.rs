@@ -23,84 +23,6 @@ use crate::abi::NvmlDevice;
 use crate::state::{self, Dev, Sim};
 use crate::status::{NvmlError, NvmlReturn, to_return};
 
-/// System-level functions a node description's top-level `fail` may make fail.
-pub(crate) const SYSTEM_FUNCTIONS: &[&str] = &[
-    "nvmlInit_v2",
-    "nvmlInitWithFlags",
-    "nvmlShutdown",
-    "nvmlSystemGetDriverVersion",
-    "nvmlSystemGetNVMLVersion",
-    "nvmlSystemGetCudaDriverVersion",
-    "nvmlSystemGetCudaDriverVersion_v2",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetCount_v2",
-    "nvmlEventSetCreate",
-    "nvmlEventSetFree",
-    "nvmlEventSetWait_v2",
-];
-
-/// Per-device functions a GPU's `fail` may make fail.
-pub(crate) const DEVICE_FUNCTIONS: &[&str] = &[
-    "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetHandleByUUID",
-    "nvmlDeviceGetHandleByPciBusId_v2",
-    "nvmlDeviceGetIndex",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetBrand",
-    "nvmlDeviceGetSerial",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetMinorNumber",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetCudaComputeCapability",
-    "nvmlDeviceGetNumaNodeId",
-    "nvmlDeviceGetCpuAffinity",
-    "nvmlDeviceGetTopologyCommonAncestor",
-    "nvmlDeviceOnSameBoard",
-    "nvmlDeviceGetNvLinkState",
-    "nvmlDeviceGetNvLinkRemotePciInfo_v2",
-    "nvmlDeviceGetNvLinkRemoteDeviceType",
-    "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetEccMode",
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetSupportedEventTypes",
-    "nvmlDeviceRegisterEvents",
-    "nvmlDeviceGetCpuAffinityWithinScope",
-    "nvmlDeviceGetMemoryAffinity",
-    "nvmlDeviceGetComputeMode",
-    "nvmlDeviceSetComputeMode",
-    "nvmlDeviceGetMaxMigDeviceCount",
-    "nvmlDeviceGetMigDeviceHandleByIndex",
-    "nvmlDeviceIsMigDeviceHandle",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-    "nvmlDeviceGetGpuInstanceId",
-    "nvmlDeviceGetComputeInstanceId",
-    "nvmlDeviceGetAttributes_v2",
-    "nvmlDeviceGetGpuInstanceProfileInfo",
-    "nvmlDeviceGetGpuInstanceProfileInfoV",
-    "nvmlDeviceGetGpuInstanceProfileInfoByIdV",
-    "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
-    "nvmlDeviceGetGpuInstanceRemainingCapacity",
-    "nvmlDeviceGetGpuInstances",
-    "nvmlDeviceGetGpuInstanceById",
-    "nvmlGpuInstanceGetInfo",
-    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-    "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
-    "nvmlGpuInstanceGetComputeInstances",
-    "nvmlGpuInstanceGetComputeInstanceById",
-    "nvmlComputeInstanceGetInfo_v2",
-    "nvmlDeviceGetFieldValues",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-];
-
 /// Runs an entry point's body, mapping its outcome (or a panic) to an `nvmlReturn_t`.
 pub(crate) fn guard(body: impl FnOnce() -> Result<(), NvmlError>) -> NvmlReturn {
     // AssertUnwindSafe: the only state shared across calls is behind the registry mutex, whose
@@ -326,6 +248,7 @@ pub(crate) fn fill_chars<const N: usize>(text: &str) -> [c_char; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failable::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
 
     #[test]
     fn every_listed_function_is_exported() {

@@ -5,8 +5,9 @@ mod numa;
 mod schema;
 mod validate;
 
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use mesos_gpu_os::io::{IoContext as _, IoError};
 
 use crate::node::Node;
 
@@ -14,14 +15,8 @@ use crate::node::Node;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The read error.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// Not JSON, or JSON that does not fit the schema (unknown or missing field, wrong type).
     #[error("not a node description")]
     Json {
@@ -133,10 +128,9 @@ pub fn validate(json: &str) -> Result<(), ConfigError> {
 /// Reads and validates the node description at `path`; relative paths in it are relative to
 /// the file's directory.
 pub(crate) fn load(path: &Path) -> Result<Node, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path)
+        .at("read", path)
+        .map_err(ConfigError::Read)?;
     parse(&text, path.parent().unwrap_or(Path::new(".")))
 }
 

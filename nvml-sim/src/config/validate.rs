@@ -9,11 +9,11 @@ use std::path::Path;
 
 use super::ConfigError;
 use super::schema::{
-    CudaVersionSpec, FailureRateSpec, GpuSpec, NodeSpec, NvLinkSpec, ProcDevicesSpec,
+    CudaVersionSpec, FailureRateSpec, GpuSpec, NodeSpec, NvLinkSpec, PcieSpec, ProcDevicesSpec,
     RandomFailuresSpec,
 };
 use crate::abi::NVLINK_MAX_LINKS;
-use crate::api::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
+use crate::failable::{DEVICE_FUNCTIONS, SYSTEM_FUNCTIONS};
 use crate::fields::{self, BUS_ID_FORMS, PciAddr};
 use crate::node::{
     EccCounts, FailureRate, Gpu, Memory, Node, NvLink, NvSwitch, Pcie, ProcDevices, RandomFailures,
@@ -133,39 +133,9 @@ fn random_failures(spec: &RandomFailuresSpec) -> Result<RandomFailures, ConfigEr
 
 fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
     let at = |field: &str| format!("gpu {} {field}", spec.index);
-    if !fields::is_gpu_uuid(&spec.uuid) {
-        return Err(bad(
-            at("uuid"),
-            &spec.uuid,
-            "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx with hex digits",
-        ));
-    }
-    text_field(&at("name"), &spec.name, 96)?;
-    if let Some(serial) = &spec.serial {
-        text_field(&at("serial"), serial, 30)?;
-    }
+    check_identity(&spec)?;
     let pci = bus_id(&at("pci.bus_id"), &spec.pci.bus_id)?;
-    let memory = Memory {
-        total: spec.memory.total,
-        reserved: spec.memory.reserved,
-        used: spec.memory.used,
-    };
-    if memory.total == 0
-        || memory
-            .reserved
-            .checked_add(memory.used)
-            .is_none_or(|sum| sum > memory.total)
-    {
-        let value = format!(
-            "total {} reserved {} used {}",
-            memory.total, memory.reserved, memory.used
-        );
-        return Err(bad(
-            at("memory"),
-            &value,
-            "a non-zero total with reserved + used <= total",
-        ));
-    }
+    let memory = memory(&spec)?;
     let compute_capability = match &spec.compute_capability {
         Some(cc) => Some(
             fields::parse_major_minor(cc)
@@ -173,45 +143,9 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
         ),
         None => None,
     };
-    let cpus = match &spec.cpu_affinity {
-        Some(list) => Some(fields::parse_cpulist(list).ok_or_else(|| {
-            bad(
-                at("cpu_affinity"),
-                list,
-                &format!(
-                    "a CPU list such as \"0-19,40-59\" with CPUs up to {}",
-                    fields::MAX_CPU
-                ),
-            )
-        })?),
-        None => None,
-    };
-    if let Some(u) = &spec.utilization
-        && (u.gpu > 100 || u.memory > 100)
-    {
-        return Err(bad(
-            at("utilization"),
-            &format!("gpu {} memory {}", u.gpu, u.memory),
-            "percentages from 0 to 100",
-        ));
-    }
-    let pcie = match spec.pcie {
-        Some(p) => {
-            if p.host_bridge.is_empty() || p.switches.iter().any(String::is_empty) {
-                return Err(bad(
-                    at("pcie"),
-                    &format!("{p:?}"),
-                    "non-empty host_bridge and switch ids",
-                ));
-            }
-            Some(Pcie {
-                socket: p.socket,
-                host_bridge: p.host_bridge,
-                switches: p.switches,
-            })
-        }
-        None => None,
-    };
+    let cpus = cpu_affinity(&spec)?;
+    check_utilization(&spec)?;
+    let pcie = pcie(spec.index, spec.pcie)?;
     let affinity = super::numa::affinity(
         spec.index,
         cpus.as_deref(),
@@ -272,20 +206,7 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
         recovery_action: spec
             .recovery_action
             .as_deref()
-            .map(|name| {
-                crate::node::recovery_action(name).map_err(|_| ConfigError::Field {
-                    field: at("recovery_action"),
-                    value: name.to_owned(),
-                    expected: format!(
-                        "one of {}",
-                        crate::node::RECOVERY_ACTIONS
-                            .iter()
-                            .map(|(n, _)| *n)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                })
-            })
+            .map(|name| recovery_action(&at("recovery_action"), name))
             .transpose()?,
         remapped_rows: spec.remapped_rows.map(|r| crate::node::RemappedRows {
             correctable: r.correctable,
@@ -298,6 +219,113 @@ fn gpu(spec: GpuSpec, nvlinks: Vec<NvLink>) -> Result<Gpu, ConfigError> {
         uuid: spec.uuid,
         name: spec.name,
         serial: spec.serial,
+    })
+}
+
+/// Checks a GPU's UUID, name and serial.
+fn check_identity(spec: &GpuSpec) -> Result<(), ConfigError> {
+    let at = |field: &str| format!("gpu {} {field}", spec.index);
+    if !fields::is_gpu_uuid(&spec.uuid) {
+        return Err(bad(
+            at("uuid"),
+            &spec.uuid,
+            "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx with hex digits",
+        ));
+    }
+    text_field(&at("name"), &spec.name, 96)?;
+    if let Some(serial) = &spec.serial {
+        text_field(&at("serial"), serial, 30)?;
+    }
+    Ok(())
+}
+
+/// A GPU's memory: a non-zero total holding what is reserved and used.
+fn memory(spec: &GpuSpec) -> Result<Memory, ConfigError> {
+    let memory = Memory {
+        total: spec.memory.total,
+        reserved: spec.memory.reserved,
+        used: spec.memory.used,
+    };
+    if memory.total == 0
+        || memory
+            .reserved
+            .checked_add(memory.used)
+            .is_none_or(|sum| sum > memory.total)
+    {
+        let value = format!(
+            "total {} reserved {} used {}",
+            memory.total, memory.reserved, memory.used
+        );
+        return Err(bad(
+            format!("gpu {} memory", spec.index),
+            &value,
+            "a non-zero total with reserved + used <= total",
+        ));
+    }
+    Ok(memory)
+}
+
+/// A GPU's CPU list, when given.
+fn cpu_affinity(spec: &GpuSpec) -> Result<Option<Vec<u32>>, ConfigError> {
+    let Some(list) = &spec.cpu_affinity else {
+        return Ok(None);
+    };
+    fields::parse_cpulist(list).map(Some).ok_or_else(|| {
+        bad(
+            format!("gpu {} cpu_affinity", spec.index),
+            list,
+            &format!(
+                "a CPU list such as \"0-19,40-59\" with CPUs up to {}",
+                fields::MAX_CPU
+            ),
+        )
+    })
+}
+
+/// Checks a GPU's utilization percentages, when given.
+fn check_utilization(spec: &GpuSpec) -> Result<(), ConfigError> {
+    match &spec.utilization {
+        Some(u) if u.gpu > 100 || u.memory > 100 => Err(bad(
+            format!("gpu {} utilization", spec.index),
+            &format!("gpu {} memory {}", u.gpu, u.memory),
+            "percentages from 0 to 100",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// GPU `index`'s PCIe placement, when given: its host bridge and switch ids must not be empty.
+fn pcie(index: u32, spec: Option<PcieSpec>) -> Result<Option<Pcie>, ConfigError> {
+    let Some(p) = spec else {
+        return Ok(None);
+    };
+    if p.host_bridge.is_empty() || p.switches.iter().any(String::is_empty) {
+        return Err(bad(
+            format!("gpu {index} pcie"),
+            &format!("{p:?}"),
+            "non-empty host_bridge and switch ids",
+        ));
+    }
+    Ok(Some(Pcie {
+        socket: p.socket,
+        host_bridge: p.host_bridge,
+        switches: p.switches,
+    }))
+}
+
+/// The recovery action `name` names, for `field`.
+fn recovery_action(field: &str, name: &str) -> Result<u32, ConfigError> {
+    crate::node::recovery_action(name).map_err(|_| ConfigError::Field {
+        field: field.to_owned(),
+        value: name.to_owned(),
+        expected: format!(
+            "one of {}",
+            crate::node::RECOVERY_ACTIONS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     })
 }
 

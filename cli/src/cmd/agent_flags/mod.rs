@@ -199,25 +199,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
     let mut agent = AgentCommandLine::parse(&args.agent_flags, std::env::vars().collect())?;
     let values = AgentValues::read(args, &mut agent)?;
-    let AgentValues {
-        resources,
-        attributes,
-        isolation: given,
-        devices,
-        work_dir,
-        ..
-    } = &values;
-    // The cgroup version matters only when the module is (or will be) in --isolation.
-    let (isolation, module_version) = match given.clone() {
-        None => {
-            let version = cgroup_version(args.cgroups)?;
-            (module_isolation(version), Some(version))
-        }
-        Some(iso) if iso.split(',').any(|t| t.trim() == MODULE_ISOLATOR) => {
-            (iso.trim().to_owned(), Some(cgroup_version(args.cgroups)?))
-        }
-        Some(iso) => (iso.trim().to_owned(), None),
-    };
+    let (isolation, module_version) = isolation(args, values.isolation.as_deref())?;
     // With the module the device list is this command's option (the module's parameter, never
     // an agent flag); with gpu/nvidia it is the agent's own --nvidia_gpu_devices.
     let devices_flag = match module_version {
@@ -226,24 +208,13 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
     let flags = AgentGpuFlags::parse(
         &isolation,
-        resources.as_deref(),
-        devices.as_deref().map(str::trim),
-        attributes.as_deref(),
+        values.resources.as_deref(),
+        values.devices.as_deref().map(str::trim),
+        values.attributes.as_deref(),
         devices_flag,
     )?
     .with_driver_attributes(args.driver_attributes);
-    if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
-        check_module_isolation(&isolation, version)?;
-    }
-    if let (GpuIsolator::Module, Some((value, Source::CommandLine))) =
-        (flags.isolator(), &values.caller_devices)
-    {
-        anyhow::bail!(
-            "the agent's --nvidia_gpu_devices={value} belongs to Mesos's gpu/nvidia, which the \
-             agent refuses without gpu/nvidia in --isolation: give the module's device list as \
-             agent-flags --nvidia-gpu-devices {value} (AGENT_FLAGS_OPTS with agent.sh)"
-        );
-    }
+    check_module_flags(&flags, &isolation, module_version, &values)?;
     ctx.simulation()?;
     let empty = Inventory::default();
     let inventory = match ctx.inventory() {
@@ -261,43 +232,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .transpose()?;
     let resolved = advertise(args, &flags, inventory, sharing.as_ref())?;
     let module = module_version.filter(|_| flags.isolator() == GpuIsolator::Module);
-    let mut lines = match module {
-        Some(version) if !inventory.gpus.is_empty() => {
-            let offer = Offer {
-                resolved: &resolved,
-                inventory,
-                sharing: sharing.as_ref(),
-            };
-            module_lines(
-                args,
-                ctx,
-                &isolation,
-                version,
-                &offer,
-                work_dir,
-                values.caller_modules.as_ref(),
-            )?
-        }
-        // The module would refuse to start: the same agent without it.
-        Some(version) => {
-            let mut lines = vec![format!(
-                "--isolation={}",
-                isolation_without_module(&isolation, version)
-            )];
-            lines.extend(resolved.flags());
-            lines.extend(cgroup_agent_flags(version));
-            lines
-        }
-        // Mesos's gpu/nvidia needs `cgroups/devices`, so on cgroup v2 the same
-        // `--agent_subsystems=` as the module (before: the agent aborted at its first task).
-        // Without GPUs gpu/nvidia does not start at all, and stderr says why.
-        None if flags.isolator() == GpuIsolator::Builtin && !inventory.gpus.is_empty() => {
-            let mut lines = resolved.flags();
-            lines.extend(cgroup_agent_flags(cgroup_version(args.cgroups)?));
-            lines
-        }
-        None => resolved.flags(),
+    let offer = Offer {
+        resolved: &resolved,
+        inventory,
+        sharing: sharing.as_ref(),
     };
+    let mut lines = flag_lines(args, ctx, &isolation, module, &flags, &offer, &values)?;
     values.give_back(&mut lines, &mut agent);
     let rest = agent.rest(&lines)?;
     if lines.is_empty() || (module.is_some() && inventory.gpus.is_empty()) {
@@ -316,6 +256,87 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         writeln!(out, "{}", shell_quote_flag(flag))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The agent's `--isolation` (the module's when none is given) and, when the module is (or will
+/// be) in it, the cgroup version: it matters only then.
+fn isolation(args: &Args, given: Option<&str>) -> anyhow::Result<(String, Option<CgroupVersion>)> {
+    Ok(match given {
+        None => {
+            let version = cgroup_version(args.cgroups)?;
+            (module_isolation(version), Some(version))
+        }
+        Some(iso) if iso.split(',').any(|t| t.trim() == MODULE_ISOLATOR) => {
+            (iso.trim().to_owned(), Some(cgroup_version(args.cgroups)?))
+        }
+        Some(iso) => (iso.trim().to_owned(), None),
+    })
+}
+
+/// With the module: refuses an `--isolation` it cannot work with, and the agent's own
+/// `--nvidia_gpu_devices` on its command line (gpu/nvidia's flag).
+fn check_module_flags(
+    flags: &AgentGpuFlags,
+    isolation: &str,
+    module_version: Option<CgroupVersion>,
+    values: &AgentValues,
+) -> anyhow::Result<()> {
+    if let (GpuIsolator::Module, Some(version)) = (flags.isolator(), module_version) {
+        check_module_isolation(isolation, version)?;
+    }
+    if let (GpuIsolator::Module, Some((value, Source::CommandLine))) =
+        (flags.isolator(), &values.caller_devices)
+    {
+        anyhow::bail!(
+            "the agent's --nvidia_gpu_devices={value} belongs to Mesos's gpu/nvidia, which the \
+             agent refuses without gpu/nvidia in --isolation: give the module's device list as \
+             agent-flags --nvidia-gpu-devices {value} (AGENT_FLAGS_OPTS with agent.sh)"
+        );
+    }
+    Ok(())
+}
+
+/// The agent flags to print: the module's (`module`: its cgroup version) with its parameters,
+/// else the advertised GPUs' with what gpu/nvidia needs.
+fn flag_lines(
+    args: &Args,
+    ctx: &Ctx,
+    isolation: &str,
+    module: Option<CgroupVersion>,
+    flags: &AgentGpuFlags,
+    offer: &Offer<'_>,
+    values: &AgentValues,
+) -> anyhow::Result<Vec<String>> {
+    Ok(match module {
+        Some(version) if !offer.inventory.gpus.is_empty() => module_lines(
+            args,
+            ctx,
+            isolation,
+            version,
+            offer,
+            &values.work_dir,
+            values.caller_modules.as_ref(),
+        )?,
+        // The module would refuse to start: the same agent without it.
+        Some(version) => {
+            let mut lines = vec![format!(
+                "--isolation={}",
+                isolation_without_module(isolation, version)
+            )];
+            lines.extend(offer.resolved.flags());
+            lines.extend(cgroup_agent_flags(version));
+            lines
+        }
+        // Mesos's gpu/nvidia needs `cgroups/devices`, so on cgroup v2 the same
+        // `--agent_subsystems=` as the module (before: the agent aborted at its first task).
+        // Without GPUs gpu/nvidia does not start at all, and stderr says why.
+        None if flags.isolator() == GpuIsolator::Builtin && !offer.inventory.gpus.is_empty() => {
+            let mut lines = offer.resolved.flags();
+            lines.extend(cgroup_agent_flags(cgroup_version(args.cgroups)?));
+            lines
+        }
+        None => offer.resolved.flags(),
+    })
 }
 
 /// The agent's values this command reads, each from this command's option or the agent's own

@@ -8,7 +8,7 @@ use mesos_gpu_docker::cdi::store::scan_dirs;
 use mesos_gpu_enforce::cgroup::{CgroupLayout, CgroupVersion, DeviceCgroup, Hierarchy};
 use mesos_gpu_isolator::lifecycle::{CgroupChoice, ContainerId, IsolatorConfig};
 use mesos_gpu_node::devices::{NodeFinding, NodeState, check_nodes, expected_nodes};
-use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_node::inventory::{DriverInfo, Inventory};
 use mesos_gpu_os::{ErrorChain, MountTable};
 use mesos_gpu_volume::plan::{DriverSource, ESSENTIALS, VolumePlan};
 use mesos_gpu_volume::{Check as VolumeCheck, DriverVersion, LdCache, VolumeManager, mountinfo};
@@ -262,28 +262,10 @@ pub(crate) fn driver_volume(
             None,
         );
     };
-    let planned = (|| -> anyhow::Result<VolumePlan> {
-        let version: DriverVersion = info.version.parse()?;
-        let cache = LdCache::load(&source.root)?;
-        Ok(mesos_gpu_volume::plan::plan_from(source, &cache, &version)?)
-    })();
-    let plan = match planned {
+    let plan = match plan_volume(info, source) {
         Ok(plan) => plan,
-        Err(e) => {
-            let mut c = check(
-                "driver-volume",
-                Status::Fail,
-                format!(
-                    "cannot plan the volume of driver {} from {}: {e:#}",
-                    info.version,
-                    source.root.display()
-                ),
-            );
-            c.fix = Some("run ldconfig after installing the driver (the volume is found through ld.so.cache)".into());
-            return (c, None);
-        }
+        Err(c) => return (c, None),
     };
-    let missing = plan.missing_essentials();
     let mut c = check(
         "driver-volume",
         Status::Ok,
@@ -304,35 +286,77 @@ pub(crate) fn driver_volume(
             ));
         }
     }
-    if !missing.is_empty() {
-        c.status = Status::Fail;
-        c.summary = format!(
-            "the volume of driver {} would lack {}",
-            plan.driver_version,
-            missing.join(", ")
-        );
-        let families: Vec<&str> = ESSENTIALS
-            .iter()
-            .map(|(_, name)| *name)
-            .filter(|name| missing.iter().any(|m| m.contains(name)))
-            .collect();
-        for s in plan
-            .skipped
-            .iter()
-            .filter(|s| families.iter().any(|f| s.name.starts_with(f)))
-        {
-            let path = s
-                .path
-                .as_deref()
-                .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
-            c.details.push(format!("{} {path}: {}", s.name, s.reason));
-        }
-        c.fix = Some(format!(
-            "install the driver's files for version {} (`mesos-gpu volume plan` lists every candidate and why it was skipped); programs are searched along PATH, then in the driver's bin next to libnvidia-ml",
-            plan.driver_version
-        ));
+    if lacks_essentials(&mut c, &plan) || on_noexec_mount(&mut c, volume_root) {
         return (c, Some(plan));
     }
+    check_built_volume(&mut c, volume_root, &plan);
+    (c, Some(plan))
+}
+
+/// The plan of the volume of driver `info` from `source`, or the failed check saying why not.
+fn plan_volume(info: &DriverInfo, source: &DriverSource) -> Result<VolumePlan, Check> {
+    let planned = (|| -> anyhow::Result<VolumePlan> {
+        let version: DriverVersion = info.version.parse()?;
+        let cache = LdCache::load(&source.root)?;
+        Ok(mesos_gpu_volume::plan::plan_from(source, &cache, &version)?)
+    })();
+    planned.map_err(|e| {
+        let mut c = check(
+            "driver-volume",
+            Status::Fail,
+            format!(
+                "cannot plan the volume of driver {} from {}: {e:#}",
+                info.version,
+                source.root.display()
+            ),
+        );
+        c.fix = Some(
+            "run ldconfig after installing the driver (the volume is found through ld.so.cache)"
+                .into(),
+        );
+        c
+    })
+}
+
+/// Fails `c` when the plan lacks an essential file, naming the candidates skipped and why;
+/// true when it did.
+fn lacks_essentials(c: &mut Check, plan: &VolumePlan) -> bool {
+    let missing = plan.missing_essentials();
+    if missing.is_empty() {
+        return false;
+    }
+    c.status = Status::Fail;
+    c.summary = format!(
+        "the volume of driver {} would lack {}",
+        plan.driver_version,
+        missing.join(", ")
+    );
+    let families: Vec<&str> = ESSENTIALS
+        .iter()
+        .map(|(_, name)| *name)
+        .filter(|name| missing.iter().any(|m| m.contains(name)))
+        .collect();
+    for s in plan
+        .skipped
+        .iter()
+        .filter(|s| families.iter().any(|f| s.name.starts_with(f)))
+    {
+        let path = s
+            .path
+            .as_deref()
+            .map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+        c.details.push(format!("{} {path}: {}", s.name, s.reason));
+    }
+    c.fix = Some(format!(
+        "install the driver's files for version {} (`mesos-gpu volume plan` lists every candidate and why it was skipped); programs are searched along PATH, then in the driver's bin next to libnvidia-ml",
+        plan.driver_version
+    ));
+    true
+}
+
+/// Fails `c` when `volume_root` is on a `noexec` mount (true then); a mount table that cannot
+/// be read is a detail.
+fn on_noexec_mount(c: &mut Check, volume_root: &Path) -> bool {
     match MountTable::read(Path::new("/proc/self/mountinfo")) {
         Ok(table) if mountinfo::exec_blocked(&table, volume_root) => {
             c.status = Status::Fail;
@@ -344,15 +368,22 @@ pub(crate) fn driver_volume(
                 "mount a tmpfs (mode=755,nosuid,nodev) on {} first, as Mesos does, or choose another volume root",
                 volume_root.display()
             ));
-            return (c, Some(plan));
+            true
         }
-        Ok(_) => {}
-        Err(e) => c.details.push(format!(
-            "cannot tell whether {} is on a noexec mount: {}",
-            volume_root.display(),
-            ErrorChain(&e)
-        )),
+        Ok(_) => false,
+        Err(e) => {
+            c.details.push(format!(
+                "cannot tell whether {} is on a noexec mount: {}",
+                volume_root.display(),
+                ErrorChain(&e)
+            ));
+            false
+        }
     }
+}
+
+/// Warns in `c` when the planned volume is not built under `volume_root` yet, or is damaged.
+fn check_built_volume(c: &mut Check, volume_root: &Path, plan: &VolumePlan) {
     let manager = VolumeManager::at(volume_root);
     let path = manager.volume_path(&plan.driver_version);
     if !path.is_dir() {
@@ -360,32 +391,29 @@ pub(crate) fn driver_volume(
         c.details
             .push(format!("{} is not built yet", path.display()));
         c.fix = Some("run `mesos-gpu volume create` (or give the module driver_volume=build); until then images asking for /usr/local/nvidia get no volume".into());
-    } else {
-        match manager.verify(&plan.driver_version, Some(&plan), VolumeCheck::Metadata) {
-            Ok(report) if report.is_intact() => {
-                c.details.push(format!("{} is intact", path.display()))
-            }
-            Ok(report) => {
-                c.status = Status::Warn;
-                c.details.extend(
-                    report
-                        .problems
-                        .iter()
-                        .map(|p| format!("{}: {p}", path.display())),
-                );
-                c.fix = Some("run `mesos-gpu volume create` to rebuild it".into());
-            }
-            Err(e) => {
-                c.status = Status::Warn;
-                c.details.push(format!(
-                    "cannot verify {}: {}",
-                    path.display(),
-                    ErrorChain(&e)
-                ));
-            }
+        return;
+    }
+    match manager.verify(&plan.driver_version, Some(plan), VolumeCheck::Metadata) {
+        Ok(report) if report.is_intact() => c.details.push(format!("{} is intact", path.display())),
+        Ok(report) => {
+            c.status = Status::Warn;
+            c.details.extend(
+                report
+                    .problems
+                    .iter()
+                    .map(|p| format!("{}: {p}", path.display())),
+            );
+            c.fix = Some("run `mesos-gpu volume create` to rebuild it".into());
+        }
+        Err(e) => {
+            c.status = Status::Warn;
+            c.details.push(format!(
+                "cannot verify {}: {}",
+                path.display(),
+                ErrorChain(&e)
+            ));
         }
     }
-    (c, Some(plan))
 }
 
 /// `sharing`: GPU sharing and MIG settings that can work together: the module's and the hook's

@@ -26,6 +26,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use mesos_gpu_os::IoError;
+
 use self::program::DeviceProgram;
 use super::{
     CgroupError, CgroupLayout, CgroupVersion, ContainerId, IoResultExt, check_pid,
@@ -325,10 +327,7 @@ impl V2DeviceCgroup {
                         path: self.path.clone(),
                     }
                 } else {
-                    CgroupError::Read {
-                        path: self.path.clone(),
-                        source,
-                    }
+                    CgroupError::Read(IoError::new("read", &self.path, source))
                 }
             })
     }

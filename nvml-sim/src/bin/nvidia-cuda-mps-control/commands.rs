@@ -101,6 +101,15 @@ impl Default for Control {
     }
 }
 
+/// Checks that the command line has `n` words; the error shows `usage`.
+fn arity(words: &[&str], n: usize, usage: &str) -> Result<(), String> {
+    if words.len() == n {
+        Ok(())
+    } else {
+        Err(format!("usage: {usage}"))
+    }
+}
+
 fn percentage(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(p) if p > 0.0 && p <= 100.0 => Ok(p),
@@ -160,24 +169,27 @@ impl Control {
     }
 
     fn run(&mut self, words: &[&str]) -> Result<Reply, String> {
-        let arity = |n: usize, usage: &str| {
-            if words.len() == n {
-                Ok(())
-            } else {
-                Err(format!("usage: {usage}"))
-            }
-        };
         let Some(&command) = words.first() else {
             return Ok(Reply::ok(""));
         };
-        Ok(match command {
+        let reply = match self.server_command(command, words)? {
+            Some(reply) => Some(reply),
+            None => self.limit_command(command, words)?,
+        };
+        reply.ok_or_else(|| format!("unknown command {command:?}; accepted: {COMMANDS}"))
+    }
+
+    /// Runs `command` when it lists, starts, checks or stops servers, or quits; `None` for
+    /// another command.
+    fn server_command(&mut self, command: &str, words: &[&str]) -> Result<Option<Reply>, String> {
+        Ok(Some(match command {
             "get_server_list" => {
-                arity(1, "get_server_list")?;
+                arity(words, 1, "get_server_list")?;
                 let pids: Vec<String> = self.servers.iter().map(|s| s.pid.to_string()).collect();
                 Reply::ok(pids.join("\n"))
             }
             "get_server_status" => {
-                arity(2, "get_server_status <PID>")?;
+                arity(words, 2, "get_server_status <PID>")?;
                 self.server(words[1])?;
                 Reply::ok("ACTIVE")
             }
@@ -198,41 +210,65 @@ impl Control {
                 Reply::effect(Effect::ShutdownServer { pid })
             }
             "get_client_list" => {
-                arity(2, "get_client_list <PID>")?;
+                arity(words, 2, "get_client_list <PID>")?;
                 self.server(words[1])?;
                 Reply::ok("")
             }
+            "quit" => {
+                let ok = words.len() == 1
+                    || (words.len() == 3 && words[1] == "-t" && words[2].parse::<u64>().is_ok());
+                if !ok {
+                    return Err("usage: quit [-t <timeout in seconds>]".to_owned());
+                }
+                Reply::effect(Effect::Quit)
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Runs `command` when it sets or gets a limit (active thread percentage, pinned memory,
+    /// client priority), by default or of one server; `None` for another command.
+    fn limit_command(&mut self, command: &str, words: &[&str]) -> Result<Option<Reply>, String> {
+        Ok(Some(match command {
             "set_default_active_thread_percentage" => {
-                arity(2, "set_default_active_thread_percentage <percentage>")?;
+                arity(
+                    words,
+                    2,
+                    "set_default_active_thread_percentage <percentage>",
+                )?;
                 self.default_active_thread_percentage = percentage(words[1])?;
                 Reply::ok(format!("{:.1}", self.default_active_thread_percentage))
             }
             "get_default_active_thread_percentage" => {
-                arity(1, "get_default_active_thread_percentage")?;
+                arity(words, 1, "get_default_active_thread_percentage")?;
                 Reply::ok(format!("{:.1}", self.default_active_thread_percentage))
             }
             "set_active_thread_percentage" => {
-                arity(3, "set_active_thread_percentage <PID> <percentage>")?;
+                arity(words, 3, "set_active_thread_percentage <PID> <percentage>")?;
                 let p = percentage(words[2])?;
                 let s = self.server(words[1])?;
                 s.active_thread_percentage = p;
                 Reply::ok(format!("{p:.1}"))
             }
             "get_active_thread_percentage" => {
-                arity(2, "get_active_thread_percentage <PID>")?;
+                arity(words, 2, "get_active_thread_percentage <PID>")?;
                 Reply::ok(format!(
                     "{:.1}",
                     self.server(words[1])?.active_thread_percentage
                 ))
             }
             "set_default_device_pinned_mem_limit" => {
-                arity(3, "set_default_device_pinned_mem_limit <dev> <value>")?;
+                arity(
+                    words,
+                    3,
+                    "set_default_device_pinned_mem_limit <dev> <value>",
+                )?;
                 let (dev, value) = (device(words[1])?, memory(words[2])?);
                 self.default_pinned_mem_limits.insert(dev, value);
                 Reply::ok("")
             }
             "get_default_device_pinned_mem_limit" => {
-                arity(2, "get_default_device_pinned_mem_limit <dev>")?;
+                arity(words, 2, "get_default_device_pinned_mem_limit <dev>")?;
                 let dev = device(words[1])?;
                 Reply::ok(
                     self.default_pinned_mem_limits
@@ -242,19 +278,19 @@ impl Control {
                 )
             }
             "set_device_pinned_mem_limit" => {
-                arity(4, "set_device_pinned_mem_limit <PID> <dev> <value>")?;
+                arity(words, 4, "set_device_pinned_mem_limit <PID> <dev> <value>")?;
                 let (dev, value) = (device(words[2])?, memory(words[3])?);
                 self.server(words[1])?.pinned_mem_limits.insert(dev, value);
                 Reply::ok("")
             }
             "get_device_pinned_mem_limit" => {
-                arity(3, "get_device_pinned_mem_limit <PID> <dev>")?;
+                arity(words, 3, "get_device_pinned_mem_limit <PID> <dev>")?;
                 let dev = device(words[2])?;
                 let s = self.server(words[1])?;
                 Reply::ok(s.pinned_mem_limits.get(&dev).cloned().unwrap_or_default())
             }
             "set_default_client_priority" => {
-                arity(2, "set_default_client_priority <0|1>")?;
+                arity(words, 2, "set_default_client_priority <0|1>")?;
                 self.default_client_priority = match words[1] {
                     "0" => 0,
                     "1" => 1,
@@ -267,21 +303,11 @@ impl Control {
                 Reply::ok("")
             }
             "get_default_client_priority" => {
-                arity(1, "get_default_client_priority")?;
+                arity(words, 1, "get_default_client_priority")?;
                 Reply::ok(self.default_client_priority.to_string())
             }
-            "quit" => {
-                let ok = words.len() == 1
-                    || (words.len() == 3 && words[1] == "-t" && words[2].parse::<u64>().is_ok());
-                if !ok {
-                    return Err("usage: quit [-t <timeout in seconds>]".to_owned());
-                }
-                Reply::effect(Effect::Quit)
-            }
-            other => {
-                return Err(format!("unknown command {other:?}; accepted: {COMMANDS}"));
-            }
-        })
+            _ => return Ok(None),
+        }))
     }
 
     /// Records a server the daemon started, with the current defaults.
