@@ -14,7 +14,7 @@ use mesos_gpu_grant::Grant;
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerGuard,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
-    lifecycle::PrepareConfig, lifecycle::plan_launch,
+    lifecycle::PrepareConfig, lifecycle::mesos_launch_info,
 };
 use mesos_gpu_node::{
     devices::DeviceNode, devices::DeviceNodes, devices::GpuNode, devices::NVIDIA_UVM,
@@ -114,7 +114,7 @@ impl Agent for DryAgent {
     ) -> Result<LaunchInfo, DemoError> {
         let cgroup = self.layout.as_ref().map(|l| l.container_dir(id));
         let grant = Grant::new(&self.nodes, &self.base, gpus.to_vec(), vec![], None)?;
-        Ok(plan_launch(
+        Ok(mesos_launch_info(
             id,
             &config,
             &grant,

@@ -2,7 +2,7 @@
 //!
 //! A [`Stream`] of Marathon apps (`examples/marathon/stream.json`, built in) goes through the
 //! real code of every part: the allocator with the configured policy, the isolator's device-rule
-//! and launch-info builder ([`mesos_gpu_isolator::lifecycle::plan_launch`]), the Docker bridge's
+//! and launch-info builder ([`mesos_gpu_isolator::lifecycle::mesos_launch_info`]), the Docker bridge's
 //! `docker run` argument builder, and the volume planner on a generated driver tree
 //! ([`driver`]). [`run`] replays it and returns the [`Report`]; [`run_mig`] and [`run_sharing`]
 //! replay a stream on a node with MIG devices or shared GPUs. Nothing on the host changes:

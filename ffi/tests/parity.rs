@@ -6,13 +6,13 @@
 //! cpuset), or refuse the part it cannot carry with the reason. Never drop a part silently.
 //!
 //! The renderers:
-//! - **Mesos**: the isolator's launch info ([`plan_launch`]) as the module hands it to the agent
+//! - **Mesos**: the isolator's launch info ([`mesos_launch_info`]) as the module hands it to the agent
 //!   ([`convert::launch_info`], the `ContainerLaunchInfo` protobuf). The cpuset is not part of
 //!   it: the isolator writes it into the container's cpuset cgroup at `isolate`
 //!   (`mesos_gpu_enforce::pinning`), so this column checks that the launch info carries
 //!   everything else and leaves the cpuset to the cgroup.
-//! - **Docker** ([`LaunchPlan`]): `docker-args`, the module's `mgpu_docker_args`, `docker-wrapper`,
-//!   `run` and the demo render every Docker container with it.
+//! - **Docker** ([`LaunchPlan`]): `docker-args`, `docker-wrapper`, the REST API,
+//!   `run` and the demo render every Docker container with it (`DockerLaunch::render`).
 //! - **Hook**: the agent's Docker hook (the module's C ABI `mgpu_docker_hook_launch_argv`) runs
 //!   `docker-args` for the task, which renders with [`LaunchPlan`]: this column checks that the
 //!   command asks for every part of the request (GPUs or share units, each MIG profile, the
@@ -45,7 +45,7 @@ use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_enforce::cgroup::default_whitelist;
 use mesos_gpu_grant::{Grant, MigAccess, ShareAccess};
-use mesos_gpu_isolator::lifecycle::{ContainerId, PrepareConfig, plan_launch};
+use mesos_gpu_isolator::lifecycle::{ContainerId, PrepareConfig, mesos_launch_info};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::{DevNum, DriverInfo, Gpu, Inventory, MigCaps, MigDevice};
 use mesos_gpu_placement::numa::Pinning;
@@ -340,7 +340,7 @@ fn mesos(grant: &Grant) -> Result<Parts, String> {
         ..PrepareConfig::default()
     };
     let id = ContainerId::new("parity").expect("id");
-    let info = plan_launch(&id, &config, grant, None, None).map_err(|e| e.to_string())?;
+    let info = mesos_launch_info(&id, &config, grant, None, None).map_err(|e| e.to_string())?;
     let proto = convert::launch_info(&info);
     let mut parts = Parts::default();
     for m in &proto.mounts {

@@ -180,7 +180,7 @@ pub(crate) fn launch_info(
 /// `mesos-gpu demo`. `base` is the configured base allow list
 /// ([`mesos_gpu_enforce::cgroup::default_whitelist`] plus `--allowed_devices`); `cgroup` is where
 /// the container's cgroup would be.
-pub fn plan_launch(
+pub fn mesos_launch_info(
     id: &ContainerId,
     config: &PrepareConfig,
     grant: &Grant,

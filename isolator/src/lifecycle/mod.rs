@@ -61,7 +61,7 @@ pub use config::{CgroupChoice, CgroupMaker, IsolatorConfig};
 pub use docker::DockerGuard;
 pub use docker_owner::{DockerStart, MESOS_NAME_PREFIX, docker_name};
 pub use error::LifecycleError;
-pub use launch::{LaunchInfo, Mount, PrepareConfig, plan_launch};
+pub use launch::{LaunchInfo, Mount, PrepareConfig, mesos_launch_info};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
