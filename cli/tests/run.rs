@@ -75,7 +75,7 @@ impl Env {
         self.images.push(name.clone());
         check(
             Command::new("docker")
-                .args(["build", "-q", "-t", &name])
+                .args(["build", "--no-cache", "-q", "-t", &name])
                 .arg(&ctx),
         )?;
         Ok(name)

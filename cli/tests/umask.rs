@@ -182,11 +182,12 @@ fn docker_args() -> TestResult {
         }
     }
     let out = ok(out?)?;
-    let args: Vec<String> = serde_json::from_slice(&out.stdout)?;
-    let id = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--name=mesos-"))
-        .ok_or(format!("no --name in {args:?}"))?
+    // `--json` prints the launch: {"version":1,"name":"mesos-<id>",…}.
+    let launch: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let id = launch["name"]
+        .as_str()
+        .and_then(|n| n.strip_prefix("mesos-"))
+        .ok_or(format!("no name in {launch}"))?
         .to_owned();
     check_created("docker-args", &listing, &[])?;
     for want in [
@@ -290,7 +291,7 @@ fn run() -> TestResult {
     )?;
     run_checked(
         Command::new("docker")
-            .args(["build", "-q", "-t", &image])
+            .args(["build", "--no-cache", "-q", "-t", &image])
             .arg(&ctx),
     )?;
     let before = t.before();

@@ -197,7 +197,7 @@ fn build_image(dir: &Path, tag: &str, extra: &[&str], cleanup: &Cleanup) -> Resu
     let name = format!("{}:1", unique_name(tag));
     cleanup.images.lock().expect("lock").push(name.clone());
     run(Command::new("docker")
-        .args(["build", "-q", "-t", &name])
+        .args(["build", "--no-cache", "-q", "-t", &name])
         .arg(&ctx))?;
     Ok(name)
 }

@@ -11,6 +11,8 @@
 //!   `MESOS_GPU_DOCKER_ARGS` of a `docker run` given to the real `mesos-gpu docker-wrapper`, and
 //!   what the wrapper finally passes to `docker` is compared (a stand-in `docker` records it);
 //! - **docker-args**: the command as an operator runs it, `--image` named;
+//! - **run**: `mesos-gpu run` of a plain busybox image in the real dockerd (it takes whole GPUs,
+//!   pinned or not), what Docker gave the container read back with `docker inspect`;
 //! - **CDI**: the node's spec from `mesos-gpu cdi generate`, the devices the module granted asked
 //!   by UUID (a CDI device is a whole GPU or MIG device: a share or a pinned request is not
 //!   asked; a CDI device carries no variables, as NVIDIA's: the common edits'
@@ -27,7 +29,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -35,7 +36,6 @@ use std::sync::Arc;
 use http_body_util::BodyExt as _;
 use hyper::{Method, StatusCode};
 use libtest_mimic::Arguments;
-use mesos_gpu::abi::mgpu_docker_hook_launch_argv;
 use mesos_gpu::proto::mesos::slave::{ContainerConfig, ContainerLaunchInfo};
 use mesos_gpu::proto::mesos::{Resource, value};
 use mesos_gpu::status::MgpuStatus;
@@ -49,7 +49,7 @@ use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message as _;
-use support::{Handle, TestResult, check, trial};
+use support::{Handle, TestResult, check, mesos_gpu_bin, trial};
 
 /// The variables every entry point must agree on.
 const COMPARED_ENV: [&str; 7] = [
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     let host = Host::probe();
     let trials = vec![needs(
         &host,
-        &[Need::Root, Need::Cgroup1, Need::Cpuset1],
+        &[Need::Root, Need::Cgroup1, Need::Cpuset1, Need::Dockerd],
         trial(
             "every_entry_point_gives_every_kind_of_request_what_the_module_gives",
             every_entry_point_agrees,
@@ -135,6 +135,9 @@ struct Case {
     docker_options: Vec<&'static str>,
     /// Whether CDI and REST can be asked: they name devices, and neither shares nor pins one.
     names_devices: bool,
+    /// Whether `mesos-gpu run` can be asked: it takes whole GPUs, pinned or not (no share, no
+    /// MIG device).
+    whole: bool,
     /// Shares under MPS: each entry point starts its own daemons (the stand-in
     /// `nvidia-cuda-mps-control`) under its own MPS root, written `<mps>` when compared.
     mps: bool,
@@ -150,6 +153,7 @@ fn cases() -> Vec<Case> {
         params: Vec::new(),
         docker_options: Vec::new(),
         names_devices: true,
+        whole: true,
         mps: false,
     };
     vec![
@@ -167,6 +171,7 @@ fn cases() -> Vec<Case> {
             params: vec![("gpu_replicas", "4")],
             docker_options: vec!["--gpu-replicas", "4"],
             names_devices: false,
+            whole: false,
             // On a node sharing its GPUs `gpus` counts units: one of a GPU's four.
             ..plain("a share, time-slicing (1 of 4)", "numa-2cpu", 1.0)
         },
@@ -174,6 +179,7 @@ fn cases() -> Vec<Case> {
             params: vec![("gpu_replicas", "4")],
             docker_options: vec!["--gpu-replicas", "4"],
             names_devices: false,
+            whole: false,
             mps: true,
             ..plain("a share, MPS (2 of 4)", "numa-2cpu", 2.0)
         },
@@ -190,6 +196,7 @@ fn cases() -> Vec<Case> {
             mig: vec![("mig-1g.5gb", 1.0)],
             params: vec![("mig_strategy", "mixed")],
             docker_options: vec!["--mig-strategy", "mixed"],
+            whole: false,
             ..plain("one MIG device (mixed)", "dgx-a100-mixed", 0.0)
         },
         Case {
@@ -198,12 +205,14 @@ fn cases() -> Vec<Case> {
             params: vec![("mig_strategy", "mixed"), ("numa_pinning", "on")],
             docker_options: vec!["--mig-strategy", "mixed", "--numa-pinning"],
             names_devices: false,
+            whole: false,
             // A MIG device has no affinity of its own: its parent GPU's decides.
             ..plain("one MIG device, NUMA-pinned", "dgx-a100-mixed@2cpu", 0.0)
         },
         Case {
             params: vec![("mig_strategy", "single")],
             docker_options: vec!["--mig-strategy", "single"],
+            whole: false,
             // Every GPU in MIG mode: `gpus:1` is one MIG device.
             ..plain("one MIG device (single)", "dgx-a100-mig", 1.0)
         },
@@ -342,22 +351,6 @@ fn mknod(path: &Path, major: u32, minor: u32) -> TestResult {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
-}
-
-/// The built `mesos-gpu`: `$MESOS_GPU_BIN`, else beside this test.
-fn mesos_gpu_bin() -> TestResult<PathBuf> {
-    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().ok_or("the test has no directory")?;
-    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
-                .into()
-        })
 }
 
 fn scalar(name: &str, v: f64) -> Resource {
@@ -547,35 +540,7 @@ fn hook_argv(line: &str, case: &Case, image: &str, name: &str) -> TestResult<Vec
         ..ContainerConfig::default()
     }
     .encode_to_vec();
-    let command = CString::new(line)?;
-    let name = CString::new(name)?;
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0usize;
-    let mut err = vec![0u8; 1024];
-    // SAFETY: both strings are NUL-terminated and live across the call; `config` is valid for
-    // its length; `buf`, `len` and `err` are live, writable and as large as said.
-    let status = unsafe {
-        mgpu_docker_hook_launch_argv(
-            command.as_ptr(),
-            config.as_ptr(),
-            config.len(),
-            name.as_ptr(),
-            buf.as_mut_ptr(),
-            buf.len(),
-            &raw mut len,
-            err.as_mut_ptr().cast(),
-            err.len(),
-        )
-    };
-    if status != MgpuStatus::MgpuOk {
-        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
-        return Err(String::from_utf8_lossy(&err[..end]).into_owned().into());
-    }
-    Ok(buf[..len]
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect())
+    Ok(support::hook_launch_argv(line, &config, name)?)
 }
 
 /// Runs `argv`, its stdout when it succeeds.
@@ -685,6 +650,94 @@ fn docker_args(node: &Node, case: &Case, daemon: &FakeDockerd, tag: &str) -> Tes
     Ok(docker_parts(&args).with_mps_root(&node.mps_root(&state)))
 }
 
+/// `mesos-gpu run` of `image` (built here, in the real dockerd) with the container kept: what
+/// Docker gave it, read back with `docker inspect`.
+fn run_entry(node: &Node, case: &Case, image: &str) -> TestResult<Parts> {
+    let state = node.state("run")?;
+    let mut cmd = node.cli()?;
+    cmd.arg("run")
+        .arg("--pool-dir")
+        .arg(state.join("pool"))
+        .arg("--docker-state-dir")
+        .arg(state.join("docker"))
+        .arg(format!("--gpus={}", case.gpus));
+    if let Some(cpus) = case.pinned_cpus {
+        cmd.args(["--numa-pinning", &format!("--cpus={cpus}")]);
+    }
+    let out = cmd.args(["--keep", image, "true"]).output()?;
+    check(
+        out.status.success(),
+        format!("mesos-gpu run: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    let docker = |args: &[&str]| -> TestResult<String> {
+        let out = Command::new("docker").args(args).output()?;
+        check(
+            out.status.success(),
+            format!(
+                "docker {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )?;
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    };
+    let id = docker(&["ps", "-alq", "--filter", &format!("ancestor={image}")])?;
+    let inspected = docker(&["inspect", &id]);
+    docker(&["rm", "-f", &id])?;
+    let doc: serde_json::Value = serde_json::from_str(&inspected?)?;
+    let container = &doc[0];
+    let mut args: Vec<String> = Vec::new();
+    for d in container["HostConfig"]["Devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        args.push(format!(
+            "--device={}",
+            d["PathOnHost"].as_str().unwrap_or_default()
+        ));
+    }
+    for e in container["Config"]["Env"].as_array().into_iter().flatten() {
+        args.push(format!("--env={}", e.as_str().unwrap_or_default()));
+    }
+    for b in container["HostConfig"]["Binds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        args.push(format!("--volume={}", b.as_str().unwrap_or_default()));
+    }
+    for (key, option) in [
+        ("CpusetCpus", "--cpuset-cpus"),
+        ("CpusetMems", "--cpuset-mems"),
+    ] {
+        match container["HostConfig"][key].as_str() {
+            Some(v) if !v.is_empty() => args.push(format!("{option}={v}")),
+            _ => {}
+        }
+    }
+    Ok(docker_parts(&args))
+}
+
+/// A plain busybox image, built `FROM scratch` in the real dockerd under a name of its own.
+fn busybox_image(dir: &Path) -> TestResult<String> {
+    std::fs::copy("/bin/busybox", dir.join("busybox"))?;
+    let name = format!("{}:1", mesos_gpu_testkit::unique_name("entry-parity"));
+    std::fs::write(
+        dir.join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n",
+    )?;
+    let out = Command::new("docker")
+        .args(["build", "--no-cache", "-q", "-t", &name])
+        .arg(dir)
+        .output()?;
+    check(
+        out.status.success(),
+        format!("docker build: {}", String::from_utf8_lossy(&out.stderr)),
+    )?;
+    Ok(name)
+}
+
 /// The node's CDI spec (`cdi generate`), for the devices `uuids` names: the common edits and
 /// each device's.
 fn cdi(node: &Node, uuids: &[String]) -> TestResult<Parts> {
@@ -791,12 +844,19 @@ fn every_entry_point_agrees() -> TestResult {
     let sockets = tempfile::Builder::new().prefix("mgpu-entry-d").tempdir()?;
     let cuda = FakeDockerd::start(&sockets.path().join("cuda.sock"), &[DRIVER_LABEL])?;
     let plain = FakeDockerd::start(&sockets.path().join("plain.sock"), &[])?;
+    let image = busybox_image(sockets.path())?;
+    let checked = check_every_case(&cuda, &plain, &image);
+    let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
+    checked
+}
+
+fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> TestResult {
     let mut problems = Vec::new();
     let mut table = vec![format!(
         "{:<40} {:<28} {}",
         "request",
         "module",
-        "CUDA image: hook→wrapper · docker-args, plain image: the same, CDI, REST"
+        "CUDA image: hook→wrapper · docker-args, plain image: the same, run, CDI, REST"
     )];
     for case in cases() {
         let node = Node::new(case.node)?;
@@ -811,7 +871,7 @@ fn every_entry_point_agrees() -> TestResult {
         )?;
         let holds = !want.devices.is_empty();
         let mut row = Vec::new();
-        for (tag, daemon) in [("cuda", &cuda), ("plain", &plain)] {
+        for (tag, daemon) in [("cuda", cuda), ("plain", plain)] {
             for (who, got) in [
                 ("hook→wrapper", hook_and_wrapper(&node, &case, daemon, tag)),
                 ("docker-args", docker_args(&node, &case, daemon, tag)),
@@ -832,6 +892,18 @@ fn every_entry_point_agrees() -> TestResult {
                 row.push(if found.is_empty() { "same" } else { "DIFFERS" });
                 problems.extend(found);
             }
+        }
+        if case.whole {
+            let found = match run_entry(&node, &case, image) {
+                Ok(got) if holds => differences(case.name, "run (plain image)", &want, &got, true),
+                Ok(got) if got.devices.is_empty() && got.uuids().is_empty() => Vec::new(),
+                Ok(got) => vec![format!("{}: run gives {got:?} for no GPU", case.name)],
+                Err(e) => vec![format!("{}: run failed: {e}", case.name)],
+            };
+            row.push(if found.is_empty() { "same" } else { "DIFFERS" });
+            problems.extend(found);
+        } else {
+            row.push("n/a");
         }
         let uuids = want.uuids();
         if holds && case.names_devices {

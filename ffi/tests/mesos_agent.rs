@@ -37,7 +37,7 @@ use mesos_gpu_testkit::mesos::{
 use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use mesos_gpu_testkit::{Host, Need, needs};
-use support::{Handle, TestResult, cdylib, check, config, trial};
+use support::{Handle, TestResult, cdylib, check, config, mesos_gpu_bin, trial};
 
 /// The module's name in modules.json and `--isolation`.
 const MODULE: &str = ISOLATOR_MODULE;
@@ -1324,23 +1324,6 @@ fn v1_exec_beside_the_agent() -> TestResult {
     c.release("five")?;
     task.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     c.wait_all_released()
-}
-
-/// The built `mesos-gpu` program (the module's default probe command): `$MESOS_GPU_BIN`, else
-/// in the target directory beside this test.
-fn mesos_gpu_bin() -> TestResult<PathBuf> {
-    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().ok_or("the test has no directory")?;
-    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
-                .into()
-        })
 }
 
 /// Evidence-based recovery in a real agent, nobody running `mark-healthy`. XID 48 takes GPU 6

@@ -27,18 +27,17 @@
 //! runc refuses bind mounts inside `/proc`, so Docker and CDI leave them out (see
 //! `mesos_gpu_grant::MountKind::MigAccessFile`); they are not compared.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http_body_util::BodyExt as _;
 use hyper::{Method, StatusCode};
-use mesos_gpu::abi::mgpu_docker_hook_launch_argv;
 use mesos_gpu::convert;
 use mesos_gpu::proto::mesos::slave::ContainerConfig;
 use mesos_gpu::proto::mesos::{Resource, value};
-use mesos_gpu::status::MgpuStatus;
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource};
 use mesos_gpu_docker::cdi::node::container_edits;
 use mesos_gpu_docker::rest::status::NoStatus;
@@ -470,35 +469,7 @@ fn hook(resources: &[Resource]) -> Result<Vec<String>, String> {
         ..ContainerConfig::default()
     }
     .encode_to_vec();
-    let command = CString::new(HOOK_COMMAND).expect("command");
-    let name = CString::new("mesos-parity").expect("name");
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0usize;
-    let mut err = vec![0u8; 1024];
-    // SAFETY: both strings are NUL-terminated and live across the call; `config` is valid for
-    // its length; `buf`, `len` and `err` are live, writable and as large as said.
-    let status = unsafe {
-        mgpu_docker_hook_launch_argv(
-            command.as_ptr(),
-            config.as_ptr(),
-            config.len(),
-            name.as_ptr(),
-            buf.as_mut_ptr(),
-            buf.len(),
-            &raw mut len,
-            err.as_mut_ptr().cast(),
-            err.len(),
-        )
-    };
-    if status != MgpuStatus::MgpuOk {
-        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
-        return Err(String::from_utf8_lossy(&err[..end]).into_owned());
-    }
-    Ok(buf[..len]
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect())
+    support::hook_launch_argv(HOOK_COMMAND, &config, "mesos-parity")
 }
 
 /// Compares `got` with what the grant says, for renderer `who`; `cpuset_elsewhere` when the

@@ -153,8 +153,7 @@ pub fn run_probe(config: &ProbeConfig, gpu: &ProbeTarget) -> ProbeOutcome {
     command
         .args(args.iter().map(fill))
         .envs(config.env.iter().map(|(k, v)| (k, v)))
-        .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
-        .env("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)
+        .envs(mesos_gpu_grant::env::visible(&[gpu.uuid.as_str()]))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -445,7 +445,10 @@ fn print_allocation(id: &ContainerId, info: &LaunchInfo) {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v)
     };
-    if let (Some(share), Some(mode)) = (env("MESOS_GPU_SHARE"), env("MESOS_GPU_SHARING")) {
+    if let (Some(share), Some(mode)) = (
+        env(mesos_gpu_grant::env::MESOS_GPU_SHARE),
+        env(mesos_gpu_grant::env::MESOS_GPU_SHARING),
+    ) {
         let _ = writeln!(err, "  share: {share} of the GPU ({mode})");
     }
     if let Some(cgroup) = &info.cgroup {

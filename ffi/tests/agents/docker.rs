@@ -197,7 +197,7 @@ impl Images {
         self.names.push(name.clone());
         let out = self
             .docker()
-            .args(["build", "-q", "-t", &name])
+            .args(["build", "--no-cache", "-q", "-t", &name])
             .arg(&dir)
             .output()?;
         check(

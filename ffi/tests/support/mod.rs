@@ -402,3 +402,59 @@ pub(crate) fn env_var(
         .find(|v| v.name == name)
         .and_then(|v| v.value.clone())
 }
+
+/// The command the agent's Docker hook runs for the container named `name` with `config` (a
+/// serialized `ContainerConfig`) under the operator's command `line`, through the hook's C ABI
+/// (`mgpu_docker_hook_launch_argv`); its error text when it refuses.
+pub(crate) fn hook_launch_argv(
+    line: &str,
+    config: &[u8],
+    name: &str,
+) -> Result<Vec<String>, String> {
+    let command = std::ffi::CString::new(line).map_err(|e| e.to_string())?;
+    let name = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0usize;
+    let mut err = vec![0u8; 1024];
+    // SAFETY: both strings are NUL-terminated and live across the call; `config` is valid for
+    // its length; `buf`, `len` and `err` are live, writable and as large as said.
+    let status = unsafe {
+        mesos_gpu::abi::mgpu_docker_hook_launch_argv(
+            command.as_ptr(),
+            config.as_ptr(),
+            config.len(),
+            name.as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+            &raw mut len,
+            err.as_mut_ptr().cast(),
+            err.len(),
+        )
+    };
+    if status != MgpuStatus::MgpuOk {
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        return Err(String::from_utf8_lossy(&err[..end]).into_owned());
+    }
+    Ok(buf[..len]
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect())
+}
+
+/// The built `mesos-gpu` program: `$MESOS_GPU_BIN`, else in the target directory beside this
+/// test.
+pub(crate) fn mesos_gpu_bin() -> TestResult<PathBuf> {
+    if let Some(path) = std::env::var_os("MESOS_GPU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or("the test has no directory")?;
+    [dir.join("mesos-gpu"), dir.join("../mesos-gpu")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
+                .into()
+        })
+}

@@ -434,11 +434,12 @@ impl PackagedNode {
                 &id,
                 "--image",
                 &self.image,
-                "--json",
             ],
             true,
         )?;
-        let args: Vec<String> = serde_json::from_str(&printed)?;
+        // One line of arguments (no path holds a space), as every release prints it: `--json`
+        // was an array of them before issue 35 and is the launch object since.
+        let args: Vec<&str> = printed.split_whitespace().collect();
         self.containers.push(id.clone());
         run(
             self.images.docker().args(["run", "-d"]).args(&args).args([
