@@ -513,13 +513,19 @@ fn issue_35_wrapper_keeps_the_pinning_and_variables_of_a_plain_image() -> TestRe
         ],
     )?;
     let name = launch_name(&launch)?;
-    let (docker, argv) = recording_docker(&env, "plain")?;
-    let out = docker_wrapper(&env, &docker, &launch, &name, &image)?;
+    wrapped_plain_pinned(&env, &launch, &name, &image, "plain")
+}
+
+/// Runs `docker-wrapper` with `launch` in `MESOS_GPU_DOCKER_ARGS` for a `docker run` of the
+/// plain `image` as container `name`, and checks that `docker` got the pinned launch and that,
+/// `docker run` ended and the container gone, the GPUs went back.
+fn wrapped_plain_pinned(env: &Env, launch: &str, name: &str, image: &str, tag: &str) -> TestResult {
+    let (docker, argv) = recording_docker(env, tag)?;
+    let out = docker_wrapper(env, &docker, launch, name, image)?;
     if !out.status.success() {
         return Err(format!("docker-wrapper: {}", text(&out)).into());
     }
     check_plain_pinned(&recorded(&argv)?)?;
-    // `docker run` ended and the container is gone: the GPUs went back.
     let left = env.reserved()?;
     if !left.is_empty() {
         return Err(format!("still reserved: {left:?}").into());
@@ -581,17 +587,7 @@ fn issue_35_wrapper_reads_the_old_array_format() -> TestResult {
         "--label=mesos-gpu.driver-cuda=12.4".to_owned(),
     ]);
     let old = serde_json::to_string(&old).map_err(|e| e.to_string())?;
-    let (docker, argv) = recording_docker(&env, "old")?;
-    let out = docker_wrapper(&env, &docker, &old, &name, &image)?;
-    if !out.status.success() {
-        return Err(format!("docker-wrapper: {}", text(&out)).into());
-    }
-    check_plain_pinned(&recorded(&argv)?)?;
-    let left = env.reserved()?;
-    if !left.is_empty() {
-        return Err(format!("still reserved: {left:?}").into());
-    }
-    Ok(())
+    wrapped_plain_pinned(&env, &old, &name, &image, "old")
 }
 
 /// The hook reserves before the image is pulled; an image that asks for the driver and needs a

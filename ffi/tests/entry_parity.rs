@@ -28,7 +28,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -49,18 +49,9 @@ use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message as _;
-use support::{Handle, TestResult, check, mesos_gpu_bin, trial};
+use support::parts::{Parts, differences, docker_parts};
+use support::{Handle, TestResult, check, mesos_gpu_bin, mknod, trial};
 
-/// The variables every entry point must agree on.
-const COMPARED_ENV: [&str; 7] = [
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-    "MESOS_GPU_SHARE",
-    "MESOS_GPU_SHARING",
-    "CUDA_MPS_PIPE_DIRECTORY",
-    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-];
 /// The label by which an image asks for the driver (CUDA images carry it).
 const DRIVER_LABEL: (&str, &str) = ("com.nvidia.volumes.needed", "nvidia_driver");
 
@@ -75,48 +66,6 @@ fn main() -> ExitCode {
         ),
     )];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
-}
-
-/// What a container gets, as an entry point gave it: host device nodes, variables, bind mounts
-/// (besides the driver volume and MIG `access` files) and cpuset.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Parts {
-    devices: BTreeSet<String>,
-    env: BTreeMap<String, String>,
-    mounts: BTreeSet<(String, String)>,
-    cpuset: Option<(String, Option<String>)>,
-}
-
-impl Parts {
-    fn keep_env<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        for (k, v) in pairs {
-            if COMPARED_ENV.contains(&k) {
-                self.env.insert(k.to_owned(), v.to_owned());
-            }
-        }
-    }
-
-    /// The same, the MPS root `root` of its entry point written `<mps>`.
-    fn with_mps_root(mut self, root: &Path) -> Parts {
-        let root = root.display().to_string();
-        let cut = |s: &str| s.replace(&root, "<mps>");
-        self.env = self.env.iter().map(|(k, v)| (k.clone(), cut(v))).collect();
-        self.mounts = self.mounts.iter().map(|(a, b)| (cut(a), cut(b))).collect();
-        self
-    }
-
-    /// The `GPU-…`/`MIG-…` UUIDs it names.
-    fn uuids(&self) -> Vec<String> {
-        self.env
-            .get("CUDA_VISIBLE_DEVICES")
-            .map(|v| {
-                v.split(',')
-                    .filter(|u| !u.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
 }
 
 /// One kind of request, as a Mesos task asks for it.
@@ -338,21 +287,6 @@ impl Node {
     }
 }
 
-fn mknod(path: &Path, major: u32, minor: u32) -> TestResult {
-    let out = Command::new("mknod")
-        .arg(path)
-        .args(["c", &major.to_string(), &minor.to_string()])
-        .output()?;
-    check(
-        out.status.success(),
-        format!(
-            "mknod {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 fn scalar(name: &str, v: f64) -> Resource {
     Resource {
         name: name.into(),
@@ -479,50 +413,6 @@ fn launch_parts(info: &ContainerLaunchInfo, rootfs: &Path, dev: &Path) -> Parts 
                 .map(|v| (v.name.as_str(), v.value.as_deref().unwrap_or(""))),
         );
     }
-    parts
-}
-
-/// The parts of `docker run` arguments.
-fn docker_parts(args: &[String]) -> Parts {
-    let mut parts = Parts::default();
-    let mut mems = None;
-    let mut cpus = None;
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        // `-e KEY=VALUE` as Mesos writes its own variables, `--env=` as ours.
-        let (option, value) = match arg.split_once('=') {
-            Some((o, v)) if o.starts_with("--") => (o, v.to_owned()),
-            _ if arg == "-e" || arg == "--env" || arg == "--device" || arg == "--volume" => {
-                i += 1;
-                (arg.as_str(), args.get(i).cloned().unwrap_or_default())
-            }
-            _ => (arg.as_str(), String::new()),
-        };
-        match option {
-            "--device" => {
-                parts
-                    .devices
-                    .insert(value.split(':').next().unwrap_or(&value).to_owned());
-            }
-            "-e" | "--env" => {
-                let (k, v) = value.split_once('=').unwrap_or((&value, ""));
-                parts.keep_env([(k, v)]);
-            }
-            "--volume" => {
-                let mut fields = value.split(':');
-                let (source, target) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
-                if target != "/usr/local/nvidia" {
-                    parts.mounts.insert((source.to_owned(), target.to_owned()));
-                }
-            }
-            "--cpuset-cpus" => cpus = Some(value),
-            "--cpuset-mems" => mems = Some(value),
-            _ => {}
-        }
-        i += 1;
-    }
-    parts.cpuset = cpus.map(|c| (c, mems));
     parts
 }
 
@@ -817,29 +707,6 @@ fn rest(node: &Node, uuids: &[String]) -> TestResult<Parts> {
     Ok(docker_parts(&args))
 }
 
-/// The differences between `got` (entry point `who`) and the module's `want`.
-fn differences(case: &str, who: &str, want: &Parts, got: &Parts, cpuset: bool) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut say = |part: &str, want: &dyn std::fmt::Debug, got: &dyn std::fmt::Debug| {
-        out.push(format!(
-            "{case}: {who} gives {part} {got:?}, the module {want:?}"
-        ));
-    };
-    if got.devices != want.devices {
-        say("device nodes", &want.devices, &got.devices);
-    }
-    if got.env != want.env {
-        say("variables", &want.env, &got.env);
-    }
-    if got.mounts != want.mounts {
-        say("mounts", &want.mounts, &got.mounts);
-    }
-    if cpuset && got.cpuset != want.cpuset {
-        say("cpuset", &want.cpuset, &got.cpuset);
-    }
-    out
-}
-
 fn every_entry_point_agrees() -> TestResult {
     let sockets = tempfile::Builder::new().prefix("mgpu-entry-d").tempdir()?;
     let cuda = FakeDockerd::start(&sockets.path().join("cuda.sock"), &[DRIVER_LABEL])?;
@@ -878,7 +745,9 @@ fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> Tes
             ] {
                 let who = format!("{who} ({tag} image)");
                 let found = match got {
-                    Ok(got) if holds => differences(case.name, &who, &want, &got, true),
+                    Ok(got) if holds => {
+                        differences(case.name, &who, ("the module", &want), &got, true)
+                    }
                     // No device: no NVIDIA node, and the variables, when set, name none.
                     Ok(got) => {
                         let mut found = Vec::new();
@@ -895,7 +764,13 @@ fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> Tes
         }
         if case.whole {
             let found = match run_entry(&node, &case, image) {
-                Ok(got) if holds => differences(case.name, "run (plain image)", &want, &got, true),
+                Ok(got) if holds => differences(
+                    case.name,
+                    "run (plain image)",
+                    ("the module", &want),
+                    &got,
+                    true,
+                ),
                 Ok(got) if got.devices.is_empty() && got.uuids().is_empty() => Vec::new(),
                 Ok(got) => vec![format!("{}: run gives {got:?} for no GPU", case.name)],
                 Err(e) => vec![format!("{}: run failed: {e}", case.name)],
@@ -923,10 +798,16 @@ fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> Tes
                             found.push(format!("{}: CDI sets {:?}, not void", case.name, got.env));
                         }
                         got.env = want.env.clone();
-                        found.extend(differences(case.name, who, &want, &got, false));
+                        found.extend(differences(
+                            case.name,
+                            who,
+                            ("the module", &want),
+                            &got,
+                            false,
+                        ));
                         found
                     }
-                    Ok(got) => differences(case.name, who, &want, &got, false),
+                    Ok(got) => differences(case.name, who, ("the module", &want), &got, false),
                     Err(e) => vec![format!("{}: {who} failed: {e}", case.name)],
                 };
                 row.push(if found.is_empty() { "same" } else { "DIFFERS" });

@@ -29,7 +29,6 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,43 +49,14 @@ use mesos_gpu_node::inventory::{DevNum, DriverInfo, Gpu, Inventory, MigCaps, Mig
 use mesos_gpu_placement::numa::Pinning;
 use mesos_gpu_placement::sharing::{PlacedShare, ShareLimits, SharingMode};
 use prost::Message as _;
+use support::parts::{COMPARED_ENV, Parts, differences, docker_parts};
 
-/// The variables a renderer must agree on.
-const COMPARED_ENV: [&str; 7] = [
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-    "MESOS_GPU_SHARE",
-    "MESOS_GPU_SHARING",
-    "CUDA_MPS_PIPE_DIRECTORY",
-    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-];
 /// Where the container's root is, for Mesos's launch info (mount targets are under it).
 const ROOTFS: &str = "/rootfs";
 /// An MPS daemon's pipe directory.
 const PIPE: &str = "/run/mesos-gpu/mps/GPU-2/pipe";
 /// The hook's `docker_args` module parameter.
 const HOOK_COMMAND: &str = "/usr/bin/mesos-gpu docker-args --numa-pinning";
-
-/// What a container gets, as a renderer gave it: host device nodes, variables, bind mounts
-/// (besides the driver volume and MIG `access` files) and cpuset.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Parts {
-    devices: BTreeSet<String>,
-    env: BTreeMap<String, String>,
-    mounts: BTreeSet<(String, String)>,
-    cpuset: Option<(String, Option<String>)>,
-}
-
-impl Parts {
-    fn keep_env<'a>(&mut self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        for (k, v) in pairs {
-            if COMPARED_ENV.contains(&k) {
-                self.env.insert(k.to_owned(), v.to_owned());
-            }
-        }
-    }
-}
 
 /// One kind of request: the grant placement and the pool would make, and how the other paths
 /// ask for the same thing.
@@ -374,7 +344,7 @@ fn mesos(grant: &Grant) -> Result<Parts, String> {
 
 fn docker(grant: &Grant) -> Result<Parts, String> {
     let plan = LaunchPlan::new(grant, &image(), Some(&driver())).map_err(|e| e.to_string())?;
-    Ok(docker_args(&plan.cli_args()))
+    Ok(docker_parts(&plan.cli_args()))
 }
 
 fn driver() -> mesos_gpu_docker::args::DriverSpec {
@@ -384,35 +354,6 @@ fn driver() -> mesos_gpu_docker::args::DriverSpec {
             host_path: PathBuf::from("/var/run/mesos/isolators/gpu/nvidia_550.54.14"),
         },
     }
-}
-
-/// The parts of `docker run` arguments.
-fn docker_args(args: &[String]) -> Parts {
-    let mut parts = Parts::default();
-    let mut mems = None;
-    let mut cpus = None;
-    for arg in args {
-        if let Some(v) = arg.strip_prefix("--device=") {
-            parts
-                .devices
-                .insert(v.split(':').next().unwrap_or(v).to_owned());
-        } else if let Some(v) = arg.strip_prefix("--env=") {
-            let (k, v) = v.split_once('=').unwrap_or((v, ""));
-            parts.keep_env([(k, v)]);
-        } else if let Some(v) = arg.strip_prefix("--volume=") {
-            let mut fields = v.split(':');
-            let (source, target) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
-            if target != "/usr/local/nvidia" {
-                parts.mounts.insert((source.to_owned(), target.to_owned()));
-            }
-        } else if let Some(v) = arg.strip_prefix("--cpuset-cpus=") {
-            cpus = Some(v.to_owned());
-        } else if let Some(v) = arg.strip_prefix("--cpuset-mems=") {
-            mems = Some(v.to_owned());
-        }
-    }
-    parts.cpuset = cpus.map(|c| (c, mems));
-    parts
 }
 
 fn cdi(grant: &Grant) -> Result<Parts, String> {
@@ -472,30 +413,6 @@ fn hook(resources: &[Resource]) -> Result<Vec<String>, String> {
     support::hook_launch_argv(HOOK_COMMAND, &config, "mesos-parity")
 }
 
-/// Compares `got` with what the grant says, for renderer `who`; `cpuset_elsewhere` when the
-/// renderer's path applies the cpuset outside what it renders (Mesos: the cpuset cgroup).
-fn check(case: &str, who: &str, want: &Parts, got: &Parts, cpuset_elsewhere: bool) -> Vec<String> {
-    let mut problems = Vec::new();
-    let mut say = |part: &str, want: &dyn std::fmt::Debug, got: &dyn std::fmt::Debug| {
-        problems.push(format!(
-            "{case}: {who} gives {part} {got:?}, the grant {want:?}"
-        ));
-    };
-    if got.devices != want.devices {
-        say("device nodes", &want.devices, &got.devices);
-    }
-    if got.env != want.env {
-        say("variables", &want.env, &got.env);
-    }
-    if got.mounts != want.mounts {
-        say("mounts", &want.mounts, &got.mounts);
-    }
-    if !cpuset_elsewhere && got.cpuset != want.cpuset {
-        say("cpuset", &want.cpuset, &got.cpuset);
-    }
-    problems
-}
-
 /// `same` when `found` is empty, else `DIFFERS` (the differences go to `problems`).
 fn verdict(problems: &mut Vec<String>, found: Vec<String>) -> String {
     let text = if found.is_empty() { "same" } else { "DIFFERS" };
@@ -531,7 +448,7 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
         match mesos(&case.grant) {
             Ok(got) => row.push(verdict(
                 &mut problems,
-                check(case.name, "Mesos", &want, &got, true),
+                differences(case.name, "Mesos", ("the grant", &want), &got, false),
             )),
             Err(e) => problems.push(format!("{}: Mesos refused: {e}", case.name)),
         }
@@ -540,7 +457,7 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
         match docker(&case.grant) {
             Ok(got) => row.push(verdict(
                 &mut problems,
-                check(case.name, "Docker", &want, &got, false),
+                differences(case.name, "Docker", ("the grant", &want), &got, true),
             )),
             Err(e) => problems.push(format!("{}: Docker refused: {e}", case.name)),
         }
@@ -571,7 +488,7 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
         match (cdi(&case.grant), pinned) {
             (Ok(got), false) => row.push(verdict(
                 &mut problems,
-                check(case.name, "CDI", &want, &got, false),
+                differences(case.name, "CDI", ("the grant", &want), &got, true),
             )),
             (Err(e), true) if e.contains("cpuset") && e.contains("0-3") => {
                 row.push(format!("refused: {e}"));
@@ -586,7 +503,13 @@ fn every_renderer_gives_every_kind_of_request_the_same_devices_and_variables_or_
             (Ok(query), false) => match rest(&api, query) {
                 Ok(got) => row.push(verdict(
                     &mut problems,
-                    check(case.name, "REST /docker/cli", &want, &got, false),
+                    differences(
+                        case.name,
+                        "REST /docker/cli",
+                        ("the grant", &want),
+                        &got,
+                        true,
+                    ),
                 )),
                 Err(e) => problems.push(format!("{}: REST refused {query}: {e}", case.name)),
             },

@@ -13,6 +13,8 @@ use mesos_gpu::{MgpuIsolator, MgpuStatus};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use prost::Message;
 
+pub(crate) mod parts;
+
 pub(crate) type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A trial running `f`.
@@ -64,19 +66,7 @@ impl Fixture {
         specs.push(("nvidiactl".into(), 195, 255));
         specs.push(("nvidia-uvm".into(), 240, 0));
         for (name, major, minor) in specs {
-            let path = dev.path().join(&name);
-            let out = Command::new("mknod")
-                .arg(&path)
-                .args(["c", &major.to_string(), &minor.to_string()])
-                .output()?;
-            check(
-                out.status.success(),
-                format!(
-                    "mknod {}: {}",
-                    path.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            )?;
+            mknod(&dev.path().join(&name), major, minor)?;
         }
         let work = tempfile::Builder::new().prefix("mgpu-ffi-work").tempdir()?;
         let cgroups_root = mesos_gpu_testkit::unique_name("ffi");
@@ -457,4 +447,20 @@ pub(crate) fn mesos_gpu_bin() -> TestResult<PathBuf> {
             "mesos-gpu is not built beside this test: run `cargo build -p mesos-gpu` or set MESOS_GPU_BIN"
                 .into()
         })
+}
+
+/// `mknod PATH c MAJOR MINOR`.
+pub(crate) fn mknod(path: &Path, major: u32, minor: u32) -> TestResult {
+    let out = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .output()?;
+    check(
+        out.status.success(),
+        format!(
+            "mknod {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
