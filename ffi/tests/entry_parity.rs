@@ -20,6 +20,9 @@
 //! - **REST**: nvidia-docker 1.0's `/docker/cli/json` for the same devices (it reserves nothing,
 //!   so neither shares nor pins: those requests are not asked).
 //!
+//! A request that cannot be granted (MIG devices with a GPU) must be refused by the module and by
+//! every Docker entry point, each naming why.
+//!
 //! Each Docker entry point runs twice: for an image that asks for the driver (a CUDA image's
 //! `com.nvidia.volumes.needed` label) and for a plain one. A container holding a device gets the
 //! same device nodes, `NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`, share variables, MPS
@@ -87,6 +90,9 @@ struct Case {
     /// Whether `mesos-gpu run` can be asked: it takes whole GPUs, pinned or not (no share, no
     /// MIG device).
     whole: bool,
+    /// A request every entry point must refuse, each naming why (the reason must mention
+    /// `refusal`).
+    refusal: Option<&'static str>,
     /// Shares under MPS: each entry point starts its own daemons (the stand-in
     /// `nvidia-cuda-mps-control`) under its own MPS root, written `<mps>` when compared.
     mps: bool,
@@ -103,6 +109,7 @@ fn cases() -> Vec<Case> {
         docker_options: Vec::new(),
         names_devices: true,
         whole: true,
+        refusal: None,
         mps: false,
     };
     vec![
@@ -164,6 +171,29 @@ fn cases() -> Vec<Case> {
             whole: false,
             // Every GPU in MIG mode: `gpus:1` is one MIG device.
             ..plain("one MIG device (single)", "dgx-a100-mig", 1.0)
+        },
+        Case {
+            params: vec![("mig_strategy", "single"), ("gpu_replicas", "4")],
+            docker_options: vec!["--mig-strategy", "single", "--gpu-replicas", "4"],
+            names_devices: false,
+            whole: false,
+            mps: true,
+            // One unit of four of a MIG device, under its own MPS daemon.
+            ..plain("a share of a MIG device, MPS (single)", "dgx-a100-mig", 1.0)
+        },
+        Case {
+            mig: vec![("mig-1g.5gb", 1.0)],
+            params: vec![("mig_strategy", "mixed")],
+            docker_options: vec!["--mig-strategy", "mixed"],
+            names_devices: false,
+            whole: false,
+            // A CUDA process enumerates one MIG device and no GPU beside it.
+            refusal: Some("MIG devices"),
+            ..plain(
+                "a GPU and a MIG device together (refused)",
+                "dgx-a100-mixed",
+                1.0,
+            )
         },
     ]
 }
@@ -717,6 +747,32 @@ fn every_entry_point_agrees() -> TestResult {
     checked
 }
 
+/// What is wrong with `case`'s refusals: the module, and the hook → wrapper and `docker-args`
+/// for each image, must each refuse, with a reason that mentions `reason`.
+fn refusals(node: &Node, case: &Case, daemons: [&FakeDockerd; 2], reason: &str) -> Vec<String> {
+    let mut got = vec![("module".to_owned(), module(node, case).map(drop))];
+    for (tag, daemon) in ["cuda", "plain"].into_iter().zip(daemons) {
+        got.push((
+            format!("hook→wrapper ({tag} image)"),
+            hook_and_wrapper(node, case, daemon, tag).map(drop),
+        ));
+        got.push((
+            format!("docker-args ({tag} image)"),
+            docker_args(node, case, daemon, tag).map(drop),
+        ));
+    }
+    got.into_iter()
+        .filter_map(|(who, result)| match result {
+            Ok(()) => Some(format!("{}: {who} granted it", case.name)),
+            Err(e) if !e.to_string().contains(reason) => Some(format!(
+                "{}: {who} refused without naming {reason}: {e}",
+                case.name
+            )),
+            Err(_) => None,
+        })
+        .collect()
+}
+
 fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> TestResult {
     let mut problems = Vec::new();
     let mut table = vec![format!(
@@ -727,6 +783,21 @@ fn check_every_case(cuda: &FakeDockerd, plain: &FakeDockerd, image: &str) -> Tes
     )];
     for case in cases() {
         let node = Node::new(case.node)?;
+        if let Some(reason) = case.refusal {
+            let found = refusals(&node, &case, [cuda, plain], reason);
+            table.push(format!(
+                "{:<40} {:<28} {}",
+                case.name,
+                "refused",
+                if found.is_empty() {
+                    "every Docker entry point refuses too"
+                } else {
+                    "DIFFERS"
+                }
+            ));
+            problems.extend(found);
+            continue;
+        }
         let want = module(&node, &case).map_err(|e| format!("{}: module: {e}", case.name))?;
         check(
             case.gpus == 0.0 && case.mig.is_empty() || !want.devices.is_empty(),
