@@ -33,7 +33,7 @@ use mesos_gpu_isolator::{
     lifecycle::RecoveryReport,
 };
 use mesos_gpu_node::inventory::Gpu;
-use mesos_gpu_placement::numa::Allowed;
+use mesos_gpu_placement::numa::{Affinities, Allowed};
 
 use crate::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan};
 use crate::client::{
@@ -150,6 +150,15 @@ pub struct BridgeRecovery {
     pub report: RecoveryReport,
 }
 
+/// What NUMA pinning needs: the CPUs a container asks for, the GPUs' local CPUs and memory
+/// nodes, and what it may be pinned within.
+#[derive(Debug, Clone)]
+struct Pinned {
+    cpus: Option<f64>,
+    affinities: Affinities,
+    allowed: Allowed,
+}
+
 /// The Docker containerizer's side of the shared GPU pool.
 #[derive(Debug, Clone)]
 pub struct DockerBridge {
@@ -157,9 +166,8 @@ pub struct DockerBridge {
     client: DockerClient,
     driver: Option<DriverSpec>,
     gpus: Vec<Gpu>,
-    /// NUMA pinning: the CPUs a container needs and the CPUs and memory nodes it may be pinned
-    /// within ([`DockerBridge::pinned`]).
-    pin: Option<(Option<f64>, Allowed)>,
+    /// NUMA pinning ([`DockerBridge::pinned`]).
+    pin: Option<Pinned>,
 }
 
 impl DockerBridge {
@@ -182,10 +190,19 @@ impl DockerBridge {
     }
 
     /// The same bridge pinning each container it creates to its GPUs' local CPUs and memory
-    /// nodes within `allowed` (the machine's online ones), never fewer CPUs than `cpus`
-    /// ([`DockerGuard::pin`]): its `HostConfig` carries the cpuset.
-    pub fn pinned(mut self, cpus: Option<f64>, allowed: Allowed) -> DockerBridge {
-        self.pin = Some((cpus, allowed));
+    /// nodes (`affinities`) within `allowed` (the machine's online ones), never fewer CPUs than
+    /// `cpus` ([`DockerGuard::pin`]): its `HostConfig` carries the cpuset.
+    pub fn pinned(
+        mut self,
+        cpus: Option<f64>,
+        affinities: Affinities,
+        allowed: Allowed,
+    ) -> DockerBridge {
+        self.pin = Some(Pinned {
+            cpus,
+            affinities,
+            allowed,
+        });
         self
     }
 
@@ -230,8 +247,8 @@ impl DockerBridge {
         // Everything but the GPUs themselves, checked before anything is reserved.
         LaunchPlan::check_image(Some(&info), self.driver.as_ref()).map_err(plan_err)?;
         let mut reservation = self.reserve(id, gpus).await?;
-        if let Some((cpus, allowed)) = &self.pin {
-            reservation.pin(*cpus, allowed);
+        if let Some(p) = &self.pin {
+            reservation.pin(p.cpus, &p.affinities, &p.allowed);
         }
         let created = self
             .create_reserved(id, &name, reservation.grant(), &info, image, cmd)

@@ -52,7 +52,7 @@ use mesos_gpu_testkit::mps::MpsControl;
 use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message as _;
-use support::parts::{Parts, differences, docker_parts};
+use support::parts::{Parts, differences, docker_parts, launch_parts};
 use support::{Handle, TestResult, check, mesos_gpu_bin, mknod, trial};
 
 /// The label by which an image asks for the driver (CUDA images carry it).
@@ -415,35 +415,6 @@ fn module(node: &Node, case: &Case) -> TestResult<Parts> {
         let _ = std::fs::remove_dir(dir);
     }
     Ok(parts)
-}
-
-/// The parts of the module's launch info: device nodes (bind mounts of nodes under `dev`),
-/// other mounts, variables.
-fn launch_parts(info: &ContainerLaunchInfo, rootfs: &Path, dev: &Path) -> Parts {
-    let mut parts = Parts::default();
-    for m in &info.mounts {
-        let source = m.source.clone().unwrap_or_default();
-        let target = Path::new(&m.target)
-            .strip_prefix(rootfs)
-            .map(|t| Path::new("/").join(t).display().to_string())
-            .unwrap_or_else(|_| m.target.clone());
-        if source.contains("/driver/nvidia/capabilities/") {
-            continue; // MIG access files: Mesos only (runc refuses mounts inside /proc).
-        }
-        if Path::new(&source).starts_with(dev) {
-            parts.devices.insert(source);
-        } else {
-            parts.mounts.insert((source, target));
-        }
-    }
-    for env in info.environment.iter().chain(&info.task_environment) {
-        parts.keep_env(
-            env.variables
-                .iter()
-                .map(|v| (v.name.as_str(), v.value.as_deref().unwrap_or(""))),
-        );
-    }
-    parts
 }
 
 /// The `docker-args` command the hook runs for `case`, through the hook's C ABI.

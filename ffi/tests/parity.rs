@@ -49,7 +49,7 @@ use mesos_gpu_node::inventory::{DevNum, DriverInfo, Gpu, Inventory, MigCaps, Mig
 use mesos_gpu_placement::numa::Pinning;
 use mesos_gpu_placement::sharing::{PlacedShare, ShareLimits, SharingMode};
 use prost::Message as _;
-use support::parts::{COMPARED_ENV, Parts, differences, docker_parts};
+use support::parts::{COMPARED_ENV, Parts, differences, docker_parts, launch_parts};
 
 /// Where the container's root is, for Mesos's launch info (mount targets are under it).
 const ROOTFS: &str = "/rootfs";
@@ -311,35 +311,7 @@ fn mesos(grant: &Grant) -> Result<Parts, String> {
     let id = ContainerId::new("parity").expect("id");
     let info = mesos_launch_info(&id, &config, grant, None, None).map_err(|e| e.to_string())?;
     let proto = convert::launch_info(&info);
-    let mut parts = Parts::default();
-    for m in &proto.mounts {
-        let source = m.source.clone().unwrap_or_default();
-        let target = m
-            .target
-            .strip_prefix(ROOTFS)
-            .unwrap_or(&m.target)
-            .to_owned();
-        if source.starts_with("/proc/") {
-            continue; // MIG access files: Mesos only.
-        }
-        let name = Path::new(&source)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if source.starts_with("/dev/") && name.starts_with("nvidia") {
-            parts.devices.insert(source);
-        } else {
-            parts.mounts.insert((source, target));
-        }
-    }
-    for env in proto.environment.iter().chain(&proto.task_environment) {
-        parts.keep_env(
-            env.variables
-                .iter()
-                .map(|v| (v.name.as_str(), v.value.as_deref().unwrap_or(""))),
-        );
-    }
-    Ok(parts)
+    Ok(launch_parts(&proto, Path::new(ROOTFS), Path::new("/dev")))
 }
 
 fn docker(grant: &Grant) -> Result<Parts, String> {

@@ -318,7 +318,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     };
     let mut reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;
     if args.numa.numa_pinning {
-        reservation.pin(args.numa.cpus, &crate::numa::online()?);
+        let affinities = crate::numa::affinities(ctx)?;
+        reservation.pin(args.numa.cpus, &affinities, &crate::numa::online()?);
     }
     let name = docker_name(&id);
     let launch = DockerLaunch::new(reservation.grant(), driver.as_ref())?.named(name.clone());

@@ -21,7 +21,6 @@ use mesos_gpu_isolator::lifecycle::{
 };
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
-use mesos_gpu_node::numa::Affinities;
 use mesos_gpu_volume::VolumeManager;
 
 use crate::ctx::Ctx;
@@ -70,9 +69,7 @@ pub(crate) fn open_pool_sharing(
     let inventory = ctx.inventory()?.clone();
     let nodes = device_nodes(ctx)?;
     let work_dir = args.state_dir(ctx)?;
-    // The GPUs' local CPUs, for `DockerGuard::pin` (NUMA pinning).
-    let affinities = crate::numa::affinities(ctx)?;
-    let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, affinities, nodes)?;
+    let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, nodes)?;
     if let Some(unchecked) = &report.unchecked {
         tracing::warn!(records = %unchecked, docker_state_dir = %work_dir.display(), "kept GPU records this process cannot check as they were written; none of their GPUs is granted");
     }
@@ -98,7 +95,6 @@ pub(crate) fn open_records(
         None,
         whole_gpus(),
         inventory,
-        Affinities::default(),
         DeviceNodes::default(),
     )?;
     if let Some(unchecked) = &report.unchecked {
@@ -114,7 +110,6 @@ fn open_on(
     sharing: Option<SharingConfig>,
     mig: MigConfig,
     inventory: Inventory,
-    affinities: Affinities,
     nodes: DeviceNodes,
 ) -> anyhow::Result<(DockerRecords, RecoveryReport)> {
     let deadline = Instant::now() + LOCK_WAIT;
@@ -126,7 +121,6 @@ fn open_on(
         });
         config.sharing.clone_from(&sharing);
         config.mig = mig.clone();
-        config.pinning.affinities.clone_from(&affinities);
         match Isolator::new(config, inventory.clone(), nodes.clone()) {
             Err(LifecycleError::Checkpoint {
                 source: CheckpointError::Locked { .. },

@@ -112,7 +112,11 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             let records = Arc::new(open_pool(ctx, &args.reservations)?);
             let mut bridge = DockerBridge::new(records, client.clone(), driver, gpus);
             if args.numa.numa_pinning {
-                bridge = bridge.pinned(args.numa.cpus, crate::numa::online()?);
+                bridge = bridge.pinned(
+                    args.numa.cpus,
+                    crate::numa::affinities(ctx)?,
+                    crate::numa::online()?,
+                );
             }
             bridge
                 .create(&id, f64::from(args.gpus), &args.image, &args.command)

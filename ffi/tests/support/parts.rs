@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use mesos_gpu::proto::mesos::slave::ContainerLaunchInfo;
+
 /// The variables every entry point and renderer must agree on.
 pub(crate) const COMPARED_ENV: [&str; 7] = [
     "NVIDIA_VISIBLE_DEVICES",
@@ -129,4 +131,37 @@ pub(crate) fn differences(
         say("cpuset", &want.cpuset, &got.cpuset);
     }
     out
+}
+
+/// The parts of a Mesos launch info: device nodes (bind mounts of `nvidia*` nodes under `dev`),
+/// other mounts (targets relative to `rootfs`; a MIG device's `access` files left out: Mesos
+/// only), variables.
+pub(crate) fn launch_parts(info: &ContainerLaunchInfo, rootfs: &Path, dev: &Path) -> Parts {
+    let mut parts = Parts::default();
+    for m in &info.mounts {
+        let source = m.source.clone().unwrap_or_default();
+        let target = Path::new(&m.target)
+            .strip_prefix(rootfs)
+            .map(|t| Path::new("/").join(t).display().to_string())
+            .unwrap_or_else(|_| m.target.clone());
+        if source.contains("/driver/nvidia/capabilities/") {
+            continue; // MIG access files: Mesos only (runc refuses mounts inside /proc).
+        }
+        let nvidia = Path::new(&source)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("nvidia"));
+        if nvidia && Path::new(&source).starts_with(dev) {
+            parts.devices.insert(source);
+        } else {
+            parts.mounts.insert((source, target));
+        }
+    }
+    for env in info.environment.iter().chain(&info.task_environment) {
+        parts.keep_env(
+            env.variables
+                .iter()
+                .map(|v| (v.name.as_str(), v.value.as_deref().unwrap_or(""))),
+        );
+    }
+    parts
 }

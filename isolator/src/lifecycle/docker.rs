@@ -16,7 +16,7 @@ use super::{ContainerId, Isolator, LifecycleError};
 use mesos_gpu_enforce::pinning::PinOutcome;
 use mesos_gpu_grant::Grant;
 use mesos_gpu_node::inventory::Gpu;
-use mesos_gpu_placement::numa::{self, Allowed, Decision};
+use mesos_gpu_placement::numa::{self, Affinities, Allowed, Decision};
 use mesos_gpu_placement::sharing::Wanted;
 use mesos_gpu_pool::{Host, Liveness};
 
@@ -74,13 +74,18 @@ impl<D: Deref<Target = Isolator>> DockerGuard<D> {
 
     /// NUMA pinning of the container, decided as for a Mesos container
     /// ([`mesos_gpu_placement::numa::plan`] over the GPUs whose affinity counts,
-    /// [`Grant::local_gpus`]: MIG parents included) with the affinities the isolator was
-    /// configured with, within `allowed` (the machine's online CPUs and memory nodes: a Docker
-    /// container is in no cgroup of ours), never leaving it fewer than `cpus`. A pinned grant
+    /// [`Grant::local_gpus`]: MIG parents included) by the GPUs' `affinities`, within `allowed`
+    /// (the machine's online CPUs and memory nodes: a Docker container is in no cgroup of ours),
+    /// never leaving it fewer than `cpus`. A pinned grant
     /// carries its cpuset, so every Docker renderer gives it; a skipped one is logged.
-    pub fn pin(&mut self, cpus: Option<f64>, allowed: &Allowed) -> PinOutcome {
+    pub fn pin(
+        &mut self,
+        cpus: Option<f64>,
+        affinities: &Affinities,
+        allowed: &Allowed,
+    ) -> PinOutcome {
         let local = self.grant.local_gpus();
-        match numa::plan(&local, self.isolator.affinities(), allowed, cpus) {
+        match numa::plan(&local, affinities, allowed, cpus) {
             Decision::Pin(pinning) => {
                 self.grant = self.grant.clone().pinned(Some(pinning.clone()));
                 PinOutcome::Pinned(pinning)
