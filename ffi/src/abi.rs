@@ -51,7 +51,7 @@ pub unsafe extern "C" fn mgpu_set_log_callback(
     err_cap: usize,
 ) -> MgpuStatus {
     guard(err, err_cap, || {
-        let level = MgpuLogLevel::try_from(max_level)?;
+        let level = MgpuLogLevel::from_raw(max_level)?;
         crate::log::set_callback(callback, userdata, level);
         Ok(())
     })

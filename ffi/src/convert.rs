@@ -34,18 +34,18 @@ use crate::proto::mesos::{
 use crate::proto::mesos_gpu::GpuStatistics;
 
 /// `mount(2)` `MS_RDONLY`.
-pub const MS_RDONLY: u32 = 1;
+pub(crate) const MS_RDONLY: u32 = 1;
 /// `mount(2)` `MS_BIND`.
-pub const MS_BIND: u32 = 4096;
+pub(crate) const MS_BIND: u32 = 4096;
 /// `mount(2)` `MS_REC`.
-pub const MS_REC: u32 = 16384;
+pub(crate) const MS_REC: u32 = 16384;
 
 /// The resource name of GPUs in Mesos.
-pub const GPUS: &str = "gpus";
+pub(crate) const GPUS: &str = "gpus";
 
 /// A Mesos message that does not fit the isolator's types.
 #[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
+pub(crate) enum ConvertError {
     /// A container id the isolator cannot use (as a cgroup name).
     #[error("container id {id:?}")]
     ContainerId {
@@ -83,7 +83,7 @@ pub enum ConvertError {
 
 /// What the task's environment asks of a sharing node (`MESOS_GPU_SHARE_MODE`): from the task's
 /// command (a command task), else the container's command.
-pub fn requested_sharing(
+pub(crate) fn requested_sharing(
     id: &mesos::ContainerId,
     config: &ContainerConfig,
 ) -> Result<Wanted, ConvertError> {
@@ -109,7 +109,7 @@ pub fn requested_sharing(
 }
 
 /// The isolator's id of a Mesos container: its dotted form, checked as a cgroup name.
-pub fn container_id(id: &mesos::ContainerId) -> Result<ContainerId, ConvertError> {
+pub(crate) fn container_id(id: &mesos::ContainerId) -> Result<ContainerId, ConvertError> {
     let text = id.to_string();
     ContainerId::new(text.clone()).map_err(|source| ConvertError::ContainerId { id: text, source })
 }
@@ -117,7 +117,7 @@ pub fn container_id(id: &mesos::ContainerId) -> Result<ContainerId, ConvertError
 /// Where Mesos puts a nested container's own cgroup, relative to `--cgroups_root`:
 /// `<parent>/mesos/<child>` (`containerizer::paths::getCgroupPath`, `paths.cpp` 600-611, and
 /// v2's `cgroups2::container`, 667-680); `None` for a top-level container.
-pub fn nested_cgroup(id: &mesos::ContainerId) -> Result<Option<PathBuf>, ConvertError> {
+pub(crate) fn nested_cgroup(id: &mesos::ContainerId) -> Result<Option<PathBuf>, ConvertError> {
     fn build(id: &mesos::ContainerId) -> Result<PathBuf, ConvertError> {
         let value =
             ContainerId::new(id.value.clone()).map_err(|source| ConvertError::ContainerId {
@@ -136,12 +136,12 @@ pub fn nested_cgroup(id: &mesos::ContainerId) -> Result<Option<PathBuf>, Convert
 }
 
 /// True for a `DEBUG` class container, to which Mesos's isolators answer `None`.
-pub fn is_debug(config: &ContainerConfig) -> bool {
+pub(crate) fn is_debug(config: &ContainerConfig) -> bool {
     config.container_class == Some(ContainerClass::Debug as i32)
 }
 
 /// The `gpus` requested in `resources`: the sum of the `gpus` scalars (0 when there is none).
-pub fn requested_gpus(
+pub(crate) fn requested_gpus(
     container: &mesos::ContainerId,
     resources: &[Resource],
 ) -> Result<f64, ConvertError> {
@@ -167,7 +167,7 @@ pub fn requested_gpus(
 }
 
 /// The scalars of `resources` whose name starts with `prefix`, summed by name.
-pub fn requested_scalars(resources: &[Resource], prefix: &str) -> Vec<(String, f64)> {
+pub(crate) fn requested_scalars(resources: &[Resource], prefix: &str) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64)> = Vec::new();
     for r in resources
         .iter()
@@ -184,7 +184,7 @@ pub fn requested_scalars(resources: &[Resource], prefix: &str) -> Vec<(String, f
 
 /// The `cpus` asked for in `resources` (the sum of the `cpus` scalars), `None` when there is
 /// none; NUMA pinning never leaves a container fewer CPUs than this.
-pub fn requested_cpus(resources: &[Resource]) -> Option<f64> {
+pub(crate) fn requested_cpus(resources: &[Resource]) -> Option<f64> {
     let scalars: Vec<f64> = resources
         .iter()
         .filter(|r| r.name == "cpus" && r.r#type == value::Type::Scalar as i32)
@@ -194,7 +194,7 @@ pub fn requested_cpus(resources: &[Resource]) -> Option<f64> {
 }
 
 /// `ContainerConfig` → `PrepareConfig` for container `id`.
-pub fn prepare_config(
+pub(crate) fn prepare_config(
     id: &mesos::ContainerId,
     config: &ContainerConfig,
 ) -> Result<PrepareConfig, ConvertError> {
@@ -224,7 +224,7 @@ pub fn prepare_config(
 /// otherwise every capability when it runs as root (no `user`, or `root`: Mesos then starts it
 /// with the agent's own, CAP_SYS_ADMIN included), and none as another user. Only SYS_ADMIN is
 /// named; other capabilities are given by number.
-pub fn task_capabilities(config: &ContainerConfig) -> Vec<String> {
+pub(crate) fn task_capabilities(config: &ContainerConfig) -> Vec<String> {
     let linux = config
         .container_info
         .as_ref()
@@ -248,7 +248,7 @@ pub fn task_capabilities(config: &ContainerConfig) -> Vec<String> {
 }
 
 /// `LaunchInfo` → `ContainerLaunchInfo`: the mounts and the environment.
-pub fn launch_info(info: &LaunchInfo) -> ContainerLaunchInfo {
+pub(crate) fn launch_info(info: &LaunchInfo) -> ContainerLaunchInfo {
     let mounts = info
         .mounts
         .iter()
@@ -286,7 +286,7 @@ fn environment(vars: &[(String, String)]) -> Option<Environment> {
 }
 
 /// `ContainerState` → `RecoverState`.
-pub fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertError> {
+pub(crate) fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertError> {
     Ok(RecoverState {
         id: container_id(&state.container_id)?,
         parent: state
@@ -302,7 +302,7 @@ pub fn recover_state(state: &ContainerState) -> Result<RecoverState, ConvertErro
 /// A usage answer: the time it was taken and NVML's figures for each GPU the container holds,
 /// in `gpu_statistics`, our field (Mesos has no GPU field in `ResourceStatistics`; see
 /// `proto/mesos_gpu/statistics.proto`). A figure NVML did not give is left unset, never 0.
-pub fn resource_statistics(now: SystemTime, usage: &Usage) -> ResourceStatistics {
+pub(crate) fn resource_statistics(now: SystemTime, usage: &Usage) -> ResourceStatistics {
     let timestamp = now
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -333,7 +333,7 @@ pub fn resource_statistics(now: SystemTime, usage: &Usage) -> ResourceStatistics
 }
 
 /// A status answer for container `id`.
-pub fn container_status(id: &mesos::ContainerId) -> ContainerStatus {
+pub(crate) fn container_status(id: &mesos::ContainerId) -> ContainerStatus {
     ContainerStatus {
         container_id: Some(id.clone()),
         cgroup_info: None,
@@ -342,7 +342,7 @@ pub fn container_status(id: &mesos::ContainerId) -> ContainerStatus {
 }
 
 /// A GPU limitation: `REASON_CONTAINER_LIMITATION` with one `gpus` resource and the message.
-pub fn limitation(limitation: &Limitation) -> ContainerLimitation {
+pub(crate) fn limitation(limitation: &Limitation) -> ContainerLimitation {
     ContainerLimitation {
         resources: vec![gpus_resource(1.0)],
         message: Some(limitation.message.clone()),
@@ -351,7 +351,7 @@ pub fn limitation(limitation: &Limitation) -> ContainerLimitation {
 }
 
 /// A `gpus` scalar resource.
-pub fn gpus_resource(count: f64) -> Resource {
+pub(crate) fn gpus_resource(count: f64) -> Resource {
     Resource {
         name: GPUS.to_owned(),
         r#type: value::Type::Scalar as i32,

@@ -114,7 +114,7 @@ pub struct MgpuIsolator {
 impl MgpuIsolator {
     /// Discovers the GPUs, scans the device nodes, finds (or builds) the driver volume and
     /// creates the isolator, from the module parameters.
-    pub fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
+    pub(crate) fn new(params: &Parameters) -> Result<MgpuIsolator, FfiError> {
         let mut params = ModuleParams::parse(params)?;
         let agent = crate::params::running_agent()?;
         if let Some(agent) = &agent {
@@ -232,7 +232,7 @@ impl MgpuIsolator {
     }
 
     /// Rebuilds the state after an agent restart.
-    pub fn recover(&self, info: &ContainerRecoverInfo) -> Result<(), FfiError> {
+    pub(crate) fn recover(&self, info: &ContainerRecoverInfo) -> Result<(), FfiError> {
         self.panic_point("recover");
         let states = info
             .checkpointed_container_states
@@ -268,7 +268,7 @@ impl MgpuIsolator {
     /// a `DEBUG` container, which shares everything with its parent but is still registered so
     /// that `isolate` and `cleanup` know it, and for a container that needs no mount and no
     /// environment (no GPU, no image), as Mesos's `gpu/nvidia` answers.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         id: &mesos::ContainerId,
         config: &ContainerConfig,
@@ -313,7 +313,7 @@ impl MgpuIsolator {
     }
 
     /// Moves `pid` into the container's cgroup.
-    pub fn isolate(&self, id: &mesos::ContainerId, pid: i32) -> Result<(), FfiError> {
+    pub(crate) fn isolate(&self, id: &mesos::ContainerId, pid: i32) -> Result<(), FfiError> {
         self.panic_point("isolate");
         let cid = convert::container_id(id)?;
         let pid = u32::try_from(pid)
@@ -324,7 +324,7 @@ impl MgpuIsolator {
     }
 
     /// Waits up to `timeout` (`None`: until cleanup) for a limitation of the container.
-    pub fn watch(
+    pub(crate) fn watch(
         &self,
         id: &mesos::ContainerId,
         timeout: Option<Duration>,
@@ -349,7 +349,7 @@ impl MgpuIsolator {
 
     /// The operator's word that `gpu` (an NVML index or a `GPU-…` UUID) is healthy again: it
     /// returns to the pool.
-    pub fn mark_healthy(&self, gpu: &str) -> Result<(), FfiError> {
+    pub(crate) fn mark_healthy(&self, gpu: &str) -> Result<(), FfiError> {
         self.panic_point("mark_healthy");
         let gpu = GpuRef::parse(gpu).map_err(|source| FfiError::GpuRef { source })?;
         match self.isolator.mark_healthy(&gpu)? {
@@ -362,7 +362,7 @@ impl MgpuIsolator {
     }
 
     /// Grows or shrinks the container's GPUs to the `gpus` of `requests.resources`.
-    pub fn update(
+    pub(crate) fn update(
         &self,
         id: &mesos::ContainerId,
         requests: &ContainerConfig,
@@ -374,7 +374,7 @@ impl MgpuIsolator {
     }
 
     /// The container's `ResourceStatistics`.
-    pub fn usage(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
+    pub(crate) fn usage(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
         self.panic_point("usage");
         let cid = convert::container_id(id)?;
         let usage = self.isolator.usage(&cid)?;
@@ -384,7 +384,7 @@ impl MgpuIsolator {
 
     /// This node's GPU metrics as OpenMetrics text: NVML figures, health, and the allocator's
     /// owners, states and counters (`mesos_gpu_docker::metrics`).
-    pub fn metrics(&self) -> Result<Vec<u8>, FfiError> {
+    pub(crate) fn metrics(&self) -> Result<Vec<u8>, FfiError> {
         self.panic_point("metrics");
         let text = self.metrics.render().map_err(|_| FfiError::Metrics)?;
         Ok(text.as_bytes().to_vec())
@@ -392,14 +392,14 @@ impl MgpuIsolator {
 
     /// Every container's GPUs, health and NVML figures as JSON (`containers.rs`), for the
     /// agent endpoint `/mesos-gpu/containers`.
-    pub fn containers(&self) -> Result<Vec<u8>, FfiError> {
+    pub(crate) fn containers(&self) -> Result<Vec<u8>, FfiError> {
         self.panic_point("containers");
         let view = crate::containers::view(&self.isolator)?;
         serde_json::to_vec(&view).map_err(|source| FfiError::Containers { source })
     }
 
     /// The container's `ContainerStatus`.
-    pub fn status(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
+    pub(crate) fn status(&self, id: &mesos::ContainerId) -> Result<Vec<u8>, FfiError> {
         self.panic_point("status");
         let cid = convert::container_id(id)?;
         self.isolator.status(&cid)?;
@@ -407,7 +407,7 @@ impl MgpuIsolator {
     }
 
     /// Cleans the container up; an unknown container is not an error.
-    pub fn cleanup(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
+    pub(crate) fn cleanup(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
         self.panic_point("cleanup");
         let cid = convert::container_id(id)?;
         self.isolator.cleanup(&cid)?;
@@ -416,7 +416,7 @@ impl MgpuIsolator {
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.
-    pub fn docker_release(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
+    pub(crate) fn docker_release(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
         self.panic_point("docker_release");
         let cid = convert::container_id(id)?;
         self.isolator.release_docker(&cid)?;
@@ -425,7 +425,7 @@ impl MgpuIsolator {
 
     /// The agent's `resources`, `attributes` and `nvidia_gpu_devices` flags for this node's
     /// GPUs, from the agent's own `resources`, `nvidia_gpu_devices` and `attributes`.
-    pub fn agent_resources(&self, flags: &Parameters) -> Result<Vec<u8>, FfiError> {
+    pub(crate) fn agent_resources(&self, flags: &Parameters) -> Result<Vec<u8>, FfiError> {
         self.panic_point("agent_resources");
         const KEYS: [&str; 3] = ["resources", "nvidia_gpu_devices", "attributes"];
         for p in &flags.parameter {

@@ -37,10 +37,9 @@ pub enum MgpuLogLevel {
     MgpuLogTrace = 4,
 }
 
-impl TryFrom<u32> for MgpuLogLevel {
-    type Error = FfiError;
-
-    fn try_from(level: u32) -> Result<MgpuLogLevel, FfiError> {
+impl MgpuLogLevel {
+    /// The level a caller passed as a number (`mgpu_set_log_callback`'s `max_level`).
+    pub(crate) fn from_raw(level: u32) -> Result<MgpuLogLevel, FfiError> {
         Ok(match level {
             0 => MgpuLogLevel::MgpuLogError,
             1 => MgpuLogLevel::MgpuLogWarn,
@@ -94,7 +93,11 @@ static THRESHOLD: AtomicU8 = AtomicU8::new(MgpuLogLevel::MgpuLogInfo as u8);
 static INSTALL: Once = Once::new();
 
 /// Sets (or with `None` clears) the process-wide callback and its threshold.
-pub fn set_callback(callback: MgpuLogCallback, userdata: *mut c_void, max_level: MgpuLogLevel) {
+pub(crate) fn set_callback(
+    callback: MgpuLogCallback,
+    userdata: *mut c_void,
+    max_level: MgpuLogLevel,
+) {
     let sink = callback.map(|callback| Sink { callback, userdata });
     *SINK.write().unwrap_or_else(PoisonError::into_inner) = sink;
     THRESHOLD.store(max_level as u8, Ordering::Relaxed);
@@ -102,7 +105,7 @@ pub fn set_callback(callback: MgpuLogCallback, userdata: *mut c_void, max_level:
 }
 
 /// Installs the forwarding subscriber, once per process.
-pub fn install() {
+pub(crate) fn install() {
     INSTALL.call_once(|| {
         if tracing_subscriber::registry()
             .with(CallbackLayer)
@@ -219,10 +222,10 @@ mod tests {
     #[test]
     fn levels_from_c_are_checked() {
         assert_eq!(
-            MgpuLogLevel::try_from(4).ok(),
+            MgpuLogLevel::from_raw(4).ok(),
             Some(MgpuLogLevel::MgpuLogTrace)
         );
-        let err = MgpuLogLevel::try_from(5).err().map(|e| e.to_string());
+        let err = MgpuLogLevel::from_raw(5).err().map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
             Some("log level 5: expected 0 (error) to 4 (trace)")

@@ -33,7 +33,7 @@ const DEBUG_PANIC_ON: &str = "debug_panic_on";
 
 /// Why the module could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum ParamError {
+pub(crate) enum ParamError {
     /// A parameter is refused (unknown, given twice, missing, or a value not accepted).
     #[error(transparent)]
     Refused(#[from] ModuleParamError),
@@ -117,7 +117,7 @@ pub enum ParamError {
 impl ParamError {
     /// True when the parameters themselves are wrong (as opposed to the host), also when the
     /// isolator refuses their values against the node while it is created.
-    pub fn is_bad_value(&self) -> bool {
+    pub(crate) fn is_bad_value(&self) -> bool {
         match self {
             ParamError::Refused(_)
             | ParamError::Agent { .. }
@@ -131,19 +131,19 @@ impl ParamError {
 
 /// The module parameters, checked.
 #[derive(Debug, Clone)]
-pub struct ModuleParams {
+pub(crate) struct ModuleParams {
     /// What the parameters say, checked by the isolator crate's parser (the one `mesos-gpu
     /// agent-flags` and `mesos-gpu doctor` check them with).
-    pub config: ModuleConfig,
+    pub(crate) config: ModuleConfig,
     /// The call that panics on purpose (`testing` builds only).
     #[cfg(feature = "testing")]
-    pub debug_panic_on: Option<String>,
+    pub(crate) debug_panic_on: Option<String>,
 }
 
 impl ModuleParams {
     /// Checks `params` with [`ModuleConfig::parse`]; `testing` builds also take
     /// `debug_panic_on`.
-    pub fn parse(params: &Parameters) -> Result<ModuleParams, ParamError> {
+    pub(crate) fn parse(params: &Parameters) -> Result<ModuleParams, ParamError> {
         let pairs = params
             .parameter
             .iter()
@@ -171,7 +171,7 @@ impl ModuleParams {
     /// default to the agent's (and must equal them when given), and who makes the container
     /// cgroups follows from the agent's `--isolation` on the cgroup version `version` resolves
     /// (see `ContainerizerFlags::cgroup_maker`); an explicit `container_cgroups` must agree.
-    pub fn apply_agent(
+    pub(crate) fn apply_agent(
         &mut self,
         agent: &ContainerizerFlags,
         version: impl FnOnce(&IsolatorConfig) -> Result<CgroupVersion, ParamError>,
@@ -237,7 +237,7 @@ impl ModuleParams {
     /// hand out on `inventory` (`check_agent_resources`: Mesos's `gpu/nvidia` rules, with the
     /// `nvidia_gpu_devices` parameter for `--nvidia_gpu_devices`, replicas and MIG devices
     /// counted), as Mesos's own GPU isolator refuses an agent advertising GPUs it cannot back.
-    pub fn check_agent_resources(
+    pub(crate) fn check_agent_resources(
         &self,
         agent: &ContainerizerFlags,
         inventory: &mesos_gpu_node::inventory::Inventory,
@@ -268,7 +268,7 @@ impl ModuleParams {
     }
 
     /// The host path of the driver volume to mount, per [`DriverVolume`], for driver `version`.
-    pub fn resolve_volume(&self, version: &str) -> Result<Option<PathBuf>, ParamError> {
+    pub(crate) fn resolve_volume(&self, version: &str) -> Result<Option<PathBuf>, ParamError> {
         if self.config.driver_volume == DriverVolume::Off {
             return Ok(None);
         }
@@ -315,7 +315,7 @@ const AGENT_PROGRAMS: &[&str] = &[
 /// The flags of the `mesos-agent` this library is loaded in, from its command line and
 /// environment; `None` when this process is not a Mesos agent (tests, other programs using the
 /// C ABI).
-pub fn running_agent() -> Result<Option<ContainerizerFlags>, ParamError> {
+pub(crate) fn running_agent() -> Result<Option<ContainerizerFlags>, ParamError> {
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -345,7 +345,7 @@ pub fn running_agent() -> Result<Option<ContainerizerFlags>, ParamError> {
 }
 
 /// The cgroup version `config` resolves to on this host.
-pub fn host_cgroup_version(config: &IsolatorConfig) -> Result<CgroupVersion, ParamError> {
+pub(crate) fn host_cgroup_version(config: &IsolatorConfig) -> Result<CgroupVersion, ParamError> {
     config
         .hierarchy()
         .map(|h| h.version)

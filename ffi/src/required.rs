@@ -45,7 +45,7 @@ include!(concat!(env!("OUT_DIR"), "/required_fields.rs"));
 /// The required fields missing from `bytes`, a message of type `message` (a full name such as
 /// `mesos.slave.ContainerConfig`) that prost has decoded. Empty when all are present, or when
 /// the type is not in the table.
-pub fn missing_required(message: &str, bytes: &[u8]) -> Vec<String> {
+pub(crate) fn missing_required(message: &str, bytes: &[u8]) -> Vec<String> {
     let mut missing = Vec::new();
     if let Ok(index) = MESSAGES.binary_search_by(|m| m.name.cmp(message)) {
         walk(index, bytes, "", &mut missing);
@@ -56,7 +56,7 @@ pub fn missing_required(message: &str, bytes: &[u8]) -> Vec<String> {
 /// As [`missing_required`], for a *carrier*: a message whose own required fields are left unset
 /// on purpose (`mgpu_update`'s `ContainerConfig`, which carries only `resources` and `limits`).
 /// The messages inside it must still be complete.
-pub fn missing_required_inside(message: &str, bytes: &[u8]) -> Vec<String> {
+pub(crate) fn missing_required_inside(message: &str, bytes: &[u8]) -> Vec<String> {
     let mut missing = missing_required(message, bytes);
     missing.retain(|path| path.contains('.'));
     missing

@@ -119,7 +119,7 @@ impl TryFrom<u32> for MgpuStatus {
 
 /// Why a C ABI call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum FfiError {
+pub(crate) enum FfiError {
     /// A `mig-…` resource this agent does not offer.
     #[error(
         "container {container} asks for {name}, which this agent does not offer (MIG profiles offered: {known})"
@@ -286,7 +286,7 @@ pub enum FfiError {
 
 impl FfiError {
     /// The status code of this error: the one mapping from Rust errors to C status codes.
-    pub fn status(&self) -> MgpuStatus {
+    pub(crate) fn status(&self) -> MgpuStatus {
         match self {
             FfiError::Null { .. } => MgpuStatus::MgpuNullArgument,
             FfiError::Decode { .. } | FfiError::MissingRequired { .. } => {

@@ -106,7 +106,7 @@ fn c_lifecycle_under(version: Cg, umask: Umask) -> TestResult {
     write("id.bin", id.encode_to_vec())?;
     write("config.bin", config(2.0))?;
     let update = ContainerConfig {
-        resources: vec![mesos_gpu::convert::gpus_resource(1.0)],
+        resources: vec![mesos_gpu::testing::gpus_resource(1.0)],
         ..ContainerConfig::default()
     };
     write("update.bin", update.encode_to_vec())?;

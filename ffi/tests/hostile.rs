@@ -730,7 +730,7 @@ fn garbage_and_truncated_bytes(f: &Fixture) -> TestResult {
     h.prepare(&bad_id, &good)
         .expect(S::MgpuBadArgument, "container id \"../etc\"")?;
     // A non-scalar gpus resource.
-    let mut set = mesos_gpu::convert::gpus_resource(1.0);
+    let mut set = mesos_gpu::testing::gpus_resource(1.0);
     set.r#type = mesos_gpu::proto::mesos::value::Type::Set as i32;
     let cfg = ContainerConfig {
         resources: vec![set],

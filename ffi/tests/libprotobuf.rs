@@ -1,7 +1,7 @@
 //! Our protobuf handling against libprotobuf and Mesos's own generated classes (`libmesos.so`,
 //! linked with libprotobuf by `tests/cpp/libprotobuf_probe.cpp`):
 //!
-//! - the proto2 required-field check (`mesos_gpu::required`): every message type that comes in
+//! - the proto2 required-field check (`mesos_gpu::testing::missing_required`): every message type that comes in
 //!   through the C ABI, complete and with each field taken out in turn (at every depth), is given
 //!   to both; they must refuse the same inputs and name the same missing fields;
 //! - the GPU figures of `ResourceStatistics.gpu_statistics` (our field 1000) survive the agent's
@@ -25,7 +25,7 @@ use mesos_gpu::proto::mesos::{
     container_info, environment, image, value, volume,
 };
 use mesos_gpu::proto::mesos_gpu::GpuStatistics;
-use mesos_gpu::required::missing_required;
+use mesos_gpu::testing::missing_required;
 use mesos_gpu_testkit::mesos::MesosInstall;
 use mesos_gpu_testkit::{Host, Need, needs};
 use prost::Message;

@@ -7,7 +7,7 @@
 //!
 //! The renderers:
 //! - **Mesos**: the isolator's launch info ([`mesos_launch_info`]) as the module hands it to the agent
-//!   ([`convert::launch_info`], the `ContainerLaunchInfo` protobuf). The cpuset is not part of
+//!   ([`launch_info`], the `ContainerLaunchInfo` protobuf). The cpuset is not part of
 //!   it: the isolator writes it into the container's cpuset cgroup at `isolate`
 //!   (`mesos_gpu_enforce::pinning`), so this column checks that the launch info carries
 //!   everything else and leaves the cpuset to the cgroup.
@@ -34,9 +34,9 @@ use std::sync::Arc;
 
 use http_body_util::BodyExt as _;
 use hyper::{Method, StatusCode};
-use mesos_gpu::convert;
 use mesos_gpu::proto::mesos::slave::ContainerConfig;
 use mesos_gpu::proto::mesos::{Resource, value};
+use mesos_gpu::testing::launch_info;
 use mesos_gpu_docker::args::{ImageInfo, LaunchPlan, VOLUMES_NEEDED_LABEL, VolumeSource};
 use mesos_gpu_docker::cdi::node::container_edits;
 use mesos_gpu_docker::rest::status::NoStatus;
@@ -310,7 +310,7 @@ fn mesos(grant: &Grant) -> Result<Parts, String> {
     };
     let id = ContainerId::new("parity").expect("id");
     let info = mesos_launch_info(&id, &config, grant, None, None).map_err(|e| e.to_string())?;
-    let proto = convert::launch_info(&info);
+    let proto = launch_info(&info);
     Ok(launch_parts(&proto, Path::new(ROOTFS), Path::new("/dev")))
 }
 

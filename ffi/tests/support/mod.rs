@@ -373,7 +373,7 @@ pub(crate) fn include_dir() -> PathBuf {
 pub(crate) fn config(gpus: f64) -> Vec<u8> {
     use mesos_gpu::proto::mesos::slave::ContainerConfig;
     ContainerConfig {
-        resources: vec![mesos_gpu::convert::gpus_resource(gpus)],
+        resources: vec![mesos_gpu::testing::gpus_resource(gpus)],
         directory: "/tmp/sandbox".into(),
         ..ContainerConfig::default()
     }
@@ -409,7 +409,7 @@ pub(crate) fn hook_launch_argv(
     // SAFETY: both strings are NUL-terminated and live across the call; `config` is valid for
     // its length; `buf`, `len` and `err` are live, writable and as large as said.
     let status = unsafe {
-        mesos_gpu::abi::mgpu_docker_hook_launch_argv(
+        mesos_gpu::mgpu_docker_hook_launch_argv(
             command.as_ptr(),
             config.as_ptr(),
             config.len(),
