@@ -13,6 +13,8 @@
 //!   its k/R limits in its environment, and a container with an image the pipe directory and
 //!   `/dev/shm`.
 //! - A restarted isolator recovers its shares from its checkpoint.
+//! - A dry run (`IsolatorConfig::dry_run`, what `mesos-gpu demo` asks for) decides and records
+//!   as a real run does and acts on nothing: no cgroup, no MPS daemon.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod lifecycle_common;
@@ -28,9 +30,9 @@ use mesos_gpu_enforce::cgroup::CgroupVersion;
 use mesos_gpu_enforce::mps::MpsConfig;
 use mesos_gpu_grant::MountKind;
 use mesos_gpu_isolator::{
-    lifecycle::ContainerId, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
-    lifecycle::LifecycleError, lifecycle::PoolConfig, lifecycle::PoolRole,
-    lifecycle::PrepareConfig, lifecycle::SharingConfig,
+    lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
+    lifecycle::IsolatorConfig, lifecycle::LaunchInfo, lifecycle::LifecycleError,
+    lifecycle::PoolConfig, lifecycle::PoolRole, lifecycle::PrepareConfig, lifecycle::SharingConfig,
 };
 use mesos_gpu_placement::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_pool::Pool;
@@ -65,6 +67,14 @@ fn main() -> ExitCode {
         );
         add("shares_survive_a_restart", shares_survive_a_restart);
     }
+    trials.push(needs(
+        &host,
+        &[Need::Root],
+        trial(
+            "dry_run_decides_and_records_like_a_real_run_and_acts_on_nothing".to_owned(),
+            dry_run_decides_and_records_like_a_real_run_and_acts_on_nothing,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -585,4 +595,101 @@ fn shares_survive_a_restart(version: CgroupVersion) -> TestResult {
     iso.cleanup(&id("next"))?;
     iso.cleanup(&id("kept"))?;
     check(pool_shares(&pool)?.is_empty(), "freed")
+}
+
+/// `IsolatorConfig::dry_run` under MPS: shares packed onto GPU 0 with their limits and the pipe
+/// directory their daemon would have, a request above any share served whole, all recorded in
+/// the pool and the checkpoint as a real run records them; and nothing done on the host: no
+/// cgroup under the (plain directory standing for the) hierarchy, no MPS daemon (its program
+/// does not exist, so starting one would fail), `isolate` refused for want of a cgroup, and
+/// cleanup gives everything back.
+fn dry_run_decides_and_records_like_a_real_run_and_acts_on_nothing() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let dir = tempfile::tempdir()?;
+    let hierarchy = dir.path().join("cgroup");
+    std::fs::create_dir_all(hierarchy.join("devices"))?;
+    let pool = dir.path().join("pool");
+    let mut mps = MpsConfig::new(dir.path().join("mps"));
+    mps.program = dir.path().join("no-such-nvidia-cuda-mps-control");
+    let mut config = IsolatorConfig::new(dir.path().join("work"));
+    config.cgroup_version = CgroupChoice::V1;
+    config.v1_root = hierarchy.clone();
+    config.pool = Some(PoolConfig {
+        dir: pool.clone(),
+        role: PoolRole::Agent,
+    });
+    config.sharing = Some(SharingConfig {
+        spec: SharingSpec::parse(SPEC, ModeSpec::uniform(SharingMode::Mps))?,
+        mps: mps.clone(),
+    });
+    config.dry_run = true;
+    let iso = isolator(config, &node)?;
+    let gpu0 = node.inventory.by_index(0).unwrap();
+    let task = PrepareConfig {
+        gpus: 1.0,
+        has_task_info: true,
+        ..Default::default()
+    };
+    let one = iso.prepare(&id("one"), task.clone())?;
+    let two = iso.prepare(&id("two"), task)?;
+    let whole = iso.prepare(&id("whole"), gpus(5.0))?;
+    let pipe = mps.pipe_dir(&gpu0.uuid);
+    for (name, info) in [("one", &one), ("two", &two)] {
+        check(
+            indices(info) == [0]
+                && env(info, "CUDA_MPS_PIPE_DIRECTORY") == pipe.to_str()
+                && env(info, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some("25"),
+            format!(
+                "{name}: GPUs {:?}, environment {:?}",
+                indices(info),
+                info.task_environment
+            ),
+        )?;
+    }
+    check(
+        indices(&whole).len() == 5 && indices(&whole).iter().all(|&i| i >= 2),
+        format!(
+            "5 units above a share: whole GPUs 2-7, got {:?}",
+            indices(&whole)
+        ),
+    )?;
+    let mut recorded = pool_shares(&pool)?;
+    recorded.sort();
+    check(
+        recorded == [("one".to_owned(), 0, 1), ("two".to_owned(), 0, 1)],
+        format!("the pool records {recorded:?}"),
+    )?;
+    check(
+        iso.containers()?.len() == 3,
+        format!("the checkpoint holds {:?}", iso.containers()?),
+    )?;
+    let made: Vec<_> = std::fs::read_dir(hierarchy.join("devices"))?.collect();
+    check(
+        made.is_empty(),
+        format!("a dry run made {made:?} in the hierarchy"),
+    )?;
+    check(
+        !dir.path().join("mps").exists(),
+        "a dry run made the MPS daemons' directories",
+    )?;
+    let refused = iso.isolate(&id("whole"), std::process::id());
+    check(
+        matches!(refused, Err(LifecycleError::NoCgroup { .. })),
+        format!("isolate in a dry run: {refused:?}"),
+    )?;
+    for c in ["one", "two", "whole"] {
+        iso.cleanup(&id(c))?;
+    }
+    check(
+        pool_shares(&pool)?.is_empty() && iso.containers()?.is_empty(),
+        "cleanup gives back what a dry run took",
+    )?;
+    let again = iso.prepare(&id("again"), gpus(6.0))?;
+    check(
+        indices(&again) == [2, 3, 4, 5, 6, 7],
+        format!(
+            "after cleanup every whole GPU is free: {:?}",
+            indices(&again)
+        ),
+    )
 }

@@ -115,6 +115,13 @@ pub struct IsolatorConfig {
     pub sharing: Option<super::SharingConfig>,
     /// How MIG devices are handed out (on a node with GPUs in MIG mode).
     pub mig: super::MigConfig,
+    /// Decide and record, act on nothing: no cgroup is made or joined, no MPS daemon started
+    /// (an MPS share is told the pipe directory its daemon would have), no cpuset written.
+    /// [`Isolator::prepare`](super::Isolator::prepare) and the Docker reservations return what
+    /// a container would get, [`Isolator::cleanup`](super::Isolator::cleanup) gives it back,
+    /// `isolate` and `update` refuse (the container has no cgroup): `mesos-gpu demo`'s dry run
+    /// asks this isolator for its plan.
+    pub dry_run: bool,
 }
 
 impl IsolatorConfig {
@@ -136,6 +143,7 @@ impl IsolatorConfig {
             pool: None,
             sharing: None,
             mig: super::MigConfig::default(),
+            dry_run: false,
         }
     }
 }

@@ -113,6 +113,8 @@ pub struct Isolator {
     whole: Vec<u32>,
     /// How MIG devices are handed out.
     mig: MigConfig,
+    /// Acts on nothing on the host ([`IsolatorConfig::dry_run`]).
+    dry_run: bool,
 }
 
 impl Isolator {
@@ -134,6 +136,7 @@ impl Isolator {
                 &inventory,
                 &devices,
                 config.pool.is_some(),
+                config.dry_run,
             )?),
             None => None,
         };
@@ -178,6 +181,7 @@ impl Isolator {
             sharing,
             whole,
             mig: config.mig,
+            dry_run: config.dry_run,
         })
     }
 
@@ -241,17 +245,19 @@ impl Isolator {
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
         self.save(&taking, STEP)?;
         fault::point("prepare.checkpointed");
-        let cgroup = match self.place(id, dir, grant.rules()) {
-            Ok(cgroup) => cgroup,
-            Err(e) => {
-                drop(taking);
-                self.save_or_log(&state, STEP);
-                return Err(e);
+        if !self.dry_run {
+            let cgroup = match self.place(id, dir, grant.rules()) {
+                Ok(cgroup) => cgroup,
+                Err(e) => {
+                    drop(taking);
+                    self.save_or_log(&state, STEP);
+                    return Err(e);
+                }
+            };
+            fault::point("prepare.cgroup_created");
+            if let Some(entry) = taking.containers.get_mut(id) {
+                entry.cgroup = Some(cgroup);
             }
-        };
-        fault::point("prepare.cgroup_created");
-        if let Some(entry) = taking.containers.get_mut(id) {
-            entry.cgroup = Some(cgroup);
         }
         taking.keep();
         match grant.share() {
@@ -294,7 +300,7 @@ impl Isolator {
     #[tracing::instrument(skip_all, fields(container = %id, cpus))]
     pub fn pin(&self, id: &ContainerId, cpus: Option<f64>) -> Result<PinOutcome, LifecycleError> {
         const STEP: &str = "pin";
-        if !self.pinning.enabled() {
+        if !self.pinning.enabled() || self.dry_run {
             return Ok(PinOutcome::Off);
         }
         let state = self.lock()?;

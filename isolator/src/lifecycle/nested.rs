@@ -53,7 +53,7 @@ impl Isolator {
                 source,
             },
         )?;
-        if let Some(dir) = own_dir {
+        if let Some(dir) = own_dir.filter(|_| !self.dry_run) {
             let rules = entry.rules.clone();
             if let Some(top) = entry.cgroup.as_ref().map(|c| c.path().to_owned()) {
                 placement::grant_between(&self.layout, id, &top, &dir, &rules, &self.base)

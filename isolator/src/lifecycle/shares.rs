@@ -44,6 +44,8 @@ pub struct SharingConfig {
 pub(crate) struct Sharing {
     pub(crate) plan: SharingPlan,
     daemons: Option<Mutex<MpsDaemons>>,
+    /// A dry run's MPS configuration: pipe directories are named, no daemon is started.
+    dry_pipes: Option<MpsConfig>,
 }
 
 impl Sharing {
@@ -54,6 +56,7 @@ impl Sharing {
         inventory: &mesos_gpu_node::inventory::Inventory,
         advertised: &[u32],
         has_pool: bool,
+        dry_run: bool,
     ) -> Result<Sharing, LifecycleError> {
         if !has_pool {
             return Err(LifecycleError::SharingSetup {
@@ -64,16 +67,20 @@ impl Sharing {
             .spec
             .resolve(inventory, advertised)
             .map_err(|e| LifecycleError::SharingSetup { why: e.to_string() })?;
-        let daemons = plan
-            .has(SharingMode::Mps)
-            .then(|| Mutex::new(MpsDaemons::new(config.mps.clone())));
+        let mps = plan.has(SharingMode::Mps);
+        let daemons = (mps && !dry_run).then(|| Mutex::new(MpsDaemons::new(config.mps.clone())));
+        let dry_pipes = (mps && dry_run).then(|| config.mps.clone());
         tracing::info!(
             shared = ?plan.shared.iter().map(|g| (g.index, g.replicas, g.mode.as_str())).collect::<Vec<_>>(),
             whole = ?plan.whole,
             units = plan.units(),
             "GPU sharing"
         );
-        Ok(Sharing { plan, daemons })
+        Ok(Sharing {
+            plan,
+            daemons,
+            dry_pipes,
+        })
     }
 
     /// How many MPS daemons this process knows (0 under time-slicing).
@@ -196,6 +203,19 @@ impl Sharing {
             }
         }
         restarts
+    }
+
+    /// The pipe directory a share of `grant` is given: its GPU's daemon's ([`Sharing::daemon`]),
+    /// only named in a dry run; `None` for a time-slicing share.
+    fn pipe_dir(
+        &self,
+        grant: &PlacedShare,
+        pool: &mut PoolState,
+    ) -> Result<Option<std::path::PathBuf>, MpsError> {
+        if let Some(config) = &self.dry_pipes {
+            return Ok((grant.mode == SharingMode::Mps).then(|| config.pipe_dir(&grant.uuid)));
+        }
+        Ok(self.daemon(grant, pool)?.map(|d| d.pipe_dir))
     }
 
     /// Makes sure the daemon of `grant`'s GPU runs (an MPS share), adopting the pool's record
@@ -451,15 +471,15 @@ impl Isolator {
                 why: "a share outside a sharing node's pool transaction".into(),
             });
         };
-        let daemon =
+        let pipe_dir =
             sharing
-                .daemon(grant, &mut tx.state)
+                .pipe_dir(grant, &mut tx.state)
                 .map_err(|source| LifecycleError::Mps {
                     container: id.clone(),
                     gpu: grant.uuid.clone(),
                     source: Box::new(source),
                 })?;
-        Ok(ShareAccess::new(grant.clone(), daemon.map(|d| d.pipe_dir)))
+        Ok(ShareAccess::new(grant.clone(), pipe_dir))
     }
 }
 
