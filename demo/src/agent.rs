@@ -1,6 +1,6 @@
-//! Where the demo's containers go: [`DryAgent`] runs the real launch-info and `docker run`
-//! builders and applies nothing; [`LiveAgent`] (`--live`, root) drives the lifecycle
-//! [`Isolator`] over real cgroups, a temp dev root of `mknod`ed nodes and, when a daemon answers,
+//! Where the demo's containers go: both ask the lifecycle [`Isolator`] what each container
+//! gets. [`DryAgent`]'s isolator acts on nothing (a dry run); [`LiveAgent`]'s (`--live`, root)
+//! makes real cgroups over a temp dev root of `mknod`ed nodes and, when a daemon answers, starts
 //! real Docker containers.
 
 use std::os::unix::fs::MetadataExt as _;
@@ -9,12 +9,11 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan};
-use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::DeviceRule, cgroup::default_whitelist};
-use mesos_gpu_grant::Grant;
+use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion};
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::DockerGuard,
     lifecycle::DockerStart, lifecycle::Isolator, lifecycle::IsolatorConfig, lifecycle::LaunchInfo,
-    lifecycle::PrepareConfig, lifecycle::mesos_launch_info,
+    lifecycle::PrepareConfig,
 };
 use mesos_gpu_node::{
     devices::DeviceNode, devices::DeviceNodes, devices::GpuNode, devices::NVIDIA_UVM,
@@ -76,32 +75,47 @@ pub(crate) fn simulated_nodes(dev: &Path, inventory: &Inventory) -> DeviceNodes 
     }
 }
 
-/// The dry run: the real builders, nothing applied.
+/// The dry run: the isolator deciding and recording as the module does, acting on nothing
+/// ([`IsolatorConfig::dry_run`]), over the device nodes a real agent would have under `/dev`.
 pub(crate) struct DryAgent {
-    base: Vec<DeviceRule>,
-    nodes: DeviceNodes,
-    volume: Option<PathBuf>,
+    isolator: Isolator,
     driver: Option<DriverSpec>,
     /// Where container cgroups would be, when the host has a hierarchy.
     pub(crate) layout: Option<CgroupLayout>,
 }
 
 impl DryAgent {
+    /// A dry isolator checkpointing under `work` (a directory of its own).
     pub(crate) fn new(
+        work: &Path,
         inventory: &Inventory,
+        policy: Policy,
         volume: Option<PathBuf>,
         driver: Option<DriverSpec>,
         layout: Option<CgroupLayout>,
-    ) -> DryAgent {
-        let dev = Path::new("/dev");
-        let nodes = simulated_nodes(dev, inventory);
-        DryAgent {
-            base: default_whitelist(),
-            nodes,
-            volume,
+    ) -> Result<DryAgent, DemoError> {
+        let mut config = IsolatorConfig::new(work);
+        config.policy = policy;
+        config.driver_volume = volume;
+        match &layout {
+            Some(l) if l.version() == CgroupVersion::V2 => {
+                config.cgroup_version = CgroupChoice::V2;
+                config.v2_mount = Some(l.mount().to_owned());
+            }
+            Some(l) => {
+                config.cgroup_version = CgroupChoice::V1;
+                if let Some(root) = l.mount().parent() {
+                    config.v1_root = root.to_owned();
+                }
+            }
+            // Only named: the layout is not shown without a hierarchy.
+            None => config.cgroup_version = CgroupChoice::V1,
+        }
+        Ok(DryAgent {
+            isolator: dry_isolator(config, inventory)?,
             driver,
             layout,
-        }
+        })
     }
 }
 
@@ -112,36 +126,71 @@ impl Agent for DryAgent {
         config: PrepareConfig,
         gpus: &[Gpu],
     ) -> Result<LaunchInfo, DemoError> {
-        let cgroup = self.layout.as_ref().map(|l| l.container_dir(id));
-        let grant = Grant::new(&self.nodes, &self.base, gpus.to_vec(), vec![], None)?;
-        Ok(mesos_launch_info(
-            id,
-            &config,
-            &grant,
-            self.volume.as_deref(),
-            cgroup,
-        )?)
+        let mut info = self.isolator.prepare(id, config)?;
+        check_same(id, &info.gpus, gpus)?;
+        if self.layout.is_none() {
+            info.cgroup = None;
+        }
+        Ok(info)
     }
 
     fn launch_docker(
         &mut self,
-        _id: &ContainerId,
-        _requested: f64,
+        id: &ContainerId,
+        requested: f64,
         gpus: &[Gpu],
         image: &ImageInfo,
     ) -> Result<LaunchPlan, DemoError> {
-        let refs: Vec<&Gpu> = gpus.iter().collect();
-        Ok(LaunchPlan::for_gpus(
-            &refs,
-            &self.nodes,
+        reserve_docker(
+            &self.isolator,
+            id,
+            requested,
+            gpus,
             image,
             self.driver.as_ref(),
-        )?)
+        )
     }
 
-    fn finish(&mut self, _id: &ContainerId, _kind: ContainerType) -> Result<(), DemoError> {
+    fn finish(&mut self, id: &ContainerId, kind: ContainerType) -> Result<(), DemoError> {
+        match kind {
+            ContainerType::Mesos => self.isolator.cleanup(id)?,
+            ContainerType::Docker => self.isolator.release_docker(id)?,
+        }
         Ok(())
     }
+}
+
+/// An isolator set up by `config` that acts on nothing ([`IsolatorConfig::dry_run`]), over the
+/// device nodes a real agent with `inventory` would have under `/dev`, recovered empty.
+pub(crate) fn dry_isolator(
+    mut config: IsolatorConfig,
+    inventory: &Inventory,
+) -> Result<Isolator, DemoError> {
+    config.dry_run = true;
+    let nodes = simulated_nodes(Path::new("/dev"), inventory);
+    let isolator = Isolator::new(config, inventory.clone(), nodes)
+        .map_err(|source| DemoError::Setup { source })?;
+    isolator
+        .recover(&[], &[])
+        .map_err(|source| DemoError::Recover { source })?;
+    Ok(isolator)
+}
+
+/// A Docker container's GPUs reserved through the isolator (as `docker-args` and the hook do)
+/// and its `docker run` plan for `image`.
+fn reserve_docker(
+    isolator: &Isolator,
+    id: &ContainerId,
+    requested: f64,
+    gpus: &[Gpu],
+    image: &ImageInfo,
+    driver: Option<&DriverSpec>,
+) -> Result<LaunchPlan, DemoError> {
+    let reservation = DockerGuard::reserve(isolator, id, requested, DockerStart::default())?;
+    check_same(id, reservation.gpus(), gpus)?;
+    let plan = LaunchPlan::new(reservation.grant(), image, driver)?;
+    reservation.keep();
+    Ok(plan)
 }
 
 /// `--live`: the lifecycle isolator over real cgroups and a temp dev root.
@@ -331,11 +380,14 @@ impl Agent for LiveAgent {
             check_same(id, &reserved, gpus)?;
             return Ok(plan);
         }
-        let reservation =
-            DockerGuard::reserve(&*self.isolator, id, requested, DockerStart::default())?;
-        check_same(id, reservation.gpus(), gpus)?;
-        let plan = LaunchPlan::new(reservation.grant(), image, self.driver.as_ref())?;
-        reservation.keep();
+        let plan = reserve_docker(
+            &self.isolator,
+            id,
+            requested,
+            gpus,
+            image,
+            self.driver.as_ref(),
+        )?;
         self.live.push((id.clone(), ContainerType::Docker));
         Ok(plan)
     }

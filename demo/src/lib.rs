@@ -194,11 +194,13 @@ pub fn run(setup: Setup<'_>, progress: &mut dyn FnMut(usize, u64)) -> Result<Rep
         ("live", cleaned.and(run)?)
     } else {
         let mut agent = DryAgent::new(
+            &scratch.join("dry-run"),
             inventory,
+            policy,
             volume_path.clone(),
             driver_spec.clone(),
             cgroups.clone(),
-        );
+        )?;
         match &agent.layout {
             Some(layout) => notes.push(format!(
                 "cgroups: {} (read from the mount table; nothing created)",
@@ -217,7 +219,14 @@ pub fn run(setup: Setup<'_>, progress: &mut dyn FnMut(usize, u64)) -> Result<Rep
         Policy::Topology => Policy::FirstFit,
         Policy::FirstFit => Policy::Topology,
     };
-    let mut dry = DryAgent::new(inventory, volume_path, driver_spec, cgroups);
+    let mut dry = DryAgent::new(
+        &scratch.join("other-policy"),
+        inventory,
+        other,
+        volume_path,
+        driver_spec,
+        cgroups,
+    )?;
     let other_policy = engine::run(stream, inventory, other, &mut dry, &mut |_, _| {})?;
 
     Ok(Report {

@@ -1,26 +1,27 @@
 //! `mesos-gpu demo` on a node with GPUs in MIG mode (`--simulate dgx-a100-mig`,
 //! `dgx-a100-mixed`): the stream replayed with the single strategy, as the module serves it.
 //!
-//! Every decision is the isolator's own pieces: a `gpus:k` request takes k MIG devices
-//! ([`MigUnits::allocate`], one per task unless allowed) and else k whole GPUs (the allocator over
-//! the GPUs not in MIG mode), else it is refused with both reasons; a MIG owner's device rules
-//! (its parent and its two capability nodes) and its variables are those of its grant
-//! ([`mesos_gpu_grant::Grant`]), as every renderer reads them. The same stream on the same
+//! Every decision is the isolator's: each task is prepared by an isolator that acts on nothing
+//! (`IsolatorConfig::dry_run`) with the single strategy, as the module would prepare it — a
+//! `gpus:k` request takes k MIG devices (one per task unless allowed), else k whole GPUs, else it
+//! is refused with both reasons — and the report shows its launch info: the MIG owner's device
+//! rules (its parent and its two capability nodes) and variables. The same stream on the same
 //! GPUs without MIG (every GPU whole) is counted for comparison. Nothing is started.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::default_whitelist;
-use mesos_gpu_grant::{Grant, mig::MigAccess};
-use mesos_gpu_isolator::lifecycle::ContainerId;
-use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_isolator::agent_flags::MigStrategy;
+use mesos_gpu_isolator::lifecycle::{
+    ContainerId, IsolatorConfig, LaunchInfo, MigConfig, PrepareConfig,
+};
 use mesos_gpu_node::inventory::Inventory;
-use mesos_gpu_placement::mig::MigUnits;
+use mesos_gpu_os::chain::error_chain;
 use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use serde::Serialize;
 
-use crate::agent::simulated_nodes;
+use crate::agent::dry_isolator;
 use crate::error::DemoError;
 use crate::stream::Stream;
 use crate::whole;
@@ -62,30 +63,38 @@ pub struct MigReport {
     refused_without_mig: u32,
 }
 
-/// Replays `stream` on `inventory` with the single strategy; capability nodes are named under
-/// `/dev`, the driver's files under `proc_root`.
+/// Replays `stream` on `inventory` with the single strategy, each task asking a dry isolator
+/// (checkpointing under `work`) as the module would; capability nodes are named under `/dev`,
+/// the driver's files under `proc_root`.
 pub fn run_mig(
     stream: &Stream,
     inventory: &Inventory,
     policy: Policy,
     proc_root: &Path,
+    work: &Path,
 ) -> Result<MigReport, DemoError> {
-    let mut units = MigUnits::new(&inventory.mig, false);
-    let whole_indices: Vec<u32> = inventory.whole_gpus().map(|g| g.index).collect();
-    let mut whole = Allocator::with_devices(inventory, &whole_indices, policy)?;
+    let mut config = IsolatorConfig::new(work);
+    config.policy = policy;
+    config.mig = MigConfig {
+        strategy: MigStrategy::Single,
+        dev_root: PathBuf::from("/dev"),
+        proc_root: proc_root.to_owned(),
+        ..MigConfig::default()
+    };
+    let isolator = dry_isolator(config, inventory)?;
+    let whole_gpus = inventory.whole_gpus().count();
     let mut plain_inventory = inventory.clone();
     plain_inventory.mig = Default::default();
     let mut plain = Allocator::new(&plain_inventory, policy)?;
-    let nodes = simulated_nodes(Path::new("/dev"), inventory);
     let base = default_whitelist();
-    let mut running: Vec<(u64, String)> = Vec::new();
+    let mut running: Vec<(u64, ContainerId)> = Vec::new();
     let mut devices: BTreeMap<String, u32> = BTreeMap::new();
     for d in &inventory.mig.devices {
         *devices.entry(d.profile_name.clone()).or_default() += 1;
     }
     let mut report = MigReport {
         mig_gpus: inventory.mig.enabled.clone(),
-        units: u32::try_from(inventory.mig.devices.len() + whole_indices.len()).unwrap_or(0),
+        units: u32::try_from(inventory.mig.devices.len() + whole_gpus).unwrap_or(0),
         devices,
         tasks: Vec::new(),
         refused: 0,
@@ -93,15 +102,13 @@ pub fn run_mig(
     };
     let mut seq = 0u32;
     for (arrival, app) in &stream.arrivals {
-        running.retain(|(end, id)| {
-            let over = *end <= arrival.at;
-            if over {
-                units.release(id);
-                whole.release_all(id);
-                plain.release_all(id);
-            }
-            !over
-        });
+        let (over, on): (Vec<_>, Vec<_>) =
+            running.drain(..).partition(|(end, _)| *end <= arrival.at);
+        running = on;
+        for (_, id) in over {
+            isolator.cleanup(&id)?;
+            plain.release_all(id.as_str());
+        }
         for _ in 0..app.instances {
             seq += 1;
             let id = app.task_id(seq)?;
@@ -112,20 +119,19 @@ pub fn run_mig(
             {
                 report.refused_without_mig += 1;
             }
-            let got = serve(
-                &mut units,
-                &mut whole,
-                inventory,
-                &nodes,
-                &base,
-                proc_root,
-                &id,
-                app.gpus,
-                report.units,
-            );
+            let asked = PrepareConfig {
+                gpus: app.gpus,
+                ..PrepareConfig::default()
+            };
+            let got = match isolator.prepare(&id, asked) {
+                Ok(info) => got(&info, inventory, &base, app.gpus),
+                Err(e) => Got::Refused {
+                    error: error_chain(&e),
+                },
+            };
             match &got {
                 Got::Refused { .. } => report.refused += 1,
-                _ => running.push((arrival.at + arrival.runs_for, id.to_string())),
+                _ => running.push((arrival.at + arrival.runs_for, id.clone())),
             }
             report.tasks.push(whole::Task {
                 task: id.to_string(),
@@ -139,56 +145,42 @@ pub fn run_mig(
     Ok(report)
 }
 
-/// One `gpus` request, decided as the module's single strategy decides it.
-#[allow(clippy::too_many_arguments)]
-fn serve(
-    units: &mut MigUnits,
-    whole: &mut Allocator,
+/// What the isolator's launch info `info` gives a task that asked for `gpus`: its MIG device,
+/// or whole GPUs (a task holds one MIG device; more asked, or none free, take whole GPUs).
+fn got(
+    info: &LaunchInfo,
     inventory: &Inventory,
-    nodes: &DeviceNodes,
     base: &[mesos_gpu_enforce::cgroup::DeviceRule],
-    proc_root: &Path,
-    id: &ContainerId,
     gpus: f64,
-    offered: u32,
 ) -> Got {
-    let k = match whole::units(gpus, offered) {
-        Ok(k) => k,
-        Err(error) => return Got::Refused { error },
+    let Some(device) = info.mig.first().and_then(|u| inventory.mig.by_uuid(u)) else {
+        let why = if gpus > 1.0 {
+            "a task holds one MIG device"
+        } else {
+            "no MIG device free"
+        };
+        return Got::Whole {
+            gpus: info.gpus.iter().map(|g| g.index).collect(),
+            why: why.to_owned(),
+        };
     };
-    let mig_error = match units.allocate(id.as_str(), k, None) {
-        Ok(uuids) => {
-            let device = uuids
-                .first()
-                .and_then(|u| inventory.mig.by_uuid(u))
-                .and_then(|d| {
-                    let access = MigAccess::of(d, Path::new("/dev"), proc_root).ok()?;
-                    Some((d, Grant::new(nodes, base, vec![], vec![access], None).ok()?))
-                });
-            if let Some((d, grant)) = device {
-                return Got::Unit(MigDevice {
-                    uuid: d.uuid.clone(),
-                    profile: d.profile_name.clone(),
-                    parent: d.parent,
-                    device_rules: grant
-                        .rules()
-                        .iter()
-                        .filter(|r| !base.contains(r))
-                        .map(ToString::to_string)
-                        .collect(),
-                    environment: grant
-                        .env()
-                        .into_iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect(),
-                });
-            }
-            units.release(id.as_str());
-            "its MIG device cannot be isolated".to_owned()
-        }
-        Err(e) => e.to_string(),
-    };
-    Got::whole(whole, id.as_str(), k, mig_error)
+    Got::Unit(MigDevice {
+        uuid: device.uuid.clone(),
+        profile: device.profile_name.clone(),
+        parent: device.parent,
+        device_rules: info
+            .device_rules
+            .iter()
+            .filter(|r| !base.contains(r))
+            .map(ToString::to_string)
+            .collect(),
+        environment: info
+            .environment
+            .iter()
+            .chain(&info.task_environment)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+    })
 }
 
 impl MigReport {

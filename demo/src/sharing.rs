@@ -1,30 +1,28 @@
 //! `mesos-gpu demo --gpu-replicas SPEC`: the stream replayed on a node that shares GPUs.
 //!
-//! Every decision is the isolator's own: the node's split ([`SharingPlan`]), which requests are
-//! shares ([`SharingPlan::takes_as_share`]), where a share goes ([`ShareBook::place`], packed),
-//! whole GPUs for the rest and for shares no shared GPU has room for (the allocator over the
-//! whole GPUs, as the lifecycle does), each owner's limits ([`ShareLimits`]) and what it is
-//! launched with (its device rules from its [`Grant`], [`PlacedShare::env`] and, under `mps`,
-//! [`client_env`] with the daemon's pipe directory). DOCKER apps are refused: Mesos's Docker
-//! containerizer cannot run on an agent that offers shares (see the operator guide). The same stream on the same node without sharing is counted for
-//! comparison. Nothing is started: no cgroup, no MPS daemon.
+//! Every decision is the isolator's: each task is prepared by an isolator that acts on nothing
+//! (`IsolatorConfig::dry_run`) with the node's pool and sharing configuration, as the module
+//! would prepare it — which requests are shares, where a share goes (packed), whole GPUs for the
+//! rest and for shares no shared GPU has room for, each owner's limits — and the report shows
+//! its launch info (device rules and variables; under `mps` the pipe directory its daemon would
+//! have). DOCKER apps are refused: Mesos's Docker containerizer cannot run on an agent that
+//! offers shares (see the operator guide). The same stream on the same node without sharing is
+//! counted for comparison. Nothing is started: no cgroup, no MPS daemon.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use mesos_gpu_enforce::cgroup::default_whitelist;
-use mesos_gpu_enforce::mps::MpsConfig;
-use mesos_gpu_grant::{Grant, ShareAccess};
-use mesos_gpu_isolator::lifecycle::ContainerId;
-use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
-use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
-use mesos_gpu_placement::{
-    sharing::Placement, sharing::ShareBook, sharing::SharingMode, sharing::SharingPlan,
-    sharing::Wanted,
+use mesos_gpu_isolator::lifecycle::{
+    ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig, SharingConfig,
 };
+use mesos_gpu_node::inventory::Inventory;
+use mesos_gpu_os::chain::error_chain;
+use mesos_gpu_placement::sharing::SharingPlan;
+use mesos_gpu_placement::{allocator::Allocator, allocator::Policy};
 use serde::Serialize;
 
-use crate::agent::simulated_nodes;
+use crate::agent::dry_isolator;
 use crate::error::DemoError;
 use crate::stream::{ContainerType, Stream};
 use crate::whole;
@@ -71,22 +69,28 @@ pub struct SharingReport {
     refused_without_sharing: u32,
 }
 
-/// Replays `stream` on `inventory` split by `plan`, MPS pipe directories as `mps` names them.
+/// Replays `stream` on `inventory` shared as `sharing` says (`plan` its resolved split), each
+/// task asking a dry isolator (checkpointing, with its pool, under `work`) as the module would.
 pub fn run_sharing(
     stream: &Stream,
     inventory: &Inventory,
+    sharing: &SharingConfig,
     plan: &SharingPlan,
     policy: Policy,
-    mps: &MpsConfig,
+    work: &Path,
 ) -> Result<SharingReport, DemoError> {
-    let mut book = ShareBook::new(plan);
-    let mut whole = Allocator::with_devices(inventory, &plan.whole, policy)
-        .map_err(|source| DemoError::WholeGpus { source })?;
+    let mut config = IsolatorConfig::new(work.join("work"));
+    config.policy = policy;
+    config.pool = Some(PoolConfig {
+        dir: work.join("pool"),
+        role: PoolRole::Agent,
+    });
+    config.sharing = Some(sharing.clone());
+    let isolator = dry_isolator(config, inventory)?;
     let mut plain = Allocator::new(inventory, policy)?;
-    let nodes = simulated_nodes(std::path::Path::new("/dev"), inventory);
     let base = default_whitelist();
     // (end, id, units held) of running tasks; units for the peak.
-    let mut running: Vec<(u64, String, u32)> = Vec::new();
+    let mut running: Vec<(u64, ContainerId, u32)> = Vec::new();
     let mut plain_running: Vec<(u64, String)> = Vec::new();
     let mut report = SharingReport {
         mode: plan
@@ -105,14 +109,13 @@ pub fn run_sharing(
     };
     let mut seq = 0u32;
     for (arrival, app) in &stream.arrivals {
-        running.retain(|(end, id, _)| {
-            let over = *end <= arrival.at;
-            if over {
-                book.release(id);
-                whole.release_all(id);
-            }
-            !over
-        });
+        let (over, on): (Vec<_>, Vec<_>) = running
+            .drain(..)
+            .partition(|(end, _, _)| *end <= arrival.at);
+        running = on;
+        for (_, id, _) in over {
+            isolator.cleanup(&id)?;
+        }
         plain_running.retain(|(end, id)| {
             let over = *end <= arrival.at;
             if over {
@@ -133,23 +136,12 @@ pub fn run_sharing(
             } else {
                 report.refused_without_sharing += 1;
             }
-            let got = serve(
-                &mut book,
-                &mut whole,
-                plan,
-                inventory,
-                &nodes,
-                &base,
-                mps,
-                &id,
-                app.gpus,
-                app.container_type(),
-            );
+            let got = serve(&isolator, plan, &base, &id, app.gpus, app.container_type())?;
             match &got {
-                Got::Unit(share) => running.push((end, id.to_string(), share.units)),
+                Got::Unit(share) => running.push((end, id.clone(), share.units)),
                 Got::Whole { gpus, .. } => {
                     // A whole GPU is as many units as the GPU would have as a share: one.
-                    running.push((end, id.to_string(), u32::try_from(gpus.len()).unwrap_or(0)));
+                    running.push((end, id.clone(), u32::try_from(gpus.len()).unwrap_or(0)));
                 }
                 Got::Refused { .. } => report.refused += 1,
             }
@@ -167,71 +159,64 @@ pub fn run_sharing(
     Ok(report)
 }
 
-/// One request, decided as the lifecycle decides it.
-#[allow(clippy::too_many_arguments)]
+/// One request, prepared by the dry `isolator` as the module would prepare it.
 fn serve(
-    book: &mut ShareBook,
-    whole: &mut Allocator,
+    isolator: &Isolator,
     plan: &SharingPlan,
-    inventory: &Inventory,
-    nodes: &DeviceNodes,
     base: &[mesos_gpu_enforce::cgroup::DeviceRule],
-    mps: &MpsConfig,
     id: &ContainerId,
     gpus: f64,
     kind: ContainerType,
-) -> Got {
-    let units = match whole::units(gpus, plan.units()) {
-        Ok(units) => units,
-        Err(error) => return Got::Refused { error },
-    };
+) -> Result<Got, DemoError> {
     if kind == ContainerType::Docker {
-        return Got::Refused {
+        return Ok(Got::Refused {
             error: "an agent that offers shares runs --containerizers=mesos only (Mesos's Docker containerizer cannot start with more gpus than GPUs)".to_owned(),
-        };
+        });
     }
-    let mut why_whole = format!(
-        "{units} units: more than one shared GPU holds (at most {})",
-        plan.largest()
-    );
-    if plan.takes_as_share(units) {
-        match book.place(id.as_str(), units, Placement::Pack, Wanted::Any) {
-            Ok(grant) => {
-                let gpu: Vec<Gpu> = inventory
-                    .by_index(grant.index)
-                    .cloned()
-                    .into_iter()
-                    .collect();
-                let pipe = (grant.mode == SharingMode::Mps).then(|| mps.pipe_dir(&grant.uuid));
-                let access = ShareAccess::new(grant.clone(), pipe);
-                let (device_rules, environment) =
-                    match Grant::new(nodes, base, gpu, vec![], Some(access)) {
-                        Ok(grant) => (
-                            grant
-                                .rules()
-                                .iter()
-                                .filter(|r| !base.contains(r))
-                                .map(ToString::to_string)
-                                .collect(),
-                            grant.env(),
-                        ),
-                        Err(e) => (vec![format!("(no grant: {e})")], Vec::new()),
-                    };
-                return Got::Unit(Share {
-                    gpu: grant.index,
-                    units: grant.units,
-                    replicas: grant.replicas,
-                    device_rules,
-                    environment: environment
-                        .into_iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect(),
-                });
-            }
-            Err(e) => why_whole = e.to_string(),
+    let asked = PrepareConfig {
+        gpus,
+        ..PrepareConfig::default()
+    };
+    let info = match isolator.prepare(id, asked) {
+        Ok(info) => info,
+        Err(e) => {
+            return Ok(Got::Refused {
+                error: error_chain(&e),
+            });
         }
-    }
-    Got::whole(whole, id.as_str(), units, why_whole)
+    };
+    let Some(share) = isolator.status(id)?.share else {
+        let why = if gpus > f64::from(plan.largest()) {
+            format!(
+                "{gpus} units: more than one shared GPU holds (at most {})",
+                plan.largest()
+            )
+        } else {
+            let s = if gpus == 1.0 { "" } else { "s" };
+            format!("no shared GPU has room for {gpus} unit{s}")
+        };
+        return Ok(Got::Whole {
+            gpus: info.gpus.iter().map(|g| g.index).collect(),
+            why,
+        });
+    };
+    Ok(Got::Unit(Share {
+        gpu: share.index,
+        units: share.units,
+        replicas: share.replicas,
+        device_rules: info
+            .device_rules
+            .iter()
+            .filter(|r| !base.contains(r))
+            .map(ToString::to_string)
+            .collect(),
+        environment: info
+            .environment
+            .iter()
+            .chain(&info.task_environment)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+    }))
 }
 
 impl SharingReport {

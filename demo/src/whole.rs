@@ -1,8 +1,6 @@
-//! What the MIG and sharing scenarios do alike: read a `gpus` request as units of what the agent
-//! offers, and give whole GPUs (the allocator over the GPUs kept whole) to a request that its
-//! MIG device or share cannot serve.
+//! What the MIG and sharing scenarios report alike: each task, and whether the isolator gave it
+//! its unit (a MIG device, a share), whole GPUs or a refusal.
 
-use mesos_gpu_placement::allocator::{Allocator, GpuRequest};
 use serde::Serialize;
 
 use crate::stream::ContainerType;
@@ -46,24 +44,6 @@ pub(crate) enum Got<U> {
 }
 
 impl<U> Got<U> {
-    /// `k` whole GPUs for `id` from `whole`, or the refusal: `why` (why not its unit) and what the
-    /// whole GPUs lack.
-    pub(crate) fn whole(whole: &mut Allocator, id: &str, k: u32, why: String) -> Got<U> {
-        match whole.allocate(id, k) {
-            Ok(set) => Got::Whole {
-                gpus: set.to_vec(),
-                why,
-            },
-            Err(_) => Got::Refused {
-                error: format!(
-                    "{why}; whole GPUs: {k} asked; {} free of {}",
-                    whole.free().len(),
-                    whole.offered()
-                ),
-            },
-        }
-    }
-
     /// The text of the outcome, `unit` writing the unit's.
     pub(crate) fn text(&self, unit: impl FnOnce(&U) -> String) -> String {
         match self {
@@ -72,11 +52,4 @@ impl<U> Got<U> {
             Got::Unit(u) => unit(u),
         }
     }
-}
-
-/// The units `gpus` asks for out of `offered`, or the allocator's refusal.
-pub(crate) fn units(gpus: f64, offered: u32) -> Result<u32, String> {
-    GpuRequest::from_scalar(gpus, offered)
-        .map(|request| request.count())
-        .map_err(|e| e.to_string())
 }

@@ -11,6 +11,7 @@ use mesos_gpu_docker::args::{
 use mesos_gpu_docker::client::host_config;
 use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::rest::{Devices, RestApi};
+use mesos_gpu_grant::Grant;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{
     inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
@@ -62,13 +63,12 @@ fn bench(c: &mut Criterion) {
             host_path: PathBuf::from("/var/run/mesos/isolators/gpu/nvidia_550.54.14"),
         },
     };
-    let gpus: Vec<&Gpu> = inv.gpus.iter().take(4).collect();
+    let gpus: Vec<Gpu> = inv.gpus.iter().take(4).cloned().collect();
+    let grant = || Grant::new(&host.nodes, &[], gpus.clone(), vec![], None).expect("grant");
     c.bench_function("plan_4_of_8_gpus_cli_args", |b| {
-        b.iter(|| {
-            LaunchPlan::for_gpus(&gpus, &host.nodes, &image, Some(&driver)).map(|p| p.cli_args())
-        })
+        b.iter(|| LaunchPlan::new(&grant(), &image, Some(&driver)).map(|p| p.cli_args()))
     });
-    let plan = LaunchPlan::for_gpus(&gpus, &host.nodes, &image, Some(&driver)).expect("plan");
+    let plan = LaunchPlan::new(&grant(), &image, Some(&driver)).expect("plan");
     c.bench_function("host_config_4_gpus", |b| b.iter(|| host_config(&plan)));
     let api = RestApi::new(
         Arc::new(inv.clone()),

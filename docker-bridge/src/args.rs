@@ -39,8 +39,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_grant::{Grant, GrantError, GrantedDevice, MountKind};
-use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_node::inventory::{DriverInfo, Gpu};
+use mesos_gpu_node::inventory::DriverInfo;
 use mesos_gpu_placement::numa::Pinning;
 
 pub use mesos_gpu_volume::injection::{
@@ -623,18 +622,6 @@ impl LaunchPlan {
         DockerLaunch::new(&Grant::default(), driver)?
             .render(image)
             .map(drop)
-    }
-
-    /// The plan for a container of `image` given `gpus` whole (no MIG device, share or
-    /// cpuset), with the node's device nodes `nodes`: [`Grant::new`] then [`LaunchPlan::new`].
-    pub fn for_gpus(
-        gpus: &[&Gpu],
-        nodes: &DeviceNodes,
-        image: &ImageInfo,
-        driver: Option<&DriverSpec>,
-    ) -> Result<LaunchPlan, ArgsError> {
-        let owned = gpus.iter().map(|g| (*g).clone()).collect();
-        LaunchPlan::new(&Grant::new(nodes, &[], owned, vec![], None)?, image, driver)
     }
 
     /// The plan for a container of `image` given `grant`: [`DockerLaunch::new`] rendered for

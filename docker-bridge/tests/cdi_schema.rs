@@ -415,7 +415,8 @@ fn env_is_the_docker_paths_with_selection_left_to_cdi() {
         },
     };
     let gpu = &inventory.gpus[2];
-    let plan = LaunchPlan::for_gpus(&[gpu], &host, &image, Some(&driver)).unwrap();
+    let grant = mesos_gpu_grant::Grant::new(&host, &[], vec![gpu.clone()], vec![], None).unwrap();
+    let plan = LaunchPlan::new(&grant, &image, Some(&driver)).unwrap();
     let docker_env = plan.env_strings();
     let device = doc["devices"]
         .as_array()

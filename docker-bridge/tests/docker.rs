@@ -18,12 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_docker::args::{DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
+use mesos_gpu_docker::args::{ArgsError, DriverSpec, ImageInfo, LaunchPlan, VolumeSource};
 use mesos_gpu_docker::client::{ContainerSpec, DockerClient};
 use mesos_gpu_docker::plugin::{DEFAULT_BUILD_WAIT, DriverVolumes, PluginApi};
 use mesos_gpu_docker::rest::status::NoStatus;
 use mesos_gpu_docker::rest::{Devices, RestApi};
 use mesos_gpu_docker::server::{Server, ServerConfig};
+use mesos_gpu_grant::Grant;
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{
     inventory::DriverInfo, inventory::Gpu, inventory::Inventory, inventory::Topology,
@@ -181,6 +182,21 @@ impl Fixture {
             .filter(|g| minors.contains(&g.minor))
             .collect()
     }
+
+    /// The `docker run` plan for `image` of a container granted the GPUs with `minors` whole.
+    fn plan(
+        &self,
+        minors: &[u32],
+        image: &ImageInfo,
+        driver: Option<&DriverSpec>,
+    ) -> Result<LaunchPlan, ArgsError> {
+        let gpus = self.gpus(minors).into_iter().cloned().collect();
+        LaunchPlan::new(
+            &Grant::new(&self.host.nodes, &[], gpus, vec![], None)?,
+            image,
+            driver,
+        )
+    }
 }
 
 fn build_image(dir: &Path, tag: &str, extra: &[&str], cleanup: &Cleanup) -> Result<String, Failed> {
@@ -295,13 +311,9 @@ fn devices_and_denials_in_a_plain_image(fx: &Fixture) -> TestResult {
             .await
             .map_err(|e| format!("{e:#}"))?;
         assert!(!info.wants_driver());
-        let plan = LaunchPlan::for_gpus(
-            &fx.gpus(&[1, 3]),
-            &fx.host.nodes,
-            &info,
-            Some(&fx.driver((12, 4))),
-        )
-        .map_err(|e| e.to_string())?;
+        let plan = fx
+            .plan(&[1, 3], &info, Some(&fx.driver((12, 4))))
+            .map_err(|e| e.to_string())?;
         // A plain image gets no driver volume and none of its variables, only the grant's
         // visible-device variables (every Docker path sets them for a container holding a
         // device, as the Mesos path does).
@@ -350,7 +362,7 @@ fn labelled_image_gets_the_volume_read_only(fx: &Fixture) -> TestResult {
         let info = client.image_info(&fx.labelled).await.map_err(|e| format!("{e:#}"))?;
         assert!(info.wants_driver(), "{info:?}");
         let gpus = fx.gpus(&[0, 2]);
-        let plan = LaunchPlan::for_gpus(&gpus, &fx.host.nodes, &info, Some(&fx.driver((12, 4)))).map_err(|e| e.to_string())?;
+        let plan = fx.plan(&[0, 2], &info, Some(&fx.driver((12, 4)))).map_err(|e| e.to_string())?;
         // The grant names its GPUs in NVML index order, in every renderer.
         let mut by_index = gpus.clone();
         by_index.sort_by_key(|g| g.index);
@@ -374,13 +386,9 @@ fn too_new_cuda_is_refused_from_the_real_label(fx: &Fixture) -> TestResult {
             .image_info(&fx.labelled)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let err = LaunchPlan::for_gpus(
-            &fx.gpus(&[0]),
-            &fx.host.nodes,
-            &info,
-            Some(&fx.driver((10, 2))),
-        )
-        .expect_err("refused");
+        let err = fx
+            .plan(&[0], &info, Some(&fx.driver((10, 2))))
+            .expect_err("refused");
         let msg = err.to_string();
         assert!(
             msg.contains("CUDA 11.0") && msg.contains("up to 10.2"),
@@ -509,8 +517,7 @@ fn recovery_finds_the_gpus_of_running_mesos_containers(fx: &Fixture) -> TestResu
         let mut ids = Vec::new();
         for (name, minors) in &cases {
             fx.cleanup.container(name);
-            let plan = LaunchPlan::for_gpus(&fx.gpus(minors), &fx.host.nodes, &info, None)
-                .map_err(|e| e.to_string())?;
+            let plan = fx.plan(minors, &info, None).map_err(|e| e.to_string())?;
             let spec = ContainerSpec {
                 name: name.clone(),
                 image: fx.plain.clone(),

@@ -143,7 +143,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             !args.live,
             "--live on a node with MIG devices: the MIG scenario is a dry run; run MIG tasks for real with the module or `mesos-gpu docker-args --mig-strategy`"
         );
-        let report = mesos_gpu_demo::run_mig(&stream, &inventory, args.policy, &ctx.proc_root()?)?;
+        let scratch = scratch()?;
+        let report = mesos_gpu_demo::run_mig(
+            &stream,
+            &inventory,
+            args.policy,
+            &ctx.proc_root()?,
+            scratch.path(),
+        )?;
         return print_scenario(args.json, &report, || report.text(&node));
     }
     if let Some(config) = args.sharing.config(ctx)? {
@@ -156,11 +163,24 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             .spec
             .resolve(&inventory, &indices)
             .context("cannot share this node's GPUs")?;
-        let report =
-            mesos_gpu_demo::run_sharing(&stream, &inventory, &plan, args.policy, &config.mps)?;
+        let scratch = scratch()?;
+        let report = mesos_gpu_demo::run_sharing(
+            &stream,
+            &inventory,
+            &config,
+            &plan,
+            args.policy,
+            scratch.path(),
+        )?;
         return print_scenario(args.json, &report, || report.text(&node));
     }
     run_whole_gpus(args, ctx, node, &inventory, &stream)
+}
+
+/// The run's private scratch directory (the dry isolator's checkpoint and pool, the generated
+/// driver), removed when dropped.
+fn scratch() -> anyhow::Result<tempfile::TempDir> {
+    fsmode::private_tempdir("mesos-gpu-demo-").context("cannot create a temp directory")
 }
 
 /// Refuses a `--pace` that is no speed-up factor, and `--live` without root.
@@ -188,8 +208,7 @@ fn run_whole_gpus(
     inventory: &Inventory,
     stream: &Stream,
 ) -> anyhow::Result<ExitCode> {
-    let scratch =
-        fsmode::private_tempdir("mesos-gpu-demo-").context("cannot create a temp directory")?;
+    let scratch = scratch()?;
     let notes = node_notes(ctx, &node, inventory)?;
     let progress_tty = std::io::stderr().is_terminal() && !args.json;
     let total = stream.arrival_count();

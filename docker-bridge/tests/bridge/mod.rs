@@ -314,9 +314,7 @@ pub(crate) fn restart_keeps_running_gpus_and_frees_dead_ones(fx: &Fixture) -> Te
         let client = DockerClient::connect(Path::new(SOCKET))
             .await
             .map_err(fail)?;
-        let plan =
-            LaunchPlan::for_gpus(&fx.gpus(&last), &fx.host.nodes, &ImageInfo::default(), None)
-                .map_err(fail)?;
+        let plan = fx.plan(&last, &ImageInfo::default(), None).map_err(fail)?;
         let spec = ContainerSpec {
             name: stranger_name.clone(),
             image: fx.plain.clone(),
@@ -420,9 +418,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
         let client = DockerClient::connect(Path::new(SOCKET))
             .await
             .map_err(fail)?;
-        let plan =
-            LaunchPlan::for_gpus(&fx.gpus(&held), &fx.host.nodes, &ImageInfo::default(), None)
-                .map_err(fail)?;
+        let plan = fx.plan(&held, &ImageInfo::default(), None).map_err(fail)?;
         let spec = ContainerSpec {
             name: name.clone(),
             image: fx.plain.clone(),
