@@ -1,7 +1,7 @@
 //! NUMA pinning for the commands that start containers (`exec`, `run`, `docker-args`): the
 //! GPUs' local CPUs and memory nodes from the driver (or the simulated node), and the machine's
 //! online CPUs and memory nodes a Docker container (in no cgroup of ours) is pinned within. The
-//! decision is the isolator's (`Isolator::pin`, `DockerGuard::pin`).
+//! decision is the isolator's (`Isolator::prepare`, `DockerGuard::pin`).
 
 use std::path::Path;
 

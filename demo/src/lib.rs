@@ -1,8 +1,8 @@
 //! The engine of `mesos-gpu demo`: a simulated GPU agent, end to end.
 //!
 //! A [`Stream`] of Marathon apps (`examples/marathon/stream.json`, built in) goes through the
-//! real code of every part: the allocator with the configured policy, the isolator's device-rule
-//! and launch-info builder ([`mesos_gpu_isolator::lifecycle::mesos_launch_info`]), the Docker bridge's
+//! real code of every part: the allocator with the configured policy, the isolator that decides
+//! what each container gets (acting on nothing: `IsolatorConfig::dry_run`), the Docker bridge's
 //! `docker run` argument builder, and the volume planner on a generated driver tree
 //! ([`driver`]). [`run`] replays it and returns the [`Report`]; [`run_mig`] and [`run_sharing`]
 //! replay a stream on a node with MIG devices or shared GPUs. Nothing on the host changes:

@@ -205,6 +205,7 @@ pub(crate) fn prepare_config(
         .and_then(|m| m.config.as_ref());
     Ok(PrepareConfig {
         gpus: requested_gpus(id, &config.resources)?,
+        cpus: requested_cpus(&config.resources),
         rootfs: config.rootfs.as_ref().map(Into::into),
         image_env: image.map(|c| c.env.clone()).unwrap_or_default(),
         image_labels: image
@@ -531,6 +532,7 @@ mod tests {
                 },
             ],
             environment: vec![],
+            pinning: mesos_gpu_isolator::lifecycle::PinOutcome::Off,
             task_environment: vec![("CUDA_VISIBLE_DEVICES".into(), "GPU-1".into())],
         };
         let out = launch_info(&info);

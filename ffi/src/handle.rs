@@ -278,8 +278,6 @@ impl MgpuIsolator {
         let mut prepare = convert::prepare_config(id, config)?;
         prepare.mig = self.mig_request(id, &config.resources)?;
         let info = self.isolator.prepare(&cid, prepare)?;
-        self.isolator
-            .pin(&cid, convert::requested_cpus(&config.resources))?;
         if convert::is_debug(config) || !info.needs_launch_info() {
             return Ok(Vec::new());
         }

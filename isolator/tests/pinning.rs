@@ -128,9 +128,11 @@ impl Pinned {
     }
 }
 
-fn gpus(n: f64) -> PrepareConfig {
+/// `n` GPUs and `cpus` CPUs.
+fn asking(n: f64, cpus: f64) -> PrepareConfig {
     PrepareConfig {
         gpus: n,
+        cpus: Some(cpus),
         ..PrepareConfig::default()
     }
 }
@@ -167,8 +169,7 @@ fn task_gets_its_gpus_cpu(version: CgroupVersion) -> TestResult {
     let isolator = pinned.isolator()?;
     for (n, cpu) in [(0, "0"), (1, "1")] {
         let id = ContainerId::new(format!("pin-{n}"))?;
-        isolator.prepare(&id, gpus(1.0))?;
-        let outcome = isolator.pin(&id, Some(1.0))?;
+        let outcome = isolator.prepare(&id, asking(1.0, 1.0))?.pinning;
         let PinOutcome::Pinned(pinning) = &outcome else {
             return Err(format!("container {n}: {outcome:?}").into());
         };
@@ -199,8 +200,7 @@ fn two_gpus_get_both_cpus(version: CgroupVersion) -> TestResult {
     let pinned = Pinned::new(version)?;
     let isolator = pinned.isolator()?;
     let id = ContainerId::new("pin-both")?;
-    isolator.prepare(&id, gpus(2.0))?;
-    let outcome = isolator.pin(&id, Some(2.0))?;
+    let outcome = isolator.prepare(&id, asking(2.0, 2.0))?.pinning;
     check(
         matches!(&outcome, PinOutcome::Pinned(p) if p.cpus == list("0-1")),
         format!("{outcome:?}"),
@@ -215,8 +215,7 @@ fn never_fewer_cpus_than_asked(version: CgroupVersion) -> TestResult {
     let pinned = Pinned::new(version)?;
     let isolator = pinned.isolator()?;
     let id = ContainerId::new("pin-greedy")?;
-    isolator.prepare(&id, gpus(1.0))?;
-    let outcome = isolator.pin(&id, Some(1.5))?;
+    let outcome = isolator.prepare(&id, asking(1.0, 1.5))?.pinning;
     check(
         outcome
             == PinOutcome::Skipped(SkipReason::TooFewCpus {
@@ -254,8 +253,7 @@ fn v2_without_the_controller() -> TestResult {
     }
     let isolator = pinned.isolator()?;
     let id = ContainerId::new("pin-nocontroller")?;
-    isolator.prepare(&id, gpus(1.0))?;
-    let outcome = isolator.pin(&id, Some(1.0))?;
+    let outcome = isolator.prepare(&id, asking(1.0, 1.0))?.pinning;
     check(
         matches!(&outcome, PinOutcome::Skipped(SkipReason::NoController { detail }) if detail.contains("no cpuset controller")),
         format!("{outcome:?}"),

@@ -170,13 +170,20 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             &id,
             PrepareConfig {
                 gpus: f64::from(gpus),
+                cpus: args.numa.cpus,
                 sharing: args.share_mode,
                 ..PrepareConfig::default()
             },
         )
         .context("cannot prepare the container")?;
     print_allocation(&id, &info);
-    pin(args, &isolator, &id)?;
+    if args.numa.numa_pinning {
+        let _ = writeln!(
+            std::io::stderr(),
+            "  NUMA pinning: {}",
+            crate::numa::describe(&info.pinning)
+        );
+    }
     let outcome = start(&isolator, &id, &info, &simulated_env, &args.command)
         .and_then(|child| wait_forwarding(&runtime, signals, child));
     let cleaned = clean_up(&isolator, &id);
@@ -230,29 +237,6 @@ fn isolator_config(args: &Args, ctx: &Ctx, private: &Path) -> anyhow::Result<Iso
         config.pinning.affinities = crate::numa::affinities(ctx)?;
     }
     Ok(config)
-}
-
-/// Pins the container to its GPUs' CPUs (telling how with --numa-pinning); a failure cleans the
-/// container up.
-fn pin(args: &Args, isolator: &Isolator, id: &ContainerId) -> anyhow::Result<()> {
-    match isolator.pin(id, args.numa.cpus) {
-        Ok(outcome) => {
-            if args.numa.numa_pinning {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "  NUMA pinning: {}",
-                    crate::numa::describe(&outcome)
-                );
-            }
-            Ok(())
-        }
-        Err(e) => {
-            if let Err(c) = clean_up(isolator, id) {
-                tracing::error!(error = %format!("{c:#}"), "cannot clean up after a failed pinning");
-            }
-            Err(anyhow::Error::new(e).context("cannot pin the container to its GPUs' CPUs"))
-        }
-    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from when they are made: forwarded to the task.

@@ -25,6 +25,7 @@
 use std::path::{Path, PathBuf};
 
 use mesos_gpu_enforce::cgroup::{DeviceKind, DeviceRule};
+use mesos_gpu_enforce::pinning::PinOutcome;
 use mesos_gpu_grant::{Grant, GrantError, MountKind};
 use mesos_gpu_node::inventory::{Gpu, NVIDIA_GPU_MAJOR};
 use mesos_gpu_os::container_id::ContainerId;
@@ -35,6 +36,9 @@ use mesos_gpu_volume::injection::CONTAINER_PATH;
 pub struct PrepareConfig {
     /// The `gpus` scalar of the container's resources (a whole number from 0 to the GPUs offered).
     pub gpus: f64,
+    /// The `cpus` scalar of its resources: NUMA pinning never leaves it fewer CPUs (`None`: it
+    /// asked for none).
+    pub cpus: Option<f64>,
     /// The container's root filesystem on the host; `None` for a host-filesystem container.
     pub rootfs: Option<PathBuf>,
     /// The image's environment, `KEY=VALUE` (from the Docker manifest's `config.Env`).
@@ -71,7 +75,7 @@ pub struct Mount {
 }
 
 /// What the container must be launched with (Mesos's `ContainerLaunchInfo`, plus the rules).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LaunchInfo {
     /// The GPUs the container may use.
     pub gpus: Vec<Gpu>,
@@ -87,6 +91,10 @@ pub struct LaunchInfo {
     pub environment: Vec<(String, String)>,
     /// Environment for the task (task info present).
     pub task_environment: Vec<(String, String)>,
+    /// What NUMA pinning did to the container's cpuset: narrowed it to the local CPUs and
+    /// memory nodes of [`Grant::local_gpus`](mesos_gpu_grant::Grant::local_gpus), left it (and
+    /// why), or nothing (pinning off).
+    pub pinning: PinOutcome,
 }
 
 impl LaunchInfo {
@@ -172,6 +180,7 @@ pub(crate) fn launch_info(
         mounts,
         environment,
         task_environment,
+        pinning: PinOutcome::Off,
     })
 }
 

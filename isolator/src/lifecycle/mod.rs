@@ -77,6 +77,7 @@ use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::Dev
 use mesos_gpu_grant::device_rules;
 use mesos_gpu_health::Limitations;
 use mesos_gpu_node::devices::DeviceNodes;
+use mesos_gpu_os::chain::error_chain;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
 pub use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::{
@@ -205,8 +206,11 @@ impl Isolator {
         self.store.path()
     }
 
-    /// Allocates the container's GPUs, creates its device cgroup and checkpoints, and returns
-    /// what to launch it with. A nested container shares its parent's GPUs.
+    /// Allocates the container's GPUs, checkpoints, creates its device cgroup and (NUMA pinning
+    /// on, [`PinningConfig`]) narrows its cpuset to its GPUs' local CPUs and memory nodes, never
+    /// below its `cpus`; returns what to launch it with and what pinning did. All or nothing: a
+    /// failed step gives back what the earlier ones took. A nested container shares its parent's
+    /// GPUs (and is not pinned: its parent's cpuset rules it).
     #[tracing::instrument(skip_all, fields(container = %id, requested = config.gpus))]
     pub fn prepare(
         &self,
@@ -229,7 +233,7 @@ impl Isolator {
         let grant = self.take(&mut taking, id, &config, STEP, config.sharing)?;
         fault::point("prepare.allocated");
         let dir = self.layout.container_dir(id);
-        let info = launch_info(
+        let mut info = launch_info(
             &grant,
             &config,
             self.driver_volume.as_deref(),
@@ -255,8 +259,26 @@ impl Isolator {
                 }
             };
             fault::point("prepare.cgroup_created");
-            if let Some(entry) = taking.containers.get_mut(id) {
-                entry.cgroup = Some(cgroup);
+            let entry = taking.containers.get_mut(id);
+            let cgroup = entry.map(|entry| entry.cgroup.insert(cgroup));
+            // NUMA pinning, decided over the grant's local GPUs (MIG parents included) as for
+            // a Docker container (`DockerGuard::pin`); a failed write undoes the whole prepare.
+            match self.pinning.pin(id, &grant.local_gpus(), config.cpus) {
+                Ok(outcome) => info.pinning = outcome,
+                Err(source) => {
+                    if let Some(cgroup) = cgroup
+                        && let Err(e) = cgroup.release(grant.rules(), &self.base)
+                    {
+                        tracing::error!(error = %error_chain(&e), "cannot remove the device cgroup of a container whose pinning failed");
+                    }
+                    drop(taking);
+                    self.save_or_log(&state, STEP);
+                    return Err(LifecycleError::Cgroup {
+                        container: id.clone(),
+                        step: STEP,
+                        source,
+                    });
+                }
             }
         }
         taking.keep();
@@ -290,56 +312,6 @@ impl Isolator {
             }),
             CgroupMaker::Mesos => PlacedCgroup::join(&self.layout, id, dir, rules, &self.base),
         }
-    }
-
-    /// NUMA pinning, when on: narrows the prepared container's cpuset to its GPUs' local CPUs
-    /// and memory nodes, unless that would leave it fewer than `cpus` (its `cpus` resource;
-    /// `None` when it has none) or there is nothing to narrow to; see [`PinningConfig`]. Call it
-    /// right after [`Isolator::prepare`]. A failed cgroup write is an error, and leaves nothing
-    /// made; a container left unpinned is not (the reason is logged and returned).
-    #[tracing::instrument(skip_all, fields(container = %id, cpus))]
-    pub fn pin(&self, id: &ContainerId, cpus: Option<f64>) -> Result<PinOutcome, LifecycleError> {
-        const STEP: &str = "pin";
-        if !self.pinning.enabled() || self.dry_run {
-            return Ok(PinOutcome::Off);
-        }
-        let state = self.lock()?;
-        if state.nested.contains_key(id) {
-            return Ok(PinOutcome::Skipped(
-                mesos_gpu_placement::numa::SkipReason::Nested,
-            ));
-        }
-        // The GPUs whose affinity decides, as `Grant::local_gpus` lists them for the Docker
-        // paths: its GPUs, a share's GPU, and each MIG device's parent (a MIG device has no
-        // affinity of its own).
-        let gpus: Vec<u32> = match state.containers.get(id) {
-            Some(entry) => {
-                let mut gpus: Vec<u32> = entry.visible().iter().collect();
-                gpus.extend(
-                    entry
-                        .mig_devices()
-                        .iter()
-                        .filter_map(|uuid| self.inventory.mig.by_uuid(uuid))
-                        .map(|device| device.parent),
-                );
-                gpus.sort_unstable();
-                gpus.dedup();
-                gpus
-            }
-            None => {
-                return Err(LifecycleError::UnknownContainer {
-                    container: id.clone(),
-                    step: STEP,
-                });
-            }
-        };
-        self.pinning
-            .pin(id, &gpus, cpus)
-            .map_err(|source| LifecycleError::Cgroup {
-                container: id.clone(),
-                step: STEP,
-                source,
-            })
     }
 
     /// The cpuset cgroup a pinned container gets (v1: in the cpuset hierarchy).

@@ -47,7 +47,7 @@ impl Isolator {
             container: id.clone(),
             source,
         })?;
-        let info = launch_info(&grant, config, self.driver_volume.as_deref(), cgroup).map_err(
+        let mut info = launch_info(&grant, config, self.driver_volume.as_deref(), cgroup).map_err(
             |source| LifecycleError::Grant {
                 container: id.clone(),
                 source,
@@ -68,6 +68,9 @@ impl Isolator {
             state.nested_cgroups.insert(id.clone(), placed);
         }
         state.nested.insert(id.clone(), root.clone());
+        if self.pinning.enabled() {
+            info.pinning = super::PinOutcome::Skipped(mesos_gpu_placement::numa::SkipReason::Nested);
+        }
         tracing::info!(parent = %root, gpus = info.gpus.len(), "prepared nested container sharing its parent's GPUs");
         Ok(info)
     }
