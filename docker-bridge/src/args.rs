@@ -521,7 +521,7 @@ impl DockerLaunch {
             }
         }
         let wants = image.is_none_or(ImageInfo::wants_driver);
-        let mut env = if wants || !self.devices.is_empty() {
+        let mut env = if mesos_gpu_grant::env::told(!self.devices.is_empty(), wants) {
             self.env.clone()
         } else {
             Vec::new()

@@ -32,6 +32,14 @@ pub const CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERC
 /// An MPS client's device memory limit.
 pub const CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
+/// Whether a container is told its grant's variables ([`crate::Grant::env`]): when it holds a
+/// device, or its image asks for the driver (an image naming `NVIDIA_VISIBLE_DEVICES` is told
+/// `none` when it holds nothing). Every launch renderer asks this: the Mesos launch info and the
+/// Docker launch rendered for an image.
+pub fn told(holds_devices: bool, image_asks_for_driver: bool) -> bool {
+    holds_devices || image_asks_for_driver
+}
+
 /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` naming the devices `uuids` (`none` and
 /// empty with none).
 pub fn visible(uuids: &[&str]) -> Vec<(String, String)> {

@@ -127,10 +127,13 @@ pub(crate) fn launch_info(
     cgroup: Option<PathBuf>,
 ) -> Result<LaunchInfo, GrantError> {
     let mut mounts = Vec::new();
-    let mut env = if grant.is_empty() && config.rootfs.is_none() {
-        Vec::new()
-    } else {
+    let labels = config.image_labels.iter().map(String::as_str);
+    let asks_for_driver =
+        config.rootfs.is_some() && mesos_gpu_volume::should_inject(&config.image_env, labels);
+    let mut env = if mesos_gpu_grant::env::told(!grant.is_empty(), asks_for_driver) {
         grant.env()
+    } else {
+        Vec::new()
     };
     if let Some(rootfs) = &config.rootfs {
         grant.check_nodes()?;
@@ -143,9 +146,8 @@ pub(crate) fn launch_info(
                 kind: MountKind::Device,
             });
         }
-        let labels = config.image_labels.iter().map(String::as_str);
         match driver_volume {
-            Some(volume) if mesos_gpu_volume::should_inject(&config.image_env, labels) => {
+            Some(volume) if asks_for_driver => {
                 mounts.push(Mount {
                     source: volume.to_owned(),
                     target: inside(Path::new(CONTAINER_PATH)),
@@ -302,17 +304,19 @@ mod tests {
         };
         let info = launch_info(&grant(vec![]), &plain, Some(Path::new("/v")), None).unwrap();
         assert!(
-            info.mounts.is_empty(),
-            "no GPU: no device node, no volume: {:?}",
-            info.mounts
+            info.mounts.is_empty() && !info.needs_launch_info(),
+            "no GPU, a plain image: no device node, no volume, nothing to tell it: {info:?}"
         );
-        assert!(
-            info.needs_launch_info(),
-            "the image's variable is overridden"
-        );
+        let cuda = PrepareConfig {
+            rootfs: Some("/r".into()),
+            image_env: vec!["NVIDIA_VISIBLE_DEVICES=all".into()],
+            ..Default::default()
+        };
+        let info = launch_info(&grant(vec![]), &cuda, Some(Path::new("/v")), None).unwrap();
         assert_eq!(
             info.environment[0],
-            ("NVIDIA_VISIBLE_DEVICES".into(), "none".into())
+            ("NVIDIA_VISIBLE_DEVICES".into(), "none".into()),
+            "no GPU, an image asking for the driver: its variable is overridden"
         );
         assert!(info.task_environment.is_empty());
     }

@@ -77,8 +77,8 @@ use mesos_gpu_enforce::{cgroup::CgroupLayout, cgroup::CgroupVersion, cgroup::Dev
 use mesos_gpu_grant::device_rules;
 use mesos_gpu_health::Limitations;
 use mesos_gpu_node::devices::DeviceNodes;
-use mesos_gpu_os::chain::error_chain;
 use mesos_gpu_node::{inventory::Gpu, inventory::Inventory};
+use mesos_gpu_os::chain::error_chain;
 pub use mesos_gpu_os::container_id::ContainerId;
 use mesos_gpu_placement::{
     allocator::AllocError, allocator::Allocator, allocator::GpuSet, allocator::Policy,

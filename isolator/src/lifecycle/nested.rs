@@ -69,7 +69,8 @@ impl Isolator {
         }
         state.nested.insert(id.clone(), root.clone());
         if self.pinning.enabled() {
-            info.pinning = super::PinOutcome::Skipped(mesos_gpu_placement::numa::SkipReason::Nested);
+            info.pinning =
+                super::PinOutcome::Skipped(mesos_gpu_placement::numa::SkipReason::Nested);
         }
         tracing::info!(parent = %root, gpus = info.gpus.len(), "prepared nested container sharing its parent's GPUs");
         Ok(info)
