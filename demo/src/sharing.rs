@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use mesos_gpu_enforce::cgroup::default_whitelist;
+use mesos_gpu_grant::env;
 use mesos_gpu_isolator::lifecycle::{
     ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig, SharingConfig,
 };
@@ -253,15 +254,15 @@ fn text(report: &SharingReport, node: &str) -> String {
                 environment,
                 ..
             } = share;
-            let limit = |key: &str| {
+            let limit = |key: String| {
                 environment
                     .iter()
-                    .find_map(|e| e.strip_prefix(key))
+                    .find_map(|e| e.strip_prefix(&key))
                     .map(str::to_owned)
             };
             match (
-                limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="),
-                limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="),
+                limit(format!("{}=", env::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)),
+                limit(format!("{}=0=", env::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)),
             ) {
                 (Some(threads), Some(memory)) => {
                     format!("share {units}/{replicas} of GPU {gpu}, MPS {threads}% {memory}")

@@ -304,8 +304,10 @@ fn image() -> ImageInfo {
 }
 
 fn mesos(grant: &Grant) -> Result<Parts, String> {
+    // The same image as the Docker side's: it asks for the driver.
     let config = PrepareConfig {
         rootfs: Some(PathBuf::from(ROOTFS)),
+        image_labels: image().labels.into_keys().collect(),
         ..PrepareConfig::default()
     };
     let id = ContainerId::new("parity").expect("id");
