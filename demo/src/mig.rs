@@ -164,22 +164,13 @@ fn got(
             why: why.to_owned(),
         };
     };
+    let (device_rules, environment) = whole::launched(info, base);
     Got::Unit(MigDevice {
         uuid: device.uuid.clone(),
         profile: device.profile_name.clone(),
         parent: device.parent,
-        device_rules: info
-            .device_rules
-            .iter()
-            .filter(|r| !base.contains(r))
-            .map(ToString::to_string)
-            .collect(),
-        environment: info
-            .environment
-            .iter()
-            .chain(&info.task_environment)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect(),
+        device_rules,
+        environment,
     })
 }
 

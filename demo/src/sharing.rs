@@ -201,22 +201,13 @@ fn serve(
             why,
         });
     };
+    let (device_rules, environment) = whole::launched(&info, base);
     Ok(Got::Unit(Share {
         gpu: share.index,
         units: share.units,
         replicas: share.replicas,
-        device_rules: info
-            .device_rules
-            .iter()
-            .filter(|r| !base.contains(r))
-            .map(ToString::to_string)
-            .collect(),
-        environment: info
-            .environment
-            .iter()
-            .chain(&info.task_environment)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect(),
+        device_rules,
+        environment,
     }))
 }
 

@@ -1,6 +1,8 @@
 //! What the MIG and sharing scenarios report alike: each task, and whether the isolator gave it
 //! its unit (a MIG device, a share), whole GPUs or a refusal.
 
+use mesos_gpu_enforce::cgroup::DeviceRule;
+use mesos_gpu_isolator::lifecycle::LaunchInfo;
 use serde::Serialize;
 
 use crate::stream::ContainerType;
@@ -52,4 +54,22 @@ impl<U> Got<U> {
             Got::Unit(u) => unit(u),
         }
     }
+}
+
+/// What the isolator launches a container with, as the scenarios report it: its device rules
+/// beyond the `base` whitelist, and its variables (`KEY=VALUE`).
+pub(crate) fn launched(info: &LaunchInfo, base: &[DeviceRule]) -> (Vec<String>, Vec<String>) {
+    let rules = info
+        .device_rules
+        .iter()
+        .filter(|r| !base.contains(r))
+        .map(ToString::to_string)
+        .collect();
+    let environment = info
+        .environment
+        .iter()
+        .chain(&info.task_environment)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    (rules, environment)
 }
