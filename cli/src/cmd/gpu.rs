@@ -219,6 +219,19 @@ fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
 }
 
 fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let dir = &args.pool.pool_dir;
+    // A default directory not made yet is a node where nothing has reserved GPUs (said below);
+    // a directory named that does not exist is a typo, not an empty pool.
+    let default = ctx.state_default("pool", mesos_gpu_pool::DEFAULT_POOL_DIR);
+    if !dir.is_dir() && *dir != default {
+        bail!(
+            "--pool-dir {} (or {}): no such directory (name the directory of the node's pool: \
+             the module's pool_dir parameter, serve's and docker-args' --pool-dir; default {})",
+            dir.display(),
+            mesos_gpu_pool::POOL_DIR_ENV,
+            default.display()
+        );
+    }
     let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
