@@ -782,3 +782,149 @@ fn documented_serve_defaults_are_the_real_ones() {
         );
     }
 }
+
+/// Issue 37: the README's workspace table lists every workspace member, by directory and by
+/// package name (it lacked six crates).
+#[test]
+fn readme_workspace_table_lists_every_member() {
+    let readme = read("README.md");
+    let workspace_section =
+        section(&readme, "Workspace").expect("README.md has a Workspace section");
+    let rows = table_rows(workspace_section, "crate");
+    assert!(
+        !rows.is_empty(),
+        "no `| crate |` table:\n{workspace_section}"
+    );
+    let listed: BTreeMap<String, String> = rows
+        .iter()
+        .map(|row| {
+            let cell = |i: usize| row.get(i).map_or("", |c| c.trim_matches('`')).to_owned();
+            (cell(0).trim_end_matches('/').to_owned(), cell(1))
+        })
+        .collect();
+    for member in members() {
+        let manifest = read(&format!("{member}/Cargo.toml"));
+        let package = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("name = "))
+            .map(|n| n.trim().trim_matches('"').to_owned())
+            .unwrap_or_else(|| panic!("{member}/Cargo.toml names no package"));
+        assert_eq!(
+            listed.get(&member),
+            Some(&package),
+            "README.md's workspace table: member {member}/ (package {package}) is missing or \
+             misnamed"
+        );
+    }
+    assert_eq!(
+        listed.len(),
+        members().len(),
+        "README.md's workspace table lists a directory that is not a member: {listed:?}"
+    );
+}
+
+/// Issue 37: the `--isolation` the guide's table gives for cgroup v1 and v2 is what
+/// `agent-flags` prints for each (the v2 row had `cgroups/devices`-era flags), and the v2 row
+/// names the other flag `agent-flags` adds there.
+#[test]
+fn guides_isolation_rows_are_what_agent_flags_prints() {
+    let guide = read("docs/operator-guide.md");
+    let rows = table_rows(&guide, "Host");
+    for (host, cgroups) in [("cgroup v1 (recommended)", "v1"), ("cgroup v2", "v2")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args([
+                "--simulate",
+                "dgx1-v100",
+                "agent-flags",
+                "--cgroups",
+                cgroups,
+            ])
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .expect("agent-flags");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let flags = String::from_utf8(out.stdout).unwrap();
+        let isolation = flags
+            .lines()
+            .find_map(|l| l.strip_prefix("--isolation="))
+            .unwrap_or_else(|| panic!("agent-flags --cgroups {cgroups} prints no --isolation"));
+        let row = rows
+            .iter()
+            .find(|r| r[0] == host)
+            .unwrap_or_else(|| panic!("the guide's --isolation table has no row {host:?}"));
+        let documented = inline_spans(&row[1]);
+        assert_eq!(
+            documented.first().map(String::as_str),
+            Some(isolation),
+            "the guide's {host} --isolation is not what agent-flags --cgroups {cgroups} prints"
+        );
+        for extra in flags
+            .lines()
+            .filter(|l| l.starts_with("--agent_subsystems"))
+        {
+            let flag = extra.split('=').next().unwrap_or(extra);
+            assert!(
+                row[1].contains(&format!("`{flag}=")),
+                "agent-flags --cgroups {cgroups} prints {extra}; the guide's {host} row does \
+                 not name it: {}",
+                row[1]
+            );
+        }
+    }
+}
+
+/// Issue 37: every source file of this workspace the shipped documents name in a code span
+/// exists (the XID table was said to be in `isolator/src/health/xid.rs` after it moved to
+/// `health/src/xid.rs`).
+#[test]
+fn documented_source_paths_exist() {
+    let members = members();
+    let mut missing = Vec::new();
+    for (name, text) in shipped_docs() {
+        for (line, code) in code_segments(&text) {
+            for word in code.split(|c: char| c.is_whitespace() || "`(),;:".contains(c)) {
+                let word = word.trim_end_matches('.');
+                let in_member = members.iter().any(|m| word.starts_with(&format!("{m}/")));
+                if in_member && word.ends_with(".rs") && !workspace().join(word).exists() {
+                    missing.push(format!("{name}:{line}: {word}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "documented files that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Issue 37: no shipped document says a GPU is never shared between containers, which the
+/// guide's sharing section (`--gpu-replicas`, MPS, time-slicing) contradicts.
+#[test]
+fn no_document_says_gpus_are_never_shared() {
+    let guide = read("docs/operator-guide.md");
+    assert!(
+        guide.contains("## Sharing a GPU between tasks"),
+        "the guide has a sharing section"
+    );
+    let mut docs = shipped_docs();
+    docs.push((
+        "examples/mesos-agent/README.md".to_owned(),
+        read("examples/mesos-agent/README.md"),
+    ));
+    for (name, text) in docs {
+        let flat = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase();
+        assert!(
+            !flat.contains("never shared") && !flat.contains("never share a gpu"),
+            "{name} says a GPU is never shared; the guide's sharing section says how it is"
+        );
+    }
+}

@@ -300,17 +300,31 @@ fn gpu_health_shows_the_recovery_and_mark_healthy_the_missing_evidence() {
 #[test]
 fn gpu_list_and_docker_args_release_say_what_they_did_not_find() {
     let scratch = tempfile::tempdir().unwrap();
+    // A pool directory that does not exist is a typo: an error naming it, not an empty pool.
     let typo = scratch.path().join("mesos-gpu-typo");
     let out = mesos_gpu(&["gpu", "list", "--pool-dir", typo.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "--pool-dir {} (or MESOS_GPU_POOL_DIR): no such directory",
+            typo.display()
+        )) && out.stdout.is_empty(),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!typo.exists(), "gpu list created the pool directory");
+    // One that exists but where nothing has reserved GPUs says so, not "no reservations".
+    let empty = scratch.path().join("empty-pool");
+    std::fs::create_dir(&empty).unwrap();
+    let out = mesos_gpu(&["gpu", "list", "--pool-dir", empty.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         text.contains("no pool file there: nothing has reserved GPUs through")
-            && text.contains(typo.to_str().unwrap())
+            && text.contains(empty.to_str().unwrap())
             && !text.contains("no reservations"),
         "{text}"
     );
-    assert!(!typo.exists(), "gpu list created the pool directory");
     let state = scratch.path().join("docker-state");
     let out = mesos_gpu(&[
         "docker-args",

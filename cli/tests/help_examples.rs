@@ -4,6 +4,11 @@
 //! and `serve`'s volume plugin mounts it. Each runs with a fresh `TMPDIR`, so the simulated node's
 //! scratch state (its volume root included) starts empty and the example passes only by building
 //! the volume there, never reading or writing the host's. Needs root (`ldconfig -r`).
+//!
+//! Beyond those, every example of every command's `--help` runs on a simulated node with scratch
+//! state (`every_example_of_every_command_runs_on_a_simulated_node`; root, cgroup v1 for `exec`
+//! and dockerd for the Docker examples): it succeeds, or fails only for a reason the test names
+//! (an image not pulled, a driver image not mounted, a user's file).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read as _;
@@ -42,6 +47,14 @@ fn main() -> ExitCode {
             &host,
             &[Need::Root],
             Trial::test("serve_simulate_example_works", serve_example),
+        ),
+        needs(
+            &host,
+            &[Need::Root, Need::Cgroup1, Need::Dockerd],
+            Trial::test(
+                "every_example_of_every_command_runs_on_a_simulated_node",
+                every_example_runs,
+            ),
         ),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
@@ -122,15 +135,7 @@ fn examples_at(path: &[String], columns: u32) -> String {
 /// (clap wrapped long example lines, and a wrapped line pasted into a shell runs half a
 /// command): long examples go on on the next line after ` \`, as in a shell.
 fn examples_are_never_wrapped_mid_command() -> TestResult {
-    let mut paths: Vec<Vec<String>> = Vec::new();
-    for command in subcommands(&[]) {
-        let nested = subcommands(&[command.as_str()]);
-        if nested.is_empty() {
-            paths.push(vec![command]);
-        } else {
-            paths.extend(nested.into_iter().map(|sub| vec![command.clone(), sub]));
-        }
-    }
+    let paths = command_paths();
     if paths.len() < 20 {
         return Err(format!("too few commands found: {paths:?}").into());
     }
@@ -148,6 +153,323 @@ fn examples_are_never_wrapped_mid_command() -> TestResult {
         Ok(())
     } else {
         Err(format!("examples wrapped at 80 columns: {wrapped:?}").into())
+    }
+}
+
+/// Held by whatever runs a `serve` example: they listen on one TCP port (127.0.0.1:3476).
+static SERVE_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every command path: each command, or each subcommand of a command that has some.
+fn command_paths() -> Vec<Vec<String>> {
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    for command in subcommands(&[]) {
+        let nested = subcommands(&[command.as_str()]);
+        if nested.is_empty() {
+            paths.push(vec![command]);
+        } else {
+            paths.extend(nested.into_iter().map(|sub| vec![command.clone(), sub]));
+        }
+    }
+    paths
+}
+
+/// Examples that cannot succeed on a simulated node in a test, each with what its failure may
+/// say (any of the texts; success is fine too), so that it still runs and fails only for that
+/// reason: (the example's start, the texts).
+const CANNOT_SUCCEED_HERE: &[(&str, &[&str])] = &[
+    // The real NVIDIA library, or a driver image mounted at /mnt: not on a test host.
+    (
+        "mesos-gpu info --json --nvml-lib",
+        &["cannot load the NVML library /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"],
+    ),
+    (
+        "mesos-gpu ldcache --cache /mnt/driver",
+        &["cannot read ld.so.cache"],
+    ),
+    (
+        "mesos-gpu volume plan --driver-root /mnt/image",
+        &["cannot read ld.so.cache"],
+    ),
+    (
+        "mesos-gpu volume create --volume-root /tmp/volumes --driver-root /mnt/image",
+        &["cannot read ld.so.cache"],
+    ),
+    // Images that are not pulled (or a placeholder), GPUs and IDs of another node, a user's files.
+    (
+        "docker run $(mesos-gpu docker-args --gpus 2 --image nvidia/cuda",
+        &["o such image: nvidia/cuda:12.4.1-base"],
+    ),
+    (
+        "docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 --gpu-sharing mps --image IMAGE)",
+        &["docker inspect image IMAGE"],
+    ),
+    (
+        "mesos-gpu run --gpus 2 nvidia/cuda",
+        &["docker pull it first"],
+    ),
+    (
+        "mesos-gpu run --gpus 1 --plugin nvidia/cuda",
+        &["docker pull it first"],
+    ),
+    (
+        "mesos-gpu --simulate dgx1-v100 --dev-root /tmp/nodes run",
+        &["docker pull it first", "no device node"],
+    ),
+    (
+        "mesos-gpu run --gpus 1 --numa-pinning busybox",
+        &["docker pull it first"],
+    ),
+    ("mesos-gpu gpu mark-healthy", &["no GPU health checkpoint"]),
+    (
+        "mesos-gpu gpu probe --gpu GPU-8a2d4c6e",
+        &["is not on this node"],
+    ),
+    (
+        "mesos-gpu gpu probe --gpu 0 --isolated --command '/usr/local/bin/check-gpu",
+        &["FAILED", "failed"],
+    ),
+    (
+        "mesos-gpu gpu release exec-4242",
+        &["no reservation of the GPU pool"],
+    ),
+    (
+        "mesos-gpu gpu release 3d8a52b4",
+        &["no reservation of the GPU pool"],
+    ),
+    (
+        "mesos-gpu demo --stream my-apps/stream.json",
+        &["cannot read the stream my-apps/stream.json"],
+    ),
+    ("mesos-gpu exec --gpus 1 --policy first-fit", &["train.py"]),
+    (
+        "mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps,4-7",
+        &["cannot run ./job"],
+    ),
+    // nvml-sim's nvidia-smi stand-in answers `-L` only.
+    (
+        "mesos-gpu exec --gpus 2 -- nvidia-smi",
+        &["usage: nvidia-smi -L"],
+    ),
+    // `volume gc --all`, an example before it, removed the node's volume.
+    (
+        "mesos-gpu volume acquire",
+        &["no volume for driver 550.54.14"],
+    ),
+    // A user's script.
+    (
+        "mesos-gpu exec --gpus 1 --gpu-replicas 4 --gpu-sharing mps -- python",
+        &["infer.py"],
+    ),
+    // A host without the agent's module installed is not ready.
+    ("mesos-gpu doctor --smoke --modules", &["NOT READY"]),
+];
+
+/// The `mesos-gpu` command line an example runs, if it runs one: the line itself (its pipe's
+/// consumer and a trailing comment left out), or the `$(mesos-gpu …)` inside a `docker run`
+/// line; `sudo` dropped (the test runs as root).
+fn mesos_gpu_command(example: &str) -> Option<String> {
+    let example = example.strip_prefix("sudo ").unwrap_or(example);
+    if let Some(rest) = example.strip_prefix("mesos-gpu ") {
+        let rest = rest.split(" | ").next().unwrap_or(rest);
+        let rest = rest.split(" # ").next().unwrap_or(rest);
+        return Some(format!("mesos-gpu {}", rest.trim()));
+    }
+    let inner = example.split_once("$(mesos-gpu ")?.1;
+    let inner = inner.split_once(')')?.0;
+    Some(format!("mesos-gpu {inner}"))
+}
+
+/// The host paths examples name that are moved under the test's root.
+const MOVED: [&str; 4] = ["/var/", "/etc/", "/tmp/", "/mnt/"];
+
+/// `command` on the simulated node `dgx1-v100` unless it names a node or an NVML library, with
+/// the host paths it names ([`MOVED`]) moved under `root`, so that it never touches the host's
+/// state. Each moved path's parent is made, and so is the path itself when a `--…-dir` or
+/// `--…-root` flag names it (as on a host set up by the package).
+fn simulated(command: &str, root: &Path) -> Result<String, Failed> {
+    let mut words: Vec<String> = Vec::new();
+    for word in command.split(' ') {
+        let quote = if word.starts_with(['\'', '"']) {
+            &word[..1]
+        } else {
+            ""
+        };
+        let bare = &word[quote.len()..];
+        if !MOVED.iter().any(|p| bare.starts_with(p)) {
+            words.push(word.to_owned());
+            continue;
+        }
+        let moved = root.join(bare.trim_start_matches('/'));
+        let is_dir = words
+            .last()
+            .is_some_and(|flag| flag.ends_with("-dir") || flag.ends_with("-root"));
+        if is_dir {
+            std::fs::create_dir_all(&moved)?;
+        } else if let Some(parent) = moved.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        words.push(format!("{quote}{}", moved.display()));
+    }
+    let line = words.join(" ");
+    Ok(
+        if line.contains("--simulate") || line.contains("--nvml-lib") {
+            line
+        } else {
+            line.replacen("mesos-gpu ", "mesos-gpu --simulate dgx1-v100 ", 1)
+        },
+    )
+}
+
+/// Issue 37: every example of every command's `--help` runs (not a chosen few), in help order,
+/// on a simulated node with scratch state (one fresh `TMPDIR`, as one operator's node; the host
+/// paths an example names moved under it): each `mesos-gpu` command line, as written but for
+/// the node, exits 0, or fails only as [`CANNOT_SUCCEED_HERE`] says; a `serve` example is still
+/// serving after a few seconds and ends cleanly on SIGTERM. Lines that run other programs
+/// (`docker run`) run the `mesos-gpu` command inside them; those without one (`podman`, `curl`)
+/// are left out.
+fn every_example_runs() -> TestResult {
+    // As short as `/tmp/tmp.XXXXXXXXXX`: the MPS daemons' sockets under it must fit in a socket
+    // address (107 bytes).
+    let tmp = tempfile::Builder::new()
+        .prefix("tmp.")
+        .rand_bytes(10)
+        .tempdir_in("/tmp")?;
+    let root = tmp.path().join("root");
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    let mut excused = std::collections::BTreeSet::new();
+    for path in command_paths() {
+        for example in joined_examples(&examples_at(&path, 1000)) {
+            let Some(command) = mesos_gpu_command(&example) else {
+                continue;
+            };
+            ran += 1;
+            excused.extend(
+                CANNOT_SUCCEED_HERE
+                    .iter()
+                    .map(|(start, _)| *start)
+                    .filter(|start| example.starts_with(start)),
+            );
+            let line = simulated(&command, &root)?;
+            if let Err(why) = run_any_example(&line, tmp.path()) {
+                let allowed = CANNOT_SUCCEED_HERE
+                    .iter()
+                    .find(|(start, _)| example.starts_with(start))
+                    .is_some_and(|(_, says)| says.iter().any(|s| why.contains(s)));
+                if !allowed {
+                    failures.push(format!("`{}`: `{line}`: {why}", path.join(" ")));
+                }
+            }
+        }
+    }
+    quit_mps_daemons(&tmp.path().join("mesos-gpu-sim"));
+    // An excuse for an example that is gone would excuse the next one written like it.
+    failures.extend(
+        CANNOT_SUCCEED_HERE
+            .iter()
+            .filter(|(start, _)| !excused.contains(start))
+            .map(|(start, _)| format!("CANNOT_SUCCEED_HERE names no example: {start}")),
+    );
+    if ran < 40 {
+        return Err(format!("only {ran} examples found").into());
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {ran} examples failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        )
+        .into())
+    }
+}
+
+/// Stops the MPS daemons the examples started under the simulated nodes' scratch state
+/// `sim` (`<node>/mps/<GPU>/pipe`): they outlive the commands that started them, as on a node.
+fn quit_mps_daemons(sim: &Path) {
+    let Ok(program) = mesos_gpu_testkit::mps::find_program() else {
+        return;
+    };
+    let pipes = std::fs::read_dir(sim)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .flat_map(|node| {
+            std::fs::read_dir(node.path().join("mps"))
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(Result::ok)
+        .map(|gpu| gpu.path().join("pipe"))
+        .filter(|pipe| pipe.join("control").exists());
+    for pipe in pipes {
+        let child = Command::new(&program)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if let Ok(mut child) = child {
+            if let Some(mut input) = child.stdin.take() {
+                let _ = std::io::Write::write_all(&mut input, b"quit\n");
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs one example line with `tmp` as `TMPDIR`: `Err` says how it failed (its status and
+/// output).
+fn run_any_example(line: &str, tmp: &Path) -> Result<(), String> {
+    let serve = line.contains(" serve");
+    let _port = serve.then(|| SERVE_PORT.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut child = shell(&format!("exec {line}"), tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // Read as it comes, so that a full pipe never stops the command.
+    let stdout = child.stdout.take().map(|mut out| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = out.read_to_string(&mut text);
+            text
+        })
+    });
+    let limit = if serve {
+        Duration::from_secs(3)
+    } else {
+        PATIENCE
+    };
+    let deadline = Instant::now() + limit;
+    let running = loop {
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break false;
+        }
+        if Instant::now() > deadline {
+            break true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if running {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = stdout.and_then(|t| t.join().ok()).unwrap_or_default();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        stdout.lines().rev().take(5).collect::<Vec<_>>().join(" / ")
+    );
+    match (running, serve, out.status.success()) {
+        (false, false, true) | (true, true, true) => Ok(()),
+        (true, false, _) => Err(format!("still running after {limit:?}: {said}")),
+        (false, true, _) => Err(format!("serve ended by itself ({}): {said}", out.status)),
+        (_, _, false) => Err(format!("{}: {said}", out.status)),
     }
 }
 
@@ -258,6 +580,7 @@ fn docker_args_example() -> TestResult {
 }
 
 fn serve_example() -> TestResult {
+    let _port = SERVE_PORT.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir()?;
     let line = the_example("serve")?;
     let listen = flag_value(&line, "--listen")?;

@@ -262,7 +262,14 @@ fn missing_driver_means_no_gpus_and_success() {
 
 #[test]
 fn a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
-    for lib in ["/nonexistent/libnvidia-ml.so.1", "/bin/true", "/etc/passwd"] {
+    for (lib, reason) in [
+        (
+            "/nonexistent/libnvidia-ml.so.1",
+            "cannot open shared object file",
+        ),
+        ("/bin/true", "cannot dynamically load"),
+        ("/etc/passwd", "invalid ELF header"),
+    ] {
         let out = mesos_gpu(&["info", "--nvml-lib", lib]);
         assert_eq!(out.status.code(), Some(1), "{lib}");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -270,6 +277,8 @@ fn a_named_nvml_lib_that_cannot_be_loaded_is_an_error() {
             stderr.contains(&format!("cannot load the NVML library {lib}: ")),
             "{stderr}"
         );
+        // Issue 37: the loader's reason is given once (it was printed twice).
+        assert_eq!(stderr.matches(reason).count(), 1, "{lib}: {stderr}");
         // The same with the environment variable.
         let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
             .args(["info"])

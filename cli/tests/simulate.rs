@@ -223,6 +223,7 @@ fn simulated_state_defaults_to_the_nodes_scratch_directory() {
         String::from_utf8_lossy(&help.stdout)
     );
     let elsewhere = tmp.path().join("given");
+    std::fs::create_dir(&elsewhere).unwrap();
     let listed = mesos_gpu(&["gpu", "list", "--pool-dir", elsewhere.to_str().unwrap()]);
     assert!(
         String::from_utf8_lossy(&listed.stdout).contains("no pool file there"),

@@ -227,15 +227,8 @@ fn build_stand_ins() -> Result<(), String> {
         return Ok(());
     };
     let exe = std::env::current_exe().map_err(|e| format!("this bench's path: {e}"))?;
-    // `target/<dir>/deps/agent_soak-…`: `debug` is the dev profile's directory.
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::file_name)
-        .and_then(|d| d.to_str())
-        .map(|d| if d == "debug" { "dev" } else { d })
-        .ok_or_else(|| format!("{missing}; and this bench's profile is unknown"))?
-        .to_owned();
+    let profile = mesos_gpu_testkit::mps::profile_of(&exe)
+        .ok_or_else(|| format!("{missing}; and this bench's profile is unknown"))?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!(
         "agent_soak: building nvml-sim's program stand-ins (cargo build --profile {profile} -p nvml-sim --bins)"

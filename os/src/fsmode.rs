@@ -288,34 +288,41 @@ pub fn private_tempdir(prefix: &str) -> io::Result<tempfile::TempDir> {
 
 /// Binds a unix socket at `path` with exactly `mode`, never reachable with a wider one. `bind(2)`
 /// makes a socket with mode 0777 minus the umask, so `bind` is called on a path inside a new
-/// private (0700) directory beside `path` (`.<name>.<pid>.bind/`), the socket gets `mode`, and
+/// private (0700) directory beside `path` (`.<pid>-<n>.b/s`), the socket gets `mode`, and
 /// only then is renamed to `path` (replacing whatever is there: the caller checks first). The
-/// private directory is removed.
+/// private directory is removed. Its path is at most a few characters longer than `path`
+/// (`unix(7)`: a socket's path holds at most 107 bytes), so that `bind` takes any path that
+/// a direct bind would take but for those few.
 pub fn bind_socket<T>(
     path: &Path,
     mode: u32,
     bind: impl FnOnce(PathBuf) -> io::Result<T>,
 ) -> io::Result<T> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no socket file name"))?;
+    /// Tells apart the binds of one process in one directory.
+    static BINDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    if path.file_name().is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no socket file name",
+        ));
+    }
     let private = path.with_file_name(format!(
-        ".{}.{}.bind",
-        name.to_string_lossy(),
-        std::process::id()
+        ".{}-{}.b",
+        std::process::id(),
+        BINDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
+    let at = private.join("s");
     // A leftover of a crashed bind by an earlier process with this pid.
-    let _ = fs::remove_file(private.join(name));
+    let _ = fs::remove_file(&at);
     let _ = fs::remove_dir(&private);
     mkdir(&private, PRIVATE_DIR)?;
     let bound = (|| {
-        let at = private.join(name);
         let listener = bind(at.clone())?;
         fs::set_permissions(&at, Permissions::from_mode(mode))?;
         fs::rename(&at, path)?;
         Ok(listener)
     })();
-    let _ = fs::remove_file(private.join(name));
+    let _ = fs::remove_file(&at);
     let _ = fs::remove_dir(&private);
     bound
 }
@@ -380,6 +387,29 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, [std::ffi::OsString::from("plugin.sock")]);
+    }
+
+    /// Issue 37: a socket whose path a direct bind takes with a few bytes to spare is bound
+    /// (the private directory's name held the socket's name and `.bind` twice over, so an MPS
+    /// daemon's `control` in a simulated node's scratch state was refused as too long).
+    #[test]
+    fn a_socket_path_near_the_limit_is_bound() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        // 107 bytes is the most a socket's path holds; leave 8 for the private directory.
+        let name = "control";
+        let budget = 107 - 8 - name.len() - 1;
+        let mut dir = tmp.path().to_path_buf();
+        while dir.as_os_str().len() < budget {
+            let room = budget - dir.as_os_str().len() - 1;
+            dir.push("d".repeat(room.clamp(1, 40)));
+        }
+        fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join(name);
+        assert_eq!(path.as_os_str().len(), 107 - 8);
+        let listener =
+            bind_socket(&path, 0o600, std::os::unix::net::UnixListener::bind).expect("bind");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        drop(listener);
     }
 
     #[test]

@@ -145,7 +145,14 @@ pub fn program() -> PathBuf {
 
 /// [`program`], or why there is none (with how to build it).
 pub fn find_program() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os(BIN_ENV) {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the test executable: {e}"))?;
+    find_program_for(std::env::var_os(BIN_ENV), &exe)
+}
+
+/// [`find_program`] for the executable `exe` and the value of [`BIN_ENV`].
+fn find_program_for(env: Option<std::ffi::OsString>, exe: &Path) -> Result<PathBuf, String> {
+    if let Some(path) = env {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)
@@ -153,8 +160,6 @@ pub fn find_program() -> Result<PathBuf, String> {
             Err(format!("{BIN_ENV}={} does not name a file", path.display()))
         };
     }
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the test executable: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let candidates = [dir.join(PROGRAM), dir.join("..").join(PROGRAM)];
     candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
@@ -163,4 +168,66 @@ pub fn find_program() -> Result<PathBuf, String> {
             candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )
     })
+}
+
+/// The cargo profile that built `exe`, a test or bench executable at
+/// `target/<profile dir>/deps/<name>-<hash>` (`debug` is the `dev` profile's directory): the
+/// `--profile` that builds nvml-sim's programs beside it.
+pub fn profile_of(exe: &Path) -> Option<String> {
+    let dir = exe.parent()?;
+    if dir.file_name()? != "deps" {
+        return None;
+    }
+    let profile = dir.parent()?.file_name()?.to_str()?;
+    Some(if profile == "debug" { "dev" } else { profile }.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37: a checkout where nvml-sim's programs are not built says which command builds
+    /// them (the soak panicked with "not found"), and finds them once built where cargo puts
+    /// them (`target/<profile>/`, one directory above a test's `deps/`).
+    #[test]
+    fn a_missing_program_says_how_to_build_it_and_is_found_once_built() {
+        let target = tempfile::tempdir().expect("tempdir");
+        let deps = target.path().join("release/deps");
+        fs::create_dir_all(&deps).expect("deps");
+        let exe = deps.join("agent_soak-0123");
+        let why = find_program_for(None, &exe).expect_err("nothing is built");
+        assert!(
+            why.contains("cargo build -p nvml-sim --bins")
+                && why.contains(&*deps.to_string_lossy()),
+            "{why}"
+        );
+        let built = target.path().join("release").join(PROGRAM);
+        fs::write(&built, "").expect("stand-in");
+        assert_eq!(
+            find_program_for(None, &exe).map(|p| p.canonicalize().expect("canonical")),
+            Ok(built.canonicalize().expect("canonical"))
+        );
+        let named = target.path().join("elsewhere");
+        let why = find_program_for(Some(named.clone().into_os_string()), &exe)
+            .expect_err("names no file");
+        assert_eq!(
+            why,
+            format!("{BIN_ENV}={} does not name a file", named.display())
+        );
+    }
+
+    #[test]
+    fn profile_of_a_bench_or_test_executable() {
+        for (dir, profile) in [
+            ("debug", Some("dev")),
+            ("release", Some("release")),
+            ("bench", Some("bench")),
+        ] {
+            let exe = Path::new("/x/target")
+                .join(dir)
+                .join("deps/agent_soak-0123");
+            assert_eq!(profile_of(&exe).as_deref(), profile, "{dir}");
+        }
+        assert_eq!(profile_of(Path::new("/usr/bin/agent_soak")), None);
+    }
 }

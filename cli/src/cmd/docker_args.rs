@@ -76,7 +76,9 @@ pub(crate) struct Args {
     gpus: Option<u32>,
 
     /// Give back the GPUs reserved for container ID instead; refused while the daemon says
-    /// container mesos-ID still runs (or cannot tell), unless --force.
+    /// container mesos-ID still runs (or cannot tell), unless --force. A container that holds
+    /// no GPUs is said so on stderr, with exit 0 (the agent's hook releases every Docker
+    /// container at its end, GPUs or not).
     #[arg(
         long,
         value_name = "ID",

@@ -126,7 +126,8 @@ struct ProbeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout: u64,
     /// Run the probe as the health monitor does: in a device cgroup of its own that allows
-    /// this GPU alone (needs root).
+    /// this GPU alone (needs root; on a simulated node without --dev-root, the device nodes
+    /// are made in its scratch state, as for `exec`).
     #[arg(long)]
     isolated: bool,
     /// With --isolated: the probe command (`{uuid}`, `{index}` replaced), as the module
@@ -219,6 +220,19 @@ fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
 }
 
 fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let dir = &args.pool.pool_dir;
+    // A default directory not made yet is a node where nothing has reserved GPUs (said below);
+    // a directory named that does not exist is a typo, not an empty pool.
+    let default = ctx.state_default("pool", mesos_gpu_pool::DEFAULT_POOL_DIR);
+    if !dir.is_dir() && *dir != default {
+        bail!(
+            "--pool-dir {} (or {}): no such directory (name the directory of the node's pool: \
+             the module's pool_dir parameter, serve's and docker-args' --pool-dir; default {})",
+            dir.display(),
+            mesos_gpu_pool::POOL_DIR_ENV,
+            default.display()
+        );
+    }
     let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
@@ -716,9 +730,14 @@ fn probe_isolated(
     driver: &mesos_gpu_node::discovery::GpuDriver,
     gpu: &Gpu,
 ) -> anyhow::Result<bool> {
-    let dev_root = ctx
-        .dev_root()
-        .context("--isolated needs the device nodes: pass --dev-root DIR on a simulated node")?;
+    // A simulated node without --dev-root: the nodes its driver numbers, made once in its
+    // scratch directory (as `exec` does).
+    let dev_root = match (ctx.simulation()?, ctx.dev_root()) {
+        (_, Some(given)) => given.to_owned(),
+        (Some(sim), None) => sim.device_root(driver.inventory(), &ctx.proc_root()?)?,
+        (None, None) => std::path::PathBuf::from("/dev"),
+    };
+    let dev_root = dev_root.as_path();
     let nodes = mesos_gpu_node::devices::DeviceNodes::scan(dev_root, driver.inventory())
         .with_context(|| format!("cannot read the device nodes under {}", dev_root.display()))?;
     let hierarchy = mesos_gpu_enforce::cgroup::CgroupLayout::detect()
