@@ -274,6 +274,23 @@ fn a_simulated_nodes_volume_verifies_in_the_next_command() {
         String::from_utf8_lossy(&verified.stdout),
         String::from_utf8_lossy(&verified.stderr)
     );
+    // `doctor` on the same node checks that volume, not the host's volume root (it warned
+    // "cannot open /run/mesos/isolators/gpu/…/manifest.json" for ever).
+    let doctor = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "doctor"])
+        .env("TMPDIR", tmp.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("driver-volume"))
+        .unwrap_or_else(|| panic!("no driver-volume check in {text}"));
+    assert!(
+        line.starts_with("ok") && !text.contains("/run/mesos"),
+        "{text}"
+    );
 }
 
 /// Issue 37: `docker-args` without `--image` does not know the image's `PATH`, so it sets none

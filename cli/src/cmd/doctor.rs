@@ -126,7 +126,7 @@ pub(crate) struct Args {
     unit: Option<PathBuf>,
 
     /// Directory of the driver volumes [default: the module's volume_root, else
-    /// /var/run/mesos/isolators/gpu].
+    /// /var/run/mesos/isolators/gpu; under --simulate, the node's scratch directory].
     #[arg(long, value_name = "DIR")]
     volume_root: Option<PathBuf>,
 
@@ -174,7 +174,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .map(|d| d.path().to_owned())
         .or_else(|| ctx.dev_root().map(Path::to_owned));
     let sources = read_sources(args);
-    let volume_root = volume_root(args, &sources);
+    let volume_root = volume_root(args, &sources, ctx);
     let driver = super::volume::driver_source(ctx, args.driver_root.as_deref())?;
 
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
@@ -241,8 +241,9 @@ fn read_sources(args: &Args) -> Sources {
     })
 }
 
-/// `--volume-root`, else the module's `volume_root`, else the default.
-fn volume_root(args: &Args, sources: &Sources) -> PathBuf {
+/// `--volume-root`, else the module's `volume_root`, else the default (a simulated node's own,
+/// in its scratch state).
+fn volume_root(args: &Args, sources: &Sources, ctx: &Ctx) -> PathBuf {
     args.volume_root
         .clone()
         .or_else(|| {
@@ -253,7 +254,7 @@ fn volume_root(args: &Args, sources: &Sources) -> PathBuf {
                 .get("volume_root")
                 .map(PathBuf::from)
         })
-        .unwrap_or_else(|| PathBuf::from(mesos_gpu_volume::volume::DEFAULT_ROOT))
+        .unwrap_or_else(|| ctx.state_default("volumes", mesos_gpu_volume::volume::DEFAULT_ROOT))
 }
 
 /// `--smoke`: runs a task through `mesos-gpu exec` in a child, with this node's options and
