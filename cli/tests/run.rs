@@ -192,6 +192,33 @@ fn container_sees_its_nodes_and_status_passes_through() -> TestResult {
     env.all_clean(&image)
 }
 
+/// A new user's first `run` on a simulated node (no `--dev-root`, the node's state in its
+/// scratch directory under `TMPDIR`): the container starts with the node's GPU and control nodes,
+/// made in that state as `exec` makes them (Docker refused `/dev/nvidiactl`, which a host without
+/// a GPU does not have: "error gathering device information").
+fn a_simulated_node_without_dev_root_runs_on_its_own_nodes() -> TestResult {
+    let mut env = Env::new()?;
+    let image = env.image(&[])?;
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "run", "--gpus", "1", &image])
+        .args(["sh", "-c", "ls /dev"])
+        .env("TMPDIR", env.work.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()?;
+    let listing = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || gpu_nodes(&listing).len() != 1 || !listing.contains("nvidiactl") {
+        return Err(format!("expected one GPU node and nvidiactl: {}", text(&out)).into());
+    }
+    let made = env
+        .work
+        .path()
+        .join("mesos-gpu-sim/dgx1-v100/dev/nvidiactl");
+    if !made.exists() {
+        return Err(format!("no {} in the node's scratch state", made.display()).into());
+    }
+    Ok(())
+}
+
 fn concurrent_runs_share_one_pool() -> TestResult {
     let mut env = Env::new()?;
     let image = env.image(&[])?;
@@ -306,7 +333,7 @@ fn too_new_cuda_is_refused_with_nothing_reserved() -> TestResult {
 fn main() -> ExitCode {
     let host = Host::probe();
     type Case = (&'static str, fn() -> TestResult);
-    let trials: [Case; 4] = [
+    let trials: [Case; 5] = [
         (
             "container_sees_its_nodes_and_status_passes_through",
             container_sees_its_nodes_and_status_passes_through,
@@ -322,6 +349,10 @@ fn main() -> ExitCode {
         (
             "too_new_cuda_is_refused_with_nothing_reserved",
             too_new_cuda_is_refused_with_nothing_reserved,
+        ),
+        (
+            "a_simulated_node_without_dev_root_runs_on_its_own_nodes",
+            a_simulated_node_without_dev_root_runs_on_its_own_nodes,
         ),
     ];
     let mut trials: Vec<Trial> = trials

@@ -286,6 +286,11 @@ pub fn private_tempdir(prefix: &str) -> io::Result<tempfile::TempDir> {
     Ok(dir)
 }
 
+/// True when this process runs as root (effective user id 0): it may `mknod` and make cgroups.
+pub fn is_root() -> bool {
+    crate::sys::geteuid() == 0
+}
+
 /// Binds a unix socket at `path` with exactly `mode`, never reachable with a wider one. `bind(2)`
 /// makes a socket with mode 0777 minus the umask, so `bind` is called on a path inside a new
 /// private (0700) directory beside `path` (`.<pid>-<n>.b/s`), the socket gets `mode`, and

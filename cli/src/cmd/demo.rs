@@ -98,17 +98,6 @@ fn parse_policy(value: &str) -> Result<Policy, String> {
     value.parse().map_err(|e| format!("{e}"))
 }
 
-/// True when the effective user is root (from `/proc/self/status`, no syscall wrapper needed).
-pub(crate) fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1))
-            == Some("0")
-    })
-}
-
 pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     check_options(args)?;
     // The demo runs on a simulated DGX-1 unless told otherwise.
@@ -191,7 +180,7 @@ fn check_options(args: &Args) -> anyhow::Result<()> {
             "--pace {pace}: expected a speed-up factor above 0, e.g. 600"
         );
     }
-    if args.live && !is_root() {
+    if args.live && !fsmode::is_root() {
         bail!(
             "--live creates device cgroups and device nodes and needs root; run it with sudo, or drop --live for the dry run (which changes nothing)"
         );

@@ -199,16 +199,24 @@ pub(crate) fn driver_spec(
     }))
 }
 
-/// The node's device nodes: scanned under the device root, or on a simulated node without
-/// device nodes named under `/dev`, unchecked (for Docker, which reads the numbers itself).
+/// The node's device nodes: scanned under the device root. On a simulated node without
+/// `--dev-root`: as root, the nodes its driver numbers, made once in its scratch state (as
+/// `exec` does), so that Docker can start the container; otherwise named under `/dev`,
+/// unchecked.
 pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
     let inventory = ctx.inventory()?;
-    match ctx.dev_root() {
-        Some(root) => DeviceNodes::scan(root, inventory)
-            .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display())),
-        None => {
+    let scan = |root: &Path| {
+        DeviceNodes::scan(root, inventory)
+            .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display()))
+    };
+    match (ctx.dev_root(), ctx.simulation()?) {
+        (Some(root), _) => scan(root),
+        (None, Some(sim)) if mesos_gpu_os::fsmode::is_root() => {
+            scan(&sim.device_root(inventory, &ctx.proc_root()?)?)
+        }
+        (None, _) => {
             tracing::warn!(
-                "simulated node without --dev-root: device paths are /dev/nvidia* and unchecked"
+                "simulated node without --dev-root, not root: device paths are /dev/nvidia* and unchecked"
             );
             Ok(DeviceNodes::named(Path::new("/dev"), inventory))
         }

@@ -101,8 +101,9 @@ pub fn char_major(proc_devices: &str, name: &str) -> Option<u32> {
 }
 
 /// The nodes `inventory`'s driver should have made: the control nodes (`nvidia-uvm`'s major
-/// from `proc_devices`, the text of `/proc/devices`), every GPU's node (not those in MIG mode
-/// only, which still have theirs) and every MIG device's two capability nodes.
+/// from `proc_devices`, the text of `/proc/devices`), every GPU's node (those in MIG mode too,
+/// which still have theirs; not a lost GPU's, whose minor NVML cannot read) and every MIG
+/// device's two capability nodes.
 pub fn expected_nodes(inventory: &Inventory, proc_devices: &str) -> Vec<ExpectedNode> {
     let uvm = char_major(proc_devices, NVIDIA_UVM);
     let mut nodes = vec![
@@ -128,7 +129,12 @@ pub fn expected_nodes(inventory: &Inventory, proc_devices: &str) -> Vec<Expected
             what: "CUDA profiling tools, major from /proc/devices".to_owned(),
         },
     ];
-    for gpu in &inventory.gpus {
+    // A GPU NVML could not read the minor of (lost) has no node that can be named.
+    let known = inventory
+        .gpus
+        .iter()
+        .filter(|g| g.minor != crate::discovery::UNKNOWN_MINOR);
+    for gpu in known {
         nodes.push(ExpectedNode {
             name: PathBuf::from(format!("nvidia{}", gpu.minor)),
             dev: Some(DevNum {
@@ -259,6 +265,23 @@ Block devices:
         );
         let unloaded = expected_nodes(&inventory(), "Character devices:\n195 nvidia\n");
         assert_eq!(unloaded[1].dev, None, "no nvidia-uvm line: not registered");
+    }
+
+    /// A lost GPU (NVML could not read its minor) has no node to expect: making or checking
+    /// `nvidia4294967295` failed `serve --simulate` and `exec` on a node with a lost GPU.
+    #[test]
+    fn a_lost_gpu_has_no_node_to_expect() {
+        let mut inventory = inventory();
+        inventory.gpus[1].minor = crate::discovery::UNKNOWN_MINOR;
+        inventory.gpus[1].healthy = false;
+        let names: Vec<String> = expected_nodes(&inventory, PROC_DEVICES)
+            .iter()
+            .map(|n| n.name.display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia3"]
+        );
     }
 
     #[test]
