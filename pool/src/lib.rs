@@ -38,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use mesos_gpu_enforce::timing::{self, Step};
 use mesos_gpu_os::{IoError, JsonFile, LockFile, fsmode};
 
 use crate::shares::ShareReservation;
@@ -724,6 +725,7 @@ impl Pool {
 
     /// [`Pool::begin`] with another bound on the wait.
     pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
+        let lock_span = timing::span(Step::PoolLock);
         let root = self.dir.parent().unwrap_or(&self.dir);
         fsmode::state_dir(root, &self.dir, fsmode::STATE_DIR)?;
         let lock = LockFile::create(&self.dir.join(LOCK_FILE), fsmode::LOCK_FILE)?;
@@ -744,7 +746,11 @@ impl Pool {
             .set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| file.write_all(me.as_bytes()));
-        let state = self.read()?;
+        drop(lock_span);
+        let state = {
+            let _span = timing::span(Step::PoolRead);
+            self.read()?
+        };
         Ok(Transaction {
             pool: self.clone(),
             before: state.clone(),
@@ -775,6 +781,7 @@ impl Transaction {
         if self.state == self.before {
             return Ok(());
         }
+        let _span = timing::span(Step::PoolWrite);
         self.pool.file().save(&self.state)?;
         self.before = self.state.clone();
         Ok(())

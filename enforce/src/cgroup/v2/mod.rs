@@ -34,6 +34,7 @@ use super::{
     create_container_dir, remove_cgroup_dir,
 };
 use crate::sys;
+use crate::timing::{self, Step};
 use mesos_gpu_node::rules::{Access, DeviceRule, normalize};
 
 /// The name our device programs are loaded with (`bpftool prog` shows it).
@@ -166,8 +167,17 @@ impl V2DeviceCgroup {
     #[tracing::instrument(skip_all, fields(container = %self.container))]
     pub fn set_allowed(&mut self, rules: &[DeviceRule]) -> Result<(), CgroupError> {
         let rules = normalize(rules);
-        let program = DeviceProgram::build(&rules);
-        let prog = self.load(&program)?;
+        let (program, bytes) = {
+            let _span = timing::span(Step::BpfBuild);
+            let program = DeviceProgram::build(&rules);
+            let bytes = program.to_bytes();
+            (program, bytes)
+        };
+        let prog = {
+            let _span = timing::span(Step::BpfLoad);
+            self.load(&program, &bytes)?
+        };
+        let _span = timing::span(Step::BpfAttach);
         let dir = self.open_dir()?;
         let ours = self.our_programs(&dir)?;
         let replace = match ours.as_slice() {
@@ -234,6 +244,7 @@ impl V2DeviceCgroup {
         check_pid(pid)?;
         let path = self.path.join("cgroup.procs");
         let value = pid.to_string();
+        let _span = timing::span(Step::CgroupWrite);
         std::fs::write(&path, &value).wrap_write(&path, &value)?;
         tracing::debug!(container = %self.container, pid, "added process to v2 device cgroup");
         Ok(())
@@ -253,6 +264,7 @@ impl V2DeviceCgroup {
                 pids,
             });
         }
+        let attach_span = timing::span(Step::BpfAttach);
         let dir = self.open_dir()?;
         let ours = self.our_programs(&dir)?;
         let mut detached = Vec::new();
@@ -267,6 +279,7 @@ impl V2DeviceCgroup {
                 }
             }
         }
+        drop(attach_span);
         let result = result.and_then(|()| remove_cgroup_dir(&self.path));
         if result.is_err() {
             // Put back what we took away, so a refused destroy changes nothing.
@@ -282,9 +295,8 @@ impl V2DeviceCgroup {
     }
 
     /// Loads `program`, retrying with a verifier log when the kernel rejects it.
-    fn load(&self, program: &DeviceProgram) -> Result<OwnedFd, CgroupError> {
-        let bytes = program.to_bytes();
-        let rejected = match sys::prog_load_cgroup_device(&bytes, LICENSE, PROGRAM_NAME_C, None) {
+    fn load(&self, program: &DeviceProgram, bytes: &[u8]) -> Result<OwnedFd, CgroupError> {
+        let rejected = match sys::prog_load_cgroup_device(bytes, LICENSE, PROGRAM_NAME_C, None) {
             Ok(fd) => return Ok(fd),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EINVAL)) => e,
             Err(e) => {
@@ -296,7 +308,7 @@ impl V2DeviceCgroup {
             }
         };
         let mut log = vec![0u8; LOG_SIZE];
-        match sys::prog_load_cgroup_device(&bytes, LICENSE, PROGRAM_NAME_C, Some(&mut log)) {
+        match sys::prog_load_cgroup_device(bytes, LICENSE, PROGRAM_NAME_C, Some(&mut log)) {
             Ok(fd) => {
                 tracing::warn!(error = %rejected, "device program loaded only on the second attempt");
                 Ok(fd)
