@@ -167,19 +167,35 @@ impl V2DeviceCgroup {
     #[tracing::instrument(skip_all, fields(container = %self.container))]
     pub fn set_allowed(&mut self, rules: &[DeviceRule]) -> Result<(), CgroupError> {
         let rules = normalize(rules);
-        let (program, bytes) = {
-            let _span = timing::span(Step::BpfBuild);
-            let program = DeviceProgram::build(&rules);
-            let bytes = program.to_bytes();
-            (program, bytes)
-        };
-        let prog = {
-            let _span = timing::span(Step::BpfLoad);
-            self.load(&program, &bytes)?
+        let (prog, prog_id, insns) = match cached_program(&rules) {
+            Some(hit) => hit,
+            None => {
+                let (program, bytes) = {
+                    let _span = timing::span(Step::BpfBuild);
+                    let program = DeviceProgram::build(&rules);
+                    let bytes = program.to_bytes();
+                    (program, bytes)
+                };
+                let _span = timing::span(Step::BpfLoad);
+                let prog = self.load(&program, &bytes)?;
+                let id = sys::prog_info(prog.as_fd())
+                    .wrap_bpf("BPF_OBJ_GET_INFO_BY_FD", &self.path)?
+                    .id;
+                cache_program(&rules, &prog, id, program.len());
+                (prog, id, program.len())
+            }
         };
         let _span = timing::span(Step::BpfAttach);
         let dir = self.open_dir()?;
         let ours = self.our_programs(&dir)?;
+        if let [(attached, _)] = ours.as_slice()
+            && *attached == prog_id
+        {
+            // The very program (a cached one) is attached already: the kernel refuses to
+            // attach one program twice, and there is nothing to change.
+            self.allowed = rules;
+            return Ok(());
+        }
         let replace = match ours.as_slice() {
             [] => None,
             [(_, fd)] => Some(fd.as_fd()),
@@ -194,9 +210,8 @@ impl V2DeviceCgroup {
         sys::prog_attach(dir.as_fd(), prog.as_fd(), replace)
             .wrap_bpf("BPF_PROG_ATTACH", &self.path)?;
         self.allowed = rules;
-        let id = sys::prog_info(prog.as_fd()).map(|i| i.id).ok();
         let old = ours.first().map(|(id, _)| *id);
-        tracing::info!(prog_id = ?id, replaced = ?old, rules = self.allowed.len(), insns = program.len(), "attached device program");
+        tracing::info!(prog_id, replaced = ?old, rules = self.allowed.len(), insns, "attached device program");
         Ok(())
     }
 
@@ -369,6 +384,46 @@ impl V2DeviceCgroup {
         }
         Ok(ours)
     }
+}
+
+/// How many loaded programs [`PROGRAMS`] keeps; past it, it starts over. A node has few
+/// distinct allow lists (the base list with each set of GPUs a container holds).
+const CACHED_PROGRAMS: usize = 64;
+
+/// A loaded device program, its id and its length in instructions.
+type Loaded = (OwnedFd, u32, usize);
+
+/// Device programs loaded by this process, by the (normalized) allow list they enforce: a
+/// cgroup whose list was loaded before gets the same program attached, without building it or
+/// running the verifier again (issue 36). One program may be attached to many cgroups; each is
+/// still swapped in with `BPF_F_REPLACE`, so a change stays atomic. The kept descriptors hold
+/// the programs loaded (a few KiB of kernel memory each) and are close-on-exec.
+static PROGRAMS: std::sync::Mutex<Vec<(Vec<DeviceRule>, Loaded)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A duplicate of the cached program enforcing `rules` (normalized), if one is cached.
+fn cached_program(rules: &[DeviceRule]) -> Option<Loaded> {
+    let cache = PROGRAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (_, (fd, id, insns)) = cache.iter().find(|(r, _)| r == rules)?;
+    // A failed dup only costs a fresh load.
+    let fd = fd.try_clone().ok()?;
+    Some((fd, *id, *insns))
+}
+
+/// Keeps a duplicate of `prog` (enforcing `rules`) for later cgroups with the same list.
+fn cache_program(rules: &[DeviceRule], prog: &OwnedFd, id: u32, insns: usize) {
+    let Ok(fd) = prog.try_clone() else {
+        return;
+    };
+    let mut cache = PROGRAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.len() >= CACHED_PROGRAMS {
+        cache.clear();
+    }
+    cache.push((rules.to_vec(), (fd, id, insns)));
 }
 
 #[cfg(test)]
