@@ -98,6 +98,14 @@ impl Breakdown {
         Duration::from_nanos(self.nanos.iter().fold(0, |a, &n| a.saturating_add(n)))
     }
 
+    /// Adds `other`'s times and counts to this breakdown (a transaction of several calls).
+    pub fn merge(&mut self, other: &Breakdown) {
+        for slot in 0..self.nanos.len() {
+            self.nanos[slot] = self.nanos[slot].saturating_add(other.nanos[slot]);
+            self.counts[slot] = self.counts[slot].saturating_add(other.counts[slot]);
+        }
+    }
+
     fn add(&mut self, step: Step, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         let slot = step.slot();
