@@ -739,13 +739,19 @@ impl Pool {
                 holder: holder.trim().to_owned(),
             });
         }
-        // Name ourselves for whoever waits (best effort: the lock is what counts).
-        let me = format!("pid {} ({})", std::process::id(), process_name());
+        // Name ourselves for whoever waits (best effort: the lock is what counts). A file that
+        // names this process already is left as it is: rewriting it truncates it, which waits
+        // for the journal while any process fsyncs on the filesystem (issue 36).
         let mut file = lock.file();
-        let _ = file
-            .set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(me.as_bytes()));
+        let ours = format!("pid {} (", std::process::id());
+        let mut named = String::new();
+        if file.read_to_string(&mut named).is_err() || !named.starts_with(&ours) {
+            let me = format!("{ours}{})", process_name());
+            let _ = file
+                .set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(me.as_bytes()));
+        }
         drop(lock_span);
         let state = {
             let _span = timing::span(Step::PoolRead);
