@@ -341,6 +341,16 @@ impl V2DeviceCgroup {
         }
     }
 
+    /// Closes the descriptors of the programs cached by allow list, for a caller with no
+    /// container left, so that an idle process holds no program: the attached ones stay
+    /// loaded (their cgroups hold them), the next list loaded runs the verifier again.
+    pub fn forget_cached_programs() {
+        PROGRAMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
     /// Opens the cgroup directory for `bpf(2)`.
     fn open_dir(&self) -> Result<File, CgroupError> {
         OpenOptions::new()
@@ -397,7 +407,8 @@ type Loaded = (OwnedFd, u32, usize);
 /// cgroup whose list was loaded before gets the same program attached, without building it or
 /// running the verifier again (issue 36). One program may be attached to many cgroups; each is
 /// still swapped in with `BPF_F_REPLACE`, so a change stays atomic. The kept descriptors hold
-/// the programs loaded (a few KiB of kernel memory each) and are close-on-exec.
+/// the programs loaded (a few KiB of kernel memory each), are close-on-exec, and are closed by
+/// [`V2DeviceCgroup::forget_cached_programs`] when the isolator has no container left.
 static PROGRAMS: std::sync::Mutex<Vec<(Vec<DeviceRule>, Loaded)>> =
     std::sync::Mutex::new(Vec::new());
 
