@@ -12,5 +12,6 @@ pub mod cgroup;
 pub mod mps;
 pub mod pinning;
 mod sys;
+pub mod timing;
 
 pub use sys::{kill, spawn_in_cgroup};

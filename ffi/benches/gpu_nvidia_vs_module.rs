@@ -21,7 +21,9 @@
 //! Tasks go through one pymesos framework (`testkit/python/gpu_framework.py`) to one agent or
 //! the other; each runs the static probe on `/dev`. Sections:
 //! 1. launch latency, the framework's ACCEPT to its TASK_RUNNING update, for `gpus:0/1/2/4`,
-//!    `--reps` tasks of each size on each agent, the two agents' tasks launched together;
+//!    `--reps` tasks of each size on each agent (`--reps 50` for the p50's bootstrap confidence
+//!    interval to mean something), the two agents' tasks launched together, with the module's
+//!    own time per call from its `served call` log lines (issue 36);
 //! 2. what a task could open, and which GPUs it got;
 //! 3. a stream of requests (seeded; sizes 1, 2, 4; each held until a later step) run in
 //!    lockstep on both agents: NVIDIA's pair score of each grant (`docs/allocator.md`), against
@@ -279,6 +281,51 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank - 1]
 }
 
+/// The 95 % bootstrap confidence interval of the median of `sorted` (1,000 resamples, seeded).
+fn bootstrap_p50(sorted: &[f64], seed: u64) -> (f64, f64) {
+    if sorted.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    // xorshift64*: reproducible, and good enough to pick resample indices.
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = |n: usize| {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        usize::try_from(r % n as u64).unwrap_or(0)
+    };
+    let mut medians: Vec<f64> = (0..1000)
+        .map(|_| {
+            let mut sample: Vec<f64> = (0..sorted.len())
+                .map(|_| sorted[next(sorted.len())])
+                .collect();
+            sample.sort_by(f64::total_cmp);
+            percentile(&sample, 50.0)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (percentile(&medians, 2.5), percentile(&medians, 97.5))
+}
+
+/// The module's `served call` log lines in an agent's log: milliseconds by call name.
+fn served_calls(log: &str) -> BTreeMap<String, Vec<f64>> {
+    let mut calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("served call")) {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|t| t.strip_prefix(name))
+                .map(|v| v.trim_matches('"').to_owned())
+        };
+        if let (Some(call), Some(us)) = (field("call="), field("us="))
+            && let Ok(us) = us.parse::<f64>()
+        {
+            calls.entry(call).or_default().push(us / 1000.0);
+        }
+    }
+    calls
+}
+
 fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
     let wanted = |section: &str| only.is_none_or(|o| o == section);
     let started = Instant::now();
@@ -432,23 +479,51 @@ fn latency_and_matrix(
     let _ = writeln!(
         out,
         "\n## 1. Launch latency (framework's ACCEPT → its TASK_RUNNING update)\n\n\
-         {reps} tasks per size and isolator; the two agents' tasks were launched together.\n\n\
-         | gpus | gpu/nvidia p50 | gpu/nvidia p99 | module p50 | module p99 |\n|---|---|---|---|---|"
+         {reps} tasks per size and isolator; the two agents' tasks were launched together. \
+         The p50's 95 % confidence interval is a bootstrap's (1,000 resamples).\n\n\
+         | gpus | gpu/nvidia p50 | 95 % CI | gpu/nvidia p99 | module p50 | 95 % CI | module p99 |\n\
+         |---|---|---|---|---|---|---|"
     );
     for gpus in [0u32, 1, 2, 4] {
         let mut cells = Vec::new();
+        let mut row = Vec::new();
         for kind in [Kind::GpuNvidia, Kind::Module] {
             let mut v = latency.get(&(kind, gpus)).cloned().unwrap_or_default();
             v.sort_by(f64::total_cmp);
+            let (lo, hi) = bootstrap_p50(&v, u64::from(gpus) + 1);
             cells.push(format!("{:.0} ms", 1000.0 * percentile(&v, 50.0)));
             cells.push(format!("{:.0} ms", 1000.0 * percentile(&v, 99.0)));
+            row.extend([
+                cells[cells.len() - 2].clone(),
+                format!("{:.0}-{:.0} ms", 1000.0 * lo, 1000.0 * hi),
+                cells[cells.len() - 1].clone(),
+            ]);
         }
-        let _ = writeln!(out, "| {gpus} | {} |", cells.join(" | "));
+        let _ = writeln!(out, "| {gpus} | {} |", row.join(" | "));
         summary.push([
             format!("launch latency `gpus:{gpus}`, p50 / p99 ({reps} tasks)"),
             format!("{} / {}", cells[0], cells[1]),
             format!("{} / {}", cells[2], cells[3]),
         ]);
+    }
+    if let Some(side) = sides.iter().find(|s| s.kind == Kind::Module) {
+        let served = served_calls(&side.agent.log());
+        let _ = writeln!(
+            out,
+            "\nThe module's own time per call it served in this section, from its `served call` \
+             log lines (issue 36), beside the launch above:\n\n\
+             | call | calls | p50 | p99 |\n|---|---|---|---|"
+        );
+        for (call, mut v) in served {
+            v.sort_by(f64::total_cmp);
+            let _ = writeln!(
+                out,
+                "| {call} | {} | {:.2} ms | {:.2} ms |",
+                v.len(),
+                percentile(&v, 50.0),
+                percentile(&v, 99.0)
+            );
+        }
     }
     let _ = writeln!(
         out,

@@ -481,7 +481,9 @@ pub unsafe extern "C" fn mgpu_docker_hook_launch_argv(
                 in_str(container_name, "container_name")?,
             )
         };
-        let argv = crate::hook::launch_argv(command, &config, name)?;
+        let argv = crate::handle::timed("docker_hook_launch", &name, || {
+            crate::hook::launch_argv(command, &config, name)
+        })?;
         out.write(&argv.map_or_else(Vec::new, |a| crate::hook::nul_separated(&a)))
     })
 }

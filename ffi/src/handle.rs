@@ -11,11 +11,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, NvmlFigures};
 use mesos_gpu_enforce::mps::ComputeModes;
+use mesos_gpu_enforce::timing;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
 use mesos_gpu_isolator::{
     agent_flags::AgentGpuFlags, agent_flags::DEVICES_FLAG, agent_flags::GPU_ISOLATOR,
@@ -273,15 +274,17 @@ impl MgpuIsolator {
         id: &mesos::ContainerId,
         config: &ContainerConfig,
     ) -> Result<Vec<u8>, FfiError> {
-        self.panic_point("prepare");
-        let cid = convert::container_id(id)?;
-        let mut prepare = convert::prepare_config(id, config)?;
-        prepare.mig = self.mig_request(id, &config.resources)?;
-        let info = self.isolator.prepare(&cid, prepare)?;
-        if convert::is_debug(config) || !info.needs_launch_info() {
-            return Ok(Vec::new());
-        }
-        Ok(convert::launch_info(&info).encode_to_vec())
+        timed("prepare", id, || {
+            self.panic_point("prepare");
+            let cid = convert::container_id(id)?;
+            let mut prepare = convert::prepare_config(id, config)?;
+            prepare.mig = self.mig_request(id, &config.resources)?;
+            let info = self.isolator.prepare(&cid, prepare)?;
+            if convert::is_debug(config) || !info.needs_launch_info() {
+                return Ok(Vec::new());
+            }
+            Ok(convert::launch_info(&info).encode_to_vec())
+        })
     }
 
     /// The MIG devices `resources` ask for by kind: each `mig-<profile>` scalar the agent
@@ -312,13 +315,15 @@ impl MgpuIsolator {
 
     /// Moves `pid` into the container's cgroup.
     pub(crate) fn isolate(&self, id: &mesos::ContainerId, pid: i32) -> Result<(), FfiError> {
-        self.panic_point("isolate");
-        let cid = convert::container_id(id)?;
-        let pid = u32::try_from(pid)
-            .ok()
-            .filter(|&p| p > 0)
-            .ok_or(FfiError::BadPid { got: pid })?;
-        Ok(self.isolator.isolate(&cid, pid)?)
+        timed("isolate", id, || {
+            self.panic_point("isolate");
+            let cid = convert::container_id(id)?;
+            let pid = u32::try_from(pid)
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or(FfiError::BadPid { got: pid })?;
+            Ok(self.isolator.isolate(&cid, pid)?)
+        })
     }
 
     /// Waits up to `timeout` (`None`: until cleanup) for a limitation of the container.
@@ -365,10 +370,12 @@ impl MgpuIsolator {
         id: &mesos::ContainerId,
         requests: &ContainerConfig,
     ) -> Result<(), FfiError> {
-        self.panic_point("update");
-        let cid = convert::container_id(id)?;
-        let gpus = convert::requested_gpus(id, &requests.resources)?;
-        Ok(self.isolator.update(&cid, gpus)?)
+        timed("update", id, || {
+            self.panic_point("update");
+            let cid = convert::container_id(id)?;
+            let gpus = convert::requested_gpus(id, &requests.resources)?;
+            Ok(self.isolator.update(&cid, gpus)?)
+        })
     }
 
     /// The container's `ResourceStatistics`.
@@ -406,19 +413,23 @@ impl MgpuIsolator {
 
     /// Cleans the container up; an unknown container is not an error.
     pub(crate) fn cleanup(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
-        self.panic_point("cleanup");
-        let cid = convert::container_id(id)?;
-        self.isolator.cleanup(&cid)?;
-        self.forget(&cid, Replayable::Prepare);
-        Ok(())
+        timed("cleanup", id, || {
+            self.panic_point("cleanup");
+            let cid = convert::container_id(id)?;
+            self.isolator.cleanup(&cid)?;
+            self.forget(&cid, Replayable::Prepare);
+            Ok(())
+        })
     }
 
     /// Releases a Docker container's GPUs; an unknown container is not an error.
     pub(crate) fn docker_release(&self, id: &mesos::ContainerId) -> Result<(), FfiError> {
-        self.panic_point("docker_release");
-        let cid = convert::container_id(id)?;
-        self.isolator.release_docker(&cid)?;
-        Ok(())
+        timed("docker_release", id, || {
+            self.panic_point("docker_release");
+            let cid = convert::container_id(id)?;
+            self.isolator.release_docker(&cid)?;
+            Ok(())
+        })
     }
 
     /// The agent's `resources`, `attributes` and `nvidia_gpu_devices` flags for this node's
@@ -518,6 +529,23 @@ impl MgpuIsolator {
 
 /// How often the MPS daemons of shared GPUs are checked.
 const MPS_SUPERVISION: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves one call through `f`, then logs its time in µs and where it went
+/// ([`mesos_gpu_enforce::timing`]): one line per call, so a bench can attribute an agent's
+/// launch (issue 36). The log line is written after the call, outside every lock.
+pub(crate) fn timed<T>(
+    call: &'static str,
+    container: &dyn std::fmt::Display,
+    f: impl FnOnce() -> Result<T, FfiError>,
+) -> Result<T, FfiError> {
+    let _ = timing::take();
+    let start = Instant::now();
+    let result = f();
+    let us = start.elapsed().as_micros();
+    let steps = timing::take();
+    tracing::info!(call, container = %container, us, ok = result.is_ok(), %steps, "served call");
+    result
+}
 
 /// Checks the MPS daemons now (restoring those recorded before an agent restart) and every
 /// [`MPS_SUPERVISION`] on a thread of its own, until the isolator is gone.

@@ -1,6 +1,10 @@
 //! End-to-end lifecycle figures: prepare → isolate → cleanup per container with real cgroups (v1
-//! and v2) against a simulated 8-GPU node (nvml-sim `dgx1-v100`), printing p50/p99 per step and
-//! containers per second. Target: under 2 ms p99 for the whole cycle. Needs root.
+//! and v2) against a simulated 8-GPU node (nvml-sim `dgx1-v100`), printing p50/p95/p99 per call
+//! and, per call, per step that touches the host (issue 36: pool lock, pool read, pool write,
+//! checkpoint write, cgroup mkdir/read/write/rmdir, eBPF build/load/attach; `rest` is the call's
+//! time outside them: the isolator's own logic and its lock). Also one `fsync` of a small file on
+//! the checkpoint's disk, alone. Target (issue 36): a whole cycle under load p99 ≤ 5 ms. Needs
+//! root.
 //!
 //! `cargo run --release -p mesos-gpu-isolator --example lifecycle_figures [-- ROUNDS [pool]]`
 //!
@@ -9,13 +13,17 @@
 //!
 //! One long-lived `sleep` stands in for every container's process: it is isolated into each new
 //! cgroup and moved back to the hierarchy root (untimed) before cleanup, as its exit would be.
-//! The checkpoint (fsync'ed twice per cycle) lives in a temp dir under `$TMPDIR`.
+//! One container holding one GPU lives through the whole run, as on a node with a task running
+//! (an isolator left with no container closes its cached v2 device programs). The checkpoint
+//! lives in a temp dir under `$TMPDIR`.
 
 use std::error::Error;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mesos_gpu_enforce::timing::{self, Breakdown, Step};
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
     lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
@@ -56,8 +64,11 @@ fn main() -> Result<()> {
     let nodes = DeviceNodes::scan(dev.path(), &inventory)?;
     let v2_mount = mesos_gpu_testkit::cgroup2_root().ok_or("no cgroup2 mount")?;
     println!(
-        "lifecycle_figures: {rounds} containers per run, 8-GPU dgx1-v100 (nvml-sim), GPUs 1/2/4 in turn"
+        "lifecycle_figures: {rounds} containers per run beside one holding a GPU, 8-GPU dgx1-v100 (nvml-sim), GPUs 1/2/4 in turn, pool {}, loadavg {}",
+        if pooled { "on" } else { "off" },
+        loadavg()
     );
+    fsync_alone(rounds.min(500))?;
     for (choice, root) in [
         (CgroupChoice::V1, PathBuf::from("/sys/fs/cgroup/devices")),
         (CgroupChoice::V2, v2_mount.clone()),
@@ -78,50 +89,109 @@ fn main() -> Result<()> {
         isolator.recover(&[], &[])?;
         let result = run(&isolator, &root, rounds);
         let _ = std::fs::remove_dir(&parent);
-        let (prepare, isolate, cleanup, total, wall) = result?;
-        println!("{:?} (checkpoint in {}):", choice, work.path().display());
-        for (name, mut samples) in [
-            ("prepare", prepare),
-            ("isolate", isolate),
-            ("cleanup", cleanup),
-            ("total", total.clone()),
-        ] {
-            samples.sort_unstable();
-            println!(
-                "  {name:<8} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
-                ms(pct(&samples, 50)),
-                ms(pct(&samples, 99)),
-                ms(*samples.last().unwrap_or(&Duration::ZERO))
-            );
-        }
-        let busy: Duration = total.iter().sum();
+        let figures = result?;
         println!(
-            "  {:.0} containers/s (lifecycle time only), {:.0} containers/s wall clock",
-            rounds as f64 / busy.as_secs_f64(),
-            rounds as f64 / wall.as_secs_f64()
+            "{:?} (checkpoint in {}), loadavg {}:",
+            choice,
+            work.path().display(),
+            loadavg()
         );
+        figures.print(rounds);
     }
     Ok(())
 }
 
-type Figures = (
-    Vec<Duration>,
-    Vec<Duration>,
-    Vec<Duration>,
-    Vec<Duration>,
-    Duration,
-);
+/// One call's time and where it went.
+#[derive(Clone, Copy)]
+struct Call {
+    took: Duration,
+    steps: Breakdown,
+}
+
+#[derive(Default)]
+struct Figures {
+    prepare: Vec<Call>,
+    isolate: Vec<Call>,
+    cleanup: Vec<Call>,
+    total: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Figures {
+    fn print(&self, rounds: usize) {
+        println!(
+            "  {:<8} {:<11} {:>9} {:>9} {:>9} {:>9}  {:>5}",
+            "call", "step", "p50 ms", "p95 ms", "p99 ms", "max ms", "n/call"
+        );
+        for (name, calls) in [
+            ("prepare", &self.prepare),
+            ("isolate", &self.isolate),
+            ("cleanup", &self.cleanup),
+        ] {
+            row(name, "(call)", calls.iter().map(|c| c.took).collect(), None);
+            for step in Step::ALL {
+                let runs: u32 = calls.iter().map(|c| c.steps.count(step)).sum();
+                if runs == 0 {
+                    continue;
+                }
+                let per_call = f64::from(runs) / calls.len() as f64;
+                row(
+                    "",
+                    step.name(),
+                    calls.iter().map(|c| c.steps.time(step)).collect(),
+                    Some(per_call),
+                );
+            }
+            row(
+                "",
+                "rest",
+                calls
+                    .iter()
+                    .map(|c| c.took.saturating_sub(c.steps.total()))
+                    .collect(),
+                None,
+            );
+        }
+        row("cycle", "(total)", self.total.clone(), None);
+        let busy: Duration = self.total.iter().sum();
+        println!(
+            "  {:.0} containers/s (lifecycle time only), {:.0} containers/s wall clock",
+            rounds as f64 / busy.as_secs_f64(),
+            rounds as f64 / self.wall.as_secs_f64()
+        );
+    }
+}
+
+fn row(call: &str, step: &str, mut samples: Vec<Duration>, per_call: Option<f64>) {
+    samples.sort_unstable();
+    let per_call = per_call.map_or_else(String::new, |n| format!("{n:.1}"));
+    println!(
+        "  {call:<8} {step:<11} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  {per_call:>5}",
+        ms(pct(&samples, 50)),
+        ms(pct(&samples, 95)),
+        ms(pct(&samples, 99)),
+        ms(samples.last().copied().unwrap_or(Duration::ZERO)),
+    );
+}
 
 fn run(isolator: &Isolator, root: &Path, rounds: usize) -> Result<Figures> {
     let mut sleeper = Command::new("sleep").arg("100000").spawn()?;
     let pid = sleeper.id();
-    let (mut prepare, mut isolate, mut cleanup, mut total) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut figures = Figures::default();
+    let anchor = ContainerId::new("bench-anchor")?;
+    isolator.prepare(
+        &anchor,
+        PrepareConfig {
+            gpus: 1.0,
+            ..PrepareConfig::default()
+        },
+    )?;
     let sizes = [1.0, 2.0, 4.0];
     let start = Instant::now();
     let mut outcome = Ok(());
     for n in 0..rounds {
         let id = ContainerId::new(format!("bench-{n}"))?;
+        let _ = timing::take();
         let t0 = Instant::now();
         if let Err(e) = isolator.prepare(
             &id,
@@ -134,22 +204,72 @@ fn run(isolator: &Isolator, root: &Path, rounds: usize) -> Result<Figures> {
             break;
         }
         let t1 = Instant::now();
+        let prepared = timing::take();
         isolator.isolate(&id, pid)?;
         let t2 = Instant::now();
+        let isolated = timing::take();
         // Untimed: the process leaves the container, as its exit would take it out.
         std::fs::write(root.join("cgroup.procs"), pid.to_string())?;
+        let _ = timing::take();
         let t3 = Instant::now();
         isolator.cleanup(&id)?;
         let t4 = Instant::now();
-        prepare.push(t1 - t0);
-        isolate.push(t2 - t1);
-        cleanup.push(t4 - t3);
-        total.push((t2 - t0) + (t4 - t3));
+        let cleaned = timing::take();
+        figures.prepare.push(Call {
+            took: t1 - t0,
+            steps: prepared,
+        });
+        figures.isolate.push(Call {
+            took: t2 - t1,
+            steps: isolated,
+        });
+        figures.cleanup.push(Call {
+            took: t4 - t3,
+            steps: cleaned,
+        });
+        figures.total.push((t2 - t0) + (t4 - t3));
     }
-    let wall = start.elapsed();
+    figures.wall = start.elapsed();
+    isolator.cleanup(&anchor)?;
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    outcome.map(|()| (prepare, isolate, cleanup, total, wall))
+    outcome.map(|()| figures)
+}
+
+/// One `fsync` of a freshly written small file (the size of a checkpoint), and one of its
+/// directory, on the disk under `$TMPDIR`, `n` times each.
+fn fsync_alone(n: usize) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir_handle = std::fs::File::open(dir.path())?;
+    let (mut file_syncs, mut dir_syncs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let body = vec![b'x'; 2048];
+    for i in 0..n {
+        let mut f = std::fs::File::create(dir.path().join(format!("f{}", i % 2)))?;
+        f.write_all(&body)?;
+        let t0 = Instant::now();
+        f.sync_all()?;
+        file_syncs.push(t0.elapsed());
+        let t1 = Instant::now();
+        dir_handle.sync_all()?;
+        dir_syncs.push(t1.elapsed());
+    }
+    println!(
+        "fsync alone ({n} times, 2 KiB file in {}):",
+        dir.path().display()
+    );
+    println!(
+        "  {:<8} {:<11} {:>9} {:>9} {:>9} {:>9}",
+        "", "", "p50 ms", "p95 ms", "p99 ms", "max ms"
+    );
+    row("fsync", "file", file_syncs, None);
+    row("fsync", "directory", dir_syncs, None);
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
 }
 
 fn pct(sorted: &[Duration], p: usize) -> Duration {

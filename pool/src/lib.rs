@@ -34,10 +34,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use mesos_gpu_enforce::timing::{self, Step};
 use mesos_gpu_os::{IoError, JsonFile, LockFile, fsmode};
 
 use crate::shares::ShareReservation;
@@ -589,6 +591,44 @@ pub fn now() -> u64 {
 #[derive(Debug, Clone)]
 pub struct Pool {
     dir: PathBuf,
+    /// The state file as this handle last read or wrote it, shared by its clones.
+    seen: Arc<Mutex<Option<Seen>>>,
+}
+
+/// `pool.json` as a transaction last read or wrote it: a transaction that finds the file as it
+/// was reuses the state instead of parsing it again (issue 36: parsing grows with the records).
+/// Every writer replaces the file by `rename`, so an unchanged file keeps its inode, size and
+/// change time; a replaced one gets another inode, or a later change time where an inode is
+/// reused.
+#[derive(Debug)]
+struct Seen {
+    stamp: FileStamp,
+    state: Arc<PoolState>,
+}
+
+/// What tells one version of the state file from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of `path`, or `None` when it cannot be read (then the file is parsed).
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = fs::metadata(path).ok()?;
+        Some(FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        })
+    }
 }
 
 impl Pool {
@@ -597,6 +637,7 @@ impl Pool {
     pub fn at(dir: impl Into<PathBuf>) -> Pool {
         Pool {
             dir: dir.into().join("gpu"),
+            seen: Arc::default(),
         }
     }
 
@@ -608,6 +649,35 @@ impl Pool {
     /// The state as last committed, read without the lock (empty when there is none).
     pub fn read(&self) -> Result<PoolState, PoolError> {
         Ok(self.file().load()?.unwrap_or_default())
+    }
+
+    /// The state under the lock: the one last seen when the file is as it was then, else
+    /// parsed (and remembered).
+    fn read_locked(&self) -> Result<Arc<PoolState>, PoolError> {
+        let stamp = FileStamp::of(&self.state_path());
+        if let Some(stamp) = stamp
+            && let Some(seen) = self.seen().as_ref().filter(|s| s.stamp == stamp)
+        {
+            return Ok(Arc::clone(&seen.state));
+        }
+        let state = Arc::new(self.read()?);
+        // Stamped before the read: a file replaced in between is parsed again next time.
+        self.remember(stamp, &state);
+        Ok(state)
+    }
+
+    /// Remembers `state` as the file's content at `stamp` (forgets when there is no stamp).
+    fn remember(&self, stamp: Option<FileStamp>, state: &Arc<PoolState>) {
+        *self.seen() = stamp.map(|stamp| Seen {
+            stamp,
+            state: Arc::clone(state),
+        });
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<Seen>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn file(&self) -> JsonFile {
@@ -724,6 +794,7 @@ impl Pool {
 
     /// [`Pool::begin`] with another bound on the wait.
     pub(crate) fn begin_within(&self, wait: Duration) -> Result<Transaction, PoolError> {
+        let lock_span = timing::span(Step::PoolLock);
         let root = self.dir.parent().unwrap_or(&self.dir);
         fsmode::state_dir(root, &self.dir, fsmode::STATE_DIR)?;
         let lock = LockFile::create(&self.dir.join(LOCK_FILE), fsmode::LOCK_FILE)?;
@@ -737,18 +808,28 @@ impl Pool {
                 holder: holder.trim().to_owned(),
             });
         }
-        // Name ourselves for whoever waits (best effort: the lock is what counts).
-        let me = format!("pid {} ({})", std::process::id(), process_name());
+        // Name ourselves for whoever waits (best effort: the lock is what counts). A file that
+        // names this process already is left as it is: rewriting it truncates it, which waits
+        // for the journal while any process fsyncs on the filesystem (issue 36).
         let mut file = lock.file();
-        let _ = file
-            .set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(me.as_bytes()));
-        let state = self.read()?;
+        let ours = format!("pid {} (", std::process::id());
+        let mut named = String::new();
+        if file.read_to_string(&mut named).is_err() || !named.starts_with(&ours) {
+            let me = format!("{ours}{})", process_name());
+            let _ = file
+                .set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(me.as_bytes()));
+        }
+        drop(lock_span);
+        let before = {
+            let _span = timing::span(Step::PoolRead);
+            self.read_locked()?
+        };
         Ok(Transaction {
             pool: self.clone(),
-            before: state.clone(),
-            state,
+            state: PoolState::clone(&before),
+            before,
             _lock: lock,
         })
     }
@@ -762,7 +843,7 @@ fn process_name() -> String {
 #[derive(Debug)]
 pub struct Transaction {
     pool: Pool,
-    before: PoolState,
+    before: Arc<PoolState>,
     /// The state, to change.
     pub state: PoolState,
     _lock: LockFile,
@@ -772,11 +853,14 @@ impl Transaction {
     /// Writes the state back crash-safely if it changed; the lock stays held until the
     /// transaction is dropped.
     pub fn commit(&mut self) -> Result<(), PoolError> {
-        if self.state == self.before {
+        if self.state == *self.before {
             return Ok(());
         }
+        let _span = timing::span(Step::PoolWrite);
         self.pool.file().save(&self.state)?;
-        self.before = self.state.clone();
+        self.before = Arc::new(self.state.clone());
+        self.pool
+            .remember(FileStamp::of(&self.pool.state_path()), &self.before);
         Ok(())
     }
 }
@@ -883,6 +967,37 @@ mod tests {
         assert_eq!(done.freed.len(), 1, "{done:?}");
         assert_eq!(done.freed[0].0, "b");
         assert_eq!(state.shares.keys().collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn a_transaction_reuses_the_state_it_saw_only_while_the_file_is_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, other) = (Pool::at(dir.path()), Pool::at(dir.path()));
+        let mut tx = mine.begin().unwrap();
+        tx.state
+            .publish("a", vec![("c1".into(), process(1), uuids(&["GPU-1"]))]);
+        tx.commit().unwrap();
+        drop(tx);
+        // Unchanged: the state this handle wrote is reused, not parsed.
+        let tx = mine.begin().unwrap();
+        assert!(Arc::ptr_eq(
+            &tx.before,
+            &mine.seen().as_ref().unwrap().state
+        ));
+        assert_eq!(tx.state.reservations.keys().collect::<Vec<_>>(), ["c1"]);
+        drop(tx);
+        // Replaced by another handle (another process): parsed again.
+        for n in 0..3 {
+            let mut tx = other.begin().unwrap();
+            tx.state
+                .publish("b", vec![(format!("d{n}"), process(2), uuids(&["GPU-2"]))]);
+            tx.commit().unwrap();
+        }
+        let tx = mine.begin().unwrap();
+        assert_eq!(
+            tx.state.reservations.keys().collect::<Vec<_>>(),
+            ["c1", "d2"]
+        );
     }
 
     #[test]

@@ -507,7 +507,10 @@ pub(crate) fn check_pid(pid: u32) -> Result<(), CgroupError> {
 /// The pids listed in `<dir>/cgroup.procs`.
 pub fn read_procs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
     let path = dir.join("cgroup.procs");
-    let text = std::fs::read_to_string(&path).wrap_read(&path)?;
+    let text = {
+        let _span = crate::timing::span(crate::timing::Step::CgroupRead);
+        std::fs::read_to_string(&path).wrap_read(&path)?
+    };
     text.split_whitespace()
         .map(|pid| {
             pid.parse().map_err(|_| {
@@ -525,6 +528,7 @@ pub(crate) fn create_container_dir(
     layout: &CgroupLayout,
     container: &ContainerId,
 ) -> Result<PathBuf, CgroupError> {
+    let _span = crate::timing::span(crate::timing::Step::CgroupMkdir);
     let parent = layout.parent_dir();
     fsmode::create_dir_all(&parent, CGROUP_DIR_MODE)
         .at(CREATE, &parent)
@@ -543,7 +547,11 @@ pub(crate) fn create_container_dir(
 /// `rmdir` of a cgroup: [`CgroupError::Busy`] with the remaining pids on `EBUSY`; success when
 /// it is already gone.
 pub fn remove_cgroup_dir(path: &Path) -> Result<(), CgroupError> {
-    match std::fs::remove_dir(path) {
+    let removed = {
+        let _span = crate::timing::span(crate::timing::Step::CgroupRmdir);
+        std::fs::remove_dir(path)
+    };
+    match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             tracing::debug!(path = %path.display(), "cgroup already removed");

@@ -134,6 +134,7 @@ impl V1DeviceCgroup {
     /// The kernel's allow list (`devices.list`), normalized.
     pub fn allowed(&self) -> Result<Vec<DeviceRule>, CgroupError> {
         let path = self.path.join("devices.list");
+        let _span = crate::timing::span(crate::timing::Step::CgroupRead);
         let resources = self
             .controller
             .allowed_devices()
@@ -191,6 +192,7 @@ impl V1DeviceCgroup {
     /// Moves process `pid` into the cgroup (`cgroup.procs`).
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
         check_pid(pid)?;
+        let _span = crate::timing::span(crate::timing::Step::CgroupWrite);
         self.controller
             .add_task_by_tgid(&CgroupPid::from(u64::from(pid)))
             .map_err(|e| CgroupError::Write {
@@ -247,6 +249,7 @@ impl V1DeviceCgroup {
     }
 
     fn write(&self, w: Write) -> Result<(), CgroupError> {
+        let _span = crate::timing::span(crate::timing::Step::CgroupWrite);
         let (file, rule, result) = match w {
             Write::Allow(r) => {
                 let (ty, major, minor, perms) = to_resource(&r);

@@ -19,6 +19,7 @@ use mesos_gpu_os::{Document, FsModeError, JsonFile, LockError, LockFile, StoreEr
 use serde::{Deserialize, Serialize};
 
 use super::fault;
+use mesos_gpu_enforce::timing::{self, Step};
 
 /// The schema version this code reads and writes.
 pub(crate) const SCHEMA_VERSION: u32 = 1;
@@ -143,6 +144,7 @@ impl Store {
 
     /// Replaces the checkpoint with `ckpt`: temp file, fsync, rename, fsync of the directory.
     pub(crate) fn save(&self, ckpt: &Checkpoint) -> Result<(), CheckpointError> {
+        let _span = timing::span(Step::CheckpointWrite);
         let staged = self.file.stage(ckpt)?;
         fault::point("checkpoint.temp_written");
         staged.commit().map_err(StoreError::from)?;

@@ -558,6 +558,10 @@ impl Isolator {
         // memory, which recovery handles.
         self.save(state, STEP)?;
         fault::point("cleanup.checkpointed");
+        if state.containers.is_empty() && self.layout.version() == CgroupVersion::V2 {
+            // Idle: hold no device program for lists no cgroup may ask for again.
+            mesos_gpu_enforce::cgroup::V2DeviceCgroup::forget_cached_programs();
+        }
         tracing::info!(released = %released, mig = ?released_mig, quarantine_freed = %freed, "cleaned up container");
         Ok(())
     }

@@ -34,6 +34,7 @@ use super::{
     create_container_dir, remove_cgroup_dir,
 };
 use crate::sys;
+use crate::timing::{self, Step};
 use mesos_gpu_node::rules::{Access, DeviceRule, normalize};
 
 /// The name our device programs are loaded with (`bpftool prog` shows it).
@@ -166,10 +167,35 @@ impl V2DeviceCgroup {
     #[tracing::instrument(skip_all, fields(container = %self.container))]
     pub fn set_allowed(&mut self, rules: &[DeviceRule]) -> Result<(), CgroupError> {
         let rules = normalize(rules);
-        let program = DeviceProgram::build(&rules);
-        let prog = self.load(&program)?;
+        let (prog, prog_id, insns) = match cached_program(&rules) {
+            Some(hit) => hit,
+            None => {
+                let (program, bytes) = {
+                    let _span = timing::span(Step::BpfBuild);
+                    let program = DeviceProgram::build(&rules);
+                    let bytes = program.to_bytes();
+                    (program, bytes)
+                };
+                let _span = timing::span(Step::BpfLoad);
+                let prog = self.load(&program, &bytes)?;
+                let id = sys::prog_info(prog.as_fd())
+                    .wrap_bpf("BPF_OBJ_GET_INFO_BY_FD", &self.path)?
+                    .id;
+                cache_program(&rules, &prog, id, program.len());
+                (prog, id, program.len())
+            }
+        };
+        let _span = timing::span(Step::BpfAttach);
         let dir = self.open_dir()?;
         let ours = self.our_programs(&dir)?;
+        if let [(attached, _)] = ours.as_slice()
+            && *attached == prog_id
+        {
+            // The very program (a cached one) is attached already: the kernel refuses to
+            // attach one program twice, and there is nothing to change.
+            self.allowed = rules;
+            return Ok(());
+        }
         let replace = match ours.as_slice() {
             [] => None,
             [(_, fd)] => Some(fd.as_fd()),
@@ -184,9 +210,8 @@ impl V2DeviceCgroup {
         sys::prog_attach(dir.as_fd(), prog.as_fd(), replace)
             .wrap_bpf("BPF_PROG_ATTACH", &self.path)?;
         self.allowed = rules;
-        let id = sys::prog_info(prog.as_fd()).map(|i| i.id).ok();
         let old = ours.first().map(|(id, _)| *id);
-        tracing::info!(prog_id = ?id, replaced = ?old, rules = self.allowed.len(), insns = program.len(), "attached device program");
+        tracing::info!(prog_id, replaced = ?old, rules = self.allowed.len(), insns, "attached device program");
         Ok(())
     }
 
@@ -234,6 +259,7 @@ impl V2DeviceCgroup {
         check_pid(pid)?;
         let path = self.path.join("cgroup.procs");
         let value = pid.to_string();
+        let _span = timing::span(Step::CgroupWrite);
         std::fs::write(&path, &value).wrap_write(&path, &value)?;
         tracing::debug!(container = %self.container, pid, "added process to v2 device cgroup");
         Ok(())
@@ -253,6 +279,7 @@ impl V2DeviceCgroup {
                 pids,
             });
         }
+        let attach_span = timing::span(Step::BpfAttach);
         let dir = self.open_dir()?;
         let ours = self.our_programs(&dir)?;
         let mut detached = Vec::new();
@@ -267,6 +294,7 @@ impl V2DeviceCgroup {
                 }
             }
         }
+        drop(attach_span);
         let result = result.and_then(|()| remove_cgroup_dir(&self.path));
         if result.is_err() {
             // Put back what we took away, so a refused destroy changes nothing.
@@ -282,9 +310,8 @@ impl V2DeviceCgroup {
     }
 
     /// Loads `program`, retrying with a verifier log when the kernel rejects it.
-    fn load(&self, program: &DeviceProgram) -> Result<OwnedFd, CgroupError> {
-        let bytes = program.to_bytes();
-        let rejected = match sys::prog_load_cgroup_device(&bytes, LICENSE, PROGRAM_NAME_C, None) {
+    fn load(&self, program: &DeviceProgram, bytes: &[u8]) -> Result<OwnedFd, CgroupError> {
+        let rejected = match sys::prog_load_cgroup_device(bytes, LICENSE, PROGRAM_NAME_C, None) {
             Ok(fd) => return Ok(fd),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EINVAL)) => e,
             Err(e) => {
@@ -296,7 +323,7 @@ impl V2DeviceCgroup {
             }
         };
         let mut log = vec![0u8; LOG_SIZE];
-        match sys::prog_load_cgroup_device(&bytes, LICENSE, PROGRAM_NAME_C, Some(&mut log)) {
+        match sys::prog_load_cgroup_device(bytes, LICENSE, PROGRAM_NAME_C, Some(&mut log)) {
             Ok(fd) => {
                 tracing::warn!(error = %rejected, "device program loaded only on the second attempt");
                 Ok(fd)
@@ -312,6 +339,16 @@ impl V2DeviceCgroup {
                 })
             }
         }
+    }
+
+    /// Closes the descriptors of the programs cached by allow list, for a caller with no
+    /// container left, so that an idle process holds no program: the attached ones stay
+    /// loaded (their cgroups hold them), the next list loaded runs the verifier again.
+    pub fn forget_cached_programs() {
+        PROGRAMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 
     /// Opens the cgroup directory for `bpf(2)`.
@@ -357,6 +394,47 @@ impl V2DeviceCgroup {
         }
         Ok(ours)
     }
+}
+
+/// How many loaded programs [`PROGRAMS`] keeps; past it, it starts over. A node has few
+/// distinct allow lists (the base list with each set of GPUs a container holds).
+const CACHED_PROGRAMS: usize = 64;
+
+/// A loaded device program, its id and its length in instructions.
+type Loaded = (OwnedFd, u32, usize);
+
+/// Device programs loaded by this process, by the (normalized) allow list they enforce: a
+/// cgroup whose list was loaded before gets the same program attached, without building it or
+/// running the verifier again (issue 36). One program may be attached to many cgroups; each is
+/// still swapped in with `BPF_F_REPLACE`, so a change stays atomic. The kept descriptors hold
+/// the programs loaded (a few KiB of kernel memory each), are close-on-exec, and are closed by
+/// [`V2DeviceCgroup::forget_cached_programs`] when the isolator has no container left.
+static PROGRAMS: std::sync::Mutex<Vec<(Vec<DeviceRule>, Loaded)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A duplicate of the cached program enforcing `rules` (normalized), if one is cached.
+fn cached_program(rules: &[DeviceRule]) -> Option<Loaded> {
+    let cache = PROGRAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (_, (fd, id, insns)) = cache.iter().find(|(r, _)| r == rules)?;
+    // A failed dup only costs a fresh load.
+    let fd = fd.try_clone().ok()?;
+    Some((fd, *id, *insns))
+}
+
+/// Keeps a duplicate of `prog` (enforcing `rules`) for later cgroups with the same list.
+fn cache_program(rules: &[DeviceRule], prog: &OwnedFd, id: u32, insns: usize) {
+    let Ok(fd) = prog.try_clone() else {
+        return;
+    };
+    let mut cache = PROGRAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.len() >= CACHED_PROGRAMS {
+        cache.clear();
+    }
+    cache.push((rules.to_vec(), (fd, id, insns)));
 }
 
 #[cfg(test)]
