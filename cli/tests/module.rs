@@ -16,7 +16,11 @@ use std::process::{Command, ExitCode, Output};
 use std::sync::OnceLock;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use mesos_gpu_testkit::mesos::{DOCKER_HOOK_MODULE, ISOLATOR_MODULE, MesosInstall};
+use mesos_gpu_testkit::mesos::{
+    Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNodes, ISOLATOR_MODULE, Master,
+    MesosInstall, modules_json,
+};
+use mesos_gpu_testkit::nvml_sim::SimNode;
 use mesos_gpu_testkit::{Host, Need, needs};
 
 type TestResult = Result<(), Failed>;
@@ -38,6 +42,14 @@ fn main() -> ExitCode {
             Trial::test(
                 "the_installed_package_builds_the_module_against_the_real_mesos",
                 installed_package_builds_the_module,
+            ),
+        ),
+        needs(
+            &host,
+            &[Need::Root, Need::Cgroup1, Need::Dpkg, Need::Cc, Need::Mesos],
+            Trial::test(
+                "the_module_built_from_the_package_loads_in_a_real_agent",
+                module_from_the_package_loads_in_a_real_agent,
             ),
         ),
         needs(
@@ -168,54 +180,79 @@ fn refuses_another_protobuf() -> TestResult {
     Ok(())
 }
 
+/// The package unpacked into a scratch root and the module its `mesos-gpu module build` built.
+struct Installed {
+    /// The scratch root the package is unpacked in.
+    root: PathBuf,
+    /// The module built.
+    module: PathBuf,
+}
+
+/// This checkout's package unpacked (`dpkg-deb -x`) under the target's scratch directory, and
+/// the module built by its `mesos-gpu module build` against the real Mesos; once per process.
+fn installed() -> Result<&'static Installed, Failed> {
+    static BUILT: OnceLock<Result<Installed, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let mesos = MesosInstall::locate()?;
+        let deb = this_deb().map_err(|e| format!("{e:?}"))?;
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR")).join("module-installed");
+        if scratch.exists() {
+            fs::remove_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+        }
+        let root = scratch.join("root");
+        run(
+            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),
+            "dpkg-deb -x",
+        )?;
+        for f in ["CMakeLists.txt", "gpu_isolator.cpp", "gpu_docker_hook.cpp"] {
+            let shipped = fs::read(root.join("usr/share/mesos-gpu/module").join(f));
+            let source = fs::read(repo().join("ffi/mesos-module").join(f));
+            if shipped.ok() != source.ok() {
+                return Err(format!(
+                    "/usr/share/mesos-gpu/module/{f} is not ffi/mesos-module/{f}"
+                ));
+            }
+        }
+        let output = scratch.join("modules");
+        let printed = run(
+            Command::new(root.join("usr/bin/mesos-gpu"))
+                .args(["module", "build", "--mesos-prefix"])
+                .arg(mesos.prefix())
+                .arg("--output")
+                .arg(&output),
+            "the installed mesos-gpu module build",
+        )?;
+        let module = output.join("libmesos_gpu_module.so");
+        let module = module
+            .canonicalize()
+            .map_err(|e| format!("no {} ({e}) after: {printed}", module.display()))?;
+        let lib_dir = root
+            .join("usr/lib/mesos-gpu")
+            .canonicalize()
+            .map_err(|e| format!("usr/lib/mesos-gpu: {e}"))?;
+        if !printed.contains(&module.display().to_string())
+            || !printed.contains(ISOLATOR_MODULE)
+            || !printed.contains(&lib_dir.display().to_string())
+        {
+            return Err(format!(
+                "the output names the module, its modules.json entry and where \
+                 libmesos_gpu.so is: {printed}"
+            ));
+        }
+        Ok(Installed { root, module })
+    });
+    built.as_ref().map_err(|e| Failed::from(e.as_str()))
+}
+
 fn installed_package_builds_the_module() -> TestResult {
     let mesos = MesosInstall::locate()?;
-    let deb = this_deb()?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mgpu-module-build")
-        .tempdir()?;
-    let root = scratch.path().join("root");
-    run(
-        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),
-        "dpkg-deb -x",
-    )?;
-    for f in ["CMakeLists.txt", "gpu_isolator.cpp", "gpu_docker_hook.cpp"] {
-        let shipped = fs::read(root.join("usr/share/mesos-gpu/module").join(f))?;
-        if shipped != fs::read(repo().join("ffi/mesos-module").join(f))? {
-            return Err(
-                format!("/usr/share/mesos-gpu/module/{f} is not ffi/mesos-module/{f}").into(),
-            );
-        }
-    }
-    let output = scratch.path().join("modules");
-    let printed = run(
-        Command::new(root.join("usr/bin/mesos-gpu"))
-            .args(["module", "build", "--mesos-prefix"])
-            .arg(mesos.prefix())
-            .arg("--output")
-            .arg(&output),
-        "the installed mesos-gpu module build",
-    )?;
-    let module = output.join("libmesos_gpu_module.so");
-    if !module.is_file() {
-        return Err(format!("no {} after: {printed}", module.display()).into());
-    }
+    let Installed { root, module } = installed()?;
     let lib_dir = root.join("usr/lib/mesos-gpu").canonicalize()?;
-    let module = module.canonicalize()?;
-    if !printed.contains(&module.display().to_string())
-        || !printed.contains(ISOLATOR_MODULE)
-        || !printed.contains(&lib_dir.display().to_string())
-    {
-        return Err(format!(
-            "the output names the module, its modules.json entry and where libmesos_gpu.so is: {printed}"
-        )
-        .into());
-    }
     // Mesos looks each module's name up as a dynamic symbol of the library.
     let symbols = run(
         Command::new("nm")
             .args(["-D", "--defined-only"])
-            .arg(&module),
+            .arg(module),
         "nm -D",
     )?;
     for name in [ISOLATOR_MODULE, DOCKER_HOOK_MODULE] {
@@ -230,7 +267,7 @@ fn installed_package_builds_the_module() -> TestResult {
     let mesos_lib = mesos.prefix().join("lib");
     let ldd = run(
         Command::new("ldd")
-            .arg(&module)
+            .arg(module)
             .env("LD_LIBRARY_PATH", &mesos_lib),
         "ldd",
     )?;
@@ -252,7 +289,7 @@ fn installed_package_builds_the_module() -> TestResult {
                  getattr(lib, sys.argv[2])\n\
                  print('loaded')",
             ])
-            .arg(&module)
+            .arg(module)
             .arg(ISOLATOR_MODULE)
             .env("LD_LIBRARY_PATH", &mesos_lib),
         "dlopen of the module",
@@ -305,6 +342,49 @@ fn files_under(root: &Path) -> Vec<String> {
 /// `dpkg --remove` leaves the edited conffile and those files, `dpkg --purge` all but the
 /// conffile, and the unit's systemd state is masked at removal and purged at purge: what the
 /// operator guide's "Removing the package" says.
+/// The module built from the package loads in a real `mesos-agent` (cgroup v1, Mesos's
+/// `cgroups/devices` and the module in `--isolation`) on a simulated 8-GPU node, which
+/// registers advertising the node's GPUs.
+fn module_from_the_package_loads_in_a_real_agent() -> TestResult {
+    let mesos = MesosInstall::locate()?;
+    mesos.check_runs()?;
+    let Installed { module, .. } = installed()?;
+    let sim = SimNode::shipped("dgx1-v100");
+    let minors: Vec<u32> = sim.inventory()?.gpus.iter().map(|g| g.minor).collect();
+    let dev = DevNodes::nvidia(&minors)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mgpu-module-agent")
+        .tempdir()?;
+    let master = Master::start(&mesos)?;
+    let isolation = format!("filesystem/linux,cgroups/devices,{ISOLATOR_MODULE}");
+    let mut spec = AgentSpec::new(&isolation, AgentCgroups::V1, u32::try_from(minors.len())?);
+    let params: Vec<(String, String)> = vec![
+        (
+            "work_dir".into(),
+            scratch.path().join("work").display().to_string(),
+        ),
+        (
+            "pool_dir".into(),
+            scratch.path().join("pool").display().to_string(),
+        ),
+        ("dev_root".into(), dev.path().display().to_string()),
+        ("proc_root".into(), sim.proc_root().display().to_string()),
+        ("driver_volume".into(), "off".into()),
+        ("cgroups_root".into(), spec.cgroups_root.clone()),
+    ];
+    let modules = scratch.path().join("modules.json");
+    fs::write(&modules, modules_json(module, &params).to_string())?;
+    spec.modules = Some(modules);
+    spec.env
+        .push(("LD_LIBRARY_PATH".into(), sim.dir().display().to_string()));
+    let agent = Agent::start(&mesos, &master, spec)?;
+    let log = agent.log();
+    if !log.contains("Registered with master") {
+        return Err(format!("the agent did not register:\n{log}").into());
+    }
+    Ok(())
+}
+
 fn remove_and_purge_leave_what_the_guide_says() -> TestResult {
     let deb = this_deb()?;
     let scratch = tempfile::Builder::new()
