@@ -199,6 +199,7 @@ fn installed() -> Result<&'static Installed, Failed> {
         if scratch.exists() {
             fs::remove_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
         }
+        fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
         let root = scratch.join("root");
         run(
             Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),

@@ -85,7 +85,7 @@ pub(crate) fn run(args: &Args, _ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 /// Where the module's inputs are: the shipped sources, header and library.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 struct Shipped {
     /// The directory with `CMakeLists.txt` and the shim's `.cpp` files.
     sources: PathBuf,
@@ -458,6 +458,7 @@ fn print_next_steps(plan: &Plan, module: &Path) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // Tests: a failed fixture write is a failed test.
 mod tests {
     use super::*;
 
