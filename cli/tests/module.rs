@@ -3,8 +3,8 @@
 //! install in `shared/mesos`, found as the real-agent tests find it). The package is this
 //! checkout's `scripts/package.sh --profile dev`, unpacked into a scratch root (`dpkg-deb -x`):
 //! the installed binary finds the sources and `libmesos_gpu.so` relative to itself, as it does
-//! under `/usr`. What `dpkg --remove` and `--purge` leave on disk is checked in a scratch dpkg
-//! root (`dpkg --root`), which is what the operator guide's "Removing the package" says.
+//! under `/usr`. What a downgrade, `dpkg --remove` and `--purge` leave on disk is checked in a
+//! scratch dpkg root (`dpkg --root`): what the operator guide's "Removing the package" says.
 //!
 //! The refusals (no third-party headers, a protobuf that is not Mesos's) need only this build's
 //! binary and fake prefixes.
@@ -36,6 +36,10 @@ fn main() -> ExitCode {
             "module_build_refuses_protobuf_headers_mesos_was_not_built_with",
             refuses_another_protobuf,
         ),
+        Trial::test(
+            "module_build_refuses_a_missing_compiler",
+            refuses_a_missing_compiler,
+        ),
         needs(
             &host,
             &[Need::Dpkg, Need::Cc, Need::Mesos],
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
             &host,
             &[Need::Root, Need::Dpkg],
             Trial::test(
-                "remove_keeps_the_conffile_and_purge_keeps_only_what_the_operator_made",
+                "downgrade_and_remove_keep_the_conffile_and_purge_keeps_only_what_the_node_made",
                 remove_and_purge_leave_what_the_guide_says,
             ),
         ),
@@ -245,6 +249,34 @@ fn installed() -> Result<&'static Installed, Failed> {
     built.as_ref().map_err(|e| Failed::from(e.as_str()))
 }
 
+fn refuses_a_missing_compiler() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let prefix = fake_prefix(dir.path(), true, 3_021_012);
+    let protobuf = dir.path().join("protobuf");
+    fs::create_dir_all(protobuf.join("google/protobuf/stubs"))?;
+    fs::write(
+        protobuf.join("google/protobuf/stubs/common.h"),
+        "#define GOOGLE_PROTOBUF_VERSION 3021012\n",
+    )?;
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["module", "build", "--mesos-prefix"])
+        .arg(&prefix)
+        .arg("--protobuf-include")
+        .arg(&protobuf)
+        .arg("--output")
+        .arg(dir.path().join("out"))
+        .env("CXX", "/nonexistent/c++")
+        .output()?;
+    let said = text(&out);
+    if out.status.success() || !said.contains("cannot run the C++ compiler /nonexistent/c++") {
+        return Err(format!("expected a refusal naming the compiler: {said}").into());
+    }
+    if dir.path().join("out").exists() {
+        return Err("a refused build made its output directory".into());
+    }
+    Ok(())
+}
+
 fn installed_package_builds_the_module() -> TestResult {
     let mesos = MesosInstall::locate()?;
     let Installed { root, module } = installed()?;
@@ -316,6 +348,38 @@ fn dpkg(root: &Path, stubs: &Path, args: &[&str]) -> Result<String, Failed> {
     )?)
 }
 
+/// `deb` repacked as version 0.0.1-1 (fast gzip), in `dir`.
+fn older_copy(deb: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let tree = dir.join("older");
+    run(
+        Command::new("dpkg-deb").arg("-R").arg(deb).arg(&tree),
+        "dpkg-deb -R",
+    )?;
+    let control = tree.join("DEBIAN/control");
+    let text = fs::read_to_string(&control).map_err(|e| format!("{}: {e}", control.display()))?;
+    let older: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("Version:") {
+                "Version: 0.0.1-1\n".to_owned()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    fs::write(&control, older).map_err(|e| format!("{}: {e}", control.display()))?;
+    let out = dir.join("mesos-gpu_0.0.1-1_amd64.deb");
+    run(
+        Command::new("dpkg-deb")
+            .args(["-Zgzip", "-z1", "--build"])
+            .arg(&tree)
+            .arg(&out),
+        "dpkg-deb --build",
+    )?;
+    fs::remove_dir_all(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    Ok(out)
+}
+
 /// Every file and symlink under `root` but dpkg's own database and log, relative to `root`.
 fn files_under(root: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
@@ -339,8 +403,8 @@ fn files_under(root: &Path) -> Vec<String> {
 }
 
 /// The package installed into a scratch dpkg root, with what a node accumulates beside it (the
-/// conffile edited, the GPU pool, the agent's checkpoint, the module the operator built);
-/// `dpkg --remove` leaves the edited conffile and those files, `dpkg --purge` all but the
+/// conffile edited, the GPU pool, the agent's checkpoint, the module the operator built); an
+/// older version installed over it (`--force-confold`) keeps all of them; `dpkg --remove` leaves the edited conffile and those files, `dpkg --purge` all but the
 /// conffile, and the unit's systemd state is masked at removal and purged at purge: what the
 /// operator guide's "Removing the package" says.
 /// The module built from the package loads in a real `mesos-agent` (cgroup v1, Mesos's
@@ -430,6 +494,39 @@ fn remove_and_purge_leave_what_the_guide_says() -> TestResult {
         let path = root.join(file);
         fs::create_dir_all(path.parent().unwrap())?;
         fs::write(&path, "made on the node")?;
+    }
+
+    // An older version installed over this one, as the guide installs any package (this package
+    // repacked as 0.0.1-1: what dpkg does on a downgrade, not what an older release's code does).
+    let older = older_copy(&deb, scratch.path())?;
+    dpkg(
+        &root,
+        &stubs,
+        &["--force-confold", "--install", &older.display().to_string()],
+    )?;
+    let version = run(
+        Command::new("dpkg-query")
+            .arg(format!(
+                "--admindir={}",
+                root.join("var/lib/dpkg").display()
+            ))
+            .args(["-W", "-f", "${Version}", "mesos-gpu"]),
+        "dpkg-query",
+    )?;
+    if version != "0.0.1-1" {
+        return Err(format!("after the downgrade dpkg-query says version {version:?}").into());
+    }
+    if fs::read_to_string(&conffile)? != edited {
+        return Err("the downgrade changed the edited /etc/default/mesos-gpu".into());
+    }
+    let now = files_under(&root);
+    for file in operators {
+        if !now.iter().any(|f| f == file) {
+            return Err(format!("the downgrade removed /{file}").into());
+        }
+    }
+    if let Some(stray) = now.iter().find(|f| f.contains(".dpkg-")) {
+        return Err(format!("the downgrade left /{stray}").into());
     }
 
     dpkg(&root, &stubs, &["--remove", "mesos-gpu"])?;
