@@ -39,6 +39,9 @@ const ISOLATOR_MODULE: &str = "org_apache_mesos_gpu_MesosGpuIsolator";
 const SOURCES: [&str; 3] = ["CMakeLists.txt", "gpu_isolator.cpp", "gpu_docker_hook.cpp"];
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:\n  \
+    mesos-gpu module build --mesos-prefix /usr\n  \
+    mesos-gpu module build --help")]
 pub(crate) struct Args {
     #[command(subcommand)]
     command: ModuleCommand,
@@ -53,8 +56,8 @@ enum ModuleCommand {
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  \
     mesos-gpu module build --mesos-prefix /usr\n  \
-    mesos-gpu module build --mesos-prefix /opt/mesos --output /opt/mesos/lib/mesos/modules\n  \
-    mesos-gpu module build --mesos-prefix /opt/mesos --protobuf-include /opt/protobuf-3.21/include\n\n\
+    mesos-gpu module build --mesos-prefix /opt/mesos --output /opt/mesos/modules\n  \
+    mesos-gpu module build --mesos-prefix /opt/mesos --protobuf-include /opt/pb\n\n\
 Needs: Mesos installed with --enable-install-module-dependencies, the protobuf headers of the \
 protobuf Mesos was built with, a C++17 compiler ($CXX or c++), cmake, and the glog headers \
 (Debian: apt-get install g++ cmake libprotobuf-dev libgoogle-glog-dev libgflags-dev).")]
