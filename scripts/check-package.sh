@@ -78,6 +78,9 @@ expect /usr/lib/mesos-gpu/libmesos_gpu.so -rw-r--r--
 expect /usr/lib/mesos-gpu/libnvml_sim.so -rw-r--r--
 expect /usr/lib/mesos-gpu/nvidia-smi -rwxr-xr-x
 expect /usr/include/mesos_gpu.h -rw-r--r--
+for f in CMakeLists.txt gpu_isolator.cpp gpu_docker_hook.cpp; do
+    expect "/usr/share/mesos-gpu/module/$f" -rw-r--r--
+done
 expect /etc/default/mesos-gpu -rw-r--r--
 expect "$unit" -rw-r--r--
 expect /usr/bin/mesos-gpu-docker -rwxr-xr-x
@@ -99,7 +102,7 @@ if awk '$2 != "root/root" && $2 != "0/0"' "$work/contents" | grep -q .; then
     fail "files not owned by root (0/0): $(awk '$2 != "root/root" && $2 != "0/0"' "$work/contents" | head -3)"
 fi
 stray=$(awk '$1 !~ /^d/ { print $3 }' "$work/contents" |
-    grep -Ev '^/(usr/bin/mesos-gpu|usr/bin/mesos-gpu-docker|usr/lib/mesos-gpu/[^/]+|usr/include/mesos_gpu\.h|etc/default/mesos-gpu|(usr/)?lib/systemd/system/mesos-gpu\.service|usr/share/doc/mesos-gpu/.+|usr/share/mesos-gpu/topologies/[^/]+\.json)$' || true)
+    grep -Ev '^/(usr/bin/mesos-gpu|usr/bin/mesos-gpu-docker|usr/lib/mesos-gpu/[^/]+|usr/include/mesos_gpu\.h|etc/default/mesos-gpu|(usr/)?lib/systemd/system/mesos-gpu\.service|usr/share/doc/mesos-gpu/.+|usr/share/mesos-gpu/topologies/[^/]+\.json|usr/share/mesos-gpu/module/(CMakeLists\.txt|gpu_isolator\.cpp|gpu_docker_hook\.cpp))$' || true)
 [ -z "$stray" ] || fail "unexpected files in the package: $stray"
 pass "contents: $(grep -vc '^d' "$work/contents") files, $topologies topologies, unit at $unit"
 
@@ -172,6 +175,15 @@ else
     done
     pass "unit keys (systemd-analyze not installed)"
 fi
+
+# The module's sources are the source tree's, and the packaged binary has the command that builds
+# them (cli/tests/module.rs builds them against a real Mesos).
+for f in CMakeLists.txt gpu_isolator.cpp gpu_docker_hook.cpp; do
+    cmp -s "$root/usr/share/mesos-gpu/module/$f" "ffi/mesos-module/$f" ||
+        fail "/usr/share/mesos-gpu/module/$f differs from ffi/mesos-module/$f"
+done
+"$bin" module build --help >/dev/null || fail "the packaged binary has no \`module build\`"
+pass "the module's sources in /usr/share/mesos-gpu/module and \`mesos-gpu module build\`"
 
 # The agent examples and the Docker wrapper are the source tree's, parse, and hold command lines
 # the packaged binary accepts (clap checks every flag given before --help).

@@ -33,6 +33,7 @@ mod exec;
 mod gpu;
 mod info;
 mod ldcache;
+mod module;
 mod run;
 mod serve;
 mod volume;
@@ -68,6 +69,8 @@ pub(crate) enum Command {
     /// Check an agent host before its first task: driver, device nodes, cgroups, driver volume,
     /// configuration; exit 0 only when it is ready.
     Doctor(doctor::Args),
+    /// Build the mesos-agent module libmesos_gpu_module.so against this node's Mesos install.
+    Module(module::Args),
 }
 
 impl Command {
@@ -352,5 +355,6 @@ pub(crate) fn run(command: Command, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Command::Exec(args) => exec::run(&args, ctx),
         Command::Cdi(args) => cdi::run(&args, ctx),
         Command::Doctor(args) => doctor::run(&args, ctx),
+        Command::Module(args) => module::run(&args, ctx),
     }
 }
