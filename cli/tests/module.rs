@@ -296,6 +296,21 @@ fn installed_package_builds_the_module() -> TestResult {
             return Err(format!("{} does not export {name}", module.display()).into());
         }
     }
+    // Its RUNPATH names the package's and Mesos's library directories and no empty entry (the
+    // working directory: CMake's padding for an install rewrite left one, a library anyone
+    // could drop beside the agent's cwd loaded into a root process).
+    let dynamic = run(Command::new("readelf").arg("-d").arg(module), "readelf -d")?;
+    let runpath = dynamic
+        .lines()
+        .find(|l| l.contains("(RUNPATH)") || l.contains("(RPATH)"))
+        .and_then(|l| l.split_once('[')?.1.strip_suffix(']'))
+        .ok_or_else(|| format!("no RUNPATH in {}:\n{dynamic}", module.display()))?
+        .to_owned();
+    if runpath.split(':').any(str::is_empty) {
+        return Err(
+            format!("RUNPATH {runpath:?} has an empty entry (the working directory)").into(),
+        );
+    }
     // Every library resolves with Mesos's on the path, libmesos_gpu.so from the package's.
     let mesos_lib = mesos.prefix().join("lib");
     let ldd = run(

@@ -193,6 +193,9 @@ impl Plan {
             .arg("-B")
             .arg(build)
             .arg("-DCMAKE_BUILD_TYPE=Release")
+            // The module is used where it is built: no install rules, whose RPATH padding
+            // leaves an empty entry (the agent's working directory) in it.
+            .arg("-DMESOS_GPU_INSTALL_RULES=OFF")
             .arg(define("MESOS_PREFIX", &self.mesos_prefix))
             .arg(define("PROTOBUF_INCLUDE_DIR", &self.protobuf_include))
             .arg(define("MESOS_GPU_INCLUDE_DIR", &self.shipped.include))
