@@ -384,6 +384,12 @@ impl Isolator {
             return self.update_mig(id, entry, gpus);
         }
         let resize = self.resize(&mut state, id, gpus, STEP)?;
+        if resize.added.is_empty() && resize.released.is_empty() {
+            // Mesos calls `update` whenever any resource of the container changes (twice per
+            // launch): the same GPUs change nothing, and nothing is written.
+            tracing::debug!(gpus, "update keeps the container's GPUs");
+            return Ok(());
+        }
         fault::point("update.allocated");
         let mut resizing = Resizing::new(&mut state, id, resize, STEP)?;
         let (old_rules, new_gpus) = (resizing.old_rules().to_vec(), resizing.new_gpus());
