@@ -165,15 +165,21 @@ fn refuses_a_mesos_without_module_headers() -> TestResult {
     Ok(())
 }
 
-fn refuses_another_protobuf() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let prefix = fake_prefix(dir.path(), true, 3_021_012);
-    let protobuf = dir.path().join("protobuf");
+/// Protobuf headers of `version` (as `GOOGLE_PROTOBUF_VERSION` spells it) under `dir/protobuf`.
+fn fake_protobuf(dir: &Path, version: &str) -> std::io::Result<PathBuf> {
+    let protobuf = dir.join("protobuf");
     fs::create_dir_all(protobuf.join("google/protobuf/stubs"))?;
     fs::write(
         protobuf.join("google/protobuf/stubs/common.h"),
-        "#define GOOGLE_PROTOBUF_VERSION 3012004\n",
+        format!("#define GOOGLE_PROTOBUF_VERSION {version}\n"),
     )?;
+    Ok(protobuf)
+}
+
+fn refuses_another_protobuf() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let prefix = fake_prefix(dir.path(), true, 3_021_012);
+    let protobuf = fake_protobuf(dir.path(), "3012004")?;
     let out = module_build(&prefix, &[&protobuf]);
     let said = text(&out);
     if out.status.success()
@@ -252,12 +258,7 @@ fn installed() -> Result<&'static Installed, Failed> {
 fn refuses_a_missing_compiler() -> TestResult {
     let dir = tempfile::tempdir()?;
     let prefix = fake_prefix(dir.path(), true, 3_021_012);
-    let protobuf = dir.path().join("protobuf");
-    fs::create_dir_all(protobuf.join("google/protobuf/stubs"))?;
-    fs::write(
-        protobuf.join("google/protobuf/stubs/common.h"),
-        "#define GOOGLE_PROTOBUF_VERSION 3021012\n",
-    )?;
+    let protobuf = fake_protobuf(dir.path(), "3021012")?;
     let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
         .args(["module", "build", "--mesos-prefix"])
         .arg(&prefix)

@@ -27,6 +27,10 @@ use mesos_gpu_placement::sharing::{ModeSpec, SharingMode, SharingSpec};
 use mesos_gpu_pool::{GpuUuid, Host, Owner, Pool};
 use mesos_gpu_testkit::nvml_sim::SimNode;
 
+mod figures;
+
+use figures::{loadavg, ms, pct};
+
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 /// Live containers held, records of another publisher in `pool.json`.
@@ -49,7 +53,7 @@ fn main() -> Result<()> {
         Discovery::NoDriver(_) => return Err("nvml-sim reported no driver".into()),
     };
     let dev = tempfile::tempdir()?;
-    let nodes = device_nodes(dev.path(), &inventory)?;
+    let nodes = figures::device_nodes(dev.path(), &inventory)?;
     println!(
         "growth_figures: {rounds} cycles per size, 16-GPU hgx16 (nvml-sim) shared 8 ways, pool on, cgroup v1, loadavg {}",
         loadavg()
@@ -256,42 +260,4 @@ fn fill_pool(dir: &Path, records: usize) -> Result<()> {
     tx.state.publish("/other/allocations.json", entries);
     tx.commit()?;
     Ok(())
-}
-
-fn device_nodes(dir: &Path, inventory: &Inventory) -> Result<DeviceNodes> {
-    for (name, major, minor) in inventory
-        .gpus
-        .iter()
-        .map(|g| (format!("nvidia{}", g.minor), 195, g.minor))
-        .chain([
-            ("nvidiactl".to_owned(), 195, 255),
-            ("nvidia-uvm".to_owned(), 240, 0),
-        ])
-    {
-        let ok = Command::new("mknod")
-            .arg(dir.join(name))
-            .args(["c", &major.to_string(), &minor.to_string()])
-            .status()?;
-        if !ok.success() {
-            return Err("mknod failed (root needed)".into());
-        }
-    }
-    Ok(DeviceNodes::scan(dir, inventory)?)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".to_owned())
-}
-
-fn pct(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }

@@ -29,9 +29,12 @@ use mesos_gpu_isolator::{
     lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
     lifecycle::PrepareConfig,
 };
-use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::{discovery::Discovery, discovery::GpuDriver};
 use mesos_gpu_testkit::nvml_sim::SimNode;
+
+mod figures;
+
+use figures::{loadavg, ms, pct};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -44,24 +47,7 @@ fn main() -> Result<()> {
         Discovery::NoDriver(_) => return Err("nvml-sim reported no driver".into()),
     };
     let dev = tempfile::tempdir()?;
-    for (name, major, minor) in inventory
-        .gpus
-        .iter()
-        .map(|g| (format!("nvidia{}", g.minor), 195, g.minor))
-        .chain([
-            ("nvidiactl".to_owned(), 195, 255),
-            ("nvidia-uvm".to_owned(), 240, 0),
-        ])
-    {
-        let ok = Command::new("mknod")
-            .arg(dev.path().join(name))
-            .args(["c", &major.to_string(), &minor.to_string()])
-            .status()?;
-        if !ok.success() {
-            return Err("mknod failed (root needed)".into());
-        }
-    }
-    let nodes = DeviceNodes::scan(dev.path(), &inventory)?;
+    let nodes = figures::device_nodes(dev.path(), &inventory)?;
     let v2_mount = mesos_gpu_testkit::cgroup2_root().ok_or("no cgroup2 mount")?;
     println!(
         "lifecycle_figures: {rounds} containers per run beside one holding a GPU, 8-GPU dgx1-v100 (nvml-sim), GPUs 1/2/4 in turn, pool {}, loadavg {}",
@@ -264,21 +250,4 @@ fn fsync_alone(n: usize) -> Result<()> {
     row("fsync", "file", file_syncs, None);
     row("fsync", "directory", dir_syncs, None);
     Ok(())
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".to_owned())
-}
-
-fn pct(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
