@@ -61,8 +61,11 @@ fn docker_args_pin_to_the_reserved_gpus_cpus() {
     };
     // First fit on an empty pool: GPU 0, local to CPU 0; then GPU 1, local to CPU 1.
     let (first, _) = args(&["--numa-pinning", "--cpus", "1"]);
+    // GPU 0 at /dev/nvidia0 in the container (on the host, the simulated node's own node).
     assert!(
-        first.iter().any(|a| a == "--device=/dev/nvidia0"),
+        first
+            .iter()
+            .any(|a| a.starts_with("--device=") && a.ends_with("/dev/nvidia0")),
         "{first:?}"
     );
     assert!(first.iter().any(|a| a == "--cpuset-cpus=0"), "{first:?}");
