@@ -220,6 +220,16 @@ const CANNOT_SUCCEED_HERE: &[(&str, &[&str])] = &[
         &["docker pull it first"],
     ),
     ("mesos-gpu gpu mark-healthy", &["no GPU health checkpoint"]),
+    // A Mesos install with its module headers: not on a test host (cli/tests/module.rs builds
+    // against the real one in shared/mesos).
+    (
+        "mesos-gpu module build --mesos-prefix /usr",
+        &["no /usr/include/mesos/mesos.pb.h"],
+    ),
+    (
+        "mesos-gpu module build --mesos-prefix /opt/mesos",
+        &["--mesos-prefix /opt/mesos: no such directory"],
+    ),
     (
         "mesos-gpu gpu probe --gpu GPU-8a2d4c6e",
         &["is not on this node"],

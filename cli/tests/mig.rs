@@ -429,7 +429,12 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
                 .iter()
                 .filter_map(|a| a.strip_prefix("--device="))
                 .collect();
-            let named = |path: &str| devices.iter().any(|d| d.split(':').next() == Some(path));
+            // By their path in the container (`HOST:CONTAINER`, or one path for both).
+            let inside: Vec<&str> = devices
+                .iter()
+                .filter_map(|d| d.rsplit(':').next())
+                .collect();
+            let named = |path: &str| inside.contains(&path);
             let pipe = mps_root.join(uuid).join("pipe").display().to_string();
             let ok = device.profile == Some(19)
                 && env("CUDA_VISIBLE_DEVICES") == visible
@@ -448,7 +453,9 @@ fn docker_args_give_a_mig_share_its_device_and_mps_daemon() -> Result<(), Failed
                     caps.compute_instance.minor
                 ))
                 && named("/dev/nvidiactl")
-                && devices.len() == 2 + 3;
+                && named("/dev/nvidia-uvm")
+                // Those five, and `nvidia-uvm-tools` where the node has it: nothing else.
+                && devices.len() - usize::from(named("/dev/nvidia-uvm-tools")) == 2 + 3;
             if !ok {
                 return Err(format!("the share's docker arguments: {args:?}").into());
             }

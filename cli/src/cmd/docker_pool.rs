@@ -62,9 +62,7 @@ pub(crate) fn open_pool_sharing(
     sharing: Option<SharingConfig>,
     mut mig: MigConfig,
 ) -> anyhow::Result<DockerRecords> {
-    mig.dev_root = ctx
-        .dev_root()
-        .map_or_else(|| PathBuf::from("/dev"), Path::to_path_buf);
+    mig.dev_root = dev_root(ctx)?.0;
     mig.proc_root = ctx.proc_root()?;
     let inventory = ctx.inventory()?.clone();
     let nodes = device_nodes(ctx)?;
@@ -199,26 +197,31 @@ pub(crate) fn driver_spec(
     }))
 }
 
-/// The node's device nodes: scanned under the device root. On a simulated node without
-/// `--dev-root`: as root, the nodes its driver numbers, made once in its scratch state (as
-/// `exec` does), so that Docker can start the container; otherwise named under `/dev`,
-/// unchecked.
+/// Where the node's device nodes are, and whether they are there to scan: `--dev-root`; on a
+/// simulated node without it, as root, the nodes its driver numbers, made once in its scratch
+/// state (as `exec` does), so that Docker can start the container; otherwise `/dev`, named only.
+fn dev_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, bool)> {
+    Ok(match (ctx.dev_root(), ctx.simulation()?) {
+        (Some(root), _) => (root.to_owned(), true),
+        (None, Some(sim)) if mesos_gpu_os::fsmode::is_root() => {
+            (sim.device_root(ctx.inventory()?, &ctx.proc_root()?)?, true)
+        }
+        (None, _) => (PathBuf::from("/dev"), false),
+    })
+}
+
+/// The node's device nodes under [`dev_root`]: scanned, or on a simulated node without them
+/// named, unchecked.
 pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
     let inventory = ctx.inventory()?;
-    let scan = |root: &Path| {
-        DeviceNodes::scan(root, inventory)
-            .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display()))
-    };
-    match (ctx.dev_root(), ctx.simulation()?) {
-        (Some(root), _) => scan(root),
-        (None, Some(sim)) if mesos_gpu_os::fsmode::is_root() => {
-            scan(&sim.device_root(inventory, &ctx.proc_root()?)?)
-        }
-        (None, _) => {
+    match dev_root(ctx)? {
+        (root, true) => DeviceNodes::scan(&root, inventory)
+            .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display())),
+        (root, false) => {
             tracing::warn!(
                 "simulated node without --dev-root, not root: device paths are /dev/nvidia* and unchecked"
             );
-            Ok(DeviceNodes::named(Path::new("/dev"), inventory))
+            Ok(DeviceNodes::named(&root, inventory))
         }
     }
 }
