@@ -62,10 +62,11 @@ pub(crate) fn open_pool_sharing(
     sharing: Option<SharingConfig>,
     mut mig: MigConfig,
 ) -> anyhow::Result<DockerRecords> {
-    mig.dev_root = dev_root(ctx)?.0;
+    let root = dev_root(ctx)?;
+    mig.dev_root = root.0.clone();
     mig.proc_root = ctx.proc_root()?;
     let inventory = ctx.inventory()?.clone();
-    let nodes = device_nodes(ctx)?;
+    let nodes = nodes_under(ctx, root)?;
     let work_dir = args.state_dir(ctx)?;
     let (isolator, report) = open_on(&work_dir, args, sharing, mig, inventory, nodes)?;
     if let Some(unchecked) = &report.unchecked {
@@ -213,8 +214,13 @@ fn dev_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, bool)> {
 /// The node's device nodes under [`dev_root`]: scanned, or on a simulated node without them
 /// named, unchecked.
 pub(crate) fn device_nodes(ctx: &Ctx) -> anyhow::Result<DeviceNodes> {
+    nodes_under(ctx, dev_root(ctx)?)
+}
+
+/// [`device_nodes`] under a [`dev_root`] already found.
+fn nodes_under(ctx: &Ctx, root: (PathBuf, bool)) -> anyhow::Result<DeviceNodes> {
     let inventory = ctx.inventory()?;
-    match dev_root(ctx)? {
+    match root {
         (root, true) => DeviceNodes::scan(&root, inventory)
             .with_context(|| format!("reading the NVIDIA device nodes under {}", root.display())),
         (root, false) => {
