@@ -12,10 +12,10 @@
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesos_gpu_enforce::mps::MpsConfig;
-use mesos_gpu_enforce::timing::{self, Breakdown, Step};
+use mesos_gpu_enforce::timing::{Breakdown, Step};
 use mesos_gpu_isolator::lifecycle::{
     CgroupChoice, ContainerId, Isolator, IsolatorConfig, PoolConfig, PoolRole, PrepareConfig,
     SharingConfig,
@@ -29,7 +29,7 @@ use mesos_gpu_testkit::nvml_sim::SimNode;
 
 mod figures;
 
-use figures::{loadavg, ms, pct};
+use figures::{cycle, loadavg, ms, pct};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -206,29 +206,17 @@ fn measure(isolator: &Isolator, root: &Path, rounds: usize) -> Result<Cycles> {
     let mut outcome = Ok(());
     for n in 0..rounds {
         let id = ContainerId::new(format!("bench-{n}"))?;
-        let _ = timing::take();
-        let t0 = Instant::now();
-        if let Err(e) = isolator.prepare(
-            &id,
-            PrepareConfig {
-                gpus: 1.0,
-                ..PrepareConfig::default()
-            },
-        ) {
-            outcome = Err(e.into());
-            break;
-        }
-        isolator.isolate(&id, pid)?;
-        let t1 = Instant::now();
-        let first = timing::take();
-        // Untimed: the process leaves the container, as its exit would take it out.
-        std::fs::write(root.join("cgroup.procs"), pid.to_string())?;
-        let _ = timing::take();
-        let t2 = Instant::now();
-        isolator.cleanup(&id)?;
-        let took = (t1 - t0) + t2.elapsed();
-        let mut both = timing::take();
-        both.merge(&first);
+        let [prepared, isolated, cleaned] = match cycle(isolator, &id, 1.0, pid, root) {
+            Ok(calls) => calls,
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        };
+        let took = prepared.took + isolated.took + cleaned.took;
+        let mut both = cleaned.steps;
+        both.merge(&prepared.steps);
+        both.merge(&isolated.steps);
         cycles.push(took);
         steps.push((both, took));
     }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mesos_gpu_enforce::timing::{self, Breakdown, Step};
+use mesos_gpu_enforce::timing::Step;
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
     lifecycle::IsolatorConfig, lifecycle::PoolConfig, lifecycle::PoolRole,
@@ -34,7 +34,7 @@ use mesos_gpu_testkit::nvml_sim::SimNode;
 
 mod figures;
 
-use figures::{loadavg, ms, pct};
+use figures::{Call, cycle, loadavg, ms, pct};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -85,13 +85,6 @@ fn main() -> Result<()> {
         figures.print(rounds);
     }
     Ok(())
-}
-
-/// One call's time and where it went.
-#[derive(Clone, Copy)]
-struct Call {
-    took: Duration,
-    steps: Breakdown,
 }
 
 #[derive(Default)]
@@ -177,43 +170,19 @@ fn run(isolator: &Isolator, root: &Path, rounds: usize) -> Result<Figures> {
     let mut outcome = Ok(());
     for n in 0..rounds {
         let id = ContainerId::new(format!("bench-{n}"))?;
-        let _ = timing::take();
-        let t0 = Instant::now();
-        if let Err(e) = isolator.prepare(
-            &id,
-            PrepareConfig {
-                gpus: sizes[n % 3],
-                ..PrepareConfig::default()
-            },
-        ) {
-            outcome = Err(e.into());
-            break;
-        }
-        let t1 = Instant::now();
-        let prepared = timing::take();
-        isolator.isolate(&id, pid)?;
-        let t2 = Instant::now();
-        let isolated = timing::take();
-        // Untimed: the process leaves the container, as its exit would take it out.
-        std::fs::write(root.join("cgroup.procs"), pid.to_string())?;
-        let _ = timing::take();
-        let t3 = Instant::now();
-        isolator.cleanup(&id)?;
-        let t4 = Instant::now();
-        let cleaned = timing::take();
-        figures.prepare.push(Call {
-            took: t1 - t0,
-            steps: prepared,
-        });
-        figures.isolate.push(Call {
-            took: t2 - t1,
-            steps: isolated,
-        });
-        figures.cleanup.push(Call {
-            took: t4 - t3,
-            steps: cleaned,
-        });
-        figures.total.push((t2 - t0) + (t4 - t3));
+        let [prepared, isolated, cleaned] = match cycle(isolator, &id, sizes[n % 3], pid, root) {
+            Ok(calls) => calls,
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        };
+        figures
+            .total
+            .push(prepared.took + isolated.took + cleaned.took);
+        figures.prepare.push(prepared);
+        figures.isolate.push(isolated);
+        figures.cleanup.push(cleaned);
     }
     figures.wall = start.elapsed();
     isolator.cleanup(&anchor)?;

@@ -1,11 +1,13 @@
 //! What the lifecycle examples (`lifecycle_figures`, `growth_figures`) share: the node's device
-//! nodes, the load average they ran under, and percentiles.
+//! nodes, one timed container cycle, the load average they ran under, and percentiles.
 
 use std::error::Error;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use mesos_gpu_enforce::timing::{self, Breakdown};
+use mesos_gpu_isolator::lifecycle::{ContainerId, Isolator, PrepareConfig};
 use mesos_gpu_node::devices::DeviceNodes;
 use mesos_gpu_node::inventory::Inventory;
 
@@ -33,6 +35,43 @@ pub(crate) fn device_nodes(
         }
     }
     Ok(DeviceNodes::scan(dir, inventory)?)
+}
+
+/// One call's time, and where it went ([`timing`]).
+pub(crate) struct Call {
+    pub(crate) took: Duration,
+    pub(crate) steps: Breakdown,
+}
+
+/// Container `id` prepared with `gpus`, process `pid` moved in, moved back out to the cgroup
+/// `root` (untimed: as its exit would take it out), and cleaned up: the prepare, isolate and
+/// cleanup calls, timed.
+pub(crate) fn cycle(
+    isolator: &Isolator,
+    id: &ContainerId,
+    gpus: f64,
+    pid: u32,
+    root: &Path,
+) -> Result<[Call; 3], Box<dyn Error>> {
+    let timed = |f: &dyn Fn() -> Result<(), Box<dyn Error>>| {
+        let _ = timing::take();
+        let t0 = Instant::now();
+        f()?;
+        let took = t0.elapsed();
+        Ok::<_, Box<dyn Error>>(Call {
+            took,
+            steps: timing::take(),
+        })
+    };
+    let config = PrepareConfig {
+        gpus,
+        ..PrepareConfig::default()
+    };
+    let prepared = timed(&|| Ok(isolator.prepare(id, config.clone()).map(drop)?))?;
+    let isolated = timed(&|| Ok(isolator.isolate(id, pid)?))?;
+    std::fs::write(root.join("cgroup.procs"), pid.to_string())?;
+    let cleaned = timed(&|| Ok(isolator.cleanup(id)?))?;
+    Ok([prepared, isolated, cleaned])
 }
 
 /// The 1, 5 and 15 minute load averages.
