@@ -77,6 +77,10 @@ fn main() -> ExitCode {
             execs_share_a_gpu,
         ));
         trials.push(add(
+            "gpu_top_shows_who_holds_each_gpu_and_what_it_uses",
+            gpu_top_shows_who_holds_each_gpu,
+        ));
+        trials.push(add(
             "exec_names_the_mig_device_it_grants",
             exec_names_the_mig_device_it_grants,
         ));
@@ -546,6 +550,139 @@ fn gpu_list_and_release(version: &'static str) -> TestResult {
     )?;
     let table = String::from_utf8_lossy(&gpu(&env, &["list"]).stdout).into_owned();
     check(table.contains("no reservations"), table)?;
+    env.check_clean()
+}
+
+/// `gpu top` on a node where an exec holds 2 GPUs: each GPU with its holder (the exec, `process`,
+/// alive) or `free`; with usage from a running `serve` (utilisation, and the holder's processes'
+/// memory, from the simulated node's figures), from the pool alone when asked, and saying why
+/// there is no usage when the agent named does not answer.
+fn gpu_top_shows_who_holds_each_gpu(version: &'static str) -> TestResult {
+    let env = Env::new(version);
+    // The DGX-1, each GPU busy at its own figures: GPU i at 10·i+5 %, one process of i+1 GiB,
+    // and half a GiB more in use on the GPU than its processes use.
+    let mut node: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../nvml-sim/topologies/dgx1-v100.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for (i, gpu) in node["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
+        let i = i as u64;
+        gpu["utilization"] = serde_json::json!({"gpu": 10 * i + 5, "memory": i});
+        gpu["processes"] = serde_json::json!([{"pid": 4000 + i, "used_memory": (i + 1) << 30}]);
+        gpu["memory"]["used"] = serde_json::json!(((i + 1) << 30) + (512 << 20));
+    }
+    let config = env.work.path().join("busy-dgx1.json");
+    std::fs::write(&config, node.to_string()).unwrap();
+    let config_arg = config.to_str().unwrap();
+    let marker = env.work.path().join("go-on");
+    let script = format!(
+        "while [ ! -e {} ]; do busybox sleep 0.05; done",
+        marker.display()
+    );
+    let mut exec = env
+        .command_on(config_arg, "2", &["busybox", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_running(&env, 1, &mut exec)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", config_arg, "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--plugin-socket")
+        .arg(env.work.path().join("plugin.sock"))
+        .env("MESOS_GPU_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let top = |args: &[&str]| -> Output {
+        Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", config_arg, "gpu", "top", "--pool-dir"])
+            .arg(env.work.path())
+            .args(args)
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let serve_url = format!("http://localhost:{port}");
+    let result = (|| -> TestResult {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let shown = loop {
+            let out = top(&["--json", "--source", "serve", "--serve", &serve_url]);
+            let shown: serde_json::Value =
+                serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))?;
+            if shown["source"] == "serve" || Instant::now() > deadline {
+                break shown;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        check(shown["source"] == "serve", format!("{shown:#}"))?;
+        let gpus = shown["gpus"].as_array().cloned().unwrap_or_default();
+        let held: Vec<&serde_json::Value> = gpus
+            .iter()
+            .filter(|g| g["holders"] != serde_json::json!([]))
+            .collect();
+        check(gpus.len() == 8 && held.len() == 2, format!("{shown:#}"))?;
+        for gpu in &gpus {
+            let i = gpu["index"].as_u64().unwrap_or(99);
+            check(
+                gpu["utilization_gpu"] == 10 * i + 5
+                    && gpu["memory_used"] == ((i + 1) << 30) + (512 << 20),
+                format!("GPU {i}'s usage is not the node's: {gpu:#}"),
+            )?;
+        }
+        for gpu in held {
+            let holder = &gpu["holders"][0];
+            let i = gpu["index"].as_u64().unwrap_or(99);
+            check(
+                holder["owner"]
+                    .as_str()
+                    .is_some_and(|o| o.starts_with("exec-"))
+                    && holder["containerizer"] == "process"
+                    && holder["state"] == "alive"
+                    && holder["memory_used"] == (i + 1) << 30,
+                format!("{gpu:#}"),
+            )?;
+        }
+        let table = top(&["--source", "pool"]);
+        let table = String::from_utf8_lossy(&table.stdout).into_owned();
+        check(
+            table.contains("no usage (--source pool)")
+                && table.matches("(process, alive)").count() == 2
+                && table.matches(" free").count() == 6,
+            format!("the pool-only table:\n{table}"),
+        )?;
+        let nobody = top(&[
+            "--json",
+            "--source",
+            "agent",
+            "--agent",
+            "http://127.0.0.1:1",
+        ]);
+        let nobody: serde_json::Value = serde_json::from_slice(&nobody.stdout).unwrap();
+        check(
+            nobody["source"] == "pool"
+                && nobody["no_usage"].as_str().is_some_and(|w| {
+                    w.contains("agent: http://127.0.0.1:1/mesos-gpu/containers: cannot connect")
+                }),
+            format!("{nobody:#}"),
+        )
+    })();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    std::fs::write(&marker, b"").unwrap();
+    let ended = exec.wait().unwrap();
+    result?;
+    check(ended.success(), format!("exec ended {ended}"))?;
     env.check_clean()
 }
 

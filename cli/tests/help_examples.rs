@@ -429,10 +429,35 @@ fn quit_mps_daemons(sim: &Path) {
     }
 }
 
+/// The command an example line runs (`serve` in `mesos-gpu --simulate x serve --listen …`; not
+/// in `mesos-gpu gpu top --source serve`): the first word after `mesos-gpu` and its global
+/// options.
+fn subcommand(line: &str) -> Option<&str> {
+    const GLOBAL_WITH_VALUE: [&str; 5] = [
+        "--nvml-lib",
+        "--dev-root",
+        "--proc-root",
+        "--simulate",
+        "--log-format",
+    ];
+    let mut words = line
+        .split_whitespace()
+        .skip_while(|w| !w.ends_with("mesos-gpu"))
+        .skip(1);
+    while let Some(word) = words.next() {
+        if GLOBAL_WITH_VALUE.contains(&word) {
+            words.next();
+        } else if !word.starts_with('-') {
+            return Some(word);
+        }
+    }
+    None
+}
+
 /// Runs one example line with `tmp` as `TMPDIR`: `Err` says how it failed (its status and
 /// output).
 fn run_any_example(line: &str, tmp: &Path) -> Result<(), String> {
-    let serve = line.contains(" serve");
+    let serve = subcommand(line) == Some("serve");
     let _port = serve.then(|| SERVE_PORT.lock().unwrap_or_else(|e| e.into_inner()));
     let mut child = shell(&format!("exec {line}"), tmp)
         .stdin(Stdio::null())

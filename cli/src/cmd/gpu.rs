@@ -35,6 +35,8 @@ use mesos_gpu_pool::{Host, Listing, Pool};
 
 use crate::ctx::Ctx;
 
+mod top;
+
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  mesos-gpu gpu list\n  mesos-gpu gpu health --json\n  \
@@ -65,6 +67,16 @@ enum GpuCommand {
         mesos-gpu gpu list --pool-dir /var/lib/mesos-gpu"
     )]
     List(ListArgs),
+    /// The node's GPUs, each with its holders (container, containerizer, share or MIG device,
+    /// whether alive), utilisation, memory its holder's processes use and health; refreshed
+    /// like top on a terminal, printed once when piped. Usage from the agent's module
+    /// (`/mesos-gpu/containers`), else serve (`/gpu/status/json`), else none (the pool alone).
+    #[command(after_help = "Examples:\n  \
+        mesos-gpu gpu top\n  \
+        mesos-gpu gpu top --once --source pool\n  \
+        mesos-gpu gpu top --json --agent http://10.0.0.7:5051\n  \
+        mesos-gpu gpu top --source serve --serve http://127.0.0.1:3476 --interval 5")]
+    Top(top::TopArgs),
     /// Check GPUs through NVML and the CUDA driver API, step by step: what the health monitor's
     /// default probe runs before a GPU comes back by itself. Reads and allocates only; changes
     /// no GPU setting. Exits 1 when a step fails.
@@ -170,6 +182,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         GpuCommand::Health(a) => health(a, ctx),
         GpuCommand::MarkHealthy(a) => mark_healthy(a, ctx),
         GpuCommand::List(a) => list(a, ctx),
+        GpuCommand::Top(a) => top::top(a, ctx),
         GpuCommand::Probe(a) => probe(a, ctx),
         GpuCommand::Release(a) => release(a),
     }
