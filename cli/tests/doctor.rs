@@ -31,6 +31,11 @@ fn main() -> ExitCode {
             with_cc,
             good_host_is_ready as fn() -> TestResult,
         ),
+        (
+            "unbuilt_volume_fix_runs_as_printed_on_a_simulated_node",
+            root,
+            volume_fix_runs_as_printed,
+        ),
         ("missing_gpu_node_fails_device_nodes", root, missing_node),
         ("wrong_uvm_major_fails_device_nodes", root, wrong_uvm_major),
         (
@@ -317,6 +322,47 @@ fn good_host_is_ready() -> TestResult {
             .contains("bin/nvidia-smi from /usr/local/nvidia/bin/nvidia-smi")
     {
         return Err(format!("driver-volume: {volume:#}").into());
+    }
+    Ok(())
+}
+
+/// The driver-volume warning of a simulated node says how to build the volume as a command
+/// that, copied as printed (its `--simulate` and volume root included), builds it: the next
+/// doctor finds it intact. (It said `mesos-gpu volume create`, which looks for the host's driver.)
+fn volume_fix_runs_as_printed() -> TestResult {
+    let s = Scratch::new();
+    let (_, json) = report(&s.doctor(&[], &[]))?;
+    let volume = find(&json, "driver-volume")?;
+    let fix = volume["fix"].as_str().unwrap_or_default();
+    let command = fix
+        .split('`')
+        .nth(1)
+        .filter(|c| c.starts_with(&format!("mesos-gpu --simulate {NODE} volume create")))
+        .ok_or_else(|| format!("no runnable fix: {volume:#}"))?;
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .parent()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let ran = Command::new("sh")
+        .args(["-c", command])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    if !ran.status.success() {
+        return Err(format!(
+            "`{command}` failed: {}",
+            String::from_utf8_lossy(&ran.stderr)
+        )
+        .into());
+    }
+    let (_, json) = report(&s.doctor(&[], &[]))?;
+    let volume = find(&json, "driver-volume")?;
+    if volume["status"] != "ok" || !volume.to_string().contains("is intact") {
+        return Err(format!("after `{command}`: {volume:#}").into());
     }
     Ok(())
 }

@@ -2058,7 +2058,8 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
 /// `/mesos-gpu/containers`): a running `gpus:1` task's container lists its one GPU, with NVML's
 /// figures and its health, and a `gpus:0` task's container lists none. Mesos's own
 /// `/monitor/statistics` shows none of it (it drops the unknown `ResourceStatistics` field 1000),
-/// which is why the endpoint exists.
+/// which is why the endpoint exists. `mesos-gpu gpu top` beside the agent shows the task's
+/// container holding that GPU with the endpoint's figures, and the GPU free once it ends.
 fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str) -> TestResult {
     let c = Cluster::start(cgroups, isolation, &EXPLICIT_ROOT)?;
     let mut one = c.launch("one", 1, true)?;
@@ -2112,6 +2113,47 @@ fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str
         format!("the gpus:0 task's container lists GPUs: {without:#}"),
     )?;
     let uuid = described["uuid"].as_str().unwrap_or_default();
+    // `gpu top` beside the agent: its usage from this endpoint, its holders from the pool.
+    let top = || -> TestResult<serde_json::Value> {
+        let out = std::process::Command::new(mesos_gpu_exe()?)
+            .arg("--nvml-lib")
+            .arg(c.sim.lib_path())
+            .args(["gpu", "top", "--json", "--pool-dir"])
+            .arg(c.scratch.path().join("pool"))
+            .arg("--agent")
+            .arg(format!("http://127.0.0.1:{}", c.agent.port()))
+            .output()?;
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "gpu top --json ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into()
+        })
+    };
+    let shown = top()?;
+    let row_of = |shown: &serde_json::Value| -> TestResult<serde_json::Value> {
+        shown["gpus"]
+            .as_array()
+            .and_then(|all| all.iter().find(|g| g["uuid"] == uuid))
+            .cloned()
+            .ok_or_else(|| format!("GPU {uuid} not in gpu top's {shown:#}").into())
+    };
+    let row = row_of(&shown)?;
+    let holders = row["holders"].as_array().cloned().unwrap_or_default();
+    check(
+        shown["source"] == "agent"
+            && row["utilization_gpu"] == described["utilization"]["gpu"]
+            && holders.len() == 1
+            && holders[0]["owner"] == one_id.as_str()
+            && holders[0]["containerizer"] == "mesos"
+            && holders[0]["state"] == "alive"
+            && holders[0]["memory_used"] == gpu["memory_used"],
+        format!(
+            "gpu top's row of the gpus:1 task's GPU: {row:#} (source {})",
+            shown["source"]
+        ),
+    )?;
     let statistics = http_get(c.agent.port(), "/monitor/statistics")?;
     check(
         statistics.contains(&one_id) || statistics.contains("\"executor_id\":\"one\""),
@@ -2130,6 +2172,11 @@ fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str
     check(
         !after.contains(&one_id) && !after.contains(&none_id),
         format!("finished tasks' containers still listed: {after}"),
+    )?;
+    let row = row_of(&top()?)?;
+    check(
+        row["holders"] == serde_json::json!([]),
+        format!("gpu top still shows a holder of the finished task's GPU: {row:#}"),
     )
 }
 

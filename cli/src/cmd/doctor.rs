@@ -184,7 +184,11 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         all.push(checks::device_nodes(&inventory, dev_root, &proc_root));
     }
     all.push(checks::cgroups(args.cgroup_version));
-    let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root);
+    let me = match sim {
+        Some(sim) => format!("mesos-gpu --simulate {}", sim.name()),
+        None => "mesos-gpu".to_owned(),
+    };
+    let (volume, plan) = checks::driver_volume(&inventory, &driver, &volume_root, &me);
     all.push(volume);
     all.push(sources.agreement(&Defaults::of_this_build(loader_nvml(ctx, loaded)?)));
     let resources = args

@@ -58,7 +58,8 @@ pub(crate) enum Command {
     DockerWrapper(docker_wrapper::Args),
     /// Run a Docker image with N GPUs from the shared pool, like nvidia-docker's `run`.
     Run(run::Args),
-    /// Show GPU health, or declare a failed GPU healthy again.
+    /// The node's GPUs: who holds them (`list`, `top`), their health (`health`, `probe`,
+    /// `mark-healthy`), and giving back a dead owner's GPUs (`release`).
     Gpu(gpu::Args),
     /// Run a simulated GPU agent end to end on a stream of Marathon apps (no GPU, no root).
     Demo(demo::Args),

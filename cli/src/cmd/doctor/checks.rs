@@ -250,11 +250,13 @@ pub(crate) fn cgroup_verdict(hierarchy: &Hierarchy, tried: Result<(), String>) -
 
 /// `driver-volume`: the plan of the driver's volume holds `libcuda`, `libnvidia-ml` and
 /// `nvidia-smi` of this driver (ELF, version checked by the planner), the volume root is not on a
-/// `noexec` mount, and an existing volume is intact.
+/// `noexec` mount, and an existing volume is intact. `me` is how to run this program as doctor
+/// was run (`mesos-gpu --simulate dgx1-v100` on a simulated node), for the fixes it prints.
 pub(crate) fn driver_volume(
     inventory: &Inventory,
     source: &DriverSource,
     volume_root: &Path,
+    me: &str,
 ) -> (Check, Option<VolumePlan>) {
     let Some(info) = &inventory.driver else {
         return (
@@ -286,10 +288,10 @@ pub(crate) fn driver_volume(
             ));
         }
     }
-    if lacks_essentials(&mut c, &plan) || on_noexec_mount(&mut c, volume_root) {
+    if lacks_essentials(&mut c, &plan, me) || on_noexec_mount(&mut c, volume_root) {
         return (c, Some(plan));
     }
-    check_built_volume(&mut c, volume_root, &plan);
+    check_built_volume(&mut c, volume_root, &plan, me);
     (c, Some(plan))
 }
 
@@ -320,7 +322,7 @@ fn plan_volume(info: &DriverInfo, source: &DriverSource) -> Result<VolumePlan, C
 
 /// Fails `c` when the plan lacks an essential file, naming the candidates skipped and why;
 /// true when it did.
-fn lacks_essentials(c: &mut Check, plan: &VolumePlan) -> bool {
+fn lacks_essentials(c: &mut Check, plan: &VolumePlan, me: &str) -> bool {
     let missing = plan.missing_essentials();
     if missing.is_empty() {
         return false;
@@ -348,7 +350,7 @@ fn lacks_essentials(c: &mut Check, plan: &VolumePlan) -> bool {
         c.details.push(format!("{} {path}: {}", s.name, s.reason));
     }
     c.fix = Some(format!(
-        "install the driver's files for version {} (`mesos-gpu volume plan` lists every candidate and why it was skipped); programs are searched along PATH, then in the driver's bin next to libnvidia-ml",
+        "install the driver's files for version {} (`{me} volume plan` lists every candidate and why it was skipped); programs are searched along PATH, then in the driver's bin next to libnvidia-ml",
         plan.driver_version
     ));
     true
@@ -383,14 +385,17 @@ fn on_noexec_mount(c: &mut Check, volume_root: &Path) -> bool {
 }
 
 /// Warns in `c` when the planned volume is not built under `volume_root` yet, or is damaged.
-fn check_built_volume(c: &mut Check, volume_root: &Path, plan: &VolumePlan) {
+fn check_built_volume(c: &mut Check, volume_root: &Path, plan: &VolumePlan, me: &str) {
+    let create = format!("{me} volume create --volume-root {}", volume_root.display());
     let manager = VolumeManager::at(volume_root);
     let path = manager.volume_path(&plan.driver_version);
     if !path.is_dir() {
         c.status = Status::Warn;
         c.details
             .push(format!("{} is not built yet", path.display()));
-        c.fix = Some("run `mesos-gpu volume create` (or give the module driver_volume=build); until then images asking for /usr/local/nvidia get no volume".into());
+        c.fix = Some(format!(
+            "run `{create}` (or give the module driver_volume=build); until then images asking for /usr/local/nvidia get no volume"
+        ));
         return;
     }
     match manager.verify(&plan.driver_version, Some(plan), VolumeCheck::Metadata) {
@@ -403,7 +408,7 @@ fn check_built_volume(c: &mut Check, volume_root: &Path, plan: &VolumePlan) {
                     .iter()
                     .map(|p| format!("{}: {p}", path.display())),
             );
-            c.fix = Some("run `mesos-gpu volume create` to rebuild it".into());
+            c.fix = Some(format!("run `{create}` to rebuild it"));
         }
         Err(e) => {
             c.status = Status::Warn;
