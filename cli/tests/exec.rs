@@ -561,14 +561,7 @@ fn gpu_top_shows_who_holds_each_gpu(version: &'static str) -> TestResult {
     let env = Env::new(version);
     // The DGX-1, each GPU busy at its own figures: GPU i at 10·i+5 %, one process of i+1 GiB,
     // and half a GiB more in use on the GPU than its processes use.
-    let mut node: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../nvml-sim/topologies/dgx1-v100.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let mut node: serde_json::Value = mesos_gpu_testkit::nvml_sim::shipped_description("dgx1-v100");
     for (i, gpu) in node["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
         let i = i as u64;
         gpu["utilization"] = serde_json::json!({"gpu": 10 * i + 5, "memory": i});

@@ -219,14 +219,7 @@ fn serve_metrics_report_the_agents_gpu_health() {
 #[test]
 fn serve_metrics_report_nvml_health_without_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../nvml-sim/topologies/dgx1-v100.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let mut node: serde_json::Value = mesos_gpu_testkit::nvml_sim::shipped_description("dgx1-v100");
     node["gpus"][2]["lost"] = true.into();
     let file = dir.path().join("node.json");
     std::fs::write(&file, node.to_string()).unwrap();

@@ -157,6 +157,20 @@ impl SimNode {
 }
 
 /// A GPU health checkpoint (`<work_dir>/gpu/health.json`, version 1) of the shipped node
+/// The description of the shipped node `name` (`nvml-sim/topologies/<name>.json`), to change
+/// before writing it as a node of a test's own.
+///
+/// Panics with the reason when it cannot be read.
+pub fn shipped_description(name: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nvml-sim/topologies")
+        .join(format!("{name}.json"));
+    fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+        .unwrap_or_else(|e| panic!("shipped_description({name:?}): {}: {e}", path.display()))
+}
+
 /// `name` (`nvml-sim/topologies/<name>.json`) in which GPU `failed` (an NVML index) is unhealthy
 /// after XID 79 and every other GPU healthy.
 ///
