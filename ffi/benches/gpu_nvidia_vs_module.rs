@@ -23,7 +23,11 @@
 //! 1. launch latency, the framework's ACCEPT to its TASK_RUNNING update, for `gpus:0/1/2/4`,
 //!    `--reps` tasks of each size on each agent (`--reps 50` for the p50's bootstrap confidence
 //!    interval to mean something), the two agents' tasks launched together, with the module's
-//!    own time per call from its `served call` log lines (issue 36);
+//!    own time per call from its `served call` log lines (issue 36); then, module only (no
+//!    `gpu/nvidia` equivalent), `--reps` tasks holding a quarter of a GPU shared 4 ways
+//!    (`gpu_replicas=4`) and `--reps` holding a `mig-1g.5gb` MIG device (nvml-sim's
+//!    `dgx-a100-mixed`, `mig_strategy=mixed`), each on an agent of its own and each launched
+//!    together with a `gpus:1` task on `gpu/nvidia`, the baseline beside it;
 //! 2. what a task could open, and which GPUs it got;
 //! 3. a stream of requests (seeded; sizes 1, 2, 4; each held until a later step) run in
 //!    lockstep on both agents: NVIDIA's pair score of each grant (`docs/allocator.md`), against
@@ -51,6 +55,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use agents::{TaskProbe, mesos_gpu_exe, module, probe, which};
+use mesos_gpu_isolator::agent_flags::{MigOffer, MigStrategy};
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::allocator::{Allocator, GpuSet, Policy};
 use mesos_gpu_testkit::mesos::framework::{Framework, FrameworkSpec, check_pymesos};
@@ -58,10 +63,12 @@ use mesos_gpu_testkit::mesos::{
     Agent, AgentCgroups, AgentSpec, DOCKER_HOOK_MODULE, DevNode, DevNodes, ISOLATOR_MODULE, Master,
     MesosInstall, PrivateHost, add_docker_hook, http_get, modules_json, tail,
 };
-use mesos_gpu_testkit::nvml_sim::SimNode;
+use mesos_gpu_testkit::nvml_sim::{SimNode, mknod_mig_caps};
 use support::{TestResult, check};
 
 const NODE: &str = "dgx1-v100";
+/// The MIG node of the module-only MIG row: GPUs 0-3 whole, 4-7 split 3g+2g+1g+1g.
+const MIG_NODE: &str = "dgx-a100-mixed";
 const MINORS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
 const CONTROL: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -120,15 +127,76 @@ impl Kind {
     }
 }
 
+/// How a module-only agent of the latency section holds its GPUs (issue 36). `gpu/nvidia` has
+/// neither: it gives whole GPUs only and knows no MIG device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Extra {
+    /// `gpu_replicas=4` on `dgx1-v100` (offered as `gpus:32`, time-slicing): a `gpus:1` task
+    /// gets a quarter of one GPU.
+    Share,
+    /// `mig_strategy=mixed` on `dgx-a100-mixed` (GPUs 0-3 whole, 4-7 split 3g+2g+1g+1g): a task
+    /// asks for `mig-1g.5gb:1`.
+    Mig,
+}
+
+impl Extra {
+    fn name(self) -> &'static str {
+        match self {
+            Extra::Share => "share",
+            Extra::Mig => "mig",
+        }
+    }
+
+    /// What the row is, for the tables.
+    fn label(self) -> &'static str {
+        match self {
+            Extra::Share => "share: `gpus:1` of a GPU shared 4 ways",
+            Extra::Mig => "MIG: `mig-1g.5gb:1`",
+        }
+    }
+
+    fn node(self) -> &'static str {
+        match self {
+            Extra::Share => NODE,
+            Extra::Mig => MIG_NODE,
+        }
+    }
+
+    /// The task's `ContainerInfo`: a MIG task runs without CAP_SYS_ADMIN, which would grant
+    /// every MIG capability whatever its device files (the module refuses it MIG devices).
+    fn container(self) -> Option<serde_json::Value> {
+        match self {
+            Extra::Share => None,
+            Extra::Mig => Some(serde_json::json!({
+                "type": "MESOS",
+                "linux_info": {
+                    "effective_capabilities": { "capabilities": ["CHOWN", "DAC_OVERRIDE"] }
+                }
+            })),
+        }
+    }
+
+    /// The task's GPU resource.
+    fn ask(self) -> (&'static str, f64) {
+        match self {
+            Extra::Share => ("gpus", 1.0),
+            Extra::Mig => ("mig-1g.5gb", 1.0),
+        }
+    }
+}
+
 /// One agent of the comparison with its node.
 struct Side {
     kind: Kind,
+    /// A module-only configuration (`kind` is then [`Kind::Module`]).
+    extra: Option<Extra>,
     agent: Agent,
     sim: SimNode,
     _host: PrivateHost,
-    /// Device nodes on the host for the module's Docker wrapper: dockerd resolves `--device`
-    /// paths in its own mount namespace, not the agent's.
-    _docker_dev: Option<DevNodes>,
+    /// Device nodes outside the agent's private `/dev`: for the module's Docker wrapper
+    /// (dockerd resolves `--device` paths in its own mount namespace, not the agent's), and for
+    /// a MIG node's module (`dev_root`: the private `/dev` has no `nvidia-caps`).
+    _dev_nodes: Option<DevNodes>,
     scratch: tempfile::TempDir,
 }
 
@@ -141,8 +209,25 @@ impl Side {
         kind: Kind,
         docker: bool,
     ) -> TestResult<Side> {
-        let sim = SimNode::shipped(NODE);
-        let host = PrivateHost::new(&DevNode::nvidia(&MINORS), &[sim.dir()])?;
+        Side::start_with(install, master, kind, None, docker)
+    }
+
+    /// Starts a module agent configured as `extra` (no Docker).
+    fn start_extra(install: &MesosInstall, master: &Master, extra: Extra) -> TestResult<Side> {
+        Side::start_with(install, master, Kind::Module, Some(extra), false)
+    }
+
+    fn start_with(
+        install: &MesosInstall,
+        master: &Master,
+        kind: Kind,
+        extra: Option<Extra>,
+        docker: bool,
+    ) -> TestResult<Side> {
+        let sim = SimNode::shipped(extra.map_or(NODE, Extra::node));
+        let inventory = sim.inventory()?;
+        let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+        let host = PrivateHost::new(&DevNode::nvidia(&minors), &[sim.dir()])?;
         let scratch = tempfile::Builder::new().prefix("mgpu-vs").tempdir()?;
         let isolation = match kind {
             Kind::GpuNvidia => "filesystem/linux,cgroups/devices,gpu/nvidia".to_owned(),
@@ -150,8 +235,10 @@ impl Side {
         };
         let mut spec = AgentSpec::new(&isolation, AgentCgroups::V1, 8);
         spec.private_host = Some(host.setup_script());
-        let docker_dev = if docker && kind == Kind::Module {
-            Some(DevNodes::nvidia(&MINORS)?)
+        let dev_nodes = if (docker && kind == Kind::Module) || extra == Some(Extra::Mig) {
+            let dev = DevNodes::nvidia(&minors)?;
+            mknod_mig_caps(dev.path(), &inventory)?;
+            Some(dev)
         } else {
             None
         };
@@ -160,7 +247,7 @@ impl Side {
                 .flags
                 .push("--nvidia_gpu_devices=0,1,2,3,4,5,6,7".into()),
             Kind::Module => {
-                let params: Vec<(String, String)> = vec![
+                let mut params: Vec<(String, String)> = vec![
                     (
                         "work_dir".into(),
                         scratch.path().join("module-work").display().to_string(),
@@ -172,9 +259,29 @@ impl Side {
                     ("proc_root".into(), sim.proc_root().display().to_string()),
                     ("driver_volume".into(), "off".into()),
                 ];
+                match extra {
+                    None => {}
+                    Some(Extra::Share) => {
+                        params.push(("gpu_replicas".into(), "4".into()));
+                        spec.resources = format!("cpus:4;mem:4096;gpus:{}", 4 * minors.len());
+                    }
+                    Some(Extra::Mig) => {
+                        let dev = dev_nodes.as_ref().ok_or("no device nodes for MIG")?;
+                        params.extend([
+                            ("dev_root".into(), dev.path().display().to_string()),
+                            ("mig_strategy".into(), "mixed".into()),
+                        ]);
+                        // Its tasks run without CAP_SYS_ADMIN ([`Extra::container`]).
+                        spec.isolation = format!(
+                            "filesystem/linux,linux/capabilities,cgroups/devices,{ISOLATOR_MODULE}"
+                        );
+                        let offer = MigOffer::of(&inventory, MigStrategy::Mixed);
+                        spec.resources = format!("cpus:4;mem:4096;{}", offer.resources().join(";"));
+                    }
+                }
                 let mut json = modules_json(&module()?, &params);
                 if docker {
-                    let dev = docker_dev.as_ref().ok_or("no device nodes for Docker")?;
+                    let dev = dev_nodes.as_ref().ok_or("no device nodes for Docker")?;
                     let docker_args = docker_wrapper(&scratch, &sim, dev.path(), &mut spec)?;
                     add_docker_hook(&mut json, &docker_args)
                         .ok_or("modules.json has no modules")?;
@@ -196,10 +303,11 @@ impl Side {
         let agent = Agent::start(install, master, spec)?;
         Ok(Side {
             kind,
+            extra,
             agent,
             sim,
             _host: host,
-            _docker_dev: docker_dev,
+            _dev_nodes: dev_nodes,
             scratch,
         })
     }
@@ -308,19 +416,40 @@ fn bootstrap_p50(sorted: &[f64], seed: u64) -> (f64, f64) {
     (percentile(&medians, 2.5), percentile(&medians, 97.5))
 }
 
-/// The module's `served call` log lines in an agent's log: milliseconds by call name.
-fn served_calls(log: &str) -> BTreeMap<String, Vec<f64>> {
-    let mut calls: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+/// One call's time from a module's `served call` log line, and the part of it spent in its
+/// durable writes (`pool_write` and `ckpt_write` steps), both in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    ms: f64,
+    durable_ms: f64,
+}
+
+/// The module's `served call` log lines in an agent's log, by call name.
+fn served_calls(log: &str) -> BTreeMap<String, Vec<Served>> {
+    let mut calls: BTreeMap<String, Vec<Served>> = BTreeMap::new();
     for line in log.lines().filter(|l| l.contains("served call")) {
         let field = |name: &str| {
             line.split_whitespace()
                 .find_map(|t| t.strip_prefix(name))
                 .map(|v| v.trim_matches('"').to_owned())
         };
+        // `steps=pool_lock=48 pool_write=829 ckpt_write=806x2 …`: µs, `xN` for N spans.
+        let durable_us: f64 = line
+            .split_whitespace()
+            .map(|t| t.strip_prefix("steps=").unwrap_or(t))
+            .filter_map(|t| {
+                t.strip_prefix("pool_write=")
+                    .or_else(|| t.strip_prefix("ckpt_write="))
+            })
+            .filter_map(|v| v.split('x').next()?.parse::<f64>().ok())
+            .fold(0.0, |a, b| a + b);
         if let (Some(call), Some(us)) = (field("call="), field("us="))
             && let Ok(us) = us.parse::<f64>()
         {
-            calls.entry(call).or_default().push(us / 1000.0);
+            calls.entry(call).or_default().push(Served {
+                ms: us / 1000.0,
+                durable_ms: durable_us / 1000.0,
+            });
         }
     }
     calls
@@ -353,7 +482,19 @@ fn run(reps: usize, seed: u64, only: Option<&str>) -> TestResult {
     let inventory = sides[1].sim.inventory()?;
 
     if wanted("latency") {
-        latency_and_matrix(&mut out, &mut summary, &mut fw, &sides, &probe, reps)?;
+        let extras = [
+            Side::start_extra(&install, &master, Extra::Share)?,
+            Side::start_extra(&install, &master, Extra::Mig)?,
+        ];
+        latency_and_matrix(
+            &mut out,
+            &mut summary,
+            &mut fw,
+            &sides,
+            &extras,
+            &probe,
+            reps,
+        )?;
     }
     println!("{out}");
     if wanted("stream") {
@@ -440,6 +581,7 @@ fn latency_and_matrix(
     summary: &mut Summary,
     fw: &mut Framework,
     sides: &[Side; 2],
+    extras: &[Side],
     probe: &Path,
     reps: usize,
 ) -> TestResult {
@@ -481,50 +623,30 @@ fn latency_and_matrix(
         "\n## 1. Launch latency (framework's ACCEPT → its TASK_RUNNING update)\n\n\
          {reps} tasks per size and isolator; the two agents' tasks were launched together. \
          The p50's 95 % confidence interval is a bootstrap's (1,000 resamples).\n\n\
-         | gpus | gpu/nvidia p50 | 95 % CI | gpu/nvidia p99 | module p50 | 95 % CI | module p99 |\n\
-         |---|---|---|---|---|---|---|"
+         | gpus | gpu/nvidia p50 | 95 % CI | p95 | p99 | module p50 | 95 % CI | p95 | p99 |\n\
+         |---|---|---|---|---|---|---|---|---|"
     );
     for gpus in [0u32, 1, 2, 4] {
         let mut cells = Vec::new();
-        let mut row = Vec::new();
         for kind in [Kind::GpuNvidia, Kind::Module] {
             let mut v = latency.get(&(kind, gpus)).cloned().unwrap_or_default();
             v.sort_by(f64::total_cmp);
-            let (lo, hi) = bootstrap_p50(&v, u64::from(gpus) + 1);
-            cells.push(format!("{:.0} ms", 1000.0 * percentile(&v, 50.0)));
-            cells.push(format!("{:.0} ms", 1000.0 * percentile(&v, 99.0)));
-            row.extend([
-                cells[cells.len() - 2].clone(),
-                format!("{:.0}-{:.0} ms", 1000.0 * lo, 1000.0 * hi),
-                cells[cells.len() - 1].clone(),
-            ]);
+            cells.push(latency_cells(&v, u64::from(gpus) + 1));
         }
-        let _ = writeln!(out, "| {gpus} | {} |", row.join(" | "));
-        summary.push([
-            format!("launch latency `gpus:{gpus}`, p50 / p99 ({reps} tasks)"),
-            format!("{} / {}", cells[0], cells[1]),
-            format!("{} / {}", cells[2], cells[3]),
-        ]);
-    }
-    if let Some(side) = sides.iter().find(|s| s.kind == Kind::Module) {
-        let served = served_calls(&side.agent.log());
         let _ = writeln!(
             out,
-            "\nThe module's own time per call it served in this section, from its `served call` \
-             log lines (issue 36), beside the launch above:\n\n\
-             | call | calls | p50 | p99 |\n|---|---|---|---|"
+            "| {gpus} | {} | {} |",
+            cells[0].join(" | "),
+            cells[1].join(" | ")
         );
-        for (call, mut v) in served {
-            v.sort_by(f64::total_cmp);
-            let _ = writeln!(
-                out,
-                "| {call} | {} | {:.2} ms | {:.2} ms |",
-                v.len(),
-                percentile(&v, 50.0),
-                percentile(&v, 99.0)
-            );
-        }
+        summary.push([
+            format!("launch latency `gpus:{gpus}`, p50 / p99 ({reps} tasks)"),
+            format!("{} / {}", cells[0][0], cells[0][3]),
+            format!("{} / {}", cells[1][0], cells[1][3]),
+        ]);
     }
+    module_only(out, summary, fw, sides, extras, probe, reps)?;
+    served_table(out, sides.iter().chain(extras));
     let _ = writeln!(
         out,
         "\n## 2. What a task could open, and which GPUs it got\n\n\
@@ -580,6 +702,148 @@ fn latency_and_matrix(
         }
     }
     Ok(())
+}
+
+/// Launch latency of the module-only configurations ([`Extra`]): per rep, one task on the
+/// module agent of that configuration and one `gpus:1` task on `gpu/nvidia`, launched
+/// together, so each row has a baseline measured beside it.
+fn module_only(
+    out: &mut String,
+    summary: &mut Summary,
+    fw: &mut Framework,
+    sides: &[Side; 2],
+    extras: &[Side],
+    probe: &Path,
+    reps: usize,
+) -> TestResult {
+    let baseline = sides
+        .iter()
+        .find(|s| s.kind == Kind::GpuNvidia)
+        .ok_or("no gpu/nvidia agent")?;
+    let mut latency: BTreeMap<(Extra, bool), Vec<f64>> = BTreeMap::new();
+    for side in extras {
+        let extra = side
+            .extra
+            .ok_or("a module-only agent without its configuration")?;
+        for rep in 0..reps {
+            let base_id = format!("lat-gpu-nvidia-beside-{}-{rep}", extra.name());
+            let id = format!("lat-module-{}-{rep}", extra.name());
+            fw.launch(
+                &base_id,
+                &[("cpus", 0.1), ("mem", 32.0), ("gpus", 1.0)],
+                &command(probe, None, false),
+                Some(baseline.port()),
+            )?;
+            fw.launch_in(
+                &id,
+                &[("cpus", 0.1), ("mem", 32.0), extra.ask()],
+                &command(probe, None, false),
+                Some(side.port()),
+                extra.container(),
+            )?;
+            for (id, is_module) in [(&base_id, false), (&id, true)] {
+                let running = fw.wait_state(id, "TASK_RUNNING", TIMEOUT)?;
+                let accepted = fw.first("accept", id).ok_or("no accept event")?;
+                fw.wait_terminal(id, TIMEOUT)?;
+                latency
+                    .entry((extra, is_module))
+                    .or_default()
+                    .push(running.t - accepted.t);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n**Module only** (`gpu/nvidia` has no share and no MIG device): {reps} tasks of each \
+         on a module agent of that configuration, each launched together with a `gpus:1` task on \
+         the `gpu/nvidia` agent, the baseline beside it.\n\n\
+         | module task | p50 | 95 % CI | p95 | p99 | gpu/nvidia `gpus:1` beside it: p50 | 95 % CI | p95 | p99 |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    for side in extras {
+        let Some(extra) = side.extra else { continue };
+        let mut cells = Vec::new();
+        for is_module in [true, false] {
+            let mut v = latency
+                .get(&(extra, is_module))
+                .cloned()
+                .unwrap_or_default();
+            v.sort_by(f64::total_cmp);
+            cells.push(latency_cells(&v, 11 + u64::from(is_module)));
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            extra.label(),
+            cells[0].join(" | "),
+            cells[1].join(" | ")
+        );
+        summary.push([
+            format!(
+                "launch latency, {}, p50 / p99 ({reps} tasks)",
+                extra.label()
+            ),
+            format!(
+                "no equivalent; `gpus:1` beside it: {} / {}",
+                cells[1][0], cells[1][3]
+            ),
+            format!("{} / {}", cells[0][0], cells[0][3]),
+        ]);
+    }
+    Ok(())
+}
+
+/// p50, its bootstrap 95 % interval, p95 and p99 of `sorted` (seconds) as table cells in ms.
+fn latency_cells(sorted: &[f64], seed: u64) -> Vec<String> {
+    let (lo, hi) = bootstrap_p50(sorted, seed);
+    vec![
+        format!("{:.0} ms", 1000.0 * percentile(sorted, 50.0)),
+        format!("{:.0}-{:.0} ms", 1000.0 * lo, 1000.0 * hi),
+        format!("{:.0} ms", 1000.0 * percentile(sorted, 95.0)),
+        format!("{:.0} ms", 1000.0 * percentile(sorted, 99.0)),
+    ]
+}
+
+/// The module's own time per call it served in the latency section, from each module agent's
+/// `served call` log lines (issue 36).
+fn served_table<'a>(out: &mut String, sides: impl Iterator<Item = &'a Side>) {
+    let _ = writeln!(
+        out,
+        "\nThe module's own time per call it served in this section, from its `served call` \
+         log lines (issue 36), beside the launches above:\n\n\
+         | agent | call | calls | p50 | p95 | p99 | durable writes p50 | p99 |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    for side in sides.filter(|s| s.kind == Kind::Module) {
+        let agent = side.extra.map_or("module", Extra::name);
+        // The agent cleans a container up after its executor exits, a moment after the task's
+        // last update: wait for the last cleanups (for at most 30 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let served = loop {
+            let served = served_calls(&side.agent.log());
+            let count = |call: &str| served.get(call).map_or(0, Vec::len);
+            if count("cleanup") >= count("prepare") || Instant::now() > deadline {
+                break served;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        for (call, v) in served {
+            let mut ms: Vec<f64> = v.iter().map(|s| s.ms).collect();
+            let mut durable: Vec<f64> = v.iter().map(|s| s.durable_ms).collect();
+            ms.sort_by(f64::total_cmp);
+            durable.sort_by(f64::total_cmp);
+            let _ = writeln!(
+                out,
+                "| {agent} | {call} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+                v.len(),
+                percentile(&ms, 50.0),
+                percentile(&ms, 95.0),
+                percentile(&ms, 99.0),
+                percentile(&durable, 50.0),
+                percentile(&durable, 99.0)
+            );
+        }
+    }
 }
 
 /// One step of the allocation stream.

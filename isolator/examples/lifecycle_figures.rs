@@ -2,9 +2,12 @@
 //! and v2) against a simulated 8-GPU node (nvml-sim `dgx1-v100`), printing p50/p95/p99 per call
 //! and, per call, per step that touches the host (issue 36: pool lock, pool read, pool write,
 //! checkpoint write, cgroup mkdir/read/write/rmdir, eBPF build/load/attach; `rest` is the call's
-//! time outside them: the isolator's own logic and its lock). Also one `fsync` of a small file on
-//! the checkpoint's disk, alone. Target (issue 36): a whole cycle under load p99 ≤ 5 ms. Needs
-//! root.
+//! time outside them: the isolator's own logic and its lock). Also, alone on the checkpoint's
+//! disk: one `fsync` of a small file, and (after the runs) one crash-safe replace
+//! (`mesos_gpu_os::durable::replace`: temp file, write, `fsync`, `rename`, `fsync` of the
+//! directory) of a file the size of `pool.json` with two containers in it, the floor of each of
+//! a transition's two durable writes. Target (issue 36): a whole cycle under load p99 ≤ 5 ms.
+//! Needs root.
 //!
 //! `cargo run --release -p mesos-gpu-isolator --example lifecycle_figures [-- ROUNDS [pool]]`
 //!
@@ -55,6 +58,7 @@ fn main() -> Result<()> {
         loadavg()
     );
     fsync_alone(rounds.min(500))?;
+    let mut pool_bytes = 0;
     for (choice, root) in [
         (CgroupChoice::V1, PathBuf::from("/sys/fs/cgroup/devices")),
         (CgroupChoice::V2, v2_mount.clone()),
@@ -73,9 +77,15 @@ fn main() -> Result<()> {
         let parent = root.join(&config.cgroups_root);
         let isolator = Isolator::new(config, inventory.clone(), nodes.clone())?;
         isolator.recover(&[], &[])?;
-        let result = run(&isolator, &root, rounds);
+        let result = run(
+            &isolator,
+            &root,
+            &work.path().join("pool/gpu/pool.json"),
+            rounds,
+        );
         let _ = std::fs::remove_dir(&parent);
         let figures = result?;
+        pool_bytes = pool_bytes.max(figures.pool_bytes);
         println!(
             "{:?} (checkpoint in {}), loadavg {}:",
             choice,
@@ -84,6 +94,7 @@ fn main() -> Result<()> {
         );
         figures.print(rounds);
     }
+    replace_alone(rounds.min(500), pool_bytes)?;
     Ok(())
 }
 
@@ -94,6 +105,8 @@ struct Figures {
     cleanup: Vec<Call>,
     total: Vec<Duration>,
     wall: Duration,
+    /// The size of `pool.json` with two containers holding GPUs (0 without a pool).
+    pool_bytes: u64,
 }
 
 impl Figures {
@@ -153,10 +166,13 @@ fn row(call: &str, step: &str, mut samples: Vec<Duration>, per_call: Option<f64>
     );
 }
 
-fn run(isolator: &Isolator, root: &Path, rounds: usize) -> Result<Figures> {
+fn run(isolator: &Isolator, root: &Path, pool_json: &Path, rounds: usize) -> Result<Figures> {
+    let mut figures = Figures {
+        pool_bytes: pool_size(isolator, pool_json)?,
+        ..Figures::default()
+    };
     let mut sleeper = Command::new("sleep").arg("100000").spawn()?;
     let pid = sleeper.id();
-    let mut figures = Figures::default();
     let anchor = ContainerId::new("bench-anchor")?;
     isolator.prepare(
         &anchor,
@@ -218,5 +234,54 @@ fn fsync_alone(n: usize) -> Result<()> {
     );
     row("fsync", "file", file_syncs, None);
     row("fsync", "directory", dir_syncs, None);
+    Ok(())
+}
+
+/// The size of `pool.json` during a cycle (the anchor and one container: two containers with
+/// GPUs), from two containers prepared, measured and cleaned up here, untimed, before the run.
+fn pool_size(isolator: &Isolator, pool_json: &Path) -> Result<u64> {
+    let ids = [
+        ContainerId::new("bench-size-1")?,
+        ContainerId::new("bench-size-2")?,
+    ];
+    for (id, gpus) in ids.iter().zip([1.0, 2.0]) {
+        isolator.prepare(
+            id,
+            PrepareConfig {
+                gpus,
+                ..PrepareConfig::default()
+            },
+        )?;
+    }
+    let bytes = std::fs::metadata(pool_json).map_or(0, |m| m.len());
+    for id in &ids {
+        isolator.cleanup(id)?;
+    }
+    Ok(bytes)
+}
+
+/// One crash-safe replace of a `bytes`-long file (at least 1 KiB) on the disk under `$TMPDIR`,
+/// `n` times, as the pool and the checkpoint are written: the floor of one durable write.
+fn replace_alone(n: usize, bytes: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pool.json");
+    let body = vec![b'x'; usize::try_from(bytes.max(1024))?];
+    let mut took = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        mesos_gpu_os::durable::replace(&path, &body, 0o644)?;
+        took.push(t0.elapsed());
+    }
+    println!(
+        "crash-safe replace alone ({n} times, {} B file, the size of pool.json with two containers, in {}), loadavg {}:",
+        body.len(),
+        dir.path().display(),
+        loadavg()
+    );
+    println!(
+        "  {:<8} {:<11} {:>9} {:>9} {:>9} {:>9}",
+        "", "", "p50 ms", "p95 ms", "p99 ms", "max ms"
+    );
+    row("replace", "durable", took, None);
     Ok(())
 }

@@ -25,9 +25,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use mesos_gpu_enforce::timing;
 use mesos_gpu_isolator::{
     lifecycle::CgroupChoice, lifecycle::ContainerId, lifecycle::Isolator,
     lifecycle::IsolatorConfig, lifecycle::LaunchInfo, lifecycle::PoolConfig, lifecycle::PoolRole,
@@ -127,16 +128,23 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         return launch(socket, &args.command);
     }
     let gpus = args.gpus.context("--gpus is required")?;
-    let (dev_root, simulated_env) = device_root(ctx)?;
-    let dev_root = dev_root.as_path();
+    let mut phases = Phases::new();
+    // Each phase in turn, so that its time is its own: the lazy context would otherwise set up
+    // the simulation and open NVML inside `device_root`.
+    ctx.simulation()?;
+    phases.mark("simulation");
     super::require_gpus(ctx, gpus)?;
     let inventory = ctx.inventory()?.clone();
+    phases.mark("nvml");
+    let (dev_root, simulated_env) = device_root(ctx)?;
+    let dev_root = dev_root.as_path();
     let nodes = DeviceNodes::scan(dev_root, &inventory).with_context(|| {
         format!(
             "cannot read the NVIDIA device nodes under {}",
             dev_root.display()
         )
     })?;
+    phases.mark("device_nodes");
     let id = ContainerId::new(format!(
         "exec-{}-{}",
         std::process::id(),
@@ -161,10 +169,12 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         }
     };
     let _private = PrivateDir(private);
+    phases.mark("setup");
     let isolator = Isolator::new(config, inventory, nodes).context("cannot set up the isolator")?;
     isolator
         .recover(&[], &[])
         .context("cannot start the container's record")?;
+    phases.mark("recover");
     let info = isolator
         .prepare(
             &id,
@@ -176,6 +186,7 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             },
         )
         .context("cannot prepare the container")?;
+    phases.mark("prepare");
     print_allocation(&id, &info);
     if args.numa.numa_pinning {
         let _ = writeln!(
@@ -184,12 +195,59 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
             crate::numa::describe(&info.pinning)
         );
     }
-    let outcome = start(&isolator, &id, &info, &simulated_env, &args.command)
-        .and_then(|child| wait_forwarding(&runtime, signals, child));
+    let outcome = start(&isolator, &id, &info, &simulated_env, &args.command).and_then(|child| {
+        phases.mark("start");
+        wait_forwarding(&runtime, signals, child)
+    });
+    phases.mark("command");
     let cleaned = clean_up(&isolator, &id);
+    phases.mark("cleanup");
+    phases.log();
     let status = outcome?;
     cleaned?;
     Ok(exit_code(status))
+}
+
+/// Where one exec's time went (issue 36), logged at debug when the command has been cleaned
+/// up: each phase from the end of the one before, and the lifecycle steps of its isolator calls
+/// ([`timing`]). The process's start before `run`, and its exit, are not in it.
+struct Phases {
+    start: Instant,
+    last: Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        let _ = timing::take();
+        let now = Instant::now();
+        Phases {
+            start: now,
+            last: now,
+            done: Vec::new(),
+        }
+    }
+
+    /// Ends phase `name` now.
+    fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.done.push((name, now - self.last));
+        self.last = now;
+    }
+
+    fn log(&self) {
+        let phases: Vec<String> = self
+            .done
+            .iter()
+            .map(|(name, took)| format!("{name}={}", took.as_micros()))
+            .collect();
+        tracing::debug!(
+            us = self.last.duration_since(self.start).as_micros(),
+            phases = %phases.join(" "),
+            steps = %timing::take(),
+            "exec timings"
+        );
+    }
 }
 
 /// The device root and the environment the task's programs get. A simulated node without
