@@ -44,8 +44,8 @@ use mesos_gpu_enforce::timing::{self, Step};
 use mesos_gpu_os::{IoError, JsonFile, LockFile, fsmode};
 
 use crate::shares::ShareReservation;
-use mesos_gpu_health::HealthStore;
 pub use holder::Holder;
+use mesos_gpu_health::HealthStore;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 pub use uuid::{EmptyUuid, GpuUuid};
 

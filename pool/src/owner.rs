@@ -315,7 +315,10 @@ mod tests {
             r#"{"kind":"docker","name":"mesos-c1","holder":{"framework_id":"f1","task_id":"t1"}}"#
         );
         assert_eq!(serde_json::from_str::<Owner>(&text).unwrap(), owner);
-        assert_eq!(owner.holder().and_then(|h| h.task_id.as_deref()), Some("t1"));
+        assert_eq!(
+            owner.holder().and_then(|h| h.task_id.as_deref()),
+            Some("t1")
+        );
         let older: Owner = serde_json::from_str(
             r#"{"kind":"mesos","agent":{"pid":1,"start_time":2,"boot_id":"b"},"cgroup":null}"#,
         )

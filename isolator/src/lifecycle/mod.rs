@@ -65,9 +65,9 @@ pub use launch::{LaunchInfo, Mount, PrepareConfig, mesos_launch_info};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
+pub use shared_pool::ELSEWHERE_OWNER;
 pub use shared_pool::{PoolConfig, PoolRole};
 pub use shares::{MpsRestart, SharingConfig};
-pub use shared_pool::ELSEWHERE_OWNER;
 pub use state::QUARANTINE_OWNER;
 pub use status::{Allocations, ContainerKind, ContainerStatus, GpuUsage, Usage};
 

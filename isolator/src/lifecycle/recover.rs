@@ -207,10 +207,7 @@ struct Found {
 }
 
 /// The checkpointed holders of the containers `state` kept (Mesos or Docker).
-fn holders_kept(
-    ckpt: &Checkpoint,
-    state: &State,
-) -> BTreeMap<ContainerId, mesos_gpu_pool::Holder> {
+fn holders_kept(ckpt: &Checkpoint, state: &State) -> BTreeMap<ContainerId, mesos_gpu_pool::Holder> {
     ckpt.holders
         .iter()
         .filter_map(|(id, holder)| Some((ContainerId::new(id.as_str()).ok()?, holder.clone())))

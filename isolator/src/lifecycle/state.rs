@@ -302,7 +302,9 @@ impl State {
             holders: self
                 .holders
                 .iter()
-                .filter(|(id, _)| self.containers.contains_key(*id) || self.docker.contains_key(*id))
+                .filter(|(id, _)| {
+                    self.containers.contains_key(*id) || self.docker.contains_key(*id)
+                })
                 .map(|(id, holder)| (id.to_string(), holder.clone()))
                 .collect(),
             quarantine: self
