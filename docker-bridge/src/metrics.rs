@@ -1532,6 +1532,27 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_gpu_has_one_holder_info_series_per_holder() {
+        let share = |container: &str, task: &str| ContainerFigures {
+            container: container.to_owned(),
+            holder: holder(task),
+            gpus: vec![held(0, "GPU-a")],
+        };
+        let text = encode(&NodeFigures {
+            containers: vec![share("c-1", "infer-1"), share("c-2", "infer-2")],
+            ..NodeFigures::default()
+        })
+        .unwrap();
+        let infos: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(r#"mesos_gpu_holder_info{gpu="0",uuid="GPU-a","#))
+            .collect();
+        assert_eq!(infos.len(), 2, "{text}");
+        assert!(infos[0].contains(r#"task_id="infer-1""#), "{infos:?}");
+        assert!(infos[1].contains(r#"task_id="infer-2""#), "{infos:?}");
+    }
+
+    #[test]
     fn the_pool_gives_each_records_gpus_and_holder() {
         let dir = tempfile::tempdir().unwrap();
         let sim = mesos_gpu_testkit::nvml_sim::SimNode::shipped("pcie-t4x4");
