@@ -611,6 +611,22 @@ fn docker_args_example() -> TestResult {
             format!("the volume {volume} is not in the simulated node's scratch state").into(),
         );
     }
+    // The holder the example names is recorded with its reservation's owner (issue 37).
+    let pool = flag_value(&line, "--pool-dir")?.join("gpu/pool.json");
+    let pool: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pool)?)?;
+    let owner = pool["reservations"]
+        .as_object()
+        .and_then(|all| all.values().find(|r| r["owner"]["name"] == launch["name"]))
+        .map(|r| &r["owner"])
+        .ok_or_else(|| format!("no reservation of {} in {pool:#}", launch["name"]))?;
+    let want = serde_json::json!({
+        "task_id": flag_value(&line, "--task-id")?,
+        "framework_id": flag_value(&line, "--framework-id")?,
+        "executor_id": flag_value(&line, "--executor-id")?,
+    });
+    if owner["holder"] != want {
+        return Err(format!("holder {} recorded, expected {want}", owner["holder"]).into());
+    }
     check_volume(root)
 }
 

@@ -266,3 +266,75 @@ fn serve_metrics_report_nvml_health_without_a_checkpoint() {
         "said once, not at every scrape:\n{text}"
     );
 }
+
+/// A Mesos agent answering `GET /state` with one framework, for as long as the test runs.
+fn fake_agent() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let body = r#"{"frameworks":[{"id":"fw-1","name":"marathon"}]}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// Issue 37: `serve`'s per-container series are the pool's records, labelled with the holder a
+/// record names and its framework's name from the agent (`--agent-url`); a released record's
+/// series are gone at the next collection.
+#[test]
+fn serve_labels_the_pools_containers_with_their_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_port();
+    let agent = dir.path().join("agent");
+    let pool = mesos_gpu_pool::Pool::at(dir.path().join("serve/pool"));
+    let uuid = "GPU-0a8d4f81-a14c-5a4b-828b-7216f53140ae";
+    let publish = |entries| {
+        let mut tx = pool.begin().unwrap();
+        tx.state.publish("docker-args", entries);
+        tx.commit().unwrap();
+    };
+    publish(vec![(
+        "c1".to_owned(),
+        mesos_gpu_pool::Owner::Docker {
+            name: "mesos-c1".to_owned(),
+            daemon: None,
+            starter: None,
+            holder: Some(mesos_gpu_pool::Holder {
+                executor_id: Some("e1".to_owned()),
+                framework_id: Some("fw-1".to_owned()),
+                framework_name: None,
+                task_id: Some("t1".to_owned()),
+                task_name: Some("train".to_owned()),
+            }),
+        },
+        vec![mesos_gpu_pool::GpuUuid::new(uuid).unwrap()],
+    )]);
+    let mut cmd = serve_command(Path::new("dgx1-v100"), addr, dir.path(), &agent);
+    cmd.arg("--agent-url")
+        .arg(format!("http://{}", fake_agent()));
+    let mut serve = serve(cmd);
+    let body = first_metrics(&mut serve, addr);
+    let who = r#"container_id="c1",executor_id="e1",framework_id="fw-1",framework_name="marathon",task_id="t1",task_name="train""#;
+    for line in [
+        format!("mesos_gpu_container_gpus{{{who}}} 1"),
+        format!(r#"mesos_gpu_holder_info{{gpu="0",uuid="{uuid}",{who}}} 1"#),
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} missing: {body}");
+    }
+    assert_eq!(body.matches("mesos_gpu_holder_info{").count(), 1, "{body}");
+    publish(Vec::new());
+    // A collection is reused for 1 s.
+    std::thread::sleep(Duration::from_millis(1100));
+    let after = get(addr, "/metrics").expect("metrics");
+    assert!(!after.contains(r#"container_id="c1""#), "{after}");
+    assert!(!after.contains("mesos_gpu_holder_info{"), "{after}");
+}

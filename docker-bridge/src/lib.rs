@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+pub mod agent;
 pub mod args;
 pub mod bridge;
 pub mod cdi;

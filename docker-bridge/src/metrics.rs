@@ -9,8 +9,25 @@
 //! that is gone has no stale series.
 //!
 //! Names: `mesos_gpu_*` per GPU (`gpu`, `uuid` labels), `mesos_gpu_container_*` per container
-//! and GPU (`container` label), `mesos_gpu_allocator_*`, and `mesos_gpu_module_*`: the module's
+//! and GPU, `mesos_gpu_allocator_*`, and `mesos_gpu_module_*`: the module's
 //! own heap and table sizes ([`ModuleSource`]), to tell a leak of the module from the agent's.
+//!
+//! Holders (issue 37): every `mesos_gpu_container_*` series carries the container's Mesos
+//! identity: `container_id`, `executor_id`, `framework_id`, `framework_name`, `task_id` and
+//! `task_name` (empty when unknown: a container prepared without task info has no task, and a
+//! framework name is read from the agent, [`crate::agent`], so it is empty when the agent does
+//! not answer). Per-GPU series carry no holder: a GPU shared by several containers has several,
+//! and a label that changes with the holder would start a new series at each task. Instead
+//! `mesos_gpu_holder_info{gpu, uuid, container_id, executor_id, framework_id, framework_name,
+//! task_id, task_name}` is 1 for each (GPU, container holding it), the info-series pattern of
+//! kube-state-metrics and dcgm-exporter: join it on `gpu`/`uuid` (`* on(uuid)
+//! group_left(task_id) mesos_gpu_holder_info`). A free GPU has none. Cardinality stays bounded:
+//! a container's series are those of the containers holding GPUs now, and as the registry is
+//! built afresh per collection, they vanish with the container. Containers come from this
+//! process's allocator (with the holder its isolator recorded) and, with a pool
+//! ([`PoolHoldings`]), from every record of the node's pool: Docker tasks reserved by
+//! `docker-args`, other publishers' containers; `serve`, which has no allocator, reports the
+//! pool's.
 //! prometheus-client appends `_total` to counters. `mesos_gpu_health{state, reason, recovery}` is 1 for each GPU's current health:
 //! `state` is `healthy`, `unhealthy` or `lost`, `reason` the failure (`xid_79`,
 //! `double_bit_ecc`, `lost`, `unwatchable`; empty when healthy), `recovery` how it comes back
@@ -37,13 +54,16 @@ use hyper::{Method, Request, Response, StatusCode};
 use mesos_gpu_health::{
     Comeback, Failure, GpuRecord, HealthMonitor, HealthStore, LoopStats, Remedy,
 };
-use mesos_gpu_isolator::{lifecycle::Isolator, lifecycle::QUARANTINE_OWNER};
+use mesos_gpu_isolator::lifecycle::{ContainerId, ELSEWHERE_OWNER, Isolator, QUARANTINE_OWNER};
 use mesos_gpu_node::discovery::GpuDriver;
+use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_node::{
     usage::ContainerCgroup, usage::GpuReadings, usage::GpuUsage, usage::UsageReader,
 };
 use mesos_gpu_placement::{allocator::Allocator, allocator::Counters, allocator::Fragmentation};
 use prometheus_client::encoding::EncodeLabelSet;
+
+use crate::agent::FrameworkNames;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -85,6 +105,8 @@ pub struct GpuFigures {
 pub struct ContainerFigures {
     /// The container (allocator owner).
     pub container: String,
+    /// Whose container it is (every field `None` when not known).
+    pub holder: Holder,
     /// Its GPUs and their use (use unknown when its cgroup is not known).
     pub gpus: Vec<GpuUsage>,
 }
@@ -212,13 +234,98 @@ impl HealthSource for HealthStore {
     }
 }
 
-/// A container and the GPUs it holds, by NVML index.
-pub type OwnerGpus = (String, Vec<u32>);
+pub use mesos_gpu_pool::Holder;
+
+/// A container, whose it is, and the GPUs it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    /// The container (allocator owner, or the pool record's id).
+    pub container: String,
+    /// Whose container it is, when recorded.
+    pub holder: Option<Holder>,
+    /// Its GPUs, by NVML index.
+    pub gpus: Vec<u32>,
+}
 
 /// Where allocator figures and owners come from.
 pub trait AllocatorSource: Send + Sync {
     /// The allocator's figures and the containers holding GPUs; `None` when unavailable.
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)>;
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holding>)>;
+}
+
+/// Where containers holding GPUs come from besides this process's allocator.
+pub trait HoldingSource: Send + Sync {
+    /// The containers holding GPUs of `inventory` now.
+    fn holdings(&self, inventory: &Inventory) -> Vec<Holding>;
+}
+
+/// Every record of the node's pool ([`mesos_gpu_pool`]), read without its lock at each
+/// collection: whole GPUs and shares, by the UUIDs of `inventory` (a MIG device's record
+/// counts for its parent GPU); quarantine records are left out.
+#[derive(Debug)]
+pub struct PoolHoldings {
+    pool: mesos_gpu_pool::Pool,
+}
+
+impl PoolHoldings {
+    /// The pool in `dir` (its `gpu/pool.json`).
+    pub fn at(dir: impl Into<std::path::PathBuf>) -> PoolHoldings {
+        PoolHoldings {
+            pool: mesos_gpu_pool::Pool::at(dir),
+        }
+    }
+}
+
+impl HoldingSource for PoolHoldings {
+    fn holdings(&self, inventory: &Inventory) -> Vec<Holding> {
+        let state = match self.pool.read() {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::debug!(error = %mesos_gpu_os::error_chain(&error), "no pool records for metrics");
+                return Vec::new();
+            }
+        };
+        let index_of = |uuid: &str| {
+            inventory.by_uuid(uuid).map(|g| g.index).or_else(|| {
+                let minor = inventory.mig.by_uuid(uuid)?.parent_minor;
+                inventory
+                    .gpus
+                    .iter()
+                    .find(|g| g.minor == minor)
+                    .map(|g| g.index)
+            })
+        };
+        let mut out: BTreeMap<String, Holding> = BTreeMap::new();
+        let records = state
+            .reservations
+            .iter()
+            .map(|(id, r)| (id, &r.owner, r.gpus.iter().map(|u| u.as_str()).collect()))
+            .chain(
+                state
+                    .shares
+                    .iter()
+                    .map(|(id, s)| (id, &s.owner, vec![s.grant.uuid.as_str()])),
+            );
+        for (id, owner, uuids) in records {
+            if matches!(owner, mesos_gpu_pool::Owner::Quarantine { .. }) {
+                continue;
+            }
+            let entry = out.entry(id.clone()).or_insert_with(|| Holding {
+                container: id.clone(),
+                holder: owner.holder().cloned(),
+                gpus: Vec::new(),
+            });
+            let uuids: Vec<&str> = uuids;
+            entry.gpus.extend(uuids.into_iter().filter_map(index_of));
+        }
+        out.into_values()
+            .map(|mut h| {
+                h.gpus.sort_unstable();
+                h.gpus.dedup();
+                h
+            })
+            .collect()
+    }
 }
 
 fn figures_of(alloc: &Allocator, quarantined: u32) -> AllocatorFigures {
@@ -232,18 +339,22 @@ fn figures_of(alloc: &Allocator, quarantined: u32) -> AllocatorFigures {
     }
 }
 
-fn owners_of(alloc: &Allocator) -> Vec<OwnerGpus> {
+fn owners_of(alloc: &Allocator) -> Vec<Holding> {
     alloc
         .owners()
         .into_iter()
         .filter(|(owner, _)| *owner != QUARANTINE_OWNER)
-        .map(|(o, set)| (o.to_owned(), set.to_vec()))
+        .map(|(o, set)| Holding {
+            container: o.to_owned(),
+            holder: None,
+            gpus: set.to_vec(),
+        })
         .collect()
 }
 
 /// A bare allocator (tools and tests).
 impl AllocatorSource for Mutex<Allocator> {
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)> {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holding>)> {
         let alloc = self.lock().unwrap_or_else(PoisonError::into_inner);
         let quarantined = alloc
             .owners()
@@ -254,9 +365,11 @@ impl AllocatorSource for Mutex<Allocator> {
     }
 }
 
-/// The isolator of this process (the module in mesos-agent).
+/// The isolator of this process (the module in mesos-agent): its own containers, with the
+/// holder each was prepared with; GPUs it holds for the pool's other records
+/// ([`ELSEWHERE_OWNER`]) are left to a [`PoolHoldings`].
 impl AllocatorSource for Isolator {
-    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<OwnerGpus>)> {
+    fn allocator_figures(&self) -> Option<(AllocatorFigures, Vec<Holding>)> {
         let quarantined = self
             .allocations()
             .map(|a| u32::try_from(a.quarantined.len()).unwrap_or(u32::MAX));
@@ -264,7 +377,21 @@ impl AllocatorSource for Isolator {
             self.inspect_allocator(|alloc| (figures_of(alloc, quarantined), owners_of(alloc)))
         });
         match result {
-            Ok(found) => Some(found),
+            Ok((figures, owners)) => {
+                let owners = owners
+                    .into_iter()
+                    .filter(|h| h.container != ELSEWHERE_OWNER)
+                    .map(|mut h| {
+                        // Read after the allocator's lock is given back: `status` takes it.
+                        h.holder = ContainerId::new(h.container.as_str())
+                            .ok()
+                            .and_then(|id| self.status(&id).ok())
+                            .and_then(|s| s.holder);
+                        h
+                    })
+                    .collect();
+                Some((figures, owners))
+            }
             Err(error) => {
                 tracing::warn!(error = %error, "no allocator figures for metrics");
                 None
@@ -283,6 +410,8 @@ pub struct NvmlFigures {
     cgroup_of: Option<CgroupOf>,
     usage: UsageReader,
     module: Option<Arc<dyn ModuleSource>>,
+    holdings: Option<Arc<dyn HoldingSource>>,
+    frameworks: Option<Arc<dyn FrameworkNames>>,
 }
 
 impl std::fmt::Debug for NvmlFigures {
@@ -306,7 +435,22 @@ impl NvmlFigures {
             cgroup_of: None,
             usage: UsageReader::default(),
             module: None,
+            holdings: None,
+            frameworks: None,
         }
+    }
+
+    /// Adds the containers of `holdings` (the node's pool) to those of the allocator: a
+    /// container both name is reported once, as the allocator has it.
+    pub fn with_holdings(mut self, holdings: Arc<dyn HoldingSource>) -> NvmlFigures {
+        self.holdings = Some(holdings);
+        self
+    }
+
+    /// Names each holder's framework with `names` (the agent's `/state`).
+    pub fn with_framework_names(mut self, names: Arc<dyn FrameworkNames>) -> NvmlFigures {
+        self.frameworks = Some(names);
+        self
     }
 
     /// Adds the module's own heap and table sizes.
@@ -337,6 +481,14 @@ impl NvmlFigures {
 }
 
 impl NvmlFigures {
+    /// `holder` with its framework's name, when the framework names know it.
+    fn named(&self, holder: Holder) -> Holder {
+        match &self.frameworks {
+            Some(names) => crate::agent::with_framework_name(holder, names.as_ref()),
+            None => holder,
+        }
+    }
+
     /// Logs what the checkpoint read found when it differs from the last scrape's.
     fn note_checkpoint(&self, status: Option<&CheckpointStatus>) {
         let Some(status) = status else {
@@ -400,33 +552,51 @@ impl FigureSource for NvmlFigures {
                 }
             })
             .collect();
-        let (allocator, owners) = match self.allocator.as_ref().and_then(|a| a.allocator_figures())
-        {
-            Some((figures, owners)) => (Some(figures), owners),
-            None => (None, Vec::new()),
-        };
+        let (allocator, mut owners) =
+            match self.allocator.as_ref().and_then(|a| a.allocator_figures()) {
+                Some((figures, owners)) => (Some(figures), owners),
+                None => (None, Vec::new()),
+            };
+        if let Some(holdings) = &self.holdings {
+            for h in holdings.holdings(self.driver.inventory()) {
+                if !owners.iter().any(|o| o.container == h.container) {
+                    owners.push(h);
+                }
+            }
+        }
         let containers = owners
             .into_iter()
-            .map(|(container, held)| {
-                let cgroup = self.cgroup_of.as_ref().and_then(|f| f(&container));
-                let gpus = held
-                    .iter()
-                    .filter_map(|&i| gpus.iter().find(|g| g.readings.index == i))
-                    .map(|g| match &cgroup {
-                        Some(cgroup) => self.usage.attribute(&g.readings, cgroup),
-                        None => GpuUsage {
-                            index: g.readings.index,
-                            uuid: g.readings.uuid.clone(),
-                            utilization_gpu: g.readings.utilization_gpu,
-                            utilization_memory: g.readings.utilization_memory,
-                            memory_used: None,
-                            memory_total: g.readings.memory_total,
-                            pids: None,
-                        },
-                    })
-                    .collect();
-                ContainerFigures { container, gpus }
-            })
+            .map(
+                |Holding {
+                     container,
+                     holder,
+                     gpus: held,
+                 }| {
+                    let holder = self.named(holder.unwrap_or_default());
+                    let cgroup = self.cgroup_of.as_ref().and_then(|f| f(&container));
+                    let gpus = held
+                        .iter()
+                        .filter_map(|&i| gpus.iter().find(|g| g.readings.index == i))
+                        .map(|g| match &cgroup {
+                            Some(cgroup) => self.usage.attribute(&g.readings, cgroup),
+                            None => GpuUsage {
+                                index: g.readings.index,
+                                uuid: g.readings.uuid.clone(),
+                                utilization_gpu: g.readings.utilization_gpu,
+                                utilization_memory: g.readings.utilization_memory,
+                                memory_used: None,
+                                memory_total: g.readings.memory_total,
+                                pids: None,
+                            },
+                        })
+                        .collect();
+                    ContainerFigures {
+                        container,
+                        holder,
+                        gpus,
+                    }
+                },
+            )
             .collect();
         NodeFigures {
             gpus,
@@ -513,16 +683,39 @@ struct EccLabels {
     kind: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ContainerGpuLabels {
-    container: String,
-    gpu: String,
-    uuid: String,
-}
-
+/// A container's labels: its id and whose it is (empty when unknown).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ContainerLabels {
-    container: String,
+    container_id: String,
+    executor_id: String,
+    framework_id: String,
+    framework_name: String,
+    task_id: String,
+    task_name: String,
+}
+
+impl ContainerLabels {
+    fn of(c: &ContainerFigures) -> ContainerLabels {
+        let h = &c.holder;
+        let text = |v: &Option<String>| v.clone().unwrap_or_default();
+        ContainerLabels {
+            container_id: c.container.clone(),
+            executor_id: text(&h.executor_id),
+            framework_id: text(&h.framework_id),
+            framework_name: text(&h.framework_name),
+            task_id: text(&h.task_id),
+            task_name: text(&h.task_name),
+        }
+    }
+}
+
+/// A GPU of a container: the GPU, then the container's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerGpuLabels {
+    gpu: String,
+    uuid: String,
+    #[prometheus(flatten)]
+    container: ContainerLabels,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -775,6 +968,12 @@ fn register_containers(r: &mut Registry, containers: &[ContainerFigures]) {
         "mesos_gpu_container_gpus",
         "GPUs allocated to the container",
     );
+    let info = gauge::<ContainerGpuLabels>(
+        r,
+        "mesos_gpu_holder_info",
+        "1 for each GPU and container holding it, with whose container it is (join on gpu or \
+         uuid); none for a free GPU",
+    );
     let c_util = gauge::<ContainerGpuLabels>(
         r,
         "mesos_gpu_container_utilization_percent",
@@ -787,16 +986,15 @@ fn register_containers(r: &mut Registry, containers: &[ContainerFigures]) {
     );
     for c in containers {
         let count = i64::try_from(c.gpus.len()).unwrap_or(i64::MAX);
-        held.get_or_create(&ContainerLabels {
-            container: c.container.clone(),
-        })
-        .set(count);
+        let labels = ContainerLabels::of(c);
+        held.get_or_create(&labels).set(count);
         for g in &c.gpus {
             let l = ContainerGpuLabels {
-                container: c.container.clone(),
                 gpu: g.index.to_string(),
                 uuid: g.uuid.clone(),
+                container: labels.clone(),
             };
+            info.get_or_create(&l).set(1);
             if let Some(u) = g.utilization_gpu {
                 c_util.get_or_create(&l).set(i64::from(u));
             }
@@ -1265,5 +1463,146 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing: {text}");
         }
+    }
+
+    fn holder(task: &str) -> Holder {
+        Holder {
+            executor_id: Some(format!("{task}-executor")),
+            framework_id: Some("fw-1".to_owned()),
+            framework_name: Some("marathon".to_owned()),
+            task_id: Some(task.to_owned()),
+            task_name: None,
+        }
+    }
+
+    fn held(index: u32, uuid: &str) -> GpuUsage {
+        GpuUsage {
+            index,
+            uuid: uuid.to_owned(),
+            utilization_gpu: Some(40),
+            utilization_memory: None,
+            memory_used: None,
+            memory_total: None,
+            pids: None,
+        }
+    }
+
+    #[test]
+    fn container_series_carry_their_holder_and_vanish_with_it() {
+        let two = ContainerFigures {
+            container: "c-two".to_owned(),
+            holder: holder("train"),
+            gpus: vec![held(0, "GPU-a"), held(1, "GPU-b")],
+        };
+        let bare = ContainerFigures {
+            container: "c-bare".to_owned(),
+            holder: Holder::default(),
+            gpus: vec![held(2, "GPU-c")],
+        };
+        let figures = NodeFigures {
+            containers: vec![two.clone(), bare],
+            ..NodeFigures::default()
+        };
+        let text = encode(&figures).unwrap();
+        let who = r#"container_id="c-two",executor_id="train-executor",framework_id="fw-1",framework_name="marathon",task_id="train",task_name="""#;
+        for line in [
+            format!("mesos_gpu_container_gpus{{{who}}} 2"),
+            format!(r#"mesos_gpu_holder_info{{gpu="0",uuid="GPU-a",{who}}} 1"#),
+            format!(r#"mesos_gpu_holder_info{{gpu="1",uuid="GPU-b",{who}}} 1"#),
+            format!(r#"mesos_gpu_container_utilization_percent{{gpu="1",uuid="GPU-b",{who}}} 40"#),
+            r#"mesos_gpu_container_gpus{container_id="c-bare",executor_id="",framework_id="",framework_name="",task_id="",task_name=""} 1"#.to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing: {text}");
+        }
+        // The bare container ends: no series of it remains, the other's stay.
+        let after = encode(&NodeFigures {
+            containers: vec![two],
+            ..NodeFigures::default()
+        })
+        .unwrap();
+        assert!(!after.contains("c-bare"), "{after}");
+        assert!(
+            !after.contains(r#"gpu="2""#),
+            "a free GPU has no holder: {after}"
+        );
+        assert!(after.contains(r#"task_id="train""#), "{after}");
+        // None left: the families are empty.
+        let none = encode(&NodeFigures::default()).unwrap();
+        assert!(!none.contains("container_id="), "{none}");
+    }
+
+    #[test]
+    fn a_shared_gpu_has_one_holder_info_series_per_holder() {
+        let share = |container: &str, task: &str| ContainerFigures {
+            container: container.to_owned(),
+            holder: holder(task),
+            gpus: vec![held(0, "GPU-a")],
+        };
+        let text = encode(&NodeFigures {
+            containers: vec![share("c-1", "infer-1"), share("c-2", "infer-2")],
+            ..NodeFigures::default()
+        })
+        .unwrap();
+        let infos: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(r#"mesos_gpu_holder_info{gpu="0",uuid="GPU-a","#))
+            .collect();
+        assert_eq!(infos.len(), 2, "{text}");
+        assert!(infos[0].contains(r#"task_id="infer-1""#), "{infos:?}");
+        assert!(infos[1].contains(r#"task_id="infer-2""#), "{infos:?}");
+    }
+
+    #[test]
+    fn the_pool_gives_each_records_gpus_and_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = mesos_gpu_testkit::nvml_sim::SimNode::shipped("pcie-t4x4");
+        let mesos_gpu_node::discovery::Discovery::Driver(driver) =
+            GpuDriver::open(Some(&sim.lib_path())).unwrap()
+        else {
+            panic!("no driver");
+        };
+        let inventory = driver.inventory().clone();
+        let uuid =
+            |i: usize| mesos_gpu_pool::GpuUuid::new(inventory.gpus[i].uuid.as_str()).unwrap();
+        let pool = mesos_gpu_pool::Pool::at(dir.path());
+        let mut tx = pool.begin().unwrap();
+        tx.state.publish(
+            "docker-args",
+            vec![
+                (
+                    "d1".to_owned(),
+                    mesos_gpu_pool::Owner::Docker {
+                        name: "mesos-d1".to_owned(),
+                        daemon: None,
+                        starter: None,
+                        holder: Some(holder("web")),
+                    },
+                    vec![uuid(2), uuid(3)],
+                ),
+                (
+                    "q".to_owned(),
+                    mesos_gpu_pool::Owner::Quarantine {
+                        reason: "test".to_owned(),
+                    },
+                    vec![uuid(0)],
+                ),
+            ],
+        );
+        tx.commit().unwrap();
+        drop(tx);
+        let found = PoolHoldings::at(dir.path()).holdings(&inventory);
+        assert_eq!(
+            found,
+            [Holding {
+                container: "d1".to_owned(),
+                holder: Some(holder("web")),
+                gpus: vec![inventory.gpus[2].index, inventory.gpus[3].index],
+            }]
+        );
+        assert!(
+            PoolHoldings::at(dir.path().join("none"))
+                .holdings(&inventory)
+                .is_empty()
+        );
     }
 }

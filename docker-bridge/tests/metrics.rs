@@ -131,7 +131,10 @@ fn metrics_over_http_match_the_simulated_node() {
         );
     }
     assert_eq!(
-        value(&body, r#"mesos_gpu_container_gpus{container="task-1"}"#),
+        value(
+            &body,
+            r#"mesos_gpu_container_gpus{container_id="task-1",executor_id="",framework_id="",framework_name="",task_id="",task_name=""}"#
+        ),
         Some(2.0),
         "{body}"
     );

@@ -139,6 +139,19 @@ class MesosGpuDockerHook : public Hook {
     } else if (executorInfo.has_container()) {
       config.mutable_container_info()->CopyFrom(executorInfo.container());
     }
+    // Whose task it is (the library passes it on as --executor-id, --framework-id, --task-id
+    // and --task-name): the ids only, with the fields TaskInfo requires.
+    config.mutable_executor_info()->mutable_executor_id()->CopyFrom(executorInfo.executor_id());
+    if (executorInfo.has_framework_id()) {
+      config.mutable_executor_info()->mutable_framework_id()->CopyFrom(
+          executorInfo.framework_id());
+    }
+    if (taskInfo.isSome()) {
+      mesos::TaskInfo* task = config.mutable_task_info();
+      task->set_name(taskInfo->name());
+      task->mutable_task_id()->CopyFrom(taskInfo->task_id());
+      task->mutable_slave_id()->CopyFrom(taskInfo->slave_id());
+    }
     std::string serialized;
     config.SerializeToString(&serialized);
     Try<std::vector<std::string>> argv = argvFrom([&](uint8_t* buf, size_t cap, size_t* len,

@@ -10,7 +10,10 @@
 //! For each container: its kind (`mesos`, `nested` with its parent, `docker`), its GPUs (NVML
 //! index, minor, UUID, health from the module's monitor, and NVML's figures: utilisation, memory
 //! used by the container's own processes, memory in all, those processes), its MIG devices and
-//! its share of a shared GPU. A figure NVML does not give is left out (`null`), never 0.
+//! its share of a shared GPU, and whose container it is (`holder`: `executor_id`,
+//! `framework_id`, `framework_name` (read from the agent's `/state`), `task_id`, `task_name`,
+//! each left out when unknown; `null` when none is known). A figure NVML does not give is left
+//! out (`null`), never 0.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,6 +21,9 @@ use mesos_gpu_health::GpuHealth;
 use mesos_gpu_isolator::lifecycle::{ContainerKind, Isolator, LifecycleError};
 use mesos_gpu_placement::sharing::PlacedShare;
 use serde::Serialize;
+
+use mesos_gpu_docker::agent::{FrameworkNames, with_framework_name};
+use mesos_gpu_pool::Holder;
 
 /// The endpoint's answer.
 #[derive(Debug, Serialize)]
@@ -38,6 +44,7 @@ struct ContainerView {
     gpus: Vec<GpuView>,
     mig: Vec<String>,
     share: Option<PlacedShare>,
+    holder: Option<Holder>,
 }
 
 /// One GPU of a container.
@@ -57,7 +64,11 @@ struct GpuView {
 
 /// Reads every container's GPUs now. A container cleaned up between the listing and its read is
 /// left out.
-pub(crate) fn view(isolator: &Isolator) -> Result<ContainersView, LifecycleError> {
+/// Framework names come from `names`, when given.
+pub(crate) fn view(
+    isolator: &Isolator,
+    names: Option<&dyn FrameworkNames>,
+) -> Result<ContainersView, LifecycleError> {
     let monitor = isolator.health_monitor();
     let mut containers = Vec::new();
     for id in isolator.containers()? {
@@ -96,6 +107,10 @@ pub(crate) fn view(isolator: &Isolator) -> Result<ContainersView, LifecycleError
             gpus,
             mig: status.mig,
             share: status.share,
+            holder: status.holder.map(|h| match names {
+                Some(names) => with_framework_name(h, names),
+                None => h,
+            }),
         });
     }
     let timestamp = SystemTime::now()

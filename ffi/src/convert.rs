@@ -193,6 +193,25 @@ pub(crate) fn requested_cpus(resources: &[Resource]) -> Option<f64> {
     (!scalars.is_empty()).then(|| scalars.iter().sum())
 }
 
+/// Whose container `config` is for: its executor and framework (`executor_info`) and, for a
+/// command task, its task (`task_info`); `None` when it names none of them. The one reading of
+/// a holder from a `ContainerConfig`: the module's `prepare` and the Docker hook both use it.
+pub(crate) fn holder(config: &ContainerConfig) -> Option<mesos_gpu_pool::Holder> {
+    let executor = config.executor_info.as_ref();
+    let task = config.task_info.as_ref();
+    let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    mesos_gpu_pool::Holder {
+        executor_id: executor.and_then(|e| nonempty(&e.executor_id.value)),
+        framework_id: executor
+            .and_then(|e| e.framework_id.as_ref())
+            .and_then(|f| nonempty(&f.value)),
+        framework_name: None,
+        task_id: task.and_then(|t| nonempty(&t.task_id.value)),
+        task_name: task.and_then(|t| nonempty(&t.name)),
+    }
+    .known()
+}
+
 /// `ContainerConfig` → `PrepareConfig` for container `id`.
 pub(crate) fn prepare_config(
     id: &mesos::ContainerId,
@@ -216,6 +235,7 @@ pub(crate) fn prepare_config(
         nested_cgroup: nested_cgroup(id)?,
         capabilities: task_capabilities(config),
         sharing: requested_sharing(id, config)?,
+        holder: holder(config),
         ..PrepareConfig::default()
     })
 }
@@ -482,6 +502,42 @@ mod tests {
         assert_eq!(p.image_labels, ["com.nvidia.volumes.needed"]);
         assert!(p.has_task_info);
         assert_eq!(p.parent.unwrap().as_str(), "parent");
+    }
+
+    #[test]
+    fn the_holder_is_read_from_executor_and_task_info() {
+        let mut c = config(vec![gpus_resource(2.0)]);
+        assert_eq!(prepare_config(&mid("a", None), &c).unwrap().holder, None);
+        c.executor_info = Some(mesos::ExecutorInfo {
+            executor_id: mesos::ExecutorId {
+                value: "exec-1".into(),
+            },
+            framework_id: Some(mesos::FrameworkId {
+                value: "fw-1".into(),
+            }),
+            ..Default::default()
+        });
+        let executor_only = prepare_config(&mid("a", None), &c).unwrap().holder;
+        assert_eq!(
+            executor_only,
+            Some(mesos_gpu_pool::Holder {
+                executor_id: Some("exec-1".into()),
+                framework_id: Some("fw-1".into()),
+                ..Default::default()
+            })
+        );
+        c.task_info = Some(mesos::TaskInfo {
+            name: "train".into(),
+            task_id: mesos::TaskId {
+                value: "task-1".into(),
+            },
+            ..Default::default()
+        });
+        let holder = prepare_config(&mid("a", None), &c).unwrap().holder.unwrap();
+        assert_eq!(holder.task_id.as_deref(), Some("task-1"));
+        assert_eq!(holder.task_name.as_deref(), Some("train"));
+        assert_eq!(holder.executor_id.as_deref(), Some("exec-1"));
+        assert_eq!(holder.framework_name, None, "never in a ContainerConfig");
     }
 
     #[test]

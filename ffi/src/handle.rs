@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use mesos_gpu_docker::agent::{AgentFrameworks, FrameworkNames};
 use mesos_gpu_docker::daemons::EngineDaemons;
-use mesos_gpu_docker::metrics::{self, Metrics, ModuleFigures, ModuleSource, NvmlFigures};
+use mesos_gpu_docker::metrics::{
+    self, Metrics, ModuleFigures, ModuleSource, NvmlFigures, PoolHoldings,
+};
 use mesos_gpu_enforce::mps::ComputeModes;
 use mesos_gpu_enforce::timing;
 use mesos_gpu_health::{GpuRef, MonitorConfig};
@@ -99,6 +102,9 @@ impl ModuleSource for ModuleMemory {
 pub struct MgpuIsolator {
     isolator: Arc<Isolator>,
     metrics: Metrics,
+    /// The agent's framework names (its `/state`), for the holders the module reports; `None`
+    /// outside an agent.
+    frameworks: Option<Arc<AgentFrameworks>>,
     inventory: Inventory,
     /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
     /// MIG device each stands for.
@@ -152,6 +158,7 @@ impl MgpuIsolator {
             None => None,
         };
         let mut config = params.config.isolator.clone();
+        let pool_dir = config.pool.as_ref().map(|p| p.dir.clone());
         config.driver_volume = driver_volume;
         if config.pinning.enabled {
             config.pinning.affinities = driver.affinities();
@@ -188,6 +195,14 @@ impl MgpuIsolator {
         let isolator = Arc::new(isolator);
         let mut figures =
             NvmlFigures::new(driver).with_allocator(isolator.clone(), None, UsageReader::default());
+        // The pool's other records (Docker tasks of `docker-args`) are containers too.
+        if let Some(dir) = pool_dir {
+            figures = figures.with_holdings(Arc::new(PoolHoldings::at(dir)));
+        }
+        let frameworks = AgentFrameworks::of_this_agent().map(Arc::new);
+        if let Some(names) = &frameworks {
+            figures = figures.with_framework_names(Arc::clone(names) as Arc<dyn FrameworkNames>);
+        }
         if let Some(monitor) = isolator.health_monitor() {
             figures = figures.with_health(monitor);
         }
@@ -198,6 +213,7 @@ impl MgpuIsolator {
         }));
         Ok(MgpuIsolator {
             metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
+            frameworks,
             isolator,
             mig_profiles: MigOffer::of(&inventory, MigStrategy::Mixed)
                 .profiles
@@ -399,7 +415,8 @@ impl MgpuIsolator {
     /// agent endpoint `/mesos-gpu/containers`.
     pub(crate) fn containers(&self) -> Result<Vec<u8>, FfiError> {
         self.panic_point("containers");
-        let view = crate::containers::view(&self.isolator)?;
+        let names = self.frameworks.as_deref().map(|n| n as &dyn FrameworkNames);
+        let view = crate::containers::view(&self.isolator, names)?;
         serde_json::to_vec(&view).map_err(|source| FfiError::Containers { source })
     }
 

@@ -8,7 +8,9 @@
 //! `--mig=mig-<profile>:N` per MIG scalar (each `N` a whole number by the module's rule,
 //! [`mig_counts`]), `--cpus=C` (its `cpus`, when the command pins with `--numa-pinning`: pinning never leaves a task fewer CPUs than it asked
 //! for), `--container-id=<id>` (the Mesos id in `mesos-<id>`), `--json` and, with an image,
-//! `--image=<image> --unpulled-image-ok`; `docker-args` then reserves and prints the task's
+//! `--image=<image> --unpulled-image-ok`, and what the task's `TaskInfo` and `ExecutorInfo` say
+//! of its holder (`--executor-id`, `--framework-id`, `--task-id`, `--task-name`, each when
+//! known); `docker-args` then reserves and prints the task's
 //! grant as a versioned JSON launch, which the hook passes on unchanged in
 //! `MESOS_GPU_DOCKER_ARGS` and `docker-wrapper` renders for the pulled image as every Docker
 //! path renders one. A task asking for neither gets no command: the hook runs
@@ -99,6 +101,7 @@ pub(crate) fn launch_argv(
         argv.push(format!("--cpus={cpus}"));
     }
     argv.push(format!("--container-id={id}"));
+    argv.extend(holder_args(config));
     argv.push("--json".to_owned());
     let image = config
         .container_info
@@ -111,6 +114,24 @@ pub(crate) fn launch_argv(
         argv.push("--unpulled-image-ok".to_owned());
     }
     Ok(Some(argv))
+}
+
+/// `--executor-id`, `--framework-id`, `--task-id` and `--task-name` for what `config` says of
+/// the task's holder ([`convert::holder`]), each only when known; `docker-args` records them
+/// with the reservation.
+fn holder_args(config: &ContainerConfig) -> Vec<String> {
+    let Some(holder) = convert::holder(config) else {
+        return Vec::new();
+    };
+    [
+        ("executor-id", holder.executor_id),
+        ("framework-id", holder.framework_id),
+        ("task-id", holder.task_id),
+        ("task-name", holder.task_name),
+    ]
+    .into_iter()
+    .filter_map(|(flag, value)| Some(format!("--{flag}={}", value?)))
+    .collect()
 }
 
 /// The command that gives back the GPUs of Docker container `id`.
@@ -194,6 +215,30 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(plain[4..], ["--gpus=2", "--container-id=x", "--json"]);
+        let mut held = config(vec![scalar("gpus", 1.0)], None);
+        held.executor_info = Some(crate::proto::mesos::ExecutorInfo {
+            executor_id: crate::proto::mesos::ExecutorId { value: "e1".into() },
+            framework_id: Some(crate::proto::mesos::FrameworkId { value: "f1".into() }),
+            ..Default::default()
+        });
+        held.task_info = Some(crate::proto::mesos::TaskInfo {
+            name: "a task".into(),
+            task_id: crate::proto::mesos::TaskId { value: "t1".into() },
+            ..Default::default()
+        });
+        let argv = launch_argv(LINE, &held, "mesos-x").unwrap().unwrap();
+        assert_eq!(
+            argv[4..],
+            [
+                "--gpus=1",
+                "--container-id=x",
+                "--executor-id=e1",
+                "--framework-id=f1",
+                "--task-id=t1",
+                "--task-name=a task",
+                "--json"
+            ]
+        );
         assert_eq!(
             nul_separated(&release_argv(LINE, "x").unwrap()),
             b"/usr/bin/mesos-gpu\0docker-args\0--pool-dir\0/p\0--release=x\0"

@@ -68,7 +68,7 @@ fn main() -> ExitCode {
         Need::Dockerd,
     ];
     type Test = fn() -> TestResult;
-    let tests: [(&str, &[Need], Test); 35] = [
+    let tests: [(&str, &[Need], Test); 36] = [
         ("module_builds_strict_iso", build, module_builds_strict_iso),
         (
             "v1_gpus_on_mesos_devices_cgroup",
@@ -162,6 +162,11 @@ fn main() -> ExitCode {
             v1_docker_image_needing_newer_cuda_fails_saying_so,
         ),
         ("v1_docker_daemon_restart", docker, v1_docker_daemon_restart),
+        (
+            "v1_metrics_label_each_gpu_with_its_task_and_drop_them_after",
+            docker,
+            v1_metrics_label_each_gpu_with_its_task_and_drop_them_after,
+        ),
         (
             "v1_gpu_comes_back_on_evidence_nobody_marks_it",
             v1,
@@ -2606,6 +2611,133 @@ fn v1_docker_task_gets_exactly_its_gpus() -> TestResult {
     two.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
     d.wait_released("the Docker tasks' GPUs")?;
     Ok(())
+}
+
+/// Whose task `name` is, as the agent's `/state` tells: its container id and the holder labels
+/// (`executor_id`, `framework_id`, `framework_name`, `task_id`, `task_name`).
+fn holder_in_state(agent: &Agent, name: &str) -> TestResult<(String, serde_json::Value)> {
+    let state: serde_json::Value = serde_json::from_str(&http_get(agent.port(), "/state")?)?;
+    for framework in state["frameworks"].as_array().into_iter().flatten() {
+        for executor in framework["executors"].as_array().into_iter().flatten() {
+            for task in executor["tasks"].as_array().into_iter().flatten() {
+                if task["name"] == name {
+                    let container = executor["container"]
+                        .as_str()
+                        .ok_or_else(|| format!("no container for {name}: {executor:#}"))?;
+                    let holder = serde_json::json!({
+                        "executor_id": executor["id"],
+                        "framework_id": framework["id"],
+                        "framework_name": framework["name"],
+                        "task_id": task["id"],
+                        "task_name": task["name"],
+                    });
+                    return Ok((container.to_owned(), holder));
+                }
+            }
+        }
+    }
+    Err(format!("no task {name} in the agent's /state: {state:#}").into())
+}
+
+/// The label text of a holder: `container_id="…",executor_id="…",…,task_name="…"`.
+fn holder_labels(container: &str, holder: &serde_json::Value) -> String {
+    let mut out = format!("container_id=\"{container}\"");
+    for key in [
+        "executor_id",
+        "framework_id",
+        "framework_name",
+        "task_id",
+        "task_name",
+    ] {
+        out.push_str(&format!(
+            ",{key}=\"{}\"",
+            holder[key].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+/// Issue 37: the agent's `/mesos-gpu/metrics` labels each container's series with whose it is,
+/// read from the agent: a running `gpus:2` Mesos task's container (`mesos_gpu_container_gpus`
+/// 2, and one `mesos_gpu_holder_info` per GPU) and a `gpus:1` Docker-containerizer task's (its
+/// reservation made by `docker-args` from the hook's flags) carry their container id, executor
+/// id, framework id and name, task id and name exactly as the agent's `/state` says, and the
+/// module's `/mesos-gpu/containers` gives the Mesos container the same `holder`; once both
+/// tasks end no series names either container, and no GPU has a holder.
+fn v1_metrics_label_each_gpu_with_its_task_and_drop_them_after() -> TestResult {
+    let mut d = DockerCluster::start()?;
+    let plain = d.image(false)?;
+    let mut mesos = d.c.launch("mtwo", 2, true)?;
+    d.c.report("mtwo")?;
+    let mut docker = d.launch("dlabel", &plain, 1, true)?;
+    d.c.agent.wait_stdout("dlabel", "waiting", TASK_TIMEOUT)?;
+    let (mesos_id, mesos_holder) = holder_in_state(&d.c.agent, "mtwo")?;
+    let (docker_id, docker_holder) = holder_in_state(&d.c.agent, "dlabel")?;
+    check(
+        mesos_holder["framework_name"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty()),
+        format!("the framework has no name in /state: {mesos_holder}"),
+    )?;
+    // The module caches a collection for 1 s (`metrics::DEFAULT_CACHE`).
+    std::thread::sleep(Duration::from_millis(1100));
+    let body = http_get(d.c.agent.port(), "/mesos-gpu/metrics")?;
+    let labelled = body.lines().filter(|l| l.contains("container_id="));
+    println!(
+        "labelled series:\n{}",
+        labelled.collect::<Vec<_>>().join("\n")
+    );
+    for (id, holder, gpus) in [
+        (&mesos_id, &mesos_holder, 2),
+        (&docker_id, &docker_holder, 1),
+    ] {
+        let labels = holder_labels(id, holder);
+        let held = format!("mesos_gpu_container_gpus{{{labels}}} {gpus}");
+        check(
+            body.lines().any(|l| l == held),
+            format!("{held} missing from:\n{body}"),
+        )?;
+        let info = body
+            .lines()
+            .filter(|l| {
+                l.starts_with("mesos_gpu_holder_info{") && l.ends_with(&format!("{labels}}} 1"))
+            })
+            .count();
+        check(
+            info == gpus,
+            format!("{info} mesos_gpu_holder_info series of {labels}, expected {gpus}:\n{body}"),
+        )?;
+    }
+    let containers: serde_json::Value =
+        serde_json::from_str(&http_get(d.c.agent.port(), "/mesos-gpu/containers")?)?;
+    let listed = containers["containers"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["container"] == mesos_id.as_str()))
+        .ok_or_else(|| format!("{mesos_id} not in {containers:#}"))?;
+    println!("holder in /mesos-gpu/containers: {}", listed["holder"]);
+    check(
+        listed["holder"] == mesos_holder,
+        format!(
+            "holder {} in /mesos-gpu/containers, /state says {mesos_holder}",
+            listed["holder"]
+        ),
+    )?;
+    d.c.release("mtwo")?;
+    d.release("dlabel")?;
+    mesos.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    docker.wait_state("TASK_FINISHED", TASK_TIMEOUT)?;
+    d.c.wait_all_released()?;
+    d.wait_released("the Docker task's GPU")?;
+    std::thread::sleep(Duration::from_millis(1100));
+    let after = http_get(d.c.agent.port(), "/mesos-gpu/metrics")?;
+    check(
+        !after.contains(&mesos_id) && !after.contains(&docker_id),
+        format!("series of ended containers remain:\n{after}"),
+    )?;
+    check(
+        !after.contains("mesos_gpu_holder_info{"),
+        format!("a GPU still has a holder:\n{after}"),
+    )
 }
 
 /// Issue 16: an agent on `dgx-a100-mixed` offering the mixed strategy (`gpus:4` for GPUs 0-3,

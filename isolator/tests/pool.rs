@@ -73,6 +73,14 @@ fn main() -> ExitCode {
             records_without_a_uuid_repaired_on_evidence,
         ),
     ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        trial(
+            "issue_37_holders_are_recorded_in_the_pool_and_survive_recovery".to_owned(),
+            holders_recorded_and_recovered,
+        ),
+    ));
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -740,4 +748,115 @@ fn reserve_started(
 > {
     mesos_gpu_isolator::lifecycle::DockerGuard::reserve(iso, id, gpus, start)
         .map(mesos_gpu_isolator::lifecycle::DockerGuard::keep)
+}
+
+/// Issue 37: the holder a Mesos container is prepared with and the one a Docker reservation is
+/// made with are in `status`, in their pool owners and, after a restart, recovered from the
+/// checkpoint and published again; a container without one records none.
+fn holders_recorded_and_recovered() -> TestResult {
+    let node = Node::new("dgx1-v100")?;
+    let setup = Setup::new(CgroupVersion::V1)?;
+    let pool_dir = setup.work.path().join("pool");
+    let config = with_pool(
+        &setup.config,
+        &setup.work.path().join("agent"),
+        &pool_dir,
+        PoolRole::Agent,
+    );
+    let holder = |task: &str| pool::Holder {
+        executor_id: Some(format!("{task}-executor")),
+        framework_id: Some("fw-1".into()),
+        framework_name: None,
+        task_id: Some(task.into()),
+        task_name: Some(format!("{task} name")),
+    };
+    let mesos = ContainerId::new("a1b2c3d4-0000-4000-8000-000000000037")?;
+    let docker = ContainerId::new("a1b2c3d4-0000-4000-8000-000000000038")?;
+    let bare = ContainerId::new("a1b2c3d4-0000-4000-8000-000000000039")?;
+    let iso = isolator(config.clone(), &node)?;
+    iso.prepare(
+        &mesos,
+        PrepareConfig {
+            gpus: 2.0,
+            holder: Some(holder("mesos-task")),
+            ..PrepareConfig::default()
+        },
+    )?;
+    iso.prepare(
+        &bare,
+        PrepareConfig {
+            gpus: 1.0,
+            ..PrepareConfig::default()
+        },
+    )?;
+    let request = PrepareConfig {
+        gpus: 1.0,
+        holder: Some(holder("docker-task")),
+        ..PrepareConfig::default()
+    };
+    mesos_gpu_isolator::lifecycle::DockerGuard::reserve_request(
+        &iso,
+        &docker,
+        &request,
+        DockerStart::default(),
+    )?
+    .keep();
+    let recorded = || -> TestResult<Vec<(String, Option<pool::Holder>)>> {
+        Ok(Pool::at(&pool_dir)
+            .read()?
+            .reservations
+            .into_iter()
+            .map(|(id, r)| (id, r.owner.holder().cloned()))
+            .collect())
+    };
+    let want = vec![
+        (mesos.to_string(), Some(holder("mesos-task"))),
+        (docker.to_string(), Some(holder("docker-task"))),
+        (bare.to_string(), None),
+    ];
+    let sorted = |mut v: Vec<(String, Option<pool::Holder>)>| {
+        v.sort();
+        v
+    };
+    check(
+        sorted(recorded()?) == sorted(want.clone()),
+        format!("pool records {:?}", recorded()?),
+    )?;
+    let statuses = |iso: &Isolator| -> TestResult<Vec<(String, Option<pool::Holder>)>> {
+        [&mesos, &docker, &bare]
+            .into_iter()
+            .map(|id| Ok((id.to_string(), iso.status(id)?.holder)))
+            .collect()
+    };
+    check(
+        sorted(statuses(&iso)?) == sorted(want.clone()),
+        format!("statuses {:?}", statuses(&iso)?),
+    )?;
+    drop(iso);
+    // A restart: the holders come back from the checkpoint, and are published again.
+    let iso = Isolator::new(config, node.inventory.clone(), node.nodes.clone())?;
+    let states: Vec<_> = [&mesos, &bare]
+        .into_iter()
+        .map(|id| mesos_gpu_isolator::lifecycle::RecoverState {
+            id: id.clone(),
+            parent: None,
+            nested_cgroup: None,
+        })
+        .collect();
+    iso.recover(&states, &[])?;
+    check(
+        sorted(statuses(&iso)?) == sorted(want.clone()),
+        format!("statuses after recovery {:?}", statuses(&iso)?),
+    )?;
+    check(
+        sorted(recorded()?) == sorted(want),
+        format!("pool records after recovery {:?}", recorded()?),
+    )?;
+    iso.cleanup(&mesos)?;
+    iso.cleanup(&bare)?;
+    iso.release_docker(&docker)?;
+    check(
+        recorded()?.is_empty(),
+        format!("records left: {:?}", recorded()?),
+    )
 }

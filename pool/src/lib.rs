@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+mod holder;
 pub mod owner;
 pub mod shares;
 mod uuid;
@@ -43,6 +44,7 @@ use mesos_gpu_enforce::timing::{self, Step};
 use mesos_gpu_os::{IoError, JsonFile, LockFile, fsmode};
 
 use crate::shares::ShareReservation;
+pub use holder::Holder;
 use mesos_gpu_health::HealthStore;
 pub use owner::{DaemonAnswer, DockerDaemons, Host, Liveness, Owner, ProcessStamp};
 pub use uuid::{EmptyUuid, GpuUuid};
@@ -1119,6 +1121,7 @@ mod tests {
                         name: "d".into(),
                         daemon: None,
                         starter: None,
+                        holder: None,
                     },
                     uuids(&["GPU-3"]),
                 ),

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mesos_gpu_os::Processes;
+
+use crate::holder::Holder;
 pub use mesos_gpu_os::{Liveness, ProcessStamp};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +33,9 @@ pub enum Owner {
         agent: ProcessStamp,
         /// The container's device cgroup.
         cgroup: Option<PathBuf>,
+        /// Whose container it is (absent when Mesos did not say, and in older records).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<Holder>,
     },
     /// A Docker container, named as Docker knows it.
     Docker {
@@ -45,6 +50,9 @@ pub enum Owner {
         /// says.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         starter: Option<ProcessStamp>,
+        /// Whose container it is (absent when the starter did not say, and in older records).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<Holder>,
     },
     /// A process that holds GPUs for the processes of its cgroup (`mesos-gpu exec`).
     Process {
@@ -71,6 +79,14 @@ impl Owner {
             Owner::Docker { .. } => "docker",
             Owner::Process { .. } => "process",
             Owner::Quarantine { .. } => "quarantine",
+        }
+    }
+
+    /// Whose container this is, when recorded (Mesos and Docker containers only).
+    pub fn holder(&self) -> Option<&Holder> {
+        match self {
+            Owner::Mesos { holder, .. } | Owner::Docker { holder, .. } => holder.as_ref(),
+            Owner::Process { .. } | Owner::Quarantine { .. } => None,
         }
     }
 
@@ -200,7 +216,7 @@ impl Host {
     /// while its starter runs, then as [`Host::docker_container`] says.
     pub fn liveness(&self, owner: &Owner) -> Liveness {
         let (process, cgroup) = match owner {
-            Owner::Mesos { agent, cgroup } => (agent, cgroup),
+            Owner::Mesos { agent, cgroup, .. } => (agent, cgroup),
             Owner::Process {
                 process, cgroup, ..
             } => (process, cgroup),
@@ -208,6 +224,7 @@ impl Host {
                 name,
                 daemon,
                 starter,
+                ..
             } => {
                 if let Some(starter) = starter {
                     match self.process(starter) {
@@ -275,7 +292,37 @@ mod tests {
             name: "x".into(),
             daemon: Some("unix:///run/docker.sock".into()),
             starter: None,
+            holder: None,
         };
         assert!(matches!(host.liveness(&docker), Liveness::Uncertain(_)));
+    }
+
+    #[test]
+    fn the_holder_is_recorded_in_the_owner_and_older_records_read_without_it() {
+        let owner = Owner::Docker {
+            name: "mesos-c1".into(),
+            daemon: None,
+            starter: None,
+            holder: Some(Holder {
+                task_id: Some("t1".into()),
+                framework_id: Some("f1".into()),
+                ..Holder::default()
+            }),
+        };
+        let text = serde_json::to_string(&owner).unwrap();
+        assert_eq!(
+            text,
+            r#"{"kind":"docker","name":"mesos-c1","holder":{"framework_id":"f1","task_id":"t1"}}"#
+        );
+        assert_eq!(serde_json::from_str::<Owner>(&text).unwrap(), owner);
+        assert_eq!(
+            owner.holder().and_then(|h| h.task_id.as_deref()),
+            Some("t1")
+        );
+        let older: Owner = serde_json::from_str(
+            r#"{"kind":"mesos","agent":{"pid":1,"start_time":2,"boot_id":"b"},"cgroup":null}"#,
+        )
+        .unwrap();
+        assert_eq!(older.holder(), None);
     }
 }

@@ -30,7 +30,7 @@ use mesos_gpu_isolator::lifecycle::{
 };
 use mesos_gpu_node::inventory::Inventory;
 use mesos_gpu_placement::mig::MigKind;
-use mesos_gpu_pool::Host;
+use mesos_gpu_pool::{Holder, Host};
 
 use super::docker_pool::{
     container_id, driver_spec, new_container_id, open_pool_sharing, open_records,
@@ -57,7 +57,8 @@ use crate::ctx::Ctx;
         3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
         mesos-gpu docker-args --release 3d8a52b4-1c5e-4f5a-9c1e-2b7d9a0e6f11\n  \
         mesos-gpu --simulate dgx1-v100 docker-args --gpus 4 --json --pool-dir \\\n      \
-        /tmp/pool --docker-state-dir /tmp/docker-state\n  \
+        /tmp/pool --docker-state-dir /tmp/docker-state --task-id train-7 \\\n      \
+        --framework-id 5f0f-0000 --executor-id train-7\n  \
         docker run $(mesos-gpu docker-args --gpus 1 --numa-pinning --cpus 2) \\\n      \
         busybox grep Cpus_allowed /proc/self/status\n  \
         docker run $(mesos-gpu docker-args --gpus 1 --gpu-replicas 4 \\\n      \
@@ -145,6 +146,24 @@ pub(crate) struct Args {
     /// MESOS_GPU_DOCKER_ARGS).
     #[arg(long)]
     json: bool,
+
+    /// Whose container it is, recorded with the reservation (the pool's owner `holder`, shown
+    /// by `gpu list` and the metrics' labels): the Mesos task id (the agent's hook passes
+    /// each of these it knows).
+    #[arg(long, value_name = "ID", conflicts_with = "release")]
+    task_id: Option<String>,
+
+    /// The Mesos task's name, recorded with the reservation.
+    #[arg(long, value_name = "NAME", conflicts_with = "release")]
+    task_name: Option<String>,
+
+    /// The Mesos executor id, recorded with the reservation.
+    #[arg(long, value_name = "ID", conflicts_with = "release")]
+    executor_id: Option<String>,
+
+    /// The Mesos framework id, recorded with the reservation.
+    #[arg(long, value_name = "ID", conflicts_with = "release")]
+    framework_id: Option<String>,
 }
 
 /// A GPU instance profile as `--mig` names it.
@@ -316,6 +335,14 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let request = PrepareConfig {
         gpus: f64::from(gpus),
         mig: mig_request(ctx.inventory()?, &args.mig)?,
+        holder: Holder {
+            executor_id: args.executor_id.clone(),
+            framework_id: args.framework_id.clone(),
+            framework_name: None,
+            task_id: args.task_id.clone(),
+            task_name: args.task_name.clone(),
+        }
+        .known(),
         ..PrepareConfig::default()
     };
     let mut reservation = DockerGuard::reserve_request(&records, &id, &request, start)?;

@@ -356,8 +356,29 @@ fn write_reservations(
         if let mesos_gpu_pool::Owner::Quarantine { reason } = &r.reservation.owner {
             writeln!(out, "{:>80} quarantined: {reason}", "")?;
         }
+        if let Some(holder) = r.reservation.owner.holder() {
+            writeln!(out, "{:>80} held by {}", "", describe_holder(holder))?;
+        }
     }
     Ok(())
+}
+
+/// Whose container a reservation is for, as `gpu list` says it: `task T (NAME), executor E,
+/// framework F`, each part only when recorded.
+fn describe_holder(h: &mesos_gpu_pool::Holder) -> String {
+    let task = h.task_id.as_ref().map(|id| match &h.task_name {
+        Some(name) if name != id => format!("task {id} ({name})"),
+        _ => format!("task {id}"),
+    });
+    let framework = h.framework_id.as_ref().map(|id| match &h.framework_name {
+        Some(name) => format!("framework {id} ({name})"),
+        None => format!("framework {id}"),
+    });
+    task.into_iter()
+        .chain(h.executor_id.as_ref().map(|e| format!("executor {e}")))
+        .chain(framework)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `gpu list`'s shares table: each share's owner, units, state and GPU, and why.
@@ -939,4 +960,29 @@ fn refuse_if_lost(ctx: &Ctx, gpu: &GpuRef, record: &GpuRecord) -> anyhow::Result
         .into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_is_described_by_what_is_recorded() {
+        let full = mesos_gpu_pool::Holder {
+            executor_id: Some("e1".into()),
+            framework_id: Some("fw-1".into()),
+            framework_name: None,
+            task_id: Some("t1".into()),
+            task_name: Some("train".into()),
+        };
+        assert_eq!(
+            describe_holder(&full),
+            "task t1 (train), executor e1, framework fw-1"
+        );
+        let executor_only = mesos_gpu_pool::Holder {
+            executor_id: Some("e1".into()),
+            ..mesos_gpu_pool::Holder::default()
+        };
+        assert_eq!(describe_holder(&executor_only), "executor e1");
+    }
 }

@@ -8,7 +8,10 @@
 //! GPU's health as the agent's monitor checkpointed it in `--agent-work-dir` (health, reason,
 //! XIDs by code, ECC counts). `serve` holds no allocator: the allocator's figures (allocated,
 //! free, quarantined GPUs, allocations and refusals by reason) are the module's, served by the
-//! agent itself at `/mesos-gpu/metrics`.
+//! agent itself at `/mesos-gpu/metrics`. Its per-container series are the node pool's records
+//! (`--pool-dir`: the module's containers, `docker-args`' Docker tasks), each labelled with the
+//! holder its record names; framework names are read from the agent at `--agent-url`, and are
+//! empty without it.
 //!
 //! The node's CDI spec (`--cdi-spec`, as `mesos-gpu cdi generate` writes it) is brought up to
 //! date at start and at each driver poll: rewritten when the driver or the GPUs change, removed
@@ -31,11 +34,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use mesos_gpu_docker::agent::AgentFrameworks;
 use mesos_gpu_docker::args::VolumeSource;
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::cdi::{DEFAULT_SPEC_DIRS, SpecFile, SpecKeeper};
 use mesos_gpu_docker::client::DockerClient;
-use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures};
+use mesos_gpu_docker::metrics::{self, Metrics, NvmlFigures, PoolHoldings};
 use mesos_gpu_docker::plugin::{
     DEFAULT_BUILD_WAIT, DEFAULT_SOCKET, DriverVolumes, ManagerBuilder, PluginApi,
 };
@@ -73,6 +77,7 @@ fn listen_address(value: &str) -> Result<SocketAddr, String> {
     mesos-gpu serve\n  \
     mesos-gpu serve --simulate dgx1-v100 --listen 127.0.0.1:3476 \\\n      \
     --plugin-socket /tmp/mesos-gpu-demo/nvidia-docker.sock\n  \
+    mesos-gpu serve --agent-url http://127.0.0.1:5051\n  \
     docker run $(curl -s localhost:3476/v1.0/docker/cli?dev=0+1) IMAGE")]
 pub(crate) struct Args {
     /// TCP address of the REST API (nvidia-docker's remote API): HOST:PORT, the host an IP
@@ -126,6 +131,13 @@ pub(crate) struct Args {
     /// monitor) `/metrics` reports.
     #[command(flatten)]
     agent: super::AgentWorkDirArgs,
+
+    /// The mesos-agent's HTTP address, `http://HOST:PORT`, whose `/state` names the frameworks
+    /// of the containers in `/metrics` (`framework_name` label); without it that label is
+    /// empty. Read at most every 30 s while a name is missing, with a 2 s timeout; an agent
+    /// that requires HTTP authentication leaves the names empty (logged at debug).
+    #[arg(long, value_name = "URL")]
+    agent_url: Option<String>,
 }
 
 /// How `/docker/cli` mounts the driver volume.
@@ -206,11 +218,21 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         None => Arc::new(NoStatus),
     };
     let health = Arc::new(HealthStore::at(&args.agent.agent_work_dir));
+    let frameworks = args
+        .agent_url
+        .as_deref()
+        .map(AgentFrameworks::from_url)
+        .transpose()
+        .context("--agent-url")?;
+    let holdings = Arc::new(PoolHoldings::at(&args.reservations.pool.pool_dir));
     let metrics = driver.map(|driver| {
-        Arc::new(Metrics::new(
-            Arc::new(NvmlFigures::new(driver).with_health(health)),
-            metrics::DEFAULT_CACHE,
-        ))
+        let mut figures = NvmlFigures::new(driver)
+            .with_health(health)
+            .with_holdings(holdings);
+        if let Some(names) = frameworks {
+            figures = figures.with_framework_names(Arc::new(names));
+        }
+        Arc::new(Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE))
     });
     runtime.block_on(async {
         recover_docker_records(ctx, args).await;

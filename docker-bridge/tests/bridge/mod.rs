@@ -438,6 +438,7 @@ pub(crate) fn a_docker_owners_unnamed_gpus_are_named_from_its_containers_devices
                     name: name.clone(),
                     daemon: Some(format!("unix://{SOCKET}")),
                     starter: None,
+                    holder: None,
                 },
                 gpus: Vec::new(),
                 unnamed: 2,

@@ -95,6 +95,10 @@ pub(crate) struct Checkpoint {
     /// The daemon and starter of Docker containers by id (absent in older checkpoints).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) docker_starts: BTreeMap<String, super::docker_owner::DockerStart>,
+    /// Whose each container is (Mesos or Docker), by id, when the containerizer said (absent
+    /// when none and in older checkpoints).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) holders: BTreeMap<String, mesos_gpu_pool::Holder>,
     /// GPUs whose owner is uncertain, by index, with the containers whose cleanup frees them.
     pub(crate) quarantine: BTreeMap<u32, Vec<String>>,
 }
@@ -184,6 +188,13 @@ mod tests {
                 super::super::docker_owner::DockerStart {
                     daemon: Some("unix:///var/run/docker.sock".into()),
                     starter: None,
+                },
+            )]),
+            holders: BTreeMap::from([(
+                "c1".into(),
+                mesos_gpu_pool::Holder {
+                    task_id: Some("t1".into()),
+                    ..mesos_gpu_pool::Holder::default()
                 },
             )]),
             quarantine: BTreeMap::from([(3, vec!["c2".into()])]),

@@ -141,7 +141,7 @@ impl Isolator {
         id: &ContainerId,
         start: Option<&DockerStart>,
     ) -> Liveness {
-        let owner = docker_owner(id, start);
+        let owner = docker_owner(id, start, None);
         match self.pool_host() {
             Some(host) => host.liveness(&owner),
             None => Host::default().liveness(&owner),
@@ -188,6 +188,9 @@ impl Isolator {
             taking.docker_mig.insert(id.clone(), entry.mig);
         }
         taking.docker_starts.insert(id.clone(), start);
+        if let Some(holder) = &request.holder {
+            taking.holders.insert(id.clone(), holder.clone());
+        }
         self.save(&taking, STEP)?;
         taking.keep();
         match grant.share() {

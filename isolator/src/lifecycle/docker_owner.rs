@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use mesos_gpu_os::container_id::ContainerId;
-use mesos_gpu_pool::{Owner, ProcessStamp};
+use mesos_gpu_pool::{Holder, Owner, ProcessStamp};
 
 /// Where a Docker container runs and which process starts it, for its owner record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,11 +27,16 @@ pub fn docker_name(id: &ContainerId) -> String {
     format!("{MESOS_NAME_PREFIX}{id}")
 }
 
-/// The pool owner of Docker container `id`.
-pub(crate) fn docker_owner(id: &ContainerId, start: Option<&DockerStart>) -> Owner {
+/// The pool owner of Docker container `id`, held by `holder`.
+pub(crate) fn docker_owner(
+    id: &ContainerId,
+    start: Option<&DockerStart>,
+    holder: Option<&Holder>,
+) -> Owner {
     Owner::Docker {
         name: docker_name(id),
         daemon: start.and_then(|s| s.daemon.clone()),
         starter: start.and_then(|s| s.starter.clone()),
+        holder: holder.cloned(),
     }
 }

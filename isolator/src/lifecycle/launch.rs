@@ -59,6 +59,9 @@ pub struct PrepareConfig {
     /// On a node sharing GPUs: any share, a share under one mode, or whole GPUs (the task's
     /// `MESOS_GPU_SHARE_MODE`).
     pub sharing: mesos_gpu_placement::sharing::Wanted,
+    /// Whose container it is (executor, framework, task), recorded with its pool owner and
+    /// checkpoint; `None` when the containerizer did not say.
+    pub holder: Option<mesos_gpu_pool::Holder>,
 }
 
 /// One bind mount into the container's rootfs.

@@ -65,6 +65,7 @@ pub use launch::{LaunchInfo, Mount, PrepareConfig, mesos_launch_info};
 pub use mesos_gpu_enforce::pinning::{PinOutcome, PinningConfig};
 pub use mig::MigConfig;
 pub use recover::{RecoverState, RecoveryIssue, RecoveryReport, Unchecked};
+pub use shared_pool::ELSEWHERE_OWNER;
 pub use shared_pool::{PoolConfig, PoolRole};
 pub use shares::{MpsRestart, SharingConfig};
 pub use state::QUARANTINE_OWNER;
@@ -246,6 +247,9 @@ impl Isolator {
         taking
             .containers
             .insert(id.clone(), taking::container_of(&grant));
+        if let Some(holder) = &config.holder {
+            taking.holders.insert(id.clone(), holder.clone());
+        }
         // Write-ahead: the checkpoint names the GPUs before any cgroup grants them.
         self.save(&taking, STEP)?;
         fault::point("prepare.checkpointed");

@@ -206,6 +206,15 @@ struct Found {
     cgroup: Option<PlacedCgroup>,
 }
 
+/// The checkpointed holders of the containers `state` kept (Mesos or Docker).
+fn holders_kept(ckpt: &Checkpoint, state: &State) -> BTreeMap<ContainerId, mesos_gpu_pool::Holder> {
+    ckpt.holders
+        .iter()
+        .filter_map(|(id, holder)| Some((ContainerId::new(id.as_str()).ok()?, holder.clone())))
+        .filter(|(id, _)| state.containers.contains_key(id) || state.docker.contains_key(id))
+        .collect()
+}
+
 /// What recovery has found so far, before the state is rebuilt from it.
 #[derive(Default)]
 struct Scan {
@@ -343,6 +352,7 @@ impl Isolator {
         scan.settle_claims(&ckpt);
         scan.report.unchecked = self.unchecked(&scan.carried);
         let (mut state, mut report) = self.restore(scan)?;
+        state.holders = holders_kept(&ckpt, &state);
         sort_by_agent(&state, states, orphans, &mut report);
         self.recover_nested(&mut state, states);
         self.install(&mut guard, state);

@@ -21,7 +21,7 @@ use mesos_gpu_pool::{GpuUuid, Host, Owner, Pool, PoolState, ProcessStamp, Shorta
 
 /// The allocator owner of GPUs other publishers of the node's pool reserve, or that a health
 /// checkpoint marks unhealthy (no container id can spell the `!`).
-pub(crate) const ELSEWHERE_OWNER: &str = "!pool";
+pub const ELSEWHERE_OWNER: &str = "!pool";
 
 /// Which pool an isolator draws from, and what its reservations are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,14 +318,18 @@ impl Isolator {
             let mut held = records(id, c.gpus);
             let mig = state.mig_records(id, &c.mig);
             held.extend(named(mig.iter().chain(&c.mig_quarantine)));
-            entries.push((id.to_string(), self.owner_of(link, id), held));
+            entries.push((id.to_string(), self.owner_of(link, state, id), held));
         }
         for (id, &set) in &state.docker {
             let mut held = records(id, set);
             held.extend(named(state.docker_mig.get(id).into_iter().flatten()));
             entries.push((
                 id.to_string(),
-                super::docker_owner::docker_owner(id, state.docker_starts.get(id)),
+                super::docker_owner::docker_owner(
+                    id,
+                    state.docker_starts.get(id),
+                    state.holders.get(id),
+                ),
                 held,
             ));
         }
@@ -396,9 +400,15 @@ impl Isolator {
         let shares = state
             .containers
             .iter()
-            .filter_map(|(id, c)| Some(share(id, self.owner_of(link, id), c.share.as_ref()?)))
+            .filter_map(|(id, c)| {
+                Some(share(id, self.owner_of(link, state, id), c.share.as_ref()?))
+            })
             .chain(state.docker_shares.iter().map(|(id, grant)| {
-                let owner = super::docker_owner::docker_owner(id, state.docker_starts.get(id));
+                let owner = super::docker_owner::docker_owner(
+                    id,
+                    state.docker_starts.get(id),
+                    state.holders.get(id),
+                );
                 share(id, owner, grant)
             }))
             .collect();
@@ -495,12 +505,13 @@ impl Isolator {
         s
     }
 
-    fn owner_of(&self, link: &PoolLink, id: &ContainerId) -> Owner {
+    fn owner_of(&self, link: &PoolLink, state: &State, id: &ContainerId) -> Owner {
         let cgroup = Some(self.layout.container_dir(id));
         match &link.role {
             PoolRole::Agent => Owner::Mesos {
                 agent: link.me.clone(),
                 cgroup,
+                holder: state.holders.get(id).cloned(),
             },
             PoolRole::Exec { private_dir } => Owner::Process {
                 process: link.me.clone(),

@@ -102,6 +102,8 @@ pub(crate) struct State {
     pub(crate) docker_mig: BTreeMap<ContainerId, Vec<String>>,
     /// Where each Docker container runs and who starts it (for its owner record).
     pub(crate) docker_starts: BTreeMap<ContainerId, super::docker_owner::DockerStart>,
+    /// Whose each container is (Mesos or Docker), when the containerizer said.
+    pub(crate) holders: BTreeMap<ContainerId, mesos_gpu_pool::Holder>,
     /// Quarantined GPUs by index, with the containers whose cleanup frees them (indices the
     /// allocator does not manage included: they are kept as checkpointed).
     pub(crate) quarantine: BTreeMap<u32, BTreeSet<ContainerId>>,
@@ -127,6 +129,7 @@ impl State {
             docker_shares: BTreeMap::new(),
             docker_mig: BTreeMap::new(),
             docker_starts: BTreeMap::new(),
+            holders: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             carried: BTreeMap::new(),
             failed: BTreeMap::new(),
@@ -160,6 +163,7 @@ impl State {
         self.docker_shares.remove(id);
         self.docker_mig.remove(id);
         self.docker_starts.remove(id);
+        self.holders.remove(id);
         let mig = self.mig.release(id.as_str());
         (self.allocator.release_all(id.as_str()), mig)
     }
@@ -294,6 +298,14 @@ impl State {
                 .iter()
                 .filter(|(id, _)| self.docker.contains_key(*id))
                 .map(|(id, start)| (id.to_string(), start.clone()))
+                .collect(),
+            holders: self
+                .holders
+                .iter()
+                .filter(|(id, _)| {
+                    self.containers.contains_key(*id) || self.docker.contains_key(*id)
+                })
+                .map(|(id, holder)| (id.to_string(), holder.clone()))
                 .collect(),
             quarantine: self
                 .quarantine

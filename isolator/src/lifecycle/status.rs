@@ -72,6 +72,9 @@ pub struct ContainerStatus {
     pub share: Option<mesos_gpu_placement::sharing::PlacedShare>,
     /// Its MIG devices, by `MIG-…` UUID.
     pub mig: Vec<String>,
+    /// Whose container it is (a nested container: its top-level ancestor's), when the
+    /// containerizer said.
+    pub holder: Option<mesos_gpu_pool::Holder>,
 }
 
 impl Isolator {
@@ -124,6 +127,7 @@ impl Isolator {
                 cgroup,
                 share: entry.share.clone(),
                 mig: entry.mig.clone(),
+                holder: state.holders.get(root).cloned(),
             });
         }
         match state.docker.get(id) {
@@ -138,6 +142,7 @@ impl Isolator {
                     cgroup: None,
                     share,
                     mig: state.docker_mig.get(id).cloned().unwrap_or_default(),
+                    holder: state.holders.get(id).cloned(),
                 })
             }
             None => Err(LifecycleError::UnknownContainer {
