@@ -607,6 +607,7 @@ fn gpu_top_shows_who_holds_each_gpu(version: &'static str) -> TestResult {
             .unwrap()
     };
     let serve_url = format!("http://localhost:{port}");
+    let mut docker_id = None;
     let result = (|| -> TestResult {
         let deadline = Instant::now() + Duration::from_secs(20);
         let shown = loop {
@@ -654,6 +655,46 @@ fn gpu_top_shows_who_holds_each_gpu(version: &'static str) -> TestResult {
                 && table.matches(" free").count() == 6,
             format!("the pool-only table:\n{table}"),
         )?;
+        // A Docker task's reservation, its holder named as the agent's hook names it.
+        let docker = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", config_arg, "docker-args", "--gpus", "1"])
+            .args(["--task-id", "train.7f3a", "--task-name", "train"])
+            .args(["--executor-id", "train.7f3a", "--framework-id", "fw-0001"])
+            .arg("--pool-dir")
+            .arg(env.work.path())
+            .arg("--docker-state-dir")
+            .arg(env.work.path().join("docker"))
+            .env("MESOS_GPU_LOG", "warn")
+            .output()
+            .unwrap();
+        check(docker.status.success(), text(&docker))?;
+        docker_id = String::from_utf8_lossy(&docker.stdout)
+            .split_whitespace()
+            .find_map(|a| a.strip_prefix("--name=mesos-"))
+            .map(str::to_owned);
+        let table = top(&["--source", "pool"]);
+        let table = String::from_utf8_lossy(&table.stdout).into_owned();
+        check(
+            table.contains("task train (train.7f3a) of fw-0001: ")
+                && table.matches("(docker, alive)").count() == 1,
+            format!("the Docker task's holder in:\n{table}"),
+        )?;
+        let shown: serde_json::Value =
+            serde_json::from_slice(&top(&["--json", "--source", "pool"]).stdout).unwrap();
+        let docker_holders: Vec<&serde_json::Value> = shown["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["holders"].as_array().into_iter().flatten())
+            .filter(|h| h["containerizer"] == "docker")
+            .collect();
+        check(
+            docker_holders.len() == 1
+                && docker_holders[0]["holder"]
+                    == serde_json::json!({"executor_id": "train.7f3a", "framework_id": "fw-0001",
+                        "task_id": "train.7f3a", "task_name": "train"}),
+            format!("{shown:#}"),
+        )?;
         let nobody = top(&[
             "--json",
             "--source",
@@ -665,13 +706,24 @@ fn gpu_top_shows_who_holds_each_gpu(version: &'static str) -> TestResult {
         check(
             nobody["source"] == "pool"
                 && nobody["no_usage"].as_str().is_some_and(|w| {
-                    w.contains("agent: http://127.0.0.1:1/mesos-gpu/containers: cannot connect")
+                    w.contains("agent: cannot read http://127.0.0.1:1/mesos-gpu/containers")
                 }),
             format!("{nobody:#}"),
         )
     })();
     let _ = serve.kill();
     let _ = serve.wait();
+    if let Some(id) = docker_id {
+        let released = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+            .args(["--simulate", config_arg, "docker-args", "--release", &id])
+            .arg("--pool-dir")
+            .arg(env.work.path())
+            .arg("--docker-state-dir")
+            .arg(env.work.path().join("docker"))
+            .output()
+            .unwrap();
+        check(released.status.success(), text(&released))?;
+    }
     std::fs::write(&marker, b"").unwrap();
     let ended = exec.wait().unwrap();
     result?;

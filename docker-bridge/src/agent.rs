@@ -7,60 +7,19 @@
 //!
 //! Names are cached per framework id (a framework's name does not change while it is
 //! registered). A failed read (agent down, `--authenticate_http_readonly`, a slow answer past
-//! [`TIMEOUT`]) leaves the name unknown, logs why at debug, and is not retried for
+//! [`node_http::TIMEOUT`]) leaves the name unknown, logs why at debug, and is not retried for
 //! [`RETRY_AFTER`], so a scrape never waits on an agent that does not answer more than once a
-//! while. The request is plain HTTP/1.0 over a blocking socket: the module must not start an
-//! async runtime of its own inside the agent.
+//! while. The request is [`node_http::get_json`]'s plain HTTP/1.0 over a blocking socket.
 
 use std::collections::HashMap;
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
+use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long one read of the agent's `/state` may take, connecting included.
-pub const TIMEOUT: Duration = Duration::from_secs(2);
+use crate::node_http::{self, GetError};
+
 /// How long after a failed read the agent is not asked again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
-/// The most an answer may be; a larger one is refused (a big agent's `/state` is megabytes).
-const MAX_ANSWER: u64 = 64 << 20;
-
-/// Why the agent's `/state` gave no framework names.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentStateError {
-    /// The agent URL is not `http://HOST:PORT`.
-    #[error("agent URL {url:?}: expected http://HOST:PORT (https is not read)")]
-    Url {
-        /// The URL given.
-        url: String,
-    },
-    /// Connecting, sending or reading failed.
-    #[error("cannot read http://{addr}/state")]
-    Io {
-        /// The agent's address.
-        addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The agent answered with another status than 200 (401: HTTP authentication is on).
-    #[error("http://{addr}/state answered {status_line:?}")]
-    Status {
-        /// The agent's address.
-        addr: SocketAddr,
-        /// The answer's status line.
-        status_line: String,
-    },
-    /// The answer is not the agent's state JSON.
-    #[error("http://{addr}/state is not the agent's state JSON")]
-    Json {
-        /// The agent's address.
-        addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: serde_json::Error,
-    },
-}
 
 /// Looks up framework names by framework id.
 pub trait FrameworkNames: Send + Sync {
@@ -105,21 +64,8 @@ impl AgentFrameworks {
     }
 
     /// The agent at `url` (`http://HOST:PORT`, a trailing `/` allowed; HOST resolved now).
-    pub fn from_url(url: &str) -> Result<AgentFrameworks, AgentStateError> {
-        let bad = || AgentStateError::Url {
-            url: url.to_owned(),
-        };
-        let hostport = url
-            .strip_prefix("http://")
-            .map(|rest| rest.trim_end_matches('/'))
-            .filter(|rest| !rest.is_empty() && !rest.contains('/'))
-            .ok_or_else(bad)?;
-        let addr = hostport
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut addrs| addrs.next())
-            .ok_or_else(bad)?;
-        Ok(AgentFrameworks::at(addr))
+    pub fn from_url(url: &str) -> Result<AgentFrameworks, GetError> {
+        node_http::address(url).map(AgentFrameworks::at)
     }
 
     /// The agent this process runs in, from `LIBPROCESS_IP` (any address or none: loopback)
@@ -135,62 +81,28 @@ impl AgentFrameworks {
     }
 
     /// Reads every framework's id and name from the agent's `/state` now.
-    pub fn read(&self) -> Result<HashMap<String, String>, AgentStateError> {
-        let addr = self.addr;
-        let io = |source| AgentStateError::Io { addr, source };
-        let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(io)?;
-        stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
-        write!(
-            stream,
-            "GET /state HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n"
-        )
-        .map_err(io)?;
-        let mut answer = Vec::new();
-        stream
-            .take(MAX_ANSWER)
-            .read_to_end(&mut answer)
-            .map_err(io)?;
-        parse_state(addr, &answer)
+    pub fn read(&self) -> Result<HashMap<String, String>, GetError> {
+        #[derive(serde::Deserialize)]
+        struct State {
+            #[serde(default)]
+            frameworks: Vec<Framework>,
+            #[serde(default)]
+            completed_frameworks: Vec<Framework>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Framework {
+            id: String,
+            #[serde(default)]
+            name: String,
+        }
+        let state: State = node_http::get_json(self.addr, "/state")?;
+        Ok(state
+            .completed_frameworks
+            .into_iter()
+            .chain(state.frameworks)
+            .map(|f| (f.id, f.name))
+            .collect())
     }
-}
-
-/// The framework names of an HTTP answer of `/state`.
-fn parse_state(
-    addr: SocketAddr,
-    answer: &[u8],
-) -> Result<HashMap<String, String>, AgentStateError> {
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or(answer.len());
-    let head = String::from_utf8_lossy(&answer[..split]);
-    let status_line = head.lines().next().unwrap_or("").to_owned();
-    if status_line.split_whitespace().nth(1) != Some("200") {
-        return Err(AgentStateError::Status { addr, status_line });
-    }
-    let body = answer.get(split + 4..).unwrap_or_default();
-    #[derive(serde::Deserialize)]
-    struct State {
-        #[serde(default)]
-        frameworks: Vec<Framework>,
-        #[serde(default)]
-        completed_frameworks: Vec<Framework>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Framework {
-        id: String,
-        #[serde(default)]
-        name: String,
-    }
-    let state: State =
-        serde_json::from_slice(body).map_err(|source| AgentStateError::Json { addr, source })?;
-    Ok(state
-        .completed_frameworks
-        .into_iter()
-        .chain(state.frameworks)
-        .map(|f| (f.id, f.name))
-        .collect())
 }
 
 impl FrameworkNames for AgentFrameworks {
@@ -227,6 +139,7 @@ impl FrameworkNames for AgentFrameworks {
 #[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
 mod tests {
     use super::*;
+    use std::io::{Read as _, Write as _};
     use std::net::TcpListener;
 
     /// Serves `answer` to each of `times` connections; returns the address.
@@ -270,7 +183,7 @@ mod tests {
         let (addr, served) = agent("HTTP/1.1 401 Unauthorized\r\n\r\n", 1);
         let names = AgentFrameworks::at(addr);
         let err = names.read().unwrap_err();
-        assert!(matches!(err, AgentStateError::Status { .. }), "{err}");
+        assert!(matches!(err, GetError::Status { .. }), "{err}");
         assert!(err.to_string().contains("401"), "{err}");
         served.join().unwrap();
         assert_eq!(names.name("fw-1"), None);

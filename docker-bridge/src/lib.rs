@@ -14,6 +14,7 @@ pub mod cdi;
 pub mod client;
 pub mod daemons;
 pub mod metrics;
+pub mod node_http;
 pub mod plugin;
 pub mod rest;
 pub mod server;

@@ -2063,8 +2063,9 @@ fn v1_agent_serves_the_module_metrics() -> TestResult {
 /// `/mesos-gpu/containers`): a running `gpus:1` task's container lists its one GPU, with NVML's
 /// figures and its health, and a `gpus:0` task's container lists none. Mesos's own
 /// `/monitor/statistics` shows none of it (it drops the unknown `ResourceStatistics` field 1000),
-/// which is why the endpoint exists. `mesos-gpu gpu top` beside the agent shows the task's
-/// container holding that GPU with the endpoint's figures, and the GPU free once it ends.
+/// which is why the endpoint exists. `mesos-gpu gpu top` beside the agent shows the task (its
+/// id, its framework's name from the agent) holding that GPU with the endpoint's figures, and
+/// the GPU free once it ends.
 fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str) -> TestResult {
     let c = Cluster::start(cgroups, isolation, &EXPLICIT_ROOT)?;
     let mut one = c.launch("one", 1, true)?;
@@ -2153,7 +2154,11 @@ fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str
             && holders[0]["owner"] == one_id.as_str()
             && holders[0]["containerizer"] == "mesos"
             && holders[0]["state"] == "alive"
-            && holders[0]["memory_used"] == gpu["memory_used"],
+            && holders[0]["memory_used"] == gpu["memory_used"]
+            && holders[0]["holder"]["task_id"] == "one"
+            && holders[0]["holder"]["framework_name"]
+                .as_str()
+                .is_some_and(|name| !name.is_empty()),
         format!(
             "gpu top's row of the gpus:1 task's GPU: {row:#} (source {})",
             shown["source"]

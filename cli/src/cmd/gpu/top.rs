@@ -2,7 +2,9 @@
 //!
 //! Holders come from the node's pool (`pool.json`), which every entry point records in (the
 //! module, the Docker hook, `run`, `serve`, `exec`), so a holder is shown whichever path
-//! granted it. Usage comes from the first source that answers:
+//! granted it, with whose container it is (task, executor, framework) where the module or the
+//! Docker hook recorded that; the framework's name is asked of the agent (`/state`) when the
+//! agent answers. Usage comes from the first source that answers:
 //! - `agent`: the module's endpoint `/mesos-gpu/containers` on the agent: per container and
 //!   GPU, utilisation and the memory its own processes use;
 //! - `serve`: `serve`'s REST `/gpu/status/json` (nvidia-docker 1.0's page): per GPU,
@@ -13,20 +15,17 @@
 //! Health: `unhealthy` (and why) when a registered health checkpoint says so (as `gpu list`
 //! reads it), `lost` when NVML says so, else `healthy`.
 
-use std::collections::BTreeMap;
-use std::io::{IsTerminal as _, Read as _, Write as _};
-use std::net::{TcpStream, ToSocketAddrs as _};
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_pool::{Listing, Pool};
+use mesos_gpu_docker::agent::{AgentFrameworks, with_framework_name};
+use mesos_gpu_docker::node_http;
+use mesos_gpu_pool::{Holder, Listing, Pool};
 use serde::{Deserialize, Serialize};
 
 use crate::ctx::Ctx;
-
-/// How long one request to the agent or `serve` may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(clap::Args)]
 pub(super) struct TopArgs {
@@ -114,6 +113,10 @@ struct GpuRow {
 struct HolderRow {
     /// The owner id, as `gpu list` shows it (the container id for the module and Docker).
     owner: String,
+    /// Whose container it is (task, executor, framework), as the pool records it; the
+    /// framework's name from the agent's `/state` when the agent answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder: Option<Holder>,
     /// `mesos`, `docker`, `process` (`exec`) or `quarantine`.
     containerizer: &'static str,
     /// `alive`, `dead` or `uncertain`.
@@ -225,6 +228,7 @@ fn holders_of(
             };
             holders.push(HolderRow {
                 owner: r.id.clone(),
+                holder: r.reservation.owner.holder().cloned(),
                 containerizer: r.reservation.owner.kind(),
                 state: r.liveness.describe().0,
                 share: None,
@@ -238,6 +242,7 @@ fn holders_of(
         if uuid == gpu.uuid || mig_of_gpu(uuid) {
             holders.push(HolderRow {
                 owner: s.id.clone(),
+                holder: s.share.owner.holder().cloned(),
                 containerizer: s.share.owner.kind(),
                 state: s.liveness.describe().0,
                 share: Some(format!(
@@ -252,36 +257,59 @@ fn holders_of(
     holders
 }
 
-/// Fills in usage from the first source that answers; says which, or why none did.
+/// Fills in usage from the first source that answers; says which, or why none did. With the
+/// agent's, the holders get their frameworks' names from it too.
 fn read_usage(
     args: &TopArgs,
     gpus: &mut [GpuRow],
 ) -> (&'static str, Option<String>, Option<String>) {
     let mut why = Vec::new();
     if matches!(args.source, Source::Auto | Source::Agent) {
-        let url = format!("{}/mesos-gpu/containers", args.agent.trim_end_matches('/'));
-        match get_json::<AgentContainers>(&url) {
-            Ok(view) => {
+        let read = node_http::address(&args.agent).and_then(|addr| {
+            node_http::get_json::<AgentContainers>(addr, "/mesos-gpu/containers")
+                .map(|view| (addr, view))
+        });
+        match read {
+            Ok((addr, view)) => {
                 apply_agent(&view, gpus);
-                return ("agent", Some(url), None);
+                name_frameworks(&AgentFrameworks::at(addr), gpus);
+                return (
+                    "agent",
+                    Some(format!("http://{addr}/mesos-gpu/containers")),
+                    None,
+                );
             }
-            Err(e) => why.push(format!("agent: {e:#}")),
+            Err(e) => why.push(format!("agent: {}", mesos_gpu_os::error_chain(&e))),
         }
     }
     if matches!(args.source, Source::Auto | Source::Serve) {
-        let url = format!("{}/gpu/status/json", args.serve.trim_end_matches('/'));
-        match get_json::<ServeStatus>(&url) {
-            Ok(status) => {
+        let read = node_http::address(&args.serve).and_then(|addr| {
+            node_http::get_json::<ServeStatus>(addr, "/gpu/status/json").map(|s| (addr, s))
+        });
+        match read {
+            Ok((addr, status)) => {
                 apply_serve(&status, gpus);
-                return ("serve", Some(url), None);
+                return (
+                    "serve",
+                    Some(format!("http://{addr}/gpu/status/json")),
+                    None,
+                );
             }
-            Err(e) => why.push(format!("serve: {e:#}")),
+            Err(e) => why.push(format!("serve: {}", mesos_gpu_os::error_chain(&e))),
         }
     }
     if why.is_empty() {
         why.push("--source pool".to_owned());
     }
     ("pool", None, Some(why.join("; ")))
+}
+
+fn name_frameworks(names: &AgentFrameworks, gpus: &mut [GpuRow]) {
+    for holder in gpus.iter_mut().flat_map(|g| &mut g.holders) {
+        if let Some(known) = holder.holder.take() {
+            holder.holder = Some(with_framework_name(known, names));
+        }
+    }
 }
 
 /// The module's `/mesos-gpu/containers`, the fields read here.
@@ -418,8 +446,28 @@ fn write_table(out: &mut impl std::io::Write, top: &Top) -> std::io::Result<()> 
     Ok(())
 }
 
-/// `owner (containerizer, share 1/4 | MIG-…, state) 1.2 GiB`.
+/// `task NAME (TASK ID) of FRAMEWORK: owner (containerizer, share 1/4 | MIG-…, state) 1.2 GiB
+/// used`; the task part when the pool records whose container it is.
 fn describe(h: &HolderRow) -> String {
+    let whose = h.holder.as_ref().map_or_else(String::new, |holder| {
+        let task = match (&holder.task_name, &holder.task_id) {
+            (Some(name), Some(id)) if name != id => format!("task {name} ({id})"),
+            (_, Some(id)) => format!("task {id}"),
+            (Some(name), None) => format!("task {name}"),
+            (None, None) => holder
+                .executor_id
+                .as_ref()
+                .map_or_else(|| "container".to_owned(), |e| format!("executor {e}")),
+        };
+        match holder
+            .framework_name
+            .as_ref()
+            .or(holder.framework_id.as_ref())
+        {
+            Some(framework) => format!("{task} of {framework}: "),
+            None => format!("{task}: "),
+        }
+    });
     let mut what = vec![h.containerizer.to_owned()];
     what.extend(h.share.as_ref().map(|s| format!("share {s}")));
     what.extend(h.mig.clone());
@@ -427,7 +475,7 @@ fn describe(h: &HolderRow) -> String {
     let memory = h
         .memory_used
         .map_or_else(String::new, |m| format!(" {} used", gib(m)));
-    format!("{} ({}){memory}", h.owner, what.join(", "))
+    format!("{whose}{} ({}){memory}", h.owner, what.join(", "))
 }
 
 fn gib(bytes: u64) -> String {
@@ -435,89 +483,4 @@ fn gib(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
     let gib = bytes as f64 / (1u64 << 30) as f64;
     format!("{gib:.1} GiB")
-}
-
-/// GETs `url` (`http://HOST:PORT/PATH`) and reads its JSON body.
-fn get_json<T: serde::de::DeserializeOwned>(url: &str) -> anyhow::Result<T> {
-    let body = http_get(url)?;
-    serde_json::from_slice(&body).with_context(|| format!("{url}: not the JSON expected"))
-}
-
-/// A plain HTTP/1.1 GET with a timeout: what `gpu top` needs of the agent and `serve`, both on
-/// this node, without TLS.
-fn http_get(url: &str) -> anyhow::Result<Vec<u8>> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        bail!("{url}: give an http:// URL (https is not supported here)");
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let path = if path.is_empty() { "/" } else { path };
-    let addr = authority
-        .to_socket_addrs()
-        .with_context(|| format!("{url}: {authority:?} is not HOST:PORT"))?
-        .next()
-        .with_context(|| format!("{url}: {authority} resolves to no address"))?;
-    let mut stream = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)
-        .with_context(|| format!("{url}: cannot connect"))?;
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    )
-    .with_context(|| format!("{url}: cannot send the request"))?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .with_context(|| format!("{url}: no complete answer"))?;
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .with_context(|| format!("{url}: not an HTTP answer"))?;
-    let head = String::from_utf8_lossy(&response[..split]).into_owned();
-    let body = &response[split + 4..];
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        bail!("{url}: answered {status:?}");
-    }
-    let headers: BTreeMap<String, String> = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_ascii_lowercase()))
-        .collect();
-    if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
-        return dechunk(body).with_context(|| format!("{url}: a broken chunked body"));
-    }
-    Ok(body.to_vec())
-}
-
-/// The body of a `Transfer-Encoding: chunked` answer (libprocess sends JSON so).
-fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&body[..line_end]).ok()?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(body.get(..size)?);
-        body = body.get(size + 2..)?;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dechunk;
-
-    #[test]
-    fn chunked_bodies_are_joined_and_broken_ones_refused() {
-        assert_eq!(
-            dechunk(b"4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n").as_deref(),
-            Some(&b"{\"a\":1}"[..])
-        );
-        assert_eq!(dechunk(b"9\r\nshort\r\n"), None);
-        assert_eq!(dechunk(b"zz\r\n"), None);
-    }
 }
