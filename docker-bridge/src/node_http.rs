@@ -80,11 +80,10 @@ pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> Result<T, 
     let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(io)?;
     stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n"
-    )
-    .map_err(io)?;
+    // One write: a request in pieces may meet a server that reads one piece and answers.
+    let request =
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
+    stream.write_all(request.as_bytes()).map_err(io)?;
     let mut answer = Vec::new();
     stream
         .take(MAX_ANSWER)
