@@ -20,8 +20,9 @@
 //! and a label that changes with the holder would start a new series at each task. Instead
 //! `mesos_gpu_holder_info{gpu, uuid, container_id, executor_id, framework_id, framework_name,
 //! task_id, task_name}` is 1 for each (GPU, container holding it), the info-series pattern of
-//! kube-state-metrics and dcgm-exporter: join it on `gpu`/`uuid` (`* on(uuid)
-//! group_left(task_id) mesos_gpu_holder_info`). A free GPU has none. Cardinality stays bounded:
+//! kube-state-metrics and dcgm-exporter: join it on `uuid` with it on the many side
+//! (`mesos_gpu_holder_info * on(uuid) group_left mesos_gpu_utilization_percent`, one series per
+//! holder, so that a shared GPU's holders do not make a many-to-many match). A free GPU has none. Cardinality stays bounded:
 //! a container's series are those of the containers holding GPUs now, and as the registry is
 //! built afresh per collection, they vanish with the container. Containers come from this
 //! process's allocator (with the holder its isolator recorded) and, with a pool
