@@ -344,3 +344,42 @@ fn gpu_list_and_docker_args_release_say_what_they_did_not_find() {
         stderr(&out)
     );
 }
+
+/// On a terminal `gpu top` refreshes like top (home, clear, the table again every
+/// `--interval`) until stopped; piped, it prints the table once, without escapes, and exits.
+#[test]
+fn gpu_top_refreshes_on_a_terminal_and_prints_once_when_piped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let top = format!(
+        "{} --simulate dgx1-v100 gpu top --source pool --interval 0.2",
+        env!("CARGO_BIN_EXE_mesos-gpu")
+    );
+    // script(1) (bsdutils, essential on Debian) runs it on a pseudo-terminal; timeout stops it.
+    let tty = Command::new("timeout")
+        .args(["2", "script", "-q", "-c", &top, "/dev/null"])
+        .env("TMPDIR", tmp.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script");
+    let screen = String::from_utf8_lossy(&tty.stdout);
+    let redraws = screen.matches("\x1b[H\x1b[2J").count();
+    assert!(
+        redraws >= 3 && screen.matches("GPU  UUID").count() == redraws,
+        "{redraws} redraws on a terminal:\n{screen}"
+    );
+    let piped = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "gpu", "top", "--source", "pool"])
+        .env("TMPDIR", tmp.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .expect("run mesos-gpu");
+    let text = String::from_utf8_lossy(&piped.stdout);
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    assert!(
+        !text.contains('\x1b')
+            && text.matches("GPU  UUID").count() == 1
+            && text.matches(" free").count() == 8,
+        "piped:\n{text}"
+    );
+}
