@@ -147,6 +147,13 @@ impl Simulation {
         Ok(self.driver_root.get_or_init(|| root))
     }
 
+    /// The `nvidia-smi` stand-in the simulated driver's programs are copied from, when it is not
+    /// built (the driver tree then holds a placeholder ELF file that cannot run).
+    pub(crate) fn missing_smi(&self) -> Option<PathBuf> {
+        let path = driver_tree::programs_dir(&self.sim_lib).join(driver_tree::SMI);
+        (!path.is_file()).then_some(path)
+    }
+
     /// The node's device nodes, as its driver numbers them, in its scratch directory
     /// ([`scratch_state`]`/dev`), made with `mknod` (root) on first use.
     pub(crate) fn device_root(

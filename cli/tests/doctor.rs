@@ -36,6 +36,11 @@ fn main() -> ExitCode {
             root,
             volume_fix_runs_as_printed,
         ),
+        (
+            "smoke_without_the_nvidia_smi_stand_in_says_how_to_build_it",
+            root,
+            smoke_without_smi_stand_in,
+        ),
         ("missing_gpu_node_fails_device_nodes", root, missing_node),
         ("wrong_uvm_major_fails_device_nodes", root, wrong_uvm_major),
         (
@@ -363,6 +368,40 @@ fn volume_fix_runs_as_printed() -> TestResult {
     let volume = find(&json, "driver-volume")?;
     if volume["status"] != "ok" || !volume.to_string().contains("is intact") {
         return Err(format!("after `{command}`: {volume:#}").into());
+    }
+    Ok(())
+}
+
+/// A simulated node whose `nvidia-smi` stand-in is not built (the README's `cargo run --release
+/// -p mesos-gpu -- demo` builds the simulator's library, not its programs): `--smoke` fails
+/// saying so and how to build it, instead of two containers dying of SIGSEGV (exit 139, "check
+/// the device-nodes and cgroups checks").
+fn smoke_without_smi_stand_in() -> TestResult {
+    let s = Scratch::new();
+    let lib_dir = s.path("sim-lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    let lib = lib_dir.join("libnvml_sim.so");
+    std::fs::copy(mesos_gpu_testkit::nvml_sim::sim_library(), &lib).unwrap();
+    std::fs::create_dir_all(s.path("tmp")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", NODE, "doctor", "--json", "--smoke"])
+        .arg("--volume-root")
+        .arg(s.path("volumes"))
+        .arg("--cdi-spec-dirs")
+        .arg(s.path("cdi"))
+        .env("MESOS_GPU_NVML_SIM", &lib)
+        .env("TMPDIR", s.path("tmp"))
+        .env_remove("NVML_SIM_CONFIG")
+        .output()
+        .unwrap();
+    expect_fail(&out, "smoke", "stand-in")?;
+    let (_, json) = report(&out)?;
+    let smoke = find(&json, "smoke")?;
+    if !smoke["fix"]
+        .as_str()
+        .is_some_and(|f| f.contains("`cargo build -p nvml-sim`"))
+    {
+        return Err(format!("no way to build it: {smoke:#}").into());
     }
     Ok(())
 }

@@ -271,6 +271,26 @@ fn smoke_checks(
     plan: Option<&VolumePlan>,
 ) -> anyhow::Result<Vec<Check>> {
     let sim = ctx.simulation()?;
+    if let Some(missing) = sim.and_then(|sim| sim.missing_smi()) {
+        // The placeholder would die of SIGSEGV in both containers, which reads as a broken host.
+        let profile = if missing.parent().is_some_and(|d| d.ends_with("release")) {
+            " --release"
+        } else {
+            ""
+        };
+        return Ok(vec![Check {
+            name: "smoke",
+            status: report::Status::Fail,
+            summary: format!(
+                "the simulated driver has no nvidia-smi to run: its stand-in {} is not built",
+                missing.display()
+            ),
+            details: Vec::new(),
+            fix: Some(format!(
+                "build the simulator's programs beside this one: `cargo build{profile} -p nvml-sim` (the guide's From source builds them)"
+            )),
+        }]);
+    }
     let scratch_pool;
     let pool_dir = match (&args.pool_dir, sim) {
         (Some(dir), _) => dir.clone(),
