@@ -147,6 +147,15 @@ impl Simulation {
         Ok(self.driver_root.get_or_init(|| root))
     }
 
+    /// The simulated driver's program directory (`<driver root>/usr/local/nvidia/bin`), where a
+    /// real host's `PATH` would find `nvidia-smi`.
+    pub(crate) fn driver_bin(&self) -> anyhow::Result<PathBuf> {
+        Ok(self
+            .driver_root()?
+            .join(driver_tree::DRIVER_DIR)
+            .join("bin"))
+    }
+
     /// The `nvidia-smi` stand-in the simulated driver's programs are copied from, when it is not
     /// built (the driver tree then holds a placeholder ELF file that cannot run).
     pub(crate) fn missing_smi(&self) -> Option<PathBuf> {

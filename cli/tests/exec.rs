@@ -94,6 +94,14 @@ fn main() -> ExitCode {
         &host,
         &[Need::Root, Need::Cgroup1],
         Trial::test(
+            "simulated_exec_runs_the_drivers_nvidia_smi_by_name",
+            simulated_exec_runs_the_drivers_nvidia_smi_by_name,
+        ),
+    ));
+    trials.push(needs(
+        &host,
+        &[Need::Root, Need::Cgroup1],
+        Trial::test(
             "simulation_without_dev_root_runs_on_the_nodes_of_its_driver",
             simulation_without_dev_root_runs_on_the_nodes_of_its_driver,
         ),
@@ -877,6 +885,36 @@ fn simulation_without_dev_root_runs_on_the_nodes_of_its_driver() -> TestResult {
             && stdout.contains("config=/")
             && stdout.lines().any(|l| l == "nvidia7")
             && stdout.lines().any(|l| l == "nvidiactl"),
+        text(&out),
+    )?;
+    env.check_clean()
+}
+
+/// `exec --gpus 2 -- nvidia-smi -L` on a simulated node runs the simulated driver's nvidia-smi
+/// found on PATH, as on a GPU host (it was "nvidia-smi: not found"), and it lists exactly the
+/// two GPUs exec granted.
+fn simulated_exec_runs_the_drivers_nvidia_smi_by_name() -> TestResult {
+    let env = Env::new("v1");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mesos-gpu"))
+        .args(["--simulate", "dgx1-v100", "exec", "--gpus", "2"])
+        .args(["--cgroup-version", "v1", "--cgroups-root", &env.root])
+        .arg("--pool-dir")
+        .arg(env.work.path())
+        .args(["--", "nvidia-smi", "-L"])
+        .env("TMPDIR", tmp.path())
+        .env("MESOS_GPU_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let listed: BTreeSet<u32> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("GPU ")?.split(':').next()?.parse().ok())
+        .collect();
+    check(
+        out.status.success()
+            && listed.len() == 2
+            && listed == granted(&String::from_utf8_lossy(&out.stderr)),
         text(&out),
     )?;
     env.check_clean()

@@ -252,7 +252,8 @@ impl Phases {
 
 /// The device root and the environment the task's programs get. A simulated node without
 /// --dev-root: the nodes its driver numbers, made once in its scratch directory; its programs
-/// (the volume's nvidia-smi) are told the node.
+/// (the volume's nvidia-smi) are told the node, and the simulated driver's programs come first
+/// on `PATH`, as an installed driver's are on a GPU host (`exec -- nvidia-smi` runs its).
 fn device_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, Vec<(String, String)>)> {
     Ok(match (ctx.simulation()?, ctx.dev_root()) {
         (Some(sim), given) => {
@@ -266,6 +267,7 @@ fn device_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, Vec<(String, String)>)> {
                     sim.config_path().display().to_string(),
                 ),
                 ("NVML_SIM_DEV_ROOT".to_owned(), dev.display().to_string()),
+                ("PATH".to_owned(), with_first_on_path(&sim.driver_bin()?)?),
             ];
             (dev, env)
         }
@@ -274,6 +276,17 @@ fn device_root(ctx: &Ctx) -> anyhow::Result<(PathBuf, Vec<(String, String)>)> {
             Vec::new(),
         ),
     })
+}
+
+/// This process's `PATH` with `dir` first.
+fn with_first_on_path(dir: &Path) -> anyhow::Result<String> {
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    let joined =
+        std::env::join_paths(std::iter::once(dir.to_owned()).chain(std::env::split_paths(&rest)))
+            .with_context(|| format!("cannot put {} on PATH", dir.display()))?;
+    joined
+        .into_string()
+        .map_err(|p| anyhow::anyhow!("PATH is not UTF-8: {}", p.to_string_lossy()))
 }
 
 /// The isolator's configuration: records under `private`, the node's pool as an exec, and
