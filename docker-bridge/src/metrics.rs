@@ -64,7 +64,7 @@ use mesos_gpu_node::{
 use mesos_gpu_placement::{allocator::Allocator, allocator::Counters, allocator::Fragmentation};
 use prometheus_client::encoding::EncodeLabelSet;
 
-use crate::agent::FrameworkNames;
+use crate::agent::AgentHolders;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -412,7 +412,7 @@ pub struct NvmlFigures {
     usage: UsageReader,
     module: Option<Arc<dyn ModuleSource>>,
     holdings: Option<Arc<dyn HoldingSource>>,
-    frameworks: Option<Arc<dyn FrameworkNames>>,
+    agent: Option<Arc<dyn AgentHolders>>,
 }
 
 impl std::fmt::Debug for NvmlFigures {
@@ -437,7 +437,7 @@ impl NvmlFigures {
             usage: UsageReader::default(),
             module: None,
             holdings: None,
-            frameworks: None,
+            agent: None,
         }
     }
 
@@ -448,9 +448,10 @@ impl NvmlFigures {
         self
     }
 
-    /// Names each holder's framework with `names` (the agent's `/state`).
-    pub fn with_framework_names(mut self, names: Arc<dyn FrameworkNames>) -> NvmlFigures {
-        self.frameworks = Some(names);
+    /// Completes each container's holder from the agent: its framework's name (`/state`) and,
+    /// for a record that names no holder, its executor and framework (`/containers`).
+    pub fn with_agent(mut self, agent: Arc<dyn AgentHolders>) -> NvmlFigures {
+        self.agent = Some(agent);
         self
     }
 
@@ -482,12 +483,13 @@ impl NvmlFigures {
 }
 
 impl NvmlFigures {
-    /// `holder` with its framework's name, when the framework names know it.
-    fn named(&self, holder: Holder) -> Holder {
-        match &self.frameworks {
-            Some(names) => crate::agent::with_framework_name(holder, names.as_ref()),
-            None => holder,
+    /// The holder of `container`, completed from the agent when there is one.
+    fn holder_of(&self, container: &str, recorded: Option<Holder>) -> Holder {
+        match &self.agent {
+            Some(agent) => crate::agent::complete(container, recorded, agent.as_ref()),
+            None => recorded,
         }
+        .unwrap_or_default()
     }
 
     /// Logs what the checkpoint read found when it differs from the last scrape's.
@@ -573,7 +575,7 @@ impl FigureSource for NvmlFigures {
                      holder,
                      gpus: held,
                  }| {
-                    let holder = self.named(holder.unwrap_or_default());
+                    let holder = self.holder_of(&container, holder);
                     let cgroup = self.cgroup_of.as_ref().and_then(|f| f(&container));
                     let gpus = held
                         .iter()

@@ -22,7 +22,7 @@ use mesos_gpu_isolator::lifecycle::{ContainerKind, Isolator, LifecycleError};
 use mesos_gpu_placement::sharing::PlacedShare;
 use serde::Serialize;
 
-use mesos_gpu_docker::agent::{FrameworkNames, with_framework_name};
+use mesos_gpu_docker::agent::{AgentHolders, complete};
 use mesos_gpu_pool::Holder;
 
 /// The endpoint's answer.
@@ -64,10 +64,10 @@ struct GpuView {
 
 /// Reads every container's GPUs now. A container cleaned up between the listing and its read is
 /// left out.
-/// Framework names come from `names`, when given.
+/// Holders are completed from `agent` (framework names), when given.
 pub(crate) fn view(
     isolator: &Isolator,
-    names: Option<&dyn FrameworkNames>,
+    agent: Option<&dyn AgentHolders>,
 ) -> Result<ContainersView, LifecycleError> {
     let monitor = isolator.health_monitor();
     let mut containers = Vec::new();
@@ -107,10 +107,10 @@ pub(crate) fn view(
             gpus,
             mig: status.mig,
             share: status.share,
-            holder: status.holder.map(|h| match names {
-                Some(names) => with_framework_name(h, names),
-                None => h,
-            }),
+            holder: match agent {
+                Some(agent) => complete(&id.to_string(), status.holder, agent),
+                None => status.holder,
+            },
         });
     }
     let timestamp = SystemTime::now()

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use mesos_gpu_docker::agent::{AgentFrameworks, FrameworkNames};
+use mesos_gpu_docker::agent::{AgentHolders, MesosAgent};
 use mesos_gpu_docker::daemons::EngineDaemons;
 use mesos_gpu_docker::metrics::{
     self, Metrics, ModuleFigures, ModuleSource, NvmlFigures, PoolHoldings,
@@ -102,9 +102,9 @@ impl ModuleSource for ModuleMemory {
 pub struct MgpuIsolator {
     isolator: Arc<Isolator>,
     metrics: Metrics,
-    /// The agent's framework names (its `/state`), for the holders the module reports; `None`
-    /// outside an agent.
-    frameworks: Option<Arc<AgentFrameworks>>,
+    /// The agent this module runs in, for the framework names (its `/state`) of the holders
+    /// the module reports; `None` outside an agent.
+    agent: Option<Arc<MesosAgent>>,
     inventory: Inventory,
     /// The `mig-<profile>` resources the node offers (mixed strategy), by name: the kind of
     /// MIG device each stands for.
@@ -199,9 +199,9 @@ impl MgpuIsolator {
         if let Some(dir) = pool_dir {
             figures = figures.with_holdings(Arc::new(PoolHoldings::at(dir)));
         }
-        let frameworks = AgentFrameworks::of_this_agent().map(Arc::new);
-        if let Some(names) = &frameworks {
-            figures = figures.with_framework_names(Arc::clone(names) as Arc<dyn FrameworkNames>);
+        let agent = MesosAgent::of_this_agent().map(Arc::new);
+        if let Some(agent) = &agent {
+            figures = figures.with_agent(Arc::clone(agent) as Arc<dyn AgentHolders>);
         }
         if let Some(monitor) = isolator.health_monitor() {
             figures = figures.with_health(monitor);
@@ -213,7 +213,7 @@ impl MgpuIsolator {
         }));
         Ok(MgpuIsolator {
             metrics: Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE),
-            frameworks,
+            agent,
             isolator,
             mig_profiles: MigOffer::of(&inventory, MigStrategy::Mixed)
                 .profiles
@@ -415,8 +415,8 @@ impl MgpuIsolator {
     /// agent endpoint `/mesos-gpu/containers`.
     pub(crate) fn containers(&self) -> Result<Vec<u8>, FfiError> {
         self.panic_point("containers");
-        let names = self.frameworks.as_deref().map(|n| n as &dyn FrameworkNames);
-        let view = crate::containers::view(&self.isolator, names)?;
+        let agent = self.agent.as_deref().map(|a| a as &dyn AgentHolders);
+        let view = crate::containers::view(&self.isolator, agent)?;
         serde_json::to_vec(&view).map_err(|source| FfiError::Containers { source })
     }
 

@@ -2164,6 +2164,20 @@ fn agent_serves_each_containers_gpu_usage(cgroups: AgentCgroups, isolation: &str
             shown["source"]
         ),
     )?;
+    // What `serve` and `gpu top` read of a container whose record names no holder: the real
+    // agent's `/containers` gives the task's executor and framework.
+    let agent = mesos_gpu_docker::agent::MesosAgent::at(([127, 0, 0, 1], c.agent.port()).into());
+    let listed = agent.read_containers()?;
+    check(
+        listed.get(&one_id).is_some_and(|h| {
+            h.executor_id.as_deref() == Some("one")
+                && h.framework_id
+                    == holders[0]["holder"]["framework_id"]
+                        .as_str()
+                        .map(str::to_owned)
+        }),
+        format!("the agent's /containers of {one_id}: {listed:?}"),
+    )?;
     let statistics = http_get(c.agent.port(), "/monitor/statistics")?;
     check(
         statistics.contains(&one_id) || statistics.contains("\"executor_id\":\"one\""),

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use mesos_gpu_docker::agent::AgentFrameworks;
+use mesos_gpu_docker::agent::MesosAgent;
 use mesos_gpu_docker::args::VolumeSource;
 use mesos_gpu_docker::bridge::DockerBridge;
 use mesos_gpu_docker::cdi::{DEFAULT_SPEC_DIRS, SpecFile, SpecKeeper};
@@ -133,9 +133,11 @@ pub(crate) struct Args {
     agent: super::AgentWorkDirArgs,
 
     /// The mesos-agent's HTTP address, `http://HOST:PORT`, whose `/state` names the frameworks
-    /// of the containers in `/metrics` (`framework_name` label); without it that label is
-    /// empty. Read at most every 30 s while a name is missing, with a 2 s timeout; an agent
-    /// that requires HTTP authentication leaves the names empty (logged at debug).
+    /// of the containers in `/metrics` (`framework_name` label), and whose `/containers` gives
+    /// the executor and framework of a pool record that names no holder (one recorded by an
+    /// older mesos-gpu); without it those labels are empty. Read with a 2 s timeout, at most
+    /// every 30 s after a failure; an agent that requires HTTP authentication leaves them empty
+    /// (logged at debug).
     #[arg(long, value_name = "URL")]
     agent_url: Option<String>,
 }
@@ -218,10 +220,10 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         None => Arc::new(NoStatus),
     };
     let health = Arc::new(HealthStore::at(&args.agent.agent_work_dir));
-    let frameworks = args
+    let agent = args
         .agent_url
         .as_deref()
-        .map(AgentFrameworks::from_url)
+        .map(MesosAgent::from_url)
         .transpose()
         .context("--agent-url")?;
     let holdings = Arc::new(PoolHoldings::at(&args.reservations.pool.pool_dir));
@@ -229,8 +231,8 @@ pub(crate) fn run(args: &Args, ctx: &Ctx) -> anyhow::Result<ExitCode> {
         let mut figures = NvmlFigures::new(driver)
             .with_health(health)
             .with_holdings(holdings);
-        if let Some(names) = frameworks {
-            figures = figures.with_framework_names(Arc::new(names));
+        if let Some(agent) = agent {
+            figures = figures.with_agent(Arc::new(agent));
         }
         Arc::new(Metrics::new(Arc::new(figures), metrics::DEFAULT_CACHE))
     });

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use mesos_gpu_docker::agent::{AgentFrameworks, with_framework_name};
+use mesos_gpu_docker::agent::{MesosAgent, complete};
 use mesos_gpu_docker::node_http;
 use mesos_gpu_pool::{Holder, Listing, Pool};
 use serde::{Deserialize, Serialize};
@@ -258,7 +258,7 @@ fn holders_of(
 }
 
 /// Fills in usage from the first source that answers; says which, or why none did. With the
-/// agent's, the holders get their frameworks' names from it too.
+/// agent's, the holders are completed from it too (framework names; a record's missing holder).
 fn read_usage(
     args: &TopArgs,
     gpus: &mut [GpuRow],
@@ -272,7 +272,7 @@ fn read_usage(
         match read {
             Ok((addr, view)) => {
                 apply_agent(&view, gpus);
-                name_frameworks(&AgentFrameworks::at(addr), gpus);
+                complete_holders(&MesosAgent::at(addr), gpus);
                 return (
                     "agent",
                     Some(format!("http://{addr}/mesos-gpu/containers")),
@@ -304,11 +304,11 @@ fn read_usage(
     ("pool", None, Some(why.join("; ")))
 }
 
-fn name_frameworks(names: &AgentFrameworks, gpus: &mut [GpuRow]) {
-    for holder in gpus.iter_mut().flat_map(|g| &mut g.holders) {
-        if let Some(known) = holder.holder.take() {
-            holder.holder = Some(with_framework_name(known, names));
-        }
+/// Each holder completed from the agent: its framework's name, and for a record that names no
+/// holder, the executor and framework the agent's `/containers` gives.
+fn complete_holders(agent: &MesosAgent, gpus: &mut [GpuRow]) {
+    for row in gpus.iter_mut().flat_map(|g| &mut g.holders) {
+        row.holder = complete(&row.owner, row.holder.take(), agent);
     }
 }
 
