@@ -21,7 +21,7 @@ use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use mesos_gpu_os::fsmode;
+use mesos_gpu_os::{LockFile, fsmode};
 use mesos_gpu_volume::DriverVersion;
 
 use mesos_gpu_demo::driver::{elf_object, native_machine, write_cache};
@@ -47,7 +47,9 @@ const STAMP: &str = ".mesos-gpu-sim-stamp";
 /// Makes sure `root` holds the driver tree of `version` from the stand-ins in `programs_dir`,
 /// kept across commands (a simulated node's driver stays where it is, as a real one does, so a
 /// volume built from it verifies in the next command). A missing or stale tree is written beside
-/// `root` and renamed into place, so that concurrent commands of the node see a whole tree.
+/// `root` and renamed into place, so that concurrent commands of the node see a whole tree; the
+/// commands that find it so take turns on a lock beside it (`.driver.lock`), and the ones after
+/// the first find it made.
 pub(crate) fn ensure(
     root: &Path,
     version: &DriverVersion,
@@ -61,6 +63,11 @@ pub(crate) fn ensure(
     let parent = root.parent().unwrap_or(Path::new("/"));
     fsmode::create_dir_all(parent, fsmode::STATE_DIR)
         .with_context(|| format!("cannot create {}", parent.display()))?;
+    let lock = LockFile::create(&parent.join(".driver.lock"), fsmode::STATE_FILE)?;
+    lock.lock()?;
+    if current(root).as_deref() == Some(stamp.as_str()) {
+        return Ok(());
+    }
     let staging = tempfile::Builder::new()
         .prefix(".driver-new-")
         .tempdir_in(parent)
@@ -89,20 +96,13 @@ pub(crate) fn ensure(
         }
     }
     let staged = staging.keep();
-    match std::fs::rename(&staged, root) {
-        Ok(()) => Ok(()),
-        // Another command of the node made it first.
-        Err(_) if current(root).as_deref() == Some(stamp.as_str()) => {
-            let _ = std::fs::remove_dir_all(&staged);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staged);
-            Err(e).with_context(|| {
-                format!("cannot put the simulated driver tree at {}", root.display())
-            })
-        }
-    }
+    std::fs::rename(&staged, root).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&staged);
+        anyhow::Error::new(e).context(format!(
+            "cannot put the simulated driver tree at {}",
+            root.display()
+        ))
+    })
 }
 
 /// What a tree is made from: the version, and each stand-in program's size and modification
@@ -193,4 +193,48 @@ fn copy_program(from: &Path, to: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(PROGRAM))
         .with_context(|| format!("cannot chmod {}", to.display()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap fails the test at its line
+mod tests {
+    use super::*;
+
+    /// Commands of one node starting together after its stand-ins were rebuilt (every tree
+    /// stale at once, as when the tests run after `cargo build -p nvml-sim`) all get the tree:
+    /// one writes it, the others find it made. Without the lock, one could move aside the stale
+    /// tree another had just moved, and fail.
+    #[test]
+    fn concurrent_commands_all_get_a_rebuilt_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let programs = dir.path().join("programs");
+        std::fs::create_dir_all(&programs).unwrap();
+        std::fs::write(programs.join(SMI), b"old").unwrap();
+        let root = dir.path().join("node/driver-550.54.14");
+        let version: DriverVersion = "550.54.14".parse().unwrap();
+        ensure(&root, &version, &programs).unwrap();
+        std::fs::write(programs.join(SMI), b"rebuilt").unwrap();
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| ensure(&root, &version, &programs)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert!(r.is_ok(), "{:#}", r.as_ref().unwrap_err());
+        }
+        let stamp = std::fs::read_to_string(root.join(STAMP)).unwrap();
+        assert_eq!(stamp, stamp_of(&version, &programs));
+        assert_eq!(
+            std::fs::read(root.join(DRIVER_DIR).join("bin").join(SMI)).unwrap(),
+            b"rebuilt"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("node"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".driver-new-") || n.starts_with(".driver-old-"))
+            .collect();
+        assert!(left.is_empty(), "staging left: {left:?}");
+    }
 }
