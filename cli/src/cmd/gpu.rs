@@ -233,19 +233,7 @@ fn seen_here(ctx: &Ctx) -> (BTreeSet<String>, String) {
 }
 
 fn list(args: &ListArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let dir = &args.pool.pool_dir;
-    // A default directory not made yet is a node where nothing has reserved GPUs (said below);
-    // a directory named that does not exist is a typo, not an empty pool.
-    let default = ctx.state_default("pool", mesos_gpu_pool::DEFAULT_POOL_DIR);
-    if !dir.is_dir() && *dir != default {
-        bail!(
-            "--pool-dir {} (or {}): no such directory (name the directory of the node's pool: \
-             the module's pool_dir parameter, serve's and docker-args' --pool-dir; default {})",
-            dir.display(),
-            mesos_gpu_pool::POOL_DIR_ENV,
-            default.display()
-        );
-    }
+    named_pool_dir(&args.pool, ctx)?;
     let mut out = std::io::stdout().lock();
     let pool = Pool::at(&args.pool.pool_dir);
     let listing = pool.list(&host())?;
@@ -408,9 +396,9 @@ fn write_shares(out: &mut impl std::io::Write, listing: &Listing) -> std::io::Re
     Ok(())
 }
 
-/// Who holds each GPU this process sees, in NVML index order: the owners of its reservations
-/// (`id (kind, state)`), of its shares (`id (k/R share, state)`) and of its MIG devices
-/// (`id (MIG-…, state)`).
+/// Who holds each GPU this process sees, in NVML index order ([`top::holders_of`]): the owners
+/// of its reservations (`id (kind, state)`), of its shares (`id (k/R share, state)`) and of its
+/// MIG devices (`id (MIG-…, state)`).
 fn holders_by_gpu(
     listing: &Listing,
     inventory: &mesos_gpu_node::inventory::Inventory,
@@ -419,42 +407,34 @@ fn holders_by_gpu(
         .gpus
         .iter()
         .map(|gpu| {
-            let mig: Vec<&str> = inventory
-                .mig
-                .devices
+            let holders = top::holders_of(listing, inventory, gpu)
                 .iter()
-                .filter(|d| d.parent == gpu.index)
-                .map(|d| d.uuid.as_str())
+                .map(|h| match (&h.share, &h.mig) {
+                    (Some(share), _) => format!("{} ({share} share, {})", h.owner, h.state),
+                    (None, Some(mig)) => format!("{} ({mig}, {})", h.owner, h.state),
+                    (None, None) => format!("{} ({}, {})", h.owner, h.containerizer, h.state),
+                })
                 .collect();
-            let mut holders: Vec<String> = Vec::new();
-            for r in &listing.reservations {
-                let state = r.liveness.describe().0;
-                for uuid in &r.reservation.gpus {
-                    if uuid.as_str() == gpu.uuid {
-                        holders.push(format!(
-                            "{} ({}, {state})",
-                            r.id,
-                            r.reservation.owner.kind()
-                        ));
-                    } else if mig.contains(&uuid.as_str()) {
-                        holders.push(format!("{} ({uuid}, {state})", r.id));
-                    }
-                }
-            }
-            for s in &listing.shares {
-                if s.share.grant.uuid == gpu.uuid || mig.contains(&s.share.grant.uuid.as_str()) {
-                    holders.push(format!(
-                        "{} ({}/{} share, {})",
-                        s.id,
-                        s.share.grant.units,
-                        s.share.grant.replicas,
-                        s.liveness.describe().0
-                    ));
-                }
-            }
             (gpu.index, gpu.uuid.clone(), holders)
         })
         .collect()
+}
+
+/// Refuses a `--pool-dir` that does not exist: a typo, not an empty pool. The default directory
+/// not made yet is a node where nothing has reserved GPUs, which the command says itself.
+fn named_pool_dir(pool: &super::PoolArgs, ctx: &Ctx) -> anyhow::Result<()> {
+    let dir = &pool.pool_dir;
+    let default = ctx.state_default("pool", mesos_gpu_pool::DEFAULT_POOL_DIR);
+    if !dir.is_dir() && *dir != default {
+        bail!(
+            "--pool-dir {} (or {}): no such directory (name the directory of the node's pool: \
+             the module's pool_dir parameter, serve's and docker-args' --pool-dir; default {})",
+            dir.display(),
+            mesos_gpu_pool::POOL_DIR_ENV,
+            default.display()
+        );
+    }
+    Ok(())
 }
 
 fn release(args: &ReleaseArgs) -> anyhow::Result<ExitCode> {

@@ -16,12 +16,13 @@
 //! reads it), `lost` when NVML says so, else `healthy`.
 
 use std::io::{IsTerminal as _, Write as _};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use mesos_gpu_docker::agent::{MesosAgent, complete};
-use mesos_gpu_docker::node_http;
+use mesos_gpu_docker::node_http::{self, GetError};
 use mesos_gpu_pool::{Holder, Listing, Pool};
 use serde::{Deserialize, Serialize};
 
@@ -110,31 +111,43 @@ struct GpuRow {
 
 /// One holder of (part of) a GPU.
 #[derive(Debug, Serialize)]
-struct HolderRow {
+pub(super) struct HolderRow {
     /// The owner id, as `gpu list` shows it (the container id for the module and Docker).
-    owner: String,
+    pub(super) owner: String,
     /// Whose container it is (task, executor, framework), as the pool records it; the
     /// framework's name from the agent's `/state` when the agent answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     holder: Option<Holder>,
     /// `mesos`, `docker`, `process` (`exec`) or `quarantine`.
-    containerizer: &'static str,
+    pub(super) containerizer: &'static str,
     /// `alive`, `dead` or `uncertain`.
-    state: &'static str,
+    pub(super) state: &'static str,
     /// `k/R` for a share of a shared GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
-    share: Option<String>,
+    pub(super) share: Option<String>,
     /// The MIG device held, by UUID.
     #[serde(skip_serializing_if = "Option::is_none")]
-    mig: Option<String>,
+    pub(super) mig: Option<String>,
     /// Bytes its processes use on this GPU, when the source tells.
     memory_used: Option<u64>,
 }
 
+/// The agent and `serve`, resolved once: the agent's framework names stay cached across
+/// refreshes.
+struct Sources {
+    agent: Result<(SocketAddr, MesosAgent), GetError>,
+    serve: Result<SocketAddr, GetError>,
+}
+
 pub(super) fn top(args: &TopArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    super::named_pool_dir(&args.pool, ctx)?;
+    let sources = Sources {
+        agent: node_http::address(&args.agent).map(|addr| (addr, MesosAgent::at(addr))),
+        serve: node_http::address(&args.serve),
+    };
     let refresh = !args.json && !args.once && std::io::stdout().is_terminal();
     loop {
-        let top = collect(args, ctx)?;
+        let top = collect(args, ctx, &sources)?;
         let mut out = std::io::stdout().lock();
         if args.json {
             serde_json::to_writer_pretty(&mut out, &top)?;
@@ -155,18 +168,8 @@ pub(super) fn top(args: &TopArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn collect(args: &TopArgs, ctx: &Ctx) -> anyhow::Result<Top> {
-    let dir = &args.pool.pool_dir;
-    let default = ctx.state_default("pool", mesos_gpu_pool::DEFAULT_POOL_DIR);
-    if !dir.is_dir() && *dir != default {
-        bail!(
-            "--pool-dir {}: no such directory (name the node's pool: the module's pool_dir \
-             parameter, serve's --pool-dir; default {})",
-            dir.display(),
-            default.display()
-        );
-    }
-    let listing = Pool::at(dir).list(&super::host())?;
+fn collect(args: &TopArgs, ctx: &Ctx, sources: &Sources) -> anyhow::Result<Top> {
+    let listing = Pool::at(&args.pool.pool_dir).list(&super::host())?;
     let inventory = ctx
         .inventory()
         .context("gpu top lists the GPUs NVML reports")?;
@@ -195,7 +198,7 @@ fn collect(args: &TopArgs, ctx: &Ctx) -> anyhow::Result<Top> {
             }
         })
         .collect();
-    let (source, source_url, no_usage) = read_usage(args, &mut gpus);
+    let (source, source_url, no_usage) = read_usage(args.source, sources, &mut gpus);
     Ok(Top {
         pool: listing.path.display().to_string(),
         source,
@@ -205,8 +208,9 @@ fn collect(args: &TopArgs, ctx: &Ctx) -> anyhow::Result<Top> {
     })
 }
 
-/// The pool's holders of `gpu`: its reservations, its shares and its MIG devices'.
-fn holders_of(
+/// The pool's holders of `gpu`: its reservations, its shares and its MIG devices' (`gpu list`'s
+/// "held by" view too).
+pub(super) fn holders_of(
     listing: &Listing,
     inventory: &mesos_gpu_node::inventory::Inventory,
     gpu: &mesos_gpu_node::inventory::Gpu,
@@ -260,32 +264,44 @@ fn holders_of(
 /// Fills in usage from the first source that answers; says which, or why none did. With the
 /// agent's, the holders are completed from it too (framework names; a record's missing holder).
 fn read_usage(
-    args: &TopArgs,
+    source: Source,
+    sources: &Sources,
     gpus: &mut [GpuRow],
 ) -> (&'static str, Option<String>, Option<String>) {
     let mut why = Vec::new();
-    if matches!(args.source, Source::Auto | Source::Agent) {
-        let read = node_http::address(&args.agent).and_then(|addr| {
-            node_http::get_json::<AgentContainers>(addr, "/mesos-gpu/containers")
-                .map(|view| (addr, view))
-        });
+    if matches!(source, Source::Auto | Source::Agent) {
+        let read = sources
+            .agent
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|(addr, agent)| {
+                node_http::get_json::<AgentContainers>(*addr, "/mesos-gpu/containers")
+                    .map(|view| (*addr, agent, view))
+                    .map_err(|e| mesos_gpu_os::error_chain(&e))
+            });
         match read {
-            Ok((addr, view)) => {
+            Ok((addr, agent, view)) => {
                 apply_agent(&view, gpus);
-                complete_holders(&MesosAgent::at(addr), gpus);
+                complete_holders(agent, gpus);
                 return (
                     "agent",
                     Some(format!("http://{addr}/mesos-gpu/containers")),
                     None,
                 );
             }
-            Err(e) => why.push(format!("agent: {}", mesos_gpu_os::error_chain(&e))),
+            Err(e) => why.push(format!("agent: {e}")),
         }
     }
-    if matches!(args.source, Source::Auto | Source::Serve) {
-        let read = node_http::address(&args.serve).and_then(|addr| {
-            node_http::get_json::<ServeStatus>(addr, "/gpu/status/json").map(|s| (addr, s))
-        });
+    if matches!(source, Source::Auto | Source::Serve) {
+        let read = sources
+            .serve
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|&addr| {
+                node_http::get_json::<ServeStatus>(addr, "/gpu/status/json")
+                    .map(|s| (addr, s))
+                    .map_err(|e| mesos_gpu_os::error_chain(&e))
+            });
         match read {
             Ok((addr, status)) => {
                 apply_serve(&status, gpus);
@@ -295,7 +311,7 @@ fn read_usage(
                     None,
                 );
             }
-            Err(e) => why.push(format!("serve: {}", mesos_gpu_os::error_chain(&e))),
+            Err(e) => why.push(format!("serve: {e}")),
         }
     }
     if why.is_empty() {
